@@ -43,6 +43,8 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let Some(lib) = torch_lib_dir() else {
         println!("cargo:warning=headscope: could not locate torch's lib dir; run scripts/setup first");
+        println!("cargo:rustc-env=HEADSCOPE_TORCH_LIB=");
+        println!("cargo:rustc-env=HEADSCOPE_TORCH_VERSION=unknown");
         return;
     };
     let lib = lib.display();
@@ -55,4 +57,9 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
     println!("cargo:rustc-env=HEADSCOPE_TORCH_LIB={lib}");
+    let version = std::fs::read_to_string(format!("{lib}/../version.py"))
+        .ok()
+        .and_then(|v| v.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|s| s.trim_matches(['\'', '"']).to_string())))
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=HEADSCOPE_TORCH_VERSION={version}");
 }

@@ -1,3 +1,86 @@
-fn main() {
-    println!("{}", tch::Cuda::is_available());
+//! The `headscope` command line: REPL, `run FILE`, `-e CODE`, `doctor`.
+
+use clap::{Parser, Subcommand};
+use headscope::engine::{Session, SessionOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "headscope", version, about = "Understand and prune the attention heads of Transformer models, in Rhai")]
+struct Cli {
+    /// Evaluate CODE, print its value, and exit.
+    #[arg(short = 'e', long = "eval", value_name = "CODE", conflicts_with = "command")]
+    eval: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a .rhai script; ARGS are visible to it as the array `ARGS`.
+    Run {
+        file: PathBuf,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Report torch, CUDA, threads and assets.
+    Doctor,
+}
+
+fn script_session(args: Vec<String>, base_dir: PathBuf) -> Session {
+    let s = Session::new(SessionOptions { sink: headscope::repl::terminal_sink(), args, base_dir });
+    headscope::install_ctrlc(s.interrupt_handle());
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match (cli.eval, cli.command) {
+        (Some(code), _) => {
+            let mut s = script_session(vec![], std::env::current_dir().unwrap_or_else(|_| ".".into()));
+            match s.eval("-e", &code) {
+                Ok(Some(out)) => {
+                    println!("{}", out.text);
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        (None, Some(Command::Run { file, args })) => {
+            let code = match headscope::engine::read_script(&file) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("headscope: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let base = file.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
+            let mut s = script_session(args, base);
+            match s.eval(&file.display().to_string(), &code) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        (None, Some(Command::Doctor)) => {
+            println!("headscope {}", env!("CARGO_PKG_VERSION"));
+            println!("{}", headscope::device::torch_info());
+            println!("{}", headscope::assets::status_report());
+            ExitCode::SUCCESS
+        }
+        (None, None) => match headscope::repl::run() {
+            Ok(false) => ExitCode::SUCCESS,
+            Ok(true) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("headscope: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
 }

@@ -1,0 +1,136 @@
+//! Function documentation from the engine's metadata (doc comments of registered functions and
+//! of stdlib modules): for `:help NAME`, completion, the kernel's inspect, and the test that
+//! runs every documented example.
+
+use super::resolver::STDLIB;
+use rhai::Engine;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FnDoc {
+    /// Name as called: `table`, or `stats::mean` for stdlib modules.
+    pub name: String,
+    pub signature: String,
+    /// Doc text without comment markers.
+    pub doc: String,
+}
+
+impl FnDoc {
+    /// The code of each ```rhai block in the doc.
+    pub fn examples(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cur: Option<String> = None;
+        for line in self.doc.lines() {
+            let t = line.trim();
+            match &mut cur {
+                None if t.starts_with("```rhai") => cur = Some(String::new()),
+                Some(code) if t.starts_with("```") => {
+                    out.push(std::mem::take(code));
+                    cur = None;
+                }
+                Some(code) => {
+                    code.push_str(line);
+                    code.push('\n');
+                }
+                None => {}
+            }
+        }
+        out
+    }
+}
+
+fn strip_comment(line: &str) -> String {
+    let t = line.trim_start();
+    let t = t.strip_prefix("///").or_else(|| t.strip_prefix("//!")).unwrap_or(t);
+    t.strip_prefix(' ').unwrap_or(t).to_string()
+}
+
+fn join_doc<S: AsRef<str>>(lines: &[S]) -> String {
+    lines.iter().flat_map(|l| l.as_ref().lines().map(strip_comment).collect::<Vec<_>>()).collect::<Vec<_>>().join("\n")
+}
+
+/// Docs of every function registered by headscope (not Rhai's standard library) and of the
+/// stdlib modules' functions, sorted by name. Functions without doc comments (getters'
+/// setters, `to_string`) are left out.
+pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
+    let mut out = Vec::new();
+    if let Ok(json) = engine.gen_fn_metadata_to_json(false) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) {
+            for f in v["functions"].as_array().into_iter().flatten() {
+                let comments: Vec<String> =
+                    f["docComments"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(String::from)).collect();
+                if comments.is_empty() {
+                    continue;
+                }
+                let name = f["name"].as_str().unwrap_or_default().to_string();
+                let signature = f["signature"].as_str().unwrap_or(&name).to_string();
+                out.push(FnDoc { name, signature, doc: join_doc(&comments) });
+            }
+        }
+    }
+    for (module, text) in STDLIB {
+        if let Ok(ast) = engine.compile(text) {
+            for f in ast.iter_functions() {
+                if f.comments.is_empty() {
+                    continue;
+                }
+                let name = format!("{module}::{}", f.name);
+                let signature = format!("{name}({})", f.params.join(", "));
+                out.push(FnDoc { name, signature, doc: join_doc(&f.comments) });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name).then(a.signature.cmp(&b.signature)));
+    out
+}
+
+/// Docs of all overloads named `name`.
+pub fn lookup(engine: &Engine, name: &str) -> Vec<FnDoc> {
+    all_docs(engine).into_iter().filter(|d| d.name == name).collect()
+}
+
+/// Every function name callable in the engine, standard library included, for completion.
+pub fn function_names(engine: &Engine) -> Vec<String> {
+    let mut names: Vec<String> = engine
+        .gen_fn_signatures(true)
+        .into_iter()
+        .filter_map(|s| {
+            let s = s.strip_prefix("fn ").unwrap_or(&s).to_string();
+            let name = s.split('(').next()?.trim().to_string();
+            (!name.is_empty() && !name.starts_with(|c: char| !c.is_alphabetic() && c != '_') && !name.contains("$")).then_some(name)
+        })
+        .collect();
+    for (module, text) in STDLIB {
+        if let Ok(ast) = engine.compile(text) {
+            names.extend(ast.iter_functions().map(|f| format!("{module}::{}", f.name)));
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Rhai keywords offered by completion.
+pub const KEYWORDS: &[&str] = &[
+    "let", "const", "fn", "if", "else", "for", "in", "while", "loop", "break", "continue", "return", "throw", "try",
+    "catch", "import", "export", "as", "true", "false", "switch", "do", "until",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_are_extracted_from_fenced_blocks() {
+        let d = FnDoc {
+            name: "f".into(),
+            signature: "f()".into(),
+            doc: "Does f.\n\n```rhai\nlet x = 1;\nassert(x == 1);\n```\ntext\n```rhai\nf();\n```".into(),
+        };
+        assert_eq!(d.examples(), vec!["let x = 1;\nassert(x == 1);\n".to_string(), "f();\n".to_string()]);
+    }
+
+    #[test]
+    fn comment_markers_are_stripped() {
+        assert_eq!(join_doc(&["/// Hello", "///", "///  indented"]), "Hello\n\n indented");
+    }
+}

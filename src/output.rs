@@ -1,0 +1,98 @@
+//! Output bundles: what an evaluation shows, in every representation a frontend may want.
+//!
+//! Values never print themselves; they render to an [`Output`] and each frontend (REPL, script
+//! runner, Jupyter kernel) picks the representation it can display.
+
+use std::io::Write;
+use std::path::Path;
+
+/// One displayable result: plain text always, rich forms when the value has them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    /// Plain text (terminal, logs, `text/plain`).
+    pub text: String,
+    /// An HTML fragment (`text/html`), e.g. a table.
+    pub html: Option<String>,
+    /// PNG image bytes (`image/png`), e.g. a plot.
+    pub png: Option<Vec<u8>>,
+    /// SVG document (`image/svg+xml`).
+    pub svg: Option<String>,
+}
+
+impl Output {
+    pub fn text(text: impl Into<String>) -> Self {
+        Output { text: text.into(), ..Default::default() }
+    }
+}
+
+/// Something that can be shown to the user.
+pub trait Render {
+    fn render(&self) -> Output;
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, then a rename,
+/// so a crash never leaves a half-written result behind.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Escapes text for inclusion in HTML.
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_whole_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.txt");
+        write_atomic(&p, b"first version, long").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "temp file left behind: {names:?}");
+    }
+
+    #[test]
+    fn atomic_write_into_missing_dir_fails_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("nope").join("r.txt");
+        assert!(write_atomic(&p, b"x").is_err());
+    }
+
+    #[test]
+    fn html_escape_escapes_markup() {
+        assert_eq!(html_escape("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
+    }
+}

@@ -1,0 +1,276 @@
+//! Plots: heatmaps (e.g. layers x heads), bar charts and line charts, drawn with plotters to
+//! PNG or SVG with a font embedded in the binary (no system fonts needed).
+//! Drawing is in [`draw`], the script API in [`script`].
+
+mod draw;
+pub mod script;
+
+use crate::output::{Output, Render};
+
+/// What is plotted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlotKind {
+    /// `values[row][col]`; row 0 is drawn at the top.
+    Heatmap {
+        values: Vec<Vec<f64>>,
+        row_labels: Vec<String>,
+        col_labels: Vec<String>,
+        /// Print each cell's value inside it.
+        show_values: bool,
+        /// Colour scale limits; default the data's min and max.
+        vmin: Option<f64>,
+        vmax: Option<f64>,
+    },
+    Bar { labels: Vec<String>, values: Vec<f64> },
+    Line { series: Vec<Series> },
+}
+
+/// One line of a line chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub x: Vec<f64>,
+    pub y: Vec<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plot {
+    pub kind: PlotKind,
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub width: u32,
+    pub height: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("cannot draw the plot: {0}")]
+    Draw(String),
+    #[error("cannot encode PNG: {0}")]
+    Png(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Registers the embedded DejaVu Sans for every style plotters asks for (once per process).
+fn ensure_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    static FONT: &[u8] = include_bytes!("../../fonts/DejaVuSans.ttf");
+    ONCE.call_once(|| {
+        use plotters::style::FontStyle;
+        for style in [FontStyle::Normal, FontStyle::Bold, FontStyle::Italic, FontStyle::Oblique] {
+            // The font is a fixed, valid file in the binary: failure here is a build defect.
+            let _ = plotters::style::register_font("sans-serif", style, FONT);
+        }
+    });
+}
+
+impl Plot {
+    /// A plot with sizes chosen for the data.
+    pub fn new(kind: PlotKind, title: impl Into<String>) -> Result<Self, PlotError> {
+        let (width, height) = match &kind {
+            PlotKind::Heatmap { values, .. } => {
+                let rows = values.len() as u32;
+                let cols = values.first().map_or(0, |r| r.len()) as u32;
+                ((160 + cols * 56).clamp(480, 1600), (120 + rows * 40).clamp(320, 1200))
+            }
+            _ => (800, 500),
+        };
+        let p = Plot { kind, title: title.into(), x_label: String::new(), y_label: String::new(), width, height };
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> Result<(), PlotError> {
+        let bad = |m: String| Err(PlotError::Invalid(m));
+        match &self.kind {
+            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => {
+                let rows = values.len();
+                let cols = values.first().map_or(0, |r| r.len());
+                if rows == 0 || cols == 0 {
+                    return bad("heatmap: the matrix is empty".into());
+                }
+                if let Some(i) = values.iter().position(|r| r.len() != cols) {
+                    return bad(format!("heatmap: row {i} has {} values but row 0 has {cols}", values[i].len()));
+                }
+                if row_labels.len() != rows {
+                    return bad(format!("heatmap: {} row labels for {rows} rows", row_labels.len()));
+                }
+                if col_labels.len() != cols {
+                    return bad(format!("heatmap: {} column labels for {cols} columns", col_labels.len()));
+                }
+                if let (Some(a), Some(b)) = (vmin, vmax) {
+                    if a >= b {
+                        return bad(format!("heatmap: vmin ({a}) must be below vmax ({b})"));
+                    }
+                }
+            }
+            PlotKind::Bar { labels, values } => {
+                if values.is_empty() {
+                    return bad("bar: no values".into());
+                }
+                if labels.len() != values.len() {
+                    return bad(format!("bar: {} labels for {} values", labels.len(), values.len()));
+                }
+            }
+            PlotKind::Line { series } => {
+                if series.is_empty() {
+                    return bad("line: no series".into());
+                }
+                for s in series {
+                    if s.x.len() != s.y.len() {
+                        return bad(format!("line: series '{}' has {} x values and {} y values", s.name, s.x.len(), s.y.len()));
+                    }
+                    if s.y.is_empty() {
+                        return bad(format!("line: series '{}' is empty", s.name));
+                    }
+                }
+            }
+        }
+        if !(64..=8192).contains(&self.width) || !(64..=8192).contains(&self.height) {
+            return bad(format!("plot size {}x{} must be within 64..8192 pixels", self.width, self.height));
+        }
+        Ok(())
+    }
+
+    pub fn to_svg(&self) -> Result<String, PlotError> {
+        ensure_font();
+        self.validate()?;
+        let mut s = String::new();
+        {
+            let backend = plotters::backend::SVGBackend::with_string(&mut s, (self.width, self.height));
+            draw::draw(self, backend).map_err(PlotError::Draw)?;
+        }
+        Ok(s)
+    }
+
+    pub fn to_png(&self) -> Result<Vec<u8>, PlotError> {
+        ensure_font();
+        self.validate()?;
+        let mut buf = vec![0u8; self.width as usize * self.height as usize * 3];
+        {
+            let backend = plotters::backend::BitMapBackend::with_buffer(&mut buf, (self.width, self.height));
+            draw::draw(self, backend).map_err(PlotError::Draw)?;
+        }
+        let mut out = Vec::new();
+        use image::ImageEncoder;
+        image::codecs::png::PngEncoder::new(&mut out)
+            .write_image(&buf, self.width, self.height, image::ColorType::Rgb8)
+            .map_err(|e| PlotError::Png(e.to_string()))?;
+        Ok(out)
+    }
+
+    /// A one-line description used as the plot's text form.
+    pub fn describe(&self) -> String {
+        let what = match &self.kind {
+            PlotKind::Heatmap { values, .. } => format!("heatmap {}x{}", values.len(), values[0].len()),
+            PlotKind::Bar { values, .. } => format!("bar chart of {} bars", values.len()),
+            PlotKind::Line { series } => format!("line chart of {} series", series.len()),
+        };
+        let title = if self.title.is_empty() { String::new() } else { format!(" \"{}\"", self.title) };
+        format!("<plot: {what}{title}, {}x{} px; .save(\"file.png\" or \"file.svg\")>", self.width, self.height)
+    }
+}
+
+impl Render for Plot {
+    fn render(&self) -> Output {
+        // A plot that cannot be drawn still shows its text form; the error is in it.
+        let (png, svg) = match (self.to_png(), self.to_svg()) {
+            (Ok(p), Ok(s)) => (Some(p), Some(s)),
+            (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
+        };
+        Output { text: self.describe(), html: None, png, svg }
+    }
+}
+
+/// Viridis colour map, `t` in [0, 1].
+pub fn viridis(t: f64) -> (u8, u8, u8) {
+    const STOPS: [(f64, f64, f64); 9] = [
+        (68.0, 1.0, 84.0),
+        (71.0, 44.0, 122.0),
+        (59.0, 81.0, 139.0),
+        (44.0, 113.0, 142.0),
+        (33.0, 144.0, 141.0),
+        (39.0, 173.0, 129.0),
+        (92.0, 200.0, 99.0),
+        (170.0, 220.0, 50.0),
+        (253.0, 231.0, 37.0),
+    ];
+    let t = if t.is_finite() { t.clamp(0.0, 1.0) } else { 0.0 };
+    let x = t * (STOPS.len() - 1) as f64;
+    let i = (x.floor() as usize).min(STOPS.len() - 2);
+    let f = x - i as f64;
+    let (a, b) = (STOPS[i], STOPS[i + 1]);
+    let mix = |p: f64, q: f64| (p + (q - p) * f).round() as u8;
+    (mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heat() -> Plot {
+        Plot::new(
+            PlotKind::Heatmap {
+                values: vec![vec![0.1, 0.9, 0.5], vec![0.3, f64::NAN, 0.7]],
+                row_labels: vec!["layer 0".into(), "layer 1".into()],
+                col_labels: vec!["h0".into(), "h1".into(), "h2".into()],
+                show_values: true,
+                vmin: None,
+                vmax: None,
+            },
+            "Confidence",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn viridis_endpoints() {
+        assert_eq!(viridis(0.0), (68, 1, 84));
+        assert_eq!(viridis(1.0), (253, 231, 37));
+        assert_eq!(viridis(f64::NAN), (68, 1, 84));
+    }
+
+    #[test]
+    fn heatmap_svg_has_labels_and_values() {
+        let svg = heat().to_svg().unwrap();
+        for needle in ["Confidence", "layer 0", "layer 1", "h2", "0.90"] {
+            assert!(svg.contains(needle), "SVG lacks {needle}");
+        }
+    }
+
+    #[test]
+    fn mismatched_labels_are_rejected() {
+        let e = Plot::new(
+            PlotKind::Heatmap {
+                values: vec![vec![1.0, 2.0]],
+                row_labels: vec!["r".into()],
+                col_labels: vec!["a".into()],
+                show_values: false,
+                vmin: None,
+                vmax: None,
+            },
+            "",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "heatmap: 1 column labels for 2 columns");
+    }
+
+    #[test]
+    fn constant_heatmap_draws() {
+        let p = Plot::new(
+            PlotKind::Heatmap {
+                values: vec![vec![1.0; 3]; 2],
+                row_labels: vec!["a".into(), "b".into()],
+                col_labels: vec!["x".into(), "y".into(), "z".into()],
+                show_values: true,
+                vmin: None,
+                vmax: None,
+            },
+            "flat",
+        )
+        .unwrap();
+        assert!(p.to_png().unwrap().starts_with(b"\x89PNG"));
+    }
+}

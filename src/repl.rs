@@ -1,0 +1,169 @@
+//! The terminal frontend: a rustyline REPL over one [`Session`]. With piped stdin it reads
+//! complete inputs line by line without prompts or editing.
+
+use crate::engine::commands::{self, Outcome};
+use crate::engine::{Event, Session, SessionOptions};
+use crate::output::Output;
+use rustyline::completion::{Completer, Pair};
+use rustyline::error::ReadlineError;
+use rustyline::highlight::Highlighter;
+use rustyline::hint::Hinter;
+use rustyline::history::DefaultHistory;
+use rustyline::validate::{ValidationContext, ValidationResult, Validator};
+use rustyline::{Config, Context, Editor, Helper};
+use std::cell::RefCell;
+use std::io::{BufRead, IsTerminal, Write};
+use std::rc::Rc;
+use std::time::Instant;
+
+const PROMPT: &str = "hs> ";
+
+fn print_output(out: &Output) {
+    println!("{}", out.text);
+}
+
+/// The sink of terminal frontends: prints go to stdout as they happen.
+pub fn terminal_sink() -> crate::engine::Sink {
+    Box::new(|ev| {
+        match ev {
+            Event::Print(s) => println!("{s}"),
+            Event::Display(o) => print_output(&o),
+        }
+        let _ = std::io::stdout().flush();
+    })
+}
+
+struct ReplHelper {
+    session: Rc<RefCell<Session>>,
+}
+
+impl Completer for ReplHelper {
+    type Candidate = Pair;
+    fn complete(&self, line: &str, pos: usize, _: &Context<'_>) -> rustyline::Result<(usize, Vec<Pair>)> {
+        let before = &line[..pos];
+        let start = before
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .last()
+            .map_or(pos, |(i, _)| i);
+        let word = &before[start..];
+        if word.is_empty() {
+            return Ok((pos, vec![]));
+        }
+        let Ok(session) = self.session.try_borrow() else { return Ok((pos, vec![])) };
+        let list = session.completions(word).into_iter().map(|c| Pair { display: c.clone(), replacement: c }).collect();
+        Ok((start, list))
+    }
+}
+
+impl Validator for ReplHelper {
+    fn validate(&self, ctx: &mut ValidationContext) -> rustyline::Result<ValidationResult> {
+        let input = ctx.input();
+        if input.trim_start().starts_with(':') {
+            return Ok(ValidationResult::Valid(None));
+        }
+        let Ok(session) = self.session.try_borrow() else { return Ok(ValidationResult::Valid(None)) };
+        Ok(if session.is_complete(input) { ValidationResult::Valid(None) } else { ValidationResult::Incomplete })
+    }
+}
+
+impl Hinter for ReplHelper {
+    type Hint = String;
+}
+impl Highlighter for ReplHelper {}
+impl Helper for ReplHelper {}
+
+fn history_path() -> Option<std::path::PathBuf> {
+    let dir = dirs::data_dir()?.join("headscope");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir.join("history.txt"))
+}
+
+/// Evaluates one input (code or `:` command) and shows the result. Returns false on `:quit`.
+fn run_input(session: &Rc<RefCell<Session>>, input: &str, n: usize, failed: &mut bool) -> bool {
+    let started = Instant::now();
+    let result = if input.trim_start().starts_with(':') {
+        let mut s = session.borrow_mut();
+        match commands::dispatch(&mut s, input) {
+            Ok(Outcome::Quit) => return false,
+            Ok(Outcome::Show(o)) => Ok(o),
+            Err(e) => Err(e),
+        }
+    } else {
+        session.borrow_mut().eval(&format!("repl:{n}"), input).map_err(|e| e.to_string())
+    };
+    match result {
+        Ok(Some(out)) => print_output(&out),
+        Ok(None) => {}
+        Err(e) => {
+            *failed = true;
+            eprintln!("{e}");
+        }
+    }
+    if session.borrow().time {
+        println!("(took {:.1} ms)", started.elapsed().as_secs_f64() * 1e3);
+    }
+    let _ = std::io::stdout().flush();
+    true
+}
+
+/// Runs the REPL until `:quit` or end of input. Returns whether any input failed (piped mode).
+pub fn run() -> Result<bool, String> {
+    let session = Rc::new(RefCell::new(Session::new(SessionOptions { sink: terminal_sink(), ..Default::default() })));
+    crate::install_ctrlc(session.borrow().interrupt_handle());
+    let mut failed = false;
+    if !std::io::stdin().is_terminal() {
+        let mut buf = String::new();
+        let mut n = 0;
+        for line in std::io::stdin().lock().lines() {
+            let line = line.map_err(|e| format!("stdin: {e}"))?;
+            buf.push_str(&line);
+            buf.push('\n');
+            let complete = buf.trim_start().starts_with(':') || session.borrow().is_complete(&buf);
+            if complete {
+                n += 1;
+                let input = std::mem::take(&mut buf);
+                if !input.trim().is_empty() && !run_input(&session, &input, n, &mut failed) {
+                    return Ok(failed);
+                }
+            }
+        }
+        if !buf.trim().is_empty() {
+            n += 1;
+            run_input(&session, &buf, n, &mut failed);
+        }
+        return Ok(failed);
+    }
+
+    let config = Config::builder().auto_add_history(false).history_ignore_space(true).max_history_size(10_000).map_err(|e| e.to_string())?.build();
+    let mut rl: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config).map_err(|e| format!("cannot start the line editor: {e}"))?;
+    rl.set_helper(Some(ReplHelper { session: session.clone() }));
+    let history = history_path();
+    if let Some(h) = &history {
+        let _ = rl.load_history(h);
+    }
+    println!("headscope {} — Rhai for attention heads. :help for commands, Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
+    let mut n = 0;
+    loop {
+        match rl.readline(PROMPT) {
+            Ok(line) => {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let _ = rl.add_history_entry(line.as_str());
+                if let Some(h) = &history {
+                    let _ = rl.save_history(h);
+                }
+                n += 1;
+                if !run_input(&session, &line, n, &mut failed) {
+                    break;
+                }
+            }
+            Err(ReadlineError::Interrupted) => println!("^C"),
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(format!("line editor: {e}")),
+        }
+    }
+    Ok(false)
+}

@@ -1,0 +1,131 @@
+//! Core script functions: showing values, assertions, small file helpers, and the functions
+//! bound to a session (display goes to the session's sink; temp paths live in its temp dir).
+
+use crate::script::convert::{err, ScriptResult};
+use rhai::plugin::*;
+use rhai::{Dynamic, Engine, FuncRegistration};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// Fails the script with "assertion failed" when `condition` is false.
+    ///
+    /// ```rhai
+    /// assert(1 + 1 == 2);
+    /// ```
+    #[rhai_fn(name = "assert", return_raw)]
+    pub fn assert1(condition: bool) -> ScriptResult<()> {
+        if condition { Ok(()) } else { err("assertion failed") }
+    }
+
+    /// Fails the script with `message` when `condition` is false.
+    ///
+    /// ```rhai
+    /// assert(2 > 1, "two is more than one");
+    /// ```
+    #[rhai_fn(name = "assert", return_raw)]
+    pub fn assert2(condition: bool, message: &str) -> ScriptResult<()> {
+        if condition { Ok(()) } else { err(format!("assertion failed: {message}")) }
+    }
+
+    /// The whole content of a UTF-8 text file.
+    ///
+    /// ```rhai
+    /// let p = temp_path("a.txt");
+    /// write_text(p, "hello");
+    /// assert(read_text(p) == "hello");
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn read_text(path: &str) -> ScriptResult<String> {
+        match std::fs::read(path) {
+            Ok(b) => String::from_utf8(b).or_else(|e| err(format!("read_text: '{path}' is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))),
+            Err(e) => err(format!("read_text: cannot read '{path}': {e}")),
+        }
+    }
+
+    /// Writes text to a file atomically (temporary file, then rename).
+    ///
+    /// ```rhai
+    /// let p = temp_path("b.txt");
+    /// write_text(p, "x\ny\n");
+    /// assert(file_size(p) == 4);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn write_text(path: &str, text: &str) -> ScriptResult<()> {
+        crate::output::write_atomic(std::path::Path::new(path), text.as_bytes()).or_else(|e| err(format!("write_text: cannot write '{path}': {e}")))
+    }
+
+    /// Size of a file in bytes.
+    ///
+    /// ```rhai
+    /// let p = temp_path("c.txt");
+    /// write_text(p, "abc");
+    /// assert(file_size(p) == 3);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn file_size(path: &str) -> ScriptResult<i64> {
+        std::fs::metadata(path).map(|m| m.len() as i64).or_else(|e| err(format!("file_size: '{path}': {e}")))
+    }
+
+    /// Whether a file or directory exists.
+    ///
+    /// ```rhai
+    /// assert(!exists("/no/such/file"));
+    /// ```
+    pub fn exists(path: &str) -> bool {
+        std::path::Path::new(path).exists()
+    }
+
+    /// Panics inside native code on purpose, to check that a Rust panic under a call becomes a
+    /// script error and the session survives.
+    ///
+    /// ```rhai
+    /// let r = try { debug_panic("boom"); 0 } catch (e) { 1 };
+    /// ```
+    pub fn debug_panic(message: &str) {
+        panic!("{message}");
+    }
+}
+
+/// Where rendered values go: the frontend's sink.
+pub type DisplayFn = Rc<dyn Fn(Dynamic)>;
+
+/// Registers the functions that need the session: `display`/`show` and `temp_path`.
+pub fn register(engine: &mut Engine, display: DisplayFn, temp_dir: Rc<PathBuf>) {
+    engine.register_global_module(exported_module!(api).into());
+    for name in ["display", "show"] {
+        let d = display.clone();
+        FuncRegistration::new(name)
+            .with_comments([
+                "/// Shows a value now (a table, a plot, any value) in the frontend's best form:",
+                "/// text in the terminal, HTML or an image in a notebook.",
+                "///",
+                "/// ```rhai",
+                "/// table([\"x\"], [[1]]).show();",
+                "/// display(\"any value\");",
+                "/// ```",
+            ])
+            .with_params_info(["value: Dynamic"])
+            .register_into_engine(engine, move |v: Dynamic| d(v));
+    }
+    FuncRegistration::new("temp_path")
+        .with_comments([
+            "/// A path for `name` in a temporary directory of this session, removed when it ends.",
+            "///",
+            "/// ```rhai",
+            "/// let p = temp_path(\"plot.svg\");",
+            "/// assert(p.ends_with(\"plot.svg\"));",
+            "/// ```",
+        ])
+        .with_params_info(["name: &str", "String"])
+        .register_into_engine(engine, move |name: &str| -> ScriptResult<String> {
+            if name.is_empty() || name.contains('/') || name == ".." {
+                return err(format!("temp_path: '{name}' must be a plain file name"));
+            }
+            std::fs::create_dir_all(&*temp_dir).or_else(|e| err(format!("temp_path: cannot create {}: {e}", temp_dir.display())))?;
+            Ok(temp_dir.join(name).display().to_string())
+        });
+}
