@@ -91,7 +91,7 @@ fn run_input(session: &Rc<RefCell<Session>>, input: &str, n: usize, failed: &mut
             Err(e) => Err(e),
         }
     } else {
-        session.borrow_mut().eval(&format!("repl:{n}"), input).map_err(|e| e.to_string())
+        session.borrow_mut().eval(&format!("repl[{n}]"), input).map_err(|e| e.to_string())
     };
     match result {
         Ok(Some(out)) => print_output(&out),
@@ -111,9 +111,9 @@ fn run_input(session: &Rc<RefCell<Session>>, input: &str, n: usize, failed: &mut
 /// Runs the REPL until `:quit` or end of input. Returns whether any input failed (piped mode).
 pub fn run() -> Result<bool, String> {
     let session = Rc::new(RefCell::new(Session::new(SessionOptions { sink: terminal_sink(), ..Default::default() })));
-    crate::install_ctrlc(session.borrow().interrupt_handle());
     let mut failed = false;
     if !std::io::stdin().is_terminal() {
+        crate::install_ctrlc(session.borrow().interrupt_handle());
         let mut buf = String::new();
         let mut n = 0;
         for line in std::io::stdin().lock().lines() {
@@ -139,6 +139,9 @@ pub fn run() -> Result<bool, String> {
     let config = Config::builder().auto_add_history(false).history_ignore_space(true).max_history_size(10_000).map_err(|e| e.to_string())?.build();
     let mut rl: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config).map_err(|e| format!("cannot start the line editor: {e}"))?;
     rl.set_helper(Some(ReplHelper { session: session.clone() }));
+    // After the editor: it installs a SIGINT handler of its own when created. While it reads,
+    // the terminal is raw and Ctrl-C arrives as a key; while code runs, as this signal.
+    crate::install_ctrlc(session.borrow().interrupt_handle());
     let history = history_path();
     if let Some(h) = &history {
         let _ = rl.load_history(h);

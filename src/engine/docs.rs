@@ -15,16 +15,21 @@ pub struct FnDoc {
 }
 
 impl FnDoc {
-    /// The code of each ```rhai block in the doc.
-    pub fn examples(&self) -> Vec<String> {
+    /// Each ```rhai block of the doc. A block fenced ```rhai,error shows an input that must
+    /// fail (like rustdoc's should_panic).
+    pub fn examples(&self) -> Vec<Example> {
         let mut out = Vec::new();
         let mut cur: Option<String> = None;
+        let mut must_fail = false;
         for line in self.doc.lines() {
             let t = line.trim();
             match &mut cur {
-                None if t.starts_with("```rhai") => cur = Some(String::new()),
+                None if t.starts_with("```rhai") => {
+                    must_fail = t.trim_start_matches("```rhai").trim_start_matches(',').trim() == "error";
+                    cur = Some(String::new());
+                }
                 Some(code) if t.starts_with("```") => {
-                    out.push(std::mem::take(code));
+                    out.push(Example { code: std::mem::take(code), must_fail });
                     cur = None;
                 }
                 Some(code) => {
@@ -36,6 +41,14 @@ impl FnDoc {
         }
         out
     }
+}
+
+/// One documented example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    pub code: String,
+    /// The example shows an error: running it must fail.
+    pub must_fail: bool,
 }
 
 fn strip_comment(line: &str) -> String {
@@ -126,7 +139,11 @@ mod tests {
             signature: "f()".into(),
             doc: "Does f.\n\n```rhai\nlet x = 1;\nassert(x == 1);\n```\ntext\n```rhai\nf();\n```".into(),
         };
-        assert_eq!(d.examples(), vec!["let x = 1;\nassert(x == 1);\n".to_string(), "f();\n".to_string()]);
+        let ex = d.examples();
+        assert_eq!(ex.iter().map(|e| e.code.as_str()).collect::<Vec<_>>(), ["let x = 1;\nassert(x == 1);\n", "f();\n"]);
+        assert!(!ex[0].must_fail);
+        let bad = FnDoc { name: "g".into(), signature: "g()".into(), doc: "```rhai,error\ng(1);\n```".into() };
+        assert!(bad.examples()[0].must_fail);
     }
 
     #[test]

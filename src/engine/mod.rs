@@ -263,18 +263,23 @@ impl Session {
         c
     }
 
-    /// Whether `code` is a complete input, or needs more lines (open braces, open string).
+    /// Whether `code` is a complete input, or needs more lines: open braces or brackets, or an
+    /// open backtick string (the only Rhai string that may span lines). Real errors are
+    /// "complete" so that they are reported at once.
     pub fn is_complete(&self, code: &str) -> bool {
         use rhai::{LexError, ParseErrorType as P};
-        match self.engine.compile(code) {
-            Ok(_) => true,
-            Err(e) => !matches!(
-                e.err_type(),
-                P::UnexpectedEOF | P::BadInput(LexError::UnterminatedString) | P::MissingToken(..)
-                    if e.position().is_none() || is_at_end(code, e.position())
-            ),
+        let Err(e) = self.engine.compile(code) else { return true };
+        match e.err_type() {
+            P::BadInput(LexError::UnterminatedString) => char_at(code, e.position()) != Some('`'),
+            P::UnexpectedEOF | P::MissingToken(..) => !(e.position().is_none() || is_at_end(code, e.position())),
+            _ => true,
         }
     }
+}
+
+/// The character at a parser position (1-based line and column).
+fn char_at(code: &str, pos: rhai::Position) -> Option<char> {
+    code.lines().nth(pos.line()?.checked_sub(1)?)?.chars().nth(pos.position()?.checked_sub(1)?)
 }
 
 /// Whether `pos` is at or after the last non-blank character of `code`.
@@ -313,7 +318,23 @@ pub fn read_script(path: &Path) -> Result<String, String> {
 }
 
 /// Every documented example, for tests and `headscope doctor --examples`.
-pub fn documented_examples(engine: &Engine) -> Vec<(String, String)> {
+pub fn documented_examples(engine: &Engine) -> Vec<(String, docs::Example)> {
     docs::all_docs(engine).into_iter().flat_map(|d| d.examples().into_iter().map(move |e| (d.signature.clone(), e))).collect()
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completeness_is_decided_by_the_parser() {
+        let s = Session::new(SessionOptions::default());
+        for code in ["fn f(x) {", "let a = [1,\n2,", "let s = `multi\nline", "if x {\n  1\n} else {"] {
+            assert!(!s.is_complete(code), "should wait for more: {code:?}");
+        }
+        for code in ["1 + 1", "fn f(x) { x }", "let s = `a\nb`;", "let x = ;", "}", "let s = \"open"] {
+            assert!(s.is_complete(code), "should be complete (valid or a real error): {code:?}");
+        }
+    }
+}

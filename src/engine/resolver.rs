@@ -52,8 +52,8 @@ impl Resolver {
         }
         let known: Vec<&str> = STDLIB.iter().map(|(n, _)| *n).collect();
         let text = std::fs::read_to_string(&p).map_err(|e| {
-            Box::new(EvalAltResult::ErrorModuleNotFound(
-                format!("{path} (no stdlib module of that name: {}; file {}: {e})", known.join(", "), p.display()),
+            Box::new(EvalAltResult::ErrorRuntime(
+                format!("module not found: '{path}' (no stdlib module of that name: {}; file {}: {e})", known.join(", "), p.display()).into(),
                 pos,
             ))
         })?;

@@ -69,8 +69,10 @@ fn heatmap<DB: DrawingBackend>(
         .margin(10)
         .x_label_area_size(if plot.x_label.is_empty() { 30 } else { 50 })
         .y_label_area_size((max_label * 8 + 20).clamp(30, 200) + if plot.y_label.is_empty() { 0 } else { 20 })
-        .build_cartesian_2d((0..cols).into_segmented(), (0..rows).into_segmented())
+        .build_cartesian_2d((0..cols - 1).into_segmented(), (0..rows - 1).into_segmented())
         .map_err(e)?;
+    // A discrete range includes its end: segments 0..=n-1, with `Last` as the far edge.
+    let edge = |i: i32, n: i32| if i < n { SegmentValue::Exact(i) } else { SegmentValue::Last };
     let col_fmt = |v: &SegmentValue<i32>| match v {
         SegmentValue::CenterOf(i) if *i >= 0 && *i < cols => col_labels[*i as usize].clone(),
         _ => String::new(),
@@ -106,10 +108,7 @@ fn heatmap<DB: DrawingBackend>(
             let y = rows - 1 - r as i32;
             row.iter().enumerate().map(move |(c, &v)| {
                 let c = c as i32;
-                Rectangle::new(
-                    [(SegmentValue::Exact(c), SegmentValue::Exact(y)), (SegmentValue::Exact(c + 1), SegmentValue::Exact(y + 1))],
-                    cell_color(v).filled(),
-                )
+                Rectangle::new([(edge(c, cols), edge(y, rows)), (edge(c + 1, cols), edge(y + 1, rows))], cell_color(v).filled())
             })
         }))
         .map_err(e)?;
@@ -170,8 +169,9 @@ fn bar<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, labels: &
         .margin(10)
         .x_label_area_size(if plot.x_label.is_empty() { 40 } else { 60 })
         .y_label_area_size(60)
-        .build_cartesian_2d((0..n).into_segmented(), lo..hi + pad)
+        .build_cartesian_2d((0..n - 1).into_segmented(), lo..hi + pad)
         .map_err(e)?;
+    let edge = |i: i32| if i < n { SegmentValue::Exact(i) } else { SegmentValue::Last };
     let fmt = |v: &SegmentValue<i32>| match v {
         SegmentValue::CenterOf(i) if *i >= 0 && *i < n => labels[*i as usize].clone(),
         _ => String::new(),
@@ -191,7 +191,7 @@ fn bar<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, labels: &
     chart
         .draw_series(values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| {
             let i = i as i32;
-            let mut r = Rectangle::new([(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), v)], color.filled());
+            let mut r = Rectangle::new([(edge(i), 0.0), (edge(i + 1), v)], color.filled());
             r.set_margin(0, 0, 6, 6);
             r
         }))
@@ -212,6 +212,7 @@ fn line<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, series: 
     let mut chart = ChartBuilder::on(root)
         .caption(&plot.title, ("sans-serif", 20))
         .margin(10)
+        .margin_right(30)
         .x_label_area_size(if plot.x_label.is_empty() { 35 } else { 55 })
         .y_label_area_size(65)
         .build_cartesian_2d(x0..x1, y0 - pad..y1 + pad)

@@ -82,8 +82,8 @@ pub mod api {
     /// Panics inside native code on purpose, to check that a Rust panic under a call becomes a
     /// script error and the session survives.
     ///
-    /// ```rhai
-    /// let r = try { debug_panic("boom"); 0 } catch (e) { 1 };
+    /// ```rhai,error
+    /// debug_panic("boom");
     /// ```
     pub fn debug_panic(message: &str) {
         panic!("{message}");

@@ -1,0 +1,234 @@
+//! The binary end to end: exit codes, error positions and carets, bad input, piped REPL,
+//! script arguments, stdlib imports from any directory. Cases are data: one row each.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_headscope");
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_in(dir: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Run {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_DATA_HOME", dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn headscope");
+    {
+        let mut si = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            si.write_all(s.as_bytes()).unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn assert_no_panic_trace(r: &Run) {
+    for bad in ["RUST_BACKTRACE", "thread 'main' panicked", "stack backtrace"] {
+        assert!(!r.stderr.contains(bad), "panic trace leaked: {}", r.stderr);
+    }
+}
+
+/// (name, args, stdin, exit code, substrings of stdout, substrings of stderr)
+type Case = (&'static str, &'static [&'static str], Option<&'static str>, i32, &'static [&'static str], &'static [&'static str]);
+
+const CASES: &[Case] = &[
+    ("value of -e is printed", &["-e", "6 * 7"], None, 0, &["42"], &[]),
+    ("integers where floats are expected", &["-e", "heatmap([[1, 2]], #{vmin: 0, vmax: 3}).title"], None, 0, &[""], &[]),
+    (
+        "runtime error: position, source line, caret",
+        &["-e", "let a = 1;\nlet b = nope(a);"],
+        None,
+        1,
+        &[],
+        &["-e:2:9: error: Function not found: nope (i64)", "2 | let b = nope(a);", "  |         ^"],
+    ),
+    ("syntax error has a position", &["-e", "let x = ;"], None, 1, &[], &["-e:1:9: syntax error:", "^"]),
+    (
+        "error inside a stdlib module names the module",
+        &["-e", "import \"stats\" as s;\ns::mean([])"],
+        None,
+        1,
+        &[],
+        &["stdlib/stats.rhai:", "stats::mean: the array is empty", "in call to `mean` at -e:2:4"],
+    ),
+    ("unknown stdlib module", &["-e", "import \"nosuch\" as n;"], None, 1, &[], &["-e:1:8: error: module not found: 'nosuch'", "no stdlib module of that name: tables, stats"]),
+    ("panic in a bound function is a script error", &["-e", "debug_panic(\"boom\")"], None, 1, &[], &["internal error: a built-in function panicked: boom"]),
+    ("bad option names the option", &["-e", "heatmap([[1]], #{colour: 1})"], None, 1, &[], &["heatmap: unknown option 'colour' (valid options: title, x_label"]),
+    ("bad value is quoted", &["-e", "heatmap([[1, \"x\"]])"], None, 1, &[], &["heatmap: matrix[0][1]: expected a number, got \"x\" (string)"]),
+    ("missing script", &["run", "no/such.rhai"], None, 1, &[], &["headscope: no/such.rhai: no such file"]),
+    ("directory as a script", &["run", "."], None, 1, &[], &["headscope: .: is a directory, not a script"]),
+    ("bad usage exits 2", &["--no-such-flag"], None, 2, &[], &["unexpected argument '--no-such-flag'"]),
+    (
+        "piped REPL: state persists across inputs, multi-line input, : commands",
+        &[],
+        Some("let x = 20;\nfn twice(v) {\n  v * 2\n}\ntwice(x) + 2\n:vars\n"),
+        0,
+        &["42", "x ", "i64"],
+        &[],
+    ),
+    ("piped REPL: stdlib import survives across lines", &[], Some("import \"stats\" as s;\ns::mean([1, 2, 3])\n"), 0, &["2.0"], &[]),
+    (
+        "piped REPL: a panic does not end the session",
+        &[],
+        Some("let keep = 7;\ndebug_panic(\"boom\");\nkeep * 6\n"),
+        1,
+        &["42"],
+        &["panicked: boom"],
+    ),
+    ("unknown : command", &[], Some(":frobnicate\n1 + 1\n"), 1, &["2"], &["unknown command ':frobnicate' (commands: :help, :vars"]),
+    ("print goes to stdout as it happens", &["-e", "print(\"hello\"); debug(\"x\"); 1"], None, 0, &["hello", "-e:1: \"x\"", "1"], &[]),
+];
+
+#[test]
+fn cli_cases() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (name, args, stdin, code, outs, errs) in CASES {
+        let r = run_in(dir.path(), args, *stdin);
+        assert_no_panic_trace(&r);
+        let mut why = Vec::new();
+        if r.code != *code {
+            why.push(format!("exit code {} (want {code})", r.code));
+        }
+        why.extend(outs.iter().filter(|s| !r.stdout.contains(*s)).map(|s| format!("stdout lacks {s:?}")));
+        why.extend(errs.iter().filter(|s| !r.stderr.contains(*s)).map(|s| format!("stderr lacks {s:?}")));
+        if !why.is_empty() {
+            failures.push(format!("{name}: {}\n--- stdout:\n{}--- stderr:\n{}", why.join("; "), r.stdout, r.stderr));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("latin1.rhai"), b"print(\"caf\xe9\");\n").unwrap();
+    for args in [&["run", "missing.rhai"][..], &["run", "."], &["run", "latin1.rhai"]] {
+        let r = run_in(dir.path(), args, None);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert_eq!(r.stderr.trim_end().lines().count(), 1, "{args:?} gave more than one line: {}", r.stderr);
+        assert_no_panic_trace(&r);
+    }
+    let r = run_in(dir.path(), &["run", "latin1.rhai"], None);
+    assert!(r.stderr.contains("latin1.rhai:1: not valid UTF-8 (byte offset 10)"), "{}", r.stderr);
+}
+
+#[test]
+fn script_arguments_and_relative_imports() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("lib");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("helper.rhai"), "fn greet(n) { `hello ${n}` }\n").unwrap();
+    std::fs::write(
+        sub.join("main.rhai"),
+        "import \"helper\" as h;\nimport \"tables\" as t;\nprint(h::greet(ARGS[0]));\nprint(ARGS.len());\nprint(t::from_matrix([[1]], [\"r\"], [\"c\"], \"x\").len());\n",
+    )
+    .unwrap();
+    // Run from another directory: the local import resolves next to the script, stdlib from the binary.
+    let r = run_in(dir.path(), &["run", "lib/main.rhai", "heads", "--flag"], None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "hello heads\n2\n1\n");
+}
+
+#[test]
+fn script_error_in_file_shows_file_line_col() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.rhai"), "let a = [1, 2];\nlet b = a[5];\n").unwrap();
+    let r = run_in(dir.path(), &["run", "s.rhai"], None);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("s.rhai:2:"), "{}", r.stderr);
+    assert!(r.stderr.contains("2 | let b = a[5];"), "{}", r.stderr);
+}
+
+#[test]
+fn table_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = r#"
+        let t = table(["head", "confidence", "n"], [["enc.0.1", 0.91234, 120], ["enc.5.7", 0.4, 3], ["cross.1.2", 0.05, 1000]]);
+        t.title = "Most confident heads";
+        t.sort_by("confidence", true);
+        t
+    "#;
+    let r = run_in(dir.path(), &["-e", code], None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let snap = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/table.txt");
+    let want = std::fs::read_to_string(&snap).unwrap();
+    assert_eq!(r.stdout, want, "table output changed; if intended, update {}", snap.display());
+}
+
+#[test]
+fn plots_save_decodable_png_and_svg_with_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = r#"
+        let h = heatmap([[0.1, 0.9, 0.5], [0.3, 0.7, 1]], #{rows: ["layer 0", "layer 1"], cols: ["h0", "h1", "h2"], title: "Head confidence", width: 600, height: 360});
+        h.save("heat.png"); h.save("heat.svg");
+        bar(["enc", "dec", "cross"], [48, 16, 16], #{title: "Heads per kind"}).save("bar.png");
+        line(#{bleu: [30, 29.5, 27], heads: [48, 30, 12]}, #{x: [0, 0.05, 0.1], title: "Pruning"}).save("line.svg");
+    "#;
+    let r = run_in(dir.path(), &["-e", code], None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    let decode = |name: &str| {
+        let f = std::fs::File::open(dir.path().join(name)).unwrap();
+        let mut reader = png::Decoder::new(f).read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        (info.width, info.height, buf)
+    };
+    let (w, h, px) = decode("heat.png");
+    assert_eq!((w, h), (600, 360));
+    let mut colours: Vec<&[u8]> = px.chunks(3).collect();
+    colours.sort();
+    colours.dedup();
+    assert!(colours.len() > 50, "heatmap PNG looks blank: {} distinct colours", colours.len());
+    // The viridis top colour (value 1) and bottom colour (0.1 is the minimum) are both drawn.
+    assert!(px.chunks(3).any(|p| p == [253, 231, 37]), "no cell at the top of the colour scale");
+    assert!(px.chunks(3).any(|p| p == [68, 1, 84]), "no cell at the bottom of the colour scale");
+    let (bw, bh, bpx) = decode("bar.png");
+    assert_eq!((bw, bh), (800, 500));
+    assert!(bpx.chunks(3).filter(|p| *p != [255, 255, 255]).count() > 10_000, "bar chart is nearly blank");
+
+    let svg = std::fs::read_to_string(dir.path().join("heat.svg")).unwrap();
+    for label in ["Head confidence", "layer 0", "layer 1", "h0", "h2", "0.90"] {
+        assert!(svg.contains(label), "heatmap SVG lacks {label:?}");
+    }
+    let svg = std::fs::read_to_string(dir.path().join("line.svg")).unwrap();
+    for label in ["Pruning", "bleu", "heads"] {
+        assert!(svg.contains(label), "line SVG lacks {label:?}");
+    }
+    let r = run_in(dir.path(), &["-e", "bar([\"a\"], [1]).save(\"x.jpg\")"], None);
+    assert!(r.stderr.contains("save: cannot tell the format of 'x.jpg': use a .png or .svg file name"), "{}", r.stderr);
+}
+
+#[test]
+fn doctor_reports_torch_cuda_threads_and_assets() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_in(dir.path(), &["doctor"], None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("torch:   2.11.0"), "{}", r.stdout);
+    let cuda_line = r.stdout.lines().find(|l| l.starts_with("CUDA:")).unwrap();
+    if tch::Cuda::is_available() {
+        assert!(cuda_line.contains("available, "), "{cuda_line}");
+    } else {
+        assert!(cuda_line.contains("not available"), "{cuda_line}");
+    }
+    assert!(r.stdout.contains("threads: "), "{}", r.stdout);
+    for a in ["minilm", "enpt", "pud_en.conllu", "brown.txt"] {
+        assert!(r.stdout.contains(a), "doctor does not list asset {a}");
+    }
+}
