@@ -46,6 +46,30 @@ pub mod api {
         }
     }
 
+    /// The lines of a UTF-8 text file, without their line endings.
+    ///
+    /// ```rhai
+    /// let p = temp_path("l.txt");
+    /// write_text(p, "a\r\nb\n");
+    /// assert(read_lines(p) == ["a", "b"]);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn read_lines(path: &str) -> ScriptResult<rhai::Array> {
+        Ok(read_text(path)?.lines().map(|l| Dynamic::from(l.to_string())).collect())
+    }
+
+    /// Creates a directory and its parents (nothing happens if it exists).
+    ///
+    /// ```rhai
+    /// let d = temp_path("figs");
+    /// make_dir(d);
+    /// assert(exists(d));
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn make_dir(path: &str) -> ScriptResult<()> {
+        std::fs::create_dir_all(path).or_else(|e| err(format!("make_dir: cannot create '{path}': {e}")))
+    }
+
     /// Writes text to a file atomically (temporary file, then rename).
     ///
     /// ```rhai
