@@ -4,6 +4,7 @@
 pub mod assets;
 pub mod device;
 pub mod engine;
+pub mod model;
 pub mod output;
 pub mod plot;
 pub mod repl;

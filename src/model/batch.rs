@@ -1,0 +1,43 @@
+//! Batching by length buckets: sentences of similar length go together, so padding is small.
+
+/// Groups of indices, each of at most `max_tokens` padded tokens (at least one sentence per
+/// group), sentences sorted by length so each group's padding is small. Order inside the
+/// result is by length; callers scatter results back by index.
+pub fn by_length(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| (lengths[i], i));
+    let mut groups = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    for i in order {
+        let longest = lengths[i]; // sorted ascending: the newest is the longest
+        if !cur.is_empty() && (cur.len() + 1) * longest > max_tokens {
+            groups.push(std::mem::take(&mut cur));
+        }
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        groups.push(cur);
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_respect_the_token_budget_and_cover_everything() {
+        let lengths = [5, 30, 6, 7, 31, 100, 4];
+        let groups = by_length(&lengths, 64);
+        let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
+        for g in &groups {
+            let longest = g.iter().map(|&i| lengths[i]).max().unwrap();
+            assert!(g.len() == 1 || g.len() * longest <= 64, "group {g:?} over budget");
+        }
+        // The 100-token sentence is alone; the short ones share a batch.
+        assert!(groups.iter().any(|g| g == &vec![5]));
+        assert!(groups.iter().any(|g| g.len() >= 4));
+    }
+}

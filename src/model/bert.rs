@@ -1,0 +1,108 @@
+//! BERT-family checkpoints (HF layout): `config.json`, `model.safetensors`, `tokenizer.json`.
+//! The real all-MiniLM-L6-v2 of the assets is one.
+
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use super::tokenizer::{Framing, Tok};
+use super::transformer::{place, EncoderLayer, Embeddings, Positions, Transformer};
+use super::{LoadOptions, ModelError};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::Tensor;
+
+/// The fields of HF's `config.json` that matter here.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    pub hidden_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    pub hidden_act: String,
+    pub layer_norm_eps: f64,
+    pub max_position_embeddings: i64,
+    pub vocab_size: i64,
+    #[serde(default)]
+    pub model_type: String,
+}
+
+pub fn is_bert_dir(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()
+}
+
+struct Weights {
+    map: HashMap<String, Tensor>,
+    file: String,
+    opts: LoadOptions,
+}
+
+impl Weights {
+    /// A tensor by checkpoint name (with or without the `bert.` prefix), checked for shape.
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
+        let t = self
+            .map
+            .remove(name)
+            .or_else(|| self.map.remove(&format!("bert.{name}")))
+            .ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
+        if t.size() != shape {
+            return Err(ModelError::BadShape { file: self.file.clone(), name: name.into(), want: shape.to_vec(), got: t.size() });
+        }
+        Ok(place(t, self.opts.device, self.opts.dtype))
+    }
+    fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
+        Ok(Linear { w: self.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(self.get(&format!("{prefix}.bias"), &[out])?) })
+    }
+    fn norm(&mut self, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError> {
+        Ok(Norm { kind: NormKind::Layer, weight: self.get(&format!("{prefix}.weight"), &[d])?, bias: Some(self.get(&format!("{prefix}.bias"), &[d])?), eps })
+    }
+}
+
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok, Config), ModelError> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::Io(cfg_path.display().to_string(), e.to_string()))?;
+    let cfg: Config = serde_json::from_str(&text).map_err(|e| ModelError::Config(cfg_path.display().to_string(), e.to_string()))?;
+    let act = match cfg.hidden_act.as_str() {
+        "gelu" => Activation::Gelu,
+        "relu" => Activation::Relu,
+        other => return Err(ModelError::Config(cfg_path.display().to_string(), format!("hidden_act '{other}' is not supported (gelu, relu)"))),
+    };
+    if cfg.hidden_size % cfg.num_attention_heads != 0 {
+        return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
+    }
+    let st = dir.join("model.safetensors");
+    let tensors = Tensor::read_safetensors(&st).map_err(|e| ModelError::Io(st.display().to_string(), e.to_string()))?;
+    let mut w = Weights { map: tensors.into_iter().collect(), file: st.display().to_string(), opts };
+    let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
+
+    let embed = Embeddings {
+        tokens: w.get("embeddings.word_embeddings.weight", &[cfg.vocab_size, d])?,
+        scale: 1.0,
+        positions: Positions::Learned(w.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, d])?),
+        token_type: Some({
+            let n = w.map.get("embeddings.token_type_embeddings.weight").or_else(|| w.map.get("bert.embeddings.token_type_embeddings.weight")).map(|t| t.size()[0]).unwrap_or(2);
+            w.get("embeddings.token_type_embeddings.weight", &[n, d])?
+        }),
+        norm: Some(w.norm("embeddings.LayerNorm", d, eps)?),
+    };
+    let mut encoder = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("encoder.layer.{l}");
+        encoder.push(EncoderLayer {
+            attn: Attention {
+                q: w.linear(&format!("{p}.attention.self.query"), d, d)?,
+                k: w.linear(&format!("{p}.attention.self.key"), d, d)?,
+                v: w.linear(&format!("{p}.attention.self.value"), d, d)?,
+                o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
+                n_heads: h,
+                n_kv_heads: h,
+                head_dim: d / h,
+            },
+            attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
+            ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act },
+            ffn_norm: w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
+            norm_position: NormPosition::Post,
+        });
+    }
+    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer)?;
+    let eos_id = tok.eos_id.unwrap_or(102);
+    Ok((Transformer { embed, encoder, decoder: vec![], output: None, d_model: d, eos_id }, tok, cfg))
+}

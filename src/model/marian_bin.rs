@@ -1,0 +1,210 @@
+//! Firefox-Translations Marian checkpoints (`model.*.bin` + `tokenizer.json`): the binary
+//! format (see shared notes/marian-bin-format.md), int8 dequantisation, and the architecture
+//! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
+
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
+use super::tokenizer::{Framing, Tok};
+use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::{LoadOptions, ModelError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+const FLOAT32: u64 = 0x404;
+const INT8: u64 = 0x4101;
+const EOS: i64 = 0;
+const EPS: f64 = 1e-9;
+
+/// The `model.*.bin` of a directory, if there is exactly one.
+pub fn find_bin(dir: &Path) -> Option<PathBuf> {
+    let mut bins: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "bin") && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("model.")))
+        .collect();
+    (bins.len() == 1).then(|| bins.remove(0))
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+    file: &'a str,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ModelError> {
+        if self.pos + n > self.b.len() {
+            return Err(ModelError::Corrupt { file: self.file.into(), why: format!("truncated while reading {what} at byte {}", self.pos) });
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, ModelError> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or([0; 8])))
+    }
+}
+
+/// Reads every float tensor of a Marian `.bin`, dequantising int8 matrices, and the embedded
+/// `special:model.yml`. Tensors come as PyTorch uses them: `[out, in]` matrices, flat vectors.
+pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ModelError::Io(file.clone(), e.to_string()))?;
+    let mut r = Reader { b: &bytes, pos: 0, file: &file };
+    let _version = r.u64("the version")?;
+    let n = r.u64("the tensor count")? as usize;
+    if n > 100_000 {
+        return Err(ModelError::Corrupt { file, why: format!("implausible tensor count {n}") });
+    }
+    let mut headers = Vec::with_capacity(n);
+    for i in 0..n {
+        let what = format!("header {i}");
+        headers.push((r.u64(&what)? as usize, r.u64(&what)?, r.u64(&what)? as usize, r.u64(&what)? as usize));
+    }
+    let mut names = Vec::with_capacity(n);
+    for (i, (len, ..)) in headers.iter().enumerate() {
+        let raw = r.take(*len, &format!("the name of tensor {i}"))?;
+        names.push(String::from_utf8_lossy(raw).trim_end_matches('\0').to_string());
+    }
+    let mut shapes = Vec::with_capacity(n);
+    for (i, (_, _, dims, _)) in headers.iter().enumerate() {
+        let raw = r.take(4 * dims, &format!("the shape of {}", names[i]))?;
+        shapes.push(raw.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64).collect::<Vec<_>>());
+    }
+    let aligned = r.u64("the alignment padding")? as usize;
+    r.take(aligned, "the alignment padding")?;
+    let mut out = HashMap::new();
+    let mut yml = String::new();
+    for i in 0..n {
+        let (_, typ, _, len) = headers[i];
+        let name = &names[i];
+        let data = r.take(len, &format!("the data of {name}"))?;
+        if name == "special:model.yml" {
+            yml = String::from_utf8_lossy(data).trim_end_matches('\0').to_string();
+        }
+        if name.ends_with("_QuantMultA") || name.starts_with("special:") {
+            continue;
+        }
+        let shape = &shapes[i];
+        let count: i64 = shape.iter().product();
+        let bad = |why: String| ModelError::Corrupt { file: file.clone(), why: format!("tensor {name}: {why}") };
+        let t = match typ {
+            FLOAT32 => {
+                if data.len() < 4 * count as usize {
+                    return Err(bad(format!("{} bytes for {count} floats", data.len())));
+                }
+                let v: Vec<f32> = data[..4 * count as usize].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
+                let t = Tensor::from_slice(&v);
+                // Row vectors [1, n] become [n].
+                if shape.len() == 2 && shape[0] == 1 { t } else { t.view(shape.as_slice()) }
+            }
+            INT8 => {
+                if shape.len() != 2 || data.len() < count as usize + 4 {
+                    return Err(bad(format!("int8 data of {} bytes for shape {shape:?}", data.len())));
+                }
+                let q: Vec<i8> = data[..count as usize].iter().map(|&b| b as i8).collect();
+                let m = f32::from_le_bytes(data[count as usize..count as usize + 4].try_into().unwrap_or([0; 4]));
+                if !(m.is_finite() && m != 0.0) {
+                    return Err(bad(format!("quantisation multiplier {m}")));
+                }
+                let t = Tensor::from_slice(&q).to_kind(tch::Kind::Float) / m as f64;
+                // Stored transposed except Wemb: the raw [cols, rows] is PyTorch's [out, in].
+                if name == "Wemb" { t.view([shape[0], shape[1]]) } else { t.view([shape[1], shape[0]]) }
+            }
+            other => return Err(bad(format!("unknown tensor type {other:#x}"))),
+        };
+        out.insert(name.clone(), t);
+    }
+    Ok((out, yml))
+}
+
+/// An integer setting of the embedded model.yml, e.g. `transformer-heads: 8`.
+fn yml_int(yml: &str, key: &str) -> Option<i64> {
+    yml.lines().find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+struct Weights {
+    map: HashMap<String, Tensor>,
+    file: String,
+    opts: LoadOptions,
+}
+
+impl Weights {
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
+        let t = self.map.remove(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
+        if t.size() != shape {
+            return Err(ModelError::BadShape { file: self.file.clone(), name: name.into(), want: shape.to_vec(), got: t.size() });
+        }
+        Ok(place(t, self.opts.device, self.opts.dtype))
+    }
+    /// `{p}W{s}` / `{p}b{s}` as a Linear of `[out, in]`.
+    fn linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError> {
+        let w = self.get(&format!("{p}W{s}"), &[out, inp])?;
+        let b = if bias { Some(self.get(&format!("{p}b{s}"), &[out])?) } else { None };
+        Ok(Linear { w, b })
+    }
+    fn norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError> {
+        Ok(Norm { kind: NormKind::Layer, weight: self.get(&format!("{p}_scale"), &[d])?, bias: Some(self.get(&format!("{p}_bias"), &[d])?), eps: EPS })
+    }
+    fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError> {
+        Ok(Attention {
+            q: self.linear(p, "q", d, d, true)?,
+            k: self.linear(p, "k", d, d, true)?,
+            v: self.linear(p, "v", d, d, true)?,
+            o: self.linear(p, "o", d, d, true)?,
+            n_heads: heads,
+            n_kv_heads: heads,
+            head_dim: d / heads,
+        })
+    }
+    fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
+        Ok(Ffn { up: self.linear(p, "1", f, d, true)?, down: self.linear(p, "2", d, f, true)?, act: Activation::Relu })
+    }
+    fn count_layers(&self, prefix: &str) -> usize {
+        (1..).take_while(|l| self.map.keys().any(|k| k.starts_with(&format!("{prefix}{l}_")))).count()
+    }
+}
+
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok), ModelError> {
+    let bin = find_bin(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single model.*.bin in the directory".into()))?;
+    let (map, yml) = read_bin(&bin)?;
+    let mut w = Weights { map, file: bin.display().to_string(), opts };
+    let wemb = w.map.get("Wemb").ok_or_else(|| ModelError::MissingTensor { file: w.file.clone(), name: "Wemb".into() })?;
+    let (vocab, d) = (wemb.size()[0], wemb.size()[1]);
+    let heads = yml_int(&yml, "transformer-heads")
+        .ok_or_else(|| ModelError::Corrupt { file: w.file.clone(), why: "special:model.yml has no transformer-heads".into() })?;
+    if heads <= 0 || d % heads != 0 {
+        return Err(ModelError::Corrupt { file: w.file.clone(), why: format!("transformer-heads {heads} does not divide the model size {d}") });
+    }
+    let f = w.map.get("encoder_l1_ffn_W1").map(|t| t.size()[0]).unwrap_or(4 * d);
+    let n_enc = w.count_layers("encoder_l");
+    let n_dec = w.count_layers("decoder_l");
+    let mut encoder = Vec::with_capacity(n_enc);
+    for l in 1..=n_enc {
+        let p = format!("encoder_l{l}_");
+        encoder.push(EncoderLayer {
+            attn: w.attention(&format!("{p}self_"), d, heads)?,
+            attn_norm: w.norm(&format!("{p}self_Wo_ln"), d)?,
+            ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
+            ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
+            norm_position: NormPosition::Post,
+        });
+    }
+    let mut decoder = Vec::with_capacity(n_dec);
+    for l in 1..=n_dec {
+        let p = format!("decoder_l{l}_");
+        let cell = Ssru { w: w.linear(&format!("{p}rnn_"), "", d, d, false)?, wf: w.linear(&format!("{p}rnn_"), "f", d, d, true)? };
+        decoder.push(DecoderLayer {
+            self_block: SelfBlock::Ssru(cell),
+            self_norm: w.norm(&format!("{p}rnn_ffn_ln"), d)?,
+            cross: Some((w.attention(&format!("{p}context_"), d, heads)?, w.norm(&format!("{p}context_Wo_ln"), d)?)),
+            ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
+            ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
+        });
+    }
+    let tokens = w.get("Wemb", &[vocab, d])?;
+    let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
+    let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
+    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::AppendEos(EOS))?;
+    Ok((Transformer { embed, encoder, decoder, output: Some(output), d_model: d, eos_id: EOS }, tok))
+}

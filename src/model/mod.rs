@@ -1,0 +1,419 @@
+//! The numeric core: real checkpoints loaded into one gated Transformer on tch. Knows nothing
+//! of Rhai and never prints. Families live one per file (`bert`, `marian_bin`).
+
+pub mod batch;
+pub mod bert;
+pub mod marian_bin;
+pub mod nn;
+pub mod script;
+pub mod tokenizer;
+pub mod transformer;
+
+use crate::device::{device_name, DeviceChoice, DeviceError};
+use nn::Gates;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use tch::{Device, Kind as DType, Tensor};
+use tokenizer::{Encoded, Tok};
+use transformer::Transformer;
+
+/// An attention kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Encoder self-attention.
+    Enc,
+    /// Decoder self-attention (causal).
+    Dec,
+    /// Decoder-encoder attention.
+    Cross,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Enc => "enc",
+            Kind::Dec => "dec",
+            Kind::Cross => "cross",
+        })
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enc" => Ok(Kind::Enc),
+            "dec" => Ok(Kind::Dec),
+            "cross" => Ok(Kind::Cross),
+            other => Err(format!("unknown attention kind '{other}' (expected \"enc\", \"dec\" or \"cross\")")),
+        }
+    }
+}
+
+/// One attention head, zero-based; printed `enc.2.5`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HeadId {
+    pub kind: Kind,
+    pub layer_idx: usize,
+    pub head: usize,
+}
+
+impl fmt::Display for HeadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.kind, self.layer_idx, self.head)
+    }
+}
+
+/// A tensor handed out by the forward pass while it computes.
+pub enum Captured<'t> {
+    /// Attention probabilities `[B, H, Tq, Tk]`.
+    Attention(&'t Tensor),
+    /// Gated per-head context vectors `[B, H, Tq, dh]` (the input of W^O).
+    Context(&'t Tensor),
+    /// Hidden states `[B, T, D]`: index 0 = embeddings, i = after layer i.
+    Hidden(&'t Tensor),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{0}: {1}")]
+    Io(String, String),
+    #[error("{0}: bad config: {1}")]
+    Config(String, String),
+    #[error("{file}: tensor '{name}' is missing")]
+    MissingTensor { file: String, name: String },
+    #[error("{file}: tensor '{name}' has shape {got:?}, expected {want:?}")]
+    BadShape { file: String, name: String, want: Vec<i64>, got: Vec<i64> },
+    #[error("{file}: corrupt checkpoint: {why}")]
+    Corrupt { file: String, why: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("input of {tokens} tokens is longer than the model's {max} positions")]
+    TooLong { tokens: i64, max: i64 },
+    #[error("the model has no output head (it is an encoder only)")]
+    NoOutputHead,
+    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT) or model.*.bin + tokenizer.json (Marian)")]
+    UnknownFamily(String),
+    #[error("{0}")]
+    Device(#[from] DeviceError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// Checkpoint families, detected from the files.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Family {
+    Bert,
+    MarianBin,
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::Bert => "bert",
+            Family::MarianBin => "marian_bin",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    pub device: Device,
+    pub dtype: DType,
+}
+
+impl LoadOptions {
+    /// From the user's choices, checked: half precision only on CUDA.
+    pub fn new(device: DeviceChoice, dtype: &str) -> Result<Self, ModelError> {
+        let device = device.resolve()?;
+        let dtype = match dtype {
+            "f32" | "float32" => DType::Float,
+            "bf16" | "bfloat16" => DType::BFloat16,
+            "f16" | "float16" => DType::Half,
+            other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"bf16\" or \"f16\")"))),
+        };
+        if dtype != DType::Float && device == Device::Cpu {
+            return Err(ModelError::Invalid(format!("dtype '{dtype:?}' is only supported on CUDA; use f32 on the CPU")));
+        }
+        Ok(LoadOptions { device, dtype })
+    }
+}
+
+/// How many layers and heads one attention kind has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KindShape {
+    pub kind: Kind,
+    pub n_layers: usize,
+    pub n_heads: usize,
+}
+
+pub struct Model {
+    pub family: Family,
+    pub path: PathBuf,
+    pub net: Transformer,
+    pub tok: Tok,
+    pub opts: LoadOptions,
+    pub n_params: i64,
+}
+
+/// A batch of tokenized sentences, padded.
+pub struct Batch {
+    pub ids: Tensor,
+    /// `[B, S]`, 1 for real tokens (special tokens included), 0 for padding.
+    pub mask: Tensor,
+    pub encoded: Vec<Encoded>,
+}
+
+/// One head's attention over one sentence.
+pub struct AttentionMap {
+    pub head: HeadId,
+    pub query_tokens: Vec<String>,
+    pub key_tokens: Vec<String>,
+    /// `[query][key]`.
+    pub weights: Vec<Vec<f64>>,
+}
+
+pub fn detect_family(dir: &Path) -> Option<Family> {
+    if bert::is_bert_dir(dir) {
+        Some(Family::Bert)
+    } else if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
+        Some(Family::MarianBin)
+    } else {
+        None
+    }
+}
+
+impl Model {
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, ModelError> {
+        if !path.exists() {
+            return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
+        }
+        let family = detect_family(path).ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
+        let _guard = tch::no_grad_guard();
+        let (net, tok) = match family {
+            Family::Bert => {
+                let (n, t, _cfg) = bert::load(path, opts)?;
+                (n, t)
+            }
+            Family::MarianBin => marian_bin::load(path, opts)?,
+        };
+        let mut m = Model { family, path: path.to_path_buf(), net, tok, opts, n_params: 0 };
+        m.n_params = m.count_params();
+        Ok(m)
+    }
+
+    fn count_params(&self) -> i64 {
+        let n = |t: &Tensor| t.numel() as i64;
+        let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
+        let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
+        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o);
+        let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down);
+        let e = &self.net.embed;
+        let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
+        if let transformer::Positions::Learned(t) = &e.positions {
+            total += n(t);
+        }
+        for l in &self.net.encoder {
+            total += attn(&l.attn) + norm(&l.attn_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
+        }
+        for l in &self.net.decoder {
+            let transformer::SelfBlock::Ssru(c) = &l.self_block;
+            total += lin(&c.w) + lin(&c.wf) + norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
+            if let Some((a, nm)) = &l.cross {
+                total += attn(a) + norm(nm);
+            }
+        }
+        // A tied output shares the embedding matrix; only its bias is new.
+        if let Some(o) = &self.net.output {
+            total += o.b.as_ref().map_or(0, n);
+        }
+        total
+    }
+
+    pub fn name(&self) -> String {
+        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| self.path.display().to_string())
+    }
+
+    pub fn device(&self) -> Device {
+        self.opts.device
+    }
+
+    /// The attention kinds of this model, in order enc, dec, cross.
+    pub fn kinds(&self) -> Vec<KindShape> {
+        let mut v = Vec::new();
+        if let Some(l) = self.net.encoder.first() {
+            v.push(KindShape { kind: Kind::Enc, n_layers: self.net.encoder.len(), n_heads: l.attn.n_heads as usize });
+        }
+        if let Some((a, _)) = self.net.decoder.first().and_then(|l| l.cross.as_ref()) {
+            v.push(KindShape { kind: Kind::Cross, n_layers: self.net.decoder.len(), n_heads: a.n_heads as usize });
+        }
+        v
+    }
+
+    pub fn kind_shape(&self, kind: Kind) -> Result<KindShape, ModelError> {
+        self.kinds().into_iter().find(|k| k.kind == kind).ok_or_else(|| {
+            let have: Vec<String> = self.kinds().iter().map(|k| k.kind.to_string()).collect();
+            ModelError::Invalid(format!("{} has no '{kind}' attention (it has: {})", self.name(), have.join(", ")))
+        })
+    }
+
+    /// Checks a head exists, naming what is out of range.
+    pub fn check_head(&self, h: HeadId) -> Result<(), ModelError> {
+        let s = self.kind_shape(h.kind)?;
+        if h.layer_idx >= s.n_layers {
+            return Err(ModelError::Invalid(format!("layer {} out of range: '{}' has layers 0..{}", h.layer_idx, h.kind, s.n_layers - 1)));
+        }
+        if h.head >= s.n_heads {
+            return Err(ModelError::Invalid(format!("head {} out of range: '{}' layers have heads 0..{}", h.head, h.kind, s.n_heads - 1)));
+        }
+        Ok(())
+    }
+
+    /// Gates closing `closed` heads (all others 1), one mask for the whole batch.
+    pub fn gates_closing(&self, closed: &[HeadId]) -> Result<Gates, ModelError> {
+        let mut g = Gates::none();
+        for h in closed {
+            self.check_head(*h)?;
+        }
+        for s in self.kinds() {
+            let heads: Vec<&HeadId> = closed.iter().filter(|h| h.kind == s.kind).collect();
+            if heads.is_empty() {
+                continue;
+            }
+            let mut v = vec![1f32; s.n_layers * s.n_heads];
+            for h in heads {
+                v[h.layer_idx * s.n_heads + h.head] = 0.0;
+            }
+            let t = Tensor::from_slice(&v).view([1, s.n_layers as i64, s.n_heads as i64]).to_device(self.device());
+            match s.kind {
+                Kind::Enc => g.enc = Some(t),
+                Kind::Dec => g.dec = Some(t),
+                Kind::Cross => g.cross = Some(t),
+            }
+        }
+        Ok(g)
+    }
+
+    pub fn tokenize(&self, text: &str) -> Result<Encoded, ModelError> {
+        self.tok.encode(text)
+    }
+
+    /// Tokenizes and pads sentences into one batch.
+    pub fn batch(&self, texts: &[&str]) -> Result<Batch, ModelError> {
+        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
+        Ok(self.batch_encoded(encoded))
+    }
+
+    pub fn batch_encoded(&self, encoded: Vec<Encoded>) -> Batch {
+        let s = encoded.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(encoded.len() * s);
+        let mut mask = Vec::with_capacity(encoded.len() * s);
+        for e in &encoded {
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(self.tok.pad_id, s - e.ids.len())));
+            mask.extend(std::iter::repeat_n(1f32, e.ids.len()).chain(std::iter::repeat_n(0f32, s - e.ids.len())));
+        }
+        let b = encoded.len() as i64;
+        Batch {
+            ids: Tensor::from_slice(&ids).view([b, s as i64]).to_device(self.device()),
+            mask: Tensor::from_slice(&mask).view([b, s as i64]).to_device(self.device()),
+            encoded,
+        }
+    }
+
+    /// Encoder output `[B, S, D]` of a batch.
+    pub fn encode(&self, batch: &Batch, gates: &Gates, cap: Option<&mut nn::Capture>) -> Result<Tensor, ModelError> {
+        let _guard = tch::no_grad_guard();
+        self.net.encode(&batch.ids, &batch.mask, gates, cap)
+    }
+
+    /// Greedy translations, batched by length. Max output length: 2.5 x source tokens + 2.
+    pub fn translate(&self, texts: &[&str], gates: &Gates, max_tokens: usize) -> Result<Vec<Vec<i64>>, ModelError> {
+        if self.net.output.is_none() || self.net.decoder.is_empty() {
+            return Err(ModelError::Invalid(format!("{} cannot translate: it has no decoder", self.name())));
+        }
+        let _guard = tch::no_grad_guard();
+        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
+        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+        let mut out = vec![Vec::new(); texts.len()];
+        let mut slots: Vec<Option<Encoded>> = encoded.into_iter().map(Some).collect();
+        for group in batch::by_length(&lengths, max_tokens) {
+            let enc: Vec<Encoded> = group.iter().map(|&i| slots[i].take().unwrap_or_else(|| unreachable_encoded())).collect();
+            let max_len: Vec<i64> = enc.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
+            let b = self.batch_encoded(enc);
+            let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
+            let res = self.net.greedy(&h, &b.mask, &max_len, gates)?;
+            for (slot, ids) in group.iter().zip(res) {
+                out[*slot] = ids;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn detokenize(&self, ids: &[i64]) -> Result<String, ModelError> {
+        self.tok.decode(ids)
+    }
+
+    /// The attention map of one head on one sentence. For `cross`, queries are the model's
+    /// own greedy translation (teacher-forced), keys the source tokens.
+    pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
+        self.check_head(head)?;
+        let _guard = tch::no_grad_guard();
+        let b = self.batch(&[text])?;
+        let src_tokens = b.encoded[0].tokens.clone();
+        let mut rows: Vec<Tensor> = Vec::new();
+        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+            if let Captured::Attention(p) = c {
+                if k == head.kind && l == head.layer_idx {
+                    rows.push(p.get(0).get(head.head as i64).to_kind(DType::Double).to_device(Device::Cpu));
+                }
+            }
+        };
+        let query_tokens = match head.kind {
+            Kind::Enc => {
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, on: &mut on };
+                let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
+                src_tokens.clone()
+            }
+            Kind::Cross => {
+                let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
+                let out = self.net.greedy(&h, &b.mask, &[(2.5 * src_tokens.len() as f64) as i64 + 2], gates)?.remove(0);
+                let mut targets = out.clone();
+                targets.push(self.net.eos_id);
+                let t = Tensor::from_slice(&targets).view([1, targets.len() as i64]).to_device(self.device());
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, on: &mut on };
+                let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
+                targets.iter().map(|&i| self.tok.id_to_token(i)).collect()
+            }
+            Kind::Dec => return Err(ModelError::Invalid("decoder self-attention maps are not available for this model".into())),
+        };
+        let m = Tensor::cat(&rows, 0); // [Tq, Tk]
+        let weights: Vec<Vec<f64>> = (0..m.size()[0]).map(|i| Vec::<f64>::try_from(m.get(i))).collect::<Result<_, _>>()?;
+        Ok(AttentionMap { head, query_tokens, key_tokens: src_tokens, weights })
+    }
+
+    /// A copy of the model on another device (weights reloaded from the checkpoint there).
+    pub fn to_device(&self, device: DeviceChoice) -> Result<Model, ModelError> {
+        let opts = LoadOptions { device: device.resolve()?, dtype: self.opts.dtype };
+        Model::load(&self.path, opts)
+    }
+
+    pub fn describe(&self) -> String {
+        let kinds: Vec<String> = self.kinds().iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
+        format!(
+            "<Model {} ({}), {:.1}M parameters, heads: {}, on {} as {:?}>",
+            self.name(),
+            self.family,
+            self.n_params as f64 / 1e6,
+            kinds.join(", "),
+            device_name(self.device()),
+            self.opts.dtype
+        )
+    }
+}
+
+fn unreachable_encoded() -> Encoded {
+    Encoded { ids: vec![], tokens: vec![], offsets: vec![], special: vec![] }
+}

@@ -1,0 +1,258 @@
+//! Building blocks of the one Transformer: linear maps, norms, multi-head attention with
+//! per-head gates and capture, feed-forward blocks, the SSRU cell. Weights are never edited
+//! after loading; masks enter through [`Gates`].
+
+use super::{Captured, Kind};
+use tch::{Kind as DType, Tensor};
+
+/// `y = x W^T + b`, with `W` stored `[out, in]` as in PyTorch.
+pub struct Linear {
+    pub w: Tensor,
+    pub b: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.w, self.b.as_ref())
+    }
+    pub fn in_dim(&self) -> i64 {
+        self.w.size()[1]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NormKind {
+    Layer,
+    Rms,
+}
+
+pub struct Norm {
+    pub kind: NormKind,
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub eps: f64,
+}
+
+impl Norm {
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        match self.kind {
+            NormKind::Layer => {
+                let d = *x.size().last().unwrap_or(&1);
+                x.layer_norm([d], Some(&self.weight), self.bias.as_ref(), self.eps, false)
+            }
+            NormKind::Rms => {
+                let var = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
+                x * (var + self.eps).rsqrt() * &self.weight
+            }
+        }
+    }
+}
+
+/// Where each sublayer's norm sits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NormPosition {
+    /// `x = norm(x + f(x))` (BERT, Marian).
+    Post,
+    /// `x = x + f(norm(x))`.
+    Pre,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    Relu,
+    /// Exact (erf) GELU.
+    Gelu,
+}
+
+pub struct Ffn {
+    pub up: Linear,
+    pub down: Linear,
+    pub act: Activation,
+}
+
+impl Ffn {
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let h = self.up.forward(x);
+        let h = match self.act {
+            Activation::Relu => h.relu(),
+            Activation::Gelu => h.gelu("none"),
+        };
+        self.down.forward(&h)
+    }
+}
+
+/// Per-head gates of every attention kind: `[G, layers, heads]` with G = 1 (one mask for the
+/// whole batch) or G = batch (one mask per batch row). Absent kinds are ungated.
+#[derive(Default)]
+pub struct Gates {
+    pub enc: Option<Tensor>,
+    pub dec: Option<Tensor>,
+    pub cross: Option<Tensor>,
+}
+
+impl Gates {
+    pub fn none() -> Self {
+        Gates::default()
+    }
+    /// `[G, heads]` gates of one layer, if the kind is gated.
+    pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
+        let g = match kind {
+            Kind::Enc => self.enc.as_ref(),
+            Kind::Dec => self.dec.as_ref(),
+            Kind::Cross => self.cross.as_ref(),
+        }?;
+        Some(g.select(1, layer_idx as i64))
+    }
+    /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
+    pub fn rows(&self, index: &Tensor) -> Gates {
+        let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
+    }
+}
+
+/// What the forward pass hands out as it computes; `on` is called for each layer.
+pub struct Capture<'a> {
+    pub attention: bool,
+    pub context: bool,
+    pub hidden: bool,
+    pub on: &'a mut dyn FnMut(Kind, usize, Captured<'_>),
+}
+
+pub struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub n_heads: i64,
+    pub n_kv_heads: i64,
+    pub head_dim: i64,
+}
+
+impl Attention {
+    /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
+    /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        xq: &Tensor,
+        xkv: &Tensor,
+        bias: &Tensor,
+        gate: Option<&Tensor>,
+        kind: Kind,
+        layer_idx: usize,
+        cap: &mut Option<&mut Capture>,
+    ) -> Tensor {
+        let (b, tq) = (xq.size()[0], xq.size()[1]);
+        let tk = xkv.size()[1];
+        let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
+        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        let mut v = self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        if hk != h {
+            k = k.repeat_interleave_self_int(h / hk, Some(1), None);
+            v = v.repeat_interleave_self_int(h / hk, Some(1), None);
+        }
+        let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + bias;
+        let probs = scores.softmax(-1, scores.kind());
+        let mut ctx = probs.matmul(&v); // [B, H, Tq, dh]
+        if let Some(c) = cap.as_deref_mut() {
+            if c.attention {
+                (c.on)(kind, layer_idx, Captured::Attention(&probs));
+            }
+        }
+        if let Some(g) = gate {
+            let g = g.to_kind(ctx.kind());
+            ctx = ctx * g.view([g.size()[0], h, 1, 1]);
+        }
+        if let Some(c) = cap.as_deref_mut() {
+            if c.context {
+                (c.on)(kind, layer_idx, Captured::Context(&ctx));
+            }
+        }
+        self.o.forward(&ctx.transpose(1, 2).reshape([b, tq, h * dh]))
+    }
+}
+
+/// Simpler Simple Recurrent Unit (Marian's `ssru`), the self-attention replacement of the
+/// Firefox-Translations decoders: `f = sigmoid(x Wf + bf)`, `c = f c' + (1 - f) x W`,
+/// output `relu(c)`.
+pub struct Ssru {
+    pub w: Linear,
+    pub wf: Linear,
+}
+
+impl Ssru {
+    /// One step: `x [B, D]`, state `c [B, D]` updated in place of the returned pair.
+    pub fn step(&self, x: &Tensor, c: &Tensor) -> (Tensor, Tensor) {
+        let f = self.wf.forward(x).sigmoid();
+        let c: Tensor = &f * c + (f.ones_like() - &f) * self.w.forward(x);
+        (c.relu(), c)
+    }
+}
+
+/// Additive attention bias from a key mask `[B, Tk]` (1 = real token): `[B, 1, 1, Tk]`.
+pub fn key_bias(mask: &Tensor, dtype: DType) -> Tensor {
+    let m = mask.to_kind(dtype);
+    let b: Tensor = (m.ones_like() - m) * -1e9;
+    b.view([mask.size()[0], 1, 1, mask.size()[1]])
+}
+
+/// Sinusoidal positions `[n, d]` laid out `[sin | cos]`, inverse frequencies
+/// `exp(-i ln(10000) / (half - 1))` (Marian's layout), starting at position `start`.
+pub fn sinusoidal(start: i64, n: i64, d: i64, device: tch::Device) -> Tensor {
+    let half = d / 2;
+    let i = Tensor::arange(half, (DType::Float, device));
+    let inv = (i * (-(10000f64.ln()) / (half - 1) as f64)).exp();
+    let pos = Tensor::arange_start(start, start + n, (DType::Float, device));
+    let ang = pos.unsqueeze(1) * inv.unsqueeze(0);
+    Tensor::cat(&[ang.sin(), ang.cos()], 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn lin(w: &[f32], out: i64, inp: i64) -> Linear {
+        Linear { w: Tensor::from_slice(w).view([out, inp]), b: None }
+    }
+
+    #[test]
+    fn gates_scale_only_their_head() {
+        // Two heads of dim 1, identity projections: context of head h is its own value.
+        let eye = [1.0f32, 0.0, 0.0, 1.0];
+        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1 };
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
+        let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
+        let mut none = None;
+        let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none);
+        let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));
+        let same = a.forward(&x, &x, &bias, Some(&ones), Kind::Enc, 0, &mut none);
+        assert!(full.equal(&same), "all-one gates must give exactly the ungated output");
+        let g = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
+        let masked = a.forward(&x, &x, &bias, Some(&g), Kind::Enc, 0, &mut none);
+        // Output dim 0 comes from head 0 only (unchanged); dim 1 from head 1 (zeroed).
+        assert!(masked.select(2, 0).equal(&full.select(2, 0)));
+        assert_eq!(masked.select(2, 1).abs().sum(DType::Float).double_value(&[]), 0.0);
+    }
+
+    #[test]
+    fn sinusoidal_layout_is_sin_then_cos() {
+        let p = sinusoidal(0, 3, 4, Device::Cpu);
+        assert_eq!(p.size(), [3, 4]);
+        // position 0: sin = 0, cos = 1
+        assert_eq!(Vec::<f32>::try_from(p.get(0)).unwrap(), vec![0.0, 0.0, 1.0, 1.0]);
+        // position 1, i = 1 of half = 2: inv = exp(-ln 10000) = 1e-4
+        let v = p.double_value(&[1, 1]);
+        assert!((v - (1e-4f64).sin()).abs() < 1e-7, "{v}");
+    }
+
+    #[test]
+    fn rms_norm_matches_hand_computation() {
+        let n = Norm { kind: NormKind::Rms, weight: Tensor::from_slice(&[1.0f32, 2.0]), bias: None, eps: 0.0 };
+        let y = n.forward(&Tensor::from_slice(&[3.0f32, 4.0]).view([1, 2]));
+        let rms = (12.5f64).sqrt();
+        assert!((y.double_value(&[0, 0]) - 3.0 / rms).abs() < 1e-6);
+        assert!((y.double_value(&[0, 1]) - 8.0 / rms).abs() < 1e-6);
+    }
+}

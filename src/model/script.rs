@@ -1,0 +1,460 @@
+//! The script API of models and heads: `load_model`, `Model` (a view that may carry a head
+//! mask, sharing the weights), `Head`, and `AttentionMatrix` (renders as a heatmap).
+
+use super::{AttentionMap, HeadId, Kind, LoadOptions, Model};
+use crate::device::DeviceChoice;
+use crate::output::{Output, Render};
+use crate::plot::{Plot, PlotKind};
+use crate::script::convert::{err, quote, to_usize, Opts, ScriptResult};
+use rhai::plugin::*;
+use rhai::{Array, Dynamic, Engine, Map};
+use std::rc::Rc;
+
+/// A model as scripts see it: shared weights plus the heads this view masks.
+#[derive(Clone)]
+pub struct ScriptModel {
+    pub model: Rc<Model>,
+    pub closed: Rc<Vec<HeadId>>,
+}
+
+impl ScriptModel {
+    pub fn gates(&self) -> ScriptResult<super::nn::Gates> {
+        self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))
+    }
+    fn describe(&self) -> String {
+        let d = self.model.describe();
+        if self.closed.is_empty() {
+            d
+        } else {
+            let heads: Vec<String> = self.closed.iter().map(|h| h.to_string()).collect();
+            format!("{}, masked: {}>", d.trim_end_matches('>'), heads.join(" "))
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Head {
+    pub model: ScriptModel,
+    pub id: HeadId,
+}
+
+#[derive(Clone)]
+pub struct AttentionMatrix(pub Rc<AttentionMap>);
+
+impl AttentionMatrix {
+    pub fn heatmap(&self) -> Result<Plot, crate::plot::PlotError> {
+        let m = &self.0;
+        let mut p = Plot::new(
+            PlotKind::Heatmap {
+                values: m.weights.clone(),
+                row_labels: m.query_tokens.clone(),
+                col_labels: m.key_tokens.clone(),
+                show_values: m.weights.len() * m.key_tokens.len() <= 400,
+                vmin: Some(0.0),
+                vmax: Some(1.0),
+            },
+            format!("attention of {}", m.head),
+        )?;
+        p.x_label = "key".into();
+        p.y_label = "query".into();
+        Ok(p)
+    }
+}
+
+impl Render for AttentionMatrix {
+    fn render(&self) -> Output {
+        let m = &self.0;
+        let mut text = format!("<attention of {}: {} queries x {} keys>", m.head, m.query_tokens.len(), m.key_tokens.len());
+        for (q, row) in m.query_tokens.iter().zip(&m.weights) {
+            let (k, w) = row.iter().enumerate().fold((0, f64::MIN), |a, (i, &w)| if w > a.1 { (i, w) } else { a });
+            text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
+        }
+        match self.heatmap() {
+            Ok(p) => {
+                let mut o = p.render();
+                o.text = text;
+                o
+            }
+            Err(_) => Output::text(text),
+        }
+    }
+}
+
+fn kind(s: &str) -> ScriptResult<Kind> {
+    s.parse().or_else(|e: String| err(e))
+}
+
+fn head_id(m: &ScriptModel, k: &str, layer: i64, head: i64) -> ScriptResult<HeadId> {
+    let layer_idx = to_usize(&Dynamic::from(layer), "layer")?;
+    let h = to_usize(&Dynamic::from(head), "head")?;
+    let id = HeadId { kind: kind(k)?, layer_idx, head: h };
+    m.model.check_head(id).or_else(|e| err(e.to_string()))?;
+    Ok(id)
+}
+
+fn texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
+    if v.is_string() {
+        return Ok(vec![v.to_string()]);
+    }
+    let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("{what}: expected a string or an array of strings, got {}", quote(v))) };
+    a.iter().enumerate().map(|(i, s)| if s.is_string() { Ok(s.to_string()) } else { err(format!("{what}: item {i} is not a string: {}", quote(s))) }).collect()
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// Loads a model from a directory (or a named asset: "minilm", "enpt", "pten"). The family
+    /// is detected from the files. Options: `device` ("auto" = CUDA when available, "cpu",
+    /// "cuda", "cuda:N"), `dtype` ("f32"; "bf16" and "f16" on CUDA).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm", #{device: "cpu"});
+    /// assert(m.family == "bert" && m.layers("enc") == 6 && m.heads_per_layer("enc") == 12);
+    /// ```
+    #[rhai_fn(name = "load_model", return_raw)]
+    pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
+        let o = Opts::new(&options, "load_model", &["device", "dtype"])?;
+        let device: DeviceChoice = match o.string("device")? {
+            Some(d) => d.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?,
+            None => DeviceChoice::Auto,
+        };
+        let opts = LoadOptions::new(device, &o.string("dtype")?.unwrap_or_else(|| "f32".into())).or_else(|e| err(format!("load_model: {e}")))?;
+        let p = std::path::Path::new(path);
+        let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).or_else(|e| err(format!("load_model: '{path}' is neither a directory nor a model asset ({e})")))? };
+        let model = Model::load(&dir, opts).or_else(|e| err(format!("load_model: {e}")))?;
+        Ok(ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]) })
+    }
+
+    /// Loads a model on the default device in f32.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// assert(m.kinds == ["enc", "cross"]);
+    /// ```
+    #[rhai_fn(name = "load_model", return_raw)]
+    pub fn load_model(path: &str) -> ScriptResult<ScriptModel> {
+        load_model_opts(path, Map::new())
+    }
+
+    /// The checkpoint family: "bert" or "marian_bin".
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").family == "marian_bin");
+    /// ```
+    #[rhai_fn(get = "family", pure)]
+    pub fn family(m: &mut ScriptModel) -> String {
+        m.model.family.to_string()
+    }
+
+    /// The attention kinds the model has ("enc", "dec", "cross").
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm").kinds == ["enc"]);
+    /// ```
+    #[rhai_fn(get = "kinds", pure)]
+    pub fn kinds(m: &mut ScriptModel) -> Array {
+        m.model.kinds().iter().map(|k| Dynamic::from(k.kind.to_string())).collect()
+    }
+
+    /// Number of layers of one attention kind.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").layers("cross") == 2);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn layers(m: &mut ScriptModel, k: &str) -> ScriptResult<i64> {
+        m.model.kind_shape(kind(k)?).map(|s| s.n_layers as i64).or_else(|e| err(e.to_string()))
+    }
+
+    /// Number of heads per layer of one attention kind.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").heads_per_layer("enc") == 8);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn heads_per_layer(m: &mut ScriptModel, k: &str) -> ScriptResult<i64> {
+        m.model.kind_shape(kind(k)?).map(|s| s.n_heads as i64).or_else(|e| err(e.to_string()))
+    }
+
+    /// Number of parameters (a tied output matrix counted once).
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm").params > 22000000);
+    /// ```
+    #[rhai_fn(get = "params", pure)]
+    pub fn params(m: &mut ScriptModel) -> i64 {
+        m.model.n_params
+    }
+
+    /// The device the weights live on ("cpu", "cuda:0").
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm", #{device: "cpu"}).device == "cpu");
+    /// ```
+    #[rhai_fn(get = "device", pure)]
+    pub fn device(m: &mut ScriptModel) -> String {
+        crate::device::device_name(m.model.device())
+    }
+
+    /// The same model on another device (the mask is kept).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm", #{device: "cpu"}).to("cpu");
+    /// assert(m.device == "cpu");
+    /// ```
+    #[rhai_fn(name = "to", return_raw, pure)]
+    pub fn to_device(m: &mut ScriptModel, device: &str) -> ScriptResult<ScriptModel> {
+        let d: DeviceChoice = device.parse().or_else(|e: crate::device::DeviceError| err(format!("to: {e}")))?;
+        let model = m.model.to_device(d).or_else(|e| err(format!("to: {e}")))?;
+        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone() })
+    }
+
+    /// The model's tokens for a text (special tokens included).
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm").tokenize("Hello world") == ["[CLS]", "hello", "world", "[SEP]"]);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn tokenize(m: &mut ScriptModel, text: &str) -> ScriptResult<Array> {
+        let e = m.model.tokenize(text).or_else(|e| err(e.to_string()))?;
+        Ok(e.tokens.into_iter().map(Dynamic::from).collect())
+    }
+
+    /// The token ids for a text.
+    ///
+    /// ```rhai
+    /// let ids = load_model("enpt").token_ids("The cat");
+    /// assert(ids[ids.len() - 1] == 0);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn token_ids(m: &mut ScriptModel, text: &str) -> ScriptResult<Array> {
+        let e = m.model.tokenize(text).or_else(|e| err(e.to_string()))?;
+        Ok(e.ids.into_iter().map(Dynamic::from).collect())
+    }
+
+    /// Greedy translation of a sentence (a string) or of many (an array, batched by length).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// assert(m.translate("The cat is sleeping on the sofa.") == "O gato está dormindo no sofá.");
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn translate(m: &mut ScriptModel, input: Dynamic) -> ScriptResult<Dynamic> {
+        let list = texts(&input, "translate")?;
+        let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
+        let gates = m.gates()?;
+        let ids = m.model.translate(&refs, &gates, 4096).or_else(|e| err(format!("translate: {e}")))?;
+        let outs = ids.iter().map(|i| m.model.detokenize(i)).collect::<Result<Vec<_>, _>>().or_else(|e| err(format!("translate: {e}")))?;
+        Ok(if input.is_string() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
+    }
+
+    /// One head, checked against the model's shape.
+    ///
+    /// ```rhai
+    /// let h = load_model("minilm").head("enc", 2, 5);
+    /// assert(h.to_string() == "enc.2.5");
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn head(m: &mut ScriptModel, k: &str, layer: i64, index: i64) -> ScriptResult<Head> {
+        Ok(Head { model: m.clone(), id: head_id(m, k, layer, index)? })
+    }
+
+    /// Every head of one attention kind, layer by layer.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").heads("cross").len() == 16);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn heads(m: &mut ScriptModel, k: &str) -> ScriptResult<Array> {
+        let s = m.model.kind_shape(kind(k)?).or_else(|e| err(e.to_string()))?;
+        let mut out = Array::new();
+        for l in 0..s.n_layers {
+            for h in 0..s.n_heads {
+                out.push(Dynamic::from(Head { model: m.clone(), id: HeadId { kind: s.kind, layer_idx: l, head: h } }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A view of the model with these heads masked (gates 0), sharing the weights; the
+    /// original model is unchanged. Heads accumulate over repeated calls.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let masked = m.with_mask([m.head("enc", 0, 1), m.head("cross", 1, 7)]);
+    /// assert(masked.masked.len() == 2 && m.masked.len() == 0);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn with_mask(m: &mut ScriptModel, heads: Array) -> ScriptResult<ScriptModel> {
+        let mut closed: Vec<HeadId> = m.closed.as_ref().clone();
+        for (i, h) in heads.iter().enumerate() {
+            let Some(h) = h.clone().try_cast::<Head>() else { return err(format!("with_mask: item {i} is not a Head: {}", quote(h))) };
+            if !Rc::ptr_eq(&h.model.model, &m.model) {
+                return err(format!("with_mask: head {} belongs to another model", h.id));
+            }
+            if !closed.contains(&h.id) {
+                closed.push(h.id);
+            }
+        }
+        closed.sort();
+        Ok(ScriptModel { model: m.model.clone(), closed: Rc::new(closed) })
+    }
+
+    /// The heads this view masks.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// assert(m.with_mask([m.head("enc", 1, 1)]).masked[0].to_string() == "enc.1.1");
+    /// ```
+    #[rhai_fn(get = "masked", pure)]
+    pub fn masked(m: &mut ScriptModel) -> Array {
+        m.closed.iter().map(|&id| Dynamic::from(Head { model: m.clone(), id })).collect()
+    }
+
+    /// The gates of this view: per kind, a layers x heads matrix of 1 (open) and 0 (masked).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let g = m.with_mask([m.head("cross", 1, 3)]).gates;
+    /// assert(g.cross[1][3] == 0.0 && g.cross[0][3] == 1.0 && g.enc[5][7] == 1.0);
+    /// ```
+    #[rhai_fn(get = "gates", pure)]
+    pub fn gates(m: &mut ScriptModel) -> Map {
+        let mut out = Map::new();
+        for s in m.model.kinds() {
+            let rows: Array = (0..s.n_layers)
+                .map(|l| {
+                    Dynamic::from(
+                        (0..s.n_heads)
+                            .map(|h| Dynamic::from(if m.closed.contains(&HeadId { kind: s.kind, layer_idx: l, head: h }) { 0.0 } else { 1.0 }))
+                            .collect::<Array>(),
+                    )
+                })
+                .collect();
+            out.insert(s.kind.to_string().into(), Dynamic::from(rows));
+        }
+        out
+    }
+
+    /// The attention kind of a head.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("cross", 1, 2).kind == "cross");
+    /// ```
+    #[rhai_fn(get = "kind", pure)]
+    pub fn head_kind(h: &mut Head) -> String {
+        h.id.kind.to_string()
+    }
+
+    /// The layer of a head (zero-based).
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("enc", 4, 2).layer == 4);
+    /// ```
+    #[rhai_fn(get = "layer", pure)]
+    pub fn head_layer(h: &mut Head) -> i64 {
+        h.id.layer_idx as i64
+    }
+
+    /// The index of a head within its layer (zero-based).
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("enc", 4, 2).index == 2);
+    /// ```
+    #[rhai_fn(get = "index", pure)]
+    pub fn head_index(h: &mut Head) -> i64 {
+        h.id.head as i64
+    }
+
+    /// This head's attention on a sentence: a query x key matrix with token labels that shows
+    /// as a heatmap. For "cross" heads the queries are the model's own translation.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 0, 0).attention("The cat sleeps.");
+    /// assert(a.keys == ["[CLS]", "the", "cat", "sleeps", ".", "[SEP]"]);
+    /// assert(a.values.len() == 6 && a.values[0].len() == 6);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn attention(h: &mut Head, text: &str) -> ScriptResult<AttentionMatrix> {
+        let gates = h.model.gates()?;
+        let map = h.model.model.attention_map(text, h.id, &gates).or_else(|e| err(format!("attention: {e}")))?;
+        Ok(AttentionMatrix(Rc::new(map)))
+    }
+
+    /// The weights, one row per query token.
+    #[rhai_fn(get = "values", pure)]
+    pub fn attn_values(a: &mut AttentionMatrix) -> Array {
+        a.0.weights.iter().map(|r| Dynamic::from(r.iter().map(|&w| Dynamic::from(w)).collect::<Array>())).collect()
+    }
+
+    /// The query tokens (rows).
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 0, 0).attention("Hi");
+    /// assert(a.queries == a.keys);
+    /// ```
+    #[rhai_fn(get = "queries", pure)]
+    pub fn attn_queries(a: &mut AttentionMatrix) -> Array {
+        a.0.query_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
+    }
+
+    /// The key tokens (columns).
+    #[rhai_fn(get = "keys", pure)]
+    pub fn attn_keys(a: &mut AttentionMatrix) -> Array {
+        a.0.key_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
+    }
+
+    /// The attention matrix as a heatmap plot (queries down, keys across).
+    ///
+    /// ```rhai
+    /// let p = load_model("minilm").head("enc", 1, 3).attention("A dog.").heatmap();
+    /// assert(p.to_svg().contains("dog"));
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn heatmap(a: &mut AttentionMatrix) -> ScriptResult<Plot> {
+        a.heatmap().or_else(|e| err(e.to_string()))
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn model_to_string(m: &mut ScriptModel) -> String {
+        m.describe()
+    }
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn model_to_debug(m: &mut ScriptModel) -> String {
+        m.describe()
+    }
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn head_to_string(h: &mut Head) -> String {
+        h.id.to_string()
+    }
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn head_to_debug(h: &mut Head) -> String {
+        h.id.to_string()
+    }
+    #[rhai_fn(name = "==", pure)]
+    pub fn head_eq(a: &mut Head, b: Head) -> bool {
+        a.id == b.id && Rc::ptr_eq(&a.model.model, &b.model.model)
+    }
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn attn_to_string(a: &mut AttentionMatrix) -> String {
+        a.render().text
+    }
+}
+
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<ScriptModel>("Model");
+    engine.register_type_with_name::<Head>("Head");
+    engine.register_type_with_name::<AttentionMatrix>("AttentionMatrix");
+    engine.register_global_module(exported_module!(api).into());
+}
+
+pub fn render(v: &Dynamic) -> Option<Output> {
+    if let Some(m) = v.clone().try_cast::<ScriptModel>() {
+        return Some(Output::text(m.describe()));
+    }
+    if let Some(h) = v.clone().try_cast::<Head>() {
+        return Some(Output::text(h.id.to_string()));
+    }
+    v.clone().try_cast::<AttentionMatrix>().map(|a| a.render())
+}

@@ -1,0 +1,237 @@
+//! The one Transformer: embeddings, an encoder stack, a decoder stack (SSRU or attention
+//! self-block, optional cross-attention) and an output projection. Checkpoint families
+//! (`bert.rs`, `marian_bin.rs`) build it from their files.
+
+use super::nn::{key_bias, sinusoidal, Attention, Capture, Ffn, Gates, Linear, Norm, NormPosition, Ssru};
+use super::{Captured, Kind, ModelError};
+use tch::{Device, Kind as DType, Tensor};
+
+pub enum Positions {
+    /// A learned table `[max_positions, D]`.
+    Learned(Tensor),
+    /// Marian's `[sin | cos]` sinusoids.
+    Sinusoidal,
+}
+
+pub struct Embeddings {
+    pub tokens: Tensor,
+    /// Multiplier of token embeddings (sqrt(d) for Marian, 1 for BERT).
+    pub scale: f64,
+    pub positions: Positions,
+    /// BERT's token-type table; type 0 is used.
+    pub token_type: Option<Tensor>,
+    pub norm: Option<Norm>,
+}
+
+impl Embeddings {
+    pub fn vocab(&self) -> i64 {
+        self.tokens.size()[0]
+    }
+
+    /// Token ids `[B, T]` at positions `start..start+T`; `None` ids mean a zero embedding
+    /// (Marian's decoder start).
+    pub fn forward(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64) -> Result<Tensor, ModelError> {
+        let d = self.tokens.size()[1];
+        let device = self.tokens.device();
+        let tok = match ids {
+            Some(ids) => Tensor::f_embedding(&self.tokens, ids, -1, false, false)?,
+            None => Tensor::zeros([batch, len, d], (self.tokens.kind(), device)),
+        };
+        let mut x = if self.scale != 1.0 { tok * self.scale } else { tok };
+        match &self.positions {
+            Positions::Learned(table) => {
+                let max = table.size()[0];
+                if start + len > max {
+                    return Err(ModelError::TooLong { tokens: start + len, max });
+                }
+                x = x + table.narrow(0, start, len).unsqueeze(0);
+            }
+            Positions::Sinusoidal => {
+                let pos = sinusoidal(start, len, d, device).to_kind(x.kind()).unsqueeze(0);
+                x = x + pos
+            }
+        }
+        if let Some(tt) = &self.token_type {
+            x = x + tt.get(0).view([1, 1, d]);
+        }
+        Ok(match &self.norm {
+            Some(n) => n.forward(&x),
+            None => x,
+        })
+    }
+}
+
+pub struct EncoderLayer {
+    pub attn: Attention,
+    pub attn_norm: Norm,
+    pub ffn: Ffn,
+    pub ffn_norm: Norm,
+    pub norm_position: NormPosition,
+}
+
+impl EncoderLayer {
+    fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
+        match self.norm_position {
+            NormPosition::Post => {
+                let a = self.attn.forward(x, x, bias, gate, Kind::Enc, layer_idx, cap);
+                let x = self.attn_norm.forward(&(x + a));
+                self.ffn_norm.forward(&(&x + self.ffn.forward(&x)))
+            }
+            NormPosition::Pre => {
+                let h = self.attn_norm.forward(x);
+                let x = x + self.attn.forward(&h, &h, bias, gate, Kind::Enc, layer_idx, cap);
+                &x + self.ffn.forward(&self.ffn_norm.forward(&x))
+            }
+        }
+    }
+}
+
+/// The self-block of a decoder layer.
+pub enum SelfBlock {
+    Ssru(Ssru),
+}
+
+pub struct DecoderLayer {
+    pub self_block: SelfBlock,
+    pub self_norm: Norm,
+    pub cross: Option<(Attention, Norm)>,
+    pub ffn: Ffn,
+    pub ffn_norm: Norm,
+}
+
+/// Recurrent state of the decoder during step-by-step decoding.
+pub struct DecoderState {
+    cells: Vec<Tensor>,
+    pub step: i64,
+}
+
+pub struct Transformer {
+    pub embed: Embeddings,
+    pub encoder: Vec<EncoderLayer>,
+    pub decoder: Vec<DecoderLayer>,
+    /// Output projection (tied to the embeddings where the checkpoint says so).
+    pub output: Option<Linear>,
+    pub d_model: i64,
+    pub eos_id: i64,
+}
+
+impl Transformer {
+    pub fn device(&self) -> Device {
+        self.embed.tokens.device()
+    }
+
+    /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real). Captures hidden states
+    /// (index 0 = embeddings, i = after layer i), attention and context per layer.
+    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        let (b, s) = (ids.size()[0], ids.size()[1]);
+        let mut x = self.embed.forward(Some(ids), b, 0, s)?;
+        let bias = key_bias(mask, x.kind());
+        emit_hidden(&mut cap, 0, &x);
+        for (l, layer) in self.encoder.iter().enumerate() {
+            let g = gates.layer(Kind::Enc, l);
+            x = layer.forward(&x, &bias, g.as_ref(), l, &mut cap);
+            emit_hidden(&mut cap, l + 1, &x);
+        }
+        Ok(x)
+    }
+
+    pub fn start_state(&self, batch: i64) -> DecoderState {
+        let z = Tensor::zeros([batch, self.d_model], (self.embed.tokens.kind(), self.device()));
+        DecoderState { cells: self.decoder.iter().map(|_| z.shallow_clone()).collect(), step: 0 }
+    }
+
+    /// One decoder step: `prev [B]` is the previous token (`None` at the start), `enc [B, S, D]`
+    /// the encoder output with its mask. Returns logits `[B, V]`. Cross-attention capture
+    /// reports `[B, H, 1, S]` per layer and step.
+    pub fn decode_step(
+        &self,
+        prev: Option<&Tensor>,
+        state: &mut DecoderState,
+        enc: &Tensor,
+        enc_bias: &Tensor,
+        gates: &Gates,
+        cap: &mut Option<&mut Capture>,
+    ) -> Result<Tensor, ModelError> {
+        let b = enc.size()[0];
+        let ids = prev.map(|p| p.view([b, 1]));
+        let mut x = self.embed.forward(ids.as_ref(), b, state.step, 1)?; // [B, 1, D]
+        for (l, layer) in self.decoder.iter().enumerate() {
+            match &layer.self_block {
+                SelfBlock::Ssru(cell) => {
+                    let (out, c) = cell.step(&x.squeeze_dim(1), &state.cells[l]);
+                    state.cells[l] = c;
+                    x = layer.self_norm.forward(&(&x + out.unsqueeze(1)));
+                }
+            }
+            if let Some((attn, norm)) = &layer.cross {
+                let g = gates.layer(Kind::Cross, l);
+                let a = attn.forward(&x, enc, enc_bias, g.as_ref(), Kind::Cross, l, cap);
+                x = norm.forward(&(&x + a));
+            }
+            x = layer.ffn_norm.forward(&(&x + layer.ffn.forward(&x)));
+        }
+        state.step += 1;
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        Ok(out.forward(&x.squeeze_dim(1)))
+    }
+
+    /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens.
+    pub fn greedy(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates) -> Result<Vec<Vec<i64>>, ModelError> {
+        let b = enc.size()[0] as usize;
+        let bias = key_bias(mask, enc.kind());
+        let mut state = self.start_state(b as i64);
+        let mut out: Vec<Vec<i64>> = vec![Vec::new(); b];
+        let mut done = vec![false; b];
+        let limit = max_len.iter().copied().max().unwrap_or(0);
+        let mut prev: Option<Tensor> = None;
+        let mut none = None;
+        for t in 0..limit {
+            let logits = self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut none)?;
+            let next = logits.argmax(-1, false);
+            let ids = Vec::<i64>::try_from(&next)?;
+            for (i, &id) in ids.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                if id == self.eos_id || t >= max_len[i] {
+                    done[i] = true;
+                } else {
+                    out[i].push(id);
+                }
+            }
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            prev = Some(next);
+        }
+        Ok(out)
+    }
+
+    /// Teacher-forced decoding: the decoder reads `targets [B, T]` shifted right (start =
+    /// zero embedding) and returns logits `[B, T, V]` for predicting each target.
+    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        let (b, t) = (targets.size()[0], targets.size()[1]);
+        let bias = key_bias(mask, enc.kind());
+        let mut state = self.start_state(b);
+        let mut logits = Vec::with_capacity(t as usize);
+        for i in 0..t {
+            let prev = if i == 0 { None } else { Some(targets.select(1, i - 1)) };
+            logits.push(self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut cap)?);
+        }
+        Ok(Tensor::stack(&logits, 1))
+    }
+
+}
+
+fn emit_hidden(cap: &mut Option<&mut Capture>, i: usize, x: &Tensor) {
+    if let Some(c) = cap.as_deref_mut() {
+        if c.hidden {
+            (c.on)(Kind::Enc, i, Captured::Hidden(x));
+        }
+    }
+}
+
+/// Float tensors of a checkpoint are converted to the model's dtype and device here.
+pub fn place(t: Tensor, device: Device, dtype: DType) -> Tensor {
+    if t.is_floating_point() { t.to_device(device).to_kind(dtype) } else { t.to_device(device) }
+}
