@@ -382,7 +382,14 @@ pub mod api {
         Ok(AttentionMatrix(Rc::new(map)))
     }
 
-    /// The weights, one row per query token.
+    /// The weights, one row per query token; each row sums to 1.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 3, 1).attention("Cats sleep.");
+    /// let total = 0.0;
+    /// for w in a.values[1] { total += w; }
+    /// assert(abs(total - 1.0) < 1e-5);
+    /// ```
     #[rhai_fn(get = "values", pure)]
     pub fn attn_values(a: &mut AttentionMatrix) -> Array {
         a.0.weights.iter().map(|r| Dynamic::from(r.iter().map(|&w| Dynamic::from(w)).collect::<Array>())).collect()
@@ -400,6 +407,11 @@ pub mod api {
     }
 
     /// The key tokens (columns).
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").head("cross", 1, 0).attention("Hello.");
+    /// assert(a.keys[a.keys.len() - 1] == "</s>");
+    /// ```
     #[rhai_fn(get = "keys", pure)]
     pub fn attn_keys(a: &mut AttentionMatrix) -> Array {
         a.0.key_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
@@ -432,6 +444,12 @@ pub mod api {
     pub fn head_to_debug(h: &mut Head) -> String {
         h.id.to_string()
     }
+    /// Whether two heads are the same head of the same model.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// assert(m.head("enc", 1, 2) == m.heads("enc")[10]);
+    /// ```
     #[rhai_fn(name = "==", pure)]
     pub fn head_eq(a: &mut Head, b: Head) -> bool {
         a.id == b.id && Rc::ptr_eq(&a.model.model, &b.model.model)

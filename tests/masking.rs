@@ -1,0 +1,150 @@
+//! Head masking on a tiny random encoder-decoder built from the engine's own blocks: all-one
+//! gates change nothing, a masked head changes only what lies downstream of it, a per-row
+//! gate batch equals separate runs, and weights are untouched.
+
+use headscope::model::nn::{Activation, Attention, Capture, Ffn, Gates, Linear, Norm, NormKind, NormPosition, Ssru};
+use headscope::model::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use headscope::model::{Captured, Kind};
+use tch::{Device, Kind as DType, Tensor};
+
+const D: i64 = 8;
+const H: i64 = 2;
+
+fn lin(out: i64, inp: i64) -> Linear {
+    Linear { w: Tensor::randn([out, inp], (DType::Float, Device::Cpu)) * 0.3, b: Some(Tensor::randn([out], (DType::Float, Device::Cpu)) * 0.1) }
+}
+fn norm() -> Norm {
+    Norm { kind: NormKind::Layer, weight: Tensor::ones([D], (DType::Float, Device::Cpu)), bias: Some(Tensor::zeros([D], (DType::Float, Device::Cpu))), eps: 1e-5 }
+}
+fn attn() -> Attention {
+    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H }
+}
+
+fn tiny() -> Transformer {
+    tch::manual_seed(7);
+    let vocab = 11;
+    let tokens = Tensor::randn([vocab, D], (DType::Float, Device::Cpu));
+    Transformer {
+        embed: Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Sinusoidal, token_type: None, norm: None },
+        encoder: (0..2)
+            .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu }, ffn_norm: norm(), norm_position: NormPosition::Post })
+            .collect(),
+        decoder: (0..2)
+            .map(|_| DecoderLayer {
+                self_block: SelfBlock::Ssru(Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) }),
+                self_norm: norm(),
+                cross: Some((attn(), norm())),
+                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu },
+                ffn_norm: norm(),
+            })
+            .collect(),
+        output: Some(Linear { w: tokens, b: Some(Tensor::zeros([vocab], (DType::Float, Device::Cpu))) }),
+        d_model: D,
+        eos_id: 0,
+    }
+}
+
+fn inputs() -> (Tensor, Tensor) {
+    let ids = Tensor::from_slice(&[3i64, 4, 5, 6, 7, 8, 2, 9, 0, 0]).view([2, 5]);
+    let mask = Tensor::from_slice(&[1f32, 1., 1., 1., 1., 1., 1., 1., 0., 0.]).view([2, 5]);
+    (ids, mask)
+}
+
+/// Hidden states after each layer and attention of each layer.
+fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
+    let (ids, mask) = inputs();
+    let mut hidden = Vec::new();
+    let mut probs = Vec::new();
+    let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+        Captured::Hidden(h) => hidden.push(h.shallow_clone()),
+        Captured::Attention(a) => probs.push(a.shallow_clone()),
+        Captured::Context(_) => {}
+    };
+    let mut cap = Capture { attention: true, context: false, hidden: true, on: &mut on };
+    let out = t.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();
+    (hidden, probs, out)
+}
+
+fn enc_gates(g: &[f32], rows: i64) -> Gates {
+    Gates { enc: Some(Tensor::from_slice(g).view([rows, 2, H])), ..Gates::none() }
+}
+
+#[test]
+fn all_one_gates_give_exactly_the_unmasked_outputs() {
+    let t = tiny();
+    let (_, _, plain) = run(&t, &Gates::none());
+    let (_, _, ones) = run(&t, &enc_gates(&[1.0; 4], 1));
+    assert!(plain.equal(&ones));
+    let (ids, mask) = inputs();
+    let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
+    let targets = Tensor::from_slice(&[5i64, 6, 0, 7, 0, 0]).view([2, 3]);
+    let a = t.decode_teacher(&enc, &mask, &targets, &Gates::none(), None).unwrap();
+    let cross_ones = Gates { cross: Some(Tensor::ones([1, 2, H], (DType::Float, Device::Cpu))), ..Gates::none() };
+    let b = t.decode_teacher(&enc, &mask, &targets, &cross_ones, None).unwrap();
+    assert!(a.equal(&b));
+}
+
+#[test]
+fn masking_a_head_changes_only_what_is_downstream() {
+    let t = tiny();
+    let (h0, p0, out0) = run(&t, &Gates::none());
+    // Close head 0 of layer 1.
+    let (h1, p1, out1) = run(&t, &enc_gates(&[1.0, 1.0, 0.0, 1.0], 1));
+    // Embeddings and layer 0 are upstream: identical.
+    assert!(h1[0].equal(&h0[0]) && h1[1].equal(&h0[1]));
+    // Layer 1's attention probabilities are computed before the gate: identical.
+    assert!(p1[0].equal(&p0[0]) && p1[1].equal(&p0[1]));
+    // The layer's output changes.
+    assert!(!out1.equal(&out0));
+    // At the attention block of layer 1 the gate removes exactly head 0's contribution:
+    // plain - masked = context_0 W^O[:, head 0 slice]^T, for every token.
+    let (_, mask) = inputs();
+    let bias = headscope::model::nn::key_bias(&mask, DType::Float);
+    let x = &h0[1]; // input of layer 1
+    let a = &t.encoder[1].attn;
+    let mut ctx = Vec::new();
+    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
+        if let Captured::Context(x) = c {
+            ctx.push(x.shallow_clone());
+        }
+    };
+    let mut cap = Some(Capture { attention: false, context: true, hidden: false, on: &mut on });
+    let mut cap_ref = cap.as_mut();
+    let plain = a.forward(x, x, &bias, None, Kind::Enc, 1, &mut cap_ref);
+    let mut none = None;
+    let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
+    let masked = a.forward(x, x, &bias, Some(&g), Kind::Enc, 1, &mut none);
+    drop(cap);
+    let head0 = ctx[0].select(1, 0); // [B, T, dh]
+    let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
+    assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");
+    assert!((plain - masked).allclose(&contribution, 1e-5, 1e-6, false));
+}
+
+#[test]
+fn per_row_gates_equal_separate_runs() {
+    let t = tiny();
+    let masked = [1.0f32, 0.0, 1.0, 1.0];
+    let (_, _, alone_masked) = run(&t, &enc_gates(&masked, 1));
+    let (_, _, alone_plain) = run(&t, &Gates::none());
+    // Row 0 masked, row 1 not, in one batch.
+    let both: Vec<f32> = masked.iter().copied().chain([1.0; 4]).collect();
+    let (_, _, mixed) = run(&t, &enc_gates(&both, 2));
+    assert!(mixed.get(0).allclose(&alone_masked.get(0), 1e-6, 1e-6, false));
+    assert!(mixed.get(1).allclose(&alone_plain.get(1), 1e-6, 1e-6, false));
+}
+
+#[test]
+fn weights_are_unchanged_after_a_masked_forward() {
+    let t = tiny();
+    let before: Vec<Tensor> = t.encoder.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
+    let _ = run(&t, &enc_gates(&[0.0; 4], 1));
+    let after: Vec<&Tensor> = t.encoder.iter().flat_map(|l| [&l.attn.q.w, &l.attn.v.w, &l.attn.o.w]).collect();
+    for (a, b) in before.iter().zip(after) {
+        assert!(a.equal(b));
+    }
+    // And the unmasked model still gives its unmasked output.
+    let (_, _, x) = run(&t, &Gates::none());
+    let (_, _, y) = run(&t, &Gates::none());
+    assert!(x.equal(&y));
+}
