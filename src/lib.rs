@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map of the code.
 
 pub mod assets;
+pub mod data;
 pub mod device;
 pub mod engine;
 pub mod model;
