@@ -79,6 +79,8 @@ pub struct Session {
 }
 
 thread_local! {
+    /// The interrupt of the evaluation running on this thread, for native loops to poll.
+    static CURRENT: RefCell<Option<Interrupt>> = const { RefCell::new(None) };
     static GUARDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
 }
@@ -104,6 +106,12 @@ fn install_panic_hook() {
             }
         }));
     });
+}
+
+/// Whether the evaluation running on this thread was interrupted (Ctrl-C, a kernel's
+/// interrupt_request). Long native computations poll this between batches.
+pub fn interrupted() -> bool {
+    CURRENT.with(|c| c.borrow().as_ref().is_some_and(|i| i.is_set()))
 }
 
 /// Runs `f`, turning a panic into `Err(message)`.
@@ -188,7 +196,9 @@ impl Session {
         self.interrupt.reset();
         let engine = &self.engine;
         let scope = &mut self.scope;
+        CURRENT.with(|c| *c.borrow_mut() = Some(self.interrupt.clone()));
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
+        CURRENT.with(|c| *c.borrow_mut() = None);
         // Functions defined by this input stay, even if it failed later on.
         self.functions = full.clone_functions_only();
         let value = match result {

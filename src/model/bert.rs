@@ -2,7 +2,6 @@
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::tokenizer::{Framing, Tok};
 use super::transformer::{place, EncoderLayer, Embeddings, Positions, Transformer};
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -56,7 +55,7 @@ impl Weights {
     }
 }
 
-pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok, Config), ModelError> {
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), ModelError> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::Io(cfg_path.display().to_string(), e.to_string()))?;
     let cfg: Config = serde_json::from_str(&text).map_err(|e| ModelError::Config(cfg_path.display().to_string(), e.to_string()))?;
@@ -69,8 +68,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok, Config),
         return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
     }
     let st = dir.join("model.safetensors");
-    let tensors = Tensor::read_safetensors(&st).map_err(|e| ModelError::Io(st.display().to_string(), e.to_string()))?;
-    let mut w = Weights { map: tensors.into_iter().collect(), file: st.display().to_string(), opts };
+    let mut w = Weights { map: super::safetensors::read(&st)?, file: st.display().to_string(), opts };
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
 
     let embed = Embeddings {
@@ -102,7 +100,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok, Config),
             norm_position: NormPosition::Post,
         });
     }
-    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer)?;
-    let eos_id = tok.eos_id.unwrap_or(102);
-    Ok((Transformer { embed, encoder, decoder: vec![], output: None, d_model: d, eos_id }, tok, cfg))
+    // BERT has no decoder; [SEP] (102 in BERT vocabularies) closes each sentence.
+    Ok((Transformer { embed, encoder, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
 }

@@ -3,7 +3,6 @@
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
-use super::tokenizer::{Framing, Tok};
 use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
 use super::{LoadOptions, ModelError};
 use std::collections::HashMap;
@@ -12,7 +11,7 @@ use tch::Tensor;
 
 const FLOAT32: u64 = 0x404;
 const INT8: u64 = 0x4101;
-const EOS: i64 = 0;
+pub const EOS: i64 = 0;
 const EPS: f64 = 1e-9;
 
 /// The `model.*.bin` of a directory, if there is exactly one.
@@ -49,7 +48,7 @@ impl Reader<'_> {
 /// `special:model.yml`. Tensors come as PyTorch uses them: `[out, in]` matrices, flat vectors.
 pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ModelError::Io(file.clone(), e.to_string()))?;
+    let bytes = super::safetensors::map(path)?;
     let mut r = Reader { b: &bytes, pos: 0, file: &file };
     let _version = r.u64("the version")?;
     let n = r.u64("the tensor count")? as usize;
@@ -93,8 +92,7 @@ pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelE
                 if data.len() < 4 * count as usize {
                     return Err(bad(format!("{} bytes for {count} floats", data.len())));
                 }
-                let v: Vec<f32> = data[..4 * count as usize].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
-                let t = Tensor::from_slice(&v);
+                let t = Tensor::f_from_data_size(&data[..4 * count as usize], &[count], tch::Kind::Float)?;
                 // Row vectors [1, n] become [n].
                 if shape.len() == 2 && shape[0] == 1 { t } else { t.view(shape.as_slice()) }
             }
@@ -102,12 +100,13 @@ pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelE
                 if shape.len() != 2 || data.len() < count as usize + 4 {
                     return Err(bad(format!("int8 data of {} bytes for shape {shape:?}", data.len())));
                 }
-                let q: Vec<i8> = data[..count as usize].iter().map(|&b| b as i8).collect();
                 let m = f32::from_le_bytes(data[count as usize..count as usize + 4].try_into().unwrap_or([0; 4]));
                 if !(m.is_finite() && m != 0.0) {
                     return Err(bad(format!("quantisation multiplier {m}")));
                 }
-                let t = Tensor::from_slice(&q).to_kind(tch::Kind::Float) / m as f64;
+                // Dequantised inside libtorch (vectorised): float = int8 / m.
+                let mut t = Tensor::f_from_data_size(&data[..count as usize], &[count], tch::Kind::Int8)?.to_kind(tch::Kind::Float);
+                let _ = t.f_mul_scalar_(1.0 / m as f64)?;
                 // Stored transposed except Wemb: the raw [cols, rows] is PyTorch's [out, in].
                 if name == "Wemb" { t.view([shape[0], shape[1]]) } else { t.view([shape[1], shape[0]]) }
             }
@@ -165,7 +164,7 @@ impl Weights {
     }
 }
 
-pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok), ModelError> {
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let bin = find_bin(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single model.*.bin in the directory".into()))?;
     let (map, yml) = read_bin(&bin)?;
     let mut w = Weights { map, file: bin.display().to_string(), opts };
@@ -205,6 +204,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Tok), ModelEr
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
     let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
-    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::AppendEos(EOS))?;
-    Ok((Transformer { embed, encoder, decoder, output: Some(output), d_model: d, eos_id: EOS }, tok))
+    Ok(Transformer { embed, encoder, decoder, output: Some(output), d_model: d, eos_id: EOS })
 }

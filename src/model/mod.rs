@@ -5,6 +5,7 @@ pub mod batch;
 pub mod bert;
 pub mod marian_bin;
 pub mod nn;
+pub mod safetensors;
 pub mod script;
 pub mod tokenizer;
 pub mod transformer;
@@ -99,6 +100,8 @@ pub enum ModelError {
     Device(#[from] DeviceError),
     #[error("{0}")]
     Invalid(String),
+    #[error("interrupted")]
+    Interrupted,
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
 }
@@ -150,7 +153,18 @@ pub struct KindShape {
     pub n_heads: usize,
 }
 
+/// Where loading time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadTimes {
+    /// Reading and converting the weights, building the network.
+    pub weights: f64,
+    /// Parsing tokenizer.json.
+    pub tokenizer: f64,
+    pub total: f64,
+}
+
 pub struct Model {
+    pub load_times: LoadTimes,
     pub family: Family,
     pub path: PathBuf,
     pub net: Transformer,
@@ -165,6 +179,16 @@ pub struct Batch {
     /// `[B, S]`, 1 for real tokens (special tokens included), 0 for padding.
     pub mask: Tensor,
     pub encoded: Vec<Encoded>,
+}
+
+/// Counts of a streaming pass.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct StreamStats {
+    pub sentences: usize,
+    /// Real tokens (special tokens included, padding not).
+    pub tokens: usize,
+    pub padded_tokens: usize,
+    pub batches: usize,
 }
 
 /// One head's attention over one sentence.
@@ -192,15 +216,28 @@ impl Model {
             return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
         }
         let family = detect_family(path).ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
-        let _guard = tch::no_grad_guard();
-        let (net, tok) = match family {
-            Family::Bert => {
-                let (n, t, _cfg) = bert::load(path, opts)?;
-                (n, t)
-            }
-            Family::MarianBin => marian_bin::load(path, opts)?,
+        let t0 = std::time::Instant::now();
+        let framing = match family {
+            Family::Bert => tokenizer::Framing::Tokenizer,
+            Family::MarianBin => tokenizer::Framing::AppendEos(marian_bin::EOS),
         };
-        let mut m = Model { family, path: path.to_path_buf(), net, tok, opts, n_params: 0 };
+        let tok_path = path.join("tokenizer.json");
+        // Weights, then the tokenizer: on two cores a parallel tokenizer thread only competes
+        // with libtorch's threads, and sequential loading keeps both times honest.
+        let t = std::time::Instant::now();
+        let net = {
+            let _guard = tch::no_grad_guard();
+            match family {
+                Family::Bert => bert::load(path, opts).map(|(n, _cfg)| n),
+                Family::MarianBin => marian_bin::load(path, opts),
+            }?
+        };
+        let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
+        let t = std::time::Instant::now();
+        let tok = Tok::from_file(&tok_path, framing).map(|tok| (tok, t.elapsed().as_secs_f64()));
+        let ((net, weights), (tok, tokenizer)) = (net?, tok?);
+        let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
+        let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0 };
         m.n_params = m.count_params();
         Ok(m)
     }
@@ -350,6 +387,38 @@ impl Model {
             }
         }
         Ok(out)
+    }
+
+    /// Streams the encoder over many sentences in length buckets of at most `max_tokens`
+    /// padded tokens, handing each batch and its output to `on_batch` (with the capture the
+    /// caller asked for). Stops with `ModelError::Interrupted` when `stop()` turns true.
+    pub fn encode_stream(
+        &self,
+        texts: &[&str],
+        max_tokens: usize,
+        gates: &Gates,
+        stop: &dyn Fn() -> bool,
+        on_batch: &mut dyn FnMut(&Batch, &Tensor) -> Result<(), ModelError>,
+    ) -> Result<StreamStats, ModelError> {
+        let _guard = tch::no_grad_guard();
+        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
+        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+        let mut slots: Vec<Option<Encoded>> = encoded.into_iter().map(Some).collect();
+        let mut stats = StreamStats::default();
+        for group in batch::by_length(&lengths, max_tokens) {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let enc: Vec<Encoded> = group.iter().filter_map(|&i| slots[i].take()).collect();
+            let b = self.batch_encoded(enc);
+            let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
+            stats.sentences += group.len();
+            stats.tokens += group.iter().map(|&i| lengths[i]).sum::<usize>();
+            stats.padded_tokens += b.ids.numel();
+            stats.batches += 1;
+            on_batch(&b, &h)?;
+        }
+        Ok(stats)
     }
 
     pub fn detokenize(&self, ids: &[i64]) -> Result<String, ModelError> {

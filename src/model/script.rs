@@ -100,6 +100,21 @@ fn texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
     a.iter().enumerate().map(|(i, s)| if s.is_string() { Ok(s.to_string()) } else { err(format!("{what}: item {i} is not a string: {}", quote(s))) }).collect()
 }
 
+/// Sentences of a dataset, or of an array of strings, or one string.
+pub fn dataset_texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
+    if let Some(d) = v.clone().try_cast::<crate::data::Dataset>() {
+        if d.is_empty() {
+            return err(format!("{what}: the dataset {} is empty", d.name));
+        }
+        return Ok(d.items.iter().map(|i| i.text.clone()).collect());
+    }
+    let t = texts(v, what)?;
+    if t.is_empty() {
+        return err(format!("{what}: no sentences given"));
+    }
+    Ok(t)
+}
+
 #[export_module]
 pub mod api {
     use super::*;
@@ -187,6 +202,22 @@ pub mod api {
         m.model.n_params
     }
 
+    /// Seconds spent loading: `weights` (read, convert, build), `tokenizer` and `total`.
+    ///
+    /// ```rhai
+    /// let t = load_model("enpt").load_seconds;
+    /// assert(t.total >= t.weights && t.weights > 0.0);
+    /// ```
+    #[rhai_fn(get = "load_seconds", pure)]
+    pub fn load_seconds(m: &mut ScriptModel) -> Map {
+        let t = m.model.load_times;
+        let mut r = Map::new();
+        r.insert("weights".into(), Dynamic::from(t.weights));
+        r.insert("tokenizer".into(), Dynamic::from(t.tokenizer));
+        r.insert("total".into(), Dynamic::from(t.total));
+        r
+    }
+
     /// The device the weights live on ("cpu", "cuda:0").
     ///
     /// ```rhai
@@ -247,6 +278,46 @@ pub mod api {
         let ids = m.model.translate(&refs, &gates, 4096).or_else(|e| err(format!("translate: {e}")))?;
         let outs = ids.iter().map(|i| m.model.detokenize(i)).collect::<Result<Vec<_>, _>>().or_else(|e| err(format!("translate: {e}")))?;
         Ok(if input.is_string() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
+    }
+
+    /// Runs the encoder over a dataset (or an array of sentences) in length buckets and reports
+    /// what it did: `sentences`, `tokens` (real, special included), `padded_tokens`, `batches`,
+    /// `seconds`, `tokens_per_second`. Options: `batch_tokens` (padded tokens per batch,
+    /// default 4096). Nothing is kept: this measures a plain forward pass.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.forward(corpus(asset("pud_en.txt")).take(20), #{batch_tokens: 512});
+    /// assert(r.sentences == 20 && r.tokens > 20 * 5 && r.batches >= 2);
+    /// ```
+    #[rhai_fn(name = "forward", return_raw, pure)]
+    pub fn forward_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
+        let o = Opts::new(&options, "forward", &["batch_tokens"])?;
+        let batch_tokens = o.usize("batch_tokens")?.unwrap_or(4096).max(1);
+        let list = dataset_texts(&data, "forward")?;
+        let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
+        let gates = m.gates()?;
+        let t0 = std::time::Instant::now();
+        let stats = m.model.encode_stream(&refs, batch_tokens, &gates, &crate::engine::interrupted, &mut |_, _| Ok(())).or_else(|e| err(format!("forward: {e}")))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let mut r = Map::new();
+        r.insert("sentences".into(), Dynamic::from(stats.sentences as i64));
+        r.insert("tokens".into(), Dynamic::from(stats.tokens as i64));
+        r.insert("padded_tokens".into(), Dynamic::from(stats.padded_tokens as i64));
+        r.insert("batches".into(), Dynamic::from(stats.batches as i64));
+        r.insert("seconds".into(), Dynamic::from(secs));
+        r.insert("tokens_per_second".into(), Dynamic::from(stats.tokens as f64 / secs.max(1e-9)));
+        Ok(r)
+    }
+
+    /// `forward` with the default batch size.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").forward(["Hello.", "Good morning."]).sentences == 2);
+    /// ```
+    #[rhai_fn(name = "forward", return_raw, pure)]
+    pub fn forward(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Map> {
+        forward_opts(m, data, Map::new())
     }
 
     /// One head, checked against the model's shape.

@@ -1,0 +1,54 @@
+//! A safetensors reader over a memory map: one copy per tensor, straight from the page cache.
+
+use super::ModelError;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::{Kind as DType, Tensor};
+
+/// Maps a file read-only. The checkpoint must not be modified while it is being loaded.
+pub fn map(path: &Path) -> Result<memmap2::Mmap, ModelError> {
+    let file = std::fs::File::open(path).map_err(|e| ModelError::Io(path.display().to_string(), e.to_string()))?;
+    // SAFETY: read-only map, used only during loading; every tensor is copied out of it.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io(path.display().to_string(), e.to_string()))
+}
+
+pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
+    let file = path.display().to_string();
+    let bad = |why: String| ModelError::Corrupt { file: file.clone(), why };
+    let m = map(path)?;
+    if m.len() < 8 {
+        return Err(bad("shorter than its 8-byte header length".into()));
+    }
+    let n = u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8])) as usize;
+    if n > m.len() - 8 {
+        return Err(bad(format!("header of {n} bytes does not fit in the file")));
+    }
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&m[8..8 + n]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let data = &m[8 + n..];
+    let mut out = HashMap::with_capacity(header.len());
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = match info["dtype"].as_str() {
+            Some("F32") => DType::Float,
+            Some("F16") => DType::Half,
+            Some("BF16") => DType::BFloat16,
+            Some("I64") => DType::Int64,
+            Some("I32") => DType::Int,
+            Some("I8") => DType::Int8,
+            other => return Err(bad(format!("tensor '{name}' has unsupported dtype {other:?}"))),
+        };
+        let shape: Vec<i64> = info["shape"].as_array().map(|a| a.iter().filter_map(|x| x.as_i64()).collect()).unwrap_or_default();
+        let offs: Vec<usize> = info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|v| v as usize)).collect()).unwrap_or_default();
+        let [begin, end] = offs[..] else { return Err(bad(format!("tensor '{name}' has no data_offsets"))) };
+        let elem = dtype.elt_size_in_bytes();
+        let count: i64 = shape.iter().product();
+        if begin > end || end > data.len() || (end - begin) != count as usize * elem {
+            return Err(bad(format!("tensor '{name}': data_offsets {begin}..{end} do not match shape {shape:?} in a data area of {} bytes", data.len())));
+        }
+        let t = Tensor::f_from_data_size(&data[begin..end], &shape, dtype)?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
