@@ -232,3 +232,57 @@ fn doctor_reports_torch_cuda_threads_and_assets() {
         assert!(r.stdout.contains(a), "doctor does not list asset {a}");
     }
 }
+
+#[test]
+fn bad_model_inputs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A truncated Marian checkpoint next to a real tokenizer.
+    let enpt = headscope::assets::asset_path("enpt").unwrap();
+    std::fs::create_dir(d.join("trunc")).unwrap();
+    let bin = std::fs::read(enpt.join("model.enpt.intgemm.alphas.bin")).unwrap();
+    std::fs::write(d.join("trunc/model.x.bin"), &bin[..bin.len() / 2]).unwrap();
+    std::fs::copy(enpt.join("tokenizer.json"), d.join("trunc/tokenizer.json")).unwrap();
+    // A BERT directory whose safetensors header lies.
+    std::fs::create_dir(d.join("badst")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("badst/config.json")).unwrap();
+    let mut st = 1000u64.to_le_bytes().to_vec();
+    st.extend_from_slice(b"{}");
+    std::fs::write(d.join("badst/model.safetensors"), st).unwrap();
+    std::fs::create_dir(d.join("empty")).unwrap();
+
+    let cases: &[(&str, &str)] = &[
+        ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory nor a model asset (unknown asset 'no/such/dir'"),
+        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT) or model.*.bin + tokenizer.json (Marian)"),
+        ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
+        ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header of 1000 bytes does not fit in the file"),
+        ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"bf16\" or \"f16\")"),
+        ("load_model(\"enpt\", #{device: \"tpu\"})", "load_model: unknown device 'tpu' (expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\")"),
+        ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype)"),
+        ("load_model(\"enpt\").head(\"enc\", 6, 0)", "layer 6 out of range: 'enc' has layers 0..5"),
+        ("load_model(\"enpt\").head(\"enc\", 0, 8)", "head 8 out of range: 'enc' layers have heads 0..7"),
+        ("load_model(\"enpt\").head(\"enc\", -1, 0)", "layer: expected a non-negative integer, got -1 (i64)"),
+        ("load_model(\"enpt\").head(\"encoder\", 0, 0)", "unknown attention kind 'encoder' (expected \"enc\", \"dec\" or \"cross\")"),
+        ("load_model(\"minilm\").head(\"cross\", 0, 0)", "minilm has no 'cross' attention (it has: enc)"),
+        ("load_model(\"minilm\").translate(\"Hi\")", "translate: minilm cannot translate: it has no decoder"),
+        ("load_model(\"enpt\").forward(corpus(asset(\"pud_en.txt\")).take(0))", "forward: the dataset pud_en.txt[:0] is empty"),
+        ("let m = load_model(\"enpt\"); m.with_mask([1])", "with_mask: item 0 is not a Head: 1 (i64)"),
+        ("let a = load_model(\"enpt\"); let b = load_model(\"enpt\"); a.with_mask([b.head(\"enc\", 0, 0)])", "with_mask: head enc.0.0 belongs to another model"),
+        ("treebank(\"missing.conllu\")", "treebank: missing.conllu: No such file or directory"),
+    ];
+    if !tch::Cuda::is_available() {
+        let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cuda\"})"], None);
+        assert!(r.stderr.contains("load_model: device 'cuda:0' asked for, but CUDA is not available on this machine"), "{}", r.stderr);
+        let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cpu\", dtype: \"bf16\"})"], None);
+        assert!(r.stderr.contains("load_model: dtype 'BFloat16' is only supported on CUDA; use f32 on the CPU"), "{}", r.stderr);
+    }
+    let mut failures = Vec::new();
+    for (code, want) in cases {
+        let r = run_in(d, &["-e", code], None);
+        assert_no_panic_trace(&r);
+        if r.code != 1 || !r.stderr.contains(want) {
+            failures.push(format!("{code}\n  want: {want}\n  got ({}): {}", r.code, r.stderr.trim()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
