@@ -2,7 +2,8 @@
 
 Usage: make_pud_en.py CS_PUD_GOLD.conllu OUT.conllu OUT.txt
 
-Each `# text_en` becomes exactly one sentence (spaCy's sentence splitter is overridden so that
+Whitespace runs in the texts are collapsed to one space (one PUD original has a double space,
+which spaCy would turn into a whitespace-only word). Each `# text_en` becomes exactly one sentence (spaCy's sentence splitter is overridden so that
 the treebank lines up with the plain-text corpus line by line). Dependency labels are spaCy's
 English labels (ClearNLP style: nsubj, dobj, amod, advmod, ...); the root gets HEAD 0 and
 DEPREL `root`. Outputs are written atomically (temp file + rename).
@@ -20,7 +21,7 @@ def read_texts(path):
             if line.startswith("# sent_id = "):
                 sent_id = line.split("=", 1)[1].strip()
             elif line.startswith("# text_en = "):
-                texts.append((sent_id, line.split("=", 1)[1].strip()))
+                texts.append((sent_id, " ".join(line.split("=", 1)[1].split())))
     return texts
 
 

@@ -1,6 +1,7 @@
 //! headscope: understand and prune the attention heads of Transformer models from Rhai.
 //! See ARCHITECTURE.md for the map of the code.
 
+pub mod analysis;
 pub mod assets;
 pub mod data;
 pub mod device;

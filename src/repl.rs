@@ -22,12 +22,25 @@ fn print_output(out: &Output) {
     println!("{}", out.text);
 }
 
-/// The sink of terminal frontends: prints go to stdout as they happen.
+/// The sink of terminal frontends: prints go to stdout as they happen; progress is a bar on
+/// stderr when stderr is a terminal (nothing otherwise, so logs stay clean).
 pub fn terminal_sink() -> crate::engine::Sink {
-    Box::new(|ev| {
+    let bar = std::io::stderr().is_terminal();
+    Box::new(move |ev| {
         match ev {
             Event::Print(s) => println!("{s}"),
             Event::Display(o) => print_output(&o),
+            Event::Progress { label, done, total } => {
+                if bar {
+                    let width = 30;
+                    let filled = if total == 0 { width } else { done * width / total };
+                    eprint!("\r{label} [{}{}] {done}/{total}", "=".repeat(filled), " ".repeat(width - filled));
+                    if done >= total {
+                        eprint!("\r{}\r", " ".repeat(label.len() + width + 24));
+                    }
+                    let _ = std::io::stderr().flush();
+                }
+            }
         }
         let _ = std::io::stdout().flush();
     })

@@ -29,9 +29,22 @@ pub enum Event {
     Print(String),
     /// A value shown with `display(x)` / `x.show()`.
     Display(Output),
+    /// A long computation's progress; frontends draw a bar (or nothing).
+    Progress { label: String, done: usize, total: usize },
 }
 
 pub type Sink = Box<dyn FnMut(Event)>;
+type SharedSink = Rc<RefCell<Sink>>;
+
+/// Reports progress of a long computation to the running evaluation's frontend.
+pub fn progress(label: &str, done: usize, total: usize) {
+    let sink = CURRENT_SINK.with(|c| c.borrow().clone());
+    if let Some(s) = sink {
+        if let Ok(mut f) = s.try_borrow_mut() {
+            f(Event::Progress { label: label.to_string(), done, total });
+        }
+    }
+}
 
 /// Stops a running evaluation (Ctrl-C, a kernel's interrupt_request); cheap to clone and
 /// safe to trigger from a signal handler thread.
@@ -72,6 +85,7 @@ pub struct Session {
     sources: Rc<RefCell<Sources>>,
     resolver: Rc<Resolver>,
     interrupt: Interrupt,
+    sink: SharedSink,
     temp_dir: Rc<PathBuf>,
     inputs: usize,
     /// Show timings after each evaluation (`:time on`).
@@ -81,6 +95,8 @@ pub struct Session {
 thread_local! {
     /// The interrupt of the evaluation running on this thread, for native loops to poll.
     static CURRENT: RefCell<Option<Interrupt>> = const { RefCell::new(None) };
+    /// The sink of the evaluation running on this thread, for progress reports.
+    static CURRENT_SINK: RefCell<Option<SharedSink>> = const { RefCell::new(None) };
     static GUARDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
 }
@@ -173,7 +189,7 @@ impl Session {
         let mut scope = Scope::new();
         let args: rhai::Array = opts.args.into_iter().map(Dynamic::from).collect();
         scope.push_constant("ARGS", args);
-        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, temp_dir, inputs: 0, time: false }
+        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, time: false }
     }
 
     pub fn interrupt_handle(&self) -> Interrupt {
@@ -197,8 +213,10 @@ impl Session {
         let engine = &self.engine;
         let scope = &mut self.scope;
         CURRENT.with(|c| *c.borrow_mut() = Some(self.interrupt.clone()));
+        CURRENT_SINK.with(|c| *c.borrow_mut() = Some(self.sink.clone()));
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
         CURRENT.with(|c| *c.borrow_mut() = None);
+        CURRENT_SINK.with(|c| *c.borrow_mut() = None);
         // Functions defined by this input stay, even if it failed later on.
         self.functions = full.clone_functions_only();
         let value = match result {

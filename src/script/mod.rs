@@ -11,7 +11,7 @@ use rhai::{Dynamic, Engine};
 pub type Renderer = fn(&Dynamic) -> Option<Output>;
 
 /// Every type-specific renderer; the session tries them in order.
-pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render];
+pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::analysis::script::render];
 
 /// Registers every script type and function (except the session-bound ones in `core`).
 pub fn register_types(engine: &mut Engine) {
@@ -21,4 +21,5 @@ pub fn register_types(engine: &mut Engine) {
     crate::assets::script::register(engine);
     crate::model::script::register(engine);
     crate::data::script::register(engine);
+    crate::analysis::script::register(engine);
 }

@@ -1,0 +1,252 @@
+//! Streaming accumulators: each batch's attention of one layer updates per-head counts that
+//! stay on the model's device; nothing per sentence is kept. Inputs are plain tensors, so
+//! tests can feed synthetic attention.
+
+use crate::model::ModelError;
+use tch::{Device, Kind as DType, Tensor};
+
+/// Offsets `argmax - t` are counted in `[-MAX_OFFSET, MAX_OFFSET]`; farther ones fall in the
+/// end bins.
+pub const MAX_OFFSET: i64 = 127;
+const BINS: i64 = 2 * MAX_OFFSET + 1;
+
+/// What one sentence contributes, on one side of one attention kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SentenceMeta {
+    /// Query positions that count (real tokens: not special, not padding).
+    pub real_query: Vec<bool>,
+    /// Keys a head's argmax may land on (not padding; not EOS/SEP unless kept).
+    pub key_ok: Vec<bool>,
+    /// Key indices of the rarest and second-rarest real tokens, when the sentence counts
+    /// for the rare-word statistic.
+    pub rare: Option<(usize, usize)>,
+    /// Word alignment for the syntactic statistic.
+    pub words: Option<Words>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Words {
+    /// For each token (query side = key side), the words it overlaps: usually one; a token
+    /// spanning several words (`▁$10` over `$` and `103.7`) belongs to each of them.
+    pub words_of_token: Vec<Vec<usize>>,
+    pub n_words: usize,
+    /// (relation-direction index, query word, target word).
+    pub edges: Vec<(usize, usize, usize)>,
+}
+
+/// Per-layer accumulators of one attention kind.
+pub struct Accumulator {
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_reldirs: usize,
+    device: Device,
+    conf: Vec<Tensor>,
+    hist: Vec<Tensor>,
+    rare1: Vec<Tensor>,
+    rare2: Vec<Tensor>,
+    syn: Vec<Tensor>,
+    pub queries: usize,
+    pub rare_queries: usize,
+    pub rare_sentences: usize,
+    pub edges: Vec<usize>,
+}
+
+/// The batch's metadata as tensors on the device, built once per batch.
+pub struct BatchTensors {
+    real_q: Tensor,
+    key_ok: Tensor,
+    rare: Option<(Tensor, Tensor, Tensor)>,
+    syn: Option<SynTensors>,
+}
+
+struct SynTensors {
+    qavg: Tensor,
+    m: Tensor,
+    word_valid: Tensor,
+    e_flat: Tensor,
+    e_target: Tensor,
+    e_rd: Tensor,
+}
+
+fn pad_bool(v: &[bool], n: usize) -> impl Iterator<Item = f32> + '_ {
+    v.iter().map(|&b| if b { 1.0 } else { 0.0 }).chain(std::iter::repeat(0.0)).take(n)
+}
+
+impl BatchTensors {
+    /// `tq` / `tk`: padded query and key lengths of the batch's attention.
+    pub fn new(metas: &[SentenceMeta], tq: usize, tk: usize, device: Device, want_rare: bool, want_syn: bool) -> Self {
+        let b = metas.len() as i64;
+        let real_q: Vec<f32> = metas.iter().flat_map(|m| pad_bool(&m.real_query, tq)).collect();
+        let key_ok: Vec<f32> = metas.iter().flat_map(|m| pad_bool(&m.key_ok, tk)).collect();
+        let real_q = Tensor::from_slice(&real_q).view([b, 1, tq as i64]).to_device(device);
+        let key_ok = Tensor::from_slice(&key_ok).view([b, 1, 1, tk as i64]).to_device(device).gt(0.5);
+        let rare = want_rare.then(|| {
+            let r1: Vec<i64> = metas.iter().map(|m| m.rare.map_or(-1, |r| r.0 as i64)).collect();
+            let r2: Vec<i64> = metas.iter().map(|m| m.rare.map_or(-1, |r| r.1 as i64)).collect();
+            let counted: Vec<f32> = metas.iter().map(|m| if m.rare.is_some() { 1.0 } else { 0.0 }).collect();
+            (
+                Tensor::from_slice(&r1).view([b, 1, 1]).to_device(device),
+                Tensor::from_slice(&r2).view([b, 1, 1]).to_device(device),
+                Tensor::from_slice(&counted).view([b, 1, 1]).to_device(device),
+            )
+        });
+        let syn = if want_syn && metas.iter().any(|m| m.words.is_some()) {
+            let nw = metas.iter().filter_map(|m| m.words.as_ref().map(|w| w.n_words)).max().unwrap_or(0).max(1);
+            let mut qavg = vec![0f32; metas.len() * nw * tq];
+            let mut mm = vec![0f32; metas.len() * tk * nw];
+            let mut valid = vec![0f32; metas.len() * nw];
+            let (mut flat, mut target, mut rd) = (Vec::new(), Vec::new(), Vec::new());
+            for (bi, m) in metas.iter().enumerate() {
+                let Some(w) = &m.words else { continue };
+                let mut count = vec![0f32; nw];
+                for wd in w.words_of_token.iter().flatten() {
+                    count[*wd] += 1.0;
+                }
+                for (t, wds) in w.words_of_token.iter().enumerate() {
+                    for &wd in wds {
+                        if t < tq {
+                            qavg[(bi * nw + wd) * tq + t] = 1.0 / count[wd];
+                        }
+                        if t < tk {
+                            mm[(bi * tk + t) * nw + wd] = 1.0;
+                        }
+                    }
+                }
+                for wd in 0..w.n_words {
+                    valid[bi * nw + wd] = 1.0;
+                }
+                for &(r, q, tg) in &w.edges {
+                    flat.push((bi * nw + q) as i64);
+                    target.push(tg as i64);
+                    rd.push(r as i64);
+                }
+            }
+            let b = metas.len() as i64;
+            Some(SynTensors {
+                qavg: Tensor::from_slice(&qavg).view([b, 1, nw as i64, tq as i64]).to_device(device),
+                m: Tensor::from_slice(&mm).view([b, 1, tk as i64, nw as i64]).to_device(device),
+                word_valid: Tensor::from_slice(&valid).view([b, 1, 1, nw as i64]).to_device(device).gt(0.5),
+                e_flat: Tensor::from_slice(&flat).to_device(device),
+                e_target: Tensor::from_slice(&target).view([-1, 1]).to_device(device),
+                e_rd: Tensor::from_slice(&rd).to_device(device),
+            })
+        } else {
+            None
+        };
+        BatchTensors { real_q, key_ok, rare, syn }
+    }
+}
+
+impl Accumulator {
+    pub fn new(n_layers: usize, n_heads: usize, n_reldirs: usize, device: Device) -> Self {
+        let z = |shape: &[i64]| (0..n_layers).map(|_| Tensor::zeros(shape, (DType::Double, device))).collect::<Vec<_>>();
+        let h = n_heads as i64;
+        Accumulator {
+            n_layers,
+            n_heads,
+            n_reldirs,
+            device,
+            conf: z(&[h]),
+            hist: z(&[h, BINS]),
+            rare1: z(&[h]),
+            rare2: z(&[h]),
+            syn: z(&[n_reldirs.max(1) as i64, h]),
+            queries: 0,
+            rare_queries: 0,
+            rare_sentences: 0,
+            edges: vec![0; n_reldirs],
+        }
+    }
+
+    /// Counts a batch's queries, rare sentences and edges (once per batch, not per layer).
+    pub fn count_batch(&mut self, metas: &[SentenceMeta]) {
+        for m in metas {
+            let q = m.real_query.iter().filter(|&&b| b).count();
+            self.queries += q;
+            if m.rare.is_some() {
+                self.rare_queries += q;
+                self.rare_sentences += 1;
+            }
+            if let Some(w) = &m.words {
+                for &(rd, _, _) in &w.edges {
+                    self.edges[rd] += 1;
+                }
+            }
+        }
+    }
+
+    /// One layer's attention `[B, H, Tq, Tk]` of the batch described by `bt`.
+    pub fn update(&mut self, layer: usize, attn: &Tensor, bt: &BatchTensors) -> Result<(), ModelError> {
+        let a = attn.to_kind(DType::Float);
+        let (b, h, tq) = (a.size()[0], a.size()[1], a.size()[2]);
+        let masked = a.f_masked_fill(&bt.key_ok.logical_not(), -1.0)?;
+        let (mx, arg) = masked.max_dim(-1, false); // [B, H, Tq]
+        let rq = &bt.real_q; // [B, 1, Tq]
+        self.conf[layer] += (&mx * rq).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
+
+        let t = Tensor::arange(tq, (DType::Int64, self.device)).view([1, 1, tq]);
+        let bins = (&arg - t).clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET;
+        let idx = bins.permute([1, 0, 2]).reshape([h, b * tq]);
+        let w = rq.expand([b, h, tq], false).permute([1, 0, 2]).reshape([h, b * tq]).to_kind(DType::Double);
+        self.hist[layer] = self.hist[layer].f_scatter_add(1, &idx, &w)?;
+
+        if let Some((r1, r2, counted)) = &bt.rare {
+            let q = rq * counted; // [B, 1, Tq]
+            let hit1 = arg.eq_tensor(r1).to_kind(DType::Float);
+            let hit2 = arg.eq_tensor(r2).to_kind(DType::Float).maximum(&hit1);
+            self.rare1[layer] += (hit1 * &q).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
+            self.rare2[layer] += (hit2 * &q).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
+        }
+
+        if let Some(s) = &bt.syn {
+            if s.e_flat.numel() > 0 {
+                // W[i, j] = mean over query tokens of word i of the sum over key tokens of word j.
+                let wm = s.qavg.matmul(&a).matmul(&s.m); // [B, H, NW, NW]
+                let wm = wm.f_masked_fill(&s.word_valid.logical_not(), -1.0)?;
+                let argw = wm.argmax(-1, false); // [B, H, NW]
+                let nw = argw.size()[2];
+                let flat = argw.permute([0, 2, 1]).reshape([b * nw, h]);
+                let pred = flat.f_index_select(0, &s.e_flat)?; // [E, H]
+                let correct = pred.eq_tensor(&s.e_target).to_kind(DType::Double);
+                self.syn[layer] = self.syn[layer].f_index_add(0, &s.e_rd, &correct)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn matrix(t: &[Tensor], scale: f64) -> Result<Vec<Vec<f64>>, ModelError> {
+        t.iter().map(|x| Ok(Vec::<f64>::try_from(x.to_device(Device::Cpu))?.into_iter().map(|v| v / scale).collect())).collect()
+    }
+
+    /// Mean of the max non-excluded weight over real queries: `[layer][head]`.
+    pub fn confidence(&self) -> Result<Vec<Vec<f64>>, ModelError> {
+        Self::matrix(&self.conf, self.queries.max(1) as f64)
+    }
+
+    /// Offset histograms `[layer][head][bin]`; bin `i` is offset `i - MAX_OFFSET`.
+    pub fn offsets(&self) -> Result<Vec<Vec<Vec<f64>>>, ModelError> {
+        self.hist
+            .iter()
+            .map(|x| {
+                let x = x.to_device(Device::Cpu);
+                (0..self.n_heads as i64).map(|h| Ok(Vec::<f64>::try_from(x.get(h))?)).collect()
+            })
+            .collect()
+    }
+
+    pub fn rare(&self) -> Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), ModelError> {
+        let n = self.rare_queries.max(1) as f64;
+        Ok((Self::matrix(&self.rare1, n)?, Self::matrix(&self.rare2, n)?))
+    }
+
+    /// Correct counts `[layer][reldir][head]`.
+    pub fn syntactic_correct(&self) -> Result<Vec<Vec<Vec<f64>>>, ModelError> {
+        self.syn
+            .iter()
+            .map(|x| {
+                let x = x.to_device(Device::Cpu);
+                (0..self.n_reldirs as i64).map(|r| Ok(Vec::<f64>::try_from(x.get(r))?)).collect()
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,364 @@
+//! Head analyses (Voita et al. 2019; SPEC.md): confidence, positional, rare-word and syntactic
+//! heads, computed together in one streaming pass per attention kind. Numeric core: no Rhai,
+//! no printing; progress and interruption go through callbacks.
+
+pub mod accum;
+pub mod options;
+pub mod result;
+pub mod script;
+
+use crate::data::Dataset;
+use crate::model::nn::{Capture, Gates};
+use crate::model::tokenizer::Encoded;
+use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
+use accum::{Accumulator, BatchTensors, SentenceMeta, Words};
+use options::{relation_of, ExcludeKeys, FreqSource, Options, Stat};
+use result::{Analysis, KindResult, PosHead, Rare, RelDir};
+use std::collections::{HashMap, HashSet};
+use tch::Tensor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Input(String),
+}
+
+fn input<T>(msg: impl Into<String>) -> Result<T, AnalysisError> {
+    Err(AnalysisError::Input(msg.into()))
+}
+
+/// Token frequencies under the model's tokenizer, and the `top_n` most frequent ids.
+pub struct FreqTable {
+    pub counts: HashMap<i64, u64>,
+    pub top: HashSet<i64>,
+    pub source: String,
+}
+
+impl FreqTable {
+    pub fn count(&self, id: i64) -> u64 {
+        self.counts.get(&id).copied().unwrap_or(0)
+    }
+}
+
+pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<FreqTable, AnalysisError> {
+    let mut counts: HashMap<i64, u64> = HashMap::new();
+    let (path, label) = match source {
+        FreqSource::Text(p) => (p, format!("text {}", p.display())),
+        FreqSource::Counts(p) => (p, format!("counts {}", p.display())),
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| AnalysisError::Input(format!("frequency source {}: {e}", path.display())))?;
+    match source {
+        FreqSource::Text(_) => {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let e = model.tokenize(line)?;
+                for (id, sp) in e.ids.iter().zip(&e.special) {
+                    if !sp {
+                        *counts.entry(*id).or_default() += 1;
+                    }
+                }
+            }
+        }
+        FreqSource::Counts(_) => {
+            for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let bad = || AnalysisError::Input(format!("{}:{}: expected token<TAB>count", path.display(), n + 1));
+                let (tok, c) = line.rsplit_once('\t').ok_or_else(bad)?;
+                let c: u64 = c.trim().parse().map_err(|_| bad())?;
+                let id = model.tok.token_to_id(tok).ok_or_else(|| AnalysisError::Input(format!("{}:{}: '{tok}' is not a token of the model's vocabulary", path.display(), n + 1)))?;
+                *counts.entry(id).or_default() += c;
+            }
+        }
+    }
+    if counts.is_empty() {
+        return input(format!("frequency source {} has no tokens", path.display()));
+    }
+    let mut by: Vec<(i64, u64)> = counts.iter().map(|(k, v)| (*k, *v)).collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let top = by.iter().take(top_n).map(|(k, _)| *k).collect();
+    Ok(FreqTable { counts, top, source: label })
+}
+
+/// Real queries and allowed keys of a tokenized sentence.
+fn sides(e: &Encoded, exclude: ExcludeKeys, eos_ids: &[i64]) -> (Vec<bool>, Vec<bool>) {
+    let real: Vec<bool> = e.special.iter().map(|s| !s).collect();
+    let keys = e.ids.iter().map(|id| exclude == ExcludeKeys::Nothing || !eos_ids.contains(id)).collect();
+    (real, keys)
+}
+
+/// Rarest and second-rarest real tokens (ties to the first), if the rarest is not frequent.
+fn rarest(e: &Encoded, freq: &FreqTable) -> Option<(usize, usize)> {
+    let mut real: Vec<usize> = (0..e.ids.len()).filter(|&i| !e.special[i]).collect();
+    if real.is_empty() {
+        return None;
+    }
+    real.sort_by_key(|&i| (freq.count(e.ids[i]), i));
+    let r1 = real[0];
+    if freq.top.contains(&e.ids[r1]) {
+        return None;
+    }
+    Some((r1, *real.get(1).unwrap_or(&r1)))
+}
+
+/// Aligns treebank words with model tokens by character offsets; errors name the sentence
+/// and the word that no token covers.
+fn align(e: &Encoded, tree: &crate::data::conllu::Sentence, index: usize, reldirs: &HashMap<String, usize>, subtypes: bool) -> Result<Words, AnalysisError> {
+    let spans = tree.word_spans();
+    let words: Vec<&crate::data::conllu::Word> = tree.words().collect();
+    let name = tree.sent_id().map(|s| format!("sentence {index} ({s})")).unwrap_or_else(|| format!("sentence {index}"));
+    let mut words_of_token = vec![Vec::new(); e.ids.len()];
+    for (t, &(a, b)) in e.offsets.iter().enumerate() {
+        if e.special[t] || a >= b {
+            continue;
+        }
+        for (w, span) in spans.iter().enumerate() {
+            if let Some((ws, we)) = span {
+                if b.min(*we) > a.max(*ws) {
+                    words_of_token[t].push(w);
+                }
+            }
+        }
+    }
+    for (w, span) in spans.iter().enumerate() {
+        if span.is_none() {
+            return input(format!("{name}: word {} '{}' is not found in the sentence text", w + 1, words[w].form));
+        }
+        if !words_of_token.iter().any(|ws| ws.contains(&w)) {
+            return input(format!("{name}: word {} '{}' cannot be aligned: no model token covers it", w + 1, words[w].form));
+        }
+    }
+    let mut edges = Vec::new();
+    for w in &words {
+        let Some(h) = w.head.filter(|&h| h > 0) else { continue };
+        if let Some(&r) = reldirs.get(&relation_of(&w.deprel, subtypes)) {
+            edges.push((2 * r, h - 1, w.id - 1)); // governor -> dependent: query g, target d
+            edges.push((2 * r + 1, w.id - 1, h - 1)); // dependent -> governor
+        }
+    }
+    Ok(Words { words_of_token, n_words: words.len(), edges })
+}
+
+/// Runs the analyses of `opts` over `data`. `freq` is needed for the rare-word statistic.
+#[allow(clippy::too_many_arguments)]
+pub fn analyze(
+    model: &Model,
+    data: &Dataset,
+    opts: &Options,
+    freq: Option<&FreqTable>,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Analysis, AnalysisError> {
+    let t0 = std::time::Instant::now();
+    if data.is_empty() {
+        return input(format!("the dataset {} is empty", data.name));
+    }
+    if opts.stats.is_empty() {
+        return input("no statistics asked for");
+    }
+    for k in &opts.kinds {
+        model.kind_shape(*k)?;
+    }
+    let want_syn = opts.wants(Stat::Syntactic);
+    let want_rare = opts.wants(Stat::Rare);
+    if want_rare && freq.is_none() {
+        return input("the rare-word statistic needs a frequency source");
+    }
+    // Relations: each must occur in the treebank.
+    let mut reldirs: HashMap<String, usize> = HashMap::new();
+    let mut rel_names: Vec<String> = Vec::new();
+    if want_syn {
+        if !data.items.iter().all(|i| i.tree.is_some()) {
+            return input(format!("the syntactic statistic needs a treebank: {} has no dependency trees (load it with treebank(path))", data.name));
+        }
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for it in data.items.iter() {
+            for w in it.tree.as_ref().map(|t| t.words().collect::<Vec<_>>()).unwrap_or_default() {
+                *seen.entry(relation_of(&w.deprel, opts.subtypes)).or_default() += 1;
+            }
+        }
+        for r in &opts.relations {
+            if !seen.contains_key(r) {
+                let mut known: Vec<&String> = seen.keys().collect();
+                known.sort();
+                return input(format!("relation '{r}' does not occur in {} (relations there: {})", data.name, known.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")));
+            }
+            reldirs.insert(r.clone(), rel_names.len());
+            rel_names.push(r.clone());
+        }
+    }
+    let n_rd = 2 * rel_names.len();
+    let eos_ids: Vec<i64> = model.tok.eos_id.into_iter().collect();
+    let device = model.device();
+    let _guard = tch::no_grad_guard();
+
+    // Tokenize and describe every sentence once.
+    let encoded: Vec<Encoded> = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<_, _>>()?;
+    let mut metas = Vec::with_capacity(encoded.len());
+    let mut baseline: Vec<HashMap<i64, usize>> = vec![HashMap::new(); n_rd];
+    for (i, e) in encoded.iter().enumerate() {
+        let (real_query, key_ok) = sides(e, opts.exclude_keys, &eos_ids);
+        let rare = if want_rare { freq.and_then(|f| rarest(e, f)) } else { None };
+        let words = if want_syn {
+            let w = align(e, data.items[i].tree.as_ref().map(|t| t.as_ref()).ok_or_else(|| AnalysisError::Input(format!("sentence {i} has no tree")))?, i, &reldirs, opts.subtypes)?;
+            for &(rd, q, t) in &w.edges {
+                *baseline[rd].entry(t as i64 - q as i64).or_default() += 1;
+            }
+            Some(w)
+        } else {
+            None
+        };
+        metas.push(SentenceMeta { real_query, key_ok, rare, words });
+    }
+
+    let shapes: Vec<_> = opts.kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    let mut accs: HashMap<Kind, Accumulator> = shapes
+        .iter()
+        .map(|s| (s.kind, Accumulator::new(s.n_layers, s.n_heads, if s.kind == Kind::Enc { n_rd } else { 0 }, device)))
+        .collect();
+    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+    let total = encoded.len();
+    let mut done = 0;
+    let mut tokens = 0;
+    for group in batch::by_length(&lengths, opts.batch_tokens) {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
+        let s = b.ids.size()[1] as usize;
+        tokens += group.iter().map(|&i| lengths[i]).sum::<usize>();
+        let enc_meta: Vec<SentenceMeta> = group.iter().map(|&i| metas[i].clone()).collect();
+        let need_enc_capture = accs.contains_key(&Kind::Enc);
+        let mut enc_out: Option<Tensor> = None;
+        if need_enc_capture {
+            let bt = BatchTensors::new(&enc_meta, s, s, device, want_rare, want_syn);
+            let acc = accs.get_mut(&Kind::Enc).ok_or_else(|| AnalysisError::Input("internal: no encoder accumulator".into()))?;
+            acc.count_batch(&enc_meta);
+            let mut failure: Option<ModelError> = None;
+            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+                if let (Kind::Enc, Captured::Attention(p)) = (k, c) {
+                    if failure.is_none() {
+                        if let Err(e) = acc.update(l, p, &bt) {
+                            failure = Some(e);
+                        }
+                    }
+                }
+            };
+            let mut cap = Capture { attention: true, context: false, hidden: false, on: &mut on };
+            enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?);
+            if let Some(e) = failure {
+                return Err(e.into());
+            }
+        }
+        if let Some(acc) = accs.get_mut(&Kind::Cross) {
+            let h = match enc_out {
+                Some(h) => h,
+                None => model.net.encode(&b.ids, &b.mask, gates, None)?,
+            };
+            // Targets: references when the dataset has them, else the model's own greedy output.
+            let targets: Vec<Encoded> = if group.iter().all(|&i| data.items[i].target.is_some()) {
+                group.iter().map(|&i| model.tokenize(data.items[i].target.as_deref().unwrap_or_default())).collect::<Result<_, _>>()?
+            } else {
+                let max_len: Vec<i64> = group.iter().map(|&i| (2.5 * lengths[i] as f64) as i64 + 2).collect();
+                let outs = model.net.greedy(&h, &b.mask, &max_len, gates)?;
+                outs.into_iter()
+                    .map(|mut ids| {
+                        ids.push(model.net.eos_id);
+                        let n = ids.len();
+                        let mut special = vec![false; n];
+                        special[n - 1] = true;
+                        Encoded { tokens: ids.iter().map(|&i| model.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }
+                    })
+                    .collect()
+            };
+            let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1);
+            let tgt_ids: Vec<i64> = targets.iter().flat_map(|e| e.ids.iter().copied().chain(std::iter::repeat(model.tok.pad_id)).take(t)).collect();
+            let tgt = Tensor::from_slice(&tgt_ids).view([targets.len() as i64, t as i64]).to_device(device);
+            let cross_meta: Vec<SentenceMeta> = targets
+                .iter()
+                .zip(&enc_meta)
+                .map(|(te, src)| SentenceMeta { real_query: te.special.iter().map(|s| !s).collect(), key_ok: src.key_ok.clone(), rare: src.rare, words: None })
+                .collect();
+            acc.count_batch(&cross_meta);
+            let bt = BatchTensors::new(&cross_meta, t, s, device, want_rare, false);
+            let mut steps: Vec<Vec<Tensor>> = (0..acc.n_layers).map(|_| Vec::new()).collect();
+            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+                if let (Kind::Cross, Captured::Attention(p)) = (k, c) {
+                    steps[l].push(p.shallow_clone());
+                }
+            };
+            let mut cap = Capture { attention: true, context: false, hidden: false, on: &mut on };
+            let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
+            for (l, st) in steps.iter().enumerate() {
+                acc.update(l, &Tensor::cat(st, 2), &bt)?;
+            }
+        }
+        done += group.len();
+        progress(done, total);
+    }
+
+    // Results.
+    let mut kinds = Vec::new();
+    for s in &shapes {
+        let acc = &accs[&s.kind];
+        let mut kr = KindResult { kind: s.kind, n_layers: s.n_layers, n_heads: s.n_heads, queries: acc.queries, confidence: None, positional: None, rare: None, syntactic: None };
+        if opts.wants(Stat::Confidence) {
+            kr.confidence = Some(acc.confidence()?);
+        }
+        if opts.wants(Stat::Positional) {
+            let hist = acc.offsets()?;
+            kr.positional = Some(
+                hist.iter()
+                    .map(|layer| {
+                        layer
+                            .iter()
+                            .map(|h| {
+                                let total: f64 = h.iter().sum();
+                                let (bin, count) = h.iter().enumerate().fold((accum::MAX_OFFSET as usize, -1.0), |a, (i, &c)| if c > a.1 { (i, c) } else { a });
+                                PosHead { offset: bin as i64 - accum::MAX_OFFSET, fraction: if total > 0.0 { count / total } else { 0.0 } }
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            );
+        }
+        if want_rare {
+            let (score, two) = acc.rare()?;
+            kr.rare = Some(Rare { score, two, sentences: acc.rare_sentences, queries: acc.rare_queries });
+        }
+        if want_syn && s.kind == Kind::Enc {
+            let correct = acc.syntactic_correct()?;
+            let mut rels = Vec::new();
+            for (ri, rel) in rel_names.iter().enumerate() {
+                let (gd, dg) = options::direction_names(rel);
+                for (dir, (direction, label)) in [("g->d", gd), ("d->g", dg)].into_iter().enumerate() {
+                    let rd = 2 * ri + dir;
+                    let edges = acc.edges[rd];
+                    let (off, n) = baseline[rd].iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(a.0))).map(|(o, n)| (*o, *n)).unwrap_or((0, 0));
+                    let accuracy = correct.iter().map(|layer| layer[rd].iter().map(|c| c / edges.max(1) as f64).collect()).collect();
+                    rels.push(RelDir { relation: rel.clone(), direction: direction.to_string(), label, edges, baseline_offset: off, baseline: n as f64 / edges.max(1) as f64, accuracy });
+                }
+            }
+            kr.syntactic = Some(rels);
+        }
+        kinds.push(kr);
+    }
+    Ok(Analysis {
+        model: model.name(),
+        dataset: data.name.clone(),
+        sentences: total,
+        tokens,
+        seconds: t0.elapsed().as_secs_f64(),
+        options: opts.echo(),
+        positional_threshold: opts.positional_threshold,
+        rare_threshold: opts.rare_threshold,
+        margin: opts.margin,
+        freq_source: freq.map(|f| f.source.clone()),
+        kinds,
+    })
+}
+
+/// Every head of a result's kinds, in order.
+pub fn heads_of(k: &KindResult) -> impl Iterator<Item = HeadId> + '_ {
+    (0..k.n_layers).flat_map(move |l| (0..k.n_heads).map(move |h| HeadId { kind: k.kind, layer_idx: l, head: h }))
+}
