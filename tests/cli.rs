@@ -286,3 +286,37 @@ fn bad_model_inputs_are_clear_errors() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn bad_analysis_inputs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("two.txt"), "The cat sleeps.\nA dog barks.\n").unwrap();
+    std::fs::write(d.join("other.conllu"), "# text = The cat sleeps.\n1\tThe\t_\tX\t_\t_\t2\tdet\t_\t_\n2\tcat\t_\tX\t_\t_\t3\tnsubj\t_\t_\n3\tsleeps.\t_\tX\t_\t_\t0\troot\t_\t_\n\n# text = A cow moos.\n1\tA\t_\tX\t_\t_\t2\tdet\t_\t_\n2\tcow\t_\tX\t_\t_\t3\tnsubj\t_\t_\n3\tmoos.\t_\tX\t_\t_\t0\troot\t_\t_\n\n").unwrap();
+    // A word that is not in the text: no token can be aligned with it.
+    std::fs::write(d.join("unaligned.conllu"), "# text = The cat sleeps.\n1\tThe\t_\tX\t_\t_\t2\tdet\t_\t_\n2\tdog\t_\tX\t_\t_\t3\tnsubj\t_\t_\n3\tsleeps\t_\tX\t_\t_\t0\troot\t_\t_\n\n").unwrap();
+    let cases: &[(&str, &str)] = &[
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{stats: [\"confidence\", \"syntax\"]})", "analyze: unknown stat 'syntax' (expected \"confidence\", \"positional\", \"rare\" or \"syntactic\")"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{stats: [\"syntactic\"]})", "analyze: the syntactic statistic needs a treebank: two.txt has no dependency trees (load it with treebank(path))"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{treebank: treebank(\"other.conllu\")})", "analyze: sentence 1 of the treebank other.conllu does not match the dataset two.txt: \"A cow moos.\" vs \"A dog barks.\""),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{treebank: corpus(\"two.txt\")})", "analyze: option 'treebank': two.txt is not a treebank"),
+        ("load_model(\"enpt\").analyze(treebank(\"unaligned.conllu\"), #{stats: [\"syntactic\"], relations: [\"nsubj\"]})", "analyze: sentence 0: word 2 'dog' is not found in the sentence text"),
+        ("load_model(\"enpt\").analyze(treebank(\"other.conllu\"), #{relations: [\"nsubj\", \"nsbj\"]})", "analyze: relation 'nsbj' does not occur in other.conllu (relations there: det, nsubj, root)"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\").take(0))", "analyze: the dataset two.txt[:0] is empty"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{kinds: [\"dec\"]})", "analyze: enpt has no 'dec' attention (it has: enc, cross)"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{threshold: 0.5})", "analyze: unknown option 'threshold' (valid options: stats, kinds"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{rare_threshold: 5})", "analyze: option 'rare_threshold' must be between 0 and 1, got 5"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{freq: \"nope.txt\"})", "analyze: frequency source nope.txt: No such file or directory"),
+        ("load_model(\"enpt\").analyze(\"two.txt\")", "analyze: expected a Dataset (corpus, parallel or treebank), got \"two.txt\" (string)"),
+        ("load_model(\"enpt\").confidence(corpus(\"two.txt\")).heatmap(\"dec\")", "heatmap: no 'dec' in this result (it has: enc, cross)"),
+    ];
+    let mut failures = Vec::new();
+    for (code, want) in cases {
+        let r = run_in(d, &["-e", code], None);
+        assert_no_panic_trace(&r);
+        if r.code != 1 || !r.stderr.contains(want) {
+            failures.push(format!("{code}\n  want: {want}\n  got ({}): {}", r.code, r.stderr.trim()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
