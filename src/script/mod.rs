@@ -22,4 +22,5 @@ pub fn register_types(engine: &mut Engine) {
     crate::model::script::register(engine);
     crate::data::script::register(engine);
     crate::analysis::script::register(engine);
+    crate::metrics::bleu::script::register(engine);
 }

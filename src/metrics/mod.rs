@@ -1,0 +1,3 @@
+//! Evaluation metrics.
+
+pub mod bleu;
