@@ -2,6 +2,7 @@
 //! heads, computed together in one streaming pass per attention kind. Numeric core: no Rhai,
 //! no printing; progress and interruption go through callbacks.
 
+pub mod ablation;
 pub mod accum;
 pub mod options;
 pub mod result;

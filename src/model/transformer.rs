@@ -70,16 +70,29 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
+    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
+        let h = self.attn_input(x);
+        let a = self.attn.forward(&h, &h, bias, gate, Kind::Enc, layer_idx, cap);
+        self.finish(x, &a)
+    }
+
+    /// What the attention reads: `x` (post-norm) or `norm(x)` (pre-norm).
+    pub fn attn_input(&self, x: &Tensor) -> Tensor {
+        match self.norm_position {
+            NormPosition::Post => x.shallow_clone(),
+            NormPosition::Pre => self.attn_norm.forward(x),
+        }
+    }
+
+    /// The rest of the layer after the attention output `a` (residuals, norms, FFN).
+    pub fn finish(&self, x: &Tensor, a: &Tensor) -> Tensor {
         match self.norm_position {
             NormPosition::Post => {
-                let a = self.attn.forward(x, x, bias, gate, Kind::Enc, layer_idx, cap);
                 let x = self.attn_norm.forward(&(x + a));
                 self.ffn_norm.forward(&(&x + self.ffn.forward(&x)))
             }
             NormPosition::Pre => {
-                let h = self.attn_norm.forward(x);
-                let x = x + self.attn.forward(&h, &h, bias, gate, Kind::Enc, layer_idx, cap);
+                let x = x + a;
                 &x + self.ffn.forward(&self.ffn_norm.forward(&x))
             }
         }
@@ -135,6 +148,17 @@ impl Transformer {
         Ok(x)
     }
 
+    /// Encoder layers `from..` applied to `x` (the input of layer `from`).
+    pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Tensor {
+        let mut x = x.shallow_clone();
+        let mut none = None;
+        for (l, layer) in self.encoder.iter().enumerate().skip(from) {
+            let g = gates.layer(Kind::Enc, l);
+            x = layer.forward(&x, bias, g.as_ref(), l, &mut none);
+        }
+        x
+    }
+
     pub fn start_state(&self, batch: i64) -> DecoderState {
         let z = Tensor::zeros([batch, self.d_model], (self.embed.tokens.kind(), self.device()));
         DecoderState { cells: self.decoder.iter().map(|_| z.shallow_clone()).collect(), step: 0 }
@@ -144,6 +168,21 @@ impl Transformer {
     /// the encoder output with its mask. Returns logits `[B, V]`. Cross-attention capture
     /// reports `[B, H, 1, S]` per layer and step.
     pub fn decode_step(
+        &self,
+        prev: Option<&Tensor>,
+        state: &mut DecoderState,
+        enc: &Tensor,
+        enc_bias: &Tensor,
+        gates: &Gates,
+        cap: &mut Option<&mut Capture>,
+    ) -> Result<Tensor, ModelError> {
+        let x = self.decode_step_state(prev, state, enc, enc_bias, gates, cap)?;
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        Ok(out.forward(&x))
+    }
+
+    /// One decoder step up to the final state `[B, D]` (before the output projection).
+    pub fn decode_step_state(
         &self,
         prev: Option<&Tensor>,
         state: &mut DecoderState,
@@ -171,8 +210,7 @@ impl Transformer {
             x = layer.ffn_norm.forward(&(&x + layer.ffn.forward(&x)));
         }
         state.step += 1;
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(out.forward(&x.squeeze_dim(1)))
+        Ok(x.squeeze_dim(1))
     }
 
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens.
@@ -209,16 +247,23 @@ impl Transformer {
 
     /// Teacher-forced decoding: the decoder reads `targets [B, T]` shifted right (start =
     /// zero embedding) and returns logits `[B, T, V]` for predicting each target.
-    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        let states = self.decode_teacher_states(enc, mask, targets, gates, cap)?;
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        Ok(out.forward(&states))
+    }
+
+    /// Teacher-forced final decoder states `[B, T, D]` (before the output projection).
+    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
         let (b, t) = (targets.size()[0], targets.size()[1]);
         let bias = key_bias(mask, enc.kind());
         let mut state = self.start_state(b);
-        let mut logits = Vec::with_capacity(t as usize);
+        let mut states = Vec::with_capacity(t as usize);
         for i in 0..t {
             let prev = if i == 0 { None } else { Some(targets.select(1, i - 1)) };
-            logits.push(self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut cap)?);
+            states.push(self.decode_step_state(prev.as_ref(), &mut state, enc, &bias, gates, &mut cap)?);
         }
-        Ok(Tensor::stack(&logits, 1))
+        Ok(Tensor::stack(&states, 1))
     }
 
 }

@@ -1,0 +1,365 @@
+//! Head ablation: the effect of masking heads on a metric over a dataset (SPEC.md "Head
+//! masking and ablation"), for one mask or for every head alone (the sweep).
+//!
+//! The sweep computes the layers below each encoder head once (the unmasked pass hands out
+//! every layer's input and per-head contexts), removes the masked head's contribution by
+//! applying W^O to the contexts with that head zeroed (the layer's attention is not
+//! recomputed), and runs all of a layer's masks through the layers above as one batch. Its numbers equal
+//! masking one head at a time (tests/ablation.rs).
+
+use super::AnalysisError;
+use crate::data::Dataset;
+use crate::metrics::bleu::corpus_bleu;
+use crate::model::nn::{key_bias, Capture, Gates};
+use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
+use std::str::FromStr;
+use tch::{Device, Kind as DType, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Metric {
+    /// Token cross-entropy on the targets (references, else the full model's greedy output).
+    Loss,
+    /// Mean KL(full || masked) of the output distributions over target positions.
+    Kl,
+    /// Corpus BLEU of greedy generations against the references (else the teacher outputs).
+    Bleu,
+    /// Mean over sentences of 1 - cos(mean-pooled final encoder states, full vs masked).
+    Cosine,
+}
+
+impl FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "loss" => Ok(Metric::Loss),
+            "kl" => Ok(Metric::Kl),
+            "bleu" => Ok(Metric::Bleu),
+            "cosine" => Ok(Metric::Cosine),
+            other => Err(format!("unknown metric '{other}' (expected \"loss\", \"kl\", \"bleu\" or \"cosine\")")),
+        }
+    }
+}
+
+impl std::fmt::Display for Metric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Metric::Loss => "loss",
+            Metric::Kl => "kl",
+            Metric::Bleu => "bleu",
+            Metric::Cosine => "cosine",
+        })
+    }
+}
+
+pub struct PBatch {
+    pub rows: Vec<usize>,
+    pub ids: Tensor,
+    pub mask: Tensor,
+    /// Teacher-forced targets `[B, T]` (pad-filled) and their mask, for loss and KL.
+    pub targets: Option<(Tensor, Tensor)>,
+}
+
+/// A dataset tokenized, bucketed and given targets once, to evaluate many masks on.
+pub struct Prepared {
+    pub metric: Metric,
+    pub batches: Vec<PBatch>,
+    /// Reference texts for BLEU (references, else the full model's outputs).
+    pub refs: Vec<String>,
+    pub n_sentences: usize,
+    /// Where the targets come from: "references" or "teacher".
+    pub targets_from: &'static str,
+    /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
+    /// number of rows, and these metrics must not depend on how masks are batched.
+    out64: Option<(Tensor, Option<Tensor>)>,
+}
+
+impl Prepared {
+    /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
+    fn log_probs(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
+        let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let states = model.net.decode_teacher_states(enc, mask, targets, gates, None)?.to_kind(DType::Double);
+        Ok(states.linear(w, b.as_ref()).log_softmax(-1, DType::Double))
+    }
+}
+
+fn needs_decoder(model: &Model, metric: Metric) -> Result<(), AnalysisError> {
+    if metric != Metric::Cosine && (model.net.output.is_none() || model.net.decoder.is_empty()) {
+        return Err(AnalysisError::Input(format!("metric '{metric}' needs a model that generates (a decoder with an output head); {} is an encoder: use \"cosine\"", model.name())));
+    }
+    Ok(())
+}
+
+pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usize) -> Result<Prepared, AnalysisError> {
+    if data.is_empty() {
+        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
+    }
+    needs_decoder(model, metric)?;
+    let _g = tch::no_grad_guard();
+    let encoded = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<Vec<_>, _>>()?;
+    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+    let has_refs = data.items.iter().all(|i| i.target.is_some());
+    let mut refs = vec![String::new(); data.len()];
+    let mut batches = Vec::new();
+    for group in batch::by_length(&lengths, batch_tokens.max(1)) {
+        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
+        let targets = if metric == Metric::Cosine {
+            None
+        } else {
+            let tgt: Vec<Vec<i64>> = if has_refs {
+                for &i in &group {
+                    refs[i] = data.items[i].target.clone().unwrap_or_default();
+                }
+                group.iter().map(|&i| model.tokenize(data.items[i].target.as_deref().unwrap_or_default()).map(|e| e.ids)).collect::<Result<_, _>>()?
+            } else {
+                let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
+                let max_len: Vec<i64> = group.iter().map(|&i| (2.5 * lengths[i] as f64) as i64 + 2).collect();
+                let outs = model.net.greedy(&enc, &b.mask, &max_len, &Gates::none())?;
+                for (&i, o) in group.iter().zip(&outs) {
+                    refs[i] = model.detokenize(o)?;
+                }
+                outs.into_iter().map(|mut o| {
+                    o.push(model.net.eos_id);
+                    o
+                }).collect()
+            };
+            let t = tgt.iter().map(|v| v.len()).max().unwrap_or(1).max(1);
+            let ids: Vec<i64> = tgt.iter().flat_map(|v| v.iter().copied().chain(std::iter::repeat(model.tok.pad_id)).take(t)).collect();
+            let m: Vec<f32> = tgt.iter().flat_map(|v| std::iter::repeat_n(1f32, v.len()).chain(std::iter::repeat(0f32)).take(t)).collect();
+            let n = tgt.len() as i64;
+            Some((Tensor::from_slice(&ids).view([n, t as i64]).to_device(model.device()), Tensor::from_slice(&m).view([n, t as i64]).to_device(model.device())))
+        };
+        batches.push(PBatch { rows: group, ids: b.ids, mask: b.mask, targets });
+    }
+    let out64 = match (metric, &model.net.output) {
+        (Metric::Loss | Metric::Kl, Some(o)) => Some((o.w.to_kind(DType::Double), o.b.as_ref().map(|b| b.to_kind(DType::Double)))),
+        _ => None,
+    };
+    Ok(Prepared { metric, batches, refs, n_sentences: data.len(), targets_from: if has_refs { "references" } else { "teacher" }, out64 })
+}
+
+/// Per-row sums of the metric over a repeated batch: `enc [R, S, D]` is the (masked) encoder
+/// output of R = groups x B rows; returns the sum over each group of B rows.
+struct RowMetric<'a> {
+    model: &'a Model,
+    p: &'a Prepared,
+    b: &'a PBatch,
+    metric: Metric,
+    /// Full-model log-probabilities `[B, T, V]` (KL) or pooled encoder states `[B, D]` (cosine).
+    full: Option<Tensor>,
+}
+
+/// Mean over real tokens, in double precision, normalised to unit length.
+fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
+    let e = enc.to_kind(DType::Double);
+    let m = mask.to_kind(DType::Double).unsqueeze(-1);
+    let p = (e * &m).sum_dim_intlist([1i64].as_slice(), false, DType::Double) / m.sum_dim_intlist([1i64].as_slice(), false, DType::Double);
+    let norm = p.norm_scalaropt_dim(2, [-1i64].as_slice(), true).clamp_min(1e-12);
+    p / norm
+}
+
+impl RowMetric<'_> {
+    fn new<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch) -> Result<RowMetric<'a>, ModelError> {
+        let metric = p.metric;
+        let full = match metric {
+            Metric::Kl => {
+                let (t, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+                let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
+                Some(p.log_probs(model, &enc, &b.mask, t, &Gates::none())?)
+            }
+            Metric::Cosine => Some(pooled(&model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?, &b.mask)),
+            _ => None,
+        };
+        Ok(RowMetric { model, p, b, metric, full })
+    }
+
+    /// Sum of the metric for each of `groups` groups of rows; BLEU returns nothing here.
+    fn sums(&self, enc: &Tensor, gates: &Gates, groups: i64) -> Result<Vec<f64>, ModelError> {
+        let rep = |t: &Tensor| t.repeat([groups].iter().copied().chain(std::iter::repeat_n(1, t.dim() - 1)).collect::<Vec<_>>());
+        let bsz = self.b.ids.size()[0];
+        let per_row = match self.metric {
+            Metric::Cosine => {
+                // 1 - cos(a, b) = |a/|a| - b/|b||^2 / 2: no cancellation for close vectors.
+                let p = pooled(enc, &rep(&self.b.mask));
+                let full = rep(self.full.as_ref().ok_or(ModelError::NoOutputHead)?);
+                (p - full).pow_tensor_scalar(2).sum_dim_intlist([-1i64].as_slice(), false, DType::Double) * 0.5
+            }
+            Metric::Loss | Metric::Kl => {
+                let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+                let (t, tm) = (rep(t), rep(tm));
+                let logp = self.p.log_probs(self.model, enc, &rep(&self.b.mask), &t, gates)?;
+                let per_tok = if self.metric == Metric::Loss {
+                    -logp.gather(-1, &t.unsqueeze(-1), false).squeeze_dim(-1)
+                } else {
+                    let full = rep(self.full.as_ref().ok_or(ModelError::NoOutputHead)?);
+                    (full.exp() * (&full - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
+                };
+                (per_tok * tm.to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double)
+            }
+            Metric::Bleu => return Ok(vec![]),
+        };
+        Ok(Vec::<f64>::try_from(per_row.view([groups, bsz]).sum_dim_intlist([1i64].as_slice(), false, DType::Double).to_device(Device::Cpu))?)
+    }
+
+    /// Greedy outputs of each row (BLEU).
+    fn generate(&self, enc: &Tensor, gates: &Gates, groups: i64) -> Result<Vec<Vec<i64>>, ModelError> {
+        let mask = self.b.mask.repeat([groups, 1]);
+        let lens = Vec::<f32>::try_from(mask.sum_dim_intlist([1i64].as_slice(), false, DType::Float).to_device(Device::Cpu))?;
+        let max_len: Vec<i64> = lens.iter().map(|&l| (2.5 * l as f64) as i64 + 2).collect();
+        self.model.net.greedy(enc, &mask, &max_len, gates)
+    }
+}
+
+/// Normaliser of summed values: target tokens (loss, KL) or sentences (cosine).
+fn denominator(p: &Prepared) -> f64 {
+    match p.metric {
+        Metric::Loss | Metric::Kl => p.batches.iter().filter_map(|b| b.targets.as_ref()).map(|(_, m)| m.sum(DType::Double).double_value(&[])).sum(),
+        _ => p.n_sentences as f64,
+    }
+}
+
+/// The metric of the model under `gates` (one mask for the whole dataset).
+pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<f64, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let mut total = 0.0;
+    let mut hyps = vec![String::new(); p.n_sentences];
+    for b in &p.batches {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let rm = RowMetric::new(model, p, b)?;
+        let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
+        if p.metric == Metric::Bleu {
+            for (&i, o) in b.rows.iter().zip(rm.generate(&enc, gates, 1)?) {
+                hyps[i] = model.detokenize(&o)?;
+            }
+        } else {
+            total += rm.sums(&enc, gates, 1)?[0];
+        }
+    }
+    if p.metric == Metric::Bleu {
+        return Ok(corpus_bleu(&hyps, &[p.refs.clone()]).map_err(|e| AnalysisError::Input(e.to_string()))?.score);
+    }
+    Ok(total / denominator(p).max(1e-12))
+}
+
+/// The metric with each head of `kinds` masked alone: per kind, `[layer][head]`.
+pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<(Kind, Vec<Vec<f64>>)>, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
+    let mut hyps: Vec<Vec<Vec<Vec<String>>>> = shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
+    let vocab = model.net.output.as_ref().map_or(1, |o| o.w.size()[0]);
+    for (bi, b) in p.batches.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let bsz = b.ids.size()[0];
+        let tlen = b.targets.as_ref().map_or(1, |(t, _)| t.size()[1]);
+        // Heads per chunk: keep the repeated decoder logits near 256 MB.
+        let per_group = (bsz * tlen.max(b.ids.size()[1]) * if p.metric == Metric::Cosine { model.net.d_model } else { vocab } * 8).max(1);
+        let rm = RowMetric::new(model, p, b)?;
+        for (ki, s) in shapes.iter().enumerate() {
+            let h = s.n_heads as i64;
+            let chunk = ((256 << 20) / per_group).clamp(1, h);
+            match s.kind {
+                Kind::Enc => {
+                    // One unmasked pass: every layer's input and per-head contexts.
+                    let mut inputs = Vec::new();
+                    let mut ctx = Vec::new();
+                    let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+                        Captured::Hidden(x) => inputs.push(x.shallow_clone()),
+                        Captured::Context(x) => ctx.push(x.shallow_clone()),
+                        Captured::Attention(_) => {}
+                    };
+                    let mut cap = Capture { attention: false, context: true, hidden: true, on: &mut on };
+                    let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
+                    let bias = key_bias(&b.mask, inputs[0].kind());
+                    for l in 0..s.n_layers {
+                        let layer = &model.net.encoder[l];
+                        let (x, c) = (&inputs[l], &ctx[l]); // [B, T, D], [B, H, T, dh]
+                        let (t, dh) = (x.size()[1], layer.attn.head_dim);
+                        // Masking head j = W^O over the contexts with head j zeroed: the
+                        // attention itself (Q, K, softmax, AV) is not recomputed, and the
+                        // floats are those of the gated forward pass.
+                        for start in (0..h).step_by(chunk as usize) {
+                            let n = chunk.min(h - start);
+                            let keep = Tensor::ones([n, 1, h, 1, 1], (c.kind(), c.device()));
+                            for j in 0..n {
+                                let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
+                            }
+                            let gated = (c.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh]); // [n*B, H, T, dh]
+                            let masked = layer.attn.o.forward(&gated.transpose(1, 2).reshape([n * bsz, t, h * dh]));
+                            let xr = x.repeat([n, 1, 1]);
+                            let y = layer.finish(&xr, &masked);
+                            let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none());
+                            collect(p.metric, &rm, &enc, &Gates::none(), n, start, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                        }
+                    }
+                }
+                Kind::Cross | Kind::Dec => {
+                    let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
+                    for l in 0..s.n_layers {
+                        for start in (0..h).step_by(chunk as usize) {
+                            let n = chunk.min(h - start);
+                            // Rows of group j carry a mask closing head start + j of layer l.
+                            let mut g = vec![1f32; (n * bsz) as usize * s.n_layers * s.n_heads];
+                            for j in 0..n {
+                                for r in 0..bsz {
+                                    g[((j * bsz + r) as usize * s.n_layers + l) * s.n_heads + (start + j) as usize] = 0.0;
+                                }
+                            }
+                            let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, h]).to_device(model.device());
+                            let gates = if s.kind == Kind::Cross { Gates { cross: Some(gt), ..Gates::none() } } else { Gates { dec: Some(gt), ..Gates::none() } };
+                            collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, n, start, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                        }
+                    }
+                }
+            }
+        }
+        progress(bi + 1, p.batches.len());
+    }
+    let denom = denominator(p).max(1e-12);
+    let mut out = Vec::new();
+    for (ki, s) in shapes.iter().enumerate() {
+        let grid = if p.metric == Metric::Bleu {
+            hyps[ki].iter().map(|layer| layer.iter().map(|h| corpus_bleu(h, &[p.refs.clone()]).map(|b| b.score).unwrap_or(f64::NAN)).collect()).collect()
+        } else {
+            sums[ki].iter().map(|layer| layer.iter().map(|v| v / denom).collect()).collect()
+        };
+        out.push((s.kind, grid));
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn collect(
+    metric: Metric,
+    rm: &RowMetric,
+    enc: &Tensor,
+    gates: &Gates,
+    n: i64,
+    start: i64,
+    l: usize,
+    sums: &mut [Vec<f64>],
+    hyps: &mut [Vec<Vec<String>>],
+    b: &PBatch,
+    model: &Model,
+) -> Result<(), ModelError> {
+    if metric == Metric::Bleu {
+        let outs = rm.generate(enc, gates, n)?;
+        for (k, o) in outs.iter().enumerate() {
+            let (j, r) = (k / b.rows.len(), k % b.rows.len());
+            hyps[l][(start as usize) + j][b.rows[r]] = model.detokenize(o)?;
+        }
+    } else {
+        for (j, v) in rm.sums(enc, gates, n)?.into_iter().enumerate() {
+            sums[l][start as usize + j] += v;
+        }
+    }
+    Ok(())
+}
+
+/// Heads closed by an ablation, by id; used by the script layer.
+pub fn head_list(heads: &[HeadId]) -> String {
+    heads.iter().map(|h| h.to_string()).collect::<Vec<_>>().join(" ")
+}
