@@ -15,6 +15,7 @@ use std::rc::Rc;
 pub const STDLIB: &[(&str, &str)] = &[
     ("tables", include_str!("../../stdlib/tables.rhai")),
     ("stats", include_str!("../../stdlib/stats.rhai")),
+    ("heads", include_str!("../../stdlib/heads.rhai")),
 ];
 
 #[derive(Default)]
