@@ -58,9 +58,9 @@ fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
         Captured::Hidden(h) => hidden.push(h.shallow_clone()),
         Captured::Attention(a) => probs.push(a.shallow_clone()),
-        Captured::Context(_) => {}
+        Captured::Context(_) | Captured::Queries(_) => {}
     };
-    let mut cap = Capture { attention: true, context: false, hidden: true, on: &mut on };
+    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, on: &mut on };
     let out = t.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();
     (hidden, probs, out)
 }
@@ -108,7 +108,7 @@ fn masking_a_head_changes_only_what_is_downstream() {
             ctx.push(x.shallow_clone());
         }
     };
-    let mut cap = Some(Capture { attention: false, context: true, hidden: false, on: &mut on });
+    let mut cap = Some(Capture { attention: false, context: true, hidden: false, queries: false, on: &mut on });
     let mut cap_ref = cap.as_mut();
     let plain = a.forward(x, x, &bias, None, Kind::Enc, 1, &mut cap_ref);
     let mut none = None;

@@ -269,9 +269,9 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
                         Captured::Hidden(x) => inputs.push(x.shallow_clone()),
                         Captured::Context(x) => ctx.push(x.shallow_clone()),
-                        Captured::Attention(_) => {}
+                        Captured::Attention(_) | Captured::Queries(_) => {}
                     };
-                    let mut cap = Capture { attention: false, context: true, hidden: true, on: &mut on };
+                    let mut cap = Capture { attention: false, context: true, hidden: true, queries: false, on: &mut on };
                     let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
                     let bias = key_bias(&b.mask, inputs[0].kind());
                     for l in 0..s.n_layers {

@@ -4,6 +4,7 @@
 
 pub mod ablation;
 pub mod accum;
+pub mod diversity;
 pub mod options;
 pub mod result;
 pub mod script;
@@ -245,7 +246,7 @@ pub fn analyze(
                     }
                 }
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, on: &mut on };
+            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
             enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?);
             if let Some(e) = failure {
                 return Err(e.into());
@@ -288,7 +289,7 @@ pub fn analyze(
                     steps[l].push(p.shallow_clone());
                 }
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, on: &mut on };
+            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
             let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
             for (l, st) in steps.iter().enumerate() {
                 acc.update(l, &Tensor::cat(st, 2), &bt)?;

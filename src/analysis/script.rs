@@ -92,6 +92,62 @@ impl Render for Grid {
 #[derive(Clone)]
 pub struct AnalysisObj(pub Rc<Analysis>);
 
+/// Head diversity of a model on a dataset.
+#[derive(Clone)]
+pub struct DiversityObj(pub Rc<super::diversity::Diversity>);
+
+const DIVERSITY_METRICS: [&str; 4] = ["query", "context", "output", "intra"];
+
+impl DiversityObj {
+    fn summary(&self) -> Table {
+        use super::diversity::off_diagonal_mean;
+        let mut t = Table::new(
+            ["layer", "query orthogonality", "context non-orthogonality", "output dissimilarity", "intra-head variance", "tokens"].iter().map(|s| s.to_string()).collect(),
+        );
+        t.title = Some(format!("Head diversity (off-diagonal means): {} on {}", self.0.model, self.0.dataset));
+        for (k, layers) in &self.0.kinds {
+            for (l, d) in layers.iter().enumerate() {
+                let intra = d.intra.iter().sum::<f64>() / d.intra.len().max(1) as f64;
+                let _ = t.push_row(vec![
+                    Cell::Text(format!("{k}.{l}")),
+                    Cell::Float(off_diagonal_mean(&d.query)),
+                    Cell::Float(off_diagonal_mean(&d.context)),
+                    Cell::Float(off_diagonal_mean(&d.output)),
+                    Cell::Float(intra),
+                    Cell::Int(d.tokens as i64),
+                ]);
+            }
+        }
+        t
+    }
+
+    fn layer(&self, kind: &str, layer: i64) -> ScriptResult<&super::diversity::LayerDiversity> {
+        let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+        let Some((_, layers)) = self.0.kinds.iter().find(|(x, _)| *x == k) else { return err(format!("diversity: no '{kind}' in this result")) };
+        if layer < 0 || layer as usize >= layers.len() {
+            return err(format!("diversity: layer {layer} out of range: '{kind}' has layers 0..{}", layers.len() - 1));
+        }
+        Ok(&layers[layer as usize])
+    }
+
+    fn matrix(&self, metric: &str, kind: &str, layer: i64) -> ScriptResult<Vec<Vec<f64>>> {
+        let d = self.layer(kind, layer)?;
+        Ok(match metric {
+            "query" => d.query.clone(),
+            "context" => d.context.clone(),
+            "output" => d.output.clone(),
+            "intra" => vec![d.intra.clone()],
+            other => return err(format!("diversity: unknown metric '{other}' (expected {})", DIVERSITY_METRICS.join(", "))),
+        })
+    }
+}
+
+impl Render for DiversityObj {
+    fn render(&self) -> Output {
+        self.summary().render()
+    }
+}
+
 impl AnalysisObj {
     fn grid(&self, stat: &str, f: impl Fn(&super::result::KindResult) -> Option<Vec<Vec<f64>>>) -> ScriptResult<Grid> {
         let kinds: Vec<(Kind, Vec<Vec<f64>>)> = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
@@ -343,6 +399,103 @@ pub mod api {
     #[rhai_fn(name = "ablation_sweep", return_raw, pure)]
     pub fn ablation_sweep(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
         ablation_sweep_opts(m, data, Map::new())
+    }
+
+    /// Head diversity (SPEC.md): per layer, H x H matrices of query orthogonality, context
+    /// non-orthogonality and output dissimilarity, and each head's intra-head attention
+    /// variance, over the dataset's real tokens. Options: `kinds`, `batch_tokens` (4096).
+    ///
+    /// ```rhai
+    /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(10));
+    /// assert(d.summary().len() == 8);
+    /// let q = d.matrix("query", "enc", 0);
+    /// assert(q.len() == 8 && abs(q[3][3] - 1.0) < 1e-9);
+    /// ```
+    #[rhai_fn(name = "diversity", return_raw, pure)]
+    pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
+        let o = Opts::new(&options, "diversity", &["kinds", "batch_tokens"])?;
+        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("diversity: expected a Dataset, got {}", quote(&data))) };
+        let kinds: Vec<Kind> = match options.get("kinds") {
+            Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("diversity: {e}")))).collect::<ScriptResult<_>>()?,
+            None => m.model.kinds().iter().map(|k| k.kind).collect(),
+        };
+        if !m.closed.is_empty() {
+            return err("diversity: run it on the unmasked model");
+        }
+        let mut progress = |done: usize, total: usize| crate::engine::progress("diversity", done, total);
+        let r = super::super::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(4096), &crate::engine::interrupted, &mut progress)
+            .or_else(|e| err(format!("diversity: {e}")))?;
+        Ok(DiversityObj(Rc::new(r)))
+    }
+
+    /// `diversity` over every attention kind.
+    ///
+    /// ```rhai
+    /// let d = load_model("minilm").diversity(corpus(asset("pud_en.txt")).take(5));
+    /// assert(d.matrix("output", "enc", 5)[0][0] < -0.999);
+    /// ```
+    #[rhai_fn(name = "diversity", return_raw, pure)]
+    pub fn diversity(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<DiversityObj> {
+        diversity_opts(m, data, Map::new())
+    }
+
+    /// The off-diagonal means of every metric, one row per kind and layer.
+    ///
+    /// ```rhai
+    /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(3), #{kinds: ["cross"]});
+    /// assert(d.summary()[0].layer == "cross.0");
+    /// ```
+    #[rhai_fn(name = "summary", pure)]
+    pub fn diversity_summary(d: &mut DiversityObj) -> Table {
+        d.summary()
+    }
+
+    /// One H x H matrix: metric "query", "context" or "output" ("intra": one row of H values).
+    ///
+    /// ```rhai
+    /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(3), #{kinds: ["enc"]});
+    /// assert(d.matrix("intra", "enc", 2)[0].len() == 8);
+    /// ```
+    #[rhai_fn(name = "matrix", return_raw, pure)]
+    pub fn diversity_matrix(d: &mut DiversityObj, metric: &str, kind: &str, layer: i64) -> ScriptResult<Array> {
+        Ok(matrix(&d.matrix(metric, kind, layer)?).cast::<Array>())
+    }
+
+    /// A heatmap of one H x H matrix.
+    ///
+    /// ```rhai
+    /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(3), #{kinds: ["enc"]});
+    /// assert(d.heatmap("output", "enc", 5).to_svg().contains("h7"));
+    /// ```
+    #[rhai_fn(name = "heatmap", return_raw, pure)]
+    pub fn diversity_heatmap(d: &mut DiversityObj, metric: &str, kind: &str, layer: i64) -> ScriptResult<Plot> {
+        let m = d.matrix(metric, kind, layer)?;
+        let labels: Vec<String> = (0..m[0].len()).map(|h| format!("h{h}")).collect();
+        let rows = if m.len() == 1 { vec![format!("{kind}.{layer}")] } else { labels.clone() };
+        Plot::new(PlotKind::Heatmap { values: m, row_labels: rows, col_labels: labels, show_values: true, vmin: None, vmax: None }, format!("{metric} diversity, {kind}.{layer}: {} on {}", d.0.model, d.0.dataset))
+            .or_else(|e| err(e.to_string()))
+    }
+
+    /// Writes every matrix as JSON, atomically.
+    ///
+    /// ```rhai
+    /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(2), #{kinds: ["cross"]});
+    /// let p = temp_path("d.json");
+    /// d.to_json(p);
+    /// assert(read_text(p).contains("\"output\""));
+    /// ```
+    #[rhai_fn(name = "to_json", return_raw, pure)]
+    pub fn diversity_to_json(d: &mut DiversityObj, path: &str) -> ScriptResult<()> {
+        let kinds: serde_json::Map<String, serde_json::Value> = d
+            .0
+            .kinds
+            .iter()
+            .map(|(k, layers)| {
+                (k.to_string(), serde_json::json!(layers.iter().map(|l| serde_json::json!({"query": l.query, "context": l.context, "output": l.output, "intra": l.intra, "tokens": l.tokens})).collect::<Vec<_>>()))
+            })
+            .collect();
+        let v = serde_json::json!({"model": d.0.model, "dataset": d.0.dataset, "kinds": kinds});
+        write_atomic(std::path::Path::new(path), serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes()).or_else(|e| err(format!("to_json: cannot write '{path}': {e}")))
     }
 
     /// The options and counts behind a grid (metric, targets, base value, thresholds...).
@@ -724,12 +877,16 @@ pub mod api {
 }
 
 pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<DiversityObj>("Diversity");
     engine.register_type_with_name::<Grid>("Grid");
     engine.register_type_with_name::<AnalysisObj>("Analysis");
     engine.register_global_module(exported_module!(api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {
+    if let Some(d) = v.clone().try_cast::<DiversityObj>() {
+        return Some(d.render());
+    }
     if let Some(g) = v.clone().try_cast::<Grid>() {
         return Some(g.render());
     }

@@ -74,6 +74,8 @@ pub enum Captured<'t> {
     Context(&'t Tensor),
     /// Hidden states `[B, T, D]`: index 0 = embeddings, i = after layer i.
     Hidden(&'t Tensor),
+    /// Per-head query vectors `[B, H, Tq, dh]`.
+    Queries(&'t Tensor),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -442,7 +444,7 @@ impl Model {
         };
         let query_tokens = match head.kind {
             Kind::Enc => {
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, on: &mut on };
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
                 let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
                 src_tokens.clone()
             }
@@ -452,7 +454,7 @@ impl Model {
                 let mut targets = out.clone();
                 targets.push(self.net.eos_id);
                 let t = Tensor::from_slice(&targets).view([1, targets.len() as i64]).to_device(self.device());
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, on: &mut on };
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
                 let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
                 targets.iter().map(|&i| self.tok.id_to_token(i)).collect()
             }

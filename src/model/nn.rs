@@ -115,6 +115,8 @@ pub struct Capture<'a> {
     pub attention: bool,
     pub context: bool,
     pub hidden: bool,
+    /// Per-head query vectors `[B, H, Tq, dh]` (diversity metrics).
+    pub queries: bool,
     pub on: &'a mut dyn FnMut(Kind, usize, Captured<'_>),
 }
 
@@ -151,6 +153,11 @@ impl Attention {
         if hk != h {
             k = k.repeat_interleave_self_int(h / hk, Some(1), None);
             v = v.repeat_interleave_self_int(h / hk, Some(1), None);
+        }
+        if let Some(c) = cap.as_deref_mut() {
+            if c.queries {
+                (c.on)(kind, layer_idx, Captured::Queries(&q));
+            }
         }
         let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + bias;
         let probs = scores.softmax(-1, scores.kind());
