@@ -1,10 +1,23 @@
 //! Batching by length buckets: sentences of similar length go together, so padding is small.
 
+/// Sentences are bucketed within windows of this many, in corpus order: a long dataset is a
+/// series of windows like a short one, so peak memory does not grow with its size.
+pub const WINDOW: usize = 1024;
+
 /// Groups of indices, each of at most `max_tokens` padded tokens (at least one sentence per
-/// group), sentences sorted by length so each group's padding is small. Order inside the
-/// result is by length; callers scatter results back by index.
+/// group), sentences sorted by length within windows of [`WINDOW`] so each group's padding is
+/// small. Callers scatter results back by index.
 pub fn by_length(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    let mut groups = Vec::new();
+    for start in (0..lengths.len()).step_by(WINDOW) {
+        let end = (start + WINDOW).min(lengths.len());
+        groups.extend(window(lengths, start..end, max_tokens));
+    }
+    groups
+}
+
+fn window(lengths: &[usize], range: std::ops::Range<usize>, max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = range.collect();
     order.sort_by_key(|&i| (lengths[i], i));
     let mut groups = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
@@ -39,5 +52,17 @@ mod tests {
         // The 100-token sentence is alone; the short ones share a batch.
         assert!(groups.iter().any(|g| g == &vec![5]));
         assert!(groups.iter().any(|g| g.len() >= 4));
+    }
+
+    #[test]
+    fn long_inputs_are_windows_of_short_ones() {
+        let lengths: Vec<usize> = (0..3000).map(|i| 5 + (i * 37) % 60).collect();
+        let groups = by_length(&lengths, 512);
+        // No group mixes sentences of two windows.
+        for g in &groups {
+            let w = g[0] / WINDOW;
+            assert!(g.iter().all(|&i| i / WINDOW == w));
+        }
+        assert_eq!(groups.iter().map(|g| g.len()).sum::<usize>(), 3000);
     }
 }
