@@ -233,6 +233,19 @@ fn doctor_reports_torch_cuda_threads_and_assets() {
     }
 }
 
+/// Each `-e` code must fail (exit 1, no panic trace) with a message containing the text given.
+fn expect_errors(dir: &std::path::Path, cases: &[(&str, &str)]) {
+    let mut failures = Vec::new();
+    for (code, want) in cases {
+        let r = run_in(dir, &["-e", code], None);
+        assert_no_panic_trace(&r);
+        if r.code != 1 || !r.stderr.contains(want) {
+            failures.push(format!("{code}\n  want: {want}\n  got ({}): {}", r.code, r.stderr.trim()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn bad_model_inputs_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,15 +289,7 @@ fn bad_model_inputs_are_clear_errors() {
         let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cpu\", dtype: \"bf16\"})"], None);
         assert!(r.stderr.contains("load_model: dtype 'BFloat16' is only supported on CUDA; use f32 on the CPU"), "{}", r.stderr);
     }
-    let mut failures = Vec::new();
-    for (code, want) in cases {
-        let r = run_in(d, &["-e", code], None);
-        assert_no_panic_trace(&r);
-        if r.code != 1 || !r.stderr.contains(want) {
-            failures.push(format!("{code}\n  want: {want}\n  got ({}): {}", r.code, r.stderr.trim()));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    expect_errors(d, cases);
 }
 
 #[test]
@@ -310,13 +315,5 @@ fn bad_analysis_inputs_are_clear_errors() {
         ("load_model(\"enpt\").analyze(\"two.txt\")", "analyze: expected a Dataset (corpus, parallel or treebank), got \"two.txt\" (string)"),
         ("load_model(\"enpt\").confidence(corpus(\"two.txt\")).heatmap(\"dec\")", "heatmap: no 'dec' in this result (it has: enc, cross)"),
     ];
-    let mut failures = Vec::new();
-    for (code, want) in cases {
-        let r = run_in(d, &["-e", code], None);
-        assert_no_panic_trace(&r);
-        if r.code != 1 || !r.stderr.contains(want) {
-            failures.push(format!("{code}\n  want: {want}\n  got ({}): {}", r.code, r.stderr.trim()));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    expect_errors(d, cases);
 }

@@ -2,12 +2,11 @@
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::path::Path;
-use tch::Tensor;
 
 /// The fields of HF's `config.json` that matter here.
 #[derive(Debug, Clone, Deserialize)]
@@ -28,25 +27,13 @@ pub fn is_bert_dir(dir: &Path) -> bool {
     dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()
 }
 
-struct Weights {
-    map: HashMap<String, Tensor>,
-    file: String,
-    opts: LoadOptions,
+/// BERT's naming: `{prefix}.weight` / `{prefix}.bias`.
+trait BertNames {
+    fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError>;
+    fn norm(&mut self, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError>;
 }
 
-impl Weights {
-    /// A tensor by checkpoint name (with or without the `bert.` prefix), checked for shape.
-    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
-        let t = self
-            .map
-            .remove(name)
-            .or_else(|| self.map.remove(&format!("bert.{name}")))
-            .ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
-        if t.size() != shape {
-            return Err(ModelError::BadShape { file: self.file.clone(), name: name.into(), want: shape.to_vec(), got: t.size() });
-        }
-        Ok(place(t, self.opts.device, self.opts.dtype))
-    }
+impl BertNames for Weights {
     fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
         Ok(Linear { w: self.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(self.get(&format!("{prefix}.bias"), &[out])?) })
     }
@@ -68,7 +55,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
     }
     let st = dir.join("model.safetensors");
-    let mut w = Weights { map: super::safetensors::read(&st)?, file: st.display().to_string(), opts };
+    let mut w = Weights::new(super::safetensors::read(&st)?, st.display().to_string(), opts, Some("bert."));
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
 
     let embed = Embeddings {
@@ -76,7 +63,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         scale: 1.0,
         positions: Positions::Learned(w.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, d])?),
         token_type: Some({
-            let n = w.map.get("embeddings.token_type_embeddings.weight").or_else(|| w.map.get("bert.embeddings.token_type_embeddings.weight")).map(|t| t.size()[0]).unwrap_or(2);
+            let n = w.shape("embeddings.token_type_embeddings.weight").map_or(2, |s| s[0]);
             w.get("embeddings.token_type_embeddings.weight", &[n, d])?
         }),
         norm: Some(w.norm("embeddings.LayerNorm", d, eps)?),

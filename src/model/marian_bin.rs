@@ -3,7 +3,8 @@
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
-use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -122,20 +123,16 @@ fn yml_int(yml: &str, key: &str) -> Option<i64> {
     yml.lines().find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
 
-struct Weights {
-    map: HashMap<String, Tensor>,
-    file: String,
-    opts: LoadOptions,
+/// Marian's naming: `{p}W{s}` / `{p}b{s}`, `{p}_scale` / `{p}_bias`.
+trait MarianNames {
+    fn linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError>;
+    fn norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError>;
+    fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError>;
+    fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError>;
+    fn count_layers(&self, prefix: &str) -> usize;
 }
 
-impl Weights {
-    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
-        let t = self.map.remove(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
-        if t.size() != shape {
-            return Err(ModelError::BadShape { file: self.file.clone(), name: name.into(), want: shape.to_vec(), got: t.size() });
-        }
-        Ok(place(t, self.opts.device, self.opts.dtype))
-    }
+impl MarianNames for Weights {
     /// `{p}W{s}` / `{p}b{s}` as a Linear of `[out, in]`.
     fn linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError> {
         let w = self.get(&format!("{p}W{s}"), &[out, inp])?;
@@ -167,7 +164,7 @@ impl Weights {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let bin = find_bin(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single model.*.bin in the directory".into()))?;
     let (map, yml) = read_bin(&bin)?;
-    let mut w = Weights { map, file: bin.display().to_string(), opts };
+    let mut w = Weights::new(map, bin.display().to_string(), opts, None);
     let wemb = w.map.get("Wemb").ok_or_else(|| ModelError::MissingTensor { file: w.file.clone(), name: "Wemb".into() })?;
     let (vocab, d) = (wemb.size()[0], wemb.size()[1]);
     let heads = yml_int(&yml, "transformer-heads")

@@ -9,6 +9,7 @@ pub mod safetensors;
 pub mod script;
 pub mod tokenizer;
 pub mod transformer;
+pub mod weights;
 
 use crate::device::{device_name, DeviceChoice, DeviceError};
 use nn::Gates;
