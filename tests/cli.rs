@@ -145,6 +145,21 @@ fn script_arguments_and_relative_imports() {
 }
 
 #[test]
+fn colon_commands_in_a_piped_session() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lib.rhai"), "let loaded = 41;\nfn bump(x) { x + 1 }\n").unwrap();
+    let r = run_in(dir.path(), &[], Some(":load lib.rhai\nbump(loaded)\n:time on\n1 + 1\n:time off\n:device\n:help heatmap\n:help\n:help nosuchfn\n:quit\n7 * 7\n"));
+    assert!(r.stdout.contains("42"), "{}", r.stdout);
+    assert!(r.stdout.contains("timing on") && r.stdout.contains("(took ") && r.stdout.contains("timing off"), "{}", r.stdout);
+    assert!(r.stdout.contains("torch:   2.11.0") && r.stdout.contains("threads: "), "{}", r.stdout);
+    assert!(r.stdout.contains("heatmap(matrix: Array, options: Map)") && r.stdout.contains("```rhai"), "{}", r.stdout);
+    assert!(r.stdout.contains(":load FILE") && r.stdout.contains(":quit"), "{}", r.stdout);
+    assert!(r.stderr.contains("no documented function named 'nosuchfn'"), "{}", r.stderr);
+    assert!(!r.stdout.contains("49"), ":quit must end the session: {}", r.stdout);
+    assert_eq!(r.code, 1, "a failed input makes the piped session exit 1");
+}
+
+#[test]
 fn script_error_in_file_shows_file_line_col() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.rhai"), "let a = [1, 2];\nlet b = a[5];\n").unwrap();
