@@ -409,7 +409,8 @@ pub mod api {
     /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(10));
     /// assert(d.summary().len() == 8);
     /// let q = d.matrix("query", "enc", 0);
-    /// assert(q.len() == 8 && abs(q[3][3] - 1.0) < 1e-9);
+    /// // Symmetric, in [0, 1]; a head with itself is 1 only for rank-1 queries.
+    /// assert(q.len() == 8 && abs(q[2][5] - q[5][2]) < 1e-9 && q[3][3] > 0.0 && q[3][3] <= 1.0);
     /// ```
     #[rhai_fn(name = "diversity", return_raw, pure)]
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {

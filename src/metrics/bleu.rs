@@ -161,7 +161,7 @@ pub mod script {
         ///
         /// ```rhai
         /// let b = bleu(["The cat sat on the mat."], ["The cat sat on the mat."]);
-        /// assert(b.score == 100.0);
+        /// assert(abs(b.score - 100.0) < 1e-9);
         /// let c = bleu(["a cat on a mat"], [["the cat is on the mat"], ["there is a cat on the mat"]]);
         /// assert(c.score > 0.0 && c.score < 100.0);
         /// ```
