@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod bert;
+pub mod gguf;
 pub mod marian_bin;
 pub mod nn;
 pub mod safetensors;

@@ -1,0 +1,275 @@
+//! GGUF checkpoints (llama.cpp's format, e.g. SmolLM2-135M in the assets): metadata, tensor
+//! directory, and dequantisation of F32, F16, Q4_0, Q4_1 and Q8_0 tensors into f32 tensors in
+//! PyTorch's dimension order. The reader is checked against the `gguf` Python package
+//! (tests/gguf.rs); the decoder-only architecture on top of it is still to come.
+
+use super::ModelError;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::Tensor;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::U64(v) => Some(*v),
+            Value::I64(v) if *v >= 0 => Some(*v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::F64(v) => Some(*v),
+            Value::U64(v) => Some(*v as f64),
+            Value::I64(v) => Some(*v as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        if let Value::Str(s) = self { Some(s) } else { None }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// GGUF order: `dims[0]` is the innermost (contiguous) dimension.
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    /// The shape in PyTorch order (outermost first).
+    pub fn shape(&self) -> Vec<i64> {
+        self.dims.iter().rev().map(|&d| d as i64).collect()
+    }
+    pub fn numel(&self) -> u64 {
+        self.dims.iter().product()
+    }
+}
+
+pub struct Gguf {
+    pub file: String,
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    data_start: usize,
+    map: memmap2::Mmap,
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+    file: &'a str,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ModelError> {
+        if self.pos.checked_add(n).is_none_or(|e| e > self.b.len()) {
+            return Err(ModelError::Corrupt { file: self.file.into(), why: format!("truncated while reading {what} at byte {}", self.pos) });
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, ModelError> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap_or([0; 4])))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, ModelError> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or([0; 8])))
+    }
+    fn string(&mut self, what: &str) -> Result<String, ModelError> {
+        let n = self.u64(what)? as usize;
+        Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
+    }
+    fn value(&mut self, t: u32, what: &str, depth: usize) -> Result<Value, ModelError> {
+        let mut num = |n: usize| -> Result<[u8; 8], ModelError> {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(self.take(n, what)?);
+            Ok(b)
+        };
+        Ok(match t {
+            0 => Value::U64(num(1)?[0] as u64),
+            1 => Value::I64(num(1)?[0] as i8 as i64),
+            2 => Value::U64(u16::from_le_bytes([num(2)?[0], num(2)?[1]]) as u64),
+            3 => Value::I64(i16::from_le_bytes(num(2)?[..2].try_into().unwrap_or([0; 2])) as i64),
+            4 => Value::U64(u32::from_le_bytes(num(4)?[..4].try_into().unwrap_or([0; 4])) as u64),
+            5 => Value::I64(i32::from_le_bytes(num(4)?[..4].try_into().unwrap_or([0; 4])) as i64),
+            6 => Value::F64(f32::from_le_bytes(num(4)?[..4].try_into().unwrap_or([0; 4])) as f64),
+            7 => Value::Bool(num(1)?[0] != 0),
+            8 => Value::Str(self.string(what)?),
+            9 if depth < 4 => {
+                let et = self.u32(what)?;
+                let n = self.u64(what)? as usize;
+                if n > self.b.len() {
+                    return Err(ModelError::Corrupt { file: self.file.into(), why: format!("{what}: array of {n} items is longer than the file") });
+                }
+                Value::Array((0..n).map(|_| self.value(et, what, depth + 1)).collect::<Result<_, _>>()?)
+            }
+            10 => Value::U64(u64::from_le_bytes(num(8)?)),
+            11 => Value::I64(i64::from_le_bytes(num(8)?)),
+            12 => Value::F64(f64::from_le_bytes(num(8)?)),
+            other => return Err(ModelError::Corrupt { file: self.file.into(), why: format!("{what}: unknown value type {other}") }),
+        })
+    }
+}
+
+/// IEEE half to f32.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let mant = (h & 0x3ff) as u32;
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, m) => {
+            // subnormal: normalise
+            let mut e = 127 - 15 + 1;
+            let mut m = m;
+            while m & 0x400 == 0 {
+                m <<= 1;
+                e -= 1;
+            }
+            sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+fn half(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// Bytes per block and elements per block of a ggml type.
+fn block(t: u32) -> Option<(usize, usize, &'static str)> {
+    match t {
+        0 => Some((4, 1, "F32")),
+        1 => Some((2, 1, "F16")),
+        2 => Some((18, 32, "Q4_0")),
+        3 => Some((20, 32, "Q4_1")),
+        8 => Some((34, 32, "Q8_0")),
+        _ => None,
+    }
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Gguf, ModelError> {
+        let file = path.display().to_string();
+        let map = super::safetensors::map(path)?;
+        let (version, metadata, tensors, data_start) = {
+            let mut c = Cursor { b: &map, pos: 0, file: &file };
+            if c.take(4, "the magic")? != b"GGUF" {
+                return Err(ModelError::Corrupt { file: file.clone(), why: "not a GGUF file (magic is not 'GGUF')".into() });
+            }
+            let version = c.u32("the version")?;
+            if version != 3 {
+                return Err(ModelError::Corrupt { file: file.clone(), why: format!("GGUF version {version} is not supported (3 is)") });
+            }
+            let n_tensors = c.u64("the tensor count")? as usize;
+            let n_kv = c.u64("the metadata count")? as usize;
+            if n_tensors > 1_000_000 || n_kv > 1_000_000 {
+                return Err(ModelError::Corrupt { file: file.clone(), why: format!("implausible counts: {n_tensors} tensors, {n_kv} metadata entries") });
+            }
+            let mut metadata = BTreeMap::new();
+            for i in 0..n_kv {
+                let key = c.string(&format!("metadata key {i}"))?;
+                let t = c.u32(&key)?;
+                let v = c.value(t, &key, 0)?;
+                metadata.insert(key, v);
+            }
+            let mut tensors = Vec::with_capacity(n_tensors);
+            for i in 0..n_tensors {
+                let name = c.string(&format!("tensor name {i}"))?;
+                let nd = c.u32(&name)? as usize;
+                if nd > 8 {
+                    return Err(ModelError::Corrupt { file: file.clone(), why: format!("tensor '{name}' has {nd} dimensions") });
+                }
+                let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
+                let ggml_type = c.u32(&name)?;
+                let offset = c.u64(&name)?;
+                tensors.push(TensorInfo { name, dims, ggml_type, offset });
+            }
+            let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
+            let data_start = c.pos.div_ceil(align) * align;
+            (version, metadata, tensors, data_start)
+        };
+        Ok(Gguf { file, version, metadata, tensors, data_start, map })
+    }
+
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// A tensor dequantised to f32, in PyTorch order.
+    pub fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
+        let info = self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
+        let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
+        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", info.ggml_type)))?;
+        let n = info.numel() as usize;
+        if n % per != 0 {
+            return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
+        }
+        let len = n / per * bytes;
+        let start = self.data_start + info.offset as usize;
+        let data = self.map.get(start..start + len).ok_or_else(|| bad(format!("data at {start}..{} lies past the end of the file", start + len)))?;
+        let mut out = vec![0f32; n];
+        match info.ggml_type {
+            0 => out.iter_mut().zip(data.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            1 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, c)| *o = half(c)),
+            2 => {
+                for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(18)) {
+                    let d = half(&blk[..2]);
+                    for j in 0..16 {
+                        o[j] = d * ((blk[2 + j] & 0x0f) as i32 - 8) as f32;
+                        o[j + 16] = d * ((blk[2 + j] >> 4) as i32 - 8) as f32;
+                    }
+                }
+            }
+            3 => {
+                for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(20)) {
+                    let (d, m) = (half(&blk[..2]), half(&blk[2..4]));
+                    for j in 0..16 {
+                        o[j] = d * (blk[4 + j] & 0x0f) as f32 + m;
+                        o[j + 16] = d * (blk[4 + j] >> 4) as f32 + m;
+                    }
+                }
+            }
+            8 => {
+                for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(34)) {
+                    let d = half(&blk[..2]);
+                    for j in 0..32 {
+                        o[j] = d * (blk[2 + j] as i8) as f32;
+                    }
+                }
+            }
+            _ => unreachable!("checked by block()"),
+        }
+        Ok(Tensor::from_slice(&out).view(info.shape().as_slice()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f16_to_f32;
+
+    #[test]
+    fn half_conversion() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24)); // smallest subnormal
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert!(f16_to_f32(0x7c00).is_infinite());
+        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
+    }
+}

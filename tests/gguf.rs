@@ -1,0 +1,45 @@
+//! The GGUF reader against the `gguf` Python package on the real SmolLM2-135M Q4_1 file:
+//! metadata, the tensor directory, and dequantised values of F32, Q4_1 and Q8_0 tensors.
+
+use headscope::model::gguf::Gguf;
+use std::path::Path;
+
+#[test]
+fn gguf_reader_matches_the_gguf_package() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = headscope::assets::asset_path("smollm2").unwrap();
+    let file = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "gguf")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let st = std::process::Command::new(root.join(".venv/bin/python")).arg(root.join("tests/fixtures/gguf_reference.py")).arg(&file).arg(out.path()).status().unwrap();
+    assert!(st.success(), "the gguf reference script failed (scripts/setup installs the gguf package)");
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("meta.json")).unwrap()).unwrap();
+
+    let g = Gguf::open(&file).unwrap();
+    assert_eq!(g.version, 3);
+    assert_eq!(g.metadata["general.architecture"].as_str(), meta["general.architecture"].as_str());
+    for key in ["llama.block_count", "llama.embedding_length", "llama.attention.head_count", "llama.attention.head_count_kv"] {
+        assert_eq!(g.metadata[key].as_u64(), meta[key].as_u64(), "{key}");
+    }
+    assert!((g.metadata["llama.rope.freq_base"].as_f64().unwrap() - meta["llama.rope.freq_base"].as_f64().unwrap()).abs() < 1e-3);
+    let listed = meta["tensors"].as_array().unwrap();
+    assert_eq!(g.tensors.len(), listed.len());
+    for (ours, theirs) in g.tensors.iter().zip(listed) {
+        assert_eq!(ours.name, theirs["name"].as_str().unwrap());
+        let shape: Vec<i64> = theirs["shape"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+        assert_eq!(ours.shape(), shape, "{}", ours.name);
+    }
+    let mut types = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(out.path()).unwrap() {
+        let p = entry.unwrap().path();
+        let Some(name) = p.file_name().unwrap().to_str().unwrap().strip_suffix(".npy").map(String::from) else { continue };
+        let want = tch::Tensor::read_npy(&p).unwrap();
+        let got = g.tensor(&name).unwrap();
+        let got = if want.dim() > 1 { got.narrow(0, 0, want.size()[0]) } else { got };
+        assert_eq!(got.size(), want.size(), "{name}");
+        let d = (got - &want).abs().max().double_value(&[]);
+        assert!(d <= 1e-6, "{name}: dequantised values differ by {d}");
+        types.insert(g.info(&name).unwrap().ggml_type);
+    }
+    assert_eq!(types.into_iter().collect::<Vec<_>>(), vec![0, 3, 8], "F32, Q4_1 and Q8_0 were all checked");
+    assert!(Gguf::open(&root.join("Cargo.toml")).is_err());
+}
