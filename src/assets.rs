@@ -14,7 +14,7 @@ pub const ASSETS: &[Asset] = &[
     Asset { name: "minilm", path: "minilm", what: "all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads)" },
     Asset { name: "enpt", path: "marian/enpt", what: "Firefox-Translations EN->PT (Marian)" },
     Asset { name: "pten", path: "marian/pten", what: "Firefox-Translations PT->EN (Marian)" },
-    Asset { name: "smollm2", path: "smollm2", what: "SmolLM2-135M (GGUF)" },
+    Asset { name: "smollm2", path: "smollm2", what: "SmolLM2-135M-Instruct (GGUF, Q4_1) + derived tokenizer.json" },
     Asset { name: "pud_en.conllu", path: "pud_en.conllu", what: "1000 English PUD sentences parsed by spaCy" },
     Asset { name: "pud_en.txt", path: "pud_en.txt", what: "the same sentences, one per line" },
     Asset { name: "brown.txt", path: "brown.txt", what: "Brown corpus as text (token frequencies)" },

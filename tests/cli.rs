@@ -281,7 +281,7 @@ fn bad_model_inputs_are_clear_errors() {
 
     let cases: &[(&str, &str)] = &[
         ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory nor a model asset (unknown asset 'no/such/dir'"),
-        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT) or model.*.bin + tokenizer.json (Marian)"),
+        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header of 1000 bytes does not fit in the file"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"bf16\" or \"f16\")"),

@@ -17,7 +17,7 @@ fn norm() -> Norm {
     Norm { kind: NormKind::Layer, weight: Tensor::ones([D], (DType::Float, Device::Cpu)), bias: Some(Tensor::zeros([D], (DType::Float, Device::Cpu))), eps: 1e-5 }
 }
 fn attn() -> Attention {
-    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H }
+    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H , rotary: None}
 }
 
 fn tiny() -> Transformer {
@@ -27,14 +27,17 @@ fn tiny() -> Transformer {
     Transformer {
         embed: Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Sinusoidal, token_type: None, norm: None },
         encoder: (0..2)
-            .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu }, ffn_norm: norm(), norm_position: NormPosition::Post })
+            .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post })
             .collect(),
+        stack_kind: Kind::Enc,
+        causal: false,
+        final_norm: None,
         decoder: (0..2)
             .map(|_| DecoderLayer {
                 self_block: SelfBlock::Ssru(Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) }),
                 self_norm: norm(),
                 cross: Some((attn(), norm())),
-                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu },
+                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
                 ffn_norm: norm(),
             })
             .collect(),

@@ -134,3 +134,47 @@ fn marian_enpt_matches_numpy_reference() {
         }
     }
 }
+
+/// SmolLM2-135M (decoder-only, GGUF Q4_1) against HF transformers loading the same GGUF: every
+/// hidden state within 1e-4 relative to its layer's scale, and the same greedy continuation.
+#[test]
+fn smollm2_matches_hf_transformers() {
+    let out = tempfile::tempdir().unwrap();
+    let npz = out.path().join("smol.npz");
+    let st = std::process::Command::new(python())
+        .arg(fixtures().join("smollm2_reference.py"))
+        .arg(asset_path("smollm2").unwrap())
+        .arg(asset_path("pud_en.txt").unwrap())
+        .arg(&npz)
+        .status()
+        .expect("run the HF reference");
+    assert!(st.success(), "HF reference script failed");
+    let z = read_npz(&npz);
+    for device in devices() {
+        let m = Model::load(&asset_path("smollm2").unwrap(), LoadOptions { device, dtype: tch::Kind::Float }).unwrap();
+        for i in 0..3 {
+            let text = String::from_utf8(Vec::<u8>::try_from(&z[&format!("text{i}")]).unwrap()).unwrap();
+            let b = m.batch(&[text.as_str()]).unwrap();
+            assert_eq!(b.encoded[0].ids, Vec::<i64>::try_from(&z[&format!("ids{i}")]).unwrap(), "token ids of {text:?}");
+            let mut hidden = Vec::new();
+            let mut on = |_: Kind, _: usize, c: Captured<'_>| {
+                if let Captured::Hidden(h) = c {
+                    hidden.push(h.get(0).shallow_clone());
+                }
+            };
+            let mut cap = Capture { attention: false, context: false, hidden: true, queries: false, on: &mut on };
+            let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+            let ours = Tensor::stack(&hidden, 0);
+            let want = &z[&format!("hidden{i}")];
+            assert_eq!(ours.size(), want.size());
+            for l in 0..ours.size()[0] {
+                let scale = want.get(l).abs().max().double_value(&[]).max(1e-6);
+                let d = max_abs_diff(&ours.get(l), &want.get(l)) / scale;
+                assert!(d < TOL, "{device:?} sentence {i} layer {l}: hidden states differ by {d:e} (relative)");
+            }
+        }
+        let prompt = String::from_utf8(Vec::<u8>::try_from(&z["gen_prompt"]).unwrap()).unwrap();
+        let gen = m.generate(&prompt, 8, &Gates::none()).unwrap();
+        assert_eq!(gen, Vec::<i64>::try_from(&z["gen_ids"]).unwrap(), "{device:?}: greedy continuation of {prompt:?}");
+    }
+}

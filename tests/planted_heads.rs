@@ -89,20 +89,20 @@ fn planted_attention() -> Attention {
         o: lin(eye, zeros(&[D])),
         n_heads: H,
         n_kv_heads: H,
-        head_dim: DH,
+        head_dim: DH, rotary: None,
     }
 }
 
 fn uniform_attention() -> Attention {
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH }
+    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH , rotary: None}
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
     EncoderLayer {
         attn,
         attn_norm: identity_norm(),
-        ffn: Ffn { up: lin(zeros(&[8, D]), zeros(&[8])), down: lin(zeros(&[D, 8]), zeros(&[D])), act: Activation::Gelu },
+        ffn: Ffn { up: lin(zeros(&[8, D]), zeros(&[8])), down: lin(zeros(&[D, 8]), zeros(&[D])), act: Activation::Gelu, gate: None },
         ffn_norm: identity_norm(),
         norm_position: NormPosition::Post,
     }
@@ -118,7 +118,7 @@ fn planted_model(dir: &std::path::Path) -> Model {
     }
     let net = Transformer {
         embed: Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None },
-        encoder: vec![layer(planted_attention()), layer(uniform_attention())],
+        encoder: vec![layer(planted_attention()), layer(uniform_attention())], stack_kind: Kind::Enc, causal: false, final_norm: None,
         decoder: vec![],
         output: None,
         d_model: D,

@@ -10,7 +10,7 @@
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::corpus_bleu;
-use crate::model::nn::{key_bias, Capture, Gates};
+use crate::model::nn::{Capture, Gates};
 use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
 use std::str::FromStr;
 use tch::{Device, Kind as DType, Tensor};
@@ -262,18 +262,18 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
             let h = s.n_heads as i64;
             let chunk = ((256 << 20) / per_group).clamp(1, h);
             match s.kind {
-                Kind::Enc => {
+                k if k == model.net.stack_kind => {
                     // One unmasked pass: every layer's input and per-head contexts.
                     let mut inputs = Vec::new();
                     let mut ctx = Vec::new();
                     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
                         Captured::Hidden(x) => inputs.push(x.shallow_clone()),
                         Captured::Context(x) => ctx.push(x.shallow_clone()),
-                        Captured::Attention(_) | Captured::Queries(_) => {}
+                        _ => {}
                     };
                     let mut cap = Capture { attention: false, context: true, hidden: true, queries: false, on: &mut on };
                     let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
-                    let bias = key_bias(&b.mask, inputs[0].kind());
+                    let bias = model.net.self_bias(&b.mask, inputs[0].kind());
                     for l in 0..s.n_layers {
                         let layer = &model.net.encoder[l];
                         let (x, c) = (&inputs[l], &ctx[l]); // [B, T, D], [B, H, T, dh]
@@ -296,7 +296,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                         }
                     }
                 }
-                Kind::Cross | Kind::Dec => {
+                _ => {
                     let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
                     for l in 0..s.n_layers {
                         for start in (0..h).step_by(chunk as usize) {

@@ -119,9 +119,13 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
     }
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
-    let layer_of = |k: Kind, l: usize| match k {
-        Kind::Enc => &model.net.encoder[l].attn,
-        _ => &model.net.decoder[l].cross.as_ref().map(|c| &c.0).unwrap_or(&model.net.encoder[0].attn),
+    let stack = model.net.stack_kind;
+    let layer_of = |k: Kind, l: usize| {
+        if k == stack {
+            &model.net.encoder[l].attn
+        } else {
+            model.net.decoder[l].cross.as_ref().map(|c| &c.0).unwrap_or(&model.net.encoder[0].attn)
+        }
     };
     let mut accs: Vec<Vec<LayerAcc>> = shapes
         .iter()
@@ -156,7 +160,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                         Captured::Context(x) => {
                             let (q, a) = (pending[l].0.take(), pending[l].1.take());
                             if let (Some(q), Some(a)) = (q, a) {
-                                if kind == Kind::Enc {
+                                if kind == stack {
                                     got[l] = (Some(q), Some(x.shallow_clone()), Some(a));
                                 } else {
                                     steps[l].push([q, x.shallow_clone(), a]);
@@ -167,7 +171,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                     }
                 };
                 let mut cap = Capture { attention: true, context: true, hidden: false, queries: true, on: &mut on };
-                if kind == Kind::Enc {
+                if kind == stack {
                     let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
                     qmask = src_real.shallow_clone();
                 } else {
@@ -184,7 +188,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                 kmask = src_real.shallow_clone();
             }
             for l in 0..sh.n_layers {
-                let (q, c, a) = if kind == Kind::Enc {
+                let (q, c, a) = if kind == stack {
                     match &got[l] {
                         (Some(q), Some(c), Some(a)) => (q.shallow_clone(), c.shallow_clone(), a.shallow_clone()),
                         _ => continue,

@@ -214,9 +214,11 @@ pub fn analyze(
     }
 
     let shapes: Vec<_> = opts.kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    // The self-attention stack (`enc`, or `dec` of a decoder-only model) reads the sentence itself.
+    let stack = model.net.stack_kind;
     let mut accs: HashMap<Kind, Accumulator> = shapes
         .iter()
-        .map(|s| (s.kind, Accumulator::new(s.n_layers, s.n_heads, if s.kind == Kind::Enc { n_rd } else { 0 }, device)))
+        .map(|s| (s.kind, Accumulator::new(s.n_layers, s.n_heads, if s.kind == stack { n_rd } else { 0 }, device)))
         .collect();
     let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
     let total = encoded.len();
@@ -230,15 +232,15 @@ pub fn analyze(
         let s = b.ids.size()[1] as usize;
         tokens += group.iter().map(|&i| lengths[i]).sum::<usize>();
         let enc_meta: Vec<SentenceMeta> = group.iter().map(|&i| metas[i].clone()).collect();
-        let need_enc_capture = accs.contains_key(&Kind::Enc);
+        let need_enc_capture = accs.contains_key(&stack);
         let mut enc_out: Option<Tensor> = None;
         if need_enc_capture {
             let bt = BatchTensors::new(&enc_meta, s, s, device, want_rare, want_syn);
-            let acc = accs.get_mut(&Kind::Enc).ok_or_else(|| AnalysisError::Input("internal: no encoder accumulator".into()))?;
+            let acc = accs.get_mut(&stack).ok_or_else(|| AnalysisError::Input("internal: no accumulator for the self-attention stack".into()))?;
             acc.count_batch(&enc_meta);
             let mut failure: Option<ModelError> = None;
             let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                if let (Kind::Enc, Captured::Attention(p)) = (k, c) {
+                if let (true, Captured::Attention(p)) = (k == stack, c) {
                     if failure.is_none() {
                         if let Err(e) = acc.update(l, p, &bt) {
                             failure = Some(e);
@@ -328,7 +330,7 @@ pub fn analyze(
             let (score, two) = acc.rare()?;
             kr.rare = Some(Rare { score, two, sentences: acc.rare_sentences, queries: acc.rare_queries });
         }
-        if want_syn && s.kind == Kind::Enc {
+        if want_syn && s.kind == stack {
             let correct = acc.syntactic_correct()?;
             let mut rels = Vec::new();
             for (ri, rel) in rel_names.iter().enumerate() {

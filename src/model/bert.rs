@@ -4,7 +4,7 @@
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -79,14 +79,14 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
                 o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
                 n_heads: h,
                 n_kv_heads: h,
-                head_dim: d / h,
+                head_dim: d / h, rotary: None,
             },
             attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
-            ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act },
+            ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act, gate: None },
             ffn_norm: w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
             norm_position: NormPosition::Post,
         });
     }
     // BERT has no decoder; [SEP] (102 in BERT vocabularies) closes each sentence.
-    Ok((Transformer { embed, encoder, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
+    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
 }

@@ -5,7 +5,7 @@
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
 use super::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
 use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use super::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
@@ -150,11 +150,11 @@ impl MarianNames for Weights {
             o: self.linear(p, "o", d, d, true)?,
             n_heads: heads,
             n_kv_heads: heads,
-            head_dim: d / heads,
+            head_dim: d / heads, rotary: None,
         })
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
-        Ok(Ffn { up: self.linear(p, "1", f, d, true)?, down: self.linear(p, "2", d, f, true)?, act: Activation::Relu })
+        Ok(Ffn { up: self.linear(p, "1", f, d, true)?, down: self.linear(p, "2", d, f, true)?, act: Activation::Relu, gate: None })
     }
     fn count_layers(&self, prefix: &str) -> usize {
         (1..).take_while(|l| self.map.keys().any(|k| k.starts_with(&format!("{prefix}{l}_")))).count()
@@ -201,5 +201,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
     let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
-    Ok(Transformer { embed, encoder, decoder, output: Some(output), d_model: d, eos_id: EOS })
+    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS })
 }

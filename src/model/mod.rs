@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod bert;
 pub mod gguf;
+pub mod llama_gguf;
 pub mod marian_bin;
 pub mod nn;
 pub mod safetensors;
@@ -98,7 +99,7 @@ pub enum ModelError {
     TooLong { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
-    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT) or model.*.bin + tokenizer.json (Marian)")]
+    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)")]
     UnknownFamily(String),
     #[error("{0}")]
     Device(#[from] DeviceError),
@@ -115,6 +116,8 @@ pub enum ModelError {
 pub enum Family {
     Bert,
     MarianBin,
+    /// Decoder-only llama architecture in GGUF.
+    LlamaGguf,
 }
 
 impl fmt::Display for Family {
@@ -122,6 +125,7 @@ impl fmt::Display for Family {
         f.write_str(match self {
             Family::Bert => "bert",
             Family::MarianBin => "marian_bin",
+            Family::LlamaGguf => "llama_gguf",
         })
     }
 }
@@ -209,6 +213,8 @@ pub fn detect_family(dir: &Path) -> Option<Family> {
         Some(Family::Bert)
     } else if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::MarianBin)
+    } else if llama_gguf::find_gguf(dir).is_some() && dir.join("tokenizer.json").is_file() {
+        Some(Family::LlamaGguf)
     } else {
         None
     }
@@ -222,7 +228,7 @@ impl Model {
         let family = detect_family(path).ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         let t0 = std::time::Instant::now();
         let framing = match family {
-            Family::Bert => tokenizer::Framing::Tokenizer,
+            Family::Bert | Family::LlamaGguf => tokenizer::Framing::Tokenizer,
             Family::MarianBin => tokenizer::Framing::AppendEos(marian_bin::EOS),
         };
         let tok_path = path.join("tokenizer.json");
@@ -234,12 +240,16 @@ impl Model {
             match family {
                 Family::Bert => bert::load(path, opts).map(|(n, _cfg)| n),
                 Family::MarianBin => marian_bin::load(path, opts),
+                Family::LlamaGguf => llama_gguf::load(path, opts),
             }?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
         let t = std::time::Instant::now();
         let tok = Tok::from_file(&tok_path, framing).map(|tok| (tok, t.elapsed().as_secs_f64()));
-        let ((net, weights), (tok, tokenizer)) = (net?, tok?);
+        let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
+        if family == Family::LlamaGguf {
+            tok.eos_id = Some(net.eos_id);
+        }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
         let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0 };
         m.n_params = m.count_params();
@@ -286,7 +296,7 @@ impl Model {
     pub fn kinds(&self) -> Vec<KindShape> {
         let mut v = Vec::new();
         if let Some(l) = self.net.encoder.first() {
-            v.push(KindShape { kind: Kind::Enc, n_layers: self.net.encoder.len(), n_heads: l.attn.n_heads as usize });
+            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.encoder.len(), n_heads: l.attn.n_heads as usize });
         }
         if let Some((a, _)) = self.net.decoder.first().and_then(|l| l.cross.as_ref()) {
             v.push(KindShape { kind: Kind::Cross, n_layers: self.net.decoder.len(), n_heads: a.n_heads as usize });
@@ -425,6 +435,30 @@ impl Model {
         Ok(stats)
     }
 
+    /// Greedy continuation of a text by a decoder-only model: at most `n` new token ids,
+    /// stopping at EOS.
+    pub fn generate(&self, text: &str, n: usize, gates: &Gates) -> Result<Vec<i64>, ModelError> {
+        if self.net.stack_kind != Kind::Dec || self.net.output.is_none() {
+            return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
+        }
+        let _guard = tch::no_grad_guard();
+        let mut ids = self.tok.encode(text)?.ids;
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let t = Tensor::from_slice(&ids).view([1, ids.len() as i64]).to_device(self.device());
+            let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, self.device()));
+            let h = self.net.encode(&t, &mask, gates, None)?;
+            let last = h.select(1, ids.len() as i64 - 1);
+            let next = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?.forward(&last).argmax(-1, false).int64_value(&[0]);
+            if next == self.net.eos_id {
+                break;
+            }
+            out.push(next);
+            ids.push(next);
+        }
+        Ok(out)
+    }
+
     pub fn detokenize(&self, ids: &[i64]) -> Result<String, ModelError> {
         self.tok.decode(ids)
     }
@@ -445,7 +479,7 @@ impl Model {
             }
         };
         let query_tokens = match head.kind {
-            Kind::Enc => {
+            k if k == self.net.stack_kind => {
                 let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
                 let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
                 src_tokens.clone()
@@ -460,7 +494,7 @@ impl Model {
                 let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
                 targets.iter().map(|&i| self.tok.id_to_token(i)).collect()
             }
-            Kind::Dec => return Err(ModelError::Invalid("decoder self-attention maps are not available for this model".into())),
+            _ => return Err(ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))),
         };
         let m = Tensor::cat(&rows, 0); // [Tq, Tk]
         let weights: Vec<Vec<f64>> = (0..m.size()[0]).map(|i| Vec::<f64>::try_from(m.get(i))).collect::<Result<_, _>>()?;

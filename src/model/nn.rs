@@ -62,22 +62,58 @@ pub enum Activation {
     Relu,
     /// Exact (erf) GELU.
     Gelu,
+    /// SiLU, used with a gate: SwiGLU `down(silu(gate x) * up x)`.
+    Silu,
 }
 
 pub struct Ffn {
     pub up: Linear,
     pub down: Linear,
     pub act: Activation,
+    /// The gate of a gated FFN (SwiGLU): `act(gate x) * up x`.
+    pub gate: Option<Linear>,
 }
 
 impl Ffn {
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let h = self.up.forward(x);
-        let h = match self.act {
+        let act = |h: Tensor| match self.act {
             Activation::Relu => h.relu(),
             Activation::Gelu => h.gelu("none"),
+            Activation::Silu => h.silu(),
+        };
+        let h = match &self.gate {
+            Some(g) => act(g.forward(x)) * self.up.forward(x),
+            None => act(self.up.forward(x)),
         };
         self.down.forward(&h)
+    }
+}
+
+/// Rotary position embedding on adjacent pairs `(2i, 2i+1)` of each head's dimensions, with
+/// frequencies `base^(-2i/dim)` (llama.cpp's layout: GGUF checkpoints store Q and K rows
+/// permuted so that HF's rotate-half pairs are adjacent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotary {
+    pub base: f64,
+    pub dim: i64,
+}
+
+impl Rotary {
+    /// `x [B, H, T, dh]` at positions `0..T`.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let (t, dh) = (x.size()[2], x.size()[3]);
+        let half = self.dim / 2;
+        let device = x.device();
+        let i = Tensor::arange(half, (DType::Double, device));
+        let inv = (i * (-2.0 * self.base.ln() / self.dim as f64)).exp();
+        let ang = Tensor::arange(t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
+        let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
+        let rot = x.narrow(3, 0, self.dim).reshape([x.size()[0], x.size()[1], t, half, 2]);
+        let (a, b) = (rot.select(4, 0), rot.select(4, 1));
+        let ra = &a * &cos - &b * &sin;
+        let rb = &a * &sin + &b * &cos;
+        let out = Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]);
+        if self.dim < dh { Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3) } else { out }
     }
 }
 
@@ -128,6 +164,8 @@ pub struct Attention {
     pub n_heads: i64,
     pub n_kv_heads: i64,
     pub head_dim: i64,
+    /// Rotary positions on queries and keys (self-attention over one sequence).
+    pub rotary: Option<Rotary>,
 }
 
 impl Attention {
@@ -147,8 +185,12 @@ impl Attention {
         let (b, tq) = (xq.size()[0], xq.size()[1]);
         let tk = xkv.size()[1];
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
+        let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
         let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        if let Some(r) = &self.rotary {
+            q = r.apply(&q);
+            k = r.apply(&k);
+        }
         let mut v = self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
         if hk != h {
             k = k.repeat_interleave_self_int(h / hk, Some(1), None);
@@ -197,6 +239,11 @@ impl Ssru {
     }
 }
 
+/// Additive causal bias `[1, 1, T, T]`: key `k` is hidden from query `q` when `k > q`.
+pub fn causal_bias(t: i64, dtype: DType, device: tch::Device) -> Tensor {
+    Tensor::ones([t, t], (dtype, device)).triu(1).view([1, 1, t, t]) * -1e9
+}
+
 /// Additive attention bias from a key mask `[B, Tk]` (1 = real token): `[B, 1, 1, Tk]`.
 pub fn key_bias(mask: &Tensor, dtype: DType) -> Tensor {
     let m = mask.to_kind(dtype);
@@ -228,7 +275,7 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1 };
+        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None };
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;
@@ -252,6 +299,19 @@ mod tests {
         // position 1, i = 1 of half = 2: inv = exp(-ln 10000) = 1e-4
         let v = p.double_value(&[1, 1]);
         assert!((v - (1e-4f64).sin()).abs() < 1e-7, "{v}");
+    }
+
+    #[test]
+    fn rotary_rotates_adjacent_pairs_by_position() {
+        let r = Rotary { base: 10000.0, dim: 4 };
+        // One head, two positions, dh = 4: pairs (0,1) at freq 1, (2,3) at freq 1e-2.
+        let x = Tensor::from_slice(&[1.0f32, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]).view([1, 1, 2, 4]);
+        let y = r.apply(&x);
+        let got = Vec::<f32>::try_from(y.reshape([-1])).unwrap();
+        let want = [1.0, 0.0, 1.0, 0.0, 1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin()];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
     }
 
     #[test]

@@ -320,6 +320,25 @@ pub mod api {
         forward_opts(m, data, Map::new())
     }
 
+    /// Greedy continuation of a text by a decoder-only model (at most `n` new tokens); a masked
+    /// view generates with its heads masked.
+    ///
+    /// ```rhai
+    /// let m = load_model("smollm2");
+    /// assert(m.kinds == ["dec"] && m.heads_per_layer("dec") == 9);
+    /// let s = m.generate("The capital of France is", 4);
+    /// assert(s.len() > 0);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn generate(m: &mut ScriptModel, text: &str, n: i64) -> ScriptResult<String> {
+        if !(1..=4096).contains(&n) {
+            return err(format!("generate: n must be between 1 and 4096, got {n}"));
+        }
+        let gates = m.gates()?;
+        let ids = m.model.generate(text, n as usize, &gates).or_else(|e| err(format!("generate: {e}")))?;
+        m.model.detokenize(&ids).or_else(|e| err(format!("generate: {e}")))
+    }
+
     /// One head, checked against the model's shape.
     ///
     /// ```rhai

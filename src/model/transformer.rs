@@ -11,6 +11,8 @@ pub enum Positions {
     Learned(Tensor),
     /// Marian's `[sin | cos]` sinusoids.
     Sinusoidal,
+    /// None at the input (rotary positions act inside attention).
+    None,
 }
 
 pub struct Embeddings {
@@ -50,6 +52,7 @@ impl Embeddings {
                 let pos = sinusoidal(start, len, d, device).to_kind(x.kind()).unsqueeze(0);
                 x = x + pos
             }
+            Positions::None => {}
         }
         if let Some(tt) = &self.token_type {
             x = x + tt.get(0).view([1, 1, d]);
@@ -70,9 +73,11 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
+    /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
         let h = self.attn_input(x);
-        let a = self.attn.forward(&h, &h, bias, gate, Kind::Enc, layer_idx, cap);
+        let a = self.attn.forward(&h, &h, bias, gate, kind, layer_idx, cap);
         self.finish(x, &a)
     }
 
@@ -120,7 +125,13 @@ pub struct DecoderState {
 
 pub struct Transformer {
     pub embed: Embeddings,
+    /// The self-attention stack: an encoder, or (causal) a decoder-only model's layers.
     pub encoder: Vec<EncoderLayer>,
+    /// `Enc` for encoders, `Dec` for a causal decoder-only stack.
+    pub stack_kind: Kind,
+    pub causal: bool,
+    /// A norm after the stack (pre-norm models).
+    pub final_norm: Option<Norm>,
     pub decoder: Vec<DecoderLayer>,
     /// Output projection (tied to the embeddings where the checkpoint says so).
     pub output: Option<Linear>,
@@ -135,26 +146,50 @@ impl Transformer {
 
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real). Captures hidden states
     /// (index 0 = embeddings, i = after layer i), attention and context per layer.
+    /// With a final norm, the last hidden state reported (index L) is after it, as in HF.
     pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
         let (b, s) = (ids.size()[0], ids.size()[1]);
         let mut x = self.embed.forward(Some(ids), b, 0, s)?;
-        let bias = key_bias(mask, x.kind());
-        emit_hidden(&mut cap, 0, &x);
+        let bias = self.self_bias(mask, x.kind());
+        let kind = self.stack_kind;
+        emit_hidden(&mut cap, kind, 0, &x);
+        let last = self.encoder.len();
         for (l, layer) in self.encoder.iter().enumerate() {
-            let g = gates.layer(Kind::Enc, l);
-            x = layer.forward(&x, &bias, g.as_ref(), l, &mut cap);
-            emit_hidden(&mut cap, l + 1, &x);
+            let g = gates.layer(kind, l);
+            x = layer.forward(&x, &bias, g.as_ref(), kind, l, &mut cap);
+            if l + 1 == last {
+                if let Some(n) = &self.final_norm {
+                    x = n.forward(&x);
+                }
+            }
+            emit_hidden(&mut cap, kind, l + 1, &x);
         }
         Ok(x)
+    }
+
+    /// The stack's attention bias: padding, plus the causal mask for a decoder-only model.
+    pub fn self_bias(&self, mask: &Tensor, dtype: tch::Kind) -> Tensor {
+        let bias = key_bias(mask, dtype);
+        if self.causal {
+            bias + super::nn::causal_bias(mask.size()[1], dtype, mask.device())
+        } else {
+            bias
+        }
     }
 
     /// Encoder layers `from..` applied to `x` (the input of layer `from`).
     pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Tensor {
         let mut x = x.shallow_clone();
         let mut none = None;
+        let last = self.encoder.len();
         for (l, layer) in self.encoder.iter().enumerate().skip(from) {
-            let g = gates.layer(Kind::Enc, l);
-            x = layer.forward(&x, bias, g.as_ref(), l, &mut none);
+            let g = gates.layer(self.stack_kind, l);
+            x = layer.forward(&x, bias, g.as_ref(), self.stack_kind, l, &mut none);
+            if l + 1 == last {
+                if let Some(n) = &self.final_norm {
+                    x = n.forward(&x);
+                }
+            }
         }
         x
     }
@@ -268,10 +303,10 @@ impl Transformer {
 
 }
 
-fn emit_hidden(cap: &mut Option<&mut Capture>, i: usize, x: &Tensor) {
+fn emit_hidden(cap: &mut Option<&mut Capture>, kind: Kind, i: usize, x: &Tensor) {
     if let Some(c) = cap.as_deref_mut() {
         if c.hidden {
-            (c.on)(Kind::Enc, i, Captured::Hidden(x));
+            (c.on)(kind, i, Captured::Hidden(x));
         }
     }
 }
