@@ -21,7 +21,10 @@ fn every_example_runs() {
         assert!(r.status.success(), "{} failed:\n{}\n{}", path.display(), stdout, String::from_utf8_lossy(&r.stderr));
         if path.ends_with("tour.rhai") {
             assert!(stdout.contains("== end of tour =="), "tour did not finish:\n{stdout}");
-            assert!(out.path().join("grid.png").exists() && out.path().join("grid.svg").exists());
+            for f in ["confidence_enc.png", "confidence_cross.png", "positional_enc.png", "analysis.json"] {
+                assert!(out.path().join(f).exists(), "the tour did not write {f}");
+            }
+            assert!(stdout.contains("O gato está dormindo no sofá."), "{stdout}");
         }
         ran += 1;
     }
