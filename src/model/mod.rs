@@ -391,7 +391,7 @@ impl Model {
         let mut out = vec![Vec::new(); texts.len()];
         let mut slots: Vec<Option<Encoded>> = encoded.into_iter().map(Some).collect();
         for group in batch::by_length(&lengths, max_tokens) {
-            let enc: Vec<Encoded> = group.iter().map(|&i| slots[i].take().unwrap_or_else(|| unreachable_encoded())).collect();
+            let enc: Vec<Encoded> = group.iter().filter_map(|&i| slots[i].take()).collect();
             let max_len: Vec<i64> = enc.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
             let b = self.batch_encoded(enc);
             let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
@@ -519,8 +519,4 @@ impl Model {
             self.opts.dtype
         )
     }
-}
-
-fn unreachable_encoded() -> Encoded {
-    Encoded { ids: vec![], tokens: vec![], offsets: vec![], special: vec![] }
 }
