@@ -175,6 +175,14 @@ fn classifications_find_exactly_the_planted_heads() {
     let rare = k.rare.as_ref().unwrap();
     assert_eq!(rare.sentences, 5);
     assert_eq!(k.queries, 60);
+
+    // exclude_keys "special": the first word's previous token is [CLS], now excluded, so the
+    // previous-token head lands elsewhere for 1 query in 12.
+    opts.exclude_keys = headscope::analysis::options::ExcludeKeys::Special;
+    let b = analyze(&model, &data, &opts, Some(&freq), &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+    let pos = b.kind(Kind::Enc).unwrap().positional.as_ref().unwrap();
+    assert!((pos[0][0].fraction - 11.0 / 12.0).abs() < 1e-9, "{}", pos[0][0].fraction);
+    assert!(b.options.iter().any(|(k, v)| k == "exclude_keys" && v == "special"));
 }
 
 /// Two 12-word sentences with edges at known offsets (target - query, for g->d):

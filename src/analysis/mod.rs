@@ -84,7 +84,16 @@ pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<Fr
 /// Real queries and allowed keys of a tokenized sentence.
 fn sides(e: &Encoded, exclude: ExcludeKeys, eos_ids: &[i64]) -> (Vec<bool>, Vec<bool>) {
     let real: Vec<bool> = e.special.iter().map(|s| !s).collect();
-    let keys = e.ids.iter().map(|id| exclude == ExcludeKeys::Nothing || !eos_ids.contains(id)).collect();
+    let keys = e
+        .ids
+        .iter()
+        .zip(&e.special)
+        .map(|(id, &sp)| match exclude {
+            ExcludeKeys::Nothing => true,
+            ExcludeKeys::Eos => !eos_ids.contains(id),
+            ExcludeKeys::Special => !sp && !eos_ids.contains(id),
+        })
+        .collect();
     (real, keys)
 }
 

@@ -42,6 +42,8 @@ impl fmt::Display for Stat {
 pub enum ExcludeKeys {
     /// EOS / SEP keys (the default).
     Eos,
+    /// Every special token (BOS/CLS as well: attention sinks in decoder-only models).
+    Special,
     Nothing,
 }
 
@@ -96,7 +98,7 @@ impl Options {
         let mut v = vec![
             ("stats".to_string(), self.stats.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")),
             ("kinds".into(), self.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(",")),
-            ("exclude_keys".into(), match self.exclude_keys { ExcludeKeys::Eos => "eos".into(), ExcludeKeys::Nothing => "none".into() }),
+            ("exclude_keys".into(), match self.exclude_keys { ExcludeKeys::Eos => "eos".into(), ExcludeKeys::Special => "special".into(), ExcludeKeys::Nothing => "none".into() }),
             ("batch_tokens".into(), self.batch_tokens.to_string()),
         ];
         if self.wants(Stat::Positional) {

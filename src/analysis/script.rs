@@ -206,8 +206,9 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) ->
     if let Some(x) = o.string("exclude_keys")? {
         opts.exclude_keys = match x.as_str() {
             "eos" => ExcludeKeys::Eos,
+            "special" => ExcludeKeys::Special,
             "none" => ExcludeKeys::Nothing,
-            other => return err(format!("analyze: option 'exclude_keys' must be \"eos\" or \"none\", got '{other}'")),
+            other => return err(format!("analyze: option 'exclude_keys' must be \"eos\", \"special\" or \"none\", got '{other}'")),
         };
     }
     let frac = |name: &str, v: Option<f64>| -> ScriptResult<Option<f64>> {
@@ -513,7 +514,8 @@ pub mod api {
     /// The analyses of Voita et al. (2019) in one streaming pass over a dataset, for every
     /// attention kind of the model. Options (defaults in SPEC.md, all echoed in the result):
     /// `stats` (any of "confidence", "positional", "rare", "syntactic"; syntactic needs a
-    /// treebank), `kinds`, `batch_tokens` (4096), `exclude_keys` ("eos" | "none"),
+    /// treebank), `kinds`, `batch_tokens` (4096), `exclude_keys` ("eos" | "special" | "none";
+    /// "special" also keeps BOS/CLS sinks out of a head's argmax),
     /// `positional_threshold` (0.9), `rare_top_n` (500), `rare_threshold` (0.5), `freq` (a
     /// text file; default the Brown corpus) or `freq_counts` (token<TAB>count), `relations`
     /// (["nsubj", "dobj", "amod", "advmod"]), `subtypes` (false), `margin` (0.10),
@@ -567,6 +569,15 @@ pub mod api {
     }
 
     /// Positional grid: the fraction of queries at each head's most frequent offset.
+    ///
+    /// ```rhai
+    /// // With BOS/CLS keys excluded too, a sink head's confidence drops.
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt")).take(5);
+    /// let all = m.analyze(d, #{stats: ["confidence"]}).confidence["enc"];
+    /// let no_special = m.analyze(d, #{stats: ["confidence"], exclude_keys: "special"}).confidence["enc"];
+    /// assert(no_special[5][0] <= all[5][0]);
+    /// ```
     ///
     /// ```rhai
     /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["positional"], kinds: ["enc"]});
