@@ -223,15 +223,14 @@ impl Accumulator {
         Self::matrix(&self.conf, self.queries.max(1) as f64)
     }
 
+    /// Per-layer 2-D tensors as `[layer][row][column]` on the host.
+    fn rows(t: &[Tensor]) -> Result<Vec<Vec<Vec<f64>>>, ModelError> {
+        t.iter().map(|x| Ok(Vec::<Vec<f64>>::try_from(x.to_device(Device::Cpu))?)).collect()
+    }
+
     /// Offset histograms `[layer][head][bin]`; bin `i` is offset `i - MAX_OFFSET`.
     pub fn offsets(&self) -> Result<Vec<Vec<Vec<f64>>>, ModelError> {
-        self.hist
-            .iter()
-            .map(|x| {
-                let x = x.to_device(Device::Cpu);
-                (0..self.n_heads as i64).map(|h| Ok(Vec::<f64>::try_from(x.get(h))?)).collect()
-            })
-            .collect()
+        Self::rows(&self.hist)
     }
 
     pub fn rare(&self) -> Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), ModelError> {
@@ -239,14 +238,10 @@ impl Accumulator {
         Ok((Self::matrix(&self.rare1, n)?, Self::matrix(&self.rare2, n)?))
     }
 
-    /// Correct counts `[layer][reldir][head]`.
+    /// Correct counts `[layer][reldir][head]` (empty rows when no relations were asked for).
     pub fn syntactic_correct(&self) -> Result<Vec<Vec<Vec<f64>>>, ModelError> {
-        self.syn
-            .iter()
-            .map(|x| {
-                let x = x.to_device(Device::Cpu);
-                (0..self.n_reldirs as i64).map(|r| Ok(Vec::<f64>::try_from(x.get(r))?)).collect()
-            })
-            .collect()
+        let mut r = Self::rows(&self.syn)?;
+        r.iter_mut().for_each(|layer| layer.truncate(self.n_reldirs));
+        Ok(r)
     }
 }
