@@ -6,6 +6,7 @@ pub mod assets;
 pub mod data;
 pub mod device;
 pub mod engine;
+pub mod kernel;
 pub mod metrics;
 pub mod model;
 pub mod output;

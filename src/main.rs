@@ -1,4 +1,4 @@
-//! The `headscope` command line: REPL, `run FILE`, `-e CODE`, `doctor`.
+//! The `headscope` command line: REPL, `run FILE`, `-e CODE`, `kernel`, `doctor`.
 
 use clap::{Parser, Subcommand};
 use headscope::engine::{Session, SessionOptions};
@@ -25,6 +25,57 @@ enum Command {
     },
     /// Report torch, CUDA, threads and assets.
     Doctor,
+    /// Run as a Jupyter kernel (`kernel --connection-file FILE`), or install its kernelspec
+    /// (`kernel install [--user | --prefix DIR | --sys-prefix]`).
+    Kernel {
+        /// The connection file Jupyter wrote for this kernel.
+        #[arg(short = 'f', long = "connection-file", value_name = "FILE")]
+        connection_file: Option<PathBuf>,
+        #[command(subcommand)]
+        action: Option<KernelAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KernelAction {
+    /// Write the kernelspec so that Jupyter lists "headscope (Rhai)".
+    Install {
+        /// Install for this user (the default).
+        #[arg(long, conflicts_with_all = ["prefix", "sys_prefix"])]
+        user: bool,
+        /// Install under PREFIX/share/jupyter/kernels.
+        #[arg(long, value_name = "PREFIX")]
+        prefix: Option<PathBuf>,
+        /// Install into the active virtualenv or conda env ($VIRTUAL_ENV or $CONDA_PREFIX).
+        #[arg(long, conflicts_with = "prefix")]
+        sys_prefix: bool,
+        /// The kernelspec's name.
+        #[arg(long, default_value = "headscope")]
+        name: String,
+    },
+}
+
+fn kernel_command(connection_file: Option<PathBuf>, action: Option<KernelAction>) -> Result<(), String> {
+    use headscope::kernel::spec::{install, InstallTarget};
+    match (connection_file, action) {
+        (Some(file), None) => headscope::kernel::run(&file),
+        (None, Some(KernelAction::Install { user: _, prefix, sys_prefix, name })) => {
+            let target = if sys_prefix {
+                let env = std::env::var_os("VIRTUAL_ENV").or_else(|| std::env::var_os("CONDA_PREFIX"));
+                InstallTarget::Prefix(env.map(PathBuf::from).ok_or("--sys-prefix: neither VIRTUAL_ENV nor CONDA_PREFIX is set")?)
+            } else if let Some(p) = prefix {
+                InstallTarget::Prefix(p)
+            } else {
+                InstallTarget::User
+            };
+            let exe = std::env::current_exe().map_err(|e| format!("cannot find the headscope executable: {e}"))?;
+            let dir = install(&target, &name, &exe)?;
+            println!("installed kernelspec '{name}' in {}", dir.display());
+            Ok(())
+        }
+        (Some(_), Some(_)) => Err("kernel: give either --connection-file or install, not both".into()),
+        (None, None) => Err("kernel: needs --connection-file FILE (Jupyter starts it so) or `install`".into()),
+    }
 }
 
 fn script_session(args: Vec<String>, base_dir: PathBuf) -> Session {
@@ -82,6 +133,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        (None, Some(Command::Kernel { connection_file, action })) => match kernel_command(connection_file, action) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("headscope: {e}");
+                ExitCode::from(1)
+            }
+        },
         (None, Some(Command::Doctor)) => {
             println!("headscope {}", env!("CARGO_PKG_VERSION"));
             println!("{}", headscope::device::torch_info());

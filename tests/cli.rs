@@ -90,6 +90,11 @@ const CASES: &[Case] = &[
         &["panicked: boom"],
     ),
     ("unknown : command", &[], Some(":frobnicate\n1 + 1\n"), 1, &["2"], &["unknown command ':frobnicate' (commands: :help, :vars"]),
+    ("kernel without a connection file", &["kernel"], None, 1, &[], &["headscope: kernel: needs --connection-file FILE (Jupyter starts it so) or `install`"]),
+    ("kernel with a missing connection file", &["kernel", "-f", "no/conn.json"], None, 1, &[], &["headscope: connection file no/conn.json: No such file"]),
+    ("kernel with a bad connection file", &["kernel", "-f", "."], None, 1, &[], &["headscope: connection file .: "]),
+    ("kernel install into a prefix", &["kernel", "install", "--prefix", "kp"], None, 0, &["installed kernelspec 'headscope' in kp/share/jupyter/kernels/headscope"], &[]),
+    ("kernel install with a bad name", &["kernel", "install", "--prefix", "kp", "--name", "a b"], None, 1, &[], &["kernel name 'a b': use letters"]),
     ("print goes to stdout as it happens", &["-e", "print(\"hello\"); debug(\"x\"); 1"], None, 0, &["hello", "-e:1: \"x\"", "1"], &[]),
 ];
 

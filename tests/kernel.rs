@@ -1,0 +1,70 @@
+//! The Jupyter kernel, driven by the real Python client: `jupyter_client` and `nbclient` (from
+//! .venv, installed by scripts/setup) run the cases of tests/fixtures/kernel_client.py against
+//! the built `headscope kernel`. Each case asserts on the Python side and prints what it saw.
+
+use std::path::Path;
+use std::process::Command;
+
+fn case(name: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("tests/fixtures/kernel_client.py"))
+        .arg(name)
+        .env("HEADSCOPE_BIN", env!("CARGO_BIN_EXE_headscope"))
+        .current_dir(root)
+        .output()
+        .expect("run .venv/bin/python (scripts/setup creates it)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{text}");
+    assert!(out.status.success(), "kernel case '{name}' failed:\n{text}");
+}
+
+#[test]
+fn notebook_with_table_plot_stream_error_and_state() {
+    case("notebook");
+}
+
+#[test]
+fn errors_reply_with_status_error_and_locations() {
+    case("errors");
+}
+
+#[test]
+fn interrupt_stops_a_running_cell_and_keeps_state() {
+    case("interrupt");
+}
+
+#[test]
+fn complete_inspect_and_is_complete() {
+    case("introspection");
+}
+
+#[test]
+fn heartbeat_and_kernel_info_with_busy_idle() {
+    case("protocol");
+}
+
+#[test]
+fn forged_signature_is_dropped_and_logged() {
+    case("forged");
+}
+
+#[test]
+fn shutdown_within_two_seconds_even_while_busy() {
+    case("shutdown");
+}
+
+#[test]
+fn kernel_exits_when_its_parent_dies() {
+    case("parent_death");
+}
+
+#[test]
+fn thousand_cells_back_to_back_nothing_lost_or_reordered() {
+    case("load");
+}
+
+#[test]
+fn long_analysis_shows_progress_in_place() {
+    case("progress");
+}
