@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod plot;
+pub mod prune;
 pub mod repl;
 pub mod script;
 pub mod table;

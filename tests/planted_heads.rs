@@ -124,7 +124,7 @@ fn planted_model(dir: &std::path::Path) -> Model {
         d_model: D,
         eos_id: 2,
     };
-    Model { load_times: LoadTimes::default(), family: Family::Bert, path: dir.to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0 }
+    Model { load_times: LoadTimes::default(), family: Family::Bert, path: dir.to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0, removed: vec![] }
 }
 
 fn write_counts(dir: &std::path::Path) -> std::path::PathBuf {

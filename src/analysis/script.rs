@@ -281,6 +281,7 @@ fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable
 }
 
 fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
+    m.require_unpruned("analyze")?;
     let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("analyze: expected a Dataset (corpus, parallel or treebank), got {}", quote(&data))) };
     let (opts, d) = parse_options(m, &d, &options)?;
     let freq = freq_for(m, &opts)?;
@@ -295,6 +296,7 @@ fn matrix(m: &[Vec<f64>]) -> Dynamic {
 }
 
 fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str) -> ScriptResult<(super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>)> {
+    m.require_unpruned(func)?;
     let o = Opts::new(options, func, &["metric", "kinds", "batch_tokens"])?;
     let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("{func}: expected a Dataset, got {}", quote(data))) };
     let generates = m.model.net.output.is_some() && !m.model.net.decoder.is_empty();
@@ -415,6 +417,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "diversity", return_raw, pure)]
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
+        m.require_unpruned("diversity")?;
         let o = Opts::new(&options, "diversity", &["kinds", "batch_tokens"])?;
         let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("diversity: expected a Dataset, got {}", quote(&data))) };
         let kinds: Vec<Kind> = match options.get("kinds") {

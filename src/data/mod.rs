@@ -118,6 +118,11 @@ impl Dataset {
         Dataset::new(format!("{}[:{n}]", self.name), self.items.iter().take(n).cloned().collect())
     }
 
+    /// Everything after the first `n` sentences.
+    pub fn skip(&self, n: usize) -> Dataset {
+        Dataset::new(format!("{}[{n}:]", self.name), self.items.iter().skip(n).cloned().collect())
+    }
+
     /// `n` distinct sentences chosen with a seeded generator, kept in corpus order.
     pub fn sample(&self, n: usize, seed: u64) -> Dataset {
         let mut idx: Vec<usize> = (0..self.len()).collect();
@@ -258,6 +263,20 @@ pub mod script {
                 return err(format!("take: n must be >= 0, got {n}"));
             }
             Ok(d.take(n as usize))
+        }
+
+        /// Everything after the first `n` sentences (a held-out part: `d.skip(900)`).
+        ///
+        /// ```rhai
+        /// let d = corpus(asset("pud_en.txt"));
+        /// assert(d.skip(990).len() == 10 && d.skip(990)[0].text == d[990].text);
+        /// ```
+        #[rhai_fn(return_raw, pure)]
+        pub fn skip(d: &mut Dataset, n: i64) -> ScriptResult<Dataset> {
+            if n < 0 {
+                return err(format!("skip: n must be >= 0, got {n}"));
+            }
+            Ok(d.skip(n as usize))
         }
 
         /// `n` distinct sentences drawn with a seed (same seed, same sentences), in corpus order.

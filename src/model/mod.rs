@@ -179,6 +179,9 @@ pub struct Model {
     pub tok: Tok,
     pub opts: LoadOptions,
     pub n_params: i64,
+    /// Heads removed physically (`prune_heads`); empty for a model as loaded. Such a model
+    /// has layers of different widths, and its heads keep no original numbering.
+    pub removed: Vec<HeadId>,
 }
 
 /// A batch of tokenized sentences, padded.
@@ -251,12 +254,12 @@ impl Model {
             tok.eos_id = Some(net.eos_id);
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
-        let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0 };
+        let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] };
         m.n_params = m.count_params();
         Ok(m)
     }
 
-    fn count_params(&self) -> i64 {
+    pub fn count_params(&self) -> i64 {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
         let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
@@ -508,7 +511,10 @@ impl Model {
     }
 
     pub fn describe(&self) -> String {
-        let kinds: Vec<String> = self.kinds().iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
+        let mut kinds: Vec<String> = self.kinds().iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
+        if !self.removed.is_empty() {
+            kinds = vec![format!("{} removed by prune_heads", self.removed.len())];
+        }
         format!(
             "<Model {} ({}), {:.1}M parameters, heads: {}, on {} as {:?}>",
             self.name(),

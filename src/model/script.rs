@@ -15,14 +15,48 @@ use std::rc::Rc;
 pub struct ScriptModel {
     pub model: Rc<Model>,
     pub closed: Rc<Vec<HeadId>>,
+    /// Continuous gates (a pruning result's `eval_gates: "continuous"`), multiplied into the
+    /// mask: per kind `[1, layers, heads]`.
+    pub soft: Option<Rc<Vec<(Kind, Vec<Vec<f64>>)>>>,
 }
 
 impl ScriptModel {
+    pub fn new(model: Model) -> ScriptModel {
+        ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None }
+    }
+
     pub fn gates(&self) -> ScriptResult<super::nn::Gates> {
-        self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))
+        let mut g = self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))?;
+        for (kind, values) in self.soft.iter().flat_map(|s| s.iter()) {
+            let (l, h) = (values.len() as i64, values.first().map_or(0, |r| r.len()) as i64);
+            let flat: Vec<f32> = values.iter().flatten().map(|&v| v as f32).collect();
+            let t = tch::Tensor::from_slice(&flat).view([1, l, h]).to_device(self.model.device());
+            let slot = match kind {
+                Kind::Enc => &mut g.enc,
+                Kind::Dec => &mut g.dec,
+                Kind::Cross => &mut g.cross,
+            };
+            *slot = Some(match slot.take() {
+                Some(old) => old * t,
+                None => t,
+            });
+        }
+        Ok(g)
+    }
+
+    /// Refuses analyses on a physically pruned model, whose layers differ in width.
+    pub fn require_unpruned(&self, func: &str) -> ScriptResult<()> {
+        if self.model.removed.is_empty() {
+            Ok(())
+        } else {
+            err(format!("{func}: {} had heads removed by prune_heads, so its heads no longer line up with the original's; analyse m.with_gates(result) instead", self.model.name()))
+        }
     }
     fn describe(&self) -> String {
-        let d = self.model.describe();
+        let mut d = self.model.describe();
+        if self.soft.is_some() {
+            d = format!("{}, continuous gates>", d.trim_end_matches('>'));
+        }
         if self.closed.is_empty() {
             d
         } else {
@@ -138,7 +172,7 @@ pub mod api {
         let p = std::path::Path::new(path);
         let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).or_else(|e| err(format!("load_model: '{path}' is neither a directory nor a model asset ({e})")))? };
         let model = Model::load(&dir, opts).or_else(|e| err(format!("load_model: {e}")))?;
-        Ok(ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]) })
+        Ok(ScriptModel::new(model))
     }
 
     /// Loads a model on the default device in f32.
@@ -238,7 +272,7 @@ pub mod api {
     pub fn to_device(m: &mut ScriptModel, device: &str) -> ScriptResult<ScriptModel> {
         let d: DeviceChoice = device.parse().or_else(|e: crate::device::DeviceError| err(format!("to: {e}")))?;
         let model = m.model.to_device(d).or_else(|e| err(format!("to: {e}")))?;
-        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone() })
+        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone() })
     }
 
     /// The model's tokens for a text (special tokens included).
@@ -388,7 +422,7 @@ pub mod api {
             }
         }
         closed.sort();
-        Ok(ScriptModel { model: m.model.clone(), closed: Rc::new(closed) })
+        Ok(ScriptModel { model: m.model.clone(), closed: Rc::new(closed), soft: m.soft.clone() })
     }
 
     /// The heads this view masks.

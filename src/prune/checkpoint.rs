@@ -1,0 +1,116 @@
+//! Pruning checkpoints: `DIR/checkpoint.json`, written atomically, holding the gates, Adam's
+//! moments, the curve, and what the run was (model, data, options) so that a resume on
+//! anything else is refused with a clear error.
+
+use super::{CurvePoint, Layout, PruneOptions, TrainState};
+use crate::data::Dataset;
+use crate::model::Model;
+use crate::output::write_atomic;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const FORMAT: &str = "headscope-prune-checkpoint/1";
+
+pub struct Checkpoint {
+    pub file: PathBuf,
+    /// What the run is: compared on resume.
+    identity: Value,
+}
+
+fn identity(model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout) -> Value {
+    json!({
+        "model": model.name(),
+        "family": model.family.to_string(),
+        "gated": layout.kinds.iter().map(|(k, l, h)| format!("{k} {l}x{h}")).collect::<Vec<_>>(),
+        "dataset": data.name,
+        "sentences": data.len(),
+        "options": opts.run_defining().into_iter().map(|(k, v)| (k, Value::String(v))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+impl Checkpoint {
+    /// Prepares `dir` (created if missing) and checks it can be written. A directory that
+    /// already holds a run is only accepted with `resume: true`: a new run never overwrites
+    /// an old one.
+    pub fn open(dir: &Path, model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout) -> Result<Checkpoint, String> {
+        let d = dir.display();
+        std::fs::create_dir_all(dir).map_err(|e| format!("prune: checkpoint directory {d}: cannot create it: {e}"))?;
+        let probe = dir.join(format!(".write-test.{}", std::process::id()));
+        std::fs::write(&probe, b"x").map_err(|e| format!("prune: checkpoint directory {d} is not writable: {e}"))?;
+        let _ = std::fs::remove_file(&probe);
+        let file = dir.join("checkpoint.json");
+        if file.exists() && !opts.resume {
+            return Err(format!("prune: {} already holds a run; pass resume: true to continue it, or choose another checkpoint directory", file.display()));
+        }
+        Ok(Checkpoint { file, identity: identity(model, data, opts, layout) })
+    }
+
+    /// The saved state, if there is one; an error when it belongs to another run.
+    pub fn load(&self) -> Result<Option<TrainState>, String> {
+        if !self.file.exists() {
+            return Ok(None);
+        }
+        let f = self.file.display();
+        let text = std::fs::read_to_string(&self.file).map_err(|e| format!("prune: cannot read checkpoint {f}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("prune: checkpoint {f} is not valid JSON: {e}"))?;
+        if v["format"] != FORMAT {
+            return Err(format!("prune: {f} is not a headscope pruning checkpoint (format {})", v["format"]));
+        }
+        let have = &v["identity"];
+        for key in ["model", "family", "gated", "dataset", "sentences"] {
+            if have[key] != self.identity[key] {
+                let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
+                return Err(format!("prune: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], self.identity[key]));
+            }
+        }
+        if let Some(opts) = self.identity["options"].as_object() {
+            for (k, want) in opts {
+                if &have["options"][k] != want {
+                    return Err(format!("prune: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
+                }
+            }
+        }
+        let floats = |key: &str| -> Result<Vec<f32>, String> {
+            v[key].as_array().ok_or_else(|| format!("prune: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("prune: checkpoint {f}: '{key}' holds a non-number"))).collect()
+        };
+        let curve = v["curve"]
+            .as_array()
+            .ok_or_else(|| format!("prune: checkpoint {f}: 'curve' is missing"))?
+            .iter()
+            .map(|p| CurvePoint {
+                step: p["step"].as_u64().unwrap_or(0) as usize,
+                loss: p["loss"].as_f64().unwrap_or(f64::NAN),
+                penalty: p["penalty"].as_f64().unwrap_or(f64::NAN),
+                expected_open: p["expected_open"].as_f64().unwrap_or(f64::NAN),
+                open: p["open"].as_u64().unwrap_or(0) as usize,
+                eval: p["eval"].as_f64(),
+            })
+            .collect();
+        let state = TrainState {
+            step: v["step"].as_u64().ok_or_else(|| format!("prune: checkpoint {f}: 'step' is missing"))? as usize,
+            log_alpha: floats("log_alpha")?,
+            adam_m: floats("adam_m")?,
+            adam_v: floats("adam_v")?,
+            curve,
+        };
+        let n = state.log_alpha.len();
+        if state.adam_m.len() != n || state.adam_v.len() != n {
+            return Err(format!("prune: checkpoint {f} is damaged: parameter vectors differ in length"));
+        }
+        Ok(Some(state))
+    }
+
+    pub fn save(&self, s: &TrainState) -> Result<(), String> {
+        let v = json!({
+            "format": FORMAT,
+            "identity": self.identity,
+            "step": s.step,
+            "log_alpha": s.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            "adam_m": s.adam_m.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            "adam_v": s.adam_v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            "curve": s.curve.iter().map(|p| json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
+        });
+        let bytes = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
+        write_atomic(&self.file, &bytes).map_err(|e| format!("prune: cannot write checkpoint {}: {e}", self.file.display()))
+    }
+}

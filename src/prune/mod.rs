@@ -1,0 +1,611 @@
+//! Head pruning with Hard Concrete gates and an L0 penalty (SPEC.md "Hard Concrete gates and
+//! pruning"; Voita et al. 2019 section 6, Louizos et al. 2018).
+//!
+//! One `log_alpha` per gated head. Each step samples one gate per head (shared by the batch),
+//! runs the model with those gates (masks go into `forward`; weights are never edited), and
+//! takes an Adam step on `log_alpha` for `task + lambda * sum P(g != 0)`. The run is a pure
+//! function of (model, data, options): the batch of step `t` and its noise are derived from
+//! `(seed, t)`, so a run resumed from a checkpoint ends with the same gates as one that was
+//! never interrupted. Nothing here prints; progress and interruption go through callbacks.
+
+pub mod checkpoint;
+pub mod physical;
+pub mod script;
+
+use crate::analysis::ablation::{self, Metric, Prepared};
+use crate::analysis::AnalysisError;
+use crate::data::Dataset;
+use crate::model::nn::Gates;
+use crate::model::{HeadId, Kind, Model, ModelError};
+use std::path::PathBuf;
+use std::str::FromStr;
+use tch::{Device, Kind as DType, Tensor};
+
+/// The Hard Concrete distribution's constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Concrete {
+    /// Temperature (0.33; Louizos' 2/3 is an option).
+    pub beta: f64,
+    /// Stretch interval `(l, r)`.
+    pub l: f64,
+    pub r: f64,
+    pub eps: f64,
+}
+
+impl Default for Concrete {
+    fn default() -> Self {
+        Concrete { beta: 0.33, l: -0.1, r: 1.1, eps: 1e-6 }
+    }
+}
+
+impl Concrete {
+    /// A training gate from uniform noise `u` in (eps, 1-eps):
+    /// `clip(sigmoid((log u - log(1-u) + log_alpha) / beta) * (r - l) + l, 0, 1)`.
+    pub fn sample(&self, log_alpha: &Tensor, u: &Tensor) -> Tensor {
+        let s = ((u.log() - (-u + 1.0).log() + log_alpha) / self.beta).sigmoid();
+        (s * (self.r - self.l) + self.l).clamp(0.0, 1.0)
+    }
+
+    /// `P(g != 0) = sigmoid(log_alpha - beta * log(-l / r))`.
+    pub fn p_open(&self, log_alpha: &Tensor) -> Tensor {
+        (log_alpha - self.beta * (-self.l / self.r).ln()).sigmoid()
+    }
+
+    /// Evaluation gates.
+    pub fn eval(&self, log_alpha: &Tensor, mode: EvalGates) -> Tensor {
+        match mode {
+            // P(g = 1) > P(g = 0): by the symmetry of the stretch (l = -0.1, r = 1.1) this is
+            // log_alpha > 0; computed from the two probabilities so other limits stay right.
+            EvalGates::Binary => {
+                let logit = |p: f64| (p / (1.0 - p)).ln();
+                // P(g=0) = P(s < -l/(r-l)), P(g=1) = P(s > (1-l)/(r-l)), with
+                // P(s < x) = sigmoid(beta * logit(x) - log_alpha).
+                let lo = self.beta * logit(-self.l / (self.r - self.l));
+                let hi = self.beta * logit((1.0 - self.l) / (self.r - self.l));
+                let p0 = (-log_alpha + lo).sigmoid();
+                let p1 = -(-log_alpha + hi).sigmoid() + 1.0;
+                p1.gt_tensor(&p0).to_kind(DType::Float)
+            }
+            EvalGates::Continuous => (log_alpha.sigmoid() * (self.r - self.l) + self.l).clamp(0.0, 1.0),
+        }
+    }
+}
+
+macro_rules! options_enum {
+    ($name:ident, $what:literal, { $($v:ident = $s:literal),* $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum $name { $($v),* }
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok($name::$v),)*
+                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, [$(concat!("\"", $s, "\"")),*].join(" or "))),
+                }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self { $($name::$v => $s),* })
+            }
+        }
+    };
+}
+
+options_enum!(EvalGates, "eval_gates", { Binary = "binary", Continuous = "continuous" });
+options_enum!(PenaltyScale, "penalty_scale", { PerHead = "per_head", PerLayer = "per_layer" });
+options_enum!(Distill, "distill", { Cosine = "cosine", Mse = "mse" });
+
+/// Initial `log_alpha`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// `U(-0.61, 0.61)`.
+    Uniform,
+    Constant(f64),
+}
+
+impl std::fmt::Display for Init {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Init::Uniform => f.write_str("uniform(-0.61, 0.61)"),
+            Init::Constant(c) => write!(f, "{c}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PruneOptions {
+    pub lambda: f64,
+    pub steps: usize,
+    pub lr: f64,
+    pub batch_tokens: usize,
+    /// Gated kinds, in the model's order.
+    pub kinds: Vec<Kind>,
+    pub joint: bool,
+    pub seed: u64,
+    pub eval_every: usize,
+    pub checkpoint: Option<PathBuf>,
+    pub resume: bool,
+    pub concrete: Concrete,
+    pub init: Init,
+    pub penalty_scale: PenaltyScale,
+    pub distill: Distill,
+    pub eval_gates: EvalGates,
+}
+
+impl PruneOptions {
+    pub fn new(kinds: Vec<Kind>) -> Self {
+        PruneOptions {
+            lambda: 0.05,
+            steps: 500,
+            lr: 0.01,
+            batch_tokens: 2000,
+            kinds,
+            joint: false,
+            seed: 1,
+            eval_every: 50,
+            checkpoint: None,
+            resume: false,
+            concrete: Concrete::default(),
+            init: Init::Uniform,
+            penalty_scale: PenaltyScale::PerHead,
+            distill: Distill::Cosine,
+            eval_gates: EvalGates::Binary,
+        }
+    }
+
+    /// Every option as (name, value) strings, echoed in results and checkpoints. The ones
+    /// that change the run's numbers are `run_defining`.
+    pub fn echo(&self) -> Vec<(String, String)> {
+        let kinds: Vec<String> = self.kinds.iter().map(|k| k.to_string()).collect();
+        vec![
+            ("lambda".into(), self.lambda.to_string()),
+            ("steps".into(), self.steps.to_string()),
+            ("lr".into(), self.lr.to_string()),
+            ("batch_tokens".into(), self.batch_tokens.to_string()),
+            ("kinds".into(), kinds.join(",")),
+            ("joint".into(), self.joint.to_string()),
+            ("seed".into(), self.seed.to_string()),
+            ("eval_every".into(), self.eval_every.to_string()),
+            ("beta".into(), self.concrete.beta.to_string()),
+            ("init".into(), self.init.to_string()),
+            ("penalty_scale".into(), self.penalty_scale.to_string()),
+            ("distill".into(), self.distill.to_string()),
+            ("eval_gates".into(), self.eval_gates.to_string()),
+        ]
+    }
+
+    /// Options that must match for a checkpoint to be resumed (steps may grow).
+    pub fn run_defining(&self) -> Vec<(String, String)> {
+        self.echo().into_iter().filter(|(k, _)| !matches!(k.as_str(), "steps" | "eval_every")).collect()
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
+            return Err(format!("prune: lambda must be >= 0, got {}", self.lambda));
+        }
+        if self.steps == 0 {
+            return Err("prune: steps must be at least 1, got 0".into());
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(format!("prune: lr must be > 0, got {}", self.lr));
+        }
+        if self.batch_tokens == 0 {
+            return Err("prune: batch_tokens must be at least 1, got 0".into());
+        }
+        if self.eval_every == 0 {
+            return Err("prune: eval_every must be at least 1, got 0".into());
+        }
+        if !(self.concrete.beta > 0.0) {
+            return Err(format!("prune: beta must be > 0, got {}", self.concrete.beta));
+        }
+        if self.kinds.is_empty() {
+            return Err("prune: kinds is empty: gate at least one attention kind".into());
+        }
+        Ok(())
+    }
+}
+
+/// One recorded step of the training curve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurvePoint {
+    pub step: usize,
+    /// The task loss of the step's batch (cross-entropy or distillation).
+    pub loss: f64,
+    /// `L_C` (scaled as the options say).
+    pub penalty: f64,
+    /// `sum P(g != 0)`: the expected number of open heads.
+    pub expected_open: f64,
+    /// Heads open under the evaluation gates.
+    pub open: usize,
+    /// The evaluation metric on the eval data, at eval steps.
+    pub eval: Option<f64>,
+}
+
+/// Gated kinds and their shapes, with each kind's offset into the flat parameter vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    pub kinds: Vec<(Kind, usize, usize)>,
+}
+
+impl Layout {
+    pub fn new(model: &Model, kinds: &[Kind]) -> Result<Layout, ModelError> {
+        let mut v = Vec::new();
+        for s in model.kinds() {
+            if kinds.contains(&s.kind) {
+                v.push((s.kind, s.n_layers, s.n_heads));
+            }
+        }
+        for k in kinds {
+            model.kind_shape(*k)?;
+        }
+        Ok(Layout { kinds: v })
+    }
+    pub fn len(&self) -> usize {
+        self.kinds.iter().map(|(_, l, h)| l * h).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn n_layers(&self) -> usize {
+        self.kinds.iter().map(|(_, l, _)| l).sum()
+    }
+    /// Per-kind gates `[1, L, H]` from a flat vector `[N]`.
+    pub fn gates(&self, flat: &Tensor) -> Gates {
+        let mut g = Gates::none();
+        let mut off = 0i64;
+        for &(k, l, h) in &self.kinds {
+            let t = flat.narrow(0, off, (l * h) as i64).view([1, l as i64, h as i64]);
+            off += (l * h) as i64;
+            match k {
+                Kind::Enc => g.enc = Some(t),
+                Kind::Dec => g.dec = Some(t),
+                Kind::Cross => g.cross = Some(t),
+            }
+        }
+        g
+    }
+    /// Per-kind `[layer][head]` values of a flat host vector.
+    pub fn split(&self, flat: &[f64]) -> Vec<(Kind, Vec<Vec<f64>>)> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        for &(k, l, h) in &self.kinds {
+            out.push((k, (0..l).map(|i| flat[off + i * h..off + (i + 1) * h].to_vec()).collect()));
+            off += l * h;
+        }
+        out
+    }
+    pub fn head(&self, index: usize) -> HeadId {
+        let mut off = 0;
+        for &(kind, l, h) in &self.kinds {
+            if index < off + l * h {
+                let i = index - off;
+                return HeadId { kind, layer_idx: i / h, head: i % h };
+            }
+            off += l * h;
+        }
+        HeadId { kind: Kind::Enc, layer_idx: 0, head: 0 }
+    }
+}
+
+/// The trainable state: everything a checkpoint holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainState {
+    /// Steps done.
+    pub step: usize,
+    pub log_alpha: Vec<f32>,
+    pub adam_m: Vec<f32>,
+    pub adam_v: Vec<f32>,
+    pub curve: Vec<CurvePoint>,
+}
+
+/// What a finished run returns.
+pub struct PruneRun {
+    pub layout: Layout,
+    pub state: TrainState,
+    pub options: PruneOptions,
+    /// "references", "teacher" (the unpruned model's greedy output) or "distill".
+    pub objective: String,
+    pub eval_metric: Option<String>,
+    pub resumed_from: Option<usize>,
+    pub model: String,
+    pub dataset: String,
+}
+
+impl PruneRun {
+    fn tensor(&self, v: &[f32]) -> Tensor {
+        Tensor::from_slice(v)
+    }
+    pub fn log_alpha(&self) -> Vec<(Kind, Vec<Vec<f64>>)> {
+        self.layout.split(&self.state.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>())
+    }
+    pub fn eval_gates(&self) -> Vec<f64> {
+        let g = self.options.concrete.eval(&self.tensor(&self.state.log_alpha), self.options.eval_gates);
+        Vec::<f64>::try_from(g.to_kind(DType::Double)).unwrap_or_default()
+    }
+    pub fn p_open(&self) -> Vec<f64> {
+        let p = self.options.concrete.p_open(&self.tensor(&self.state.log_alpha));
+        Vec::<f64>::try_from(p.to_kind(DType::Double)).unwrap_or_default()
+    }
+    /// Heads whose evaluation gate is 0.
+    pub fn closed(&self) -> Vec<HeadId> {
+        self.eval_gates().iter().enumerate().filter(|(_, &g)| g == 0.0).map(|(i, _)| self.layout.head(i)).collect()
+    }
+    pub fn retained(&self) -> Vec<HeadId> {
+        self.eval_gates().iter().enumerate().filter(|(_, &g)| g != 0.0).map(|(i, _)| self.layout.head(i)).collect()
+    }
+}
+
+/// Batches, targets and (for distillation) the unpruned model's final states.
+struct TrainData {
+    prep: Prepared,
+    distill_full: Vec<Option<Tensor>>,
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    // splitmix64 of a combination: a well-spread seed per (seed, step).
+    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(b).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The batch used at `step`: each epoch visits every batch once, in an order drawn from
+/// `(seed, epoch)`.
+fn batch_at(seed: u64, step: usize, n: usize) -> usize {
+    let (epoch, i) = (step / n, step % n);
+    let mut order: Vec<usize> = (0..n).collect();
+    for j in (1..n).rev() {
+        let r = (mix(mix(seed, epoch as u64), j as u64) % (j as u64 + 1)) as usize;
+        order.swap(j, r);
+    }
+    order[i]
+}
+
+fn host32(t: &Tensor) -> Result<Vec<f32>, ModelError> {
+    Ok(Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(DType::Float))?)
+}
+
+fn has_generator(model: &Model) -> bool {
+    model.net.output.is_some() && !model.net.decoder.is_empty()
+}
+
+impl TrainData {
+    fn new(model: &Model, data: &Dataset, batch_tokens: usize) -> Result<TrainData, AnalysisError> {
+        let metric = if has_generator(model) { Metric::Loss } else { Metric::Cosine };
+        let prep = ablation::prepare(model, data, metric, batch_tokens)?;
+        let n = prep.batches.len();
+        Ok(TrainData { prep, distill_full: (0..n).map(|_| None).collect() })
+    }
+}
+
+/// The task loss of one batch under `gates` (differentiable in the gates).
+fn task_loss(model: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distill: Distill) -> Result<Tensor, ModelError> {
+    let b = &td.prep.batches[bi];
+    let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
+    if let Some((t, tm)) = &b.targets {
+        let logits = model.net.decode_teacher(&enc, &b.mask, t, gates, None)?;
+        let logp = logits.log_softmax(-1, DType::Float);
+        let nll = -logp.gather(-1, &t.unsqueeze(-1), false).squeeze_dim(-1);
+        return Ok((nll * tm).sum(DType::Float) / tm.sum(DType::Float));
+    }
+    if td.distill_full[bi].is_none() {
+        let _g = tch::no_grad_guard();
+        td.distill_full[bi] = Some(model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?);
+    }
+    let full = td.distill_full[bi].as_ref().ok_or(ModelError::NoOutputHead)?;
+    let m = b.mask.to_kind(DType::Float);
+    let per_tok = match distill {
+        Distill::Cosine => -Tensor::cosine_similarity(&enc, full, -1, 1e-8) + 1.0,
+        Distill::Mse => (&enc - full).pow_tensor_scalar(2).mean_dim(-1, false, DType::Float),
+    };
+    Ok((per_tok * &m).sum(DType::Float) / m.sum(DType::Float))
+}
+
+/// Callbacks of a run.
+pub struct Hooks<'a> {
+    pub stop: &'a dyn Fn() -> bool,
+    pub progress: &'a mut dyn FnMut(&CurvePoint, usize),
+}
+
+pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
+
+/// Trains the gates. `eval` is evaluated every `eval_every` steps and at the end.
+pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+    opts.validate().map_err(AnalysisError::Input)?;
+    if opts.joint {
+        return Err(AnalysisError::Input(
+            "prune: joint: true (training the model's weights with the gates) is not implemented yet; gates-only training (joint: false) is".into(),
+        ));
+    }
+    let layout = Layout::new(model, &opts.kinds)?;
+    let n = layout.len();
+    let ckpt = match &opts.checkpoint {
+        Some(dir) => Some(checkpoint::Checkpoint::open(dir, model, data, opts, &layout).map_err(AnalysisError::Input)?),
+        None => None,
+    };
+    let resumed = match &ckpt {
+        Some(c) if opts.resume => c.load().map_err(AnalysisError::Input)?,
+        _ => None,
+    };
+    let resumed_from = resumed.as_ref().map(|s| s.step);
+    let mut state = match resumed {
+        Some(s) => s,
+        None => {
+            tch::manual_seed(mix(opts.seed, u64::MAX) as i64);
+            let la = match opts.init {
+                Init::Uniform => Tensor::rand([n as i64], (DType::Float, Device::Cpu)) * 1.22 - 0.61,
+                Init::Constant(c) => Tensor::full([n as i64], c, (DType::Float, Device::Cpu)),
+            };
+            TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![] }
+        }
+    };
+    let mut td = TrainData::new(model, data, opts.batch_tokens)?;
+    let eval_prep = match eval {
+        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens)?),
+        None => None,
+    };
+    let objective = if td.prep.metric == Metric::Cosine { format!("distill ({})", opts.distill) } else { td.prep.targets_from.to_string() };
+    if let Some(c) = &ckpt {
+        if state.step == 0 {
+            c.save(&state).map_err(AnalysisError::Input)?;
+        }
+    }
+    let dev = model.device();
+    let c = opts.concrete;
+    let penalty_div = if opts.penalty_scale == PenaltyScale::PerLayer { layout.n_layers() as f64 } else { 1.0 };
+    let (b1, b2, eps) = ADAM;
+    let nb = td.prep.batches.len();
+    while state.step < opts.steps {
+        if (hooks.stop)() {
+            if let Some(ck) = &ckpt {
+                ck.save(&state).map_err(AnalysisError::Input)?;
+            }
+            return Err(ModelError::Interrupted.into());
+        }
+        let step = state.step;
+        let la = Tensor::from_slice(&state.log_alpha).to_device(dev).set_requires_grad(true);
+        tch::manual_seed(mix(opts.seed, step as u64) as i64);
+        let u = Tensor::rand([n as i64], (DType::Float, Device::Cpu)).to_device(dev) * (1.0 - 2.0 * c.eps) + c.eps;
+        let g = c.sample(&la, &u);
+        let gates = layout.gates(&g);
+        let bi = batch_at(opts.seed, step, nb);
+        let loss = task_loss(model, &mut td, bi, &gates, opts.distill)?;
+        let p_open = c.p_open(&la);
+        let penalty = p_open.sum(DType::Float) / penalty_div;
+        let total = &loss + &penalty * opts.lambda;
+        total.backward();
+        let grad = host32(&la.grad())?;
+        // Adam, as torch.optim.Adam (no weight decay), on the host in f32.
+        let t = (step + 1) as i32;
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for i in 0..n {
+            let gi = grad[i] as f64;
+            let m = b1 * state.adam_m[i] as f64 + (1.0 - b1) * gi;
+            let v = b2 * state.adam_v[i] as f64 + (1.0 - b2) * gi * gi;
+            state.adam_m[i] = m as f32;
+            state.adam_v[i] = v as f32;
+            let upd = opts.lr * (m / bc1) / ((v / bc2).sqrt() + eps);
+            state.log_alpha[i] = (state.log_alpha[i] as f64 - upd) as f32;
+        }
+        state.step += 1;
+        let la_now = Tensor::from_slice(&state.log_alpha);
+        let open = host32(&c.eval(&la_now, opts.eval_gates))?.iter().filter(|&&x| x != 0.0).count();
+        let at_eval = state.step % opts.eval_every == 0 || state.step == opts.steps;
+        let eval_value = match (&eval_prep, at_eval) {
+            (Some(p), true) => {
+                let eg = layout.gates(&c.eval(&la_now, opts.eval_gates).to_device(dev));
+                Some(ablation::evaluate(model, p, &eg, hooks.stop)?)
+            }
+            _ => None,
+        };
+        let point = CurvePoint {
+            step: state.step,
+            loss: loss.double_value(&[]),
+            penalty: penalty.double_value(&[]),
+            expected_open: p_open.sum(DType::Double).double_value(&[]),
+            open,
+            eval: eval_value,
+        };
+        (hooks.progress)(&point, opts.steps);
+        state.curve.push(point);
+        if at_eval {
+            if let Some(ck) = &ckpt {
+                ck.save(&state).map_err(AnalysisError::Input)?;
+            }
+        }
+    }
+    Ok(PruneRun {
+        layout,
+        state,
+        options: opts.clone(),
+        objective,
+        eval_metric: eval_prep.map(|p| p.metric.to_string()),
+        resumed_from,
+        model: model.name(),
+        dataset: data.name.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::from_slice(v)
+    }
+    fn host(x: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(x.to_kind(DType::Double)).unwrap()
+    }
+
+    #[test]
+    fn p_open_matches_the_closed_form() {
+        let c = Concrete::default();
+        for la in [-3.0f64, -0.5, 0.0, 0.7, 4.0] {
+            let want = 1.0 / (1.0 + (-(la - 0.33 * (0.1f64 / 1.1).ln())).exp());
+            let got = host(&c.p_open(&t(&[la as f32])))[0];
+            assert!((got - want).abs() < 1e-6, "{la}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn sample_is_the_stretched_clipped_sigmoid() {
+        let c = Concrete::default();
+        for (la, u) in [(0.0f64, 0.5f64), (1.0, 0.2), (-2.0, 0.9), (5.0, 0.99), (-5.0, 0.01)] {
+            let s = 1.0 / (1.0 + (-((u.ln() - (1.0 - u).ln() + la) / 0.33)).exp());
+            let want = (s * 1.2 - 0.1).clamp(0.0, 1.0);
+            let got = host(&c.sample(&t(&[la as f32]), &t(&[u as f32])))[0];
+            assert!((got - want).abs() < 1e-6, "la {la} u {u}: {got} vs {want}");
+        }
+        // The stretch reaches exact 0 and 1.
+        assert_eq!(host(&c.sample(&t(&[-5.0]), &t(&[0.01])))[0], 0.0);
+        assert_eq!(host(&c.sample(&t(&[5.0]), &t(&[0.99])))[0], 1.0);
+    }
+
+    #[test]
+    fn binary_evaluation_is_log_alpha_positive_and_continuous_is_clipped() {
+        let c = Concrete::default();
+        let la = t(&[-2.0, -0.01, 0.01, 3.0]);
+        assert_eq!(host(&c.eval(&la, EvalGates::Binary)), vec![0.0, 0.0, 1.0, 1.0]);
+        let cont = host(&c.eval(&la, EvalGates::Continuous));
+        for (x, g) in [-2.0f64, -0.01, 0.01, 3.0].iter().zip(cont) {
+            let want = (1.0 / (1.0 + (-x).exp()) * 1.2 - 0.1).clamp(0.0, 1.0);
+            assert!((g - want).abs() < 1e-6);
+        }
+        // Louizos' temperature does not move the binary threshold (symmetric stretch).
+        let c2 = Concrete { beta: 2.0 / 3.0, ..c };
+        assert_eq!(host(&c2.eval(&la, EvalGates::Binary)), vec![0.0, 0.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn gradients_reach_log_alpha_through_gate_and_penalty() {
+        let c = Concrete::default();
+        let la = t(&[0.3, -0.2]).set_requires_grad(true);
+        let u = t(&[0.5, 0.6]);
+        let g = c.sample(&la, &u);
+        let loss = (&g * t(&[2.0, -1.0])).sum(DType::Float) + c.p_open(&la).sum(DType::Float);
+        loss.backward();
+        let grad = host(&la.grad());
+        assert!(grad.iter().all(|x| x.abs() > 1e-4), "{grad:?}");
+        // Finite differences agree.
+        let f = |a: f32, b: f32| {
+            let la = t(&[a, b]);
+            ((c.sample(&la, &u) * t(&[2.0, -1.0])).sum(DType::Float) + c.p_open(&la).sum(DType::Float)).double_value(&[])
+        };
+        let h = 1e-3f32;
+        let fd0 = (f(0.3 + h, -0.2) - f(0.3 - h, -0.2)) / (2.0 * h as f64);
+        assert!((fd0 - grad[0]).abs() < 1e-2, "{fd0} vs {}", grad[0]);
+    }
+
+    #[test]
+    fn batch_order_is_a_permutation_per_epoch_and_reproducible() {
+        let n = 7;
+        for epoch in 0..3 {
+            let mut seen: Vec<usize> = (0..n).map(|i| batch_at(5, epoch * n + i, n)).collect();
+            seen.sort();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>());
+        }
+        assert_eq!(batch_at(5, 10, n), batch_at(5, 10, n));
+        assert_ne!((0..n).map(|i| batch_at(5, i, n)).collect::<Vec<_>>(), (0..n).map(|i| batch_at(6, i, n)).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,58 @@
+//! `prune_heads`: a copy of a model with closed heads removed from the weights (smaller
+//! Q/K/V row blocks and W^O column blocks), computing what the masked model computes.
+
+use crate::model::nn::Attention;
+use crate::model::{HeadId, Kind, Model, ModelError};
+use tch::Tensor;
+
+/// Keeps the heads `keep` of one attention block.
+fn shrink(a: &mut Attention, keep: &[i64]) {
+    let dh = a.head_dim;
+    let rows: Vec<i64> = keep.iter().flat_map(|&h| h * dh..(h + 1) * dh).collect();
+    let idx = Tensor::from_slice(&rows).to_device(a.q.w.device());
+    for lin in [&mut a.q, &mut a.k, &mut a.v] {
+        lin.w = lin.w.index_select(0, &idx);
+        lin.b = lin.b.as_ref().map(|b| b.index_select(0, &idx));
+    }
+    a.o.w = a.o.w.index_select(1, &idx);
+    a.n_heads = keep.len() as i64;
+    a.n_kv_heads = keep.len() as i64;
+}
+
+/// A fresh copy of `model` (reloaded from its files) without the heads `closed`.
+pub fn prune_heads(model: &Model, closed: &[HeadId]) -> Result<Model, ModelError> {
+    if !model.removed.is_empty() {
+        return Err(ModelError::Invalid(format!("{} was already pruned physically; prune the original model", model.name())));
+    }
+    for h in closed {
+        model.check_head(*h)?;
+    }
+    let mut m = Model::load(&model.path, model.opts)?;
+    for s in m.kinds() {
+        for l in 0..s.n_layers {
+            let gone: Vec<usize> = closed.iter().filter(|h| h.kind == s.kind && h.layer_idx == l).map(|h| h.head).collect();
+            if gone.is_empty() {
+                continue;
+            }
+            let keep: Vec<i64> = (0..s.n_heads).filter(|h| !gone.contains(h)).map(|h| h as i64).collect();
+            let a = match s.kind {
+                Kind::Cross => m.net.decoder[l].cross.as_mut().map(|(a, _)| a),
+                _ => Some(&mut m.net.encoder[l].attn),
+            };
+            let Some(a) = a else { continue };
+            if a.n_kv_heads != a.n_heads {
+                return Err(ModelError::Invalid(format!(
+                    "prune_heads: {} uses grouped-query attention ({} query heads share {} key/value heads); removing single heads is not supported there, use with_gates",
+                    model.name(), a.n_heads, a.n_kv_heads
+                )));
+            }
+            shrink(a, &keep);
+        }
+    }
+    let mut removed = closed.to_vec();
+    removed.sort();
+    removed.dedup();
+    m.removed = removed;
+    m.n_params = m.count_params();
+    Ok(m)
+}

@@ -1,0 +1,528 @@
+//! The script API of pruning: `m.prune(data, options)`, the `PruneResult` object,
+//! `m.with_gates(result)` and `m.prune_heads(result)`.
+
+use super::{train, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
+use crate::model::script::{Head, ScriptModel};
+use crate::model::{HeadId, Kind};
+use crate::output::{write_atomic, Output, Render};
+use crate::plot::{Plot, PlotKind, Series};
+use crate::script::convert::{err, quote, Opts, ScriptResult};
+use crate::table::{Cell, Table};
+use rhai::plugin::*;
+use rhai::{Array, Dynamic, Engine, Map};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+/// A finished pruning run, tied to the model it was trained on.
+#[derive(Clone)]
+pub struct PruneResult {
+    pub run: Rc<PruneRun>,
+    pub model: ScriptModel,
+}
+
+const OPTIONS: &[&str] = &[
+    "lambda", "steps", "lr", "batch_tokens", "kinds", "joint", "seed", "eval", "eval_data", "eval_every", "checkpoint", "resume", "beta", "init", "penalty_scale",
+    "distill", "eval_gates",
+];
+
+fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, Option<crate::data::Dataset>)> {
+    let o = Opts::new(options, "prune", OPTIONS)?;
+    let kinds: Vec<Kind> = match options.get("kinds") {
+        Some(v) => {
+            let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("prune: option 'kinds' must be an array of kind names, got {}", quote(v))) };
+            a.iter().map(|k| k.to_string().parse().or_else(|e: String| err(format!("prune: {e}")))).collect::<ScriptResult<_>>()?
+        }
+        None => m.model.kinds().iter().map(|k| k.kind).collect(),
+    };
+    for k in &kinds {
+        m.model.kind_shape(*k).or_else(|e| err(format!("prune: {e}")))?;
+    }
+    let mut p = PruneOptions::new(kinds);
+    if let Some(x) = o.f64("lambda")? {
+        p.lambda = x;
+    }
+    if let Some(x) = o.usize("steps")? {
+        p.steps = x;
+    }
+    if let Some(x) = o.f64("lr")? {
+        p.lr = x;
+    }
+    if let Some(x) = o.usize("batch_tokens")? {
+        p.batch_tokens = x;
+    }
+    if let Some(x) = o.bool("joint")? {
+        p.joint = x;
+    }
+    if let Some(x) = o.usize("seed")? {
+        p.seed = x as u64;
+    }
+    if let Some(x) = o.usize("eval_every")? {
+        p.eval_every = x;
+    }
+    if let Some(x) = o.string("checkpoint")? {
+        p.checkpoint = Some(PathBuf::from(x));
+    }
+    if let Some(x) = o.bool("resume")? {
+        p.resume = x;
+    }
+    if p.resume && p.checkpoint.is_none() {
+        return err("prune: resume: true needs a checkpoint directory (option 'checkpoint')");
+    }
+    if let Some(x) = o.f64("beta")? {
+        p.concrete.beta = x;
+    }
+    match options.get("init") {
+        None => {}
+        Some(v) if v.is_string() && v.to_string() == "uniform" => p.init = Init::Uniform,
+        Some(v) => p.init = Init::Constant(crate::script::convert::to_f64(v, "prune: option 'init' (\"uniform\" or a number)")?),
+    }
+    if let Some(x) = o.string("penalty_scale")? {
+        p.penalty_scale = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
+    }
+    if let Some(x) = o.string("distill")? {
+        p.distill = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
+    }
+    if let Some(x) = o.string("eval_gates")? {
+        p.eval_gates = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
+    }
+    // `eval` is a reserved word in Rhai (`#{"eval": d}` works); `eval_data` reads better.
+    let eval = match options.get("eval_data").or_else(|| options.get("eval")) {
+        None => None,
+        Some(v) => match v.clone().try_cast::<crate::data::Dataset>() {
+            Some(d) => Some(d),
+            None => return err(format!("prune: option 'eval_data' must be a Dataset, got {}", quote(v))),
+        },
+    };
+    p.validate().or_else(err)?;
+    Ok((p, eval))
+}
+
+fn matrix(m: &[Vec<f64>]) -> Dynamic {
+    Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
+}
+
+fn kind_map(values: Vec<(Kind, Vec<Vec<f64>>)>) -> Map {
+    values.into_iter().map(|(k, m)| (k.to_string().into(), matrix(&m))).collect()
+}
+
+impl PruneResult {
+    fn heads(&self, ids: Vec<HeadId>) -> Array {
+        ids.into_iter().map(|id| Dynamic::from(Head { model: self.model.clone(), id })).collect()
+    }
+
+    fn gates(&self) -> Vec<(Kind, Vec<Vec<f64>>)> {
+        self.run.layout.split(&self.run.eval_gates())
+    }
+
+    fn title(&self) -> String {
+        let r = &self.run;
+        format!("pruning {} on {} (lambda {}, {} steps)", r.model, r.dataset, r.options.lambda, r.state.step)
+    }
+
+    fn table(&self) -> Table {
+        let r = &self.run;
+        let n_heads = r.layout.kinds.iter().map(|(_, _, h)| *h).max().unwrap_or(0);
+        let mut cols = vec!["layer".to_string()];
+        cols.extend((0..n_heads).map(|h| format!("h{h}")));
+        cols.push("open".into());
+        let mut t = Table::new(cols);
+        t.title = Some(format!("{}: {} gates, {} of {} heads open", self.title(), r.options.eval_gates, r.retained().len(), r.layout.len()));
+        t.digits = 2;
+        for (k, m) in self.gates() {
+            for (l, row) in m.iter().enumerate() {
+                let mut cells = vec![Cell::Text(format!("{k}.{l}"))];
+                cells.extend((0..n_heads).map(|h| row.get(h).map_or(Cell::Empty, |v| Cell::Float(*v))));
+                cells.push(Cell::Int(row.iter().filter(|&&g| g != 0.0).count() as i64));
+                let _ = t.push_row(cells);
+            }
+        }
+        t
+    }
+
+    fn heatmap(&self, kind: Option<Kind>) -> ScriptResult<Plot> {
+        let gates = self.gates();
+        let Some((k, m)) = (match kind {
+            Some(k) => gates.into_iter().find(|(x, _)| *x == k),
+            None => gates.into_iter().next(),
+        }) else {
+            let have: Vec<String> = self.run.layout.kinds.iter().map(|(k, _, _)| k.to_string()).collect();
+            return err(format!("heatmap: this run gated only {}", have.join(", ")));
+        };
+        let rows = (0..m.len()).map(|l| format!("{k}.{l}")).collect();
+        let cols = (0..m.first().map_or(0, |r| r.len())).map(|h| format!("h{h}")).collect();
+        let mut p = Plot::new(
+            PlotKind::Heatmap { values: m, row_labels: rows, col_labels: cols, show_values: true, vmin: Some(0.0), vmax: Some(1.0) },
+            format!("gates ({k}): {}", self.title()),
+        )
+        .or_else(|e| err(e.to_string()))?;
+        p.x_label = "head".into();
+        p.y_label = "layer".into();
+        Ok(p)
+    }
+
+    fn plot(&self) -> ScriptResult<Plot> {
+        let c = &self.run.state.curve;
+        let x: Vec<f64> = c.iter().map(|p| p.step as f64).collect();
+        let mut series = vec![
+            Series { name: "loss".into(), x: x.clone(), y: c.iter().map(|p| p.loss).collect() },
+            Series { name: "expected open heads / total".into(), x: x.clone(), y: c.iter().map(|p| p.expected_open / self.run.layout.len() as f64).collect() },
+        ];
+        let evals: Vec<&CurvePoint> = c.iter().filter(|p| p.eval.is_some()).collect();
+        if !evals.is_empty() {
+            let name = format!("eval {}", self.run.eval_metric.clone().unwrap_or_default());
+            series.push(Series { name, x: evals.iter().map(|p| p.step as f64).collect(), y: evals.iter().map(|p| p.eval.unwrap_or(f64::NAN)).collect() });
+        }
+        let mut p = Plot::new(PlotKind::Line { series }, format!("training curve: {}", self.title())).or_else(|e| err(e.to_string()))?;
+        p.x_label = "step".into();
+        Ok(p)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let r = &self.run;
+        let km = |v: Vec<(Kind, Vec<Vec<f64>>)>| v.into_iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>();
+        serde_json::json!({
+            "model": r.model,
+            "dataset": r.dataset,
+            "objective": r.objective,
+            "eval_metric": r.eval_metric,
+            "resumed_from": r.resumed_from,
+            "options": r.options.echo().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect::<serde_json::Map<_, _>>(),
+            "steps": r.state.step,
+            "gates": km(self.gates()),
+            "log_alpha": km(r.log_alpha()),
+            "p_open": km(r.layout.split(&r.p_open())),
+            "retained": r.retained().iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+            "curve": r.state.curve.iter().map(|p| serde_json::json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl Render for PruneResult {
+    fn render(&self) -> Output {
+        let mut o = self.table().render();
+        if let Ok(p) = self.heatmap(None) {
+            let po = p.render();
+            o.png = po.png;
+            o.svg = po.svg;
+        }
+        o
+    }
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// Trains Hard Concrete head gates with an L0 penalty (SPEC "Hard Concrete gates and
+    /// pruning"): the model is frozen, only the gates learn. The objective is token
+    /// cross-entropy on the references (or on the unpruned model's greedy translations) for
+    /// models that generate, and distillation of the final hidden states for encoders.
+    /// Options: `lambda` (0.05), `steps` (500), `lr` (0.01), `batch_tokens` (2000), `kinds`
+    /// (all), `seed` (1), `eval_data` (a Dataset; `"eval"` too), `eval_every` (50), `checkpoint` (a directory),
+    /// `resume` (false), `beta` (0.33), `init` ("uniform" or a number), `penalty_scale`
+    /// ("per_head" | "per_layer"), `distill` ("cosine" | "mse"), `eval_gates` ("binary" |
+    /// "continuous"), `joint` (false; true is not implemented yet).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(16), #{lambda: 0.5, steps: 4, batch_tokens: 400});
+    /// assert(r.steps == 4 && r.curve.len() == 4 && r.objective == "distill (cosine)");
+    /// ```
+    #[rhai_fn(name = "prune", return_raw, pure)]
+    pub fn prune_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<PruneResult> {
+        m.require_unpruned("prune")?;
+        if !m.closed.is_empty() || m.soft.is_some() {
+            return err("prune: train gates on the unmasked model (this view masks heads)");
+        }
+        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("prune: expected a Dataset, got {}", quote(&data))) };
+        let (opts, eval) = parse_options(m, &options)?;
+        let label = format!("prune (lambda {})", opts.lambda);
+        let mut progress = |p: &CurvePoint, total: usize| {
+            crate::engine::progress(&format!("{label}: loss {:.3}, expected open {:.1}", p.loss, p.expected_open), p.step, total)
+        };
+        let run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::engine::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
+        Ok(PruneResult { run: Rc::new(run), model: m.clone() })
+    }
+
+    /// `prune` with the default options.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let data = corpus(asset("pud_en.txt")).take(8);
+    /// let r = m.prune(data, #{steps: 2, batch_tokens: 300});
+    /// assert(r.options.lambda == "0.05" && r.options.eval_gates == "binary");
+    /// ```
+    #[rhai_fn(name = "prune", return_raw, pure)]
+    pub fn prune_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<PruneResult> {
+        prune_opts(m, data, Map::new())
+    }
+
+    /// A view of the model with the result's evaluation gates (binary: closed heads masked;
+    /// continuous: every head scaled by its gate). Weights are shared, not edited.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(8), #{lambda: 20.0, steps: 30, lr: 0.1, batch_tokens: 300});
+    /// let g = m.with_gates(r);
+    /// assert(g.masked.len() == r.closed.len() && r.closed.len() > 0);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn with_gates(m: &mut ScriptModel, result: PruneResult) -> ScriptResult<ScriptModel> {
+        if !Rc::ptr_eq(&m.model, &result.model.model) {
+            return err(format!("with_gates: this result was trained on {}, not on this model object", result.run.model));
+        }
+        Ok(match result.run.options.eval_gates {
+            EvalGates::Binary => {
+                let mut closed = m.closed.as_ref().clone();
+                closed.extend(result.run.closed());
+                closed.sort();
+                closed.dedup();
+                ScriptModel { model: m.model.clone(), closed: Rc::new(closed), soft: m.soft.clone() }
+            }
+            EvalGates::Continuous => ScriptModel { model: m.model.clone(), closed: m.closed.clone(), soft: Some(Rc::new(result.gates())) },
+        })
+    }
+
+    /// A new model with the result's closed heads removed from the weights (smaller Q/K/V and
+    /// W^O); it computes what `m.with_gates(result)` computes, with fewer operations.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(6), #{lambda: 20.0, steps: 30, lr: 0.1, kinds: ["enc"], batch_tokens: 300});
+    /// let small = m.prune_heads(r);
+    /// assert(small.params < m.params);
+    /// assert(small.translate("Hello.") == m.with_gates(r).translate("Hello."));
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn prune_heads(m: &mut ScriptModel, result: PruneResult) -> ScriptResult<ScriptModel> {
+        if !Rc::ptr_eq(&m.model, &result.model.model) {
+            return err(format!("prune_heads: this result was trained on {}, not on this model object", result.run.model));
+        }
+        if result.run.options.eval_gates == EvalGates::Continuous {
+            return err("prune_heads: the result has continuous gates; removing heads needs binary ones (eval_gates: \"binary\")");
+        }
+        let pruned = super::super::physical::prune_heads(&m.model, &result.run.closed()).or_else(|e| err(format!("prune_heads: {e}")))?;
+        Ok(ScriptModel::new(pruned))
+    }
+
+    /// The evaluation gates, per kind a layers x heads matrix.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300});
+    /// assert(r.gates.enc.len() == 6 && r.gates.enc[0].len() == 12);
+    /// ```
+    #[rhai_fn(get = "gates", pure)]
+    pub fn gates(r: &mut PruneResult) -> Map {
+        kind_map(r.gates())
+    }
+
+    /// The learnt `log_alpha` of every gated head, per kind.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, init: 2.0});
+    /// assert(r.log_alpha.enc[3][4] > 1.9);
+    /// ```
+    #[rhai_fn(get = "log_alpha", pure)]
+    pub fn log_alpha(r: &mut PruneResult) -> Map {
+        kind_map(r.run.log_alpha())
+    }
+
+    /// `P(g != 0)` of every gated head, per kind.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300});
+    /// assert(r.p_open.enc[0][0] > 0.0 && r.p_open.enc[0][0] < 1.0);
+    /// ```
+    #[rhai_fn(get = "p_open", pure)]
+    pub fn p_open(r: &mut PruneResult) -> Map {
+        kind_map(r.run.layout.split(&r.run.p_open()))
+    }
+
+    /// The heads kept (evaluation gate not 0).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, init: 3.0});
+    /// assert(r.retained.len() == 72 && r.closed.len() == 0);
+    /// ```
+    #[rhai_fn(get = "retained", pure)]
+    pub fn retained(r: &mut PruneResult) -> Array {
+        r.heads(r.run.retained())
+    }
+
+    /// The heads pruned (evaluation gate 0).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, init: -3.0});
+    /// assert(r.closed.len() == 72 && r.closed[0].to_string() == "enc.0.0");
+    /// ```
+    #[rhai_fn(get = "closed", pure)]
+    pub fn closed(r: &mut PruneResult) -> Array {
+        r.heads(r.run.closed())
+    }
+
+    /// The training curve: one map per step with `step`, `loss`, `penalty`, `expected_open`,
+    /// `open` and `eval` (the eval metric at eval steps, else `()`).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt"));
+    /// let r = m.prune(d.take(4), #{steps: 2, batch_tokens: 300, eval_data: d.take(2), eval_every: 2});
+    /// assert(r.curve[0].eval == () && type_of(r.curve[1].eval) == "f64" && r.curve[1].open <= 72);
+    /// ```
+    #[rhai_fn(get = "curve", pure)]
+    pub fn curve(r: &mut PruneResult) -> Array {
+        r.run
+            .state
+            .curve
+            .iter()
+            .map(|p| {
+                let mut m = Map::new();
+                m.insert("step".into(), Dynamic::from(p.step as i64));
+                m.insert("loss".into(), Dynamic::from(p.loss));
+                m.insert("penalty".into(), Dynamic::from(p.penalty));
+                m.insert("expected_open".into(), Dynamic::from(p.expected_open));
+                m.insert("open".into(), Dynamic::from(p.open as i64));
+                m.insert("eval".into(), p.eval.map_or(Dynamic::UNIT, Dynamic::from));
+                Dynamic::from(m)
+            })
+            .collect()
+    }
+
+    /// Steps trained.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// assert(m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 3, batch_tokens: 300}).steps == 3);
+    /// ```
+    #[rhai_fn(get = "steps", pure)]
+    pub fn steps(r: &mut PruneResult) -> i64 {
+        r.run.state.step as i64
+    }
+
+    /// What the task loss was: "references", "teacher" (the unpruned model's greedy
+    /// outputs) or "distill (cosine|mse)".
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// assert(m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, distill: "mse"}).objective == "distill (mse)");
+    /// ```
+    #[rhai_fn(get = "objective", pure)]
+    pub fn objective(r: &mut PruneResult) -> String {
+        r.run.objective.clone()
+    }
+
+    /// The options of the run, as strings (every default included).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, seed: 7});
+    /// assert(r.options.seed == "7" && r.options.beta == "0.33" && r.options.kinds == "enc");
+    /// ```
+    #[rhai_fn(get = "options", pure)]
+    pub fn options(r: &mut PruneResult) -> Map {
+        r.run.options.echo().into_iter().map(|(k, v)| (k.into(), Dynamic::from(v))).collect()
+    }
+
+    /// The last evaluation metric (with the `eval_data` option), else `()`.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt"));
+    /// let r = m.prune(d.take(4), #{steps: 2, batch_tokens: 300, "eval": d.take(2)});
+    /// assert(r.final_eval >= 0.0);
+    /// ```
+    #[rhai_fn(get = "final_eval", pure)]
+    pub fn eval(r: &mut PruneResult) -> Dynamic {
+        r.run.state.curve.iter().rev().find_map(|p| p.eval).map_or(Dynamic::UNIT, Dynamic::from)
+    }
+
+    /// The gates as a table: one row per layer, with the number of open heads.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let t = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300}).table();
+    /// assert(t.len() == 6);
+    /// ```
+    #[rhai_fn(name = "table", pure)]
+    pub fn table(r: &mut PruneResult) -> Table {
+        r.table()
+    }
+
+    /// A heatmap of the gates of the first gated kind.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let p = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300}).heatmap();
+    /// assert(p.to_svg().contains("enc.5"));
+    /// ```
+    #[rhai_fn(name = "heatmap", return_raw, pure)]
+    pub fn heatmap(r: &mut PruneResult) -> ScriptResult<Plot> {
+        r.heatmap(None)
+    }
+
+    /// A heatmap of the gates of one kind.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300});
+    /// assert(r.heatmap("cross").to_svg().contains("cross.1"));
+    /// ```
+    #[rhai_fn(name = "heatmap", return_raw, pure)]
+    pub fn heatmap_kind(r: &mut PruneResult, kind: &str) -> ScriptResult<Plot> {
+        let k: Kind = kind.parse().or_else(|e: String| err(format!("heatmap: {e}")))?;
+        r.heatmap(Some(k))
+    }
+
+    /// The training curve as a line plot: loss, the expected fraction of open heads, and the
+    /// eval metric when there is one.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let p = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 3, batch_tokens: 300}).plot();
+    /// assert(p.to_svg().contains("loss"));
+    /// ```
+    #[rhai_fn(name = "plot", return_raw, pure)]
+    pub fn plot(r: &mut PruneResult) -> ScriptResult<Plot> {
+        r.plot()
+    }
+
+    /// Writes the result (options, gates, log_alpha, P(open), retained heads, curve) as JSON,
+    /// atomically.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300});
+    /// let p = temp_path("prune.json");
+    /// r.to_json(p);
+    /// assert(read_text(p).contains("\"log_alpha\""));
+    /// ```
+    #[rhai_fn(name = "to_json", return_raw, pure)]
+    pub fn to_json(r: &mut PruneResult, path: &str) -> ScriptResult<()> {
+        let s = serde_json::to_string_pretty(&r.to_json()).unwrap_or_default();
+        write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("to_json: cannot write '{path}': {e}")))
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn to_string(r: &mut PruneResult) -> String {
+        format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len())
+    }
+
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn to_debug(r: &mut PruneResult) -> String {
+        to_string(r)
+    }
+}
+
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<PruneResult>("PruneResult");
+    engine.register_global_module(exported_module!(api).into());
+}
+
+pub fn render(v: &Dynamic) -> Option<Output> {
+    v.clone().try_cast::<PruneResult>().map(|r| r.render())
+}
