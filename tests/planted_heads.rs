@@ -3,6 +3,8 @@
 //! and all of layer 1 attend uniformly. The analyses must find exactly those heads. The same
 //! model gives synthetic attention for a hand-counted syntactic test on a small CoNLL-U.
 
+mod common;
+
 use headscope::analysis::options::{FreqSource, Options, Stat};
 use headscope::analysis::result::Function;
 use headscope::analysis::{analyze, freq_table};
@@ -20,26 +22,6 @@ const P: i64 = 16;
 const D: i64 = 32;
 const H: i64 = 4;
 const DH: i64 = 8;
-
-fn tokenizer_json() -> String {
-    let special = |id: u32, t: &str| format!(r#"{{"id":{id},"content":"{t}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#);
-    let mut vocab = vec![r#""[PAD]":0"#.to_string(), r#""[CLS]":1"#.into(), r#""[SEP]":2"#.into(), r#""[UNK]":3"#.into()];
-    vocab.extend(WORDS.iter().enumerate().map(|(i, w)| format!(r#""{w}":{}"#, i + 4)));
-    format!(
-        r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{},{},{},{}],"normalizer":null,
-        "pre_tokenizer":{{"type":"WhitespaceSplit"}},
-        "post_processor":{{"type":"TemplateProcessing",
-          "single":[{{"SpecialToken":{{"id":"[CLS]","type_id":0}}}},{{"Sequence":{{"id":"A","type_id":0}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":0}}}}],
-          "pair":[{{"SpecialToken":{{"id":"[CLS]","type_id":0}}}},{{"Sequence":{{"id":"A","type_id":0}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":0}}}},{{"Sequence":{{"id":"B","type_id":1}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":1}}}}],
-          "special_tokens":{{"[CLS]":{{"id":"[CLS]","ids":[1],"tokens":["[CLS]"]}},"[SEP]":{{"id":"[SEP]","ids":[2],"tokens":["[SEP]"]}}}}}},
-        "decoder":null,"model":{{"type":"WordLevel","vocab":{{{}}},"unk_token":"[UNK]"}}}}"#,
-        special(0, "[PAD]"),
-        special(1, "[CLS]"),
-        special(2, "[SEP]"),
-        special(3, "[UNK]"),
-        vocab.join(",")
-    )
-}
 
 fn zeros(shape: &[i64]) -> Tensor {
     Tensor::zeros(shape, (DType::Float, Device::Cpu))
@@ -109,7 +91,7 @@ fn layer(attn: Attention) -> EncoderLayer {
 }
 
 fn planted_model(dir: &std::path::Path) -> Model {
-    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), common::word_level_tokenizer(&WORDS)).unwrap();
     let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer).unwrap();
     let tokens = Tensor::eye_m(V, D, (DType::Float, Device::Cpu));
     let positions = Tensor::zeros([P, D], (DType::Float, Device::Cpu));

@@ -1,0 +1,24 @@
+//! Helpers shared by the tests that build tiny models by hand.
+
+/// A word-level tokenizer.json: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, then `words` from id 4, with
+/// BERT's `[CLS] ... [SEP]` framing.
+pub fn word_level_tokenizer(words: &[&str]) -> String {
+    let special = |id: u32, t: &str| format!(r#"{{"id":{id},"content":"{t}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#);
+    let mut vocab = vec![r#""[PAD]":0"#.to_string(), r#""[CLS]":1"#.into(), r#""[SEP]":2"#.into(), r#""[UNK]":3"#.into()];
+    vocab.extend(words.iter().enumerate().map(|(i, w)| format!(r#""{w}":{}"#, i + 4)));
+    format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{},{},{},{}],"normalizer":null,
+        "pre_tokenizer":{{"type":"WhitespaceSplit"}},
+        "post_processor":{{"type":"TemplateProcessing",
+          "single":[{{"SpecialToken":{{"id":"[CLS]","type_id":0}}}},{{"Sequence":{{"id":"A","type_id":0}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":0}}}}],
+          "pair":[{{"SpecialToken":{{"id":"[CLS]","type_id":0}}}},{{"Sequence":{{"id":"A","type_id":0}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":0}}}},{{"Sequence":{{"id":"B","type_id":1}}}},{{"SpecialToken":{{"id":"[SEP]","type_id":1}}}}],
+          "special_tokens":{{"[CLS]":{{"id":"[CLS]","ids":[1],"tokens":["[CLS]"]}},"[SEP]":{{"id":"[SEP]","ids":[2],"tokens":["[SEP]"]}}}}}},
+        "decoder":null,"model":{{"type":"WordLevel","vocab":{{{}}},"unk_token":"[UNK]"}}}}"#,
+        special(0, "[PAD]"),
+        special(1, "[CLS]"),
+        special(2, "[SEP]"),
+        special(3, "[UNK]"),
+        vocab.join(",")
+    )
+}
+
