@@ -337,3 +337,35 @@ fn bad_analysis_inputs_are_clear_errors() {
     ];
     expect_errors(d, cases);
 }
+
+#[test]
+fn bad_pruning_inputs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("two.txt"), "The cat sleeps.\nA dog barks.\n").unwrap();
+    // A directory nobody can write into (root ignores permissions, so a file stands in the way).
+    std::fs::write(d.join("blocker"), "not a directory").unwrap();
+    // A checkpoint left by a MiniLM run.
+    let r = run_in(d, &["-e", "load_model(\"minilm\").prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, checkpoint: \"ck_minilm\"})"], None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let p = "load_model(\"enpt\").prune(corpus(\"two.txt\"), ";
+    let cases: Vec<(String, &str)> = vec![
+        (format!("{p}#{{lambda: -0.1}})"), "prune: lambda must be >= 0, got -0.1"),
+        (format!("{p}#{{steps: 0}})"), "prune: steps must be at least 1, got 0"),
+        (format!("{p}#{{lr: 0.0}})"), "prune: lr must be > 0, got 0"),
+        ("load_model(\"enpt\").prune(corpus(\"two.txt\").take(0), #{steps: 1})".into(), "prune: the dataset two.txt[:0] is empty"),
+        (format!("{p}#{{steps: 1, checkpoint: \"blocker/run\"}})"), "prune: checkpoint directory blocker/run: cannot create it"),
+        (format!("{p}#{{steps: 1, checkpoint: \"ck_minilm\", resume: true}})"), "prune: checkpoint ck_minilm/checkpoint.json is from another model: its model is \"minilm\", this run's is \"enpt\""),
+        ("load_model(\"minilm\").prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, checkpoint: \"ck_minilm\"})".into(), "prune: ck_minilm/checkpoint.json already holds a run; pass resume: true to continue it"),
+        ("load_model(\"minilm\").prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, checkpoint: \"ck_minilm\", resume: true, lambda: 0.5})".into(), "prune: checkpoint ck_minilm/checkpoint.json was made with lambda = \"0.05\", this run has lambda = \"0.5\""),
+        (format!("{p}#{{resume: true}})"), "prune: resume: true needs a checkpoint directory"),
+        (format!("{p}#{{kinds: [\"dec\"]}})"), "prune: enpt has no 'dec' attention (it has: enc, cross)"),
+        (format!("{p}#{{penalty_scale: \"per_model\"}})"), "prune: unknown penalty_scale 'per_model' (expected \"per_head\" or \"per_layer\")"),
+        (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (valid options: lambda, steps"),
+        (format!("{p}#{{eval_data: \"dev.txt\"}})"), "prune: option 'eval_data' must be a Dataset, got \"dev.txt\" (string)"),
+        ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100}); load_model(\"enpt\").with_gates(r)".into(), "with_gates: this result was trained on enpt, not on this model object"),
+        ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).confidence(corpus(\"two.txt\"))".into(), "had heads removed by prune_heads, so its heads no longer line up with the original's"),
+    ];
+    let refs: Vec<(&str, &str)> = cases.iter().map(|(c, w)| (c.as_str(), *w)).collect();
+    expect_errors(d, &refs);
+}
