@@ -16,6 +16,7 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("tables", include_str!("../../stdlib/tables.rhai")),
     ("stats", include_str!("../../stdlib/stats.rhai")),
     ("heads", include_str!("../../stdlib/heads.rhai")),
+    ("prune", include_str!("../../stdlib/prune.rhai")),
 ];
 
 #[derive(Default)]

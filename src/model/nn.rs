@@ -185,6 +185,16 @@ impl Attention {
         let (b, tq) = (xq.size()[0], xq.size()[1]);
         let tk = xkv.size()[1];
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        if h == 0 {
+            // Every head removed (prune_heads): only W^O's bias is left. Empty tensors must not
+            // reach the attention kernels (some divide by the head count).
+            let d = self.o.w.size()[0];
+            let zero = Tensor::zeros([b, tq, d], (xq.kind(), xq.device()));
+            return match &self.o.b {
+                Some(bias) => zero + bias,
+                None => zero,
+            };
+        }
         let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
         let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
         if let Some(r) = &self.rotary {
@@ -201,14 +211,19 @@ impl Attention {
                 (c.on)(kind, layer_idx, Captured::Queries(&q));
             }
         }
-        let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + bias;
-        let probs = scores.softmax(-1, scores.kind());
-        let mut ctx = probs.matmul(&v); // [B, H, Tq, dh]
-        if let Some(c) = cap.as_deref_mut() {
-            if c.attention {
+        let scale = 1.0 / (dh as f64).sqrt();
+        let wants_probs = cap.as_deref().is_some_and(|c| c.attention);
+        let mut ctx = if wants_probs {
+            let scores = q.matmul(&k.transpose(-2, -1)) * scale + bias;
+            let probs = scores.softmax(-1, scores.kind());
+            if let Some(c) = cap.as_deref_mut() {
                 (c.on)(kind, layer_idx, Captured::Attention(&probs));
             }
-        }
+            probs.matmul(&v)
+        } else {
+            // The fused kernel (forward and backward) when nobody looks at the weights.
+            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(bias), 0.0, false, scale, false)
+        }; // [B, H, Tq, dh]
         if let Some(g) = gate {
             let g = g.to_kind(ctx.kind());
             ctx = ctx * g.view([g.size()[0], h, 1, 1]);

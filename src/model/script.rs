@@ -298,15 +298,17 @@ pub mod api {
         Ok(e.ids.into_iter().map(Dynamic::from).collect())
     }
 
-    /// Greedy translation of a sentence (a string) or of many (an array, batched by length).
+    /// Greedy translation of a sentence (a string) or of many (an array or a Dataset, batched
+    /// by length; an array of strings comes back).
     ///
     /// ```rhai
     /// let m = load_model("enpt");
     /// assert(m.translate("The cat is sleeping on the sofa.") == "O gato está dormindo no sofá.");
+    /// assert(m.translate(corpus(asset("pud_en.txt")).take(2)).len() == 2);
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn translate(m: &mut ScriptModel, input: Dynamic) -> ScriptResult<Dynamic> {
-        let list = texts(&input, "translate")?;
+        let list = dataset_texts(&input, "translate")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
         let ids = m.model.translate(&refs, &gates, 4096).or_else(|e| err(format!("translate: {e}")))?;

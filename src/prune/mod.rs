@@ -310,6 +310,8 @@ pub struct PruneRun {
     pub resumed_from: Option<usize>,
     pub model: String,
     pub dataset: String,
+    /// Wall time of each step this process ran (a resumed run's earlier steps are not here).
+    pub step_seconds: Vec<f64>,
 }
 
 impl PruneRun {
@@ -456,7 +458,9 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
     let penalty_div = if opts.penalty_scale == PenaltyScale::PerLayer { layout.n_layers() as f64 } else { 1.0 };
     let (b1, b2, eps) = ADAM;
     let nb = td.prep.batches.len();
+    let mut step_seconds = Vec::new();
     while state.step < opts.steps {
+        let started = std::time::Instant::now();
         if (hooks.stop)() {
             if let Some(ck) = &ckpt {
                 ck.save(&state).map_err(AnalysisError::Input)?;
@@ -489,6 +493,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
             state.log_alpha[i] = (state.log_alpha[i] as f64 - upd) as f32;
         }
         state.step += 1;
+        step_seconds.push(started.elapsed().as_secs_f64());
         let la_now = Tensor::from_slice(&state.log_alpha);
         let open = host32(&c.eval(&la_now, opts.eval_gates))?.iter().filter(|&&x| x != 0.0).count();
         let at_eval = state.step % opts.eval_every == 0 || state.step == opts.steps;
@@ -524,6 +529,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         resumed_from,
         model: model.name(),
         dataset: data.name.clone(),
+        step_seconds,
     })
 }
 

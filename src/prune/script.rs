@@ -393,6 +393,18 @@ pub mod api {
             .collect()
     }
 
+    /// Seconds each training step took in this run (a resumed run lists only its own steps).
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 2, batch_tokens: 300});
+    /// assert(r.step_seconds.len() == 2 && r.step_seconds[1] > 0.0);
+    /// ```
+    #[rhai_fn(get = "step_seconds", pure)]
+    pub fn step_seconds(r: &mut PruneResult) -> Array {
+        r.run.step_seconds.iter().map(|&s| Dynamic::from(s)).collect()
+    }
+
     /// Steps trained.
     ///
     /// ```rhai
