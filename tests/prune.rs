@@ -189,7 +189,7 @@ fn physically_pruned_model_equals_the_masked_model() {
     // A whole encoder layer, scattered heads, and cross-attention heads.
     let mut closed: Vec<HeadId> = (0..8).map(|i| h(Kind::Enc, 2, i)).collect();
     closed.extend([h(Kind::Enc, 0, 1), h(Kind::Enc, 0, 6), h(Kind::Enc, 5, 3), h(Kind::Cross, 0, 2), h(Kind::Cross, 1, 7)]);
-    let pruned = headscope::prune::physical::prune_heads(&model, &closed).unwrap();
+    let pruned = headscope::prune::physical::prune_heads(&model, &closed, None).unwrap();
     assert!(pruned.n_params < model.n_params);
     assert_eq!(pruned.net.encoder[2].attn.n_heads, 0);
     assert_eq!(pruned.net.encoder[0].attn.q.w.size(), vec![6 * 32, 256]);
@@ -208,4 +208,39 @@ fn physically_pruned_model_equals_the_masked_model() {
     let t_masked = model.translate(&texts, &gates, 64).unwrap();
     let t_pruned = pruned.translate(&texts, &Gates::none(), 64).unwrap();
     assert_eq!(t_masked, t_pruned);
+}
+
+#[test]
+fn joint_training_trains_a_copy_and_resumes_exactly() {
+    let opts = LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap();
+    let model = Model::load(&headscope::assets::asset_path("minilm").unwrap(), opts).unwrap();
+    let data = Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(12);
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = PruneOptions::new(vec![Kind::Enc]);
+    (o.steps, o.batch_tokens, o.joint, o.model_lr, o.eval_every, o.seed) = (6, 300, true, 1e-3, 2, 5);
+    let before = model.net.encoder[0].attn.q.w.copy();
+    let quiet = |stop_at: usize| {
+        let n = std::cell::Cell::new(0usize);
+        move || {
+            n.set(n.get() + 1);
+            n.get() > stop_at
+        }
+    };
+    let full = train(&model, &data, None, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
+    let trained = full.trained.as_ref().expect("joint training returns the trained model");
+    assert!(trained.net.encoder[0].attn.q.w.dist(&before).double_value(&[]) > 1e-4, "the weights did not move");
+    assert_eq!(model.net.encoder[0].attn.q.w.dist(&before).double_value(&[]), 0.0, "the original model was edited");
+
+    // Interrupted after step 3 (its checkpoint is at step 2 or the stop), then resumed.
+    o.checkpoint = Some(dir.path().join("ck"));
+    o.resume = true;
+    let stopped = train(&model, &data, None, &o, Hooks { stop: &quiet(3), progress: &mut |_, _| {} });
+    assert!(stopped.is_err(), "the run should have been interrupted");
+    let resumed = train(&model, &data, None, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
+    assert!(resumed.resumed_from.is_some_and(|s| s > 0 && s < 6), "{:?}", resumed.resumed_from);
+    assert_eq!(full.state.log_alpha, resumed.state.log_alpha);
+    let (a, b) = (trained, resumed.trained.as_ref().unwrap());
+    assert_eq!(a.net.encoder[3].ffn.up.w.dist(&b.net.encoder[3].ffn.up.w).double_value(&[]), 0.0, "resumed weights differ");
+    let files: Vec<String> = std::fs::read_dir(dir.path().join("ck")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(files.iter().filter(|f| f.starts_with("weights-")).count(), 1, "stale weight files: {files:?}");
 }

@@ -315,3 +315,74 @@ fn emit_hidden(cap: &mut Option<&mut Capture>, kind: Kind, i: usize, x: &Tensor)
 pub fn place(t: Tensor, device: Device, dtype: DType) -> Tensor {
     if t.is_floating_point() { t.to_device(device).to_kind(dtype) } else { t.to_device(device) }
 }
+
+fn lin_params(l: &mut Linear) -> Vec<&mut Tensor> {
+    let mut v = vec![&mut l.w];
+    v.extend(l.b.as_mut());
+    v
+}
+
+fn norm_params(n: &mut Norm) -> Vec<&mut Tensor> {
+    let mut v = vec![&mut n.weight];
+    v.extend(n.bias.as_mut());
+    v
+}
+
+fn attn_params(a: &mut Attention) -> Vec<&mut Tensor> {
+    let mut v = lin_params(&mut a.q);
+    v.extend(lin_params(&mut a.k));
+    v.extend(lin_params(&mut a.v));
+    v.extend(lin_params(&mut a.o));
+    v
+}
+
+fn ffn_params(f: &mut Ffn) -> Vec<&mut Tensor> {
+    let mut v = lin_params(&mut f.up);
+    v.extend(lin_params(&mut f.down));
+    if let Some(g) = f.gate.as_mut() {
+        v.extend(lin_params(g));
+    }
+    v
+}
+
+impl Transformer {
+    /// Every weight tensor, in a fixed order (for joint training and copying weights). A
+    /// tensor shared by two places (tied output embeddings) appears once.
+    pub fn params_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v: Vec<&mut Tensor> = vec![&mut self.embed.tokens];
+        if let Positions::Learned(t) = &mut self.embed.positions {
+            v.push(t);
+        }
+        v.extend(self.embed.token_type.as_mut());
+        if let Some(n) = self.embed.norm.as_mut() {
+            v.extend(norm_params(n));
+        }
+        for l in &mut self.encoder {
+            v.extend(attn_params(&mut l.attn));
+            v.extend(norm_params(&mut l.attn_norm));
+            v.extend(ffn_params(&mut l.ffn));
+            v.extend(norm_params(&mut l.ffn_norm));
+        }
+        if let Some(n) = self.final_norm.as_mut() {
+            v.extend(norm_params(n));
+        }
+        for l in &mut self.decoder {
+            let SelfBlock::Ssru(c) = &mut l.self_block;
+            v.extend(lin_params(&mut c.w));
+            v.extend(lin_params(&mut c.wf));
+            v.extend(norm_params(&mut l.self_norm));
+            if let Some((a, n)) = l.cross.as_mut() {
+                v.extend(attn_params(a));
+                v.extend(norm_params(n));
+            }
+            v.extend(ffn_params(&mut l.ffn));
+            v.extend(norm_params(&mut l.ffn_norm));
+        }
+        if let Some(o) = self.output.as_mut() {
+            v.extend(lin_params(o));
+        }
+        let mut seen = std::collections::HashSet::new();
+        v.retain(|t| seen.insert(t.data_ptr() as usize));
+        v
+    }
+}

@@ -8,6 +8,7 @@ use crate::model::Model;
 use crate::output::write_atomic;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use tch::Tensor;
 
 const FORMAT: &str = "headscope-prune-checkpoint/1";
 
@@ -111,6 +112,58 @@ impl Checkpoint {
             "curve": s.curve.iter().map(|p| json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
         });
         let bytes = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
-        write_atomic(&self.file, &bytes).map_err(|e| format!("prune: cannot write checkpoint {}: {e}", self.file.display()))
+        write_atomic(&self.file, &bytes).map_err(|e| format!("prune: cannot write checkpoint {}: {e}", self.file.display()))?;
+        // The JSON names the step; weights of other steps (joint training) are now stale.
+        let keep = self.weights_file(s.step);
+        if let Some(dir) = self.file.parent() {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                if name.starts_with("weights-") && name.ends_with(".pt") && p != keep {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn weights_file(&self, step: usize) -> PathBuf {
+        self.file.with_file_name(format!("weights-{step}.pt"))
+    }
+
+    /// Joint training: the weights and their Adam moments at `step`, written before the JSON
+    /// that names that step (temp file, then rename).
+    pub fn save_weights(&self, step: usize, model: &mut Model, m: &[Tensor], v: &[Tensor]) -> Result<(), String> {
+        let params = model.net.params_mut();
+        let mut named: Vec<(String, &Tensor)> = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            named.push((format!("p{i}"), &**p));
+            named.push((format!("m{i}"), &m[i]));
+            named.push((format!("v{i}"), &v[i]));
+        }
+        let file = self.weights_file(step);
+        let tmp = file.with_extension("pt.tmp");
+        Tensor::save_multi(&named, &tmp).map_err(|e| format!("prune: cannot write {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))
+    }
+
+    /// Restores what [`save_weights`](Self::save_weights) wrote for `step`.
+    pub fn load_weights(&self, step: usize, model: &mut Model, m: &mut [Tensor], v: &mut [Tensor]) -> Result<(), String> {
+        let file = self.weights_file(step);
+        let f = file.display();
+        let loaded = Tensor::load_multi(&file).map_err(|e| format!("prune: joint checkpoint {f}: {e}"))?;
+        let map: std::collections::HashMap<String, Tensor> = loaded.into_iter().collect();
+        let _g = tch::no_grad_guard();
+        for (i, p) in model.net.params_mut().into_iter().enumerate() {
+            let get = |k: String| map.get(&k).ok_or_else(|| format!("prune: joint checkpoint {f} lacks tensor {k} (from another model?)"));
+            let (sp, sm, sv) = (get(format!("p{i}"))?, get(format!("m{i}"))?, get(format!("v{i}"))?);
+            if sp.size() != p.size() {
+                return Err(format!("prune: joint checkpoint {f}: tensor p{i} has shape {:?}, the model's has {:?}", sp.size(), p.size()));
+            }
+            p.f_copy_(sp).map_err(|e| e.to_string())?;
+            m[i] = sm.shallow_clone();
+            v[i] = sv.shallow_clone();
+        }
+        Ok(())
     }
 }

@@ -122,6 +122,8 @@ pub struct PruneOptions {
     /// Gated kinds, in the model's order.
     pub kinds: Vec<Kind>,
     pub joint: bool,
+    /// Adam's learning rate for the model's weights (`joint: true`).
+    pub model_lr: f64,
     pub seed: u64,
     pub eval_every: usize,
     pub checkpoint: Option<PathBuf>,
@@ -142,6 +144,7 @@ impl PruneOptions {
             batch_tokens: 2000,
             kinds,
             joint: false,
+            model_lr: 1e-5,
             seed: 1,
             eval_every: 50,
             checkpoint: None,
@@ -165,6 +168,7 @@ impl PruneOptions {
             ("batch_tokens".into(), self.batch_tokens.to_string()),
             ("kinds".into(), kinds.join(",")),
             ("joint".into(), self.joint.to_string()),
+            ("model_lr".into(), self.model_lr.to_string()),
             ("seed".into(), self.seed.to_string()),
             ("eval_every".into(), self.eval_every.to_string()),
             ("beta".into(), self.concrete.beta.to_string()),
@@ -189,6 +193,9 @@ impl PruneOptions {
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(format!("prune: lr must be > 0, got {}", self.lr));
+        }
+        if !(self.model_lr > 0.0 && self.model_lr.is_finite()) {
+            return Err(format!("prune: model_lr must be > 0, got {}", self.model_lr));
         }
         if self.batch_tokens == 0 {
             return Err("prune: batch_tokens must be at least 1, got 0".into());
@@ -312,6 +319,8 @@ pub struct PruneRun {
     pub dataset: String,
     /// Wall time of each step this process ran (a resumed run's earlier steps are not here).
     pub step_seconds: Vec<f64>,
+    /// With `joint: true`, the model with its trained weights (frozen again).
+    pub trained: Option<Model>,
 }
 
 impl PruneRun {
@@ -382,7 +391,7 @@ impl TrainData {
 }
 
 /// The task loss of one batch under `gates` (differentiable in the gates).
-fn task_loss(model: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distill: Distill) -> Result<Tensor, ModelError> {
+fn task_loss(model: &Model, original: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distill: Distill) -> Result<Tensor, ModelError> {
     let b = &td.prep.batches[bi];
     let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
     if let Some((t, tm)) = &b.targets {
@@ -393,7 +402,7 @@ fn task_loss(model: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distil
     }
     if td.distill_full[bi].is_none() {
         let _g = tch::no_grad_guard();
-        td.distill_full[bi] = Some(model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?);
+        td.distill_full[bi] = Some(original.net.encode(&b.ids, &b.mask, &Gates::none(), None)?);
     }
     let full = td.distill_full[bi].as_ref().ok_or(ModelError::NoOutputHead)?;
     let m = b.mask.to_kind(DType::Float);
@@ -402,6 +411,66 @@ fn task_loss(model: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distil
         Distill::Mse => (&enc - full).pow_tensor_scalar(2).mean_dim(-1, false, DType::Float),
     };
     Ok((per_tok * &m).sum(DType::Float) / m.sum(DType::Float))
+}
+
+/// The weights of joint training: a fresh copy of the model, made trainable, with Adam's
+/// moments per tensor.
+struct Joint {
+    model: Model,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+impl Joint {
+    fn new(original: &Model) -> Result<Joint, ModelError> {
+        let mut model = Model::load(&original.path, original.opts)?;
+        let net = &mut model.net;
+        let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());
+        for p in net.params_mut() {
+            *p = p.detach().copy().set_requires_grad(true);
+        }
+        if tied {
+            if let Some(o) = net.output.as_mut() {
+                o.w = net.embed.tokens.shallow_clone();
+            }
+        }
+        let params = net.params_mut();
+        let m = params.iter().map(|p| p.zeros_like()).collect();
+        let v = params.iter().map(|p| p.zeros_like()).collect();
+        Ok(Joint { model, m, v })
+    }
+
+    /// One Adam step (as torch.optim.Adam) on every weight that received a gradient.
+    fn step(&mut self, lr: f64, t: usize) {
+        let (b1, b2, eps) = ADAM;
+        let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
+        let _g = tch::no_grad_guard();
+        for ((p, m), v) in self.model.net.params_mut().into_iter().zip(&mut self.m).zip(&mut self.v) {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            *m = &*m * b1 + &g * (1.0 - b1);
+            *v = &*v * b2 + (&g * &g) * (1.0 - b2);
+            let upd = (&*m / bc1) / ((&*v / bc2).sqrt() + eps) * lr;
+            let _ = p.f_sub_(&upd);
+            p.zero_grad();
+        }
+    }
+
+    /// The trained model, frozen.
+    fn finish(mut self) -> Model {
+        for p in self.model.net.params_mut() {
+            *p = p.detach();
+        }
+        let net = &mut self.model.net;
+        if let Some(o) = net.output.as_mut() {
+            if o.w.data_ptr() == net.embed.tokens.data_ptr() {
+                o.w = net.embed.tokens.shallow_clone();
+            }
+        }
+        self.model
+    }
 }
 
 /// Callbacks of a run.
@@ -415,11 +484,6 @@ pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
 /// Trains the gates. `eval` is evaluated every `eval_every` steps and at the end.
 pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
     opts.validate().map_err(AnalysisError::Input)?;
-    if opts.joint {
-        return Err(AnalysisError::Input(
-            "prune: joint: true (training the model's weights with the gates) is not implemented yet; gates-only training (joint: false) is".into(),
-        ));
-    }
     let layout = Layout::new(model, &opts.kinds)?;
     let n = layout.len();
     let ckpt = match &opts.checkpoint {
@@ -431,6 +495,11 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         _ => None,
     };
     let resumed_from = resumed.as_ref().map(|s| s.step);
+    // Joint training works on a copy of the weights; the model passed in is never edited.
+    let mut joint = if opts.joint { Some(Joint::new(model)?) } else { None };
+    if let (Some(j), Some(c), Some(s)) = (joint.as_mut(), &ckpt, &resumed) {
+        c.load_weights(s.step, &mut j.model, &mut j.m, &mut j.v).map_err(AnalysisError::Input)?;
+    }
     let mut state = match resumed {
         Some(s) => s,
         None => {
@@ -448,9 +517,15 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         None => None,
     };
     let objective = if td.prep.metric == Metric::Cosine { format!("distill ({})", opts.distill) } else { td.prep.targets_from.to_string() };
+    let save = |c: &checkpoint::Checkpoint, state: &TrainState, joint: &mut Option<Joint>| -> Result<(), AnalysisError> {
+        if let Some(j) = joint.as_mut() {
+            c.save_weights(state.step, &mut j.model, &j.m, &j.v).map_err(AnalysisError::Input)?;
+        }
+        c.save(state).map_err(AnalysisError::Input)
+    };
     if let Some(c) = &ckpt {
         if state.step == 0 {
-            c.save(&state).map_err(AnalysisError::Input)?;
+            save(c, &state, &mut joint)?;
         }
     }
     let dev = model.device();
@@ -463,7 +538,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         let started = std::time::Instant::now();
         if (hooks.stop)() {
             if let Some(ck) = &ckpt {
-                ck.save(&state).map_err(AnalysisError::Input)?;
+                save(ck, &state, &mut joint)?;
             }
             return Err(ModelError::Interrupted.into());
         }
@@ -474,12 +549,16 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         let g = c.sample(&la, &u);
         let gates = layout.gates(&g);
         let bi = batch_at(opts.seed, step, nb);
-        let loss = task_loss(model, &mut td, bi, &gates, opts.distill)?;
+        let net: &Model = joint.as_ref().map_or(model, |j| &j.model);
+        let loss = task_loss(net, model, &mut td, bi, &gates, opts.distill)?;
         let p_open = c.p_open(&la);
         let penalty = p_open.sum(DType::Float) / penalty_div;
         let total = &loss + &penalty * opts.lambda;
         total.backward();
         let grad = host32(&la.grad())?;
+        if let Some(j) = joint.as_mut() {
+            j.step(opts.model_lr, step + 1);
+        }
         // Adam, as torch.optim.Adam (no weight decay), on the host in f32.
         let t = (step + 1) as i32;
         let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
@@ -500,7 +579,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         let eval_value = match (&eval_prep, at_eval) {
             (Some(p), true) => {
                 let eg = layout.gates(&c.eval(&la_now, opts.eval_gates).to_device(dev));
-                Some(ablation::evaluate(model, p, &eg, hooks.stop)?)
+                Some(ablation::evaluate(joint.as_ref().map_or(model, |j| &j.model), p, &eg, hooks.stop)?)
             }
             _ => None,
         };
@@ -516,7 +595,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         state.curve.push(point);
         if at_eval {
             if let Some(ck) = &ckpt {
-                ck.save(&state).map_err(AnalysisError::Input)?;
+                save(ck, &state, &mut joint)?;
             }
         }
     }
@@ -530,6 +609,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         model: model.name(),
         dataset: data.name.clone(),
         step_seconds,
+        trained: joint.map(|j| j.finish()),
     })
 }
 

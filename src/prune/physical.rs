@@ -19,8 +19,9 @@ fn shrink(a: &mut Attention, keep: &[i64]) {
     a.n_kv_heads = keep.len() as i64;
 }
 
-/// A fresh copy of `model` (reloaded from its files) without the heads `closed`.
-pub fn prune_heads(model: &Model, closed: &[HeadId]) -> Result<Model, ModelError> {
+/// A fresh copy of `model` (reloaded from its files, then given `weights` when they are the
+/// jointly trained ones, in `params_mut` order) without the heads `closed`.
+pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>) -> Result<Model, ModelError> {
     if !model.removed.is_empty() {
         return Err(ModelError::Invalid(format!("{} was already pruned physically; prune the original model", model.name())));
     }
@@ -28,6 +29,22 @@ pub fn prune_heads(model: &Model, closed: &[HeadId]) -> Result<Model, ModelError
         model.check_head(*h)?;
     }
     let mut m = Model::load(&model.path, model.opts)?;
+    if let Some(w) = weights {
+        let net = &mut m.net;
+        let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());
+        let params = net.params_mut();
+        if params.len() != w.len() {
+            return Err(ModelError::Invalid(format!("prune_heads: {} weight tensors given, the model has {}", w.len(), params.len())));
+        }
+        for (dst, src) in params.into_iter().zip(w) {
+            *dst = src.shallow_clone();
+        }
+        if tied {
+            if let Some(o) = net.output.as_mut() {
+                o.w = net.embed.tokens.shallow_clone();
+            }
+        }
+    }
     for s in m.kinds() {
         for l in 0..s.n_layers {
             let gone: Vec<usize> = closed.iter().filter(|h| h.kind == s.kind && h.layer_idx == l).map(|h| h.head).collect();

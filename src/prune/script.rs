@@ -18,10 +18,12 @@ use std::rc::Rc;
 pub struct PruneResult {
     pub run: Rc<PruneRun>,
     pub model: ScriptModel,
+    /// `joint: true`: the trained model, and its weights in `params_mut` order.
+    pub trained: Option<(Rc<crate::model::Model>, Rc<Vec<tch::Tensor>>)>,
 }
 
 const OPTIONS: &[&str] = &[
-    "lambda", "steps", "lr", "batch_tokens", "kinds", "joint", "seed", "eval", "eval_data", "eval_every", "checkpoint", "resume", "beta", "init", "penalty_scale",
+    "lambda", "steps", "lr", "model_lr", "batch_tokens", "kinds", "joint", "seed", "eval", "eval_data", "eval_every", "checkpoint", "resume", "beta", "init", "penalty_scale",
     "distill", "eval_gates",
 ];
 
@@ -52,6 +54,9 @@ fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, 
     }
     if let Some(x) = o.bool("joint")? {
         p.joint = x;
+    }
+    if let Some(x) = o.f64("model_lr")? {
+        p.model_lr = x;
     }
     if let Some(x) = o.usize("seed")? {
         p.seed = x as u64;
@@ -221,7 +226,9 @@ pub mod api {
     /// (all), `seed` (1), `eval_data` (a Dataset; `"eval"` too), `eval_every` (50), `checkpoint` (a directory),
     /// `resume` (false), `beta` (0.33), `init` ("uniform" or a number), `penalty_scale`
     /// ("per_head" | "per_layer"), `distill` ("cosine" | "mse"), `eval_gates` ("binary" |
-    /// "continuous"), `joint` (false; true is not implemented yet).
+    /// "continuous"), `joint` (false: gates only; true: the model's weights train too, the
+    /// paper's setting, with Adam at `model_lr`, 1e-5, on a copy: the model itself is unchanged
+    /// and `with_gates(result)` gives the trained copy).
     ///
     /// ```rhai
     /// let m = load_model("minilm");
@@ -240,8 +247,12 @@ pub mod api {
         let mut progress = |p: &CurvePoint, total: usize| {
             crate::engine::progress(&format!("{label}: loss {:.3}, expected open {:.1}", p.loss, p.expected_open), p.step, total)
         };
-        let run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::engine::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
-        Ok(PruneResult { run: Rc::new(run), model: m.clone() })
+        let mut run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::engine::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
+        let trained = run.trained.take().map(|mut t| {
+            let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
+            (Rc::new(t), Rc::new(w))
+        });
+        Ok(PruneResult { run: Rc::new(run), model: m.clone(), trained })
     }
 
     /// `prune` with the default options.
@@ -271,15 +282,17 @@ pub mod api {
         if !Rc::ptr_eq(&m.model, &result.model.model) {
             return err(format!("with_gates: this result was trained on {}, not on this model object", result.run.model));
         }
+        // Joint training changed the weights: the gates go with the trained model.
+        let model = result.trained.as_ref().map_or_else(|| m.model.clone(), |(t, _)| t.clone());
         Ok(match result.run.options.eval_gates {
             EvalGates::Binary => {
                 let mut closed = m.closed.as_ref().clone();
                 closed.extend(result.run.closed());
                 closed.sort();
                 closed.dedup();
-                ScriptModel { model: m.model.clone(), closed: Rc::new(closed), soft: m.soft.clone() }
+                ScriptModel { model, closed: Rc::new(closed), soft: m.soft.clone() }
             }
-            EvalGates::Continuous => ScriptModel { model: m.model.clone(), closed: m.closed.clone(), soft: Some(Rc::new(result.gates())) },
+            EvalGates::Continuous => ScriptModel { model, closed: m.closed.clone(), soft: Some(Rc::new(result.gates())) },
         })
     }
 
@@ -301,7 +314,8 @@ pub mod api {
         if result.run.options.eval_gates == EvalGates::Continuous {
             return err("prune_heads: the result has continuous gates; removing heads needs binary ones (eval_gates: \"binary\")");
         }
-        let pruned = super::super::physical::prune_heads(&m.model, &result.run.closed()).or_else(|e| err(format!("prune_heads: {e}")))?;
+        let weights = result.trained.as_ref().map(|(_, w)| w.as_slice());
+        let pruned = super::super::physical::prune_heads(&m.model, &result.run.closed(), weights).or_else(|e| err(format!("prune_heads: {e}")))?;
         Ok(ScriptModel::new(pruned))
     }
 
