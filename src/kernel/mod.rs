@@ -43,15 +43,35 @@ fn is_message_error(e: &RuntimeError) -> bool {
     !matches!(e, RuntimeError::ZmqError(_) | RuntimeError::IoError(_))
 }
 
+/// The next message of a channel: a message that fails to verify or parse is dropped and
+/// logged; a failed socket stops the kernel (the enclosing task returns).
+macro_rules! next_message {
+    ($read:expr, $chan:literal, $stop:expr) => {
+        match $read.await {
+            Ok(m) => m,
+            Err(e) if is_message_error(&e) => {
+                log(format!(concat!($chan, ": dropped a message: {}"), e));
+                continue;
+            }
+            Err(e) => {
+                log(format!(concat!($chan, " socket failed: {}"), e));
+                let _ = $stop.send(concat!($chan, " socket failed"));
+                return;
+            }
+        }
+    };
+}
+
 fn log(msg: impl std::fmt::Display) {
     eprintln!("[headscope kernel] {msg}");
 }
 
 /// Runs the kernel until a shutdown request, or until its parent process dies.
 pub fn run(connection_file: &Path) -> Result<(), String> {
+    let parent = std::os::unix::process::parent_id();
     let info = read_connection_file(connection_file)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("cannot start the kernel's runtime: {e}"))?;
-    rt.block_on(serve(info))
+    rt.block_on(serve(info, parent))
 }
 
 fn kernel_info() -> KernelInfoReply {
@@ -76,7 +96,7 @@ fn kernel_info() -> KernelInfoReply {
     }
 }
 
-async fn serve(info: ConnectionInfo) -> Result<(), String> {
+async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     let session_id = uuid_like();
     let bind = |what: &str, e: RuntimeError| format!("cannot bind the {what} socket on {}: {e}", info.ip);
     let mut heartbeat = create_kernel_heartbeat_connection(&info).await.map_err(|e| bind("heartbeat", e))?;
@@ -118,18 +138,7 @@ async fn serve(info: ConnectionInfo) -> Result<(), String> {
     let ctl_stop = stop_tx.clone();
     tokio::spawn(async move {
         loop {
-            let msg = match control.read().await {
-                Ok(m) => m,
-                Err(e) if is_message_error(&e) => {
-                    log(format!("control: dropped a message: {e}"));
-                    continue;
-                }
-                Err(e) => {
-                    log(format!("control socket failed: {e}"));
-                    let _ = ctl_stop.send("control socket failed");
-                    return;
-                }
-            };
+            let msg = next_message!(control.read(), "control", ctl_stop);
             status(&ctl_pub, &msg, true);
             let reply: Option<JupyterMessageContent> = match &msg.content {
                 JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().into()),
@@ -159,18 +168,7 @@ async fn serve(info: ConnectionInfo) -> Result<(), String> {
     let sh_stop = stop_tx.clone();
     tokio::spawn(async move {
         loop {
-            let msg = match shell_rx.read().await {
-                Ok(m) => m,
-                Err(e) if is_message_error(&e) => {
-                    log(format!("shell: dropped a message: {e}"));
-                    continue;
-                }
-                Err(e) => {
-                    log(format!("shell socket failed: {e}"));
-                    let _ = sh_stop.send("shell socket failed");
-                    return;
-                }
-            };
+            let msg = next_message!(shell_rx.read(), "shell", sh_stop);
             status(&sh_pub, &msg, true);
             let request = match &msg.content {
                 JupyterMessageContent::ExecuteRequest(r) => Some(Request::Execute { code: r.code.clone(), silent: r.silent }),
@@ -227,16 +225,17 @@ async fn serve(info: ConnectionInfo) -> Result<(), String> {
         }
     });
 
-    // Watchdog: a kernel whose parent (the notebook server, a test) died ends too.
-    let parent = std::os::unix::process::parent_id();
+    // Watchdog: a kernel whose parent (the notebook server, a test) died ends too: it has been
+    // adopted by another process, or by init (also when the parent died before this started).
     let wd_stop = stop_tx.clone();
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            if std::os::unix::process::parent_id() != parent {
+            let now = std::os::unix::process::parent_id();
+            if now != parent || now == 1 {
                 let _ = wd_stop.send("parent process died");
                 return;
             }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     });
 
