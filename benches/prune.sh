@@ -9,15 +9,25 @@ cd "$root"
 N=${N:-256}
 scripts/setup >/dev/null
 cargo build --release --locked -q
-hs=$(target/release/headscope run benches/prune.rhai "$N")
-peer=$(.venv/bin/python benches/prune_peer.py assets "$N" 2>/dev/null)
+# The step: three runs of each side, interleaved; the medians are compared.
+hs="" peer=""
+for i in 1 2 3; do
+  hs+=$(target/release/headscope run benches/prune.rhai "$N" step)$'\n'
+  peer+=$(.venv/bin/python benches/prune_peer.py assets "$N" 2>/dev/null)$'\n'
+done
+hs+=$(target/release/headscope run benches/prune.rhai "$N" prune_heads)
 HS="$hs" PEER="$peer" .venv/bin/python - <<'PY'
 import json, os
-hs = {r["bench"]: r for r in map(json.loads, os.environ["HS"].splitlines())}
-peer = {r["bench"]: r for r in map(json.loads, os.environ["PEER"].splitlines())}
-h, p = hs["step"], peer["step"]
-print(f"gate step  {h['batches']} batches, {h['steps']} timed steps  headscope {h['seconds_per_step'] * 1e3:7.1f} ms  PyTorch {p['seconds_per_step'] * 1e3:7.1f} ms  "
-      f"time ratio headscope/PyTorch {h['seconds_per_step'] / p['seconds_per_step']:.2f}x")
+rows = lambda v: [json.loads(l) for l in v.splitlines() if l.strip()]
+hs_all, peer_all = rows(os.environ["HS"]), rows(os.environ["PEER"])
+hs = {r["bench"]: r for r in hs_all}
+steps_h = sorted(r["seconds_per_step"] for r in hs_all if r["bench"] == "step")
+steps_p = sorted(r["seconds_per_step"] for r in peer_all)
+h, p = hs["step"], peer_all[0]
+mh, mp = steps_h[len(steps_h) // 2], steps_p[len(steps_p) // 2]
+print(f"gate step  {h['batches']} batches, {h['steps']} timed steps, 3 runs each: headscope {' '.join(f'{x * 1e3:.1f}' for x in steps_h)} ms, "
+      f"PyTorch {' '.join(f'{x * 1e3:.1f}' for x in steps_p)} ms")
+print(f"           medians: headscope {mh * 1e3:.1f} ms  PyTorch {mp * 1e3:.1f} ms  time ratio headscope/PyTorch {mh / mp:.2f}x")
 print(f"           mean task loss: headscope {h['mean_loss']:.5f}  PyTorch {p['mean_loss']:.5f}")
 q = hs["prune_heads"]
 print(f"prune_heads {q['closed']} of {q['of']} heads removed, params {q['params_full']} -> {q['params_pruned']}")

@@ -245,7 +245,7 @@ pub mod api {
         let (opts, eval) = parse_options(m, &options)?;
         let label = format!("prune (lambda {})", opts.lambda);
         let mut progress = |p: &CurvePoint, total: usize| {
-            crate::engine::progress(&format!("{label}: loss {:.3}, expected open {:.1}", p.loss, p.expected_open), p.step, total)
+            crate::engine::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
         };
         let mut run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::engine::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
         let trained = run.trained.take().map(|mut t| {
