@@ -5,6 +5,7 @@
 pub mod ablation;
 pub mod accum;
 pub mod diversity;
+pub mod lrp;
 pub mod options;
 pub mod result;
 pub mod script;

@@ -560,6 +560,72 @@ pub mod api {
         run(m, data, o)?.grid("confidence", |k| k.confidence.clone())
     }
 
+    /// LRP head relevance of the self-attention stack (SPEC "LRP head relevance"): per layer,
+    /// each head's share of the relevance reaching the layer's heads, averaged over
+    /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus"), `seed`
+    /// ("logit": each position's top-1 next-token logit, the default for decoder-only models;
+    /// "norm": each position's final hidden units by squared activation, the default
+    /// otherwise), `seeds` ("each": one propagation per prediction, as the SPEC normalises;
+    /// "summed": a sentence's seeds together, about T times cheaper), `batch_tokens` (256).
+    /// The options grid echoes `predictions` and `max_conservation_error` (the largest
+    /// deviation of the total relevance from the seed's at any layer boundary). Through a
+    /// decoder (cross-attention heads) it is not implemented yet.
+    ///
+    /// ```rhai
+    /// let g = load_model("minilm").lrp(corpus(asset("pud_en.txt")).take(4), #{rule: "ab"});
+    /// let row = g["enc"][3];
+    /// let total = 0.0;
+    /// for v in row { total += v; }
+    /// assert(abs(total - 1.0) < 1e-6 && parse_float(g.options.max_conservation_error) < 1e-3);
+    /// ```
+    #[rhai_fn(name = "lrp", return_raw, pure)]
+    pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
+        use super::super::lrp::{lrp, LrpOptions, Seed};
+        m.require_unpruned("lrp")?;
+        let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
+        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("lrp: expected a Dataset, got {}", quote(&data))) };
+        let net = &m.model.net;
+        let default_seed = if net.output.is_some() && net.decoder.is_empty() { Seed::Logit } else { Seed::Norm };
+        let opts = LrpOptions {
+            rule: o.string("rule")?.map_or(Ok(super::super::lrp::Rule::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
+            seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
+            per_prediction: match o.string("seeds")?.as_deref() {
+                None | Some("each") => true,
+                Some("summed") => false,
+                Some(other) => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
+            },
+            batch_tokens: o.usize("batch_tokens")?.unwrap_or(256),
+        };
+        let gates = m.gates()?;
+        let mut progress = |done: usize, total: usize| crate::engine::progress("lrp", done, total);
+        let r = lrp(&m.model, &d, &opts, &gates, &crate::engine::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
+        Ok(Grid {
+            stat: format!("lrp ({})", r.options.rule),
+            model: m.model.name(),
+            dataset: d.name.clone(),
+            kinds: vec![(r.kind, r.heads)],
+            options: vec![
+                ("rule".into(), r.options.rule.to_string()),
+                ("seed".into(), r.options.seed.to_string()),
+                ("seeds".into(), if r.options.per_prediction { "each" } else { "summed" }.into()),
+                ("batch_tokens".into(), r.options.batch_tokens.to_string()),
+                ("predictions".into(), r.predictions.to_string()),
+                ("max_conservation_error".into(), format!("{:e}", r.max_conservation_error)),
+            ],
+        })
+    }
+
+    /// `lrp` with the default options.
+    ///
+    /// ```rhai
+    /// let g = load_model("enpt").lrp(corpus(asset("pud_en.txt")).take(3));
+    /// assert(g.kinds == ["enc"] && g.options.seed == "norm" && g.options.rule == "ab");
+    /// ```
+    #[rhai_fn(name = "lrp", return_raw, pure)]
+    pub fn lrp_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
+        lrp_opts(m, data, Map::new())
+    }
+
     /// Confidence grid of an analysis.
     ///
     /// ```rhai

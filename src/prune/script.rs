@@ -380,13 +380,13 @@ pub mod api {
     }
 
     /// The training curve: one map per step with `step`, `loss`, `penalty`, `expected_open`,
-    /// `open` and `eval` (the eval metric at eval steps, else `()`).
+    /// `open` and `eval_value` (the eval metric at eval steps, else `()`).
     ///
     /// ```rhai
     /// let m = load_model("minilm");
     /// let d = corpus(asset("pud_en.txt"));
     /// let r = m.prune(d.take(4), #{steps: 2, batch_tokens: 300, eval_data: d.take(2), eval_every: 2});
-    /// assert(r.curve[0].eval == () && type_of(r.curve[1].eval) == "f64" && r.curve[1].open <= 72);
+    /// assert(r.curve[0].eval_value == () && type_of(r.curve[1].eval_value) == "f64" && r.curve[1].open <= 72);
     /// ```
     #[rhai_fn(get = "curve", pure)]
     pub fn curve(r: &mut PruneResult) -> Array {
@@ -401,7 +401,7 @@ pub mod api {
                 m.insert("penalty".into(), Dynamic::from(p.penalty));
                 m.insert("expected_open".into(), Dynamic::from(p.expected_open));
                 m.insert("open".into(), Dynamic::from(p.open as i64));
-                m.insert("eval".into(), p.eval.map_or(Dynamic::UNIT, Dynamic::from));
+                m.insert("eval_value".into(), p.eval.map_or(Dynamic::UNIT, Dynamic::from));
                 Dynamic::from(m)
             })
             .collect()
