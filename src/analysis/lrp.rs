@@ -105,6 +105,16 @@ pub struct LrpResult {
     pub options: LrpOptions,
 }
 
+/// The ab rule's per-unit factors `R * alpha / Z+` and `R * beta / Z-` (alpha = beta = 0.5);
+/// a unit whose contributions all have one sign gives that side its whole relevance.
+fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
+    let has_p = zp.gt(1e-12).to_kind(zp.kind());
+    let has_n = zn.lt(-1e-12).to_kind(zn.kind());
+    let ap = (-&has_n * 0.5 + 1.0) * &has_p; // 0.5 with both signs, 1 with only positive
+    let an = (-&has_p * 0.5 + 1.0) * &has_n;
+    (r * ap / (zp + EPS), r * an / (zn - EPS))
+}
+
 /// Spreads `R [B, P, T, out]` over the inputs `x [B, 1, T, in]` of `y = x W^T + b` (the
 /// activations fixed); `w [out, in]`.
 pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: &Tensor) -> Tensor {
@@ -122,8 +132,7 @@ pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: &T
                 zp = zp + bp;
                 zn = zn + bn;
             }
-            let sp = r * 0.5 / (zp + EPS);
-            let sn = r * 0.5 / (zn - EPS);
+            let (sp, sn) = ab_split(r, &zp, &zn);
             let mut out = &xp * (sp.matmul(&wp) + sn.matmul(&wn)) + &xn * (sp.matmul(&wn) + sn.matmul(&wp));
             if let (Some(bp), Some(bn)) = (&bp, &bn) {
                 // The bias's share, spread evenly over the inputs.
@@ -159,9 +168,8 @@ fn rescale(r_in: &Tensor, r_out: &[&Tensor]) -> Tensor {
 fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Tensor) {
     let (ra, rb) = match rule {
         Rule::Ab => {
-            let zp = a.clamp_min(0.0) + b.clamp_min(0.0) + EPS;
-            let zn = a.clamp_max(0.0) + b.clamp_max(0.0) - EPS;
-            let part = |x: &Tensor| r * 0.5 * (x.clamp_min(0.0) / &zp + x.clamp_max(0.0) / &zn);
+            let (sp, sn) = ab_split(r, &(a.clamp_min(0.0) + b.clamp_min(0.0)), &(a.clamp_max(0.0) + b.clamp_max(0.0)));
+            let part = |x: &Tensor| x.clamp_min(0.0) * &sp + x.clamp_max(0.0) * &sn;
             (part(a), part(b))
         }
         Rule::Zplus => {
@@ -196,6 +204,20 @@ fn norm_rule(rule: Rule, n: &Norm, x: &Tensor, r: &Tensor) -> Tensor {
         }
     };
     linear_rule(rule, &scaled, &w, n.bias.as_ref(), r)
+}
+
+/// Relevance of attention contexts `r_ctx [B, P, H, T, dh]` on the values `v [B, 1, H, S, dh]`,
+/// the weights `probs [B, 1, H, T, S]` fixed: contributions `A_ts v_s`.
+pub fn attention_rule(rule: Rule, probs: &Tensor, v: &Tensor, r_ctx: &Tensor) -> Tensor {
+    match rule {
+        Rule::Ab => {
+            let (vp, vn) = (v.clamp_min(0.0), v.clamp_max(0.0));
+            let (sp, sn) = ab_split(r_ctx, &probs.matmul(&vp), &probs.matmul(&vn));
+            let pt = probs.transpose(-2, -1);
+            &vp * pt.matmul(&sp) + &vn * pt.matmul(&sn)
+        }
+        Rule::Zplus => (v * probs.transpose(-2, -1).matmul(&(r_ctx / stabilise(&probs.matmul(v))))).abs(),
+    }
 }
 
 /// What one layer's forward pass leaves for the relevance pass (all `[B, 1, ...]`).
@@ -319,20 +341,7 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let r_ctx = r_ctx.view([bsz, p, t, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, T, dh]
     let head_rel = r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float); // [B, P, H]
-    // Attention with the weights fixed: the value path. Shapes [B, 1, H, T, S] and [B, 1, H, S, dh].
-    let probs = &tr.probs;
-    let v = &tr.v;
-    let ctx = probs.matmul(v);
-    let r_v = match rule {
-        Rule::Ab => {
-            let (vp, vn) = (v.clamp_min(0.0), v.clamp_max(0.0));
-            let zp = probs.matmul(&vp) + EPS;
-            let zn = probs.matmul(&vn) - EPS;
-            let pt = probs.transpose(-2, -1);
-            &vp * pt.matmul(&(&r_ctx * 0.5 / zp)) + &vn * pt.matmul(&(&r_ctx * 0.5 / zn))
-        }
-        Rule::Zplus => (v * probs.transpose(-2, -1).matmul(&(&r_ctx / stabilise(&ctx)))).abs(),
-    }; // [B, P, H, S, dh]
+    let r_v = attention_rule(rule, &tr.probs, &tr.v, &r_ctx); // [B, P, H, S, dh]
     let r_v = if hk != h { r_v.view([bsz, p, hk, h / hk, t, dh]).sum_dim_intlist([3i64].as_slice(), false, r_v.kind()) } else { r_v };
     let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, hk * dh]);
     let r_v = rescale(&r_v, &[&r_ctx.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, h * dh])]);
@@ -452,15 +461,13 @@ fn top_logit_rule(rule: Rule, y: &Tensor, w: &Tensor, b: Option<&Tensor>, r: &Te
     let z = y * w;
     let out = match rule {
         Rule::Ab => {
-            let bp = b.map(|b| b.clamp_min(0.0));
-            let bn = b.map(|b| b.clamp_max(0.0));
-            let zp_sum = z.clamp_min(0.0).sum_dim_intlist([-1i64].as_slice(), true, z.kind()) + bp.as_ref().map_or(Tensor::from(0.0f32), |b| b.shallow_clone()) + EPS;
-            let zn_sum = z.clamp_max(0.0).sum_dim_intlist([-1i64].as_slice(), true, z.kind()) + bn.as_ref().map_or(Tensor::from(0.0f32), |b| b.shallow_clone()) - EPS;
-            let mut o = r * 0.5 * (z.clamp_min(0.0) / &zp_sum + z.clamp_max(0.0) / &zn_sum);
-            if let (Some(bp), Some(bn)) = (bp, bn) {
-                o = o + r * 0.5 * (bp / &zp_sum + bn / &zn_sum) / d;
-            }
-            o
+            let zero = || Tensor::zeros([1], (z.kind(), z.device()));
+            let bp = b.map_or_else(zero, |b| b.clamp_min(0.0));
+            let bn = b.map_or_else(zero, |b| b.clamp_max(0.0));
+            let zp_sum = z.clamp_min(0.0).sum_dim_intlist([-1i64].as_slice(), true, z.kind()) + &bp;
+            let zn_sum = z.clamp_max(0.0).sum_dim_intlist([-1i64].as_slice(), true, z.kind()) + &bn;
+            let (sp, sn) = ab_split(r, &zp_sum, &zn_sum);
+            z.clamp_min(0.0) * &sp + z.clamp_max(0.0) * &sn + (&sp * bp + &sn * bn) / d
         }
         Rule::Zplus => {
             let zp = y * w.clamp_min(EPS);
@@ -525,5 +532,55 @@ mod tests {
         let (ra, rb) = residual_rule(Rule::Ab, &a, &b, &r);
         let (ra0, rb0) = (host(&ra)[0], host(&rb)[0]);
         assert!((ra0 / rb0 - 2.0).abs() < 1e-3, "{ra0} {rb0}");
+    }
+
+    /// Two positions, one head of one dimension: A = [[1, 0], [0.5, 0.5]], v = (2, 4),
+    /// relevance 1 on the second context (= 0.5*2 + 0.5*4 = 3): contributions 1 and 2, so the
+    /// values get 1/3 and 2/3 under both rules.
+    #[test]
+    fn attention_rule_splits_by_contribution() {
+        let probs = t(&[1.0, 0.0, 0.5, 0.5], &[1, 1, 1, 2, 2]);
+        let v = t(&[2.0, 4.0], &[1, 1, 1, 2, 1]);
+        let r = t(&[0.0, 1.0], &[1, 1, 1, 2, 1]);
+        for rule in [Rule::Ab, Rule::Zplus] {
+            let got = host(&attention_rule(rule, &probs, &v, &r));
+            assert!((got[0] - 1.0 / 3.0).abs() < 1e-4 && (got[1] - 2.0 / 3.0).abs() < 1e-4, "{rule}: {got:?}");
+        }
+    }
+
+    /// A one-layer network small enough to propagate by hand (zplus): D = 2, two heads of one
+    /// dimension, Q = K = 0 (uniform attention), V = O = I, a zero FFN, x = [[1, 2], [3, 4]],
+    /// relevance (0.25, 0.75) on position 1's output. Norms pass relevance through; the FFN
+    /// gets none. Residual at position 1: x = (3, 4), attention output (2, 3):
+    /// R_x = (0.25*3/5, 0.75*4/7), R_o = (0.25*2/5, 0.75*3/7) = (0.1, 0.3214) = the heads.
+    /// Values: head h gets R_o[h] * 0.5 * v_s / ctx, ctx = (2, 3).
+    #[test]
+    fn one_layer_by_hand() {
+        use crate::model::nn::{Ffn, Linear, Norm};
+        let eye = || Tensor::eye(2, (DType::Float, Device::Cpu));
+        let zeros = |s: &[i64]| Tensor::zeros(s, (DType::Float, Device::Cpu));
+        let lin = |w: Tensor| Linear { w, b: None };
+        let norm = || Norm { kind: NormKind::Layer, weight: Tensor::ones([2], (DType::Float, Device::Cpu)), bias: Some(zeros(&[2])), eps: 1e-5 };
+        let layer = EncoderLayer {
+            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None },
+            attn_norm: norm(),
+            ffn: Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
+            ffn_norm: norm(),
+            norm_position: NormPosition::Post,
+        };
+        let x = t(&[1.0, 2.0, 3.0, 4.0], &[1, 2, 2]);
+        let bias = zeros(&[1, 1, 1, 2]);
+        let (_, tr) = trace_layer(&layer, &x, &bias, None);
+        let r_y = t(&[0.0, 0.0, 0.25, 0.75], &[1, 1, 2, 2]);
+        let (r_x, heads) = relprop_layer(Rule::Zplus, &layer, &tr, &r_y);
+        let got = host(&r_x);
+        let (h0, h1) = (0.25 * 2.0 / 5.0, 0.75 * 3.0 / 7.0);
+        let want = [0.5 * 1.0 / 2.0 * h0, 0.5 * 2.0 / 3.0 * h1, 0.25 * 3.0 / 5.0 + 0.5 * 3.0 / 2.0 * h0, 0.75 * 4.0 / 7.0 + 0.5 * 4.0 / 3.0 * h1];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-4, "{got:?} vs {want:?}");
+        }
+        let hr = host(&heads);
+        assert!((hr[0] - h0).abs() < 1e-4 && (hr[1] - h1).abs() < 1e-4, "{hr:?}");
+        assert!((got.iter().sum::<f64>() - 1.0).abs() < 1e-5);
     }
 }
