@@ -337,7 +337,6 @@ fn bad_analysis_inputs_are_clear_errors() {
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{rule: \"eps\"})", "lrp: unknown LRP rule 'eps' (expected \"ab\" or \"zplus\")"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{seeds: \"all\"})", "lrp: unknown seeds 'all' (expected \"each\" or \"summed\")"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{seed: \"logit\"})", "lrp: seed \"logit\" needs an output head; minilm has none: use seed \"norm\""),
-        ("load_model(\"enpt\").lrp(corpus(\"two.txt\"), #{seed: \"logit\"})", "lrp: LRP through a decoder is not implemented yet"),
         ("load_model(\"enpt\").lrp(corpus(\"two.txt\").take(0))", "lrp: the dataset two.txt[:0] is empty"),
     ];
     expect_errors(d, cases);

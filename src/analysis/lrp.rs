@@ -1,5 +1,7 @@
-//! LRP head relevance (SPEC.md "LRP head relevance") for self-attention stacks: encoders
-//! (`enc`) and decoder-only models (`dec`).
+//! LRP head relevance (SPEC.md "LRP head relevance"): encoders (`enc`), decoder-only models
+//! (`dec`), and translation models through their decoder (`cross`, then `enc`): seeds at each
+//! target step's top-1 logit travel back in time through the SSRU states, onto the target
+//! embeddings, and through cross-attention's value path onto the encoder output.
 //!
 //! The forward pass of each layer is traced; relevance then travels down layer by layer as
 //! tensors `[B, P, T, D]`: B sentences, P predictions per sentence (every position's seed
@@ -96,9 +98,8 @@ pub struct LrpOptions {
 /// LRP head relevance of one self-attention stack.
 #[derive(Debug, Clone)]
 pub struct LrpResult {
-    pub kind: Kind,
-    /// `[layer][head]`: mean over predictions of the normalised head relevance.
-    pub heads: Vec<Vec<f64>>,
+    /// Per kind, `[layer][head]`: mean over predictions of the normalised head relevance.
+    pub kinds: Vec<(Kind, Vec<Vec<f64>>)>,
     pub predictions: usize,
     /// The largest `|sum |R| / seed - 1|` over predictions and layer boundaries.
     pub max_conservation_error: f64,
@@ -353,31 +354,228 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     (rescale(&(r_x_res + r_x_attn), &[r_y]), head_rel)
 }
 
-/// LRP head relevance of `model`'s self-attention stack over `data`.
+/// One decoder layer at one teacher-forced step (all `[B, 1, 1, D]`, probs `[B, 1, H, 1, S]`).
+struct DecTrace {
+    x_in: Tensor,
+    gate_c: Tensor,
+    gate_u: Tensor,
+    u: Tensor,
+    c_prev: Tensor,
+    o: Tensor,
+    s_a: Tensor,
+    x1: Tensor,
+    probs: Tensor,
+    ctx: Tensor,
+    a: Tensor,
+    s_b: Tensor,
+    x2: Tensor,
+    ffn_hidden: Tensor,
+    ffn_out: Tensor,
+    s_c: Tensor,
+}
+
+/// Relevance through the FFN block `y = norm(x + ffn(x))` (post-norm) down to `x`.
+fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &Tensor, hidden: &Tensor, out: &Tensor, s: &Tensor, r_y: &Tensor) -> Tensor {
+    let r_s = norm_rule(rule, norm, s, r_y);
+    let (r_res, r_f) = residual_rule(rule, x, out, &r_s);
+    let r_hidden = linear_rule(rule, hidden, &ffn.down.w, ffn.down.b.as_ref(), &r_f);
+    let r_in = linear_rule(rule, x, &ffn.up.w, ffn.up.b.as_ref(), &r_hidden);
+    rescale(&(r_res + r_in), &[&r_s])
+}
+
+/// Teacher-forced decoder LRP: seeds at each target step's top-1 logit, propagated back in
+/// time through the SSRU states and down to the target embeddings and (through
+/// cross-attention's value path) the encoder output. Returns the relevance on the encoder
+/// output `[B, P, S, D]`, cross-attention head relevance `[L][B, P, H]`, the largest
+/// conservation error over the decoder's layer boundaries, and the relevance left on the
+/// target side (the target embeddings) `[B, P]`. With `per_prediction` false, P = 1.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<(Tensor, Vec<Tensor>, f64, Tensor), ModelError> {
+    let net = &model.net;
+    let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+    let (bsz, t_len) = (targets.size()[0], targets.size()[1]);
+    let s_len = enc.size()[1];
+    let n_layers = net.decoder.len();
+    let bias = crate::model::nn::key_bias(enc_mask, enc.kind());
+    let u4 = |x: &Tensor| x.view([bsz, 1, 1, -1]);
+    // Values of every cross-attention, from the encoder output: [B, 1, H, S, dh].
+    let mut v_enc = Vec::new();
+    for layer in &net.decoder {
+        let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
+        if a.n_kv_heads != a.n_heads {
+            return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
+        }
+        v_enc.push(a.v.forward(enc).view([bsz, s_len, a.n_heads, a.head_dim]).transpose(1, 2).unsqueeze(1));
+    }
+    // Forward, step by step, keeping what the relevance pass needs.
+    let mut traces: Vec<Vec<DecTrace>> = Vec::with_capacity(t_len as usize);
+    let mut cells: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, net.d_model], (enc.kind(), enc.device()))).collect();
+    let mut finals = Vec::with_capacity(t_len as usize);
+    for step in 0..t_len {
+        let prev = if step == 0 { None } else { Some(targets.select(1, step - 1).view([bsz, 1])) };
+        let mut x = net.embed.forward(prev.as_ref(), bsz, step, 1)?.squeeze_dim(1); // [B, D]
+        let mut row = Vec::with_capacity(n_layers);
+        for (l, layer) in net.decoder.iter().enumerate() {
+            let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
+            let f = cell.wf.forward(&x).sigmoid();
+            let u = cell.w.forward(&x);
+            let c_prev = cells[l].shallow_clone();
+            let c = &f * &c_prev + (-&f + 1.0) * &u;
+            let o = c.relu();
+            let s_a = &x + &o;
+            let x1 = layer.self_norm.forward(&s_a);
+            let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
+            let (h, dh) = (attn.n_heads, attn.head_dim);
+            let q = attn.q.forward(&x1).view([bsz, 1, h, dh]).transpose(1, 2); // [B, H, 1, dh]
+            let k = attn.k.forward(enc).view([bsz, s_len, h, dh]).transpose(1, 2);
+            let probs = (q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + &bias).softmax(-1, q.kind()); // [B, H, 1, S]
+            let mut ctx = probs.matmul(&v_enc[l].squeeze_dim(1)); // [B, H, 1, dh]
+            if let Some(g) = gates.layer(Kind::Cross, l) {
+                ctx = ctx * g.view([g.size()[0], h, 1, 1]);
+            }
+            let ctx = ctx.transpose(1, 2).reshape([bsz, h * dh]);
+            let a = attn.o.forward(&ctx);
+            let s_b = &x1 + &a;
+            let x2 = cross_norm.forward(&s_b);
+            let ffn_hidden = act(layer.ffn.act, &layer.ffn.up.forward(&x2));
+            let ffn_out = layer.ffn.down.forward(&ffn_hidden);
+            let s_c = &x2 + &ffn_out;
+            let y = layer.ffn_norm.forward(&s_c);
+            row.push(DecTrace {
+                x_in: u4(&x),
+                gate_c: u4(&f),
+                gate_u: u4(&(-&f + 1.0)),
+                u: u4(&u),
+                c_prev: u4(&c_prev),
+                o: u4(&o),
+                s_a: u4(&s_a),
+                x1: u4(&x1),
+                probs: probs.unsqueeze(1),
+                ctx: u4(&ctx),
+                a: u4(&a),
+                s_b: u4(&s_b),
+                x2: u4(&x2),
+                ffn_hidden: u4(&ffn_hidden),
+                ffn_out: u4(&ffn_out),
+                s_c: u4(&s_c),
+            });
+            cells[l] = c;
+            x = y;
+        }
+        finals.push(x);
+        traces.push(row);
+    }
+    // Seeds: prediction p is step p's top-1 logit.
+    let p_len = if per_prediction { t_len } else { 1 };
+    let mut r_enc = Tensor::zeros([bsz, p_len, s_len, net.d_model], (enc.kind(), enc.device()));
+    let mut head_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, net.decoder[0].cross.as_ref().map_or(0, |(a, _)| a.n_heads)], (DType::Float, enc.device()))).collect();
+    let mut r_future: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, 1, net.d_model], (enc.kind(), enc.device()))).collect();
+    // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
+    let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
+    let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
+    let abs_total = |t: &Tensor| t.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
+    let eye = Tensor::eye(t_len, (enc.kind(), enc.device()));
+    for step in (0..t_len).rev() {
+        // The seed of prediction `step` enters at the top of this step.
+        let y = &finals[step as usize];
+        let logits = out.forward(y);
+        let top = logits.argmax(-1, false);
+        let w_row = out.w.index_select(0, &top).view([bsz, 1, 1, -1]);
+        let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([bsz, 1, 1, 1]));
+        // The row of prediction `step` (or the one row of summed seeds, real targets only).
+        let onehot = if per_prediction {
+            eye.select(1, step).view([1, p_len, 1, 1]) * Tensor::ones([bsz, 1, 1, 1], (enc.kind(), enc.device()))
+        } else {
+            weight.select(1, step).view([bsz, 1, 1, 1])
+        };
+        let yy = y.view([bsz, 1, 1, -1]) * &onehot;
+        let mut r = top_logit_rule(rule, &yy, &w_row, b_top.as_ref(), &onehot);
+        down_total[n_layers] = &down_total[n_layers] + abs_total(&r);
+        for l in (0..n_layers).rev() {
+            let tr = &traces[step as usize][l];
+            let layer = &net.decoder[l];
+            let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
+            let incoming = abs_total(&r) + abs_total(&r_future[l]);
+            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &tr.x2, &tr.ffn_hidden, &tr.ffn_out, &tr.s_c, &r);
+            let r_sb = norm_rule(rule, cross_norm, &tr.s_b, &r_x2);
+            let (r_x1, r_a) = residual_rule(rule, &tr.x1, &tr.a, &r_sb);
+            let r_ctx = linear_rule(rule, &tr.ctx, &attn.o.w, attn.o.b.as_ref(), &r_a); // [B, P, 1, H*dh]
+            let (h, dh) = (attn.n_heads, attn.head_dim);
+            let r_ctx = r_ctx.view([bsz, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, 1, dh]
+            head_rel[l] = &head_rel[l] + r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float);
+            let r_v = attention_rule(rule, &tr.probs, &v_enc[l], &r_ctx); // [B, P, H, S, dh]
+            let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
+            let r_v = rescale(&r_v, &[&r_a]);
+            let r_src = linear_rule(rule, &enc.unsqueeze(1), &attn.v.w, attn.v.b.as_ref(), &r_v); // [B, P, S, D]
+            let r_sa = norm_rule(rule, &layer.self_norm, &tr.s_a, &r_x1);
+            let (r_xin_res, r_o) = residual_rule(rule, &tr.x_in, &tr.o, &r_sa);
+            // c = f c' + (1 - f) u, the gate f fixed; relevance on c from this step and the next.
+            let r_c = &r_o + &r_future[l];
+            let (r_cprev, r_uu) = residual_rule(rule, &(&tr.gate_c * &tr.c_prev), &(&tr.gate_u * &tr.u), &r_c);
+            let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
+            let r_xin_u = linear_rule(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), &r_uu);
+            let r_xin = &r_xin_res + &r_xin_u;
+            // The block's parts leave with what entered it (ab relevance of both signs may
+            // cancel where branches merge).
+            let outgoing = abs_total(&r_xin) + abs_total(&r_cprev) + abs_total(&r_src);
+            let k = (&incoming / (outgoing + 1e-30)).view([bsz, p_len, 1, 1]);
+            let (r_xin, r_cprev, r_src) = (r_xin * &k, r_cprev * &k, r_src * &k);
+            enc_from[l] = &enc_from[l] + abs_total(&r_src);
+            r_enc = r_enc + r_src;
+            r_future[l] = r_cprev;
+            down_total[l] = &down_total[l] + abs_total(&r_xin);
+            r = r_xin;
+        }
+    }
+    // Below layer l, the relevance is that of the decoder states there plus what reached the
+    // source from layers l and above (the initial SSRU states are 0 and take none).
+    let seed = &down_total[n_layers];
+    let mut worst = 0f64;
+    let w = if per_prediction { weight.shallow_clone() } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+    for l in 0..n_layers {
+        let src: Tensor = enc_from[l..].iter().fold(Tensor::zeros_like(seed), |a, b| a + b);
+        let err = ((&down_total[l] + src) / (seed + 1e-30) - 1.0).abs() * &w;
+        worst = worst.max(err.max().double_value(&[]));
+    }
+    Ok((r_enc, head_rel, worst, down_total[0].shallow_clone()))
+}
+
+/// LRP head relevance of `model` over `data`: the self-attention stack, and for models with
+/// a decoder (seed "logit") the cross-attention heads too.
 pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<LrpResult, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     let net = &model.net;
-    if !net.decoder.is_empty() && opts.seed == Seed::Logit {
-        return Err(AnalysisError::Input(format!(
-            "LRP through a decoder is not implemented yet: {} has one, so its cross-attention heads and a logit seed are out of reach; seed: \"norm\" gives the encoder's heads",
-            model.name()
-        )));
-    }
     if opts.seed == Seed::Logit && net.output.is_none() {
         return Err(AnalysisError::Input(format!("seed \"logit\" needs an output head; {} has none: use seed \"norm\"", model.name())));
     }
+    let through_decoder = !net.decoder.is_empty() && opts.seed == Seed::Logit;
     let kind = net.stack_kind;
     let n_layers = net.encoder.len();
     let n_heads = net.encoder.first().map_or(0, |l| l.attn.n_heads as usize);
+    let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.n_heads as usize);
     let _g = tch::no_grad_guard();
+    // Batches: for a decoder, teacher-forced targets come along (references, else greedy).
+    let prep = if through_decoder { Some(super::ablation::prepare(model, data, super::ablation::Metric::Loss, opts.batch_tokens)?) } else { None };
     let encoded = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<Vec<_>, _>>()?;
     let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-    let groups = batch::by_length(&lengths, opts.batch_tokens.max(1));
+    let groups: Vec<Vec<usize>> = match &prep {
+        Some(p) => p.batches.iter().map(|b| b.rows.clone()).collect(),
+        None => batch::by_length(&lengths, opts.batch_tokens.max(1)),
+    };
     let mut sums = vec![vec![0f64; n_heads]; n_layers];
+    let mut cross_sums = vec![vec![0f64; cross_heads]; net.decoder.len()];
     let mut predictions = 0usize;
     let mut worst = 0f64;
+    let add_heads = |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
+        let norm = head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, DType::Float) + 1e-30);
+        let per_head = (norm * weight.unsqueeze(-1)).sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
+        for (h, val) in Vec::<f64>::try_from(per_head.to_device(Device::Cpu))?.into_iter().enumerate() {
+            sums[l][h] += val;
+        }
+        Ok(())
+    };
     for (gi, group) in groups.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
@@ -393,64 +591,69 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             traces.push(tr);
             x = y;
         }
-        // Predictions: the real (non-special, non-padding) positions.
-        let real: Vec<f32> = b.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
-        let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
-        // Seeds [B, T(pred), T, D].
-        let (final_in, seed_vec) = match (&net.final_norm, opts.seed) {
-            (_, Seed::Norm) => {
-                let y = if let Some(n) = &net.final_norm { n.forward(&x) } else { x.shallow_clone() };
-                let sq = y.pow_tensor_scalar(2);
-                (None, &sq / sq.sum_dim_intlist([-1i64].as_slice(), true, sq.kind()))
+        // Relevance at the stack's output, per prediction: [B, P, T, D].
+        let (mut r, weight, target_part) = if let Some(p) = &prep {
+            let pb = &p.batches[gi];
+            let (tgt, tm) = pb.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+            let weight = tm.to_kind(DType::Float);
+            let (r_enc, cross_rel, dec_err, target_part) = relprop_decoder(opts.rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
+            worst = worst.max(dec_err);
+            let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+            for (l, rel) in cross_rel.iter().enumerate() {
+                add_heads(&mut cross_sums, l, rel, &weight)?;
             }
-            (fnorm, Seed::Logit) => {
-                let y = if let Some(n) = fnorm { n.forward(&x) } else { x.shallow_clone() };
-                let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-                let logits = out.forward(&y);
-                let top = logits.argmax(-1, false); // [B, T]
-                let w_rows = out.w.index_select(0, &top.view([-1])).view([bsz, t, -1]); // [B, T, D]
-                let b_top = out.b.as_ref().map(|bb| bb.index_select(0, &top.view([-1])).view([bsz, t, 1]));
-                (Some((y, w_rows, b_top)), Tensor::zeros([1], (x.kind(), x.device())))
+            (r_enc, weight, Some(target_part))
+        } else {
+            // Predictions: the real (non-special, non-padding) positions.
+            let real: Vec<f32> = b.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
+            let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
+            let y = if let Some(n) = &net.final_norm { n.forward(&x) } else { x.shallow_clone() };
+            let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
+            let mut r = match opts.seed {
+                Seed::Norm => {
+                    let sq = y.pow_tensor_scalar(2);
+                    (&sq / sq.sum_dim_intlist([-1i64].as_slice(), true, sq.kind())).unsqueeze(1) * eye.view([1, t, t, 1])
+                }
+                Seed::Logit => {
+                    let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+                    let top = out.forward(&y).argmax(-1, false); // [B, T]
+                    let w_rows = out.w.index_select(0, &top.view([-1])).view([bsz, 1, t, -1]);
+                    let b_top = out.b.as_ref().map(|bb| bb.index_select(0, &top.view([-1])).view([bsz, 1, t, 1]));
+                    let yy = y.unsqueeze(1) * eye.view([1, t, t, 1]);
+                    top_logit_rule(opts.rule, &yy, &w_rows, b_top.as_ref(), &eye.view([1, t, t, 1]))
+                }
+            };
+            if !opts.per_prediction {
+                r = (r * real.view([bsz, t, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, DType::Float);
             }
+            if let Some(n) = &net.final_norm {
+                r = norm_rule(opts.rule, n, &x.unsqueeze(1), &r);
+            }
+            let weight = if opts.per_prediction { real } else { real.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+            (r, weight, None)
         };
-        let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
-        let mut r = match &final_in {
-            None => seed_vec.unsqueeze(1) * eye.view([1, t, t, 1]),
-            Some((y, w_rows, b_top)) => {
-                // One output unit per position: its contributions y_i w_i (+ bias share).
-                let yy = y.unsqueeze(1) * eye.view([1, t, t, 1]);
-                let r_top = eye.view([1, t, t]).unsqueeze(-1); // relevance 1 at each position's top logit
-                let w = w_rows.unsqueeze(1); // [B, 1, T, D]
-                let bb = b_top.as_ref().map(|b| b.unsqueeze(1));
-                top_logit_rule(opts.rule, &yy, &w, bb.as_ref(), &r_top)
-            }
-        };
-        if !opts.per_prediction {
-            r = (r * real.view([bsz, t, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, DType::Float);
-        }
-        if let Some(n) = &net.final_norm {
-            r = norm_rule(opts.rule, n, &x.unsqueeze(1), &r);
-        }
-        let seed_total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float); // [B, P]
-        let weight = if opts.per_prediction { real.shallow_clone() } else { real.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+        // Seed total per prediction: what reached the stack's output, plus (for a decoder)
+        // what stayed on the target side.
+        let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (DType::Float, x.device())));
+        let seed_total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float) + &target_total;
         for l in (0..n_layers).rev() {
             let (r_in, head_rel) = relprop_layer(opts.rule, &net.encoder[l], &traces[l], &r);
             r = r_in;
-            let total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
+            let total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float) + &target_total;
             let err = ((&total / (&seed_total + 1e-30)) - 1.0).abs() * &weight;
             worst = worst.max(err.max().double_value(&[]));
-            let norm = &head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, DType::Float) + 1e-30);
-            let per_head = (norm * weight.unsqueeze(-1)).sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
-            let v = Vec::<f64>::try_from(per_head.to_device(Device::Cpu)).map_err(ModelError::from)?;
-            for (h, val) in v.into_iter().enumerate() {
-                sums[l][h] += val;
-            }
+            add_heads(&mut sums, l, &head_rel, &weight)?;
         }
         predictions += weight.sum(DType::Double).double_value(&[]) as usize;
         progress(gi + 1, groups.len());
     }
     let n = predictions.max(1) as f64;
-    Ok(LrpResult { kind, heads: sums.into_iter().map(|r| r.into_iter().map(|v| v / n).collect()).collect(), predictions, max_conservation_error: worst, options: opts.clone() })
+    let mean = |v: Vec<Vec<f64>>| v.into_iter().map(|r| r.into_iter().map(|x| x / n).collect()).collect();
+    let mut kinds = vec![(kind, mean(sums))];
+    if through_decoder {
+        kinds.push((Kind::Cross, mean(cross_sums)));
+    }
+    Ok(LrpResult { kinds, predictions, max_conservation_error: worst, options: opts.clone() })
 }
 
 /// The rule for a single output unit per position (a top-1 logit): `r [B, P, T, 1]`,

@@ -563,13 +563,14 @@ pub mod api {
     /// LRP head relevance of the self-attention stack (SPEC "LRP head relevance"): per layer,
     /// each head's share of the relevance reaching the layer's heads, averaged over
     /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus"), `seed`
-    /// ("logit": each position's top-1 next-token logit, the default for decoder-only models;
-    /// "norm": each position's final hidden units by squared activation, the default
-    /// otherwise), `seeds` ("each": one propagation per prediction, as the SPEC normalises;
-    /// "summed": a sentence's seeds together, about T times cheaper), `batch_tokens` (256).
-    /// The options grid echoes `predictions` and `max_conservation_error` (the largest
-    /// deviation of the total relevance from the seed's at any layer boundary). Through a
-    /// decoder (cross-attention heads) it is not implemented yet.
+    /// ("logit": each output position's top-1 logit, the default for models with an output
+    /// head: teacher-forced on the references, else on the model's greedy translation, giving
+    /// encoder and cross-attention heads for translation models; "norm": each position's final
+    /// hidden units by squared activation, the default for encoders, and for a translation
+    /// model the encoder alone), `seeds` ("each": one propagation per prediction, as the SPEC
+    /// normalises; "summed": a sentence's seeds together, about T times cheaper),
+    /// `batch_tokens` (256). The options echo `predictions` and `max_conservation_error` (the
+    /// largest deviation of the total relevance from the seed's at any layer boundary).
     ///
     /// ```rhai
     /// let g = load_model("minilm").lrp(corpus(asset("pud_en.txt")).take(4), #{rule: "ab"});
@@ -585,7 +586,7 @@ pub mod api {
         let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
         let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("lrp: expected a Dataset, got {}", quote(&data))) };
         let net = &m.model.net;
-        let default_seed = if net.output.is_some() && net.decoder.is_empty() { Seed::Logit } else { Seed::Norm };
+        let default_seed = if net.output.is_some() { Seed::Logit } else { Seed::Norm };
         let opts = LrpOptions {
             rule: o.string("rule")?.map_or(Ok(super::super::lrp::Rule::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
             seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
@@ -603,7 +604,7 @@ pub mod api {
             stat: format!("lrp ({})", r.options.rule),
             model: m.model.name(),
             dataset: d.name.clone(),
-            kinds: vec![(r.kind, r.heads)],
+            kinds: r.kinds.clone(),
             options: vec![
                 ("rule".into(), r.options.rule.to_string()),
                 ("seed".into(), r.options.seed.to_string()),
@@ -619,7 +620,7 @@ pub mod api {
     ///
     /// ```rhai
     /// let g = load_model("enpt").lrp(corpus(asset("pud_en.txt")).take(3));
-    /// assert(g.kinds == ["enc"] && g.options.seed == "norm" && g.options.rule == "ab");
+    /// assert(g.kinds == ["enc", "cross"] && g.options.seed == "logit" && g.options.rule == "ab");
     /// ```
     #[rhai_fn(name = "lrp", return_raw, pure)]
     pub fn lrp_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
