@@ -1,6 +1,29 @@
 //! headscope: understand and prune the attention heads of Transformer models from Rhai.
 //! See ARCHITECTURE.md for the map of the code.
 
+/// A typed option: an enum parsed once at the edge from its script name (with a one-line
+/// error listing the accepted names) and printed back by the same name.
+macro_rules! options_enum {
+    ($name:ident, $what:literal, { $($v:ident = $s:literal),* $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum $name { $($v),* }
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok($name::$v),)*
+                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, [$(concat!("\"", $s, "\"")),*].join(" or "))),
+                }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self { $($name::$v => $s),* })
+            }
+        }
+    };
+}
+
 pub mod analysis;
 pub mod assets;
 pub mod data;

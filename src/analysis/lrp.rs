@@ -25,65 +25,15 @@ use crate::data::Dataset;
 use crate::model::nn::{Activation, Attention, Gates, Norm, NormKind, NormPosition};
 use crate::model::transformer::EncoderLayer;
 use crate::model::{batch, Kind, Model, ModelError};
-use std::str::FromStr;
 use tch::{Device, Kind as DType, Tensor};
 
 const EPS: f64 = 1e-5;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rule {
-    Ab,
-    Zplus,
-}
+options_enum!(Rule, "LRP rule", { Ab = "ab", Zplus = "zplus" });
 
-impl FromStr for Rule {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "ab" => Ok(Rule::Ab),
-            "zplus" => Ok(Rule::Zplus),
-            other => Err(format!("unknown LRP rule '{other}' (expected \"ab\" or \"zplus\")")),
-        }
-    }
-}
-
-impl std::fmt::Display for Rule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Rule::Ab => "ab",
-            Rule::Zplus => "zplus",
-        })
-    }
-}
-
-/// Where relevance starts.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Seed {
-    /// Each position's final hidden units, in proportion to their squared activation.
-    Norm,
-    /// The top-1 logit of each position's next-token prediction (models with an output head).
-    Logit,
-}
-
-impl FromStr for Seed {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "norm" => Ok(Seed::Norm),
-            "logit" => Ok(Seed::Logit),
-            other => Err(format!("unknown LRP seed '{other}' (expected \"norm\" or \"logit\")")),
-        }
-    }
-}
-
-impl std::fmt::Display for Seed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Seed::Norm => "norm",
-            Seed::Logit => "logit",
-        })
-    }
-}
+// Where relevance starts: `norm` (each position's final hidden units, in proportion to their
+// squared activation) or `logit` (the top-1 logit of each output position).
+options_enum!(Seed, "LRP seed", { Norm = "norm", Logit = "logit" });
 
 #[derive(Debug, Clone)]
 pub struct LrpOptions {

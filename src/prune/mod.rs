@@ -18,7 +18,6 @@ use crate::data::Dataset;
 use crate::model::nn::Gates;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use std::path::PathBuf;
-use std::str::FromStr;
 use tch::{Device, Kind as DType, Tensor};
 
 /// The Hard Concrete distribution's constants.
@@ -69,27 +68,6 @@ impl Concrete {
             EvalGates::Continuous => (log_alpha.sigmoid() * (self.r - self.l) + self.l).clamp(0.0, 1.0),
         }
     }
-}
-
-macro_rules! options_enum {
-    ($name:ident, $what:literal, { $($v:ident = $s:literal),* $(,)? }) => {
-        #[derive(Debug, Clone, Copy, PartialEq)]
-        pub enum $name { $($v),* }
-        impl FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($s => Ok($name::$v),)*
-                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, [$(concat!("\"", $s, "\"")),*].join(" or "))),
-                }
-            }
-        }
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(match self { $($name::$v => $s),* })
-            }
-        }
-    };
 }
 
 options_enum!(EvalGates, "eval_gates", { Binary = "binary", Continuous = "continuous" });
