@@ -267,24 +267,18 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
 fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> (Tensor, Tensor) {
     let f = &layer.ffn;
     let a = &layer.attn;
-    // Top: the second residual (and its norm, post-norm).
-    let r_s2 = match layer.norm_position {
-        NormPosition::Post => norm_rule(rule, &layer.ffn_norm, &tr.s2, r_y),
-        NormPosition::Pre => r_y.shallow_clone(),
-    };
-    let (r_h_res, r_f) = residual_rule(rule, &tr.h, &tr.ffn_out, &r_s2);
-    let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), &r_f);
-    // Through the activation unchanged (a gated FFN's gate acts as fixed weights on the up
-    // projection), then the up projection.
-    let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), &r_hidden);
-    // The FFN's input relevance joins the residual's; relevance of opposite signs may cancel
-    // in the sum, so the merge is rescaled to what entered the block.
+    // The FFN block; its input relevance joins the residual's.
     let r_s1 = match layer.norm_position {
         NormPosition::Post => {
-            let r_h = rescale(&(r_h_res + r_ffn_in), &[&r_s2]);
+            let r_h = relprop_ffn_block(rule, f, &layer.ffn_norm, &tr.h, &tr.ffn_hidden, &tr.ffn_out, &tr.s2, r_y);
             norm_rule(rule, &layer.attn_norm, &tr.s1, &r_h)
         }
-        NormPosition::Pre => rescale(&(r_h_res + norm_rule(rule, &layer.ffn_norm, &tr.s1, &r_ffn_in)), &[&r_s2]),
+        NormPosition::Pre => {
+            let (r_h_res, r_f) = residual_rule(rule, &tr.h, &tr.ffn_out, r_y);
+            let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), &r_f);
+            let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), &r_hidden);
+            rescale(&(r_h_res + norm_rule(rule, &layer.ffn_norm, &tr.s1, &r_ffn_in)), &[r_y])
+        }
     };
     let (r_x_res, r_o) = residual_rule(rule, &tr.x, &tr.attn_out, &r_s1);
     let r_ctx = linear_rule(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), &r_o); // [B, P, T, H*dh]
@@ -324,7 +318,10 @@ struct DecTrace {
     s_c: Tensor,
 }
 
-/// Relevance through the FFN block `y = norm(x + ffn(x))` (post-norm) down to `x`.
+/// Relevance through a post-norm FFN block `y = norm(x + ffn(x))` down to `x`: through the
+/// activation unchanged (a gated FFN's gate acts as fixed weights on the up projection); the
+/// merge of the two branches is rescaled to what entered the block, since relevance of
+/// opposite signs may cancel in the sum.
 fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &Tensor, hidden: &Tensor, out: &Tensor, s: &Tensor, r_y: &Tensor) -> Tensor {
     let r_s = norm_rule(rule, norm, s, r_y);
     let (r_res, r_f) = residual_rule(rule, x, out, &r_s);
