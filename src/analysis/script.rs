@@ -295,7 +295,7 @@ fn matrix(m: &[Vec<f64>]) -> Dynamic {
     Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
 }
 
-fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str) -> ScriptResult<(super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>)> {
+fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<(super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>)> {
     m.require_unpruned(func)?;
     let o = Opts::new(options, func, &["metric", "kinds", "batch_tokens"])?;
     let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("{func}: expected a Dataset, got {}", quote(data))) };
@@ -309,7 +309,7 @@ fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static
         Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?,
         None => m.model.kinds().iter().map(|k| k.kind).collect(),
     };
-    let bt = o.usize("batch_tokens")?.unwrap_or(1024);
+    let bt = o.usize("batch_tokens")?.unwrap_or(default_batch_tokens);
     let p = super::ablation::prepare(&m.model, &d, metric, bt).or_else(|e| err(format!("{func}: {e}")))?;
     let echo = vec![("metric".to_string(), metric.to_string()), ("targets".into(), p.targets_from.to_string()), ("batch_tokens".into(), bt.to_string())];
     Ok((p, kinds, echo))
@@ -332,7 +332,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "ablate", return_raw, pure)]
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Array, options: Map) -> ScriptResult<Map> {
-        let (p, _, echo) = ablation_setup(m, &data, &options, "ablate")?;
+        let (p, _, echo) = ablation_setup(m, &data, &options, "ablate", 1024)?;
         let mut ids = Vec::new();
         for (i, h) in heads.iter().enumerate() {
             let Some(h) = h.clone().try_cast::<crate::model::script::Head>() else { return err(format!("ablate: heads[{i}] is not a Head: {}", quote(h))) };
@@ -370,8 +370,9 @@ pub mod api {
 
     /// Every head masked alone: per kind a layers x heads grid of the metric with that head
     /// masked (the unmasked value is in `.options.base`). Equals `ablate` head by head, but
-    /// computes the layers below each head once and batches the masks. Options as `ablate`,
-    /// plus `kinds`.
+    /// computes the layers below each head once and batches the masks. Options as `ablate`
+    /// (but `batch_tokens` defaults to 256: small length-sorted batches waste no padding, and the
+    /// masks of a layer are stacked on them), plus `kinds`.
     ///
     /// ```rhai
     /// let m = load_model("enpt");
@@ -383,7 +384,7 @@ pub mod api {
         if !m.closed.is_empty() {
             return err("ablation_sweep: run it on the unmasked model (this view masks heads already)");
         }
-        let (p, kinds, mut echo) = ablation_setup(m, &data, &options, "ablation_sweep")?;
+        let (p, kinds, mut echo) = ablation_setup(m, &data, &options, "ablation_sweep", 256)?;
         let stop = crate::engine::interrupted;
         let base = super::super::ablation::evaluate(&m.model, &p, &crate::model::nn::Gates::none(), &stop).or_else(|e| err(format!("ablation_sweep: {e}")))?;
         let mut progress = |done: usize, total: usize| crate::engine::progress("ablation sweep", done, total);
