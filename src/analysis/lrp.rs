@@ -29,6 +29,10 @@ use tch::{Device, Kind as DType, Tensor};
 
 const EPS: f64 = 1e-5;
 
+/// Below this share of a unit's total `|z|`, a side of a linear map's contributions counts as
+/// empty (see [`ab_factors`]).
+const LINEAR_TOL: f64 = 1e-5;
+
 options_enum!(Rule, "LRP rule", { Ab = "ab", Zplus = "zplus" });
 
 // Where relevance starts: `norm` (each position's final hidden units, in proportion to their
@@ -56,39 +60,61 @@ pub struct LrpResult {
     pub options: LrpOptions,
 }
 
-/// The ab rule's per-unit factors `R * alpha / Z+` and `R * beta / Z-` (alpha = beta = 0.5);
-/// a unit whose contributions all have one sign gives that side its whole relevance.
+/// The ab rule's per-unit factors `alpha / Z+` and `beta / Z-` (alpha = beta = 0.5), shaped
+/// like the activations: `R * fp` and `R * fn` are what each unit passes per unit of positive
+/// and negative contribution. A unit whose contributions all have one sign gives that side
+/// its whole relevance. A side holding at most `rel_tol` of the unit's total `|z|` (and at most
+/// 1e-12) counts as empty: exact sums need no tolerance, sums from the sum-and-difference
+/// products of [`linear_rule`] carry float noise of about `1e-7` of that total.
+fn ab_factors(zp: &Tensor, zn: &Tensor, rel_tol: f64) -> (Tensor, Tensor) {
+    let tol = (zp - zn) * rel_tol + 1e-12;
+    let has_p = zp.gt_tensor(&tol);
+    let has_n = zn.lt_tensor(&-&tol);
+    let zero = Tensor::zeros([], (zp.kind(), zp.device()));
+    // 0.5 with both signs, 1 with only one.
+    let share = |other: &Tensor| Tensor::where_scalar(other, 0.5, 1.0);
+    let fp = (share(&has_n) / (zp + EPS)).where_self(&has_p, &zero);
+    let fn_ = (share(&has_p) / (zn - EPS)).where_self(&has_n, &zero);
+    (fp, fn_)
+}
+
+/// `R * alpha / Z+` and `R * beta / Z-` (see [`ab_factors`]).
 fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
-    let has_p = zp.gt(1e-12).to_kind(zp.kind());
-    let has_n = zn.lt(-1e-12).to_kind(zn.kind());
-    let ap = (-&has_n * 0.5 + 1.0) * &has_p; // 0.5 with both signs, 1 with only positive
-    let an = (-&has_p * 0.5 + 1.0) * &has_n;
-    (r * ap / (zp + EPS), r * an / (zn - EPS))
+    let (fp, fn_) = ab_factors(zp, zn, 0.0);
+    (r * fp, r * fn_)
 }
 
 /// Spreads `R [B, P, T, out]` over the inputs `x [B, 1, T, in]` of `y = x W^T + b` (the
-/// activations fixed); `w [out, in]`.
-pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, r: &Tensor) -> Tensor {
+/// activations fixed); `w [out, in]`; `y`, when the caller has it from the forward pass,
+/// saves a product.
+///
+/// The ab rule in two-product form: with `x` split into `x+ >= 0 >= x-` and `W` into
+/// `W+ >= 0 >= W-`, `Z+ = x+ W+ + x- W- + b+` and `Z- = x+ W- + x- W+ + b-`; since
+/// `Z+ + Z- = y` and `Z+ - Z- = |x| |W| + |b|`, one product gives both. Going down,
+/// `x+ (sp W+ + sn W-) + x- (sp W- + sn W+) = (x ((sp + sn) W) + |x| ((sp - sn) |W|)) / 2`:
+/// two products, not four. The factors are computed once on the activations' shape and only
+/// then meet the P predictions.
+pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>, r: &Tensor) -> Tensor {
     let r_in = match rule {
         Rule::Ab => {
-            let (xp, xn) = (x.clamp_min(0.0), x.clamp_max(0.0));
-            let (wp, wn) = (w.clamp_min(0.0), w.clamp_max(0.0));
-            let mut zp = xp.matmul(&wp.tr()) + xn.matmul(&wn.tr());
-            let mut zn = xp.matmul(&wn.tr()) + xn.matmul(&wp.tr());
-            let (bp, bn) = match b {
-                Some(b) => (Some(b.clamp_min(0.0)), Some(b.clamp_max(0.0))),
-                None => (None, None),
+            let w_abs = w.abs();
+            let x_abs = x.abs();
+            let y = match y {
+                Some(y) => y.shallow_clone(),
+                None => x.linear(w, b),
             };
-            if let (Some(bp), Some(bn)) = (&bp, &bn) {
-                zp = zp + bp;
-                zn = zn + bn;
+            let mut s = x_abs.matmul(&w_abs.tr());
+            if let Some(b) = b {
+                s = s + b.abs();
             }
-            let (sp, sn) = ab_split(r, &zp, &zn);
-            let mut out = &xp * (sp.matmul(&wp) + sn.matmul(&wn)) + &xn * (sp.matmul(&wn) + sn.matmul(&wp));
-            if let (Some(bp), Some(bn)) = (&bp, &bn) {
+            let (zp, zn) = ((&y + &s) * 0.5, (y - s) * 0.5);
+            let (fp, fn_) = ab_factors(&zp, &zn, LINEAR_TOL);
+            let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (&fp - &fn_) * 0.5);
+            let mut out = x * (r * f_sum).matmul(w) + x_abs * (r * f_dif).matmul(&w_abs);
+            if let Some(b) = b {
                 // The bias's share, spread evenly over the inputs.
-                let share = (&sp * bp + &sn * bn).sum_dim_intlist([-1i64].as_slice(), true, sp.kind()) / w.size()[1] as f64;
-                out = out + share;
+                let f_bias = fp * b.clamp_min(0.0) + fn_ * b.clamp_max(0.0);
+                out = out + (r * f_bias).sum_dim_intlist([-1i64].as_slice(), true, r.kind()) / w.size()[1] as f64;
             }
             out
         }
@@ -119,8 +145,8 @@ fn rescale(r_in: &Tensor, r_out: &[&Tensor]) -> Tensor {
 fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Tensor) {
     let (ra, rb) = match rule {
         Rule::Ab => {
-            let (sp, sn) = ab_split(r, &(a.clamp_min(0.0) + b.clamp_min(0.0)), &(a.clamp_max(0.0) + b.clamp_max(0.0)));
-            let part = |x: &Tensor| x.clamp_min(0.0) * &sp + x.clamp_max(0.0) * &sn;
+            let (fp, fn_) = ab_factors(&(a.clamp_min(0.0) + b.clamp_min(0.0)), &(a.clamp_max(0.0) + b.clamp_max(0.0)), 0.0);
+            let part = |x: &Tensor| r * (x.clamp_min(0.0) * &fp + x.clamp_max(0.0) * &fn_);
             (part(a), part(b))
         }
         Rule::Zplus => {
@@ -135,26 +161,56 @@ fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Ten
 }
 
 /// Relevance through a norm `y = g * (x - mean) / s + beta` (LayerNorm) or `g * x / s`
-/// (RMSNorm), with the scale `s` fixed: a linear map of `x / s`.
+/// (RMSNorm), with the scale `s` fixed: the linear map `W u + beta` of `u = x / s` with
+/// `W = diag(g) (I - 1 1^T / d)` (LayerNorm) or `diag(g)` (RMSNorm). The ab rule runs on that
+/// map's structure instead of a dense `d x d` matrix: each output's contributions are one
+/// diagonal term `a_o = W_oo u_o` and off-diagonal terms `c_o u_i` (`c_o = -g_o / d`, or 0),
+/// so the sums over inputs are sums of `u+` and `u-` (tests: equal to the dense rule).
 fn norm_rule(rule: Rule, n: &Norm, x: &Tensor, r: &Tensor) -> Tensor {
     if rule == Rule::Zplus {
         return r.shallow_clone();
     }
     let d = *x.size().last().unwrap_or(&1);
-    let (opts, g) = ((x.kind(), x.device()), &n.weight);
-    let (w, scaled) = match n.kind {
+    let g = &n.weight;
+    let (a, c, u) = match n.kind {
         NormKind::Layer => {
             let mean = x.mean_dim(-1, true, x.kind());
             let var = (x - &mean).pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
-            let centre = Tensor::eye(d, opts) - Tensor::full([d, d], 1.0 / d as f64, opts);
-            (g.unsqueeze(1) * centre, x / (var + n.eps).sqrt())
+            let u = x / (var + n.eps).sqrt();
+            (g * (1.0 - 1.0 / d as f64) * &u, g * (-1.0 / d as f64), u)
         }
         NormKind::Rms => {
             let ms = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
-            (Tensor::diag_embed(g, 0, -2, -1), x / (ms + n.eps).sqrt())
+            let u = x / (ms + n.eps).sqrt();
+            (g * &u, g.zeros_like(), u)
         }
     };
-    linear_rule(rule, &scaled, &w, n.bias.as_ref(), r)
+    let total = |t: &Tensor| t.sum_dim_intlist([-1i64].as_slice(), true, t.kind());
+    let (up, un) = (u.clamp_min(0.0), u.clamp_max(0.0));
+    let (s_up, s_un) = (total(&up), total(&un));
+    let (cp, cn) = (c.clamp_min(0.0), c.clamp_max(0.0));
+    // Off-diagonal inputs of output o: all inputs but o itself.
+    let (off_p, off_n) = (&s_up - &up, &s_un - &un);
+    let mut zp = a.clamp_min(0.0) + &cp * &off_p + &cn * &off_n;
+    let mut zn = a.clamp_max(0.0) + &cp * &off_n + &cn * &off_p;
+    let (bp, bn) = match &n.bias {
+        Some(b) => (Some(b.clamp_min(0.0)), Some(b.clamp_max(0.0))),
+        None => (None, None),
+    };
+    if let (Some(bp), Some(bn)) = (&bp, &bn) {
+        zp = zp + bp;
+        zn = zn + bn;
+    }
+    let (fp, fn_) = ab_factors(&zp, &zn, 0.0);
+    // Input i: its diagonal term, plus `(c_o u_i)+ sp_o + (c_o u_i)- sn_o` over o != i, with
+    // `sp = R fp`, `sn = R fn`; the factors meet R (P predictions) only at the end.
+    let to_pos = r * (&cp * &fp + &cn * &fn_); // what u_i >= 0 receives from each output o
+    let to_neg = r * (&cn * &fp + &cp * &fn_);
+    let mut out = r * (a.clamp_min(0.0) * &fp + a.clamp_max(0.0) * &fn_) + &up * (total(&to_pos) - &to_pos) + &un * (total(&to_neg) - &to_neg);
+    if let (Some(bp), Some(bn)) = (&bp, &bn) {
+        out = out + total(&(r * (fp * bp + fn_ * bn))) / d as f64;
+    }
+    rescale(&out, &[r])
 }
 
 /// Relevance of attention contexts `r_ctx [B, P, H, T, dh]` on the values `v [B, 1, H, S, dh]`,
@@ -184,6 +240,8 @@ struct Trace {
     s1: Tensor,
     h: Tensor,
     ffn_in: Tensor,
+    /// The up projection's output (before the activation or gate).
+    ffn_up: Tensor,
     ffn_hidden: Tensor,
     ffn_out: Tensor,
     s2: Tensor,
@@ -238,6 +296,7 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
         Some(g) => act(f.act, &g.forward(&ffn_in)) * &up,
         None => act(f.act, &up),
     };
+    let ffn_up = up;
     let ffn_out = f.down.forward(&ffn_hidden);
     let s2 = &hn + &ffn_out;
     let y = match layer.norm_position {
@@ -255,6 +314,7 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
         s1: u(s1),
         h: u(hn),
         ffn_in: u(ffn_in),
+        ffn_up: u(ffn_up),
         ffn_hidden: u(ffn_hidden),
         ffn_out: u(ffn_out),
         s2: u(s2),
@@ -270,18 +330,18 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     // The FFN block; its input relevance joins the residual's.
     let r_s1 = match layer.norm_position {
         NormPosition::Post => {
-            let r_h = relprop_ffn_block(rule, f, &layer.ffn_norm, &tr.h, &tr.ffn_hidden, &tr.ffn_out, &tr.s2, r_y);
+            let r_h = relprop_ffn_block(rule, f, &layer.ffn_norm, &tr.h, &tr.ffn_up, &tr.ffn_hidden, &tr.ffn_out, &tr.s2, r_y);
             norm_rule(rule, &layer.attn_norm, &tr.s1, &r_h)
         }
         NormPosition::Pre => {
             let (r_h_res, r_f) = residual_rule(rule, &tr.h, &tr.ffn_out, r_y);
-            let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), &r_f);
-            let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), &r_hidden);
+            let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), Some(&tr.ffn_out), &r_f);
+            let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), Some(&tr.ffn_up), &r_hidden);
             rescale(&(r_h_res + norm_rule(rule, &layer.ffn_norm, &tr.s1, &r_ffn_in)), &[r_y])
         }
     };
     let (r_x_res, r_o) = residual_rule(rule, &tr.x, &tr.attn_out, &r_s1);
-    let r_ctx = linear_rule(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), &r_o); // [B, P, T, H*dh]
+    let r_ctx = linear_rule(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), Some(&tr.attn_out), &r_o); // [B, P, T, H*dh]
     let (bsz, p, t) = (r_ctx.size()[0], r_ctx.size()[1], r_ctx.size()[2]);
     let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let r_ctx = r_ctx.view([bsz, p, t, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, T, dh]
@@ -290,7 +350,9 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     let r_v = if hk != h { r_v.view([bsz, p, hk, h / hk, t, dh]).sum_dim_intlist([3i64].as_slice(), false, r_v.kind()) } else { r_v };
     let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, hk * dh]);
     let r_v = rescale(&r_v, &[&r_ctx.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, h * dh])]);
-    let r_attn_in = linear_rule(rule, &tr.attn_in, &a.v.w, a.v.b.as_ref(), &r_v);
+    // The value projection's output, unless grouped-query heads repeat it.
+    let v_out = (hk == h).then(|| tr.v.squeeze_dim(1).transpose(1, 2).reshape([bsz, t, h * dh]).unsqueeze(1));
+    let r_attn_in = linear_rule(rule, &tr.attn_in, &a.v.w, a.v.b.as_ref(), v_out.as_ref(), &r_v);
     let r_x_attn = match layer.norm_position {
         NormPosition::Post => r_attn_in,
         NormPosition::Pre => norm_rule(rule, &layer.attn_norm, &tr.x, &r_attn_in),
@@ -313,6 +375,7 @@ struct DecTrace {
     a: Tensor,
     s_b: Tensor,
     x2: Tensor,
+    ffn_up: Tensor,
     ffn_hidden: Tensor,
     ffn_out: Tensor,
     s_c: Tensor,
@@ -322,11 +385,12 @@ struct DecTrace {
 /// activation unchanged (a gated FFN's gate acts as fixed weights on the up projection); the
 /// merge of the two branches is rescaled to what entered the block, since relevance of
 /// opposite signs may cancel in the sum.
-fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &Tensor, hidden: &Tensor, out: &Tensor, s: &Tensor, r_y: &Tensor) -> Tensor {
+#[allow(clippy::too_many_arguments)]
+fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &Tensor, up: &Tensor, hidden: &Tensor, out: &Tensor, s: &Tensor, r_y: &Tensor) -> Tensor {
     let r_s = norm_rule(rule, norm, s, r_y);
     let (r_res, r_f) = residual_rule(rule, x, out, &r_s);
-    let r_hidden = linear_rule(rule, hidden, &ffn.down.w, ffn.down.b.as_ref(), &r_f);
-    let r_in = linear_rule(rule, x, &ffn.up.w, ffn.up.b.as_ref(), &r_hidden);
+    let r_hidden = linear_rule(rule, hidden, &ffn.down.w, ffn.down.b.as_ref(), Some(out), &r_f);
+    let r_in = linear_rule(rule, x, &ffn.up.w, ffn.up.b.as_ref(), Some(up), &r_hidden);
     rescale(&(r_res + r_in), &[&r_s])
 }
 
@@ -347,12 +411,16 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let u4 = |x: &Tensor| x.view([bsz, 1, 1, -1]);
     // Values of every cross-attention, from the encoder output: [B, 1, H, S, dh].
     let mut v_enc = Vec::new();
+    let mut v_flat = Vec::new();
+    let enc_in = enc.unsqueeze(1);
     for layer in &net.decoder {
         let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_kv_heads != a.n_heads {
             return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
         }
-        v_enc.push(a.v.forward(enc).view([bsz, s_len, a.n_heads, a.head_dim]).transpose(1, 2).unsqueeze(1));
+        let v = a.v.forward(enc);
+        v_enc.push(v.view([bsz, s_len, a.n_heads, a.head_dim]).transpose(1, 2).unsqueeze(1));
+        v_flat.push(v.unsqueeze(1));
     }
     // Forward, step by step, keeping what the relevance pass needs.
     let mut traces: Vec<Vec<DecTrace>> = Vec::with_capacity(t_len as usize);
@@ -384,7 +452,8 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let a = attn.o.forward(&ctx);
             let s_b = &x1 + &a;
             let x2 = cross_norm.forward(&s_b);
-            let ffn_hidden = act(layer.ffn.act, &layer.ffn.up.forward(&x2));
+            let ffn_up = layer.ffn.up.forward(&x2);
+            let ffn_hidden = act(layer.ffn.act, &ffn_up);
             let ffn_out = layer.ffn.down.forward(&ffn_hidden);
             let s_c = &x2 + &ffn_out;
             let y = layer.ffn_norm.forward(&s_c);
@@ -402,6 +471,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
                 a: u4(&a),
                 s_b: u4(&s_b),
                 x2: u4(&x2),
+                ffn_up: u4(&ffn_up),
                 ffn_hidden: u4(&ffn_hidden),
                 ffn_out: u4(&ffn_out),
                 s_c: u4(&s_c),
@@ -443,24 +513,24 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let layer = &net.decoder[l];
             let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
             let incoming = abs_total(&r) + abs_total(&r_future[l]);
-            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &tr.x2, &tr.ffn_hidden, &tr.ffn_out, &tr.s_c, &r);
+            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &tr.x2, &tr.ffn_up, &tr.ffn_hidden, &tr.ffn_out, &tr.s_c, &r);
             let r_sb = norm_rule(rule, cross_norm, &tr.s_b, &r_x2);
             let (r_x1, r_a) = residual_rule(rule, &tr.x1, &tr.a, &r_sb);
-            let r_ctx = linear_rule(rule, &tr.ctx, &attn.o.w, attn.o.b.as_ref(), &r_a); // [B, P, 1, H*dh]
+            let r_ctx = linear_rule(rule, &tr.ctx, &attn.o.w, attn.o.b.as_ref(), Some(&tr.a), &r_a); // [B, P, 1, H*dh]
             let (h, dh) = (attn.n_heads, attn.head_dim);
             let r_ctx = r_ctx.view([bsz, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, 1, dh]
             head_rel[l] = &head_rel[l] + r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float);
             let r_v = attention_rule(rule, &tr.probs, &v_enc[l], &r_ctx); // [B, P, H, S, dh]
             let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
             let r_v = rescale(&r_v, &[&r_a]);
-            let r_src = linear_rule(rule, &enc.unsqueeze(1), &attn.v.w, attn.v.b.as_ref(), &r_v); // [B, P, S, D]
+            let r_src = linear_rule(rule, &enc_in, &attn.v.w, attn.v.b.as_ref(), Some(&v_flat[l]), &r_v); // [B, P, S, D]
             let r_sa = norm_rule(rule, &layer.self_norm, &tr.s_a, &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &tr.x_in, &tr.o, &r_sa);
             // c = f c' + (1 - f) u, the gate f fixed; relevance on c from this step and the next.
             let r_c = &r_o + &r_future[l];
             let (r_cprev, r_uu) = residual_rule(rule, &(&tr.gate_c * &tr.c_prev), &(&tr.gate_u * &tr.u), &r_c);
             let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
-            let r_xin_u = linear_rule(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), &r_uu);
+            let r_xin_u = linear_rule(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), Some(&tr.u), &r_uu);
             let r_xin = &r_xin_res + &r_xin_u;
             // The block's parts leave with what entered it (ab relevance of both signs may
             // cancel where branches merge).
@@ -649,10 +719,77 @@ mod tests {
         // y_0 = 1*2 + (-2)*1 + 1: contributions z_00 = 2, z_10 = -2, bias 1.
         // Z+ = 2 + 1 = 3, Z- = -2. R_0 = 0.5 * 2/3, R_1 = 0.5 * (-2)/(-2) = 0.5; the bias's
         // share 0.5 * 1/3 spread over 2 inputs: + 1/12 each.
-        let got = host(&linear_rule(Rule::Ab, &x, &w, Some(&b), &r));
+        let got = host(&linear_rule(Rule::Ab, &x, &w, Some(&b), None, &r));
         let want = [1.0 / 3.0 + 1.0 / 12.0, 0.5 + 1.0 / 12.0];
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-4, "{got:?} vs {want:?}");
+        }
+    }
+
+    /// The ab rule from its definition, contribution by contribution (`[.., out, in]`), as the
+    /// reference for the two-product form of `linear_rule` and the structured `norm_rule`.
+    fn ab_by_definition(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Tensor {
+        let z = x.unsqueeze(-2) * w; // [B, P, T, out, in]
+        let (zp, zn) = (z.clamp_min(0.0), z.clamp_max(0.0));
+        let d_in = w.size()[1] as f64;
+        let sum = |t: &Tensor| t.sum_dim_intlist([-1i64].as_slice(), false, t.kind());
+        let (bp, bn) = (b.clamp_min(0.0), b.clamp_max(0.0));
+        let (big_p, big_n) = (sum(&zp) + &bp, sum(&zn) + &bn);
+        let (sp, sn) = ab_split(r, &big_p, &big_n);
+        let per = zp * sp.unsqueeze(-1) + zn * sn.unsqueeze(-1) + ((&sp * &bp + &sn * &bn) / d_in).unsqueeze(-1);
+        rescale(&per.sum_dim_intlist([-2i64].as_slice(), false, per.kind()), &[r])
+    }
+
+    #[test]
+    fn ab_rule_equals_its_definition_on_random_maps() {
+        tch::manual_seed(7);
+        let opts = (DType::Double, Device::Cpu);
+        for (din, dout) in [(5, 3), (16, 16), (7, 29)] {
+            let x = Tensor::randn([2, 1, 3, din], opts);
+            let w = Tensor::randn([dout, din], opts);
+            let b = Tensor::randn([dout], opts);
+            let r = Tensor::randn([2, 4, 3, dout], opts);
+            let got = linear_rule(Rule::Ab, &x, &w, Some(&b), None, &r);
+            let with_y = linear_rule(Rule::Ab, &x, &w, Some(&b), Some(&x.linear(&w, Some(&b))), &r);
+            assert!((&got - &with_y).abs().max().double_value(&[]) < 1e-12);
+            let want = ab_by_definition(&x, &w, &b, &r);
+            let err = (&got - &want).abs().max().double_value(&[]);
+            assert!(err < 1e-9, "{din}x{dout}: {err}");
+        }
+        // Inputs of one sign (ReLU outputs) and a one-signed unit.
+        let x = Tensor::rand([1, 1, 2, 6], opts);
+        let w = Tensor::randn([4, 6], opts).abs();
+        let b = Tensor::zeros([4], opts);
+        let r = Tensor::randn([1, 1, 2, 4], opts);
+        let err = (linear_rule(Rule::Ab, &x, &w, Some(&b), None, &r) - ab_by_definition(&x, &w, &b, &r)).abs().max().double_value(&[]);
+        assert!(err < 1e-9, "one-signed: {err}");
+    }
+
+    /// The structured norm rule equals the ab rule on the norm's dense matrix, for LayerNorm
+    /// (with gains of both signs) and RMSNorm.
+    #[test]
+    fn norm_rule_equals_the_dense_map() {
+        tch::manual_seed(11);
+        let opts = (DType::Double, Device::Cpu);
+        let d = 9;
+        for kind in [NormKind::Layer, NormKind::Rms] {
+            let g = Tensor::randn([d], opts);
+            let beta = Tensor::randn([d], opts) * 0.1;
+            let n = Norm { kind, weight: g.shallow_clone(), bias: Some(beta.shallow_clone()), eps: 1e-5 };
+            let x = Tensor::randn([2, 1, 4, d], opts) * 3.0 + 0.5;
+            let r = Tensor::randn([2, 3, 4, d], opts);
+            let (w, u) = match kind {
+                NormKind::Layer => {
+                    let centre = Tensor::eye(d, opts) - Tensor::full([d, d], 1.0 / d as f64, opts);
+                    let var = x.var_dim([-1i64].as_slice(), false, true);
+                    (g.unsqueeze(1) * centre, &x / (var + 1e-5).sqrt())
+                }
+                NormKind::Rms => (Tensor::diag_embed(&g, 0, -2, -1), &x / (x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind()) + 1e-5).sqrt()),
+            };
+            let want = ab_by_definition(&u, &w, &beta, &r);
+            let got = norm_rule(Rule::Ab, &n, &x, &r);
+            let err = (&got - &want).abs().max().double_value(&[]);
+            assert!(err < 1e-9, "{kind:?}: {err}");
         }
     }
 
@@ -662,7 +799,7 @@ mod tests {
         let x = t(&[1.0, 2.0], &[1, 1, 1, 2]);
         let w = t(&[2.0, -1.0], &[1, 2]);
         let r = t(&[1.0], &[1, 1, 1, 1]);
-        let got = host(&linear_rule(Rule::Zplus, &x, &w, None, &r));
+        let got = host(&linear_rule(Rule::Zplus, &x, &w, None, None, &r));
         let z = [2.0, 2.0 * EPS];
         let s = z[0] + z[1];
         assert!((got[0] - z[0] / s).abs() < 1e-5 && (got[1] - z[1] / s).abs() < 1e-5, "{got:?}");
