@@ -88,12 +88,15 @@ fn script_session(args: Vec<String>, base_dir: PathBuf) -> Session {
 /// glibc's dynamic mmap threshold they end up in the heap, which fragments, so peak memory
 /// grew with the number of batches. A fixed 16 MiB threshold returns them to the system on
 /// free: an analysis pass over 4000 sentences then peaks within 10% of one over 1000
-/// (benches/analysis.sh).
+/// (benches/analysis.sh). Freed heap memory is kept up to 256 MiB instead of glibc's default
+/// 128 KiB: returning it to the system after every op and faulting it back in on the next cost
+/// LRP and the sweeps a fifth of their time in page faults (benches/lrp.rhai).
 fn bound_peak_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only tunes the allocator; called once before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
 }
 

@@ -77,7 +77,7 @@ impl Options {
         Options {
             stats,
             kinds,
-            batch_tokens: 4096,
+            batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS,
             exclude_keys: ExcludeKeys::Eos,
             positional_threshold: 0.9,
             rare_top_n: 500,

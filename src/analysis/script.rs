@@ -332,7 +332,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "ablate", return_raw, pure)]
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Array, options: Map) -> ScriptResult<Map> {
-        let (p, _, echo) = ablation_setup(m, &data, &options, "ablate", 1024)?;
+        let (p, _, echo) = ablation_setup(m, &data, &options, "ablate", crate::model::batch::DEFAULT_BATCH_TOKENS)?;
         let mut ids = Vec::new();
         for (i, h) in heads.iter().enumerate() {
             let Some(h) = h.clone().try_cast::<crate::model::script::Head>() else { return err(format!("ablate: heads[{i}] is not a Head: {}", quote(h))) };
@@ -407,7 +407,7 @@ pub mod api {
 
     /// Head diversity (SPEC.md): per layer, H x H matrices of query orthogonality, context
     /// non-orthogonality and output dissimilarity, and each head's intra-head attention
-    /// variance, over the dataset's real tokens. Options: `kinds`, `batch_tokens` (4096).
+    /// variance, over the dataset's real tokens. Options: `kinds`, `batch_tokens` (1024).
     ///
     /// ```rhai
     /// let d = load_model("enpt").diversity(corpus(asset("pud_en.txt")).take(10));
@@ -429,7 +429,7 @@ pub mod api {
             return err("diversity: run it on the unmasked model");
         }
         let mut progress = |done: usize, total: usize| crate::engine::progress("diversity", done, total);
-        let r = super::super::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(4096), &crate::engine::interrupted, &mut progress)
+        let r = super::super::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::engine::interrupted, &mut progress)
             .or_else(|e| err(format!("diversity: {e}")))?;
         Ok(DiversityObj(Rc::new(r)))
     }
@@ -518,7 +518,7 @@ pub mod api {
     /// The analyses of Voita et al. (2019) in one streaming pass over a dataset, for every
     /// attention kind of the model. Options (defaults in SPEC.md, all echoed in the result):
     /// `stats` (any of "confidence", "positional", "rare", "syntactic"; syntactic needs a
-    /// treebank), `kinds`, `batch_tokens` (4096), `exclude_keys` ("eos" | "special" | "none";
+    /// treebank), `kinds`, `batch_tokens` (1024), `exclude_keys` ("eos" | "special" | "none";
     /// "special" also keeps BOS/CLS sinks out of a head's argmax),
     /// `positional_threshold` (0.9), `rare_top_n` (500), `rare_threshold` (0.5), `freq` (a
     /// text file; default the Brown corpus) or `freq_counts` (token<TAB>count), `relations`

@@ -319,7 +319,7 @@ pub mod api {
     /// Runs the encoder over a dataset (or an array of sentences) in length buckets and reports
     /// what it did: `sentences`, `tokens` (real, special included), `padded_tokens`, `batches`,
     /// `seconds`, `tokens_per_second`. Options: `batch_tokens` (padded tokens per batch,
-    /// default 4096). Nothing is kept: this measures a plain forward pass.
+    /// default 1024). Nothing is kept: this measures a plain forward pass.
     ///
     /// ```rhai
     /// let m = load_model("minilm");
@@ -329,7 +329,7 @@ pub mod api {
     #[rhai_fn(name = "forward", return_raw, pure)]
     pub fn forward_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
         let o = Opts::new(&options, "forward", &["batch_tokens"])?;
-        let batch_tokens = o.usize("batch_tokens")?.unwrap_or(4096).max(1);
+        let batch_tokens = o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS).max(1);
         let list = dataset_texts(&data, "forward")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
