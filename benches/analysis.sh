@@ -2,7 +2,8 @@
 # Analysis benchmarks: headscope vs HF transformers in Python (benches/analysis_peer.py), same
 # machine, same model and data, one run. Prints ratios.
 #  1. combined analysis pass (confidence + positional + rare) over the 1000 PUD sentences
-#  2. single-head ablation sweep (cosine) vs the HF head_mask loop, on N_SWEEP sentences
+#  2. single-head ablation sweep (cosine) vs the HF head_mask loop, on N_SWEEP sentences; also
+#     each side's cost in its own plain forward passes over those sentences
 #  3. peak memory of an analysis pass on 1000 vs 4000 sentences
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -24,6 +25,8 @@ for b in ["analysis", "sweep"]:
     h, p = hs[b], peer[b]
     print(f"{b:<9} {h['sentences']:>5} sentences  headscope {h['seconds']:7.2f} s  HF {p['seconds']:7.2f} s  ratio {p['seconds'] / h['seconds']:.2f}x")
     print(f"          check: headscope {h['check']}  HF {p['check']}")
+    if b == "sweep":
+        print(f"          in forward passes over the same sentences: headscope {h['seconds'] / h['forward_seconds']:.1f} x {h['forward_seconds']:.3f} s, HF {p['seconds'] / p['forward_seconds']:.1f} x {p['forward_seconds']:.3f} s")
 m1, m4 = json.loads(os.environ["M1"]), json.loads(os.environ["M4"])
 k1, k4 = int(m1["peak"].split()[0]), int(m4["peak"].split()[0])
 print(f"memory    peak RSS {k1 / 1024:.0f} MB for {m1['sentences']} sentences, {k4 / 1024:.0f} MB for {m4['sentences']} ({(k4 / k1 - 1) * 100:+.1f}%)")
