@@ -107,10 +107,17 @@ pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Op
             if let Some(b) = b {
                 s = s + b.abs();
             }
-            let (zp, zn) = ((&y + &s) * 0.5, (y - s) * 0.5);
-            let (fp, fn_) = ab_factors(&zp, &zn, LINEAR_TOL);
+            // Z+ = (y + s) / 2 and Z- = (y - s) / 2. Where every unit has contributions of both
+            // signs (the rule of real layers; checked with the same margin as `ab_factors`),
+            // the factors are 0.5 / (Z+ + eps) = 1 / (y + s + 2 eps) and 1 / (y - s - 2 eps).
+            let two_sided = (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
+            let (fp, fn_) = if two_sided {
+                ((&y + &s + 2.0 * EPS).reciprocal(), (&y - &s - 2.0 * EPS).reciprocal())
+            } else {
+                ab_factors(&((&y + &s) * 0.5), &((&y - &s) * 0.5), LINEAR_TOL)
+            };
             let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (&fp - &fn_) * 0.5);
-            let mut out = x * (r * f_sum).matmul(w) + x_abs * (r * f_dif).matmul(&w_abs);
+            let mut out = (x * (r * f_sum).matmul(w)).addcmul(&x_abs, &(r * f_dif).matmul(&w_abs));
             if let Some(b) = b {
                 // The bias's share, spread evenly over the inputs.
                 let f_bias = fp * b.clamp_min(0.0) + fn_ * b.clamp_max(0.0);
