@@ -4,15 +4,16 @@
 /// A typed option: an enum parsed once at the edge from its script name (with a one-line
 /// error listing the accepted names) and printed back by the same name.
 macro_rules! options_enum {
-    ($name:ident, $what:literal, { $($v:ident = $s:literal),* $(,)? }) => {
+    ($(#[$attr:meta])* $name:ident, $what:literal, { $($(#[$vattr:meta])* $v:ident = $s:literal),* $(,)? }) => {
+        $(#[$attr])*
         #[derive(Debug, Clone, Copy, PartialEq)]
-        pub enum $name { $($v),* }
+        pub enum $name { $($(#[$vattr])* $v),* }
         impl std::str::FromStr for $name {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
                 match s {
                     $($s => Ok($name::$v),)*
-                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, [$(concat!("\"", $s, "\"")),*].join(" or "))),
+                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, $crate::one_of(&[$($s),*]))),
                 }
             }
         }
@@ -22,6 +23,16 @@ macro_rules! options_enum {
             }
         }
     };
+}
+
+/// The accepted names of an option, quoted, for error messages: `"a", "b" or "c"`.
+pub fn one_of(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => String::new(),
+    }
 }
 
 pub mod analysis;

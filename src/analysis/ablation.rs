@@ -12,44 +12,18 @@ use crate::data::Dataset;
 use crate::metrics::bleu::corpus_bleu;
 use crate::model::nn::{Capture, Gates};
 use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
-use std::str::FromStr;
 use tch::{Device, Kind as DType, Tensor};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Metric {
+options_enum!(Metric, "metric", {
     /// Token cross-entropy on the targets (references, else the full model's greedy output).
-    Loss,
+    Loss = "loss",
     /// Mean KL(full || masked) of the output distributions over target positions.
-    Kl,
+    Kl = "kl",
     /// Corpus BLEU of greedy generations against the references (else the teacher outputs).
-    Bleu,
+    Bleu = "bleu",
     /// Mean over sentences of 1 - cos(mean-pooled final encoder states, full vs masked).
-    Cosine,
-}
-
-impl FromStr for Metric {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "loss" => Ok(Metric::Loss),
-            "kl" => Ok(Metric::Kl),
-            "bleu" => Ok(Metric::Bleu),
-            "cosine" => Ok(Metric::Cosine),
-            other => Err(format!("unknown metric '{other}' (expected \"loss\", \"kl\", \"bleu\" or \"cosine\")")),
-        }
-    }
-}
-
-impl std::fmt::Display for Metric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Metric::Loss => "loss",
-            Metric::Kl => "kl",
-            Metric::Bleu => "bleu",
-            Metric::Cosine => "cosine",
-        })
-    }
-}
+    Cosine = "cosine",
+});
 
 pub struct PBatch {
     pub rows: Vec<usize>,

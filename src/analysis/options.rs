@@ -1,51 +1,23 @@
 //! Analysis options, typed once at the edge; every value is echoed in results (SPEC.md).
 
 use crate::model::Kind;
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stat {
-    Confidence,
-    Positional,
-    Rare,
-    Syntactic,
-}
+options_enum!(
+    #[derive(Eq, Hash, PartialOrd, Ord)]
+    Stat, "stat", { Confidence = "confidence", Positional = "positional", Rare = "rare", Syntactic = "syntactic" }
+);
 
-impl FromStr for Stat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "confidence" => Ok(Stat::Confidence),
-            "positional" => Ok(Stat::Positional),
-            "rare" => Ok(Stat::Rare),
-            "syntactic" => Ok(Stat::Syntactic),
-            other => Err(format!("unknown stat '{other}' (expected \"confidence\", \"positional\", \"rare\" or \"syntactic\")")),
-        }
+options_enum!(
+    /// Keys excluded when taking a head's argmax and confidence.
+    ExcludeKeys, "exclude_keys", {
+        /// EOS / SEP keys (the default).
+        Eos = "eos",
+        /// Every special token (BOS/CLS as well: attention sinks in decoder-only models).
+        Special = "special",
+        Nothing = "none",
     }
-}
-
-impl fmt::Display for Stat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Stat::Confidence => "confidence",
-            Stat::Positional => "positional",
-            Stat::Rare => "rare",
-            Stat::Syntactic => "syntactic",
-        })
-    }
-}
-
-/// Keys excluded when taking a head's argmax and confidence.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ExcludeKeys {
-    /// EOS / SEP keys (the default).
-    Eos,
-    /// Every special token (BOS/CLS as well: attention sinks in decoder-only models).
-    Special,
-    Nothing,
-}
+);
 
 /// Where token frequencies come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +70,7 @@ impl Options {
         let mut v = vec![
             ("stats".to_string(), self.stats.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")),
             ("kinds".into(), self.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(",")),
-            ("exclude_keys".into(), match self.exclude_keys { ExcludeKeys::Eos => "eos".into(), ExcludeKeys::Special => "special".into(), ExcludeKeys::Nothing => "none".into() }),
+            ("exclude_keys".into(), self.exclude_keys.to_string()),
             ("batch_tokens".into(), self.batch_tokens.to_string()),
         ];
         if self.wants(Stat::Positional) {

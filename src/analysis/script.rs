@@ -1,7 +1,7 @@
 //! Script API of the analyses: `m.analyze(data, #{...})`, `m.confidence(data)`, the
 //! `Analysis` result and `Grid` (one statistic as layers x heads per kind).
 
-use super::options::{ExcludeKeys, FreqSource, Options, Stat};
+use super::options::{FreqSource, Options, Stat};
 use super::result::Analysis;
 use super::{analyze, freq_table, FreqTable};
 use crate::model::script::ScriptModel;
@@ -204,12 +204,7 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) ->
         opts.batch_tokens = b.max(1);
     }
     if let Some(x) = o.string("exclude_keys")? {
-        opts.exclude_keys = match x.as_str() {
-            "eos" => ExcludeKeys::Eos,
-            "special" => ExcludeKeys::Special,
-            "none" => ExcludeKeys::Nothing,
-            other => return err(format!("analyze: option 'exclude_keys' must be \"eos\", \"special\" or \"none\", got '{other}'")),
-        };
+        opts.exclude_keys = x.parse().or_else(|e: String| err(format!("analyze: {e}")))?;
     }
     let frac = |name: &str, v: Option<f64>| -> ScriptResult<Option<f64>> {
         match v {
