@@ -110,7 +110,7 @@ pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Op
             // Z+ = (y + s) / 2 and Z- = (y - s) / 2. Where every unit has contributions of both
             // signs (the rule of real layers; checked with the same margin as `ab_factors`),
             // the factors are 0.5 / (Z+ + eps) = 1 / (y + s + 2 eps) and 1 / (y - s - 2 eps).
-            let two_sided = (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
+            let two_sided = s.numel() > 0 && (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
             let (fp, fn_) = if two_sided {
                 ((&y + &s + 2.0 * EPS).reciprocal(), (&y - &s - 2.0 * EPS).reciprocal())
             } else {
