@@ -84,55 +84,88 @@ fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
     (r * fp, r * fn_)
 }
 
-/// Spreads `R [B, P, T, out]` over the inputs `x [B, 1, T, in]` of `y = x W^T + b` (the
-/// activations fixed); `w [out, in]`; `y`, when the caller has it from the forward pass,
-/// saves a product.
+/// A linear map `y = x W^T + b` with its activations fixed (`x [B, 1, T, in]`, `w [out, in]`),
+/// ready to spread relevance `R [B, P, T, out]` over its inputs: everything that depends only
+/// on the activations is computed once, so a map met by many relevance tensors (the encoder
+/// states under every decoder step's cross-attention) pays for it once.
 ///
 /// The ab rule in two-product form: with `x` split into `x+ >= 0 >= x-` and `W` into
 /// `W+ >= 0 >= W-`, `Z+ = x+ W+ + x- W- + b+` and `Z- = x+ W- + x- W+ + b-`; since
 /// `Z+ + Z- = y` and `Z+ - Z- = |x| |W| + |b|`, one product gives both. Going down,
 /// `x+ (sp W+ + sn W-) + x- (sp W- + sn W+) = (x ((sp + sn) W) + |x| ((sp - sn) |W|)) / 2`:
-/// two products, not four. The factors are computed once on the activations' shape and only
-/// then meet the P predictions.
+/// two products, not four.
+struct LinearMap {
+    rule: Rule,
+    x: Tensor,
+    /// ab: `|x|`, `|W|`, the factors `(fp + fn) / 2`, `(fp - fn) / 2`, and the bias's.
+    /// zplus: `W+`, and `x W+` stabilised.
+    x_abs: Tensor,
+    w: Tensor,
+    w_abs: Tensor,
+    f_sum: Tensor,
+    f_dif: Tensor,
+    f_bias: Option<Tensor>,
+}
+
+impl LinearMap {
+    /// `y`, when the caller has it from the forward pass, saves a product.
+    fn new(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>) -> LinearMap {
+        let none = || Tensor::zeros([], (x.kind(), x.device()));
+        match rule {
+            Rule::Ab => {
+                let w_abs = w.abs();
+                let x_abs = x.abs();
+                let y = match y {
+                    Some(y) => y.shallow_clone(),
+                    None => x.linear(w, b),
+                };
+                let mut s = x_abs.matmul(&w_abs.tr());
+                if let Some(b) = b {
+                    s = s + b.abs();
+                }
+                // Z+ = (y + s) / 2 and Z- = (y - s) / 2. Where every unit has contributions of
+                // both signs (the rule of real layers; checked with the same margin as
+                // `ab_factors`), the factors are 0.5 / (Z+ + eps) = 1 / (y + s + 2 eps) and
+                // 1 / (y - s - 2 eps).
+                let two_sided = s.numel() > 0 && (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
+                let (fp, fn_) = if two_sided {
+                    ((&y + &s + 2.0 * EPS).reciprocal(), (&y - &s - 2.0 * EPS).reciprocal())
+                } else {
+                    ab_factors(&((&y + &s) * 0.5), &((&y - &s) * 0.5), LINEAR_TOL)
+                };
+                // The bias's share is spread evenly over the inputs.
+                let f_bias = b.map(|b| (&fp * b.clamp_min(0.0) + &fn_ * b.clamp_max(0.0)) / w.size()[1] as f64);
+                let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (fp - fn_) * 0.5);
+                LinearMap { rule, x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias }
+            }
+            Rule::Zplus => {
+                let wp = w.clamp_min(EPS);
+                let z = stabilise(&x.matmul(&wp.tr()));
+                LinearMap { rule, x: x.shallow_clone(), x_abs: none(), w: none(), w_abs: wp, f_sum: z, f_dif: none(), f_bias: None }
+            }
+        }
+    }
+
+    /// The relevance of the inputs, rescaled to the total of `r` per prediction.
+    fn apply(&self, r: &Tensor) -> Tensor {
+        let r_in = match self.rule {
+            Rule::Ab => {
+                let out = (&self.x * (r * &self.f_sum).matmul(&self.w)).addcmul(&self.x_abs, &(r * &self.f_dif).matmul(&self.w_abs));
+                match &self.f_bias {
+                    Some(f) => out + (r * f).sum_dim_intlist([-1i64].as_slice(), true, r.kind()),
+                    None => out,
+                }
+            }
+            Rule::Zplus => (&self.x * (r / &self.f_sum).matmul(&self.w_abs)).abs(),
+        };
+        rescale(&r_in, &[r])
+    }
+}
+
+/// Spreads `R [B, P, T, out]` over the inputs `x [B, 1, T, in]` of `y = x W^T + b` (see
+/// [`LinearMap`]).
 pub fn linear_rule(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>, r: &Tensor) -> Tensor {
-    let r_in = match rule {
-        Rule::Ab => {
-            let w_abs = w.abs();
-            let x_abs = x.abs();
-            let y = match y {
-                Some(y) => y.shallow_clone(),
-                None => x.linear(w, b),
-            };
-            let mut s = x_abs.matmul(&w_abs.tr());
-            if let Some(b) = b {
-                s = s + b.abs();
-            }
-            // Z+ = (y + s) / 2 and Z- = (y - s) / 2. Where every unit has contributions of both
-            // signs (the rule of real layers; checked with the same margin as `ab_factors`),
-            // the factors are 0.5 / (Z+ + eps) = 1 / (y + s + 2 eps) and 1 / (y - s - 2 eps).
-            let two_sided = s.numel() > 0 && (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
-            let (fp, fn_) = if two_sided {
-                ((&y + &s + 2.0 * EPS).reciprocal(), (&y - &s - 2.0 * EPS).reciprocal())
-            } else {
-                ab_factors(&((&y + &s) * 0.5), &((&y - &s) * 0.5), LINEAR_TOL)
-            };
-            let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (&fp - &fn_) * 0.5);
-            let mut out = (x * (r * f_sum).matmul(w)).addcmul(&x_abs, &(r * f_dif).matmul(&w_abs));
-            if let Some(b) = b {
-                // The bias's share, spread evenly over the inputs.
-                let f_bias = fp * b.clamp_min(0.0) + fn_ * b.clamp_max(0.0);
-                out = out + (r * f_bias).sum_dim_intlist([-1i64].as_slice(), true, r.kind()) / w.size()[1] as f64;
-            }
-            out
-        }
-        Rule::Zplus => {
-            let wp = w.clamp_min(EPS);
-            let z = x.matmul(&wp.tr());
-            let s = r / stabilise(&z);
-            (x * s.matmul(&wp)).abs()
-        }
-    };
-    rescale(&r_in, &[r])
+    LinearMap::new(rule, x, w, b, y).apply(r)
 }
 
 /// `z + eps * sign(z)`, never 0.
@@ -418,7 +451,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let u4 = |x: &Tensor| x.view([bsz, 1, 1, -1]);
     // Values of every cross-attention, from the encoder output: [B, 1, H, S, dh].
     let mut v_enc = Vec::new();
-    let mut v_flat = Vec::new();
+    let mut v_maps = Vec::new();
     let enc_in = enc.unsqueeze(1);
     for layer in &net.decoder {
         let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
@@ -427,7 +460,8 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         }
         let v = a.v.forward(enc);
         v_enc.push(v.view([bsz, s_len, a.n_heads, a.head_dim]).transpose(1, 2).unsqueeze(1));
-        v_flat.push(v.unsqueeze(1));
+        // Every step's cross-attention relevance reaches the encoder states through this map.
+        v_maps.push(LinearMap::new(rule, &enc_in, &a.v.w, a.v.b.as_ref(), Some(&v.unsqueeze(1))));
     }
     // Forward, step by step, keeping what the relevance pass needs.
     let mut traces: Vec<Vec<DecTrace>> = Vec::with_capacity(t_len as usize);
@@ -530,7 +564,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_v = attention_rule(rule, &tr.probs, &v_enc[l], &r_ctx); // [B, P, H, S, dh]
             let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
             let r_v = rescale(&r_v, &[&r_a]);
-            let r_src = linear_rule(rule, &enc_in, &attn.v.w, attn.v.b.as_ref(), Some(&v_flat[l]), &r_v); // [B, P, S, D]
+            let r_src = v_maps[l].apply(&r_v); // [B, P, S, D]
             let r_sa = norm_rule(rule, &layer.self_norm, &tr.s_a, &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &tr.x_in, &tr.o, &r_sa);
             // c = f c' + (1 - f) u, the gate f fixed; relevance on c from this step and the next.
