@@ -181,6 +181,13 @@ fn rescale(r_in: &Tensor, r_out: &[&Tensor]) -> Tensor {
     r_in * (want / (total(r_in) + 1e-30))
 }
 
+/// Scales `r [B, P, ...]` so that its `sum |.|` per prediction is `total [B, P]`.
+fn rescale_to(r: &Tensor, total: &Tensor) -> Tensor {
+    let have = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
+    let (b, p) = (total.size()[0], total.size()[1]);
+    r * (total / (have + 1e-30)).view([b, p, 1, 1])
+}
+
 /// Splits `R` of `y = a + b` over the two summands (per unit).
 fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Tensor) {
     let (ra, rb) = match rule {
@@ -525,7 +532,8 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     }
     // Seeds: prediction p is step p's top-1 logit.
     let p_len = if per_prediction { t_len } else { 1 };
-    let mut r_enc = Tensor::zeros([bsz, p_len, s_len, net.d_model], (enc.kind(), enc.device()));
+    // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.
+    let mut v_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, s_len, net.d_model], (enc.kind(), enc.device()))).collect();
     let mut head_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, net.decoder[0].cross.as_ref().map_or(0, |(a, _)| a.n_heads)], (DType::Float, enc.device()))).collect();
     let mut r_future: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, 1, net.d_model], (enc.kind(), enc.device()))).collect();
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
@@ -564,7 +572,9 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_v = attention_rule(rule, &tr.probs, &v_enc[l], &r_ctx); // [B, P, H, S, dh]
             let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
             let r_v = rescale(&r_v, &[&r_a]);
-            let r_src = v_maps[l].apply(&r_v); // [B, P, S, D]
+            // What reaches the encoder states (through the value map, below) has the total of
+            // r_v: every rule's output is rescaled to its input's total.
+            let src_total = abs_total(&r_v);
             let r_sa = norm_rule(rule, &layer.self_norm, &tr.s_a, &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &tr.x_in, &tr.o, &r_sa);
             // c = f c' + (1 - f) u, the gate f fixed; relevance on c from this step and the next.
@@ -575,15 +585,24 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_xin = &r_xin_res + &r_xin_u;
             // The block's parts leave with what entered it (ab relevance of both signs may
             // cancel where branches merge).
-            let outgoing = abs_total(&r_xin) + abs_total(&r_cprev) + abs_total(&r_src);
-            let k = (&incoming / (outgoing + 1e-30)).view([bsz, p_len, 1, 1]);
-            let (r_xin, r_cprev, r_src) = (r_xin * &k, r_cprev * &k, r_src * &k);
-            enc_from[l] = &enc_from[l] + abs_total(&r_src);
-            r_enc = r_enc + r_src;
+            let outgoing = abs_total(&r_xin) + abs_total(&r_cprev) + &src_total;
+            let k2 = &incoming / (outgoing + 1e-30);
+            let k = k2.view([bsz, p_len, 1, 1]);
+            let (r_xin, r_cprev) = (r_xin * &k, r_cprev * &k);
+            enc_from[l] = &enc_from[l] + src_total * k2;
+            v_rel[l] = &v_rel[l] + r_v * &k;
             r_future[l] = r_cprev;
             down_total[l] = &down_total[l] + abs_total(&r_xin);
             r = r_xin;
         }
+    }
+    // The value maps onto the encoder states, once per layer for all steps (the rule is linear
+    // in the relevance for fixed activations; one rescale per prediction to what the steps
+    // sent down, instead of one per step, which cost a [B, P, S, D] x [D, D] product per step).
+    let mut r_enc = Tensor::zeros([bsz, p_len, s_len, net.d_model], (enc.kind(), enc.device()));
+    for (l, map) in v_maps.iter().enumerate() {
+        let r_src = map.apply(&v_rel[l]);
+        r_enc = r_enc + rescale_to(&r_src, &enc_from[l]);
     }
     // Below layer l, the relevance is that of the decoder states there plus what reached the
     // source from layers l and above (the initial SSRU states are 0 and take none).
