@@ -146,6 +146,21 @@ impl LinearMap {
         }
     }
 
+    /// The map restricted to `len` rows of the batch from `start`.
+    fn rows(&self, start: i64, len: i64) -> LinearMap {
+        let cut = |t: &Tensor| if t.dim() > 0 && t.size()[0] > 1 { t.narrow(0, start, len) } else { t.shallow_clone() };
+        LinearMap {
+            rule: self.rule,
+            x: cut(&self.x),
+            x_abs: cut(&self.x_abs),
+            w: self.w.shallow_clone(),
+            w_abs: self.w_abs.shallow_clone(),
+            f_sum: cut(&self.f_sum),
+            f_dif: cut(&self.f_dif),
+            f_bias: self.f_bias.as_ref().map(cut),
+        }
+    }
+
     /// The relevance of the inputs, rescaled to the total of `r` per prediction.
     fn apply(&self, r: &Tensor) -> Tensor {
         let r_in = match self.rule {
@@ -428,6 +443,32 @@ struct DecTrace {
     s_c: Tensor,
 }
 
+impl DecTrace {
+    /// Steps stacked along the batch dimension, step-major (row `t * B + b`).
+    fn cat(steps: &[&DecTrace]) -> DecTrace {
+        let cat = |f: fn(&DecTrace) -> &Tensor| Tensor::cat(&steps.iter().map(|s| f(s)).collect::<Vec<_>>(), 0);
+        DecTrace {
+            x_in: cat(|s| &s.x_in),
+            gate_c: cat(|s| &s.gate_c),
+            gate_u: cat(|s| &s.gate_u),
+            u: cat(|s| &s.u),
+            c_prev: cat(|s| &s.c_prev),
+            o: cat(|s| &s.o),
+            s_a: cat(|s| &s.s_a),
+            x1: cat(|s| &s.x1),
+            probs: cat(|s| &s.probs),
+            ctx: cat(|s| &s.ctx),
+            a: cat(|s| &s.a),
+            s_b: cat(|s| &s.s_b),
+            x2: cat(|s| &s.x2),
+            ffn_up: cat(|s| &s.ffn_up),
+            ffn_hidden: cat(|s| &s.ffn_hidden),
+            ffn_out: cat(|s| &s.ffn_out),
+            s_c: cat(|s| &s.s_c),
+        }
+    }
+}
+
 /// Relevance through a post-norm FFN block `y = norm(x + ffn(x))` down to `x`: through the
 /// activation unchanged (a gated FFN's gate acts as fixed weights on the up projection); the
 /// merge of the two branches is rescaled to what entered the block, since relevance of
@@ -530,72 +571,110 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         finals.push(x);
         traces.push(row);
     }
-    // Seeds: prediction p is step p's top-1 logit.
+    // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
+    // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
+    // step) of a single step, while one op covers all steps. Only the SSRU state's path back
+    // in time runs step by step.
+    let tb = t_len * bsz;
+    let stacked: Vec<DecTrace> = (0..n_layers).map(|l| DecTrace::cat(&traces.iter().map(|row| &row[l]).collect::<Vec<_>>())).collect();
+    drop(traces);
     let p_len = if per_prediction { t_len } else { 1 };
+    let opts = (enc.kind(), enc.device());
     // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.
-    let mut v_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, s_len, net.d_model], (enc.kind(), enc.device()))).collect();
-    let mut head_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, net.decoder[0].cross.as_ref().map_or(0, |(a, _)| a.n_heads)], (DType::Float, enc.device()))).collect();
-    let mut r_future: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, 1, net.d_model], (enc.kind(), enc.device()))).collect();
+    let mut v_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, s_len, net.d_model], opts)).collect();
+    let mut head_rel: Vec<Tensor> = Vec::with_capacity(n_layers);
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
     let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
     let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
     let abs_total = |t: &Tensor| t.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
-    let eye = Tensor::eye(t_len, (enc.kind(), enc.device()));
-    for step in (0..t_len).rev() {
-        // The seed of prediction `step` enters at the top of this step.
-        let y = &finals[step as usize];
-        let logits = out.forward(y);
-        let top = logits.argmax(-1, false);
-        let w_row = out.w.index_select(0, &top).view([bsz, 1, 1, -1]);
-        let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([bsz, 1, 1, 1]));
-        // The row of prediction `step` (or the one row of summed seeds, real targets only).
-        let onehot = if per_prediction {
-            eye.select(1, step).view([1, p_len, 1, 1]) * Tensor::ones([bsz, 1, 1, 1], (enc.kind(), enc.device()))
-        } else {
-            weight.select(1, step).view([bsz, 1, 1, 1])
-        };
-        let yy = y.view([bsz, 1, 1, -1]) * &onehot;
-        let mut r = top_logit_rule(rule, &yy, &w_row, b_top.as_ref(), &onehot);
-        down_total[n_layers] = &down_total[n_layers] + abs_total(&r);
-        for l in (0..n_layers).rev() {
-            let tr = &traces[step as usize][l];
-            let layer = &net.decoder[l];
-            let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
-            let incoming = abs_total(&r) + abs_total(&r_future[l]);
-            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &tr.x2, &tr.ffn_up, &tr.ffn_hidden, &tr.ffn_out, &tr.s_c, &r);
-            let r_sb = norm_rule(rule, cross_norm, &tr.s_b, &r_x2);
-            let (r_x1, r_a) = residual_rule(rule, &tr.x1, &tr.a, &r_sb);
-            let r_ctx = linear_rule(rule, &tr.ctx, &attn.o.w, attn.o.b.as_ref(), Some(&tr.a), &r_a); // [B, P, 1, H*dh]
-            let (h, dh) = (attn.n_heads, attn.head_dim);
-            let r_ctx = r_ctx.view([bsz, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, 1, dh]
-            head_rel[l] = &head_rel[l] + r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float);
-            let r_v = attention_rule(rule, &tr.probs, &v_enc[l], &r_ctx); // [B, P, H, S, dh]
-            let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
-            let r_v = rescale(&r_v, &[&r_a]);
-            // What reaches the encoder states (through the value map, below) has the total of
-            // r_v: every rule's output is rescaled to its input's total.
-            let src_total = abs_total(&r_v);
-            let r_sa = norm_rule(rule, &layer.self_norm, &tr.s_a, &r_x1);
-            let (r_xin_res, r_o) = residual_rule(rule, &tr.x_in, &tr.o, &r_sa);
-            // c = f c' + (1 - f) u, the gate f fixed; relevance on c from this step and the next.
-            let r_c = &r_o + &r_future[l];
-            let (r_cprev, r_uu) = residual_rule(rule, &(&tr.gate_c * &tr.c_prev), &(&tr.gate_u * &tr.u), &r_c);
-            let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
-            let r_xin_u = linear_rule(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), Some(&tr.u), &r_uu);
-            let r_xin = &r_xin_res + &r_xin_u;
+    // Runs of at most `size` (at least 1) steps: (first step, steps).
+    let chunks = |size: i64| {
+        let size = size.clamp(1, t_len.max(1));
+        (0..t_len).step_by(size as usize).map(move |start| (start, size.min(t_len - start)))
+    };
+    // `[T * B, P]` -> `[B, P]`, summed over the steps.
+    let over_steps = |t: &Tensor| t.view([t_len, bsz, -1]).sum_dim_intlist([0i64].as_slice(), false, t.kind());
+    // Seeds: prediction p is step p's top-1 logit (or all of a sentence's real steps in one
+    // row), entering at the top of its step.
+    let y = Tensor::cat(&finals, 0); // [T * B, D]
+    let top = out.forward(&y).argmax(-1, false);
+    let w_row = out.w.index_select(0, &top).view([tb, 1, 1, -1]);
+    let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([tb, 1, 1, 1]));
+    let onehot = if per_prediction {
+        Tensor::eye(t_len, opts).view([t_len, 1, p_len, 1, 1]).expand([t_len, bsz, p_len, 1, 1], false).reshape([tb, p_len, 1, 1])
+    } else {
+        weight.transpose(0, 1).reshape([tb, 1, 1, 1])
+    };
+    let yy = y.view([tb, 1, 1, -1]) * &onehot;
+    let mut r = top_logit_rule(rule, &yy, &w_row, b_top.as_ref(), &onehot); // [T * B, P, 1, D]
+    down_total[n_layers] = over_steps(&abs_total(&r));
+    for l in (0..n_layers).rev() {
+        let tr = &stacked[l];
+        let layer = &net.decoder[l];
+        let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let (h, dh) = (attn.n_heads, attn.head_dim);
+        // Many steps at once (chunks whose FFN relevance stays near 16 MB): the FFN and
+        // cross-attention blocks, the self-attention norm.
+        let from_above = abs_total(&r);
+        let (mut parts_ctx, mut parts_a, mut parts_res, mut parts_o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (start, n) in chunks((4i64 << 20) / (bsz * p_len * layer.ffn.up.w.size()[0]).max(1)) {
+            let rows = |t: &Tensor| t.narrow(0, start * bsz, n * bsz);
+            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &rows(&tr.x2), &rows(&tr.ffn_up), &rows(&tr.ffn_hidden), &rows(&tr.ffn_out), &rows(&tr.s_c), &rows(&r));
+            let r_sb = norm_rule(rule, cross_norm, &rows(&tr.s_b), &r_x2);
+            let (r_x1, r_a) = residual_rule(rule, &rows(&tr.x1), &rows(&tr.a), &r_sb);
+            parts_ctx.push(linear_rule(rule, &rows(&tr.ctx), &attn.o.w, attn.o.b.as_ref(), Some(&rows(&tr.a)), &r_a));
+            let r_sa = norm_rule(rule, &layer.self_norm, &rows(&tr.s_a), &r_x1);
+            let (r_xin_res, r_o) = residual_rule(rule, &rows(&tr.x_in), &rows(&tr.o), &r_sa);
+            parts_a.push(r_a);
+            parts_res.push(r_xin_res);
+            parts_o.push(r_o);
+        }
+        let (r_a, r_xin_res, r_o) = (Tensor::cat(&parts_a, 0), Tensor::cat(&parts_res, 0), Tensor::cat(&parts_o, 0));
+        let r_ctx = Tensor::cat(&parts_ctx, 0).view([tb, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [T*B, P, H, 1, dh]
+        head_rel.push(over_steps(&r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float)).view([bsz, p_len, h]));
+        // What reaches the encoder states: the attention rule's output, rescaled to r_a.
+        let src_total = abs_total(&r_a);
+        // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
+        // from this step and the next.
+        let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
+        let (kept, fresh) = (&tr.gate_c * &tr.c_prev, &tr.gate_u * &tr.u);
+        let w_map = LinearMap::new(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), Some(&tr.u));
+        let mut r_future = Tensor::zeros([bsz, p_len, 1, net.d_model], opts);
+        let mut r_down: Vec<Tensor> = Vec::with_capacity(t_len as usize);
+        let mut ks: Vec<Tensor> = Vec::with_capacity(t_len as usize);
+        for step in (0..t_len).rev() {
+            let rows = |t: &Tensor| t.narrow(0, step * bsz, bsz);
+            let incoming = rows(&from_above) + abs_total(&r_future);
+            let r_c = rows(&r_o) + &r_future;
+            let (r_cprev, r_uu) = residual_rule(rule, &rows(&kept), &rows(&fresh), &r_c);
+            let r_xin = rows(&r_xin_res) + w_map.rows(step * bsz, bsz).apply(&r_uu);
             // The block's parts leave with what entered it (ab relevance of both signs may
             // cancel where branches merge).
-            let outgoing = abs_total(&r_xin) + abs_total(&r_cprev) + &src_total;
-            let k2 = &incoming / (outgoing + 1e-30);
-            let k = k2.view([bsz, p_len, 1, 1]);
-            let (r_xin, r_cprev) = (r_xin * &k, r_cprev * &k);
-            enc_from[l] = &enc_from[l] + src_total * k2;
-            v_rel[l] = &v_rel[l] + r_v * &k;
-            r_future[l] = r_cprev;
-            down_total[l] = &down_total[l] + abs_total(&r_xin);
-            r = r_xin;
+            let outgoing = abs_total(&r_xin) + abs_total(&r_cprev) + rows(&src_total);
+            let k = &incoming / (outgoing + 1e-30); // [B, P]
+            let k4 = k.view([bsz, p_len, 1, 1]);
+            r_down.push(r_xin * &k4);
+            r_future = r_cprev * &k4;
+            ks.push(k);
+        }
+        r_down.reverse();
+        ks.reverse();
+        let k = Tensor::cat(&ks, 0); // [T*B, P]
+        r = Tensor::cat(&r_down, 0);
+        down_total[l] = over_steps(&abs_total(&r));
+        enc_from[l] = over_steps(&(&src_total * &k));
+        // The attention rule onto the values, in chunks of steps that keep `[rows, P, S, D]`
+        // near 16 MB; each step's part rescaled to its r_a and scaled by its k.
+        for (start, n) in chunks((4i64 << 20) / (bsz * p_len * s_len * net.d_model).max(1)) {
+            let rows = |t: &Tensor| t.narrow(0, start * bsz, n * bsz);
+            let values = v_enc[l].repeat([n, 1, 1, 1, 1]);
+            let r_v = attention_rule(rule, &rows(&tr.probs), &values, &rows(&r_ctx)); // [n*B, P, H, S, dh]
+            let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([n * bsz, p_len, s_len, h * dh]);
+            let r_v = rescale(&r_v, &[&rows(&r_a)]) * rows(&k).view([n * bsz, p_len, 1, 1]);
+            v_rel[l] = &v_rel[l] + r_v.view([n, bsz, p_len, s_len, h * dh]).sum_dim_intlist([0i64].as_slice(), false, r_v.kind());
         }
     }
+    head_rel.reverse();
     // The value maps onto the encoder states, once per layer for all steps (the rule is linear
     // in the relevance for fixed activations; one rescale per prediction to what the steps
     // sent down, instead of one per step, which cost a [B, P, S, D] x [D, D] product per step).
