@@ -61,7 +61,7 @@ fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
         Captured::Hidden(h) => hidden.push(h.shallow_clone()),
         Captured::Attention(a) => probs.push(a.shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) => {}
+        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) => {}
     };
     let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, on: &mut on };
     let out = t.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();

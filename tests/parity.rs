@@ -45,7 +45,7 @@ fn minilm_forward(m: &Model, text: &str) -> (Vec<i64>, Tensor, Tensor) {
     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
         Captured::Hidden(h) => hidden.push(h.get(0).shallow_clone()),
         Captured::Attention(a) => attn.push(a.get(0).shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) => {}
+        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) => {}
     };
     let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, on: &mut on };
     let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();

@@ -167,7 +167,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                                 }
                             }
                         }
-                        Captured::Hidden(_) => {}
+                        Captured::Hidden(_) | Captured::Values(_) => {}
                     }
                 };
                 let mut cap = Capture { attention: true, context: true, hidden: false, queries: true, on: &mut on };

@@ -22,9 +22,9 @@
 
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::model::nn::{Activation, Attention, Gates, Norm, NormKind, NormPosition};
+use crate::model::nn::{Attention, Capture, Gates, Norm, NormKind, NormPosition};
 use crate::model::transformer::EncoderLayer;
-use crate::model::{batch, Kind, Model, ModelError};
+use crate::model::{batch, Captured, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -309,77 +309,42 @@ struct Trace {
     s2: Tensor,
 }
 
-fn act(a: Activation, h: &Tensor) -> Tensor {
-    match a {
-        Activation::Relu => h.relu(),
-        Activation::Gelu => h.gelu("none"),
-        Activation::Silu => h.silu(),
-    }
-}
-
+/// One layer's forward pass by the model's own code: the attention hands out its
+/// probabilities, values and contexts through [`Capture`], the rest comes from
+/// [`EncoderLayer::finish_traced`].
 fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>) -> (Tensor, Trace) {
     let a: &Attention = &layer.attn;
     let attn_in = layer.attn_input(x);
     let (b, t) = (x.size()[0], x.size()[1]);
-    let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
-    let mut q = a.q.forward(&attn_in).view([b, t, h, dh]).transpose(1, 2);
-    let mut k = a.k.forward(&attn_in).view([b, t, hk, dh]).transpose(1, 2);
-    if let Some(r) = &a.rotary {
-        q = r.apply(&q);
-        k = r.apply(&k);
-    }
-    let mut v = a.v.forward(&attn_in).view([b, t, hk, dh]).transpose(1, 2);
-    if hk != h {
-        k = k.repeat_interleave_self_int(h / hk, Some(1), None);
-        v = v.repeat_interleave_self_int(h / hk, Some(1), None);
-    }
-    let probs = (q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + bias).softmax(-1, q.kind());
-    let mut ctx = probs.matmul(&v); // [B, H, T, dh]
-    if let Some(g) = gate {
-        ctx = ctx * g.view([g.size()[0], h, 1, 1]);
-    }
-    let ctx_flat = ctx.transpose(1, 2).reshape([b, t, h * dh]);
-    let attn_out = a.o.forward(&ctx_flat);
-    let f = &layer.ffn;
-    let (s1, hn, ffn_in) = match layer.norm_position {
-        NormPosition::Post => {
-            let s1 = x + &attn_out;
-            let hn = layer.attn_norm.forward(&s1);
-            (s1, hn.shallow_clone(), hn)
-        }
-        NormPosition::Pre => {
-            let s1 = x + &attn_out;
-            let n2 = layer.ffn_norm.forward(&s1);
-            (s1.shallow_clone(), s1, n2)
-        }
+    let (mut probs, mut v, mut ctx) = (None, None, None);
+    let attn_out = {
+        let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+            Captured::Attention(p) => probs = Some(p.shallow_clone()),
+            Captured::Values(t) => v = Some(t.shallow_clone()),
+            Captured::Context(t) => ctx = Some(t.shallow_clone()),
+            _ => {}
+        };
+        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, on: &mut on };
+        a.forward(&attn_in, &attn_in, bias, gate, Kind::Enc, 0, &mut Some(&mut cap))
     };
-    let up = f.up.forward(&ffn_in);
-    let ffn_hidden = match &f.gate {
-        Some(g) => act(f.act, &g.forward(&ffn_in)) * &up,
-        None => act(f.act, &up),
-    };
-    let ffn_up = up;
-    let ffn_out = f.down.forward(&ffn_hidden);
-    let s2 = &hn + &ffn_out;
-    let y = match layer.norm_position {
-        NormPosition::Post => layer.ffn_norm.forward(&s2),
-        NormPosition::Pre => s2.shallow_clone(),
-    };
+    let missing = || Tensor::zeros([0], (x.kind(), x.device()));
+    let ctx_flat = ctx.map_or_else(missing, |c| c.transpose(1, 2).reshape([b, t, a.n_heads * a.head_dim]));
+    let (y, f) = layer.finish_traced(x, &attn_out);
     let u = |t: Tensor| t.unsqueeze(1);
     let trace = Trace {
         x: u(x.shallow_clone()),
         attn_in: u(attn_in),
-        probs: u(probs),
-        v: u(v),
+        probs: u(probs.unwrap_or_else(missing)),
+        v: u(v.unwrap_or_else(missing)),
         ctx: u(ctx_flat),
         attn_out: u(attn_out),
-        s1: u(s1),
-        h: u(hn),
-        ffn_in: u(ffn_in),
-        ffn_up: u(ffn_up),
-        ffn_hidden: u(ffn_hidden),
-        ffn_out: u(ffn_out),
-        s2: u(s2),
+        s1: u(f.s1),
+        h: u(f.h),
+        ffn_in: u(f.ffn_in),
+        ffn_up: u(f.ffn_up),
+        ffn_hidden: u(f.ffn_hidden),
+        ffn_out: u(f.ffn_out),
+        s2: u(f.s2),
     };
     (y, trace)
 }
@@ -542,7 +507,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let s_b = &x1 + &a;
             let x2 = cross_norm.forward(&s_b);
             let ffn_up = layer.ffn.up.forward(&x2);
-            let ffn_hidden = act(layer.ffn.act, &ffn_up);
+            let ffn_hidden = layer.ffn.act.apply(&ffn_up);
             let ffn_out = layer.ffn.down.forward(&ffn_hidden);
             let s_c = &x2 + &ffn_out;
             let y = layer.ffn_norm.forward(&s_c);
@@ -982,7 +947,7 @@ mod tests {
     /// Values: head h gets R_o[h] * 0.5 * v_s / ctx, ctx = (2, 3).
     #[test]
     fn one_layer_by_hand() {
-        use crate::model::nn::{Ffn, Linear, Norm};
+        use crate::model::nn::{Activation, Ffn, Linear, Norm};
         let eye = || Tensor::eye(2, (DType::Float, Device::Cpu));
         let zeros = |s: &[i64]| Tensor::zeros(s, (DType::Float, Device::Cpu));
         let lin = |w: Tensor| Linear { w, b: None };

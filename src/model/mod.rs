@@ -79,6 +79,9 @@ pub enum Captured<'t> {
     Hidden(&'t Tensor),
     /// Per-head query vectors `[B, H, Tq, dh]`.
     Queries(&'t Tensor),
+    /// Per-head value vectors `[B, H, Tk, dh]` (grouped-query heads repeated), handed out with
+    /// the attention probabilities.
+    Values(&'t Tensor),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -76,16 +76,29 @@ pub struct Ffn {
 
 impl Ffn {
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let act = |h: Tensor| match self.act {
+        self.forward_parts(x).2
+    }
+
+    /// The up projection's output, the hidden units (after the activation or gate) and the
+    /// block's output.
+    pub fn forward_parts(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let up = self.up.forward(x);
+        let hidden = match &self.gate {
+            Some(g) => self.act.apply(&g.forward(x)) * &up,
+            None => self.act.apply(&up),
+        };
+        let out = self.down.forward(&hidden);
+        (up, hidden, out)
+    }
+}
+
+impl Activation {
+    pub fn apply(self, h: &Tensor) -> Tensor {
+        match self {
             Activation::Relu => h.relu(),
             Activation::Gelu => h.gelu("none"),
             Activation::Silu => h.silu(),
-        };
-        let h = match &self.gate {
-            Some(g) => act(g.forward(x)) * self.up.forward(x),
-            None => act(self.up.forward(x)),
-        };
-        self.down.forward(&h)
+        }
     }
 }
 
@@ -218,6 +231,7 @@ impl Attention {
             let probs = scores.softmax(-1, scores.kind());
             if let Some(c) = cap.as_deref_mut() {
                 (c.on)(kind, layer_idx, Captured::Attention(&probs));
+                (c.on)(kind, layer_idx, Captured::Values(&v));
             }
             probs.matmul(&v)
         } else {

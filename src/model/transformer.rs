@@ -91,17 +91,42 @@ impl EncoderLayer {
 
     /// The rest of the layer after the attention output `a` (residuals, norms, FFN).
     pub fn finish(&self, x: &Tensor, a: &Tensor) -> Tensor {
-        match self.norm_position {
-            NormPosition::Post => {
-                let x = self.attn_norm.forward(&(x + a));
-                self.ffn_norm.forward(&(&x + self.ffn.forward(&x)))
-            }
-            NormPosition::Pre => {
-                let x = x + a;
-                &x + self.ffn.forward(&self.ffn_norm.forward(&x))
-            }
-        }
+        self.finish_traced(x, a).0
     }
+
+    /// `finish`, also returning its intermediate tensors (for LRP).
+    pub fn finish_traced(&self, x: &Tensor, a: &Tensor) -> (Tensor, FinishTrace) {
+        let s1 = x + a;
+        let (h, ffn_in) = match self.norm_position {
+            NormPosition::Post => {
+                let h = self.attn_norm.forward(&s1);
+                (h.shallow_clone(), h)
+            }
+            NormPosition::Pre => (s1.shallow_clone(), self.ffn_norm.forward(&s1)),
+        };
+        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_parts(&ffn_in);
+        let s2 = &h + &ffn_out;
+        let y = match self.norm_position {
+            NormPosition::Post => self.ffn_norm.forward(&s2),
+            NormPosition::Pre => s2.shallow_clone(),
+        };
+        (y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 })
+    }
+}
+
+/// What [`EncoderLayer::finish_traced`] computed on the way.
+pub struct FinishTrace {
+    /// The first residual sum `x + a`.
+    pub s1: Tensor,
+    /// What the second residual adds the FFN to: `norm(s1)` (post-norm) or `s1` (pre-norm).
+    pub h: Tensor,
+    pub ffn_in: Tensor,
+    /// The up projection's output (before the activation or gate).
+    pub ffn_up: Tensor,
+    pub ffn_hidden: Tensor,
+    pub ffn_out: Tensor,
+    /// The second residual sum `h + ffn(ffn_in)`.
+    pub s2: Tensor,
 }
 
 /// The self-block of a decoder layer.
