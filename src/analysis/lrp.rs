@@ -94,23 +94,17 @@ fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
 /// `Z+ + Z- = y` and `Z+ - Z- = |x| |W| + |b|`, one product gives both. Going down,
 /// `x+ (sp W+ + sn W-) + x- (sp W- + sn W+) = (x ((sp + sn) W) + |x| ((sp - sn) |W|)) / 2`:
 /// two products, not four.
-struct LinearMap {
-    rule: Rule,
-    x: Tensor,
-    /// ab: `|x|`, `|W|`, the factors `(fp + fn) / 2`, `(fp - fn) / 2`, and the bias's.
-    /// zplus: `W+`, and `x W+` stabilised.
-    x_abs: Tensor,
-    w: Tensor,
-    w_abs: Tensor,
-    f_sum: Tensor,
-    f_dif: Tensor,
-    f_bias: Option<Tensor>,
+enum LinearMap {
+    /// `|x|`, `|W|`, the factors `(fp + fn) / 2` and `(fp - fn) / 2`, and the bias's share per
+    /// input (all shaped like the activations, except the weights).
+    Ab { x: Tensor, x_abs: Tensor, w: Tensor, w_abs: Tensor, f_sum: Tensor, f_dif: Tensor, f_bias: Option<Tensor> },
+    /// `W+ = max(W, eps)` and `x W+`, stabilised.
+    Zplus { x: Tensor, w_plus: Tensor, z: Tensor },
 }
 
 impl LinearMap {
     /// `y`, when the caller has it from the forward pass, saves a product.
     fn new(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>) -> LinearMap {
-        let none = || Tensor::zeros([], (x.kind(), x.device()));
         match rule {
             Rule::Ab => {
                 let w_abs = w.abs();
@@ -136,42 +130,44 @@ impl LinearMap {
                 // The bias's share is spread evenly over the inputs.
                 let f_bias = b.map(|b| (&fp * b.clamp_min(0.0) + &fn_ * b.clamp_max(0.0)) / w.size()[1] as f64);
                 let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (fp - fn_) * 0.5);
-                LinearMap { rule, x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias }
+                LinearMap::Ab { x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias }
             }
             Rule::Zplus => {
-                let wp = w.clamp_min(EPS);
-                let z = stabilise(&x.matmul(&wp.tr()));
-                LinearMap { rule, x: x.shallow_clone(), x_abs: none(), w: none(), w_abs: wp, f_sum: z, f_dif: none(), f_bias: None }
+                let w_plus = w.clamp_min(EPS);
+                let z = stabilise(&x.matmul(&w_plus.tr()));
+                LinearMap::Zplus { x: x.shallow_clone(), w_plus, z }
             }
         }
     }
 
-    /// The map restricted to `len` rows of the batch from `start`.
+    /// The map restricted to `len` rows of the batch from `start` (the weights are shared).
     fn rows(&self, start: i64, len: i64) -> LinearMap {
-        let cut = |t: &Tensor| if t.dim() > 0 && t.size()[0] > 1 { t.narrow(0, start, len) } else { t.shallow_clone() };
-        LinearMap {
-            rule: self.rule,
-            x: cut(&self.x),
-            x_abs: cut(&self.x_abs),
-            w: self.w.shallow_clone(),
-            w_abs: self.w_abs.shallow_clone(),
-            f_sum: cut(&self.f_sum),
-            f_dif: cut(&self.f_dif),
-            f_bias: self.f_bias.as_ref().map(cut),
+        let cut = |t: &Tensor| t.narrow(0, start, len);
+        match self {
+            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias } => LinearMap::Ab {
+                x: cut(x),
+                x_abs: cut(x_abs),
+                w: w.shallow_clone(),
+                w_abs: w_abs.shallow_clone(),
+                f_sum: cut(f_sum),
+                f_dif: cut(f_dif),
+                f_bias: f_bias.as_ref().map(cut),
+            },
+            LinearMap::Zplus { x, w_plus, z } => LinearMap::Zplus { x: cut(x), w_plus: w_plus.shallow_clone(), z: cut(z) },
         }
     }
 
     /// The relevance of the inputs, rescaled to the total of `r` per prediction.
     fn apply(&self, r: &Tensor) -> Tensor {
-        let r_in = match self.rule {
-            Rule::Ab => {
-                let out = (&self.x * (r * &self.f_sum).matmul(&self.w)).addcmul(&self.x_abs, &(r * &self.f_dif).matmul(&self.w_abs));
-                match &self.f_bias {
+        let r_in = match self {
+            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias } => {
+                let out = (x * (r * f_sum).matmul(w)).addcmul(x_abs, &(r * f_dif).matmul(w_abs));
+                match f_bias {
                     Some(f) => out + (r * f).sum_dim_intlist([-1i64].as_slice(), true, r.kind()),
                     None => out,
                 }
             }
-            Rule::Zplus => (&self.x * (r / &self.f_sum).matmul(&self.w_abs)).abs(),
+            LinearMap::Zplus { x, w_plus, z } => (x * (r / z).matmul(w_plus)).abs(),
         };
         rescale(&r_in, &[r])
     }
@@ -191,16 +187,19 @@ fn stabilise(z: &Tensor) -> Tensor {
 /// Per prediction (dims 0 and 1), scales `r_in` so that its `sum |.|` equals the total of
 /// `r_out`'s parts.
 fn rescale(r_in: &Tensor, r_out: &[&Tensor]) -> Tensor {
-    let total = |t: &Tensor| t.abs().sum_dim_intlist([2i64, 3].as_slice(), true, DType::Float);
-    let want = r_out.iter().map(|t| total(t)).reduce(|a, b| a + b).unwrap_or_else(|| total(r_in));
-    r_in * (want / (total(r_in) + 1e-30))
+    let want = r_out.iter().map(|t| abs_total(t)).reduce(|a, b| a + b).unwrap_or_else(|| abs_total(r_in));
+    rescale_to(r_in, &want)
 }
 
-/// Scales `r [B, P, ...]` so that its `sum |.|` per prediction is `total [B, P]`.
+/// `sum |r|` per prediction: `r [B, P, T, D]` -> `[B, P]`.
+fn abs_total(r: &Tensor) -> Tensor {
+    r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float)
+}
+
+/// Scales `r [B, P, T, D]` so that its `sum |.|` per prediction is `total` (`[B, P]`, or
+/// broadcasting to it).
 fn rescale_to(r: &Tensor, total: &Tensor) -> Tensor {
-    let have = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
-    let (b, p) = (total.size()[0], total.size()[1]);
-    r * (total / (have + 1e-30)).view([b, p, 1, 1])
+    r * (total / (abs_total(r) + 1e-30)).unsqueeze(-1).unsqueeze(-1)
 }
 
 /// Splits `R` of `y = a + b` over the two summands (per unit).
@@ -551,7 +550,6 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
     let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
     let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
-    let abs_total = |t: &Tensor| t.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float);
     // Runs of at most `size` (at least 1) steps: (first step, steps).
     let chunks = |size: i64| {
         let size = size.clamp(1, t_len.max(1));
@@ -756,11 +754,11 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         // Seed total per prediction: what reached the stack's output, plus (for a decoder)
         // what stayed on the target side.
         let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (DType::Float, x.device())));
-        let seed_total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float) + &target_total;
+        let seed_total = abs_total(&r) + &target_total;
         for l in (0..n_layers).rev() {
             let (r_in, head_rel) = relprop_layer(opts.rule, &net.encoder[l], &traces[l], &r);
             r = r_in;
-            let total = r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float) + &target_total;
+            let total = abs_total(&r) + &target_total;
             let err = ((&total / (&seed_total + 1e-30)) - 1.0).abs() * &weight;
             worst = worst.max(err.max().double_value(&[]));
             add_heads(&mut sums, l, &head_rel, &weight)?;
