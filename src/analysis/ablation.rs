@@ -133,14 +133,24 @@ fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
 
 impl RowMetric<'_> {
     fn new<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch) -> Result<RowMetric<'a>, ModelError> {
+        let enc = match p.metric {
+            Metric::Kl | Metric::Cosine => Some(model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?),
+            _ => None,
+        };
+        Self::with_full(model, p, b, enc.as_ref())
+    }
+
+    /// As [`RowMetric::new`], given the unmasked encoder output of the batch when the caller
+    /// has it (the sweep's capture pass computes it anyway).
+    fn with_full<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch, enc: Option<&Tensor>) -> Result<RowMetric<'a>, ModelError> {
         let metric = p.metric;
-        let full = match metric {
-            Metric::Kl => {
+        let full = match (metric, enc) {
+            (Metric::Kl, Some(enc)) => {
                 let (t, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
-                Some(p.log_probs(model, &enc, &b.mask, t, &Gates::none())?)
+                Some(p.log_probs(model, enc, &b.mask, t, &Gates::none())?)
             }
-            Metric::Cosine => Some(pooled(&model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?, &b.mask)),
+            (Metric::Cosine, Some(enc)) => Some(pooled(enc, &b.mask)),
+            (Metric::Kl | Metric::Cosine, None) => return Self::new(model, p, b),
             _ => None,
         };
         Ok(RowMetric { model, p, b, metric, full })
@@ -236,22 +246,27 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         let tlen = b.targets.as_ref().map_or(1, |(t, _)| t.size()[1]);
         // Heads per chunk: keep the repeated decoder logits near 256 MB.
         let per_group = (bsz * tlen.max(b.ids.size()[1]) * if p.metric == Metric::Cosine { model.net.d_model } else { vocab } * 8).max(1);
-        let rm = RowMetric::new(model, p, b)?;
+        // One unmasked pass: the encoder output (the metric's reference, and the input of the
+        // decoder-side sweeps) and, when the stack's own heads are swept, every layer's input
+        // and per-head contexts.
+        let mut inputs = Vec::new();
+        let mut ctx = Vec::new();
+        let full_enc = {
+            let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+                Captured::Hidden(x) => inputs.push(x.shallow_clone()),
+                Captured::Context(x) => ctx.push(x.shallow_clone()),
+                _ => {}
+            };
+            let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
+            let mut cap = Capture { attention: false, context: stack, hidden: stack, queries: false, on: &mut on };
+            model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?
+        };
+        let rm = RowMetric::with_full(model, p, b, Some(&full_enc))?;
         for (ki, s) in shapes.iter().enumerate() {
             let h = s.n_heads as i64;
             let chunk = ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h);
             match s.kind {
                 k if k == model.net.stack_kind => {
-                    // One unmasked pass: every layer's input and per-head contexts.
-                    let mut inputs = Vec::new();
-                    let mut ctx = Vec::new();
-                    let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
-                        Captured::Hidden(x) => inputs.push(x.shallow_clone()),
-                        Captured::Context(x) => ctx.push(x.shallow_clone()),
-                        _ => {}
-                    };
-                    let mut cap = Capture { attention: false, context: true, hidden: true, queries: false, on: &mut on };
-                    let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
                     let bias = model.net.self_bias(&b.mask, inputs[0].kind());
                     for l in 0..s.n_layers {
                         let layer = &model.net.encoder[l];
@@ -276,7 +291,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                     }
                 }
                 _ => {
-                    let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
+                    let enc = &full_enc;
                     for l in 0..s.n_layers {
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
