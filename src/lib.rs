@@ -1,6 +1,10 @@
 //! headscope: understand and prune the attention heads of Transformer models from Rhai.
 //! See ARCHITECTURE.md for the map of the code.
 
+// `t += u` on a tch Tensor is the in-place `add_`: it writes through shallow clones and breaks
+// autograd (the gates' graph in pruning). Tensors are combined out of place, `t = t + u`.
+#![allow(clippy::assign_op_pattern)]
+
 /// A typed option: an enum parsed once at the edge from its script name (with a one-line
 /// error listing the accepted names) and printed back by the same name.
 macro_rules! options_enum {

@@ -33,7 +33,7 @@ pub fn terminal_sink() -> crate::engine::Sink {
             Event::Progress { label, done, total } => {
                 if bar {
                     let width = 30;
-                    let filled = if total == 0 { width } else { done * width / total };
+                    let filled = (done.min(total) * width).checked_div(total).unwrap_or(width);
                     eprint!("\r{label} [{}{}] {done}/{total}", "=".repeat(filled), " ".repeat(width - filled));
                     if done >= total {
                         eprint!("\r{}\r", " ".repeat(label.len() + width + 24));

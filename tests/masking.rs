@@ -117,7 +117,6 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let mut none = None;
     let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
     let masked = a.forward(x, x, &bias, Some(&g), Kind::Enc, 1, &mut none);
-    drop(cap);
     let head0 = ctx[0].select(1, 0); // [B, T, dh]
     let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
     assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");

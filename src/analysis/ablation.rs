@@ -221,7 +221,7 @@ pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> b
         }
     }
     if p.metric == Metric::Bleu {
-        return Ok(corpus_bleu(&hyps, &[p.refs.clone()]).map_err(|e| AnalysisError::Input(e.to_string()))?.score);
+        return Ok(corpus_bleu(&hyps, std::slice::from_ref(&p.refs)).map_err(|e| AnalysisError::Input(e.to_string()))?.score);
     }
     Ok(total / denominator(p).max(1e-12))
 }
@@ -232,7 +232,7 @@ pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> b
 const SWEEP_ROWS: i64 = 2048;
 
 /// The metric with each head of `kinds` masked alone: per kind, `[layer][head]`.
-pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<(Kind, Vec<Vec<f64>>)>, AnalysisError> {
+pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<crate::model::KindGrids, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
@@ -316,7 +316,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
     let mut out = Vec::new();
     for (ki, s) in shapes.iter().enumerate() {
         let grid = if p.metric == Metric::Bleu {
-            hyps[ki].iter().map(|layer| layer.iter().map(|h| corpus_bleu(h, &[p.refs.clone()]).map(|b| b.score).unwrap_or(f64::NAN)).collect()).collect()
+            hyps[ki].iter().map(|layer| layer.iter().map(|h| corpus_bleu(h, std::slice::from_ref(&p.refs)).map(|b| b.score).unwrap_or(f64::NAN)).collect()).collect()
         } else {
             sums[ki].iter().map(|layer| layer.iter().map(|v| v / denom).collect()).collect()
         };

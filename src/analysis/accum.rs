@@ -233,7 +233,7 @@ impl Accumulator {
         Self::rows(&self.hist)
     }
 
-    pub fn rare(&self) -> Result<(Vec<Vec<f64>>, Vec<Vec<f64>>), ModelError> {
+    pub fn rare(&self) -> Result<(crate::model::HeadGrid, crate::model::HeadGrid), ModelError> {
         let n = self.rare_queries.max(1) as f64;
         Ok((Self::matrix(&self.rare1, n)?, Self::matrix(&self.rare2, n)?))
     }

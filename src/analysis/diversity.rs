@@ -3,6 +3,7 @@
 //! 2. context non-orthogonality, the same for `C_h = A_h V_h`;
 //! 3. output dissimilarity `- mean_t cos(O_i[t], O_j[t])`, `O_h = C_h W^O_h` (high = diverse);
 //! 4. intra-head attention diversity: variance of `A_h[t, :]` over keys, mean over queries.
+//!
 //! Gram blocks and sums accumulate batch by batch; nothing per token is kept.
 
 use super::AnalysisError;

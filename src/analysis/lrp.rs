@@ -53,7 +53,7 @@ pub struct LrpOptions {
 #[derive(Debug, Clone)]
 pub struct LrpResult {
     /// Per kind, `[layer][head]`: mean over predictions of the normalised head relevance.
-    pub kinds: Vec<(Kind, Vec<Vec<f64>>)>,
+    pub kinds: crate::model::KindGrids,
     pub predictions: usize,
     /// The largest `|sum |R| / seed - 1|` over predictions and layer boundaries.
     pub max_conservation_error: f64,

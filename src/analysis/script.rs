@@ -27,7 +27,7 @@ pub struct Grid {
     pub stat: String,
     pub model: String,
     pub dataset: String,
-    pub kinds: Vec<(Kind, Vec<Vec<f64>>)>,
+    pub kinds: crate::model::KindGrids,
     pub options: Vec<(String, String)>,
 }
 
@@ -150,7 +150,7 @@ impl Render for DiversityObj {
 
 impl AnalysisObj {
     fn grid(&self, stat: &str, f: impl Fn(&super::result::KindResult) -> Option<Vec<Vec<f64>>>) -> ScriptResult<Grid> {
-        let kinds: Vec<(Kind, Vec<Vec<f64>>)> = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
+        let kinds: crate::model::KindGrids = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
         if kinds.is_empty() {
             return err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or("", |(_, v)| v.as_str())));
         }
@@ -290,7 +290,10 @@ fn matrix(m: &[Vec<f64>]) -> Dynamic {
     Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
 }
 
-fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<(super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>)> {
+/// What `ablate` and `ablation_sweep` share: the prepared data, the kinds, the options echoed.
+type AblationSetup = (super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>);
+
+fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
     m.require_unpruned(func)?;
     let o = Opts::new(options, func, &["metric", "kinds", "batch_tokens"])?;
     let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("{func}: expected a Dataset, got {}", quote(data))) };
@@ -688,7 +691,7 @@ pub mod api {
     pub fn syntactic(a: &mut AnalysisObj, relation: &str, direction: &str) -> ScriptResult<Grid> {
         let k = a.0.kinds.iter().find(|k| k.syntactic.is_some());
         let Some(k) = k else { return err("syntactic: this analysis has no syntactic statistic") };
-        let rels = k.syntactic.as_ref().map(|v| v.as_slice()).unwrap_or_default();
+        let rels = k.syntactic.as_deref().unwrap_or_default();
         let Some(rd) = rels.iter().find(|r| r.relation == relation && (r.label == direction || r.direction == direction)) else {
             let have: Vec<String> = rels.iter().map(|r| format!("{} {}", r.relation, r.label)).collect();
             return err(format!("syntactic: no '{relation}' '{direction}' (have: {})", have.join(", ")));

@@ -217,7 +217,7 @@ impl Gguf {
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
         let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", info.ggml_type)))?;
         let n = info.numel() as usize;
-        if n % per != 0 {
+        if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
         }
         let len = n / per * bytes;

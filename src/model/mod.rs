@@ -55,6 +55,11 @@ impl FromStr for Kind {
     }
 }
 
+/// Per-head values of one attention kind, indexed `[layer_idx][head]`.
+pub type HeadGrid = Vec<Vec<f64>>;
+/// One [`HeadGrid`] per attention kind.
+pub type KindGrids = Vec<(Kind, HeadGrid)>;
+
 /// One attention head, zero-based; printed `enc.2.5`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HeadId {

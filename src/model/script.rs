@@ -17,7 +17,7 @@ pub struct ScriptModel {
     pub closed: Rc<Vec<HeadId>>,
     /// Continuous gates (a pruning result's `eval_gates: "continuous"`), multiplied into the
     /// mask: per kind `[1, layers, heads]`.
-    pub soft: Option<Rc<Vec<(Kind, Vec<Vec<f64>>)>>>,
+    pub soft: Option<Rc<crate::model::KindGrids>>,
 }
 
 impl ScriptModel {

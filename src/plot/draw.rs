@@ -37,7 +37,7 @@ pub fn fmt_value(v: f64) -> String {
         return "–".into();
     }
     let a = v.abs();
-    if a != 0.0 && (a < 1e-2 || a >= 1e4) { format!("{v:.1e}") } else if a >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+    if a != 0.0 && !(1e-2..1e4).contains(&a) { format!("{v:.1e}") } else if a >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
 #[allow(clippy::too_many_arguments)]

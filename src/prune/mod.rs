@@ -181,6 +181,7 @@ impl PruneOptions {
         if self.eval_every == 0 {
             return Err("prune: eval_every must be at least 1, got 0".into());
         }
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
         if !(self.concrete.beta > 0.0) {
             return Err(format!("prune: beta must be > 0, got {}", self.concrete.beta));
         }
@@ -251,7 +252,7 @@ impl Layout {
         g
     }
     /// Per-kind `[layer][head]` values of a flat host vector.
-    pub fn split(&self, flat: &[f64]) -> Vec<(Kind, Vec<Vec<f64>>)> {
+    pub fn split(&self, flat: &[f64]) -> crate::model::KindGrids {
         let mut out = Vec::new();
         let mut off = 0;
         for &(k, l, h) in &self.kinds {
@@ -305,7 +306,7 @@ impl PruneRun {
     fn tensor(&self, v: &[f32]) -> Tensor {
         Tensor::from_slice(v)
     }
-    pub fn log_alpha(&self) -> Vec<(Kind, Vec<Vec<f64>>)> {
+    pub fn log_alpha(&self) -> crate::model::KindGrids {
         self.layout.split(&self.state.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>())
     }
     pub fn eval_gates(&self) -> Vec<f64> {
@@ -540,8 +541,8 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         // Adam, as torch.optim.Adam (no weight decay), on the host in f32.
         let t = (step + 1) as i32;
         let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        for i in 0..n {
-            let gi = grad[i] as f64;
+        for (i, &g) in grad.iter().enumerate().take(n) {
+            let gi = g as f64;
             let m = b1 * state.adam_m[i] as f64 + (1.0 - b1) * gi;
             let v = b2 * state.adam_v[i] as f64 + (1.0 - b2) * gi * gi;
             state.adam_m[i] = m as f32;

@@ -106,7 +106,7 @@ fn matrix(m: &[Vec<f64>]) -> Dynamic {
     Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
 }
 
-fn kind_map(values: Vec<(Kind, Vec<Vec<f64>>)>) -> Map {
+fn kind_map(values: crate::model::KindGrids) -> Map {
     values.into_iter().map(|(k, m)| (k.to_string().into(), matrix(&m))).collect()
 }
 
@@ -115,7 +115,7 @@ impl PruneResult {
         ids.into_iter().map(|id| Dynamic::from(Head { model: self.model.clone(), id })).collect()
     }
 
-    fn gates(&self) -> Vec<(Kind, Vec<Vec<f64>>)> {
+    fn gates(&self) -> crate::model::KindGrids {
         self.run.layout.split(&self.run.eval_gates())
     }
 
@@ -184,7 +184,7 @@ impl PruneResult {
 
     fn to_json(&self) -> serde_json::Value {
         let r = &self.run;
-        let km = |v: Vec<(Kind, Vec<Vec<f64>>)>| v.into_iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>();
+        let km = |v: crate::model::KindGrids| v.into_iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>();
         serde_json::json!({
             "model": r.model,
             "dataset": r.dataset,
