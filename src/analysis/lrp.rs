@@ -23,7 +23,7 @@
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::nn::{Attention, Capture, Gates, Norm, NormKind, NormPosition};
-use crate::model::transformer::EncoderLayer;
+use crate::model::transformer::{DecoderTrace, EncoderLayer};
 use crate::model::{batch, Captured, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -386,7 +386,8 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     (rescale(&(r_x_res + r_x_attn), &[r_y]), head_rel)
 }
 
-/// One decoder layer at one teacher-forced step (all `[B, 1, 1, D]`, probs `[B, 1, H, 1, S]`).
+/// One decoder layer's trace with the steps in the batch dimension, step-major (row `t * B +
+/// b`): all `[T * B, 1, 1, D]`, probs `[T * B, 1, H, 1, S]`.
 struct DecTrace {
     x_in: Tensor,
     gate_c: Tensor,
@@ -408,28 +409,32 @@ struct DecTrace {
 }
 
 impl DecTrace {
-    /// Steps stacked along the batch dimension, step-major (row `t * B + b`).
-    fn cat(steps: &[&DecTrace]) -> DecTrace {
-        let cat = |f: fn(&DecTrace) -> &Tensor| Tensor::cat(&steps.iter().map(|s| f(s)).collect::<Vec<_>>(), 0);
-        DecTrace {
-            x_in: cat(|s| &s.x_in),
-            gate_c: cat(|s| &s.gate_c),
-            gate_u: cat(|s| &s.gate_u),
-            u: cat(|s| &s.u),
-            c_prev: cat(|s| &s.c_prev),
-            o: cat(|s| &s.o),
-            s_a: cat(|s| &s.s_a),
-            x1: cat(|s| &s.x1),
-            probs: cat(|s| &s.probs),
-            ctx: cat(|s| &s.ctx),
-            a: cat(|s| &s.a),
-            s_b: cat(|s| &s.s_b),
-            x2: cat(|s| &s.x2),
-            ffn_up: cat(|s| &s.ffn_up),
-            ffn_hidden: cat(|s| &s.ffn_hidden),
-            ffn_out: cat(|s| &s.ffn_out),
-            s_c: cat(|s| &s.s_c),
-        }
+    /// From the layer's own forward over all steps (`[B, T, ...]`), with the cross-attention
+    /// probabilities `[B, H, T, S]` and contexts `[B, H, T, dh]` it handed out.
+    fn new(tr: DecoderTrace, probs: &Tensor, ctx: &Tensor) -> Result<DecTrace, ModelError> {
+        let (b, t) = (tr.x_in.size()[0], tr.x_in.size()[1]);
+        let rows = |x: &Tensor| x.transpose(0, 1).reshape([t * b, 1, 1, -1]);
+        let missing = || ModelError::Invalid("LRP needs cross-attention in every decoder layer".into());
+        let (h, s) = (probs.size()[1], probs.size()[3]);
+        Ok(DecTrace {
+            x_in: rows(&tr.x_in),
+            gate_c: rows(&tr.ssru.f),
+            gate_u: rows(&tr.ssru.keep),
+            u: rows(&tr.ssru.u),
+            c_prev: rows(&tr.ssru.c_prev),
+            o: rows(&tr.ssru.o),
+            s_a: rows(&tr.s_a),
+            x1: rows(&tr.x1),
+            probs: probs.permute([2, 0, 1, 3]).reshape([t * b, 1, h, 1, s]),
+            ctx: ctx.permute([2, 0, 1, 3]).reshape([t * b, 1, 1, -1]),
+            a: rows(tr.a.as_ref().ok_or_else(missing)?),
+            s_b: rows(tr.s_b.as_ref().ok_or_else(missing)?),
+            x2: rows(&tr.x2),
+            ffn_up: rows(&tr.ffn_up),
+            ffn_hidden: rows(&tr.ffn_hidden),
+            ffn_out: rows(&tr.ffn_out),
+            s_c: rows(&tr.s_c),
+        })
     }
 }
 
@@ -460,88 +465,43 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let s_len = enc.size()[1];
     let n_layers = net.decoder.len();
     let bias = crate::model::nn::key_bias(enc_mask, enc.kind());
-    let u4 = |x: &Tensor| x.view([bsz, 1, 1, -1]);
-    // Values of every cross-attention, from the encoder output: [B, 1, H, S, dh].
-    let mut v_enc = Vec::new();
+    let tb = t_len * bsz;
+    // Forward over every step at once, layer by layer (the model's own decoder layers),
+    // keeping what the relevance pass needs.
+    let mut v_enc = Vec::new(); // every cross-attention's values [B, 1, H, S, dh]
     let mut v_maps = Vec::new();
+    let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
     let enc_in = enc.unsqueeze(1);
-    for layer in &net.decoder {
+    let cell = Tensor::zeros([bsz, net.d_model], (enc.kind(), enc.device()));
+    let mut x = net.teacher_inputs(targets)?;
+    for (l, layer) in net.decoder.iter().enumerate() {
         let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_kv_heads != a.n_heads {
             return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
         }
-        let v = a.v.forward(enc);
-        v_enc.push(v.view([bsz, s_len, a.n_heads, a.head_dim]).transpose(1, 2).unsqueeze(1));
+        let kv = a.keys_values(enc);
+        v_enc.push(kv.v.unsqueeze(1));
         // Every step's cross-attention relevance reaches the encoder states through this map.
-        v_maps.push(LinearMap::new(rule, &enc_in, &a.v.w, a.v.b.as_ref(), Some(&v.unsqueeze(1))));
+        let v_out = kv.v.transpose(1, 2).reshape([bsz, 1, s_len, -1]);
+        v_maps.push(LinearMap::new(rule, &enc_in, &a.v.w, a.v.b.as_ref(), Some(&v_out)));
+        let (mut probs, mut ctx) = (None, None);
+        let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+            Captured::Attention(p) => probs = Some(p.shallow_clone()),
+            Captured::Context(c) => ctx = Some(c.shallow_clone()),
+            _ => {}
+        };
+        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, on: &mut on };
+        let g = gates.layer(Kind::Cross, l);
+        let (y, tr) = layer.forward_traced(&x, &cell, Some(&kv), &bias, g.as_ref(), l, &mut Some(&mut cap));
+        let (Some(probs), Some(ctx)) = (probs, ctx) else { return Err(ModelError::Invalid("LRP: the cross-attention handed out no probabilities".into())) };
+        stacked.push(DecTrace::new(tr, &probs, &ctx)?);
+        x = y;
     }
-    // Forward, step by step, keeping what the relevance pass needs.
-    let mut traces: Vec<Vec<DecTrace>> = Vec::with_capacity(t_len as usize);
-    let mut cells: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, net.d_model], (enc.kind(), enc.device()))).collect();
-    let mut finals = Vec::with_capacity(t_len as usize);
-    for step in 0..t_len {
-        let prev = if step == 0 { None } else { Some(targets.select(1, step - 1).view([bsz, 1])) };
-        let mut x = net.embed.forward(prev.as_ref(), bsz, step, 1)?.squeeze_dim(1); // [B, D]
-        let mut row = Vec::with_capacity(n_layers);
-        for (l, layer) in net.decoder.iter().enumerate() {
-            let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
-            let f = cell.wf.forward(&x).sigmoid();
-            let u = cell.w.forward(&x);
-            let c_prev = cells[l].shallow_clone();
-            let c = &f * &c_prev + (-&f + 1.0) * &u;
-            let o = c.relu();
-            let s_a = &x + &o;
-            let x1 = layer.self_norm.forward(&s_a);
-            let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
-            let (h, dh) = (attn.n_heads, attn.head_dim);
-            let q = attn.q.forward(&x1).view([bsz, 1, h, dh]).transpose(1, 2); // [B, H, 1, dh]
-            let k = attn.k.forward(enc).view([bsz, s_len, h, dh]).transpose(1, 2);
-            let probs = (q.matmul(&k.transpose(-2, -1)) * (1.0 / (dh as f64).sqrt()) + &bias).softmax(-1, q.kind()); // [B, H, 1, S]
-            let mut ctx = probs.matmul(&v_enc[l].squeeze_dim(1)); // [B, H, 1, dh]
-            if let Some(g) = gates.layer(Kind::Cross, l) {
-                ctx = ctx * g.view([g.size()[0], h, 1, 1]);
-            }
-            let ctx = ctx.transpose(1, 2).reshape([bsz, h * dh]);
-            let a = attn.o.forward(&ctx);
-            let s_b = &x1 + &a;
-            let x2 = cross_norm.forward(&s_b);
-            let ffn_up = layer.ffn.up.forward(&x2);
-            let ffn_hidden = layer.ffn.act.apply(&ffn_up);
-            let ffn_out = layer.ffn.down.forward(&ffn_hidden);
-            let s_c = &x2 + &ffn_out;
-            let y = layer.ffn_norm.forward(&s_c);
-            row.push(DecTrace {
-                x_in: u4(&x),
-                gate_c: u4(&f),
-                gate_u: u4(&(-&f + 1.0)),
-                u: u4(&u),
-                c_prev: u4(&c_prev),
-                o: u4(&o),
-                s_a: u4(&s_a),
-                x1: u4(&x1),
-                probs: probs.unsqueeze(1),
-                ctx: u4(&ctx),
-                a: u4(&a),
-                s_b: u4(&s_b),
-                x2: u4(&x2),
-                ffn_up: u4(&ffn_up),
-                ffn_hidden: u4(&ffn_hidden),
-                ffn_out: u4(&ffn_out),
-                s_c: u4(&s_c),
-            });
-            cells[l] = c;
-            x = y;
-        }
-        finals.push(x);
-        traces.push(row);
-    }
+    let finals = x.transpose(0, 1).reshape([tb, -1]); // [T * B, D]
     // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
     // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
     // step) of a single step, while one op covers all steps. Only the SSRU state's path back
     // in time runs step by step.
-    let tb = t_len * bsz;
-    let stacked: Vec<DecTrace> = (0..n_layers).map(|l| DecTrace::cat(&traces.iter().map(|row| &row[l]).collect::<Vec<_>>())).collect();
-    drop(traces);
     let p_len = if per_prediction { t_len } else { 1 };
     let opts = (enc.kind(), enc.device());
     // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.
@@ -559,7 +519,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let over_steps = |t: &Tensor| t.view([t_len, bsz, -1]).sum_dim_intlist([0i64].as_slice(), false, t.kind());
     // Seeds: prediction p is step p's top-1 logit (or all of a sentence's real steps in one
     // row), entering at the top of its step.
-    let y = Tensor::cat(&finals, 0); // [T * B, D]
+    let y = finals;
     let top = out.forward(&y).argmax(-1, false);
     let w_row = out.w.index_select(0, &top).view([tb, 1, 1, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([tb, 1, 1, 1]));

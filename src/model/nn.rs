@@ -195,9 +195,45 @@ impl Attention {
         layer_idx: usize,
         cap: &mut Option<&mut Capture>,
     ) -> Tensor {
-        let (b, tq) = (xq.size()[0], xq.size()[1]);
-        let tk = xkv.size()[1];
+        let kv = self.keys_values(xkv);
+        self.attend(xq, &kv, bias, gate, kind, layer_idx, cap)
+    }
+
+    /// The keys and values of `xkv [B, Tk, D]`, per head `[B, H, Tk, dh]` (rotary positions
+    /// applied, grouped heads repeated): what a decoder computes once per source sentence
+    /// for its cross-attention.
+    pub fn keys_values(&self, xkv: &Tensor) -> KeysValues {
+        if self.n_heads == 0 {
+            return KeysValues::empty();
+        }
+        let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        if let Some(r) = &self.rotary {
+            k = r.apply(&k);
+        }
+        let mut v = self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        if hk != h {
+            k = k.repeat_interleave_self_int(h / hk, Some(1), None);
+            v = v.repeat_interleave_self_int(h / hk, Some(1), None);
+        }
+        KeysValues { k, v }
+    }
+
+    /// `xq [B, Tq, D]` attends over keys and values from [`Attention::keys_values`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        xq: &Tensor,
+        kv: &KeysValues,
+        bias: &Tensor,
+        gate: Option<&Tensor>,
+        kind: Kind,
+        layer_idx: usize,
+        cap: &mut Option<&mut Capture>,
+    ) -> Tensor {
+        let (b, tq) = (xq.size()[0], xq.size()[1]);
+        let (h, dh) = (self.n_heads, self.head_dim);
         if h == 0 {
             // Every head removed (prune_heads): only W^O's bias is left. Empty tensors must not
             // reach the attention kernels (some divide by the head count).
@@ -208,16 +244,10 @@ impl Attention {
                 None => zero,
             };
         }
+        let (k, v) = (&kv.k, &kv.v);
         let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
-        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
         if let Some(r) = &self.rotary {
             q = r.apply(&q);
-            k = r.apply(&k);
-        }
-        let mut v = self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
-        if hk != h {
-            k = k.repeat_interleave_self_int(h / hk, Some(1), None);
-            v = v.repeat_interleave_self_int(h / hk, Some(1), None);
         }
         if let Some(c) = cap.as_deref_mut() {
             if c.queries {
@@ -231,12 +261,12 @@ impl Attention {
             let probs = scores.softmax(-1, scores.kind());
             if let Some(c) = cap.as_deref_mut() {
                 (c.on)(kind, layer_idx, Captured::Attention(&probs));
-                (c.on)(kind, layer_idx, Captured::Values(&v));
+                (c.on)(kind, layer_idx, Captured::Values(v));
             }
-            probs.matmul(&v)
+            probs.matmul(v)
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.
-            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(bias), 0.0, false, scale, false)
+            Tensor::scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)
         }; // [B, H, Tq, dh]
         if let Some(g) = gate {
             let g = g.to_kind(ctx.kind());
@@ -251,6 +281,19 @@ impl Attention {
     }
 }
 
+/// Per-head keys and values `[B, H, Tk, dh]` of one attention over one key sequence.
+pub struct KeysValues {
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+impl KeysValues {
+    /// For an attention with no heads left, which reads neither.
+    pub fn empty() -> KeysValues {
+        KeysValues { k: Tensor::new(), v: Tensor::new() }
+    }
+}
+
 /// Simpler Simple Recurrent Unit (Marian's `ssru`), the self-attention replacement of the
 /// Firefox-Translations decoders: `f = sigmoid(x Wf + bf)`, `c = f c' + (1 - f) x W`,
 /// output `relu(c)`.
@@ -260,12 +303,43 @@ pub struct Ssru {
 }
 
 impl Ssru {
-    /// One step: `x [B, D]`, state `c [B, D]` updated in place of the returned pair.
-    pub fn step(&self, x: &Tensor, c: &Tensor) -> (Tensor, Tensor) {
+    /// The cell over `x [B, T, D]` from state `c0 [B, D]`: the projections cover every step at
+    /// once, only the recurrence runs step by step. Step-by-step decoding is `T = 1`.
+    pub fn scan(&self, x: &Tensor, c0: &Tensor) -> SsruTrace {
+        let t_len = x.size()[1];
         let f = self.wf.forward(x).sigmoid();
-        let c: Tensor = &f * c + (f.ones_like() - &f) * self.w.forward(x);
-        (c.relu(), c)
+        let keep = f.ones_like() - &f;
+        let u = self.w.forward(x);
+        let mut c = c0.shallow_clone();
+        let mut cells = Vec::with_capacity(t_len as usize);
+        for t in 0..t_len {
+            c = f.select(1, t) * &c + keep.select(1, t) * u.select(1, t);
+            cells.push(c.shallow_clone());
+        }
+        let (c_all, c_prev) = if t_len == 0 {
+            (x.zeros_like(), x.zeros_like())
+        } else {
+            let c_all = Tensor::stack(&cells, 1);
+            let c_prev = Tensor::cat(&[c0.unsqueeze(1), c_all.narrow(1, 0, t_len - 1)], 1);
+            (c_all, c_prev)
+        };
+        SsruTrace { o: c_all.relu(), f, keep, u, c_prev, last: c }
     }
+}
+
+/// What [`Ssru::scan`] computed, per step `[B, T, D]`.
+pub struct SsruTrace {
+    /// The output `relu(c)`.
+    pub o: Tensor,
+    /// The forget gate `f`, and `1 - f`.
+    pub f: Tensor,
+    pub keep: Tensor,
+    /// The candidate `x W`.
+    pub u: Tensor,
+    /// The state each step starts from.
+    pub c_prev: Tensor,
+    /// The state after the last step `[B, D]`.
+    pub last: Tensor,
 }
 
 /// Additive causal bias `[1, 1, T, T]`: key `k` is hidden from query `q` when `k > q`.

@@ -2,7 +2,7 @@
 //! self-block, optional cross-attention) and an output projection. Checkpoint families
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
-use super::nn::{key_bias, sinusoidal, Attention, Capture, Ffn, Gates, Linear, Norm, NormPosition, Ssru};
+use super::nn::{key_bias, sinusoidal, Attention, Capture, Ffn, Gates, KeysValues, Linear, Norm, NormPosition, Ssru, SsruTrace};
 use super::{Captured, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -142,9 +142,66 @@ pub struct DecoderLayer {
     pub ffn_norm: Norm,
 }
 
-/// Recurrent state of the decoder during step-by-step decoding.
+impl DecoderLayer {
+    /// The layer over `x [B, T, D]`, steps `T` at once (teacher forcing; `T = 1` when decoding
+    /// step by step): the self-block's recurrence starts from `cell [B, D]`; `cross` holds the
+    /// keys and values of the encoder output for the cross-attention. Returns the output and
+    /// the self-block's final state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(&self, x: &Tensor, cell: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, Tensor) {
+        let (y, tr) = self.forward_traced(x, cell, cross, enc_bias, gate, layer_idx, cap);
+        (y, tr.ssru.last)
+    }
+
+    /// `forward`, also returning its intermediate tensors (for LRP). Cross-attention
+    /// probabilities and contexts are handed out through `cap`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_traced(&self, x: &Tensor, cell: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, DecoderTrace) {
+        let SelfBlock::Ssru(ssru) = &self.self_block;
+        let ssru = ssru.scan(x, cell);
+        let s_a = x + &ssru.o;
+        let x1 = self.self_norm.forward(&s_a);
+        let (a, s_b, x2) = match (&self.cross, cross) {
+            (Some((attn, norm)), Some(kv)) => {
+                let a = attn.attend(&x1, kv, enc_bias, gate, Kind::Cross, layer_idx, cap);
+                let s_b = &x1 + &a;
+                let x2 = norm.forward(&s_b);
+                (Some(a), Some(s_b), x2)
+            }
+            _ => (None, None, x1.shallow_clone()),
+        };
+        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_parts(&x2);
+        let s_c = &x2 + &ffn_out;
+        let y = self.ffn_norm.forward(&s_c);
+        (y, DecoderTrace { x_in: x.shallow_clone(), ssru, s_a, x1, a, s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c })
+    }
+}
+
+/// What [`DecoderLayer::forward_traced`] computed on the way, per step `[B, T, ...]`.
+pub struct DecoderTrace {
+    pub x_in: Tensor,
+    pub ssru: SsruTrace,
+    /// `x_in + ssru.o`, and its norm (the cross-attention's queries).
+    pub s_a: Tensor,
+    pub x1: Tensor,
+    /// The cross-attention's output, `x1 + a` and its norm (absent without cross-attention;
+    /// then `x2` is `x1`).
+    pub a: Option<Tensor>,
+    pub s_b: Option<Tensor>,
+    pub x2: Tensor,
+    pub ffn_up: Tensor,
+    pub ffn_hidden: Tensor,
+    pub ffn_out: Tensor,
+    /// `x2 + ffn_out`, before the last norm.
+    pub s_c: Tensor,
+}
+
+/// Recurrent state of the decoder during step-by-step decoding, for one encoder output.
 pub struct DecoderState {
     cells: Vec<Tensor>,
+    /// Keys and values of the encoder output per layer's cross-attention, computed at the
+    /// first step.
+    cross: Vec<Option<KeysValues>>,
     pub step: i64,
 }
 
@@ -221,7 +278,7 @@ impl Transformer {
 
     pub fn start_state(&self, batch: i64) -> DecoderState {
         let z = Tensor::zeros([batch, self.d_model], (self.embed.tokens.kind(), self.device()));
-        DecoderState { cells: self.decoder.iter().map(|_| z.shallow_clone()).collect(), step: 0 }
+        DecoderState { cells: self.decoder.iter().map(|_| z.shallow_clone()).collect(), cross: Vec::new(), step: 0 }
     }
 
     /// One decoder step: `prev [B]` is the previous token (`None` at the start), `enc [B, S, D]`
@@ -252,25 +309,37 @@ impl Transformer {
         cap: &mut Option<&mut Capture>,
     ) -> Result<Tensor, ModelError> {
         let b = enc.size()[0];
+        if state.cross.is_empty() {
+            state.cross = self.cross_keys_values(enc);
+        }
         let ids = prev.map(|p| p.view([b, 1]));
         let mut x = self.embed.forward(ids.as_ref(), b, state.step, 1)?; // [B, 1, D]
         for (l, layer) in self.decoder.iter().enumerate() {
-            match &layer.self_block {
-                SelfBlock::Ssru(cell) => {
-                    let (out, c) = cell.step(&x.squeeze_dim(1), &state.cells[l]);
-                    state.cells[l] = c;
-                    x = layer.self_norm.forward(&(&x + out.unsqueeze(1)));
-                }
-            }
-            if let Some((attn, norm)) = &layer.cross {
-                let g = gates.layer(Kind::Cross, l);
-                let a = attn.forward(&x, enc, enc_bias, g.as_ref(), Kind::Cross, l, cap);
-                x = norm.forward(&(&x + a));
-            }
-            x = layer.ffn_norm.forward(&(&x + layer.ffn.forward(&x)));
+            let g = gates.layer(Kind::Cross, l);
+            let (y, c) = layer.forward(&x, &state.cells[l], state.cross[l].as_ref(), enc_bias, g.as_ref(), l, cap);
+            state.cells[l] = c;
+            x = y;
         }
         state.step += 1;
         Ok(x.squeeze_dim(1))
+    }
+
+    /// Keys and values of the encoder output `[B, S, D]` for each decoder layer's
+    /// cross-attention.
+    pub fn cross_keys_values(&self, enc: &Tensor) -> Vec<Option<KeysValues>> {
+        self.decoder.iter().map(|l| l.cross.as_ref().map(|(a, _)| a.keys_values(enc))).collect()
+    }
+
+    /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (a zero
+    /// embedding) and `targets [B, T]` shifted right.
+    pub fn teacher_inputs(&self, targets: &Tensor) -> Result<Tensor, ModelError> {
+        let (b, t) = (targets.size()[0], targets.size()[1]);
+        let start = self.embed.forward(None, b, 0, 1)?;
+        if t <= 1 {
+            return Ok(start.narrow(1, 0, t.max(0)));
+        }
+        let rest = self.embed.forward(Some(&targets.narrow(1, 0, t - 1)), b, 1, t - 1)?;
+        Ok(Tensor::cat(&[start, rest], 1))
     }
 
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens.
@@ -313,19 +382,21 @@ impl Transformer {
         Ok(out.forward(&states))
     }
 
-    /// Teacher-forced final decoder states `[B, T, D]` (before the output projection).
+    /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
+    /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
+    /// cross-attention capture reports `[B, H, T, S]` once per layer.
     pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        let (b, t) = (targets.size()[0], targets.size()[1]);
         let bias = key_bias(mask, enc.kind());
-        let mut state = self.start_state(b);
-        let mut states = Vec::with_capacity(t as usize);
-        for i in 0..t {
-            let prev = if i == 0 { None } else { Some(targets.select(1, i - 1)) };
-            states.push(self.decode_step_state(prev.as_ref(), &mut state, enc, &bias, gates, &mut cap)?);
+        let cross = self.cross_keys_values(enc);
+        let cell = Tensor::zeros([targets.size()[0], self.d_model], (self.embed.tokens.kind(), self.device()));
+        // Layer by layer over every step at once; only the SSRU recurrence goes step by step.
+        let mut x = self.teacher_inputs(targets)?;
+        for (l, layer) in self.decoder.iter().enumerate() {
+            let g = gates.layer(Kind::Cross, l);
+            x = layer.forward(&x, &cell, cross[l].as_ref(), &bias, g.as_ref(), l, &mut cap).0;
         }
-        Ok(Tensor::stack(&states, 1))
+        Ok(x)
     }
-
 }
 
 fn emit_hidden(cap: &mut Option<&mut Capture>, kind: Kind, i: usize, x: &Tensor) {
