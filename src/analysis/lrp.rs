@@ -520,7 +520,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // Seeds: prediction p is step p's top-1 logit (or all of a sentence's real steps in one
     // row), entering at the top of its step.
     let y = finals;
-    let top = out.forward(&y).argmax(-1, false);
+    let top = crate::model::nn::top1(&out.forward(&y));
     let w_row = out.w.index_select(0, &top).view([tb, 1, 1, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([tb, 1, 1, 1]));
     let onehot = if per_prediction {
@@ -695,7 +695,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
                 }
                 Seed::Logit => {
                     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-                    let top = out.forward(&y).argmax(-1, false); // [B, T]
+                    let top = crate::model::nn::top1(&out.forward(&y)); // [B, T]
                     let w_rows = out.w.index_select(0, &top.view([-1])).view([bsz, 1, t, -1]);
                     let b_top = out.b.as_ref().map(|bb| bb.index_select(0, &top.view([-1])).view([bsz, 1, t, 1]));
                     let yy = y.unsqueeze(1) * eye.view([1, t, t, 1]);

@@ -460,7 +460,7 @@ impl Model {
             let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, self.device()));
             let h = self.net.encode(&t, &mask, gates, None)?;
             let last = h.select(1, ids.len() as i64 - 1);
-            let next = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?.forward(&last).argmax(-1, false).int64_value(&[0]);
+            let next = nn::top1(&self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?.forward(&last)).int64_value(&[0]);
             if next == self.net.eos_id {
                 break;
             }

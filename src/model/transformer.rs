@@ -354,7 +354,7 @@ impl Transformer {
         let mut none = None;
         for t in 0..limit {
             let logits = self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut none)?;
-            let next = logits.argmax(-1, false);
+            let next = super::nn::top1(&logits);
             let ids = Vec::<i64>::try_from(&next)?;
             for (i, &id) in ids.iter().enumerate() {
                 if done[i] {
