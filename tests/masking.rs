@@ -1,6 +1,7 @@
 //! Head masking on a tiny random encoder-decoder built from the engine's own blocks: all-one
 //! gates change nothing, a masked head changes only what lies downstream of it, a per-row
-//! gate batch equals separate runs, and weights are untouched.
+//! gate batch equals separate runs, and weights are untouched. Also: teacher forcing (every
+//! decoder step at once) equals decoding step by step.
 
 use headscope::model::nn::{Activation, Attention, Capture, Ffn, Gates, Linear, Norm, NormKind, NormPosition, Ssru};
 use headscope::model::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
@@ -149,4 +150,28 @@ fn weights_are_unchanged_after_a_masked_forward() {
     let (_, _, x) = run(&t, &Gates::none());
     let (_, _, y) = run(&t, &Gates::none());
     assert!(x.equal(&y));
+}
+
+/// Teacher forcing runs each decoder layer over all steps at once (the SSRU recurrence inside
+/// `Ssru::scan`); decoding step by step feeds one step at a time through the same layers with
+/// the state carried over. Both read the same inputs, so they must give the same logits, with
+/// a gated cross head too.
+#[test]
+fn teacher_forcing_equals_decoding_step_by_step() {
+    let t = tiny();
+    let (ids, mask) = inputs();
+    let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
+    let targets = Tensor::from_slice(&[5i64, 6, 3, 7, 1, 4, 2, 9]).view([2, 4]);
+    let bias = headscope::model::nn::key_bias(&mask, DType::Float);
+    for gates in [Gates::none(), Gates { cross: Some(Tensor::from_slice(&[1f32, 0.0, 0.5, 1.0]).view([1, 2, H])), ..Gates::none() }] {
+        let teacher = t.decode_teacher(&enc, &mask, &targets, &gates, None).unwrap(); // [B, T, V]
+        let mut state = t.start_state(2);
+        let mut none = None;
+        for step in 0..4 {
+            let prev = (step > 0).then(|| targets.select(1, step - 1));
+            let logits = t.decode_step(prev.as_ref(), &mut state, &enc, &bias, &gates, &mut none).unwrap(); // [B, V]
+            let d = (logits - teacher.select(1, step)).abs().max().double_value(&[]);
+            assert!(d < 1e-5, "step {step}: step-by-step logits differ from teacher forcing by {d:e}");
+        }
+    }
 }

@@ -88,16 +88,20 @@ fn repl_in_a_terminal() {
     // History persists in the user's data directory and is recalled with the Up arrow.
     let hist = std::fs::read_to_string(home.path().join("headscope/history.txt")).unwrap();
     assert!(hist.contains("let keep = 42;"), "history file: {hist}");
+    // Each line prints a word its own text does not contain (`"se" + "t"` shows as `set`), and
+    // the next keys go out only once that word is seen: keys that reach the REPL together with
+    // the end of the line before may be read along with it, and rustyline drops what it read
+    // past an accepted line.
     let mut p = start(home.path());
-    p.send_line("let marker = 1000 + 337;").unwrap();
-    p.exp_string(PROMPT).unwrap();
-    p.send_line("marker = 0;").unwrap();
-    p.exp_string(PROMPT).unwrap();
-    p.send("\x1b[A\x1b[A").unwrap(); // Up twice: back to `let marker = 1000 + 337;`
-    p.send_line("").unwrap();
-    p.exp_string(PROMPT).unwrap();
-    p.send_line("marker").unwrap();
-    p.exp_string("1337").unwrap();
+    p.send_line("let marker = 1000 + 337; print(\"se\" + \"t:\" + marker)").unwrap();
+    p.exp_string("set:1337").unwrap();
+    p.send_line("marker = 0; print(\"zer\" + \"oed\")").unwrap();
+    p.exp_string("zeroed").unwrap();
+    p.send("\x1b[A\x1b[A\r").unwrap(); // Up twice, Enter: the first line again
+    p.flush().unwrap(); // `send` flushes only at a newline
+    p.exp_string("set:1337").unwrap();
+    p.send_line("print(\"mark\" + \"er=\" + marker)").unwrap();
+    p.exp_string("marker=1337").unwrap();
     p.send_line(":quit").unwrap();
     p.exp_eof().unwrap();
 }
