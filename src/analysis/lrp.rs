@@ -68,13 +68,13 @@ pub struct LrpResult {
 /// products of [`linear_rule`] carry float noise of about `1e-7` of that total.
 fn ab_factors(zp: &Tensor, zn: &Tensor, rel_tol: f64) -> (Tensor, Tensor) {
     let tol = (zp - zn) * rel_tol + 1e-12;
-    let has_p = zp.gt_tensor(&tol);
-    let has_n = zn.lt_tensor(&-&tol);
-    let zero = Tensor::zeros([], (zp.kind(), zp.device()));
-    // 0.5 with both signs, 1 with only one.
-    let share = |other: &Tensor| Tensor::where_scalar(other, 0.5, 1.0);
-    let fp = (share(&has_n) / (zp + EPS)).where_self(&has_p, &zero);
-    let fn_ = (share(&has_p) / (zn - EPS)).where_self(&has_n, &zero);
+    // 1 where a side holds contributions, else 0 (masks multiply: torch's `where` kernel is
+    // not vectorised on CPU).
+    let has_p = zp.gt_tensor(&tol).to_kind(zp.kind());
+    let has_n = zn.lt_tensor(&-&tol).to_kind(zp.kind());
+    // A side's share: 0.5 with both signs, 1 with only one; 0 for an empty side.
+    let fp = (&has_n * -0.5 + 1.0) * &has_p / (zp + EPS);
+    let fn_ = (&has_p * -0.5 + 1.0) * &has_n / (zn - EPS);
     (fp, fn_)
 }
 
@@ -215,10 +215,9 @@ fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Ten
             ((r * a / &z).abs(), (r * b / &z).abs())
         }
     };
-    let both = Tensor::cat(&[&ra, &rb], 2);
-    let scaled = rescale(&both, &[r]);
-    let t = ra.size()[2];
-    (scaled.narrow(2, 0, t), scaled.narrow(2, t, t))
+    // Both parts rescaled together to what entered.
+    let k = (abs_total(r) / (abs_total(&ra) + abs_total(&rb) + 1e-30)).unsqueeze(-1).unsqueeze(-1);
+    (ra * &k, rb * &k)
 }
 
 /// Relevance through a norm `y = g * (x - mean) / s + beta` (LayerNorm) or `g * x / s`
