@@ -47,12 +47,51 @@ pub struct Prepared {
     out64: Option<(Tensor, Option<Tensor>)>,
 }
 
+/// Rows of double-precision logits per slice: `[rows, V]` stays near 16 MB (under the
+/// allocator's mmap threshold; a sweep slice of a whole batch was ~230 MB for EN->PT and
+/// page faults took a fifth of the time).
+const LOGIT_BYTES: i64 = 16 << 20;
+
 impl Prepared {
     /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
     fn log_probs(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
         let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
         let states = model.net.decode_teacher_states(enc, mask, targets, gates, None)?.to_kind(DType::Double);
         Ok(states.linear(w, b.as_ref()).log_softmax(-1, DType::Double))
+    }
+
+    /// Per target token `[N, T]`: the loss `-log p(target)`, or with `full` (the unmasked
+    /// log-probabilities `[B, T, V]`, N a multiple of B) `KL(full || masked)`. The logits are
+    /// taken in slices of rows, never all at once.
+    #[allow(clippy::too_many_arguments)]
+    fn token_values(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, full: Option<&Tensor>) -> Result<Tensor, ModelError> {
+        let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let states = model.net.decode_teacher_states(enc, mask, targets, gates, None)?;
+        let (n, t) = (targets.size()[0], targets.size()[1]);
+        let d = states.size()[2];
+        let vocab = w.size()[0];
+        let states = states.reshape([n * t, d]);
+        let flat_targets = targets.reshape([n * t, 1]);
+        // For KL, row r of the N * T rows is row r mod (B * T) of the full distribution.
+        let full = full.map(|f| f.reshape([-1, vocab]));
+        let period = full.as_ref().map_or(n * t, |f| f.size()[0]);
+        let slice = (LOGIT_BYTES / (vocab * 8)).max(1);
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < n * t {
+            // A slice never wraps around the full distribution's rows.
+            let len = slice.min(n * t - start).min(period - start % period);
+            let logp = states.narrow(0, start, len).to_kind(DType::Double).linear(w, b.as_ref()).log_softmax(-1, DType::Double);
+            parts.push(match &full {
+                None => -logp.gather(-1, &flat_targets.narrow(0, start, len), false).squeeze_dim(-1),
+                Some(f) => {
+                    let f = f.narrow(0, start % period, len);
+                    (f.exp() * (&f - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
+                }
+            });
+            start += len;
+        }
+        Ok(Tensor::cat(&parts, 0).view([n, t]))
     }
 }
 
@@ -170,13 +209,8 @@ impl RowMetric<'_> {
             Metric::Loss | Metric::Kl => {
                 let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
                 let (t, tm) = (rep(t), rep(tm));
-                let logp = self.p.log_probs(self.model, enc, &rep(&self.b.mask), &t, gates)?;
-                let per_tok = if self.metric == Metric::Loss {
-                    -logp.gather(-1, &t.unsqueeze(-1), false).squeeze_dim(-1)
-                } else {
-                    let full = rep(self.full.as_ref().ok_or(ModelError::NoOutputHead)?);
-                    (full.exp() * (&full - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
-                };
+                let full = if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
+                let per_tok = self.p.token_values(self.model, enc, &rep(&self.b.mask), &t, gates, full)?;
                 (per_tok * tm.to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double)
             }
             Metric::Bleu => return Ok(vec![]),
@@ -237,15 +271,15 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
     let mut hyps: Vec<Vec<Vec<Vec<String>>>> = shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
-    let vocab = model.net.output.as_ref().map_or(1, |o| o.w.size()[0]);
     for (bi, b) in p.batches.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let bsz = b.ids.size()[0];
         let tlen = b.targets.as_ref().map_or(1, |(t, _)| t.size()[1]);
-        // Heads per chunk: keep the repeated decoder logits near 256 MB.
-        let per_group = (bsz * tlen.max(b.ids.size()[1]) * if p.metric == Metric::Cosine { model.net.d_model } else { vocab } * 8).max(1);
+        // Heads per chunk: keep the repeated states near 256 MB (the logits are taken in
+        // slices, `Prepared::token_values`).
+        let per_group = (bsz * tlen.max(b.ids.size()[1]) * model.net.d_model * 8).max(1);
         // One unmasked pass: the encoder output (the metric's reference, and the input of the
         // decoder-side sweeps) and, when the stack's own heads are swept, every layer's input
         // and per-head contexts.
