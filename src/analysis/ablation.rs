@@ -1,16 +1,18 @@
 //! Head ablation: the effect of masking heads on a metric over a dataset (SPEC.md "Head
 //! masking and ablation"), for one mask or for every head alone (the sweep).
 //!
-//! The sweep computes the layers below each encoder head once (the unmasked pass hands out
-//! every layer's input and per-head contexts), removes the masked head's contribution by
-//! applying W^O to the contexts with that head zeroed (the layer's attention is not
-//! recomputed), and runs all of a layer's masks through the layers above as one batch. Its numbers equal
+//! The sweep computes the layers below each head once (the unmasked pass hands out every
+//! layer's input and per-head contexts), removes the masked head's contribution by applying
+//! W^O to the contexts with that head zeroed (the layer's attention is not recomputed), and
+//! runs all of a layer's masks through the layers above as one batch: for the self-attention
+//! stack's heads, and for cross heads under loss and KL (teacher forcing runs each decoder
+//! layer over all steps). Cross heads under BLEU decode greedily with gates. Its numbers equal
 //! masking one head at a time (tests/ablation.rs).
 
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::corpus_bleu;
-use crate::model::nn::{Capture, Gates};
+use crate::model::nn::{Attention, Capture, Gates};
 use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -60,13 +62,12 @@ impl Prepared {
         Ok(states.linear(w, b.as_ref()).log_softmax(-1, DType::Double))
     }
 
-    /// Per target token `[N, T]`: the loss `-log p(target)`, or with `full` (the unmasked
-    /// log-probabilities `[B, T, V]`, N a multiple of B) `KL(full || masked)`. The logits are
-    /// taken in slices of rows, never all at once.
-    #[allow(clippy::too_many_arguments)]
-    fn token_values(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, full: Option<&Tensor>) -> Result<Tensor, ModelError> {
+    /// Per target token `[N, T]` of the teacher-forced final decoder states `[N, T, D]`: the
+    /// loss `-log p(target)`, or with `full` (the unmasked log-probabilities `[B, T, V]`, N a
+    /// multiple of B) `KL(full || masked)`. The logits are taken in slices of rows, never all
+    /// at once.
+    fn token_values(&self, states: &Tensor, targets: &Tensor, full: Option<&Tensor>) -> Result<Tensor, ModelError> {
         let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let states = model.net.decode_teacher_states(enc, mask, targets, gates, None)?;
         let (n, t) = (targets.size()[0], targets.size()[1]);
         let d = states.size()[2];
         let vocab = w.size()[0];
@@ -150,6 +151,11 @@ pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usiz
     Ok(Prepared { metric, batches, refs, n_sentences: data.len(), targets_from: if has_refs { "references" } else { "teacher" }, out64 })
 }
 
+/// `t` repeated `groups` times along the batch (row `j * B + b` is row `b`).
+fn repeat_rows(t: &Tensor, groups: i64) -> Tensor {
+    t.repeat([groups].iter().copied().chain(std::iter::repeat_n(1, t.dim() - 1)).collect::<Vec<_>>())
+}
+
 /// Per-row sums of the metric over a repeated batch: `enc [R, S, D]` is the (masked) encoder
 /// output of R = groups x B rows; returns the sum over each group of B rows.
 struct RowMetric<'a> {
@@ -197,24 +203,35 @@ impl RowMetric<'_> {
 
     /// Sum of the metric for each of `groups` groups of rows; BLEU returns nothing here.
     fn sums(&self, enc: &Tensor, gates: &Gates, groups: i64) -> Result<Vec<f64>, ModelError> {
-        let rep = |t: &Tensor| t.repeat([groups].iter().copied().chain(std::iter::repeat_n(1, t.dim() - 1)).collect::<Vec<_>>());
-        let bsz = self.b.ids.size()[0];
         let per_row = match self.metric {
             Metric::Cosine => {
                 // 1 - cos(a, b) = |a/|a| - b/|b||^2 / 2: no cancellation for close vectors.
-                let p = pooled(enc, &rep(&self.b.mask));
-                let full = rep(self.full.as_ref().ok_or(ModelError::NoOutputHead)?);
+                let p = pooled(enc, &repeat_rows(&self.b.mask, groups));
+                let full = repeat_rows(self.full.as_ref().ok_or(ModelError::NoOutputHead)?, groups);
                 (p - full).pow_tensor_scalar(2).sum_dim_intlist([-1i64].as_slice(), false, DType::Double) * 0.5
             }
             Metric::Loss | Metric::Kl => {
-                let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                let (t, tm) = (rep(t), rep(tm));
-                let full = if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
-                let per_tok = self.p.token_values(self.model, enc, &rep(&self.b.mask), &t, gates, full)?;
-                (per_tok * tm.to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double)
+                let (t, _) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+                let states = self.model.net.decode_teacher_states(enc, &repeat_rows(&self.b.mask, groups), &repeat_rows(t, groups), gates, None)?;
+                return self.state_sums(&states, groups);
             }
             Metric::Bleu => return Ok(vec![]),
         };
+        self.group_totals(&per_row, groups)
+    }
+
+    /// `sums` for loss and KL from the final decoder states `[groups x B, T, D]`.
+    fn state_sums(&self, states: &Tensor, groups: i64) -> Result<Vec<f64>, ModelError> {
+        let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let full = if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
+        let per_tok = self.p.token_values(states, &repeat_rows(t, groups), full)?;
+        let per_row = (per_tok * repeat_rows(tm, groups).to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double);
+        self.group_totals(&per_row, groups)
+    }
+
+    /// Per-row values `[groups x B]` summed over each group's B rows.
+    fn group_totals(&self, per_row: &Tensor, groups: i64) -> Result<Vec<f64>, ModelError> {
+        let bsz = self.b.ids.size()[0];
         Ok(Vec::<f64>::try_from(per_row.view([groups, bsz]).sum_dim_intlist([1i64].as_slice(), false, DType::Double).to_device(Device::Cpu))?)
     }
 
@@ -305,22 +322,61 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                     for l in 0..s.n_layers {
                         let layer = &model.net.encoder[l];
                         let (x, c) = (&inputs[l], &ctx[l]); // [B, T, D], [B, H, T, dh]
-                        let (t, dh) = (x.size()[1], layer.attn.head_dim);
                         // Masking head j = W^O over the contexts with head j zeroed: the
                         // attention itself (Q, K, softmax, AV) is not recomputed, and the
                         // floats are those of the gated forward pass.
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let keep = Tensor::ones([n, 1, h, 1, 1], (c.kind(), c.device()));
-                            for j in 0..n {
-                                let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
-                            }
-                            let gated = (c.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh]); // [n*B, H, T, dh]
-                            let masked = layer.attn.o.forward(&gated.transpose(1, 2).reshape([n * bsz, t, h * dh]));
+                            let masked = masked_outputs(&layer.attn, c, start, n);
                             let xr = x.repeat([n, 1, 1]);
                             let y = layer.finish(&xr, &masked);
                             let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none());
                             collect(p.metric, &rm, &enc, &Gates::none(), n, start, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                        }
+                    }
+                }
+                Kind::Cross if matches!(p.metric, Metric::Loss | Metric::Kl) => {
+                    // As for the stack's heads: one unmasked teacher-forced pass keeps each
+                    // decoder layer's cross-attention input and per-head contexts; masking head
+                    // j applies W^O to the contexts with head j zeroed, then the rest of the
+                    // layer and the layers above run on the stacked masks.
+                    let net = &model.net;
+                    let (tgt, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
+                    let enc_bias = crate::model::nn::key_bias(&b.mask, full_enc.kind());
+                    let cross = net.cross_keys_values(&full_enc);
+                    let cell = Tensor::zeros([bsz, net.d_model], (full_enc.kind(), full_enc.device()));
+                    let mut x = net.teacher_inputs(tgt)?;
+                    let mut below = Vec::with_capacity(s.n_layers);
+                    for (l, layer) in net.decoder.iter().enumerate() {
+                        let mut ctx = None;
+                        let (y, tr) = {
+                            let mut on = |_: Kind, _: usize, c: Captured<'_>| {
+                                if let Captured::Context(t) = c {
+                                    ctx = Some(t.shallow_clone());
+                                }
+                            };
+                            let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, on: &mut on };
+                            layer.forward_traced(&x, &cell, cross[l].as_ref(), &enc_bias, None, l, &mut Some(&mut cap))
+                        };
+                        let ctx = ctx.ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;
+                        below.push((tr.x1, ctx));
+                        x = y;
+                    }
+                    for (l, (x1, c)) in below.iter().enumerate() {
+                        let layer = &net.decoder[l];
+                        let (attn, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;
+                        for start in (0..h).step_by(chunk as usize) {
+                            let n = chunk.min(h - start);
+                            let masked = masked_outputs(attn, c, start, n);
+                            let mut y = layer.finish(&x1.repeat([n, 1, 1]), Some(&masked));
+                            let (cell_n, bias_n) = (cell.repeat([n, 1]), enc_bias.repeat([n, 1, 1, 1]));
+                            for (k, above) in net.decoder.iter().enumerate().skip(l + 1) {
+                                let kv = cross[k].as_ref().map(|kv| kv.repeat(n));
+                                y = above.forward(&y, &cell_n, kv.as_ref(), &bias_n, None, k, &mut None).0;
+                            }
+                            for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
+                                sums[ki][l][start as usize + j] += v;
+                            }
                         }
                     }
                 }
@@ -357,6 +413,19 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         out.push((s.kind, grid));
     }
     Ok(out)
+}
+
+/// The attention's output with each of heads `start..start + n` masked in turn: W^O over the
+/// contexts `[B, H, T, dh]` with that head zeroed, stacked `[n * B, T, D]` (row `j * B + b`).
+/// The floats are those of the gated forward pass.
+fn masked_outputs(attn: &Attention, ctx: &Tensor, start: i64, n: i64) -> Tensor {
+    let (bsz, h, t, dh) = (ctx.size()[0], ctx.size()[1], ctx.size()[2], ctx.size()[3]);
+    let keep = Tensor::ones([n, 1, h, 1, 1], (ctx.kind(), ctx.device()));
+    for j in 0..n {
+        let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
+    }
+    let gated = (ctx.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh]);
+    attn.o.forward(&gated.transpose(1, 2).reshape([n * bsz, t, h * dh]))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -292,6 +292,12 @@ impl KeysValues {
     pub fn empty() -> KeysValues {
         KeysValues { k: Tensor::new(), v: Tensor::new() }
     }
+
+    /// The batch repeated `n` times (row `j * B + b` is row `b`).
+    pub fn repeat(&self, n: i64) -> KeysValues {
+        let rep = |t: &Tensor| if t.dim() == 4 { t.repeat([n, 1, 1, 1]) } else { t.shallow_clone() };
+        KeysValues { k: rep(&self.k), v: rep(&self.v) }
+    }
 }
 
 /// Simpler Simple Recurrent Unit (Marian's `ssru`), the self-attention replacement of the

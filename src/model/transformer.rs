@@ -161,20 +161,43 @@ impl DecoderLayer {
         let ssru = ssru.scan(x, cell);
         let s_a = x + &ssru.o;
         let x1 = self.self_norm.forward(&s_a);
-        let (a, s_b, x2) = match (&self.cross, cross) {
-            (Some((attn, norm)), Some(kv)) => {
-                let a = attn.attend(&x1, kv, enc_bias, gate, Kind::Cross, layer_idx, cap);
-                let s_b = &x1 + &a;
+        let a = match (&self.cross, cross) {
+            (Some((attn, _)), Some(kv)) => Some(attn.attend(&x1, kv, enc_bias, gate, Kind::Cross, layer_idx, cap)),
+            _ => None,
+        };
+        let (y, f) = self.finish_traced(&x1, a.as_ref());
+        (y, DecoderTrace { x_in: x.shallow_clone(), ssru, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c })
+    }
+
+    /// The rest of the layer after the cross-attention output `a` (its residual with `x1`,
+    /// the norms, the FFN); without cross-attention, from `x1`.
+    pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Tensor {
+        self.finish_traced(x1, a).0
+    }
+
+    fn finish_traced(&self, x1: &Tensor, a: Option<&Tensor>) -> (Tensor, DecoderFinish) {
+        let (s_b, x2) = match (&self.cross, a) {
+            (Some((_, norm)), Some(a)) => {
+                let s_b = x1 + a;
                 let x2 = norm.forward(&s_b);
-                (Some(a), Some(s_b), x2)
+                (Some(s_b), x2)
             }
-            _ => (None, None, x1.shallow_clone()),
+            _ => (None, x1.shallow_clone()),
         };
         let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_parts(&x2);
         let s_c = &x2 + &ffn_out;
         let y = self.ffn_norm.forward(&s_c);
-        (y, DecoderTrace { x_in: x.shallow_clone(), ssru, s_a, x1, a, s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c })
+        (y, DecoderFinish { s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c })
     }
+}
+
+struct DecoderFinish {
+    s_b: Option<Tensor>,
+    x2: Tensor,
+    ffn_up: Tensor,
+    ffn_hidden: Tensor,
+    ffn_out: Tensor,
+    s_c: Tensor,
 }
 
 /// What [`DecoderLayer::forward_traced`] computed on the way, per step `[B, T, ...]`.
