@@ -178,27 +178,30 @@ fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
 
 impl RowMetric<'_> {
     fn new<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch) -> Result<RowMetric<'a>, ModelError> {
-        let enc = match p.metric {
-            Metric::Kl | Metric::Cosine => Some(model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?),
-            _ => None,
+        let full = match p.metric {
+            Metric::Kl | Metric::Cosine => Self::reference(model, p, b, &model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?)?,
+            Metric::Loss | Metric::Bleu => None,
         };
-        Self::with_full(model, p, b, enc.as_ref())
+        Ok(RowMetric { model, p, b, metric: p.metric, full })
     }
 
-    /// As [`RowMetric::new`], given the unmasked encoder output of the batch when the caller
-    /// has it (the sweep's capture pass computes it anyway).
-    fn with_full<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch, enc: Option<&Tensor>) -> Result<RowMetric<'a>, ModelError> {
-        let metric = p.metric;
-        let full = match (metric, enc) {
-            (Metric::Kl, Some(enc)) => {
+    /// As [`RowMetric::new`], given the unmasked encoder output of the batch (the sweep's
+    /// capture pass computes it anyway).
+    fn with_full<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch, enc: &Tensor) -> Result<RowMetric<'a>, ModelError> {
+        Ok(RowMetric { model, p, b, metric: p.metric, full: Self::reference(model, p, b, enc)? })
+    }
+
+    /// What masked rows are compared with, from the unmasked encoder output: the full model's
+    /// log-probabilities (KL) or pooled states (cosine).
+    fn reference(model: &Model, p: &Prepared, b: &PBatch, enc: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(match p.metric {
+            Metric::Kl => {
                 let (t, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
                 Some(p.log_probs(model, enc, &b.mask, t, &Gates::none())?)
             }
-            (Metric::Cosine, Some(enc)) => Some(pooled(enc, &b.mask)),
-            (Metric::Kl | Metric::Cosine, None) => return Self::new(model, p, b),
-            _ => None,
-        };
-        Ok(RowMetric { model, p, b, metric, full })
+            Metric::Cosine => Some(pooled(enc, &b.mask)),
+            Metric::Loss | Metric::Bleu => None,
+        })
     }
 
     /// Sum of the metric for each of `groups` groups of rows; BLEU returns nothing here.
@@ -312,7 +315,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
             let mut cap = Capture { attention: false, context: stack, hidden: stack, queries: false, on: &mut on };
             model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?
         };
-        let rm = RowMetric::with_full(model, p, b, Some(&full_enc))?;
+        let rm = RowMetric::with_full(model, p, b, &full_enc)?;
         for (ki, s) in shapes.iter().enumerate() {
             let h = s.n_heads as i64;
             let chunk = ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h);
