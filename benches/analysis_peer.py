@@ -3,7 +3,7 @@
 Usage: analysis_peer.py ASSETS_DIR N_SWEEP   -> JSON lines on stdout
 
 1. The combined analysis pass on all-MiniLM-L6-v2 over the 1000 PUD sentences: confidence,
-   positional offsets and rare-word scores per head (SPEC definitions: argmax and confidence
+   positional offsets and rare-word scores per head (docs/methods.md definitions: argmax and confidence
    without [SEP] keys, real queries only, Brown frequencies under the same tokenizer),
    from BertModel(output_attentions=True, eager attention), batches of 32 in corpus order,
    statistics in torch ops per batch. Timed from tokenization to the final numbers.

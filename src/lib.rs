@@ -51,6 +51,7 @@ pub mod output;
 pub mod plot;
 pub mod prune;
 pub mod repl;
+pub mod run;
 pub mod script;
 pub mod table;
 

@@ -53,7 +53,7 @@ fn sweep_equals_one_at_a_time_loss() {
 /// f32 noise of libtorch's CPU kernels, which change with the number of rows in a batch (and
 /// with threads): measured ~1e-6 relative in hidden states, ~2e-8 nats in these KLs, whatever
 /// the algorithm. The ablation computes log-probabilities in double precision; the check is
-/// 1e-5 relative or 1e-7 nats absolute, far below any head's effect (SPEC deviation noted).
+/// 1e-5 relative or 1e-7 nats absolute, far below any head's effect (docs/methods.md#masking-and-ablation).
 #[test]
 fn sweep_equals_one_at_a_time_kl() {
     check(&load("enpt"), Metric::Kl, &[Kind::Enc, Kind::Cross], 6, None, 1e-7);

@@ -153,11 +153,12 @@ fn script_arguments_and_relative_imports() {
 fn colon_commands_in_a_piped_session() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("lib.rhai"), "let loaded = 41;\nfn bump(x) { x + 1 }\n").unwrap();
-    let r = run_in(dir.path(), &[], Some(":load lib.rhai\nbump(loaded)\n:time on\n1 + 1\n:time off\n:device\n:help heatmap\n:help\n:help nosuchfn\n:quit\n7 * 7\n"));
+    let r = run_in(dir.path(), &[], Some(":load lib.rhai\nbump(loaded)\n:time on\n1 + 1\n:time off\n:device\n:help heatmap\n:help analyze\n:help\n:help nosuchfn\n:quit\n7 * 7\n"));
     assert!(r.stdout.contains("42"), "{}", r.stdout);
     assert!(r.stdout.contains("timing on") && r.stdout.contains("(took ") && r.stdout.contains("timing off"), "{}", r.stdout);
     assert!(r.stdout.contains("torch:   2.11.0") && r.stdout.contains("threads: "), "{}", r.stdout);
-    assert!(r.stdout.contains("heatmap(matrix: Array, options: Map)") && r.stdout.contains("```rhai"), "{}", r.stdout);
+    assert!(r.stdout.contains("heatmap(matrix, options) -> Plot") && r.stdout.contains("```rhai"), "{}", r.stdout);
+    assert!(r.stdout.contains("m.analyze(data, options) -> Analysis") && !r.stdout.contains("ScriptModel"), ":help shows script-facing signatures: {}", r.stdout);
     assert!(r.stdout.contains(":load FILE") && r.stdout.contains(":quit"), "{}", r.stdout);
     assert!(r.stderr.contains("no documented function named 'nosuchfn'"), "{}", r.stderr);
     assert!(!r.stdout.contains("49"), ":quit must end the session: {}", r.stdout);
@@ -288,7 +289,7 @@ fn bad_model_inputs_are_clear_errors() {
         ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory nor a model asset (unknown asset 'no/such/dir'"),
         ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
-        ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header of 1000 bytes does not fit in the file"),
+        ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"bf16\" or \"f16\")"),
         ("load_model(\"enpt\", #{device: \"tpu\"})", "load_model: unknown device 'tpu' (expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\")"),
         ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype)"),
@@ -310,6 +311,78 @@ fn bad_model_inputs_are_clear_errors() {
         assert!(r.stderr.contains("load_model: dtype 'BFloat16' is only supported on CUDA; use f32 on the CPU"), "{}", r.stderr);
     }
     expect_errors(d, cases);
+}
+
+/// Hostile or empty input to the engine core: each a one-line error naming the file,
+/// sentence or argument, and a session that goes on after all of them.
+#[test]
+fn engine_core_bad_inputs_are_one_line_errors_and_the_session_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let row = |id: u32, head: u32| format!("{id}\tw{id}\t_\tX\t_\t_\t{head}\tdep\t_\t_\n");
+    std::fs::write(d.join("cyc.conllu"), format!("# sent_id = s1\n# text = w1 w2 w3\n{}{}{}\n", row(1, 0), row(2, 3), row(3, 2))).unwrap();
+    std::fs::write(d.join("empty.conllu"), "").unwrap();
+    std::fs::write(d.join("blank.txt"), "\n\n").unwrap();
+    // Headers whose lengths pass the end of the file, or 2^63.
+    std::fs::create_dir(d.join("st")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st/config.json")).unwrap();
+    let mut st = ((1u64 << 63) + 5).to_le_bytes().to_vec();
+    st.extend_from_slice(b"{}");
+    std::fs::write(d.join("st/model.safetensors"), st).unwrap();
+    std::fs::create_dir(d.join("st2")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st2/config.json")).unwrap();
+    let header = br#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#;
+    let mut st2 = (header.len() as u64).to_le_bytes().to_vec();
+    st2.extend_from_slice(header);
+    st2.extend_from_slice(&[0u8; 16]);
+    std::fs::write(d.join("st2/model.safetensors"), st2).unwrap();
+    let smol = headscope::assets::asset_path("smollm2").unwrap();
+    std::fs::create_dir(d.join("gg")).unwrap();
+    std::fs::copy(smol.join("tokenizer.json"), d.join("gg/tokenizer.json")).unwrap();
+    let mut gg = b"GGUF".to_vec();
+    gg.extend_from_slice(&3u32.to_le_bytes());
+    gg.extend_from_slice(&(1u64 << 62).to_le_bytes()); // tensors
+    gg.extend_from_slice(&0u64.to_le_bytes());
+    std::fs::write(d.join("gg/model.gguf"), gg).unwrap();
+    let enpt = headscope::assets::asset_path("enpt").unwrap();
+    std::fs::create_dir(d.join("mb")).unwrap();
+    std::fs::copy(enpt.join("tokenizer.json"), d.join("mb/tokenizer.json")).unwrap();
+    let mut mb = 1u64.to_le_bytes().to_vec();
+    mb.extend_from_slice(&1u64.to_le_bytes()); // one tensor
+    for v in [u64::MAX, 0x404, 2, 8] {
+        mb.extend_from_slice(&v.to_le_bytes()); // name length 2^64 - 1
+    }
+    std::fs::write(d.join("mb/model.x.bin"), mb).unwrap();
+
+    let cases: &[(&str, &str)] = &[
+        ("treebank(\"cyc.conllu\")", "cyc.conllu:4: the heads of words 2 -> 3 -> 2 form a cycle (sentence 's1'); a dependency tree has none"),
+        ("load_model(\"minilm\").analyze(treebank(\"empty.conllu\"))", "analyze: the dataset empty.conllu is empty (no sentences)"),
+        ("load_model(\"enpt\").ablation_sweep(treebank(\"empty.conllu\"))", "ablation_sweep: the dataset empty.conllu is empty (no sentences)"),
+        ("load_model(\"minilm\").diversity(treebank(\"empty.conllu\"))", "diversity: the dataset empty.conllu is empty (no sentences)"),
+        ("load_model(\"minilm\").analyze(corpus(\"blank.txt\"))", "blank.txt"),
+        ("heatmap([[parse_float(\"NaN\"), parse_float(\"NaN\")]])", "heatmap: all 2 values are NaN: there is nothing to draw"),
+        ("heatmap([[1.0, 1.0 / 0.0]])", "heatmap: the value at row 0, column 1 is inf"),
+        ("load_model(\"minilm\").head(\"enc\", 0, 0).attention(\"\")", "attention: the text is empty: there is nothing to run the model on"),
+        ("load_model(\"enpt\").head(\"cross\", 0, 0).attention(\"  \")", "attention: the text is empty"),
+        ("load_model(\"enpt\").translate(\"\")", "translate: the text is empty: there is nothing to run the model on"),
+        ("load_model(\"enpt\").translate([\"Hi.\", \"\"])", "translate: sentence 1 is empty"),
+        ("load_model(\"st\")", "st/model.safetensors: corrupt checkpoint: header length 9223372036854775813 (bytes 0..8) passes the end of the file"),
+        ("load_model(\"st2\")", "st2/model.safetensors: corrupt checkpoint: tensor 'w': shape declares more than 2^63 elements"),
+        ("load_model(\"gg\")", "gg/model.gguf: corrupt checkpoint: the tensor count: declares 4611686018427387904 items"),
+        ("load_model(\"mb\")", "mb/model.x.bin: corrupt checkpoint: truncated while reading the name of tensor 0: 18446744073709551615 bytes declared"),
+    ];
+    expect_errors(d, cases);
+    // The message is the error's first line (the source line and a caret follow).
+    for (code, want) in cases {
+        let r = run_in(d, &["-e", code], None);
+        assert!(r.stderr.lines().next().unwrap_or_default().contains(want), "{code}: the message is not on the first line: {}", r.stderr);
+    }
+    // One session through all of them, alive at the end.
+    let mut input: String = cases.iter().map(|(c, _)| format!("{c}\n")).collect();
+    input.push_str("print(`alive ${6 * 7}`)\n");
+    let r = run_in(d, &[], Some(&input));
+    assert_no_panic_trace(&r);
+    assert!(r.stdout.contains("alive 42"), "the session died: {}\n{}", r.stdout, r.stderr);
 }
 
 #[test]
@@ -368,7 +441,7 @@ fn bad_pruning_inputs_are_clear_errors() {
         (format!("{p}#{{kinds: [\"dec\"]}})"), "prune: enpt has no 'dec' attention (it has: enc, cross)"),
         (format!("{p}#{{penalty_scale: \"per_model\"}})"), "prune: unknown penalty_scale 'per_model' (expected \"per_head\" or \"per_layer\")"),
         (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (valid options: lambda, steps"),
-        (format!("{p}#{{eval_data: \"dev.txt\"}})"), "prune: option 'eval_data' must be a Dataset, got \"dev.txt\" (string)"),
+        (format!("{p}#{{eval_data: \"dev.txt\"}})"), "prune: option 'eval_data': expected a Dataset (corpus, parallel or treebank), got \"dev.txt\" (string)"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100}); load_model(\"enpt\").with_gates(r)".into(), "with_gates: this result was trained on enpt, not on this model object"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).confidence(corpus(\"two.txt\"))".into(), "had heads removed by prune_heads, so its heads no longer line up with the original's"),
     ];

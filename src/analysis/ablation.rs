@@ -1,4 +1,4 @@
-//! Head ablation: the effect of masking heads on a metric over a dataset (SPEC.md "Head
+//! Head ablation: the effect of masking heads on a metric over a dataset (docs/methods.md#masking-and-ablation "Head
 //! masking and ablation"), for one mask or for every head alone (the sweep).
 //!
 //! The sweep computes the layers below each head once (the unmasked pass hands out every
@@ -13,7 +13,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::corpus_bleu;
 use crate::model::nn::{Attention, Capture, Gates};
-use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
+use crate::model::{Captured, HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 options_enum!(Metric, "metric", {
@@ -109,38 +109,29 @@ pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usiz
     }
     needs_decoder(model, metric)?;
     let _g = tch::no_grad_guard();
-    let encoded = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<Vec<_>, _>>()?;
-    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+    let encoded = model.tokenize_all(data.texts())?;
     let has_refs = data.items.iter().all(|i| i.target.is_some());
     let mut refs = vec![String::new(); data.len()];
     let mut batches = Vec::new();
-    for group in batch::by_length(&lengths, batch_tokens.max(1)) {
-        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
+    for (group, b) in model.batches(&encoded, batch_tokens) {
         let targets = if metric == Metric::Cosine {
             None
         } else {
-            let tgt: Vec<Vec<i64>> = if has_refs {
-                for &i in &group {
-                    refs[i] = data.items[i].target.clone().unwrap_or_default();
+            let tgt = if has_refs {
+                let r: Vec<&str> = group.iter().map(|&i| data.items[i].target.as_deref().unwrap_or_default()).collect();
+                for (&i, t) in group.iter().zip(&r) {
+                    refs[i] = t.to_string();
                 }
-                group.iter().map(|&i| model.tokenize(data.items[i].target.as_deref().unwrap_or_default()).map(|e| e.ids)).collect::<Result<_, _>>()?
+                model.reference_targets(&r)?
             } else {
                 let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
-                let max_len: Vec<i64> = group.iter().map(|&i| (2.5 * lengths[i] as f64) as i64 + 2).collect();
-                let outs = model.net.greedy(&enc, &b.mask, &max_len, &Gates::none())?;
-                for (&i, o) in group.iter().zip(&outs) {
-                    refs[i] = model.detokenize(o)?;
+                let tgt = model.greedy_targets(&b, &enc, &Gates::none())?;
+                for (&i, o) in group.iter().zip(&tgt) {
+                    refs[i] = model.detokenize(&o.ids[..o.ids.len() - 1])?;
                 }
-                outs.into_iter().map(|mut o| {
-                    o.push(model.net.eos_id);
-                    o
-                }).collect()
+                tgt
             };
-            let t = tgt.iter().map(|v| v.len()).max().unwrap_or(1).max(1);
-            let ids: Vec<i64> = tgt.iter().flat_map(|v| v.iter().copied().chain(std::iter::repeat(model.tok.pad_id)).take(t)).collect();
-            let m: Vec<f32> = tgt.iter().flat_map(|v| std::iter::repeat_n(1f32, v.len()).chain(std::iter::repeat(0f32)).take(t)).collect();
-            let n = tgt.len() as i64;
-            Some((Tensor::from_slice(&ids).view([n, t as i64]).to_device(model.device()), Tensor::from_slice(&m).view([n, t as i64]).to_device(model.device())))
+            Some(model.target_tensors(&tgt))
         };
         batches.push(PBatch { rows: group, ids: b.ids, mask: b.mask, targets });
     }

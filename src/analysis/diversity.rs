@@ -1,4 +1,4 @@
-//! Head diversity (SPEC.md "Head diversity"), streamed over a dataset's real query tokens:
+//! Head diversity (docs/methods.md#head-diversity), streamed over a dataset's real query tokens:
 //! 1. query orthogonality `||Q_i^T Q_j||_F / (||Q_i||_F ||Q_j||_F)` (low = diverse);
 //! 2. context non-orthogonality, the same for `C_h = A_h V_h`;
 //! 3. output dissimilarity `- mean_t cos(O_i[t], O_j[t])`, `O_h = C_h W^O_h` (high = diverse);
@@ -9,7 +9,7 @@
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::nn::{Capture, Gates};
-use crate::model::{batch, Captured, Kind, Model, ModelError};
+use crate::model::{Batch, Captured, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 /// Sums of one layer, in double precision on the model's device.
@@ -132,17 +132,14 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         .iter()
         .map(|s| (0..s.n_layers).map(|l| { let a = layer_of(s.kind, l); LayerAcc::new(a.n_heads, a.head_dim, model.device()) }).collect())
         .collect();
-    let encoded = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<Vec<_>, _>>()?;
-    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-    let groups = batch::by_length(&lengths, batch_tokens.max(1));
-    for (gi, group) in groups.iter().enumerate() {
+    let encoded = model.tokenize_all(data.texts())?;
+    let batches: Vec<(Vec<usize>, Batch)> = model.batches(&encoded, batch_tokens).collect();
+    for (gi, (_, b)) in batches.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
-        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
         let s = b.ids.size()[1];
-        let real: Vec<f32> = b.encoded.iter().flat_map(|e| e.special.iter().map(|&sp| if sp { 0.0 } else { 1.0 }).chain(std::iter::repeat(0.0)).take(s as usize)).collect();
-        let src_real = Tensor::from_slice(&real).view([group.len() as i64, s]).to_device(model.device());
+        let src_real = model.real_mask(&b.encoded, s);
         for (si, sh) in shapes.iter().enumerate() {
             // Per layer: queries, contexts, attention, captured in order.
             let mut got: Vec<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> = (0..sh.n_layers).map(|_| (None, None, None)).collect();
@@ -177,14 +174,10 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                     qmask = src_real.shallow_clone();
                 } else {
                     let h = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
-                    let max_len: Vec<i64> = group.iter().map(|&i| (2.5 * lengths[i] as f64) as i64 + 2).collect();
-                    let outs = model.net.greedy(&h, &b.mask, &max_len, &Gates::none())?;
-                    let t = outs.iter().map(|o| o.len() + 1).max().unwrap_or(1);
-                    let ids: Vec<i64> = outs.iter().flat_map(|o| o.iter().copied().chain(std::iter::once(model.net.eos_id)).chain(std::iter::repeat(model.tok.pad_id)).take(t)).collect();
-                    let qm: Vec<f32> = outs.iter().flat_map(|o| std::iter::repeat_n(1f32, o.len()).chain(std::iter::repeat(0.0)).take(t)).collect();
-                    let tgt = Tensor::from_slice(&ids).view([outs.len() as i64, t as i64]).to_device(model.device());
+                    let targets = model.greedy_targets(b, &h, &Gates::none())?;
+                    let (tgt, _) = model.target_tensors(&targets);
                     let _ = model.net.decode_teacher(&h, &b.mask, &tgt, &Gates::none(), Some(&mut cap))?;
-                    qmask = Tensor::from_slice(&qm).view([outs.len() as i64, t as i64]).to_device(model.device());
+                    qmask = model.real_mask(&targets, tgt.size()[1]);
                 }
                 kmask = src_real.shallow_clone();
             }
@@ -201,7 +194,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                 accs[si][l].update(&q, &c, &a, &qmask, &kmask, &layer_of(kind, l).o.w);
             }
         }
-        progress(gi + 1, groups.len());
+        progress(gi + 1, batches.len());
     }
     let kinds = shapes.iter().zip(&accs).map(|(s, layers)| Ok((s.kind, layers.iter().map(|a| a.finish()).collect::<Result<Vec<_>, ModelError>>()?))).collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Diversity { model: model.name(), dataset: data.name.clone(), kinds })

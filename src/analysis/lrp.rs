@@ -1,4 +1,4 @@
-//! LRP head relevance (SPEC.md "LRP head relevance"): encoders (`enc`), decoder-only models
+//! LRP head relevance (docs/methods.md#lrp-head-relevance): encoders (`enc`), decoder-only models
 //! (`dec`), and translation models through their decoder (`cross`, then `enc`): seeds at each
 //! target step's top-1 logit travel back in time through the SSRU states, onto the target
 //! embeddings, and through cross-attention's value path onto the encoder output.
@@ -8,7 +8,7 @@
 //! travels in its own row, so normalisation per prediction is exact; `seeds: "summed"` puts
 //! a sentence's seeds in one row, P = 1), T positions, D units. Every rule is applied with
 //! activations fixed, and each step is rescaled per prediction so that `sum |R_in| =
-//! sum |R_out|` (SPEC). A head's relevance is `sum |R|` over the positions and dimensions of
+//! sum |R_out|` (docs/methods.md#lrp-head-relevance). A head's relevance is `sum |R|` over the positions and dimensions of
 //! its context vector (the input of W^O), normalised over the heads of its layer per
 //! prediction, then averaged over predictions.
 //!
@@ -24,7 +24,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::nn::{Attention, Capture, Gates, Norm, NormKind, NormPosition};
 use crate::model::transformer::{DecoderTrace, EncoderLayer};
-use crate::model::{batch, Captured, Kind, Model, ModelError};
+use crate::model::{Batch, Captured, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -636,12 +636,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     let _g = tch::no_grad_guard();
     // Batches: for a decoder, teacher-forced targets come along (references, else greedy).
     let prep = if through_decoder { Some(super::ablation::prepare(model, data, super::ablation::Metric::Loss, opts.batch_tokens)?) } else { None };
-    let encoded = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<Vec<_>, _>>()?;
-    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-    let groups: Vec<Vec<usize>> = match &prep {
-        Some(p) => p.batches.iter().map(|b| b.rows.clone()).collect(),
-        None => batch::by_length(&lengths, opts.batch_tokens.max(1)),
-    };
+    let encoded = model.tokenize_all(data.texts())?;
+    // The same buckets as the prepared targets' (one batching service, same inputs).
+    let n_batches = prep.as_ref().map_or(0, |p| p.batches.len());
     let mut sums = vec![vec![0f64; n_heads]; n_layers];
     let mut cross_sums = vec![vec![0f64; cross_heads]; net.decoder.len()];
     let mut predictions = 0usize;
@@ -654,11 +651,14 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         }
         Ok(())
     };
-    for (gi, group) in groups.iter().enumerate() {
+    let batches: Vec<(Vec<usize>, Batch)> = model.batches(&encoded, opts.batch_tokens).collect();
+    if prep.as_ref().is_some_and(|p| p.batches.len() != batches.len() || p.batches.iter().zip(&batches).any(|(pb, (rows, _))| &pb.rows != rows)) {
+        return Err(AnalysisError::Input(format!("internal: the targets' batches of {} differ from the sentences' ({n_batches} vs {})", data.name, batches.len())));
+    }
+    for (gi, (_, b)) in batches.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
-        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
         let (bsz, t) = (b.ids.size()[0], b.ids.size()[1]);
         let mut x = net.embed.forward(Some(&b.ids), bsz, 0, t)?;
         let bias = net.self_bias(&b.mask, x.kind());
@@ -723,7 +723,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             add_heads(&mut sums, l, &head_rel, &weight)?;
         }
         predictions += weight.sum(DType::Double).double_value(&[]) as usize;
-        progress(gi + 1, groups.len());
+        progress(gi + 1, batches.len());
     }
     let n = predictions.max(1) as f64;
     let mean = |v: Vec<Vec<f64>>| v.into_iter().map(|r| r.into_iter().map(|x| x / n).collect()).collect();

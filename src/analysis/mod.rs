@@ -1,4 +1,4 @@
-//! Head analyses (Voita et al. 2019; SPEC.md): confidence, positional, rare-word and syntactic
+//! Head analyses (Voita et al. 2019; docs/methods.md): confidence, positional, rare-word and syntactic
 //! heads, computed together in one streaming pass per attention kind. Numeric core: no Rhai,
 //! no printing; progress and interruption go through callbacks.
 
@@ -13,7 +13,7 @@ pub mod script;
 use crate::data::Dataset;
 use crate::model::nn::{Capture, Gates};
 use crate::model::tokenizer::Encoded;
-use crate::model::{batch, Captured, HeadId, Kind, Model, ModelError};
+use crate::model::{Captured, HeadId, Kind, Model, ModelError};
 use accum::{Accumulator, BatchTensors, SentenceMeta, Words};
 use options::{relation_of, ExcludeKeys, FreqSource, Options, Stat};
 use result::{Analysis, KindResult, PosHead, Rare, RelDir};
@@ -205,7 +205,7 @@ pub fn analyze(
     let _guard = tch::no_grad_guard();
 
     // Tokenize and describe every sentence once.
-    let encoded: Vec<Encoded> = data.items.iter().map(|i| model.tokenize(&i.text)).collect::<Result<_, _>>()?;
+    let encoded: Vec<Encoded> = model.tokenize_all(data.texts())?;
     let mut metas = Vec::with_capacity(encoded.len());
     let mut baseline: Vec<HashMap<i64, usize>> = vec![HashMap::new(); n_rd];
     for (i, e) in encoded.iter().enumerate() {
@@ -230,17 +230,15 @@ pub fn analyze(
         .iter()
         .map(|s| (s.kind, Accumulator::new(s.n_layers, s.n_heads, if s.kind == stack { n_rd } else { 0 }, device)))
         .collect();
-    let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
     let total = encoded.len();
     let mut done = 0;
     let mut tokens = 0;
-    for group in batch::by_length(&lengths, opts.batch_tokens) {
+    for (group, b) in model.batches(&encoded, opts.batch_tokens) {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
-        let b = model.batch_encoded(group.iter().map(|&i| encoded[i].clone()).collect());
         let s = b.ids.size()[1] as usize;
-        tokens += group.iter().map(|&i| lengths[i]).sum::<usize>();
+        tokens += b.encoded.iter().map(|e| e.ids.len()).sum::<usize>();
         let enc_meta: Vec<SentenceMeta> = group.iter().map(|&i| metas[i].clone()).collect();
         let need_enc_capture = accs.contains_key(&stack);
         let mut enc_out: Option<Tensor> = None;
@@ -270,24 +268,13 @@ pub fn analyze(
                 None => model.net.encode(&b.ids, &b.mask, gates, None)?,
             };
             // Targets: references when the dataset has them, else the model's own greedy output.
-            let targets: Vec<Encoded> = if group.iter().all(|&i| data.items[i].target.is_some()) {
-                group.iter().map(|&i| model.tokenize(data.items[i].target.as_deref().unwrap_or_default())).collect::<Result<_, _>>()?
-            } else {
-                let max_len: Vec<i64> = group.iter().map(|&i| (2.5 * lengths[i] as f64) as i64 + 2).collect();
-                let outs = model.net.greedy(&h, &b.mask, &max_len, gates)?;
-                outs.into_iter()
-                    .map(|mut ids| {
-                        ids.push(model.net.eos_id);
-                        let n = ids.len();
-                        let mut special = vec![false; n];
-                        special[n - 1] = true;
-                        Encoded { tokens: ids.iter().map(|&i| model.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }
-                    })
-                    .collect()
+            let refs: Option<Vec<&str>> = group.iter().map(|&i| data.items[i].target.as_deref()).collect();
+            let targets = match refs {
+                Some(r) => model.reference_targets(&r)?,
+                None => model.greedy_targets(&b, &h, gates)?,
             };
             let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1);
-            let tgt_ids: Vec<i64> = targets.iter().flat_map(|e| e.ids.iter().copied().chain(std::iter::repeat(model.tok.pad_id)).take(t)).collect();
-            let tgt = Tensor::from_slice(&tgt_ids).view([targets.len() as i64, t as i64]).to_device(device);
+            let (tgt, _) = model.target_tensors(&targets);
             let cross_meta: Vec<SentenceMeta> = targets
                 .iter()
                 .zip(&enc_meta)

@@ -1,4 +1,4 @@
-//! Analysis options, typed once at the edge; every value is echoed in results (SPEC.md).
+//! Analysis options, typed once at the edge; every value is echoed in results (docs/methods.md).
 
 use crate::model::Kind;
 use std::path::PathBuf;

@@ -242,7 +242,7 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) ->
     // A treebank given beside a corpus must match it sentence by sentence.
     let mut data = data.clone();
     if let Some(tb) = options.get("treebank") {
-        let Some(tb) = tb.clone().try_cast::<crate::data::Dataset>() else { return err(format!("analyze: option 'treebank' must be a Dataset from treebank(path), got {}", quote(tb))) };
+        let tb = crate::data::script::dataset_arg(tb, "analyze: option 'treebank'")?;
         if tb.items.iter().any(|i| i.tree.is_none()) {
             return err(format!("analyze: option 'treebank': {} is not a treebank", tb.name));
         }
@@ -277,12 +277,12 @@ fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable
 
 fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
     m.require_unpruned("analyze")?;
-    let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("analyze: expected a Dataset (corpus, parallel or treebank), got {}", quote(&data))) };
+    let d = crate::data::script::dataset_arg(&data, "analyze")?;
     let (opts, d) = parse_options(m, &d, &options)?;
     let freq = freq_for(m, &opts)?;
     let gates = m.gates()?;
-    let mut progress = |done: usize, total: usize| crate::engine::progress("analyze", done, total);
-    let a = analyze(&m.model, &d, &opts, freq.as_deref(), &gates, &crate::engine::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
+    let mut progress = |done: usize, total: usize| crate::run::progress("analyze", done, total);
+    let a = analyze(&m.model, &d, &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
     Ok(AnalysisObj(Rc::new(a)))
 }
 
@@ -296,7 +296,7 @@ type AblationSetup = (super::ablation::Prepared, Vec<Kind>, Vec<(String, String)
 fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
     m.require_unpruned(func)?;
     let o = Opts::new(options, func, &["metric", "kinds", "batch_tokens"])?;
-    let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("{func}: expected a Dataset, got {}", quote(data))) };
+    let d = crate::data::script::dataset_arg(data, func)?;
     let generates = m.model.net.output.is_some() && !m.model.net.decoder.is_empty();
     let metric: super::ablation::Metric = match o.string("metric")? {
         Some(x) => x.parse().or_else(|e: String| err(format!("{func}: {e}")))?,
@@ -340,7 +340,7 @@ pub mod api {
         all.extend(ids.iter().copied());
         let gates = m.model.gates_closing(&all).or_else(|e| err(format!("ablate: {e}")))?;
         let base_gates = m.gates()?;
-        let stop = crate::engine::interrupted;
+        let stop = crate::run::interrupted;
         let base = super::super::ablation::evaluate(&m.model, &p, &base_gates, &stop).or_else(|e| err(format!("ablate: {e}")))?;
         let value = super::super::ablation::evaluate(&m.model, &p, &gates, &stop).or_else(|e| err(format!("ablate: {e}")))?;
         let mut r = Map::new();
@@ -383,9 +383,9 @@ pub mod api {
             return err("ablation_sweep: run it on the unmasked model (this view masks heads already)");
         }
         let (p, kinds, mut echo) = ablation_setup(m, &data, &options, "ablation_sweep", 256)?;
-        let stop = crate::engine::interrupted;
+        let stop = crate::run::interrupted;
         let base = super::super::ablation::evaluate(&m.model, &p, &crate::model::nn::Gates::none(), &stop).or_else(|e| err(format!("ablation_sweep: {e}")))?;
-        let mut progress = |done: usize, total: usize| crate::engine::progress("ablation sweep", done, total);
+        let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
         let grids = super::super::ablation::sweep(&m.model, &p, &kinds, &stop, &mut progress).or_else(|e| err(format!("ablation_sweep: {e}")))?;
         echo.push(("base".into(), base.to_string()));
         let d = data.clone().try_cast::<crate::data::Dataset>().map(|d| d.name).unwrap_or_default();
@@ -403,7 +403,7 @@ pub mod api {
         ablation_sweep_opts(m, data, Map::new())
     }
 
-    /// Head diversity (SPEC.md): per layer, H x H matrices of query orthogonality, context
+    /// Head diversity (docs/methods.md#head-diversity): per layer, H x H matrices of query orthogonality, context
     /// non-orthogonality and output dissimilarity, and each head's intra-head attention
     /// variance, over the dataset's real tokens. Options: `kinds`, `batch_tokens` (1024).
     ///
@@ -418,7 +418,7 @@ pub mod api {
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
         m.require_unpruned("diversity")?;
         let o = Opts::new(&options, "diversity", &["kinds", "batch_tokens"])?;
-        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("diversity: expected a Dataset, got {}", quote(&data))) };
+        let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds: Vec<Kind> = match options.get("kinds") {
             Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("diversity: {e}")))).collect::<ScriptResult<_>>()?,
             None => m.model.kinds().iter().map(|k| k.kind).collect(),
@@ -426,8 +426,8 @@ pub mod api {
         if !m.closed.is_empty() {
             return err("diversity: run it on the unmasked model");
         }
-        let mut progress = |done: usize, total: usize| crate::engine::progress("diversity", done, total);
-        let r = super::super::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::engine::interrupted, &mut progress)
+        let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
+        let r = super::super::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::run::interrupted, &mut progress)
             .or_else(|e| err(format!("diversity: {e}")))?;
         Ok(DiversityObj(Rc::new(r)))
     }
@@ -514,7 +514,7 @@ pub mod api {
     }
 
     /// The analyses of Voita et al. (2019) in one streaming pass over a dataset, for every
-    /// attention kind of the model. Options (defaults in SPEC.md, all echoed in the result):
+    /// attention kind of the model. Options (defaults in docs/methods.md, all echoed in the result):
     /// `stats` (any of "confidence", "positional", "rare", "syntactic"; syntactic needs a
     /// treebank), `kinds`, `batch_tokens` (1024), `exclude_keys` ("eos" | "special" | "none";
     /// "special" also keeps BOS/CLS sinks out of a head's argmax),
@@ -559,14 +559,14 @@ pub mod api {
         run(m, data, o)?.grid("confidence", |k| k.confidence.clone())
     }
 
-    /// LRP head relevance of the self-attention stack (SPEC "LRP head relevance"): per layer,
+    /// LRP head relevance of the self-attention stack (docs/methods.md#lrp-head-relevance): per layer,
     /// each head's share of the relevance reaching the layer's heads, averaged over
     /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus"), `seed`
     /// ("logit": each output position's top-1 logit, the default for models with an output
     /// head: teacher-forced on the references, else on the model's greedy translation, giving
     /// encoder and cross-attention heads for translation models; "norm": each position's final
     /// hidden units by squared activation, the default for encoders, and for a translation
-    /// model the encoder alone), `seeds` ("each": one propagation per prediction, as the SPEC
+    /// model the encoder alone), `seeds` ("each": one propagation per prediction, as docs/methods.md
     /// normalises; "summed": a sentence's seeds together, about T times cheaper),
     /// `batch_tokens` (padded tokens per batch: 256 with "summed", 64 with "each", whose
     /// relevance tensors are P predictions deep: larger batches leave the cache and fault in
@@ -585,7 +585,7 @@ pub mod api {
         use super::super::lrp::{lrp, LrpOptions, Seed};
         m.require_unpruned("lrp")?;
         let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
-        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("lrp: expected a Dataset, got {}", quote(&data))) };
+        let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let net = &m.model.net;
         let default_seed = if net.output.is_some() { Seed::Logit } else { Seed::Norm };
         let per_prediction = match o.string("seeds")?.as_deref() {
@@ -600,8 +600,8 @@ pub mod api {
             batch_tokens: o.usize("batch_tokens")?.unwrap_or(if per_prediction { 64 } else { 256 }),
         };
         let gates = m.gates()?;
-        let mut progress = |done: usize, total: usize| crate::engine::progress("lrp", done, total);
-        let r = lrp(&m.model, &d, &opts, &gates, &crate::engine::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
+        let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
+        let r = lrp(&m.model, &d, &opts, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
         Ok(Grid {
             stat: format!("lrp ({})", r.options.rule),
             model: m.model.name(),

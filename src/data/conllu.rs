@@ -182,15 +182,39 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Sentence>, ConlluError> {
     Ok(out)
 }
 
+/// Every HEAD points inside the sentence, and following heads from any word reaches the root
+/// (or a word without a head) without a cycle.
 fn check_heads(s: &Sentence, file: &str) -> Result<(), ConlluError> {
     let n = s.words().count();
-    for (k, w) in s.words().enumerate() {
+    // Line of a word: block start + the lines before it in the block.
+    let line_of = |id: usize| s.line_no + s.lines.iter().position(|l| matches!(l, Line::Word(x) if x.id == id)).unwrap_or(0);
+    let heads: Vec<Option<usize>> = s.words().map(|w| w.head).collect();
+    for w in s.words() {
         if let Some(h) = w.head {
             if h > n {
-                // Line of this word: block start + comment lines before it + its index.
-                let line = s.line_no + s.lines.iter().position(|l| matches!(l, Line::Word(x) if x.id == w.id)).unwrap_or(k);
-                return Err(ConlluError { file: file.into(), line, msg: format!("HEAD {h} of word {} points past the sentence's {n} words", w.id) });
+                return Err(ConlluError { file: file.into(), line: line_of(w.id), msg: format!("HEAD {h} of word {} points past the sentence's {n} words", w.id) });
             }
+        }
+    }
+    // 0 unknown, 1 on the current path, 2 reaches the root.
+    let mut state = vec![0u8; n + 1];
+    for start in 1..=n {
+        let mut path = vec![];
+        let mut at = start;
+        while at != 0 && state[at] == 0 {
+            state[at] = 1;
+            path.push(at);
+            at = heads[at - 1].unwrap_or(0);
+        }
+        if at != 0 && state[at] == 1 {
+            let from = path.iter().position(|&p| p == at).unwrap_or(0);
+            let mut cycle: Vec<String> = path[from..].iter().map(|p| p.to_string()).collect();
+            cycle.push(at.to_string());
+            let id = s.sent_id().map(|i| format!(" (sentence '{i}')")).unwrap_or_default();
+            return Err(ConlluError { file: file.into(), line: line_of(at), msg: format!("the heads of words {} form a cycle{id}; a dependency tree has none", cycle.join(" -> ")) });
+        }
+        for p in path {
+            state[p] = 2;
         }
     }
     Ok(())
@@ -260,6 +284,11 @@ mod tests {
             ("# only a comment\n\n", "x:1: sentence block has no word lines"),
             ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n# late\n", "x:2: comment after the first word line of a sentence"),
             ("x-2\tA\t_\t_\t_\t_\t_\t_\t_\t_\n", "x:1: bad ID 'x-2'"),
+            (
+                "# sent_id = s7\n1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n2\tB\tb\tX\tX\t_\t3\tdep\t_\t_\n3\tC\tc\tX\tX\t_\t2\tdep\t_\t_\n",
+                "x:3: the heads of words 2 -> 3 -> 2 form a cycle (sentence 's7'); a dependency tree has none",
+            ),
+            ("1\tA\ta\tX\tX\t_\t1\troot\t_\t_\n", "x:1: the heads of words 1 -> 1 form a cycle; a dependency tree has none"),
         ];
         for (text, want) in cases {
             assert_eq!(parse(text, "x").unwrap_err().to_string(), want, "for {text:?}");

@@ -158,6 +158,18 @@ pub mod script {
     use rhai::{Array, Dynamic, Engine, Map};
     use std::path::Path;
 
+    /// The dataset a script function was given, refused when it is not a Dataset or has no
+    /// sentences (an analysis of nothing would print a result "over 0 sentences").
+    pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
+        let Some(d) = v.clone().try_cast::<Dataset>() else {
+            return err(format!("{func}: expected a Dataset (corpus, parallel or treebank), got {}", crate::script::convert::quote(v)));
+        };
+        if d.is_empty() {
+            return err(format!("{func}: the dataset {} is empty (no sentences)", d.name));
+        }
+        Ok(d)
+    }
+
     fn e(what: &str, x: DataError) -> Box<rhai::EvalAltResult> {
         err::<()>(format!("{what}: {x}")).unwrap_err()
     }

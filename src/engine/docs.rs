@@ -4,6 +4,7 @@
 
 use super::resolver::STDLIB;
 use rhai::Engine;
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FnDoc {
@@ -68,15 +69,22 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
     let mut out = Vec::new();
     if let Ok(json) = engine.gen_fn_metadata_to_json(false) {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) {
+            // Rust type names (last path segment) -> the names scripts see (`ScriptModel` -> `Model`).
+            let types: HashMap<String, String> = v["customTypes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string())))
+                .collect();
             for f in v["functions"].as_array().into_iter().flatten() {
                 let comments: Vec<String> =
                     f["docComments"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(String::from)).collect();
                 if comments.is_empty() {
                     continue;
                 }
-                let name = f["name"].as_str().unwrap_or_default().to_string();
-                let signature = f["signature"].as_str().unwrap_or(&name).to_string();
-                out.push(FnDoc { name, signature, doc: join_doc(&comments) });
+                let raw = f["name"].as_str().unwrap_or_default();
+                let name = raw.strip_prefix("get$").or_else(|| raw.strip_prefix("set$")).unwrap_or(raw).to_string();
+                out.push(FnDoc { name, signature: script_signature(f, &types), doc: join_doc(&comments) });
             }
         }
     }
@@ -94,6 +102,57 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name).then(a.signature.cmp(&b.signature)));
     out
+}
+
+/// A type as scripts see it: `&mut ScriptModel` -> `Model`, `ScriptResult<f64>` -> `float`,
+/// `Dynamic` -> `any`; unit is empty.
+fn script_type(t: &str, types: &HashMap<String, String>) -> String {
+    let t = t.trim().trim_start_matches("&mut ").trim_start_matches('&').trim();
+    for wrapper in ["ScriptResult<", "RhaiResultOf<", "Result<"] {
+        if let Some(inner) = t.strip_prefix(wrapper).and_then(|x| x.strip_suffix('>')) {
+            let first = inner.split(',').next().unwrap_or(inner);
+            return script_type(first, types);
+        }
+    }
+    let last = t.rsplit("::").next().unwrap_or(t);
+    match last {
+        "()" | "" => String::new(),
+        "i64" | "INT" | "usize" | "i32" => "int".into(),
+        "f64" | "FLOAT" | "f32" => "float".into(),
+        "bool" => "bool".into(),
+        "str" | "String" | "ImmutableString" => "string".into(),
+        "Array" => "array".into(),
+        "Map" => "map".into(),
+        "Dynamic" => "any".into(),
+        "FnPtr" => "function".into(),
+        other => types.get(other).cloned().unwrap_or_else(|| other.to_string()),
+    }
+}
+
+/// The signature a script writes, from a function's metadata: `m.analyze(data, options) ->
+/// Analysis` for a method of a headscope type, `a.heads -> array` for a property, `d[i] ->
+/// map` for an index, `heatmap(matrix, options) -> Plot` for a plain function.
+fn script_signature(f: &serde_json::Value, types: &HashMap<String, String>) -> String {
+    let raw = f["name"].as_str().unwrap_or_default();
+    let params: Vec<(String, String)> = f["params"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| (p["name"].as_str().unwrap_or("_").to_string(), p["type"].as_str().unwrap_or_default().to_string()))
+        .collect();
+    let ret = script_type(f["returnType"].as_str().unwrap_or_default(), types);
+    let arrow = if ret.is_empty() { String::new() } else { format!(" -> {ret}") };
+    let names = |ps: &[(String, String)]| ps.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+    // Rhai calls a function whose first parameter is `&mut T` as a method of T.
+    let method_of = params.first().filter(|(_, t)| t.trim_start().starts_with("&mut"));
+    match (raw, method_of) {
+        (r, Some((recv, _))) if r.starts_with("get$") => format!("{recv}.{}{arrow}", &r[4..]),
+        (r, Some((recv, _))) if r.starts_with("set$") => format!("{recv}.{} = {}", &r[4..], names(&params[1..])),
+        ("index$get$", Some((recv, _))) => format!("{recv}[{}]{arrow}", names(&params[1..])),
+        ("index$set$", Some((recv, _))) => format!("{recv}[{}] = {}", names(&params[1..2]), names(&params[2..])),
+        (r, Some((recv, _))) => format!("{recv}.{r}({}){arrow}", names(&params[1..])),
+        (r, None) => format!("{r}({}){arrow}", names(&params)),
+    }
 }
 
 /// Docs of all overloads named `name`.
@@ -144,6 +203,20 @@ mod tests {
         assert!(!ex[0].must_fail);
         let bad = FnDoc { name: "g".into(), signature: "g()".into(), doc: "```rhai,error\ng(1);\n```".into() };
         assert!(bad.examples()[0].must_fail);
+    }
+
+    #[test]
+    fn signatures_are_written_as_scripts_call_them() {
+        let types: HashMap<String, String> = [("ScriptModel", "Model"), ("AnalysisObj", "Analysis"), ("Dataset", "Dataset")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let f = |name: &str, params: &[(&str, &str)], ret: &str| {
+            let ps: Vec<serde_json::Value> = params.iter().map(|(n, t)| serde_json::json!({"name": n, "type": t})).collect();
+            script_signature(&serde_json::json!({"name": name, "params": ps, "returnType": ret}), &types)
+        };
+        assert_eq!(f("analyze", &[("m", "&mut ScriptModel"), ("data", "Dynamic"), ("options", "Map")], "ScriptResult<AnalysisObj>"), "m.analyze(data, options) -> Analysis");
+        assert_eq!(f("get$texts", &[("d", "&mut Dataset")], "Array"), "d.texts -> array");
+        assert_eq!(f("index$get$", &[("d", "&mut Dataset"), ("i", "i64")], "ScriptResult<Map>"), "d[i] -> map");
+        assert_eq!(f("heatmap", &[("matrix", "Array"), ("options", "Map")], "Result<crate::plot::Plot, Box<EvalAltResult>>"), "heatmap(matrix, options) -> Plot");
+        assert_eq!(f("save", &[("p", "&mut Plot"), ("path", "&str")], "ScriptResult<()>"), "p.save(path)");
     }
 
     #[test]

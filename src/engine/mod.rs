@@ -7,6 +7,7 @@
 pub mod commands;
 pub mod docs;
 pub mod error;
+mod registry;
 mod resolver;
 
 pub use error::{ErrorKind, ScriptError};
@@ -19,8 +20,7 @@ use rhai::{Dynamic, Engine, Scope, AST};
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What a session sends its frontend while evaluating.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,32 +36,7 @@ pub enum Event {
 pub type Sink = Box<dyn FnMut(Event)>;
 type SharedSink = Rc<RefCell<Sink>>;
 
-/// Reports progress of a long computation to the running evaluation's frontend.
-pub fn progress(label: &str, done: usize, total: usize) {
-    let sink = CURRENT_SINK.with(|c| c.borrow().clone());
-    if let Some(s) = sink {
-        if let Ok(mut f) = s.try_borrow_mut() {
-            f(Event::Progress { label: label.to_string(), done, total });
-        }
-    }
-}
-
-/// Stops a running evaluation (Ctrl-C, a kernel's interrupt_request); cheap to clone and
-/// safe to trigger from a signal handler thread.
-#[derive(Clone, Default, Debug)]
-pub struct Interrupt(Arc<AtomicBool>);
-
-impl Interrupt {
-    pub fn trigger(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    pub fn reset(&self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-    pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+pub use crate::run::Interrupt;
 
 pub struct SessionOptions {
     pub sink: Sink,
@@ -93,10 +68,6 @@ pub struct Session {
 }
 
 thread_local! {
-    /// The interrupt of the evaluation running on this thread, for native loops to poll.
-    static CURRENT: RefCell<Option<Interrupt>> = const { RefCell::new(None) };
-    /// The sink of the evaluation running on this thread, for progress reports.
-    static CURRENT_SINK: RefCell<Option<SharedSink>> = const { RefCell::new(None) };
     static GUARDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
 }
@@ -124,12 +95,6 @@ fn install_panic_hook() {
     });
 }
 
-/// Whether the evaluation running on this thread was interrupted (Ctrl-C, a kernel's
-/// interrupt_request). Long native computations poll this between batches.
-pub fn interrupted() -> bool {
-    CURRENT.with(|c| c.borrow().as_ref().is_some_and(|i| i.is_set()))
-}
-
 /// Runs `f`, turning a panic into `Err(message)`.
 fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     install_panic_hook();
@@ -144,7 +109,7 @@ pub fn render_value(v: &Dynamic) -> Option<Output> {
     if v.is_unit() {
         return None;
     }
-    for r in crate::script::RENDERERS {
+    for r in registry::RENDERERS {
         if let Some(out) = r(v) {
             return Some(out);
         }
@@ -177,7 +142,7 @@ impl Session {
         let flag = interrupt.clone();
         engine.on_progress(move |_| if flag.is_set() { Some(Dynamic::from("interrupted")) } else { None });
 
-        crate::script::register_types(&mut engine);
+        registry::register_types(&mut engine);
         let s = sink.clone();
         let display: crate::script::core::DisplayFn = Rc::new(move |v: Dynamic| {
             if let Some(out) = render_value(&v) {
@@ -212,11 +177,15 @@ impl Session {
         self.interrupt.reset();
         let engine = &self.engine;
         let scope = &mut self.scope;
-        CURRENT.with(|c| *c.borrow_mut() = Some(self.interrupt.clone()));
-        CURRENT_SINK.with(|c| *c.borrow_mut() = Some(self.sink.clone()));
+        let sink = self.sink.clone();
+        let progress: crate::run::ProgressFn = Rc::new(move |label: &str, done, total| {
+            if let Ok(mut f) = sink.try_borrow_mut() {
+                f(Event::Progress { label: label.to_string(), done, total });
+            }
+        });
+        let entered = crate::run::enter(crate::run::Context { interrupt: self.interrupt.clone(), progress });
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
-        CURRENT.with(|c| *c.borrow_mut() = None);
-        CURRENT_SINK.with(|c| *c.borrow_mut() = None);
+        drop(entered);
         // Functions defined by this input stay, even if it failed later on.
         self.functions = full.clone_functions_only();
         let value = match result {

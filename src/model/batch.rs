@@ -1,4 +1,11 @@
-//! Batching by length buckets: sentences of similar length go together, so padding is small.
+//! The one batching service: text -> tokens (once per dataset) -> length buckets -> padded
+//! batches on the model's device, and teacher-forcing targets (references, else the model's
+//! own greedy output). Every analysis, sweep, LRP run, pruning run and translation gets its
+//! batches here; sentences of similar length go together, so padding is small.
+
+use super::tokenizer::Encoded;
+use super::{nn::Gates, Batch, Model, ModelError};
+use tch::Tensor;
 
 /// Sentences are bucketed within windows of this many, in corpus order: a long dataset is a
 /// series of windows like a short one, so peak memory does not grow with its size.
@@ -38,6 +45,76 @@ fn window(lengths: &[usize], range: std::ops::Range<usize>, max_tokens: usize) -
         groups.push(cur);
     }
     groups
+}
+
+impl Model {
+    /// Tokenizes every sentence once. An empty (or blank) sentence is refused, naming it:
+    /// there is nothing to run the model on.
+    pub fn tokenize_all<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Result<Vec<Encoded>, ModelError> {
+        let texts: Vec<&str> = texts.into_iter().collect();
+        let one = texts.len() == 1;
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.trim().is_empty() {
+                    let what = if one { "the text is empty".to_string() } else { format!("sentence {i} is empty") };
+                    return Err(ModelError::Invalid(format!("{what}: there is nothing to run the model on")));
+                }
+                self.tok.encode(t)
+            })
+            .collect()
+    }
+
+    /// The length-bucketed batches of tokenized sentences (see [`by_length`]): each comes with
+    /// its rows (indices into `encoded`), on the model's device.
+    pub fn batches<'a>(&'a self, encoded: &'a [Encoded], max_tokens: usize) -> impl Iterator<Item = (Vec<usize>, Batch)> + 'a {
+        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+        by_length(&lengths, max_tokens.max(1)).into_iter().map(move |rows| {
+            let b = self.batch_encoded(rows.iter().map(|&i| encoded[i].clone()).collect());
+            (rows, b)
+        })
+    }
+
+    /// Teacher-forcing targets from references (one per row of a batch), tokenized as the
+    /// model's targets.
+    pub fn reference_targets(&self, references: &[&str]) -> Result<Vec<Encoded>, ModelError> {
+        references.iter().map(|r| self.tok.encode(r)).collect()
+    }
+
+    /// Teacher-forcing targets when there are no references: the model's own greedy output
+    /// under `gates` (at most 2.5 x the source length + 2 tokens), ending in EOS. `enc` is the
+    /// batch's encoder output.
+    pub fn greedy_targets(&self, batch: &Batch, enc: &Tensor, gates: &Gates) -> Result<Vec<Encoded>, ModelError> {
+        let max_len: Vec<i64> = batch.encoded.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
+        let outs = self.net.greedy(enc, &batch.mask, &max_len, gates)?;
+        Ok(outs
+            .into_iter()
+            .map(|mut ids| {
+                ids.push(self.net.eos_id);
+                let n = ids.len();
+                let mut special = vec![false; n];
+                special[n - 1] = true;
+                Encoded { tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }
+            })
+            .collect())
+    }
+
+    /// `[B, len]` float mask, 1 on the real (not special, not padding) tokens of `encoded`.
+    pub fn real_mask(&self, encoded: &[Encoded], len: i64) -> Tensor {
+        let real: Vec<f32> = encoded.iter().flat_map(|e| e.special.iter().map(|&sp| if sp { 0.0 } else { 1.0 }).chain(std::iter::repeat(0.0)).take(len as usize)).collect();
+        Tensor::from_slice(&real).view([encoded.len() as i64, len]).to_device(self.device())
+    }
+
+    /// Targets as padded `[B, T]` ids and a `[B, T]` float mask (1 on real target tokens), on
+    /// the model's device; `T` is at least 1.
+    pub fn target_tensors(&self, targets: &[Encoded]) -> (Tensor, Tensor) {
+        let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1);
+        let ids: Vec<i64> = targets.iter().flat_map(|e| e.ids.iter().copied().chain(std::iter::repeat(self.tok.pad_id)).take(t)).collect();
+        let m: Vec<f32> = targets.iter().flat_map(|e| std::iter::repeat_n(1f32, e.ids.len()).chain(std::iter::repeat(0f32)).take(t)).collect();
+        let n = targets.len() as i64;
+        (Tensor::from_slice(&ids).view([n, t as i64]).to_device(self.device()), Tensor::from_slice(&m).view([n, t as i64]).to_device(self.device()))
+    }
 }
 
 #[cfg(test)]

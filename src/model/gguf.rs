@@ -3,6 +3,7 @@
 //! PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
+use super::bytes::Cursor;
 use super::ModelError;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,9 +54,6 @@ impl TensorInfo {
     pub fn shape(&self) -> Vec<i64> {
         self.dims.iter().rev().map(|&d| d as i64).collect()
     }
-    pub fn numel(&self) -> u64 {
-        self.dims.iter().product()
-    }
 }
 
 pub struct Gguf {
@@ -67,35 +65,21 @@ pub struct Gguf {
     map: memmap2::Mmap,
 }
 
-struct Cursor<'a> {
-    b: &'a [u8],
-    pos: usize,
-    file: &'a str,
+/// GGUF's strings and typed metadata values, on the shared checked cursor.
+trait GgufValues {
+    fn string(&mut self, what: &str) -> Result<String, ModelError>;
+    fn value(&mut self, t: u32, what: &str, depth: usize) -> Result<Value, ModelError>;
 }
 
-impl Cursor<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ModelError> {
-        if self.pos.checked_add(n).is_none_or(|e| e > self.b.len()) {
-            return Err(ModelError::Corrupt { file: self.file.into(), why: format!("truncated while reading {what} at byte {}", self.pos) });
-        }
-        let s = &self.b[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-    fn u32(&mut self, what: &str) -> Result<u32, ModelError> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap_or([0; 4])))
-    }
-    fn u64(&mut self, what: &str) -> Result<u64, ModelError> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or([0; 8])))
-    }
+impl GgufValues for Cursor<'_> {
     fn string(&mut self, what: &str) -> Result<String, ModelError> {
-        let n = self.u64(what)? as usize;
+        let n = self.u64(what)?;
         Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
     }
     fn value(&mut self, t: u32, what: &str, depth: usize) -> Result<Value, ModelError> {
         let mut num = |n: usize| -> Result<[u8; 8], ModelError> {
             let mut b = [0u8; 8];
-            b[..n].copy_from_slice(self.take(n, what)?);
+            b[..n].copy_from_slice(self.take(n as u64, what)?);
             Ok(b)
         };
         Ok(match t {
@@ -110,10 +94,7 @@ impl Cursor<'_> {
             8 => Value::Str(self.string(what)?),
             9 if depth < 4 => {
                 let et = self.u32(what)?;
-                let n = self.u64(what)? as usize;
-                if n > self.b.len() {
-                    return Err(ModelError::Corrupt { file: self.file.into(), why: format!("{what}: array of {n} items is longer than the file") });
-                }
+                let n = self.count(1, what)?;
                 Value::Array((0..n).map(|_| self.value(et, what, depth + 1)).collect::<Result<_, _>>()?)
             }
             10 => Value::U64(u64::from_le_bytes(num(8)?)),
@@ -168,7 +149,7 @@ impl Gguf {
         let file = path.display().to_string();
         let map = super::safetensors::map(path)?;
         let (version, metadata, tensors, data_start) = {
-            let mut c = Cursor { b: &map, pos: 0, file: &file };
+            let mut c = Cursor::new(&map, &file);
             if c.take(4, "the magic")? != b"GGUF" {
                 return Err(ModelError::Corrupt { file: file.clone(), why: "not a GGUF file (magic is not 'GGUF')".into() });
             }
@@ -176,11 +157,9 @@ impl Gguf {
             if version != 3 {
                 return Err(ModelError::Corrupt { file: file.clone(), why: format!("GGUF version {version} is not supported (3 is)") });
             }
-            let n_tensors = c.u64("the tensor count")? as usize;
-            let n_kv = c.u64("the metadata count")? as usize;
-            if n_tensors > 1_000_000 || n_kv > 1_000_000 {
-                return Err(ModelError::Corrupt { file: file.clone(), why: format!("implausible counts: {n_tensors} tensors, {n_kv} metadata entries") });
-            }
+            // A tensor entry is at least 24 bytes, a metadata entry at least 13.
+            let n_tensors = c.count(24, "the tensor count")?;
+            let n_kv = c.count(13, "the metadata count")?;
             let mut metadata = BTreeMap::new();
             for i in 0..n_kv {
                 let key = c.string(&format!("metadata key {i}"))?;
@@ -196,6 +175,7 @@ impl Gguf {
                     return Err(ModelError::Corrupt { file: file.clone(), why: format!("tensor '{name}' has {nd} dimensions") });
                 }
                 let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
+                super::bytes::elements(dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &file)?;
                 let ggml_type = c.u32(&name)?;
                 let offset = c.u64(&name)?;
                 tensors.push(TensorInfo { name, dims, ggml_type, offset });
@@ -216,13 +196,16 @@ impl Gguf {
         let info = self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
         let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", info.ggml_type)))?;
-        let n = info.numel() as usize;
+        let n = super::bytes::elements(info.dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &self.file)?;
         if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
         }
-        let len = n / per * bytes;
-        let start = self.data_start + info.offset as usize;
-        let data = self.map.get(start..start + len).ok_or_else(|| bad(format!("data at {start}..{} lies past the end of the file", start + len)))?;
+        let len = (n / per).checked_mul(bytes).ok_or_else(|| bad(format!("{n} elements of {tname} pass 2^64 bytes")))?;
+        let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(self.data_start));
+        let data = start
+            .and_then(|s| Some((s, s.checked_add(len)?)))
+            .and_then(|(s, e)| self.map.get(s..e))
+            .ok_or_else(|| bad(format!("data offset {} + {len} bytes lies past the end of the file ({} bytes)", info.offset, self.map.len())))?;
         let mut out = vec![0f32; n];
         match info.ggml_type {
             0 => out.iter_mut().zip(data.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),

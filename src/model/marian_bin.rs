@@ -1,9 +1,10 @@
 //! Firefox-Translations Marian checkpoints (`model.*.bin` + `tokenizer.json`): the binary
-//! format (see shared notes/marian-bin-format.md), int8 dequantisation, and the architecture
+//! format (docs/formats.md), int8 dequantisation, and the architecture
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
 use super::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::bytes::Cursor;
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
@@ -25,41 +26,19 @@ pub fn find_bin(dir: &Path) -> Option<PathBuf> {
     (bins.len() == 1).then(|| bins.remove(0))
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-    file: &'a str,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ModelError> {
-        if self.pos + n > self.b.len() {
-            return Err(ModelError::Corrupt { file: self.file.into(), why: format!("truncated while reading {what} at byte {}", self.pos) });
-        }
-        let s = &self.b[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-    fn u64(&mut self, what: &str) -> Result<u64, ModelError> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or([0; 8])))
-    }
-}
-
 /// Reads every float tensor of a Marian `.bin`, dequantising int8 matrices, and the embedded
 /// `special:model.yml`. Tensors come as PyTorch uses them: `[out, in]` matrices, flat vectors.
 pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
     let file = path.display().to_string();
     let bytes = super::safetensors::map(path)?;
-    let mut r = Reader { b: &bytes, pos: 0, file: &file };
+    let mut r = Cursor::new(&bytes, &file);
     let _version = r.u64("the version")?;
-    let n = r.u64("the tensor count")? as usize;
-    if n > 100_000 {
-        return Err(ModelError::Corrupt { file, why: format!("implausible tensor count {n}") });
-    }
+    // Each tensor has a 32-byte header.
+    let n = r.count(32, "the tensor count")?;
     let mut headers = Vec::with_capacity(n);
     for i in 0..n {
         let what = format!("header {i}");
-        headers.push((r.u64(&what)? as usize, r.u64(&what)?, r.u64(&what)? as usize, r.u64(&what)? as usize));
+        headers.push((r.u64(&what)?, r.u64(&what)?, r.u64(&what)?, r.u64(&what)?));
     }
     let mut names = Vec::with_capacity(n);
     for (i, (len, ..)) in headers.iter().enumerate() {
@@ -68,10 +47,13 @@ pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelE
     }
     let mut shapes = Vec::with_capacity(n);
     for (i, (_, _, dims, _)) in headers.iter().enumerate() {
-        let raw = r.take(4 * dims, &format!("the shape of {}", names[i]))?;
-        shapes.push(raw.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64).collect::<Vec<_>>());
+        let what = format!("the shape of {}", names[i]);
+        let raw = r.take(dims.checked_mul(4).unwrap_or(u64::MAX), &what)?;
+        let shape: Vec<i64> = raw.chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect();
+        super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor {}", names[i]), &file)?;
+        shapes.push(shape);
     }
-    let aligned = r.u64("the alignment padding")? as usize;
+    let aligned = r.u64("the alignment padding")?;
     r.take(aligned, "the alignment padding")?;
     let mut out = HashMap::new();
     let mut yml = String::new();
@@ -86,16 +68,16 @@ pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelE
             continue;
         }
         let shape = &shapes[i];
-        let count: i64 = shape.iter().product();
+        let count: i64 = shape.iter().product(); // checked above: at most 2^63 - 1
         let bad = |why: String| ModelError::Corrupt { file: file.clone(), why: format!("tensor {name}: {why}") };
         let t = match typ {
             FLOAT32 => {
-                if data.len() < 4 * count as usize {
+                if (count as u64).checked_mul(4).is_none_or(|n| (data.len() as u64) < n) {
                     return Err(bad(format!("{} bytes for {count} floats", data.len())));
                 }
                 let t = Tensor::f_from_data_size(&data[..4 * count as usize], &[count], tch::Kind::Float)?;
                 // Row vectors [1, n] become [n].
-                if shape.len() == 2 && shape[0] == 1 { t } else { t.view(shape.as_slice()) }
+                if shape.len() == 2 && shape[0] == 1 { t } else { t.f_view(shape.as_slice())? }
             }
             INT8 => {
                 if shape.len() != 2 || data.len() < count as usize + 4 {
@@ -109,7 +91,7 @@ pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelE
                 let mut t = Tensor::f_from_data_size(&data[..count as usize], &[count], tch::Kind::Int8)?.to_kind(tch::Kind::Float);
                 let _ = t.f_mul_scalar_(1.0 / m as f64)?;
                 // Stored transposed except Wemb: the raw [cols, rows] is PyTorch's [out, in].
-                if name == "Wemb" { t.view([shape[0], shape[1]]) } else { t.view([shape[1], shape[0]]) }
+                if name == "Wemb" { t.f_view([shape[0], shape[1]])? } else { t.f_view([shape[1], shape[0]])? }
             }
             other => return Err(bad(format!("unknown tensor type {other:#x}"))),
         };

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod bert;
+pub mod bytes;
 pub mod gguf;
 pub mod llama_gguf;
 pub mod marian_bin;
@@ -365,8 +366,7 @@ impl Model {
 
     /// Tokenizes and pads sentences into one batch.
     pub fn batch(&self, texts: &[&str]) -> Result<Batch, ModelError> {
-        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
-        Ok(self.batch_encoded(encoded))
+        Ok(self.batch_encoded(self.tokenize_all(texts.iter().copied())?))
     }
 
     pub fn batch_encoded(&self, encoded: Vec<Encoded>) -> Batch {
@@ -397,17 +397,13 @@ impl Model {
             return Err(ModelError::Invalid(format!("{} cannot translate: it has no decoder", self.name())));
         }
         let _guard = tch::no_grad_guard();
-        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
-        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+        let encoded = self.tokenize_all(texts.iter().copied())?;
         let mut out = vec![Vec::new(); texts.len()];
-        let mut slots: Vec<Option<Encoded>> = encoded.into_iter().map(Some).collect();
-        for group in batch::by_length(&lengths, max_tokens) {
-            let enc: Vec<Encoded> = group.iter().filter_map(|&i| slots[i].take()).collect();
-            let max_len: Vec<i64> = enc.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
-            let b = self.batch_encoded(enc);
+        for (rows, b) in self.batches(&encoded, max_tokens) {
             let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
+            let max_len: Vec<i64> = b.encoded.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
             let res = self.net.greedy(&h, &b.mask, &max_len, gates)?;
-            for (slot, ids) in group.iter().zip(res) {
+            for (slot, ids) in rows.iter().zip(res) {
                 out[*slot] = ids;
             }
         }
@@ -426,19 +422,15 @@ impl Model {
         on_batch: &mut dyn FnMut(&Batch, &Tensor) -> Result<(), ModelError>,
     ) -> Result<StreamStats, ModelError> {
         let _guard = tch::no_grad_guard();
-        let encoded = texts.iter().map(|t| self.tok.encode(t)).collect::<Result<Vec<_>, _>>()?;
-        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-        let mut slots: Vec<Option<Encoded>> = encoded.into_iter().map(Some).collect();
+        let encoded = self.tokenize_all(texts.iter().copied())?;
         let mut stats = StreamStats::default();
-        for group in batch::by_length(&lengths, max_tokens) {
+        for (rows, b) in self.batches(&encoded, max_tokens) {
             if stop() {
                 return Err(ModelError::Interrupted);
             }
-            let enc: Vec<Encoded> = group.iter().filter_map(|&i| slots[i].take()).collect();
-            let b = self.batch_encoded(enc);
             let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
-            stats.sentences += group.len();
-            stats.tokens += group.iter().map(|&i| lengths[i]).sum::<usize>();
+            stats.sentences += rows.len();
+            stats.tokens += rows.iter().map(|&i| encoded[i].ids.len()).sum::<usize>();
             stats.padded_tokens += b.ids.numel();
             stats.batches += 1;
             on_batch(&b, &h)?;
@@ -453,7 +445,7 @@ impl Model {
             return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
         }
         let _guard = tch::no_grad_guard();
-        let mut ids = self.tok.encode(text)?.ids;
+        let mut ids = self.tokenize_all([text])?.remove(0).ids;
         let mut out = Vec::new();
         for _ in 0..n {
             let t = Tensor::from_slice(&ids).view([1, ids.len() as i64]).to_device(self.device());
@@ -497,13 +489,11 @@ impl Model {
             }
             Kind::Cross => {
                 let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
-                let out = self.net.greedy(&h, &b.mask, &[(2.5 * src_tokens.len() as f64) as i64 + 2], gates)?.remove(0);
-                let mut targets = out.clone();
-                targets.push(self.net.eos_id);
-                let t = Tensor::from_slice(&targets).view([1, targets.len() as i64]).to_device(self.device());
+                let targets = self.greedy_targets(&b, &h, gates)?;
+                let (t, _) = self.target_tensors(&targets);
                 let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
                 let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
-                targets.iter().map(|&i| self.tok.id_to_token(i)).collect()
+                targets.into_iter().next().map(|e| e.tokens).unwrap_or_default()
             }
             _ => return Err(ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))),
         };

@@ -19,10 +19,11 @@ pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
     if m.len() < 8 {
         return Err(bad("shorter than its 8-byte header length".into()));
     }
-    let n = u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8])) as usize;
-    if n > m.len() - 8 {
-        return Err(bad(format!("header of {n} bytes does not fit in the file")));
+    let n = u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8]));
+    if n > (m.len() - 8) as u64 {
+        return Err(bad(format!("header length {n} (bytes 0..8) passes the end of the file ({} bytes)", m.len())));
     }
+    let n = n as usize;
     let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&m[8..8 + n]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
     let data = &m[8 + n..];
     let mut out = HashMap::with_capacity(header.len());
@@ -39,15 +40,18 @@ pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
             Some("I8") => DType::Int8,
             other => return Err(bad(format!("tensor '{name}' has unsupported dtype {other:?}"))),
         };
-        let shape: Vec<i64> = info["shape"].as_array().map(|a| a.iter().filter_map(|x| x.as_i64()).collect()).unwrap_or_default();
-        let offs: Vec<usize> = info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|v| v as usize)).collect()).unwrap_or_default();
+        let Some(dims) = info["shape"].as_array() else { return Err(bad(format!("tensor '{name}' has no shape"))) };
+        let Some(shape) = dims.iter().map(|x| x.as_i64()).collect::<Option<Vec<i64>>>() else {
+            return Err(bad(format!("tensor '{name}': shape {} is not a list of integers", info["shape"])));
+        };
+        let count = super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &file)?;
+        let offs: Vec<u64> = info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let [begin, end] = offs[..] else { return Err(bad(format!("tensor '{name}' has no data_offsets"))) };
         let elem = dtype.elt_size_in_bytes();
-        let count: i64 = shape.iter().product();
-        if begin > end || end > data.len() || (end - begin) != count as usize * elem {
+        if begin > end || end > data.len() as u64 || count.checked_mul(elem) != Some((end - begin) as usize) {
             return Err(bad(format!("tensor '{name}': data_offsets {begin}..{end} do not match shape {shape:?} in a data area of {} bytes", data.len())));
         }
-        let t = Tensor::f_from_data_size(&data[begin..end], &shape, dtype)?;
+        let t = Tensor::f_from_data_size(&data[begin as usize..end as usize], &shape, dtype)?;
         out.insert(name, t);
     }
     Ok(out)

@@ -334,7 +334,7 @@ pub mod api {
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
         let t0 = std::time::Instant::now();
-        let stats = m.model.encode_stream(&refs, batch_tokens, &gates, &crate::engine::interrupted, &mut |_, _| Ok(())).or_else(|e| err(format!("forward: {e}")))?;
+        let stats = m.model.encode_stream(&refs, batch_tokens, &gates, &crate::run::interrupted, &mut |_, _| Ok(())).or_else(|e| err(format!("forward: {e}")))?;
         let secs = t0.elapsed().as_secs_f64();
         let mut r = Map::new();
         r.insert("sentences".into(), Dynamic::from(stats.sentences as i64));

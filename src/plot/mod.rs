@@ -94,6 +94,14 @@ impl Plot {
                 if let Some(i) = values.iter().position(|r| r.len() != cols) {
                     return bad(format!("heatmap: row {i} has {} values but row 0 has {cols}", values[i].len()));
                 }
+                // NaN marks a missing cell (drawn grey); a matrix with nothing else, or with an
+                // infinity, has no colour scale.
+                if let Some((r, c, v)) = values.iter().enumerate().find_map(|(r, row)| row.iter().position(|v| v.is_infinite()).map(|c| (r, c, row[c]))) {
+                    return bad(format!("heatmap: the value at row {r}, column {c} is {v}; a colour scale needs finite values (NaN marks a missing cell)"));
+                }
+                if !values.iter().flatten().any(|v| v.is_finite()) {
+                    return bad(format!("heatmap: all {} values are NaN: there is nothing to draw", rows * cols));
+                }
                 if row_labels.len() != rows {
                     return bad(format!("heatmap: {} row labels for {rows} rows", row_labels.len()));
                 }

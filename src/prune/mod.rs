@@ -1,4 +1,4 @@
-//! Head pruning with Hard Concrete gates and an L0 penalty (SPEC.md "Hard Concrete gates and
+//! Head pruning with Hard Concrete gates and an L0 penalty (docs/methods.md#hard-concrete-gates-and-l0-pruning "Hard Concrete gates and
 //! pruning"; Voita et al. 2019 section 6, Louizos et al. 2018).
 //!
 //! One `log_alpha` per gated head. Each step samples one gate per head (shared by the batch),

@@ -93,10 +93,7 @@ fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, 
     // `eval` is a reserved word in Rhai (`#{"eval": d}` works); `eval_data` reads better.
     let eval = match options.get("eval_data").or_else(|| options.get("eval")) {
         None => None,
-        Some(v) => match v.clone().try_cast::<crate::data::Dataset>() {
-            Some(d) => Some(d),
-            None => return err(format!("prune: option 'eval_data' must be a Dataset, got {}", quote(v))),
-        },
+        Some(v) => Some(crate::data::script::dataset_arg(v, "prune: option 'eval_data'")?),
     };
     p.validate().or_else(err)?;
     Ok((p, eval))
@@ -218,7 +215,7 @@ impl Render for PruneResult {
 pub mod api {
     use super::*;
 
-    /// Trains Hard Concrete head gates with an L0 penalty (SPEC "Hard Concrete gates and
+    /// Trains Hard Concrete head gates with an L0 penalty (docs/methods.md#hard-concrete-gates-and-l0-pruning "Hard Concrete gates and
     /// pruning"): the model is frozen, only the gates learn. The objective is token
     /// cross-entropy on the references (or on the unpruned model's greedy translations) for
     /// models that generate, and distillation of the final hidden states for encoders.
@@ -241,13 +238,13 @@ pub mod api {
         if !m.closed.is_empty() || m.soft.is_some() {
             return err("prune: train gates on the unmasked model (this view masks heads)");
         }
-        let Some(d) = data.clone().try_cast::<crate::data::Dataset>() else { return err(format!("prune: expected a Dataset, got {}", quote(&data))) };
+        let d = crate::data::script::dataset_arg(&data, "prune")?;
         let (opts, eval) = parse_options(m, &options)?;
         let label = format!("prune (lambda {})", opts.lambda);
         let mut progress = |p: &CurvePoint, total: usize| {
-            crate::engine::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
+            crate::run::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
         };
-        let mut run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::engine::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
+        let mut run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
         let trained = run.trained.take().map(|mut t| {
             let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
             (Rc::new(t), Rc::new(w))

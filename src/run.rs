@@ -1,0 +1,95 @@
+//! The run context: what a long computation may ask of whoever runs it, whether to stop
+//! (an interrupt) and where to report progress. A leaf module: the numeric core and the
+//! script layer both use it, and it depends on nothing in the crate, so module imports stay
+//! a DAG (`tests/module_graph.rs`). The engine installs a context for each evaluation
+//! ([`enter`]); outside one, nothing is interrupted and progress goes nowhere.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Stops a running evaluation (Ctrl-C, a kernel's interrupt_request); cheap to clone and
+/// safe to trigger from a signal handler thread.
+#[derive(Clone, Default, Debug)]
+pub struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    pub fn trigger(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Receives `(label, done, total)` progress reports.
+pub type ProgressFn = Rc<dyn Fn(&str, usize, usize)>;
+
+/// The context of the run on this thread.
+#[derive(Clone)]
+pub struct Context {
+    pub interrupt: Interrupt,
+    pub progress: ProgressFn,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Context>> = const { RefCell::new(None) };
+}
+
+/// Restores the previous context when dropped.
+pub struct Entered(Option<Context>);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+/// Makes `ctx` the context of this thread until the returned guard is dropped.
+#[must_use = "the context is left when the guard is dropped"]
+pub fn enter(ctx: Context) -> Entered {
+    Entered(CURRENT.with(|c| c.borrow_mut().replace(ctx)))
+}
+
+/// Whether the run on this thread was interrupted (Ctrl-C, a kernel's interrupt_request).
+/// Long native computations poll this between batches.
+pub fn interrupted() -> bool {
+    CURRENT.with(|c| c.borrow().as_ref().is_some_and(|ctx| ctx.interrupt.is_set()))
+}
+
+/// Reports progress of a long computation to the run's frontend (nothing outside a run).
+pub fn progress(label: &str, done: usize, total: usize) {
+    let f = CURRENT.with(|c| c.borrow().as_ref().map(|ctx| ctx.progress.clone()));
+    if let Some(f) = f {
+        f(label, done, total);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn context_is_scoped_and_restored() {
+        assert!(!interrupted());
+        let seen = Rc::new(Cell::new(0));
+        let s = seen.clone();
+        let i = Interrupt::default();
+        {
+            let _g = enter(Context { interrupt: i.clone(), progress: Rc::new(move |_, d, _| s.set(d)) });
+            progress("x", 7, 9);
+            assert_eq!(seen.get(), 7);
+            i.trigger();
+            assert!(interrupted());
+        }
+        assert!(!interrupted(), "leaving the context forgets its interrupt");
+        progress("x", 3, 9);
+        assert_eq!(seen.get(), 7, "no progress sink outside a run");
+    }
+}
