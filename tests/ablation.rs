@@ -17,7 +17,7 @@ fn data(n: usize) -> Dataset {
 
 /// `abs_floor`: an absolute tolerance added to the 1e-5 relative one (0 for most metrics).
 fn check(model: &Model, metric: Metric, kinds: &[Kind], n: usize, only: Option<&[(Kind, usize, usize)]>, abs_floor: f64) {
-    let p = prepare(model, &data(n), metric, 128).unwrap();
+    let p = prepare(model, &data(n), metric, 128, headscope::model::nn::Gates::none()).unwrap();
     assert!(p.batches.len() >= 2, "use several batches");
     let grids = sweep(model, &p, kinds, &|| false, &mut |_, _| {}).unwrap();
     let base = evaluate(model, &p, &Gates::none(), &|| false).unwrap();

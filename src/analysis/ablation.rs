@@ -27,26 +27,26 @@ options_enum!(Metric, "metric", {
     Cosine = "cosine",
 });
 
-pub struct PBatch {
-    pub rows: Vec<usize>,
-    pub ids: Tensor,
-    pub mask: Tensor,
-    /// Teacher-forced targets `[B, T]` (pad-filled) and their mask, for loss and KL.
-    pub targets: Option<(Tensor, Tensor)>,
-}
+pub use crate::model::batch::PBatch;
 
-/// A dataset tokenized, bucketed and given targets once, to evaluate many masks on.
+/// A dataset prepared once by the batching service (`model::batch::Prepared`: tokens,
+/// buckets, targets), with what a metric adds, to evaluate many masks on.
 pub struct Prepared {
     pub metric: Metric,
-    pub batches: Vec<PBatch>,
-    /// Reference texts for BLEU (references, else the full model's outputs).
-    pub refs: Vec<String>,
-    pub n_sentences: usize,
-    /// Where the targets come from: "references" or "teacher".
-    pub targets_from: &'static str,
+    pub data: crate::model::batch::Prepared,
+    /// The model as given: the gates of a masked view (none for a model as loaded). Teacher
+    /// targets, KL's distribution and cosine's pooled states are taken under them.
+    pub base: Gates,
     /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
     /// number of rows, and these metrics must not depend on how masks are batched.
     out64: Option<(Tensor, Option<Tensor>)>,
+}
+
+impl std::ops::Deref for Prepared {
+    type Target = crate::model::batch::Prepared;
+    fn deref(&self) -> &Self::Target {
+        &self.data
+    }
 }
 
 /// Rows of double-precision logits per slice: `[rows, V]` stays near 16 MB (under the
@@ -103,43 +103,20 @@ fn needs_decoder(model: &Model, metric: Metric) -> Result<(), AnalysisError> {
     Ok(())
 }
 
-pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usize) -> Result<Prepared, AnalysisError> {
+/// `base`: the gates of the model as given (a masked view), the reference of every metric.
+pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usize, base: Gates) -> Result<Prepared, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     needs_decoder(model, metric)?;
+    let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
+    let prepared = model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
     let _g = tch::no_grad_guard();
-    let encoded = model.tokenize_all(data.texts())?;
-    let has_refs = data.items.iter().all(|i| i.target.is_some());
-    let mut refs = vec![String::new(); data.len()];
-    let mut batches = Vec::new();
-    for (group, b) in model.batches(&encoded, batch_tokens) {
-        let targets = if metric == Metric::Cosine {
-            None
-        } else {
-            let tgt = if has_refs {
-                let r: Vec<&str> = group.iter().map(|&i| data.items[i].target.as_deref().unwrap_or_default()).collect();
-                for (&i, t) in group.iter().zip(&r) {
-                    refs[i] = t.to_string();
-                }
-                model.reference_targets(&r)?
-            } else {
-                let enc = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
-                let tgt = model.greedy_targets(&b, &enc, &Gates::none())?;
-                for (&i, o) in group.iter().zip(&tgt) {
-                    refs[i] = model.detokenize(&o.ids[..o.ids.len() - 1])?;
-                }
-                tgt
-            };
-            Some(model.target_tensors(&tgt))
-        };
-        batches.push(PBatch { rows: group, ids: b.ids, mask: b.mask, targets });
-    }
     let out64 = match (metric, &model.net.output) {
         (Metric::Loss | Metric::Kl, Some(o)) => Some((o.w.to_kind(DType::Double), o.b.as_ref().map(|b| b.to_kind(DType::Double)))),
         _ => None,
     };
-    Ok(Prepared { metric, batches, refs, n_sentences: data.len(), targets_from: if has_refs { "references" } else { "teacher" }, out64 })
+    Ok(Prepared { metric, data: prepared, out64, base })
 }
 
 /// `t` repeated `groups` times along the batch (row `j * B + b` is row `b`).
@@ -170,7 +147,7 @@ fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
 impl RowMetric<'_> {
     fn new<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch) -> Result<RowMetric<'a>, ModelError> {
         let full = match p.metric {
-            Metric::Kl | Metric::Cosine => Self::reference(model, p, b, &model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?)?,
+            Metric::Kl | Metric::Cosine => Self::reference(model, p, b, &model.net.encode(&b.ids, &b.mask, &p.base, None)?)?,
             Metric::Loss | Metric::Bleu => None,
         };
         Ok(RowMetric { model, p, b, metric: p.metric, full })
@@ -188,7 +165,7 @@ impl RowMetric<'_> {
         Ok(match p.metric {
             Metric::Kl => {
                 let (t, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                Some(p.log_probs(model, enc, &b.mask, t, &Gates::none())?)
+                Some(p.log_probs(model, enc, &b.mask, t, &p.base)?)
             }
             Metric::Cosine => Some(pooled(enc, &b.mask)),
             Metric::Loss | Metric::Bleu => None,
@@ -295,11 +272,16 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         // decoder-side sweeps) and, when the stack's own heads are swept, every layer's input
         // and per-head contexts.
         let mut inputs = Vec::new();
-        let mut ctx = Vec::new();
+        // By layer: a layer without heads (prune_heads) hands out no contexts.
+        let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
         let full_enc = {
-            let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
+            let mut on = |_: Kind, l: usize, c: Captured<'_>| match c {
                 Captured::Hidden(x) => inputs.push(x.shallow_clone()),
-                Captured::Context(x) => ctx.push(x.shallow_clone()),
+                Captured::Context(x) => {
+                    if let Some(slot) = ctx.get_mut(l) {
+                        *slot = Some(x.shallow_clone());
+                    }
+                }
                 _ => {}
             };
             let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
@@ -308,14 +290,19 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         };
         let rm = RowMetric::with_full(model, p, b, &full_enc)?;
         for (ki, s) in shapes.iter().enumerate() {
-            let h = s.n_heads as i64;
-            let chunk = ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h);
+            // Heads are swept in physical order (`present[l][j]` is head j's original number):
+            // a physically pruned model's layers differ in width.
+            let present: Vec<Vec<usize>> = (0..s.n_layers).map(|l| model.present(s.kind, l)).collect();
+            let chunk_of = |h: i64| ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h.max(1));
             match s.kind {
                 k if k == model.net.stack_kind => {
-                    let bias = model.net.self_bias(&b.mask, inputs[0].kind());
+                    let bias = inputs.first().map(|x| model.net.self_bias(&b.mask, x.kind()));
                     for l in 0..s.n_layers {
                         let layer = &model.net.encoder[l];
-                        let (x, c) = (&inputs[l], &ctx[l]); // [B, T, D], [B, H, T, dh]
+                        let h = present[l].len() as i64;
+                        let (Some(bias), true) = (bias.as_ref(), h > 0) else { continue };
+                        let chunk = chunk_of(h);
+                        let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue }; // [B, T, D], [B, H, T, dh]
                         // Masking head j = W^O over the contexts with head j zeroed: the
                         // attention itself (Q, K, softmax, AV) is not recomputed, and the
                         // floats are those of the gated forward pass.
@@ -325,7 +312,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                             let xr = x.repeat([n, 1, 1]);
                             let y = layer.finish(&xr, &masked);
                             let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none());
-                            collect(p.metric, &rm, &enc, &Gates::none(), n, start, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            collect(p.metric, &rm, &enc, &Gates::none(), &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
                     }
                 }
@@ -352,13 +339,17 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                             let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, on: &mut on };
                             layer.forward_traced(&x, &cell, cross[l].as_ref(), &enc_bias, None, l, &mut Some(&mut cap))
                         };
-                        let ctx = ctx.ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;
+                        // A layer without heads (prune_heads) hands out no contexts; it has
+                        // nothing to sweep.
+                        let ctx = ctx.unwrap_or_else(|| Tensor::zeros([0], (x.kind(), x.device())));
                         below.push((tr.x1, ctx));
                         x = y;
                     }
                     for (l, (x1, c)) in below.iter().enumerate() {
                         let layer = &net.decoder[l];
                         let (attn, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;
+                        let h = present[l].len() as i64;
+                        let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
                             let masked = masked_outputs(attn, c, start, n);
@@ -369,7 +360,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                                 y = above.forward(&y, &cell_n, kv.as_ref(), &bias_n, None, k, &mut None).0;
                             }
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
-                                sums[ki][l][start as usize + j] += v;
+                                sums[ki][l][present[l][start as usize + j]] += v;
                             }
                         }
                     }
@@ -377,18 +368,21 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                 _ => {
                     let enc = &full_enc;
                     for l in 0..s.n_layers {
+                        let h = present[l].len() as i64;
+                        let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            // Rows of group j carry a mask closing head start + j of layer l.
+                            let heads = &present[l][start as usize..(start + n) as usize];
+                            // Rows of group j carry a mask closing head `heads[j]` of layer l.
                             let mut g = vec![1f32; (n * bsz) as usize * s.n_layers * s.n_heads];
-                            for j in 0..n {
-                                for r in 0..bsz {
-                                    g[((j * bsz + r) as usize * s.n_layers + l) * s.n_heads + (start + j) as usize] = 0.0;
+                            for (j, &head) in heads.iter().enumerate() {
+                                for r in 0..bsz as usize {
+                                    g[((j * bsz as usize + r) * s.n_layers + l) * s.n_heads + head] = 0.0;
                                 }
                             }
-                            let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, h]).to_device(model.device());
+                            let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, s.n_heads as i64]).to_device(model.device());
                             let gates = if s.kind == Kind::Cross { Gates { cross: Some(gt), ..Gates::none() } } else { Gates { dec: Some(gt), ..Gates::none() } };
-                            collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, n, start, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, heads, l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
                     }
                 }
@@ -399,11 +393,20 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
     let denom = denominator(p).max(1e-12);
     let mut out = Vec::new();
     for (ki, s) in shapes.iter().enumerate() {
-        let grid = if p.metric == Metric::Bleu {
+        let grid: crate::model::HeadGrid = if p.metric == Metric::Bleu {
             hyps[ki].iter().map(|layer| layer.iter().map(|h| corpus_bleu(h, std::slice::from_ref(&p.refs)).map(|b| b.score).unwrap_or(f64::NAN)).collect()).collect()
         } else {
             sums[ki].iter().map(|layer| layer.iter().map(|v| v / denom).collect()).collect()
         };
+        // Heads removed by prune_heads have no value.
+        let grid = grid
+            .into_iter()
+            .enumerate()
+            .map(|(l, row)| {
+                let present = model.present(s.kind, l);
+                row.into_iter().enumerate().map(|(h, v)| if present.contains(&h) { v } else { f64::NAN }).collect()
+            })
+            .collect();
         out.push((s.kind, grid));
     }
     Ok(out)
@@ -428,23 +431,23 @@ fn collect(
     rm: &RowMetric,
     enc: &Tensor,
     gates: &Gates,
-    n: i64,
-    start: i64,
+    heads: &[usize],
     l: usize,
     sums: &mut [Vec<f64>],
     hyps: &mut [Vec<Vec<String>>],
     b: &PBatch,
     model: &Model,
 ) -> Result<(), ModelError> {
+    let n = heads.len() as i64;
     if metric == Metric::Bleu {
         let outs = rm.generate(enc, gates, n)?;
         for (k, o) in outs.iter().enumerate() {
             let (j, r) = (k / b.rows.len(), k % b.rows.len());
-            hyps[l][(start as usize) + j][b.rows[r]] = model.detokenize(o)?;
+            hyps[l][heads[j]][b.rows[r]] = model.detokenize(o)?;
         }
     } else {
         for (j, v) in rm.sums(enc, gates, n)?.into_iter().enumerate() {
-            sums[l][start as usize + j] += v;
+            sums[l][heads[j]] += v;
         }
     }
     Ok(())

@@ -34,10 +34,10 @@ pub struct Words {
     pub edges: Vec<(usize, usize, usize)>,
 }
 
-/// Per-layer accumulators of one attention kind.
+/// Per-layer accumulators of one attention kind, one slot per head present in each layer
+/// (layers of a physically pruned model differ in width).
 pub struct Accumulator {
     pub n_layers: usize,
-    pub n_heads: usize,
     pub n_reldirs: usize,
     device: Device,
     conf: Vec<Tensor>,
@@ -138,19 +138,18 @@ impl BatchTensors {
 }
 
 impl Accumulator {
-    pub fn new(n_layers: usize, n_heads: usize, n_reldirs: usize, device: Device) -> Self {
-        let z = |shape: &[i64]| (0..n_layers).map(|_| Tensor::zeros(shape, (DType::Double, device))).collect::<Vec<_>>();
-        let h = n_heads as i64;
+    /// `layer_heads[l]`: the heads layer `l` holds.
+    pub fn new(layer_heads: &[usize], n_reldirs: usize, device: Device) -> Self {
+        let z = |shape: &dyn Fn(i64) -> Vec<i64>| layer_heads.iter().map(|&h| Tensor::zeros(shape(h as i64), (DType::Double, device))).collect::<Vec<_>>();
         Accumulator {
-            n_layers,
-            n_heads,
+            n_layers: layer_heads.len(),
             n_reldirs,
             device,
-            conf: z(&[h]),
-            hist: z(&[h, BINS]),
-            rare1: z(&[h]),
-            rare2: z(&[h]),
-            syn: z(&[n_reldirs.max(1) as i64, h]),
+            conf: z(&|h| vec![h]),
+            hist: z(&|h| vec![h, BINS]),
+            rare1: z(&|h| vec![h]),
+            rare2: z(&|h| vec![h]),
+            syn: z(&|h| vec![n_reldirs.max(1) as i64, h]),
             queries: 0,
             rare_queries: 0,
             rare_sentences: 0,

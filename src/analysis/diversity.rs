@@ -99,13 +99,25 @@ pub struct LayerDiversity {
 }
 
 /// Mean of the off-diagonal entries of an H x H matrix.
+/// NaN entries (heads removed by `prune_heads`) are left out.
 pub fn off_diagonal_mean(m: &[Vec<f64>]) -> f64 {
     let h = m.len();
-    if h < 2 {
+    let vals: Vec<f64> = (0..h).flat_map(|i| (0..h).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| m[i][j]).filter(|v| !v.is_nan()).collect();
+    if vals.is_empty() {
         return f64::NAN;
     }
-    let s: f64 = (0..h).flat_map(|i| (0..h).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| m[i][j]).sum();
-    s / (h * (h - 1)) as f64
+    vals.iter().sum::<f64>() / vals.len() as f64
+}
+
+/// A layer's values over the heads present -> the original numbering, NaN rows and columns
+/// where `prune_heads` removed a head.
+fn spread_layer(model: &Model, kind: Kind, l: usize, d: LayerDiversity) -> LayerDiversity {
+    let square = |m: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+        let rows: Vec<Vec<f64>> = m.into_iter().map(|r| model.spread(kind, l, &r)).collect();
+        let width = model.attention(kind, l).map_or(rows.len(), |a| a.width());
+        model.spread_with(kind, l, rows, vec![f64::NAN; width])
+    };
+    LayerDiversity { query: square(d.query), context: square(d.context), output: square(d.output), intra: model.spread(kind, l, &d.intra), tokens: d.tokens }
 }
 
 pub struct Diversity {
@@ -182,6 +194,10 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                 kmask = src_real.shallow_clone();
             }
             for l in 0..sh.n_layers {
+                // A layer left without heads (prune_heads) hands out nothing.
+                if kind != stack && steps[l].is_empty() {
+                    continue;
+                }
                 let (q, c, a) = if kind == stack {
                     match &got[l] {
                         (Some(q), Some(c), Some(a)) => (q.shallow_clone(), c.shallow_clone(), a.shallow_clone()),
@@ -196,7 +212,11 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         }
         progress(gi + 1, batches.len());
     }
-    let kinds = shapes.iter().zip(&accs).map(|(s, layers)| Ok((s.kind, layers.iter().map(|a| a.finish()).collect::<Result<Vec<_>, ModelError>>()?))).collect::<Result<Vec<_>, ModelError>>()?;
+    let kinds = shapes
+        .iter()
+        .zip(&accs)
+        .map(|(s, layers)| Ok((s.kind, layers.iter().enumerate().map(|(l, a)| Ok(spread_layer(model, s.kind, l, a.finish()?))).collect::<Result<Vec<_>, ModelError>>()?)))
+        .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Diversity { model: model.name(), dataset: data.name.clone(), kinds })
 }
 

@@ -97,7 +97,7 @@ fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
 enum LinearMap {
     /// `|x|`, `|W|`, the factors `(fp + fn) / 2` and `(fp - fn) / 2`, and the bias's share per
     /// input (all shaped like the activations, except the weights).
-    Ab { x: Tensor, x_abs: Tensor, w: Tensor, w_abs: Tensor, f_sum: Tensor, f_dif: Tensor, f_bias: Option<Tensor> },
+    Ab { x: Tensor, x_abs: Tensor, w: Tensor, w_abs: Tensor, f_sum: Tensor, f_dif: Tensor, f_bias: Option<Tensor>, bias_in: Option<Tensor> },
     /// `W+ = max(W, eps)` and `x W+`, stabilised.
     Zplus { x: Tensor, w_plus: Tensor, z: Tensor },
 }
@@ -105,6 +105,13 @@ enum LinearMap {
 impl LinearMap {
     /// `y`, when the caller has it from the forward pass, saves a product.
     fn new(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>) -> LinearMap {
+        Self::with_inputs(rule, x, w, b, y, None)
+    }
+
+    /// `active`: 0/1 per input unit (`[G, 1, 1, in]`), the inputs that exist: W^O of a model
+    /// with masked heads spreads its bias's share over the units of the heads left open only,
+    /// so a masked head gets no relevance, as a head removed by `prune_heads` gets none.
+    fn with_inputs(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>, active: Option<&Tensor>) -> LinearMap {
         match rule {
             Rule::Ab => {
                 let w_abs = w.abs();
@@ -127,10 +134,12 @@ impl LinearMap {
                 } else {
                     ab_factors(&((&y + &s) * 0.5), &((&y - &s) * 0.5), LINEAR_TOL)
                 };
-                // The bias's share is spread evenly over the inputs.
-                let f_bias = b.map(|b| (&fp * b.clamp_min(0.0) + &fn_ * b.clamp_max(0.0)) / w.size()[1] as f64);
+                // The bias's share is spread evenly over the inputs (the active ones).
+                let bias_in = active.map(|a| a / a.sum_dim_intlist([-1i64].as_slice(), true, a.kind()).clamp_min(1.0));
+                let n_in = if bias_in.is_some() { 1.0 } else { w.size()[1] as f64 };
+                let f_bias = b.map(|b| (&fp * b.clamp_min(0.0) + &fn_ * b.clamp_max(0.0)) / n_in);
                 let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (fp - fn_) * 0.5);
-                LinearMap::Ab { x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias }
+                LinearMap::Ab { x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias, bias_in }
             }
             Rule::Zplus => {
                 let w_plus = w.clamp_min(EPS);
@@ -144,7 +153,7 @@ impl LinearMap {
     fn rows(&self, start: i64, len: i64) -> LinearMap {
         let cut = |t: &Tensor| t.narrow(0, start, len);
         match self {
-            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias } => LinearMap::Ab {
+            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias, bias_in } => LinearMap::Ab {
                 x: cut(x),
                 x_abs: cut(x_abs),
                 w: w.shallow_clone(),
@@ -152,6 +161,7 @@ impl LinearMap {
                 f_sum: cut(f_sum),
                 f_dif: cut(f_dif),
                 f_bias: f_bias.as_ref().map(cut),
+                bias_in: bias_in.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { cut(t) }),
             },
             LinearMap::Zplus { x, w_plus, z } => LinearMap::Zplus { x: cut(x), w_plus: w_plus.shallow_clone(), z: cut(z) },
         }
@@ -160,11 +170,12 @@ impl LinearMap {
     /// The relevance of the inputs, rescaled to the total of `r` per prediction.
     fn apply(&self, r: &Tensor) -> Tensor {
         let r_in = match self {
-            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias } => {
+            LinearMap::Ab { x, x_abs, w, w_abs, f_sum, f_dif, f_bias, bias_in } => {
                 let out = (x * (r * f_sum).matmul(w)).addcmul(x_abs, &(r * f_dif).matmul(w_abs));
-                match f_bias {
-                    Some(f) => out + (r * f).sum_dim_intlist([-1i64].as_slice(), true, r.kind()),
-                    None => out,
+                match (f_bias, bias_in) {
+                    (Some(f), None) => out + (r * f).sum_dim_intlist([-1i64].as_slice(), true, r.kind()),
+                    (Some(f), Some(a)) => out + (r * f).sum_dim_intlist([-1i64].as_slice(), true, r.kind()) * a,
+                    (None, _) => out,
                 }
             }
             LinearMap::Zplus { x, w_plus, z } => (x * (r / z).matmul(w_plus)).abs(),
@@ -294,6 +305,8 @@ struct Trace {
     probs: Tensor,
     v: Tensor,
     ctx: Tensor,
+    /// 0/1 per unit of the contexts `[G, 1, 1, H * dh]` when heads are gated.
+    ctx_active: Option<Tensor>,
     attn_out: Tensor,
     /// Post-norm: the first residual sum and the normed result; pre-norm: the residual sum
     /// and the FFN's normed input.
@@ -335,6 +348,7 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
         probs: u(probs.unwrap_or_else(missing)),
         v: u(v.unwrap_or_else(missing)),
         ctx: u(ctx_flat),
+        ctx_active: gate.map(|g| active_units(a, g)),
         attn_out: u(attn_out),
         s1: u(f.s1),
         h: u(f.h),
@@ -345,6 +359,14 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
         s2: u(f.s2),
     };
     (y, trace)
+}
+
+/// Gates `[G, width]` -> 0/1 per context unit `[G, 1, 1, n_heads * dh]`: the units of the heads
+/// left open.
+fn active_units(a: &Attention, g: &Tensor) -> Tensor {
+    let g = a.own_gates(g).ne(0.0).to_kind(DType::Float);
+    let rows = g.size()[0];
+    g.unsqueeze(-1).expand([rows, a.n_heads, a.head_dim], false).reshape([rows, 1, 1, a.n_heads * a.head_dim])
 }
 
 /// Relevance of the layer's output `r_y [B, P, T, D]` down to its input; also returns the
@@ -366,7 +388,13 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
         }
     };
     let (r_x_res, r_o) = residual_rule(rule, &tr.x, &tr.attn_out, &r_s1);
-    let r_ctx = linear_rule(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), Some(&tr.attn_out), &r_o); // [B, P, T, H*dh]
+    if a.n_heads == 0 {
+        // Every head removed (prune_heads): the attention's output is W^O's bias alone, a
+        // constant; its share goes back to the residual's input with the final rescale.
+        let head_rel = Tensor::zeros([r_y.size()[0], r_y.size()[1], 0], (DType::Float, r_y.device()));
+        return (rescale(&r_x_res, &[r_y]), head_rel);
+    }
+    let r_ctx = LinearMap::with_inputs(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), Some(&tr.attn_out), tr.ctx_active.as_ref()).apply(&r_o); // [B, P, T, H*dh]
     let (bsz, p, t) = (r_ctx.size()[0], r_ctx.size()[1], r_ctx.size()[2]);
     let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let r_ctx = r_ctx.view([bsz, p, t, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, T, dh]
@@ -475,6 +503,9 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let mut x = net.teacher_inputs(targets)?;
     for (l, layer) in net.decoder.iter().enumerate() {
         let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
+        if a.n_heads == 0 {
+            return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
+        }
         if a.n_kv_heads != a.n_heads {
             return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
         }
@@ -504,7 +535,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let p_len = if per_prediction { t_len } else { 1 };
     let opts = (enc.kind(), enc.device());
     // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.
-    let mut v_rel: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len, s_len, net.d_model], opts)).collect();
+    let mut v_rel: Vec<Tensor> = net.decoder.iter().map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross.as_ref().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts)).collect();
     let mut head_rel: Vec<Tensor> = Vec::with_capacity(n_layers);
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
     let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
@@ -544,7 +575,12 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &rows(&tr.x2), &rows(&tr.ffn_up), &rows(&tr.ffn_hidden), &rows(&tr.ffn_out), &rows(&tr.s_c), &rows(&r));
             let r_sb = norm_rule(rule, cross_norm, &rows(&tr.s_b), &r_x2);
             let (r_x1, r_a) = residual_rule(rule, &rows(&tr.x1), &rows(&tr.a), &r_sb);
-            parts_ctx.push(linear_rule(rule, &rows(&tr.ctx), &attn.o.w, attn.o.b.as_ref(), Some(&rows(&tr.a)), &r_a));
+            let active = gates.layer(Kind::Cross, l).map(|g| {
+                let a = active_units(attn, &g);
+                // Rows are `t * B + b`: per-sentence gates repeat over the steps.
+                if a.size()[0] == 1 { a } else { a.repeat([n, 1, 1, 1]) }
+            });
+            parts_ctx.push(LinearMap::with_inputs(rule, &rows(&tr.ctx), &attn.o.w, attn.o.b.as_ref(), Some(&rows(&tr.a)), active.as_ref()).apply(&r_a));
             let r_sa = norm_rule(rule, &layer.self_norm, &rows(&tr.s_a), &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &rows(&tr.x_in), &rows(&tr.o), &r_sa);
             parts_a.push(r_a);
@@ -631,16 +667,21 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     let through_decoder = !net.decoder.is_empty() && opts.seed == Seed::Logit;
     let kind = net.stack_kind;
     let n_layers = net.encoder.len();
-    let n_heads = net.encoder.first().map_or(0, |l| l.attn.n_heads as usize);
-    let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.n_heads as usize);
+    let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.width());
     let _g = tch::no_grad_guard();
     // Batches: for a decoder, teacher-forced targets come along (references, else greedy).
-    let prep = if through_decoder { Some(super::ablation::prepare(model, data, super::ablation::Metric::Loss, opts.batch_tokens)?) } else { None };
+    let prep = if through_decoder {
+        let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
+        Some(model.prepare(&data.texts(), references.as_deref(), true, opts.batch_tokens, gates)?)
+    } else {
+        None
+    };
     let encoded = model.tokenize_all(data.texts())?;
     // The same buckets as the prepared targets' (one batching service, same inputs).
     let n_batches = prep.as_ref().map_or(0, |p| p.batches.len());
-    let mut sums = vec![vec![0f64; n_heads]; n_layers];
-    let mut cross_sums = vec![vec![0f64; cross_heads]; net.decoder.len()];
+    // Per layer, one slot per head present (layers of a pruned model differ in width).
+    let mut sums: Vec<Vec<f64>> = model.layer_heads(kind).into_iter().map(|h| vec![0f64; h]).collect();
+    let mut cross_sums: Vec<Vec<f64>> = if cross_heads > 0 { model.layer_heads(Kind::Cross).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
     let mut predictions = 0usize;
     let mut worst = 0f64;
     let add_heads = |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
@@ -727,9 +768,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     }
     let n = predictions.max(1) as f64;
     let mean = |v: Vec<Vec<f64>>| v.into_iter().map(|r| r.into_iter().map(|x| x / n).collect()).collect();
-    let mut kinds = vec![(kind, mean(sums))];
+    let mut kinds = vec![(kind, model.spread_grid(kind, mean(sums)))];
     if through_decoder {
-        kinds.push((Kind::Cross, mean(cross_sums)));
+        kinds.push((Kind::Cross, model.spread_grid(Kind::Cross, mean(cross_sums))));
     }
     Ok(LrpResult { kinds, predictions, max_conservation_error: worst, options: opts.clone() })
 }
@@ -910,7 +951,7 @@ mod tests {
         let lin = |w: Tensor| Linear { w, b: None };
         let norm = || Norm { kind: NormKind::Layer, weight: Tensor::ones([2], (DType::Float, Device::Cpu)), bias: Some(zeros(&[2])), eps: 1e-5 };
         let layer = EncoderLayer {
-            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None },
+            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None },
             attn_norm: norm(),
             ffn: Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
             ffn_norm: norm(),

@@ -228,7 +228,7 @@ pub fn analyze(
     let stack = model.net.stack_kind;
     let mut accs: HashMap<Kind, Accumulator> = shapes
         .iter()
-        .map(|s| (s.kind, Accumulator::new(s.n_layers, s.n_heads, if s.kind == stack { n_rd } else { 0 }, device)))
+        .map(|s| (s.kind, Accumulator::new(&model.layer_heads(s.kind), if s.kind == stack { n_rd } else { 0 }, device)))
         .collect();
     let total = encoded.len();
     let mut done = 0;
@@ -290,7 +290,8 @@ pub fn analyze(
             };
             let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
             let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
-            for (l, st) in steps.iter().enumerate() {
+            // A layer left without heads (prune_heads) hands out no attention.
+            for (l, st) in steps.iter().enumerate().filter(|(_, st)| !st.is_empty()) {
                 acc.update(l, &Tensor::cat(st, 2), &bt)?;
             }
         }
@@ -303,29 +304,33 @@ pub fn analyze(
     for s in &shapes {
         let acc = &accs[&s.kind];
         let mut kr = KindResult { kind: s.kind, n_layers: s.n_layers, n_heads: s.n_heads, queries: acc.queries, confidence: None, positional: None, rare: None, syntactic: None };
+        // Accumulators hold the heads present; results keep the original numbering (NaN
+        // where prune_heads removed a head).
         if opts.wants(Stat::Confidence) {
-            kr.confidence = Some(acc.confidence()?);
+            kr.confidence = Some(model.spread_grid(s.kind, acc.confidence()?));
         }
         if opts.wants(Stat::Positional) {
             let hist = acc.offsets()?;
             kr.positional = Some(
                 hist.iter()
-                    .map(|layer| {
-                        layer
+                    .enumerate()
+                    .map(|(l, layer)| {
+                        let row = layer
                             .iter()
                             .map(|h| {
                                 let total: f64 = h.iter().sum();
                                 let (bin, count) = h.iter().enumerate().fold((accum::MAX_OFFSET as usize, -1.0), |a, (i, &c)| if c > a.1 { (i, c) } else { a });
                                 PosHead { offset: bin as i64 - accum::MAX_OFFSET, fraction: if total > 0.0 { count / total } else { 0.0 } }
                             })
-                            .collect()
+                            .collect();
+                        model.spread_with(s.kind, l, row, PosHead { offset: 0, fraction: f64::NAN })
                     })
                     .collect(),
             );
         }
         if want_rare {
             let (score, two) = acc.rare()?;
-            kr.rare = Some(Rare { score, two, sentences: acc.rare_sentences, queries: acc.rare_queries });
+            kr.rare = Some(Rare { score: model.spread_grid(s.kind, score), two: model.spread_grid(s.kind, two), sentences: acc.rare_sentences, queries: acc.rare_queries });
         }
         if want_syn && s.kind == stack {
             let correct = acc.syntactic_correct()?;
@@ -336,7 +341,7 @@ pub fn analyze(
                     let rd = 2 * ri + dir;
                     let edges = acc.edges[rd];
                     let (off, n) = baseline[rd].iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(a.0))).map(|(o, n)| (*o, *n)).unwrap_or((0, 0));
-                    let accuracy = correct.iter().map(|layer| layer[rd].iter().map(|c| c / edges.max(1) as f64).collect()).collect();
+                    let accuracy = model.spread_grid(s.kind, correct.iter().map(|layer| layer[rd].iter().map(|c| c / edges.max(1) as f64).collect()).collect());
                     rels.push(RelDir { relation: rel.clone(), direction: direction.to_string(), label, edges, baseline_offset: off, baseline: n as f64 / edges.max(1) as f64, accuracy });
                 }
             }

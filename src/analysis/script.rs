@@ -107,7 +107,8 @@ impl DiversityObj {
         t.title = Some(format!("Head diversity (off-diagonal means): {} on {}", self.0.model, self.0.dataset));
         for (k, layers) in &self.0.kinds {
             for (l, d) in layers.iter().enumerate() {
-                let intra = d.intra.iter().sum::<f64>() / d.intra.len().max(1) as f64;
+                let present: Vec<f64> = d.intra.iter().copied().filter(|v| !v.is_nan()).collect();
+                let intra = if present.is_empty() { f64::NAN } else { present.iter().sum::<f64>() / present.len() as f64 };
                 let _ = t.push_row(vec![
                     Cell::Text(format!("{k}.{l}")),
                     Cell::Float(off_diagonal_mean(&d.query)),
@@ -276,7 +277,6 @@ fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable
 }
 
 fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
-    m.require_unpruned("analyze")?;
     let d = crate::data::script::dataset_arg(&data, "analyze")?;
     let (opts, d) = parse_options(m, &d, &options)?;
     let freq = freq_for(m, &opts)?;
@@ -294,7 +294,6 @@ fn matrix(m: &[Vec<f64>]) -> Dynamic {
 type AblationSetup = (super::ablation::Prepared, Vec<Kind>, Vec<(String, String)>);
 
 fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
-    m.require_unpruned(func)?;
     let o = Opts::new(options, func, &["metric", "kinds", "batch_tokens"])?;
     let d = crate::data::script::dataset_arg(data, func)?;
     let generates = m.model.net.output.is_some() && !m.model.net.decoder.is_empty();
@@ -308,7 +307,7 @@ fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static
         None => m.model.kinds().iter().map(|k| k.kind).collect(),
     };
     let bt = o.usize("batch_tokens")?.unwrap_or(default_batch_tokens);
-    let p = super::ablation::prepare(&m.model, &d, metric, bt).or_else(|e| err(format!("{func}: {e}")))?;
+    let p = super::ablation::prepare(&m.model, &d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
     let echo = vec![("metric".to_string(), metric.to_string()), ("targets".into(), p.targets_from.to_string()), ("batch_tokens".into(), bt.to_string())];
     Ok((p, kinds, echo))
 }
@@ -384,7 +383,7 @@ pub mod api {
         }
         let (p, kinds, mut echo) = ablation_setup(m, &data, &options, "ablation_sweep", 256)?;
         let stop = crate::run::interrupted;
-        let base = super::super::ablation::evaluate(&m.model, &p, &crate::model::nn::Gates::none(), &stop).or_else(|e| err(format!("ablation_sweep: {e}")))?;
+        let base = super::super::ablation::evaluate(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("ablation_sweep: {e}")))?;
         let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
         let grids = super::super::ablation::sweep(&m.model, &p, &kinds, &stop, &mut progress).or_else(|e| err(format!("ablation_sweep: {e}")))?;
         echo.push(("base".into(), base.to_string()));
@@ -416,7 +415,6 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "diversity", return_raw, pure)]
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
-        m.require_unpruned("diversity")?;
         let o = Opts::new(&options, "diversity", &["kinds", "batch_tokens"])?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds: Vec<Kind> = match options.get("kinds") {
@@ -583,7 +581,6 @@ pub mod api {
     #[rhai_fn(name = "lrp", return_raw, pure)]
     pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         use super::super::lrp::{lrp, LrpOptions, Seed};
-        m.require_unpruned("lrp")?;
         let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let net = &m.model.net;
@@ -897,7 +894,8 @@ pub mod api {
         let mut all: Vec<(HeadId, f64)> = Vec::new();
         for (kind, m) in &g.kinds {
             for (l, row) in m.iter().enumerate() {
-                for (h, &v) in row.iter().enumerate() {
+                // NaN: a head removed by prune_heads, which has no value to rank.
+                for (h, &v) in row.iter().enumerate().filter(|(_, v)| !v.is_nan()) {
                     all.push((HeadId { kind: *kind, layer_idx: l, head: h }, v));
                 }
             }

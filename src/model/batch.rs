@@ -47,7 +47,64 @@ fn window(lengths: &[usize], range: std::ops::Range<usize>, max_tokens: usize) -
     groups
 }
 
+/// One batch of a prepared dataset.
+pub struct PBatch {
+    /// The sentences in it (indices into the dataset).
+    pub rows: Vec<usize>,
+    pub ids: Tensor,
+    pub mask: Tensor,
+    /// Teacher-forced targets `[B, T]` (pad-filled) and their mask, when asked for.
+    pub targets: Option<(Tensor, Tensor)>,
+}
+
+/// A dataset tokenized, bucketed and given teacher-forcing targets once, for everything that
+/// runs it many times (the ablation metrics and sweeps, LRP through a decoder, pruning).
+pub struct Prepared {
+    pub batches: Vec<PBatch>,
+    /// Target texts: the references, else the full model's greedy outputs (for BLEU).
+    pub refs: Vec<String>,
+    pub n_sentences: usize,
+    /// Where the targets come from: "references" or "teacher".
+    pub targets_from: &'static str,
+}
+
 impl Model {
+    /// Tokenizes `texts`, buckets them by length and, when `with_targets`, gives each batch
+    /// its teacher-forcing targets: `references` when given, else the unmasked model's own
+    /// greedy output under `gates` (the model as given). Needs no gradient.
+    pub fn prepare(&self, texts: &[&str], references: Option<&[&str]>, with_targets: bool, batch_tokens: usize, gates: &Gates) -> Result<Prepared, ModelError> {
+        let _g = tch::no_grad_guard();
+        let encoded = self.tokenize_all(texts.iter().copied())?;
+        let mut refs = vec![String::new(); texts.len()];
+        let mut batches = Vec::new();
+        for (rows, b) in self.batches(&encoded, batch_tokens) {
+            let targets = if !with_targets {
+                None
+            } else {
+                let tgt = match references {
+                    Some(all) => {
+                        let r: Vec<&str> = rows.iter().map(|&i| all[i]).collect();
+                        for (&i, t) in rows.iter().zip(&r) {
+                            refs[i] = t.to_string();
+                        }
+                        self.reference_targets(&r)?
+                    }
+                    None => {
+                        let enc = self.net.encode(&b.ids, &b.mask, gates, None)?;
+                        let tgt = self.greedy_targets(&b, &enc, gates)?;
+                        for (&i, o) in rows.iter().zip(&tgt) {
+                            refs[i] = self.detokenize(&o.ids[..o.ids.len() - 1])?;
+                        }
+                        tgt
+                    }
+                };
+                Some(self.target_tensors(&tgt))
+            };
+            batches.push(PBatch { rows, ids: b.ids, mask: b.mask, targets });
+        }
+        Ok(Prepared { batches, refs, n_sentences: texts.len(), targets_from: if references.is_some() { "references" } else { "teacher" } })
+    }
+
     /// Tokenizes every sentence once. An empty (or blank) sentence is refused, naming it:
     /// there is nothing to run the model on.
     pub fn tokenize_all<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Result<Vec<Encoded>, ModelError> {

@@ -55,7 +55,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base, dim: rope_dim }),
+                rotary: Some(Rotary { base, dim: rope_dim }), slots: None,
             },
             attn_norm: rms(&mut w, format!("{p}attn_norm.weight"))?,
             ffn: Ffn {

@@ -305,15 +305,62 @@ impl Model {
     }
 
     /// The attention kinds of this model, in order enc, dec, cross.
+    /// `n_heads` is the width of a layer in the original numbering: after `prune_heads` some
+    /// layers hold fewer heads ([`Model::present`]).
     pub fn kinds(&self) -> Vec<KindShape> {
         let mut v = Vec::new();
         if let Some(l) = self.net.encoder.first() {
-            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.encoder.len(), n_heads: l.attn.n_heads as usize });
+            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.encoder.len(), n_heads: l.attn.width() });
         }
         if let Some((a, _)) = self.net.decoder.first().and_then(|l| l.cross.as_ref()) {
-            v.push(KindShape { kind: Kind::Cross, n_layers: self.net.decoder.len(), n_heads: a.n_heads as usize });
+            v.push(KindShape { kind: Kind::Cross, n_layers: self.net.decoder.len(), n_heads: a.width() });
         }
         v
+    }
+
+    /// The attention block of layer `layer_idx` of `kind`.
+    pub fn attention(&self, kind: Kind, layer_idx: usize) -> Option<&nn::Attention> {
+        match kind {
+            Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a),
+            k if k == self.net.stack_kind => self.net.encoder.get(layer_idx).map(|l| &l.attn),
+            _ => None,
+        }
+    }
+
+    /// The heads of one layer that are present, by original number, in physical order (all
+    /// of them unless `prune_heads` removed some).
+    pub fn present(&self, kind: Kind, layer_idx: usize) -> Vec<usize> {
+        self.attention(kind, layer_idx).map(|a| a.present()).unwrap_or_default()
+    }
+
+    /// Per-physical-head values of one layer -> a row of the original width, NaN where a head
+    /// was removed.
+    pub fn spread(&self, kind: Kind, layer_idx: usize, values: &[f64]) -> Vec<f64> {
+        self.spread_with(kind, layer_idx, values.to_vec(), f64::NAN)
+    }
+
+    /// [`Model::spread`] for any per-head value, `fill` where a head was removed.
+    pub fn spread_with<T: Clone>(&self, kind: Kind, layer_idx: usize, values: Vec<T>, fill: T) -> Vec<T> {
+        let Some(a) = self.attention(kind, layer_idx) else { return values };
+        if a.slots.is_none() {
+            return values;
+        }
+        let mut row = vec![fill; a.width()];
+        for (&h, v) in a.present().iter().zip(values) {
+            row[h] = v;
+        }
+        row
+    }
+
+    /// Per-layer physical rows of `kind` -> the original width (see [`Model::spread`]).
+    pub fn spread_grid(&self, kind: Kind, grid: HeadGrid) -> HeadGrid {
+        grid.into_iter().enumerate().map(|(l, row)| self.spread_with(kind, l, row, f64::NAN)).collect()
+    }
+
+    /// Heads present in each layer of `kind` (physical counts).
+    pub fn layer_heads(&self, kind: Kind) -> Vec<usize> {
+        let n = self.kind_shape(kind).map_or(0, |s| s.n_layers);
+        (0..n).map(|l| self.attention(kind, l).map_or(0, |a| a.n_heads as usize)).collect()
     }
 
     pub fn kind_shape(&self, kind: Kind) -> Result<KindShape, ModelError> {
@@ -331,6 +378,9 @@ impl Model {
         }
         if h.head >= s.n_heads {
             return Err(ModelError::Invalid(format!("head {} out of range: '{}' layers have heads 0..{}", h.head, h.kind, s.n_heads - 1)));
+        }
+        if self.attention(h.kind, h.layer_idx).and_then(|a| a.physical(h.head)).is_none() {
+            return Err(ModelError::Invalid(format!("head {h} was removed from {} by prune_heads", self.name())));
         }
         Ok(())
     }
@@ -470,6 +520,8 @@ impl Model {
     /// own greedy translation (teacher-forced), keys the source tokens.
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
         self.check_head(head)?;
+        // The head's place among the heads its layer holds (after prune_heads, not its number).
+        let phys = self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
         let src_tokens = b.encoded[0].tokens.clone();
@@ -477,7 +529,7 @@ impl Model {
         let mut on = |k: Kind, l: usize, c: Captured<'_>| {
             if let Captured::Attention(p) = c {
                 if k == head.kind && l == head.layer_idx {
-                    rows.push(p.get(0).get(head.head as i64).to_kind(DType::Double).to_device(Device::Cpu));
+                    rows.push(p.get(0).get(phys).to_kind(DType::Double).to_device(Device::Cpu));
                 }
             }
         };
@@ -504,6 +556,9 @@ impl Model {
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).
     pub fn to_device(&self, device: DeviceChoice) -> Result<Model, ModelError> {
+        if !self.removed.is_empty() {
+            return Err(ModelError::Invalid(format!("{} had heads removed by prune_heads; move the original model, then prune it there", self.name())));
+        }
         let opts = LoadOptions { device: device.resolve()?, dtype: self.opts.dtype };
         Model::load(&self.path, opts)
     }

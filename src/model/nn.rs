@@ -179,9 +179,56 @@ pub struct Attention {
     pub head_dim: i64,
     /// Rotary positions on queries and keys (self-attention over one sequence).
     pub rotary: Option<Rotary>,
+    /// After `prune_heads`: which of the original heads the `n_heads` left are. `None`: the
+    /// heads as loaded, numbered `0..n_heads`.
+    pub slots: Option<HeadSlots>,
+}
+
+/// The original numbers of an attention block's heads after some were removed: physical head
+/// `i` is original head `index[i]` of `width`. Gates and results keep the original numbering.
+#[derive(Debug)]
+pub struct HeadSlots {
+    /// Heads per layer as loaded (the width of gates and result grids).
+    pub width: usize,
+    pub index: Vec<usize>,
+    /// `index` on the model's device, to pick gate columns.
+    pub index_t: Tensor,
+}
+
+impl HeadSlots {
+    pub fn new(width: usize, index: Vec<usize>, device: tch::Device) -> HeadSlots {
+        let idx: Vec<i64> = index.iter().map(|&i| i as i64).collect();
+        HeadSlots { width, index, index_t: Tensor::from_slice(&idx).to_device(device) }
+    }
 }
 
 impl Attention {
+    /// Heads per layer in the original numbering (the width of gates and result grids).
+    pub fn width(&self) -> usize {
+        self.slots.as_ref().map_or(self.n_heads as usize, |s| s.width)
+    }
+
+    /// The original number of each head present, in physical order.
+    pub fn present(&self) -> Vec<usize> {
+        self.slots.as_ref().map_or_else(|| (0..self.n_heads as usize).collect(), |s| s.index.clone())
+    }
+
+    /// The physical position of original head `head`, if it is present.
+    pub fn physical(&self, head: usize) -> Option<usize> {
+        match &self.slots {
+            None => (head < self.n_heads as usize).then_some(head),
+            Some(s) => s.index.iter().position(|&h| h == head),
+        }
+    }
+
+    /// Gates `[G, width]` in the original numbering -> `[G, n_heads]` for the heads present.
+    pub fn own_gates(&self, g: &Tensor) -> Tensor {
+        match &self.slots {
+            None => g.shallow_clone(),
+            Some(s) => g.index_select(1, &s.index_t),
+        }
+    }
+
     /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     #[allow(clippy::too_many_arguments)]
@@ -269,7 +316,7 @@ impl Attention {
             Tensor::scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)
         }; // [B, H, Tq, dh]
         if let Some(g) = gate {
-            let g = g.to_kind(ctx.kind());
+            let g = self.own_gates(g).to_kind(ctx.kind());
             ctx = ctx * g.view([g.size()[0], h, 1, 1]);
         }
         if let Some(c) = cap.as_deref_mut() {
@@ -391,7 +438,7 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None };
+        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None };
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;

@@ -44,14 +44,6 @@ impl ScriptModel {
         Ok(g)
     }
 
-    /// Refuses analyses on a physically pruned model, whose layers differ in width.
-    pub fn require_unpruned(&self, func: &str) -> ScriptResult<()> {
-        if self.model.removed.is_empty() {
-            Ok(())
-        } else {
-            err(format!("{func}: {} had heads removed by prune_heads, so its heads no longer line up with the original's; analyse m.with_gates(result) instead", self.model.name()))
-        }
-    }
     fn describe(&self) -> String {
         let mut d = self.model.describe();
         if self.soft.is_some() {

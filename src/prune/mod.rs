@@ -212,10 +212,14 @@ pub struct CurvePoint {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {
     pub kinds: Vec<(Kind, usize, usize)>,
+    /// Heads held closed: removed by `prune_heads`, or masked by the view being pruned. Their
+    /// gates stay 0 and they add nothing to the penalty, so a run on a physically pruned
+    /// model equals the run on the original with those heads masked.
+    pub held: Vec<HeadId>,
 }
 
 impl Layout {
-    pub fn new(model: &Model, kinds: &[Kind]) -> Result<Layout, ModelError> {
+    pub fn new(model: &Model, kinds: &[Kind], masked: &[HeadId]) -> Result<Layout, ModelError> {
         let mut v = Vec::new();
         for s in model.kinds() {
             if kinds.contains(&s.kind) {
@@ -225,7 +229,14 @@ impl Layout {
         for k in kinds {
             model.kind_shape(*k)?;
         }
-        Ok(Layout { kinds: v })
+        let mut held: Vec<HeadId> = model.removed.iter().chain(masked).filter(|h| kinds.contains(&h.kind)).copied().collect();
+        held.sort();
+        held.dedup();
+        Ok(Layout { kinds: v, held })
+    }
+    /// 1 for a trainable gate, 0 for a held one, in flat order.
+    pub fn keep(&self) -> Vec<f32> {
+        (0..self.len()).map(|i| if self.held.contains(&self.head(i)) { 0.0 } else { 1.0 }).collect()
     }
     pub fn len(&self) -> usize {
         self.kinds.iter().map(|(_, l, h)| l * h).sum()
@@ -310,11 +321,11 @@ impl PruneRun {
         self.layout.split(&self.state.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>())
     }
     pub fn eval_gates(&self) -> Vec<f64> {
-        let g = self.options.concrete.eval(&self.tensor(&self.state.log_alpha), self.options.eval_gates);
+        let g = self.options.concrete.eval(&self.tensor(&self.state.log_alpha), self.options.eval_gates) * self.tensor(&self.layout.keep());
         Vec::<f64>::try_from(g.to_kind(DType::Double)).unwrap_or_default()
     }
     pub fn p_open(&self) -> Vec<f64> {
-        let p = self.options.concrete.p_open(&self.tensor(&self.state.log_alpha));
+        let p = self.options.concrete.p_open(&self.tensor(&self.state.log_alpha)) * self.tensor(&self.layout.keep());
         Vec::<f64>::try_from(p.to_kind(DType::Double)).unwrap_or_default()
     }
     /// Heads whose evaluation gate is 0.
@@ -361,9 +372,9 @@ fn has_generator(model: &Model) -> bool {
 }
 
 impl TrainData {
-    fn new(model: &Model, data: &Dataset, batch_tokens: usize) -> Result<TrainData, AnalysisError> {
+    fn new(model: &Model, data: &Dataset, batch_tokens: usize, base: Gates) -> Result<TrainData, AnalysisError> {
         let metric = if has_generator(model) { Metric::Loss } else { Metric::Cosine };
-        let prep = ablation::prepare(model, data, metric, batch_tokens)?;
+        let prep = ablation::prepare(model, data, metric, batch_tokens, base)?;
         let n = prep.batches.len();
         Ok(TrainData { prep, distill_full: (0..n).map(|_| None).collect() })
     }
@@ -381,7 +392,7 @@ fn task_loss(model: &Model, original: &Model, td: &mut TrainData, bi: usize, gat
     }
     if td.distill_full[bi].is_none() {
         let _g = tch::no_grad_guard();
-        td.distill_full[bi] = Some(original.net.encode(&b.ids, &b.mask, &Gates::none(), None)?);
+        td.distill_full[bi] = Some(original.net.encode(&b.ids, &b.mask, &td.prep.base, None)?);
     }
     let full = td.distill_full[bi].as_ref().ok_or(ModelError::NoOutputHead)?;
     let m = b.mask.to_kind(DType::Float);
@@ -461,9 +472,15 @@ pub struct Hooks<'a> {
 pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
 
 /// Trains the gates. `eval` is evaluated every `eval_every` steps and at the end.
-pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+///
+/// `masked`: heads of the model held closed throughout (a masked view being pruned further);
+/// heads removed by `prune_heads` are held closed too.
+pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, eval: Option<&Dataset>, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
     opts.validate().map_err(AnalysisError::Input)?;
-    let layout = Layout::new(model, &opts.kinds)?;
+    if opts.joint && !model.removed.is_empty() {
+        return Err(AnalysisError::Input(format!("joint training needs the original weights: {} had heads removed by prune_heads; train on the original with those heads masked", model.name())));
+    }
+    let layout = Layout::new(model, &opts.kinds, masked)?;
     let n = layout.len();
     let ckpt = match &opts.checkpoint {
         Some(dir) => Some(checkpoint::Checkpoint::open(dir, model, data, opts, &layout).map_err(AnalysisError::Input)?),
@@ -490,9 +507,9 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
             TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![] }
         }
     };
-    let mut td = TrainData::new(model, data, opts.batch_tokens)?;
+    let mut td = TrainData::new(model, data, opts.batch_tokens, model.gates_closing(masked)?)?;
     let eval_prep = match eval {
-        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens)?),
+        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, model.gates_closing(masked)?)?),
         None => None,
     };
     let objective = if td.prep.metric == Metric::Cosine { format!("distill ({})", opts.distill) } else { td.prep.targets_from.to_string() };
@@ -508,6 +525,7 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         }
     }
     let dev = model.device();
+    let keep = Tensor::from_slice(&layout.keep()).to_device(dev);
     let c = opts.concrete;
     let penalty_div = if opts.penalty_scale == PenaltyScale::PerLayer { layout.n_layers() as f64 } else { 1.0 };
     let (b1, b2, eps) = ADAM;
@@ -525,12 +543,12 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         let la = Tensor::from_slice(&state.log_alpha).to_device(dev).set_requires_grad(true);
         tch::manual_seed(mix(opts.seed, step as u64) as i64);
         let u = Tensor::rand([n as i64], (DType::Float, Device::Cpu)).to_device(dev) * (1.0 - 2.0 * c.eps) + c.eps;
-        let g = c.sample(&la, &u);
+        let g = c.sample(&la, &u) * &keep;
         let gates = layout.gates(&g);
         let bi = batch_at(opts.seed, step, nb);
         let net: &Model = joint.as_ref().map_or(model, |j| &j.model);
         let loss = task_loss(net, model, &mut td, bi, &gates, opts.distill)?;
-        let p_open = c.p_open(&la);
+        let p_open = c.p_open(&la) * &keep;
         let penalty = p_open.sum(DType::Float) / penalty_div;
         let total = &loss + &penalty * opts.lambda;
         total.backward();
@@ -553,11 +571,13 @@ pub fn train(model: &Model, data: &Dataset, eval: Option<&Dataset>, opts: &Prune
         state.step += 1;
         step_seconds.push(started.elapsed().as_secs_f64());
         let la_now = Tensor::from_slice(&state.log_alpha);
-        let open = host32(&c.eval(&la_now, opts.eval_gates))?.iter().filter(|&&x| x != 0.0).count();
+        let la_now = la_now.to_device(dev);
+        let eval_now = c.eval(&la_now, opts.eval_gates) * &keep;
+        let open = host32(&eval_now)?.iter().filter(|&&x| x != 0.0).count();
         let at_eval = state.step % opts.eval_every == 0 || state.step == opts.steps;
         let eval_value = match (&eval_prep, at_eval) {
             (Some(p), true) => {
-                let eg = layout.gates(&c.eval(&la_now, opts.eval_gates).to_device(dev));
+                let eg = layout.gates(&eval_now);
                 Some(ablation::evaluate(joint.as_ref().map_or(model, |j| &j.model), p, &eg, hooks.stop)?)
             }
             _ => None,

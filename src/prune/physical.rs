@@ -1,12 +1,13 @@
 //! `prune_heads`: a copy of a model with closed heads removed from the weights (smaller
 //! Q/K/V row blocks and W^O column blocks), computing what the masked model computes.
 
-use crate::model::nn::Attention;
+use crate::model::nn::{Attention, HeadSlots};
 use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::Tensor;
 
-/// Keeps the heads `keep` of one attention block.
+/// Keeps the heads `keep` (original numbers) of one attention block.
 fn shrink(a: &mut Attention, keep: &[i64]) {
+    let width = a.width();
     let dh = a.head_dim;
     let rows: Vec<i64> = keep.iter().flat_map(|&h| h * dh..(h + 1) * dh).collect();
     let idx = Tensor::from_slice(&rows).to_device(a.q.w.device());
@@ -17,6 +18,7 @@ fn shrink(a: &mut Attention, keep: &[i64]) {
     a.o.w = a.o.w.index_select(1, &idx);
     a.n_heads = keep.len() as i64;
     a.n_kv_heads = keep.len() as i64;
+    a.slots = Some(HeadSlots::new(width, keep.iter().map(|&h| h as usize).collect(), idx.device()));
 }
 
 /// A fresh copy of `model` (reloaded from its files, then given `weights` when they are the

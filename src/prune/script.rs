@@ -234,9 +234,8 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "prune", return_raw, pure)]
     pub fn prune_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<PruneResult> {
-        m.require_unpruned("prune")?;
-        if !m.closed.is_empty() || m.soft.is_some() {
-            return err("prune: train gates on the unmasked model (this view masks heads)");
+        if m.soft.is_some() {
+            return err("prune: train gates on a model without continuous gates (this view has them)");
         }
         let d = crate::data::script::dataset_arg(&data, "prune")?;
         let (opts, eval) = parse_options(m, &options)?;
@@ -244,7 +243,7 @@ pub mod api {
         let mut progress = |p: &CurvePoint, total: usize| {
             crate::run::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
         };
-        let mut run = train(&m.model, &d, eval.as_ref(), &opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
+        let mut run = train(&m.model, &m.closed, &d, eval.as_ref(), &opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
         let trained = run.trained.take().map(|mut t| {
             let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
             (Rc::new(t), Rc::new(w))
