@@ -293,14 +293,19 @@ pub mod api {
     }
 
     /// A new model with the result's closed heads removed from the weights (smaller Q/K/V and
-    /// W^O); it computes what `m.with_gates(result)` computes, with fewer operations.
+    /// W^O); it computes what `m.with_gates(result)` computes, with fewer operations. Every
+    /// analysis runs on it; heads keep their numbers and removed ones are NaN in grids
+    /// (docs/methods.md#terms).
     ///
     /// ```rhai
     /// let m = load_model("enpt");
-    /// let r = m.prune(corpus(asset("pud_en.txt")).take(6), #{lambda: 20.0, steps: 30, lr: 0.1, kinds: ["enc"], batch_tokens: 300});
+    /// let d = corpus(asset("pud_en.txt")).take(6);
+    /// let r = m.prune(d, #{lambda: 20.0, steps: 30, lr: 0.1, kinds: ["enc"], batch_tokens: 300});
     /// let small = m.prune_heads(r);
     /// assert(small.params < m.params);
     /// assert(small.translate("Hello.") == m.with_gates(r).translate("Hello."));
+    /// let c = small.confidence(d)["enc"];
+    /// assert(c.len() == 6 && c[0].len() == 8);
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn prune_heads(m: &mut ScriptModel, result: PruneResult) -> ScriptResult<ScriptModel> {
