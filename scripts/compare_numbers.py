@@ -12,12 +12,17 @@ def split(text):
     nums = NUM.findall(text)
     return parts, nums
 
+TIMING = re.compile(r"seconds|elapsed|\d s\b| s =|ms\b")
+
+def untimed(text):
+    # Timings differ from run to run: lines mentioning seconds are not compared.
+    return "\n".join(l for l in text.splitlines() if not TIMING.search(l))
+
 def main():
-    a, b = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+    a, b = untimed(open(sys.argv[1]).read()), untimed(open(sys.argv[2]).read())
     tol = float(sys.argv[3]) if len(sys.argv) > 3 else 1e-6
     pa, na = split(a)
     pb, nb = split(b)
-    # Timings differ from run to run: lines mentioning seconds are not compared.
     if len(na) != len(nb):
         print(f"different number counts: {len(na)} vs {len(nb)}")
     worst, bad, n = 0.0, 0, 0
