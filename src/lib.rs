@@ -44,6 +44,7 @@ pub mod assets;
 pub mod data;
 pub mod device;
 pub mod engine;
+pub mod grid;
 pub mod kernel;
 pub mod metrics;
 pub mod model;

@@ -62,9 +62,9 @@ fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
         Captured::Hidden(h) => hidden.push(h.shallow_clone()),
         Captured::Attention(a) => probs.push(a.shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) => {}
+        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
     };
-    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, on: &mut on };
+    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
     let out = t.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();
     (hidden, probs, out)
 }
@@ -112,7 +112,7 @@ fn masking_a_head_changes_only_what_is_downstream() {
             ctx.push(x.shallow_clone());
         }
     };
-    let mut cap = Some(Capture { attention: false, context: true, hidden: false, queries: false, on: &mut on });
+    let mut cap = Some(Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on });
     let mut cap_ref = cap.as_mut();
     let plain = a.forward(x, x, &bias, None, Kind::Enc, 1, &mut cap_ref);
     let mut none = None;
@@ -174,4 +174,39 @@ fn teacher_forcing_equals_decoding_step_by_step() {
             assert!(d < 1e-5, "step {step}: step-by-step logits differ from teacher forcing by {d:e}");
         }
     }
+}
+
+/// The hook points: `hook_result` (per-head outputs at W^O) summed over heads plus W^O's bias
+/// is the attention's output, under gates too; every hook point a pass hands out has its
+/// TransformerLens name.
+#[test]
+fn per_head_outputs_sum_to_the_attention_output() {
+    let t = tiny();
+    let (ids, mask) = inputs();
+    let x = t.embed.forward(Some(&ids), 2, 0, 5).unwrap();
+    let bias = t.self_bias(&mask, DType::Float);
+    let layer = &t.encoder[0];
+    for gate in [None, Some(Tensor::from_slice(&[0f32, 1.0]).view([1, H]))] {
+        let mut parts = None;
+        let mut names = Vec::new();
+        let out = {
+            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+                names.push(c.hook_name(k, l, 2));
+                if let Captured::HeadOutputs(p) = c {
+                    parts = Some(p.shallow_clone());
+                }
+            };
+            let mut cap = Capture { attention: true, context: true, hidden: true, queries: true, head_outputs: true, on: &mut on };
+            layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(&mut cap))
+        };
+        let parts = parts.expect("hook_result was handed out"); // [B, H, T, D]
+        let sum = parts.sum_dim_intlist([1i64].as_slice(), false, DType::Float) + layer.attn.o.b.as_ref().unwrap();
+        let d = (sum - &out).abs().max().double_value(&[]);
+        assert!(d < 1e-5, "sum of hook_result + b^O differs from the attention output by {d:e}");
+        for want in ["enc.blocks.0.attn.hook_q", "enc.blocks.0.attn.hook_pattern", "enc.blocks.0.attn.hook_v", "enc.blocks.0.attn.hook_z", "enc.blocks.0.attn.hook_result"] {
+            assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+        }
+    }
+    assert_eq!(Captured::Hidden(&ids).hook_name(Kind::Dec, 2, 2), "dec.blocks.1.hook_resid_post");
+    assert_eq!(Captured::Hidden(&ids).hook_name(Kind::Enc, 1, 2), "enc.blocks.1.hook_resid_pre");
 }

@@ -45,9 +45,9 @@ fn minilm_forward(m: &Model, text: &str) -> (Vec<i64>, Tensor, Tensor) {
     let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
         Captured::Hidden(h) => hidden.push(h.get(0).shallow_clone()),
         Captured::Attention(a) => attn.push(a.get(0).shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) => {}
+        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
     };
-    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, on: &mut on };
+    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
     let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
     (b.encoded[0].ids.clone(), Tensor::stack(&hidden, 0), Tensor::stack(&attn, 0))
 }
@@ -127,7 +127,7 @@ fn marian_enpt_matches_numpy_reference() {
                     got.push(a.get(0).shallow_clone());
                 }
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
+            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
             let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
             let d = max_abs_diff(&Tensor::stack(&got, 0), want);
             assert!(d < TOL, "{device:?}: encoder attention of sentence {i} differs by {d:e}");
@@ -162,7 +162,7 @@ fn smollm2_matches_hf_transformers() {
                     hidden.push(h.get(0).shallow_clone());
                 }
             };
-            let mut cap = Capture { attention: false, context: false, hidden: true, queries: false, on: &mut on };
+            let mut cap = Capture { attention: false, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
             let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
             let ours = Tensor::stack(&hidden, 0);
             let want = &z[&format!("hidden{i}")];

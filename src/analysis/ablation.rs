@@ -285,7 +285,7 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                 _ => {}
             };
             let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
-            let mut cap = Capture { attention: false, context: stack, hidden: stack, queries: false, on: &mut on };
+            let mut cap = Capture { attention: false, context: stack, hidden: stack, queries: false, head_outputs: false, on: &mut on };
             model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?
         };
         let rm = RowMetric::with_full(model, p, b, &full_enc)?;
@@ -323,28 +323,25 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                     // layer and the layers above run on the stacked masks.
                     let net = &model.net;
                     let (tgt, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                    let enc_bias = crate::model::nn::key_bias(&b.mask, full_enc.kind());
-                    let cross = net.cross_keys_values(&full_enc);
-                    let cell = Tensor::zeros([bsz, net.d_model], (full_enc.kind(), full_enc.device()));
-                    let mut x = net.teacher_inputs(tgt)?;
-                    let mut below = Vec::with_capacity(s.n_layers);
-                    for (l, layer) in net.decoder.iter().enumerate() {
-                        let mut ctx = None;
-                        let (y, tr) = {
-                            let mut on = |_: Kind, _: usize, c: Captured<'_>| {
-                                if let Captured::Context(t) = c {
-                                    ctx = Some(t.shallow_clone());
-                                }
-                            };
-                            let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, on: &mut on };
-                            layer.forward_traced(&x, &cell, cross[l].as_ref(), &enc_bias, None, l, &mut Some(&mut cap))
+                    // By layer: a layer without heads (prune_heads) hands out no contexts; it
+                    // has nothing to sweep.
+                    let mut ctx: Vec<Option<Tensor>> = (0..s.n_layers).map(|_| None).collect();
+                    let pass = {
+                        let mut on = |_: Kind, l: usize, c: Captured<'_>| {
+                            if let (Captured::Context(t), Some(slot)) = (c, ctx.get_mut(l)) {
+                                *slot = Some(t.shallow_clone());
+                            }
                         };
-                        // A layer without heads (prune_heads) hands out no contexts; it has
-                        // nothing to sweep.
-                        let ctx = ctx.unwrap_or_else(|| Tensor::zeros([0], (x.kind(), x.device())));
-                        below.push((tr.x1, ctx));
-                        x = y;
-                    }
+                        let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
+                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &Gates::none(), Some(&mut cap), true)?
+                    };
+                    let (cross, enc_bias, cell) = (&pass.cross, &pass.enc_bias, &pass.cell);
+                    let below: Vec<(Tensor, Tensor)> = pass
+                        .traces
+                        .iter()
+                        .zip(ctx)
+                        .map(|(tr, c)| (tr.x1.shallow_clone(), c.unwrap_or_else(|| Tensor::zeros([0], (full_enc.kind(), full_enc.device())))))
+                        .collect();
                     for (l, (x1, c)) in below.iter().enumerate() {
                         let layer = &net.decoder[l];
                         let (attn, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;

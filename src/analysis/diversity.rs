@@ -177,10 +177,10 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                                 }
                             }
                         }
-                        Captured::Hidden(_) | Captured::Values(_) => {}
+                        Captured::Hidden(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
                     }
                 };
-                let mut cap = Capture { attention: true, context: true, hidden: false, queries: true, on: &mut on };
+                let mut cap = Capture { attention: true, context: true, hidden: false, queries: true, head_outputs: false, on: &mut on };
                 if kind == stack {
                     let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
                     qmask = src_real.shallow_clone();

@@ -335,7 +335,7 @@ fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Te
             Captured::Context(t) => ctx = Some(t.shallow_clone()),
             _ => {}
         };
-        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, on: &mut on };
+        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
         a.forward(&attn_in, &attn_in, bias, gate, Kind::Enc, 0, &mut Some(&mut cap))
     };
     let missing = || Tensor::zeros([0], (x.kind(), x.device()));
@@ -491,16 +491,12 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let (bsz, t_len) = (targets.size()[0], targets.size()[1]);
     let s_len = enc.size()[1];
     let n_layers = net.decoder.len();
-    let bias = crate::model::nn::key_bias(enc_mask, enc.kind());
     let tb = t_len * bsz;
     // Forward over every step at once, layer by layer (the model's own decoder layers),
     // keeping what the relevance pass needs.
     let mut v_enc = Vec::new(); // every cross-attention's values [B, 1, H, S, dh]
     let mut v_maps = Vec::new();
-    let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
     let enc_in = enc.unsqueeze(1);
-    let cell = Tensor::zeros([bsz, net.d_model], (enc.kind(), enc.device()));
-    let mut x = net.teacher_inputs(targets)?;
     for (l, layer) in net.decoder.iter().enumerate() {
         let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_heads == 0 {
@@ -509,24 +505,31 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         if a.n_kv_heads != a.n_heads {
             return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
         }
-        let kv = a.keys_values(enc);
+    }
+    // The one teacher-forced pass, keeping each layer's trace and handing out the
+    // cross-attention probabilities and contexts.
+    let mut caught: Vec<(Option<Tensor>, Option<Tensor>)> = (0..n_layers).map(|_| (None, None)).collect();
+    let pass = {
+        let mut on = |_: Kind, l: usize, c: Captured<'_>| match (c, caught.get_mut(l)) {
+            (Captured::Attention(p), Some(slot)) => slot.0 = Some(p.shallow_clone()),
+            (Captured::Context(c), Some(slot)) => slot.1 = Some(c.shallow_clone()),
+            _ => {}
+        };
+        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
+        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut cap), true)?
+    };
+    let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
+    for (l, ((tr, (probs, ctx)), kv)) in pass.traces.into_iter().zip(caught).zip(&pass.cross).enumerate() {
+        let (Some(probs), Some(ctx), Some(kv), Some((a, _))) = (probs, ctx, kv, net.decoder[l].cross.as_ref()) else {
+            return Err(ModelError::Invalid("LRP: the cross-attention handed out no probabilities".into()));
+        };
         v_enc.push(kv.v.unsqueeze(1));
         // Every step's cross-attention relevance reaches the encoder states through this map.
         let v_out = kv.v.transpose(1, 2).reshape([bsz, 1, s_len, -1]);
         v_maps.push(LinearMap::new(rule, &enc_in, &a.v.w, a.v.b.as_ref(), Some(&v_out)));
-        let (mut probs, mut ctx) = (None, None);
-        let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
-            Captured::Attention(p) => probs = Some(p.shallow_clone()),
-            Captured::Context(c) => ctx = Some(c.shallow_clone()),
-            _ => {}
-        };
-        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, on: &mut on };
-        let g = gates.layer(Kind::Cross, l);
-        let (y, tr) = layer.forward_traced(&x, &cell, Some(&kv), &bias, g.as_ref(), l, &mut Some(&mut cap));
-        let (Some(probs), Some(ctx)) = (probs, ctx) else { return Err(ModelError::Invalid("LRP: the cross-attention handed out no probabilities".into())) };
         stacked.push(DecTrace::new(tr, &probs, &ctx)?);
-        x = y;
     }
+    let x = pass.states;
     let finals = x.transpose(0, 1).reshape([tb, -1]); // [T * B, D]
     // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
     // sentence b at step t, so every rule sees the shapes (and rescales per prediction and

@@ -256,7 +256,7 @@ pub fn analyze(
                     }
                 }
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
+            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
             enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?);
             if let Some(e) = failure {
                 return Err(e.into());
@@ -288,7 +288,7 @@ pub fn analyze(
                     steps[l].push(p.shallow_clone());
                 }
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
+            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
             let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
             // A layer left without heads (prune_heads) hands out no attention.
             for (l, st) in steps.iter().enumerate().filter(|(_, st)| !st.is_empty()) {

@@ -8,7 +8,7 @@ use crate::output::Output;
 pub type Renderer = fn(&Dynamic) -> Option<Output>;
 
 /// Every type-specific renderer; the session tries them in order.
-pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::analysis::script::render, crate::prune::script::render];
+pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render];
 
 /// Registers every script type and function (except the session-bound ones in `core`).
 pub fn register_types(engine: &mut Engine) {
@@ -18,6 +18,7 @@ pub fn register_types(engine: &mut Engine) {
     crate::assets::script::register(engine);
     crate::model::script::register(engine);
     crate::data::script::register(engine);
+    crate::grid::script::register(engine);
     crate::analysis::script::register(engine);
     crate::prune::script::register(engine);
     crate::metrics::bleu::script::register(engine);

@@ -88,6 +88,34 @@ pub enum Captured<'t> {
     /// Per-head value vectors `[B, H, Tk, dh]` (grouped-query heads repeated), handed out with
     /// the attention probabilities.
     Values(&'t Tensor),
+    /// Per-head outputs at W^O `[B, H, Tq, D]`: `C_h W^O_h^T`, without the bias (their sum
+    /// over heads plus `b^O` is the attention's output).
+    HeadOutputs(&'t Tensor),
+}
+
+impl Captured<'_> {
+    /// The hook point's name, as TransformerLens names them, prefixed with the attention kind:
+    /// `enc.blocks.3.attn.hook_pattern`, `cross.blocks.0.attn.hook_z`,
+    /// `dec.blocks.5.hook_resid_pre` (`Hidden` index `n_layers` is the last layer's
+    /// `hook_resid_post`). For `cross`, the residual stream is the decoder's.
+    pub fn hook_name(&self, kind: Kind, layer_idx: usize, n_layers: usize) -> String {
+        let attn = |h: &str| format!("{kind}.blocks.{layer_idx}.attn.{h}");
+        match self {
+            Captured::Attention(_) => attn("hook_pattern"),
+            Captured::Context(_) => attn("hook_z"),
+            Captured::Queries(_) => attn("hook_q"),
+            Captured::Values(_) => attn("hook_v"),
+            Captured::HeadOutputs(_) => attn("hook_result"),
+            Captured::Hidden(_) if layer_idx >= n_layers && n_layers > 0 => format!("{kind}.blocks.{}.hook_resid_post", n_layers - 1),
+            Captured::Hidden(_) => format!("{kind}.blocks.{layer_idx}.hook_resid_pre"),
+        }
+    }
+
+    pub fn tensor(&self) -> &Tensor {
+        match self {
+            Captured::Attention(t) | Captured::Context(t) | Captured::Queries(t) | Captured::Values(t) | Captured::HeadOutputs(t) | Captured::Hidden(t) => t,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -516,6 +544,34 @@ impl Model {
         self.tok.decode(ids)
     }
 
+    /// One forward pass over `text` with every hook point recorded, as TransformerLens's
+    /// `run_with_cache`: `(name, tensor)` in the order computed, names from
+    /// [`Captured::hook_name`], the batch dimension removed. A name is kept when `filter` is
+    /// empty or contains a part of it. Translation models: the decoder reads the model's own
+    /// greedy output, teacher-forced (`cross.*`). Per-head tensors hold the heads a layer has
+    /// (after `prune_heads`, those present, in order).
+    pub fn run_with_cache(&self, text: &str, gates: &Gates, filter: &[String]) -> Result<Vec<(String, Tensor)>, ModelError> {
+        let _guard = tch::no_grad_guard();
+        let b = self.batch(&[text])?;
+        let mut cache: Vec<(String, Tensor)> = Vec::new();
+        let n_stack = self.net.encoder.len();
+        let n_dec = self.net.decoder.len();
+        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+            let name = c.hook_name(k, l, if k == Kind::Cross { n_dec } else { n_stack });
+            if filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())) {
+                cache.push((name, c.tensor().get(0).to_device(Device::Cpu)));
+            }
+        };
+        let mut cap = nn::Capture { attention: true, context: true, hidden: true, queries: true, head_outputs: true, on: &mut on };
+        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
+        if self.kinds().iter().any(|k| k.kind == Kind::Cross) {
+            let targets = self.greedy_targets(&b, &h, gates)?;
+            let (t, _) = self.target_tensors(&targets);
+            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut cap))?;
+        }
+        Ok(cache)
+    }
+
     /// The attention map of one head on one sentence. For `cross`, queries are the model's
     /// own greedy translation (teacher-forced), keys the source tokens.
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
@@ -535,7 +591,7 @@ impl Model {
         };
         let query_tokens = match head.kind {
             k if k == self.net.stack_kind => {
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
                 let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
                 src_tokens.clone()
             }
@@ -543,7 +599,7 @@ impl Model {
                 let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
                 let targets = self.greedy_targets(&b, &h, gates)?;
                 let (t, _) = self.target_tensors(&targets);
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, on: &mut on };
+                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
                 let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
                 targets.into_iter().next().map(|e| e.tokens).unwrap_or_default()
             }

@@ -166,6 +166,8 @@ pub struct Capture<'a> {
     pub hidden: bool,
     /// Per-head query vectors `[B, H, Tq, dh]` (diversity metrics).
     pub queries: bool,
+    /// Per-head outputs at W^O `[B, H, Tq, D]` (`run_with_cache`'s `hook_result`).
+    pub head_outputs: bool,
     pub on: &'a mut dyn FnMut(Kind, usize, Captured<'_>),
 }
 
@@ -322,6 +324,12 @@ impl Attention {
         if let Some(c) = cap.as_deref_mut() {
             if c.context {
                 (c.on)(kind, layer_idx, Captured::Context(&ctx));
+            }
+            if c.head_outputs {
+                // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
+                let d = self.o.w.size()[0];
+                let wo = self.o.w.view([d, h, dh]).permute([1, 2, 0]);
+                (c.on)(kind, layer_idx, Captured::HeadOutputs(&ctx.matmul(&wo)));
             }
         }
         self.o.forward(&ctx.transpose(1, 2).reshape([b, tq, h * dh]))

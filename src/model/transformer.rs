@@ -219,6 +219,19 @@ pub struct DecoderTrace {
     pub s_c: Tensor,
 }
 
+/// What [`Transformer::decode_teacher_pass`] computed.
+pub struct TeacherPass {
+    /// Final decoder states `[B, T, D]`.
+    pub states: Tensor,
+    /// Each layer's cross-attention keys and values of the encoder output.
+    pub cross: Vec<Option<KeysValues>>,
+    /// Each layer's trace, when asked for.
+    pub traces: Vec<DecoderTrace>,
+    /// The encoder-side attention bias `[B, 1, 1, S]` and the initial self-block state `[B, D]`.
+    pub enc_bias: Tensor,
+    pub cell: Tensor,
+}
+
 /// Recurrent state of the decoder during step-by-step decoding, for one encoder output.
 pub struct DecoderState {
     cells: Vec<Tensor>,
@@ -408,17 +421,30 @@ impl Transformer {
     /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
     /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
     /// cross-attention capture reports `[B, H, T, S]` once per layer.
-    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        Ok(self.decode_teacher_pass(enc, mask, targets, gates, cap, false)?.states)
+    }
+
+    /// The one teacher-forced decoder pass: every consumer (the logits, the ablation metrics
+    /// and the cross-head sweep, LRP through the decoder, gate training) runs the decoder
+    /// through here. With `keep_traces`, each layer's intermediate tensors come back too
+    /// ([`DecoderTrace`]); the cross-attention keys and values always do.
+    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>, keep_traces: bool) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
         let cross = self.cross_keys_values(enc);
         let cell = Tensor::zeros([targets.size()[0], self.d_model], (self.embed.tokens.kind(), self.device()));
+        let mut traces = Vec::new();
         // Layer by layer over every step at once; only the SSRU recurrence goes step by step.
         let mut x = self.teacher_inputs(targets)?;
         for (l, layer) in self.decoder.iter().enumerate() {
             let g = gates.layer(Kind::Cross, l);
-            x = layer.forward(&x, &cell, cross[l].as_ref(), &bias, g.as_ref(), l, &mut cap).0;
+            let (y, tr) = layer.forward_traced(&x, &cell, cross[l].as_ref(), &bias, g.as_ref(), l, &mut cap);
+            if keep_traces {
+                traces.push(tr);
+            }
+            x = y;
         }
-        Ok(x)
+        Ok(TeacherPass { states: x, cross, traces, enc_bias: bias, cell })
     }
 }
 

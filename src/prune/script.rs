@@ -4,7 +4,7 @@
 use super::{train, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
 use crate::model::script::{Head, ScriptModel};
 use crate::model::{HeadId, Kind};
-use crate::output::{write_atomic, Output, Render};
+use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind, Series};
 use crate::script::convert::{err, quote, Opts, ScriptResult};
 use crate::table::{Cell, Table};
@@ -99,13 +99,7 @@ fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, 
     Ok((p, eval))
 }
 
-fn matrix(m: &[Vec<f64>]) -> Dynamic {
-    Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
-}
-
-fn kind_map(values: crate::model::KindGrids) -> Map {
-    values.into_iter().map(|(k, m)| (k.to_string().into(), matrix(&m))).collect()
-}
+use crate::grid::{kind_map, Grid};
 
 impl PruneResult {
     fn heads(&self, ids: Vec<HeadId>) -> Array {
@@ -141,24 +135,21 @@ impl PruneResult {
         t
     }
 
+    /// The evaluation gates as a [`Grid`].
+    fn gates_grid(&self) -> Grid {
+        let r = &self.run;
+        Grid { stat: "gates".into(), model: r.model.clone(), dataset: r.dataset.clone(), kinds: self.gates(), options: r.options.echo() }
+    }
+
     fn heatmap(&self, kind: Option<Kind>) -> ScriptResult<Plot> {
-        let gates = self.gates();
-        let Some((k, m)) = (match kind {
-            Some(k) => gates.into_iter().find(|(x, _)| *x == k),
-            None => gates.into_iter().next(),
-        }) else {
+        let g = self.gates_grid();
+        let Some(k) = kind.or_else(|| g.kinds.first().map(|(k, _)| *k)) else { return err("heatmap: this run gated no heads") };
+        if !g.kinds.iter().any(|(x, _)| *x == k) {
             let have: Vec<String> = self.run.layout.kinds.iter().map(|(k, _, _)| k.to_string()).collect();
             return err(format!("heatmap: this run gated only {}", have.join(", ")));
-        };
-        let rows = (0..m.len()).map(|l| format!("{k}.{l}")).collect();
-        let cols = (0..m.first().map_or(0, |r| r.len())).map(|h| format!("h{h}")).collect();
-        let mut p = Plot::new(
-            PlotKind::Heatmap { values: m, row_labels: rows, col_labels: cols, show_values: true, vmin: Some(0.0), vmax: Some(1.0) },
-            format!("gates ({k}): {}", self.title()),
-        )
-        .or_else(|e| err(e.to_string()))?;
-        p.x_label = "head".into();
-        p.y_label = "layer".into();
+        }
+        let mut p = g.heatmap_range(k, Some(0.0), Some(1.0))?;
+        p.title = format!("gates ({k}): {}", self.title());
         Ok(p)
     }
 
@@ -530,8 +521,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "to_json", return_raw, pure)]
     pub fn to_json(r: &mut PruneResult, path: &str) -> ScriptResult<()> {
-        let s = serde_json::to_string_pretty(&r.to_json()).unwrap_or_default();
-        write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("to_json: cannot write '{path}': {e}")))
+        crate::grid::write_json(path, &r.to_json(), "to_json")
     }
 
     #[rhai_fn(name = "to_string", pure)]

@@ -1,10 +1,9 @@
 //! The script API of models and heads: `load_model`, `Model` (a view that may carry a head
 //! mask, sharing the weights), `Head`, and `AttentionMatrix` (renders as a heatmap).
 
-use super::{AttentionMap, HeadId, Kind, LoadOptions, Model};
+use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
-use crate::plot::{Plot, PlotKind};
 use crate::script::convert::{err, quote, to_usize, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
@@ -25,7 +24,7 @@ impl ScriptModel {
         ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None }
     }
 
-    pub fn gates(&self) -> ScriptResult<super::nn::Gates> {
+    pub fn gates(&self) -> ScriptResult<crate::model::nn::Gates> {
         let mut g = self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))?;
         for (kind, values) in self.soft.iter().flat_map(|s| s.iter()) {
             let (l, h) = (values.len() as i64, values.first().map_or(0, |r| r.len()) as i64);
@@ -58,53 +57,9 @@ impl ScriptModel {
     }
 }
 
-#[derive(Clone)]
-pub struct Head {
-    pub model: ScriptModel,
-    pub id: HeadId,
-}
+mod head;
 
-#[derive(Clone)]
-pub struct AttentionMatrix(pub Rc<AttentionMap>);
-
-impl AttentionMatrix {
-    pub fn heatmap(&self) -> Result<Plot, crate::plot::PlotError> {
-        let m = &self.0;
-        let mut p = Plot::new(
-            PlotKind::Heatmap {
-                values: m.weights.clone(),
-                row_labels: m.query_tokens.clone(),
-                col_labels: m.key_tokens.clone(),
-                show_values: m.weights.len() * m.key_tokens.len() <= 400,
-                vmin: Some(0.0),
-                vmax: Some(1.0),
-            },
-            format!("attention of {}", m.head),
-        )?;
-        p.x_label = "key".into();
-        p.y_label = "query".into();
-        Ok(p)
-    }
-}
-
-impl Render for AttentionMatrix {
-    fn render(&self) -> Output {
-        let m = &self.0;
-        let mut text = format!("<attention of {}: {} queries x {} keys>", m.head, m.query_tokens.len(), m.key_tokens.len());
-        for (q, row) in m.query_tokens.iter().zip(&m.weights) {
-            let (k, w) = row.iter().enumerate().fold((0, f64::MIN), |a, (i, &w)| if w > a.1 { (i, w) } else { a });
-            text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
-        }
-        match self.heatmap() {
-            Ok(p) => {
-                let mut o = p.render();
-                o.text = text;
-                o
-            }
-            Err(_) => Output::text(text),
-        }
-    }
-}
+pub use head::{AttentionMatrix, Head};
 
 fn kind(s: &str) -> ScriptResult<Kind> {
     s.parse().or_else(|e: String| err(e))
@@ -141,9 +96,64 @@ pub fn dataset_texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
     Ok(t)
 }
 
+/// A tensor as nested arrays of floats (a scalar for a 0-dimensional one).
+fn tensor_value(t: &tch::Tensor) -> ScriptResult<Dynamic> {
+    let shape = t.size();
+    let flat: Vec<f64> = Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).or_else(|e| err(e.to_string()))?;
+    fn nest(flat: &[f64], shape: &[i64]) -> Dynamic {
+        match shape.split_first() {
+            None => Dynamic::from(flat.first().copied().unwrap_or(f64::NAN)),
+            Some((&n, rest)) => {
+                let step: usize = rest.iter().product::<i64>().max(0) as usize;
+                Dynamic::from((0..n as usize).map(|i| nest(&flat[(i * step).min(flat.len())..((i + 1) * step).min(flat.len())], rest)).collect::<Array>())
+            }
+        }
+    }
+    Ok(nest(&flat, &shape))
+}
+
 #[export_module]
 pub mod api {
     use super::*;
+
+    /// Every hook point of one forward pass over `text`, as TransformerLens's `run_with_cache`:
+    /// a map from hook name to nested arrays (the batch dimension removed). Names are
+    /// `KIND.blocks.L.attn.hook_pattern` (attention `[H, Tq, Tk]`), `hook_q`, `hook_v`,
+    /// `hook_z` (per-head contexts `[H, Tq, dh]`, the input of W^O), `hook_result` (per-head
+    /// outputs at W^O `[H, Tq, D]`), and `KIND.blocks.L.hook_resid_pre` /
+    /// `hook_resid_post` (the residual stream `[T, D]`). Translation models add `cross.*`
+    /// on their own greedy translation. The view's mask applies.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let c = m.run_with_cache("The cat sat.");
+    /// let p = c["enc.blocks.0.attn.hook_pattern"];
+    /// assert(p.len() == 12 && p[0].len() == p[0][0].len());
+    /// assert(c["enc.blocks.5.hook_resid_post"][0].len() == 384);
+    /// ```
+    #[rhai_fn(name = "run_with_cache", return_raw, pure)]
+    pub fn run_with_cache(m: &mut ScriptModel, text: &str) -> ScriptResult<Map> {
+        run_with_cache_names(m, text, Array::new())
+    }
+
+    /// `run_with_cache` keeping only the hook points whose names contain one of `names`.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let c = m.run_with_cache("Hello world.", ["hook_pattern"]);
+    /// assert(c.keys().len() == 6 + 2 && c["cross.blocks.1.attn.hook_pattern"].len() == 8);
+    /// ```
+    #[rhai_fn(name = "run_with_cache", return_raw, pure)]
+    pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Map> {
+        let filter: Vec<String> = names.iter().map(|n| if n.is_string() { Ok(n.to_string()) } else { err(format!("run_with_cache: names must be strings, got {}", quote(n))) }).collect::<ScriptResult<_>>()?;
+        let gates = m.gates()?;
+        let cache = m.model.run_with_cache(text, &gates, &filter).or_else(|e| err(format!("run_with_cache: {e}")))?;
+        let mut out = Map::new();
+        for (name, t) in cache {
+            out.insert(name.into(), tensor_value(&t)?);
+        }
+        Ok(out)
+    }
 
     /// Loads a model from a directory (or a named asset: "minilm", "enpt", "pten"). The family
     /// is detected from the files. Options: `device` ("auto" = CUDA when available, "cpu",
@@ -455,126 +465,14 @@ pub mod api {
         out
     }
 
-    /// The attention kind of a head.
-    ///
-    /// ```rhai
-    /// assert(load_model("enpt").head("cross", 1, 2).kind == "cross");
-    /// ```
-    #[rhai_fn(get = "kind", pure)]
-    pub fn head_kind(h: &mut Head) -> String {
-        h.id.kind.to_string()
-    }
-
-    /// The layer of a head (zero-based).
-    ///
-    /// ```rhai
-    /// assert(load_model("enpt").head("enc", 4, 2).layer == 4);
-    /// ```
-    #[rhai_fn(get = "layer", pure)]
-    pub fn head_layer(h: &mut Head) -> i64 {
-        h.id.layer_idx as i64
-    }
-
-    /// The index of a head within its layer (zero-based).
-    ///
-    /// ```rhai
-    /// assert(load_model("enpt").head("enc", 4, 2).index == 2);
-    /// ```
-    #[rhai_fn(get = "index", pure)]
-    pub fn head_index(h: &mut Head) -> i64 {
-        h.id.head as i64
-    }
-
-    /// This head's attention on a sentence: a query x key matrix with token labels that shows
-    /// as a heatmap. For "cross" heads the queries are the model's own translation.
-    ///
-    /// ```rhai
-    /// let a = load_model("minilm").head("enc", 0, 0).attention("The cat sleeps.");
-    /// assert(a.keys == ["[CLS]", "the", "cat", "sleeps", ".", "[SEP]"]);
-    /// assert(a.values.len() == 6 && a.values[0].len() == 6);
-    /// ```
-    #[rhai_fn(return_raw, pure)]
-    pub fn attention(h: &mut Head, text: &str) -> ScriptResult<AttentionMatrix> {
-        let gates = h.model.gates()?;
-        let map = h.model.model.attention_map(text, h.id, &gates).or_else(|e| err(format!("attention: {e}")))?;
-        Ok(AttentionMatrix(Rc::new(map)))
-    }
-
-    /// The weights, one row per query token; each row sums to 1.
-    ///
-    /// ```rhai
-    /// let a = load_model("minilm").head("enc", 3, 1).attention("Cats sleep.");
-    /// let total = 0.0;
-    /// for w in a.values[1] { total += w; }
-    /// assert(abs(total - 1.0) < 1e-5);
-    /// ```
-    #[rhai_fn(get = "values", pure)]
-    pub fn attn_values(a: &mut AttentionMatrix) -> Array {
-        a.0.weights.iter().map(|r| Dynamic::from(r.iter().map(|&w| Dynamic::from(w)).collect::<Array>())).collect()
-    }
-
-    /// The query tokens (rows).
-    ///
-    /// ```rhai
-    /// let a = load_model("minilm").head("enc", 0, 0).attention("Hi");
-    /// assert(a.queries == a.keys);
-    /// ```
-    #[rhai_fn(get = "queries", pure)]
-    pub fn attn_queries(a: &mut AttentionMatrix) -> Array {
-        a.0.query_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
-    }
-
-    /// The key tokens (columns).
-    ///
-    /// ```rhai
-    /// let a = load_model("enpt").head("cross", 1, 0).attention("Hello.");
-    /// assert(a.keys[a.keys.len() - 1] == "</s>");
-    /// ```
-    #[rhai_fn(get = "keys", pure)]
-    pub fn attn_keys(a: &mut AttentionMatrix) -> Array {
-        a.0.key_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
-    }
-
-    /// The attention matrix as a heatmap plot (queries down, keys across).
-    ///
-    /// ```rhai
-    /// let p = load_model("minilm").head("enc", 1, 3).attention("A dog.").heatmap();
-    /// assert(p.to_svg().contains("dog"));
-    /// ```
-    #[rhai_fn(return_raw, pure)]
-    pub fn heatmap(a: &mut AttentionMatrix) -> ScriptResult<Plot> {
-        a.heatmap().or_else(|e| err(e.to_string()))
-    }
-
     #[rhai_fn(name = "to_string", pure)]
     pub fn model_to_string(m: &mut ScriptModel) -> String {
         m.describe()
     }
+
     #[rhai_fn(name = "to_debug", pure)]
     pub fn model_to_debug(m: &mut ScriptModel) -> String {
         m.describe()
-    }
-    #[rhai_fn(name = "to_string", pure)]
-    pub fn head_to_string(h: &mut Head) -> String {
-        h.id.to_string()
-    }
-    #[rhai_fn(name = "to_debug", pure)]
-    pub fn head_to_debug(h: &mut Head) -> String {
-        h.id.to_string()
-    }
-    /// Whether two heads are the same head of the same model.
-    ///
-    /// ```rhai
-    /// let m = load_model("enpt");
-    /// assert(m.head("enc", 1, 2) == m.heads("enc")[10]);
-    /// ```
-    #[rhai_fn(name = "==", pure)]
-    pub fn head_eq(a: &mut Head, b: Head) -> bool {
-        a.id == b.id && Rc::ptr_eq(&a.model.model, &b.model.model)
-    }
-    #[rhai_fn(name = "to_string", pure)]
-    pub fn attn_to_string(a: &mut AttentionMatrix) -> String {
-        a.render().text
     }
 }
 
@@ -583,6 +481,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Head>("Head");
     engine.register_type_with_name::<AttentionMatrix>("AttentionMatrix");
     engine.register_global_module(exported_module!(api).into());
+    engine.register_global_module(exported_module!(head::api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {

@@ -1,0 +1,411 @@
+//! The `Analysis` type and the functions that make it: `m.analyze(data, #{...})` (the
+//! analyses of docs/methods.md in one pass) and `m.confidence(data)`.
+
+use super::strings;
+use crate::analysis::options::{FreqSource, Options, Stat};
+use crate::analysis::result::Analysis;
+use crate::analysis::{analyze, freq_table, FreqTable};
+use crate::grid::{matrix, Grid};
+use crate::model::script::ScriptModel;
+use crate::model::Kind;
+use crate::output::{Output, Render};
+use crate::script::convert::{err, Opts, ScriptResult};
+use crate::table::Table;
+use rhai::plugin::*;
+use rhai::{Array, Dynamic, Map};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+thread_local! {
+    /// Frequency tables by (model path, source, top_n): tokenizing a corpus takes a while.
+    static FREQ: RefCell<HashMap<(String, String, usize), Rc<FreqTable>>> = RefCell::new(HashMap::new());
+}
+
+#[derive(Clone)]
+pub struct AnalysisObj(pub Rc<Analysis>);
+
+impl AnalysisObj {
+    fn grid(&self, stat: &str, f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>) -> ScriptResult<Grid> {
+        let kinds: crate::model::KindGrids = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
+        if kinds.is_empty() {
+            return err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or("", |(_, v)| v.as_str())));
+        }
+        Ok(Grid { stat: stat.into(), model: self.0.model.clone(), dataset: self.0.dataset.clone(), kinds, options: self.0.options.clone() })
+    }
+}
+
+impl Render for AnalysisObj {
+    fn render(&self) -> Output {
+        let a = &self.0;
+        let mut text = a.summary();
+        let mut html = format!("<p>{}</p>", crate::output::html_escape(&a.summary()));
+        let f = a.functions_table();
+        if !f.rows.is_empty() {
+            text += &format!("\n{}", f.to_text());
+            html += &f.to_html();
+        }
+        if let Some(t) = a.syntactic_table() {
+            text += &format!("\n{}", t.to_text());
+            html += &t.to_html();
+        }
+        Output { text, html: Some(html), ..Default::default() }
+    }
+}
+
+const OPTIONS: &[&str] = &[
+    "stats", "kinds", "batch_tokens", "exclude_keys", "positional_threshold", "rare_top_n", "rare_threshold", "freq", "freq_counts", "relations",
+    "subtypes", "margin", "treebank",
+];
+
+fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) -> ScriptResult<(Options, crate::data::Dataset)> {
+    let o = Opts::new(options, "analyze", OPTIONS)?;
+    let is_tb = data.items.iter().all(|i| i.tree.is_some());
+    let stats: Vec<Stat> = match options.get("stats") {
+        Some(v) => strings(v, "stats")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
+        None if is_tb || options.contains_key("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
+        None => vec![Stat::Confidence, Stat::Positional, Stat::Rare],
+    };
+    let kinds: Vec<Kind> = match options.get("kinds") {
+        Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
+        None => m.model.kinds().iter().map(|k| k.kind).collect(),
+    };
+    let brown = crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into());
+    let mut opts = Options::new(stats, kinds, brown);
+    if let Some(b) = o.usize("batch_tokens")? {
+        opts.batch_tokens = b.max(1);
+    }
+    if let Some(x) = o.string("exclude_keys")? {
+        opts.exclude_keys = x.parse().or_else(|e: String| err(format!("analyze: {e}")))?;
+    }
+    let frac = |name: &str, v: Option<f64>| -> ScriptResult<Option<f64>> {
+        match v {
+            Some(x) if !(0.0..=1.0).contains(&x) => err(format!("analyze: option '{name}' must be between 0 and 1, got {x}")),
+            other => Ok(other),
+        }
+    };
+    if let Some(x) = frac("positional_threshold", o.f64("positional_threshold")?)? {
+        opts.positional_threshold = x;
+    }
+    if let Some(x) = frac("rare_threshold", o.f64("rare_threshold")?)? {
+        opts.rare_threshold = x;
+    }
+    if let Some(x) = frac("margin", o.f64("margin")?)? {
+        opts.margin = x;
+    }
+    if let Some(x) = o.usize("rare_top_n")? {
+        opts.rare_top_n = x;
+    }
+    match (o.string("freq")?, o.string("freq_counts")?) {
+        (Some(_), Some(_)) => return err("analyze: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both"),
+        (Some(p), None) => opts.freq = FreqSource::Text(p.into()),
+        (None, Some(p)) => opts.freq = FreqSource::Counts(p.into()),
+        (None, None) => {}
+    }
+    if let Some(v) = options.get("relations") {
+        opts.relations = strings(v, "relations")?;
+        if opts.relations.is_empty() {
+            return err("analyze: option 'relations' is empty");
+        }
+    }
+    if let Some(s) = o.bool("subtypes")? {
+        opts.subtypes = s;
+    }
+    // A treebank given beside a corpus must match it sentence by sentence.
+    let mut data = data.clone();
+    if let Some(tb) = options.get("treebank") {
+        let tb = crate::data::script::dataset_arg(tb, "analyze: option 'treebank'")?;
+        if tb.items.iter().any(|i| i.tree.is_none()) {
+            return err(format!("analyze: option 'treebank': {} is not a treebank", tb.name));
+        }
+        if tb.len() != data.len() {
+            return err(format!("analyze: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), data.name, data.len()));
+        }
+        let mut items = Vec::with_capacity(data.len());
+        for (i, (d, t)) in data.items.iter().zip(tb.items.iter()).enumerate() {
+            if d.text != t.text {
+                return err(format!("analyze: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, data.name, t.text, d.text));
+            }
+            items.push(crate::data::Item { tree: t.tree.clone(), ..d.clone() });
+        }
+        data = crate::data::Dataset::new(data.name.clone(), items);
+    }
+    Ok((opts, data))
+}
+
+fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable>>> {
+    if !opts.wants(Stat::Rare) {
+        return Ok(None);
+    }
+    let src = format!("{:?}", opts.freq);
+    let key = (m.model.path.display().to_string(), src, opts.rare_top_n);
+    if let Some(f) = FREQ.with(|c| c.borrow().get(&key).cloned()) {
+        return Ok(Some(f));
+    }
+    let f = Rc::new(freq_table(&m.model, &opts.freq, opts.rare_top_n).or_else(|e| err(format!("analyze: {e}")))?);
+    FREQ.with(|c| c.borrow_mut().insert(key, f.clone()));
+    Ok(Some(f))
+}
+
+fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
+    let d = crate::data::script::dataset_arg(&data, "analyze")?;
+    let (opts, d) = parse_options(m, &d, &options)?;
+    let freq = freq_for(m, &opts)?;
+    let gates = m.gates()?;
+    let mut progress = |done: usize, total: usize| crate::run::progress("analyze", done, total);
+    let a = analyze(&m.model, &d, &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
+    Ok(AnalysisObj(Rc::new(a)))
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// The analyses of Voita et al. (2019) in one streaming pass over a dataset, for every
+    /// attention kind of the model. Options (defaults in docs/methods.md, all echoed in the result):
+    /// `stats` (any of "confidence", "positional", "rare", "syntactic"; syntactic needs a
+    /// treebank), `kinds`, `batch_tokens` (1024), `exclude_keys` ("eos" | "special" | "none";
+    /// "special" also keeps BOS/CLS sinks out of a head's argmax),
+    /// `positional_threshold` (0.9), `rare_top_n` (500), `rare_threshold` (0.5), `freq` (a
+    /// text file; default the Brown corpus) or `freq_counts` (token<TAB>count), `relations`
+    /// (["nsubj", "dobj", "amod", "advmod"]), `subtypes` (false), `margin` (0.10),
+    /// `treebank` (trees for a corpus dataset, matched sentence by sentence).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let a = m.analyze(treebank(asset("pud_en.conllu")).take(20), #{stats: ["confidence", "positional", "syntactic"]});
+    /// assert(a.sentences == 20);
+    /// assert(a.confidence["enc"].len() == 6 && a.confidence["cross"][1].len() == 8);
+    /// ```
+    #[rhai_fn(name = "analyze", return_raw, pure)]
+    pub fn analyze_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
+        run(m, data, options)
+    }
+
+    /// `analyze` with the default statistics for the dataset.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").analyze(corpus(asset("pud_en.txt")).take(10));
+    /// assert(a.rare["enc"][0].len() == 12);
+    /// ```
+    #[rhai_fn(name = "analyze", return_raw, pure)]
+    pub fn analyze_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<AnalysisObj> {
+        run(m, data, Map::new())
+    }
+
+    /// Head confidence alone: per kind, a layers x heads grid of the mean maximum attention
+    /// weight (EOS/SEP keys excluded) over real query tokens.
+    ///
+    /// ```rhai
+    /// let c = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(10));
+    /// assert(c["enc"][2][5] > 0.0 && c["enc"][2][5] <= 1.0);
+    /// ```
+    #[rhai_fn(name = "confidence", return_raw, pure)]
+    pub fn confidence_of(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
+        let mut o = Map::new();
+        o.insert("stats".into(), Dynamic::from(vec![Dynamic::from("confidence")]));
+        run(m, data, o)?.grid("confidence", |k| k.confidence.clone())
+    }
+
+    /// Confidence grid of an analysis.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["confidence"]});
+    /// assert(a.confidence.kinds == ["enc"]);
+    /// ```
+    #[rhai_fn(get = "confidence", return_raw, pure)]
+    pub fn get_confidence(a: &mut AnalysisObj) -> ScriptResult<Grid> {
+        a.grid("confidence", |k| k.confidence.clone())
+    }
+
+    /// Positional grid: the fraction of queries at each head's most frequent offset.
+    ///
+    /// ```rhai
+    /// // With BOS/CLS keys excluded too, a sink head's confidence drops.
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt")).take(5);
+    /// let all = m.analyze(d, #{stats: ["confidence"]}).confidence["enc"];
+    /// let no_special = m.analyze(d, #{stats: ["confidence"], exclude_keys: "special"}).confidence["enc"];
+    /// assert(no_special[5][0] <= all[5][0]);
+    /// ```
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["positional"], kinds: ["enc"]});
+    /// assert(a.positional["enc"][0][0] > 0.0);
+    /// ```
+    #[rhai_fn(get = "positional", return_raw, pure)]
+    pub fn get_positional(a: &mut AnalysisObj) -> ScriptResult<Grid> {
+        a.grid("positional fraction", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.fraction).collect()).collect()))
+    }
+
+    /// Each head's most frequent offset `argmax(t) - t`.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["positional"], kinds: ["enc"]});
+    /// let d = a.offsets["enc"][0][0];
+    /// assert(d >= -127.0 && d <= 127.0);
+    /// ```
+    #[rhai_fn(get = "offsets", return_raw, pure)]
+    pub fn get_offsets(a: &mut AnalysisObj) -> ScriptResult<Grid> {
+        a.grid("most frequent offset", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect()).collect()))
+    }
+
+    /// Rare-word grid: the fraction of queries whose argmax is the sentence's rarest token.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["rare"]});
+    /// assert(a.rare["cross"][0][0] >= 0.0);
+    /// ```
+    #[rhai_fn(get = "rare", return_raw, pure)]
+    pub fn get_rare(a: &mut AnalysisObj) -> ScriptResult<Grid> {
+        a.grid("rare-word score", |k| k.rare.as_ref().map(|r| r.score.clone()))
+    }
+
+    /// Syntactic accuracy grid of one relation and direction ("v->s", or "g->d" / "d->g").
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(treebank(asset("pud_en.conllu")).take(20), #{stats: ["syntactic"], kinds: ["enc"]});
+    /// let g = a.syntactic("nsubj", "v->s");
+    /// assert(g["enc"].len() == 6);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn syntactic(a: &mut AnalysisObj, relation: &str, direction: &str) -> ScriptResult<Grid> {
+        let k = a.0.kinds.iter().find(|k| k.syntactic.is_some());
+        let Some(k) = k else { return err("syntactic: this analysis has no syntactic statistic") };
+        let rels = k.syntactic.as_deref().unwrap_or_default();
+        let Some(rd) = rels.iter().find(|r| r.relation == relation && (r.label == direction || r.direction == direction)) else {
+            let have: Vec<String> = rels.iter().map(|r| format!("{} {}", r.relation, r.label)).collect();
+            return err(format!("syntactic: no '{relation}' '{direction}' (have: {})", have.join(", ")));
+        };
+        Ok(Grid {
+            stat: format!("syntactic accuracy {relation} {} (baseline {:.3})", rd.label, rd.baseline),
+            model: a.0.model.clone(),
+            dataset: a.0.dataset.clone(),
+            kinds: vec![(k.kind, rd.accuracy.clone())],
+            options: a.0.options.clone(),
+        })
+    }
+
+    /// Table 1 of the paper: per relation and direction the best head, its accuracy, the
+    /// most-frequent-offset baseline and whether it clears the +10 point rule.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(treebank(asset("pud_en.conllu")).take(20), #{stats: ["syntactic"], kinds: ["enc"]});
+    /// assert(a.syntactic_table().len() == 8);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn syntactic_table(a: &mut AnalysisObj) -> ScriptResult<Table> {
+        a.0.syntactic_table().ok_or_else(|| err::<()>("syntactic_table: this analysis has no syntactic statistic").unwrap_err())
+    }
+
+    /// Heads with a function (the paper's Figure 1c): positional +-d, syntactic relation and
+    /// direction, rare; with their confidence.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(30), #{kinds: ["enc"]});
+    /// let f = a.functions();
+    /// assert(f.columns == ["head", "function", "confidence"]);
+    /// ```
+    #[rhai_fn(pure)]
+    pub fn functions(a: &mut AnalysisObj) -> Table {
+        a.0.functions_table()
+    }
+
+    /// The functions of every head as an array of maps `#{head, functions}`.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(10), #{kinds: ["enc"]});
+    /// assert(a.function_list.len() == 48);
+    /// ```
+    #[rhai_fn(get = "function_list", pure)]
+    pub fn function_list(a: &mut AnalysisObj) -> Array {
+        a.0.functions()
+            .into_iter()
+            .map(|(id, f)| {
+                let mut m = Map::new();
+                m.insert("head".into(), Dynamic::from(id.to_string()));
+                m.insert("functions".into(), Dynamic::from(f.iter().map(|x| Dynamic::from(x.to_string())).collect::<Array>()));
+                Dynamic::from(m)
+            })
+            .collect()
+    }
+
+    /// Per kind, a map of statistic -> layers x heads matrix: `a["enc"].confidence[2][5]`.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(5), #{stats: ["confidence"]});
+    /// assert(a["enc"].confidence[2][5] == a.confidence["enc"][2][5]);
+    /// ```
+    #[rhai_fn(index_get, return_raw, pure)]
+    pub fn by_kind(a: &mut AnalysisObj, kind: &str) -> ScriptResult<Map> {
+        let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+        let Some(r) = a.0.kind(k) else { return err(format!("this analysis has no '{kind}'")) };
+        let mut m = Map::new();
+        if let Some(c) = &r.confidence {
+            m.insert("confidence".into(), matrix(c));
+        }
+        if let Some(p) = &r.positional {
+            m.insert("positional".into(), matrix(&p.iter().map(|r| r.iter().map(|x| x.fraction).collect::<Vec<_>>()).collect::<Vec<_>>()));
+            m.insert("offsets".into(), matrix(&p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect::<Vec<_>>()).collect::<Vec<_>>()));
+        }
+        if let Some(x) = &r.rare {
+            m.insert("rare".into(), matrix(&x.score));
+            m.insert("rare_two".into(), matrix(&x.two));
+        }
+        m.insert("queries".into(), Dynamic::from(r.queries as i64));
+        Ok(m)
+    }
+
+    /// Options and counts: `model`, `dataset`, `sentences`, `tokens`, `seconds` and every option.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(3), #{stats: ["confidence"]});
+    /// assert(a.meta.sentences == 3 && a.meta.exclude_keys == "eos");
+    /// ```
+    #[rhai_fn(get = "meta", pure)]
+    pub fn meta(a: &mut AnalysisObj) -> Map {
+        let mut m = Map::new();
+        m.insert("model".into(), Dynamic::from(a.0.model.clone()));
+        m.insert("dataset".into(), Dynamic::from(a.0.dataset.clone()));
+        m.insert("sentences".into(), Dynamic::from(a.0.sentences as i64));
+        m.insert("tokens".into(), Dynamic::from(a.0.tokens as i64));
+        m.insert("seconds".into(), Dynamic::from(a.0.seconds));
+        for (k, v) in &a.0.options {
+            m.insert(k.as_str().into(), Dynamic::from(v.clone()));
+        }
+        m
+    }
+
+    /// Number of sentences analysed.
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm").analyze(corpus(asset("pud_en.txt")).take(4), #{stats: ["confidence"]}).sentences == 4);
+    /// ```
+    #[rhai_fn(get = "sentences", pure)]
+    pub fn sentences(a: &mut AnalysisObj) -> i64 {
+        a.0.sentences as i64
+    }
+
+    /// Writes the whole result (options, counts, every grid, head functions) as JSON, atomically.
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").analyze(corpus(asset("pud_en.txt")).take(3), #{stats: ["confidence"]});
+    /// let p = temp_path("a.json");
+    /// a.to_json(p);
+    /// assert(read_text(p).contains("\"confidence\""));
+    /// ```
+    #[rhai_fn(name = "to_json", return_raw, pure)]
+    pub fn analysis_to_json(a: &mut AnalysisObj, path: &str) -> ScriptResult<()> {
+        crate::grid::write_json(path, &a.0.to_json(), "to_json")
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn analysis_to_string(a: &mut AnalysisObj) -> String {
+        a.render().text
+    }
+
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn analysis_to_debug(a: &mut AnalysisObj) -> String {
+        a.0.summary()
+    }
+}

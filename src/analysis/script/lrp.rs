@@ -1,0 +1,81 @@
+//! LRP head relevance on a model: `m.lrp(data, #{...})` (docs/methods.md#lrp-head-relevance).
+
+use crate::grid::Grid;
+use crate::model::script::ScriptModel;
+use crate::script::convert::{err, Opts, ScriptResult};
+use rhai::plugin::*;
+use rhai::{Dynamic, Map};
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// LRP head relevance of the self-attention stack (docs/methods.md#lrp-head-relevance): per layer,
+    /// each head's share of the relevance reaching the layer's heads, averaged over
+    /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus"), `seed`
+    /// ("logit": each output position's top-1 logit, the default for models with an output
+    /// head: teacher-forced on the references, else on the model's greedy translation, giving
+    /// encoder and cross-attention heads for translation models; "norm": each position's final
+    /// hidden units by squared activation, the default for encoders, and for a translation
+    /// model the encoder alone), `seeds` ("each": one propagation per prediction, as docs/methods.md
+    /// normalises; "summed": a sentence's seeds together, about T times cheaper),
+    /// `batch_tokens` (padded tokens per batch: 256 with "summed", 64 with "each", whose
+    /// relevance tensors are P predictions deep: larger batches leave the cache and fault in
+    /// fresh pages, 1.4-1.7x slower at 256). The options echo `predictions` and `max_conservation_error` (the
+    /// largest deviation of the total relevance from the seed's at any layer boundary).
+    ///
+    /// ```rhai
+    /// let g = load_model("minilm").lrp(corpus(asset("pud_en.txt")).take(4), #{rule: "ab"});
+    /// let row = g["enc"][3];
+    /// let total = 0.0;
+    /// for v in row { total += v; }
+    /// assert(abs(total - 1.0) < 1e-6 && parse_float(g.options.max_conservation_error) < 1e-3);
+    /// ```
+    #[rhai_fn(name = "lrp", return_raw, pure)]
+    pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
+        use crate::analysis::lrp::{lrp, LrpOptions, Seed};
+        let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
+        let d = crate::data::script::dataset_arg(&data, "lrp")?;
+        let net = &m.model.net;
+        let default_seed = if net.output.is_some() { Seed::Logit } else { Seed::Norm };
+        let per_prediction = match o.string("seeds")?.as_deref() {
+            None | Some("each") => true,
+            Some("summed") => false,
+            Some(other) => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
+        };
+        let opts = LrpOptions {
+            rule: o.string("rule")?.map_or(Ok(crate::analysis::lrp::Rule::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
+            seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
+            per_prediction,
+            batch_tokens: o.usize("batch_tokens")?.unwrap_or(if per_prediction { 64 } else { 256 }),
+        };
+        let gates = m.gates()?;
+        let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
+        let r = lrp(&m.model, &d, &opts, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
+        Ok(Grid {
+            stat: format!("lrp ({})", r.options.rule),
+            model: m.model.name(),
+            dataset: d.name.clone(),
+            kinds: r.kinds.clone(),
+            options: vec![
+                ("rule".into(), r.options.rule.to_string()),
+                ("seed".into(), r.options.seed.to_string()),
+                ("seeds".into(), if r.options.per_prediction { "each" } else { "summed" }.into()),
+                ("batch_tokens".into(), r.options.batch_tokens.to_string()),
+                ("predictions".into(), r.predictions.to_string()),
+                ("max_conservation_error".into(), format!("{:e}", r.max_conservation_error)),
+            ],
+        })
+    }
+
+    /// `lrp` with the default options.
+    ///
+    /// ```rhai
+    /// let g = load_model("enpt").lrp(corpus(asset("pud_en.txt")).take(3));
+    /// assert(g.kinds == ["enc", "cross"] && g.options.seed == "logit" && g.options.rule == "ab");
+    /// ```
+    #[rhai_fn(name = "lrp", return_raw, pure)]
+    pub fn lrp_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
+        lrp_opts(m, data, Map::new())
+    }
+}

@@ -1,0 +1,37 @@
+//! Script API of the analyses, one file per script type or family of functions:
+//! `analysis.rs` (the `Analysis` type, `analyze`, `confidence`), `ablation.rs` (`ablate`,
+//! `ablation_sweep`), `diversity.rs` (the `Diversity` type), `lrp.rs` (`lrp`). Their results
+//! share one grid type, [`crate::grid::Grid`].
+
+mod ablation;
+mod analysis;
+mod diversity;
+mod lrp;
+
+pub use analysis::AnalysisObj;
+pub use diversity::DiversityObj;
+
+use crate::output::{Output, Render};
+use crate::script::convert::{err, quote, ScriptResult};
+use rhai::{Array, Dynamic, Engine};
+
+fn strings(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
+    let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("analyze: option '{what}' must be an array of strings, got {}", quote(v))) };
+    a.iter().map(|x| if x.is_string() { Ok(x.to_string()) } else { err(format!("analyze: option '{what}' has a non-string item {}", quote(x))) }).collect()
+}
+
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<DiversityObj>("Diversity");
+    engine.register_type_with_name::<AnalysisObj>("Analysis");
+    engine.register_global_module(rhai::exported_module!(analysis::api).into());
+    engine.register_global_module(rhai::exported_module!(ablation::api).into());
+    engine.register_global_module(rhai::exported_module!(diversity::api).into());
+    engine.register_global_module(rhai::exported_module!(lrp::api).into());
+}
+
+pub fn render(v: &Dynamic) -> Option<Output> {
+    if let Some(d) = v.clone().try_cast::<DiversityObj>() {
+        return Some(d.render());
+    }
+    v.clone().try_cast::<AnalysisObj>().map(|a| a.render())
+}

@@ -1,0 +1,221 @@
+//! The `Dataset` script type: `corpus`, `parallel`, `treebank`, and the dataset methods.
+
+use super::{DataError, Dataset, Item};
+use crate::output::Output;
+use crate::script::convert::{err, ScriptResult};
+use rhai::plugin::*;
+use rhai::{Array, Dynamic, Engine, Map};
+use std::path::Path;
+
+/// The dataset a script function was given, refused when it is not a Dataset or has no
+/// sentences (an analysis of nothing would print a result "over 0 sentences").
+pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
+    let Some(d) = v.clone().try_cast::<Dataset>() else {
+        return err(format!("{func}: expected a Dataset (corpus, parallel or treebank), got {}", crate::script::convert::quote(v)));
+    };
+    if d.is_empty() {
+        return err(format!("{func}: the dataset {} is empty (no sentences)", d.name));
+    }
+    Ok(d)
+}
+
+fn e(what: &str, x: DataError) -> Box<rhai::EvalAltResult> {
+    err::<()>(format!("{what}: {x}")).unwrap_err()
+}
+
+fn item_map(it: &Item) -> Map {
+    let mut m = Map::new();
+    m.insert("text".into(), Dynamic::from(it.text.clone()));
+    if let Some(t) = &it.target {
+        m.insert("target".into(), Dynamic::from(t.clone()));
+    }
+    if let Some(tree) = &it.tree {
+        if let Some(id) = tree.sent_id() {
+            m.insert("sent_id".into(), Dynamic::from(id.to_string()));
+        }
+        let words: Array = tree
+            .words()
+            .map(|w| {
+                let mut wm = Map::new();
+                wm.insert("id".into(), Dynamic::from(w.id as i64));
+                wm.insert("form".into(), Dynamic::from(w.form.clone()));
+                wm.insert("upos".into(), Dynamic::from(w.upos.clone()));
+                wm.insert("head".into(), w.head.map_or(Dynamic::UNIT, |h| Dynamic::from(h as i64)));
+                wm.insert("deprel".into(), Dynamic::from(w.deprel.clone()));
+                Dynamic::from(wm)
+            })
+            .collect();
+        m.insert("words".into(), Dynamic::from(words));
+    }
+    m
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// A corpus: one sentence per line (blank lines skipped).
+    ///
+    /// ```rhai
+    /// let d = corpus(asset("pud_en.txt"));
+    /// assert(d.len() == 1000);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn corpus(path: &str) -> ScriptResult<Dataset> {
+        Dataset::corpus(Path::new(path)).map_err(|x| e("corpus", x))
+    }
+
+    /// A parallel corpus from two line-aligned files (source, target).
+    ///
+    /// ```rhai
+    /// let s = temp_path("s.txt"); let t = temp_path("t.txt");
+    /// write_text(s, "Hello.\nThank you.\n"); write_text(t, "Olá.\nObrigado.\n");
+    /// let d = parallel(s, t);
+    /// assert(d[1].target == "Obrigado.");
+    /// ```
+    #[rhai_fn(name = "parallel", return_raw)]
+    pub fn parallel2(src: &str, tgt: &str) -> ScriptResult<Dataset> {
+        Dataset::parallel(Path::new(src), Path::new(tgt)).map_err(|x| e("parallel", x))
+    }
+
+    /// A parallel corpus from a TSV file: `source<TAB>target` per line.
+    ///
+    /// ```rhai
+    /// let p = temp_path("p.tsv");
+    /// write_text(p, "Hello.\tOlá.\n");
+    /// assert(parallel(p)[0].target == "Olá.");
+    /// ```
+    #[rhai_fn(name = "parallel", return_raw)]
+    pub fn parallel1(tsv: &str) -> ScriptResult<Dataset> {
+        Dataset::tsv(Path::new(tsv)).map_err(|x| e("parallel", x))
+    }
+
+    /// A dependency treebank (CoNLL-U); each sentence keeps its words, heads and relations.
+    ///
+    /// ```rhai
+    /// let tb = treebank(asset("pud_en.conllu"));
+    /// assert(tb.len() == 1000);
+    /// assert(tb[0].words[0].form == "“");
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn treebank(path: &str) -> ScriptResult<Dataset> {
+        Dataset::treebank(Path::new(path)).map_err(|x| e("treebank", x))
+    }
+
+    /// Number of sentences.
+    ///
+    /// ```rhai
+    /// assert(corpus(asset("pud_en.txt")).take(5).len() == 5);
+    /// ```
+    #[rhai_fn(name = "len", pure)]
+    pub fn len(d: &mut Dataset) -> i64 {
+        d.len() as i64
+    }
+
+    /// The first `n` sentences.
+    ///
+    /// ```rhai
+    /// let d = corpus(asset("pud_en.txt"));
+    /// assert(d.take(3)[2].text == d[2].text);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn take(d: &mut Dataset, n: i64) -> ScriptResult<Dataset> {
+        if n < 0 {
+            return err(format!("take: n must be >= 0, got {n}"));
+        }
+        Ok(d.take(n as usize))
+    }
+
+    /// Everything after the first `n` sentences (a held-out part: `d.skip(900)`).
+    ///
+    /// ```rhai
+    /// let d = corpus(asset("pud_en.txt"));
+    /// assert(d.skip(990).len() == 10 && d.skip(990)[0].text == d[990].text);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn skip(d: &mut Dataset, n: i64) -> ScriptResult<Dataset> {
+        if n < 0 {
+            return err(format!("skip: n must be >= 0, got {n}"));
+        }
+        Ok(d.skip(n as usize))
+    }
+
+    /// `n` distinct sentences drawn with a seed (same seed, same sentences), in corpus order.
+    ///
+    /// ```rhai
+    /// let d = corpus(asset("pud_en.txt"));
+    /// let a = d.sample(10, 1); let b = d.sample(10, 1);
+    /// assert(a.len() == 10 && a[0].text == b[0].text);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn sample(d: &mut Dataset, n: i64, seed: i64) -> ScriptResult<Dataset> {
+        if n < 0 {
+            return err(format!("sample: n must be >= 0, got {n}"));
+        }
+        Ok(d.sample(n as usize, seed as u64))
+    }
+
+    /// Sentence `i` as a map: `text`, and `target`, `sent_id`, `words` when the dataset has them.
+    ///
+    /// ```rhai
+    /// let tb = treebank(asset("pud_en.conllu"));
+    /// assert(tb[-1].text.len() > 0 && tb[0].sent_id == "n01001011");
+    /// ```
+    #[rhai_fn(index_get, return_raw, pure)]
+    pub fn get(d: &mut Dataset, i: i64) -> ScriptResult<Map> {
+        let n = d.len() as i64;
+        let idx = if i < 0 { i + n } else { i };
+        if idx < 0 || idx >= n {
+            return err(format!("sentence index {i} out of range: the dataset has {n} sentences"));
+        }
+        Ok(item_map(&d.items[idx as usize]))
+    }
+
+    /// The sentence texts.
+    ///
+    /// ```rhai
+    /// assert(corpus(asset("pud_en.txt")).take(2).texts.len() == 2);
+    /// ```
+    #[rhai_fn(get = "texts", pure)]
+    pub fn texts(d: &mut Dataset) -> Array {
+        d.items.iter().map(|i| Dynamic::from(i.text.clone())).collect()
+    }
+
+    /// The dataset's name (its file, and how it was cut).
+    ///
+    /// ```rhai
+    /// assert(corpus(asset("pud_en.txt")).take(2).name == "pud_en.txt[:2]");
+    /// ```
+    #[rhai_fn(get = "name", pure)]
+    pub fn name(d: &mut Dataset) -> String {
+        d.name.clone()
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn to_string(d: &mut Dataset) -> String {
+        describe(d)
+    }
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn to_debug(d: &mut Dataset) -> String {
+        describe(d)
+    }
+}
+
+pub fn describe(d: &Dataset) -> String {
+    let what = match d.items.first() {
+        Some(Item { tree: Some(_), .. }) => "treebank",
+        Some(Item { target: Some(_), .. }) => "parallel corpus",
+        _ => "corpus",
+    };
+    format!("<Dataset {}: {what} of {} sentences>", d.name, d.len())
+}
+
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<Dataset>("Dataset");
+    engine.register_iterator_result::<Dataset, Dynamic>();
+    engine.register_global_module(exported_module!(api).into());
+}
+
+pub fn render(v: &Dynamic) -> Option<Output> {
+    v.clone().try_cast::<Dataset>().map(|d| Output::text(describe(&d)))
+}

@@ -1,0 +1,267 @@
+//! `Grid`: one statistic per head, a layers x heads matrix per attention kind. Every per-head
+//! result shares it (confidence, positional and rare-word scores, syntactic accuracy, LRP
+//! relevance, ablation sweeps): one table, one heatmap, one CSV and one JSON writer.
+//! Heads keep their original numbers; a head removed by `prune_heads` is NaN
+//! (docs/methods.md#terms).
+
+use crate::model::{HeadId, Kind};
+use crate::output::{write_atomic, Output, Render};
+use crate::plot::{Plot, PlotKind};
+use crate::script::convert::{err, ScriptResult};
+use crate::table::{Cell, Table};
+use rhai::{Array, Dynamic, Map};
+
+/// One statistic over heads: per kind a layers x heads matrix.
+#[derive(Clone)]
+pub struct Grid {
+    pub stat: String,
+    pub model: String,
+    pub dataset: String,
+    pub kinds: crate::model::KindGrids,
+    pub options: Vec<(String, String)>,
+}
+
+impl Grid {
+    /// One row per kind and layer, one column per head.
+    pub fn table(&self) -> Table {
+        let n_heads = self.kinds.iter().map(|(_, m)| m.first().map_or(0, |r| r.len())).max().unwrap_or(0);
+        let mut cols = vec!["layer".to_string()];
+        cols.extend((0..n_heads).map(|h| format!("h{h}")));
+        let mut t = Table::new(cols);
+        t.title = Some(format!("{}: {} on {}", self.stat, self.model, self.dataset));
+        t.digits = 3;
+        for (k, m) in &self.kinds {
+            for (l, row) in m.iter().enumerate() {
+                let mut cells = vec![Cell::Text(format!("{k}.{l}"))];
+                cells.extend((0..n_heads).map(|h| row.get(h).map_or(Cell::Empty, |v| Cell::Float(*v))));
+                let _ = t.push_row(cells);
+            }
+        }
+        t
+    }
+
+    /// A heatmap of one kind, coloured over the values' range.
+    pub fn heatmap(&self, kind: Kind) -> ScriptResult<Plot> {
+        self.heatmap_range(kind, None, None)
+    }
+
+    /// A heatmap of one kind, coloured over `[vmin, vmax]` where given.
+    pub fn heatmap_range(&self, kind: Kind, vmin: Option<f64>, vmax: Option<f64>) -> ScriptResult<Plot> {
+        let Some((_, m)) = self.kinds.iter().find(|(k, _)| *k == kind) else {
+            let have: Vec<String> = self.kinds.iter().map(|(k, _)| k.to_string()).collect();
+            return err(format!("heatmap: no '{kind}' in this result (it has: {})", have.join(", ")));
+        };
+        let rows = (0..m.len()).map(|l| format!("{kind}.{l}")).collect();
+        let cols = (0..m.first().map_or(0, |r| r.len())).map(|h| format!("h{h}")).collect();
+        let mut p = Plot::new(
+            PlotKind::Heatmap { values: m.clone(), row_labels: rows, col_labels: cols, show_values: true, vmin, vmax },
+            format!("{} ({kind}): {} on {}", self.stat, self.model, self.dataset),
+        )
+        .or_else(|e| err(e.to_string()))?;
+        p.x_label = "head".into();
+        p.y_label = "layer".into();
+        Ok(p)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "stat": self.stat, "model": self.model, "dataset": self.dataset,
+            "options": self.options.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
+            "kinds": self.kinds.iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+}
+
+impl Render for Grid {
+    fn render(&self) -> Output {
+        let mut o = self.table().render();
+        if let Some((k, _)) = self.kinds.first() {
+            if let Ok(p) = self.heatmap(*k) {
+                let po = p.render();
+                o.png = po.png;
+                o.svg = po.svg;
+            }
+        }
+        o
+    }
+}
+
+/// A matrix as a Rhai array of arrays.
+pub fn matrix(m: &[Vec<f64>]) -> Dynamic {
+    Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
+}
+
+/// Per-kind matrices as a Rhai map `kind -> [[...]]`.
+pub fn kind_map(values: crate::model::KindGrids) -> Map {
+    values.into_iter().map(|(k, m)| (k.to_string().into(), matrix(&m))).collect()
+}
+
+/// The one JSON writer of results: pretty JSON, written atomically; `func` names the script
+/// function in the error.
+pub fn write_json(path: &str, value: &serde_json::Value, func: &str) -> ScriptResult<()> {
+    let s = serde_json::to_string_pretty(value).unwrap_or_default();
+    write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
+}
+
+/// The one CSV writer of results: a header line, then one line per row, written atomically.
+pub fn write_csv(path: &str, header: &str, rows: impl IntoIterator<Item = String>, func: &str) -> ScriptResult<()> {
+    let mut s = format!("{header}\n");
+    for r in rows {
+        s += &r;
+        s.push('\n');
+    }
+    write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
+}
+
+pub mod script {
+    use super::*;
+    use rhai::plugin::*;
+    use rhai::Engine;
+
+    #[export_module]
+    pub mod api {
+        use super::*;
+
+        /// The options and counts behind a grid (metric, targets, base value, thresholds...).
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(2));
+        /// assert(g.options.exclude_keys == "eos");
+        /// ```
+        #[rhai_fn(get = "options", pure)]
+        pub fn grid_options(g: &mut Grid) -> Map {
+            g.options.iter().map(|(k, v)| (k.as_str().into(), Dynamic::from(v.clone()))).collect()
+        }
+
+        /// A grid's matrix for one kind: `g["enc"][layer][head]`.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// assert(g["cross"].len() == 2);
+        /// ```
+        #[rhai_fn(index_get, return_raw, pure)]
+        pub fn grid_kind(g: &mut Grid, kind: &str) -> ScriptResult<Array> {
+            let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+            match g.kinds.iter().find(|(x, _)| *x == k) {
+                Some((_, m)) => Ok(matrix(m).cast::<Array>()),
+                None => err(format!("this grid has no '{kind}' (it has: {})", g.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", "))),
+            }
+        }
+
+        /// The kinds in a grid.
+        ///
+        /// ```rhai
+        /// assert(load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(2)).kinds == ["enc", "cross"]);
+        /// ```
+        #[rhai_fn(get = "kinds", pure)]
+        pub fn grid_kinds(g: &mut Grid) -> Array {
+            g.kinds.iter().map(|(k, _)| Dynamic::from(k.to_string())).collect()
+        }
+
+        /// The grid as a table (one row per kind and layer, one column per head).
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// assert(g.table().len() == 8);
+        /// ```
+        #[rhai_fn(pure)]
+        pub fn table(g: &mut Grid) -> Table {
+            g.table()
+        }
+
+        /// A heatmap of the first kind (layers x heads).
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// assert(g.heatmap().to_svg().contains("enc.5"));
+        /// ```
+        #[rhai_fn(name = "heatmap", return_raw, pure)]
+        pub fn grid_heatmap(g: &mut Grid) -> ScriptResult<Plot> {
+            let k = g.kinds.first().map(|(k, _)| *k).unwrap_or(Kind::Enc);
+            g.heatmap(k)
+        }
+
+        /// A heatmap of one kind.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// assert(g.heatmap("cross").to_svg().contains("cross.1"));
+        /// ```
+        #[rhai_fn(name = "heatmap", return_raw, pure)]
+        pub fn grid_heatmap_kind(g: &mut Grid, kind: &str) -> ScriptResult<Plot> {
+            let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+            g.heatmap(k)
+        }
+
+        /// The `k` highest heads over all kinds, as a table (head, value).
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let t = g.top(5);
+        /// assert(t.len() == 5 && t[0].value >= t[4].value);
+        /// ```
+        #[rhai_fn(return_raw, pure)]
+        pub fn top(g: &mut Grid, k: i64) -> ScriptResult<Table> {
+            if k < 1 {
+                return err(format!("top: k must be >= 1, got {k}"));
+            }
+            let mut all: Vec<(HeadId, f64)> = Vec::new();
+            for (kind, m) in &g.kinds {
+                for (l, row) in m.iter().enumerate() {
+                    // NaN: a head removed by prune_heads, which has no value to rank.
+                    for (h, &v) in row.iter().enumerate().filter(|(_, v)| !v.is_nan()) {
+                        all.push((HeadId { kind: *kind, layer_idx: l, head: h }, v));
+                    }
+                }
+            }
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut t = Table::new(vec!["head".into(), "value".into()]);
+            t.title = Some(format!("top {k}: {}", g.stat));
+            for (id, v) in all.into_iter().take(k as usize) {
+                let _ = t.push_row(vec![Cell::Text(id.to_string()), Cell::Float(v)]);
+            }
+            Ok(t)
+        }
+
+        /// Writes the grid as CSV rows `kind,layer,head,value`, atomically.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let p = temp_path("c.csv");
+        /// g.to_csv(p);
+        /// assert(read_lines(p).len() == 1 + 48 + 16);
+        /// ```
+        #[rhai_fn(name = "to_csv", return_raw, pure)]
+        pub fn grid_to_csv(g: &mut Grid, path: &str) -> ScriptResult<()> {
+            let rows = g.kinds.iter().flat_map(|(k, m)| m.iter().enumerate().flat_map(move |(l, row)| row.iter().enumerate().map(move |(h, v)| format!("{k},{l},{h},{v}"))));
+            write_csv(path, "kind,layer,head,value", rows, "to_csv")
+        }
+
+        /// Writes the grid with its options as JSON, atomically.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let p = temp_path("c.json");
+        /// g.to_json(p);
+        /// assert(read_text(p).contains("\"exclude_keys\""));
+        /// ```
+        #[rhai_fn(name = "to_json", return_raw, pure)]
+        pub fn grid_to_json(g: &mut Grid, path: &str) -> ScriptResult<()> {
+            write_json(path, &g.to_json(), "to_json")
+        }
+
+        #[rhai_fn(name = "to_string", pure)]
+        pub fn grid_to_string(g: &mut Grid) -> String {
+            g.table().to_text()
+        }
+    }
+
+    pub fn register(engine: &mut Engine) {
+        engine.register_type_with_name::<Grid>("Grid");
+        engine.register_global_module(exported_module!(api).into());
+    }
+
+    pub fn render(v: &Dynamic) -> Option<Output> {
+        v.clone().try_cast::<Grid>().map(|g| g.render())
+    }
+}

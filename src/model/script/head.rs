@@ -1,0 +1,181 @@
+//! The `Head` and `AttentionMatrix` script types: one head of a model, and its attention map
+//! over one sentence.
+
+use super::ScriptModel;
+use crate::model::{AttentionMap, HeadId};
+use crate::output::{Output, Render};
+use crate::plot::{Plot, PlotKind};
+use crate::script::convert::{err, ScriptResult};
+use rhai::plugin::*;
+use rhai::Array;
+use std::rc::Rc;
+
+#[derive(Clone)]
+pub struct Head {
+    pub model: ScriptModel,
+    pub id: HeadId,
+}
+
+#[derive(Clone)]
+pub struct AttentionMatrix(pub Rc<AttentionMap>);
+
+impl AttentionMatrix {
+    pub fn heatmap(&self) -> Result<Plot, crate::plot::PlotError> {
+        let m = &self.0;
+        let mut p = Plot::new(
+            PlotKind::Heatmap {
+                values: m.weights.clone(),
+                row_labels: m.query_tokens.clone(),
+                col_labels: m.key_tokens.clone(),
+                show_values: m.weights.len() * m.key_tokens.len() <= 400,
+                vmin: Some(0.0),
+                vmax: Some(1.0),
+            },
+            format!("attention of {}", m.head),
+        )?;
+        p.x_label = "key".into();
+        p.y_label = "query".into();
+        Ok(p)
+    }
+}
+
+impl Render for AttentionMatrix {
+    fn render(&self) -> Output {
+        let m = &self.0;
+        let mut text = format!("<attention of {}: {} queries x {} keys>", m.head, m.query_tokens.len(), m.key_tokens.len());
+        for (q, row) in m.query_tokens.iter().zip(&m.weights) {
+            let (k, w) = row.iter().enumerate().fold((0, f64::MIN), |a, (i, &w)| if w > a.1 { (i, w) } else { a });
+            text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
+        }
+        match self.heatmap() {
+            Ok(p) => {
+                let mut o = p.render();
+                o.text = text;
+                o
+            }
+            Err(_) => Output::text(text),
+        }
+    }
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// The attention kind of a head.
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("cross", 1, 2).kind == "cross");
+    /// ```
+    #[rhai_fn(get = "kind", pure)]
+    pub fn head_kind(h: &mut Head) -> String {
+        h.id.kind.to_string()
+    }
+
+    /// The layer of a head (zero-based).
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("enc", 4, 2).layer == 4);
+    /// ```
+    #[rhai_fn(get = "layer", pure)]
+    pub fn head_layer(h: &mut Head) -> i64 {
+        h.id.layer_idx as i64
+    }
+
+    /// The index of a head within its layer (zero-based).
+    ///
+    /// ```rhai
+    /// assert(load_model("enpt").head("enc", 4, 2).index == 2);
+    /// ```
+    #[rhai_fn(get = "index", pure)]
+    pub fn head_index(h: &mut Head) -> i64 {
+        h.id.head as i64
+    }
+
+    /// This head's attention on a sentence: a query x key matrix with token labels that shows
+    /// as a heatmap. For "cross" heads the queries are the model's own translation.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 0, 0).attention("The cat sleeps.");
+    /// assert(a.keys == ["[CLS]", "the", "cat", "sleeps", ".", "[SEP]"]);
+    /// assert(a.values.len() == 6 && a.values[0].len() == 6);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn attention(h: &mut Head, text: &str) -> ScriptResult<AttentionMatrix> {
+        let gates = h.model.gates()?;
+        let map = h.model.model.attention_map(text, h.id, &gates).or_else(|e| err(format!("attention: {e}")))?;
+        Ok(AttentionMatrix(Rc::new(map)))
+    }
+
+    /// The weights, one row per query token; each row sums to 1.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 3, 1).attention("Cats sleep.");
+    /// let total = 0.0;
+    /// for w in a.values[1] { total += w; }
+    /// assert(abs(total - 1.0) < 1e-5);
+    /// ```
+    #[rhai_fn(get = "values", pure)]
+    pub fn attn_values(a: &mut AttentionMatrix) -> Array {
+        a.0.weights.iter().map(|r| Dynamic::from(r.iter().map(|&w| Dynamic::from(w)).collect::<Array>())).collect()
+    }
+
+    /// The query tokens (rows).
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 0, 0).attention("Hi");
+    /// assert(a.queries == a.keys);
+    /// ```
+    #[rhai_fn(get = "queries", pure)]
+    pub fn attn_queries(a: &mut AttentionMatrix) -> Array {
+        a.0.query_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
+    }
+
+    /// The key tokens (columns).
+    ///
+    /// ```rhai
+    /// let a = load_model("enpt").head("cross", 1, 0).attention("Hello.");
+    /// assert(a.keys[a.keys.len() - 1] == "</s>");
+    /// ```
+    #[rhai_fn(get = "keys", pure)]
+    pub fn attn_keys(a: &mut AttentionMatrix) -> Array {
+        a.0.key_tokens.iter().map(|t| Dynamic::from(t.clone())).collect()
+    }
+
+    /// The attention matrix as a heatmap plot (queries down, keys across).
+    ///
+    /// ```rhai
+    /// let p = load_model("minilm").head("enc", 1, 3).attention("A dog.").heatmap();
+    /// assert(p.to_svg().contains("dog"));
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn heatmap(a: &mut AttentionMatrix) -> ScriptResult<Plot> {
+        a.heatmap().or_else(|e| err(e.to_string()))
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn head_to_string(h: &mut Head) -> String {
+        h.id.to_string()
+    }
+
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn head_to_debug(h: &mut Head) -> String {
+        h.id.to_string()
+    }
+
+    /// Whether two heads are the same head of the same model.
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// assert(m.head("enc", 1, 2) == m.heads("enc")[10]);
+    /// ```
+    #[rhai_fn(name = "==", pure)]
+    pub fn head_eq(a: &mut Head, b: Head) -> bool {
+        a.id == b.id && Rc::ptr_eq(&a.model.model, &b.model.model)
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn attn_to_string(a: &mut AttentionMatrix) -> String {
+        a.render().text
+    }
+}
