@@ -290,7 +290,7 @@ fn bad_model_inputs_are_clear_errors() {
         ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
-        ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"bf16\" or \"f16\")"),
+        ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"),
         ("load_model(\"enpt\", #{device: \"tpu\"})", "load_model: unknown device 'tpu' (expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\")"),
         ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype)"),
         ("load_model(\"enpt\").head(\"enc\", 6, 0)", "layer 6 out of range: 'enc' has layers 0..5"),
@@ -308,7 +308,7 @@ fn bad_model_inputs_are_clear_errors() {
         let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cuda\"})"], None);
         assert!(r.stderr.contains("load_model: device 'cuda:0' asked for, but CUDA is not available on this machine"), "{}", r.stderr);
         let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cpu\", dtype: \"bf16\"})"], None);
-        assert!(r.stderr.contains("load_model: dtype 'BFloat16' is only supported on CUDA; use f32 on the CPU"), "{}", r.stderr);
+        assert!(r.stderr.contains("load_model: dtype 'BFloat16' is only supported on CUDA; use f32 or f64 on the CPU"), "{}", r.stderr);
     }
     expect_errors(d, cases);
 }

@@ -204,7 +204,7 @@ fn rescale(r_in: &Tensor, r_out: &[&Tensor]) -> Tensor {
 
 /// `sum |r|` per prediction: `r [B, P, T, D]` -> `[B, P]`.
 fn abs_total(r: &Tensor) -> Tensor {
-    r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float)
+    r.abs().sum_dim_intlist([2i64, 3].as_slice(), false, r.kind())
 }
 
 /// Scales `r [B, P, T, D]` so that its `sum |.|` per prediction is `total` (`[B, P]`, or
@@ -398,7 +398,7 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     let (bsz, p, t) = (r_ctx.size()[0], r_ctx.size()[1], r_ctx.size()[2]);
     let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let r_ctx = r_ctx.view([bsz, p, t, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, T, dh]
-    let head_rel = r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float); // [B, P, H]
+    let head_rel = r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind()); // [B, P, H]
     let r_v = attention_rule(rule, &tr.probs, &tr.v, &r_ctx); // [B, P, H, S, dh]
     let r_v = if hk != h { r_v.view([bsz, p, hk, h / hk, t, dh]).sum_dim_intlist([3i64].as_slice(), false, r_v.kind()) } else { r_v };
     let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, hk * dh]);
@@ -541,8 +541,8 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let mut v_rel: Vec<Tensor> = net.decoder.iter().map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross.as_ref().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts)).collect();
     let mut head_rel: Vec<Tensor> = Vec::with_capacity(n_layers);
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
-    let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
-    let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (DType::Float, enc.device()))).collect();
+    let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
+    let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
     // Runs of at most `size` (at least 1) steps: (first step, steps).
     let chunks = |size: i64| {
         let size = size.clamp(1, t_len.max(1));
@@ -592,7 +592,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         }
         let (r_a, r_xin_res, r_o) = (Tensor::cat(&parts_a, 0), Tensor::cat(&parts_res, 0), Tensor::cat(&parts_o, 0));
         let r_ctx = Tensor::cat(&parts_ctx, 0).view([tb, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [T*B, P, H, 1, dh]
-        head_rel.push(over_steps(&r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, DType::Float)).view([bsz, p_len, h]));
+        head_rel.push(over_steps(&r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind())).view([bsz, p_len, h]));
         // What reaches the encoder states: the attention rule's output, rescaled to r_a.
         let src_total = abs_total(&r_a);
         // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
@@ -688,7 +688,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     let mut predictions = 0usize;
     let mut worst = 0f64;
     let add_heads = |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
-        let norm = head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, DType::Float) + 1e-30);
+        let norm = head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, head_rel.kind()) + 1e-30);
         let per_head = (norm * weight.unsqueeze(-1)).sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
         for (h, val) in Vec::<f64>::try_from(per_head.to_device(Device::Cpu))?.into_iter().enumerate() {
             sums[l][h] += val;
@@ -717,7 +717,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         let (mut r, weight, target_part) = if let Some(p) = &prep {
             let pb = &p.batches[gi];
             let (tgt, tm) = pb.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-            let weight = tm.to_kind(DType::Float);
+            let weight = tm.to_kind(x.kind());
             let (r_enc, cross_rel, dec_err, target_part) = relprop_decoder(opts.rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
             worst = worst.max(dec_err);
             let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
@@ -746,7 +746,8 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
                 }
             };
             if !opts.per_prediction {
-                r = (r * real.view([bsz, t, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, DType::Float);
+                let kind = r.kind();
+                r = (r * real.view([bsz, t, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, kind);
             }
             if let Some(n) = &net.final_norm {
                 r = norm_rule(opts.rule, n, &x.unsqueeze(1), &r);
@@ -756,7 +757,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         };
         // Seed total per prediction: what reached the stack's output, plus (for a decoder)
         // what stayed on the target side.
-        let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (DType::Float, x.device())));
+        let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (x.kind(), x.device())));
         let seed_total = abs_total(&r) + &target_total;
         for l in (0..n_layers).rev() {
             let (r_in, head_rel) = relprop_layer(opts.rule, &net.encoder[l], &traces[l], &r);

@@ -179,12 +179,15 @@ impl LoadOptions {
         let device = device.resolve()?;
         let dtype = match dtype {
             "f32" | "float32" => DType::Float,
+            // Double precision: for checking numerics against float64 references (LRP's z+
+            // rule divides by sums that float32 rounds visibly), about 2x slower.
+            "f64" | "float64" => DType::Double,
             "bf16" | "bfloat16" => DType::BFloat16,
             "f16" | "float16" => DType::Half,
-            other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"bf16\" or \"f16\")"))),
+            other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"))),
         };
-        if dtype != DType::Float && device == Device::Cpu {
-            return Err(ModelError::Invalid(format!("dtype '{dtype:?}' is only supported on CUDA; use f32 on the CPU")));
+        if matches!(dtype, DType::BFloat16 | DType::Half) && device == Device::Cpu {
+            return Err(ModelError::Invalid(format!("dtype '{dtype:?}' is only supported on CUDA; use f32 or f64 on the CPU")));
         }
         Ok(LoadOptions { device, dtype })
     }

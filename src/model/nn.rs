@@ -424,11 +424,13 @@ pub fn key_bias(mask: &Tensor, dtype: DType) -> Tensor {
 
 /// Sinusoidal positions `[n, d]` laid out `[sin | cos]`, inverse frequencies
 /// `exp(-i ln(10000) / (half - 1))` (Marian's layout), starting at position `start`.
-pub fn sinusoidal(start: i64, n: i64, d: i64, device: tch::Device) -> Tensor {
+/// Computed in `kind` (float32 models get float32 arithmetic, float64 models float64).
+pub fn sinusoidal(start: i64, n: i64, d: i64, device: tch::Device, kind: DType) -> Tensor {
+    let kind = if kind == DType::Double { DType::Double } else { DType::Float };
     let half = d / 2;
-    let i = Tensor::arange(half, (DType::Float, device));
+    let i = Tensor::arange(half, (kind, device));
     let inv = (i * (-(10000f64.ln()) / (half - 1) as f64)).exp();
-    let pos = Tensor::arange_start(start, start + n, (DType::Float, device));
+    let pos = Tensor::arange_start(start, start + n, (kind, device));
     let ang = pos.unsqueeze(1) * inv.unsqueeze(0);
     Tensor::cat(&[ang.sin(), ang.cos()], 1)
 }
@@ -463,7 +465,7 @@ mod tests {
 
     #[test]
     fn sinusoidal_layout_is_sin_then_cos() {
-        let p = sinusoidal(0, 3, 4, Device::Cpu);
+        let p = sinusoidal(0, 3, 4, Device::Cpu, DType::Float);
         assert_eq!(p.size(), [3, 4]);
         // position 0: sin = 0, cos = 1
         assert_eq!(Vec::<f32>::try_from(p.get(0)).unwrap(), vec![0.0, 0.0, 1.0, 1.0]);

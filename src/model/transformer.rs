@@ -49,7 +49,7 @@ impl Embeddings {
                 x = x + table.narrow(0, start, len).unsqueeze(0);
             }
             Positions::Sinusoidal => {
-                let pos = sinusoidal(start, len, d, device).to_kind(x.kind()).unsqueeze(0);
+                let pos = sinusoidal(start, len, d, device, x.kind()).to_kind(x.kind()).unsqueeze(0);
                 x = x + pos
             }
             Positions::None => {}

@@ -157,7 +157,8 @@ pub mod api {
 
     /// Loads a model from a directory (or a named asset: "minilm", "enpt", "pten"). The family
     /// is detected from the files. Options: `device` ("auto" = CUDA when available, "cpu",
-    /// "cuda", "cuda:N"), `dtype` ("f32"; "bf16" and "f16" on CUDA).
+    /// "cuda", "cuda:N"), `dtype` ("f32"; "f64" for checking numerics, about 2x slower; "bf16"
+    /// and "f16" on CUDA).
     ///
     /// ```rhai
     /// let m = load_model("minilm", #{device: "cpu"});
