@@ -31,7 +31,7 @@ fn tiny() -> Transformer {
             .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post })
             .collect(),
         stack_kind: Kind::Enc,
-        causal: false,
+        causal: false, window: None,
         final_norm: None,
         decoder: (0..2)
             .map(|_| DecoderLayer {

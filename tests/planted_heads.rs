@@ -100,7 +100,7 @@ fn planted_model(dir: &std::path::Path) -> Model {
     }
     let net = Transformer {
         embed: Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None },
-        encoder: vec![layer(planted_attention()), layer(uniform_attention())], stack_kind: Kind::Enc, causal: false, final_norm: None,
+        encoder: vec![layer(planted_attention()), layer(uniform_attention())], stack_kind: Kind::Enc, causal: false, window: None, final_norm: None,
         decoder: vec![],
         output: None,
         d_model: D,

@@ -52,7 +52,7 @@ fn tiny_model(dir: &Path) -> Model {
         embed: Embeddings { tokens: randn(&[v, D], 1.0), scale: 1.0, positions: Positions::Learned(randn(&[32, D], 1.0)), token_type: None, norm: None },
         encoder: vec![layer(), layer()],
         stack_kind: Kind::Enc,
-        causal: false,
+        causal: false, window: None,
         final_norm: None,
         decoder: vec![],
         output: None,

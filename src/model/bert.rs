@@ -23,10 +23,6 @@ pub struct Config {
     pub model_type: String,
 }
 
-pub fn is_bert_dir(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()
-}
-
 /// BERT's naming: `{prefix}.weight` / `{prefix}.bias`.
 trait BertNames {
     fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError>;
@@ -54,8 +50,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     if cfg.hidden_size % cfg.num_attention_heads != 0 {
         return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
     }
-    let st = dir.join("model.safetensors");
-    let mut w = Weights::new(super::safetensors::read(&st)?, st.display().to_string(), opts, Some("bert."));
+    let (map, file) = super::hf::weights(dir)?;
+    let mut w = Weights::new(map, file, opts, Some("bert."));
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
 
     let embed = Embeddings {
@@ -88,5 +84,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         });
     }
     // BERT has no decoder; [SEP] (102 in BERT vocabularies) closes each sentence.
-    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
+    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
 }

@@ -77,7 +77,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         embed: Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None },
         encoder: layers,
         stack_kind: Kind::Dec,
-        causal: true,
+        causal: true, window: None,
         final_norm: Some(rms(&mut w, "output_norm.weight".into())?),
         decoder: vec![],
         output: Some(Linear { w: output, b: None }),

@@ -1,10 +1,14 @@
 //! The numeric core: real checkpoints loaded into one gated Transformer on tch. Knows nothing
-//! of Rhai and never prints. Families live one per file (`bert`, `marian_bin`).
+//! of Rhai and never prints. Families live one per file (`bert`, `gpt2`, `llama` (HF Llama,
+//! Qwen2, Mistral), `marian_bin`, `llama_gguf`); `hf` reads HF checkpoint directories.
 
 pub mod batch;
 pub mod bert;
 pub mod bytes;
 pub mod gguf;
+pub mod gpt2;
+pub mod hf;
+pub mod llama;
 pub mod llama_gguf;
 pub mod marian_bin;
 pub mod nn;
@@ -155,6 +159,12 @@ pub enum Family {
     MarianBin,
     /// Decoder-only llama architecture in GGUF.
     LlamaGguf,
+    /// HF GPT-2.
+    Gpt2,
+    /// HF Llama, Qwen2, Mistral (one file, `llama.rs`).
+    Llama,
+    Qwen2,
+    Mistral,
 }
 
 impl fmt::Display for Family {
@@ -163,6 +173,10 @@ impl fmt::Display for Family {
             Family::Bert => "bert",
             Family::MarianBin => "marian_bin",
             Family::LlamaGguf => "llama_gguf",
+            Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Mistral => "mistral",
         })
     }
 }
@@ -251,16 +265,29 @@ pub struct AttentionMap {
     pub weights: Vec<Vec<f64>>,
 }
 
-pub fn detect_family(dir: &Path) -> Option<Family> {
-    if bert::is_bert_dir(dir) {
-        Some(Family::Bert)
-    } else if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
+/// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
+/// is an error listing the supported ones.
+pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
+    if hf::is_hf_dir(dir) {
+        let t = hf::model_type(dir)?;
+        return Ok(Some(match t.as_str() {
+            "bert" => Family::Bert,
+            "gpt2" => Family::Gpt2,
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "mistral" => Family::Mistral,
+            other => {
+                return Err(ModelError::Config(dir.join("config.json").display().to_string(), format!("model_type '{other}' is not supported (supported: {})", hf::SUPPORTED.join(", "))))
+            }
+        }));
+    }
+    Ok(if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::MarianBin)
     } else if llama_gguf::find_gguf(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::LlamaGguf)
     } else {
         None
-    }
+    })
 }
 
 impl Model {
@@ -268,10 +295,10 @@ impl Model {
         if !path.exists() {
             return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
         }
-        let family = detect_family(path).ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
+        let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         let t0 = std::time::Instant::now();
         let framing = match family {
-            Family::Bert | Family::LlamaGguf => tokenizer::Framing::Tokenizer,
+            Family::Bert | Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral => tokenizer::Framing::Tokenizer,
             Family::MarianBin => tokenizer::Framing::AppendEos(marian_bin::EOS),
         };
         let tok_path = path.join("tokenizer.json");
@@ -284,14 +311,25 @@ impl Model {
                 Family::Bert => bert::load(path, opts).map(|(n, _cfg)| n),
                 Family::MarianBin => marian_bin::load(path, opts),
                 Family::LlamaGguf => llama_gguf::load(path, opts),
+                Family::Gpt2 => gpt2::load(path, opts),
+                Family::Llama | Family::Qwen2 | Family::Mistral => llama::load(path, opts),
             }?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
         let t = std::time::Instant::now();
         let tok = Tok::from_file(&tok_path, framing).map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if family == Family::LlamaGguf {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral) {
             tok.eos_id = Some(net.eos_id);
+        }
+        // Every id the tokenizer can produce must have an embedding row.
+        let rows = net.embed.vocab();
+        if tok.vocab_size() as i64 > rows {
+            return Err(ModelError::Invalid(format!(
+                "{}: the tokenizer has {} tokens but the embeddings have {rows} rows",
+                tok_path.display(),
+                tok.vocab_size()
+            )));
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
         let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] };

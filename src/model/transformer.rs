@@ -248,6 +248,8 @@ pub struct Transformer {
     /// `Enc` for encoders, `Dec` for a causal decoder-only stack.
     pub stack_kind: Kind,
     pub causal: bool,
+    /// A causal stack's sliding window (Mistral): each query sees at most this many keys.
+    pub window: Option<i64>,
     /// A norm after the stack (pre-norm models).
     pub final_norm: Option<Norm>,
     pub decoder: Vec<DecoderLayer>,
@@ -288,10 +290,10 @@ impl Transformer {
     /// The stack's attention bias: padding, plus the causal mask for a decoder-only model.
     pub fn self_bias(&self, mask: &Tensor, dtype: tch::Kind) -> Tensor {
         let bias = key_bias(mask, dtype);
-        if self.causal {
-            bias + super::nn::causal_bias(mask.size()[1], dtype, mask.device())
-        } else {
-            bias
+        match (self.causal, self.window) {
+            (true, Some(w)) => bias + super::nn::window_bias(mask.size()[1], w, dtype, mask.device()),
+            (true, None) => bias + super::nn::causal_bias(mask.size()[1], dtype, mask.device()),
+            (false, _) => bias,
         }
     }
 

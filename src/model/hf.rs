@@ -1,0 +1,81 @@
+//! HF checkpoint directories: `config.json` (its `model_type` picks the family) and the weights
+//! as `model.safetensors`, or sharded with `model.safetensors.index.json` (every shard it
+//! lists must be there, and hold the tensors the index puts in it).
+
+use super::ModelError;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::Tensor;
+
+/// The `model_type`s headscope reads from an HF directory, each with its family's file.
+pub const SUPPORTED: &[&str] = &["bert", "gpt2", "llama", "mistral", "qwen2"];
+
+pub fn is_hf_dir(dir: &Path) -> bool {
+    dir.join("config.json").is_file() && (dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file())
+}
+
+/// `config.json` as JSON.
+pub fn config(dir: &Path) -> Result<serde_json::Value, ModelError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io(path.display().to_string(), e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config(path.display().to_string(), format!("not JSON: {e}")))
+}
+
+/// `config.json` as a family's typed config; a missing or mistyped key is named.
+pub fn typed_config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, ModelError> {
+    let path = dir.join("config.json");
+    serde_json::from_value(config(dir)?).map_err(|e| ModelError::Config(path.display().to_string(), e.to_string()))
+}
+
+/// The `model_type` of an HF directory; old BERT configs without one are BERT.
+pub fn model_type(dir: &Path) -> Result<String, ModelError> {
+    let c = config(dir)?;
+    Ok(c.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert").to_string())
+}
+
+/// Every tensor of the checkpoint, and the file to name in errors (the index for sharded
+/// weights).
+pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok((super::safetensors::read(&single)?, single.display().to_string()));
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let label = index.display().to_string();
+    let bad = |why: String| ModelError::Config(label.clone(), why);
+    let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io(label.clone(), e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no 'weight_map' object".into()))?;
+    let mut by_file: HashMap<String, Vec<String>> = HashMap::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| bad(format!("weight_map['{name}'] is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!("weight_map['{name}'] names '{file}', outside the directory")));
+        }
+        by_file.entry(file.to_string()).or_default().push(name.clone());
+    }
+    let mut files: Vec<&String> = by_file.keys().collect();
+    files.sort();
+    for f in &files {
+        if !dir.join(f).is_file() {
+            return Err(bad(format!("shard '{f}' is listed but missing from {}", dir.display())));
+        }
+    }
+    let mut out = HashMap::with_capacity(map.len());
+    for f in files {
+        let mut shard = super::safetensors::read(&dir.join(f))?;
+        for name in &by_file[f] {
+            let t = shard.remove(name).ok_or_else(|| bad(format!("tensor '{name}' is listed in shard '{f}' but not there")))?;
+            out.insert(name.clone(), t);
+        }
+    }
+    Ok((out, label))
+}
+
+/// An `eos_token_id` that may be a number or a list of numbers (the first counts).
+pub fn first_id(v: &Option<serde_json::Value>) -> Option<i64> {
+    match v.as_ref()? {
+        serde_json::Value::Array(a) => a.first().and_then(|x| x.as_i64()),
+        x => x.as_i64(),
+    }
+}

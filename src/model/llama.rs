@@ -1,0 +1,150 @@
+//! HF Llama, Qwen2 and Mistral (`model_type` "llama", "qwen2", "mistral"): RMSNorm before each
+//! sublayer, rotary positions (HF's rotate-half, base `rope_theta`), grouped-query causal
+//! self-attention (each query head is a head of its own for every analysis and gate), SwiGLU
+//! MLP, a final norm, and `lm_head` (or the embeddings when `tie_word_embeddings`). Qwen2 adds
+//! Q/K/V biases (Llama with `attention_bias` all four); Mistral attends within
+//! `sliding_window` positions. Its heads are kind `dec`.
+//!
+//! The engine's rotary pairs adjacent dimensions (the GGUF layout), so the Q and K rows of each
+//! head are permuted at load time as llama.cpp's converter does: HF's pair `(i, i + dh/2)`
+//! becomes `(2i, 2i + 1)`. Attention weights are unchanged by it; only the order of a head's
+//! query and key dimensions (`hook_q`) differs from HF's.
+
+use super::hf;
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
+use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::weights::Weights;
+use super::{Kind, LoadOptions, ModelError};
+use serde::Deserialize;
+use std::path::Path;
+use tch::Tensor;
+
+#[derive(Debug, Deserialize)]
+struct Config {
+    model_type: String,
+    hidden_size: i64,
+    intermediate_size: i64,
+    num_hidden_layers: usize,
+    num_attention_heads: i64,
+    #[serde(default)]
+    num_key_value_heads: Option<i64>,
+    #[serde(default)]
+    head_dim: Option<i64>,
+    rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    rope_theta: f64,
+    vocab_size: i64,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    sliding_window: Option<i64>,
+    #[serde(default)]
+    use_sliding_window: Option<bool>,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+fn default_theta() -> f64 {
+    10000.0
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+
+/// HF rotate-half rows -> adjacent pairs, per head: `[n * dh, ...]` viewed `[n, 2, dh/2, ...]`,
+/// the middle two axes swapped.
+fn to_adjacent_pairs(t: &Tensor, n: i64) -> Tensor {
+    let size = t.size();
+    let dh = size[0] / n;
+    let mut shape = vec![n, 2, dh / 2];
+    shape.extend_from_slice(&size[1..]);
+    t.view(shape.as_slice()).transpose(1, 2).contiguous().view(size.as_slice())
+}
+
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let cfg: Config = hf::typed_config(dir)?;
+    let cfg_file = dir.join("config.json").display().to_string();
+    let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
+    if cfg.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(bad("rope_scaling is not supported".into()));
+    }
+    if cfg.hidden_act != "silu" {
+        return Err(bad(format!("hidden_act '{}' is not supported (silu)", cfg.hidden_act)));
+    }
+    let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
+    let hk = cfg.num_key_value_heads.unwrap_or(h);
+    if h <= 0 || hk <= 0 || h % hk != 0 {
+        return Err(bad(format!("{h} attention heads cannot share {hk} key/value heads")));
+    }
+    let dh = cfg.head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
+    if dh <= 0 || dh % 2 != 0 {
+        return Err(bad(format!("head size {dh} (hidden_size {d} / {h} heads) must be a positive even number")));
+    }
+    // Qwen2 configs carry a sliding_window that only applies with use_sliding_window.
+    let window = match cfg.model_type.as_str() {
+        "mistral" => cfg.sliding_window,
+        "qwen2" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
+        _ => None,
+    };
+    let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
+    let (map, file) = hf::weights(dir)?;
+    let mut w = Weights::new(map, file, opts, None);
+    let eps = cfg.rms_norm_eps;
+    let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool, heads: Option<i64>| -> Result<Linear, ModelError> {
+            let mut weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
+            let mut b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
+            if let Some(n) = heads {
+                weight = to_adjacent_pairs(&weight, n);
+                b = b.map(|b| to_adjacent_pairs(&b, n));
+            }
+            Ok(Linear { w: weight, b })
+        };
+        layers.push(EncoderLayer {
+            attn: Attention {
+                q: proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias, Some(h))?,
+                k: proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias, Some(hk))?,
+                v: proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias, None)?,
+                o: proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias, None)?,
+                n_heads: h,
+                n_kv_heads: hk,
+                head_dim: dh,
+                rotary: Some(Rotary { base: cfg.rope_theta, dim: dh }),
+                slots: None,
+            },
+            attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
+            ffn: Ffn {
+                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, false, None)?,
+                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, false, None)?,
+                act: Activation::Silu,
+                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, false, None)?),
+            },
+            ffn_norm: rms(&mut w, format!("{p}.post_attention_layernorm.weight"))?,
+            norm_position: NormPosition::Pre,
+        });
+    }
+    let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
+    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() { tokens.shallow_clone() } else { w.get("lm_head.weight", &[cfg.vocab_size, d])? };
+    Ok(Transformer {
+        embed: Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None },
+        encoder: layers,
+        stack_kind: Kind::Dec,
+        causal: true,
+        window,
+        final_norm: Some(rms(&mut w, "model.norm.weight".into())?),
+        decoder: vec![],
+        output: Some(Linear { w: output, b: None }),
+        d_model: d,
+        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+    })
+}

@@ -1,0 +1,158 @@
+//! HF decoder-only families (GPT-2, Llama, Qwen2, Mistral; Llama also sharded) against
+//! transformers: tiny random checkpoints in each family's official layout and their golden
+//! outputs (eager attention, float32) come from `tests/fixtures/make_tiny_hf.py`. Token ids,
+//! logits and every head's attention within 1e-4, greedy continuations token for token, and
+//! GPT-2's gates equal to transformers' `head_mask`. Bad checkpoints are one-line errors.
+
+use headscope::model::nn::{Capture, Gates};
+use headscope::model::{Captured, Kind, LoadOptions, Model};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+const TOL: f64 = 1e-4;
+/// gpt2 heads closed per layer in the golden `head_mask` run (1 = open).
+const MASK: [[f32; 4]; 2] = [[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_hf")
+}
+
+fn golden() -> HashMap<String, Tensor> {
+    Tensor::read_npz(dir().join("golden.npz")).unwrap().into_iter().collect()
+}
+
+fn load(name: &str) -> Model {
+    Model::load(&dir().join(name), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double)).abs().max().double_value(&[])
+}
+
+/// Logits `[T, V]` and attention `[L, H, T, T]` of one sentence.
+fn forward(m: &Model, ids: &[i64], gates: &Gates) -> (Tensor, Tensor) {
+    let t = Tensor::from_slice(ids).view([1, ids.len() as i64]);
+    let mask = Tensor::ones([1, ids.len() as i64], (tch::Kind::Float, tch::Device::Cpu));
+    let mut attn = Vec::new();
+    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
+        if let Captured::Attention(a) = c {
+            attn.push(a.get(0).shallow_clone());
+        }
+    };
+    let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
+    let _g = tch::no_grad_guard();
+    let h = m.net.encode(&t, &mask, gates, Some(&mut cap)).unwrap();
+    let logits = m.net.output.as_ref().unwrap().forward(&h).get(0);
+    (logits, Tensor::stack(&attn, 0))
+}
+
+fn check(family: &str, dir_name: &str) {
+    let g = golden();
+    let m = load(dir_name);
+    assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Dec]);
+    let n = g.keys().filter(|k| k.starts_with(&format!("{family}_ids_"))).count();
+    assert!(n >= 20, "{family}: {n} sentences in golden.npz");
+    let texts: Vec<String> = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/pud_en.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| (15..=60).contains(&l.chars().count()))
+        .take(n)
+        .collect();
+    let (mut worst_logit, mut worst_attn) = (0f64, 0f64);
+    for (i, text) in texts.iter().enumerate() {
+        let want_ids = Vec::<i64>::try_from(&g[&format!("{family}_ids_{i}")]).unwrap();
+        let got = m.tokenize(text).unwrap().ids;
+        assert_eq!(got, want_ids, "{dir_name}: token ids of sentence {i} ({text:?})");
+        if let Some(logits) = g.get(&format!("{family}_logits_{i}")) {
+            let (l, a) = forward(&m, &got, &Gates::none());
+            worst_logit = worst_logit.max(max_diff(&l, logits));
+            worst_attn = worst_attn.max(max_diff(&a, &g[&format!("{family}_attn_{i}")]));
+            if let Some(masked) = g.get(&format!("{family}_masked_{i}")) {
+                let gates = Gates { dec: Some(Tensor::from_slice(&MASK.concat()).view([1, 2, 4])), ..Gates::none() };
+                let (lm, _) = forward(&m, &got, &gates);
+                let d = max_diff(&lm, masked);
+                assert!(d < TOL, "{dir_name}: gated logits differ from head_mask's by {d:e}");
+            }
+        }
+        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{family}_gen_{i}")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect();
+        let gen = m.generate(text, 8, &Gates::none()).unwrap();
+        assert_eq!(gen, want_gen, "{dir_name}: greedy continuation of sentence {i}");
+    }
+    println!("{dir_name}: {n} sentences, largest logit difference {worst_logit:.2e}, attention {worst_attn:.2e}");
+    assert!(worst_logit < TOL && worst_attn < TOL, "{dir_name}: logits {worst_logit:e}, attention {worst_attn:e}");
+}
+
+#[test]
+fn gpt2_equals_transformers() {
+    check("gpt2", "gpt2");
+}
+
+#[test]
+fn llama_equals_transformers() {
+    check("llama", "llama");
+}
+
+#[test]
+fn sharded_llama_equals_transformers() {
+    check("llama", "llama_sharded");
+}
+
+#[test]
+fn qwen2_with_qkv_biases_equals_transformers() {
+    check("qwen2", "qwen2");
+}
+
+#[test]
+fn mistral_with_a_sliding_window_equals_transformers() {
+    check("mistral", "mistral");
+}
+
+/// A copy of a tiny checkpoint with `edit` applied to its files.
+fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir().join(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, t.path().join(p.file_name().unwrap())).unwrap();
+    }
+    edit(t.path());
+    t
+}
+
+fn load_err(d: &Path) -> String {
+    match Model::load(d, LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()) {
+        Ok(_) => panic!("{} loaded", d.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = d.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn bad_checkpoints_are_one_line_errors() {
+    let cases: Vec<(tempfile::TempDir, &str)> = vec![
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bert, gpt2, llama, mistral, qwen2)"),
+        (broken("llama", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("rms_norm_eps"); })), "missing field `rms_norm_eps`"),
+        (broken("gpt2", |d| edit_config(d, |v| v["n_embd"] = 48.into())), "tensor 'h.0.attn.c_attn.weight' has shape [32, 96], expected [48, 144]"),
+        (broken("llama", |d| edit_config(d, |v| v["vocab_size"] = 100.into())), "tensor 'model.embed_tokens.weight' has shape [320, 32], expected [100, 32]"),
+        (broken("llama_sharded", |d| std::fs::remove_file(d.join("model-00002-of-00003.safetensors")).unwrap()), "shard 'model-00002-of-00003.safetensors' is listed but missing"),
+        (broken("qwen2", |d| {
+            let p = d.join("tokenizer.json");
+            let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            v["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({"id": 400, "content": "<extra>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+            std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+        }), "the tokenizer has 321 tokens but the embeddings have 320 rows"),
+    ];
+    for (d, want) in &cases {
+        let e = load_err(d.path());
+        assert!(e.contains(want), "want {want:?}, got {e:?}");
+        assert_eq!(e.lines().count(), 1, "not one line: {e}");
+    }
+}
