@@ -7,7 +7,8 @@ fn every_example_runs() {
     let mut ran = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("rhai") {
+        // any_model.rhai takes a model directory: see `any_model_runs_on_every_family`.
+        if path.extension().and_then(|e| e.to_str()) != Some("rhai") || path.ends_with("any_model.rhai") {
             continue;
         }
         let out = tempfile::tempdir().unwrap();
@@ -29,4 +30,23 @@ fn every_example_runs() {
         ran += 1;
     }
     assert!(ran >= 1, "no examples found in {}", dir.display());
+}
+
+/// `examples/any_model.rhai DIR` runs unchanged on every HF tiny checkpoint and on the real
+/// encoder and translation models (SmolLM2 takes about 6 minutes on 2 cores: run by hand).
+#[test]
+fn any_model_runs_on_every_family() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tiny = root.join("tests/fixtures/tiny_hf");
+    let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
+    dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
+    dirs.push(("enpt".into(), "kinds: [\"enc\", \"cross\"]"));
+    for (d, kinds) in dirs {
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "12"]).current_dir(root).output().unwrap();
+        let stdout = String::from_utf8_lossy(&r.stdout);
+        assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
+        for want in ["ablation sweep", "LRP (ab", "pruning: 4 steps", kinds] {
+            assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
+        }
+    }
 }
