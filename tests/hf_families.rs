@@ -156,3 +156,32 @@ fn bad_checkpoints_are_one_line_errors() {
         assert_eq!(e.lines().count(), 1, "not one line: {e}");
     }
 }
+
+/// SmolLM2 from its GGUF and from an HF safetensors export of the same weights (made by
+/// `tests/fixtures/export_smollm2_hf.py` with transformers' GGUF loader) give the same logits.
+#[test]
+fn smollm2_from_gguf_equals_its_hf_export() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = tempfile::tempdir().unwrap();
+    let r = std::process::Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("tests/fixtures/export_smollm2_hf.py"))
+        .arg(headscope::assets::asset_path("smollm2").unwrap())
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "export failed: {}", String::from_utf8_lossy(&r.stderr));
+    let gguf = Model::load(&headscope::assets::asset_path("smollm2").unwrap(), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap();
+    let hf = Model::load(out.path(), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap();
+    assert_eq!(hf.family.to_string(), "llama");
+    let mut worst = 0f64;
+    for text in ["The cat is sleeping on the sofa.", "Researchers ask which heads matter, and how many can go.", "Hello."] {
+        let ids = gguf.tokenize(text).unwrap().ids;
+        assert_eq!(ids, hf.tokenize(text).unwrap().ids);
+        let (la, aa) = forward(&gguf, &ids, &Gates::none());
+        let (lb, ab) = forward(&hf, &ids, &Gates::none());
+        worst = worst.max(max_diff(&la, &lb));
+        assert!(max_diff(&aa, &ab) < TOL, "attention differs");
+    }
+    println!("SmolLM2 GGUF vs HF export: largest logit difference {worst:.2e}");
+    assert!(worst < TOL, "logits differ by {worst:e}");
+}

@@ -43,6 +43,8 @@ struct Config {
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default)]
     sliding_window: Option<i64>,
     #[serde(default)]
     use_sliding_window: Option<bool>,
@@ -124,10 +126,10 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             },
             attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
             ffn: Ffn {
-                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, false, None)?,
-                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, false, None)?,
+                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias, None)?,
+                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias, None)?,
                 act: Activation::Silu,
-                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, false, None)?),
+                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias, None)?),
             },
             ffn_norm: rms(&mut w, format!("{p}.post_attention_layernorm.weight"))?,
             norm_position: NormPosition::Pre,
