@@ -39,6 +39,7 @@ fn any_model_runs_on_every_family() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let tiny = root.join("tests/fixtures/tiny_hf");
     let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
+    dirs.push((tiny.join("roberta").display().to_string(), "kinds: [\"enc\"]"));
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
     dirs.push(("enpt".into(), "kinds: [\"enc\", \"cross\"]"));
     for (d, kinds) in dirs {

@@ -138,7 +138,7 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bert, gpt2, llama, mistral, qwen2)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bert, gpt2, llama, mistral, qwen2, roberta)"),
         (broken("llama", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("rms_norm_eps"); })), "missing field `rms_norm_eps`"),
         (broken("gpt2", |d| edit_config(d, |v| v["n_embd"] = 48.into())), "tensor 'h.0.attn.c_attn.weight' has shape [32, 96], expected [48, 144]"),
         (broken("llama", |d| edit_config(d, |v| v["vocab_size"] = 100.into())), "tensor 'model.embed_tokens.weight' has shape [320, 32], expected [100, 32]"),
@@ -184,4 +184,47 @@ fn smollm2_from_gguf_equals_its_hf_export() {
     }
     println!("SmolLM2 GGUF vs HF export: largest logit difference {worst:.2e}");
     assert!(worst < TOL, "logits differ by {worst:e}");
+}
+
+/// RoBERTa (the BERT code with positions numbered after the padding index): last hidden
+/// states and every head's attention against transformers' `RobertaModel`, on a padded batch
+/// too.
+#[test]
+fn roberta_equals_transformers() {
+    let g = golden();
+    let m = load("roberta");
+    assert_eq!((m.family.to_string(), m.kinds()[0].kind), ("roberta".to_string(), Kind::Enc));
+    let n = g.keys().filter(|k| k.starts_with("roberta_ids_")).count();
+    assert_eq!(n, 5);
+    let ids: Vec<Vec<i64>> = (0..n).map(|i| Vec::<i64>::try_from(&g[&format!("roberta_ids_{i}")]).unwrap()).collect();
+    // One padded batch of all five sentences.
+    let enc: Vec<headscope::model::tokenizer::Encoded> = ids
+        .iter()
+        .map(|v| {
+            let text = m.detokenize(v).unwrap();
+            m.tokenize(&text).unwrap()
+        })
+        .collect();
+    for (e, want) in enc.iter().zip(&ids) {
+        assert_eq!(&e.ids, want, "token ids");
+    }
+    let b = m.batch_encoded(enc);
+    let mut attn = Vec::new();
+    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
+        if let Captured::Attention(a) = c {
+            attn.push(a.shallow_clone());
+        }
+    };
+    let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
+    let _g = tch::no_grad_guard();
+    let h = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+    let (mut wh, mut wa) = (0f64, 0f64);
+    for (i, v) in ids.iter().enumerate() {
+        let t = v.len() as i64;
+        wh = wh.max(max_diff(&h.get(i as i64).narrow(0, 0, t), &g[&format!("roberta_hidden_{i}")]));
+        let a = Tensor::stack(&attn.iter().map(|x| x.get(i as i64).narrow(1, 0, t).narrow(2, 0, t)).collect::<Vec<_>>(), 0);
+        wa = wa.max(max_diff(&a, &g[&format!("roberta_attn_{i}")]));
+    }
+    println!("roberta: largest hidden-state difference {wh:.2e}, attention {wa:.2e}");
+    assert!(wh < TOL && wa < TOL, "hidden {wh:e}, attention {wa:e}");
 }

@@ -1,4 +1,5 @@
-//! BERT-family checkpoints (HF layout): `config.json`, `model.safetensors`, `tokenizer.json`.
+//! BERT and RoBERTa checkpoints (HF layout): `config.json`, safetensors, `tokenizer.json`.
+//! RoBERTa is the same code with `roberta.` names and positions after the padding index.
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
@@ -21,6 +22,11 @@ pub struct Config {
     pub vocab_size: i64,
     #[serde(default)]
     pub model_type: String,
+    /// RoBERTa: positions start after the padding index (`pad_token_id + 1`).
+    #[serde(default)]
+    pub pad_token_id: Option<i64>,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
 }
 
 /// BERT's naming: `{prefix}.weight` / `{prefix}.bias`.
@@ -51,13 +57,22 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
     }
     let (map, file) = super::hf::weights(dir)?;
-    let mut w = Weights::new(map, file, opts, Some("bert."));
+    let roberta = cfg.model_type == "roberta";
+    let mut w = Weights::new(map, file, opts, Some(if roberta { "roberta." } else { "bert." }));
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
 
     let embed = Embeddings {
         tokens: w.get("embeddings.word_embeddings.weight", &[cfg.vocab_size, d])?,
         scale: 1.0,
-        positions: Positions::Learned(w.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, d])?),
+        positions: Positions::Learned({
+            let table = w.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, d])?;
+            // RoBERTa numbers positions from pad_token_id + 1: the rows before are never read.
+            let offset = if roberta { cfg.pad_token_id.unwrap_or(1) + 1 } else { 0 };
+            if offset >= cfg.max_position_embeddings {
+                return Err(ModelError::Config(cfg_path.display().to_string(), format!("pad_token_id {} leaves no position embeddings", offset - 1)));
+            }
+            table.narrow(0, offset, cfg.max_position_embeddings - offset)
+        }),
         token_type: Some({
             let n = w.shape("embeddings.token_type_embeddings.weight").map_or(2, |s| s[0]);
             w.get("embeddings.token_type_embeddings.weight", &[n, d])?
@@ -83,6 +98,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             norm_position: NormPosition::Post,
         });
     }
-    // BERT has no decoder; [SEP] (102 in BERT vocabularies) closes each sentence.
-    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id: 102 }, cfg))
+    // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
+    let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
+    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id }, cfg))
 }

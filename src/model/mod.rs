@@ -159,6 +159,8 @@ pub enum Family {
     MarianBin,
     /// Decoder-only llama architecture in GGUF.
     LlamaGguf,
+    /// HF RoBERTa (the BERT code, positions after the padding index).
+    Roberta,
     /// HF GPT-2.
     Gpt2,
     /// HF Llama, Qwen2, Mistral (one file, `llama.rs`).
@@ -173,6 +175,7 @@ impl fmt::Display for Family {
             Family::Bert => "bert",
             Family::MarianBin => "marian_bin",
             Family::LlamaGguf => "llama_gguf",
+            Family::Roberta => "roberta",
             Family::Gpt2 => "gpt2",
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
@@ -272,6 +275,7 @@ pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
         let t = hf::model_type(dir)?;
         return Ok(Some(match t.as_str() {
             "bert" => Family::Bert,
+            "roberta" => Family::Roberta,
             "gpt2" => Family::Gpt2,
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
@@ -298,7 +302,7 @@ impl Model {
         let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         let t0 = std::time::Instant::now();
         let framing = match family {
-            Family::Bert | Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral => tokenizer::Framing::Tokenizer,
+            Family::Bert | Family::Roberta | Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral => tokenizer::Framing::Tokenizer,
             Family::MarianBin => tokenizer::Framing::AppendEos(marian_bin::EOS),
         };
         let tok_path = path.join("tokenizer.json");
@@ -308,7 +312,7 @@ impl Model {
         let net = {
             let _guard = tch::no_grad_guard();
             match family {
-                Family::Bert => bert::load(path, opts).map(|(n, _cfg)| n),
+                Family::Bert | Family::Roberta => bert::load(path, opts).map(|(n, _cfg)| n),
                 Family::MarianBin => marian_bin::load(path, opts),
                 Family::LlamaGguf => llama_gguf::load(path, opts),
                 Family::Gpt2 => gpt2::load(path, opts),
@@ -342,7 +346,7 @@ impl Model {
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
         let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
         let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o);
-        let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down);
+        let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
         let e = &self.net.embed;
         let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
         if let transformer::Positions::Learned(t) = &e.positions {
