@@ -46,8 +46,7 @@ impl BertNames for Weights {
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), ModelError> {
     let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::Io(cfg_path.display().to_string(), e.to_string()))?;
-    let cfg: Config = serde_json::from_str(&text).map_err(|e| ModelError::Config(cfg_path.display().to_string(), e.to_string()))?;
+    let cfg: Config = super::hf::typed_config(dir)?;
     let act = match cfg.hidden_act.as_str() {
         "gelu" => Activation::Gelu,
         "relu" => Activation::Relu,

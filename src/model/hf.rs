@@ -7,9 +7,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;
 
-/// The `model_type`s headscope reads from an HF directory, each with its family's file.
-pub const SUPPORTED: &[&str] = &["bert", "gpt2", "llama", "mistral", "qwen2", "roberta"];
-
 pub fn is_hf_dir(dir: &Path) -> bool {
     dir.join("config.json").is_file() && (dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file())
 }

@@ -268,22 +268,22 @@ pub struct AttentionMap {
     pub weights: Vec<Vec<f64>>,
 }
 
+/// The families read from HF checkpoint directories, in the order errors list them.
+const HF_FAMILIES: [Family; 6] = [Family::Bert, Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Roberta];
+
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
 pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
     if hf::is_hf_dir(dir) {
+        // A family's name is its HF `model_type`.
         let t = hf::model_type(dir)?;
-        return Ok(Some(match t.as_str() {
-            "bert" => Family::Bert,
-            "roberta" => Family::Roberta,
-            "gpt2" => Family::Gpt2,
-            "llama" => Family::Llama,
-            "qwen2" => Family::Qwen2,
-            "mistral" => Family::Mistral,
-            other => {
-                return Err(ModelError::Config(dir.join("config.json").display().to_string(), format!("model_type '{other}' is not supported (supported: {})", hf::SUPPORTED.join(", "))))
+        return match HF_FAMILIES.iter().find(|f| f.to_string() == t) {
+            Some(f) => Ok(Some(*f)),
+            None => {
+                let names: Vec<String> = HF_FAMILIES.iter().map(|f| f.to_string()).collect();
+                Err(ModelError::Config(dir.join("config.json").display().to_string(), format!("model_type '{t}' is not supported (supported: {})", names.join(", "))))
             }
-        }));
+        };
     }
     Ok(if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::MarianBin)
@@ -301,10 +301,8 @@ impl Model {
         }
         let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         let t0 = std::time::Instant::now();
-        let framing = match family {
-            Family::Bert | Family::Roberta | Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral => tokenizer::Framing::Tokenizer,
-            Family::MarianBin => tokenizer::Framing::AppendEos(marian_bin::EOS),
-        };
+        // Only the Firefox-Translations tokenizers leave the EOS to the model.
+        let framing = if family == Family::MarianBin { tokenizer::Framing::AppendEos(marian_bin::EOS) } else { tokenizer::Framing::Tokenizer };
         let tok_path = path.join("tokenizer.json");
         // Weights, then the tokenizer: on two cores a parallel tokenizer thread only competes
         // with libtorch's threads, and sequential loading keeps both times honest.

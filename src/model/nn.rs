@@ -414,14 +414,13 @@ pub fn top1(logits: &Tensor) -> Tensor {
 }
 
 /// Additive causal bias `[1, 1, T, T]`: key `k` is hidden from query `q` when `k > q`.
-pub fn causal_bias(t: i64, dtype: DType, device: tch::Device) -> Tensor {
-    Tensor::ones([t, t], (dtype, device)).triu(1).view([1, 1, t, t]) * -1e9
-}
-
-/// Causal attention within a sliding window (Mistral): query `i` sees keys `i - window < j <= i`.
-pub fn window_bias(t: i64, window: i64, dtype: DType, device: tch::Device) -> Tensor {
-    let far = Tensor::ones([t, t], (dtype, device)).tril(-window.max(1));
-    (Tensor::ones([t, t], (dtype, device)).triu(1) + far).view([1, 1, t, t]) * -1e9
+/// With a sliding `window` (Mistral), query `i` sees only keys `i - window < j <= i`.
+pub fn causal_bias(t: i64, window: Option<i64>, dtype: DType, device: tch::Device) -> Tensor {
+    let mut hidden = Tensor::ones([t, t], (dtype, device)).triu(1);
+    if let Some(w) = window {
+        hidden = hidden + Tensor::ones([t, t], (dtype, device)).tril(-w.max(1));
+    }
+    hidden.view([1, 1, t, t]) * -1e9
 }
 
 /// Additive attention bias from a key mask `[B, Tk]` (1 = real token): `[B, 1, 1, Tk]`.

@@ -290,10 +290,10 @@ impl Transformer {
     /// The stack's attention bias: padding, plus the causal mask for a decoder-only model.
     pub fn self_bias(&self, mask: &Tensor, dtype: tch::Kind) -> Tensor {
         let bias = key_bias(mask, dtype);
-        match (self.causal, self.window) {
-            (true, Some(w)) => bias + super::nn::window_bias(mask.size()[1], w, dtype, mask.device()),
-            (true, None) => bias + super::nn::causal_bias(mask.size()[1], dtype, mask.device()),
-            (false, _) => bias,
+        if self.causal {
+            bias + super::nn::causal_bias(mask.size()[1], self.window, dtype, mask.device())
+        } else {
+            bias
         }
     }
 
