@@ -1,7 +1,8 @@
 //! Tokenization through the HF `tokenizers` crate, keeping character offsets (for aligning
 //! model tokens with treebank words) and which tokens are special.
 
-use super::ModelError;
+use super::{spm, ModelError};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// One tokenized sentence.
@@ -28,6 +29,25 @@ pub struct Tok {
     pub framing: Framing,
     pub pad_id: i64,
     pub eos_id: Option<i64>,
+    /// MarianMT's piece -> id mapping (vocab.json) over sentencepiece models, when set.
+    marian: Option<Box<Marian>>,
+}
+
+/// What `MarianTokenizer` adds around its two sentencepiece models: `inner` is the source
+/// model's unigram search (its ids are sentencepiece's and are not used), `normalizer` the
+/// source model's normalizer; pieces become ids through `vocab.json`.
+struct Marian {
+    normalizer: spm::SpmNormalizer,
+    vocab: HashMap<String, i64>,
+    pieces: HashMap<i64, String>,
+    unk_id: i64,
+    /// `</s>`, `<unk>`, `<pad>`: split out of the text as whole tokens, skipped when decoding.
+    specials: Vec<(String, i64)>,
+    /// The target model's control pieces (decoded as nothing), its unknown piece and the text
+    /// that one decodes to.
+    target_control: HashSet<String>,
+    target_unk: String,
+    unk_surface: String,
 }
 
 impl Tok {
@@ -41,29 +61,56 @@ impl Tok {
             Framing::AppendEos(id) => Some(id),
             Framing::Tokenizer => ["[SEP]", "</s>"].iter().find_map(|t| inner.token_to_id(t)).map(|i| i as i64),
         };
-        Ok(Tok { inner, framing, pad_id, eos_id })
+        Ok(Tok { inner, framing, pad_id, eos_id, marian: None })
+    }
+
+    /// A MarianMT (opus-mt) checkpoint's tokenizer from the files it ships: `source.spm`
+    /// encodes, `target.spm` decodes, `vocab.json` (shared by both) maps pieces to ids, as
+    /// transformers' `MarianTokenizer` does. Sources get `</s>` appended.
+    pub fn marian(dir: &Path) -> Result<Tok, ModelError> {
+        let vocab_path = dir.join("vocab.json");
+        let vocab_file = vocab_path.display().to_string();
+        let text = std::fs::read_to_string(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
+        let vocab: HashMap<String, i64> = serde_json::from_str(&text).map_err(|e| ModelError::Config(vocab_file.clone(), format!("not a piece -> id map: {e}")))?;
+        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(vocab_file.clone(), format!("has no {t}")));
+        let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
+        let mut pieces = HashMap::with_capacity(vocab.len());
+        for (piece, &id) in &vocab {
+            if id < 0 || pieces.insert(id, piece.clone()).is_some() {
+                return Err(ModelError::Config(vocab_file.clone(), format!("id {id} is negative or given twice")));
+            }
+        }
+        let source_path = dir.join("source.spm");
+        let source = spm::load(&source_path)?.tokenizer(&source_path.display().to_string())?;
+        let target = spm::load(&dir.join("target.spm"))?;
+        let target_unk = target.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default();
+        let marian = Marian {
+            normalizer: source.normalizer,
+            specials: vec![("</s>".into(), eos), ("<unk>".into(), unk_id), ("<pad>".into(), pad_id)],
+            target_control: target.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
+            target_unk,
+            unk_surface: target.unk_surface,
+            vocab,
+            pieces,
+            unk_id,
+        };
+        Ok(Tok { inner: source.model, framing: Framing::AppendEos(eos), pad_id, eos_id: Some(eos), marian: Some(Box::new(marian)) })
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.marian {
+            Some(m) => m.vocab.len(),
+            None => self.inner.get_vocab_size(true),
+        }
     }
 
     pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
+        let char_of_byte = char_of_byte(text);
+        if let Some(m) = &self.marian {
+            return self.encode_marian(m, text, &char_of_byte);
+        }
         let add_special = self.framing == Framing::Tokenizer;
         let enc = self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
-        // Byte offsets -> character offsets.
-        let char_of_byte = {
-            let mut v = vec![0usize; text.len() + 1];
-            let mut c = 0;
-            for (i, ch) in text.char_indices() {
-                for k in 0..ch.len_utf8() {
-                    v[i + k] = c;
-                }
-                c += 1;
-            }
-            v[text.len()] = c;
-            v
-        };
         let mut out = Encoded {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             tokens: enc.get_tokens().to_vec(),
@@ -79,17 +126,106 @@ impl Tok {
         Ok(out)
     }
 
+    /// `MarianTokenizer`'s encoding: the text split around literal special tokens, a leading
+    /// `>>xx<<` language code kept whole, the rest through the source model, pieces to ids
+    /// through vocab.json (the unknown id for pieces it lacks), then `</s>`.
+    fn encode_marian(&self, m: &Marian, text: &str, char_of_byte: &[usize]) -> Result<Encoded, ModelError> {
+        let mut out = Encoded { ids: vec![], tokens: vec![], offsets: vec![], special: vec![] };
+        let push = |out: &mut Encoded, id: i64, span: (usize, usize), special: bool| {
+            out.ids.push(id);
+            out.tokens.push(m.pieces.get(&id).cloned().unwrap_or_else(|| format!("<{id}>")));
+            out.offsets.push((char_of_byte[span.0], char_of_byte[span.1]));
+            out.special.push(special);
+        };
+        let mut at = 0;
+        while at < text.len() {
+            // The leftmost literal special token (none is a prefix of another).
+            let next = m.specials.iter().filter_map(|(t, id)| text[at..].find(t.as_str()).map(|i| (at + i, t.len(), *id))).min();
+            let end = next.map_or(text.len(), |(i, _, _)| i);
+            let mut start = at;
+            let chunk = &text[at..end];
+            if chunk.starts_with(">>") {
+                if let Some(i) = chunk.find("<<") {
+                    let code = &chunk[..i + 2];
+                    push(&mut out, m.vocab.get(code).copied().unwrap_or(m.unk_id), (start, start + code.len()), false);
+                    start += code.len();
+                }
+            }
+            if start < end {
+                let piece_text = &text[start..end];
+                for t in spm::encode_with(&m.normalizer, &self.inner, piece_text)? {
+                    let id = m.vocab.get(&t.piece).copied().unwrap_or(m.unk_id);
+                    push(&mut out, id, (start + t.span.0, start + t.span.1), false);
+                }
+            }
+            match next {
+                Some((i, len, id)) => {
+                    push(&mut out, id, (i, i + len), true);
+                    at = i + len;
+                }
+                None => at = text.len(),
+            }
+        }
+        if let Framing::AppendEos(eos) = self.framing {
+            push(&mut out, eos, (0, 0), true);
+        }
+        Ok(out)
+    }
+
     pub fn decode(&self, ids: &[i64]) -> Result<String, ModelError> {
+        if let Some(m) = &self.marian {
+            return Ok(decode_marian(m, ids));
+        }
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
         self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}")))
     }
 
     pub fn id_to_token(&self, id: i64) -> String {
+        if let Some(m) = &self.marian {
+            return m.pieces.get(&id).cloned().unwrap_or_else(|| format!("<{id}>"));
+        }
         self.inner.id_to_token(id as u32).unwrap_or_else(|| format!("<{id}>"))
     }
 
     /// Token id of a string, if it is one token of the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<i64> {
+        if let Some(m) = &self.marian {
+            return m.vocab.get(token).copied();
+        }
         self.inner.token_to_id(token).map(|i| i as i64)
     }
+}
+
+/// Byte offset -> character offset, for every byte offset of `text` and its end.
+fn char_of_byte(text: &str) -> Vec<usize> {
+    let mut v = vec![0usize; text.len() + 1];
+    let mut c = 0;
+    for (i, ch) in text.char_indices() {
+        for k in 0..ch.len_utf8() {
+            v[i + k] = c;
+        }
+        c += 1;
+    }
+    v[text.len()] = c;
+    v
+}
+
+/// `MarianTokenizer.decode(ids, skip_special_tokens=True)`: special and unknown ids dropped,
+/// pieces through the target model's `decode_pieces` (control pieces vanish, its unknown piece
+/// reads as the unknown surface), `▁` -> space, then Python's `str.strip()`.
+fn decode_marian(m: &Marian, ids: &[i64]) -> String {
+    let mut text = String::new();
+    for id in ids {
+        if m.specials.iter().any(|(_, s)| s == id) {
+            continue;
+        }
+        let Some(piece) = m.pieces.get(id) else { continue };
+        if m.target_control.contains(piece) {
+            continue;
+        }
+        text.push_str(if *piece == m.target_unk { &m.unk_surface } else { piece });
+    }
+    let text = text.replace(spm::SPACE, " ");
+    // Python's str.isspace() also counts the information separators U+001C..U+001F.
+    text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)).to_string()
 }
