@@ -138,7 +138,7 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bert, gpt2, llama, mistral, qwen2, roberta)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, llama, marian, mistral, qwen2, roberta)"),
         (broken("llama", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("rms_norm_eps"); })), "missing field `rms_norm_eps`"),
         (broken("gpt2", |d| edit_config(d, |v| v["n_embd"] = 48.into())), "tensor 'h.0.attn.c_attn.weight' has shape [32, 96], expected [48, 144]"),
         (broken("llama", |d| edit_config(d, |v| v["vocab_size"] = 100.into())), "tensor 'model.embed_tokens.weight' has shape [320, 32], expected [100, 32]"),

@@ -1,7 +1,8 @@
 //! LRP against an independent implementation: `tests/fixtures/lrp_reference.py` (numpy/torch
-//! in float64, written from docs/methods.md, not from the Rust code) builds three tiny random
+//! in float64, written from docs/methods.md, not from the Rust code) builds four tiny random
 //! checkpoints in the formats headscope reads (an HF BERT encoder, a GGUF llama decoder with
-//! grouped-query attention, a Firefox-Translations Marian encoder-decoder with cross heads),
+//! grouped-query attention, a Firefox-Translations Marian encoder-decoder with cross heads, an
+//! HF MarianMT whose decoder has self-attention heads `dec`),
 //! computes their head relevance under both rules and both seed modes, and commits the grids
 //! as `tests/fixtures/lrp_tiny/golden.json`. headscope must give the same grids.
 
@@ -69,4 +70,9 @@ fn decoder_only_llama_with_grouped_query_attention_equals_the_reference() {
 #[test]
 fn encoder_decoder_marian_with_cross_heads_equals_the_reference() {
     check("marian", &Dataset::tsv(&dir().join("parallel.tsv")).unwrap(), Seed::Logit);
+}
+
+#[test]
+fn encoder_decoder_hf_marian_with_decoder_self_attention_equals_the_reference() {
+    check("marian_hf", &Dataset::tsv(&dir().join("parallel.tsv")).unwrap(), Seed::Logit);
 }

@@ -45,6 +45,9 @@ fn tiny() -> Transformer {
         output: Some(Linear { w: tokens, b: Some(Tensor::zeros([vocab], (DType::Float, Device::Cpu))) }),
         d_model: D,
         eos_id: 0,
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
     }
 }
 

@@ -58,6 +58,9 @@ fn tiny_model(dir: &Path) -> Model {
         output: None,
         d_model: D,
         eos_id: 2,
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
     };
     Model { load_times: LoadTimes::default(), family: Family::Bert, path: dir.to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0, removed: vec![] }
 }

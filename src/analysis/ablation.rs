@@ -327,15 +327,15 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                     // has nothing to sweep.
                     let mut ctx: Vec<Option<Tensor>> = (0..s.n_layers).map(|_| None).collect();
                     let pass = {
-                        let mut on = |_: Kind, l: usize, c: Captured<'_>| {
-                            if let (Captured::Context(t), Some(slot)) = (c, ctx.get_mut(l)) {
+                        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+                            if let (Kind::Cross, Captured::Context(t), Some(slot)) = (k, c, ctx.get_mut(l)) {
                                 *slot = Some(t.shallow_clone());
                             }
                         };
                         let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
                         net.decode_teacher_pass(&full_enc, &b.mask, tgt, &Gates::none(), Some(&mut cap), true)?
                     };
-                    let (cross, enc_bias, cell) = (&pass.cross, &pass.enc_bias, &pass.cell);
+                    let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
                     let below: Vec<(Tensor, Tensor)> = pass
                         .traces
                         .iter()
@@ -351,10 +351,10 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
                             let n = chunk.min(h - start);
                             let masked = masked_outputs(attn, c, start, n);
                             let mut y = layer.finish(&x1.repeat([n, 1, 1]), Some(&masked));
-                            let (cell_n, bias_n) = (cell.repeat([n, 1]), enc_bias.repeat([n, 1, 1, 1]));
+                            let (starts, bias_n) = (net.initial_states(n * bsz), enc_bias.repeat([n, 1, 1, 1]));
                             for (k, above) in net.decoder.iter().enumerate().skip(l + 1) {
                                 let kv = cross[k].as_ref().map(|kv| kv.repeat(n));
-                                y = above.forward(&y, &cell_n, kv.as_ref(), &bias_n, None, k, &mut None).0;
+                                y = above.forward(&y, &starts[k], kv.as_ref(), &bias_n, &Gates::none(), k, &mut None).0;
                             }
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;

@@ -133,17 +133,11 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let stack = model.net.stack_kind;
-    let layer_of = |k: Kind, l: usize| {
-        if k == stack {
-            &model.net.encoder[l].attn
-        } else {
-            model.net.decoder[l].cross.as_ref().map(|c| &c.0).unwrap_or(&model.net.encoder[0].attn)
-        }
-    };
+    let layer_of = |k: Kind, l: usize| model.attention(k, l).ok_or_else(|| AnalysisError::Input(format!("{} has no {k} layer {l}", model.name())));
     let mut accs: Vec<Vec<LayerAcc>> = shapes
         .iter()
-        .map(|s| (0..s.n_layers).map(|l| { let a = layer_of(s.kind, l); LayerAcc::new(a.n_heads, a.head_dim, model.device()) }).collect())
-        .collect();
+        .map(|s| (0..s.n_layers).map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_heads, a.head_dim, model.device()))).collect::<Result<Vec<_>, _>>())
+        .collect::<Result<_, _>>()?;
     let encoded = model.tokenize_all(data.texts())?;
     let batches: Vec<(Vec<usize>, Batch)> = model.batches(&encoded, batch_tokens).collect();
     for (gi, (_, b)) in batches.iter().enumerate() {
@@ -191,7 +185,14 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                     let _ = model.net.decode_teacher(&h, &b.mask, &tgt, &Gates::none(), Some(&mut cap))?;
                     qmask = model.real_mask(&targets, tgt.size()[1]);
                 }
-                kmask = src_real.shallow_clone();
+                kmask = if kind == Kind::Dec && kind != stack {
+                    // The decoder's self-attention keys are its inputs: the start token, then
+                    // the targets shifted right.
+                    let t = qmask.size()[1];
+                    Tensor::cat(&[qmask.ones_like().narrow(1, 0, 1.min(t)), qmask.narrow(1, 0, (t - 1).max(0))], 1)
+                } else {
+                    src_real.shallow_clone()
+                };
             }
             for l in 0..sh.n_layers {
                 // A layer left without heads (prune_heads) hands out nothing.
@@ -207,7 +208,7 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
                     let cat = |i: usize| Tensor::cat(&steps[l].iter().map(|x| x[i].shallow_clone()).collect::<Vec<_>>(), 2);
                     (cat(0), cat(1), cat(2))
                 };
-                accs[si][l].update(&q, &c, &a, &qmask, &kmask, &layer_of(kind, l).o.w);
+                accs[si][l].update(&q, &c, &a, &qmask, &kmask, &layer_of(kind, l)?.o.w);
             }
         }
         progress(gi + 1, batches.len());

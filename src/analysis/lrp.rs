@@ -442,14 +442,15 @@ impl DecTrace {
         let (b, t) = (tr.x_in.size()[0], tr.x_in.size()[1]);
         let rows = |x: &Tensor| x.transpose(0, 1).reshape([t * b, 1, 1, -1]);
         let missing = || ModelError::Invalid("LRP needs cross-attention in every decoder layer".into());
+        let ssru = tr.ssru.as_ref().ok_or_else(|| ModelError::Invalid("internal: an SSRU decoder layer left no SSRU trace".into()))?;
         let (h, s) = (probs.size()[1], probs.size()[3]);
         Ok(DecTrace {
             x_in: rows(&tr.x_in),
-            gate_c: rows(&tr.ssru.f),
-            gate_u: rows(&tr.ssru.keep),
-            u: rows(&tr.ssru.u),
-            c_prev: rows(&tr.ssru.c_prev),
-            o: rows(&tr.ssru.o),
+            gate_c: rows(&ssru.f),
+            gate_u: rows(&ssru.keep),
+            u: rows(&ssru.u),
+            c_prev: rows(&ssru.c_prev),
+            o: rows(&ssru.o),
             s_a: rows(&tr.s_a),
             x1: rows(&tr.x1),
             probs: probs.permute([2, 0, 1, 3]).reshape([t * b, 1, h, 1, s]),
@@ -485,7 +486,10 @@ fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &T
 /// conservation error over the decoder's layer boundaries, and the relevance left on the
 /// target side (the target embeddings) `[B, P]`. With `per_prediction` false, P = 1.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
-fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<(Tensor, Vec<Tensor>, f64, Tensor), ModelError> {
+fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<DecoderRelevance, ModelError> {
+    if model.net.decoder.iter().any(|l| l.self_attention().is_some()) {
+        return relprop_decoder_attn(rule, model, enc, enc_mask, targets, weight, gates, per_prediction);
+    }
     let net = &model.net;
     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
     let (bsz, t_len) = (targets.size()[0], targets.size()[1]);
@@ -510,9 +514,9 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // cross-attention probabilities and contexts.
     let mut caught: Vec<(Option<Tensor>, Option<Tensor>)> = (0..n_layers).map(|_| (None, None)).collect();
     let pass = {
-        let mut on = |_: Kind, l: usize, c: Captured<'_>| match (c, caught.get_mut(l)) {
-            (Captured::Attention(p), Some(slot)) => slot.0 = Some(p.shallow_clone()),
-            (Captured::Context(c), Some(slot)) => slot.1 = Some(c.shallow_clone()),
+        let mut on = |k: Kind, l: usize, c: Captured<'_>| match (k, c, caught.get_mut(l)) {
+            (Kind::Cross, Captured::Attention(p), Some(slot)) => slot.0 = Some(p.shallow_clone()),
+            (Kind::Cross, Captured::Context(c), Some(slot)) => slot.1 = Some(c.shallow_clone()),
             _ => {}
         };
         let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
@@ -597,7 +601,9 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         let src_total = abs_total(&r_a);
         // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
         // from this step and the next.
-        let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block;
+        let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block else {
+            return Err(ModelError::Invalid("internal: an attention decoder layer in the SSRU relevance pass".into()));
+        };
         let (kept, fresh) = (&tr.gate_c * &tr.c_prev, &tr.gate_u * &tr.u);
         let w_map = LinearMap::new(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), Some(&tr.u));
         let mut r_future = Tensor::zeros([bsz, p_len, 1, net.d_model], opts);
@@ -654,7 +660,143 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         let err = ((&down_total[l] + src) / (seed + 1e-30) - 1.0).abs() * &w;
         worst = worst.max(err.max().double_value(&[]));
     }
-    Ok((r_enc, head_rel, worst, down_total[0].shallow_clone()))
+    Ok(DecoderRelevance { enc: r_enc, cross: head_rel, dec: vec![], worst, target: down_total[0].shallow_clone() })
+}
+
+/// What LRP through a decoder hands to the encoder and the head grids.
+struct DecoderRelevance {
+    /// Relevance on the encoder output `[B, P, S, D]`.
+    enc: Tensor,
+    /// Head relevance `[L][B, P, H]` of the cross-attention and (decoders with
+    /// self-attention) the decoder's self-attention.
+    cross: Vec<Tensor>,
+    dec: Vec<Tensor>,
+    /// The largest conservation error over the decoder's layer boundaries.
+    worst: f64,
+    /// The relevance left on the target side (the decoder's input embeddings) `[B, P]`.
+    target: Tensor,
+}
+
+/// Teacher-forced LRP through a decoder with causal self-attention (HF MarianMT, BART): all
+/// steps at once, relevance per prediction over the target positions `[B, P, T, D]`
+/// (docs/methods.md, "Translation decoder with self-attention"). Each layer sends its
+/// cross-attention share to the encoder output and the rest down, through the
+/// self-attention's value path, to the layer's input.
+#[allow(clippy::too_many_arguments)]
+fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<DecoderRelevance, ModelError> {
+    let net = &model.net;
+    let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+    let (bsz, t_len) = (targets.size()[0], targets.size()[1]);
+    let s_len = enc.size()[1];
+    let n_layers = net.decoder.len();
+    for (l, layer) in net.decoder.iter().enumerate() {
+        let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
+        if a.n_heads == 0 {
+            return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
+        }
+        let s = layer.self_attention().ok_or_else(|| ModelError::Invalid("LRP: a decoder mixes SSRU and self-attention layers".into()))?;
+        if a.n_kv_heads != a.n_heads || s.n_kv_heads != s.n_heads {
+            return Err(ModelError::Invalid("LRP through grouped-query decoder attention is not supported".into()));
+        }
+    }
+    // The one teacher-forced pass, keeping each layer's trace; the self-attention hands out
+    // its probabilities, values and contexts, the cross-attention its probabilities and
+    // contexts: [dec probs, dec values, dec contexts, cross probs, cross contexts].
+    let mut caught: Vec<[Option<Tensor>; 5]> = (0..n_layers).map(|_| Default::default()).collect();
+    let pass = {
+        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
+            let Some(slot) = caught.get_mut(l) else { return };
+            let i = match (k, &c) {
+                (Kind::Dec, Captured::Attention(_)) => 0,
+                (Kind::Dec, Captured::Values(_)) => 1,
+                (Kind::Dec, Captured::Context(_)) => 2,
+                (Kind::Cross, Captured::Attention(_)) => 3,
+                (Kind::Cross, Captured::Context(_)) => 4,
+                _ => return,
+            };
+            slot[i] = Some(c.tensor().shallow_clone());
+        };
+        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
+        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut cap), true)?
+    };
+    let opts = (enc.kind(), enc.device());
+    // Seeds: prediction p is position p's top-1 logit; summed, every real position's seed in
+    // one prediction.
+    let y = &pass.states;
+    let top = crate::model::nn::top1(&out.forward(y)).view([-1]);
+    let w_rows = out.w.index_select(0, &top).view([bsz, 1, t_len, -1]);
+    let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([bsz, 1, t_len, 1]));
+    let eye = Tensor::eye(t_len, opts).view([1, t_len, t_len, 1]);
+    let mut r = top_logit_rule(rule, &(y.unsqueeze(1) * &eye), &w_rows, b_top.as_ref(), &eye);
+    if !per_prediction {
+        r = (r * weight.to_kind(opts.0).view([bsz, t_len, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, opts.0);
+    }
+    let p_len = r.size()[1];
+    let seed_total = abs_total(&r);
+    let w = if per_prediction { weight.shallow_clone() } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+    let u = |t: &Tensor| t.unsqueeze(1);
+    let missing = |what: &str, l: usize| ModelError::Invalid(format!("internal: decoder layer {l} handed out no {what}"));
+    // Per-head relevance of one attention's contexts `[B, H, T, dh]` from the relevance of its
+    // output `r_out [B, P, T, D]`: `[B, P, H, T, dh]`.
+    let through_wo = |a: &Attention, kind: Kind, l: usize, ctx: &Tensor, out_act: &Tensor, r_out: &Tensor| {
+        let (h, dh) = (a.n_heads, a.head_dim);
+        let ctx_flat = ctx.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
+        let active = gates.layer(kind, l).map(|g| active_units(a, &g));
+        let r_ctx = LinearMap::with_inputs(rule, &ctx_flat, &a.o.w, a.o.b.as_ref(), Some(&u(out_act)), active.as_ref()).apply(r_out);
+        r_ctx.view([bsz, p_len, t_len, h, dh]).permute([0, 1, 3, 2, 4])
+    };
+    let head_sums = |r_ctx: &Tensor| r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind());
+    let mut r_enc = Tensor::zeros([bsz, p_len, s_len, net.d_model], opts);
+    let mut to_source = Tensor::zeros([bsz, p_len], opts);
+    let (mut cross_rel, mut dec_rel) = (Vec::with_capacity(n_layers), Vec::with_capacity(n_layers));
+    let mut worst = 0f64;
+    for l in (0..n_layers).rev() {
+        let layer = &net.decoder[l];
+        let tr = &pass.traces[l];
+        let [dp, dv, dc, cp, cc] = &caught[l];
+        let (cattn, cnorm) = layer.cross.as_ref().ok_or_else(|| missing("cross-attention", l))?;
+        let (a, s_b) = (tr.a.as_ref().ok_or_else(|| missing("cross-attention output", l))?, tr.s_b.as_ref().ok_or_else(|| missing("cross-attention sum", l))?);
+        let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &u(&tr.x2), &u(&tr.ffn_up), &u(&tr.ffn_hidden), &u(&tr.ffn_out), &u(&tr.s_c), &r);
+        let r_sb = norm_rule(rule, cnorm, &u(s_b), &r_x2);
+        let (r_x1, r_a) = residual_rule(rule, &u(&tr.x1), &u(a), &r_sb);
+        // Source side: W^O, the attention's value path (steps summed), W^V on the encoder output.
+        let (cp, cc) = (cp.as_ref().ok_or_else(|| missing("cross-attention weights", l))?, cc.as_ref().ok_or_else(|| missing("cross-attention contexts", l))?);
+        let r_ctx = through_wo(cattn, Kind::Cross, l, cc, a, &r_a);
+        cross_rel.push(head_sums(&r_ctx));
+        let kv = pass.cross[l].as_ref().ok_or_else(|| missing("cross-attention values", l))?;
+        let (h, dh) = (cattn.n_heads, cattn.head_dim);
+        let r_v = attention_rule(rule, &u(cp), &u(&kv.v), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
+        let r_v = rescale(&r_v, &[&r_a]);
+        let v_out = kv.v.transpose(1, 2).reshape([bsz, s_len, h * dh]).unsqueeze(1);
+        let r_src = LinearMap::new(rule, &enc.unsqueeze(1), &cattn.v.w, cattn.v.b.as_ref(), Some(&v_out)).apply(&r_v);
+        r_enc = r_enc + rescale(&r_src, &[&r_a]);
+        to_source = to_source + abs_total(&r_a);
+        // Target side: the self-attention block down to the layer's input.
+        let sattn = layer.self_attention().ok_or_else(|| missing("self-attention", l))?;
+        let r_sa = norm_rule(rule, &layer.self_norm, &u(&tr.s_a), &r_x1);
+        let (r_xres, r_o) = residual_rule(rule, &u(&tr.x_in), &u(&tr.o), &r_sa);
+        let r_x = if sattn.n_heads == 0 {
+            // Every head removed (prune_heads): the block's output is W^O's bias, a constant.
+            dec_rel.push(Tensor::zeros([bsz, p_len, 0], opts));
+            rescale(&r_xres, &[&r_x1])
+        } else {
+            let (dp, dv, dc) = (dp.as_ref().ok_or_else(|| missing("self-attention weights", l))?, dv.as_ref().ok_or_else(|| missing("self-attention values", l))?, dc.as_ref().ok_or_else(|| missing("self-attention contexts", l))?);
+            let (h, dh) = (sattn.n_heads, sattn.head_dim);
+            let r_ctx = through_wo(sattn, Kind::Dec, l, dc, &tr.o, &r_o);
+            dec_rel.push(head_sums(&r_ctx));
+            let r_v = attention_rule(rule, &u(dp), &u(dv), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, t_len, h * dh]);
+            let r_v = rescale(&r_v, &[&r_o]);
+            let v_out = dv.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
+            let r_in = linear_rule(rule, &u(&tr.x_in), &sattn.v.w, sattn.v.b.as_ref(), Some(&v_out), &r_v);
+            rescale(&(r_xres + r_in), &[&r_x1])
+        };
+        r = r_x;
+        let err = ((abs_total(&r) + &to_source) / (&seed_total + 1e-30) - 1.0).abs() * &w;
+        worst = worst.max(err.max().double_value(&[]));
+    }
+    cross_rel.reverse();
+    dec_rel.reverse();
+    Ok(DecoderRelevance { enc: r_enc, cross: cross_rel, dec: dec_rel, worst, target: abs_total(&r) })
 }
 
 /// LRP head relevance of `model` over `data`: the self-attention stack, and for models with
@@ -685,6 +827,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     // Per layer, one slot per head present (layers of a pruned model differ in width).
     let mut sums: Vec<Vec<f64>> = model.layer_heads(kind).into_iter().map(|h| vec![0f64; h]).collect();
     let mut cross_sums: Vec<Vec<f64>> = if cross_heads > 0 { model.layer_heads(Kind::Cross).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
+    // Decoder self-attention heads (HF MarianMT, BART).
+    let dec_in_decoder = through_decoder && model.in_decoder(Kind::Dec) && model.kinds().iter().any(|k| k.kind == Kind::Dec);
+    let mut dec_sums: Vec<Vec<f64>> = if dec_in_decoder { model.layer_heads(Kind::Dec).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
     let mut predictions = 0usize;
     let mut worst = 0f64;
     let add_heads = |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
@@ -718,13 +863,18 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             let pb = &p.batches[gi];
             let (tgt, tm) = pb.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
             let weight = tm.to_kind(x.kind());
-            let (r_enc, cross_rel, dec_err, target_part) = relprop_decoder(opts.rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
-            worst = worst.max(dec_err);
+            let d = relprop_decoder(opts.rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
+            worst = worst.max(d.worst);
             let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
-            for (l, rel) in cross_rel.iter().enumerate() {
+            for (l, rel) in d.cross.iter().enumerate() {
                 add_heads(&mut cross_sums, l, rel, &weight)?;
             }
-            (r_enc, weight, Some(target_part))
+            if dec_in_decoder {
+                for (l, rel) in d.dec.iter().enumerate() {
+                    add_heads(&mut dec_sums, l, rel, &weight)?;
+                }
+            }
+            (d.enc, weight, Some(d.target))
         } else {
             // Predictions: the real (non-special, non-padding) positions.
             let real: Vec<f32> = b.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
@@ -773,6 +923,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     let n = predictions.max(1) as f64;
     let mean = |v: Vec<Vec<f64>>| v.into_iter().map(|r| r.into_iter().map(|x| x / n).collect()).collect();
     let mut kinds = vec![(kind, model.spread_grid(kind, mean(sums)))];
+    if dec_in_decoder {
+        kinds.push((Kind::Dec, model.spread_grid(Kind::Dec, mean(dec_sums))));
+    }
     if through_decoder {
         kinds.push((Kind::Cross, model.spread_grid(Kind::Cross, mean(cross_sums))));
     }

@@ -262,7 +262,10 @@ pub fn analyze(
                 return Err(e.into());
             }
         }
-        if let Some(acc) = accs.get_mut(&Kind::Cross) {
+        // The decoder's kinds (`cross`, and `dec` of a translation model with decoder
+        // self-attention) read teacher-forced targets.
+        let dec_kinds: Vec<Kind> = accs.keys().copied().filter(|&k| k != stack).collect();
+        if !dec_kinds.is_empty() {
             let h = match enc_out {
                 Some(h) => h,
                 None => model.net.encode(&b.ids, &b.mask, gates, None)?,
@@ -275,24 +278,49 @@ pub fn analyze(
             };
             let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1);
             let (tgt, _) = model.target_tensors(&targets);
-            let cross_meta: Vec<SentenceMeta> = targets
-                .iter()
-                .zip(&enc_meta)
-                .map(|(te, src)| SentenceMeta { real_query: te.special.iter().map(|s| !s).collect(), key_ok: src.key_ok.clone(), rare: src.rare, words: None })
-                .collect();
-            acc.count_batch(&cross_meta);
-            let bt = BatchTensors::new(&cross_meta, t, s, device, want_rare, false);
-            let mut steps: Vec<Vec<Tensor>> = (0..acc.n_layers).map(|_| Vec::new()).collect();
+            let n_layers = model.net.decoder.len();
+            let mut steps: HashMap<Kind, Vec<Vec<Tensor>>> = dec_kinds.iter().map(|&k| (k, (0..n_layers).map(|_| Vec::new()).collect())).collect();
             let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                if let (Kind::Cross, Captured::Attention(p)) = (k, c) {
-                    steps[l].push(p.shallow_clone());
+                if let (Some(st), Captured::Attention(p)) = (steps.get_mut(&k), c) {
+                    st[l].push(p.shallow_clone());
                 }
             };
             let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
             let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
-            // A layer left without heads (prune_heads) hands out no attention.
-            for (l, st) in steps.iter().enumerate().filter(|(_, st)| !st.is_empty()) {
-                acc.update(l, &Tensor::cat(st, 2), &bt)?;
+            for (kind, steps) in steps {
+                let acc = accs.get_mut(&kind).ok_or_else(|| AnalysisError::Input(format!("internal: no accumulator for {kind}")))?;
+                // Queries are the target tokens. `cross` keys: the source's; `dec` keys: the
+                // decoder's inputs (the start token, then the targets shifted right), the
+                // rarest-token statistic only for `cross` (word frequencies are source-side).
+                let meta: Vec<SentenceMeta> = targets
+                    .iter()
+                    .zip(&enc_meta)
+                    .map(|(te, src)| {
+                        let real_query: Vec<bool> = te.special.iter().map(|s| !s).collect();
+                        if kind == Kind::Cross {
+                            SentenceMeta { real_query, key_ok: src.key_ok.clone(), rare: src.rare, words: None }
+                        } else {
+                            // Keys under `exclude_keys` as for the source; the start token
+                            // counts as special.
+                            let (_, ok) = sides(te, opts.exclude_keys, &eos_ids);
+                            let start_ok = match (opts.exclude_keys, model.net.dec_start) {
+                                (ExcludeKeys::Nothing, _) => true,
+                                (ExcludeKeys::Eos, Some(id)) => !eos_ids.contains(&id),
+                                (ExcludeKeys::Eos, None) => true,
+                                (ExcludeKeys::Special, _) => false,
+                            };
+                            let key_ok = std::iter::once(start_ok).chain(ok).take(real_query.len()).collect();
+                            SentenceMeta { real_query, key_ok, rare: None, words: None }
+                        }
+                    })
+                    .collect();
+                acc.count_batch(&meta);
+                let keys = if kind == Kind::Cross { s } else { t };
+                let bt = BatchTensors::new(&meta, t, keys, device, want_rare && kind == Kind::Cross, false);
+                // A layer left without heads (prune_heads) hands out no attention.
+                for (l, st) in steps.iter().enumerate().filter(|(_, st)| !st.is_empty()) {
+                    acc.update(l, &Tensor::cat(st, 2), &bt)?;
+                }
             }
         }
         done += group.len();

@@ -136,7 +136,7 @@ impl Model {
     /// Teacher-forcing targets from references (one per row of a batch), tokenized as the
     /// model's targets.
     pub fn reference_targets(&self, references: &[&str]) -> Result<Vec<Encoded>, ModelError> {
-        references.iter().map(|r| self.tok.encode(r)).collect()
+        references.iter().map(|r| self.tok.encode_target(r)).collect()
     }
 
     /// Teacher-forcing targets when there are no references: the model's own greedy output

@@ -111,5 +111,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         output: Some(Linear { w: tokens, b: None }),
         d_model: d,
         eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
     })
 }

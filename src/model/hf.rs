@@ -1,6 +1,7 @@
 //! HF checkpoint directories: `config.json` (its `model_type` picks the family) and the weights
-//! as `model.safetensors`, or sharded with `model.safetensors.index.json` (every shard it
-//! lists must be there, and hold the tensors the index puts in it).
+//! as `model.safetensors`, sharded with `model.safetensors.index.json` (every shard it lists
+//! must be there, and hold the tensors the index puts in it), or `pytorch_model.bin` (read by
+//! [`super::torch_pickle`], which executes nothing).
 
 use super::ModelError;
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::path::Path;
 use tch::Tensor;
 
 pub fn is_hf_dir(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && (dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file())
+    dir.join("config.json").is_file() && ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"].iter().any(|f| dir.join(f).is_file())
 }
 
 /// `config.json` as JSON.
@@ -38,6 +39,10 @@ pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelErr
         return Ok((super::safetensors::read(&single)?, single.display().to_string()));
     }
     let index = dir.join("model.safetensors.index.json");
+    let bin = dir.join("pytorch_model.bin");
+    if !index.is_file() && bin.is_file() {
+        return Ok((super::torch_pickle::read(&bin)?, bin.display().to_string()));
+    }
     let label = index.display().to_string();
     let bad = |why: String| ModelError::Config(label.clone(), why);
     let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io(label.clone(), e.to_string()))?;

@@ -148,5 +148,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         output: Some(Linear { w: output, b: None }),
         d_model: d,
         eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
     })
 }

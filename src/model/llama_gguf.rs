@@ -83,5 +83,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         output: Some(Linear { w: output, b: None }),
         d_model: d,
         eos_id: eos,
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
     })
 }

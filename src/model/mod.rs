@@ -2,6 +2,7 @@
 //! of Rhai and never prints. Families live one per file (`bert`, `gpt2`, `llama` (HF Llama,
 //! Qwen2, Mistral), `marian_bin`, `llama_gguf`); `hf` reads HF checkpoint directories.
 
+pub mod bart;
 pub mod batch;
 pub mod bert;
 pub mod bytes;
@@ -14,7 +15,9 @@ pub mod marian_bin;
 pub mod nn;
 pub mod safetensors;
 pub mod script;
+pub mod spm;
 pub mod tokenizer;
+pub mod torch_pickle;
 pub mod transformer;
 pub mod weights;
 
@@ -167,6 +170,9 @@ pub enum Family {
     Llama,
     Qwen2,
     Mistral,
+    /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
+    Marian,
+    Bart,
 }
 
 impl fmt::Display for Family {
@@ -180,6 +186,8 @@ impl fmt::Display for Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Mistral => "mistral",
+            Family::Marian => "marian",
+            Family::Bart => "bart",
         })
     }
 }
@@ -269,7 +277,7 @@ pub struct AttentionMap {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 6] = [Family::Bert, Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Roberta];
+const HF_FAMILIES: [Family; 8] = [Family::Bart, Family::Bert, Family::Gpt2, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -315,13 +323,16 @@ impl Model {
                 Family::LlamaGguf => llama_gguf::load(path, opts),
                 Family::Gpt2 => gpt2::load(path, opts),
                 Family::Llama | Family::Qwen2 | Family::Mistral => llama::load(path, opts),
+                Family::Marian | Family::Bart => bart::load(path, opts),
             }?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
         let t = std::time::Instant::now();
-        let tok = Tok::from_file(&tok_path, framing).map(|tok| (tok, t.elapsed().as_secs_f64()));
+        // MarianMT ships sentencepiece models and vocab.json instead of tokenizer.json.
+        let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
+        let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -353,9 +364,22 @@ impl Model {
         for l in &self.net.encoder {
             total += attn(&l.attn) + norm(&l.attn_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
         }
+        if let Some(d) = &self.net.dec_embed {
+            // A token table shared with the encoder is counted once.
+            if d.tokens.data_ptr() != e.tokens.data_ptr() {
+                total += n(&d.tokens);
+            }
+            total += d.norm.as_ref().map_or(0, norm);
+            if let transformer::Positions::Learned(t) = &d.positions {
+                total += n(t);
+            }
+        }
         for l in &self.net.decoder {
-            let transformer::SelfBlock::Ssru(c) = &l.self_block;
-            total += lin(&c.w) + lin(&c.wf) + norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
+            total += match &l.self_block {
+                transformer::SelfBlock::Ssru(c) => lin(&c.w) + lin(&c.wf),
+                transformer::SelfBlock::Attention(a) => attn(a),
+            };
+            total += norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
             if let Some((a, nm)) = &l.cross {
                 total += attn(a) + norm(nm);
             }
@@ -383,10 +407,19 @@ impl Model {
         if let Some(l) = self.net.encoder.first() {
             v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.encoder.len(), n_heads: l.attn.width() });
         }
+        if let Some(a) = self.net.decoder.first().and_then(|l| l.self_attention()) {
+            v.push(KindShape { kind: Kind::Dec, n_layers: self.net.decoder.len(), n_heads: a.width() });
+        }
         if let Some((a, _)) = self.net.decoder.first().and_then(|l| l.cross.as_ref()) {
             v.push(KindShape { kind: Kind::Cross, n_layers: self.net.decoder.len(), n_heads: a.width() });
         }
         v
+    }
+
+    /// Whether heads of `kind` live in the decoder of an encoder-decoder model (`dec` and
+    /// `cross`), read over teacher-forced targets, rather than in the self-attention stack.
+    pub fn in_decoder(&self, kind: Kind) -> bool {
+        kind != self.net.stack_kind && !self.net.decoder.is_empty()
     }
 
     /// The attention block of layer `layer_idx` of `kind`.
@@ -394,6 +427,7 @@ impl Model {
         match kind {
             Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a),
             k if k == self.net.stack_kind => self.net.encoder.get(layer_idx).map(|l| &l.attn),
+            Kind::Dec => self.net.decoder.get(layer_idx)?.self_attention(),
             _ => None,
         }
     }
@@ -599,15 +633,16 @@ impl Model {
         let mut cache: Vec<(String, Tensor)> = Vec::new();
         let n_stack = self.net.encoder.len();
         let n_dec = self.net.decoder.len();
+        let stack = self.net.stack_kind;
         let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-            let name = c.hook_name(k, l, if k == Kind::Cross { n_dec } else { n_stack });
+            let name = c.hook_name(k, l, if k != stack { n_dec } else { n_stack });
             if filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())) {
                 cache.push((name, c.tensor().get(0).to_device(Device::Cpu)));
             }
         };
         let mut cap = nn::Capture { attention: true, context: true, hidden: true, queries: true, head_outputs: true, on: &mut on };
         let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
-        if self.kinds().iter().any(|k| k.kind == Kind::Cross) {
+        if !self.net.decoder.is_empty() {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
             let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut cap))?;
@@ -616,7 +651,9 @@ impl Model {
     }
 
     /// The attention map of one head on one sentence. For `cross`, queries are the model's
-    /// own greedy translation (teacher-forced), keys the source tokens.
+    /// own greedy translation (teacher-forced), keys the source tokens; for `dec` in a
+    /// translation model, queries and keys are that translation (keys: the decoder's inputs,
+    /// the start token first).
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
         self.check_head(head)?;
         // The head's place among the heads its layer holds (after prune_heads, not its number).
@@ -632,25 +669,32 @@ impl Model {
                 }
             }
         };
-        let query_tokens = match head.kind {
+        let (query_tokens, key_tokens) = match head.kind {
             k if k == self.net.stack_kind => {
                 let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
                 let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
-                src_tokens.clone()
+                (src_tokens.clone(), src_tokens)
             }
-            Kind::Cross => {
+            Kind::Cross | Kind::Dec if !self.net.decoder.is_empty() => {
                 let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
                 let targets = self.greedy_targets(&b, &h, gates)?;
                 let (t, _) = self.target_tensors(&targets);
                 let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
                 let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
-                targets.into_iter().next().map(|e| e.tokens).unwrap_or_default()
+                let queries = targets.into_iter().next().map(|e| e.tokens).unwrap_or_default();
+                let keys = if head.kind == Kind::Cross {
+                    src_tokens
+                } else {
+                    let start = self.net.dec_start.map_or_else(|| "<start>".to_string(), |id| self.tok.id_to_token(id));
+                    std::iter::once(start).chain(queries.iter().take(queries.len().saturating_sub(1)).cloned()).collect()
+                };
+                (queries, keys)
             }
             _ => return Err(ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))),
         };
         let m = Tensor::cat(&rows, 0); // [Tq, Tk]
         let weights: Vec<Vec<f64>> = (0..m.size()[0]).map(|i| Vec::<f64>::try_from(m.get(i))).collect::<Result<_, _>>()?;
-        Ok(AttentionMap { head, query_tokens, key_tokens: src_tokens, weights })
+        Ok(AttentionMap { head, query_tokens, key_tokens, weights })
     }
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).

@@ -48,6 +48,8 @@ struct Marian {
     target_control: HashSet<String>,
     target_unk: String,
     unk_surface: String,
+    /// The target model, which encodes reference translations (`text_target`).
+    target: spm::SpmTokenizer,
 }
 
 impl Tok {
@@ -82,7 +84,9 @@ impl Tok {
         }
         let source_path = dir.join("source.spm");
         let source = spm::load(&source_path)?.tokenizer(&source_path.display().to_string())?;
-        let target = spm::load(&dir.join("target.spm"))?;
+        let target_path = dir.join("target.spm");
+        let target = spm::load(&target_path)?;
+        let target_tok = target.tokenizer(&target_path.display().to_string())?;
         let target_unk = target.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default();
         let marian = Marian {
             normalizer: source.normalizer,
@@ -90,6 +94,7 @@ impl Tok {
             target_control: target.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
             target_unk,
             unk_surface: target.unk_surface,
+            target: target_tok,
             vocab,
             pieces,
             unk_id,
@@ -107,7 +112,7 @@ impl Tok {
     pub fn encode(&self, text: &str) -> Result<Encoded, ModelError> {
         let char_of_byte = char_of_byte(text);
         if let Some(m) = &self.marian {
-            return self.encode_marian(m, text, &char_of_byte);
+            return self.encode_marian(m, &m.normalizer, &self.inner, text, &char_of_byte);
         }
         let add_special = self.framing == Framing::Tokenizer;
         let enc = self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
@@ -129,7 +134,7 @@ impl Tok {
     /// `MarianTokenizer`'s encoding: the text split around literal special tokens, a leading
     /// `>>xx<<` language code kept whole, the rest through the source model, pieces to ids
     /// through vocab.json (the unknown id for pieces it lacks), then `</s>`.
-    fn encode_marian(&self, m: &Marian, text: &str, char_of_byte: &[usize]) -> Result<Encoded, ModelError> {
+    fn encode_marian(&self, m: &Marian, normalizer: &spm::SpmNormalizer, model: &tokenizers::Tokenizer, text: &str, char_of_byte: &[usize]) -> Result<Encoded, ModelError> {
         let mut out = Encoded { ids: vec![], tokens: vec![], offsets: vec![], special: vec![] };
         let push = |out: &mut Encoded, id: i64, span: (usize, usize), special: bool| {
             out.ids.push(id);
@@ -153,7 +158,7 @@ impl Tok {
             }
             if start < end {
                 let piece_text = &text[start..end];
-                for t in spm::encode_with(&m.normalizer, &self.inner, piece_text)? {
+                for t in spm::encode_with(normalizer, model, piece_text)? {
                     let id = m.vocab.get(&t.piece).copied().unwrap_or(m.unk_id);
                     push(&mut out, id, (start + t.span.0, start + t.span.1), false);
                 }
@@ -170,6 +175,15 @@ impl Tok {
             push(&mut out, eos, (0, 0), true);
         }
         Ok(out)
+    }
+
+    /// A reference translation as the decoder's targets: MarianMT's target model (as
+    /// `MarianTokenizer(text_target=...)`), else the same as [`Tok::encode`].
+    pub fn encode_target(&self, text: &str) -> Result<Encoded, ModelError> {
+        match &self.marian {
+            Some(m) => self.encode_marian(m, &m.target.normalizer, &m.target.model, text, &char_of_byte(text)),
+            None => self.encode(text),
+        }
     }
 
     pub fn decode(&self, ids: &[i64]) -> Result<String, ModelError> {

@@ -131,7 +131,18 @@ pub struct FinishTrace {
 
 /// The self-block of a decoder layer.
 pub enum SelfBlock {
+    /// Marian's SSRU recurrence (Firefox-Translations models): no heads.
     Ssru(Ssru),
+    /// Causal self-attention over the target prefix (HF MarianMT, BART); its heads are kind
+    /// `dec`.
+    Attention(Attention),
+}
+
+/// A self-block's state between calls: the SSRU's cell `[B, D]`, or the self-attention's
+/// keys and values of the steps so far (`None` before the first step).
+pub enum SelfState {
+    Cell(Tensor),
+    Cache(Option<KeysValues>),
 }
 
 pub struct DecoderLayer {
@@ -142,37 +153,110 @@ pub struct DecoderLayer {
     pub ffn_norm: Norm,
 }
 
+/// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached steps: key `j` is
+/// hidden from query `i` when `j > P + i`.
+pub fn cached_causal_bias(t: i64, past: i64, dtype: DType, device: Device) -> Tensor {
+    let hidden = Tensor::ones([t, past + t], (dtype, device)).triu(past + 1);
+    hidden.view([1, 1, t, past + t]) * -1e9
+}
+
 impl DecoderLayer {
-    /// The layer over `x [B, T, D]`, steps `T` at once (teacher forcing; `T = 1` when decoding
-    /// step by step): the self-block's recurrence starts from `cell [B, D]`; `cross` holds the
-    /// keys and values of the encoder output for the cross-attention. Returns the output and
-    /// the self-block's final state.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, cell: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, Tensor) {
-        let (y, tr) = self.forward_traced(x, cell, cross, enc_bias, gate, layer_idx, cap);
-        (y, tr.ssru.last)
+    /// The self-block's state before the first step, for a batch of `batch` rows.
+    pub fn initial_state(&self, batch: i64, d_model: i64, like: &Tensor) -> SelfState {
+        match &self.self_block {
+            SelfBlock::Ssru(_) => SelfState::Cell(Tensor::zeros([batch, d_model], (like.kind(), like.device()))),
+            SelfBlock::Attention(_) => SelfState::Cache(None),
+        }
     }
 
-    /// `forward`, also returning its intermediate tensors (for LRP). Cross-attention
-    /// probabilities and contexts are handed out through `cap`.
+    /// The self-attention block, if the layer has one.
+    pub fn self_attention(&self) -> Option<&Attention> {
+        match &self.self_block {
+            SelfBlock::Attention(a) => Some(a),
+            SelfBlock::Ssru(_) => None,
+        }
+    }
+
+    /// The layer over `x [B, T, D]`, steps `T` at once (teacher forcing; `T = 1` when decoding
+    /// step by step): the self-block continues from `state` (the SSRU's cell, or the
+    /// self-attention's cached keys and values); `cross` holds the keys and values of the
+    /// encoder output for the cross-attention. `gates` gate both the self-attention (`dec`)
+    /// and the cross-attention (`cross`) heads. Returns the output and the self-block's state
+    /// after the last step.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_traced(&self, x: &Tensor, cell: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, gate: Option<&Tensor>, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, DecoderTrace) {
-        let SelfBlock::Ssru(ssru) = &self.self_block;
-        let ssru = ssru.scan(x, cell);
-        let s_a = x + &ssru.o;
+    pub fn forward(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, SelfState) {
+        let (y, tr) = self.forward_traced(x, state, cross, enc_bias, gates, layer_idx, cap);
+        (y, tr.state)
+    }
+
+    /// The self-block over `x [B, T, D]` from `state`: its output and trace.
+    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, Option<SsruTrace>, SelfState) {
+        match (&self.self_block, state) {
+            (SelfBlock::Ssru(ssru), SelfState::Cell(cell)) => {
+                let tr = ssru.scan(x, cell);
+                let last = tr.last.shallow_clone();
+                (tr.o.shallow_clone(), Some(tr), SelfState::Cell(last))
+            }
+            (SelfBlock::Ssru(ssru), SelfState::Cache(_)) => {
+                let zero = Tensor::zeros([x.size()[0], x.size()[2]], (x.kind(), x.device()));
+                let tr = ssru.scan(x, &zero);
+                let last = tr.last.shallow_clone();
+                (tr.o.shallow_clone(), Some(tr), SelfState::Cell(last))
+            }
+            (SelfBlock::Attention(a), state) => {
+                let t = x.size()[1];
+                let past = match state {
+                    SelfState::Cache(Some(kv)) if a.n_heads > 0 => Some(kv),
+                    _ => None,
+                };
+                let fresh = a.keys_values(x);
+                let kv = match (past, a.n_heads > 0) {
+                    (Some(p), true) => KeysValues { k: Tensor::cat(&[&p.k, &fresh.k], 2), v: Tensor::cat(&[&p.v, &fresh.v], 2) },
+                    _ => fresh,
+                };
+                let p_len = past.map_or(0, |p| p.k.size()[2]);
+                let bias = cached_causal_bias(t, p_len, x.kind(), x.device());
+                let g = gates.layer(Kind::Dec, layer_idx);
+                let o = a.attend(x, &kv, &bias, g.as_ref(), Kind::Dec, layer_idx, cap);
+                (o, None, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None }))
+            }
+        }
+    }
+
+    /// `forward`, also returning its intermediate tensors (for LRP). Attention
+    /// probabilities and contexts are handed out through `cap` (kind `dec` for the
+    /// self-attention, `cross` for the cross-attention).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, DecoderTrace) {
+        let (o, ssru, state) = self.self_forward(x, state, gates, layer_idx, cap);
+        let s_a = x + &o;
         let x1 = self.self_norm.forward(&s_a);
         let a = match (&self.cross, cross) {
-            (Some((attn, _)), Some(kv)) => Some(attn.attend(&x1, kv, enc_bias, gate, Kind::Cross, layer_idx, cap)),
+            (Some((attn, _)), Some(kv)) => {
+                let g = gates.layer(Kind::Cross, layer_idx);
+                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), Kind::Cross, layer_idx, cap))
+            }
             _ => None,
         };
         let (y, f) = self.finish_traced(&x1, a.as_ref());
-        (y, DecoderTrace { x_in: x.shallow_clone(), ssru, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c })
+        (y, DecoderTrace { x_in: x.shallow_clone(), o, ssru, state, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c })
     }
 
     /// The rest of the layer after the cross-attention output `a` (its residual with `x1`,
     /// the norms, the FFN); without cross-attention, from `x1`.
     pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Tensor {
         self.finish_traced(x1, a).0
+    }
+
+    /// The rest of the layer after the self-block's output `o` on input `x`: its residual and
+    /// norm, the cross-attention over `cross` (ungated), the FFN.
+    pub fn finish_self(&self, x: &Tensor, o: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, layer_idx: usize) -> Tensor {
+        let x1 = self.self_norm.forward(&(x + o));
+        let a = match (&self.cross, cross) {
+            (Some((attn, _)), Some(kv)) => Some(attn.attend(&x1, kv, enc_bias, None, Kind::Cross, layer_idx, &mut None)),
+            _ => None,
+        };
+        self.finish(&x1, a.as_ref())
     }
 
     fn finish_traced(&self, x1: &Tensor, a: Option<&Tensor>) -> (Tensor, DecoderFinish) {
@@ -203,8 +287,13 @@ struct DecoderFinish {
 /// What [`DecoderLayer::forward_traced`] computed on the way, per step `[B, T, ...]`.
 pub struct DecoderTrace {
     pub x_in: Tensor,
-    pub ssru: SsruTrace,
-    /// `x_in + ssru.o`, and its norm (the cross-attention's queries).
+    /// The self-block's output (the SSRU's `relu(c)`, or the self-attention's).
+    pub o: Tensor,
+    /// The SSRU's trace (absent for a self-attention block).
+    pub ssru: Option<SsruTrace>,
+    /// The self-block's state after the last step.
+    pub state: SelfState,
+    /// `x_in + o`, and its norm (the cross-attention's queries).
     pub s_a: Tensor,
     pub x1: Tensor,
     /// The cross-attention's output, `x1 + a` and its norm (absent without cross-attention;
@@ -227,14 +316,13 @@ pub struct TeacherPass {
     pub cross: Vec<Option<KeysValues>>,
     /// Each layer's trace, when asked for.
     pub traces: Vec<DecoderTrace>,
-    /// The encoder-side attention bias `[B, 1, 1, S]` and the initial self-block state `[B, D]`.
+    /// The encoder-side attention bias `[B, 1, 1, S]`.
     pub enc_bias: Tensor,
-    pub cell: Tensor,
 }
 
 /// Recurrent state of the decoder during step-by-step decoding, for one encoder output.
 pub struct DecoderState {
-    cells: Vec<Tensor>,
+    selfs: Vec<SelfState>,
     /// Keys and values of the encoder output per layer's cross-attention, computed at the
     /// first step.
     cross: Vec<Option<KeysValues>>,
@@ -257,6 +345,15 @@ pub struct Transformer {
     pub output: Option<Linear>,
     pub d_model: i64,
     pub eos_id: i64,
+    /// The decoder's own embeddings where they differ from the encoder's (BART's learned
+    /// positions and `layernorm_embedding`); the token table may be shared.
+    pub dec_embed: Option<Embeddings>,
+    /// The token the decoder starts from (HF's `decoder_start_token_id`); `None`: a zero
+    /// embedding (Marian `.bin`).
+    pub dec_start: Option<i64>,
+    /// Tokens greedy decoding never emits (HF's `bad_words_ids` of single tokens: MarianMT's
+    /// `<pad>`).
+    pub banned: Vec<i64>,
 }
 
 impl Transformer {
@@ -315,8 +412,30 @@ impl Transformer {
     }
 
     pub fn start_state(&self, batch: i64) -> DecoderState {
-        let z = Tensor::zeros([batch, self.d_model], (self.embed.tokens.kind(), self.device()));
-        DecoderState { cells: self.decoder.iter().map(|_| z.shallow_clone()).collect(), cross: Vec::new(), step: 0 }
+        DecoderState { selfs: self.initial_states(batch), cross: Vec::new(), step: 0 }
+    }
+
+    /// Each decoder layer's self-block state before the first step.
+    pub fn initial_states(&self, batch: i64) -> Vec<SelfState> {
+        self.decoder.iter().map(|l| l.initial_state(batch, self.d_model, &self.embed.tokens)).collect()
+    }
+
+    /// The decoder's embeddings (its own, else the encoder's).
+    pub fn dec_embeddings(&self) -> &Embeddings {
+        self.dec_embed.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The decoder's input embeddings of `ids [B, T]` at positions `start..`, or of the start
+    /// token when `ids` is `None` (`T = 1`).
+    fn dec_inputs(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64) -> Result<Tensor, ModelError> {
+        let e = self.dec_embeddings();
+        match (ids, self.dec_start) {
+            (None, Some(id)) => {
+                let first = Tensor::full([batch, len], id, (DType::Int64, self.device()));
+                e.forward(Some(&first), batch, start, len)
+            }
+            (ids, _) => e.forward(ids, batch, start, len),
+        }
     }
 
     /// One decoder step: `prev [B]` is the previous token (`None` at the start), `enc [B, S, D]`
@@ -351,11 +470,10 @@ impl Transformer {
             state.cross = self.cross_keys_values(enc);
         }
         let ids = prev.map(|p| p.view([b, 1]));
-        let mut x = self.embed.forward(ids.as_ref(), b, state.step, 1)?; // [B, 1, D]
+        let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1)?; // [B, 1, D]
         for (l, layer) in self.decoder.iter().enumerate() {
-            let g = gates.layer(Kind::Cross, l);
-            let (y, c) = layer.forward(&x, &state.cells[l], state.cross[l].as_ref(), enc_bias, g.as_ref(), l, cap);
-            state.cells[l] = c;
+            let (y, c) = layer.forward(&x, &state.selfs[l], state.cross[l].as_ref(), enc_bias, gates, l, cap);
+            state.selfs[l] = c;
             x = y;
         }
         state.step += 1;
@@ -368,15 +486,15 @@ impl Transformer {
         self.decoder.iter().map(|l| l.cross.as_ref().map(|(a, _)| a.keys_values(enc))).collect()
     }
 
-    /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (a zero
-    /// embedding) and `targets [B, T]` shifted right.
+    /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (the start
+    /// token, or a zero embedding) and `targets [B, T]` shifted right.
     pub fn teacher_inputs(&self, targets: &Tensor) -> Result<Tensor, ModelError> {
         let (b, t) = (targets.size()[0], targets.size()[1]);
-        let start = self.embed.forward(None, b, 0, 1)?;
+        let start = self.dec_inputs(None, b, 0, 1)?;
         if t <= 1 {
             return Ok(start.narrow(1, 0, t.max(0)));
         }
-        let rest = self.embed.forward(Some(&targets.narrow(1, 0, t - 1)), b, 1, t - 1)?;
+        let rest = self.dec_inputs(Some(&targets.narrow(1, 0, t - 1)), b, 1, t - 1)?;
         Ok(Tensor::cat(&[start, rest], 1))
     }
 
@@ -392,6 +510,9 @@ impl Transformer {
         let mut none = None;
         for t in 0..limit {
             let logits = self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut none)?;
+            for &id in &self.banned {
+                let _ = logits.f_narrow(1, id, 1)?.f_fill_(f64::NEG_INFINITY)?;
+            }
             let next = super::nn::top1(&logits);
             let ids = Vec::<i64>::try_from(&next)?;
             for (i, &id) in ids.iter().enumerate() {
@@ -422,7 +543,7 @@ impl Transformer {
 
     /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
     /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
-    /// cross-attention capture reports `[B, H, T, S]` once per layer.
+    /// attention capture reports `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer.
     pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
         Ok(self.decode_teacher_pass(enc, mask, targets, gates, cap, false)?.states)
     }
@@ -434,19 +555,19 @@ impl Transformer {
     pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>, keep_traces: bool) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
         let cross = self.cross_keys_values(enc);
-        let cell = Tensor::zeros([targets.size()[0], self.d_model], (self.embed.tokens.kind(), self.device()));
+        let starts = self.initial_states(targets.size()[0]);
         let mut traces = Vec::new();
-        // Layer by layer over every step at once; only the SSRU recurrence goes step by step.
+        // Layer by layer over every step at once (self-attention under a causal mask); only
+        // the SSRU recurrence goes step by step.
         let mut x = self.teacher_inputs(targets)?;
         for (l, layer) in self.decoder.iter().enumerate() {
-            let g = gates.layer(Kind::Cross, l);
-            let (y, tr) = layer.forward_traced(&x, &cell, cross[l].as_ref(), &bias, g.as_ref(), l, &mut cap);
+            let (y, tr) = layer.forward_traced(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut cap);
             if keep_traces {
                 traces.push(tr);
             }
             x = y;
         }
-        Ok(TeacherPass { states: x, cross, traces, enc_bias: bias, cell })
+        Ok(TeacherPass { states: x, cross, traces, enc_bias: bias })
     }
 }
 
@@ -513,10 +634,23 @@ impl Transformer {
         if let Some(n) = self.final_norm.as_mut() {
             v.extend(norm_params(n));
         }
+        if let Some(e) = self.dec_embed.as_mut() {
+            v.push(&mut e.tokens);
+            if let Positions::Learned(t) = &mut e.positions {
+                v.push(t);
+            }
+            if let Some(n) = e.norm.as_mut() {
+                v.extend(norm_params(n));
+            }
+        }
         for l in &mut self.decoder {
-            let SelfBlock::Ssru(c) = &mut l.self_block;
-            v.extend(lin_params(&mut c.w));
-            v.extend(lin_params(&mut c.wf));
+            match &mut l.self_block {
+                SelfBlock::Ssru(c) => {
+                    v.extend(lin_params(&mut c.w));
+                    v.extend(lin_params(&mut c.wf));
+                }
+                SelfBlock::Attention(a) => v.extend(attn_params(a)),
+            }
             v.extend(norm_params(&mut l.self_norm));
             if let Some((a, n)) = l.cross.as_mut() {
                 v.extend(attn_params(a));

@@ -54,9 +54,14 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
                 continue;
             }
             let keep: Vec<i64> = (0..s.n_heads).filter(|h| !gone.contains(h)).map(|h| h as i64).collect();
+            let stack = m.net.stack_kind;
             let a = match s.kind {
                 Kind::Cross => m.net.decoder[l].cross.as_mut().map(|(a, _)| a),
-                _ => Some(&mut m.net.encoder[l].attn),
+                k if k == stack => Some(&mut m.net.encoder[l].attn),
+                _ => match &mut m.net.decoder[l].self_block {
+                    crate::model::transformer::SelfBlock::Attention(a) => Some(a),
+                    crate::model::transformer::SelfBlock::Ssru(_) => None,
+                },
             };
             let Some(a) = a else { continue };
             if a.n_kv_heads != a.n_heads {
