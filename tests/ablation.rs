@@ -70,3 +70,14 @@ fn sweep_equals_one_at_a_time_bleu() {
     let heads = [(Kind::Enc, 0, 0), (Kind::Enc, 5, 5), (Kind::Cross, 0, 3), (Kind::Cross, 1, 7)];
     check(&load("enpt"), Metric::Bleu, &[Kind::Enc, Kind::Cross], 8, Some(&heads), 0.0);
 }
+
+/// Decoder self-attention heads (`dec`) of an encoder-decoder (the tiny HF MarianMT of
+/// tests/fixtures/tiny_hf), with the other kinds, under loss and BLEU.
+#[test]
+fn sweep_over_decoder_self_attention_equals_one_at_a_time() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_hf/marian");
+    let m = Model::load(&dir, LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float }).unwrap();
+    check(&m, Metric::Loss, &[Kind::Enc, Kind::Dec, Kind::Cross], 8, None, 0.0);
+    check(&m, Metric::Kl, &[Kind::Dec], 8, None, 1e-7);
+    check(&m, Metric::Bleu, &[Kind::Dec], 8, None, 0.0);
+}

@@ -24,8 +24,15 @@ fn dir() -> PathBuf {
 }
 
 fn check(name: &str, data: &Dataset, seed: Seed) {
+    check_with(name, data, seed, TOL_ZPLUS_F32);
+}
+
+/// `zplus_f32`: the float32 z+ tolerance. The HF MarianMT decoder's z+ divisions cancel more:
+/// the reference itself, fed a float32 forward, moves its grids by 1.6e-5 there (f64 agrees
+/// within 1e-6 like every model).
+fn check_with(name: &str, data: &Dataset, seed: Seed, zplus_f32: f64) {
     check_in(name, data, seed, "f64", TOL, TOL);
-    check_in(name, data, seed, "f32", TOL, TOL_ZPLUS_F32);
+    check_in(name, data, seed, "f32", TOL, zplus_f32);
 }
 
 fn check_in(name: &str, data: &Dataset, seed: Seed, dtype: &str, tol_ab: f64, tol_zplus: f64) {
@@ -39,6 +46,7 @@ fn check_in(name: &str, data: &Dataset, seed: Seed, dtype: &str, tol_ab: f64, to
             let o = LrpOptions { rule, seed, per_prediction, batch_tokens: 64 };
             let got = lrp(&model, data, &o, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
             assert_eq!(got.predictions as u64, want["P"].as_u64().unwrap(), "{name} {rule_name} {seeds}: predictions");
+            assert!(got.max_conservation_error < 1e-3, "{name} {rule_name} {seeds}: conservation error {}", got.max_conservation_error);
             let kinds = want["grids"].as_object().unwrap();
             assert_eq!(got.kinds.len(), kinds.len(), "{name} {rule_name} {seeds}: kinds");
             for (kind, grid) in &got.kinds {
@@ -74,5 +82,5 @@ fn encoder_decoder_marian_with_cross_heads_equals_the_reference() {
 
 #[test]
 fn encoder_decoder_hf_marian_with_decoder_self_attention_equals_the_reference() {
-    check("marian_hf", &Dataset::tsv(&dir().join("parallel.tsv")).unwrap(), Seed::Logit);
+    check_with("marian_hf", &Dataset::tsv(&dir().join("parallel.tsv")).unwrap(), Seed::Logit, 5e-5);
 }

@@ -210,7 +210,7 @@ impl RowMetric<'_> {
     fn generate(&self, enc: &Tensor, gates: &Gates, groups: i64) -> Result<Vec<Vec<i64>>, ModelError> {
         let mask = self.b.mask.repeat([groups, 1]);
         let lens = Vec::<f32>::try_from(mask.sum_dim_intlist([1i64].as_slice(), false, DType::Float).to_device(Device::Cpu))?;
-        let max_len: Vec<i64> = lens.iter().map(|&l| (2.5 * l as f64) as i64 + 2).collect();
+        let max_len: Vec<i64> = lens.iter().map(|&l| self.model.max_output_len(l as usize)).collect();
         self.model.net.greedy(enc, &mask, &max_len, gates)
     }
 }

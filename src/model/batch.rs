@@ -139,11 +139,22 @@ impl Model {
         references.iter().map(|r| self.tok.encode_target(r)).collect()
     }
 
+    /// The most tokens greedy decoding emits for a source of `src_tokens` tokens: 2.5 x + 2,
+    /// and no more than the decoder's positions allow (the targets add EOS after them).
+    pub fn max_output_len(&self, src_tokens: usize) -> i64 {
+        let cap = match &self.net.dec_embeddings().positions {
+            super::transformer::Positions::Learned(t) => t.size()[0] - 1,
+            _ => i64::MAX,
+        };
+        ((2.5 * src_tokens as f64) as i64 + 2).min(cap)
+    }
+
     /// Teacher-forcing targets when there are no references: the model's own greedy output
-    /// under `gates` (at most 2.5 x the source length + 2 tokens), ending in EOS. `enc` is the
+    /// under `gates` (at most 2.5 x the source length + 2 tokens, and what the decoder's
+    /// positions allow), ending in EOS. `enc` is the
     /// batch's encoder output.
     pub fn greedy_targets(&self, batch: &Batch, enc: &Tensor, gates: &Gates) -> Result<Vec<Encoded>, ModelError> {
-        let max_len: Vec<i64> = batch.encoded.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
+        let max_len: Vec<i64> = batch.encoded.iter().map(|e| self.max_output_len(e.ids.len())).collect();
         let outs = self.net.greedy(enc, &batch.mask, &max_len, gates)?;
         Ok(outs
             .into_iter()

@@ -556,7 +556,7 @@ impl Model {
         let mut out = vec![Vec::new(); texts.len()];
         for (rows, b) in self.batches(&encoded, max_tokens) {
             let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
-            let max_len: Vec<i64> = b.encoded.iter().map(|e| (2.5 * e.ids.len() as f64) as i64 + 2).collect();
+            let max_len: Vec<i64> = b.encoded.iter().map(|e| self.max_output_len(e.ids.len())).collect();
             let res = self.net.greedy(&h, &b.mask, &max_len, gates)?;
             for (slot, ids) in rows.iter().zip(res) {
                 out[*slot] = ids;
