@@ -40,6 +40,9 @@ fn any_model_runs_on_every_family() {
     let tiny = root.join("tests/fixtures/tiny_hf");
     let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
     dirs.push((tiny.join("roberta").display().to_string(), "kinds: [\"enc\"]"));
+    for d in ["marian", "marian_torchbin", "bart"] {
+        dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
+    }
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
     dirs.push(("enpt".into(), "kinds: [\"enc\", \"cross\"]"));
     for (d, kinds) in dirs {
