@@ -19,37 +19,50 @@ use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;
 
+/// HF's `config.json` of the llama family; the GGUF loader (`llama_gguf.rs`) fills one from
+/// the GGUF metadata.
 #[derive(Debug, Deserialize)]
-struct Config {
-    model_type: String,
-    hidden_size: i64,
-    intermediate_size: i64,
-    num_hidden_layers: usize,
-    num_attention_heads: i64,
+pub struct Config {
+    pub model_type: String,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
     #[serde(default)]
-    num_key_value_heads: Option<i64>,
+    pub num_key_value_heads: Option<i64>,
     #[serde(default)]
-    head_dim: Option<i64>,
-    rms_norm_eps: f64,
+    pub head_dim: Option<i64>,
+    pub rms_norm_eps: f64,
     #[serde(default = "default_theta")]
-    rope_theta: f64,
-    vocab_size: i64,
+    pub rope_theta: f64,
+    pub vocab_size: i64,
     #[serde(default)]
-    tie_word_embeddings: bool,
+    pub tie_word_embeddings: bool,
     #[serde(default = "default_act")]
-    hidden_act: String,
+    pub hidden_act: String,
     #[serde(default)]
-    rope_scaling: Option<serde_json::Value>,
+    pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
-    attention_bias: bool,
+    pub attention_bias: bool,
     #[serde(default)]
-    mlp_bias: bool,
+    pub mlp_bias: bool,
     #[serde(default)]
-    sliding_window: Option<i64>,
+    pub sliding_window: Option<i64>,
     #[serde(default)]
-    use_sliding_window: Option<bool>,
+    pub use_sliding_window: Option<bool>,
     #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
+    /// Rotary dimensions per head when fewer than `head_dim` (GGUF `rope.dimension_count`).
+    #[serde(skip)]
+    pub rope_dim: Option<i64>,
+}
+
+/// How Q and K rows are stored: HF's rotate-half layout (permuted at load), or already in
+/// adjacent pairs (GGUF, permuted by llama.cpp's converter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RotaryRows {
+    RotateHalf,
+    Adjacent,
 }
 
 fn default_theta() -> f64 {
@@ -73,6 +86,14 @@ fn to_adjacent_pairs(t: &Tensor, n: i64) -> Tensor {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
+    let (map, file) = hf::weights(dir)?;
+    build(&cfg, &cfg_file, Weights::new(map, file, opts, None), RotaryRows::RotateHalf)
+}
+
+/// The llama-family Transformer from a config and tensors under HF's names (`cfg_file` is
+/// named in config errors).
+pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> Result<Transformer, ModelError> {
+    let cfg_file = cfg_file.to_string();
     let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
     if cfg.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(bad("rope_scaling is not supported".into()));
@@ -96,8 +117,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         _ => None,
     };
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
-    let (map, file) = hf::weights(dir)?;
-    let mut w = Weights::new(map, file, opts, None);
     let eps = cfg.rms_norm_eps;
     let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -106,7 +125,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool, heads: Option<i64>| -> Result<Linear, ModelError> {
             let mut weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
             let mut b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-            if let Some(n) = heads {
+            if let (Some(n), RotaryRows::RotateHalf) = (heads, rows) {
                 weight = to_adjacent_pairs(&weight, n);
                 b = b.map(|b| to_adjacent_pairs(&b, n));
             }
@@ -121,7 +140,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: cfg.rope_theta, dim: dh }),
+                rotary: Some(Rotary { base: cfg.rope_theta, dim: cfg.rope_dim.unwrap_or(dh) }),
                 slots: None,
             },
             attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
