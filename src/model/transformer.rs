@@ -192,14 +192,13 @@ impl DecoderLayer {
     /// The self-block over `x [B, T, D]` from `state`: its output and trace.
     fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, Option<SsruTrace>, SelfState) {
         match (&self.self_block, state) {
-            (SelfBlock::Ssru(ssru), SelfState::Cell(cell)) => {
-                let tr = ssru.scan(x, cell);
-                let last = tr.last.shallow_clone();
-                (tr.o.shallow_clone(), Some(tr), SelfState::Cell(last))
-            }
-            (SelfBlock::Ssru(ssru), SelfState::Cache(_)) => {
-                let zero = Tensor::zeros([x.size()[0], x.size()[2]], (x.kind(), x.device()));
-                let tr = ssru.scan(x, &zero);
+            (SelfBlock::Ssru(ssru), state) => {
+                // A cell from the previous step; a state of the other kind starts from zero.
+                let cell = match state {
+                    SelfState::Cell(c) => c.shallow_clone(),
+                    SelfState::Cache(_) => Tensor::zeros([x.size()[0], x.size()[2]], (x.kind(), x.device())),
+                };
+                let tr = ssru.scan(x, &cell);
                 let last = tr.last.shallow_clone();
                 (tr.o.shallow_clone(), Some(tr), SelfState::Cell(last))
             }
@@ -246,17 +245,6 @@ impl DecoderLayer {
     /// the norms, the FFN); without cross-attention, from `x1`.
     pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Tensor {
         self.finish_traced(x1, a).0
-    }
-
-    /// The rest of the layer after the self-block's output `o` on input `x`: its residual and
-    /// norm, the cross-attention over `cross` (ungated), the FFN.
-    pub fn finish_self(&self, x: &Tensor, o: &Tensor, cross: Option<&KeysValues>, enc_bias: &Tensor, layer_idx: usize) -> Tensor {
-        let x1 = self.self_norm.forward(&(x + o));
-        let a = match (&self.cross, cross) {
-            (Some((attn, _)), Some(kv)) => Some(attn.attend(&x1, kv, enc_bias, None, Kind::Cross, layer_idx, &mut None)),
-            _ => None,
-        };
-        self.finish(&x1, a.as_ref())
     }
 
     fn finish_traced(&self, x1: &Tensor, a: Option<&Tensor>) -> (Tensor, DecoderFinish) {
