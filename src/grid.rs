@@ -18,7 +18,7 @@ pub struct Grid {
     pub model: String,
     pub dataset: String,
     pub kinds: crate::model::KindGrids,
-    pub options: Vec<(String, String)>,
+    pub options: crate::output::Echo,
 }
 
 impl Grid {
@@ -66,7 +66,7 @@ impl Grid {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "stat": self.stat, "model": self.model, "dataset": self.dataset,
-            "options": self.options.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
+            "options": self.options.iter().cloned().collect::<serde_json::Map<_, _>>(),
             "kinds": self.kinds.iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>(),
         })
     }
@@ -122,7 +122,8 @@ pub mod script {
     pub mod api {
         use super::*;
 
-        /// The options and counts behind a grid (metric, targets, base value, thresholds...).
+        /// The options and counts behind a grid (metric, targets, base value, thresholds...), each
+        /// keeping its type: numbers are numbers, lists are lists.
         ///
         /// ```rhai
         /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(2));
@@ -130,7 +131,7 @@ pub mod script {
         /// ```
         #[rhai_fn(get = "options", pure)]
         pub fn grid_options(g: &mut Grid) -> Map {
-            g.options.iter().map(|(k, v)| (k.as_str().into(), Dynamic::from(v.clone()))).collect()
+            crate::script::convert::echo_map(&g.options)
         }
 
         /// A grid's matrix for one kind: `g["enc"][layer][head]`.
@@ -263,5 +264,10 @@ pub mod script {
 
     pub fn render(v: &Dynamic) -> Option<Output> {
         v.clone().try_cast::<Grid>().map(|g| g.render())
+    }
+
+    /// What `g["` may be followed by: a grid is indexed by its kinds.
+    pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
+        v.clone().try_cast::<Grid>().map(|g| g.kinds.iter().map(|(k, _)| k.to_string()).collect())
     }
 }

@@ -40,6 +40,7 @@ pub fn one_of(names: &[&str]) -> String {
 }
 
 pub mod analysis;
+pub mod api;
 pub mod assets;
 pub mod data;
 pub mod device;

@@ -96,3 +96,42 @@ mod tests {
         assert_eq!(html_escape("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
     }
 }
+
+/// Options and counts echoed in a result, each keeping its type: numbers stay numbers, lists
+/// stay lists, in the order the function defines them (docs/methods.md lists them per analysis).
+pub type Echo = Vec<(String, serde_json::Value)>;
+
+/// One echoed value as a person reads it: strings bare, lists comma-joined, numbers as JSON
+/// writes them.
+pub fn echo_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(a) => a.iter().map(echo_text).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+/// A list of names as an echoed value.
+pub fn echo_list<T: ToString>(items: &[T]) -> serde_json::Value {
+    serde_json::Value::Array(items.iter().map(|i| serde_json::Value::String(i.to_string())).collect())
+}
+
+/// An output bundle as evcxr's display protocol: one `EVCXR_BEGIN_CONTENT MIME` ...
+/// `EVCXR_END_CONTENT` block per representation (the richest first; PNG base64-encoded),
+/// text/plain last as the fallback.
+pub fn evcxr_content(o: &Output) -> String {
+    use base64::Engine as _;
+    let mut s = String::new();
+    let mut block = |mime: &str, body: &str| s += &format!("EVCXR_BEGIN_CONTENT {mime}\n{body}\nEVCXR_END_CONTENT\n");
+    if let Some(h) = &o.html {
+        block("text/html", h);
+    }
+    if let Some(p) = &o.png {
+        block("image/png", &base64::engine::general_purpose::STANDARD.encode(p));
+    }
+    if let Some(svg) = &o.svg {
+        block("image/svg+xml", svg);
+    }
+    block("text/plain", &o.text);
+    s
+}

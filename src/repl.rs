@@ -22,23 +22,60 @@ fn print_output(out: &Output) {
     println!("{}", out.text);
 }
 
+/// A progress bar on stderr (indicatif: rate and ETA), cleared when its work ends.
+struct Bar {
+    bar: indicatif::ProgressBar,
+    done: usize,
+}
+
+fn new_bar(total: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr_with_hz(10));
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {per_sec} ETA {eta}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
 /// The sink of terminal frontends: prints go to stdout as they happen; progress is a bar on
-/// stderr when stderr is a terminal (nothing otherwise, so logs stay clean).
+/// stderr when stderr is a terminal (nothing otherwise, so logs stay clean), cleared when its
+/// work ends or the evaluation stops.
 pub fn terminal_sink() -> crate::engine::Sink {
-    let bar = std::io::stderr().is_terminal();
+    let tty = std::io::stderr().is_terminal();
+    let mut current: Option<Bar> = None;
     Box::new(move |ev| {
         match ev {
-            Event::Print(s) => println!("{s}"),
-            Event::Display(o) => print_output(&o),
-            Event::Progress { label, done, total } => {
-                if bar {
-                    let width = 30;
-                    let filled = (done.min(total) * width).checked_div(total).unwrap_or(width);
-                    eprint!("\r{label} [{}{}] {done}/{total}", "=".repeat(filled), " ".repeat(width - filled));
-                    if done >= total {
-                        eprint!("\r{}\r", " ".repeat(label.len() + width + 24));
+            Event::Print(s) => match &current {
+                Some(b) => b.bar.suspend(|| println!("{s}")),
+                None => println!("{s}"),
+            },
+            Event::Display(o) => match &current {
+                Some(b) => b.bar.suspend(|| print_output(&o)),
+                None => print_output(&o),
+            },
+            Event::Progress { label, done, total } if tty => {
+                // A new computation (or one that started over) gets a new bar.
+                let fresh = current.as_ref().is_none_or(|b| b.bar.length() != Some(total as u64) || done < b.done);
+                if fresh {
+                    if let Some(old) = current.take() {
+                        old.bar.finish_and_clear();
                     }
-                    let _ = std::io::stderr().flush();
+                    current = Some(Bar { bar: new_bar(total), done });
+                }
+                if let Some(b) = &mut current {
+                    b.done = done;
+                    b.bar.set_message(label);
+                    b.bar.set_position(done as u64);
+                }
+                if done >= total {
+                    if let Some(b) = current.take() {
+                        b.bar.finish_and_clear();
+                    }
+                }
+            }
+            Event::Progress { .. } => {}
+            Event::Finished => {
+                if let Some(b) = current.take() {
+                    b.bar.finish_and_clear();
                 }
             }
         }
@@ -53,20 +90,9 @@ struct ReplHelper {
 impl Completer for ReplHelper {
     type Candidate = Pair;
     fn complete(&self, line: &str, pos: usize, _: &Context<'_>) -> rustyline::Result<(usize, Vec<Pair>)> {
-        let before = &line[..pos];
-        let start = before
-            .char_indices()
-            .rev()
-            .take_while(|(_, c)| c.is_alphanumeric() || *c == '_' || *c == ':')
-            .last()
-            .map_or(pos, |(i, _)| i);
-        let word = &before[start..];
-        if word.is_empty() {
-            return Ok((pos, vec![]));
-        }
         let Ok(session) = self.session.try_borrow() else { return Ok((pos, vec![])) };
-        let list = session.completions(word).into_iter().map(|c| Pair { display: c.clone(), replacement: c }).collect();
-        Ok((start, list))
+        let c = session.complete(line, pos);
+        Ok((c.start, c.candidates.into_iter().map(|c| Pair { display: c.display, replacement: c.replacement }).collect()))
     }
 }
 

@@ -66,25 +66,27 @@ impl Options {
     }
 
     /// The options as (name, value) pairs, for result metadata.
-    pub fn echo(&self) -> Vec<(String, String)> {
+    pub fn echo(&self) -> crate::output::Echo {
+        use crate::output::echo_list;
+        use serde_json::json;
         let mut v = vec![
-            ("stats".to_string(), self.stats.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")),
-            ("kinds".into(), self.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(",")),
-            ("exclude_keys".into(), self.exclude_keys.to_string()),
-            ("batch_tokens".into(), self.batch_tokens.to_string()),
+            ("stats".to_string(), echo_list(&self.stats)),
+            ("kinds".into(), echo_list(&self.kinds)),
+            ("exclude_keys".into(), json!(self.exclude_keys.to_string())),
+            ("batch_tokens".into(), json!(self.batch_tokens)),
         ];
         if self.wants(Stat::Positional) {
-            v.push(("positional_threshold".into(), self.positional_threshold.to_string()));
+            v.push(("positional_threshold".into(), json!(self.positional_threshold)));
         }
         if self.wants(Stat::Rare) {
-            v.push(("rare_top_n".into(), self.rare_top_n.to_string()));
-            v.push(("rare_threshold".into(), self.rare_threshold.to_string()));
-            v.push(("freq".into(), match &self.freq { FreqSource::Text(p) => format!("text:{}", p.display()), FreqSource::Counts(p) => format!("counts:{}", p.display()) }));
+            v.push(("rare_top_n".into(), json!(self.rare_top_n)));
+            v.push(("rare_threshold".into(), json!(self.rare_threshold)));
+            v.push(("freq".into(), json!(match &self.freq { FreqSource::Text(p) => format!("text:{}", p.display()), FreqSource::Counts(p) => format!("counts:{}", p.display()) })));
         }
         if self.wants(Stat::Syntactic) {
-            v.push(("relations".into(), self.relations.join(",")));
-            v.push(("subtypes".into(), self.subtypes.to_string()));
-            v.push(("margin".into(), self.margin.to_string()));
+            v.push(("relations".into(), echo_list(&self.relations)));
+            v.push(("subtypes".into(), json!(self.subtypes)));
+            v.push(("margin".into(), json!(self.margin)));
         }
         v
     }

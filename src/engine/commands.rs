@@ -21,8 +21,11 @@ pub struct Command {
 }
 
 pub const COMMANDS: &[Command] = &[
-    Command { name: "help", usage: ":help [NAME]", help: "list commands, or show the documentation of a function", run: help },
+    Command { name: "help", usage: ":help [NAME]", help: "list commands; document a function (:help analyze), a type's methods (:help Model) or one method (:help Model.analyze)", run: help },
+    Command { name: "types", usage: ":types", help: "list the script types and how many methods each has", run: types },
     Command { name: "vars", usage: ":vars", help: "list the variables of this session with their types", run: vars },
+    Command { name: "history", usage: ":history", help: "the inputs of this session that ran without error, numbered", run: history },
+    Command { name: "save", usage: ":save FILE", help: "write those inputs as a .rhai script that `headscope run FILE` replays", run: save },
     Command { name: "load", usage: ":load FILE", help: "run a .rhai file in this session (its variables and functions stay)", run: load },
     Command { name: "time", usage: ":time on|off", help: "show how long each evaluation takes", run: time },
     Command { name: "device", usage: ":device", help: "torch version, CUDA devices and CPU threads", run: device },
@@ -46,15 +49,79 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
             let _ = t.push_row(vec![Cell::Text(c.usage.into()), Cell::Text(c.help.into())]);
         }
         let mut out = t.to_text();
-        out += "\nAny other input is Rhai code. `:help NAME` documents a function, e.g. `:help heatmap`.";
+        out += "\nAny other input is Rhai code. `:help NAME` documents a function (`:help heatmap`) or a type (`:help Model`); `:types` lists the types.";
         return Ok(Outcome::Show(Some(Output::text(out))));
     }
-    let docs = session.docs(arg);
-    if docs.is_empty() {
-        return Err(format!("no documented function named '{arg}'"));
+    let types = super::docs::type_names(session.engine());
+    if let Some(t) = types.iter().find(|t| t.as_str() == arg) {
+        return Ok(Outcome::Show(Some(type_help(session, t))));
     }
-    let text = docs.iter().map(|d| format!("{}\n\n{}", d.signature, d.doc)).collect::<Vec<_>>().join("\n\n---\n\n");
+    // `Type.method`: that type's overloads only.
+    let (receiver, name) = match arg.split_once('.') {
+        Some((t, m)) if types.iter().any(|x| x == t) => (Some(t), m),
+        _ => (None, arg),
+    };
+    let mut docs = session.docs(name);
+    if let Some(t) = receiver {
+        docs.retain(|d| d.receiver.as_deref() == Some(t));
+    }
+    if docs.is_empty() {
+        return Err(format!("no documented function or type named '{arg}' (:types lists the types)"));
+    }
+    Ok(Outcome::Show(Some(Output::text(super::complete::describe(&docs)))))
+}
+
+/// `:help TYPE`: every method and property of the type with its one-line doc.
+fn type_help(session: &Session, type_name: &str) -> Output {
+    let docs = super::docs::all_docs(session.engine());
+    let mut t = Table::new(vec!["member".into(), "what it does".into()]);
+    t.title = Some(format!("{type_name}: methods and properties (:help {type_name}.NAME for one)"));
+    let mut seen = std::collections::HashSet::new();
+    for d in docs.iter().filter(|d| d.receiver.as_deref() == Some(type_name)) {
+        if d.signature.contains(" = ") || !seen.insert(d.signature.clone()) {
+            continue;
+        }
+        let _ = t.push_row(vec![Cell::Text(d.signature.clone()), Cell::Text(d.summary())]);
+    }
+    crate::output::Render::render(&t)
+}
+
+fn types(session: &mut Session, _: &str) -> Result<Outcome, String> {
+    let mut t = Table::new(vec!["type".into(), "methods and properties".into(), "for example".into()]);
+    for name in super::docs::type_names(session.engine()) {
+        let members = super::docs::members(session.engine(), &name);
+        let some: Vec<String> = members.iter().take(5).map(|m| m.name.clone()).collect();
+        let _ = t.push_row(vec![Cell::Text(name), Cell::Int(members.len() as i64), Cell::Text(some.join(", "))]);
+    }
+    Ok(Outcome::Show(Some(crate::output::Render::render(&t))))
+}
+
+fn history(session: &mut Session, _: &str) -> Result<Outcome, String> {
+    if session.history.is_empty() {
+        return Ok(Outcome::Show(Some(Output::text("no inputs yet"))));
+    }
+    let width = session.history.len().to_string().len();
+    let text = session
+        .history
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let mut lines = input.code.trim_end().lines();
+            let first = format!("{:>width$}  {}", i + 1, lines.next().unwrap_or_default());
+            lines.fold(first, |acc, l| format!("{acc}\n{:>width$}  {l}", ""))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     Ok(Outcome::Show(Some(Output::text(text))))
+}
+
+fn save(session: &mut Session, arg: &str) -> Result<Outcome, String> {
+    if arg.is_empty() {
+        return Err("usage: :save FILE".into());
+    }
+    let script = session.history_script();
+    crate::output::write_atomic(std::path::Path::new(arg), script.as_bytes()).map_err(|e| format!(":save: cannot write '{arg}': {e}"))?;
+    Ok(Outcome::Show(Some(Output::text(format!("saved {} inputs to {arg}; replay with `headscope run {arg}`", session.history.len())))))
 }
 
 fn vars(session: &mut Session, _: &str) -> Result<Outcome, String> {

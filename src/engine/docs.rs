@@ -13,9 +13,24 @@ pub struct FnDoc {
     pub signature: String,
     /// Doc text without comment markers.
     pub doc: String,
+    /// The script type this is a method or property of (`Model`), if any.
+    pub receiver: Option<String>,
 }
 
 impl FnDoc {
+    /// The first sentence line of the doc (what `:help TYPE` lists).
+    pub fn summary(&self) -> String {
+        let first = self.doc.split("\n\n").next().unwrap_or_default().replace('\n', " ");
+        // The first sentence: a period before a space, not one of an abbreviation.
+        let end = first.match_indices(". ").map(|(i, _)| i).find(|&i| !["et al", "e.g", "i.e", "cf", "vs"].iter().any(|a| first[..i].ends_with(a)));
+        let s = end.map_or(first.as_str(), |i| &first[..=i]);
+        if s.chars().count() > 110 {
+            format!("{}...", s.chars().take(107).collect::<String>())
+        } else {
+            s.to_string()
+        }
+    }
+
     /// Each ```rhai block of the doc. A block fenced ```rhai,error shows an input that must
     /// fail (like rustdoc's should_panic).
     pub fn examples(&self) -> Vec<Example> {
@@ -69,13 +84,7 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
     let mut out = Vec::new();
     if let Ok(json) = engine.gen_fn_metadata_to_json(false) {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) {
-            // Rust type names (last path segment) -> the names scripts see (`ScriptModel` -> `Model`).
-            let types: HashMap<String, String> = v["customTypes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string())))
-                .collect();
+            let types = custom_types(&v);
             for f in v["functions"].as_array().into_iter().flatten() {
                 let comments: Vec<String> =
                     f["docComments"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(String::from)).collect();
@@ -84,7 +93,7 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
                 }
                 let raw = f["name"].as_str().unwrap_or_default();
                 let name = raw.strip_prefix("get$").or_else(|| raw.strip_prefix("set$")).unwrap_or(raw).to_string();
-                out.push(FnDoc { name, signature: script_signature(f, &types), doc: join_doc(&comments) });
+                out.push(FnDoc { name, signature: script_signature(f, &types), doc: join_doc(&comments), receiver: receiver(f, &types) });
             }
         }
     }
@@ -96,7 +105,7 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
                 }
                 let name = format!("{module}::{}", f.name);
                 let signature = format!("{name}({})", f.params.join(", "));
-                out.push(FnDoc { name, signature, doc: join_doc(&f.comments) });
+                out.push(FnDoc { name, signature, doc: join_doc(&f.comments), receiver: None });
             }
         }
     }
@@ -155,6 +164,79 @@ fn script_signature(f: &serde_json::Value, types: &HashMap<String, String>) -> S
     }
 }
 
+/// Rust type names (last path segment) -> the names scripts see (`ScriptModel` -> `Model`).
+fn custom_types(v: &serde_json::Value) -> HashMap<String, String> {
+    v["customTypes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string())))
+        .collect()
+}
+
+/// The script type a function is a method of: Rhai calls a function whose first parameter is
+/// `&mut T` as a method of T.
+fn receiver(f: &serde_json::Value, types: &HashMap<String, String>) -> Option<String> {
+    let t = f["params"].as_array()?.first()?["type"].as_str()?;
+    t.trim_start().starts_with("&mut").then(|| script_type(t, types)).filter(|t| !t.is_empty())
+}
+
+/// The script types headscope registers (`Model`, `Grid`, ...), sorted.
+pub fn type_names(engine: &Engine) -> Vec<String> {
+    let Ok(json) = engine.gen_fn_metadata_to_json(false) else { return vec![] };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return vec![] };
+    let mut names: Vec<String> = custom_types(&v).into_values().collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// One method or property of a type, for completion and `:help TYPE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    pub name: String,
+    /// A property (`m.kinds`) rather than a method (`m.analyze(...)`).
+    pub property: bool,
+}
+
+/// The methods and properties of a script type (`Model`, or a built-in one: `array`, `map`,
+/// `string`), Rhai's standard library included, sorted by name.
+pub fn members(engine: &Engine, type_name: &str) -> Vec<Member> {
+    let Ok(json) = engine.gen_fn_metadata_to_json(true) else { return vec![] };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return vec![] };
+    let types = custom_types(&v);
+    let mut out: Vec<Member> = Vec::new();
+    for f in v["functions"].as_array().into_iter().flatten() {
+        if receiver(f, &types).as_deref() != Some(type_name) {
+            continue;
+        }
+        let raw = f["name"].as_str().unwrap_or_default();
+        let (name, property) = match raw.strip_prefix("get$") {
+            Some(p) => (p, true),
+            None if raw.starts_with("set$") || raw.contains('$') => continue,
+            None => (raw, false),
+        };
+        if !name.starts_with(|c: char| c.is_alphabetic() || c == '_') || matches!(name, "to_string" | "to_debug") {
+            continue;
+        }
+        if !out.iter().any(|m| m.name == name) {
+            out.push(Member { name: name.to_string(), property });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The script-facing name of a value's type: `Model`, `array`, `map`, `string`, `int`.
+pub fn value_type(engine: &Engine, v: &rhai::Dynamic) -> String {
+    match v.type_name() {
+        "i64" => "int".into(),
+        "f64" => "float".into(),
+        "char" => "char".into(),
+        t => engine.map_type_name(t).to_string(),
+    }
+}
+
 /// Docs of all overloads named `name`.
 pub fn lookup(engine: &Engine, name: &str) -> Vec<FnDoc> {
     all_docs(engine).into_iter().filter(|d| d.name == name).collect()
@@ -196,12 +278,13 @@ mod tests {
         let d = FnDoc {
             name: "f".into(),
             signature: "f()".into(),
+            receiver: None,
             doc: "Does f.\n\n```rhai\nlet x = 1;\nassert(x == 1);\n```\ntext\n```rhai\nf();\n```".into(),
         };
         let ex = d.examples();
         assert_eq!(ex.iter().map(|e| e.code.as_str()).collect::<Vec<_>>(), ["let x = 1;\nassert(x == 1);\n", "f();\n"]);
         assert!(!ex[0].must_fail);
-        let bad = FnDoc { name: "g".into(), signature: "g()".into(), doc: "```rhai,error\ng(1);\n```".into() };
+        let bad = FnDoc { name: "g".into(), signature: "g()".into(), receiver: None, doc: "```rhai,error\ng(1);\n```".into() };
         assert!(bad.examples()[0].must_fail);
     }
 

@@ -5,9 +5,10 @@
 //! becomes a script error and the session stays usable.
 
 pub mod commands;
+pub mod complete;
 pub mod docs;
 pub mod error;
-mod registry;
+pub mod registry;
 mod resolver;
 
 pub use error::{ErrorKind, ScriptError};
@@ -31,6 +32,8 @@ pub enum Event {
     Display(Output),
     /// A long computation's progress; frontends draw a bar (or nothing).
     Progress { label: String, done: usize, total: usize },
+    /// An evaluation ended (with or without error): a bar still drawn must go.
+    Finished,
 }
 
 pub type Sink = Box<dyn FnMut(Event)>;
@@ -52,6 +55,16 @@ impl Default for SessionOptions {
     }
 }
 
+/// An input that ran without error, kept for `:history` and `:save`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Input {
+    /// Where it came from: `repl[3]`, `cell[2]`, a file given to `:load`.
+    pub source: String,
+    pub code: String,
+    /// Its value was shown (a non-unit result): a saved script displays it too.
+    pub shown: bool,
+}
+
 pub struct Session {
     engine: Engine,
     scope: Scope<'static>,
@@ -65,6 +78,8 @@ pub struct Session {
     inputs: usize,
     /// Show timings after each evaluation (`:time on`).
     pub time: bool,
+    /// The inputs that ran without error, in order.
+    pub history: Vec<Input>,
 }
 
 thread_local! {
@@ -154,7 +169,7 @@ impl Session {
         let mut scope = Scope::new();
         let args: rhai::Array = opts.args.into_iter().map(Dynamic::from).collect();
         scope.push_constant("ARGS", args);
-        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, time: false }
+        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, time: false, history: Vec::new() }
     }
 
     pub fn interrupt_handle(&self) -> Interrupt {
@@ -186,6 +201,9 @@ impl Session {
         let entered = crate::run::enter(crate::run::Context { interrupt: self.interrupt.clone(), progress });
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
         drop(entered);
+        if let Ok(mut f) = self.sink.try_borrow_mut() {
+            f(Event::Finished);
+        }
         // Functions defined by this input stay, even if it failed later on.
         self.functions = full.clone_functions_only();
         let value = match result {
@@ -198,6 +216,7 @@ impl Session {
             Ok(Ok(v)) => v,
         };
         self.keep_imports(&ast, source);
+        self.history.push(Input { source: source.to_string(), code: code.to_string(), shown: !value.is_unit() });
         Ok(render_value(&value))
     }
 
@@ -216,6 +235,61 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// The session's successful inputs as one script that `headscope run` replays: each
+    /// input in order, ended by `;`, an input whose value was shown wrapped in `display(...)`
+    /// at its last statement, inputs from `:load` marked with their file.
+    pub fn history_script(&self) -> String {
+        let mut s = format!("// headscope {} session: {} inputs. Replay with `headscope run FILE`.\n", env!("CARGO_PKG_VERSION"), self.history.len());
+        for input in &self.history {
+            if !input.source.starts_with("repl[") && !input.source.starts_with("cell[") {
+                s += &format!("// :load {}\n", input.source);
+            }
+            let mut code = input.code.trim_end().to_string();
+            if input.shown {
+                code = self.display_last(&code);
+            }
+            s += &code;
+            if !code.ends_with(';') && !code.ends_with('}') {
+                s.push(';');
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// `code` with its last statement wrapped in `display(...)`.
+    fn display_last(&self, code: &str) -> String {
+        let Ok(ast) = self.engine.compile_with_scope(&self.scope, code) else { return code.to_string() };
+        let Some(last) = ast.statements().last() else { return code.to_string() };
+        // Where an expression starts: an operator call starts at its left operand.
+        fn start(e: &rhai::Expr) -> rhai::Position {
+            match e {
+                rhai::Expr::FnCall(call, _) if call.is_operator_call() || !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => {
+                    call.args.first().map_or(e.start_position(), start)
+                }
+                other => other.start_position(),
+            }
+        }
+        let pos = match last {
+            rhai::Stmt::Expr(e) => start(e),
+            rhai::Stmt::FnCall(call, pos) => match call.args.first() {
+                Some(a) if !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => start(a),
+                _ => *pos,
+            },
+            other => other.position(),
+        };
+        let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return code.to_string() };
+        let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
+        let off = line_start + code[line_start..].chars().take(col - 1).map(char::len_utf8).sum::<usize>();
+        let tail = code[off..].trim_end().trim_end_matches(';');
+        let wrapped = format!("{}display({tail});", &code[..off]);
+        if self.engine.compile_with_scope(&self.scope, &wrapped).is_ok() {
+            wrapped
+        } else {
+            code.to_string()
         }
     }
 

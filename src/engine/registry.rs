@@ -3,12 +3,37 @@
 
 use rhai::{Dynamic, Engine};
 use crate::output::Output;
+use crate::script::convert::OptSpec;
 
 /// Renders a script value into an output bundle, if it is of a type the renderer knows.
 pub type Renderer = fn(&Dynamic) -> Option<Output>;
 
 /// Every type-specific renderer; the session tries them in order.
 pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render];
+
+/// Every function that takes an option map, with the options it accepts (each list lives
+/// beside its function): `Opts` checks maps against them, `:help` shows them with their
+/// defaults, completion offers them inside `#{...}`.
+pub const OPTIONS: &[(&str, &[OptSpec])] = &[
+    ("load_model", crate::model::script::LOAD_OPTIONS),
+    ("forward", crate::model::script::FORWARD_OPTIONS),
+    ("heatmap", crate::plot::script::HEATMAP_OPTIONS),
+    ("bar", crate::plot::script::BAR_OPTIONS),
+    ("line", crate::plot::script::LINE_OPTIONS),
+    ("prune", crate::prune::script::OPTIONS),
+];
+
+/// The option families registered elsewhere in lists of their own.
+pub const OPTION_FAMILIES: &[&[(&str, &[OptSpec])]] = &[OPTIONS, crate::analysis::script::OPTIONS];
+
+/// The options `func` accepts, if it takes an option map.
+pub fn options_of(func: &str) -> Option<&'static [OptSpec]> {
+    OPTION_FAMILIES.iter().flat_map(|f| f.iter()).find(|(name, _)| *name == func).map(|(_, o)| *o)
+}
+
+/// Keys that may follow `value["` (kinds of a grid or analysis), by type.
+pub type IndexKeys = fn(&Dynamic) -> Option<Vec<String>>;
+pub const INDEX_KEYS: &[IndexKeys] = &[crate::grid::script::index_keys, crate::analysis::script::index_keys];
 
 /// Registers every script type and function (except the session-bound ones in `core`).
 pub fn register_types(engine: &mut Engine) {

@@ -72,33 +72,40 @@ fn publish(out: &Out, content: JupyterMessageContent) {
 }
 
 /// The session's sink for a notebook: prints become stdout stream messages at once, displays
-/// become `display_data`, progress is one display updated in place (at most every 200 ms).
+/// become `display_data`, progress is one display updated in place (at most every 200 ms)
+/// showing the rate and the time left, as the terminal's bar does.
 fn sink(out: Out) -> crate::engine::Sink {
-    let mut progress: Option<(String, Instant)> = None;
+    struct Shown {
+        id: String,
+        last: Instant,
+        started: Instant,
+    }
+    let mut progress: Option<Shown> = None;
     let mut n_bars = 0usize;
     Box::new(move |ev| match ev {
         Event::Print(s) => publish(&out, StreamContent::stdout(&format!("{s}\n")).into()),
         Event::Display(o) => publish(&out, DisplayData::new(media(&o)).into()),
+        Event::Finished => progress = None,
         Event::Progress { label, done, total } => {
             let finished = done >= total;
-            let data = media(&progress_output(&label, done, total));
-            match &progress {
-                Some((id, last)) if !finished && last.elapsed() < Duration::from_millis(200) => {
-                    let _ = id;
-                }
-                Some((id, _)) => {
-                    let id = id.clone();
-                    publish(&out, UpdateDisplayData::new(data, &id).into());
-                    progress = if finished { None } else { Some((id, Instant::now())) };
+            match &mut progress {
+                Some(p) if !finished && p.last.elapsed() < Duration::from_millis(200) => {}
+                Some(p) => {
+                    let data = media(&progress_output(&label, done, total, p.started.elapsed()));
+                    publish(&out, UpdateDisplayData::new(data, &p.id).into());
+                    p.last = Instant::now();
+                    if finished {
+                        progress = None;
+                    }
                 }
                 None => {
                     n_bars += 1;
                     let id = format!("headscope-progress-{}-{n_bars}", std::process::id());
-                    let mut d = DisplayData::new(data);
+                    let mut d = DisplayData::new(media(&progress_output(&label, done, total, Duration::ZERO)));
                     d.transient = Some(Transient { display_id: Some(id.clone()) });
                     publish(&out, d.into());
                     if !finished {
-                        progress = Some((id, Instant::now()));
+                        progress = Some(Shown { id, last: Instant::now(), started: Instant::now() });
                     }
                 }
             }
@@ -106,12 +113,22 @@ fn sink(out: Out) -> crate::engine::Sink {
     })
 }
 
-fn progress_output(label: &str, done: usize, total: usize) -> Output {
+/// `label: done/total (pct%), rate/s, ETA m:ss` as text and as an HTML progress bar.
+fn progress_output(label: &str, done: usize, total: usize, elapsed: Duration) -> Output {
     let pct = if total == 0 { 100.0 } else { 100.0 * done as f64 / total as f64 };
-    let text = format!("{label}: {done}/{total} ({pct:.0}%)");
+    let secs = elapsed.as_secs_f64();
+    let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
+    let timing = if rate > 0.0 {
+        let left = (total.saturating_sub(done) as f64 / rate).round() as u64;
+        format!(", {rate:.1}/s, ETA {}:{:02}", left / 60, left % 60)
+    } else {
+        String::new()
+    };
+    let text = format!("{label}: {done}/{total} ({pct:.0}%){timing}");
     let html = format!(
-        "<div style=\"font-family:monospace\">{} <progress value=\"{done}\" max=\"{total}\" style=\"width:20em\"></progress> {done}/{total}</div>",
-        crate::output::html_escape(label)
+        "<div style=\"font-family:monospace\">{} <progress value=\"{done}\" max=\"{total}\" style=\"width:20em\"></progress> {done}/{total}{}</div>",
+        crate::output::html_escape(label),
+        crate::output::html_escape(&timing)
     );
     Output { text, html: Some(html), ..Default::default() }
 }
@@ -152,11 +169,11 @@ impl Worker {
             Request::Execute { code, silent } => self.execute(&code, silent),
             Request::Complete { code, cursor_pos } => {
                 let pos = byte_index(&code, cursor_pos);
-                let (start, word) = word_before(&code, pos);
-                let matches = if word.is_empty() { vec![] } else { self.session.completions(word) };
+                let c = self.session.complete(&code, pos);
+                let matches = c.candidates.into_iter().map(|c| c.replacement).collect();
                 CompleteReply {
                     matches,
-                    cursor_start: code[..start].chars().count(),
+                    cursor_start: code[..c.start].chars().count(),
                     cursor_end: code[..pos].chars().count(),
                     metadata: Default::default(),
                     status: ReplyStatus::Ok,
@@ -165,12 +182,10 @@ impl Worker {
                 .into()
             }
             Request::Inspect { code, cursor_pos } => {
-                let name = word_at(&code, byte_index(&code, cursor_pos));
-                let docs = if name.is_empty() { vec![] } else { self.session.docs(name) };
-                let text = docs.iter().map(|d| format!("{}\n\n{}", d.signature, d.doc)).collect::<Vec<_>>().join("\n\n---\n\n");
+                let text = self.session.inspect(&code, byte_index(&code, cursor_pos));
                 InspectReply {
-                    found: !docs.is_empty(),
-                    data: if docs.is_empty() { Media::default() } else { Media { content: vec![MediaType::Plain(text)] } },
+                    found: text.is_some(),
+                    data: text.map_or_else(Media::default, |t| Media { content: vec![MediaType::Plain(t)] }),
                     metadata: Default::default(),
                     status: ReplyStatus::Ok,
                     error: None,
@@ -244,38 +259,12 @@ fn byte_index(code: &str, chars: usize) -> usize {
     code.char_indices().nth(chars).map_or(code.len(), |(i, _)| i)
 }
 
-fn is_word(c: char) -> bool {
-    c.is_alphanumeric() || c == '_' || c == ':'
-}
-
-/// The identifier (with `module::` and `:command` prefixes) ending at byte `pos`.
-fn word_before(code: &str, pos: usize) -> (usize, &str) {
-    let before = &code[..pos];
-    let start = before.char_indices().rev().take_while(|(_, c)| is_word(*c)).last().map_or(pos, |(i, _)| i);
-    (start, &before[start..])
-}
-
-/// The identifier around byte `pos` (the cursor may be inside or just after it), without a
-/// `module::` prefix.
-fn word_at(code: &str, pos: usize) -> &str {
-    let (start, _) = word_before(code, pos);
-    let end = code[pos..].char_indices().find(|(_, c)| !is_word(*c)).map_or(code.len(), |(i, _)| pos + i);
-    let word = code[start..end].trim_start_matches(':');
-    word.rsplit("::").next().unwrap_or(word)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn words_around_the_cursor() {
-        assert_eq!(word_before("let x = heat", 12), (8, "heat"));
-        assert_eq!(word_before("r.to_j", 6), (2, "to_j"));
-        assert_eq!(word_before("tables::f", 9), (0, "tables::f"));
-        assert_eq!(word_at("x.heatmap(1)", 4), "heatmap");
-        assert_eq!(word_at("heatmap", 7), "heatmap");
-        assert_eq!(word_at("stats::mean(a)", 9), "mean");
+    fn cursor_counts_code_points() {
         assert_eq!(byte_index("é = heat", 8), "é = heat".len());
         assert_eq!(byte_index("é = heat", 1), 2);
     }

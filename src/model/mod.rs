@@ -82,6 +82,20 @@ impl fmt::Display for HeadId {
     }
 }
 
+/// Parses the printed name back: `enc.2.5` is kind `enc`, layer 2, head 5.
+impl FromStr for HeadId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("'{s}' is not a head name (expected KIND.LAYER.HEAD, e.g. \"enc.5.5\")");
+        let mut parts = s.trim().split('.');
+        let (Some(k), Some(l), Some(h), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else { return Err(bad()) };
+        let kind: Kind = k.parse().map_err(|e: String| format!("{}: {e}", bad()))?;
+        let layer_idx = l.parse::<usize>().map_err(|_| bad())?;
+        let head = h.parse::<usize>().map_err(|_| bad())?;
+        Ok(HeadId { kind, layer_idx, head })
+    }
+}
+
 /// A tensor handed out by the forward pass while it computes.
 pub enum Captured<'t> {
     /// Attention probabilities `[B, H, Tq, Tk]`.

@@ -3,6 +3,7 @@
 //! Drawing is in [`draw`], the script API in [`script`].
 
 mod draw;
+pub mod text;
 pub mod script;
 
 use crate::output::{Output, Render};
@@ -188,7 +189,11 @@ impl Render for Plot {
             (Ok(p), Ok(s)) => (Some(p), Some(s)),
             (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
         };
-        Output { text: self.describe(), html: None, png, svg }
+        let text = match &self.kind {
+            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => text::heatmap(&self.describe(), values, row_labels, col_labels, *vmin, *vmax),
+            _ => self.describe(),
+        };
+        Output { text, html: None, png, svg }
     }
 }
 

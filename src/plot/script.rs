@@ -2,7 +2,7 @@
 
 use super::{Plot, PlotKind, Series};
 use crate::output::{write_atomic, Output, Render};
-use crate::script::convert::{err, quote, to_f64_vec, to_labels, to_matrix, Opts, ScriptResult};
+use crate::script::convert::{err, opt, quote, to_f64_vec, to_labels, to_matrix, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 
@@ -29,7 +29,29 @@ fn build(kind: PlotKind) -> ScriptResult<Plot> {
     Plot::new(kind, "").or_else(|e| err(e.to_string()))
 }
 
-const COMMON: [&str; 5] = ["title", "x_label", "y_label", "width", "height"];
+macro_rules! plot_options {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            $($extra,)*
+            opt("title", "\"\"", "the plot's title"),
+            opt("x_label", "\"\"", "the x axis label"),
+            opt("y_label", "\"\"", "the y axis label"),
+            opt("width", "800", "width in pixels"),
+            opt("height", "600", "height in pixels"),
+        ]
+    };
+}
+
+pub const HEATMAP_OPTIONS: &[OptSpec] = plot_options![
+    opt("rows", "0, 1, ...", "row labels"),
+    opt("cols", "0, 1, ...", "column labels"),
+    opt("values", "true up to 400 cells", "print each cell's value"),
+    opt("vmin", "the smallest value", "the value at the bottom of the colour scale"),
+    opt("vmax", "the largest value", "the value at the top of the colour scale"),
+];
+pub const BAR_OPTIONS: &[OptSpec] = plot_options![];
+pub const LINE_OPTIONS: &[OptSpec] = plot_options![opt("x", "0, 1, ...", "x values shared by every series")];
+const SERIES_OPTIONS: &[OptSpec] = &[opt("x", "the shared x", "this series' x values"), opt("y", "", "this series' y values")];
 
 #[export_module]
 pub mod api {
@@ -45,8 +67,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "heatmap", return_raw)]
     pub fn heatmap_opts(matrix: Array, options: Map) -> ScriptResult<Plot> {
-        let allowed = [&COMMON[..], &["rows", "cols", "values", "vmin", "vmax"]].concat();
-        let o = Opts::new(&options, "heatmap", &allowed)?;
+        let o = Opts::new(&options, "heatmap", HEATMAP_OPTIONS)?;
         let values = to_matrix(&matrix, "heatmap: matrix")?;
         if values.is_empty() || values[0].is_empty() {
             return err("heatmap: the matrix is empty");
@@ -81,7 +102,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "bar", return_raw)]
     pub fn bar_opts(labels: Array, values: Array, options: Map) -> ScriptResult<Plot> {
-        let o = Opts::new(&options, "bar", &COMMON)?;
+        let o = Opts::new(&options, "bar", BAR_OPTIONS)?;
         let values = to_f64_vec(&values, "bar: values")?;
         let mut p = build(PlotKind::Bar { labels: to_labels(&labels), values })?;
         common(&mut p, &o)?;
@@ -109,8 +130,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "line", return_raw)]
     pub fn line_opts(series: Map, options: Map) -> ScriptResult<Plot> {
-        let allowed = [&COMMON[..], &["x"]].concat();
-        let o = Opts::new(&options, "line", &allowed)?;
+        let o = Opts::new(&options, "line", LINE_OPTIONS)?;
         let shared_x = o.numbers("x")?;
         let mut out = Vec::new();
         for (name, v) in &series {
@@ -120,7 +140,7 @@ pub mod api {
                 let x = shared_x.clone().unwrap_or_else(|| (0..y.len()).map(|i| i as f64).collect());
                 (x, y)
             } else if let Some(m) = v.clone().try_cast::<Map>() {
-                let so = Opts::new(&m, "line", &["x", "y"])?;
+                let so = Opts::new(&m, "line", SERIES_OPTIONS)?;
                 let Some(y) = so.numbers("y")? else { return err(format!("{what}: map needs 'y'")) };
                 let x = so.numbers("x")?.or(shared_x.clone()).unwrap_or_else(|| (0..y.len()).map(|i| i as f64).collect());
                 (x, y)

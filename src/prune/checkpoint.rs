@@ -25,7 +25,7 @@ fn identity(model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout)
         "gated": layout.kinds.iter().map(|(k, l, h)| format!("{k} {l}x{h}")).collect::<Vec<_>>(),
         "dataset": data.name,
         "sentences": data.len(),
-        "options": opts.run_defining().into_iter().map(|(k, v)| (k, Value::String(v))).collect::<serde_json::Map<_, _>>(),
+        "options": opts.run_defining().into_iter().map(|(k, v)| (k, Value::String(crate::output::echo_text(&v)))).collect::<serde_json::Map<_, _>>(),
     })
 }
 

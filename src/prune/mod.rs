@@ -137,28 +137,28 @@ impl PruneOptions {
 
     /// Every option as (name, value) strings, echoed in results and checkpoints. The ones
     /// that change the run's numbers are `run_defining`.
-    pub fn echo(&self) -> Vec<(String, String)> {
-        let kinds: Vec<String> = self.kinds.iter().map(|k| k.to_string()).collect();
+    pub fn echo(&self) -> crate::output::Echo {
+        use serde_json::json;
         vec![
-            ("lambda".into(), self.lambda.to_string()),
-            ("steps".into(), self.steps.to_string()),
-            ("lr".into(), self.lr.to_string()),
-            ("batch_tokens".into(), self.batch_tokens.to_string()),
-            ("kinds".into(), kinds.join(",")),
-            ("joint".into(), self.joint.to_string()),
-            ("model_lr".into(), self.model_lr.to_string()),
-            ("seed".into(), self.seed.to_string()),
-            ("eval_every".into(), self.eval_every.to_string()),
-            ("beta".into(), self.concrete.beta.to_string()),
-            ("init".into(), self.init.to_string()),
-            ("penalty_scale".into(), self.penalty_scale.to_string()),
-            ("distill".into(), self.distill.to_string()),
-            ("eval_gates".into(), self.eval_gates.to_string()),
+            ("lambda".into(), json!(self.lambda)),
+            ("steps".into(), json!(self.steps)),
+            ("lr".into(), json!(self.lr)),
+            ("batch_tokens".into(), json!(self.batch_tokens)),
+            ("kinds".into(), crate::output::echo_list(&self.kinds)),
+            ("joint".into(), json!(self.joint)),
+            ("model_lr".into(), json!(self.model_lr)),
+            ("seed".into(), json!(self.seed)),
+            ("eval_every".into(), json!(self.eval_every)),
+            ("beta".into(), json!(self.concrete.beta)),
+            ("init".into(), json!(self.init.to_string())),
+            ("penalty_scale".into(), json!(self.penalty_scale.to_string())),
+            ("distill".into(), json!(self.distill.to_string())),
+            ("eval_gates".into(), json!(self.eval_gates.to_string())),
         ]
     }
 
     /// Options that must match for a checkpoint to be resumed (steps may grow).
-    pub fn run_defining(&self) -> Vec<(String, String)> {
+    pub fn run_defining(&self) -> crate::output::Echo {
         self.echo().into_iter().filter(|(k, _)| !matches!(k.as_str(), "steps" | "eval_every")).collect()
     }
 

@@ -6,7 +6,7 @@ use crate::model::script::{Head, ScriptModel};
 use crate::model::{HeadId, Kind};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind, Series};
-use crate::script::convert::{err, quote, Opts, ScriptResult};
+use crate::script::convert::{err, opt, quote, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
@@ -22,9 +22,25 @@ pub struct PruneResult {
     pub trained: Option<(Rc<crate::model::Model>, Rc<Vec<tch::Tensor>>)>,
 }
 
-const OPTIONS: &[&str] = &[
-    "lambda", "steps", "lr", "model_lr", "batch_tokens", "kinds", "joint", "seed", "eval", "eval_data", "eval_every", "checkpoint", "resume", "beta", "init", "penalty_scale",
-    "distill", "eval_gates",
+pub const OPTIONS: &[OptSpec] = &[
+    opt("lambda", "0.05", "weight of the L0 penalty"),
+    opt("steps", "500", "training steps"),
+    opt("lr", "0.01", "Adam's learning rate for the gates"),
+    opt("model_lr", "1e-5", "Adam's learning rate for the weights (joint: true)"),
+    opt("batch_tokens", "2000", "tokens per training batch"),
+    opt("kinds", "every kind", "the attention kinds gated"),
+    opt("joint", "false", "train the model's weights too, on a copy"),
+    opt("seed", "1", "seed of the batches and the gates' noise"),
+    opt("eval", "", "the same as eval_data"),
+    opt("eval_data", "", "a dataset evaluated every eval_every steps"),
+    opt("eval_every", "50", "steps between evaluations"),
+    opt("checkpoint", "", "a directory for checkpoints, written atomically"),
+    opt("resume", "false", "resume the run in 'checkpoint'"),
+    opt("beta", "0.33", "Hard Concrete temperature"),
+    opt("init", "\"uniform\"", "initial log_alpha: \"uniform\" or a number"),
+    opt("penalty_scale", "\"per_head\"", "\"per_head\" or \"per_layer\""),
+    opt("distill", "\"cosine\"", "encoders' objective: \"cosine\" or \"mse\""),
+    opt("eval_gates", "\"binary\"", "\"binary\" or \"continuous\" gates after training"),
 ];
 
 fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, Option<crate::data::Dataset>)> {
@@ -115,7 +131,8 @@ impl PruneResult {
         format!("pruning {} on {} (lambda {}, {} steps)", r.model, r.dataset, r.options.lambda, r.state.step)
     }
 
-    fn table(&self) -> Table {
+    /// The evaluation gates as a table, one row per kind and layer.
+    pub fn table(&self) -> Table {
         let r = &self.run;
         let n_heads = r.layout.kinds.iter().map(|(_, _, h)| *h).max().unwrap_or(0);
         let mut cols = vec!["layer".to_string()];
@@ -179,7 +196,7 @@ impl PruneResult {
             "objective": r.objective,
             "eval_metric": r.eval_metric,
             "resumed_from": r.resumed_from,
-            "options": r.options.echo().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect::<serde_json::Map<_, _>>(),
+            "options": r.options.echo().into_iter().collect::<serde_json::Map<_, _>>(),
             "steps": r.state.step,
             "gates": km(self.gates()),
             "log_alpha": km(r.log_alpha()),
@@ -248,7 +265,7 @@ pub mod api {
     /// let m = load_model("minilm");
     /// let data = corpus(asset("pud_en.txt")).take(8);
     /// let r = m.prune(data, #{steps: 2, batch_tokens: 300});
-    /// assert(r.options.lambda == "0.05" && r.options.eval_gates == "binary");
+    /// assert(r.options.lambda == 0.05 && r.options.eval_gates == "binary");
     /// ```
     #[rhai_fn(name = "prune", return_raw, pure)]
     pub fn prune_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<PruneResult> {
@@ -281,6 +298,36 @@ pub mod api {
             }
             EvalGates::Continuous => ScriptModel { model, closed: m.closed.clone(), soft: Some(Rc::new(result.gates())) },
         })
+    }
+
+    /// A view of the model with these heads' gates closed: heads as `Head`s, printed names
+    /// (`"enc.1.2"`) or a table of heads (`g.top(k)`); the same as `with_mask`.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// assert(m.with_gates(["enc.1.2", m.head("enc", 3, 0)]).masked.len() == 2);
+    /// ```
+    #[rhai_fn(name = "with_gates", return_raw, pure)]
+    pub fn with_gates_heads(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
+        Ok(m.closing(&crate::model::script::head_ids(m, &heads, "with_gates")?))
+    }
+
+    /// A new model with these heads removed from the weights (heads as `Head`s, printed
+    /// names or a table of heads); it computes what `m.with_mask(heads)` computes.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let small = m.prune_heads(["enc.0.0", "enc.0.1"]);
+    /// assert(small.params < m.params);
+    /// ```
+    #[rhai_fn(name = "prune_heads", return_raw, pure)]
+    pub fn prune_heads_named(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
+        let ids = crate::model::script::head_ids(m, &heads, "prune_heads")?;
+        if !m.closed.is_empty() || m.soft.is_some() {
+            return err("prune_heads: run it on the unmasked model (this view masks heads already)");
+        }
+        let pruned = super::super::physical::prune_heads(&m.model, &ids, None).or_else(|e| err(format!("prune_heads: {e}")))?;
+        Ok(ScriptModel::new(pruned))
     }
 
     /// A new model with the result's closed heads removed from the weights (smaller Q/K/V and
@@ -434,16 +481,16 @@ pub mod api {
         r.run.objective.clone()
     }
 
-    /// The options of the run, as strings (every default included).
+    /// The options of the run, every default included, each keeping its type.
     ///
     /// ```rhai
     /// let m = load_model("minilm");
     /// let r = m.prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, batch_tokens: 300, seed: 7});
-    /// assert(r.options.seed == "7" && r.options.beta == "0.33" && r.options.kinds == "enc");
+    /// assert(r.options.seed == 7 && r.options.beta == 0.33 && r.options.kinds == ["enc"]);
     /// ```
     #[rhai_fn(get = "options", pure)]
     pub fn options(r: &mut PruneResult) -> Map {
-        r.run.options.echo().into_iter().map(|(k, v)| (k.into(), Dynamic::from(v))).collect()
+        crate::script::convert::echo_map(&r.run.options.echo())
     }
 
     /// The last evaluation metric (with the `eval_data` option), else `()`.

@@ -64,6 +64,48 @@ pub fn to_labels(a: &Array) -> Vec<String> {
     a.iter().map(|v| if v.is_string() { v.clone().cast::<rhai::ImmutableString>().to_string() } else { v.to_string() }).collect()
 }
 
+/// A JSON value as a script value of the same type: integers stay `int`, other numbers
+/// `float`, lists arrays, objects maps (typed option echoes, JSON read back).
+pub fn json_value(v: &serde_json::Value) -> Dynamic {
+    use serde_json::Value as V;
+    match v {
+        V::Null => Dynamic::UNIT,
+        V::Bool(b) => Dynamic::from(*b),
+        V::Number(n) => match n.as_i64() {
+            Some(i) => Dynamic::from(i),
+            None => Dynamic::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        V::String(s) => Dynamic::from(s.clone()),
+        V::Array(a) => Dynamic::from(a.iter().map(json_value).collect::<Array>()),
+        V::Object(o) => Dynamic::from(o.iter().map(|(k, v)| (k.as_str().into(), json_value(v))).collect::<Map>()),
+    }
+}
+
+/// Echoed options as a script map, every value keeping its type.
+pub fn echo_map(echo: &[(String, serde_json::Value)]) -> Map {
+    echo.iter().map(|(k, v)| (k.as_str().into(), json_value(v))).collect()
+}
+
+/// A float as a JSON number (NaN and infinities, which JSON cannot hold, as null).
+pub fn json_f64(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+/// One option a script function accepts: its name, its default as a person reads it, and
+/// what it does. The lists beside each function drive the check of option maps, `:help`
+/// and completion inside `#{...}` (one list, so they cannot disagree).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptSpec {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// Shorthand for an [`OptSpec`] in a `const` list.
+pub const fn opt(name: &'static str, default: &'static str, help: &'static str) -> OptSpec {
+    OptSpec { name, default, help }
+}
+
 /// An option map checked against the keys a function accepts; getters convert types once.
 pub struct Opts<'a> {
     map: &'a Map,
@@ -72,10 +114,11 @@ pub struct Opts<'a> {
 
 impl<'a> Opts<'a> {
     /// Fails on any key not in `allowed`, naming it and listing the valid ones.
-    pub fn new(map: &'a Map, func: &'static str, allowed: &[&str]) -> ScriptResult<Self> {
+    pub fn new(map: &'a Map, func: &'static str, allowed: &[OptSpec]) -> ScriptResult<Self> {
         for k in map.keys() {
-            if !allowed.contains(&k.as_str()) {
-                return err(format!("{func}: unknown option '{k}' (valid options: {})", allowed.join(", ")));
+            if !allowed.iter().any(|o| o.name == k.as_str()) {
+                let names: Vec<&str> = allowed.iter().map(|o| o.name).collect();
+                return err(format!("{func}: unknown option '{k}' (valid options: {})", names.join(", ")));
             }
         }
         Ok(Opts { map, func })
@@ -155,7 +198,7 @@ mod tests {
     fn unknown_option_is_named_with_valid_ones() {
         let mut m = Map::new();
         m.insert("titel".into(), Dynamic::from("x"));
-        let e = msg(Opts::new(&m, "heatmap", &["title", "rows"]).err().unwrap());
+        let e = msg(Opts::new(&m, "heatmap", &[opt("title", "", ""), opt("rows", "", "")]).err().unwrap());
         assert!(e.contains("unknown option 'titel'") && e.contains("title, rows"), "{e}");
     }
 }

@@ -9,7 +9,7 @@ use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, Opts, ScriptResult};
+use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
 use crate::table::Table;
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -26,10 +26,21 @@ thread_local! {
 pub struct AnalysisObj(pub Rc<Analysis>);
 
 impl AnalysisObj {
+    /// One statistic as a grid, by the name scripts use for its property.
+    pub fn stat_grid(&self, stat: &str) -> ScriptResult<Grid> {
+        let mut a = self.clone();
+        match stat {
+            "confidence" => api::get_confidence(&mut a),
+            "positional" => api::get_positional(&mut a),
+            "rare" => api::get_rare(&mut a),
+            other => err(format!("no statistic '{other}' as a grid (expected \"confidence\", \"positional\" or \"rare\"; syntactic grids come per relation)")),
+        }
+    }
+
     fn grid(&self, stat: &str, f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>) -> ScriptResult<Grid> {
         let kinds: crate::model::KindGrids = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
         if kinds.is_empty() {
-            return err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or("", |(_, v)| v.as_str())));
+            return err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or(String::new(), |(_, v)| crate::output::echo_text(v))));
         }
         Ok(Grid { stat: stat.into(), model: self.0.model.clone(), dataset: self.0.dataset.clone(), kinds, options: self.0.options.clone() })
     }
@@ -53,9 +64,20 @@ impl Render for AnalysisObj {
     }
 }
 
-const OPTIONS: &[&str] = &[
-    "stats", "kinds", "batch_tokens", "exclude_keys", "positional_threshold", "rare_top_n", "rare_threshold", "freq", "freq_counts", "relations",
-    "subtypes", "margin", "treebank",
+pub const OPTIONS: &[OptSpec] = &[
+    opt("stats", "[\"confidence\", \"positional\", \"rare\"] (+ \"syntactic\" on a treebank)", "which statistics to compute"),
+    opt("kinds", "every kind", "the attention kinds analysed"),
+    opt("batch_tokens", "1024", "tokens per batch, padding included"),
+    opt("exclude_keys", "\"eos\"", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
+    opt("positional_threshold", "0.9", "a head is positional when it attends to one offset this often"),
+    opt("rare_top_n", "500", "tokens this frequent or more are not rare"),
+    opt("rare_threshold", "0.5", "a head is rare-word when it attends to the rarest token this often"),
+    opt("freq", "the Brown corpus", "a text file whose token counts define rarity"),
+    opt("freq_counts", "", "token<TAB>count lines instead of 'freq'"),
+    opt("relations", "[\"nsubj\", \"dobj\", \"amod\", \"advmod\"]", "dependency relations scored"),
+    opt("subtypes", "false", "count relation subtypes (nsubj:pass) as their base relation"),
+    opt("margin", "0.1", "syntactic when accuracy >= baseline + margin"),
+    opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
 ];
 
 fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) -> ScriptResult<(Options, crate::data::Dataset)> {
@@ -370,9 +392,7 @@ pub mod api {
         m.insert("sentences".into(), Dynamic::from(a.0.sentences as i64));
         m.insert("tokens".into(), Dynamic::from(a.0.tokens as i64));
         m.insert("seconds".into(), Dynamic::from(a.0.seconds));
-        for (k, v) in &a.0.options {
-            m.insert(k.as_str().into(), Dynamic::from(v.clone()));
-        }
+        m.extend(crate::script::convert::echo_map(&a.0.options));
         m
     }
 

@@ -6,7 +6,12 @@ use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
-use crate::script::convert::{err, Opts, ScriptResult};
+use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+
+pub const DIVERSITY_OPTIONS: &[OptSpec] = &[
+    opt("kinds", "every kind", "the attention kinds measured"),
+    opt("batch_tokens", "1024", "tokens per batch, padding included"),
+];
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -86,7 +91,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "diversity", return_raw, pure)]
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
-        let o = Opts::new(&options, "diversity", &["kinds", "batch_tokens"])?;
+        let o = Opts::new(&options, "diversity", DIVERSITY_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds: Vec<Kind> = match options.get("kinds") {
             Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("diversity: {e}")))).collect::<ScriptResult<_>>()?,

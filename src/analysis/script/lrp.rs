@@ -2,7 +2,14 @@
 
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
-use crate::script::convert::{err, Opts, ScriptResult};
+use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+
+pub const LRP_OPTIONS: &[OptSpec] = &[
+    opt("rule", "\"ab\"", "\"ab\" or \"zplus\" (docs/methods.md#lrp-head-relevance)"),
+    opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
+    opt("seeds", "\"each\"", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
+    opt("batch_tokens", "64 (each), 256 (summed)", "tokens per batch"),
+];
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
@@ -29,12 +36,12 @@ pub mod api {
     /// let row = g["enc"][3];
     /// let total = 0.0;
     /// for v in row { total += v; }
-    /// assert(abs(total - 1.0) < 1e-6 && parse_float(g.options.max_conservation_error) < 1e-3);
+    /// assert(abs(total - 1.0) < 1e-6 && g.options.max_conservation_error < 1e-3);
     /// ```
     #[rhai_fn(name = "lrp", return_raw, pure)]
     pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         use crate::analysis::lrp::{lrp, LrpOptions, Seed};
-        let o = Opts::new(&options, "lrp", &["rule", "seed", "seeds", "batch_tokens"])?;
+        let o = Opts::new(&options, "lrp", LRP_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let net = &m.model.net;
         let default_seed = if net.output.is_some() { Seed::Logit } else { Seed::Norm };
@@ -58,12 +65,12 @@ pub mod api {
             dataset: d.name.clone(),
             kinds: r.kinds.clone(),
             options: vec![
-                ("rule".into(), r.options.rule.to_string()),
-                ("seed".into(), r.options.seed.to_string()),
-                ("seeds".into(), if r.options.per_prediction { "each" } else { "summed" }.into()),
-                ("batch_tokens".into(), r.options.batch_tokens.to_string()),
-                ("predictions".into(), r.predictions.to_string()),
-                ("max_conservation_error".into(), format!("{:e}", r.max_conservation_error)),
+                ("rule".into(), serde_json::json!(r.options.rule.to_string())),
+                ("seed".into(), serde_json::json!(r.options.seed.to_string())),
+                ("seeds".into(), serde_json::json!(if r.options.per_prediction { "each" } else { "summed" })),
+                ("batch_tokens".into(), serde_json::json!(r.options.batch_tokens)),
+                ("predictions".into(), serde_json::json!(r.predictions)),
+                ("max_conservation_error".into(), crate::script::convert::json_f64(r.max_conservation_error)),
             ],
         })
     }

@@ -8,7 +8,24 @@ mod analysis;
 mod diversity;
 mod lrp;
 
+/// The options of this family's functions, for `:help` and completion.
+pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
+    ("analyze", analysis::OPTIONS),
+    ("ablate", ablation::ABLATE_OPTIONS),
+    ("ablation_sweep", ablation::SWEEP_OPTIONS),
+    ("diversity", diversity::DIVERSITY_OPTIONS),
+    ("lrp", lrp::LRP_OPTIONS),
+];
+
+/// What `a["` may be followed by: an analysis is indexed by its kinds.
+pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
+    v.clone().try_cast::<AnalysisObj>().map(|a| a.0.kinds.iter().map(|k| k.kind.to_string()).collect())
+}
+
+pub use ablation::api::{ablate_opts, ablation_sweep_opts};
+pub use analysis::api::{analyze_opts, confidence_of};
 pub use analysis::AnalysisObj;
+pub use lrp::api::lrp_opts;
 pub use diversity::DiversityObj;
 
 use crate::output::{Output, Render};

@@ -5,7 +5,7 @@ use super::ScriptModel;
 use crate::model::{AttentionMap, HeadId};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
-use crate::script::convert::{err, ScriptResult};
+use crate::script::convert::{err, quote, ScriptResult};
 use rhai::plugin::*;
 use rhai::Array;
 use std::rc::Rc;
@@ -58,6 +58,44 @@ impl Render for AttentionMatrix {
     }
 }
 
+/// The heads a script names, checked against the model: a `Head`, a printed name
+/// (`"enc.5.5"`), an array of either, or a table with a `head` column (what `r.top(k)`
+/// returns). `func` names the calling function in errors, which quote the bad item.
+pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<HeadId>> {
+    let one = |item: &Dynamic, at: &str| -> ScriptResult<HeadId> {
+        if let Some(h) = item.clone().try_cast::<Head>() {
+            if !Rc::ptr_eq(&h.model.model, &m.model) {
+                return err(format!("{func}: {at}head {} belongs to another model", h.id));
+            }
+            return Ok(h.id);
+        }
+        if item.is_string() {
+            let id: HeadId = item.to_string().parse().or_else(|e: String| err(format!("{func}: {at}{e}")))?;
+            m.model.check_head(id).or_else(|e| err(format!("{func}: {at}{e}")))?;
+            return Ok(id);
+        }
+        err(format!("{func}: {at}expected a Head or a head name like \"enc.5.5\", got {}", quote(item)))
+    };
+    if let Some(t) = v.clone().try_cast::<crate::table::Table>() {
+        let c = t.column_index("head").or_else(|e| err(format!("{func}: a table of heads needs a 'head' column: {e}")))?;
+        return t.rows.iter().enumerate().map(|(i, r)| one(&cell_value(&r[c]), &format!("row {i}: "))).collect();
+    }
+    if let Some(a) = v.clone().try_cast::<Array>() {
+        return a.iter().enumerate().map(|(i, h)| one(h, &format!("heads[{i}]: "))).collect();
+    }
+    Ok(vec![one(v, "")?])
+}
+
+fn cell_value(c: &crate::table::Cell) -> Dynamic {
+    use crate::table::Cell;
+    match c {
+        Cell::Text(s) => Dynamic::from(s.clone()),
+        Cell::Int(i) => Dynamic::from(*i),
+        Cell::Float(f) => Dynamic::from(*f),
+        Cell::Empty => Dynamic::UNIT,
+    }
+}
+
 #[export_module]
 pub mod api {
     use super::*;
@@ -105,6 +143,19 @@ pub mod api {
         let gates = h.model.gates()?;
         let map = h.model.model.attention_map(text, h.id, &gates).or_else(|e| err(format!("attention: {e}")))?;
         Ok(AttentionMatrix(Rc::new(map)))
+    }
+
+    /// A head's attention on a sentence, the head given as a `Head` or by name.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// assert(m.attention("enc.0.0", "The cat sleeps.").keys == m.head("enc", 0, 0).attention("The cat sleeps.").keys);
+    /// ```
+    #[rhai_fn(name = "attention", return_raw, pure)]
+    pub fn model_attention(m: &mut ScriptModel, head: Dynamic, text: &str) -> ScriptResult<AttentionMatrix> {
+        let ids = head_ids(m, &head, "attention")?;
+        let [id] = ids.as_slice() else { return err(format!("attention: expected one head, got {}", ids.len())) };
+        attention(&mut Head { model: m.clone(), id: *id }, text)
     }
 
     /// The weights, one row per query token; each row sums to 1.

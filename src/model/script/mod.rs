@@ -4,7 +4,7 @@
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, quote, to_usize, Opts, ScriptResult};
+use crate::script::convert::{err, opt, quote, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
@@ -43,7 +43,16 @@ impl ScriptModel {
         Ok(g)
     }
 
-    fn describe(&self) -> String {
+    /// A view with `heads` masked as well (shared weights).
+    pub fn closing(&self, heads: &[HeadId]) -> ScriptModel {
+        let mut closed: Vec<HeadId> = self.closed.as_ref().clone();
+        closed.extend_from_slice(heads);
+        closed.sort();
+        closed.dedup();
+        ScriptModel { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone() }
+    }
+
+    pub fn describe(&self) -> String {
         let mut d = self.model.describe();
         if self.soft.is_some() {
             d = format!("{}, continuous gates>", d.trim_end_matches('>'));
@@ -59,7 +68,14 @@ impl ScriptModel {
 
 mod head;
 
-pub use head::{AttentionMatrix, Head};
+pub const LOAD_OPTIONS: &[OptSpec] = &[
+    opt("device", "\"auto\"", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
+    opt("dtype", "\"f32\"", "\"f32\", \"f64\" (for checking numerics), \"bf16\" or \"f16\" (CUDA)"),
+];
+pub const FORWARD_OPTIONS: &[OptSpec] = &[opt("batch_tokens", "1024", "tokens per batch, padding included")];
+
+pub use head::api::model_attention as api_attention;
+pub use head::{head_ids, AttentionMatrix, Head};
 
 fn kind(s: &str) -> ScriptResult<Kind> {
     s.parse().or_else(|e: String| err(e))
@@ -166,7 +182,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
-        let o = Opts::new(&options, "load_model", &["device", "dtype"])?;
+        let o = Opts::new(&options, "load_model", LOAD_OPTIONS)?;
         let device: DeviceChoice = match o.string("device")? {
             Some(d) => d.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?,
             None => DeviceChoice::Auto,
@@ -331,7 +347,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "forward", return_raw, pure)]
     pub fn forward_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
-        let o = Opts::new(&options, "forward", &["batch_tokens"])?;
+        let o = Opts::new(&options, "forward", FORWARD_OPTIONS)?;
         let batch_tokens = o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS).max(1);
         let list = dataset_texts(&data, "forward")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
@@ -389,6 +405,23 @@ pub mod api {
         Ok(Head { model: m.clone(), id: head_id(m, k, layer, index)? })
     }
 
+    /// One head by its printed name (`KIND.LAYER.HEAD`, as results print heads).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// assert(m.head("cross.1.2") == m.head("cross", 1, 2));
+    /// ```
+    ///
+    /// ```rhai,error
+    /// load_model("minilm").head("enc.9.0");
+    /// ```
+    #[rhai_fn(name = "head", return_raw, pure)]
+    pub fn head_by_name(m: &mut ScriptModel, name: &str) -> ScriptResult<Head> {
+        let id: HeadId = name.parse().or_else(|e: String| err(format!("head: {e}")))?;
+        m.model.check_head(id).or_else(|e| err(format!("head: {e}")))?;
+        Ok(Head { model: m.clone(), id })
+    }
+
     /// Every head of one attention kind, layer by layer.
     ///
     /// ```rhai
@@ -414,20 +447,18 @@ pub mod api {
     /// let masked = m.with_mask([m.head("enc", 0, 1), m.head("cross", 1, 7)]);
     /// assert(masked.masked.len() == 2 && m.masked.len() == 0);
     /// ```
+    ///
+    /// Heads may also be given by name, or as a table of heads (`g.top(3)`):
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let g = m.confidence(corpus(asset("pud_en.txt")).take(2));
+    /// assert(m.with_mask(["enc.0.1", "enc.5.5"]).masked.len() == 2);
+    /// assert(m.with_mask(g.top(3)).masked.len() == 3);
+    /// ```
     #[rhai_fn(return_raw, pure)]
-    pub fn with_mask(m: &mut ScriptModel, heads: Array) -> ScriptResult<ScriptModel> {
-        let mut closed: Vec<HeadId> = m.closed.as_ref().clone();
-        for (i, h) in heads.iter().enumerate() {
-            let Some(h) = h.clone().try_cast::<Head>() else { return err(format!("with_mask: item {i} is not a Head: {}", quote(h))) };
-            if !Rc::ptr_eq(&h.model.model, &m.model) {
-                return err(format!("with_mask: head {} belongs to another model", h.id));
-            }
-            if !closed.contains(&h.id) {
-                closed.push(h.id);
-            }
-        }
-        closed.sort();
-        Ok(ScriptModel { model: m.model.clone(), closed: Rc::new(closed), soft: m.soft.clone() })
+    pub fn with_mask(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
+        Ok(m.closing(&head_ids(m, &heads, "with_mask")?))
     }
 
     /// The heads this view masks.
