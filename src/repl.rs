@@ -30,7 +30,10 @@ struct Bar {
 
 fn new_bar(total: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr_with_hz(10));
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {per_sec} ETA {eta}") {
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {rate} ETA {eta}") {
+        let style = style.with_key("rate", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1}/s", s.per_sec());
+        });
         bar.set_style(style.progress_chars("=> "));
     }
     bar
@@ -175,7 +178,7 @@ pub fn run() -> Result<bool, String> {
         return Ok(failed);
     }
 
-    let config = Config::builder().auto_add_history(false).history_ignore_space(true).max_history_size(10_000).map_err(|e| e.to_string())?.build();
+    let config = Config::builder().completion_type(rustyline::CompletionType::List).auto_add_history(false).history_ignore_space(true).max_history_size(10_000).map_err(|e| e.to_string())?.build();
     let mut rl: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config).map_err(|e| format!("cannot start the line editor: {e}"))?;
     rl.set_helper(Some(ReplHelper { session: session.clone() }));
     // After the editor: it installs a SIGINT handler of its own when created. While it reads,

@@ -65,6 +65,11 @@ fn thousand_cells_back_to_back_nothing_lost_or_reordered() {
 }
 
 #[test]
+fn completion_and_inspection_know_the_session_values() {
+    case("typed_introspection");
+}
+
+#[test]
 fn long_analysis_shows_progress_in_place() {
     case("progress");
 }

@@ -105,3 +105,127 @@ fn repl_in_a_terminal() {
     p.send_line(":quit").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// What a person sees: every byte the REPL wrote, played on a terminal emulator the size of
+/// the pty.
+struct Screen {
+    raw: String,
+}
+
+impl Screen {
+    fn feed(&mut self, s: &str) {
+        self.raw.push_str(s);
+    }
+    /// The visible screen after everything so far.
+    fn contents(&self) -> String {
+        let mut p = vt100::Parser::new(24, 80, 0);
+        p.process(&self.bytes());
+        p.screen().contents()
+    }
+    /// rexpect hands out each byte as a char: the bytes again, for UTF-8.
+    fn bytes(&self) -> Vec<u8> {
+        self.raw.chars().map(|c| c as u32 as u8).collect()
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).to_string()
+    }
+}
+
+/// Waits for `what`, keeping what came before it (and it) on the screen.
+fn expect(p: &mut PtySession, screen: &mut Screen, what: &str) {
+    let before = p.exp_string(what).unwrap_or_else(|e| panic!("waiting for {what:?}: {e}\nscreen so far:\n{}", screen.contents()));
+    screen.feed(&before);
+    screen.feed(what);
+}
+
+#[test]
+fn typed_completion_help_text_heatmap_progress_and_save() {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.env("XDG_DATA_HOME", home.path()).env("TERM", "xterm").current_dir(env!("CARGO_MANIFEST_DIR"));
+    let mut p = spawn_command(cmd, Some(120_000)).expect("spawn headscope in a pty");
+    let mut s = Screen { raw: String::new() };
+    expect(&mut p, &mut s, PROMPT);
+    p.send_line("let m = load_model(\"minilm\"); let d = corpus(asset(\"pud_en.txt\")).take(300);").unwrap();
+    expect(&mut p, &mut s, PROMPT);
+
+    // `m.` Tab Tab lists the methods of the value's type (Model), not every function.
+    p.send("m.").unwrap();
+    p.send("\t\t").unwrap();
+    p.flush().unwrap();
+    expect(&mut p, &mut s, "ablation_sweep");
+    expect(&mut p, &mut s, "analyze");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let screen = s.contents();
+    let listing = &screen[screen.rfind("hs> m.").unwrap_or(0)..];
+    assert!(!listing.contains("load_model") && !listing.contains("corpus"), "a free function offered after `m.`:\n{screen}");
+    p.send_control('u').unwrap(); // clear the line
+    // A unique method completes in place: `m.heads_p<TAB>` -> `m.heads_per_layer`.
+    p.send("m.heads_p").unwrap();
+    p.send("\t").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    p.send_line("(\"enc\") * 1000 + 7").unwrap();
+    expect(&mut p, &mut s, "12007");
+    expect(&mut p, &mut s, PROMPT);
+
+    // A sweep-sized analysis draws a progress bar (rate, ETA) that is gone when it ends.
+    p.send_line("let r = m.confidence(d);").unwrap();
+    expect(&mut p, &mut s, PROMPT);
+    assert!(s.raw.contains("ETA"), "no progress bar was drawn:\n{:?}", &s.raw[s.raw.len().saturating_sub(600)..]);
+    let screen = s.contents();
+    assert!(!screen.contains("ETA") && !screen.contains("[=="), "a progress bar stayed on screen:\n{screen}");
+
+    // `r["` Tab offers the result's kinds: MiniLM has one, so it completes to `r["enc"]`.
+    p.send("r[\"").unwrap();
+    p.send("\t").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    p.send_line(".len() * 100 + 1").unwrap();
+    expect(&mut p, &mut s, "601");
+    expect(&mut p, &mut s, PROMPT);
+
+    // `:help Model` lists the type's methods with their one-line docs.
+    p.send_line(":help Model").unwrap();
+    expect(&mut p, &mut s, "m.analyze(data, options) -> Analysis");
+    expect(&mut p, &mut s, PROMPT);
+
+    // The heatmap of a grid is drawn in text as well.
+    p.send_line("r.heatmap()").unwrap();
+    expect(&mut p, &mut s, "enc.5");
+    expect(&mut p, &mut s, "legend:");
+    expect(&mut p, &mut s, PROMPT);
+    assert!(s.text().contains("legend: · "), "no shaded legend:\n{}", s.text());
+
+    // Numbers shown in the session, then :save; `headscope run` prints the same ones.
+    p.send_line("print(`value ${r[\"enc\"][2][5]}`)").unwrap();
+    expect(&mut p, &mut s, PROMPT);
+    p.send_line("let x = m.ablate(d.take(5), \"enc.1.2\"); x.value").unwrap();
+    expect(&mut p, &mut s, PROMPT);
+    p.send_line("this_fails(1)").unwrap(); // an error: not saved
+    expect(&mut p, &mut s, PROMPT);
+    let script = home.path().join("session.rhai");
+    p.send_line(&format!(":save {}", script.display())).unwrap();
+    expect(&mut p, &mut s, "saved");
+    expect(&mut p, &mut s, PROMPT);
+    p.send_line(":history").unwrap();
+    expect(&mut p, &mut s, PROMPT);
+    p.send_line(":quit").unwrap();
+    p.exp_eof().unwrap();
+
+    let screen_text = s.text().replace("\r\n", "\n");
+    let value_line = screen_text.lines().find(|l| l.starts_with("value ")).expect("the printed value").trim().to_string();
+    let ablate_value = screen_text
+        .lines()
+        .skip_while(|l| !l.contains("x.value"))
+        .nth(1)
+        .expect("the shown ablate value")
+        .trim()
+        .to_string();
+    assert!(ablate_value.parse::<f64>().is_ok(), "not a number: {ablate_value:?}");
+    let saved = std::fs::read_to_string(&script).unwrap();
+    assert!(!saved.contains("this_fails"), "a failed input was saved:\n{saved}");
+    let out = Command::new(BIN).arg("run").arg(&script).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    let replay = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "replay failed: {}\n{saved}", String::from_utf8_lossy(&out.stderr));
+    assert!(replay.lines().any(|l| l.trim() == value_line), "replay lacks {value_line:?}:\n{replay}");
+    assert!(replay.lines().any(|l| l.trim() == ablate_value), "replay lacks the ablate value {ablate_value:?}:\n{replay}");
+}
