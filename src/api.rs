@@ -197,7 +197,11 @@ macro_rules! evcxr {
         impl $t {
             /// Shows the value in an evcxr notebook (HTML or an image, with a text fallback).
             pub fn evcxr_display(&self) {
-                print!("{}", crate::output::evcxr_content(&crate::output::Render::render(self)));
+                print!("{}", self.evcxr_content());
+            }
+            /// What `evcxr_display` writes: the value's output bundle in evcxr's markers.
+            pub fn evcxr_content(&self) -> String {
+                crate::output::evcxr_content(&crate::output::Render::render(self))
             }
         }
     )*};
@@ -207,7 +211,11 @@ evcxr!(Table, Plot, Grid, Analysis, AttentionMatrix, PruneResult);
 impl Model {
     /// Shows the model's description in an evcxr notebook.
     pub fn evcxr_display(&self) {
-        print!("{}", crate::output::evcxr_content(&crate::output::Output::text(self.to_string())));
+        print!("{}", self.evcxr_content());
+    }
+    /// What `evcxr_display` writes.
+    pub fn evcxr_content(&self) -> String {
+        crate::output::evcxr_content(&crate::output::Output::text(self.to_string()))
     }
 }
 

@@ -160,7 +160,7 @@ fn colon_commands_in_a_piped_session() {
     assert!(r.stdout.contains("heatmap(matrix, options) -> Plot") && r.stdout.contains("```rhai"), "{}", r.stdout);
     assert!(r.stdout.contains("m.analyze(data, options) -> Analysis") && !r.stdout.contains("ScriptModel"), ":help shows script-facing signatures: {}", r.stdout);
     assert!(r.stdout.contains(":load FILE") && r.stdout.contains(":quit"), "{}", r.stdout);
-    assert!(r.stderr.contains("no documented function named 'nosuchfn'"), "{}", r.stderr);
+    assert!(r.stderr.contains("no documented function or type named 'nosuchfn'"), "{}", r.stderr);
     assert!(!r.stdout.contains("49"), ":quit must end the session: {}", r.stdout);
     assert_eq!(r.code, 1, "a failed input makes the piped session exit 1");
 }
@@ -300,8 +300,8 @@ fn bad_model_inputs_are_clear_errors() {
         ("load_model(\"minilm\").head(\"cross\", 0, 0)", "minilm has no 'cross' attention (it has: enc)"),
         ("load_model(\"minilm\").translate(\"Hi\")", "translate: minilm cannot translate: it has no decoder"),
         ("load_model(\"enpt\").forward(corpus(asset(\"pud_en.txt\")).take(0))", "forward: the dataset pud_en.txt[:0] is empty"),
-        ("let m = load_model(\"enpt\"); m.with_mask([1])", "with_mask: item 0 is not a Head: 1 (i64)"),
-        ("let a = load_model(\"enpt\"); let b = load_model(\"enpt\"); a.with_mask([b.head(\"enc\", 0, 0)])", "with_mask: head enc.0.0 belongs to another model"),
+        ("let m = load_model(\"enpt\"); m.with_mask([1])", "with_mask: heads[0]: expected a Head or a head name like \"enc.5.5\", got 1 (i64)"),
+        ("let a = load_model(\"enpt\"); let b = load_model(\"enpt\"); a.with_mask([b.head(\"enc\", 0, 0)])", "with_mask: heads[0]: head enc.0.0 belongs to another model"),
         ("treebank(\"missing.conllu\")", "treebank: missing.conllu: No such file or directory"),
     ];
     if !tch::Cuda::is_available() {

@@ -22,8 +22,8 @@ pub struct Command {
 
 pub const COMMANDS: &[Command] = &[
     Command { name: "help", usage: ":help [NAME]", help: "list commands; document a function (:help analyze), a type's methods (:help Model) or one method (:help Model.analyze)", run: help },
-    Command { name: "types", usage: ":types", help: "list the script types and how many methods each has", run: types },
     Command { name: "vars", usage: ":vars", help: "list the variables of this session with their types", run: vars },
+    Command { name: "types", usage: ":types", help: "list the script types and how many methods each has", run: types },
     Command { name: "history", usage: ":history", help: "the inputs of this session that ran without error, numbered", run: history },
     Command { name: "save", usage: ":save FILE", help: "write those inputs as a .rhai script that `headscope run FILE` replays", run: save },
     Command { name: "load", usage: ":load FILE", help: "run a .rhai file in this session (its variables and functions stay)", run: load },

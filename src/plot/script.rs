@@ -32,12 +32,12 @@ fn build(kind: PlotKind) -> ScriptResult<Plot> {
 macro_rules! plot_options {
     ($($extra:expr),* $(,)?) => {
         &[
-            $($extra,)*
             opt("title", "\"\"", "the plot's title"),
             opt("x_label", "\"\"", "the x axis label"),
             opt("y_label", "\"\"", "the y axis label"),
-            opt("width", "800", "width in pixels"),
-            opt("height", "600", "height in pixels"),
+            opt("width", "800 (heatmaps: by their size)", "width in pixels"),
+            opt("height", "500 (heatmaps: by their size)", "height in pixels"),
+            $($extra,)*
         ]
     };
 }
