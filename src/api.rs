@@ -8,8 +8,8 @@
 //! and each has an `evcxr_display` method, so a notebook cell that ends with one shows it as
 //! HTML or an image.
 //!
-//! ```no_run
-//! use headscope::api::{corpus, Model};
+//! ```
+//! use headscope::api::{corpus, Kind, Model};
 //! use serde_json::json;
 //!
 //! let m = Model::load("minilm")?;
@@ -17,7 +17,11 @@
 //! let a = m.analyze(&data, json!({"stats": ["confidence", "positional"]}))?;
 //! let conf = a.stat("confidence")?;
 //! println!("{}", conf.table().to_text());
-//! std::fs::write("confidence.png", conf.heatmap("enc")?.to_png()?)?;
+//! let top = conf.top_heads(3); // the names go straight back into with_mask
+//! let masked = m.with_mask(&top.iter().map(String::as_str).collect::<Vec<_>>())?;
+//! assert_eq!(masked.0.closed.len(), 3);
+//! let png = conf.heatmap(Kind::Enc)?.to_png()?;
+//! assert_eq!(&png[..4], b"\x89PNG");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -125,7 +129,8 @@ impl Model {
     /// let a = m.analyze(&corpus("assets/pud_en.txt")?.take(4), serde_json::json!({"stats": ["confidence"]}))?;
     /// let g = a.stat("confidence")?;
     /// assert_eq!(g.kinds[0].1.len(), 6);
-    /// assert!(m.analyze(&corpus("assets/pud_en.txt")?, serde_json::json!({"stat": 1})).unwrap_err().0.contains("unknown option 'stat'"));
+    /// let bad = m.analyze(&corpus("assets/pud_en.txt")?, serde_json::json!({"stat": 1}));
+/// assert!(bad.err().unwrap().0.contains("unknown option 'stat'"));
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn analyze(&self, data: &Dataset, opts: serde_json::Value) -> Result<Analysis> {
@@ -139,6 +144,15 @@ impl Model {
 
     /// Every head masked alone (docs/methods.md#masking-and-ablation); options as
     /// `m.ablation_sweep(data, #{...})`.
+    ///
+    /// ```
+    /// use headscope::api::{corpus, Model};
+    /// let m = Model::load("minilm")?;
+    /// let g = m.ablation_sweep(&corpus("assets/pud_en.txt")?.take(2), serde_json::json!({"metric": "cosine"}))?;
+    /// assert_eq!(g.kinds[0].1.len(), 6); // layers
+    /// assert!(g.options.iter().any(|(k, v)| k == "base" && v.is_number()));
+    /// # Ok::<(), headscope::api::Error>(())
+    /// ```
     pub fn ablation_sweep(&self, data: &Dataset, opts: serde_json::Value) -> Result<Grid> {
         script(crate::analysis::script::ablation_sweep_opts(&mut self.0.clone(), Dynamic::from(data.clone()), options(opts, "ablation_sweep")?))
     }
@@ -179,6 +193,12 @@ impl Grid {
     /// The `k` highest heads over all kinds, as a table (head, value).
     pub fn top_table(&self, k: usize) -> Result<Table> {
         script(crate::grid::script::api::top(&mut self.clone(), k as i64))
+    }
+
+    /// The names of the `k` highest heads (`"enc.2.5"`), highest first; removed heads
+    /// (NaN) are left out.
+    pub fn top_heads(&self, k: usize) -> Vec<String> {
+        self.ranked().into_iter().take(k).map(|(id, _)| id.to_string()).collect()
     }
 }
 

@@ -40,6 +40,19 @@ impl Grid {
         t
     }
 
+    /// Every head with a value, highest first (ties by head); a head removed by
+    /// `prune_heads` (NaN) has no value to rank.
+    pub fn ranked(&self) -> Vec<(HeadId, f64)> {
+        let mut all: Vec<(HeadId, f64)> = Vec::new();
+        for (kind, m) in &self.kinds {
+            for (l, row) in m.iter().enumerate() {
+                all.extend(row.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(h, &v)| (HeadId { kind: *kind, layer_idx: l, head: h }, v)));
+            }
+        }
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all
+    }
+
     /// A heatmap of one kind, coloured over the values' range.
     pub fn heatmap(&self, kind: Kind) -> ScriptResult<Plot> {
         self.heatmap_range(kind, None, None)
@@ -206,16 +219,7 @@ pub mod script {
             if k < 1 {
                 return err(format!("top: k must be >= 1, got {k}"));
             }
-            let mut all: Vec<(HeadId, f64)> = Vec::new();
-            for (kind, m) in &g.kinds {
-                for (l, row) in m.iter().enumerate() {
-                    // NaN: a head removed by prune_heads, which has no value to rank.
-                    for (h, &v) in row.iter().enumerate().filter(|(_, v)| !v.is_nan()) {
-                        all.push((HeadId { kind: *kind, layer_idx: l, head: h }, v));
-                    }
-                }
-            }
-            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let all = g.ranked();
             let mut t = Table::new(vec!["head".into(), "value".into()]);
             t.title = Some(format!("top {k}: {}", g.stat));
             for (id, v) in all.into_iter().take(k as usize) {
