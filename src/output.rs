@@ -69,33 +69,6 @@ pub fn html_escape(s: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn atomic_write_replaces_whole_file_and_leaves_no_temp() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("r.txt");
-        write_atomic(&p, b"first version, long").unwrap();
-        write_atomic(&p, b"second").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"second");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 1, "temp file left behind: {names:?}");
-    }
-
-    #[test]
-    fn atomic_write_into_missing_dir_fails_cleanly() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("nope").join("r.txt");
-        assert!(write_atomic(&p, b"x").is_err());
-    }
-
-    #[test]
-    fn html_escape_escapes_markup() {
-        assert_eq!(html_escape("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
-    }
-}
 
 /// Options and counts echoed in a result, each keeping its type: numbers stay numbers, lists
 /// stay lists, in the order the function defines them (docs/methods.md lists them per analysis).
@@ -134,4 +107,51 @@ pub fn evcxr_content(o: &Output) -> String {
     }
     block("text/plain", &o.text);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evcxr_blocks_carry_each_representation_plain_text_last() {
+        let o = Output { text: "t".into(), html: Some("<b>t</b>".into()), png: Some(vec![1, 2, 3]), svg: Some("<svg/>".into()) };
+        assert_eq!(
+            evcxr_content(&o),
+            "EVCXR_BEGIN_CONTENT text/html\n<b>t</b>\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT image/png\nAQID\nEVCXR_END_CONTENT\n\
+             EVCXR_BEGIN_CONTENT image/svg+xml\n<svg/>\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT text/plain\nt\nEVCXR_END_CONTENT\n"
+        );
+        assert_eq!(evcxr_content(&Output::text("x")), "EVCXR_BEGIN_CONTENT text/plain\nx\nEVCXR_END_CONTENT\n");
+    }
+
+    #[test]
+    fn echoed_values_read_as_written() {
+        assert_eq!(echo_text(&serde_json::json!(["enc", "cross"])), "enc,cross");
+        assert_eq!(echo_text(&serde_json::json!(0.05)), "0.05");
+        assert_eq!(echo_text(&serde_json::json!("eos")), "eos");
+        assert_eq!(echo_list(&["a", "b"]), serde_json::json!(["a", "b"]));
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.txt");
+        write_atomic(&p, b"first version, long").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "temp file left behind: {names:?}");
+    }
+
+    #[test]
+    fn atomic_write_into_missing_dir_fails_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("nope").join("r.txt");
+        assert!(write_atomic(&p, b"x").is_err());
+    }
+
+    #[test]
+    fn html_escape_escapes_markup() {
+        assert_eq!(html_escape("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
+    }
 }
