@@ -207,12 +207,16 @@ pub mod script {
             g.heatmap(k)
         }
 
-        /// The `k` highest heads over all kinds, as a table (head, value).
+        /// The `k` highest heads over all kinds, as a table (head, value). The table goes
+        /// straight into anything that takes heads (`m.ablate(d, g.top(3))`, `with_mask`,
+        /// `with_gates`), and each `head` is a name `m.head` accepts.
         ///
         /// ```rhai
-        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let m = load_model("enpt");
+        /// let g = m.confidence(corpus(asset("pud_en.txt")).take(3));
         /// let t = g.top(5);
         /// assert(t.len() == 5 && t[0].value >= t[4].value);
+        /// assert(m.with_mask(t).masked.len() == 5 && m.head(t[0].head).to_string() == t[0].head);
         /// ```
         #[rhai_fn(return_raw, pure)]
         pub fn top(g: &mut Grid, k: i64) -> ScriptResult<Table> {
