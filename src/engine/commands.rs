@@ -88,10 +88,11 @@ fn type_help(session: &Session, type_name: &str) -> Output {
 
 fn types(session: &mut Session, _: &str) -> Result<Outcome, String> {
     let mut t = Table::new(vec!["type".into(), "methods and properties".into(), "for example".into()]);
+    let mut by_type = super::docs::members_by_type(session.engine());
     for name in super::docs::type_names(session.engine()) {
-        let members = super::docs::members(session.engine(), &name);
-        let some: Vec<String> = members.iter().take(5).map(|m| m.name.clone()).collect();
-        let _ = t.push_row(vec![Cell::Text(name), Cell::Int(members.len() as i64), Cell::Text(some.join(", "))]);
+        let members = by_type.remove(&name).unwrap_or_default();
+        let some = members.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let _ = t.push_row(vec![Cell::Text(name), Cell::Int(members.len() as i64), Cell::Text(some)]);
     }
     Ok(Outcome::Show(Some(crate::output::Render::render(&t))))
 }

@@ -170,6 +170,11 @@ pub fn context(code: &str, pos: usize) -> (usize, Context<'_>) {
     (wstart, Context::Word(&before[wstart..]))
 }
 
+/// `pos` clamped into `code` and moved back to a character boundary.
+fn floor_boundary(code: &str, pos: usize) -> usize {
+    (0..=pos.min(code.len())).rev().find(|&p| code.is_char_boundary(p)).unwrap_or(0)
+}
+
 fn plain(items: impl IntoIterator<Item = String>, partial: &str) -> Vec<Candidate> {
     let mut v: Vec<String> = items.into_iter().filter(|s| s.starts_with(partial)).collect();
     v.sort();
@@ -190,8 +195,7 @@ impl Session {
 
     /// Completion at byte `pos` of `code` (see the module doc for the contexts).
     pub fn complete(&self, code: &str, pos: usize) -> Completion {
-        let pos = pos.min(code.len());
-        let pos = (0..=pos).rev().find(|&p| code.is_char_boundary(p)).unwrap_or(0);
+        let pos = floor_boundary(code, pos);
         let (start, ctx) = context(code, pos);
         let candidates = match ctx {
             Context::Command(w) => plain(commands::COMMANDS.iter().map(|c| format!(":{}", c.name)), w),
@@ -199,7 +203,7 @@ impl Session {
             Context::Word(w) => plain(self.completions(w), w),
             Context::Member { receiver, partial } => {
                 let Some(v) = self.value_of(receiver) else { return Completion { start, candidates: vec![] } };
-                let mut names: Vec<String> = docs::members(&self.engine, &docs::value_type(&self.engine, &v)).into_iter().map(|m| m.name).collect();
+                let mut names = docs::members(&self.engine, &docs::value_type(&self.engine, &v));
                 if let Some(map) = v.read_lock::<rhai::Map>() {
                     names.extend(map.keys().map(|k| k.to_string()).filter(|k| k.chars().all(is_ident)));
                 }
@@ -229,7 +233,7 @@ impl Session {
     /// signature, its doc, its options with defaults, and its first example. A method after
     /// a variable (`m.analyze`) is looked up on the variable's type.
     pub fn inspect(&self, code: &str, pos: usize) -> Option<String> {
-        let pos = (0..=pos.min(code.len())).rev().find(|&p| code.is_char_boundary(p)).unwrap_or(0);
+        let pos = floor_boundary(code, pos);
         let end = code[pos..].char_indices().find(|(_, c)| !is_ident(*c)).map_or(code.len(), |(i, _)| pos + i);
         let (start, name) = ident_before(code, end);
         if name.is_empty() {

@@ -191,40 +191,33 @@ pub fn type_names(engine: &Engine) -> Vec<String> {
     names
 }
 
-/// One method or property of a type, for completion and `:help TYPE`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Member {
-    pub name: String,
-    /// A property (`m.kinds`) rather than a method (`m.analyze(...)`).
-    pub property: bool,
+/// The method and property names of every script type (`Model`, and the built-in `array`,
+/// `map`, `string`...), Rhai's standard library included, each list sorted: one pass over
+/// the engine's metadata.
+pub fn members_by_type(engine: &Engine) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let Ok(json) = engine.gen_fn_metadata_to_json(true) else { return out };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return out };
+    let types = custom_types(&v);
+    for f in v["functions"].as_array().into_iter().flatten() {
+        let Some(t) = receiver(f, &types) else { continue };
+        let raw = f["name"].as_str().unwrap_or_default();
+        let name = raw.strip_prefix("get$").unwrap_or(raw);
+        if name.contains('$') || !name.starts_with(|c: char| c.is_alphabetic() || c == '_') || matches!(name, "to_string" | "to_debug") {
+            continue;
+        }
+        out.entry(t).or_default().push(name.to_string());
+    }
+    for names in out.values_mut() {
+        names.sort();
+        names.dedup();
+    }
+    out
 }
 
-/// The methods and properties of a script type (`Model`, or a built-in one: `array`, `map`,
-/// `string`), Rhai's standard library included, sorted by name.
-pub fn members(engine: &Engine, type_name: &str) -> Vec<Member> {
-    let Ok(json) = engine.gen_fn_metadata_to_json(true) else { return vec![] };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else { return vec![] };
-    let types = custom_types(&v);
-    let mut out: Vec<Member> = Vec::new();
-    for f in v["functions"].as_array().into_iter().flatten() {
-        if receiver(f, &types).as_deref() != Some(type_name) {
-            continue;
-        }
-        let raw = f["name"].as_str().unwrap_or_default();
-        let (name, property) = match raw.strip_prefix("get$") {
-            Some(p) => (p, true),
-            None if raw.starts_with("set$") || raw.contains('$') => continue,
-            None => (raw, false),
-        };
-        if !name.starts_with(|c: char| c.is_alphabetic() || c == '_') || matches!(name, "to_string" | "to_debug") {
-            continue;
-        }
-        if !out.iter().any(|m| m.name == name) {
-            out.push(Member { name: name.to_string(), property });
-        }
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+/// The method and property names of one script type, sorted.
+pub fn members(engine: &Engine, type_name: &str) -> Vec<String> {
+    members_by_type(engine).remove(type_name).unwrap_or_default()
 }
 
 /// The script-facing name of a value's type: `Model`, `array`, `map`, `string`, `int`.

@@ -58,8 +58,10 @@ impl Default for SessionOptions {
 /// An input that ran without error, kept for `:history` and `:save`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
-    /// Where it came from: `repl[3]`, `cell[2]`, a file given to `:load`.
+    /// Where it came from: `repl[3]`, `cell[2]`, a script file.
     pub source: String,
+    /// It is a whole file's code, run by `eval_file` (`:load`).
+    pub file: bool,
     pub code: String,
     /// Its value was shown (a non-unit result): a saved script displays it too.
     pub shown: bool,
@@ -216,7 +218,7 @@ impl Session {
             Ok(Ok(v)) => v,
         };
         self.keep_imports(&ast, source);
-        self.history.push(Input { source: source.to_string(), code: code.to_string(), shown: !value.is_unit() });
+        self.history.push(Input { source: source.to_string(), code: code.to_string(), shown: !value.is_unit(), file: false });
         Ok(render_value(&value))
     }
 
@@ -244,7 +246,7 @@ impl Session {
     pub fn history_script(&self) -> String {
         let mut s = format!("// headscope {} session: {} inputs. Replay with `headscope run FILE`.\n", env!("CARGO_PKG_VERSION"), self.history.len());
         for input in &self.history {
-            if !input.source.starts_with("repl[") && !input.source.starts_with("cell[") {
+            if input.file {
                 s += &format!("// :load {}\n", input.source);
             }
             let mut code = input.code.trim_end().to_string();
@@ -297,7 +299,11 @@ impl Session {
     pub fn eval_file(&mut self, path: &Path) -> Result<Option<Output>, ScriptError> {
         let name = path.display().to_string();
         let code = read_script(path).map_err(|m| ScriptError::new(ErrorKind::Runtime, m))?;
-        self.eval(&name, &code)
+        let out = self.eval(&name, &code)?;
+        if let Some(input) = self.history.last_mut() {
+            input.file = true;
+        }
+        Ok(out)
     }
 
     /// Variables in scope: (name, type, short preview).
