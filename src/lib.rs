@@ -56,6 +56,7 @@ pub mod repl;
 pub mod run;
 pub mod script;
 pub mod table;
+pub mod view;
 
 /// Routes Ctrl-C to the running evaluation's interrupt (installed once per process). A
 /// second Ctrl-C while the first is still pending ends the process (exit 130), for native

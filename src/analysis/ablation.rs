@@ -17,7 +17,8 @@ use crate::model::{Captured, HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 options_enum!(Metric, "metric", {
-    /// Token cross-entropy on the targets (references, else the full model's greedy output).
+    /// Token cross-entropy on the targets (references, else the full model's greedy output; a
+    /// language model's next tokens).
     Loss = "loss",
     /// Mean KL(full || masked) of the output distributions over target positions.
     Kl = "kl",
@@ -58,7 +59,7 @@ impl Prepared {
     /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
     fn log_probs(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
         let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let states = model.net.decode_teacher_states(enc, mask, targets, gates, None)?.to_kind(DType::Double);
+        let states = model.teacher_states(enc, mask, targets, gates)?.to_kind(DType::Double);
         Ok(states.linear(w, b.as_ref()).log_softmax(-1, DType::Double))
     }
 
@@ -97,10 +98,12 @@ impl Prepared {
 }
 
 fn needs_decoder(model: &Model, metric: Metric) -> Result<(), AnalysisError> {
-    if metric != Metric::Cosine && (model.net.output.is_none() || model.net.decoder.is_empty()) {
-        return Err(AnalysisError::Input(format!("metric '{metric}' needs a model that generates (a decoder with an output head); {} is an encoder: use \"cosine\"", model.name())));
+    match metric {
+        Metric::Cosine => Ok(()),
+        Metric::Bleu if !model.translates() => Err(AnalysisError::Input(format!("metric 'bleu' needs a translation model; {} is not one: use \"loss\" or \"kl\" for a language model, \"cosine\" for an encoder", model.name()))),
+        _ if !model.has_task_loss() => Err(AnalysisError::Input(format!("metric '{metric}' needs a model with an output head (a language model or a translation model); {} is an encoder: use \"cosine\"", model.name()))),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// `base`: the gates of the model as given (a masked view), the reference of every metric.
@@ -183,7 +186,7 @@ impl RowMetric<'_> {
             }
             Metric::Loss | Metric::Kl => {
                 let (t, _) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                let states = self.model.net.decode_teacher_states(enc, &repeat_rows(&self.b.mask, groups), &repeat_rows(t, groups), gates, None)?;
+                let states = self.model.teacher_states(enc, &repeat_rows(&self.b.mask, groups), &repeat_rows(t, groups), gates)?;
                 return self.state_sums(&states, groups);
             }
             Metric::Bleu => return Ok(vec![]),

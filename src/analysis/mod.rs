@@ -5,6 +5,7 @@
 pub mod ablation;
 pub mod accum;
 pub mod diversity;
+pub mod importance;
 pub mod lrp;
 pub mod options;
 pub mod result;

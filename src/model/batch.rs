@@ -64,7 +64,7 @@ pub struct Prepared {
     /// Target texts: the references, else the full model's greedy outputs (for BLEU).
     pub refs: Vec<String>,
     pub n_sentences: usize,
-    /// Where the targets come from: "references" or "teacher".
+    /// Where the targets come from: "references", "teacher" or "next tokens" (a language model).
     pub targets_from: &'static str,
 }
 
@@ -80,6 +80,8 @@ impl Model {
         for (rows, b) in self.batches(&encoded, batch_tokens) {
             let targets = if !with_targets {
                 None
+            } else if self.is_lm() {
+                Some(next_token_targets(&b.ids, &b.mask)?)
             } else {
                 let tgt = match references {
                     Some(all) => {
@@ -102,7 +104,14 @@ impl Model {
             };
             batches.push(PBatch { rows, ids: b.ids, mask: b.mask, targets });
         }
-        Ok(Prepared { batches, refs, n_sentences: texts.len(), targets_from: if references.is_some() { "references" } else { "teacher" } })
+        let targets_from = if self.is_lm() {
+            "next tokens"
+        } else if references.is_some() {
+            "references"
+        } else {
+            "teacher"
+        };
+        Ok(Prepared { batches, refs, n_sentences: texts.len(), targets_from })
     }
 
     /// Tokenizes every sentence once. An empty (or blank) sentence is refused, naming it:
@@ -183,6 +192,13 @@ impl Model {
         let n = targets.len() as i64;
         (Tensor::from_slice(&ids).view([n, t as i64]).to_device(self.device()), Tensor::from_slice(&m).view([n, t as i64]).to_device(self.device()))
     }
+}
+
+/// A language model's targets: each position predicts the next token; `[B, T-1]` ids and their
+/// float mask (1 where the next token is real, not padding).
+fn next_token_targets(ids: &Tensor, mask: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
+    let t = ids.size()[1] - 1;
+    Ok((ids.f_narrow(1, 1, t)?, mask.f_narrow(1, 1, t)?.to_kind(tch::Kind::Float)))
 }
 
 #[cfg(test)]

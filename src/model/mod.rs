@@ -430,6 +430,33 @@ impl Model {
         v
     }
 
+    /// A decoder-only language model: a causal self-attention stack with an output head, whose
+    /// task loss is the next-token loss (docs/methods.md#task-loss).
+    pub fn is_lm(&self) -> bool {
+        self.net.decoder.is_empty() && self.net.stack_kind == Kind::Dec && self.net.output.is_some()
+    }
+
+    /// An encoder-decoder with an output head (translation, teacher-forced loss).
+    pub fn translates(&self) -> bool {
+        self.net.output.is_some() && !self.net.decoder.is_empty()
+    }
+
+    /// Whether the model has a task loss (docs/methods.md#task-loss): next-token for a
+    /// language model, teacher-forced for an encoder-decoder; an encoder has none.
+    pub fn has_task_loss(&self) -> bool {
+        self.is_lm() || self.translates()
+    }
+
+    /// The final states `[B, T, D]` whose logits predict `targets [B, T]`: a language model's
+    /// stack output at positions `0..T` (the targets are the next tokens), else the teacher-forced
+    /// decoder pass over `enc`.
+    pub fn teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
+        if self.is_lm() {
+            return Ok(enc.f_narrow(1, 0, targets.size()[1])?);
+        }
+        self.net.decode_teacher_states(enc, mask, targets, gates, None)
+    }
+
     /// Whether heads of `kind` live in the decoder of an encoder-decoder model (`dec` and
     /// `cross`), read over teacher-forced targets, rather than in the self-attention stack.
     pub fn in_decoder(&self, kind: Kind) -> bool {

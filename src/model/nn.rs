@@ -148,13 +148,30 @@ impl Gates {
     }
     /// `[G, heads]` gates of one layer, if the kind is gated.
     pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
-        let g = match kind {
+        Some(self.of(kind)?.select(1, layer_idx as i64))
+    }
+    /// The gates of one kind.
+    pub fn of(&self, kind: Kind) -> Option<&Tensor> {
+        match kind {
             Kind::Enc => self.enc.as_ref(),
             Kind::Dec => self.dec.as_ref(),
             Kind::Cross => self.cross.as_ref(),
-        }?;
-        Some(g.select(1, layer_idx as i64))
+        }
     }
+
+    /// Multiplies `g` (`[G, layers, heads]`) into the gates of `kind` (sets them if ungated).
+    pub fn multiply(&mut self, kind: Kind, g: Tensor) {
+        let slot = match kind {
+            Kind::Enc => &mut self.enc,
+            Kind::Dec => &mut self.dec,
+            Kind::Cross => &mut self.cross,
+        };
+        *slot = Some(match slot.take() {
+            Some(old) => old * g,
+            None => g,
+        });
+    }
+
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });

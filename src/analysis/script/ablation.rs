@@ -1,7 +1,7 @@
 //! Ablation on a model: `m.ablate(data, heads, #{...})` and `m.ablation_sweep(data, #{...})`
 //! (docs/methods.md#masking-and-ablation).
 
-use super::strings;
+use super::kinds_option;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
@@ -10,12 +10,12 @@ use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
-    opt("metric", "\"loss\" for models that generate, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
+    opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the attention kinds taking part"),
     opt("batch_tokens", "1024", "tokens per batch, padding included"),
 ];
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
-    opt("metric", "\"loss\" for models that generate, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
+    opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
     opt("batch_tokens", "256", "tokens per batch; the masks of a layer are stacked on it"),
 ];
@@ -26,16 +26,13 @@ type AblationSetup = (crate::analysis::ablation::Prepared, Vec<Kind>, crate::out
 fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
     let o = Opts::new(options, func, if func == "ablate" { ABLATE_OPTIONS } else { SWEEP_OPTIONS })?;
     let d = crate::data::script::dataset_arg(data, func)?;
-    let generates = m.model.net.output.is_some() && !m.model.net.decoder.is_empty();
+    let generates = m.model.has_task_loss();
     let metric: crate::analysis::ablation::Metric = match o.string("metric")? {
         Some(x) => x.parse().or_else(|e: String| err(format!("{func}: {e}")))?,
         None if generates => crate::analysis::ablation::Metric::Loss,
         None => crate::analysis::ablation::Metric::Cosine,
     };
-    let kinds: Vec<Kind> = match options.get("kinds") {
-        Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?,
-        None => m.model.kinds().iter().map(|k| k.kind).collect(),
-    };
+    let kinds = kinds_option(m, options, func)?;
     let bt = o.usize("batch_tokens")?.unwrap_or(default_batch_tokens);
     let p = crate::analysis::ablation::prepare(&m.model, &d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
     let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(bt))];

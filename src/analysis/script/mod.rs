@@ -1,11 +1,13 @@
 //! Script API of the analyses, one file per script type or family of functions:
 //! `analysis.rs` (the `Analysis` type, `analyze`, `confidence`), `ablation.rs` (`ablate`,
-//! `ablation_sweep`), `diversity.rs` (the `Diversity` type), `lrp.rs` (`lrp`). Their results
+//! `ablation_sweep`), `diversity.rs` (the `Diversity` type), `lrp.rs` (`lrp`), `importance.rs`
+//! (`head_importance`, `agreement`). Their results
 //! share one grid type, [`crate::grid::Grid`].
 
 mod ablation;
 mod analysis;
 mod diversity;
+mod importance;
 mod lrp;
 
 /// The options of this family's functions, for `:help` and completion.
@@ -15,6 +17,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("ablation_sweep", ablation::SWEEP_OPTIONS),
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
+    ("head_importance", importance::IMPORTANCE_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
@@ -37,6 +40,14 @@ fn strings(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
     a.iter().map(|x| if x.is_string() { Ok(x.to_string()) } else { err(format!("analyze: option '{what}' has a non-string item {}", quote(x))) }).collect()
 }
 
+/// The `kinds` option of `func`: names parsed into kinds, else every kind the model has.
+fn kinds_option(m: &crate::model::script::ScriptModel, options: &rhai::Map, func: &str) -> ScriptResult<Vec<crate::model::Kind>> {
+    match options.get("kinds") {
+        Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect(),
+        None => Ok(m.model.kinds().iter().map(|k| k.kind).collect()),
+    }
+}
+
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<DiversityObj>("Diversity");
     engine.register_type_with_name::<AnalysisObj>("Analysis");
@@ -44,6 +55,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(ablation::api).into());
     engine.register_global_module(rhai::exported_module!(diversity::api).into());
     engine.register_global_module(rhai::exported_module!(lrp::api).into());
+    engine.register_global_module(rhai::exported_module!(importance::api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {

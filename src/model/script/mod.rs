@@ -29,16 +29,7 @@ impl ScriptModel {
         for (kind, values) in self.soft.iter().flat_map(|s| s.iter()) {
             let (l, h) = (values.len() as i64, values.first().map_or(0, |r| r.len()) as i64);
             let flat: Vec<f32> = values.iter().flatten().map(|&v| v as f32).collect();
-            let t = tch::Tensor::from_slice(&flat).view([1, l, h]).to_device(self.model.device());
-            let slot = match kind {
-                Kind::Enc => &mut g.enc,
-                Kind::Dec => &mut g.dec,
-                Kind::Cross => &mut g.cross,
-            };
-            *slot = Some(match slot.take() {
-                Some(old) => old * t,
-                None => t,
-            });
+            g.multiply(*kind, tch::Tensor::from_slice(&flat).view([1, l, h]).to_device(self.model.device()));
         }
         Ok(g)
     }

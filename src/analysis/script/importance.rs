@@ -1,0 +1,164 @@
+//! Gradient head importance on a model: `m.head_importance(data, #{...})` and the agreement of
+//! two per-head grids, `agreement(a, b)` (docs/methods.md#gradient-head-importance).
+
+use super::kinds_option;
+use crate::analysis::ablation::{self, Metric};
+use crate::analysis::importance::{bottom_k_overlap, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize};
+use crate::grid::Grid;
+use crate::model::script::ScriptModel;
+use crate::script::convert::{err, json_f64, opt, OptSpec, Opts, ScriptResult};
+use crate::table::{Cell, Table};
+use rhai::plugin::*;
+use rhai::{Dynamic, Map};
+use serde_json::json;
+
+pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
+    opt("metric", "\"loss\"", "\"loss\": mean |dL/dg| on the data's targets; \"fisher\": mean (dL/dg)^2 on targets sampled from the model (docs/methods.md#gradient-head-importance)"),
+    opt("normalize", "\"none\"", "\"none\" or \"layer\" (each layer divided by its L2 norm, Michel et al. 2019)"),
+    opt("kinds", "every kind", "the attention kinds whose gates are differentiated"),
+    opt("batch_tokens", "512", "tokens per batch, padding included"),
+    opt("seed", "0", "seed of the targets \"fisher\" samples"),
+    opt("exact", "false", "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
+    opt("k", "10", "how many least important heads the agreement compares"),
+];
+
+/// Per kind both grids have: heads, Spearman's rho and the overlap of the k lowest.
+pub fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
+    let mut t = Table::new(vec!["kind".into(), "heads".into(), "spearman".into(), "k".into(), "overlap".into()]);
+    t.title = Some(format!("agreement: {} vs {}", a.stat, b.stat));
+    t.digits = 3;
+    for (kind, ga) in &a.kinds {
+        let Some((_, gb)) = b.kinds.iter().find(|(k2, _)| k2 == kind) else { continue };
+        // Heads with a value in both (a head removed or closed is NaN).
+        let (va, vb): (Vec<f64>, Vec<f64>) = ga.iter().flatten().zip(gb.iter().flatten()).filter(|(x, y)| !x.is_nan() && !y.is_nan()).map(|(x, y)| (*x, *y)).unzip();
+        let kk = k.min(va.len());
+        let _ = t.push_row(vec![Cell::Text(kind.to_string()), Cell::Int(va.len() as i64), Cell::Float(spearman(&va, &vb)), Cell::Int(kk as i64), Cell::Int(bottom_k_overlap(&va, &vb, kk) as i64)]);
+    }
+    t
+}
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// Gradient head importance (Michel et al. 2019; docs/methods.md#gradient-head-importance):
+    /// per kind a layers x heads grid of the mean over sentences of |dL/dg|, the gradient of
+    /// the sentence's task loss (next-token loss for a language model, teacher-forced loss for a
+    /// translation model) in a multiplicative gate on the head, at the model as given; one
+    /// forward and one backward per batch. Options: `metric` ("loss" | "fisher": mean
+    /// (dL/dg)^2 with targets sampled from the model, for comparisons with KL), `normalize`
+    /// ("none" | "layer"), `kinds`, `batch_tokens` (512), `seed` (0), `exact` (false: when
+    /// true, also runs the exact sweep on the same data and echoes `agreement`, per kind
+    /// Spearman's rho and the overlap of the `k` (10) least important heads, and both times).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let g = m.head_importance(corpus(asset("pud_en.txt")).take(4), #{exact: true, k: 5});
+    /// assert(g.kinds == ["enc", "cross"] && g["enc"][0][0] > 0.0);
+    /// assert(g.options.agreement.enc.spearman > -1.0 && g.options.agreement.cross.k == 5);
+    /// ```
+    #[rhai_fn(name = "head_importance", return_raw, pure)]
+    pub fn head_importance_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
+        let f = "head_importance";
+        let o = Opts::new(&options, f, IMPORTANCE_OPTIONS)?;
+        let d = crate::data::script::dataset_arg(&data, f)?;
+        let opts = ImportanceOptions {
+            metric: o.string("metric")?.map_or(Ok(ImportanceMetric::Loss), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
+            normalize: o.string("normalize")?.map_or(Ok(Normalize::None), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
+            kinds: kinds_option(m, &options, f)?,
+            batch_tokens: o.usize("batch_tokens")?.unwrap_or(512),
+            seed: o.usize("seed")?.unwrap_or(0) as u64,
+        };
+        let base = m.gates()?;
+        let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
+        let started = std::time::Instant::now();
+        let r = head_importance(&m.model, &d, &base, &opts, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut echo = vec![
+            ("metric".to_string(), json!(opts.metric.to_string())),
+            ("normalize".into(), json!(opts.normalize.to_string())),
+            ("kinds".into(), json!(opts.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
+            ("batch_tokens".into(), json!(opts.batch_tokens)),
+            ("targets".into(), json!(r.targets_from)),
+            ("sentences".into(), json!(r.n_sentences)),
+            ("seconds".into(), json_f64(seconds)),
+        ];
+        if opts.metric == ImportanceMetric::Fisher {
+            echo.push(("seed".into(), json!(opts.seed)));
+        }
+        let stat = match opts.metric {
+            ImportanceMetric::Loss => "gradient importance |dL/dg|",
+            ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
+        };
+        let mut g = Grid { stat: stat.into(), model: m.model.name(), dataset: d.name.clone(), kinds: r.grids, options: vec![] };
+        if o.bool("exact")?.unwrap_or(false) {
+            if !m.closed.is_empty() {
+                return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
+            }
+            let metric = if opts.metric == ImportanceMetric::Loss { Metric::Loss } else { Metric::Kl };
+            let started = std::time::Instant::now();
+            let p = ablation::prepare(&m.model, &d, metric, 256, base).or_else(|e| err(format!("{f}: {e}")))?;
+            let stop = crate::run::interrupted;
+            let base_value = ablation::evaluate(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
+            let mut progress = |done: usize, total: usize| crate::run::progress("exact sweep", done, total);
+            let grids = ablation::sweep(&m.model, &p, &opts.kinds, &stop, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+            let exact_seconds = started.elapsed().as_secs_f64();
+            let effect = grids.into_iter().map(|(k, rows)| (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())).collect();
+            let exact = Grid { stat: format!("{metric} increase with the head masked"), model: g.model.clone(), dataset: g.dataset.clone(), kinds: effect, options: vec![] };
+            let k = o.usize("k")?.unwrap_or(10);
+            let table = agreement_table(&g, &exact, k);
+            let mut per_kind = serde_json::Map::new();
+            for row in &table.rows {
+                if let [Cell::Text(kind), Cell::Int(n), Cell::Float(rho), Cell::Int(kk), Cell::Int(overlap)] = row.as_slice() {
+                    per_kind.insert(kind.clone(), json!({"heads": n, "spearman": json_f64(*rho), "k": kk, "overlap": overlap}));
+                }
+            }
+            echo.push(("exact".into(), json!({"metric": metric.to_string(), "base": json_f64(base_value), "seconds": json_f64(exact_seconds)})));
+            echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
+        }
+        g.options = echo;
+        Ok(g)
+    }
+
+    /// `head_importance` with the default options.
+    ///
+    /// ```rhai
+    /// let g = load_model("smollm2").head_importance(corpus(asset("pud_en.txt")).take(2));
+    /// assert(g.kinds == ["dec"] && g.options.targets == "next tokens");
+    /// ```
+    #[rhai_fn(name = "head_importance", return_raw, pure)]
+    pub fn head_importance_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
+        head_importance_opts(m, data, Map::new())
+    }
+
+    /// How far two per-head grids agree (docs/methods.md#gradient-head-importance): a table
+    /// with, per kind both have, the heads compared, Spearman's rho and how many of the `k`
+    /// lowest of `a` are among the `k` lowest of `b`.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt")).take(3);
+    /// let t = agreement(m.confidence(d), m.lrp(d), 5);
+    /// assert(t.len() == 1 && t.column("k")[0] == 5);
+    /// ```
+    #[rhai_fn(name = "agreement", return_raw)]
+    pub fn agreement(a: Grid, b: Grid, k: i64) -> ScriptResult<Table> {
+        if k < 1 {
+            return err(format!("agreement: k must be at least 1, got {k}"));
+        }
+        Ok(agreement_table(&a, &b, k as usize))
+    }
+
+    /// `agreement` of the 10 lowest.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let d = corpus(asset("pud_en.txt")).take(3);
+    /// let t = agreement(m.confidence(d), m.confidence(d));
+    /// assert(t.column("spearman")[0] == 1.0 && t.column("overlap")[0] == 10);
+    /// ```
+    #[rhai_fn(name = "agreement", return_raw)]
+    pub fn agreement_10(a: Grid, b: Grid) -> ScriptResult<Table> {
+        agreement(a, b, 10)
+    }
+}

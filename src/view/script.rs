@@ -1,0 +1,57 @@
+//! The script API of [`View`], registered as `HeadView`: the page as a file or a string, and
+//! the renderer (plain-text summary, the interactive fragment in Jupyter).
+
+use super::View;
+use crate::output::{write_atomic, Output, Render};
+use crate::script::convert::{err, ScriptResult};
+use rhai::plugin::*;
+use rhai::{Dynamic, Engine};
+
+#[export_module]
+pub mod api {
+    use super::*;
+
+    /// Writes the head view as a self-contained HTML page (no network needed to open it),
+    /// atomically; returns the path.
+    ///
+    /// ```rhai
+    /// let v = load_model("minilm").head_view("The cat sleeps.");
+    /// let path = v.to_html(temp_path("heads.html"));
+    /// assert(file_size(path) > 1000);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn to_html(v: &mut View, path: &str) -> ScriptResult<String> {
+        write_atomic(std::path::Path::new(path), v.html().as_bytes()).or_else(|e| err(format!("to_html: cannot write '{path}': {e}")))?;
+        Ok(path.to_string())
+    }
+
+    /// The head view as a complete HTML document.
+    ///
+    /// ```rhai
+    /// let v = load_model("minilm").head_view("The cat sleeps.");
+    /// assert(v.html.starts_with("<!DOCTYPE html>") && v.html.contains("hs-view"));
+    /// ```
+    #[rhai_fn(get = "html", pure)]
+    pub fn html(v: &mut View) -> String {
+        v.html()
+    }
+
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn to_string(v: &mut View) -> String {
+        v.text()
+    }
+
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn to_debug(v: &mut View) -> String {
+        v.text()
+    }
+}
+
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<View>("HeadView");
+    engine.register_global_module(exported_module!(api).into());
+}
+
+pub fn render(v: &Dynamic) -> Option<Output> {
+    v.clone().try_cast::<View>().map(|v| v.render())
+}

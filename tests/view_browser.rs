@@ -1,0 +1,153 @@
+//! The head view (src/view) in a real browser: headless Chromium, network off, driven by
+//! `fixtures/view_browser.py` over chromedriver's WebDriver API. Each head attends in a known
+//! pattern, so the lines the page draws for a head, a layer and a hovered token are checked
+//! exactly. Skipped when Chromium or chromedriver is missing (`scripts/setup` installs them).
+
+use headscope::view::{View, ViewKind};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+fn browser_available() -> bool {
+    let found = which("chromedriver").is_some() && (which("chromium").is_some() || which("chromium-browser").is_some());
+    if !found {
+        println!("skipped: chromium/chromedriver not installed (scripts/setup installs them)");
+    }
+    found
+}
+
+fn tokens(s: &str) -> Vec<String> {
+    s.split(' ').map(String::from).collect()
+}
+
+/// Layer `l`, head `h`: query `i` gives 0.75 to key `(i + h + l) % T` and 0.25 to itself (1 when
+/// they coincide). Layer 1's head 2 is removed (NaN).
+fn planted() -> ViewKind {
+    let (layers, heads, t) = (2, 3, 5);
+    let mut attn = vec![0f32; layers * heads * t * t];
+    for l in 0..layers {
+        for h in 0..heads {
+            for i in 0..t {
+                let row = ((l * heads + h) * t + i) * t;
+                if (l, h) == (1, 2) {
+                    attn[row..row + t].fill(f32::NAN);
+                    continue;
+                }
+                attn[row + (i + h + l) % t] += 0.75;
+                attn[row + i] += 0.25;
+            }
+        }
+    }
+    ViewKind { name: "enc".into(), n_layers: layers, n_heads: heads, query_tokens: tokens("The cat </script><b> on mats"), key_tokens: tokens("The cat </script><b> on mats"), attn }
+}
+
+/// A cross kind: 4 queries, each attending uniformly to 5 keys.
+fn cross() -> ViewKind {
+    ViewKind { name: "cross".into(), n_layers: 2, n_heads: 3, query_tokens: tokens("O gato em tapetes"), key_tokens: tokens("The cat </script><b> on mats"), attn: vec![0.2; 2 * 3 * 4 * 5] }
+}
+
+fn run_page(view: &View, dir: &Path, args: &[&str]) -> serde_json::Value {
+    let page = dir.join("view.html");
+    std::fs::write(&page, view.html()).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/view_browser.py");
+    let out = Command::new("/usr/bin/python3").arg(script).arg(&page).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the browser checks failed (see above)");
+    let seen = stdout.lines().find_map(|l| l.strip_prefix("SEEN ")).expect("a SEEN line");
+    serde_json::from_str(seen).unwrap()
+}
+
+/// The lines seen in one state as (query, key, head, opacity).
+fn lines(seen: &serde_json::Value, state: &str) -> Vec<(usize, usize, usize, f64)> {
+    let rows = seen[state].as_array().unwrap_or_else(|| panic!("no {state} in {seen}"));
+    rows.iter().map(|r| (r[0].as_u64().unwrap() as usize, r[1].as_u64().unwrap() as usize, r[2].as_u64().unwrap() as usize, r[3].as_f64().unwrap())).collect()
+}
+
+/// The lines head `h` of layer `l` should draw for queries `qs`, sorted as the script sorts.
+fn expected(l: usize, h: usize, qs: &[usize]) -> Vec<(usize, usize, usize, f64)> {
+    let mut v = Vec::new();
+    for &i in qs {
+        let j = (i + h + l) % 5;
+        if j == i {
+            v.push((i, i, h, 1.0));
+        } else {
+            v.extend([(i, j, h, 0.75), (i, i, h, 0.25)]);
+        }
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v
+}
+
+#[test]
+fn head_view_works_offline_in_a_browser() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let view = View::new("planted heads", vec![planted(), cross()]).unwrap();
+    let seen = run_page(&view, dir.path(), &["--layers", "2", "--heads", "3", "--tokens", "5", "--kinds", "2"]);
+    let all = [0, 1, 2, 3, 4];
+    assert_eq!(lines(&seen, "layer0_head0"), expected(0, 0, &all));
+    assert_eq!(lines(&seen, "layer0_head1"), expected(0, 1, &all));
+    assert_eq!(lines(&seen, "layer1_head1"), expected(1, 1, &all));
+    assert_eq!(lines(&seen, "all_heads").len(), 5 + 10 + 10);
+    // Layer 1, every head (head 2 removed), hovering query 1.
+    let mut hover: Vec<_> = [expected(1, 0, &[1]), expected(1, 1, &[1])].concat();
+    hover.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(lines(&seen, "hover_left1"), hover);
+    assert_eq!((seen["kind1_left"].as_u64(), seen["kind1_right"].as_u64()), (Some(4), Some(5)));
+    assert_eq!(lines(&seen, "kind1_lines").len(), 3 * 4 * 5);
+}
+
+/// Attention of a plausible encoder-decoder: each head a mix of a positional pattern
+/// (previous, next, self, first, last token, or its aligned source word) and noise, softmaxed.
+fn realistic(name: &str, q: &str, k: &str, layers: usize, heads: usize, causal: bool) -> ViewKind {
+    let (q, k) = (tokens(q), tokens(k));
+    let (tq, tk) = (q.len(), k.len());
+    let mut seed = 0x2545f491u64;
+    let mut noise = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let mut attn = Vec::with_capacity(layers * heads * tq * tk);
+    for l in 0..layers {
+        for h in 0..heads {
+            for i in 0..tq {
+                let focus = match (h + l) % 6 {
+                    0 => i.saturating_sub(1),
+                    1 => i + 1,
+                    2 => tk - 1,
+                    3 => 0,
+                    _ => i * tk / tq,
+                };
+                let sharp = 2.0 + 4.0 * noise() + l as f32 * 0.5;
+                let scores: Vec<f32> = (0..tk)
+                    .map(|j| if causal && j > i { f32::NEG_INFINITY } else { sharp * (j == focus.min(tk - 1)) as u8 as f32 + 1.5 * noise() })
+                    .collect();
+                let sum: f32 = scores.iter().map(|s| s.exp()).sum();
+                attn.extend(scores.iter().map(|s| s.exp() / sum));
+            }
+        }
+    }
+    ViewKind { name: name.into(), n_layers: layers, n_heads: heads, query_tokens: q, key_tokens: k, attn }
+}
+
+/// Regenerates docs/img/head_view.png: `cargo test --release --test view_browser -- --ignored`.
+#[test]
+#[ignore]
+fn docs_screenshot() {
+    if !browser_available() {
+        return;
+    }
+    let src = "▁The ▁quick ▁brown ▁fox ▁jumps ▁over ▁the ▁lazy ▁dog . </s>";
+    let tgt = "▁A ▁rápida ▁raposa ▁marrom ▁pula ▁sobre ▁o ▁cão ▁preguiçoso . </s>";
+    let kinds = vec![realistic("enc", src, src, 6, 8, false), realistic("dec", tgt, tgt, 6, 8, true), realistic("cross", tgt, src, 6, 8, false)];
+    let view = View::new("opus-mt en-pt: The quick brown fox jumps over the lazy dog.", kinds).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let png = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/img/head_view.png");
+    run_page(&view, dir.path(), &["--layers", "6", "--heads", "8", "--tokens", "11", "--kinds", "3", "--scale", "2", "--screenshot", png]);
+}
