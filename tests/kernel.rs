@@ -73,3 +73,8 @@ fn completion_and_inspection_know_the_session_values() {
 fn long_analysis_shows_progress_in_place() {
     case("progress");
 }
+
+#[test]
+fn head_view_renders_in_a_notebook() {
+    case("head_view");
+}

@@ -290,6 +290,15 @@ pub struct AttentionMap {
     pub weights: Vec<Vec<f64>>,
 }
 
+/// Every head's attention of one kind on one sentence ([`Model::attention_maps`]).
+pub struct KindAttention {
+    pub kind: Kind,
+    pub query_tokens: Vec<String>,
+    pub key_tokens: Vec<String>,
+    /// Per layer `[heads held, Tq, Tk]`, double precision, on the CPU.
+    pub layers: Vec<Tensor>,
+}
+
 /// The families read from HF checkpoint directories, in the order errors list them.
 const HF_FAMILIES: [Family; 8] = [Family::Bart, Family::Bert, Family::Gpt2, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Roberta];
 
@@ -691,51 +700,53 @@ impl Model {
         Ok(cache)
     }
 
-    /// The attention map of one head on one sentence. For `cross`, queries are the model's
-    /// own greedy translation (teacher-forced), keys the source tokens; for `dec` in a
-    /// translation model, queries and keys are that translation (keys: the decoder's inputs,
-    /// the start token first).
+    /// Every head's attention on one sentence, per kind: `[heads, Tq, Tk]` per layer (the heads
+    /// a layer holds, in physical order). For `cross`, queries are the model's own greedy
+    /// translation (teacher-forced), keys the source tokens; for `dec` in a translation model,
+    /// queries and keys are that translation (keys: the decoder's inputs, the start token first).
+    pub fn attention_maps(&self, text: &str, gates: &Gates) -> Result<Vec<KindAttention>, ModelError> {
+        let _guard = tch::no_grad_guard();
+        let b = self.batch(&[text])?;
+        let src_tokens = b.encoded[0].tokens.clone();
+        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], layers: vec![] }).collect();
+        let mut on = |k: Kind, _: usize, c: Captured<'_>| {
+            if let (Captured::Attention(p), Some(m)) = (c, maps.iter_mut().find(|m| m.kind == k)) {
+                m.layers.push(p.get(0).to_kind(DType::Double).to_device(Device::Cpu));
+            }
+        };
+        let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
+        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
+        let mut queries = None;
+        if !self.net.decoder.is_empty() {
+            let targets = self.greedy_targets(&b, &h, gates)?;
+            let (t, _) = self.target_tensors(&targets);
+            let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
+            queries = targets.into_iter().next().map(|e| e.tokens);
+        }
+        let out = queries.unwrap_or_default();
+        for m in &mut maps {
+            (m.query_tokens, m.key_tokens) = match m.kind {
+                k if k == self.net.stack_kind => (src_tokens.clone(), src_tokens.clone()),
+                Kind::Cross => (out.clone(), src_tokens.clone()),
+                _ => {
+                    let start = self.net.dec_start.map_or_else(|| "<start>".to_string(), |id| self.tok.id_to_token(id));
+                    (out.clone(), std::iter::once(start).chain(out.iter().take(out.len().saturating_sub(1)).cloned()).collect())
+                }
+            };
+        }
+        Ok(maps)
+    }
+
+    /// The attention map of one head on one sentence (see [`Model::attention_maps`]).
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
         self.check_head(head)?;
         // The head's place among the heads its layer holds (after prune_heads, not its number).
         let phys = self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
-        let _guard = tch::no_grad_guard();
-        let b = self.batch(&[text])?;
-        let src_tokens = b.encoded[0].tokens.clone();
-        let mut rows: Vec<Tensor> = Vec::new();
-        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-            if let Captured::Attention(p) = c {
-                if k == head.kind && l == head.layer_idx {
-                    rows.push(p.get(0).get(phys).to_kind(DType::Double).to_device(Device::Cpu));
-                }
-            }
-        };
-        let (query_tokens, key_tokens) = match head.kind {
-            k if k == self.net.stack_kind => {
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-                let _ = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
-                (src_tokens.clone(), src_tokens)
-            }
-            Kind::Cross | Kind::Dec if !self.net.decoder.is_empty() => {
-                let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
-                let targets = self.greedy_targets(&b, &h, gates)?;
-                let (t, _) = self.target_tensors(&targets);
-                let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-                let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
-                let queries = targets.into_iter().next().map(|e| e.tokens).unwrap_or_default();
-                let keys = if head.kind == Kind::Cross {
-                    src_tokens
-                } else {
-                    let start = self.net.dec_start.map_or_else(|| "<start>".to_string(), |id| self.tok.id_to_token(id));
-                    std::iter::once(start).chain(queries.iter().take(queries.len().saturating_sub(1)).cloned()).collect()
-                };
-                (queries, keys)
-            }
-            _ => return Err(ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))),
-        };
-        let m = Tensor::cat(&rows, 0); // [Tq, Tk]
-        let weights: Vec<Vec<f64>> = (0..m.size()[0]).map(|i| Vec::<f64>::try_from(m.get(i))).collect::<Result<_, _>>()?;
-        Ok(AttentionMap { head, query_tokens, key_tokens, weights })
+        let maps = self.attention_maps(text, gates)?;
+        let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind)))?;
+        let a = m.layers.get(head.layer_idx).ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?.get(phys);
+        let weights: Vec<Vec<f64>> = (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
+        Ok(AttentionMap { head, query_tokens: m.query_tokens, key_tokens: m.key_tokens, weights })
     }
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).

@@ -142,7 +142,8 @@ impl View {
         let first = &self.kinds[0].name;
         format!(
             "<div class=\"hs-view\" id=\"{id}\" data-kind=\"{}\" data-layer=\"0\" data-head=\"all\">\n<style>{STYLE}</style>\n\
-             <div class=\"hs-title\">{}</div><div class=\"hs-controls\"></div><svg class=\"hs-svg\"></svg><div class=\"hs-note\"></div>\n\
+             <div class=\"hs-title\">{}</div><div class=\"hs-controls\"></div><svg class=\"hs-svg\"></svg><div class=\"hs-note\">(the view needs JavaScript: in Jupyter, trust the notebook; or open the page from .to_html(path))</div>\n\
+             <div class=\"hs-help\">Hover a token to isolate its attention; click a head square to show it alone, again for all heads.</div>\n\
              <script>\n(function (ROOT_ID, DATA) {{\n{SCRIPT}}})({}, {{\"kinds\":[{}]}});\n</script>\n</div>",
             html_escape(first),
             html_escape(&self.title),

@@ -15,7 +15,7 @@ pub mod api {
     /// atomically; returns the path.
     ///
     /// ```rhai
-    /// let v = load_model("minilm").head_view("The cat sleeps.");
+    /// let v = load_model("minilm").view("The cat sleeps.");
     /// let path = v.to_html(temp_path("heads.html"));
     /// assert(file_size(path) > 1000);
     /// ```
@@ -28,7 +28,7 @@ pub mod api {
     /// The head view as a complete HTML document.
     ///
     /// ```rhai
-    /// let v = load_model("minilm").head_view("The cat sleeps.");
+    /// let v = load_model("minilm").view("The cat sleeps.");
     /// assert(v.html.starts_with("<!DOCTYPE html>") && v.html.contains("hs-view"));
     /// ```
     #[rhai_fn(get = "html", pure)]

@@ -5,7 +5,7 @@
 const root = document.getElementById(ROOT_ID);
 const svg = root.querySelector('.hs-svg'), NS = svg.namespaceURI;
 const controls = root.querySelector('.hs-controls'), note = root.querySelector('.hs-note');
-const ROW = 22, GAP = 220, PAD = 6, MIN_WEIGHT = 0.01;
+const ROW = 22, GAP = 260, PAD = 6, MIN_WEIGHT = 0.01;
 const st = { kind: 0, layer: 0, head: 'all', hover: null };
 let lineGroup = null, toks = { left: [], right: [] };
 
@@ -146,8 +146,7 @@ function refresh() {
   }
   const which = st.head === 'all' ? 'all heads' : 'head ' + st.head + (gone.includes(st.head) ? ' (removed)' : '');
   const goneText = st.head === 'all' && gone.length ? ' (removed: ' + gone.join(', ') + ')' : '';
-  note.textContent = K.name + ', layer ' + st.layer + ', ' + which + goneText + ': ' + n + ' lines of weight \u2265 ' + MIN_WEIGHT +
-    '. Hover a token to isolate its attention; click a head square to show it alone, again for all.';
+  note.textContent = K.name + ', layer ' + st.layer + ', ' + which + goneText + ': ' + n + ' lines of weight \u2265 ' + MIN_WEIGHT;
 }
 
 function build() {

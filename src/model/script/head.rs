@@ -158,6 +158,37 @@ pub mod api {
         attention(&mut Head { model: m.clone(), id: *id }, text)
     }
 
+    /// An interactive head view of a sentence (docs/methods.md#head-view): tokens on both sides
+    /// with a line per attention weight, a kind, layer and head picker, hover a token to
+    /// isolate its lines; every kind the model has (a translation model's source and its own
+    /// translation together). Self-contained: nothing is fetched from the network. Shows in
+    /// Jupyter; `.to_html(path)` writes the page.
+    ///
+    /// ```rhai
+    /// let v = load_model("enpt").view("The cat sleeps.");
+    /// assert(v.to_string().contains("enc 6 layers x 8 heads") && v.to_string().contains("cross"));
+    /// ```
+    #[rhai_fn(name = "view", return_raw, pure)]
+    pub fn view(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::view::View> {
+        let gates = m.gates()?;
+        let maps = m.model.attention_maps(text, &gates).or_else(|e| err(format!("view: {e}")))?;
+        let mut kinds = Vec::new();
+        for k in maps {
+            let (tq, tk) = (k.query_tokens.len(), k.key_tokens.len());
+            let width = m.model.kind_shape(k.kind).or_else(|e| err(format!("view: {e}")))?.n_heads;
+            let mut attn = Vec::with_capacity(k.layers.len() * width * tq * tk);
+            for (l, a) in k.layers.iter().enumerate() {
+                let flat = Vec::<f32>::try_from(a.to_kind(tch::Kind::Float).reshape([-1])).or_else(|e| err(format!("view: {e}")))?;
+                let heads: Vec<Vec<f32>> = flat.chunks(tq * tk).map(|c| c.to_vec()).collect();
+                for head in m.model.spread_with(k.kind, l, heads, vec![f32::NAN; tq * tk]) {
+                    attn.extend(head);
+                }
+            }
+            kinds.push(crate::view::ViewKind { name: k.kind.to_string(), n_layers: k.layers.len(), n_heads: width, query_tokens: k.query_tokens, key_tokens: k.key_tokens, attn });
+        }
+        crate::view::View::new(format!("{}: {text}", m.model.name()), kinds).or_else(|e| err(format!("view: {e}")))
+    }
+
     /// The weights, one row per query token; each row sums to 1.
     ///
     /// ```rhai
