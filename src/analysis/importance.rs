@@ -128,7 +128,7 @@ fn sampled_targets(logp: &Tensor, rows: &[usize], seed: u64) -> Result<Tensor, M
 }
 
 /// A uniform number in [0, 1) from three integers (splitmix64 over their mix).
-fn uniform(seed: u64, a: u64, b: u64) -> f64 {
+pub(crate) fn uniform(seed: u64, a: u64, b: u64) -> f64 {
     let mut x = seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

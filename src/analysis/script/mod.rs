@@ -1,7 +1,7 @@
 //! Script API of the analyses, one file per script type or family of functions:
 //! `analysis.rs` (the `Analysis` type, `analyze`, `confidence`), `ablation.rs` (`ablate`,
 //! `ablation_sweep`), `diversity.rs` (the `Diversity` type), `lrp.rs` (`lrp`), `importance.rs`
-//! (`head_importance`, `agreement`). Their results
+//! (`head_importance`, `agreement`), `taxonomy.rs` (`head_types`, the `HeadTypes` type). Their results
 //! share one grid type, [`crate::grid::Grid`].
 
 mod ablation;
@@ -9,6 +9,7 @@ mod analysis;
 mod diversity;
 mod importance;
 mod lrp;
+mod taxonomy;
 
 /// The options of this family's functions, for `:help` and completion.
 pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
@@ -18,10 +19,14 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
     ("head_importance", importance::IMPORTANCE_OPTIONS),
+    ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
 pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
+    if let Some(k) = taxonomy::index_keys(v) {
+        return Some(k);
+    }
     v.clone().try_cast::<AnalysisObj>().map(|a| a.0.kinds.iter().map(|k| k.kind.to_string()).collect())
 }
 
@@ -30,6 +35,7 @@ pub use analysis::api::{analyze_opts, confidence_of};
 pub use analysis::AnalysisObj;
 pub use lrp::api::lrp_opts;
 pub use diversity::DiversityObj;
+pub use taxonomy::HeadTypes;
 
 use crate::output::{Output, Render};
 use crate::script::convert::{err, quote, ScriptResult};
@@ -56,11 +62,16 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(diversity::api).into());
     engine.register_global_module(rhai::exported_module!(lrp::api).into());
     engine.register_global_module(rhai::exported_module!(importance::api).into());
+    engine.register_type_with_name::<HeadTypes>("HeadTypes");
+    engine.register_global_module(rhai::exported_module!(taxonomy::api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {
     if let Some(d) = v.clone().try_cast::<DiversityObj>() {
         return Some(d.render());
+    }
+    if let Some(r) = v.clone().try_cast::<HeadTypes>() {
+        return Some(r.render());
     }
     v.clone().try_cast::<AnalysisObj>().map(|a| a.render())
 }

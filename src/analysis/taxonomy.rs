@@ -1,0 +1,296 @@
+//! A head taxonomy (docs/methods.md#head-taxonomy): attention-sink, previous-token,
+//! duplicate-token, induction and retrieval (copy-paste) heads of the self-attention stack,
+//! scored on synthetic probes generated from a seed: repeated random tokens (sink, previous,
+//! duplicate, induction; TransformerLens's `detect_head` "mul" scores) and needle-in-context
+//! sequences (retrieval, Wu et al. 2024). The probes run through the model's one forward
+//! (`Transformer::encode` with `Capture`); scores are computed from the captured attention.
+
+use super::AnalysisError;
+use crate::model::nn::{Capture, Gates};
+use crate::model::{Captured, Kind, Model, ModelError};
+use tch::{Device, Kind as DType, Tensor};
+
+options_enum!(HeadType, "head type", {
+    /// Mean attention on the first token (Gu et al. 2025).
+    Sink = "sink",
+    /// Attention on the previous token.
+    PreviousToken = "previous_token",
+    /// Attention on earlier occurrences of the current token.
+    DuplicateToken = "duplicate_token",
+    /// Attention on the token after an earlier occurrence of the current token.
+    Induction = "induction",
+    /// Top-1 attention on the needle token being copied (Wu et al. 2024).
+    Retrieval = "retrieval",
+});
+
+pub const HEAD_TYPES: [HeadType; 5] = [HeadType::Sink, HeadType::PreviousToken, HeadType::DuplicateToken, HeadType::Induction, HeadType::Retrieval];
+
+impl HeadType {
+    /// The default label threshold: Gu et al.'s 0.3 for sinks, Wu et al.'s 0.1 for retrieval;
+    /// half the largest score the repeated-token probe allows for the others (1 for previous
+    /// token, 1/2 for duplicate and induction, whose targets are in the second half only).
+    pub fn default_threshold(self) -> f64 {
+        match self {
+            HeadType::Sink => 0.3,
+            HeadType::PreviousToken => 0.5,
+            HeadType::DuplicateToken | HeadType::Induction => 0.25,
+            HeadType::Retrieval => 0.1,
+        }
+    }
+}
+
+/// The synthetic probes' shape; every sequence derives from `seed`.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    pub seed: u64,
+    /// Sequences of each probe.
+    pub n: usize,
+    /// Length of the random segment that the repeated-token probe repeats once.
+    pub len: usize,
+    /// Needle and haystack lengths of the retrieval probe.
+    pub needle: usize,
+    pub haystack: usize,
+}
+
+/// Probe sequences: `repeated` (r r), and `needles` (hay, needle, hay, needle) with the needle's
+/// first start.
+pub struct Probes {
+    pub repeated: Vec<Vec<i64>>,
+    pub needles: Vec<(Vec<i64>, usize)>,
+}
+
+/// Ids the probes draw from: TransformerLens's range (ids 100 to 20000, here also at least a
+/// quarter into the vocabulary for small ones), without the padding and end tokens.
+pub fn token_pool(model: &Model) -> Vec<i64> {
+    let v = model.tok.vocab_size() as i64;
+    let (lo, hi) = ((v / 4).min(100), v.min(20000));
+    (lo..hi).filter(|&i| i != model.tok.pad_id && Some(i) != model.tok.eos_id && i != model.net.eos_id).collect()
+}
+
+/// `k` distinct draws from `pool` (a partial Fisher-Yates shuffle keyed by (seed, stream)).
+fn draw(pool: &[i64], k: usize, seed: u64, stream: u64) -> Vec<i64> {
+    let mut p = pool.to_vec();
+    for i in 0..k.min(p.len()) {
+        let n = p.len();
+        let j = i + (super::importance::uniform(seed, stream, i as u64) * (n - i) as f64) as usize;
+        p.swap(i, j.min(n - 1));
+    }
+    p.truncate(k);
+    p
+}
+
+impl Probes {
+    pub fn generate(pool: &[i64], o: &ProbeOptions) -> Result<Probes, AnalysisError> {
+        if pool.len() < o.len.max(o.needle + 1) || o.len < 2 || o.needle < 1 || o.n < 1 {
+            return Err(AnalysisError::Input(format!("head_types: probes of len {} and needle {} need that many distinct tokens (the model has {} to draw from), len >= 2, needle >= 1 and n >= 1", o.len, o.needle, pool.len())));
+        }
+        let repeated = (0..o.n)
+            .map(|s| {
+                let r = draw(pool, o.len, o.seed, 2 * s as u64);
+                r.iter().chain(&r).copied().collect()
+            })
+            .collect();
+        let needles = (0..o.n)
+            .map(|s| {
+                let stream = 2 * s as u64 + 1;
+                let needle = draw(pool, o.needle, o.seed, stream);
+                let rest: Vec<i64> = pool.iter().copied().filter(|t| !needle.contains(t)).collect();
+                let hay: Vec<i64> = (0..o.haystack).map(|i| rest[(super::importance::uniform(o.seed ^ 0x5EED, stream, i as u64) * rest.len() as f64) as usize % rest.len()]).collect();
+                let at = (super::importance::uniform(o.seed ^ 0xA7, stream, 0) * (o.haystack + 1) as f64) as usize % (o.haystack + 1);
+                let seq: Vec<i64> = hay[..at].iter().chain(&needle).chain(&hay[at..]).chain(&needle).copied().collect();
+                (seq, at)
+            })
+            .collect();
+        Ok(Probes { repeated, needles })
+    }
+}
+
+/// Per head-type `[layers][heads]` scores of the self-attention stack's heads.
+pub type TypeGrids = Vec<(HeadType, Vec<Vec<f64>>)>;
+
+/// 0/1 patterns `[B, T, T]` of one batch of sequences (query i, key j): previous token,
+/// duplicate token, induction (TransformerLens's `get_*_detection_pattern`).
+fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
+    let t = seqs[0].len();
+    let (mut prev, mut dup, mut ind) = (vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t]);
+    for (b, s) in seqs.iter().enumerate() {
+        for i in 0..t {
+            let at = |j: usize| b * t * t + i * t + j;
+            if i >= 1 {
+                prev[at(i - 1)] = 1.0;
+            }
+            for j in 0..i {
+                if s[j] == s[i] {
+                    dup[at(j)] = 1.0;
+                }
+            }
+            for j in 1..=i {
+                if s[j - 1] == s[i] {
+                    ind[at(j)] = 1.0;
+                }
+            }
+        }
+    }
+    let shape = [seqs.len() as i64, t as i64, t as i64];
+    [prev, dup, ind].map(|v| Tensor::from_slice(&v).view(shape).to_device(dev).unsqueeze(1))
+}
+
+/// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
+/// layer's attention `[B, H, T, T]` with the batch's rows to `on`.
+fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: &mut dyn FnMut(usize, &Tensor, &[Vec<i64>])) -> Result<(), AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let t = seqs[0].len();
+    let per_batch = (1024 / t).max(1);
+    for chunk in seqs.chunks(per_batch) {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
+        let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
+        let mut f = |_: Kind, l: usize, c: Captured<'_>| {
+            if let Captured::Attention(a) = c {
+                on(l, a, chunk);
+            }
+        };
+        let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut f };
+        let _ = model.net.encode(&ids, &mask, gates, Some(&mut cap))?;
+    }
+    Ok(())
+}
+
+/// Every head type's score for the self-attention stack (`model.net.stack_kind`), averaged over
+/// the probes' sequences: sink, previous, duplicate and induction on `repeated`, retrieval on
+/// `needles`.
+pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<TypeGrids, AnalysisError> {
+    let shape = model.kind_shape(model.net.stack_kind)?;
+    let dev = model.device();
+    let zeros = || Tensor::zeros([shape.n_layers as i64, shape.n_heads as i64], (DType::Double, dev));
+    let mut sums: Vec<Tensor> = (0..5).map(|_| zeros()).collect();
+    let mut failed: Option<ModelError> = None;
+    attend(model, &probes.repeated, gates, stop, &mut |l, a, rows| {
+        let t = rows[0].len() as f64;
+        let a = a.to_kind(DType::Double);
+        let [prev, dup, ind] = patterns(rows, dev);
+        let heads = |p: &Tensor| (&a * p).sum_dim_intlist([0i64, 2, 3].as_slice(), false, DType::Double) / t;
+        let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t;
+        for (sum, v) in sums.iter_mut().zip([sink, heads(&prev), heads(&dup), heads(&ind)]) {
+            let mut row = sum.get(l as i64);
+            row += spread(model, l, &v, &mut failed);
+        }
+    })?;
+    for (seq, at) in &probes.needles {
+        let needle = (seq.len() - at) / 2;
+        let second = seq.len() - needle;
+        attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, a, _| {
+            // Query i predicts token i + 1 of the second needle; copied if the head's top key is
+            // in the first needle and holds that token.
+            let top = a.get(0).narrow(1, (second - 1) as i64, needle as i64).argmax(-1, false).to_device(Device::Cpu);
+            let top = Vec::<i64>::try_from(top.reshape([-1])).unwrap_or_default();
+            let h = a.size()[1] as usize;
+            let copied: Vec<f64> = (0..h)
+                .map(|hh| {
+                    let hits = (0..needle).filter(|&q| {
+                        let j = top[hh * needle + q] as usize;
+                        (*at..at + needle).contains(&j) && seq[j] == seq[second + q]
+                    });
+                    hits.count() as f64 / needle as f64
+                })
+                .collect();
+            let v = Tensor::from_slice(&copied).to_device(dev);
+            let mut row = sums[4].get(l as i64);
+            row += spread(model, l, &v, &mut failed);
+        })?;
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let (n_rep, n_needle) = (probes.repeated.len() as f64, probes.needles.len() as f64);
+    HEAD_TYPES
+        .iter()
+        .zip(sums)
+        .map(|(ty, s)| {
+            let s = s / if *ty == HeadType::Retrieval { n_needle } else { n_rep };
+            let flat = Vec::<f64>::try_from(s.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
+            let grid = flat.chunks(shape.n_heads).enumerate().map(|(l, r)| blank_removed(model, l, r)).collect();
+            Ok((*ty, grid))
+        })
+        .collect()
+}
+
+/// A layer's per-physical-head values `[H]` at their original columns (`[width]`, 0 where a
+/// head was removed: [`blank_removed`] makes those NaN at the end).
+fn spread(model: &Model, l: usize, v: &Tensor, failed: &mut Option<ModelError>) -> Tensor {
+    let kind = model.net.stack_kind;
+    let width = model.kind_shape(kind).map_or(0, |s| s.n_heads);
+    let present = model.present(kind, l);
+    if present.len() == width {
+        return v.shallow_clone();
+    }
+    let index = Tensor::from_slice(&present.iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(v.device());
+    Tensor::zeros([width as i64], (DType::Double, v.device())).f_index_add(0, &index, v).unwrap_or_else(|e| {
+        *failed = Some(e.into());
+        Tensor::zeros([width as i64], (DType::Double, v.device()))
+    })
+}
+
+fn blank_removed(model: &Model, l: usize, row: &[f64]) -> Vec<f64> {
+    let present = model.present(model.net.stack_kind, l);
+    row.iter().enumerate().map(|(h, &v)| if present.contains(&h) { v } else { f64::NAN }).collect()
+}
+
+/// The types whose score reaches its threshold, per head `(layer, head)`.
+pub fn labels(grids: &TypeGrids, thresholds: &[(HeadType, f64)]) -> Vec<((usize, usize), Vec<HeadType>)> {
+    let Some((_, first)) = grids.first() else { return vec![] };
+    let mut out = Vec::new();
+    for (l, row) in first.iter().enumerate() {
+        for h in 0..row.len() {
+            let types: Vec<HeadType> = grids.iter().filter(|(ty, g)| g[l][h] >= thresholds.iter().find(|(t, _)| t == ty).map_or(ty.default_threshold(), |(_, v)| *v)).map(|(ty, _)| *ty).collect();
+            if !types.is_empty() {
+                out.push(((l, h), types));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_a_hand_count() {
+        // tokens 5 6 5 6 6: previous (i, i-1); duplicate (2,0) (3,1) (4,1) (4,3); induction
+        // (i, j) with s[j-1] == s[i]: (2,1) (3,2) (4,2) (4,4) (j = i allowed, as TransformerLens).
+        let [prev, dup, ind] = patterns(&[vec![5, 6, 5, 6, 6]], Device::Cpu);
+        let ones = |t: &Tensor| {
+            let v = Vec::<f32>::try_from(t.reshape([-1])).unwrap();
+            v.iter().enumerate().filter(|(_, &x)| x == 1.0).map(|(k, _)| (k / 5, k % 5)).collect::<Vec<_>>()
+        };
+        assert_eq!(ones(&prev), vec![(1, 0), (2, 1), (3, 2), (4, 3)]);
+        assert_eq!(ones(&dup), vec![(2, 0), (3, 1), (4, 1), (4, 3)]);
+        assert_eq!(ones(&ind), vec![(2, 1), (3, 2), (4, 2), (4, 4)]);
+    }
+
+    #[test]
+    fn probes_are_seeded_and_shaped() {
+        let pool: Vec<i64> = (10..60).collect();
+        let o = ProbeOptions { seed: 7, n: 3, len: 8, needle: 4, haystack: 10 };
+        let a = Probes::generate(&pool, &o).unwrap();
+        let b = Probes::generate(&pool, &o).unwrap();
+        assert_eq!(a.repeated, b.repeated);
+        for r in &a.repeated {
+            assert_eq!(r.len(), 16);
+            assert_eq!(r[..8], r[8..]);
+            let mut u = r[..8].to_vec();
+            u.sort();
+            u.dedup();
+            assert_eq!(u.len(), 8, "distinct tokens in a segment");
+        }
+        for (s, at) in &a.needles {
+            assert_eq!(s.len(), 10 + 8);
+            assert_eq!(s[*at..at + 4], s[14..]);
+        }
+        let c = Probes::generate(&pool, &ProbeOptions { seed: 8, ..o }).unwrap();
+        assert_ne!(a.repeated, c.repeated);
+    }
+}
