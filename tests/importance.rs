@@ -151,3 +151,22 @@ fn cuda_equals_cpu() {
     let worst = assert_close("cuda vs cpu", &gpu, |k, l, h| cpu.iter().find(|(k2, _)| *k2 == k).unwrap().1[l][h], 1e-3);
     println!("marian on CUDA vs CPU: {worst:.2e}");
 }
+
+/// The language-model task loss that `ablate` and the sweep measure equals transformers' loss,
+/// and the sweep equals masking one head at a time under it.
+#[test]
+fn language_model_loss_equals_transformers_and_the_sweep_equals_ablate() {
+    use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
+    let m = load("gpt2", DeviceChoice::Cpu);
+    let p = prepare(&m, &corpus(200), Metric::Loss, 512, Gates::none()).unwrap();
+    let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
+    let want = golden("gpt2")["token_loss"].as_f64().unwrap();
+    assert!((base - want).abs() / want < 1e-5, "headscope {base}, transformers {want}");
+    let small = prepare(&m, &corpus(12), Metric::Loss, 256, Gates::none()).unwrap();
+    let grid = sweep(&m, &small, &[Kind::Dec], &|| false, &mut |_, _| {}).unwrap();
+    for (l, h) in [(0, 1), (1, 3)] {
+        let one = evaluate(&m, &small, &m.gates_closing(&[HeadId { kind: Kind::Dec, layer_idx: l, head: h }]).unwrap(), &|| false).unwrap();
+        let s = grid[0].1[l][h];
+        assert!((s - one).abs() / one < 1e-5, "dec.{l}.{h}: sweep {s}, ablate {one}");
+    }
+}

@@ -386,17 +386,16 @@ impl Transformer {
     pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Tensor {
         let mut x = x.shallow_clone();
         let mut none = None;
-        let last = self.encoder.len();
         for (l, layer) in self.encoder.iter().enumerate().skip(from) {
             let g = gates.layer(self.stack_kind, l);
             x = layer.forward(&x, bias, g.as_ref(), self.stack_kind, l, &mut none);
-            if l + 1 == last {
-                if let Some(n) = &self.final_norm {
-                    x = n.forward(&x);
-                }
-            }
         }
-        x
+        // The final norm also when no layer is left to run (`from` past the last layer: a
+        // sweep of the last layer's heads).
+        match &self.final_norm {
+            Some(n) => n.forward(&x),
+            None => x,
+        }
     }
 
     pub fn start_state(&self, batch: i64) -> DecoderState {

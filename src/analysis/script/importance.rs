@@ -16,7 +16,7 @@ pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\"", "\"loss\": mean |dL/dg| on the data's targets; \"fisher\": mean (dL/dg)^2 on targets sampled from the model (docs/methods.md#gradient-head-importance)"),
     opt("normalize", "\"none\"", "\"none\" or \"layer\" (each layer divided by its L2 norm, Michel et al. 2019)"),
     opt("kinds", "every kind", "the attention kinds whose gates are differentiated"),
-    opt("batch_tokens", "512", "tokens per batch, padding included"),
+    opt("batch_tokens", "2048", "tokens per batch, padding included (translation models also decode their teacher targets in these batches)"),
     opt("seed", "0", "seed of the targets \"fisher\" samples"),
     opt("exact", "false", "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
     opt("k", "10", "how many least important heads the agreement compares"),
@@ -47,7 +47,7 @@ pub mod api {
     /// translation model) in a multiplicative gate on the head, at the model as given; one
     /// forward and one backward per batch. Options: `metric` ("loss" | "fisher": mean
     /// (dL/dg)^2 with targets sampled from the model, for comparisons with KL), `normalize`
-    /// ("none" | "layer"), `kinds`, `batch_tokens` (512), `seed` (0), `exact` (false: when
+    /// ("none" | "layer"), `kinds`, `batch_tokens` (2048), `seed` (0), `exact` (false: when
     /// true, also runs the exact sweep on the same data and echoes `agreement`, per kind
     /// Spearman's rho and the overlap of the `k` (10) least important heads, and both times).
     ///
@@ -66,7 +66,7 @@ pub mod api {
             metric: o.string("metric")?.map_or(Ok(ImportanceMetric::Loss), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
             normalize: o.string("normalize")?.map_or(Ok(Normalize::None), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
             kinds: kinds_option(m, &options, f)?,
-            batch_tokens: o.usize("batch_tokens")?.unwrap_or(512),
+            batch_tokens: o.usize("batch_tokens")?.unwrap_or(2048),
             seed: o.usize("seed")?.unwrap_or(0) as u64,
         };
         let base = m.gates()?;
