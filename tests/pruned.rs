@@ -125,7 +125,7 @@ fn check_model(name: &str, metric: Metric) {
     let pruned64 = prune_heads(&model64, &closed, None).unwrap();
     let gates64 = model64.gates_closing(&closed).unwrap();
     for (rule, m, p, g) in [(Rule::Ab, &model, &pruned, &gates), (Rule::Zplus, &model64, &pruned64, &gates64)] {
-        let o = LrpOptions { rule, seed: if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }, per_prediction: false, batch_tokens: 256 };
+        let o = LrpOptions { rule: rule.into(), seed: if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }, per_prediction: false, batch_tokens: 256 };
         let a = lrp(m, &data, &o, g, &never, quiet).unwrap();
         let b = lrp(p, &data, &o, &Gates::none(), &never, quiet).unwrap();
         assert_eq!(a.kinds.len(), b.kinds.len());

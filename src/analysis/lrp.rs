@@ -35,13 +35,26 @@ const LINEAR_TOL: f64 = 1e-5;
 
 options_enum!(Rule, "LRP rule", { Ab = "ab", Zplus = "zplus" });
 
+// The rule set a user picks: a rescaled one propagated here (`Rule`), or AttnLRP, gradient x
+// input under LXT's rules (`super::attnlrp`).
+options_enum!(RuleSet, "LRP rule", { Ab = "ab", Zplus = "zplus", AttnLrp = "attnlrp" });
+
+impl From<Rule> for RuleSet {
+    fn from(r: Rule) -> RuleSet {
+        match r {
+            Rule::Ab => RuleSet::Ab,
+            Rule::Zplus => RuleSet::Zplus,
+        }
+    }
+}
+
 // Where relevance starts: `norm` (each position's final hidden units, in proportion to their
 // squared activation) or `logit` (the top-1 logit of each output position).
 options_enum!(Seed, "LRP seed", { Norm = "norm", Logit = "logit" });
 
 #[derive(Debug, Clone)]
 pub struct LrpOptions {
-    pub rule: Rule,
+    pub rule: RuleSet,
     pub seed: Seed,
     /// Each prediction propagated on its own (exact per-prediction normalisation), or a
     /// sentence's seeds summed into one (about T times cheaper; normalised per sentence).
@@ -805,6 +818,11 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
+    let rule = match opts.rule {
+        RuleSet::Ab => Rule::Ab,
+        RuleSet::Zplus => Rule::Zplus,
+        RuleSet::AttnLrp => return super::attnlrp::lrp(model, data, opts, gates, stop, progress),
+    };
     let net = &model.net;
     if opts.seed == Seed::Logit && net.output.is_none() {
         return Err(AnalysisError::Input(format!("seed \"logit\" needs an output head; {} has none: use seed \"norm\"", model.name())));
@@ -863,7 +881,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             let pb = &p.batches[gi];
             let (tgt, tm) = pb.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
             let weight = tm.to_kind(x.kind());
-            let d = relprop_decoder(opts.rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
+            let d = relprop_decoder(rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
             worst = worst.max(d.worst);
             let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
             for (l, rel) in d.cross.iter().enumerate() {
@@ -892,7 +910,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
                     let w_rows = out.w.index_select(0, &top.view([-1])).view([bsz, 1, t, -1]);
                     let b_top = out.b.as_ref().map(|bb| bb.index_select(0, &top.view([-1])).view([bsz, 1, t, 1]));
                     let yy = y.unsqueeze(1) * eye.view([1, t, t, 1]);
-                    top_logit_rule(opts.rule, &yy, &w_rows, b_top.as_ref(), &eye.view([1, t, t, 1]))
+                    top_logit_rule(rule, &yy, &w_rows, b_top.as_ref(), &eye.view([1, t, t, 1]))
                 }
             };
             if !opts.per_prediction {
@@ -900,7 +918,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
                 r = (r * real.view([bsz, t, 1, 1])).sum_dim_intlist([1i64].as_slice(), true, kind);
             }
             if let Some(n) = &net.final_norm {
-                r = norm_rule(opts.rule, n, &x.unsqueeze(1), &r);
+                r = norm_rule(rule, n, &x.unsqueeze(1), &r);
             }
             let weight = if opts.per_prediction { real } else { real.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
             (r, weight, None)
@@ -910,7 +928,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (x.kind(), x.device())));
         let seed_total = abs_total(&r) + &target_total;
         for l in (0..n_layers).rev() {
-            let (r_in, head_rel) = relprop_layer(opts.rule, &net.encoder[l], &traces[l], &r);
+            let (r_in, head_rel) = relprop_layer(rule, &net.encoder[l], &traces[l], &r);
             r = r_in;
             let total = abs_total(&r) + &target_total;
             let err = ((&total / (&seed_total + 1e-30)) - 1.0).abs() * &weight;

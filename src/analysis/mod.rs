@@ -4,6 +4,7 @@
 
 pub mod ablation;
 pub mod accum;
+pub mod attnlrp;
 pub mod diversity;
 pub mod importance;
 pub mod lrp;

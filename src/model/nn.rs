@@ -5,6 +5,50 @@
 use super::{Captured, Kind};
 use tch::{Kind as DType, Tensor};
 
+thread_local! {
+    static ATTN_LRP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While alive, the forward pass computes the same values but its gradients follow the
+/// AttnLRP rules (Achtibat et al. 2024, as the LXT library implements them;
+/// docs/methods.md#attnlrp), so that gradient x input is the relevance: norms with their scale
+/// held fixed, activations by the identity rule, the gate product and the attention's
+/// query-key and weight-value products by the uniform rule. Forward values are unchanged.
+pub struct AttnLrpRules(());
+
+impl AttnLrpRules {
+    pub fn on() -> AttnLrpRules {
+        ATTN_LRP.with(|c| c.set(true));
+        AttnLrpRules(())
+    }
+}
+
+impl Drop for AttnLrpRules {
+    fn drop(&mut self) {
+        ATTN_LRP.with(|c| c.set(false));
+    }
+}
+
+fn attn_lrp() -> bool {
+    ATTN_LRP.with(|c| c.get())
+}
+
+/// The value of `value` with the gradient of `surrogate` (whose value must equal it).
+fn with_grad_of(value: &Tensor, surrogate: &Tensor) -> Tensor {
+    value.detach() + surrogate - surrogate.detach()
+}
+
+/// `x` with its gradient divided by `c` (LXT's `divide_gradient`; the uniform rule of a product
+/// of `c` factors).
+fn divide_gradient(x: &Tensor, c: f64) -> Tensor {
+    with_grad_of(x, &(x / c))
+}
+
+/// `f(z)` with the gradient `f(z) / (z + 1e-10)` (LXT's `identity_rule_implicit`).
+fn identity_rule(f: &Tensor, z: &Tensor) -> Tensor {
+    with_grad_of(f, &(z * (f / (z + 1e-10)).detach()))
+}
+
 /// `y = x W^T + b`, with `W` stored `[out, in]` as in PyTorch.
 pub struct Linear {
     pub w: Tensor,
@@ -36,13 +80,24 @@ pub struct Norm {
 impl Norm {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         match self.kind {
+            NormKind::Layer if attn_lrp() => {
+                // The standard deviation held fixed (LXT: the mean is not).
+                let c = x - x.mean_dim(-1, true, x.kind());
+                let std = (c.square().mean_dim(-1, true, x.kind()) + self.eps).sqrt().detach();
+                let y = c / std * &self.weight;
+                match &self.bias {
+                    Some(b) => y + b,
+                    None => y,
+                }
+            }
             NormKind::Layer => {
                 let d = *x.size().last().unwrap_or(&1);
                 x.layer_norm([d], Some(&self.weight), self.bias.as_ref(), self.eps, false)
             }
             NormKind::Rms => {
                 let var = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
-                x * (var + self.eps).rsqrt() * &self.weight
+                let scale = (var + self.eps).rsqrt();
+                x * if attn_lrp() { scale.detach() } else { scale } * &self.weight
             }
         }
     }
@@ -85,9 +140,14 @@ impl Ffn {
     /// block's output.
     pub fn forward_parts(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
         let up = self.up.forward(x);
+        let act = |z: &Tensor| {
+            let a = self.act.apply(z);
+            if attn_lrp() { identity_rule(&a, z) } else { a }
+        };
         let hidden = match &self.gate {
-            Some(g) => self.act.apply(&g.forward(x)) * &up,
-            None => self.act.apply(&up),
+            Some(g) if attn_lrp() => divide_gradient(&(act(&g.forward(x)) * &up), 2.0),
+            Some(g) => act(&g.forward(x)) * &up,
+            None => act(&up),
         };
         let out = self.down.forward(&hidden);
         (up, hidden, out)
@@ -313,11 +373,20 @@ impl Attention {
                 None => zero,
             };
         }
-        let (k, v) = (&kv.k, &kv.v);
         let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
         if let Some(r) = &self.rotary {
             q = r.apply(&q);
         }
+        // AttnLRP: the uniform rule on q.k^T and on A.v (as LXT applies it to llama: q and k
+        // each carry a quarter of the gradient, v half; the softmax keeps its gradient).
+        let lrp_kv;
+        let (k, v) = if attn_lrp() {
+            q = divide_gradient(&q, 4.0);
+            lrp_kv = (divide_gradient(&kv.k, 4.0), divide_gradient(&kv.v, 2.0));
+            (&lrp_kv.0, &lrp_kv.1)
+        } else {
+            (&kv.k, &kv.v)
+        };
         if let Some(c) = cap.as_deref_mut() {
             if c.queries {
                 (c.on)(kind, layer_idx, Captured::Queries(&q));

@@ -33,13 +33,24 @@ impl Embeddings {
     /// Token ids `[B, T]` at positions `start..start+T`; `None` ids mean a zero embedding
     /// (Marian's decoder start).
     pub fn forward(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64) -> Result<Tensor, ModelError> {
-        let d = self.tokens.size()[1];
-        let device = self.tokens.device();
         let tok = match ids {
-            Some(ids) => Tensor::f_embedding(&self.tokens, ids, -1, false, false)?,
-            None => Tensor::zeros([batch, len, d], (self.tokens.kind(), device)),
+            Some(ids) => self.lookup(ids)?,
+            None => Tensor::zeros([batch, len, self.tokens.size()[1]], (self.tokens.kind(), self.tokens.device())),
         };
-        let mut x = if self.scale != 1.0 { tok * self.scale } else { tok };
+        self.finish(&tok, start)
+    }
+
+    /// The token embeddings `[B, T, D]` of `ids` (the table's rows, before scale and positions).
+    pub fn lookup(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(Tensor::f_embedding(&self.tokens, ids, -1, false, false)?)
+    }
+
+    /// Token embeddings `tok [B, T, D]` at positions `start..` -> the stack's input (scale,
+    /// positions, token type, norm).
+    pub fn finish(&self, tok: &Tensor, start: i64) -> Result<Tensor, ModelError> {
+        let (len, d) = (tok.size()[1], tok.size()[2]);
+        let device = self.tokens.device();
+        let mut x = if self.scale != 1.0 { tok * self.scale } else { tok.shallow_clone() };
         match &self.positions {
             Positions::Learned(table) => {
                 let max = table.size()[0];
@@ -352,9 +363,14 @@ impl Transformer {
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real). Captures hidden states
     /// (index 0 = embeddings, i = after layer i), attention and context per layer.
     /// With a final norm, the last hidden state reported (index L) is after it, as in HF.
-    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        let (b, s) = (ids.size()[0], ids.size()[1]);
-        let mut x = self.embed.forward(Some(ids), b, 0, s)?;
+    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        self.encode_embedded(&self.embed.lookup(ids)?, mask, gates, cap)
+    }
+
+    /// [`Transformer::encode`] from the token embeddings `tok [B, T, D]` (AttnLRP takes the
+    /// input relevance there).
+    pub fn encode_embedded(&self, tok: &Tensor, mask: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
+        let mut x = self.embed.finish(tok, 0)?;
         let bias = self.self_bias(mask, x.kind());
         let kind = self.stack_kind;
         emit_hidden(&mut cap, kind, 0, &x);

@@ -5,7 +5,7 @@ use crate::model::script::ScriptModel;
 use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
 
 pub const LRP_OPTIONS: &[OptSpec] = &[
-    opt("rule", "\"ab\"", "\"ab\" or \"zplus\" (docs/methods.md#lrp-head-relevance)"),
+    opt("rule", "\"ab\"", "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)"),
     opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
     opt("seeds", "\"each\"", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
     opt("batch_tokens", "64 (each), 256 (summed)", "tokens per batch"),
@@ -19,7 +19,8 @@ pub mod api {
 
     /// LRP head relevance of the self-attention stack (docs/methods.md#lrp-head-relevance): per layer,
     /// each head's share of the relevance reaching the layer's heads, averaged over
-    /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus"), `seed`
+    /// predictions (each layer's row sums to 1). Options: `rule` ("ab" | "zplus" | "attnlrp":
+    /// AttnLRP as LXT computes it, docs/methods.md#attnlrp, on the self-attention stack), `seed`
     /// ("logit": each output position's top-1 logit, the default for models with an output
     /// head: teacher-forced on the references, else on the model's greedy translation, giving
     /// encoder and cross-attention heads for translation models; "norm": each position's final
@@ -44,14 +45,17 @@ pub mod api {
         let o = Opts::new(&options, "lrp", LRP_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let net = &m.model.net;
-        let default_seed = if net.output.is_some() { Seed::Logit } else { Seed::Norm };
+        let rule = o.string("rule")?.map_or(Ok(crate::analysis::lrp::RuleSet::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?;
+        // AttnLRP runs on the self-attention stack: logits for a language model, else norms.
+        let attn = rule == crate::analysis::lrp::RuleSet::AttnLrp;
+        let default_seed = if net.output.is_some() && (!attn || m.model.is_lm()) { Seed::Logit } else { Seed::Norm };
         let per_prediction = match o.string("seeds")?.as_deref() {
             None | Some("each") => true,
             Some("summed") => false,
             Some(other) => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
         };
         let opts = LrpOptions {
-            rule: o.string("rule")?.map_or(Ok(crate::analysis::lrp::Rule::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
+            rule,
             seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
             per_prediction,
             batch_tokens: o.usize("batch_tokens")?.unwrap_or(if per_prediction { 64 } else { 256 }),

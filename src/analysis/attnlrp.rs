@@ -1,0 +1,123 @@
+//! AttnLRP (Achtibat et al. 2024; docs/methods.md#attnlrp): relevance as gradient x input
+//! through the model's one forward run under [`AttnLrpRules`] (the rules LXT 2.1 implements),
+//! giving every head's relevance (at the input of W^O) and every input token's relevance (at
+//! its token embedding) in one backward per set of seeds. Signed, not rescaled: relevance that
+//! biases and constant embeddings absorb is lost, as in LXT.
+
+use super::lrp::{LrpOptions, LrpResult, Seed};
+use super::AnalysisError;
+use crate::data::Dataset;
+use crate::model::nn::{AttnLrpRules, Capture, Gates};
+use crate::model::{Captured, Model, ModelError};
+use tch::{Device, Kind as DType, Tensor};
+
+/// Relevance of one set of rows (each row one seed set).
+pub struct Relevance {
+    /// `[R, T]`: each input token's relevance (summed over its embedding's units).
+    pub input: Tensor,
+    /// Per layer `[R, H]`: each head's relevance (summed over positions and units of its
+    /// context vector), heads in physical order.
+    pub heads: Vec<Tensor>,
+    /// `[R]`: the seeds' total per row.
+    pub seed: Tensor,
+}
+
+/// One forward and one backward over `ids [R, T]` (`mask [R, T]`), seeding the positions where
+/// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit; `Norm`, its final hidden units
+/// with relevance `h * h`.
+pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
+    let _rules = AttnLrpRules::on();
+    let tok = model.net.embed.lookup(ids)?.detach().set_requires_grad(true);
+    let mut ctx: Vec<Tensor> = Vec::new();
+    let mut on = |_: crate::model::Kind, _: usize, c: Captured<'_>| {
+        if let Captured::Context(x) = c {
+            ctx.push(x.shallow_clone());
+        }
+    };
+    let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
+    let h = model.net.encode_embedded(&tok, mask, gates, Some(&mut cap))?;
+    let per_position = match seed {
+        Seed::Logit => {
+            let out = model.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+            out.forward(&h).amax([-1i64].as_slice(), false)
+        }
+        Seed::Norm => (&h * h.detach()).sum_dim_intlist([-1i64].as_slice(), false, h.kind()),
+    };
+    let seeded = per_position * seed_at.to_kind(h.kind());
+    let mut inputs = vec![tok.shallow_clone()];
+    inputs.extend(ctx.iter().map(|c| c.shallow_clone()));
+    let grads = Tensor::f_run_backward(&[seeded.sum(h.kind())], &inputs, false, false)?;
+    let input = (&tok * &grads[0]).sum_dim_intlist([-1i64].as_slice(), false, DType::Float);
+    let heads = ctx.iter().zip(&grads[1..]).map(|(c, g)| (c * g).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float)).collect();
+    Ok(Relevance { input, heads, seed: seeded.detach().sum_dim_intlist([1i64].as_slice(), false, DType::Float) })
+}
+
+/// Head relevance of the self-attention stack over a dataset, as [`super::lrp::lrp`] reports it:
+/// per layer each head's share of the layer's `sum |R_h|`, per seed set, averaged over seed sets
+/// (`per_prediction`: one per seeded position, else one per sentence).
+pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<LrpResult, AnalysisError> {
+    if data.is_empty() {
+        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
+    }
+    if opts.seed == Seed::Logit && !model.is_lm() {
+        let why = if model.translates() { "AttnLRP runs on the self-attention stack; through a translation model's decoder use rule \"ab\" or \"zplus\", or seed \"norm\" for its encoder" } else { "it has no output head: use seed \"norm\"" };
+        return Err(AnalysisError::Input(format!("seed \"logit\" with rule \"attnlrp\" on {}: {why}", model.name())));
+    }
+    let kind = model.net.stack_kind;
+    let encoded = model.tokenize_all(data.texts())?;
+    let mut sums: Vec<Vec<f64>> = model.layer_heads(kind).into_iter().map(|h| vec![0f64; h]).collect();
+    let (mut sets, mut worst) = (0usize, 0f64);
+    let batches: Vec<_> = model.batches(&encoded, opts.batch_tokens).collect();
+    let n = batches.len();
+    for (bi, (_, b)) in batches.into_iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        // The positions seeded: a language model's every position but the last predicts the
+        // next token (seed "logit"); with "norm", every real position.
+        let real = b.mask.to_kind(DType::Float);
+        let seedable = match opts.seed {
+            Seed::Logit => {
+                let t = real.size()[1];
+                Tensor::cat(&[real.narrow(1, 1, t - 1), real.narrow(1, 0, 1).zeros_like()], 1)
+            }
+            Seed::Norm => real.shallow_clone(),
+        };
+        let (ids, mask, seed_at) = if opts.per_prediction { one_per_row(&b.ids, &b.mask, &seedable)? } else { (b.ids.shallow_clone(), b.mask.shallow_clone(), seedable) };
+        if ids.size()[0] == 0 {
+            continue;
+        }
+        // Rows in chunks of about batch_tokens tokens.
+        let t = ids.size()[1];
+        let chunk = (opts.batch_tokens as i64 / t.max(1)).max(1);
+        let rows = ids.size()[0];
+        for start in (0..rows).step_by(chunk as usize) {
+            let len = chunk.min(rows - start);
+            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), opts.seed, gates)?;
+            for (l, hr) in r.heads.iter().enumerate() {
+                let a = hr.abs().to_kind(DType::Double);
+                let share = &a / a.sum_dim_intlist([1i64].as_slice(), true, DType::Double).clamp_min(1e-30);
+                let v = Vec::<f64>::try_from(share.sum_dim_intlist([0i64].as_slice(), false, DType::Double).to_device(Device::Cpu)).map_err(ModelError::from)?;
+                for (s, x) in sums[l].iter_mut().zip(v) {
+                    *s += x;
+                }
+            }
+            let ratio = Vec::<f64>::try_from((r.input.sum_dim_intlist([1i64].as_slice(), false, DType::Double) / r.seed.to_kind(DType::Double)).to_device(Device::Cpu)).map_err(ModelError::from)?;
+            worst = ratio.iter().fold(worst, |w, x| w.max((x - 1.0).abs()));
+            sets += len as usize;
+        }
+        progress(bi + 1, n);
+    }
+    let grid = sums.into_iter().enumerate().map(|(l, row)| model.spread(kind, l, &row.iter().map(|s| s / sets.max(1) as f64).collect::<Vec<_>>())).collect();
+    Ok(LrpResult { kinds: vec![(kind, grid)], predictions: sets, max_conservation_error: worst, options: opts.clone() })
+}
+
+/// Every seedable position of every row as a row of its own: `(ids, mask, seed_at)` with one
+/// seeded position per row.
+fn one_per_row(ids: &Tensor, mask: &Tensor, seedable: &Tensor) -> Result<(Tensor, Tensor, Tensor), ModelError> {
+    let at = seedable.f_nonzero()?; // [N, 2]: (row, position)
+    let (rows, pos) = (at.select(1, 0), at.select(1, 1));
+    let t = ids.size()[1];
+    let one_hot = pos.one_hot(t).to_kind(DType::Float);
+    Ok((ids.index_select(0, &rows), mask.index_select(0, &rows), one_hot))
+}
