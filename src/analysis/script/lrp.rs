@@ -79,6 +79,42 @@ pub mod api {
         })
     }
 
+    /// AttnLRP's input-token relevance of one text (docs/methods.md#attnlrp): a table of the
+    /// tokens with their relevance (signed) and share of the total `|R|`. The seed is a
+    /// language model's top-1 logit after the text (its next-token prediction), else the final
+    /// hidden states (`h * h`, every position). One forward and one backward.
+    ///
+    /// ```rhai
+    /// let t = load_model("smollm2").token_relevance("The capital of France is");
+    /// assert(t.columns == ["token", "relevance", "share"] && t.len() == 6);
+    /// let s = 0.0;
+    /// for x in t.column("share") { s += x; }
+    /// assert(abs(s - 1.0) < 1e-6);
+    /// ```
+    #[rhai_fn(name = "token_relevance", return_raw, pure)]
+    pub fn token_relevance(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::table::Table> {
+        use crate::analysis::lrp::Seed;
+        use crate::table::{Cell, Table};
+        let f = |e: crate::model::ModelError| format!("token_relevance: {e}");
+        let b = m.model.batch(&[text]).map_err(f)?;
+        let t = b.ids.size()[1];
+        let seed = if m.model.is_lm() { Seed::Logit } else { Seed::Norm };
+        let seed_at = match seed {
+            Seed::Logit => tch::Tensor::zeros([1, t], (tch::Kind::Float, m.model.device())).index_fill(1, &tch::Tensor::from_slice(&[t - 1]).to_device(m.model.device()), 1.0),
+            Seed::Norm => b.mask.to_kind(tch::Kind::Float),
+        };
+        let r = crate::analysis::attnlrp::relevance(&m.model, &b.ids, &b.mask, &seed_at, seed, &m.gates()?).map_err(f)?;
+        let rel = Vec::<f64>::try_from(r.input.get(0).to_kind(tch::Kind::Double).to_device(tch::Device::Cpu)).map_err(|e| f(e.into()))?;
+        let total: f64 = rel.iter().map(|x| x.abs()).sum::<f64>().max(1e-30);
+        let mut table = Table::new(vec!["token".into(), "relevance".into(), "share".into()]);
+        table.title = Some(format!("AttnLRP token relevance ({seed} seed): {}", m.model.name()));
+        table.digits = 4;
+        for (tok, x) in b.encoded[0].tokens.iter().zip(&rel) {
+            let _ = table.push_row(vec![Cell::Text(tok.clone()), Cell::Float(*x), Cell::Float(x.abs() / total)]);
+        }
+        Ok(table)
+    }
+
     /// `lrp` with the default options.
     ///
     /// ```rhai
