@@ -1,7 +1,7 @@
 //! The head taxonomy (docs/methods.md#head-taxonomy). (1) Planted heads: a tiny decoder-only
 //! model built by hand whose heads are, by construction, a sink (dec.0.0), a previous-token head
-//! (dec.0.1), a duplicate-token head (dec.0.2) and an induction head that also copies the needle
-//! (dec.1.0), the others uniform: `head_types` labels exactly those heads with exactly those
+//! (dec.0.1), a duplicate-token head (dec.0.2), an induction head that also copies the needle
+//! (dec.1.0) and a copy head that is no induction head (dec.1.1), the others uniform: `head_types` labels exactly those heads with exactly those
 //! types. (2) The previous-token, duplicate-token and induction scores on the repeated-token
 //! probe equal TransformerLens's `detect_head` (tests/fixtures/taxonomy_reference.py,
 //! transformer-lens 2.18 on the tiny GPT-2, loaded offline) within 1e-4.
@@ -23,6 +23,7 @@ const D: i64 = 2 * V + P; // token one-hot | position one-hot | previous token (
 const H: i64 = 4;
 const DH: i64 = D;
 const S: f64 = 30.0;
+const COPY: f64 = 0.06;
 
 fn zeros(shape: &[i64]) -> Tensor {
     Tensor::zeros(shape, (DType::Float, Device::Cpu))
@@ -86,11 +87,15 @@ fn planted() -> (Model, tempfile::TempDir) {
         q0.push((2, t, tokv + t, S));
         k0.push((2, t, tokv + t, 1.0));
     }
-    // Layer 1. h0 induction: the current token meets the previous-token slot.
+    // Layer 1. h0 induction: the current token meets the previous-token slot. h1 copy: the
+    // same match, weak (COPY instead of S): its top key is the token to copy, but most of its
+    // weight stays spread, so it is no induction head by the detector's score.
     let (mut q1, mut k1) = (vec![], vec![]);
     for t in 0..V {
         q1.push((0, t, tokv + t, S));
         k1.push((0, t, prevv + t, 1.0));
+        q1.push((1, t, tokv + t, COPY));
+        k1.push((1, t, prevv + t, 1.0));
     }
     let l0 = attention(&q0, &k0, &v0, &o0, &[(0, 0, S)]);
     let l1 = attention(&q1, &k1, &[], &[], &[]);
@@ -132,6 +137,7 @@ fn planted_heads_are_found_exactly_and_no_others() {
         ((0, 1), vec![HeadType::PreviousToken]),
         ((0, 2), vec![HeadType::DuplicateToken]),
         ((1, 0), vec![HeadType::Induction, HeadType::Retrieval]),
+        ((1, 1), vec![HeadType::Retrieval]),
     ];
     assert_eq!(found, want);
 }
