@@ -57,7 +57,7 @@ fn check(model: &str, dir: &str, seed: Seed, device: DeviceChoice) -> f64 {
         let want_in: Vec<f64> = s["input_relevance"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         worst = worst.max(close(&format!("{model} sentence {i} input"), &vec1(&r.input), &want_in));
         let want_heads: Vec<f64> = s["head_relevance"].as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
-        let got_heads: Vec<f64> = r.heads.iter().flat_map(|h| vec1(h)).collect();
+        let got_heads: Vec<f64> = r.heads.iter().flat_map(vec1).collect();
         worst = worst.max(close(&format!("{model} sentence {i} heads"), &got_heads, &want_heads));
     }
     println!("{model} on {device:?}: 5 sentences, worst difference {worst:.2e} of each grid's largest relevance");

@@ -135,9 +135,12 @@ fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
     [prev, dup, ind].map(|v| Tensor::from_slice(&v).view(shape).to_device(dev).unsqueeze(1))
 }
 
+/// What [`attend`] hands each layer's attention to: `(layer, attention [B, H, T, T], the rows)`.
+type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]);
+
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
 /// layer's attention `[B, H, T, T]` with the batch's rows to `on`.
-fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: &mut dyn FnMut(usize, &Tensor, &[Vec<i64>])) -> Result<(), AnalysisError> {
+fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: OnAttention) -> Result<(), AnalysisError> {
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
     let per_batch = (1024 / t).max(1);
