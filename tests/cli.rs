@@ -409,7 +409,7 @@ fn bad_analysis_inputs_are_clear_errors() {
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{freq: \"nope.txt\"})", "analyze: frequency source nope.txt: No such file or directory"),
         ("load_model(\"enpt\").analyze(\"two.txt\")", "analyze: expected a Dataset (corpus, parallel or treebank), got \"two.txt\" (string)"),
         ("load_model(\"enpt\").confidence(corpus(\"two.txt\")).heatmap(\"dec\")", "heatmap: no 'dec' in this result (it has: enc, cross)"),
-        ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{rule: \"eps\"})", "lrp: unknown LRP rule 'eps' (expected \"ab\" or \"zplus\")"),
+        ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{rule: \"eps\"})", "lrp: unknown LRP rule 'eps' (expected \"ab\", \"zplus\" or \"attnlrp\")"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{seeds: \"all\"})", "lrp: unknown seeds 'all' (expected \"each\" or \"summed\")"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{seed: \"logit\"})", "lrp: seed \"logit\" needs an output head; minilm has none: use seed \"norm\""),
         ("load_model(\"enpt\").lrp(corpus(\"two.txt\").take(0))", "lrp: the dataset two.txt[:0] is empty"),

@@ -16,7 +16,7 @@ pub struct Relevance {
     /// `[R, T]`: each input token's relevance (summed over its embedding's units).
     pub input: Tensor,
     /// Per layer `[R, H]`: each head's relevance (summed over positions and units of its
-    /// context vector), heads in physical order.
+    /// context vector), heads in physical order (`[R, 0]` for a layer without heads).
     pub heads: Vec<Tensor>,
     /// `[R]`: the seeds' total per row.
     pub seed: Tensor,
@@ -28,10 +28,11 @@ pub struct Relevance {
 pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
     let _rules = AttnLrpRules::on();
     let tok = model.net.embed.lookup(ids)?.detach().set_requires_grad(true);
-    let mut ctx: Vec<Tensor> = Vec::new();
-    let mut on = |_: crate::model::Kind, _: usize, c: Captured<'_>| {
-        if let Captured::Context(x) = c {
-            ctx.push(x.shallow_clone());
+    // By layer: a layer without heads (prune_heads) hands out no context.
+    let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
+    let mut on = |_: crate::model::Kind, l: usize, c: Captured<'_>| {
+        if let (Captured::Context(x), Some(slot)) = (c, ctx.get_mut(l)) {
+            *slot = Some(x.shallow_clone());
         }
     };
     let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
@@ -45,10 +46,18 @@ pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, s
     };
     let seeded = per_position * seed_at.to_kind(h.kind());
     let mut inputs = vec![tok.shallow_clone()];
-    inputs.extend(ctx.iter().map(|c| c.shallow_clone()));
+    inputs.extend(ctx.iter().flatten().map(|c| c.shallow_clone()));
     let grads = Tensor::f_run_backward(&[seeded.sum(h.kind())], &inputs, false, false)?;
     let input = (&tok * &grads[0]).sum_dim_intlist([-1i64].as_slice(), false, DType::Float);
-    let heads = ctx.iter().zip(&grads[1..]).map(|(c, g)| (c * g).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float)).collect();
+    let mut g = grads[1..].iter();
+    let rows = ids.size()[0];
+    let heads = ctx
+        .iter()
+        .map(|c| match (c, c.as_ref().and_then(|_| g.next())) {
+            (Some(c), Some(g)) => (c * g).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Float),
+            _ => Tensor::zeros([rows, 0], (DType::Float, ids.device())),
+        })
+        .collect();
     Ok(Relevance { input, heads, seed: seeded.detach().sum_dim_intlist([1i64].as_slice(), false, DType::Float) })
 }
 

@@ -295,8 +295,9 @@ pub struct KindAttention {
     pub kind: Kind,
     pub query_tokens: Vec<String>,
     pub key_tokens: Vec<String>,
-    /// Per layer `[heads held, Tq, Tk]`, double precision, on the CPU.
-    pub layers: Vec<Tensor>,
+    /// Per layer `[heads held, Tq, Tk]`, double precision, on the CPU; `None` for a layer
+    /// without heads (`prune_heads`).
+    pub layers: Vec<Option<Tensor>>,
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
@@ -708,10 +709,13 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
         let src_tokens = b.encoded[0].tokens.clone();
-        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], layers: vec![] }).collect();
-        let mut on = |k: Kind, _: usize, c: Captured<'_>| {
+        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], layers: (0..s.n_layers).map(|_| None).collect() }).collect();
+        // By layer: a layer without heads (prune_heads) hands out no attention.
+        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
             if let (Captured::Attention(p), Some(m)) = (c, maps.iter_mut().find(|m| m.kind == k)) {
-                m.layers.push(p.get(0).to_kind(DType::Double).to_device(Device::Cpu));
+                if let Some(slot) = m.layers.get_mut(l) {
+                    *slot = Some(p.get(0).to_kind(DType::Double).to_device(Device::Cpu));
+                }
             }
         };
         let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
@@ -744,7 +748,7 @@ impl Model {
         let phys = self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
         let maps = self.attention_maps(text, gates)?;
         let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind)))?;
-        let a = m.layers.get(head.layer_idx).ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?.get(phys);
+        let a = m.layers.get(head.layer_idx).and_then(|a| a.as_ref()).ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?.get(phys);
         let weights: Vec<Vec<f64>> = (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
         Ok(AttentionMap { head, query_tokens: m.query_tokens, key_tokens: m.key_tokens, weights })
     }

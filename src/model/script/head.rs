@@ -178,7 +178,10 @@ pub mod api {
             let width = m.model.kind_shape(k.kind).or_else(|e| err(format!("view: {e}")))?.n_heads;
             let mut attn = Vec::with_capacity(k.layers.len() * width * tq * tk);
             for (l, a) in k.layers.iter().enumerate() {
-                let flat = Vec::<f32>::try_from(a.to_kind(tch::Kind::Float).reshape([-1])).or_else(|e| err(format!("view: {e}")))?;
+                let flat = match a {
+                    Some(a) => Vec::<f32>::try_from(a.to_kind(tch::Kind::Float).reshape([-1])).or_else(|e| err(format!("view: {e}")))?,
+                    None => vec![],
+                };
                 let heads: Vec<Vec<f32>> = flat.chunks(tq * tk).map(|c| c.to_vec()).collect();
                 for head in m.model.spread_with(k.kind, l, heads, vec![f32::NAN; tq * tk]) {
                     attn.extend(head);
