@@ -136,10 +136,11 @@ fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
 }
 
 /// What [`attend`] hands each layer's attention to: `(layer, attention [B, H, T, T], the rows)`.
-type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]);
+type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]) -> Result<(), ModelError>;
 
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
-/// layer's attention `[B, H, T, T]` with the batch's rows to `on`.
+/// layer's attention `[B, H, T, T]` with the batch's rows to `on`; the first error `on` returns
+/// ends the run.
 fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: OnAttention) -> Result<(), AnalysisError> {
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
@@ -150,13 +151,17 @@ fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bo
         }
         let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
         let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
+        let mut failed = None;
         let mut f = |_: Kind, l: usize, c: Captured<'_>| {
-            if let Captured::Attention(a) = c {
-                on(l, a, chunk);
+            if let (Captured::Attention(a), None) = (c, &failed) {
+                failed = on(l, a, chunk).err();
             }
         };
         let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut f };
         let _ = model.net.encode(&ids, &mask, gates, Some(&mut cap))?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
     }
     Ok(())
 }
@@ -165,11 +170,17 @@ fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bo
 /// the probes' sequences: sink, previous, duplicate and induction on `repeated`, retrieval on
 /// `needles`.
 pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<TypeGrids, AnalysisError> {
-    let shape = model.kind_shape(model.net.stack_kind)?;
+    let kind = model.net.stack_kind;
     let dev = model.device();
-    let zeros = || Tensor::zeros([shape.n_layers as i64, shape.n_heads as i64], (DType::Double, dev));
-    let mut sums: Vec<Tensor> = (0..5).map(|_| zeros()).collect();
-    let mut failed: Option<ModelError> = None;
+    // Per type, layer and head the layer holds (physical order; a pruned layer is narrower).
+    let held = model.layer_heads(kind);
+    let mut sums: Vec<Vec<Vec<f64>>> = HEAD_TYPES.iter().map(|_| held.iter().map(|&h| vec![0.0; h]).collect()).collect();
+    let add = |row: &mut Vec<f64>, v: &Tensor| -> Result<(), ModelError> {
+        for (s, x) in row.iter_mut().zip(Vec::<f64>::try_from(v.to_device(Device::Cpu))?) {
+            *s += x;
+        }
+        Ok(())
+    };
     attend(model, &probes.repeated, gates, stop, &mut |l, a, rows| {
         let t = rows[0].len() as f64;
         let a = a.to_kind(DType::Double);
@@ -177,9 +188,9 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         let heads = |p: &Tensor| (&a * p).sum_dim_intlist([0i64, 2, 3].as_slice(), false, DType::Double) / t;
         let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t;
         for (sum, v) in sums.iter_mut().zip([sink, heads(&prev), heads(&dup), heads(&ind)]) {
-            let mut row = sum.get(l as i64);
-            row += spread(model, l, &v, &mut failed);
+            add(&mut sum[l], &v)?;
         }
+        Ok(())
     })?;
     for (seq, at) in &probes.needles {
         let needle = (seq.len() - at) / 2;
@@ -187,58 +198,27 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, a, _| {
             // Query i predicts token i + 1 of the second needle; copied if the head's top key is
             // in the first needle and holds that token.
-            let top = a.get(0).narrow(1, (second - 1) as i64, needle as i64).argmax(-1, false).to_device(Device::Cpu);
-            let top = Vec::<i64>::try_from(top.reshape([-1])).unwrap_or_default();
-            let h = a.size()[1] as usize;
-            let copied: Vec<f64> = (0..h)
-                .map(|hh| {
-                    let hits = (0..needle).filter(|&q| {
-                        let j = top[hh * needle + q] as usize;
-                        (*at..at + needle).contains(&j) && seq[j] == seq[second + q]
-                    });
-                    hits.count() as f64 / needle as f64
-                })
-                .collect();
-            let v = Tensor::from_slice(&copied).to_device(dev);
-            let mut row = sums[4].get(l as i64);
-            row += spread(model, l, &v, &mut failed);
+            let top = Vec::<i64>::try_from(a.get(0).narrow(1, (second - 1) as i64, needle as i64).argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
+            let copied = top.chunks(needle).map(|keys| {
+                let hits = keys.iter().enumerate().filter(|&(q, &j)| (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]);
+                hits.count() as f64 / needle as f64
+            });
+            for (s, x) in sums[4][l].iter_mut().zip(copied) {
+                *s += x;
+            }
+            Ok(())
         })?;
     }
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
     let (n_rep, n_needle) = (probes.repeated.len() as f64, probes.needles.len() as f64);
-    HEAD_TYPES
+    Ok(HEAD_TYPES
         .iter()
         .zip(sums)
-        .map(|(ty, s)| {
-            let s = s / if *ty == HeadType::Retrieval { n_needle } else { n_rep };
-            let flat = Vec::<f64>::try_from(s.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
-            let grid = flat.chunks(shape.n_heads).enumerate().map(|(l, r)| blank_removed(model, l, r)).collect();
-            Ok((*ty, grid))
+        .map(|(ty, layers)| {
+            let n = if *ty == HeadType::Retrieval { n_needle } else { n_rep };
+            let grid = layers.iter().enumerate().map(|(l, row)| model.spread(kind, l, &row.iter().map(|s| s / n).collect::<Vec<_>>())).collect();
+            (*ty, grid)
         })
-        .collect()
-}
-
-/// A layer's per-physical-head values `[H]` at their original columns (`[width]`, 0 where a
-/// head was removed: [`blank_removed`] makes those NaN at the end).
-fn spread(model: &Model, l: usize, v: &Tensor, failed: &mut Option<ModelError>) -> Tensor {
-    let kind = model.net.stack_kind;
-    let width = model.kind_shape(kind).map_or(0, |s| s.n_heads);
-    let present = model.present(kind, l);
-    if present.len() == width {
-        return v.shallow_clone();
-    }
-    let index = Tensor::from_slice(&present.iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(v.device());
-    Tensor::zeros([width as i64], (DType::Double, v.device())).f_index_add(0, &index, v).unwrap_or_else(|e| {
-        *failed = Some(e.into());
-        Tensor::zeros([width as i64], (DType::Double, v.device()))
-    })
-}
-
-fn blank_removed(model: &Model, l: usize, row: &[f64]) -> Vec<f64> {
-    let present = model.present(model.net.stack_kind, l);
-    row.iter().enumerate().map(|(h, &v)| if present.contains(&h) { v } else { f64::NAN }).collect()
+        .collect())
 }
 
 /// The types whose score reaches its threshold, per head `(layer, head)`.

@@ -22,17 +22,35 @@ pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
     opt("k", "10", "how many least important heads the agreement compares"),
 ];
 
-/// Per kind both grids have: heads, Spearman's rho and the overlap of the k lowest.
-pub fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
+/// How two per-head grids agree on one kind: the heads with a value in both, Spearman's rho
+/// and how many of the `k` lowest they share.
+struct Agreement {
+    kind: crate::model::Kind,
+    heads: usize,
+    spearman: f64,
+    k: usize,
+    overlap: usize,
+}
+
+/// Per kind both grids have (a head removed or closed, NaN in either, takes no part).
+fn agreements(a: &Grid, b: &Grid, k: usize) -> Vec<Agreement> {
+    a.kinds
+        .iter()
+        .filter_map(|(kind, ga)| {
+            let (_, gb) = b.kinds.iter().find(|(k2, _)| k2 == kind)?;
+            let (va, vb): (Vec<f64>, Vec<f64>) = ga.iter().flatten().zip(gb.iter().flatten()).filter(|(x, y)| !x.is_nan() && !y.is_nan()).map(|(x, y)| (*x, *y)).unzip();
+            let k = k.min(va.len());
+            Some(Agreement { kind: *kind, heads: va.len(), spearman: spearman(&va, &vb), k, overlap: bottom_k_overlap(&va, &vb, k) })
+        })
+        .collect()
+}
+
+fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
     let mut t = Table::new(vec!["kind".into(), "heads".into(), "spearman".into(), "k".into(), "overlap".into()]);
     t.title = Some(format!("agreement: {} vs {}", a.stat, b.stat));
     t.digits = 3;
-    for (kind, ga) in &a.kinds {
-        let Some((_, gb)) = b.kinds.iter().find(|(k2, _)| k2 == kind) else { continue };
-        // Heads with a value in both (a head removed or closed is NaN).
-        let (va, vb): (Vec<f64>, Vec<f64>) = ga.iter().flatten().zip(gb.iter().flatten()).filter(|(x, y)| !x.is_nan() && !y.is_nan()).map(|(x, y)| (*x, *y)).unzip();
-        let kk = k.min(va.len());
-        let _ = t.push_row(vec![Cell::Text(kind.to_string()), Cell::Int(va.len() as i64), Cell::Float(spearman(&va, &vb)), Cell::Int(kk as i64), Cell::Int(bottom_k_overlap(&va, &vb, kk) as i64)]);
+    for g in agreements(a, b, k) {
+        let _ = t.push_row(vec![Cell::Text(g.kind.to_string()), Cell::Int(g.heads as i64), Cell::Float(g.spearman), Cell::Int(g.k as i64), Cell::Int(g.overlap as i64)]);
     }
     t
 }
@@ -69,6 +87,10 @@ pub mod api {
             batch_tokens: o.usize("batch_tokens")?.unwrap_or(2048),
             seed: o.usize("seed")?.unwrap_or(0) as u64,
         };
+        let exact = o.bool("exact")?.unwrap_or(false);
+        if exact && !m.closed.is_empty() {
+            return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
+        }
         let base = m.gates()?;
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
         let started = std::time::Instant::now();
@@ -91,10 +113,7 @@ pub mod api {
             ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
         };
         let mut g = Grid { stat: stat.into(), model: m.model.name(), dataset: d.name.clone(), kinds: r.grids, options: vec![] };
-        if o.bool("exact")?.unwrap_or(false) {
-            if !m.closed.is_empty() {
-                return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
-            }
+        if exact {
             let metric = if opts.metric == ImportanceMetric::Loss { Metric::Loss } else { Metric::Kl };
             let started = std::time::Instant::now();
             let p = ablation::prepare(&m.model, &d, metric, 256, base).or_else(|e| err(format!("{f}: {e}")))?;
@@ -106,13 +125,7 @@ pub mod api {
             let effect = grids.into_iter().map(|(k, rows)| (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())).collect();
             let exact = Grid { stat: format!("{metric} increase with the head masked"), model: g.model.clone(), dataset: g.dataset.clone(), kinds: effect, options: vec![] };
             let k = o.usize("k")?.unwrap_or(10);
-            let table = agreement_table(&g, &exact, k);
-            let mut per_kind = serde_json::Map::new();
-            for row in &table.rows {
-                if let [Cell::Text(kind), Cell::Int(n), Cell::Float(rho), Cell::Int(kk), Cell::Int(overlap)] = row.as_slice() {
-                    per_kind.insert(kind.clone(), json!({"heads": n, "spearman": json_f64(*rho), "k": kk, "overlap": overlap}));
-                }
-            }
+            let per_kind = agreements(&g, &exact, k).into_iter().map(|a| (a.kind.to_string(), json!({"heads": a.heads, "spearman": json_f64(a.spearman), "k": a.k, "overlap": a.overlap}))).collect();
             echo.push(("exact".into(), json!({"metric": metric.to_string(), "base": json_f64(base_value), "seconds": json_f64(exact_seconds)})));
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
         }
