@@ -10,9 +10,8 @@ use headscope::analysis::result::Function;
 use headscope::analysis::{analyze, freq_table};
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, Norm, NormKind, NormPosition};
-use headscope::model::tokenizer::{Framing, Tok};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
-use headscope::model::{Family, HeadId, Kind, LoadOptions, LoadTimes, Model};
+use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::{Family, HeadId, Kind, Model};
 use tch::{Device, Kind as DType, Tensor};
 
 const WORDS: [&str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "zyx", "qqq"];
@@ -91,25 +90,13 @@ fn layer(attn: Attention) -> EncoderLayer {
 }
 
 fn planted_model(dir: &std::path::Path) -> Model {
-    std::fs::write(dir.join("tokenizer.json"), common::word_level_tokenizer(&WORDS)).unwrap();
-    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer).unwrap();
     let tokens = Tensor::eye_m(V, D, (DType::Float, Device::Cpu));
     let positions = Tensor::zeros([P, D], (DType::Float, Device::Cpu));
     for p in 0..P {
         let _ = positions.get(p).get(V + p).fill_(1.0);
     }
-    let net = Transformer {
-        embed: Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None },
-        encoder: vec![layer(planted_attention()), layer(uniform_attention())], stack_kind: Kind::Enc, causal: false, window: None, final_norm: None,
-        decoder: vec![],
-        output: None,
-        d_model: D,
-        eos_id: 2,
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-    };
-    Model { load_times: LoadTimes::default(), family: Family::Bert, path: dir.to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0, removed: vec![] }
+    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    common::hand_built(dir, &WORDS, embed, vec![layer(planted_attention()), layer(uniform_attention())], Kind::Enc, Family::Bert)
 }
 
 fn write_counts(dir: &std::path::Path) -> std::path::PathBuf {

@@ -6,9 +6,8 @@ mod common;
 
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, Norm, NormKind, NormPosition};
-use headscope::model::tokenizer::{Framing, Tok};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
-use headscope::model::{Family, HeadId, Kind, LoadOptions, LoadTimes, Model};
+use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::{Family, HeadId, Kind, LoadOptions, Model};
 use headscope::prune::{train, Hooks, PruneOptions};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -45,24 +44,9 @@ fn layer() -> EncoderLayer {
 
 fn tiny_model(dir: &Path) -> Model {
     tch::manual_seed(11);
-    std::fs::write(dir.join("tokenizer.json"), common::word_level_tokenizer(&WORDS)).unwrap();
-    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer).unwrap();
     let v = WORDS.len() as i64 + 4;
-    let net = Transformer {
-        embed: Embeddings { tokens: randn(&[v, D], 1.0), scale: 1.0, positions: Positions::Learned(randn(&[32, D], 1.0)), token_type: None, norm: None },
-        encoder: vec![layer(), layer()],
-        stack_kind: Kind::Enc,
-        causal: false, window: None,
-        final_norm: None,
-        decoder: vec![],
-        output: None,
-        d_model: D,
-        eos_id: 2,
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-    };
-    Model { load_times: LoadTimes::default(), family: Family::Bert, path: dir.to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0, removed: vec![] }
+    let embed = Embeddings { tokens: randn(&[v, D], 1.0), scale: 1.0, positions: Positions::Learned(randn(&[32, D], 1.0)), token_type: None, norm: None };
+    common::hand_built(dir, &WORDS, embed, vec![layer(), layer()], Kind::Enc, Family::Bert)
 }
 
 fn corpus(dir: &Path) -> Dataset {

@@ -11,9 +11,8 @@ mod common;
 use headscope::analysis::taxonomy::{head_type_scores, labels, token_pool, HeadType, ProbeOptions, Probes};
 use headscope::device::DeviceChoice;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, Norm, NormKind, NormPosition};
-use headscope::model::tokenizer::{Framing, Tok};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
-use headscope::model::{Family, Kind, LoadOptions, LoadTimes, Model};
+use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::{Family, Kind, LoadOptions, Model};
 use std::path::PathBuf;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -65,8 +64,6 @@ fn planted() -> (Model, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let words: Vec<String> = (0..V - 4).map(|i| format!("w{i}")).collect();
     let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
-    std::fs::write(dir.path().join("tokenizer.json"), common::word_level_tokenizer(&refs)).unwrap();
-    let tok = Tok::from_file(&dir.path().join("tokenizer.json"), Framing::Tokenizer).unwrap();
     let (tokv, posv, prevv) = (0, V, V + P);
     // Layer 0. h0 sink: a constant query meets a key only position 0 has. h1 previous token:
     // the query of position i is the key of position i - 1; it copies the token into the
@@ -104,22 +101,8 @@ fn planted() -> (Model, tempfile::TempDir) {
     for p in 0..P {
         let _ = positions.get(p).get(posv + p).fill_(1.0);
     }
-    let net = Transformer {
-        embed: Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None },
-        encoder: vec![layer(l0), layer(l1)],
-        stack_kind: Kind::Dec,
-        causal: true,
-        window: None,
-        final_norm: None,
-        decoder: vec![],
-        output: None,
-        d_model: D,
-        eos_id: 2,
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-    };
-    let m = Model { load_times: LoadTimes::default(), family: Family::Gpt2, path: dir.path().to_path_buf(), net, tok, opts: LoadOptions { device: Device::Cpu, dtype: DType::Float }, n_params: 0, removed: vec![] };
+    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    let m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0), layer(l1)], Kind::Dec, Family::Gpt2);
     (m, dir)
 }
 

@@ -22,3 +22,31 @@ pub fn word_level_tokenizer(words: &[&str]) -> String {
     )
 }
 
+
+/// A model built by hand: the self-attention stack `layers` over `embed`, with the word-level
+/// tokenizer of `words` written to `dir`; no output head, float32 on the CPU. A `Dec` stack is
+/// causal (decoder-only), an `Enc` stack bidirectional.
+pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model::transformer::Embeddings, layers: Vec<headscope::model::transformer::EncoderLayer>, stack_kind: headscope::model::Kind, family: headscope::model::Family) -> headscope::model::Model {
+    use headscope::model::tokenizer::{Framing, Tok};
+    use headscope::model::{transformer::Transformer, Kind, LoadOptions, LoadTimes, Model};
+    std::fs::write(dir.join("tokenizer.json"), word_level_tokenizer(words)).unwrap();
+    let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer).unwrap();
+    let d_model = embed.tokens.size()[1];
+    let net = Transformer {
+        embed,
+        encoder: layers,
+        stack_kind,
+        causal: stack_kind == Kind::Dec,
+        window: None,
+        final_norm: None,
+        decoder: vec![],
+        output: None,
+        d_model,
+        eos_id: 2,
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
+    };
+    let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
+    Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] }
+}
