@@ -131,6 +131,15 @@ impl Screen {
     }
 }
 
+/// Sends `line` and waits for the next prompt: first for rustyline leaving the line (it turns
+/// bracketed paste off, `ESC[?2004l`, once the line is accepted), since its redraw of the
+/// accepted line also prints the prompt and keys sent then, during the evaluation, are lost.
+fn run_line(p: &mut PtySession, screen: &mut Screen, line: &str) {
+    p.send_line(line).unwrap();
+    expect(p, screen, "\u{1b}[?2004l");
+    expect(p, screen, PROMPT);
+}
+
 /// Waits for `what`, keeping what came before it (and it) on the screen.
 fn expect(p: &mut PtySession, screen: &mut Screen, what: &str) {
     let before = p.exp_string(what).unwrap_or_else(|e| panic!("waiting for {what:?}: {e}\nscreen so far:\n{}", screen.contents()));
@@ -146,8 +155,7 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     let mut p = spawn_command(cmd, Some(120_000)).expect("spawn headscope in a pty");
     let mut s = Screen { raw: String::new() };
     expect(&mut p, &mut s, PROMPT);
-    p.send_line("let m = load_model(\"minilm\"); let d = corpus(asset(\"pud_en.txt\")).take(300);").unwrap();
-    expect(&mut p, &mut s, PROMPT);
+    run_line(&mut p, &mut s, "let m = load_model(\"minilm\"); let d = corpus(asset(\"pud_en.txt\")).take(300);");
 
     // `m.` Tab Tab lists the methods of the value's type (Model), not every function.
     p.send("m.").unwrap();
@@ -169,8 +177,7 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     expect(&mut p, &mut s, PROMPT);
 
     // A sweep-sized analysis draws a progress bar (rate, ETA) that is gone when it ends.
-    p.send_line("let r = m.confidence(d);").unwrap();
-    expect(&mut p, &mut s, PROMPT);
+    run_line(&mut p, &mut s, "let r = m.confidence(d);");
     assert!(s.raw.contains("ETA"), "no progress bar was drawn:\n{:?}", &s.raw[s.raw.len().saturating_sub(600)..]);
     let screen = s.contents();
     assert!(!screen.contains("ETA") && !screen.contains("[=="), "a progress bar stayed on screen:\n{screen}");
@@ -203,12 +210,9 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     assert!(s.text().contains("legend: · "), "no shaded legend:\n{}", s.text());
 
     // Numbers shown in the session, then :save; `headscope run` prints the same ones.
-    p.send_line("print(`value ${r[\"enc\"][2][5]}`)").unwrap();
-    expect(&mut p, &mut s, PROMPT);
-    p.send_line("let x = m.ablate(d.take(5), \"enc.1.2\"); x.value").unwrap();
-    expect(&mut p, &mut s, PROMPT);
-    p.send_line("this_fails(1)").unwrap(); // an error: not saved
-    expect(&mut p, &mut s, PROMPT);
+    run_line(&mut p, &mut s, "print(`value ${r[\"enc\"][2][5]}`)");
+    run_line(&mut p, &mut s, "let x = m.ablate(d.take(5), \"enc.1.2\"); x.value");
+    run_line(&mut p, &mut s, "this_fails(1)"); // an error: not saved
     let script = home.path().join("session.rhai");
     p.send_line(&format!(":save {}", script.display())).unwrap();
     expect(&mut p, &mut s, "saved");
