@@ -137,9 +137,9 @@ pub fn merge(parts: &[(String, Partial)]) -> Result<Merged, String> {
         if p.total != first.total {
             return Err(format!("{what} is a shard of {} sentences, {src0} of {}: different data", p.total, first.total));
         }
-        if let Some(path) = first_difference(&first.identity, &p.identity, "") {
-            let show = |v: &Value| lookup(v, &path).map_or("nothing".to_string(), |x| short(x));
-            return Err(format!("{what} and {src0} differ in {}: {} vs {}", path.trim_start_matches('.'), show(&p.identity), show(&first.identity)));
+        if let Some((path, mine, theirs)) = first_difference(&p.identity, &first.identity, "") {
+            let show = |v: Option<&Value>| v.map_or("nothing".to_string(), short);
+            return Err(format!("{what} and {src0} differ in {}: {} vs {}", path.trim_start_matches('.'), show(mine), show(theirs)));
         }
         let want = p.shard.rows(p.total);
         if p.rows != want {
@@ -172,33 +172,34 @@ fn short(v: &Value) -> String {
     }
 }
 
-fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
-    let mut cur = v;
-    for part in path.split('.').filter(|p| !p.is_empty()) {
-        cur = match (part.strip_prefix('[').and_then(|p| p.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok()), cur) {
-            (Some(i), Value::Array(a)) => a.get(i)?,
-            (_, Value::Object(o)) => o.get(part)?,
-            _ => return None,
-        };
+/// An option pair of an echo, `[key, value]`.
+fn pair(v: &Value) -> Option<(&str, &Value)> {
+    match v.as_array().map(|a| a.as_slice()) {
+        Some([Value::String(k), v]) => Some((k, v)),
+        _ => None,
     }
-    Some(cur)
 }
 
-/// The path of the first place where `a` and `b` differ (`.options.metric`, `.model.kinds.[0]`).
-pub fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+/// The first place where `a` and `b` differ, with the two values there: its path
+/// (`.model.name`, `.frame.options.batch_tokens`: echoed `[key, value]` pairs by key; the
+/// model and the data are compared first, then the rest in key order).
+pub fn first_difference<'a>(a: &'a Value, b: &'a Value, path: &str) -> Option<(String, Option<&'a Value>, Option<&'a Value>)> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
-            keys.sort();
+            keys.sort_by_key(|k| (!matches!(k.as_str(), "model" | "data") as u8, k.as_str() != "model", k.to_string()));
             keys.dedup();
             keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
                 (Some(p), Some(q)) => first_difference(p, q, &format!("{path}.{k}")),
-                _ => Some(format!("{path}.{k}")),
+                (p, q) => Some((format!("{path}.{k}"), p, q)),
             })
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, &format!("{path}.[{i}]"))),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x.iter().zip(y).enumerate().find_map(|(i, (p, q))| match (pair(p), pair(q)) {
+            (Some((k, v)), Some((l, w))) if k == l => first_difference(v, w, &format!("{path}.{k}")),
+            _ => first_difference(p, q, &format!("{path}.[{i}]")),
+        }),
         _ if a == b => None,
-        _ => Some(if path.is_empty() { ".".into() } else { path.to_string() }),
+        _ => Some((if path.is_empty() { ".".into() } else { path.to_string() }, Some(a), Some(b))),
     }
 }
 
@@ -393,6 +394,9 @@ mod tests {
         other.1.identity["options"]["metric"] = json!("kl");
         let e = merge(&[ok(0), other, ok(2)]).unwrap_err();
         assert!(e.contains("differ in options.metric: \"kl\" vs \"loss\""), "{e}");
+        let (path, _, _) = first_difference(&json!({"o": [["a", 1], ["b", 2]], "model": "x"}), &json!({"o": [["a", 1], ["b", 3]], "model": "y"}), "").unwrap();
+        assert_eq!(path, ".model");
+        assert_eq!(first_difference(&json!({"o": [["a", 1], ["b", 2]]}), &json!({"o": [["a", 1], ["b", 3]]}), "").unwrap().0, ".o.b");
         let mut four = part(1, 4, 9, json!({"n": 1}));
         four.0 = "x.json".into();
         let e = merge(&[ok(0), four]).unwrap_err();
