@@ -55,6 +55,7 @@ pub mod prune;
 pub mod repl;
 pub mod run;
 pub mod script;
+pub mod shard;
 pub mod table;
 pub mod view;
 

@@ -19,9 +19,27 @@ struct Cli {
 enum Command {
     /// Run a .rhai script; ARGS are visible to it as the array `ARGS`.
     Run {
+        /// Run on slice I of N of every dataset an analysis is given (analyze, ablation_sweep,
+        /// lrp, head_importance, bleu) and write each result with its accumulators to the
+        /// shard directory; `headscope merge` combines the N runs (docs/methods.md#shards).
+        #[arg(long, value_name = "I/N")]
+        shard: Option<String>,
+        /// Where a sharded run writes its results (NAME.shard-I-of-N.json).
+        #[arg(long, value_name = "DIR", default_value = "shards", requires = "shard")]
+        shard_dir: PathBuf,
         file: PathBuf,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Merge the results of sharded runs (`run --shard I/N`) into the results one run over
+    /// all the data gives: every complete set of shards found in DIR... (directories of
+    /// .json files, or files) becomes OUT/NAME.json.
+    Merge {
+        #[arg(required = true, value_name = "DIR")]
+        paths: Vec<PathBuf>,
+        /// Where the merged results go.
+        #[arg(short = 'o', long = "out", value_name = "OUT", default_value = "merged")]
+        out: PathBuf,
     },
     /// Report torch, CUDA, threads and assets.
     Doctor,
@@ -118,7 +136,28 @@ fn main() -> ExitCode {
                 }
             }
         }
-        (None, Some(Command::Run { file, args })) => {
+        (None, Some(Command::Merge { paths, out })) => match headscope::engine::merge::merge_files(&paths, &out) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("headscope merge: {e}");
+                ExitCode::from(1)
+            }
+        },
+        (None, Some(Command::Run { shard, shard_dir, file, args })) => {
+            if let Some(s) = shard {
+                match s.parse::<headscope::shard::Shard>() {
+                    Ok(s) => headscope::shard::set_run(s, shard_dir),
+                    Err(e) => {
+                        eprintln!("headscope: --shard: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             let code = match headscope::engine::read_script(&file) {
                 Ok(c) => c,
                 Err(e) => {

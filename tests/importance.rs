@@ -37,7 +37,7 @@ fn pairs(n: usize) -> Dataset {
 }
 
 fn opts(kinds: &[Kind], metric: ImportanceMetric, batch_tokens: usize) -> ImportanceOptions {
-    ImportanceOptions { metric, normalize: Normalize::None, kinds: kinds.to_vec(), batch_tokens, seed: 3 }
+    ImportanceOptions { metric, normalize: Normalize::None, kinds: kinds.to_vec(), batch_tokens, seed: 3, row_offset: 0 }
 }
 
 fn run(m: &Model, d: &Dataset, o: &ImportanceOptions, base: &Gates) -> KindGrids {

@@ -11,7 +11,7 @@
 
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::metrics::bleu::corpus_bleu;
+use crate::metrics::bleu::{corpus_counts, BleuCounts};
 use crate::model::nn::{Attention, Capture, Gates};
 use crate::model::{Captured, HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -226,8 +226,35 @@ fn denominator(p: &Prepared) -> f64 {
     }
 }
 
+/// A metric over a set of sentences in additive form (docs/methods.md#shards): the sum of
+/// per-token (loss, KL) or per-sentence (cosine) values and their count, or BLEU's counts.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MetricAcc {
+    pub sum: f64,
+    pub denom: f64,
+    pub bleu: Option<BleuCounts>,
+}
+
+impl MetricAcc {
+    pub fn value(&self) -> f64 {
+        match &self.bleu {
+            Some(c) => c.bleu().score,
+            None => self.sum / self.denom.max(1e-12),
+        }
+    }
+}
+
+fn bleu_counts(p: &Prepared, hyps: &[String]) -> Result<BleuCounts, AnalysisError> {
+    corpus_counts(hyps, std::slice::from_ref(&p.refs)).map_err(|e| AnalysisError::Input(e.to_string()))
+}
+
 /// The metric of the model under `gates` (one mask for the whole dataset).
 pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<f64, AnalysisError> {
+    Ok(evaluate_acc(model, p, gates, stop)?.value())
+}
+
+/// [`evaluate`] in additive form.
+pub fn evaluate_acc(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<MetricAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
     let mut total = 0.0;
     let mut hyps = vec![String::new(); p.n_sentences];
@@ -246,9 +273,9 @@ pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> b
         }
     }
     if p.metric == Metric::Bleu {
-        return Ok(corpus_bleu(&hyps, std::slice::from_ref(&p.refs)).map_err(|e| AnalysisError::Input(e.to_string()))?.score);
+        return Ok(MetricAcc { sum: 0.0, denom: 0.0, bleu: Some(bleu_counts(p, &hyps)?) });
     }
-    Ok(total / denominator(p).max(1e-12))
+    Ok(MetricAcc { sum: total, denom: denominator(p), bleu: None })
 }
 
 /// Token rows per pass of a chunk of masks through the layers above: on CPU, chunks larger
@@ -256,8 +283,25 @@ pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> b
 /// beat 4096 and unbounded chunks by 10-20% on MiniLM).
 const SWEEP_ROWS: i64 = 2048;
 
-/// The metric with each head of `kinds` masked alone: per kind, `[layer][head]`.
+/// The metric with each head of `kinds` masked alone: per kind, `[layer][head]` (NaN for a
+/// head prune_heads removed).
 pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<crate::model::KindGrids, AnalysisError> {
+    let accs = sweep_acc(model, p, kinds, stop, progress)?;
+    Ok(accs
+        .into_iter()
+        .map(|(kind, grid)| {
+            let g = grid.into_iter().enumerate().map(|(l, row)| {
+                let present = model.present(kind, l);
+                row.into_iter().enumerate().map(|(h, a)| if present.contains(&h) { a.value() } else { f64::NAN }).collect()
+            });
+            (kind, g.collect())
+        })
+        .collect())
+}
+
+/// [`sweep`] in additive form: per kind, `[layer][head]` accumulators (empty for a removed
+/// head).
+pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<(Kind, Vec<Vec<MetricAcc>>)>, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
@@ -390,23 +434,14 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         }
         progress(bi + 1, p.batches.len());
     }
-    let denom = denominator(p).max(1e-12);
+    let denom = denominator(p);
     let mut out = Vec::new();
     for (ki, s) in shapes.iter().enumerate() {
-        let grid: crate::model::HeadGrid = if p.metric == Metric::Bleu {
-            hyps[ki].iter().map(|layer| layer.iter().map(|h| corpus_bleu(h, std::slice::from_ref(&p.refs)).map(|b| b.score).unwrap_or(f64::NAN)).collect()).collect()
+        let grid: Vec<Vec<MetricAcc>> = if p.metric == Metric::Bleu {
+            hyps[ki].iter().map(|layer| layer.iter().map(|h| Ok(MetricAcc { sum: 0.0, denom: 0.0, bleu: Some(bleu_counts(p, h)?) })).collect::<Result<_, AnalysisError>>()).collect::<Result<_, _>>()?
         } else {
-            sums[ki].iter().map(|layer| layer.iter().map(|v| v / denom).collect()).collect()
+            sums[ki].iter().map(|layer| layer.iter().map(|&v| MetricAcc { sum: v, denom, bleu: None }).collect()).collect()
         };
-        // Heads removed by prune_heads have no value.
-        let grid = grid
-            .into_iter()
-            .enumerate()
-            .map(|(l, row)| {
-                let present = model.present(s.kind, l);
-                row.into_iter().enumerate().map(|(h, v)| if present.contains(&h) { v } else { f64::NAN }).collect()
-            })
-            .collect();
         out.push((s.kind, grid));
     }
     Ok(out)

@@ -8,7 +8,7 @@ use tch::{Device, Kind as DType, Tensor};
 /// Offsets `argmax - t` are counted in `[-MAX_OFFSET, MAX_OFFSET]`; farther ones fall in the
 /// end bins.
 pub const MAX_OFFSET: i64 = 127;
-const BINS: i64 = 2 * MAX_OFFSET + 1;
+pub const BINS: i64 = 2 * MAX_OFFSET + 1;
 
 /// What one sentence contributes, on one side of one attention kind.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -217,9 +217,10 @@ impl Accumulator {
         t.iter().map(|x| Ok(Vec::<f64>::try_from(x.to_device(Device::Cpu))?.into_iter().map(|v| v / scale).collect())).collect()
     }
 
-    /// Mean of the max non-excluded weight over real queries: `[layer][head]`.
-    pub fn confidence(&self) -> Result<Vec<Vec<f64>>, ModelError> {
-        Self::matrix(&self.conf, self.queries.max(1) as f64)
+    /// Sums over real queries of the max non-excluded weight: `[layer][head]` (divided by
+    /// `queries`, a head's confidence).
+    pub fn confidence_sums(&self) -> Result<Vec<Vec<f64>>, ModelError> {
+        Self::matrix(&self.conf, 1.0)
     }
 
     /// Per-layer 2-D tensors as `[layer][row][column]` on the host.
@@ -232,9 +233,10 @@ impl Accumulator {
         Self::rows(&self.hist)
     }
 
-    pub fn rare(&self) -> Result<(crate::model::HeadGrid, crate::model::HeadGrid), ModelError> {
-        let n = self.rare_queries.max(1) as f64;
-        Ok((Self::matrix(&self.rare1, n)?, Self::matrix(&self.rare2, n)?))
+    /// Queries (of counted sentences) whose argmax is the rarest token, and one of the two
+    /// rarest: `[layer][head]` (divided by `rare_queries`, the rare-word scores).
+    pub fn rare_hits(&self) -> Result<(crate::model::HeadGrid, crate::model::HeadGrid), ModelError> {
+        Ok((Self::matrix(&self.rare1, 1.0)?, Self::matrix(&self.rare2, 1.0)?))
     }
 
     /// Correct counts `[layer][reldir][head]` (empty rows when no relations were asked for).

@@ -117,8 +117,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         }
         progress(bi + 1, n);
     }
-    let grid = sums.into_iter().enumerate().map(|(l, row)| model.spread(kind, l, &row.iter().map(|s| s / sets.max(1) as f64).collect::<Vec<_>>())).collect();
-    Ok(LrpResult { kinds: vec![(kind, grid)], predictions: sets, max_conservation_error: worst, options: opts.clone() })
+    let totals: Vec<Vec<f64>> = sums.into_iter().enumerate().map(|(l, row)| model.spread(kind, l, &row)).collect();
+    let grid = totals.iter().map(|row| row.iter().map(|s| s / sets.max(1) as f64).collect()).collect();
+    Ok(LrpResult { kinds: vec![(kind, grid)], sums: vec![(kind, totals)], predictions: sets, max_conservation_error: worst, options: opts.clone() })
 }
 
 /// Every seedable position of every row as a row of its own: `(ids, mask, seed_at)` with one

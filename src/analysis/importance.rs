@@ -32,11 +32,18 @@ pub struct ImportanceOptions {
     pub batch_tokens: usize,
     /// Seed of the Fisher variant's sampled targets.
     pub seed: u64,
+    /// The index of `data`'s first sentence in the dataset it is a shard of (0 for a whole
+    /// dataset): the Fisher variant's draws are fixed by the sentence's index in the whole.
+    pub row_offset: usize,
 }
 
 /// Per kind, `[layer][head]` importances, with the prepared data's target source.
 pub struct Importance {
     pub grids: KindGrids,
+    /// The sums over sentences behind `grids` (its additive form, docs/methods.md#shards).
+    pub sums: KindGrids,
+    /// Per kind, `[layer][head]`: whether the head has an importance (open and present).
+    pub valid: Vec<(Kind, Vec<Vec<bool>>)>,
     pub targets_from: &'static str,
     pub n_sentences: usize,
 }
@@ -73,7 +80,7 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         let logp = out.forward(&model.teacher_states(&enc, &b.mask, t, &gates)?).log_softmax(-1, DType::Float);
         let labels = match opts.metric {
             ImportanceMetric::Loss => t.shallow_clone(),
-            ImportanceMetric::Fisher => sampled_targets(&logp, &b.rows, opts.seed)?,
+            ImportanceMetric::Fisher => sampled_targets(&logp, &b.rows.iter().map(|r| r + opts.row_offset).collect::<Vec<_>>(), opts.seed)?,
         };
         let nll = -logp.gather(-1, &labels.unsqueeze(-1), false).squeeze_dim(-1);
         // Each sentence's mean token loss; their sum's gradient in sentence s's gates is dL_s/dg.
@@ -89,28 +96,41 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         }
         progress(bi + 1, n_batches);
     }
-    let n = prepared.n_sentences as f64;
-    let mut grids = Vec::new();
+    let (mut all_sums, mut valid) = (Vec::new(), Vec::new());
     for (s, sum) in shapes.iter().zip(sums) {
-        let mean = sum / n;
-        let mean = match opts.normalize {
-            Normalize::None => mean,
-            Normalize::Layer => &mean / mean.square().sum_dim_intlist([1i64].as_slice(), true, DType::Double).sqrt().clamp_min(1e-20),
-        };
-        let v = Vec::<f64>::try_from(mean.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
+        let v = Vec::<f64>::try_from(sum.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
         let open = match base.of(s.kind) {
             Some(g) => Vec::<f64>::try_from(g.to_device(Device::Cpu).to_kind(DType::Double).reshape([-1])).map_err(ModelError::from)?,
             None => vec![1.0; v.len()],
         };
-        let grid = (0..s.n_layers)
-            .map(|l| {
-                let present = model.present(s.kind, l);
-                (0..s.n_heads).map(|h| if open[l * s.n_heads + h] == 0.0 || !present.contains(&h) { f64::NAN } else { v[l * s.n_heads + h] }).collect()
-            })
-            .collect();
-        grids.push((s.kind, grid));
+        all_sums.push((s.kind, (0..s.n_layers).map(|l| v[l * s.n_heads..(l + 1) * s.n_heads].to_vec()).collect()));
+        valid.push((s.kind, (0..s.n_layers).map(|l| (0..s.n_heads).map(|h| open[l * s.n_heads + h] != 0.0 && model.present(s.kind, l).contains(&h)).collect()).collect()));
     }
-    Ok(Importance { grids, targets_from: prepared.targets_from, n_sentences: prepared.n_sentences })
+    let grids = finish(&all_sums, &valid, prepared.n_sentences, opts.normalize);
+    Ok(Importance { grids, sums: all_sums, valid, targets_from: prepared.targets_from, n_sentences: prepared.n_sentences })
+}
+
+/// Importances from their sums over `n` sentences: the mean, normalised per layer when asked
+/// (over every head of the layer), NaN for a head without a value.
+pub fn finish(sums: &KindGrids, valid: &[(Kind, Vec<Vec<bool>>)], n: usize, normalize: Normalize) -> KindGrids {
+    sums.iter()
+        .zip(valid)
+        .map(|((kind, grid), (_, ok))| {
+            let g = grid
+                .iter()
+                .zip(ok)
+                .map(|(row, ok)| {
+                    let mean: Vec<f64> = row.iter().map(|x| x / n as f64).collect();
+                    let scale = match normalize {
+                        Normalize::None => 1.0,
+                        Normalize::Layer => mean.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-20),
+                    };
+                    mean.iter().zip(ok).map(|(x, &ok)| if ok { x / scale } else { f64::NAN }).collect()
+                })
+                .collect();
+            (*kind, g)
+        })
+        .collect()
 }
 
 /// Targets drawn from the model's own predictions `logp [B, T, V]`: target t of sentence `row`

@@ -67,6 +67,8 @@ pub struct LrpOptions {
 pub struct LrpResult {
     /// Per kind, `[layer][head]`: mean over predictions of the normalised head relevance.
     pub kinds: crate::model::KindGrids,
+    /// The sums over predictions behind `kinds` (its additive form, docs/methods.md#shards).
+    pub sums: crate::model::KindGrids,
     pub predictions: usize,
     /// The largest `|sum |R| / seed - 1|` over predictions and layer boundaries.
     pub max_conservation_error: f64,
@@ -939,15 +941,15 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         progress(gi + 1, batches.len());
     }
     let n = predictions.max(1) as f64;
-    let mean = |v: Vec<Vec<f64>>| v.into_iter().map(|r| r.into_iter().map(|x| x / n).collect()).collect();
-    let mut kinds = vec![(kind, model.spread_grid(kind, mean(sums)))];
+    let mut totals = vec![(kind, model.spread_grid(kind, sums))];
     if dec_in_decoder {
-        kinds.push((Kind::Dec, model.spread_grid(Kind::Dec, mean(dec_sums))));
+        totals.push((Kind::Dec, model.spread_grid(Kind::Dec, dec_sums)));
     }
     if through_decoder {
-        kinds.push((Kind::Cross, model.spread_grid(Kind::Cross, mean(cross_sums))));
+        totals.push((Kind::Cross, model.spread_grid(Kind::Cross, cross_sums)));
     }
-    Ok(LrpResult { kinds, predictions, max_conservation_error: worst, options: opts.clone() })
+    let kinds = totals.iter().map(|(k, g)| (*k, g.iter().map(|r| r.iter().map(|x| x / n).collect()).collect())).collect();
+    Ok(LrpResult { kinds, sums: totals, predictions, max_conservation_error: worst, options: opts.clone() })
 }
 
 /// The rule for a single output unit per position (a top-1 logit): `r [B, P, T, 1]`,

@@ -164,6 +164,24 @@ pub fn analyze(
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Analysis, AnalysisError> {
+    let (frame, acc) = accumulate(model, data, 0..data.len(), opts, freq, gates, stop, progress)?;
+    finish(&frame, &acc)
+}
+
+/// The analyses' additive accumulators over sentences `rows` of `data` (the whole dataset, or
+/// a shard: docs/methods.md#shards), with the frame their results are read in. The data is
+/// checked as a whole (every relation asked for must occur in it), whatever the rows.
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate(
+    model: &Model,
+    data: &Dataset,
+    rows: std::ops::Range<usize>,
+    opts: &Options,
+    freq: Option<&FreqTable>,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Frame, AnalysisAcc), AnalysisError> {
     let t0 = std::time::Instant::now();
     if data.is_empty() {
         return input(format!("the dataset {} is empty", data.name));
@@ -207,7 +225,9 @@ pub fn analyze(
     let device = model.device();
     let _guard = tch::no_grad_guard();
 
-    // Tokenize and describe every sentence once.
+    // Tokenize and describe every sentence of the rows once.
+    let first_row = rows.start;
+    let data = &data.slice(rows);
     let encoded: Vec<Encoded> = model.tokenize_all(data.texts())?;
     let mut metas = Vec::with_capacity(encoded.len());
     let mut baseline: Vec<HashMap<i64, usize>> = vec![HashMap::new(); n_rd];
@@ -215,7 +235,7 @@ pub fn analyze(
         let (real_query, key_ok) = sides(e, opts.exclude_keys, &eos_ids);
         let rare = if want_rare { freq.and_then(|f| rarest(e, f)) } else { None };
         let words = if want_syn {
-            let w = align(e, data.items[i].tree.as_ref().map(|t| t.as_ref()).ok_or_else(|| AnalysisError::Input(format!("sentence {i} has no tree")))?, i, &reldirs, opts.subtypes)?;
+            let w = align(e, data.items[i].tree.as_ref().map(|t| t.as_ref()).ok_or_else(|| AnalysisError::Input(format!("sentence {} has no tree", first_row + i)))?, first_row + i, &reldirs, opts.subtypes)?;
             for &(rd, q, t) in &w.edges {
                 *baseline[rd].entry(t as i64 - q as i64).or_default() += 1;
             }
@@ -330,49 +350,157 @@ pub fn analyze(
         progress(done, total);
     }
 
-    // Results.
-    let mut kinds = Vec::new();
+    // The accumulators, in the original head numbering (0 where prune_heads removed a head:
+    // the frame says which heads are present).
+    let mut kinds_acc = std::collections::BTreeMap::new();
     for s in &shapes {
         let acc = &accs[&s.kind];
-        let mut kr = KindResult { kind: s.kind, n_layers: s.n_layers, n_heads: s.n_heads, queries: acc.queries, confidence: None, positional: None, rare: None, syntactic: None };
-        // Accumulators hold the heads present; results keep the original numbering (NaN
-        // where prune_heads removed a head).
-        if opts.wants(Stat::Confidence) {
-            kr.confidence = Some(model.spread_grid(s.kind, acc.confidence()?));
+        let spread = |g: Vec<Vec<f64>>| -> Vec<Vec<f64>> { g.into_iter().enumerate().map(|(l, row)| model.spread_with(s.kind, l, row, 0.0)).collect() };
+        let hist = acc.offsets()?.into_iter().enumerate().map(|(l, rows)| model.spread_with(s.kind, l, rows, vec![0.0; accum::BINS as usize])).collect();
+        let (rare1, rare2) = acc.rare_hits()?;
+        let syn = acc.syntactic_correct()?.into_iter().enumerate().map(|(l, rds)| rds.into_iter().map(|row| model.spread_with(s.kind, l, row, 0.0)).collect()).collect();
+        kinds_acc.insert(
+            s.kind.to_string(),
+            KindAcc {
+                queries: acc.queries as u64,
+                rare_queries: acc.rare_queries as u64,
+                rare_sentences: acc.rare_sentences as u64,
+                edges: acc.edges.iter().map(|&e| e as u64).collect(),
+                conf: spread(acc.confidence_sums()?),
+                hist,
+                rare1: spread(rare1),
+                rare2: spread(rare2),
+                syn,
+            },
+        );
+    }
+    let frame = Frame {
+        model: model.name(),
+        dataset: data.name.clone(),
+        kinds: shapes.iter().map(|s| FrameKind { kind: s.kind.to_string(), n_layers: s.n_layers, n_heads: s.n_heads, present: (0..s.n_layers).map(|l| model.present(s.kind, l)).collect() }).collect(),
+        stack: stack.to_string(),
+        confidence: opts.wants(Stat::Confidence),
+        positional: opts.wants(Stat::Positional),
+        rare: want_rare,
+        syntactic: want_syn,
+        relations: rel_names,
+        options: opts.echo(),
+        positional_threshold: opts.positional_threshold,
+        rare_threshold: opts.rare_threshold,
+        margin: opts.margin,
+        freq_source: freq.map(|f| f.source.clone()),
+    };
+    let baseline = baseline.into_iter().map(|m| m.into_iter().map(|(o, n)| (o.to_string(), n as u64)).collect()).collect();
+    Ok((frame, AnalysisAcc { sentences: total as u64, tokens: tokens as u64, seconds: t0.elapsed().as_secs_f64(), baseline, kinds: kinds_acc }))
+}
+
+/// What an analysis's results are read in besides its accumulators: the model's heads, the
+/// options, the relations. Equal in every shard of one analysis (part of its identity).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Frame {
+    pub model: String,
+    pub dataset: String,
+    pub kinds: Vec<FrameKind>,
+    /// The self-attention stack's kind (the syntactic statistic's).
+    pub stack: String,
+    pub confidence: bool,
+    pub positional: bool,
+    pub rare: bool,
+    pub syntactic: bool,
+    pub relations: Vec<String>,
+    pub options: crate::output::Echo,
+    pub positional_threshold: f64,
+    pub rare_threshold: f64,
+    pub margin: f64,
+    pub freq_source: Option<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct FrameKind {
+    pub kind: String,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    /// Per layer, the heads present (all of them unless prune_heads removed some).
+    pub present: Vec<Vec<usize>>,
+}
+
+/// An analysis's additive accumulators (docs/methods.md#shards): counts and sums that shards
+/// add up; [`finish`] divides them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AnalysisAcc {
+    pub sentences: u64,
+    pub tokens: u64,
+    pub seconds: f64,
+    /// Per relation-direction, the count of each word offset `target - query` (its keys).
+    pub baseline: Vec<std::collections::BTreeMap<String, u64>>,
+    pub kinds: std::collections::BTreeMap<String, KindAcc>,
+}
+
+/// One kind's accumulators, `[layer][head]` in the original numbering.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct KindAcc {
+    pub queries: u64,
+    pub rare_queries: u64,
+    pub rare_sentences: u64,
+    pub edges: Vec<u64>,
+    /// Sums of each head's largest allowed weight over real queries.
+    pub conf: Vec<Vec<f64>>,
+    /// Counts of `argmax - t`, `[layer][head][bin]` (bin `i` is offset `i - MAX_OFFSET`).
+    pub hist: Vec<Vec<Vec<f64>>>,
+    /// Queries whose argmax is the rarest token / one of the two rarest.
+    pub rare1: Vec<Vec<f64>>,
+    pub rare2: Vec<Vec<f64>>,
+    /// Correct word-level predictions, `[layer][relation-direction][head]`.
+    pub syn: Vec<Vec<Vec<f64>>>,
+}
+
+/// The results of an analysis from its frame and accumulators (one process's, or the sum of
+/// a complete set of shards'): every statistic is a ratio of them.
+pub fn finish(frame: &Frame, acc: &AnalysisAcc) -> Result<Analysis, AnalysisError> {
+    let mut kinds = Vec::new();
+    for fk in &frame.kinds {
+        let kind: Kind = fk.kind.parse().map_err(|e: String| AnalysisError::Input(e))?;
+        let a = acc.kinds.get(&fk.kind).ok_or_else(|| AnalysisError::Input(format!("the accumulators have no '{}' attention", fk.kind)))?;
+        let present = |l: usize, h: usize| fk.present.get(l).is_some_and(|p| p.contains(&h));
+        // A removed head has no value.
+        let grid = |g: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> { (0..fk.n_layers).map(|l| (0..fk.n_heads).map(|h| if present(l, h) { g.get(l).and_then(|r| r.get(h)).copied().unwrap_or(0.0) / scale } else { f64::NAN }).collect()).collect() };
+        let mut kr = KindResult { kind, n_layers: fk.n_layers, n_heads: fk.n_heads, queries: a.queries as usize, confidence: None, positional: None, rare: None, syntactic: None };
+        if frame.confidence {
+            kr.confidence = Some(grid(&a.conf, a.queries.max(1) as f64));
         }
-        if opts.wants(Stat::Positional) {
-            let hist = acc.offsets()?;
+        if frame.positional {
             kr.positional = Some(
-                hist.iter()
-                    .enumerate()
-                    .map(|(l, layer)| {
-                        let row = layer
-                            .iter()
+                (0..fk.n_layers)
+                    .map(|l| {
+                        (0..fk.n_heads)
                             .map(|h| {
-                                let total: f64 = h.iter().sum();
-                                let (bin, count) = h.iter().enumerate().fold((accum::MAX_OFFSET as usize, -1.0), |a, (i, &c)| if c > a.1 { (i, c) } else { a });
+                                let Some(bins) = a.hist.get(l).and_then(|r| r.get(h)).filter(|_| present(l, h)) else {
+                                    return PosHead { offset: 0, fraction: f64::NAN };
+                                };
+                                let total: f64 = bins.iter().sum();
+                                let (bin, count) = bins.iter().enumerate().fold((accum::MAX_OFFSET as usize, -1.0), |a, (i, &c)| if c > a.1 { (i, c) } else { a });
                                 PosHead { offset: bin as i64 - accum::MAX_OFFSET, fraction: if total > 0.0 { count / total } else { 0.0 } }
                             })
-                            .collect();
-                        model.spread_with(s.kind, l, row, PosHead { offset: 0, fraction: f64::NAN })
+                            .collect()
                     })
                     .collect(),
             );
         }
-        if want_rare {
-            let (score, two) = acc.rare()?;
-            kr.rare = Some(Rare { score: model.spread_grid(s.kind, score), two: model.spread_grid(s.kind, two), sentences: acc.rare_sentences, queries: acc.rare_queries });
+        if frame.rare {
+            let n = a.rare_queries.max(1) as f64;
+            kr.rare = Some(Rare { score: grid(&a.rare1, n), two: grid(&a.rare2, n), sentences: a.rare_sentences as usize, queries: a.rare_queries as usize });
         }
-        if want_syn && s.kind == stack {
-            let correct = acc.syntactic_correct()?;
+        if frame.syntactic && fk.kind == frame.stack {
             let mut rels = Vec::new();
-            for (ri, rel) in rel_names.iter().enumerate() {
+            for (ri, rel) in frame.relations.iter().enumerate() {
                 let (gd, dg) = options::direction_names(rel);
                 for (dir, (direction, label)) in [("g->d", gd), ("d->g", dg)].into_iter().enumerate() {
                     let rd = 2 * ri + dir;
-                    let edges = acc.edges[rd];
-                    let (off, n) = baseline[rd].iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(a.0))).map(|(o, n)| (*o, *n)).unwrap_or((0, 0));
-                    let accuracy = model.spread_grid(s.kind, correct.iter().map(|layer| layer[rd].iter().map(|c| c / edges.max(1) as f64).collect()).collect());
+                    let edges = a.edges.get(rd).copied().unwrap_or(0) as usize;
+                    let counts: Vec<(i64, u64)> = acc.baseline.get(rd).map(|m| m.iter().filter_map(|(o, n)| Some((o.parse::<i64>().ok()?, *n))).collect()).unwrap_or_default();
+                    let (off, n) = counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(&a.0))).copied().unwrap_or((0, 0));
+                    let per_head: Vec<Vec<f64>> = (0..fk.n_layers).map(|l| a.syn.get(l).and_then(|r| r.get(rd)).cloned().unwrap_or_default()).collect();
+                    let accuracy = grid(&per_head, edges.max(1) as f64);
                     rels.push(RelDir { relation: rel.clone(), direction: direction.to_string(), label, edges, baseline_offset: off, baseline: n as f64 / edges.max(1) as f64, accuracy });
                 }
             }
@@ -381,16 +509,16 @@ pub fn analyze(
         kinds.push(kr);
     }
     Ok(Analysis {
-        model: model.name(),
-        dataset: data.name.clone(),
-        sentences: total,
-        tokens,
-        seconds: t0.elapsed().as_secs_f64(),
-        options: opts.echo(),
-        positional_threshold: opts.positional_threshold,
-        rare_threshold: opts.rare_threshold,
-        margin: opts.margin,
-        freq_source: freq.map(|f| f.source.clone()),
+        model: frame.model.clone(),
+        dataset: frame.dataset.clone(),
+        sentences: acc.sentences as usize,
+        tokens: acc.tokens as usize,
+        seconds: acc.seconds,
+        options: frame.options.clone(),
+        positional_threshold: frame.positional_threshold,
+        rare_threshold: frame.rare_threshold,
+        margin: frame.margin,
+        freq_source: frame.freq_source.clone(),
         kinds,
     })
 }

@@ -140,6 +140,19 @@ impl Dataset {
     pub fn texts(&self) -> Vec<&str> {
         self.items.iter().map(|i| i.text.as_str()).collect()
     }
+
+    /// Sentences `rows` (a shard's slice, `shard::Shard::rows`), under the same name.
+    pub fn slice(&self, rows: std::ops::Range<usize>) -> Dataset {
+        let rows = rows.start.min(self.len())..rows.end.min(self.len());
+        Dataset { name: self.name.clone(), items: Rc::new(self.items[rows].to_vec()) }
+    }
+
+    /// A digest of every sentence, target and tree: shards of one dataset share it
+    /// (`shard::digest`).
+    pub fn digest(&self) -> String {
+        let trees: Vec<String> = self.items.iter().map(|i| i.tree.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
+        crate::shard::digest(self.items.iter().zip(&trees).flat_map(|(i, t)| [i.text.as_bytes(), i.target.as_deref().map_or(&[0xfe][..], str::as_bytes), t.as_bytes()]))
+    }
 }
 
 fn splitmix64(state: &mut u64) -> u64 {

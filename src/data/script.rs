@@ -19,6 +19,62 @@ pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
     Ok(d)
 }
 
+/// The `shard` option every dataset-consuming analysis accepts (docs/methods.md#shards).
+pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt("shard", "none (or the run's --shard)", "\"I/N\": run on slice I of N of the data and keep the accumulators for merge_results (docs/methods.md#shards)");
+
+/// How a dataset-consuming function runs: on the whole dataset, or on one shard of it
+/// (the function's `shard` option, else the run's `--shard`).
+pub struct Plan {
+    pub shard: Option<crate::shard::Shard>,
+    /// Given as the function's option (the result is returned with its shard record) rather
+    /// than by the run (`--shard`: the record is also written to the run's shard directory).
+    pub explicit: bool,
+    pub rows: std::ops::Range<usize>,
+    pub total: usize,
+    identity: serde_json::Value,
+}
+
+impl Plan {
+    pub fn new(d: &Dataset, o: &crate::script::convert::Opts, func: &str) -> ScriptResult<Plan> {
+        let explicit = match o.string("shard")? {
+            Some(s) => Some(s.parse::<crate::shard::Shard>().or_else(|e| err(format!("{func}: {e}")))?),
+            None => None,
+        };
+        let shard = explicit.or_else(crate::shard::run_shard);
+        let total = d.len();
+        let rows = shard.map_or(0..total, |s| s.rows(total));
+        let identity = serde_json::json!({"name": d.name, "sentences": total, "digest": d.digest()});
+        Ok(Plan { shard, explicit: explicit.is_some(), rows, total, identity })
+    }
+
+    /// The sentences this call runs on; refused when the shard is empty.
+    pub fn data(&self, d: &Dataset, func: &str) -> ScriptResult<Dataset> {
+        match self.shard {
+            None => Ok(d.clone()),
+            Some(s) if self.rows.is_empty() => err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
+            Some(_) => Ok(d.slice(self.rows.clone())),
+        }
+    }
+
+    /// The data's part of a shard record's identity.
+    pub fn data_identity(&self) -> serde_json::Value {
+        self.identity.clone()
+    }
+
+    /// Adds the shard record (function, slice, identity, accumulators) to a sharded result's
+    /// echoed options, and in a `--shard` run writes the result to the shard directory.
+    pub fn seal<T>(&self, func: &str, identity: serde_json::Value, acc: serde_json::Value, mut result: T, echo: impl FnOnce(&mut T) -> &mut crate::output::Echo, json: impl Fn(&T) -> serde_json::Value) -> ScriptResult<T> {
+        let Some(shard) = self.shard else { return Ok(result) };
+        let name = if self.explicit { func.to_string() } else { crate::shard::next_name(func) };
+        let record = crate::shard::Partial { func: func.into(), name: name.clone(), shard, rows: self.rows.clone(), total: self.total, identity, acc };
+        echo(&mut result).push(("shard".into(), record.to_json()));
+        if !self.explicit {
+            crate::shard::write_run_result(&name, &json(&result)).or_else(|e| err(format!("{func}: {e}")))?;
+        }
+        Ok(result)
+    }
+}
+
 fn e(what: &str, x: DataError) -> Box<rhai::EvalAltResult> {
     err::<()>(format!("{what}: {x}")).unwrap_err()
 }

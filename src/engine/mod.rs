@@ -8,6 +8,7 @@ pub mod commands;
 pub mod complete;
 pub mod docs;
 pub mod error;
+pub mod merge;
 pub mod registry;
 mod resolver;
 

@@ -48,4 +48,5 @@ pub fn register_types(engine: &mut Engine) {
     crate::prune::script::register(engine);
     crate::metrics::bleu::script::register(engine);
     crate::view::script::register(engine);
+    super::merge::register(engine);
 }

@@ -75,8 +75,61 @@ pub enum BleuError {
     NoReferences,
 }
 
+/// BLEU's sufficient statistics: n-gram matches and totals per order, hypothesis and
+/// (closest) reference lengths. They add over sentences, so shards of a corpus add up to the
+/// corpus (docs/methods.md#shards).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BleuCounts {
+    pub correct: [u64; MAX_ORDER],
+    pub total: [u64; MAX_ORDER],
+    pub sys_len: u64,
+    pub ref_len: u64,
+}
+
+impl BleuCounts {
+    pub fn add(&mut self, o: &BleuCounts) {
+        for n in 0..MAX_ORDER {
+            self.correct[n] += o.correct[n];
+            self.total[n] += o.total[n];
+        }
+        self.sys_len += o.sys_len;
+        self.ref_len += o.ref_len;
+    }
+
+    /// The corpus score of these counts, as sacreBLEU computes it (exp smoothing).
+    pub fn bleu(&self) -> Bleu {
+        let (correct, total) = (self.correct.map(|c| c as usize), self.total.map(|c| c as usize));
+        let (sys_len, ref_len) = (self.sys_len as usize, self.ref_len as usize);
+        let bp = if sys_len < ref_len { if sys_len > 0 { (1.0 - ref_len as f64 / sys_len as f64).exp() } else { 0.0 } } else { 1.0 };
+        let mut precisions = [0.0; MAX_ORDER];
+        if correct.iter().all(|&c| c == 0) {
+            return Bleu { score: 0.0, precisions, bp, sys_len, ref_len, correct, total };
+        }
+        let mut smooth = 1.0;
+        for n in 0..MAX_ORDER {
+            if total[n] == 0 {
+                break;
+            }
+            precisions[n] = if correct[n] == 0 {
+                smooth *= 2.0;
+                100.0 / (smooth * total[n] as f64)
+            } else {
+                100.0 * correct[n] as f64 / total[n] as f64
+            };
+        }
+        let log = |p: f64| if p > 0.0 { p.ln() } else { -9_999_999_999.0 };
+        let score = bp * (precisions.iter().map(|&p| log(p)).sum::<f64>() / MAX_ORDER as f64).exp();
+        Bleu { score, precisions, bp, sys_len, ref_len, correct, total }
+    }
+}
+
 /// Corpus BLEU of `hyps` against one or more reference streams (each as long as `hyps`).
 pub fn corpus_bleu<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) -> Result<Bleu, BleuError> {
+    Ok(corpus_counts(hyps, refs)?.bleu())
+}
+
+/// The counts [`corpus_bleu`] scores.
+pub fn corpus_counts<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) -> Result<BleuCounts, BleuError> {
     if refs.is_empty() {
         return Err(BleuError::NoReferences);
     }
@@ -85,9 +138,7 @@ pub fn corpus_bleu<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) ->
             return Err(BleuError::Length { stream: i, got: r.len(), want: hyps.len() });
         }
     }
-    let mut correct = [0usize; MAX_ORDER];
-    let mut total = [0usize; MAX_ORDER];
-    let (mut sys_len, mut ref_len) = (0usize, 0usize);
+    let mut c = BleuCounts::default();
     for (i, h) in hyps.iter().enumerate() {
         let ht = tokenize_13a(h.as_ref());
         let htoks: Vec<&str> = ht.split(' ').filter(|s| !s.is_empty()).collect();
@@ -102,44 +153,25 @@ pub fn corpus_bleu<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) ->
                 Some((d, l)) if diff < d || (diff == d && rtoks.len() < l) => Some((diff, rtoks.len())),
                 c => c,
             };
-            for (g, c) in ngrams(&rtoks) {
+            for (g, n) in ngrams(&rtoks) {
                 let e = ref_counts.entry(g).or_insert(0);
-                *e = (*e).max(c);
+                *e = (*e).max(n);
             }
         }
-        sys_len += htoks.len();
-        ref_len += closest.map_or(0, |c| c.1);
-        for (g, c) in ngrams(&htoks) {
-            correct[g.len() - 1] += c.min(ref_counts.get(&g).copied().unwrap_or(0));
+        c.sys_len += htoks.len() as u64;
+        c.ref_len += closest.map_or(0, |c| c.1) as u64;
+        for (g, n) in ngrams(&htoks) {
+            c.correct[g.len() - 1] += n.min(ref_counts.get(&g).copied().unwrap_or(0)) as u64;
         }
         for n in 1..=MAX_ORDER {
-            total[n - 1] += htoks.len().saturating_sub(n - 1);
+            c.total[n - 1] += htoks.len().saturating_sub(n - 1) as u64;
         }
     }
-    let bp = if sys_len < ref_len { if sys_len > 0 { (1.0 - ref_len as f64 / sys_len as f64).exp() } else { 0.0 } } else { 1.0 };
-    let mut precisions = [0.0; MAX_ORDER];
-    if correct.iter().all(|&c| c == 0) {
-        return Ok(Bleu { score: 0.0, precisions, bp, sys_len, ref_len, correct, total });
-    }
-    let mut smooth = 1.0;
-    for n in 0..MAX_ORDER {
-        if total[n] == 0 {
-            break;
-        }
-        precisions[n] = if correct[n] == 0 {
-            smooth *= 2.0;
-            100.0 / (smooth * total[n] as f64)
-        } else {
-            100.0 * correct[n] as f64 / total[n] as f64
-        };
-    }
-    let log = |p: f64| if p > 0.0 { p.ln() } else { -9_999_999_999.0 };
-    let score = bp * (precisions.iter().map(|&p| log(p)).sum::<f64>() / MAX_ORDER as f64).exp();
-    Ok(Bleu { score, precisions, bp, sys_len, ref_len, correct, total })
+    Ok(c)
 }
 
 pub mod script {
-    use super::corpus_bleu;
+    use super::corpus_counts;
     use crate::script::convert::{err, quote, ScriptResult};
     use rhai::plugin::*;
     use rhai::{Array, Dynamic, Engine, Map};
@@ -149,6 +181,18 @@ pub mod script {
             return a.iter().enumerate().map(|(i, s)| if s.is_string() { Ok(s.to_string()) } else { err(format!("bleu: {what}[{i}] is not a string: {}", quote(s))) }).collect();
         }
         err(format!("bleu: {what} must be an array of strings, got {}", quote(v)))
+    }
+
+    /// A BLEU score as the script map `bleu` returns.
+    pub fn bleu_map(b: &super::Bleu) -> Map {
+        let mut m = Map::new();
+        m.insert("score".into(), Dynamic::from(b.score));
+        m.insert("precisions".into(), Dynamic::from(b.precisions.iter().map(|&p| Dynamic::from(p)).collect::<Array>()));
+        m.insert("bp".into(), Dynamic::from(b.bp));
+        m.insert("sys_len".into(), Dynamic::from(b.sys_len as i64));
+        m.insert("ref_len".into(), Dynamic::from(b.ref_len as i64));
+        m.insert("text".into(), Dynamic::from(b.to_string()));
+        m
     }
 
     #[export_module]
@@ -167,20 +211,60 @@ pub mod script {
         /// ```
         #[rhai_fn(return_raw)]
         pub fn bleu(hyps: Array, refs: Array) -> ScriptResult<Map> {
-            let h = lines(&Dynamic::from(hyps), "hypotheses")?;
-            let streams: Vec<Vec<String>> = if refs.first().is_some_and(|r| r.is_array()) {
+            bleu_opts(hyps, refs, Map::new())
+        }
+
+        /// `bleu(hyps, refs)` on one slice of the lines: option `shard` ("I/N"). The result
+        /// keeps BLEU's counts (`options.shard`), and `merge_results` adds the slices' counts
+        /// into the corpus score (docs/methods.md#shards).
+        ///
+        /// ```rhai
+        /// let h = ["a cat sat on the mat", "the dog barks", "hello world"];
+        /// let r = ["the cat sat on the mat", "a dog barks loudly", "hello world"];
+        /// let parts = [bleu(h, r, #{shard: "0/2"}), bleu(h, r, #{shard: "1/2"})];
+        /// assert(abs(merge_results(parts).score - bleu(h, r).score) < 1e-9);
+        /// ```
+        #[rhai_fn(name = "bleu", return_raw)]
+        pub fn bleu_opts(hyps: Array, refs: Array, options: Map) -> ScriptResult<Map> {
+            let o = crate::script::convert::Opts::new(&options, "bleu", &[crate::script::convert::opt("shard", "none", "\"I/N\": score slice I of N of the lines and keep BLEU's counts (docs/methods.md#shards)")])?;
+            let mut h = lines(&Dynamic::from(hyps), "hypotheses")?;
+            let mut streams: Vec<Vec<String>> = if refs.first().is_some_and(|r| r.is_array()) {
                 refs.iter().enumerate().map(|(i, r)| lines(r, &format!("references[{i}]"))).collect::<ScriptResult<_>>()?
             } else {
                 vec![lines(&Dynamic::from(refs), "references")?]
             };
-            let b = corpus_bleu(&h, &streams).or_else(|e| err(format!("bleu: {e}")))?;
-            let mut m = Map::new();
-            m.insert("score".into(), Dynamic::from(b.score));
-            m.insert("precisions".into(), Dynamic::from(b.precisions.iter().map(|&p| Dynamic::from(p)).collect::<Array>()));
-            m.insert("bp".into(), Dynamic::from(b.bp));
-            m.insert("sys_len".into(), Dynamic::from(b.sys_len as i64));
-            m.insert("ref_len".into(), Dynamic::from(b.ref_len as i64));
-            m.insert("text".into(), Dynamic::from(b.to_string()));
+            let shard = match o.string("shard")? {
+                Some(s) => Some(s.parse::<crate::shard::Shard>().or_else(|e| err(format!("bleu: {e}")))?),
+                None => None,
+            };
+            let total = h.len();
+            let digest = crate::shard::digest(h.iter().chain(streams.iter().flatten()).map(|x| x.as_bytes()));
+            if let Some(s) = shard {
+                let rows = s.rows(total);
+                h = h[rows.clone()].to_vec();
+                for st in streams.iter_mut() {
+                    if st.len() != total {
+                        return err(format!("bleu: reference stream has {} segments but there are {total} hypotheses", st.len()));
+                    }
+                    *st = st[rows.clone()].to_vec();
+                }
+            }
+            let c = corpus_counts(&h, &streams).or_else(|e| err(format!("bleu: {e}")))?;
+            let mut m = bleu_map(&c.bleu());
+            if let Some(s) = shard {
+                let record = crate::shard::Partial {
+                    func: "bleu".into(),
+                    name: "bleu".into(),
+                    shard: s,
+                    rows: s.rows(total),
+                    total,
+                    identity: serde_json::json!({"streams": streams.len(), "digest": digest}),
+                    acc: serde_json::json!({"counts": c, "sentences": h.len()}),
+                };
+                let mut opts = Map::new();
+                opts.insert("shard".into(), crate::script::convert::json_value(&record.to_json()));
+                m.insert("options".into(), Dynamic::from(opts));
+            }
             Ok(m)
         }
 

@@ -81,6 +81,29 @@ pub fn json_value(v: &serde_json::Value) -> Dynamic {
     }
 }
 
+/// A script value as JSON (the inverse of [`json_value`] for what it produces): unit is null,
+/// NaN and infinities are null, other values without a JSON form their display text.
+pub fn dynamic_json(v: &Dynamic) -> serde_json::Value {
+    use serde_json::Value as V;
+    if v.is_unit() {
+        V::Null
+    } else if let Ok(b) = v.as_bool() {
+        V::Bool(b)
+    } else if let Ok(i) = v.as_int() {
+        V::from(i)
+    } else if let Ok(f) = v.as_float() {
+        json_f64(f)
+    } else if v.is_string() {
+        V::String(v.to_string())
+    } else if let Some(a) = v.clone().try_cast::<Array>() {
+        V::Array(a.iter().map(dynamic_json).collect())
+    } else if let Some(m) = v.clone().try_cast::<Map>() {
+        V::Object(m.iter().map(|(k, v)| (k.to_string(), dynamic_json(v))).collect())
+    } else {
+        V::String(v.to_string())
+    }
+}
+
 /// Echoed options as a script map, every value keeping its type.
 pub fn echo_map(echo: &[(String, serde_json::Value)]) -> Map {
     echo.iter().map(|(k, v)| (k.as_str().into(), json_value(v))).collect()

@@ -7,7 +7,10 @@ use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
+use super::sharded::{echo_of, grid_from, present_heads, valid_heads};
+use crate::analysis::ablation::{Metric, MetricAcc};
 use rhai::{Dynamic, Map};
+use serde_json::json;
 
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
@@ -18,14 +21,15 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
     opt("batch_tokens", "256", "tokens per batch; the masks of a layer are stacked on it"),
+    crate::data::script::SHARD_OPTION,
 ];
+pub const BLEU_OPTIONS: &[OptSpec] = &[opt("batch_tokens", "1024", "tokens per batch, padding included"), crate::data::script::SHARD_OPTION];
 
 /// What `ablate` and `ablation_sweep` share: the prepared data, the kinds, the options echoed.
 type AblationSetup = (crate::analysis::ablation::Prepared, Vec<Kind>, crate::output::Echo);
 
-fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
+fn ablation_setup(m: &ScriptModel, d: &crate::data::Dataset, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
     let o = Opts::new(options, func, if func == "ablate" { ABLATE_OPTIONS } else { SWEEP_OPTIONS })?;
-    let d = crate::data::script::dataset_arg(data, func)?;
     let generates = m.model.has_task_loss();
     let metric: crate::analysis::ablation::Metric = match o.string("metric")? {
         Some(x) => x.parse().or_else(|e: String| err(format!("{func}: {e}")))?,
@@ -34,9 +38,33 @@ fn ablation_setup(m: &ScriptModel, data: &Dynamic, options: &Map, func: &'static
     };
     let kinds = kinds_option(m, options, func)?;
     let bt = o.usize("batch_tokens")?.unwrap_or(default_batch_tokens);
-    let p = crate::analysis::ablation::prepare(&m.model, &d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
+    let p = crate::analysis::ablation::prepare(&m.model, d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
     let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(bt))];
     Ok((p, kinds, echo))
+}
+
+fn metric_acc(v: &serde_json::Value, what: &str) -> Result<MetricAcc, String> {
+    serde_json::from_value(v.clone()).map_err(|e| format!("the accumulators of {what}: {e}"))
+}
+
+/// The sweep's grid from its accumulators (one process's, or merged shards').
+pub fn finish_sweep(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
+    let mut echo = echo_of(&identity["options"]);
+    let metric = echo.iter().find(|(k, _)| k == "metric").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    let base = metric_acc(&acc["base"], "the unmasked model")?.value();
+    let kinds = grid_from(identity, |k, l, h| Ok(metric_acc(&acc["kinds"][k][l][h], &format!("{k}.{l}.{h}"))?.value()))?;
+    echo.push(("base".into(), crate::script::convert::json_f64(base)));
+    Ok(Grid { stat: format!("{metric} with the head masked (base {base:.4})"), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
+}
+
+/// `m.bleu(data)` from its accumulators.
+pub fn finish_bleu(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
+    let counts: crate::metrics::bleu::BleuCounts = serde_json::from_value(acc["counts"].clone()).map_err(|e| format!("the BLEU counts: {e}"))?;
+    let mut r = crate::metrics::bleu::script::bleu_map(&counts.bleu());
+    r.insert("model".into(), Dynamic::from(identity["model"]["name"].as_str().unwrap_or_default().to_string()));
+    r.insert("dataset".into(), Dynamic::from(identity["data"]["name"].as_str().unwrap_or_default().to_string()));
+    r.insert("sentences".into(), Dynamic::from(acc["sentences"].as_i64().unwrap_or(0)));
+    Ok(r)
 }
 
 #[export_module]
@@ -61,7 +89,8 @@ pub mod api {
     #[rhai_fn(name = "ablate", return_raw, pure)]
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Dynamic, options: Map) -> ScriptResult<Map> {
         let ids = crate::model::script::head_ids(m, &heads, "ablate")?;
-        let (p, _, echo) = ablation_setup(m, &data, &options, "ablate", crate::model::batch::DEFAULT_BATCH_TOKENS)?;
+        let d = crate::data::script::dataset_arg(&data, "ablate")?;
+        let (p, _, echo) = ablation_setup(m, &d, &options, "ablate", crate::model::batch::DEFAULT_BATCH_TOKENS)?;
         let mut all = m.closed.as_ref().clone();
         all.extend(ids.iter().copied());
         let gates = m.model.gates_closing(&all).or_else(|e| err(format!("ablate: {e}")))?;
@@ -103,17 +132,72 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "ablation_sweep", return_raw, pure)]
     pub fn ablation_sweep_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
+        let f = "ablation_sweep";
         if !m.closed.is_empty() {
             return err("ablation_sweep: run it on the unmasked model (this view masks heads already)");
         }
-        let (p, kinds, mut echo) = ablation_setup(m, &data, &options, "ablation_sweep", 256)?;
+        let d = crate::data::script::dataset_arg(&data, f)?;
+        let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, f, SWEEP_OPTIONS)?, f)?;
+        let (p, kinds, echo) = ablation_setup(m, &plan.data(&d, f)?, &options, f, 256)?;
         let stop = crate::run::interrupted;
-        let base = crate::analysis::ablation::evaluate(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("ablation_sweep: {e}")))?;
+        let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
         let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
-        let grids = crate::analysis::ablation::sweep(&m.model, &p, &kinds, &stop, &mut progress).or_else(|e| err(format!("ablation_sweep: {e}")))?;
-        echo.push(("base".into(), crate::script::convert::json_f64(base)));
-        let d = data.clone().try_cast::<crate::data::Dataset>().map(|d| d.name).unwrap_or_default();
-        Ok(Grid { stat: format!("{} with the head masked (base {base:.4})", p.metric), model: m.model.name(), dataset: d, kinds: grids, options: echo })
+        let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
+        let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
+        let g = finish_sweep(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
+        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+    }
+
+    /// Corpus BLEU of the model's greedy translations of `data` against its references (a
+    /// parallel dataset), as sacreBLEU scores them: the map `bleu(hyps, refs)` gives, with
+    /// `model`, `dataset` and `sentences`. Options: `batch_tokens` (1024), `shard` ("I/N":
+    /// one slice of the data; BLEU's counts add, docs/methods.md#shards).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let p = temp_path("enpt.tsv");
+    /// write_text(p, "The cat is sleeping.\tO gato está dormindo.\nI like green tea.\tEu gosto de chá verde.\nWhere is the station?\tOnde fica a estação?\nIt is raining today.\tEstá chovendo hoje.\n");
+    /// let d = parallel(p);
+    /// let b = m.bleu(d);
+    /// assert(b.score > 0.0 && b.sentences == 4);
+    /// let parts = [m.bleu(d, #{shard: "0/2"}), m.bleu(d, #{shard: "1/2"})];
+    /// assert(abs(merge_results(parts).score - b.score) < 1e-9);
+    /// ```
+    #[rhai_fn(name = "bleu", return_raw, pure)]
+    pub fn model_bleu_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
+        let f = "bleu";
+        let o = Opts::new(&options, f, BLEU_OPTIONS)?;
+        let d = crate::data::script::dataset_arg(&data, f)?;
+        if d.items.iter().any(|i| i.target.is_none()) {
+            return err(format!("bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)", d.name));
+        }
+        let plan = crate::data::script::Plan::new(&d, &o, f)?;
+        let bt = o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS);
+        let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?).or_else(|e| err(format!("{f}: {e}")))?;
+        let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
+        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": {"batch_tokens": bt}});
+        let acc = json!({"counts": a.bleu, "sentences": p.n_sentences});
+        let r = finish_bleu(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
+        let mut echo: crate::output::Echo = vec![];
+        echo = plan.seal(f, identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}))?;
+        let mut r = r;
+        if let Some((_, rec)) = echo.pop() {
+            r.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&[("shard".into(), rec)])));
+        }
+        Ok(r)
+    }
+
+    /// `m.bleu(data)` with the default options.
+    ///
+    /// ```rhai
+    /// let p = temp_path("hello.tsv");
+    /// write_text(p, "Hello, my friend.\tOlá, meu amigo.\n");
+    /// assert(load_model("enpt").bleu(parallel(p)).sys_len > 0);
+    /// ```
+    #[rhai_fn(name = "bleu", return_raw, pure)]
+    pub fn model_bleu(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Map> {
+        model_bleu_opts(m, data, Map::new())
     }
 
     /// `ablation_sweep` with the default metric.

@@ -4,7 +4,7 @@
 use super::strings;
 use crate::analysis::options::{FreqSource, Options, Stat};
 use crate::analysis::result::Analysis;
-use crate::analysis::{analyze, freq_table, FreqTable};
+use crate::analysis::{accumulate, finish, freq_table, FreqTable};
 use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
@@ -78,6 +78,7 @@ pub const OPTIONS: &[OptSpec] = &[
     opt("subtypes", "false", "count relation subtypes (nsubj:pass) as their base relation"),
     opt("margin", "0.1", "syntactic when accuracy >= baseline + margin"),
     opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
+    crate::data::script::SHARD_OPTION,
 ];
 
 fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) -> ScriptResult<(Options, crate::data::Dataset)> {
@@ -172,11 +173,26 @@ fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable
 fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
     let d = crate::data::script::dataset_arg(&data, "analyze")?;
     let (opts, d) = parse_options(m, &d, &options)?;
+    let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, "analyze", OPTIONS)?, "analyze")?;
     let freq = freq_for(m, &opts)?;
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("analyze", done, total);
-    let a = analyze(&m.model, &d, &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
+    plan.data(&d, "analyze")?;
+    let (frame, acc) = accumulate(&m.model, &d, plan.rows.clone(), &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
+    let a = finish(&frame, &acc).or_else(|e| err(format!("analyze: {e}")))?;
+    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
+    let acc = serde_json::to_value(&acc).or_else(|e| err(format!("analyze: {e}")))?;
+    let a = plan.seal("analyze", identity, acc, a, |a| &mut a.options, |a| a.to_json())?;
     Ok(AnalysisObj(Rc::new(a)))
+}
+
+/// The analysis of merged shard accumulators (`merge_results`, `headscope merge`).
+pub fn finish_merged(m: &crate::shard::Merged) -> Result<(Dynamic, serde_json::Value), String> {
+    let frame: crate::analysis::Frame = serde_json::from_value(m.identity["frame"].clone()).map_err(|e| format!("{}: the shard record's frame: {e}", m.name))?;
+    let acc: crate::analysis::AnalysisAcc = serde_json::from_value(m.acc.clone()).map_err(|e| format!("{}: the shard record's accumulators: {e}", m.name))?;
+    let a = finish(&frame, &acc).map_err(|e| format!("{}: {e}", m.name))?;
+    let json = a.to_json();
+    Ok((Dynamic::from(AnalysisObj(Rc::new(a))), json))
 }
 
 #[export_module]

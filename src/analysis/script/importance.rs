@@ -3,7 +3,8 @@
 
 use super::kinds_option;
 use crate::analysis::ablation::{self, Metric};
-use crate::analysis::importance::{bottom_k_overlap, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize};
+use super::sharded::{echo_of, number, valid_heads, valid_of};
+use crate::analysis::importance::{bottom_k_overlap, finish, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize};
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::script::convert::{err, json_f64, opt, OptSpec, Opts, ScriptResult};
@@ -20,6 +21,7 @@ pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
     opt("seed", "0", "seed of the targets \"fisher\" samples"),
     opt("exact", "false", "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
     opt("k", "10", "how many least important heads the agreement compares"),
+    crate::data::script::SHARD_OPTION,
 ];
 
 /// How two per-head grids agree on one kind: the heads with a value in both, Spearman's rho
@@ -55,6 +57,25 @@ fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
     t
 }
 
+/// Gradient importance's grid from its accumulators (one process's, or merged shards').
+pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
+    let n = acc["sentences"].as_u64().ok_or("the accumulators have no sentence count")? as usize;
+    let mut echo = echo_of(&identity["options"]);
+    let find = |k: &str| echo.iter().find(|(key, _)| key == k).and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    let metric: ImportanceMetric = find("metric").parse()?;
+    let normalize: Normalize = find("normalize").parse()?;
+    let valid = valid_of(identity)?;
+    let sums = valid.iter().map(|(k, v)| Ok((*k, v.iter().enumerate().map(|(l, row)| (0..row.len()).map(|h| number(&acc["sums"], &k.to_string(), l, h)).collect::<Result<Vec<f64>, String>>()).collect::<Result<_, _>>()?))).collect::<Result<crate::model::KindGrids, String>>()?;
+    let kinds = finish(&sums, &valid, n, normalize);
+    let at = echo.iter().position(|(k, _)| k == "seed").unwrap_or(echo.len());
+    echo.splice(at..at, [("sentences".to_string(), json!(n)), ("seconds".into(), acc["seconds"].clone())]);
+    let stat = match metric {
+        ImportanceMetric::Loss => "gradient importance |dL/dg|",
+        ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
+    };
+    Ok(Grid { stat: stat.into(), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
+}
+
 #[export_module]
 pub mod api {
     use super::*;
@@ -86,33 +107,31 @@ pub mod api {
             kinds: kinds_option(m, &options, f)?,
             batch_tokens: o.usize("batch_tokens")?.unwrap_or(2048),
             seed: o.usize("seed")?.unwrap_or(0) as u64,
+            row_offset: 0,
         };
         let exact = o.bool("exact")?.unwrap_or(false);
         if exact && !m.closed.is_empty() {
             return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
         }
+        let plan = crate::data::script::Plan::new(&d, &o, f)?;
+        if exact && plan.shard.is_some() {
+            return err(format!("{f}: `exact` compares rankings, which do not add over shards: merge the shards, run ablation_sweep sharded, and compare with agreement(a, b)"));
+        }
+        let opts = ImportanceOptions { row_offset: plan.rows.start, ..opts };
         let base = m.gates()?;
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
         let started = std::time::Instant::now();
-        let r = head_importance(&m.model, &d, &base, &opts, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let r = head_importance(&m.model, &plan.data(&d, f)?, &base, &opts, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
         let seconds = started.elapsed().as_secs_f64();
-        let mut echo = vec![
-            ("metric".to_string(), json!(opts.metric.to_string())),
-            ("normalize".into(), json!(opts.normalize.to_string())),
-            ("kinds".into(), json!(opts.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
-            ("batch_tokens".into(), json!(opts.batch_tokens)),
-            ("targets".into(), json!(r.targets_from)),
-            ("sentences".into(), json!(r.n_sentences)),
-            ("seconds".into(), json_f64(seconds)),
-        ];
+        let mut echo = vec![json!(["metric", opts.metric.to_string()]), json!(["normalize", opts.normalize.to_string()]), json!(["kinds", opts.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>()]), json!(["batch_tokens", opts.batch_tokens]), json!(["targets", r.targets_from])];
         if opts.metric == ImportanceMetric::Fisher {
-            echo.push(("seed".into(), json!(opts.seed)));
+            echo.push(json!(["seed", opts.seed]));
         }
-        let stat = match opts.metric {
-            ImportanceMetric::Loss => "gradient importance |dL/dg|",
-            ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
-        };
-        let mut g = Grid { stat: stat.into(), model: m.model.name(), dataset: d.name.clone(), kinds: r.grids, options: vec![] };
+        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&r.valid)});
+        let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), json!(g))).collect();
+        let acc = json!({"sums": sums, "sentences": r.n_sentences, "seconds": seconds});
+        let mut g = finish_importance(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
+        let mut echo = std::mem::take(&mut g.options);
         if exact {
             let metric = if opts.metric == ImportanceMetric::Loss { Metric::Loss } else { Metric::Kl };
             let started = std::time::Instant::now();
@@ -130,7 +149,7 @@ pub mod api {
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
         }
         g.options = echo;
-        Ok(g)
+        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
     }
 
     /// `head_importance` with the default options.

@@ -9,7 +9,21 @@ pub const LRP_OPTIONS: &[OptSpec] = &[
     opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
     opt("seeds", "\"each\"", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
     opt("batch_tokens", "64 (each), 256 (summed)", "tokens per batch"),
+    crate::data::script::SHARD_OPTION,
 ];
+
+/// LRP's grid from its accumulators (one process's, or merged shards').
+pub fn finish_lrp(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
+    use super::sharded::{echo_of, grid_from, number};
+    let predictions = acc["predictions"].as_u64().ok_or("the accumulators have no prediction count")?;
+    let n = predictions.max(1) as f64;
+    let kinds = grid_from(identity, |k, l, h| Ok(number(&acc["sums"], k, l, h)? / n))?;
+    let mut options = echo_of(&identity["options"]);
+    let rule = options.iter().find(|(k, _)| k == "rule").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    options.push(("predictions".into(), serde_json::json!(predictions)));
+    options.push(("max_conservation_error".into(), acc["max_conservation_error"].clone()));
+    Ok(Grid { stat: format!("lrp ({rule})"), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options })
+}
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
@@ -61,22 +75,23 @@ pub mod api {
             batch_tokens: o.usize("batch_tokens")?.unwrap_or(if per_prediction { 64 } else { 256 }),
         };
         let gates = m.gates()?;
+        let f = "lrp";
+        let plan = crate::data::script::Plan::new(&d, &o, f)?;
         let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
-        let r = lrp(&m.model, &d, &opts, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
-        Ok(Grid {
-            stat: format!("lrp ({})", r.options.rule),
-            model: m.model.name(),
-            dataset: d.name.clone(),
-            kinds: r.kinds.clone(),
-            options: vec![
-                ("rule".into(), serde_json::json!(r.options.rule.to_string())),
-                ("seed".into(), serde_json::json!(r.options.seed.to_string())),
-                ("seeds".into(), serde_json::json!(if r.options.per_prediction { "each" } else { "summed" })),
-                ("batch_tokens".into(), serde_json::json!(r.options.batch_tokens)),
-                ("predictions".into(), serde_json::json!(r.predictions)),
-                ("max_conservation_error".into(), crate::script::convert::json_f64(r.max_conservation_error)),
-            ],
-        })
+        let r = lrp(&m.model, &plan.data(&d, f)?, &opts, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
+        let kinds: Vec<crate::model::Kind> = r.sums.iter().map(|(k, _)| *k).collect();
+        let echo = serde_json::json!([
+            ["rule", r.options.rule.to_string()],
+            ["seed", r.options.seed.to_string()],
+            ["seeds", if r.options.per_prediction { "each" } else { "summed" }],
+            ["batch_tokens", r.options.batch_tokens],
+        ]);
+        let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": crate::analysis::script::sharded::valid_heads(&crate::analysis::script::sharded::present_heads(&m.model, &kinds))});
+        // Removed heads hold NaN in the sums; the record keeps 0 (the identity says which heads count).
+        let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>()).collect::<Vec<_>>()))).collect();
+        let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
+        let g = finish_lrp(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
+        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
     }
 
     /// AttnLRP's input-token relevance of one text (docs/methods.md#attnlrp): a table of the

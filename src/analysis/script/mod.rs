@@ -9,6 +9,7 @@ mod analysis;
 mod diversity;
 mod importance;
 mod lrp;
+mod sharded;
 mod taxonomy;
 
 /// The options of this family's functions, for `:help` and completion.
@@ -19,6 +20,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
     ("head_importance", importance::IMPORTANCE_OPTIONS),
+    ("bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
 ];
 
@@ -31,6 +33,10 @@ pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
 }
 
 pub use ablation::api::{ablate_opts, ablation_sweep_opts};
+pub use ablation::{finish_bleu, finish_sweep};
+pub use analysis::finish_merged as finish_analysis;
+pub use importance::finish_importance;
+pub use lrp::finish_lrp;
 pub use analysis::api::{analyze_opts, confidence_of};
 pub use analysis::AnalysisObj;
 pub use lrp::api::lrp_opts;

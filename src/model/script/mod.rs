@@ -24,6 +24,19 @@ impl ScriptModel {
         ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None }
     }
 
+    /// The model as a shard record names it (docs/methods.md#shards): checkpoint, precision,
+    /// the heads each layer holds, the heads this view closes and its continuous gates.
+    pub fn identity(&self) -> serde_json::Value {
+        let m = &self.model;
+        serde_json::json!({
+            "name": m.name(),
+            "dtype": format!("{:?}", m.opts.dtype),
+            "kinds": m.kinds().iter().map(|s| serde_json::json!({"kind": s.kind.to_string(), "layers": s.n_layers, "heads": s.n_heads, "present": (0..s.n_layers).map(|l| m.present(s.kind, l)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+            "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+            "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
+        })
+    }
+
     pub fn gates(&self) -> ScriptResult<crate::model::nn::Gates> {
         let mut g = self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))?;
         for (kind, values) in self.soft.iter().flat_map(|s| s.iter()) {

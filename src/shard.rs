@@ -1,0 +1,413 @@
+//! Sharded runs (docs/methods.md#shards): a dataset split into `n` deterministic slices, each
+//! run anywhere, merged into the result one process would have given.
+//!
+//! Every per-head statistic headscope computes is a ratio of additive accumulators (sums of
+//! attention maxima, offset counts, token losses, BLEU n-gram counts, gradient magnitudes,
+//! relevance shares, and their counts). A sharded call keeps them: its result carries, under
+//! the echoed option `shard`, a [`Partial`] — the function, which slice, the identity of the
+//! model, data and options, and the accumulators. [`merge`] checks that a set of partials
+//! belongs together and covers every slice once, and adds the accumulators; each function's
+//! finisher (`engine::merge`) turns the sums into its result, the same code a one-process run
+//! goes through.
+//!
+//! A leaf module: plain JSON, no model types.
+
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Slice `index` of `count` (`"I/N"` on the command line and in scripts, 0 <= I < N).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("shard '{s}' is not I/N with 0 <= I < N (e.g. \"0/4\")");
+        let (i, n) = s.trim().split_once('/').ok_or_else(bad)?;
+        let (index, count): (usize, usize) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    /// The rows of a dataset of `total` sentences this shard takes: contiguous, in order,
+    /// `[total * I / N, total * (I + 1) / N)`; the slices of `0/N .. N-1/N` cover every row
+    /// once.
+    pub fn rows(&self, total: usize) -> Range<usize> {
+        let at = |i: usize| ((total as u128 * i as u128) / self.count as u128) as usize;
+        at(self.index)..at(self.index + 1)
+    }
+
+    /// `NAME.shard-I-of-N.json`, the file a sharded run writes.
+    pub fn file_name(&self, name: &str) -> String {
+        format!("{name}.shard-{}-of-{}.json", self.index, self.count)
+    }
+}
+
+/// What a sharded call keeps, and what [`merge`] reads back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partial {
+    /// The script function that computed it (`analyze`, `ablation_sweep`, `lrp`,
+    /// `head_importance`, `bleu`): its finisher turns merged accumulators into a result.
+    pub func: String,
+    /// The name shards of one computation share (`analyze-1`: the run's first `analyze`).
+    pub name: String,
+    pub shard: Shard,
+    pub rows: Range<usize>,
+    /// Sentences in the whole dataset.
+    pub total: usize,
+    /// Model, data and options: equal in every shard of a merge.
+    pub identity: Value,
+    /// The accumulators: numbers add (keys starting `max_` take the maximum), arrays add
+    /// element by element, objects add key by key (a key missing from one side counts as 0),
+    /// strings and booleans must be equal.
+    pub acc: Value,
+}
+
+impl Partial {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "func": self.func, "name": self.name, "index": self.shard.index, "count": self.shard.count,
+            "rows": [self.rows.start, self.rows.end], "total": self.total,
+            "identity": self.identity, "acc": self.acc,
+        })
+    }
+
+    /// Reads the `shard` entry of a result (`options.shard`); `source` names it in errors.
+    pub fn from_json(v: &Value, source: &str) -> Result<Partial, String> {
+        let field = |k: &str| v.get(k).ok_or_else(|| format!("{source}: the shard record has no '{k}'"));
+        let num = |k: &str| field(k)?.as_u64().map(|x| x as usize).ok_or_else(|| format!("{source}: shard field '{k}' is not a count: {}", v[k]));
+        let text = |k: &str| field(k)?.as_str().map(str::to_string).ok_or_else(|| format!("{source}: shard field '{k}' is not a string: {}", v[k]));
+        let (index, count) = (num("index")?, num("count")?);
+        if count == 0 || index >= count {
+            return Err(format!("{source}: shard {index}/{count} is not a slice (0 <= index < count)"));
+        }
+        let rows = field("rows")?.as_array().filter(|a| a.len() == 2).and_then(|a| Some(a[0].as_u64()? as usize..a[1].as_u64()? as usize)).ok_or_else(|| format!("{source}: shard field 'rows' is not [start, end]: {}", v["rows"]))?;
+        Ok(Partial { func: text("func")?, name: text("name")?, shard: Shard { index, count }, rows, total: num("total")?, identity: field("identity")?.clone(), acc: field("acc")?.clone() })
+    }
+
+    /// The shard record of a result's JSON (`{"options": {"shard": ...}}`), if it has one.
+    pub fn in_result(result: &Value) -> Option<&Value> {
+        result.get("options").and_then(|o| o.get("shard")).filter(|s| s.is_object())
+    }
+}
+
+/// The merged accumulators of a complete set of shards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged {
+    pub func: String,
+    pub name: String,
+    pub total: usize,
+    pub shards: usize,
+    pub identity: Value,
+    pub acc: Value,
+}
+
+/// Merges the partials of one computation (each with the file or value it came from):
+/// refused, with one line naming the shard and the field, when they differ in function,
+/// model, data or options, overlap, or leave a slice missing.
+pub fn merge(parts: &[(String, Partial)]) -> Result<Merged, String> {
+    let Some((src0, first)) = parts.first() else {
+        return Err("nothing to merge: no shard results given".into());
+    };
+    let mut by_index: HashMap<usize, &str> = HashMap::new();
+    for (src, p) in parts {
+        let what = format!("{} ({src})", p.name);
+        if p.func != first.func {
+            return Err(format!("{what} comes from {}, {src0} from {}: shards of different functions", p.func, first.func));
+        }
+        if p.shard.count != first.shard.count {
+            return Err(format!("{what} is shard {} but {src0} is shard {}: the shards split the data differently", p.shard, first.shard));
+        }
+        if p.total != first.total {
+            return Err(format!("{what} is a shard of {} sentences, {src0} of {}: different data", p.total, first.total));
+        }
+        if let Some(path) = first_difference(&first.identity, &p.identity, "") {
+            let show = |v: &Value| lookup(v, &path).map_or("nothing".to_string(), |x| short(x));
+            return Err(format!("{what} and {src0} differ in {}: {} vs {}", path.trim_start_matches('.'), show(&p.identity), show(&first.identity)));
+        }
+        let want = p.shard.rows(p.total);
+        if p.rows != want {
+            return Err(format!("{what}: shard {} covers rows {}..{} but that slice is {}..{}", p.shard, p.rows.start, p.rows.end, want.start, want.end));
+        }
+        if let Some(other) = by_index.insert(p.shard.index, src) {
+            return Err(format!("shard {} of {} is given twice: {other} and {src}", p.shard, p.name));
+        }
+    }
+    let missing: Vec<String> = (0..first.shard.count).filter(|i| !by_index.contains_key(i)).map(|i| format!("{i}/{}", first.shard.count)).collect();
+    if !missing.is_empty() {
+        return Err(format!("{} is missing shard{} {} (have {} of {})", first.name, if missing.len() > 1 { "s" } else { "" }, missing.join(", "), by_index.len(), first.shard.count));
+    }
+    // Add in shard order, so a merge does not depend on the order files are listed in.
+    let mut sorted: Vec<&(String, Partial)> = parts.iter().collect();
+    sorted.sort_by_key(|(_, p)| p.shard.index);
+    let mut acc = sorted[0].1.acc.clone();
+    for (src, p) in &sorted[1..] {
+        add(&mut acc, &p.acc, "", "").map_err(|e| format!("{} ({src}): accumulators do not fit: {e}", p.name))?;
+    }
+    Ok(Merged { func: first.func.clone(), name: first.name.clone(), total: first.total, shards: first.shard.count, identity: first.identity.clone(), acc })
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        format!("{}...", s.chars().take(77).collect::<String>())
+    } else {
+        s
+    }
+}
+
+fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = v;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        cur = match (part.strip_prefix('[').and_then(|p| p.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok()), cur) {
+            (Some(i), Value::Array(a)) => a.get(i)?,
+            (_, Value::Object(o)) => o.get(part)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
+}
+
+/// The path of the first place where `a` and `b` differ (`.options.metric`, `.model.kinds.[0]`).
+pub fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
+                (Some(p), Some(q)) => first_difference(p, q, &format!("{path}.{k}")),
+                _ => Some(format!("{path}.{k}")),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, &format!("{path}.[{i}]"))),
+        _ if a == b => None,
+        _ => Some(if path.is_empty() { ".".into() } else { path.to_string() }),
+    }
+}
+
+/// `a += b` by the rules of [`Partial::acc`].
+fn add(a: &mut Value, b: &Value, path: &str, key: &str) -> Result<(), String> {
+    match (&mut *a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let sum = match (x.as_u64(), y.as_u64()) {
+                (Some(p), Some(q)) if key.starts_with("max_") => json!(p.max(q)),
+                (Some(p), Some(q)) => json!(p.checked_add(q).ok_or_else(|| format!("{path}: the count overflows"))?),
+                _ => {
+                    let (p, q) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+                    let v = if key.starts_with("max_") { p.max(q) } else { p + q };
+                    serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| format!("{path}: the sum is not finite"))?
+                }
+            };
+            *a = sum;
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            if x.len() != y.len() {
+                return Err(format!("{path} has {} entries in one shard and {} in another", x.len(), y.len()));
+            }
+            for (i, (p, q)) in x.iter_mut().zip(y).enumerate() {
+                add(p, q, &format!("{path}[{i}]"), key)?;
+            }
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, q) in y {
+                match x.get_mut(k) {
+                    Some(p) => add(p, q, &format!("{path}.{k}"), k)?,
+                    None => {
+                        x.insert(k.clone(), q.clone());
+                    }
+                }
+            }
+        }
+        (p, q) if *p == *q => {}
+        (p, q) => return Err(format!("{path} is {} in one shard and {} in another", short(p), short(q))),
+    }
+    Ok(())
+}
+
+/// A stable 64-bit FNV-1a digest (hex) of byte strings, each terminated so that `["ab", "c"]`
+/// and `["a", "bc"]` differ: the data's identity in a shard record.
+pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain(&[0xff]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// The shard a `headscope run --shard I/N` runs, and where its partials go.
+struct RunShard {
+    shard: Shard,
+    dir: PathBuf,
+    calls: HashMap<String, usize>,
+}
+
+thread_local! {
+    static RUN: RefCell<Option<RunShard>> = const { RefCell::new(None) };
+}
+
+/// Makes every dataset-consuming analysis on this thread run on `shard` and write its
+/// partial into `dir` (`headscope run --shard I/N --shard-dir DIR`).
+pub fn set_run(shard: Shard, dir: PathBuf) {
+    RUN.with(|r| *r.borrow_mut() = Some(RunShard { shard, dir, calls: HashMap::new() }));
+}
+
+/// The shard of this thread's run, if it is sharded.
+pub fn run_shard() -> Option<Shard> {
+    RUN.with(|r| r.borrow().as_ref().map(|s| s.shard))
+}
+
+/// The name of the next call of `func` in a sharded run: `analyze-1`, `analyze-2`, ... (the
+/// same script makes the same calls in every shard, so names match across shards).
+pub fn next_name(func: &str) -> String {
+    RUN.with(|r| match r.borrow_mut().as_mut() {
+        Some(s) => {
+            let n = s.calls.entry(func.to_string()).or_insert(0);
+            *n += 1;
+            format!("{func}-{n}")
+        }
+        None => func.to_string(),
+    })
+}
+
+/// Writes a sharded run's result (with its shard record) as `DIR/NAME.shard-I-of-N.json`,
+/// atomically; returns the path.
+pub fn write_run_result(name: &str, result: &Value) -> Result<PathBuf, String> {
+    let Some((shard, dir)) = RUN.with(|r| r.borrow().as_ref().map(|s| (s.shard, s.dir.clone()))) else {
+        return Err("internal: not a sharded run".into());
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the shard directory {}: {e}", dir.display()))?;
+    let path = dir.join(shard.file_name(name));
+    let text = serde_json::to_string(result).map_err(|e| format!("{}: {e}", path.display()))?;
+    crate::output::write_atomic(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The shard records found in `paths` (files, or directories whose `*.json` files are read),
+/// by name; files without one are skipped and listed in the second value.
+pub fn read_partials(paths: &[PathBuf]) -> Result<(Vec<(String, Vec<(String, Partial)>)>, Vec<String>), String> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
+            inside.sort();
+            files.extend(inside);
+        } else if p.exists() {
+            files.push(p.clone());
+        } else {
+            return Err(format!("{}: no such file or directory", p.display()));
+        }
+    }
+    let mut groups: Vec<(String, Vec<(String, Partial)>)> = Vec::new();
+    let mut skipped = Vec::new();
+    for f in files {
+        let src = f.display().to_string();
+        let text = std::fs::read_to_string(&f).map_err(|e| format!("{src}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{src}: not JSON: {e}"))?;
+        let Some(rec) = Partial::in_result(&v) else {
+            skipped.push(src);
+            continue;
+        };
+        let p = Partial::from_json(rec, &src)?;
+        match groups.iter_mut().find(|(n, _)| *n == p.name) {
+            Some((_, g)) => g.push((src, p)),
+            None => groups.push((p.name.clone(), vec![(src, p)])),
+        }
+    }
+    Ok((groups, skipped))
+}
+
+/// `OUT/NAME.json`.
+pub fn merged_path(out: &Path, name: &str) -> PathBuf {
+    out.join(format!("{name}.json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(i: usize, n: usize, total: usize, acc: Value) -> (String, Partial) {
+        let s = Shard { index: i, count: n };
+        (format!("s{i}.json"), Partial { func: "f".into(), name: "f-1".into(), shard: s, rows: s.rows(total), total, identity: json!({"model": "m", "options": {"metric": "loss"}}), acc })
+    }
+
+    #[test]
+    fn slices_cover_every_row_once() {
+        for total in [0, 1, 5, 7, 100, 1001] {
+            for n in 1..=9 {
+                let mut next = 0;
+                for i in 0..n {
+                    let r = Shard { index: i, count: n }.rows(total);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, total);
+            }
+        }
+        assert_eq!("2/7".parse::<Shard>().unwrap(), Shard { index: 2, count: 7 });
+        for bad in ["7/7", "1/0", "a/3", "3", "-1/2"] {
+            assert!(bad.parse::<Shard>().unwrap_err().contains(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sums_counts_maxima_and_maps() {
+        let parts = vec![
+            part(0, 2, 10, json!({"n": 3, "x": [1.5, 2.0], "max_err": 0.1, "m": {"-1": 2}, "s": "a"})),
+            part(1, 2, 10, json!({"n": 4, "x": [0.25, 1.0], "max_err": 0.3, "m": {"-1": 1, "2": 5}, "s": "a"})),
+        ];
+        let m = merge(&parts).unwrap();
+        assert_eq!(m.acc, json!({"n": 7, "x": [1.75, 3.0], "max_err": 0.3, "m": {"-1": 3, "2": 5}, "s": "a"}));
+        // The order the shards are given in changes nothing.
+        let rev: Vec<_> = parts.iter().rev().cloned().collect();
+        assert_eq!(merge(&rev).unwrap(), m);
+    }
+
+    #[test]
+    fn bad_merges_are_refused_naming_the_shard_and_field() {
+        let ok = |i| part(i, 3, 9, json!({"n": 1}));
+        let e = merge(&[ok(0), ok(2)]).unwrap_err();
+        assert!(e.contains("missing shard 1/3"), "{e}");
+        let e = merge(&[ok(0), ok(1), ok(1), ok(2)]).unwrap_err();
+        assert!(e.contains("shard 1/3 of f-1 is given twice: s1.json and s1.json"), "{e}");
+        let mut other = ok(1);
+        other.1.identity["options"]["metric"] = json!("kl");
+        let e = merge(&[ok(0), other, ok(2)]).unwrap_err();
+        assert!(e.contains("differ in options.metric: \"kl\" vs \"loss\""), "{e}");
+        let mut four = part(1, 4, 9, json!({"n": 1}));
+        four.0 = "x.json".into();
+        let e = merge(&[ok(0), four]).unwrap_err();
+        assert!(e.contains("is shard 1/4 but s0.json is shard 0/3"), "{e}");
+        let mut shifted = ok(1);
+        shifted.1.rows = 2..6;
+        assert!(merge(&[ok(0), shifted, ok(2)]).unwrap_err().contains("covers rows 2..6 but that slice is 3..6"));
+        let e = merge(&[ok(0), part(1, 3, 9, json!({"n": [1]})), ok(2)]).unwrap_err();
+        assert!(e.contains("do not fit"), "{e}");
+        assert!(merge(&[]).is_err());
+    }
+
+    #[test]
+    fn digest_separates_parts() {
+        assert_ne!(digest([b"ab".as_slice(), b"c"]), digest([b"a".as_slice(), b"bc"]));
+        assert_eq!(digest([b"x".as_slice()]), digest([b"x".as_slice()]));
+    }
+}
