@@ -303,9 +303,12 @@ pub fn write_run_result(name: &str, result: &Value) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// Shard records by name, each with the file it came from.
+pub type Groups = Vec<(String, Vec<(String, Partial)>)>;
+
 /// The shard records found in `paths` (files, or directories whose `*.json` files are read),
 /// by name; files without one are skipped and listed in the second value.
-pub fn read_partials(paths: &[PathBuf]) -> Result<(Vec<(String, Vec<(String, Partial)>)>, Vec<String>), String> {
+pub fn read_partials(paths: &[PathBuf]) -> Result<(Groups, Vec<String>), String> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -318,7 +321,7 @@ pub fn read_partials(paths: &[PathBuf]) -> Result<(Vec<(String, Vec<(String, Par
             return Err(format!("{}: no such file or directory", p.display()));
         }
     }
-    let mut groups: Vec<(String, Vec<(String, Partial)>)> = Vec::new();
+    let mut groups: Groups = Vec::new();
     let mut skipped = Vec::new();
     for f in files {
         let src = f.display().to_string();

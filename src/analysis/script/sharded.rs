@@ -5,6 +5,9 @@
 use crate::model::{Kind, KindGrids};
 use serde_json::{json, Value};
 
+/// Per kind, `[layer][head]`: whether a head has a value.
+pub type HeadMask = Vec<(Kind, Vec<Vec<bool>>)>;
+
 /// Per kind, in order, which heads have a value (`[layer][head]`): the identity part every
 /// grid finisher reads.
 pub fn valid_heads(kinds: &[(Kind, Vec<Vec<bool>>)]) -> Value {
@@ -12,7 +15,7 @@ pub fn valid_heads(kinds: &[(Kind, Vec<Vec<bool>>)]) -> Value {
 }
 
 /// Heads present in the model (not removed by prune_heads), per kind.
-pub fn present_heads(m: &crate::model::Model, kinds: &[Kind]) -> Vec<(Kind, Vec<Vec<bool>>)> {
+pub fn present_heads(m: &crate::model::Model, kinds: &[Kind]) -> HeadMask {
     kinds
         .iter()
         .filter_map(|&k| {
@@ -23,7 +26,7 @@ pub fn present_heads(m: &crate::model::Model, kinds: &[Kind]) -> Vec<(Kind, Vec<
 }
 
 /// [`valid_heads`] read back from an identity.
-pub fn valid_of(identity: &Value) -> Result<Vec<(Kind, Vec<Vec<bool>>)>, String> {
+pub fn valid_of(identity: &Value) -> Result<HeadMask, String> {
     let heads = identity["heads"].as_array().ok_or("the shard record's identity lists no heads")?;
     heads
         .iter()
