@@ -4,7 +4,8 @@
 //! types, unknown message types, huge payloads and frame headers, bursts — between signed
 //! `n += 1` cells. It asserts that every signed cell completes in order, that n counts exactly
 //! the signed cells (every hostile message carrying code also increments n and writes a marker
-//! file, which must not exist), that attackers get nothing but status-"error" replies, that the
+//! file, which must not exist), that attackers get nothing but status-"error" replies, that an
+//! iopub subscriber that never reads does not stall the signed client's output, that the
 //! heartbeat echoes, and that the kernel stays alive with a bounded RSS and shuts down cleanly.
 
 use std::path::Path;

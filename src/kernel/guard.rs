@@ -9,7 +9,8 @@
 //! reads the client's ZMTP 3 framing as it passes, closing the connection (one line on stderr)
 //! before forwarding a frame header that would take a message over [`MAX_MESSAGE_BYTES`] or
 //! [`MAX_FRAMES`], a command over [`MAX_COMMAND_BYTES`], or that sets reserved flag bits. At
-//! most [`MAX_PEERS`] connections per channel are served at once.
+//! most [`MAX_PEERS`] connections per channel are served at once, and a client that reads
+//! nothing of what the kernel sends it for [`STALLED_PEER`] is disconnected.
 //!
 //! Signatures, replays and JSON are checked above ZeroMQ (`wire`), on whole messages.
 
@@ -31,6 +32,11 @@ pub const MAX_FRAMES: u64 = 1024;
 pub const MAX_COMMAND_BYTES: u64 = 64 << 10;
 /// The most connections served at once on one channel; more are closed at once.
 pub const MAX_PEERS: usize = 64;
+/// A client that takes none of the bytes sent to it for this long is disconnected: the ZeroMQ
+/// library waits for a slow peer (where libzmq would drop its messages at the high-water
+/// mark), so one iopub subscriber that never reads stalled every client's output and queued
+/// the kernel's messages in memory without end.
+pub const STALLED_PEER: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn log(msg: impl std::fmt::Display) {
     eprintln!("[headscope kernel] {msg}");
@@ -166,8 +172,21 @@ async fn pump(client: Box<dyn Io>, inner: &Path) -> Result<(), String> {
         }
     };
     let down = async move {
-        let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
-        Ok(())
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(n) => n,
+            };
+            let mut sent = 0;
+            while sent < n {
+                match tokio::time::timeout(STALLED_PEER, client_tx.write(&buf[sent..n])).await {
+                    Ok(Ok(0) | Err(_)) => return Ok(()),
+                    Ok(Ok(k)) => sent += k,
+                    Err(_) => return Err(format!("it read nothing for {} s (STALLED_PEER)", STALLED_PEER.as_secs())),
+                }
+            }
+        }
     };
     tokio::select! {
         r = up => r,
