@@ -42,9 +42,12 @@ fn log(msg: impl std::fmt::Display) {
     eprintln!("[headscope kernel] {msg}");
 }
 
-/// The private directory of the kernel's inner sockets; removed when dropped.
+/// The private directory of the kernel's inner sockets; removed when dropped. The kernel holds
+/// an exclusive `flock` on its `lock` file while it lives, so that a later kernel can tell a
+/// dead kernel's directory (the lock is free) from a live one's, in any PID namespace.
 pub struct Private {
     dir: PathBuf,
+    _lock: std::fs::File,
     /// The connection info the ZeroMQ sockets bind: the same ports and key, over `ipc` in
     /// the private directory.
     pub inner: ConnectionInfo,
@@ -58,27 +61,42 @@ impl Drop for Private {
 
 const DIR_PREFIX: &str = "headscope-kernel-";
 
+/// Opens `dir/lock` and takes its exclusive lock without waiting.
+fn lock(dir: &Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("lock")).ok()?;
+    // SAFETY: flock on a file descriptor this function owns.
+    (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(file)
+}
+
 /// Makes the private directory (mode 0700, so only this user reaches the unguarded sockets),
-/// first removing those of kernels that are gone (a killed kernel cannot remove its own).
+/// first removing those of kernels that are gone (a killed kernel cannot remove its own). The
+/// directory is made under a `.new` name and renamed once locked, so no kernel removes
+/// another's before its lock is taken.
 pub fn private(info: &ConnectionInfo) -> Result<Private, String> {
     use std::os::unix::fs::DirBuilderExt;
     let tmp = std::env::temp_dir();
     for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        let pid = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
+        let ours = name.to_str().is_some_and(|n| n.starts_with(DIR_PREFIX) && !n.ends_with(".new"));
+        if ours && entry.file_type().is_ok_and(|t| t.is_dir()) && lock(&entry.path()).is_some() {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let dir = tmp.join(format!("{DIR_PREFIX}{}-{t:x}", std::process::id()));
-    std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("cannot create the kernel's socket directory {}: {e}", dir.display()))?;
+    let new = dir.with_extension("new");
+    let fail = |e: std::io::Error| format!("cannot create the kernel's socket directory {}: {e}", dir.display());
+    std::fs::DirBuilder::new().mode(0o700).create(&new).map_err(fail)?;
+    let Some(lock) = lock(&new) else {
+        let _ = std::fs::remove_dir_all(&new);
+        return Err(format!("cannot lock the kernel's socket directory {}", new.display()));
+    };
+    std::fs::rename(&new, &dir).map_err(fail)?;
     let mut inner = info.clone();
     inner.transport = Transport::IPC;
     inner.ip = dir.join("s").to_string_lossy().into_owned();
-    Ok(Private { dir, inner })
+    Ok(Private { dir, _lock: lock, inner })
 }
 
 /// The inner socket path of a port (`ipc://IP-PORT`, as `ConnectionInfo` forms it).
@@ -115,7 +133,8 @@ pub async fn expose(public: &ConnectionInfo, private: &Private) -> Result<(), St
     ];
     for (chan, port) in channels {
         let listener = match public.transport {
-            Transport::TCP => tokio::net::TcpListener::bind((public.ip.as_str(), port)).await.map(Listener::Tcp),
+            // "*" (all interfaces, as libzmq spells it) is 0.0.0.0 to the OS.
+            Transport::TCP => tokio::net::TcpListener::bind((if public.ip == "*" { "0.0.0.0" } else { public.ip.as_str() }, port)).await.map(Listener::Tcp),
             Transport::IPC => tokio::net::UnixListener::bind(format!("{}-{port}", public.ip)).map(Listener::Unix),
         }
         .map_err(|e| format!("cannot bind the {chan} socket on {}: {e}", public.ip))?;
