@@ -37,6 +37,9 @@ pub const MAX_PEERS: usize = 64;
 /// mark), so one iopub subscriber that never reads stalled every client's output and queued
 /// the kernel's messages in memory without end.
 pub const STALLED_PEER: std::time::Duration = std::time::Duration::from_secs(10);
+/// [`STALLED_PEER`] on the heartbeat, whose clients wait for each echo: the heartbeat socket
+/// waits for a peer that pings and never reads, holding up everyone's echo until it is cut.
+pub const STALLED_HEARTBEAT_PEER: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn log(msg: impl std::fmt::Display) {
     eprintln!("[headscope kernel] {msg}");
@@ -138,12 +141,13 @@ pub async fn expose(public: &ConnectionInfo, private: &Private) -> Result<(), St
             Transport::IPC => tokio::net::UnixListener::bind(format!("{}-{port}", public.ip)).map(Listener::Unix),
         }
         .map_err(|e| format!("cannot bind the {chan} socket on {}: {e}", public.ip))?;
-        tokio::spawn(serve(listener, ipc_path(&private.inner, port), chan));
+        let stall = if chan == "heartbeat" { STALLED_HEARTBEAT_PEER } else { STALLED_PEER };
+        tokio::spawn(serve(listener, ipc_path(&private.inner, port), chan, stall));
     }
     Ok(())
 }
 
-async fn serve(listener: Listener, inner: PathBuf, chan: &'static str) {
+async fn serve(listener: Listener, inner: PathBuf, chan: &'static str, stall: std::time::Duration) {
     let peers = Arc::new(Semaphore::new(MAX_PEERS));
     loop {
         let client = match listener.accept().await {
@@ -161,7 +165,7 @@ async fn serve(listener: Listener, inner: PathBuf, chan: &'static str) {
         };
         let inner = inner.clone();
         tokio::spawn(async move {
-            if let Err(why) = pump(client, &inner).await {
+            if let Err(why) = pump(client, &inner, stall).await {
                 log(format!("{chan}: disconnected a peer: {why}"));
             }
             drop(permit);
@@ -172,7 +176,7 @@ async fn serve(listener: Listener, inner: PathBuf, chan: &'static str) {
 /// Copies one connection both ways until either side ends; the client's bytes are checked
 /// before they are forwarded. Only a breach of the limits is an error (I/O errors are a peer
 /// going away).
-async fn pump(client: Box<dyn Io>, inner: &Path) -> Result<(), String> {
+async fn pump(client: Box<dyn Io>, inner: &Path, stall: std::time::Duration) -> Result<(), String> {
     let server = tokio::net::UnixStream::connect(inner).await.map_err(|e| format!("cannot reach the inner socket: {e}"))?;
     let (mut client_rx, mut client_tx) = tokio::io::split(client);
     let (mut server_rx, mut server_tx) = server.into_split();
@@ -199,10 +203,10 @@ async fn pump(client: Box<dyn Io>, inner: &Path) -> Result<(), String> {
             };
             let mut sent = 0;
             while sent < n {
-                match tokio::time::timeout(STALLED_PEER, client_tx.write(&buf[sent..n])).await {
+                match tokio::time::timeout(stall, client_tx.write(&buf[sent..n])).await {
                     Ok(Ok(0) | Err(_)) => return Ok(()),
                     Ok(Ok(k)) => sent += k,
-                    Err(_) => return Err(format!("it read nothing for {} s (STALLED_PEER)", STALLED_PEER.as_secs())),
+                    Err(_) => return Err(format!("it read nothing for {} s (STALLED_PEER)", stall.as_secs())),
                 }
             }
         }

@@ -152,8 +152,11 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
 
     // Heartbeat: echo every message. A read error is one peer's (a one-frame message, a peer
     // gone before its echo): it must not end the loop, or the kernel would look dead.
+    // A peer cut off mid-frame makes the socket repeat its error many times before it is
+    // removed: at most 100 lines a second are logged, then a count of the rest.
     tokio::spawn(async move {
         use zeromq::{SocketRecv, SocketSend};
+        let (mut window, mut errors) = (std::time::Instant::now(), 0u64);
         loop {
             match heartbeat.socket.recv().await {
                 Ok(ping) => {
@@ -162,7 +165,19 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
                     }
                 }
                 Err(zeromq::ZmqError::NoMessage) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-                Err(e) => log(format!("heartbeat: dropped a message: {e}")),
+                Err(e) => {
+                    if window.elapsed() >= std::time::Duration::from_secs(1) {
+                        if errors > 100 {
+                            log(format!("heartbeat: {} more errors not logged", errors - 100));
+                        }
+                        (window, errors) = (std::time::Instant::now(), 0);
+                    }
+                    errors += 1;
+                    if errors <= 100 {
+                        log(format!("heartbeat: dropped a message: {e}"));
+                    }
+                    tokio::task::yield_now().await;
+                }
             }
         }
     });
