@@ -6,10 +6,19 @@
 //! Tasks: shell (requests, one at a time, with busy/idle around each), control (kernel_info,
 //! interrupt, shutdown; answered even while a cell runs), iopub (one writer, so messages keep
 //! their order; answers subscriptions with `iopub_welcome`), heartbeat, and a watchdog that
-//! ends the kernel when its parent process dies. A message with a bad signature is dropped
-//! and logged on stderr.
+//! ends the kernel when its parent process dies.
+//!
+//! Hostile clients: the connection file's addresses are served by [`guard`], which closes a
+//! connection whose ZMTP framing breaks its limits ([`guard::MAX_MESSAGE_BYTES`], 64 MiB per
+//! message) before the ZeroMQ library reserves memory for it; every message is then read by
+//! [`wire`]: a bad or missing signature, broken framing, a replay within the last
+//! [`wire::REPLAY_WINDOW`] signed messages, or a header that does not parse drops the message
+//! (one line on stderr); a signed request whose content does not fit its `msg_type` is
+//! answered with status "error" and never reaches the engine.
 
+pub mod guard;
 pub mod spec;
+pub mod wire;
 mod worker;
 
 use jupyter_protocol::{
@@ -38,28 +47,38 @@ pub fn read_connection_file(path: &Path) -> Result<ConnectionInfo, String> {
     Ok(info)
 }
 
-/// Whether a read error concerns one message (log it and go on) rather than the socket.
-fn is_message_error(e: &RuntimeError) -> bool {
-    !matches!(e, RuntimeError::ZmqError(_) | RuntimeError::IoError(_))
-}
-
-/// The next message of a channel: a message that fails to verify or parse is dropped and
-/// logged; a failed socket stops the kernel (the enclosing task returns).
+/// The next request of a channel, or `continue`/`return` in the enclosing loop: a dropped
+/// message is logged; a malformed signed request is answered with an error reply between
+/// busy and idle; a failed socket stops the kernel (the enclosing task returns).
 macro_rules! next_message {
-    ($read:expr, $chan:literal, $stop:expr) => {
-        match $read.await {
-            Ok(m) => m,
-            Err(e) if is_message_error(&e) => {
-                log(format!(concat!($chan, ": dropped a message: {}"), e));
+    ($conn:expr, $reply_to:expr, $replay:expr, $chan:literal, $stop:expr, $publish:expr) => {
+        match wire::read(&mut $conn, &$replay).await {
+            Ok(wire::Incoming::Message(m)) => m,
+            Ok(wire::Incoming::Malformed(m, why)) => {
+                log(format!(concat!($chan, ": error reply to a malformed {}: {}"), m.header.msg_type, why));
+                if let Some(reply) = wire::error_reply(&m, &why) {
+                    status(&$publish, &m, true);
+                    let _ = $reply_to.send(JupyterMessage::new(reply, Some(&m))).await;
+                    status(&$publish, &m, false);
+                }
                 continue;
             }
-            Err(e) => {
+            Err(wire::Failure::Dropped(why)) => {
+                log(format!(concat!($chan, ": dropped a message: {}"), why));
+                continue;
+            }
+            Err(wire::Failure::Socket(e)) => {
                 log(format!(concat!($chan, " socket failed: {}"), e));
                 let _ = $stop.send(concat!($chan, " socket failed"));
                 return;
             }
         }
     };
+}
+
+fn status(tx: &UnboundedSender<JupyterMessage>, parent: &JupyterMessage, busy: bool) {
+    let s = if busy { Status::busy() } else { Status::idle() };
+    let _ = tx.send(s.as_child_of(parent));
 }
 
 fn log(msg: impl std::fmt::Display) {
@@ -98,13 +117,18 @@ fn kernel_info() -> KernelInfoReply {
 
 async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     let session_id = uuid_like();
-    let bind = |what: &str, e: RuntimeError| format!("cannot bind the {what} socket on {}: {e}", info.ip);
-    let mut heartbeat = create_kernel_heartbeat_connection(&info).await.map_err(|e| bind("heartbeat", e))?;
-    let shell = create_kernel_shell_connection(&info, &session_id).await.map_err(|e| bind("shell", e))?;
-    let mut control = create_kernel_control_connection(&info, &session_id).await.map_err(|e| bind("control", e))?;
-    let _stdin = create_kernel_stdin_connection(&info, &session_id).await.map_err(|e| bind("stdin", e))?;
-    let mut iopub = create_kernel_iopub_xpub_connection(&info, &session_id).await.map_err(|e| bind("iopub", e))?;
+    // The ZeroMQ sockets listen in a private directory; the guard serves the public addresses.
+    let private = guard::private(&info)?;
+    let inner = &private.inner;
+    let bind = |what: &str, e: RuntimeError| format!("cannot bind the inner {what} socket in {}: {e}", inner.ip);
+    let mut heartbeat = create_kernel_heartbeat_connection(inner).await.map_err(|e| bind("heartbeat", e))?;
+    let shell = create_kernel_shell_connection(inner, &session_id).await.map_err(|e| bind("shell", e))?;
+    let mut control = create_kernel_control_connection(inner, &session_id).await.map_err(|e| bind("control", e))?;
+    let mut stdin = create_kernel_stdin_connection(inner, &session_id).await.map_err(|e| bind("stdin", e))?;
+    let mut iopub = create_kernel_iopub_xpub_connection(inner, &session_id).await.map_err(|e| bind("iopub", e))?;
+    guard::expose(&info, &private).await?;
     let (mut shell_tx, mut shell_rx) = shell.split();
+    let replay = std::sync::Arc::new(std::sync::Mutex::new(wire::Replay::default()));
 
     let base_dir = std::env::current_dir().unwrap_or_else(|_| ".".into());
     let (jobs, interrupt) = worker::spawn(base_dir)?;
@@ -124,21 +148,64 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
             }
         }
     });
-    let status = |tx: &UnboundedSender<JupyterMessage>, parent: &JupyterMessage, busy: bool| {
-        let s = if busy { Status::busy() } else { Status::idle() };
-        let _ = tx.send(s.as_child_of(parent));
-    };
-
     let (stop_tx, mut stop_rx) = unbounded_channel::<&'static str>();
 
-    tokio::spawn(async move { while heartbeat.single_heartbeat().await.is_ok() {} });
+    // Heartbeat: echo every message. A read error is one peer's (a one-frame message, a peer
+    // gone before its echo): it must not end the loop, or the kernel would look dead.
+    // A peer cut off mid-frame makes the socket repeat its error many times before it is
+    // removed: at most 100 lines a second are logged, then a count of the rest.
+    tokio::spawn(async move {
+        use zeromq::{SocketRecv, SocketSend};
+        let (mut window, mut errors) = (std::time::Instant::now(), 0u64);
+        loop {
+            match heartbeat.socket.recv().await {
+                Ok(ping) => {
+                    if let Err(e) = heartbeat.socket.send(ping).await {
+                        log(format!("heartbeat: no echo: {e}"));
+                    }
+                }
+                Err(zeromq::ZmqError::NoMessage) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+                Err(e) => {
+                    if window.elapsed() >= std::time::Duration::from_secs(1) {
+                        if errors > 100 {
+                            log(format!("heartbeat: {} more errors not logged", errors - 100));
+                        }
+                        (window, errors) = (std::time::Instant::now(), 0);
+                    }
+                    errors += 1;
+                    if errors <= 100 {
+                        log(format!("heartbeat: dropped a message: {e}"));
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    });
+
+    // Stdin: the kernel never asks for input, so anything that comes is read and dropped.
+    let in_replay = replay.clone();
+    let in_stop = stop_tx.clone();
+    tokio::spawn(async move {
+        loop {
+            match wire::read(&mut stdin, &in_replay).await {
+                Ok(wire::Incoming::Message(m) | wire::Incoming::Malformed(m, _)) => log(format!("stdin: ignoring {}", m.header.msg_type)),
+                Err(wire::Failure::Dropped(why)) => log(format!("stdin: dropped a message: {why}")),
+                Err(wire::Failure::Socket(e)) => {
+                    log(format!("stdin socket failed: {e}"));
+                    let _ = in_stop.send("stdin socket failed");
+                    return;
+                }
+            }
+        }
+    });
 
     // Control: answered at once, even while the engine is busy with a cell.
     let ctl_pub = pub_tx.clone();
     let ctl_stop = stop_tx.clone();
+    let ctl_replay = replay.clone();
     tokio::spawn(async move {
         loop {
-            let msg = next_message!(control.read(), "control", ctl_stop);
+            let msg = next_message!(control, control, ctl_replay, "control", ctl_stop, ctl_pub);
             status(&ctl_pub, &msg, true);
             let reply: Option<JupyterMessageContent> = match &msg.content {
                 JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().into()),
@@ -166,9 +233,10 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     // Shell: one request at a time; the engine's outputs are published as they come.
     let sh_pub = pub_tx.clone();
     let sh_stop = stop_tx.clone();
+    let sh_replay = replay.clone();
     tokio::spawn(async move {
         loop {
-            let msg = next_message!(shell_rx.read(), "shell", sh_stop);
+            let msg = next_message!(shell_rx, shell_tx, sh_replay, "shell", sh_stop, sh_pub);
             status(&sh_pub, &msg, true);
             let request = match &msg.content {
                 JupyterMessageContent::ExecuteRequest(r) => Some(Request::Execute { code: r.code.clone(), silent: r.silent }),
@@ -246,6 +314,7 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     // cell still running on the engine thread is abandoned.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     drop(iopub_task);
+    drop(private);
     Ok(())
 }
 
