@@ -299,9 +299,12 @@ pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> boo
         .collect())
 }
 
+/// Per kind, `[layer][head]` accumulators of a sweep.
+pub type SweepAcc = Vec<(Kind, Vec<Vec<MetricAcc>>)>;
+
 /// [`sweep`] in additive form: per kind, `[layer][head]` accumulators (empty for a removed
 /// head).
-pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<(Kind, Vec<Vec<MetricAcc>>)>, AnalysisError> {
+pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<SweepAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
