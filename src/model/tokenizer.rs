@@ -52,12 +52,44 @@ struct Marian {
     target: spm::SpmTokenizer,
 }
 
+/// MarianMT's `vocab.json`: piece -> id, every id non-negative and given once, with the
+/// three specials.
+pub struct MarianVocab {
+    pub vocab: HashMap<String, i64>,
+    pub pieces: HashMap<i64, String>,
+    pub eos: i64,
+    pub unk_id: i64,
+    pub pad_id: i64,
+}
+
+impl MarianVocab {
+    /// Parses the bytes of a `vocab.json`; `file` names it in errors.
+    pub fn parse(bytes: &[u8], file: &str) -> Result<MarianVocab, ModelError> {
+        let vocab: HashMap<String, i64> = serde_json::from_slice(bytes).map_err(|e| ModelError::Config(file.into(), format!("not a piece -> id map: {e}")))?;
+        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(file.into(), format!("has no {t}")));
+        let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
+        let mut pieces = HashMap::with_capacity(vocab.len());
+        for (piece, &id) in &vocab {
+            if id < 0 || pieces.insert(id, piece.clone()).is_some() {
+                return Err(ModelError::Config(file.into(), format!("id {id} is negative or given twice")));
+            }
+        }
+        Ok(MarianVocab { vocab, pieces, eos, unk_id, pad_id })
+    }
+}
+
 impl Tok {
     pub fn from_file(path: &Path, framing: Framing) -> Result<Self, ModelError> {
-        let mut inner = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Self::from_bytes(&bytes, &path.display().to_string(), framing)
+    }
+
+    /// A tokenizer from the bytes of a `tokenizer.json`; `file` names it in errors.
+    pub fn from_bytes(bytes: &[u8], file: &str, framing: Framing) -> Result<Self, ModelError> {
+        let mut inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
         // all-MiniLM's tokenizer.json pads to 128 and truncates: headscope batches itself.
         inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
         let pad_id = ["[PAD]", "<pad>"].iter().find_map(|t| inner.token_to_id(t)).unwrap_or(0) as i64;
         let eos_id = match framing {
             Framing::AppendEos(id) => Some(id),
@@ -72,16 +104,8 @@ impl Tok {
     pub fn marian(dir: &Path) -> Result<Tok, ModelError> {
         let vocab_path = dir.join("vocab.json");
         let vocab_file = vocab_path.display().to_string();
-        let text = std::fs::read_to_string(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
-        let vocab: HashMap<String, i64> = serde_json::from_str(&text).map_err(|e| ModelError::Config(vocab_file.clone(), format!("not a piece -> id map: {e}")))?;
-        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(vocab_file.clone(), format!("has no {t}")));
-        let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
-        let mut pieces = HashMap::with_capacity(vocab.len());
-        for (piece, &id) in &vocab {
-            if id < 0 || pieces.insert(id, piece.clone()).is_some() {
-                return Err(ModelError::Config(vocab_file.clone(), format!("id {id} is negative or given twice")));
-            }
-        }
+        let bytes = std::fs::read(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
+        let MarianVocab { vocab, pieces, eos, unk_id, pad_id } = MarianVocab::parse(&bytes, &vocab_file)?;
         let source_path = dir.join("source.spm");
         let source = spm::load(&source_path)?.tokenizer(&source_path.display().to_string())?;
         let target_path = dir.join("target.spm");
