@@ -86,7 +86,7 @@ impl Tok {
 
     /// A tokenizer from the bytes of a `tokenizer.json`; `file` names it in errors.
     pub fn from_bytes(bytes: &[u8], file: &str, framing: Framing) -> Result<Self, ModelError> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
+        let mut inner = guarded(&format!("{file}: "), || tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}"))))?;
         // all-MiniLM's tokenizer.json pads to 128 and truncates: headscope batches itself.
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
@@ -139,7 +139,8 @@ impl Tok {
             return self.encode_marian(m, &m.normalizer, &self.inner, text, &char_of_byte);
         }
         let add_special = self.framing == Framing::Tokenizer;
-        let enc = self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
+        let what = format!("cannot tokenize {text:?}: ");
+        let enc = guarded(&what, || self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("{what}{e}"))))?;
         let mut out = Encoded {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             tokens: enc.get_tokens().to_vec(),
@@ -215,7 +216,7 @@ impl Tok {
             return Ok(decode_marian(m, ids));
         }
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}")))
+        guarded("cannot decode: ", || self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}"))))
     }
 
     pub fn id_to_token(&self, id: i64) -> String {
@@ -232,6 +233,17 @@ impl Tok {
         }
         self.inner.token_to_id(token).map(|i| i as i64)
     }
+}
+
+/// A call into the `tokenizers` library, whose panics become errors starting with `what`: it
+/// panics on some hostile `tokenizer.json` files instead of refusing them (a malformed decoder
+/// while reading; a template naming a special token it does not define while encoding),
+/// found by the tokenizer_json fuzz target (fuzz/regressions/tokenizer_json/).
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Err(ModelError::Tokenizer(format!("{what}the tokenizers library failed: {}", msg.lines().next().unwrap_or_default())))
+    })
 }
 
 /// Byte offset -> character offset, for every byte offset of `text` and its end.
