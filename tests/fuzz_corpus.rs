@@ -84,6 +84,8 @@ fn seeds_are_read_as_expected() {
     assert!(err("checkpoint", "short.json").contains("parameter vectors differ in length"));
     // Regressions: inputs that once panicked, now errors naming what failed.
     let reg = |t: &str, f: &str| replay(t, &fuzz_dir("regressions", t).join(f)).expect_err(&format!("{t}/{f} was accepted"));
+    let e = reg("gguf", "zero_dim_overflowing_shape.gguf");
+    assert!(e.contains("fuzz.gguf: corrupt checkpoint: tensor '") && e.ends_with("': shape declares more than 2^63 elements"), "{e}");
     assert!(reg("tokenizer_json", "template_special_missing.json").contains("cannot tokenize"));
     assert!(reg("tokenizer_json", "decoder_not_json.json").starts_with("tokenizer: tokenizer.json: the tokenizers library failed: Helper"));
     assert!(run("no_such_target", b"").unwrap_err().contains("unknown fuzz target 'no_such_target'"));

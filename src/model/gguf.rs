@@ -264,7 +264,7 @@ impl Gguf {
             }
             _ => unreachable!("checked by block()"),
         }
-        Ok(Tensor::from_slice(&out).view(info.shape().as_slice()))
+        Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
     }
 }
 
