@@ -45,6 +45,8 @@ pub mod assets;
 pub mod data;
 pub mod device;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grid;
 pub mod kernel;
 pub mod metrics;

@@ -90,7 +90,9 @@ impl Sentence {
         let mut out = Vec::new();
         for w in self.words() {
             let form: Vec<char> = w.form.chars().collect();
-            let found = (pos..=text.len().saturating_sub(form.len())).find(|&i| text[i..i + form.len()] == form[..]);
+            // A form longer than the text is found nowhere (it once indexed past the text).
+            let last = text.len().checked_sub(form.len());
+            let found = last.and_then(|last| (pos..=last).find(|&i| text[i..i + form.len()] == form[..]));
             match found {
                 Some(i) if !form.is_empty() => {
                     out.push(Some((i, i + form.len())));
@@ -293,6 +295,13 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(parse(text, "x").unwrap_err().to_string(), want, "for {text:?}");
         }
+    }
+
+    #[test]
+    fn a_form_longer_than_the_text_has_no_span() {
+        // Found by the conllu fuzz target (fuzz/regressions/conllu/form_longer_than_text.conllu).
+        let s = parse("# text = a\n1\thello\t_\tX\t_\t_\t0\troot\t_\t_\n\n", "t.conllu").unwrap();
+        assert_eq!(s[0].word_spans(), vec![None]);
     }
 
     #[test]

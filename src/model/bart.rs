@@ -128,7 +128,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let embed = side(&mut w, enc_tokens, "encoder")?;
     let dec_embed = side(&mut w, dec_tokens.shallow_clone(), "decoder")?;
     let (he, hd) = (cfg.encoder_attention_heads, cfg.decoder_attention_heads);
-    let mut encoder = Vec::with_capacity(cfg.encoder_layers);
+    let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
         let p = format!("model.encoder.layers.{l}");
         encoder.push(EncoderLayer {
@@ -139,7 +139,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             norm_position: NormPosition::Post,
         });
     }
-    let mut decoder = Vec::with_capacity(cfg.decoder_layers);
+    let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
         decoder.push(DecoderLayer {

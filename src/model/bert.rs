@@ -78,7 +78,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         }),
         norm: Some(w.norm("embeddings.LayerNorm", d, eps)?),
     };
-    let mut encoder = Vec::with_capacity(cfg.num_hidden_layers);
+    let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("encoder.layer.{l}");
         encoder.push(EncoderLayer {

@@ -54,15 +54,18 @@ impl<'a> Cursor<'a> {
 }
 
 /// The element count of `dims` (any order), or an error naming the tensor when a dimension
-/// is negative or the count passes 2^63.
+/// is negative or the count passes 2^63. The non-zero dimensions alone must stay under 2^63
+/// too: libtorch multiplies them in order and refuses an overflow even when a later dimension
+/// is 0 (a GGUF of shape [2^40, 2^40, 0] once panicked in `view`).
 pub fn elements(dims: impl IntoIterator<Item = i128>, what: &str, file: &str) -> Result<usize, ModelError> {
-    let mut n: i128 = 1;
+    let (mut n, mut nonzero): (i128, i128) = (1, 1);
     for d in dims {
         if d < 0 {
             return Err(ModelError::Corrupt { file: file.into(), why: format!("{what}: negative dimension {d}") });
         }
         n = n.saturating_mul(d);
-        if n > i64::MAX as i128 {
+        nonzero = nonzero.saturating_mul(d.max(1));
+        if n > i64::MAX as i128 || nonzero > i64::MAX as i128 {
             return Err(ModelError::Corrupt { file: file.into(), why: format!("{what}: shape declares more than 2^63 elements") });
         }
     }
@@ -92,6 +95,8 @@ mod tests {
         assert!(elements([1i128 << 40, 1 << 40], "t", "f").unwrap_err().to_string().contains("2^63"));
         assert!(elements([-1i128], "t", "f").unwrap_err().to_string().contains("negative"));
         assert_eq!(elements([3i128, 4], "t", "f").unwrap(), 12);
+        assert_eq!(elements([3i128, 0], "t", "f").unwrap(), 0);
+        assert!(elements([1i128 << 40, 1 << 40, 0], "t", "f").unwrap_err().to_string().contains("2^63"), "a zero does not excuse the others");
         assert!(byte_len(usize::MAX, 4, 100, "t", "f").is_err());
         assert_eq!(byte_len(3, 4, 12, "t", "f").unwrap(), 12);
     }

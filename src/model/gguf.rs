@@ -62,7 +62,7 @@ pub struct Gguf {
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
     data_start: usize,
-    map: memmap2::Mmap,
+    map: Box<dyn AsRef<[u8]> + Send + Sync>,
 }
 
 /// GGUF's strings and typed metadata values, on the shared checked cursor.
@@ -85,7 +85,7 @@ impl GgufValues for Cursor<'_> {
         Ok(match t {
             0 => Value::U64(num(1)?[0] as u64),
             1 => Value::I64(num(1)?[0] as i8 as i64),
-            2 => Value::U64(u16::from_le_bytes([num(2)?[0], num(2)?[1]]) as u64),
+            2 => Value::U64(u16::from_le_bytes(num(2)?[..2].try_into().unwrap_or([0; 2])) as u64),
             3 => Value::I64(i16::from_le_bytes(num(2)?[..2].try_into().unwrap_or([0; 2])) as i64),
             4 => Value::U64(u32::from_le_bytes(num(4)?[..4].try_into().unwrap_or([0; 4])) as u64),
             5 => Value::I64(i32::from_le_bytes(num(4)?[..4].try_into().unwrap_or([0; 4])) as i64),
@@ -94,7 +94,16 @@ impl GgufValues for Cursor<'_> {
             8 => Value::Str(self.string(what)?),
             9 if depth < 4 => {
                 let et = self.u32(what)?;
-                let n = self.count(1, what)?;
+                // The least bytes an element of the type takes: a string is its 8-byte length,
+                // an array its type and count.
+                let least = match et {
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 10..=12 => 8,
+                    9 => 12,
+                    _ => 1,
+                };
+                let n = self.count(least, what)?;
                 Value::Array((0..n).map(|_| self.value(et, what, depth + 1)).collect::<Result<_, _>>()?)
             }
             10 => Value::U64(u64::from_le_bytes(num(8)?)),
@@ -146,10 +155,15 @@ fn block(t: u32) -> Option<(usize, usize, &'static str)> {
 
 impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf, ModelError> {
-        let file = path.display().to_string();
         let map = super::safetensors::map(path)?;
+        Gguf::from_bytes(Box::new(map), path.display().to_string())
+    }
+
+    /// The metadata and tensor directory of a GGUF file's bytes; `file` names it in errors.
+    /// Every tensor of a supported type must fit in the file after the data offset.
+    pub fn from_bytes(map: Box<dyn AsRef<[u8]> + Send + Sync>, file: String) -> Result<Gguf, ModelError> {
         let (version, metadata, tensors, data_start) = {
-            let mut c = Cursor::new(&map, &file);
+            let mut c = Cursor::new((*map).as_ref(), &file);
             if c.take(4, "the magic")? != b"GGUF" {
                 return Err(ModelError::Corrupt { file: file.clone(), why: "not a GGUF file (magic is not 'GGUF')".into() });
             }
@@ -181,7 +195,19 @@ impl Gguf {
                 tensors.push(TensorInfo { name, dims, ggml_type, offset });
             }
             let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
-            let data_start = c.pos.div_ceil(align) * align;
+            let data_start = c.pos.div_ceil(align).saturating_mul(align);
+            let left = c.b.len().saturating_sub(data_start);
+            for t in &tensors {
+                let Some((bytes, per, _)) = block(t.ggml_type) else { continue };
+                let n = super::bytes::elements(t.dims.iter().map(|&d| d as i128), &format!("tensor '{}'", t.name), &file)?;
+                let len = (n / per).saturating_mul(bytes);
+                if t.offset.checked_add(len as u64).is_none_or(|end| end > left as u64) {
+                    return Err(ModelError::Corrupt {
+                        file: file.clone(),
+                        why: format!("tensor '{}' declares {n} elements ({len} bytes) at data offset {} but the file has {left} bytes after the data offset", t.name, t.offset),
+                    });
+                }
+            }
             (version, metadata, tensors, data_start)
         };
         Ok(Gguf { file, version, metadata, tensors, data_start, map })
@@ -204,8 +230,8 @@ impl Gguf {
         let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(self.data_start));
         let data = start
             .and_then(|s| Some((s, s.checked_add(len)?)))
-            .and_then(|(s, e)| self.map.get(s..e))
-            .ok_or_else(|| bad(format!("data offset {} + {len} bytes lies past the end of the file ({} bytes)", info.offset, self.map.len())))?;
+            .and_then(|(s, e)| (*self.map).as_ref().get(s..e))
+            .ok_or_else(|| bad(format!("data offset {} + {len} bytes lies past the end of the file ({} bytes)", info.offset, (*self.map).as_ref().len())))?;
         let mut out = vec![0f32; n];
         match info.ggml_type {
             0 => out.iter_mut().zip(data.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
@@ -238,13 +264,48 @@ impl Gguf {
             }
             _ => unreachable!("checked by block()"),
         }
-        Ok(Tensor::from_slice(&out).view(info.shape().as_slice()))
+        Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::f16_to_f32;
+    use super::{f16_to_f32, Gguf, Value};
+
+    fn kv(key: &str, t: u32, payload: &[u8]) -> Vec<u8> {
+        [&(key.len() as u64).to_le_bytes()[..], key.as_bytes(), &t.to_le_bytes(), payload].concat()
+    }
+
+    #[test]
+    fn every_metadata_type_reads_its_own_width() {
+        // A u16 once consumed four bytes, shifting every later key.
+        let kvs = [
+            kv("u8", 0, &[7]),
+            kv("u16", 2, &9u16.to_le_bytes()),
+            kv("i16", 3, &(-9i16).to_le_bytes()),
+            kv("u32", 4, &10u32.to_le_bytes()),
+            kv("i32", 5, &(-10i32).to_le_bytes()),
+            kv("f32", 6, &0.5f32.to_le_bytes()),
+            kv("bool", 7, &[1]),
+            kv("u64", 10, &11u64.to_le_bytes()),
+            kv("u16s", 9, &[&2u32.to_le_bytes()[..], &2u64.to_le_bytes(), &1u16.to_le_bytes(), &2u16.to_le_bytes()].concat()),
+            kv("last", 1, &[0xff]),
+        ];
+        let mut b = [&b"GGUF"[..], &3u32.to_le_bytes(), &0u64.to_le_bytes(), &(kvs.len() as u64).to_le_bytes()].concat();
+        kvs.iter().for_each(|k| b.extend_from_slice(k));
+        let g = Gguf::from_bytes(Box::new(b), "t.gguf".into()).unwrap();
+        let m = &g.metadata;
+        assert_eq!(m["u8"], Value::U64(7));
+        assert_eq!(m["u16"], Value::U64(9));
+        assert_eq!(m["i16"], Value::I64(-9));
+        assert_eq!(m["u32"], Value::U64(10));
+        assert_eq!(m["i32"], Value::I64(-10));
+        assert_eq!(m["f32"], Value::F64(0.5));
+        assert_eq!(m["bool"], Value::Bool(true));
+        assert_eq!(m["u64"], Value::U64(11));
+        assert_eq!(m["u16s"], Value::Array(vec![Value::U64(1), Value::U64(2)]));
+        assert_eq!(m["last"], Value::I64(-1));
+    }
 
     #[test]
     fn half_conversion() {

@@ -68,7 +68,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     // GPT2LMHeadModel saves `transformer.`-prefixed names; GPT2Model none.
     let mut w = Weights::new(map, file, opts, Some("transformer."));
     let eps = cfg.layer_norm_epsilon;
-    let mut layers = Vec::with_capacity(cfg.n_layer);
+    let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.n_layer {
         let p = format!("h.{l}");
         // c_attn: one [D, 3D] Conv1D, split into Q, K, V rows.

@@ -119,7 +119,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
     let eps = cfg.rms_norm_eps;
     let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
-    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool, heads: Option<i64>| -> Result<Linear, ModelError> {

@@ -29,9 +29,14 @@ pub fn find_bin(dir: &Path) -> Option<PathBuf> {
 /// Reads every float tensor of a Marian `.bin`, dequantising int8 matrices, and the embedded
 /// `special:model.yml`. Tensors come as PyTorch uses them: `[out, in]` matrices, flat vectors.
 pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
-    let file = path.display().to_string();
     let bytes = super::safetensors::map(path)?;
-    let mut r = Cursor::new(&bytes, &file);
+    read_bin_bytes(&bytes, &path.display().to_string())
+}
+
+/// `read_bin` over a file's bytes; `file` names it in errors.
+pub fn read_bin_bytes(bytes: &[u8], file: &str) -> Result<(HashMap<String, Tensor>, String), ModelError> {
+    let file = file.to_string();
+    let mut r = Cursor::new(bytes, &file);
     let _version = r.u64("the version")?;
     // Each tensor has a 32-byte header.
     let n = r.count(32, "the tensor count")?;

@@ -13,9 +13,13 @@ pub fn map(path: &Path) -> Result<memmap2::Mmap, ModelError> {
 }
 
 pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
-    let file = path.display().to_string();
-    let bad = |why: String| ModelError::Corrupt { file: file.clone(), why };
     let m = map(path)?;
+    read_bytes(&m, &path.display().to_string())
+}
+
+/// Every tensor of a safetensors file's bytes `m`; `file` names it in errors.
+pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, ModelError> {
+    let bad = |why: String| ModelError::Corrupt { file: file.into(), why };
     if m.len() < 8 {
         return Err(bad("shorter than its 8-byte header length".into()));
     }
@@ -44,10 +48,13 @@ pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
         let Some(shape) = dims.iter().map(|x| x.as_i64()).collect::<Option<Vec<i64>>>() else {
             return Err(bad(format!("tensor '{name}': shape {} is not a list of integers", info["shape"])));
         };
-        let count = super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &file)?;
+        let count = super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor '{name}'"), file)?;
         let offs: Vec<u64> = info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let [begin, end] = offs[..] else { return Err(bad(format!("tensor '{name}' has no data_offsets"))) };
         let elem = dtype.elt_size_in_bytes();
+        if count.checked_mul(elem).is_none_or(|need| need > data.len()) {
+            return Err(bad(format!("tensor '{name}': shape {shape:?} declares {count} elements of {elem} bytes, more than the data area of {} bytes holds", data.len())));
+        }
         if begin > end || end > data.len() as u64 || count.checked_mul(elem) != Some((end - begin) as usize) {
             return Err(bad(format!("tensor '{name}': data_offsets {begin}..{end} do not match shape {shape:?} in a data area of {} bytes", data.len())));
         }

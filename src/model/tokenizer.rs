@@ -52,12 +52,44 @@ struct Marian {
     target: spm::SpmTokenizer,
 }
 
+/// MarianMT's `vocab.json`: piece -> id, every id non-negative and given once, with the
+/// three specials.
+pub struct MarianVocab {
+    pub vocab: HashMap<String, i64>,
+    pub pieces: HashMap<i64, String>,
+    pub eos: i64,
+    pub unk_id: i64,
+    pub pad_id: i64,
+}
+
+impl MarianVocab {
+    /// Parses the bytes of a `vocab.json`; `file` names it in errors.
+    pub fn parse(bytes: &[u8], file: &str) -> Result<MarianVocab, ModelError> {
+        let vocab: HashMap<String, i64> = serde_json::from_slice(bytes).map_err(|e| ModelError::Config(file.into(), format!("not a piece -> id map: {e}")))?;
+        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(file.into(), format!("has no {t}")));
+        let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
+        let mut pieces = HashMap::with_capacity(vocab.len());
+        for (piece, &id) in &vocab {
+            if id < 0 || pieces.insert(id, piece.clone()).is_some() {
+                return Err(ModelError::Config(file.into(), format!("id {id} is negative or given twice")));
+            }
+        }
+        Ok(MarianVocab { vocab, pieces, eos, unk_id, pad_id })
+    }
+}
+
 impl Tok {
     pub fn from_file(path: &Path, framing: Framing) -> Result<Self, ModelError> {
-        let mut inner = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Self::from_bytes(&bytes, &path.display().to_string(), framing)
+    }
+
+    /// A tokenizer from the bytes of a `tokenizer.json`; `file` names it in errors.
+    pub fn from_bytes(bytes: &[u8], file: &str, framing: Framing) -> Result<Self, ModelError> {
+        let mut inner = guarded(&format!("{file}: "), || tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}"))))?;
         // all-MiniLM's tokenizer.json pads to 128 and truncates: headscope batches itself.
         inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
         let pad_id = ["[PAD]", "<pad>"].iter().find_map(|t| inner.token_to_id(t)).unwrap_or(0) as i64;
         let eos_id = match framing {
             Framing::AppendEos(id) => Some(id),
@@ -72,16 +104,8 @@ impl Tok {
     pub fn marian(dir: &Path) -> Result<Tok, ModelError> {
         let vocab_path = dir.join("vocab.json");
         let vocab_file = vocab_path.display().to_string();
-        let text = std::fs::read_to_string(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
-        let vocab: HashMap<String, i64> = serde_json::from_str(&text).map_err(|e| ModelError::Config(vocab_file.clone(), format!("not a piece -> id map: {e}")))?;
-        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(vocab_file.clone(), format!("has no {t}")));
-        let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
-        let mut pieces = HashMap::with_capacity(vocab.len());
-        for (piece, &id) in &vocab {
-            if id < 0 || pieces.insert(id, piece.clone()).is_some() {
-                return Err(ModelError::Config(vocab_file.clone(), format!("id {id} is negative or given twice")));
-            }
-        }
+        let bytes = std::fs::read(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
+        let MarianVocab { vocab, pieces, eos, unk_id, pad_id } = MarianVocab::parse(&bytes, &vocab_file)?;
         let source_path = dir.join("source.spm");
         let source = spm::load(&source_path)?.tokenizer(&source_path.display().to_string())?;
         let target_path = dir.join("target.spm");
@@ -115,7 +139,8 @@ impl Tok {
             return self.encode_marian(m, &m.normalizer, &self.inner, text, &char_of_byte);
         }
         let add_special = self.framing == Framing::Tokenizer;
-        let enc = self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
+        let what = format!("cannot tokenize {text:?}: ");
+        let enc = guarded(&what, || self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("{what}{e}"))))?;
         let mut out = Encoded {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             tokens: enc.get_tokens().to_vec(),
@@ -191,7 +216,7 @@ impl Tok {
             return Ok(decode_marian(m, ids));
         }
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}")))
+        guarded("cannot decode: ", || self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}"))))
     }
 
     pub fn id_to_token(&self, id: i64) -> String {
@@ -208,6 +233,17 @@ impl Tok {
         }
         self.inner.token_to_id(token).map(|i| i as i64)
     }
+}
+
+/// A call into the `tokenizers` library, whose panics become errors starting with `what`: it
+/// panics on some hostile `tokenizer.json` files instead of refusing them (a malformed decoder
+/// while reading; a template naming a special token it does not define while encoding),
+/// found by the tokenizer_json fuzz target (fuzz/regressions/tokenizer_json/).
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Err(ModelError::Tokenizer(format!("{what}the tokenizers library failed: {}", msg.lines().next().unwrap_or_default())))
+    })
 }
 
 /// Byte offset -> character offset, for every byte offset of `text` and its end.

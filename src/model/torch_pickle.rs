@@ -36,9 +36,14 @@ const MAX_NAME: usize = 1024;
 /// shared a storage (tied weights, views) share memory. Non-tensor entries are skipped;
 /// nested dicts are flattened with dotted names.
 pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
-    let file = path.display().to_string();
     let map = super::safetensors::map(path)?;
-    let entries = zip_entries(&map, &file)?;
+    read_bytes(&map, &path.display().to_string())
+}
+
+/// `read` over a file's bytes; `file` names it in errors.
+pub fn read_bytes(map: &[u8], file: &str) -> Result<HashMap<String, Tensor>, ModelError> {
+    let file = file.to_string();
+    let entries = zip_entries(map, &file)?;
     let corrupt = |why: String| ModelError::Corrupt { file: file.clone(), why };
     let pickles: Vec<&String> = entries.keys().filter(|n| n.strip_suffix("/data.pkl").is_some_and(|d| !d.contains('/'))).collect();
     let [pkl] = pickles[..] else {

@@ -16,6 +16,8 @@ pub struct Checkpoint {
     pub file: PathBuf,
     /// What the run is: compared on resume.
     identity: Value,
+    /// The number of gated heads: the length of every parameter vector.
+    heads: usize,
 }
 
 fn identity(model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout) -> Value {
@@ -43,7 +45,7 @@ impl Checkpoint {
         if file.exists() && !opts.resume {
             return Err(format!("prune: {} already holds a run; pass resume: true to continue it, or choose another checkpoint directory", file.display()));
         }
-        Ok(Checkpoint { file, identity: identity(model, data, opts, layout) })
+        Ok(Checkpoint { file, identity: identity(model, data, opts, layout), heads: layout.len() })
     }
 
     /// The saved state, if there is one; an error when it belongs to another run.
@@ -52,53 +54,8 @@ impl Checkpoint {
             return Ok(None);
         }
         let f = self.file.display();
-        let text = std::fs::read_to_string(&self.file).map_err(|e| format!("prune: cannot read checkpoint {f}: {e}"))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("prune: checkpoint {f} is not valid JSON: {e}"))?;
-        if v["format"] != FORMAT {
-            return Err(format!("prune: {f} is not a headscope pruning checkpoint (format {})", v["format"]));
-        }
-        let have = &v["identity"];
-        for key in ["model", "family", "gated", "dataset", "sentences"] {
-            if have[key] != self.identity[key] {
-                let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
-                return Err(format!("prune: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], self.identity[key]));
-            }
-        }
-        if let Some(opts) = self.identity["options"].as_object() {
-            for (k, want) in opts {
-                if &have["options"][k] != want {
-                    return Err(format!("prune: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
-                }
-            }
-        }
-        let floats = |key: &str| -> Result<Vec<f32>, String> {
-            v[key].as_array().ok_or_else(|| format!("prune: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("prune: checkpoint {f}: '{key}' holds a non-number"))).collect()
-        };
-        let curve = v["curve"]
-            .as_array()
-            .ok_or_else(|| format!("prune: checkpoint {f}: 'curve' is missing"))?
-            .iter()
-            .map(|p| CurvePoint {
-                step: p["step"].as_u64().unwrap_or(0) as usize,
-                loss: p["loss"].as_f64().unwrap_or(f64::NAN),
-                penalty: p["penalty"].as_f64().unwrap_or(f64::NAN),
-                expected_open: p["expected_open"].as_f64().unwrap_or(f64::NAN),
-                open: p["open"].as_u64().unwrap_or(0) as usize,
-                eval: p["eval"].as_f64(),
-            })
-            .collect();
-        let state = TrainState {
-            step: v["step"].as_u64().ok_or_else(|| format!("prune: checkpoint {f}: 'step' is missing"))? as usize,
-            log_alpha: floats("log_alpha")?,
-            adam_m: floats("adam_m")?,
-            adam_v: floats("adam_v")?,
-            curve,
-        };
-        let n = state.log_alpha.len();
-        if state.adam_m.len() != n || state.adam_v.len() != n {
-            return Err(format!("prune: checkpoint {f} is damaged: parameter vectors differ in length"));
-        }
-        Ok(Some(state))
+        let bytes = std::fs::read(&self.file).map_err(|e| format!("prune: cannot read checkpoint {f}: {e}"))?;
+        parse_state(&bytes, &f.to_string(), &self.identity, self.heads).map(Some)
     }
 
     pub fn save(&self, s: &TrainState) -> Result<(), String> {
@@ -166,4 +123,58 @@ impl Checkpoint {
         }
         Ok(())
     }
+}
+
+/// The training state in the bytes of a `checkpoint.json` (`f` names it in errors), checked
+/// against the identity of the run that resumes it, which gates `heads` heads.
+pub fn parse_state(bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Result<TrainState, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("prune: checkpoint {f} is not valid JSON: {e}"))?;
+    if v["format"] != FORMAT {
+        return Err(format!("prune: {f} is not a headscope pruning checkpoint (format {})", v["format"]));
+    }
+    let have = &v["identity"];
+    for key in ["model", "family", "gated", "dataset", "sentences"] {
+        if have[key] != identity[key] {
+            let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
+            return Err(format!("prune: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], identity[key]));
+        }
+    }
+    if let Some(opts) = identity["options"].as_object() {
+        for (k, want) in opts {
+            if &have["options"][k] != want {
+                return Err(format!("prune: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
+            }
+        }
+    }
+    let floats = |key: &str| -> Result<Vec<f32>, String> {
+        v[key].as_array().ok_or_else(|| format!("prune: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("prune: checkpoint {f}: '{key}' holds a non-number"))).collect()
+    };
+    let curve = v["curve"]
+        .as_array()
+        .ok_or_else(|| format!("prune: checkpoint {f}: 'curve' is missing"))?
+        .iter()
+        .map(|p| CurvePoint {
+            step: p["step"].as_u64().unwrap_or(0) as usize,
+            loss: p["loss"].as_f64().unwrap_or(f64::NAN),
+            penalty: p["penalty"].as_f64().unwrap_or(f64::NAN),
+            expected_open: p["expected_open"].as_f64().unwrap_or(f64::NAN),
+            open: p["open"].as_u64().unwrap_or(0) as usize,
+            eval: p["eval"].as_f64(),
+        })
+        .collect();
+    let state = TrainState {
+        step: v["step"].as_u64().ok_or_else(|| format!("prune: checkpoint {f}: 'step' is missing"))? as usize,
+        log_alpha: floats("log_alpha")?,
+        adam_m: floats("adam_m")?,
+        adam_v: floats("adam_v")?,
+        curve,
+    };
+    let n = state.log_alpha.len();
+    if state.adam_m.len() != n || state.adam_v.len() != n {
+        return Err(format!("prune: checkpoint {f} is damaged: parameter vectors differ in length"));
+    }
+    if n != heads {
+        return Err(format!("prune: checkpoint {f} is damaged: 'log_alpha' holds {n} values, this run gates {heads} heads"));
+    }
+    Ok(state)
 }

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of every fuzz target into fuzz/corpus/<target>/ (docs/fuzzing.md):
+small valid files taken from the repository's fixtures or built here, and a few hostile ones.
+Run from the repository root with the project venv: `.venv/bin/python fuzz/make_corpus.py`.
+Deterministic; every file stays under 64 KB."""
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "fuzz" / "corpus"
+FIX = ROOT / "tests" / "fixtures"
+
+
+def put(target, name, data):
+    d = OUT / target
+    d.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    assert len(data) < 64 * 1024, (target, name, len(data))
+    (d / name).write_bytes(data)
+
+
+def copy(target, name, src):
+    put(target, name, Path(src).read_bytes())
+
+
+# --- CoNLL-U -------------------------------------------------------------------------------
+W = "{}\t{}\t_\tX\t_\t_\t{}\t{}\t_\t{}\n"
+put("conllu", "simple.conllu", "# sent_id = s1\n# text = The cat sleeps.\n" + W.format(1, "The", 2, "det", "_") + W.format(2, "cat", 3, "nsubj", "_") + W.format(3, "sleeps", 0, "root", "SpaceAfter=No") + W.format(4, ".", 3, "punct", "_") + "\n")
+put("conllu", "multiword_empty_crlf.conllu", ("# text = Don't go.\n1-2\tDon't\t_\t_\t_\t_\t_\t_\t_\t_\n" + W.format(1, "Do", 3, "aux", "_") + W.format(2, "n't", 3, "advmod", "_") + W.format(3, "go", 0, "root", "SpaceAfter=No") + "3.1\tgo\t_\tX\t_\t_\t_\t_\t3:conj\t_\n" + W.format(4, ".", 3, "punct", "_") + "\n\n\n").replace("\n", "\r\n"))
+put("conllu", "cycle.conllu", "# sent_id = s1\n# text = a b\n" + W.format(1, "a", 2, "dep", "_") + W.format(2, "b", 1, "dep", "_") + "\n")
+put("conllu", "bad_head.conllu", "# text = a\n" + W.format(1, "a", 7, "root", "_") + "\n")
+pud = (ROOT / "assets" / "pud_en.conllu")
+if pud.exists():
+    blocks = pud.read_text(encoding="utf-8").split("\n\n")[:2]
+    put("conllu", "pud2.conllu", "\n\n".join(blocks) + "\n\n")
+
+# --- safetensors ---------------------------------------------------------------------------
+def safetensors(tensors, meta=None, pad=b""):
+    header, data = {}, b""
+    if meta:
+        header["__metadata__"] = meta
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode() + pad
+    return struct.pack("<Q", len(h)) + h + data
+
+
+put("safetensors", "small.safetensors", safetensors({
+    "w": ("F32", [2, 3], struct.pack("<6f", *range(6))),
+    "b": ("F16", [2], b"\x00\x3c\x00\xc0"),
+    "h": ("BF16", [1, 2], b"\x80\x3f\x00\x40"),
+    "i": ("I64", [2], struct.pack("<2q", 7, -1)),
+    "j": ("I32", [1], struct.pack("<i", 3)),
+    "k": ("I8", [3], b"\x01\xff\x02"),
+    "e": ("F32", [0, 4], b""),
+}, meta={"format": "pt"}, pad=b"  "))
+put("safetensors", "huge_shape.safetensors", safetensors({"w": ("F32", [262144, 1048576], b"\0" * 16)}))
+put("safetensors", "huge_header.safetensors", struct.pack("<Q", 1 << 40) + b"{}")
+put("safetensors", "bad_offsets.safetensors", safetensors({"w": ("F32", [2], b"\0" * 8)}).replace(b"[0, 8]", b"[8, 0]"))
+
+
+# --- GGUF ----------------------------------------------------------------------------------
+def gs(s):
+    s = s.encode()
+    return struct.pack("<Q", len(s)) + s
+
+
+def gguf(kvs, tensors, align=32):
+    """kvs: [(key, type, payload bytes)]; tensors: [(name, dims, ggml type, raw)]."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, t, payload in kvs:
+        out += gs(k) + struct.pack("<I", t) + payload
+    offs, data = [], b""
+    for _, _, _, raw in tensors:
+        data += b"\0" * (-len(data) % align)
+        offs.append(len(data))
+        data += raw
+    for (name, dims, t, _), off in zip(tensors, offs):
+        out += gs(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", t, off)
+    out += b"\0" * (-len(out) % align)
+    return out + data
+
+
+half1 = b"\x00\x3c"  # 1.0 in IEEE half
+kvs = [
+    ("general.architecture", 8, gs("llama")),
+    ("general.alignment", 4, struct.pack("<I", 32)),
+    ("u8", 0, b"\x07"), ("i8", 1, b"\xff"), ("u16", 2, struct.pack("<H", 9)), ("i16", 3, struct.pack("<h", -9)),
+    ("i32", 5, struct.pack("<i", -5)), ("f32", 6, struct.pack("<f", 0.5)), ("bool", 7, b"\x01"),
+    ("u64", 10, struct.pack("<Q", 11)), ("i64", 11, struct.pack("<q", -11)), ("f64", 12, struct.pack("<d", 1e-5)),
+    ("tokens", 9, struct.pack("<IQ", 8, 2) + gs("<s>") + gs("a")),
+    ("nested", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 2) + struct.pack("<2I", 1, 2)),
+]
+tensors = [
+    ("f32", [2, 2], 0, struct.pack("<4f", 1, 2, 3, 4)),
+    ("f16", [4], 1, half1 * 4),
+    ("q4_0", [32], 2, half1 + bytes(range(16))),
+    ("q4_1", [32], 3, half1 + half1 + bytes(range(16))),
+    ("q8_0", [32, 1], 8, half1 + bytes(range(32))),
+]
+put("gguf", "types.gguf", gguf(kvs, tensors))
+put("gguf", "huge_tensor.gguf", gguf([], [("t", [1 << 20, 1 << 18], 0, b"")]))
+put("gguf", "huge_array.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gs("a") + struct.pack("<IIQ", 9, 0, 1 << 40))
+put("gguf", "huge_count.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 40))
+
+
+# --- Marian .bin ---------------------------------------------------------------------------
+def marian_bin(items):
+    """items: [(name, type, shape, data)]."""
+    names = [n.encode() + b"\0" for n, *_ in items]
+    out = struct.pack("<QQ", 1, len(items))
+    for name, (_, t, shape, data) in zip(names, items):
+        out += struct.pack("<4Q", len(name), t, len(shape), len(data))
+    out += b"".join(names)
+    out += b"".join(struct.pack(f"<{len(s)}i", *s) for _, _, s, _ in items)
+    pad = -(len(out) + 8) % 256
+    out += struct.pack("<Q", pad) + b"\0" * pad
+    return out + b"".join(d for *_, d in items)
+
+
+yml = b"transformer-heads: 2\n\0"
+put("marian_bin", "small.bin", marian_bin([
+    ("special:model.yml", 0x0104, [len(yml)], yml),
+    ("Wemb", 0x4101, [4, 2], bytes([1, 2, 3, 4, 255, 254, 0, 7]) + struct.pack("<f", 2.0)),
+    ("encoder_l1_self_Wq", 0x4101, [2, 2], bytes([1, 2, 3, 4]) + struct.pack("<f", 4.0)),
+    ("encoder_l1_self_bq", 0x404, [1, 2], struct.pack("<2f", 0.5, -0.5)),
+    ("encoder_l1_self_Wq_QuantMultA", 0x404, [1], struct.pack("<f", 1.0)),
+]))
+put("marian_bin", "huge_count.bin", struct.pack("<QQ", 1, 1 << 40))
+put("marian_bin", "huge_shape.bin", marian_bin([("w", 0x404, [1 << 20, 1 << 20], b"")]))
+
+# --- pytorch_model.bin (zip + pickle) ------------------------------------------------------
+for f in sorted((FIX / "torch_bin").glob("*.bin")):
+    if f.stat().st_size < 8192:  # deep.bin (30 KB of nesting) is left to tests/torch_pickle.rs
+        copy("torch_pickle", f.name, f)
+
+# --- tokenizer.json ------------------------------------------------------------------------
+for fam in ["bert", "llama", "marian", "marian_hf"]:
+    copy("tokenizer_json", f"lrp_{fam}.json", FIX / "lrp_tiny" / fam / "tokenizer.json")
+copy("tokenizer_json", "tiny_gpt2.json", FIX / "tiny_hf" / "gpt2" / "tokenizer.json")
+
+# --- sentencepiece -------------------------------------------------------------------------
+def varint(b, i):
+    r = s = 0
+    while True:
+        x = b[i]
+        i += 1
+        r |= (x & 0x7F) << s
+        s += 7
+        if x < 0x80:
+            return r, i
+
+
+def spm_head(src, pieces):
+    """The ModelProto of `src` with only its first `pieces` pieces (field 1) kept."""
+    b, i, out, kept = Path(src).read_bytes(), 0, b"", 0
+    while i < len(b):
+        start = i
+        key, i = varint(b, i)
+        assert key & 7 == 2, "every ModelProto field of the fixtures is length-delimited"
+        n, i = varint(b, i)
+        i += n
+        if key >> 3 != 1 or kept < pieces:
+            out += b[start:i]
+            kept += key >> 3 == 1
+    return out
+
+
+put("spm", "target40.spm", spm_head(FIX / "tiny_spm" / "target.spm", 40))
+
+
+def small_charsmap_spm():
+    """A 30-piece unigram model with a precompiled charsmap of six rules (the fixtures' is
+    52 KB, which slows every execution ten times)."""
+    import io
+    import os
+    import tempfile
+
+    import sentencepiece as spm
+
+    rules = [("\uff21", "A"), ("\u3000", " "), ("\ufb01", "fi"), ("\u00c5", "A\u030a"), ("\u2460", "1"), ("\uff21\u0302", "\u00c2")]
+    hexes = lambda t: " ".join("%04X" % ord(c) for c in t)
+    lines = ["the cat sat on the mat", "a dog barks at the cat", "\ufb01ne \uff21 day", "one two three four five six"] * 5
+    cwd, model = os.getcwd(), io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)  # the model records the rule file's name: a relative one is reproducible
+        try:
+            Path("rules.tsv").write_text("".join(f"{hexes(k)}\t{hexes(v)}\n" for k, v in rules), encoding="utf-8")
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, model_type="unigram", vocab_size=30, hard_vocab_limit=False,
+                                           num_threads=1, minloglevel=2, normalization_rule_tsv="rules.tsv")
+        finally:
+            os.chdir(cwd)
+    return model.getvalue()
+
+
+put("spm", "charsmap.spm", small_charsmap_spm())
+
+# --- MarianMT vocab.json -------------------------------------------------------------------
+put("marian_vocab", "small.json", json.dumps({"</s>": 0, "<unk>": 1, "<pad>": 2, "\u2581a": 3, "b": 4}))
+put("marian_vocab", "twice.json", json.dumps({"</s>": 0, "<unk>": 0, "<pad>": 2}))
+
+# --- pruning checkpoint.json ---------------------------------------------------------------
+identity = {"model": "tiny", "family": "bert", "gated": ["enc 2x2"], "dataset": "two.txt", "sentences": 2, "options": {"lambda": "0.01", "seed": "0"}}
+state = {"format": "headscope-prune-checkpoint/1", "identity": identity, "step": 3, "log_alpha": [0.1, -0.2, 0.3, 0.0], "adam_m": [0, 0, 0, 0], "adam_v": [0, 0, 0, 1e-9],
+         "curve": [{"step": 1, "loss": 2.5, "penalty": 0.1, "expected_open": 3.5, "open": 4, "eval": None}, {"step": 2, "loss": 2.4, "penalty": 0.1, "expected_open": 3.4, "open": 3, "eval": 0.7}]}
+put("checkpoint", "valid.json", json.dumps(state))
+put("checkpoint", "other_model.json", json.dumps({**state, "identity": {**identity, "model": "other"}}))
+put("checkpoint", "short.json", json.dumps({**state, "log_alpha": [1.0]}))
+print("corpus written to", OUT)
