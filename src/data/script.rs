@@ -47,13 +47,18 @@ impl Plan {
         Ok(Plan { shard, explicit: explicit.is_some(), rows, total, identity })
     }
 
+    /// Refuses a shard that holds no sentences.
+    pub fn check(&self, d: &Dataset, func: &str) -> ScriptResult<()> {
+        match self.shard {
+            Some(s) if self.rows.is_empty() => err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
+            _ => Ok(()),
+        }
+    }
+
     /// The sentences this call runs on; refused when the shard is empty.
     pub fn data(&self, d: &Dataset, func: &str) -> ScriptResult<Dataset> {
-        match self.shard {
-            None => Ok(d.clone()),
-            Some(s) if self.rows.is_empty() => err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
-            Some(_) => Ok(d.slice(self.rows.clone())),
-        }
+        self.check(d, func)?;
+        Ok(if self.shard.is_some() { d.slice(self.rows.clone()) } else { d.clone() })
     }
 
     /// The data's part of a shard record's identity.

@@ -179,11 +179,11 @@ pub mod api {
         let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": {"batch_tokens": bt}});
         let acc = json!({"counts": a.bleu, "sentences": p.n_sentences});
         let r = finish_bleu(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
-        let mut echo: crate::output::Echo = vec![];
-        echo = plan.seal(f, identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}))?;
+        // A sharded result's options hold its shard record, as for the grid functions.
+        let echo = plan.seal(f, identity, acc, Vec::new(), |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}))?;
         let mut r = r;
-        if let Some((_, rec)) = echo.pop() {
-            r.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&[("shard".into(), rec)])));
+        if !echo.is_empty() {
+            r.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));
         }
         Ok(r)
     }

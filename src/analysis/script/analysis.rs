@@ -177,7 +177,8 @@ fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj
     let freq = freq_for(m, &opts)?;
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("analyze", done, total);
-    plan.data(&d, "analyze")?;
+    // The whole dataset goes in (relations are checked against all of it); `rows` is the slice.
+    plan.check(&d, "analyze")?;
     let (frame, acc) = accumulate(&m.model, &d, plan.rows.clone(), &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
     let a = finish(&frame, &acc).or_else(|e| err(format!("analyze: {e}")))?;
     let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
