@@ -12,8 +12,9 @@
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::{corpus_counts, BleuCounts};
-use crate::model::nn::{Attention, Capture, Gates};
-use crate::model::{Captured, HeadId, Kind, Model, ModelError};
+use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::nn::{Attention, Gates};
+use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 options_enum!(Metric, "metric", {
@@ -325,18 +326,20 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
         // By layer: a layer without heads (prune_heads) hands out no contexts.
         let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
         let full_enc = {
-            let mut on = |_: Kind, l: usize, c: Captured<'_>| match c {
-                Captured::Hidden(x) => inputs.push(x.shallow_clone()),
-                Captured::Context(x) => {
-                    if let Some(slot) = ctx.get_mut(l) {
-                        *slot = Some(x.shallow_clone());
+            let mut on = |at: At, x: &Tensor| {
+                match at.point {
+                    Point::ResidPre => inputs.push(x.shallow_clone()),
+                    _ => {
+                        if let Some(slot) = ctx.get_mut(at.layer) {
+                            *slot = Some(x.shallow_clone());
+                        }
                     }
                 }
-                _ => {}
+                Ok(())
             };
             let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
-            let mut cap = Capture { attention: false, context: stack, hidden: stack, queries: false, head_outputs: false, on: &mut on };
-            model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?
+            let mut rec = Record::new(&[Point::ResidPre, Point::Z], &mut on);
+            model.net.encode(&b.ids, &b.mask, &Gates::none(), if stack { Some(&mut rec as &mut dyn Hooks) } else { None })?
         };
         let rm = RowMetric::with_full(model, p, b, &full_enc)?;
         for (ki, s) in shapes.iter().enumerate() {
@@ -360,8 +363,8 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             let n = chunk.min(h - start);
                             let masked = masked_outputs(&layer.attn, c, start, n);
                             let xr = x.repeat([n, 1, 1]);
-                            let y = layer.finish(&xr, &masked);
-                            let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none());
+                            let y = layer.finish(&xr, &masked)?;
+                            let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none())?;
                             collect(p.metric, &rm, &enc, &Gates::none(), &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
                     }
@@ -377,13 +380,14 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                     // has nothing to sweep.
                     let mut ctx: Vec<Option<Tensor>> = (0..s.n_layers).map(|_| None).collect();
                     let pass = {
-                        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                            if let (Kind::Cross, Captured::Context(t), Some(slot)) = (k, c, ctx.get_mut(l)) {
+                        let mut on = |at: At, t: &Tensor| {
+                            if let Some(slot) = ctx.get_mut(at.layer) {
                                 *slot = Some(t.shallow_clone());
                             }
+                            Ok(())
                         };
-                        let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
-                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &Gates::none(), Some(&mut cap), true)?
+                        let mut rec = Record { points: &[Point::Z], kinds: &[Kind::Cross], on: &mut on };
+                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &Gates::none(), Some(&mut rec), true)?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
                     let below: Vec<(Tensor, Tensor)> = pass
@@ -400,11 +404,11 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
                             let masked = masked_outputs(attn, c, start, n);
-                            let mut y = layer.finish(&x1.repeat([n, 1, 1]), Some(&masked));
+                            let mut y = layer.finish(&x1.repeat([n, 1, 1]), Some(&masked))?;
                             let (starts, bias_n) = (net.initial_states(n * bsz), enc_bias.repeat([n, 1, 1, 1]));
                             for (k, above) in net.decoder.iter().enumerate().skip(l + 1) {
                                 let kv = cross[k].as_ref().map(|kv| kv.repeat(n));
-                                y = above.forward(&y, &starts[k], kv.as_ref(), &bias_n, &Gates::none(), k, &mut None).0;
+                                y = above.forward(&y, &starts[k], kv.as_ref(), &bias_n, &Gates::none(), k, &mut None)?.0;
                             }
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;

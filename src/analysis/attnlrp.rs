@@ -7,8 +7,9 @@
 use super::lrp::{LrpOptions, LrpResult, Seed};
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::model::nn::{AttnLrpRules, Capture, Gates};
-use crate::model::{Captured, Model, ModelError};
+use crate::model::hooks::{At, Point, Record};
+use crate::model::nn::{AttnLrpRules, Gates};
+use crate::model::{Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 /// Relevance of one set of rows (each row one seed set).
@@ -30,13 +31,14 @@ pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, s
     let tok = model.net.embed.lookup(ids)?.detach().set_requires_grad(true);
     // By layer: a layer without heads (prune_heads) hands out no context.
     let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
-    let mut on = |_: crate::model::Kind, l: usize, c: Captured<'_>| {
-        if let (Captured::Context(x), Some(slot)) = (c, ctx.get_mut(l)) {
+    let mut on = |at: At, x: &Tensor| {
+        if let Some(slot) = ctx.get_mut(at.layer) {
             *slot = Some(x.shallow_clone());
         }
+        Ok(())
     };
-    let mut cap = Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
-    let h = model.net.encode_embedded(&tok, mask, gates, Some(&mut cap))?;
+    let mut rec = Record::new(&[Point::Z], &mut on);
+    let h = model.net.encode_embedded(&tok, mask, gates, Some(&mut rec))?;
     let per_position = match seed {
         Seed::Logit => {
             let out = model.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;

@@ -8,8 +8,10 @@
 
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::model::nn::{Capture, Gates};
-use crate::model::{Batch, Captured, Kind, Model, ModelError};
+use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::nn::Gates;
+use crate::model::{Batch, Kind, Model, ModelError};
+use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
 
 /// Sums of one layer, in double precision on the model's device.
@@ -146,69 +148,47 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         }
         let s = b.ids.size()[1];
         let src_real = model.real_mask(&b.encoded, s);
+        // One pass over the stack and one teacher-forced decoder pass record every kind's
+        // queries (after rotary positions where the model has them), pattern and contexts.
+        let mut got: HashMap<(Kind, usize), [Option<Tensor>; 3]> = HashMap::new();
+        let wanted: Vec<Kind> = shapes.iter().map(|s| s.kind).collect();
+        let points = [Point::Q, Point::RotQ, Point::Pattern, Point::Z];
+        let mut on = |at: At, x: &Tensor| {
+            let slot = got.entry((at.kind, at.layer)).or_default();
+            let i = match at.point {
+                Point::Q | Point::RotQ => 0,
+                Point::Z => 1,
+                _ => 2,
+            };
+            slot[i] = Some(x.shallow_clone());
+            Ok(())
+        };
+        let mut rec = Record { points: &points, kinds: &wanted, on: &mut on };
+        let h = model.net.encode(&b.ids, &b.mask, &Gates::none(), if wanted.contains(&stack) { Some(&mut rec as &mut dyn Hooks) } else { None })?;
+        let mut dec_masks = None;
+        if wanted.iter().any(|&k| k != stack) {
+            let targets = model.greedy_targets(b, &h, &Gates::none())?;
+            let (tgt, _) = model.target_tensors(&targets);
+            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, &Gates::none(), Some(&mut rec))?;
+            let qmask = model.real_mask(&targets, tgt.size()[1]);
+            // The decoder's self-attention keys are its inputs: the start token, then the
+            // targets shifted right.
+            let t = qmask.size()[1];
+            let dec_keys = Tensor::cat(&[qmask.ones_like().narrow(1, 0, 1.min(t)), qmask.narrow(1, 0, (t - 1).max(0))], 1);
+            dec_masks = Some((qmask, dec_keys));
+        }
         for (si, sh) in shapes.iter().enumerate() {
-            // Per layer: queries, contexts, attention, captured in order.
-            let mut got: Vec<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> = (0..sh.n_layers).map(|_| (None, None, None)).collect();
-            let mut steps: Vec<Vec<[Tensor; 3]>> = (0..sh.n_layers).map(|_| Vec::new()).collect();
             let kind = sh.kind;
-            let (qmask, kmask);
-            {
-                let mut pending: Vec<(Option<Tensor>, Option<Tensor>)> = (0..sh.n_layers).map(|_| (None, None)).collect();
-                let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                    if k != kind {
-                        return;
-                    }
-                    match c {
-                        Captured::Queries(x) => pending[l].0 = Some(x.shallow_clone()),
-                        Captured::Attention(x) => pending[l].1 = Some(x.shallow_clone()),
-                        Captured::Context(x) => {
-                            let (q, a) = (pending[l].0.take(), pending[l].1.take());
-                            if let (Some(q), Some(a)) = (q, a) {
-                                if kind == stack {
-                                    got[l] = (Some(q), Some(x.shallow_clone()), Some(a));
-                                } else {
-                                    steps[l].push([q, x.shallow_clone(), a]);
-                                }
-                            }
-                        }
-                        Captured::Hidden(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
-                    }
-                };
-                let mut cap = Capture { attention: true, context: true, hidden: false, queries: true, head_outputs: false, on: &mut on };
-                if kind == stack {
-                    let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut cap))?;
-                    qmask = src_real.shallow_clone();
-                } else {
-                    let h = model.net.encode(&b.ids, &b.mask, &Gates::none(), None)?;
-                    let targets = model.greedy_targets(b, &h, &Gates::none())?;
-                    let (tgt, _) = model.target_tensors(&targets);
-                    let _ = model.net.decode_teacher(&h, &b.mask, &tgt, &Gates::none(), Some(&mut cap))?;
-                    qmask = model.real_mask(&targets, tgt.size()[1]);
-                }
-                kmask = if kind == Kind::Dec && kind != stack {
-                    // The decoder's self-attention keys are its inputs: the start token, then
-                    // the targets shifted right.
-                    let t = qmask.size()[1];
-                    Tensor::cat(&[qmask.ones_like().narrow(1, 0, 1.min(t)), qmask.narrow(1, 0, (t - 1).max(0))], 1)
-                } else {
-                    src_real.shallow_clone()
-                };
-            }
+            let (qmask, kmask) = match (&dec_masks, kind) {
+                (_, k) if k == stack => (&src_real, &src_real),
+                (Some((q, dk)), Kind::Dec) => (q, dk),
+                (Some((q, _)), _) => (q, &src_real),
+                (None, _) => continue,
+            };
             for l in 0..sh.n_layers {
                 // A layer left without heads (prune_heads) hands out nothing.
-                if kind != stack && steps[l].is_empty() {
-                    continue;
-                }
-                let (q, c, a) = if kind == stack {
-                    match &got[l] {
-                        (Some(q), Some(c), Some(a)) => (q.shallow_clone(), c.shallow_clone(), a.shallow_clone()),
-                        _ => continue,
-                    }
-                } else {
-                    let cat = |i: usize| Tensor::cat(&steps[l].iter().map(|x| x[i].shallow_clone()).collect::<Vec<_>>(), 2);
-                    (cat(0), cat(1), cat(2))
-                };
-                accs[si][l].update(&q, &c, &a, &qmask, &kmask, &layer_of(kind, l)?.o.w);
+                let Some([Some(q), Some(c), Some(a)]) = got.get(&(kind, l)) else { continue };
+                accs[si][l].update(q, c, a, qmask, kmask, &layer_of(kind, l)?.o.w);
             }
         }
         progress(gi + 1, batches.len());

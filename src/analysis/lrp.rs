@@ -22,9 +22,11 @@
 
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::model::nn::{Attention, Capture, Gates, Norm, NormKind, NormPosition};
-use crate::model::transformer::{DecoderTrace, EncoderLayer};
-use crate::model::{Batch, Captured, Kind, Model, ModelError};
+use crate::model::hooks::{At, Point, Record};
+use crate::model::nn::{Attention, Gates, Norm, NormKind, NormPosition};
+use crate::model::transformer::{DecoderTrace, EncoderLayer, Transformer};
+use crate::model::{Batch, Kind, Model, ModelError};
+use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -335,45 +337,77 @@ struct Trace {
     s2: Tensor,
 }
 
-/// One layer's forward pass by the model's own code: the attention hands out its
-/// probabilities, values and contexts through [`Capture`], the rest comes from
-/// [`EncoderLayer::finish_traced`].
-fn trace_layer(layer: &EncoderLayer, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>) -> (Tensor, Trace) {
-    let a: &Attention = &layer.attn;
-    let attn_in = layer.attn_input(x);
-    let (b, t) = (x.size()[0], x.size()[1]);
-    let (mut probs, mut v, mut ctx) = (None, None, None);
-    let attn_out = {
-        let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
-            Captured::Attention(p) => probs = Some(p.shallow_clone()),
-            Captured::Values(t) => v = Some(t.shallow_clone()),
-            Captured::Context(t) => ctx = Some(t.shallow_clone()),
-            _ => {}
+/// The points of one stack layer that the relevance pass reads.
+const TRACE_POINTS: [Point; 13] = [Point::ResidPre, Point::Ln1, Point::V, Point::Pattern, Point::Z, Point::AttnOut, Point::ResidMid, Point::Ln2, Point::MlpPre, Point::MlpPreLinear, Point::MlpPost, Point::MlpOut, Point::ResidPost];
+
+/// The stack's forward pass over a batch, recorded at its hook points (one `encode`, the
+/// model's own code): each layer's [`Trace`], the last layer's output before the final norm,
+/// and the stack's output.
+fn trace_stack(net: &Transformer, b: &Batch, gates: &Gates) -> Result<(Vec<Trace>, Tensor, Tensor), ModelError> {
+    let kind = net.stack_kind;
+    let mut seen: HashMap<(usize, Point), Tensor> = HashMap::new();
+    let y = {
+        let mut on = |at: At, t: &Tensor| {
+            seen.insert((at.layer, at.point), t.shallow_clone());
+            Ok(())
         };
-        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
-        a.forward(&attn_in, &attn_in, bias, gate, Kind::Enc, 0, &mut Some(&mut cap))
+        let mut rec = Record { points: &TRACE_POINTS, kinds: &[kind], on: &mut on };
+        net.encode(&b.ids, &b.mask, gates, Some(&mut rec))?
     };
-    let missing = || Tensor::zeros([0], (x.kind(), x.device()));
-    let ctx_flat = ctx.map_or_else(missing, |c| c.transpose(1, 2).reshape([b, t, a.n_heads * a.head_dim]));
-    let (y, f) = layer.finish_traced(x, &attn_out);
+    let mut traces = Vec::with_capacity(net.encoder.len());
+    let mut last = None;
+    for (l, layer) in net.encoder.iter().enumerate() {
+        let (tr, out) = layer_trace(layer, l, &mut seen, gates.layer(kind, l).as_ref(), &y)?;
+        traces.push(tr);
+        last = Some(out);
+    }
+    let before_norm = last.unwrap_or_else(|| y.shallow_clone());
+    Ok((traces, before_norm, y))
+}
+
+/// Layer `l`'s [`Trace`] from its recorded hook points (taken out of `seen`), and the layer's
+/// output (post-norm layers end with their second norm).
+fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point), Tensor>, gate: Option<&Tensor>, like: &Tensor) -> Result<(Trace, Tensor), ModelError> {
+    let a: &Attention = &layer.attn;
+    let mut take = |p: Point| seen.remove(&(l, p));
+    let need = |v: Option<Tensor>, what: &str| v.ok_or_else(|| ModelError::Invalid(format!("internal: layer {l} recorded no {what}")));
+    let missing = || Tensor::zeros([0], (like.kind(), like.device()));
+    let x = need(take(Point::ResidPre), "hook_resid_pre")?;
+    let (bsz, t) = (x.size()[0], x.size()[1]);
+    let pre = layer.norm_position == NormPosition::Pre;
+    let ln1 = take(Point::Ln1);
+    let attn_in = if pre { need(ln1.as_ref().map(|t| t.shallow_clone()), "ln1")? } else { x.shallow_clone() };
+    let v = take(Point::V).map(|v| if a.n_kv_heads != a.n_heads && a.n_kv_heads > 0 { v.repeat_interleave_self_int(a.n_heads / a.n_kv_heads, Some(1), None) } else { v });
+    let ctx = take(Point::Z).map(|c| c.transpose(1, 2).reshape([bsz, t, a.n_heads * a.head_dim]));
+    let s1 = need(take(Point::ResidMid), "hook_resid_mid")?;
+    let ln2 = take(Point::Ln2);
+    let (h, ffn_in) = if pre {
+        (s1.shallow_clone(), need(ln2.as_ref().map(|t| t.shallow_clone()), "ln2")?)
+    } else {
+        let n = need(ln1, "ln1")?;
+        (n.shallow_clone(), n)
+    };
+    let ffn_up = need(if layer.ffn.gate.is_some() { take(Point::MlpPreLinear) } else { take(Point::MlpPre) }, "mlp.hook_pre")?;
+    let s2 = need(take(Point::ResidPost), "hook_resid_post")?;
+    let out = if pre { s2.shallow_clone() } else { need(ln2, "ln2")? };
     let u = |t: Tensor| t.unsqueeze(1);
     let trace = Trace {
-        x: u(x.shallow_clone()),
+        x: u(x),
         attn_in: u(attn_in),
-        probs: u(probs.unwrap_or_else(missing)),
+        probs: u(take(Point::Pattern).unwrap_or_else(missing)),
         v: u(v.unwrap_or_else(missing)),
-        ctx: u(ctx_flat),
+        ctx: u(ctx.unwrap_or_else(missing)),
         ctx_active: gate.map(|g| active_units(a, g)),
-        attn_out: u(attn_out),
-        s1: u(f.s1),
-        h: u(f.h),
-        ffn_in: u(f.ffn_in),
-        ffn_up: u(f.ffn_up),
-        ffn_hidden: u(f.ffn_hidden),
-        ffn_out: u(f.ffn_out),
-        s2: u(f.s2),
+        attn_out: u(need(take(Point::AttnOut), "hook_attn_out")?),
+        s1: u(s1),
+        h: u(h),
+        ffn_in: u(ffn_in),
+        ffn_up: u(ffn_up),
+        ffn_hidden: u(need(take(Point::MlpPost), "mlp.hook_post")?),
+        ffn_out: u(need(take(Point::MlpOut), "hook_mlp_out")?),
+        s2: u(s2),
     };
-    (y, trace)
+    Ok((trace, out))
 }
 
 /// Gates `[G, width]` -> 0/1 per context unit `[G, 1, 1, n_heads * dh]`: the units of the heads
@@ -529,13 +563,17 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // cross-attention probabilities and contexts.
     let mut caught: Vec<(Option<Tensor>, Option<Tensor>)> = (0..n_layers).map(|_| (None, None)).collect();
     let pass = {
-        let mut on = |k: Kind, l: usize, c: Captured<'_>| match (k, c, caught.get_mut(l)) {
-            (Kind::Cross, Captured::Attention(p), Some(slot)) => slot.0 = Some(p.shallow_clone()),
-            (Kind::Cross, Captured::Context(c), Some(slot)) => slot.1 = Some(c.shallow_clone()),
-            _ => {}
+        let mut on = |at: At, t: &Tensor| {
+            if let Some(slot) = caught.get_mut(at.layer) {
+                match at.point {
+                    Point::Pattern => slot.0 = Some(t.shallow_clone()),
+                    _ => slot.1 = Some(t.shallow_clone()),
+                }
+            }
+            Ok(())
         };
-        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
-        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut cap), true)?
+        let mut rec = Record { points: &[Point::Pattern, Point::Z], kinds: &[Kind::Cross], on: &mut on };
+        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut rec), true)?
     };
     let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
     for (l, ((tr, (probs, ctx)), kv)) in pass.traces.into_iter().zip(caught).zip(&pass.cross).enumerate() {
@@ -719,20 +757,22 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
     // contexts: [dec probs, dec values, dec contexts, cross probs, cross contexts].
     let mut caught: Vec<[Option<Tensor>; 5]> = (0..n_layers).map(|_| Default::default()).collect();
     let pass = {
-        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-            let Some(slot) = caught.get_mut(l) else { return };
-            let i = match (k, &c) {
-                (Kind::Dec, Captured::Attention(_)) => 0,
-                (Kind::Dec, Captured::Values(_)) => 1,
-                (Kind::Dec, Captured::Context(_)) => 2,
-                (Kind::Cross, Captured::Attention(_)) => 3,
-                (Kind::Cross, Captured::Context(_)) => 4,
-                _ => return,
+        let mut on = |at: At, t: &Tensor| {
+            let Some(slot) = caught.get_mut(at.layer) else { return Ok(()) };
+            let i = match (at.kind, at.point) {
+                (Kind::Dec, Point::Pattern) => 0,
+                (Kind::Dec, Point::V) => 1,
+                (Kind::Dec, Point::Z) => 2,
+                (Kind::Cross, Point::Pattern) => 3,
+                (Kind::Cross, Point::Z) => 4,
+                _ => return Ok(()),
             };
-            slot[i] = Some(c.tensor().shallow_clone());
+            slot[i] = Some(t.shallow_clone());
+            Ok(())
         };
-        let mut cap = Capture { attention: true, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on };
-        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut cap), true)?
+        // Grouped-query decoder attention is refused above, so `hook_v` is per query head.
+        let mut rec = Record { points: &[Point::Pattern, Point::V, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
+        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut rec), true)?
     };
     let opts = (enc.kind(), enc.device());
     // Seeds: prediction p is position p's top-1 logit; summed, every real position's seed in
@@ -869,15 +909,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             return Err(ModelError::Interrupted.into());
         }
         let (bsz, t) = (b.ids.size()[0], b.ids.size()[1]);
-        let mut x = net.embed.forward(Some(&b.ids), bsz, 0, t)?;
-        let bias = net.self_bias(&b.mask, x.kind());
-        let mut traces = Vec::with_capacity(n_layers);
-        for (l, layer) in net.encoder.iter().enumerate() {
-            let g = gates.layer(kind, l);
-            let (y, tr) = trace_layer(layer, &x, &bias, g.as_ref());
-            traces.push(tr);
-            x = y;
-        }
+        let (traces, x, y) = trace_stack(net, b, gates)?;
         // Relevance at the stack's output, per prediction: [B, P, T, D].
         let (mut r, weight, target_part) = if let Some(p) = &prep {
             let pb = &p.batches[gi];
@@ -899,7 +931,6 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             // Predictions: the real (non-special, non-padding) positions.
             let real: Vec<f32> = b.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
             let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
-            let y = if let Some(n) = &net.final_norm { n.forward(&x) } else { x.shallow_clone() };
             let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
             let mut r = match opts.seed {
                 Seed::Norm => {
@@ -1136,7 +1167,16 @@ mod tests {
         };
         let x = t(&[1.0, 2.0, 3.0, 4.0], &[1, 2, 2]);
         let bias = zeros(&[1, 1, 1, 2]);
-        let (_, tr) = trace_layer(&layer, &x, &bias, None);
+        // The layer's forward, recorded at its hook points.
+        let mut seen = HashMap::new();
+            let mut on = |at: crate::model::hooks::At, t: &Tensor| {
+            seen.insert((at.layer, at.point), t.shallow_clone());
+            Ok(())
+        };
+        let mut rec = crate::model::hooks::Record::new(&TRACE_POINTS, &mut on);
+        let y = layer.forward(&x, &bias, None, Kind::Enc, 0, &mut Some(&mut rec)).unwrap();
+        let (tr, out) = layer_trace(&layer, 0, &mut seen, None, &y).unwrap();
+        assert!(out.equal(&y));
         let r_y = t(&[0.0, 0.0, 0.25, 0.75], &[1, 1, 2, 2]);
         let (r_x, heads) = relprop_layer(Rule::Zplus, &layer, &tr, &r_y);
         let got = host(&r_x);

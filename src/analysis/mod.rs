@@ -14,9 +14,10 @@ pub mod result;
 pub mod script;
 
 use crate::data::Dataset;
-use crate::model::nn::{Capture, Gates};
+use crate::model::hooks::{At, Point, Record};
+use crate::model::nn::Gates;
 use crate::model::tokenizer::Encoded;
-use crate::model::{Captured, HeadId, Kind, Model, ModelError};
+use crate::model::{HeadId, Kind, Model, ModelError};
 use accum::{Accumulator, BatchTensors, SentenceMeta, Words};
 use options::{relation_of, ExcludeKeys, FreqSource, Options, Stat};
 use result::{Analysis, KindResult, PosHead, Rare, RelDir};
@@ -269,21 +270,9 @@ pub fn accumulate(
             let bt = BatchTensors::new(&enc_meta, s, s, device, want_rare, want_syn);
             let acc = accs.get_mut(&stack).ok_or_else(|| AnalysisError::Input("internal: no accumulator for the self-attention stack".into()))?;
             acc.count_batch(&enc_meta);
-            let mut failure: Option<ModelError> = None;
-            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                if let (true, Captured::Attention(p)) = (k == stack, c) {
-                    if failure.is_none() {
-                        if let Err(e) = acc.update(l, p, &bt) {
-                            failure = Some(e);
-                        }
-                    }
-                }
-            };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-            enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?);
-            if let Some(e) = failure {
-                return Err(e.into());
-            }
+            let mut on = |at: At, p: &Tensor| if at.kind == stack { acc.update(at.layer, p, &bt) } else { Ok(()) };
+            let mut rec = Record::new(&[Point::Pattern], &mut on);
+            enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut rec))?);
         }
         // The decoder's kinds (`cross`, and `dec` of a translation model with decoder
         // self-attention) read teacher-forced targets.
@@ -303,13 +292,14 @@ pub fn accumulate(
             let (tgt, _) = model.target_tensors(&targets);
             let n_layers = model.net.decoder.len();
             let mut steps: HashMap<Kind, Vec<Vec<Tensor>>> = dec_kinds.iter().map(|&k| (k, (0..n_layers).map(|_| Vec::new()).collect())).collect();
-            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                if let (Some(st), Captured::Attention(p)) = (steps.get_mut(&k), c) {
-                    st[l].push(p.shallow_clone());
+            let mut on = |at: At, p: &Tensor| {
+                if let Some(st) = steps.get_mut(&at.kind).and_then(|st| st.get_mut(at.layer)) {
+                    st.push(p.shallow_clone());
                 }
+                Ok(())
             };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-            let _ = model.net.decode_teacher(&h, &b.mask, &tgt, gates, Some(&mut cap))?;
+            let mut rec = Record::new(&[Point::Pattern], &mut on);
+            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, gates, Some(&mut rec))?;
             for (kind, steps) in steps {
                 let acc = accs.get_mut(&kind).ok_or_else(|| AnalysisError::Input(format!("internal: no accumulator for {kind}")))?;
                 // Queries are the target tokens. `cross` keys: the source's; `dec` keys: the

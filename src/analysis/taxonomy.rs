@@ -3,11 +3,12 @@
 //! scored on synthetic probes generated from a seed: repeated random tokens (sink, previous,
 //! duplicate, induction; TransformerLens's `detect_head` "mul" scores) and needle-in-context
 //! sequences (retrieval, Wu et al. 2024). The probes run through the model's one forward
-//! (`Transformer::encode` with `Capture`); scores are computed from the captured attention.
+//! (`Transformer::encode`, recording `hook_pattern`); scores are computed from the captured attention.
 
 use super::AnalysisError;
-use crate::model::nn::{Capture, Gates};
-use crate::model::{Captured, Kind, Model, ModelError};
+use crate::model::hooks::{At, Point, Record};
+use crate::model::nn::Gates;
+use crate::model::{Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 options_enum!(HeadType, "head type", {
@@ -151,17 +152,9 @@ fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bo
         }
         let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
         let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
-        let mut failed = None;
-        let mut f = |_: Kind, l: usize, c: Captured<'_>| {
-            if let (Captured::Attention(a), None) = (c, &failed) {
-                failed = on(l, a, chunk).err();
-            }
-        };
-        let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut f };
-        let _ = model.net.encode(&ids, &mask, gates, Some(&mut cap))?;
-        if let Some(e) = failed {
-            return Err(e.into());
-        }
+        let mut f = |at: At, a: &Tensor| on(at.layer, a, chunk);
+        let mut rec = Record::new(&[Point::Pattern], &mut f);
+        let _ = model.net.encode(&ids, &mask, gates, Some(&mut rec))?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod bytes;
 pub mod gguf;
 pub mod gpt2;
 pub mod hf;
+pub mod hooks;
 pub mod llama;
 pub mod llama_gguf;
 pub mod marian_bin;
@@ -93,49 +94,6 @@ impl FromStr for HeadId {
         let layer_idx = l.parse::<usize>().map_err(|_| bad())?;
         let head = h.parse::<usize>().map_err(|_| bad())?;
         Ok(HeadId { kind, layer_idx, head })
-    }
-}
-
-/// A tensor handed out by the forward pass while it computes.
-pub enum Captured<'t> {
-    /// Attention probabilities `[B, H, Tq, Tk]`.
-    Attention(&'t Tensor),
-    /// Gated per-head context vectors `[B, H, Tq, dh]` (the input of W^O).
-    Context(&'t Tensor),
-    /// Hidden states `[B, T, D]`: index 0 = embeddings, i = after layer i.
-    Hidden(&'t Tensor),
-    /// Per-head query vectors `[B, H, Tq, dh]`.
-    Queries(&'t Tensor),
-    /// Per-head value vectors `[B, H, Tk, dh]` (grouped-query heads repeated), handed out with
-    /// the attention probabilities.
-    Values(&'t Tensor),
-    /// Per-head outputs at W^O `[B, H, Tq, D]`: `C_h W^O_h^T`, without the bias (their sum
-    /// over heads plus `b^O` is the attention's output).
-    HeadOutputs(&'t Tensor),
-}
-
-impl Captured<'_> {
-    /// The hook point's name, as TransformerLens names them, prefixed with the attention kind:
-    /// `enc.blocks.3.attn.hook_pattern`, `cross.blocks.0.attn.hook_z`,
-    /// `dec.blocks.5.hook_resid_pre` (`Hidden` index `n_layers` is the last layer's
-    /// `hook_resid_post`). For `cross`, the residual stream is the decoder's.
-    pub fn hook_name(&self, kind: Kind, layer_idx: usize, n_layers: usize) -> String {
-        let attn = |h: &str| format!("{kind}.blocks.{layer_idx}.attn.{h}");
-        match self {
-            Captured::Attention(_) => attn("hook_pattern"),
-            Captured::Context(_) => attn("hook_z"),
-            Captured::Queries(_) => attn("hook_q"),
-            Captured::Values(_) => attn("hook_v"),
-            Captured::HeadOutputs(_) => attn("hook_result"),
-            Captured::Hidden(_) if layer_idx >= n_layers && n_layers > 0 => format!("{kind}.blocks.{}.hook_resid_post", n_layers - 1),
-            Captured::Hidden(_) => format!("{kind}.blocks.{layer_idx}.hook_resid_pre"),
-        }
-    }
-
-    pub fn tensor(&self) -> &Tensor {
-        match self {
-            Captured::Attention(t) | Captured::Context(t) | Captured::Queries(t) | Captured::Values(t) | Captured::HeadOutputs(t) | Captured::Hidden(t) => t,
-        }
     }
 }
 
@@ -566,6 +524,97 @@ impl Model {
         Ok(g)
     }
 
+    /// Every hook point this model's forward meets, in order (docs/methods.md#hook-points).
+    pub fn hook_points(&self) -> Vec<hooks::At> {
+        use hooks::{At, Point as P};
+        let net = &self.net;
+        let mut v = Vec::new();
+        let embeds = |v: &mut Vec<At>, kind: Kind, e: &transformer::Embeddings| {
+            v.push(At::new(kind, 0, P::Embed));
+            if !matches!(e.positions, transformer::Positions::None) {
+                v.push(At::new(kind, 0, P::PosEmbed));
+            }
+        };
+        let attn = |v: &mut Vec<At>, kind: Kind, l: usize, a: &nn::Attention| {
+            let rot = a.rotary.is_some();
+            for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::Z, P::Result] {
+                if rot || !matches!(p, P::RotQ | P::RotK) {
+                    v.push(At::new(kind, l, p));
+                }
+            }
+            v.push(At::new(kind, l, P::AttnOut));
+        };
+        let mlp = |v: &mut Vec<At>, kind: Kind, l: usize, f: &nn::Ffn| {
+            v.push(At::new(kind, l, P::MlpPre));
+            if f.gate.is_some() {
+                v.push(At::new(kind, l, P::MlpPreLinear));
+            }
+            v.extend([P::MlpPost, P::MlpOut].map(|p| At::new(kind, l, p)));
+        };
+        let stack = net.stack_kind;
+        if !net.encoder.is_empty() {
+            embeds(&mut v, stack, &net.embed);
+        }
+        for (l, layer) in net.encoder.iter().enumerate() {
+            let pre = layer.norm_position == nn::NormPosition::Pre;
+            v.push(At::new(stack, l, P::ResidPre));
+            if pre {
+                v.push(At::new(stack, l, P::Ln1));
+            }
+            attn(&mut v, stack, l, &layer.attn);
+            v.push(At::new(stack, l, P::ResidMid));
+            v.push(At::new(stack, l, if pre { P::Ln2 } else { P::Ln1 }));
+            mlp(&mut v, stack, l, &layer.ffn);
+            v.push(At::new(stack, l, P::ResidPost));
+            if !pre {
+                v.push(At::new(stack, l, P::Ln2));
+            }
+        }
+        if net.final_norm.is_some() {
+            v.push(At::new(stack, 0, P::LnFinal));
+        }
+        if !net.decoder.is_empty() {
+            embeds(&mut v, Kind::Dec, net.dec_embeddings());
+        }
+        for (l, layer) in net.decoder.iter().enumerate() {
+            v.push(At::new(Kind::Dec, l, P::ResidPre));
+            match layer.self_attention() {
+                Some(a) => attn(&mut v, Kind::Dec, l, a),
+                None => v.push(At::new(Kind::Dec, l, P::AttnOut)),
+            }
+            v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
+            if let Some((a, _)) = &layer.cross {
+                attn(&mut v, Kind::Cross, l, a);
+                v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Cross, l, p)));
+            }
+            mlp(&mut v, Kind::Dec, l, &layer.ffn);
+            v.extend([P::ResidPost, P::Ln2].map(|p| At::new(Kind::Dec, l, p)));
+        }
+        v
+    }
+
+    /// The hook point named `name` (`blocks.L.…` without a kind on a model with one stack), or
+    /// an error naming what is wrong and what exists.
+    pub fn hook_point(&self, name: &str) -> Result<hooks::At, ModelError> {
+        let default = if self.net.decoder.is_empty() { Some(self.net.stack_kind) } else { None };
+        let at = hooks::parse_name(name, default).map_err(ModelError::Invalid)?;
+        let all = self.hook_points();
+        if all.contains(&at) {
+            return Ok(at);
+        }
+        let same_point: Vec<&hooks::At> = all.iter().filter(|a| a.point == at.point).collect();
+        let why = if same_point.is_empty() {
+            format!("{} has no '{}' point", self.name(), at.point.spec().name)
+        } else if !same_point.iter().any(|a| a.kind == at.kind) {
+            let kinds: std::collections::BTreeSet<String> = same_point.iter().map(|a| a.kind.to_string()).collect();
+            format!("{} has '{}' for {} only", self.name(), at.point.spec().name, kinds.into_iter().collect::<Vec<_>>().join(", "))
+        } else {
+            let n = same_point.iter().filter(|a| a.kind == at.kind).map(|a| a.layer).max().unwrap_or(0);
+            format!("layer {} out of range: {} has {} layers 0..{n}", at.layer, self.name(), at.kind)
+        };
+        Err(ModelError::Invalid(format!("hook '{name}': {why}")))
+    }
+
     pub fn tokenize(&self, text: &str) -> Result<Encoded, ModelError> {
         self.tok.encode(text)
     }
@@ -592,9 +641,9 @@ impl Model {
     }
 
     /// Encoder output `[B, S, D]` of a batch.
-    pub fn encode(&self, batch: &Batch, gates: &Gates, cap: Option<&mut nn::Capture>) -> Result<Tensor, ModelError> {
+    pub fn encode(&self, batch: &Batch, gates: &Gates, h: hooks::HookSlot) -> Result<Tensor, ModelError> {
         let _guard = tch::no_grad_guard();
-        self.net.encode(&batch.ids, &batch.mask, gates, cap)
+        self.net.encode(&batch.ids, &batch.mask, gates, h)
     }
 
     /// Greedy translations, batched by length. Max output length: 2.5 x source tokens + 2.
@@ -645,25 +694,41 @@ impl Model {
     }
 
     /// Greedy continuation of a text by a decoder-only model: at most `n` new token ids,
-    /// stopping at EOS.
+    /// stopping at EOS. The prompt runs once; each new token runs alone over the key/value
+    /// cache of the positions before it ([`transformer::StackCache`]).
     pub fn generate(&self, text: &str, n: usize, gates: &Gates) -> Result<Vec<i64>, ModelError> {
+        self.generate_with(text, n, gates, true)
+    }
+
+    /// [`Model::generate`], with the cache or (`cached: false`) recomputing the whole prefix
+    /// for every new token (the reference the cached path is tested against).
+    pub fn generate_with(&self, text: &str, n: usize, gates: &Gates, cached: bool) -> Result<Vec<i64>, ModelError> {
         if self.net.stack_kind != Kind::Dec || self.net.output.is_none() {
             return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
         }
+        let out_proj = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         let _guard = tch::no_grad_guard();
         let mut ids = self.tokenize_all([text])?.remove(0).ids;
         let mut out = Vec::new();
+        let mut cache = transformer::StackCache::default();
+        let mut fresh: Vec<i64> = ids.clone();
         for _ in 0..n {
-            let t = Tensor::from_slice(&ids).view([1, ids.len() as i64]).to_device(self.device());
-            let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, self.device()));
-            let h = self.net.encode(&t, &mask, gates, None)?;
-            let last = h.select(1, ids.len() as i64 - 1);
-            let next = nn::top1(&self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?.forward(&last)).int64_value(&[0]);
+            let h = if cached {
+                let t = Tensor::from_slice(&fresh).view([1, fresh.len() as i64]).to_device(self.device());
+                self.net.stack_cached(&t, &mut cache, gates, None)?
+            } else {
+                let t = Tensor::from_slice(&ids).view([1, ids.len() as i64]).to_device(self.device());
+                let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, self.device()));
+                self.net.encode(&t, &mask, gates, None)?
+            };
+            let last = h.select(1, h.size()[1] - 1);
+            let next = nn::top1(&out_proj.forward(&last)).int64_value(&[0]);
             if next == self.net.eos_id {
                 break;
             }
             out.push(next);
             ids.push(next);
+            fresh = vec![next];
         }
         Ok(out)
     }
@@ -672,33 +737,43 @@ impl Model {
         self.tok.decode(ids)
     }
 
-    /// One forward pass over `text` with every hook point recorded, as TransformerLens's
-    /// `run_with_cache`: `(name, tensor)` in the order computed, names from
-    /// [`Captured::hook_name`], the batch dimension removed. A name is kept when `filter` is
-    /// empty or contains a part of it. Translation models: the decoder reads the model's own
-    /// greedy output, teacher-forced (`cross.*`). Per-head tensors hold the heads a layer has
-    /// (after `prune_heads`, those present, in order).
-    pub fn run_with_cache(&self, text: &str, gates: &Gates, filter: &[String]) -> Result<Vec<(String, Tensor)>, ModelError> {
+    /// One forward pass over `text` with hook points recorded, as TransformerLens's
+    /// `run_with_cache`: `(point, tensor)` in the order computed, the batch dimension removed,
+    /// internal layout (per-head points `[H, T, X]`; [`hooks::to_tl_axes`] gives
+    /// TransformerLens's). `keep` says which points to record; `change` may intervene (the
+    /// recorded values are the changed ones). Translation models: the decoder reads the
+    /// model's own greedy output (under the same interventions), teacher-forced. Per-head
+    /// tensors hold the heads a layer has (after `prune_heads`, those present, in order).
+    pub fn run_with_cache(&self, text: &str, gates: &Gates, keep: &dyn Fn(hooks::At) -> bool, change: Option<&mut dyn hooks::Hooks>) -> Result<Vec<(hooks::At, Tensor)>, ModelError> {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
-        let mut cache: Vec<(String, Tensor)> = Vec::new();
-        let n_stack = self.net.encoder.len();
-        let n_dec = self.net.decoder.len();
-        let stack = self.net.stack_kind;
-        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-            let name = c.hook_name(k, l, if k != stack { n_dec } else { n_stack });
-            if filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())) {
-                cache.push((name, c.tensor().get(0).to_device(Device::Cpu)));
+        struct Keep<'a> {
+            keep: &'a dyn Fn(hooks::At) -> bool,
+            cache: Vec<(hooks::At, Tensor)>,
+        }
+        impl hooks::Hooks for Keep<'_> {
+            fn wants(&self, at: hooks::At) -> bool {
+                (self.keep)(at)
             }
+            fn visit(&mut self, at: hooks::At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+                self.cache.push((at, x.f_get(0)?.to_device(Device::Cpu)));
+                Ok(None)
+            }
+        }
+        let mut rec = Keep { keep, cache: Vec::new() };
+        let mut noop = hooks::Interventions::default();
+        let change: &mut dyn hooks::Hooks = match change {
+            Some(c) => c,
+            None => &mut noop,
         };
-        let mut cap = nn::Capture { attention: true, context: true, hidden: true, queries: true, head_outputs: true, on: &mut on };
-        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
+        let mut both = hooks::Both(change, &mut rec);
+        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut both))?;
         if !self.net.decoder.is_empty() {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
-            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut cap))?;
+            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut both))?;
         }
-        Ok(cache)
+        Ok(rec.cache)
     }
 
     /// Every head's attention on one sentence, per kind: `[heads, Tq, Tk]` per layer (the heads
@@ -711,20 +786,19 @@ impl Model {
         let src_tokens = b.encoded[0].tokens.clone();
         let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], layers: (0..s.n_layers).map(|_| None).collect() }).collect();
         // By layer: a layer without heads (prune_heads) hands out no attention.
-        let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-            if let (Captured::Attention(p), Some(m)) = (c, maps.iter_mut().find(|m| m.kind == k)) {
-                if let Some(slot) = m.layers.get_mut(l) {
-                    *slot = Some(p.get(0).to_kind(DType::Double).to_device(Device::Cpu));
-                }
+        let mut on = |at: hooks::At, p: &Tensor| -> Result<(), ModelError> {
+            if let Some(slot) = maps.iter_mut().find(|m| m.kind == at.kind).and_then(|m| m.layers.get_mut(at.layer)) {
+                *slot = Some(p.f_get(0)?.to_kind(DType::Double).to_device(Device::Cpu));
             }
+            Ok(())
         };
-        let mut cap = nn::Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut cap))?;
+        let mut rec = hooks::Record::new(&[hooks::Point::Pattern], &mut on);
+        let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut rec))?;
         let mut queries = None;
         if !self.net.decoder.is_empty() {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
-            let _ = self.net.decode_teacher(&h, &b.mask, &t, gates, Some(&mut cap))?;
+            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut rec))?;
             queries = targets.into_iter().next().map(|e| e.tokens);
         }
         let out = queries.unwrap_or_default();

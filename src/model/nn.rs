@@ -2,7 +2,8 @@
 //! per-head gates and capture, feed-forward blocks, the SSRU cell. Weights are never edited
 //! after loading; masks enter through [`Gates`].
 
-use super::{Captured, Kind};
+use super::hooks::{self, At, HookSlot, Point};
+use super::{Kind, ModelError};
 use tch::{Kind as DType, Tensor};
 
 thread_local! {
@@ -132,25 +133,31 @@ pub struct Ffn {
 }
 
 impl Ffn {
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.forward_parts(x).2
-    }
-
     /// The up projection's output, the hidden units (after the activation or gate) and the
-    /// block's output.
-    pub fn forward_parts(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let up = self.up.forward(x);
+    /// block's output, with the MLP's hook points (`mlp.hook_pre`, `hook_pre_linear`,
+    /// `hook_post`, `hook_mlp_out`) of layer `layer_idx` of `kind`.
+    pub fn forward_hooked(&self, x: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Tensor, Tensor), ModelError> {
+        let at = |p| At::new(kind, layer_idx, p);
         let act = |z: &Tensor| {
             let a = self.act.apply(z);
             if attn_lrp() { identity_rule(&a, z) } else { a }
         };
-        let hidden = match &self.gate {
-            Some(g) if attn_lrp() => divide_gradient(&(act(&g.forward(x)) * &up), 2.0),
-            Some(g) => act(&g.forward(x)) * &up,
-            None => act(&up),
+        let (up, hidden) = match &self.gate {
+            Some(g) => {
+                let pre = hooks::at(h, at(Point::MlpPre), g.forward(x))?;
+                let up = hooks::at(h, at(Point::MlpPreLinear), self.up.forward(x))?;
+                let hidden = if attn_lrp() { divide_gradient(&(act(&pre) * &up), 2.0) } else { act(&pre) * &up };
+                (up, hidden)
+            }
+            None => {
+                let up = hooks::at(h, at(Point::MlpPre), self.up.forward(x))?;
+                let hidden = act(&up);
+                (up, hidden)
+            }
         };
-        let out = self.down.forward(&hidden);
-        (up, hidden, out)
+        let hidden = hooks::at(h, at(Point::MlpPost), hidden)?;
+        let out = hooks::at(h, at(Point::MlpOut), self.down.forward(&hidden))?;
+        Ok((up, hidden, out))
     }
 }
 
@@ -177,12 +184,17 @@ pub struct Rotary {
 impl Rotary {
     /// `x [B, H, T, dh]` at positions `0..T`.
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        self.apply_from(x, 0)
+    }
+
+    /// `x [B, H, T, dh]` at positions `start..start + T` (a cached step).
+    pub fn apply_from(&self, x: &Tensor, start: i64) -> Tensor {
         let (t, dh) = (x.size()[2], x.size()[3]);
         let half = self.dim / 2;
         let device = x.device();
         let i = Tensor::arange(half, (DType::Double, device));
         let inv = (i * (-2.0 * self.base.ln() / self.dim as f64)).exp();
-        let ang = Tensor::arange(t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
+        let ang = Tensor::arange_start(start, start + t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
         let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
         let rot = x.narrow(3, 0, self.dim).reshape([x.size()[0], x.size()[1], t, half, 2]);
         let (a, b) = (rot.select(4, 0), rot.select(4, 1));
@@ -237,18 +249,6 @@ impl Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
         Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
     }
-}
-
-/// What the forward pass hands out as it computes; `on` is called for each layer.
-pub struct Capture<'a> {
-    pub attention: bool,
-    pub context: bool,
-    pub hidden: bool,
-    /// Per-head query vectors `[B, H, Tq, dh]` (diversity metrics).
-    pub queries: bool,
-    /// Per-head outputs at W^O `[B, H, Tq, D]` (`run_with_cache`'s `hook_result`).
-    pub head_outputs: bool,
-    pub on: &'a mut dyn FnMut(Kind, usize, Captured<'_>),
 }
 
 pub struct Attention {
@@ -313,54 +313,42 @@ impl Attention {
 
     /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
+    /// Positions (rotary) start at 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        xq: &Tensor,
-        xkv: &Tensor,
-        bias: &Tensor,
-        gate: Option<&Tensor>,
-        kind: Kind,
-        layer_idx: usize,
-        cap: &mut Option<&mut Capture>,
-    ) -> Tensor {
-        let kv = self.keys_values(xkv);
-        self.attend(xq, &kv, bias, gate, kind, layer_idx, cap)
+    pub fn forward(&self, xq: &Tensor, xkv: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let kv = self.keys_values(xkv, 0, kind, layer_idx, h)?;
+        self.attend(xq, &kv, bias, gate, 0, kind, layer_idx, h)
     }
 
-    /// The keys and values of `xkv [B, Tk, D]`, per head `[B, H, Tk, dh]` (rotary positions
-    /// applied, grouped heads repeated): what a decoder computes once per source sentence
-    /// for its cross-attention.
-    pub fn keys_values(&self, xkv: &Tensor) -> KeysValues {
+    /// The keys and values of `xkv [B, Tk, D]` at positions `start..`, per head `[B, H, Tk, dh]`
+    /// (rotary positions applied, grouped heads repeated): what a decoder computes once per
+    /// source sentence for its cross-attention, or caches step by step. Hook points `hook_k`,
+    /// `hook_rot_k` and `hook_v` (per key/value head).
+    pub fn keys_values(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
         if self.n_heads == 0 {
-            return KeysValues::empty();
+            return Ok(KeysValues::empty());
         }
+        let at = |p| At::new(kind, layer_idx, p);
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        let mut k = hooks::at(hk_slot, at(Point::K), self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2))?;
         if let Some(r) = &self.rotary {
-            k = r.apply(&k);
+            k = hooks::at(hk_slot, at(Point::RotK), r.apply_from(&k, start))?;
         }
-        let mut v = self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        let mut v = hooks::at(hk_slot, at(Point::V), self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2))?;
         if hk != h {
             k = k.repeat_interleave_self_int(h / hk, Some(1), None);
             v = v.repeat_interleave_self_int(h / hk, Some(1), None);
         }
-        KeysValues { k, v }
+        Ok(KeysValues { k, v })
     }
 
-    /// `xq [B, Tq, D]` attends over keys and values from [`Attention::keys_values`].
+    /// `xq [B, Tq, D]` (at positions `start..`) attends over keys and values from
+    /// [`Attention::keys_values`]. Hook points `hook_q`, `hook_rot_q`, `hook_attn_scores`,
+    /// `hook_pattern`, `hook_z`, `hook_result` and `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        &self,
-        xq: &Tensor,
-        kv: &KeysValues,
-        bias: &Tensor,
-        gate: Option<&Tensor>,
-        kind: Kind,
-        layer_idx: usize,
-        cap: &mut Option<&mut Capture>,
-    ) -> Tensor {
+    pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&Tensor>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let at = |p| At::new(kind, layer_idx, p);
         let (b, tq) = (xq.size()[0], xq.size()[1]);
         let (h, dh) = (self.n_heads, self.head_dim);
         if h == 0 {
@@ -368,14 +356,15 @@ impl Attention {
             // reach the attention kernels (some divide by the head count).
             let d = self.o.w.size()[0];
             let zero = Tensor::zeros([b, tq, d], (xq.kind(), xq.device()));
-            return match &self.o.b {
+            let out = match &self.o.b {
                 Some(bias) => zero + bias,
                 None => zero,
             };
+            return hooks::at(hs, at(Point::AttnOut), out);
         }
-        let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
+        let mut q = hooks::at(hs, at(Point::Q), self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2))?;
         if let Some(r) = &self.rotary {
-            q = r.apply(&q);
+            q = hooks::at(hs, at(Point::RotQ), r.apply_from(&q, start))?;
         }
         // AttnLRP: the uniform rule on q.k^T and on A.v (as LXT applies it to llama: q and k
         // each carry a quarter of the gradient, v half; the softmax keeps its gradient).
@@ -387,41 +376,41 @@ impl Attention {
         } else {
             (&kv.k, &kv.v)
         };
-        if let Some(c) = cap.as_deref_mut() {
-            if c.queries {
-                (c.on)(kind, layer_idx, Captured::Queries(&q));
-            }
-        }
         let scale = 1.0 / (dh as f64).sqrt();
-        let wants_probs = cap.as_deref().is_some_and(|c| c.attention);
-        let mut ctx = if wants_probs {
-            let scores = q.matmul(&k.transpose(-2, -1)) * scale + bias;
-            let probs = scores.softmax(-1, scores.kind());
-            if let Some(c) = cap.as_deref_mut() {
-                (c.on)(kind, layer_idx, Captured::Attention(&probs));
-                (c.on)(kind, layer_idx, Captured::Values(v));
-            }
-            probs.matmul(v)
+        let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) {
+            let scores = hooks::at(hs, at(Point::Scores), q.matmul(&k.transpose(-2, -1)) * scale + bias)?;
+            let probs = hooks::at(hs, at(Point::Pattern), scores.softmax(-1, scores.kind()))?;
+            probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.
-            Tensor::scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)
+            Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)?
         }; // [B, H, Tq, dh]
         if let Some(g) = gate {
             let g = self.own_gates(g).to_kind(ctx.kind());
             ctx = ctx * g.view([g.size()[0], h, 1, 1]);
         }
-        if let Some(c) = cap.as_deref_mut() {
-            if c.context {
-                (c.on)(kind, layer_idx, Captured::Context(&ctx));
-            }
-            if c.head_outputs {
-                // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
-                let d = self.o.w.size()[0];
-                let wo = self.o.w.view([d, h, dh]).permute([1, 2, 0]);
-                (c.on)(kind, layer_idx, Captured::HeadOutputs(&ctx.matmul(&wo)));
+        let ctx = hooks::at(hs, at(Point::Z), ctx)?;
+        let mut out = None;
+        if hooks::wants(hs, at(Point::Result)) {
+            // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
+            let d = self.o.w.size()[0];
+            let wo = self.o.w.view([d, h, dh]).permute([1, 2, 0]);
+            let result = ctx.matmul(&wo);
+            // A changed result is what the output sums; an unchanged one leaves W^O's own
+            // product (the floats of the plain forward).
+            if let Some(seen) = hooks::replaced(hs, at(Point::Result), &result)? {
+                let sum = seen.sum_dim_intlist([1i64].as_slice(), false, seen.kind());
+                out = Some(match &self.o.b {
+                    Some(bias) => sum + bias,
+                    None => sum,
+                });
             }
         }
-        self.o.forward(&ctx.transpose(1, 2).reshape([b, tq, h * dh]))
+        let out = match out {
+            Some(o) => o,
+            None => self.o.forward(&ctx.transpose(1, 2).reshape([b, tq, h * dh])),
+        };
+        hooks::at(hs, at(Point::AttnOut), out)
     }
 }
 
@@ -546,12 +535,12 @@ mod tests {
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;
-        let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none);
+        let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none).unwrap();
         let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));
-        let same = a.forward(&x, &x, &bias, Some(&ones), Kind::Enc, 0, &mut none);
+        let same = a.forward(&x, &x, &bias, Some(&ones), Kind::Enc, 0, &mut none).unwrap();
         assert!(full.equal(&same), "all-one gates must give exactly the ungated output");
         let g = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-        let masked = a.forward(&x, &x, &bias, Some(&g), Kind::Enc, 0, &mut none);
+        let masked = a.forward(&x, &x, &bias, Some(&g), Kind::Enc, 0, &mut none).unwrap();
         // Output dim 0 comes from head 0 only (unchanged); dim 1 from head 1 (zeroed).
         assert!(masked.select(2, 0).equal(&full.select(2, 0)));
         assert_eq!(masked.select(2, 1).abs().sum(DType::Float).double_value(&[]), 0.0);

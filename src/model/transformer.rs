@@ -2,8 +2,9 @@
 //! self-block, optional cross-attention) and an output projection. Checkpoint families
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
-use super::nn::{key_bias, sinusoidal, Attention, Capture, Ffn, Gates, KeysValues, Linear, Norm, NormPosition, Ssru, SsruTrace};
-use super::{Captured, Kind, ModelError};
+use super::hooks::{self, At, HookSlot, Point};
+use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, Linear, Norm, NormPosition, Ssru, SsruTrace};
+use super::{Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 pub enum Positions {
@@ -31,13 +32,13 @@ impl Embeddings {
     }
 
     /// Token ids `[B, T]` at positions `start..start+T`; `None` ids mean a zero embedding
-    /// (Marian's decoder start).
-    pub fn forward(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64) -> Result<Tensor, ModelError> {
+    /// (Marian's decoder start). Hook points `KIND.hook_embed`, `KIND.hook_pos_embed`.
+    pub fn forward(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64, kind: Kind, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let tok = match ids {
             Some(ids) => self.lookup(ids)?,
             None => Tensor::zeros([batch, len, self.tokens.size()[1]], (self.tokens.kind(), self.tokens.device())),
         };
-        self.finish(&tok, start)
+        self.finish(&tok, start, kind, h)
     }
 
     /// The token embeddings `[B, T, D]` of `ids` (the table's rows, before scale and positions).
@@ -47,23 +48,25 @@ impl Embeddings {
 
     /// Token embeddings `tok [B, T, D]` at positions `start..` -> the stack's input (scale,
     /// positions, token type, norm).
-    pub fn finish(&self, tok: &Tensor, start: i64) -> Result<Tensor, ModelError> {
+    pub fn finish(&self, tok: &Tensor, start: i64, kind: Kind, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let (len, d) = (tok.size()[1], tok.size()[2]);
         let device = self.tokens.device();
-        let mut x = if self.scale != 1.0 { tok * self.scale } else { tok.shallow_clone() };
-        match &self.positions {
+        let tok = hooks::at(h, At::new(kind, 0, Point::Embed), tok.shallow_clone())?;
+        let mut x = if self.scale != 1.0 { &tok * self.scale } else { tok };
+        let pos = match &self.positions {
             Positions::Learned(table) => {
                 let max = table.size()[0];
                 if start + len > max {
                     return Err(ModelError::TooLong { tokens: start + len, max });
                 }
-                x = x + table.narrow(0, start, len).unsqueeze(0);
+                Some(table.narrow(0, start, len).unsqueeze(0))
             }
-            Positions::Sinusoidal => {
-                let pos = sinusoidal(start, len, d, device, x.kind()).to_kind(x.kind()).unsqueeze(0);
-                x = x + pos
-            }
-            Positions::None => {}
+            Positions::Sinusoidal => Some(sinusoidal(start, len, d, device, x.kind()).to_kind(x.kind()).unsqueeze(0)),
+            Positions::None => None,
+        };
+        if let Some(pos) = pos {
+            let pos = if hooks::wants(h, At::new(kind, 0, Point::PosEmbed)) { hooks::at(h, At::new(kind, 0, Point::PosEmbed), pos.expand_as(&x))? } else { pos };
+            x = x + pos;
         }
         if let Some(tt) = &self.token_type {
             x = x + tt.get(0).view([1, 1, d]);
@@ -85,11 +88,36 @@ pub struct EncoderLayer {
 
 impl EncoderLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
+    /// Hook points: every per-layer point of `KIND.blocks.L`.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, cap: &mut Option<&mut Capture>) -> Tensor {
-        let h = self.attn_input(x);
-        let a = self.attn.forward(&h, &h, bias, gate, kind, layer_idx, cap);
-        self.finish(x, &a)
+    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        self.forward_cached(x, bias, gate, kind, layer_idx, h, None)
+    }
+
+    /// [`EncoderLayer::forward`] continuing a causal stack from the keys and values of earlier
+    /// positions (`cache`, extended in place; `x` is at positions `cached..`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+        let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
+        let attn_in = match self.norm_position {
+            NormPosition::Post => x.shallow_clone(),
+            NormPosition::Pre => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward(&x))?,
+        };
+        let a = match cache {
+            None => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
+            Some(slot) => {
+                let past = slot.as_ref().map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
+                let fresh = self.attn.keys_values(&attn_in, past, kind, layer_idx, h)?;
+                let kv = match slot.take() {
+                    Some(p) if past > 0 => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
+                    _ => fresh,
+                };
+                let out = self.attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?;
+                *slot = Some(kv);
+                out
+            }
+        };
+        Ok(self.finish_hooked(&x, &a, kind, layer_idx, h)?.0)
     }
 
     /// What the attention reads: `x` (post-norm) or `norm(x)` (pre-norm).
@@ -101,27 +129,34 @@ impl EncoderLayer {
     }
 
     /// The rest of the layer after the attention output `a` (residuals, norms, FFN).
-    pub fn finish(&self, x: &Tensor, a: &Tensor) -> Tensor {
-        self.finish_traced(x, a).0
+    pub fn finish(&self, x: &Tensor, a: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(self.finish_traced(x, a)?.0)
     }
 
     /// `finish`, also returning its intermediate tensors (for LRP).
-    pub fn finish_traced(&self, x: &Tensor, a: &Tensor) -> (Tensor, FinishTrace) {
-        let s1 = x + a;
+    pub fn finish_traced(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, FinishTrace), ModelError> {
+        self.finish_hooked(x, a, Kind::Enc, 0, &mut None)
+    }
+
+    /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
+    /// `hook_resid_post`).
+    fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<(Tensor, FinishTrace), ModelError> {
+        let at = |p| At::new(kind, layer_idx, p);
+        let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
-                let h = self.attn_norm.forward(&s1);
+                let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(&s1))?;
                 (h.shallow_clone(), h)
             }
-            NormPosition::Pre => (s1.shallow_clone(), self.ffn_norm.forward(&s1)),
+            NormPosition::Pre => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
         };
-        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_parts(&ffn_in);
-        let s2 = &h + &ffn_out;
+        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+        let s2 = hooks::at(hk, at(Point::ResidPost), &h + &ffn_out)?;
         let y = match self.norm_position {
-            NormPosition::Post => self.ffn_norm.forward(&s2),
+            NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s2))?,
             NormPosition::Pre => s2.shallow_clone(),
         };
-        (y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 })
+        Ok((y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }))
     }
 }
 
@@ -195,13 +230,13 @@ impl DecoderLayer {
     /// and the cross-attention (`cross`) heads. Returns the output and the self-block's state
     /// after the last step.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, SelfState) {
-        let (y, tr) = self.forward_traced(x, state, cross, enc_bias, gates, layer_idx, cap);
-        (y, tr.state)
+    pub fn forward(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, SelfState), ModelError> {
+        let (y, tr) = self.forward_traced(x, state, cross, enc_bias, gates, layer_idx, h)?;
+        Ok((y, tr.state))
     }
 
     /// The self-block over `x [B, T, D]` from `state`: its output and trace.
-    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, Option<SsruTrace>, SelfState) {
+    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Option<SsruTrace>, SelfState), ModelError> {
         match (&self.self_block, state) {
             (SelfBlock::Ssru(ssru), state) => {
                 // A cell from the previous step; a state of the other kind starts from zero.
@@ -211,7 +246,9 @@ impl DecoderLayer {
                 };
                 let tr = ssru.scan(x, &cell);
                 let last = tr.last.shallow_clone();
-                (tr.o.shallow_clone(), Some(tr), SelfState::Cell(last))
+                // The SSRU's output stands where a self-attention's output would.
+                let o = hooks::at(h, At::new(Kind::Dec, layer_idx, Point::AttnOut), tr.o.shallow_clone())?;
+                Ok((o, Some(tr), SelfState::Cell(last)))
             }
             (SelfBlock::Attention(a), state) => {
                 let t = x.size()[1];
@@ -219,58 +256,62 @@ impl DecoderLayer {
                     SelfState::Cache(Some(kv)) if a.n_heads > 0 => Some(kv),
                     _ => None,
                 };
-                let fresh = a.keys_values(x);
+                let p_len = past.map_or(0, |p| p.k.size()[2]);
+                let fresh = a.keys_values(x, p_len, Kind::Dec, layer_idx, h)?;
                 let kv = match (past, a.n_heads > 0) {
-                    (Some(p), true) => KeysValues { k: Tensor::cat(&[&p.k, &fresh.k], 2), v: Tensor::cat(&[&p.v, &fresh.v], 2) },
+                    (Some(p), true) => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
                     _ => fresh,
                 };
-                let p_len = past.map_or(0, |p| p.k.size()[2]);
                 let bias = cached_causal_bias(t, p_len, x.kind(), x.device());
                 let g = gates.layer(Kind::Dec, layer_idx);
-                let o = a.attend(x, &kv, &bias, g.as_ref(), Kind::Dec, layer_idx, cap);
-                (o, None, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None }))
+                let o = a.attend(x, &kv, &bias, g.as_ref(), p_len, Kind::Dec, layer_idx, h)?;
+                Ok((o, None, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None })))
             }
         }
     }
 
-    /// `forward`, also returning its intermediate tensors (for LRP). Attention
-    /// probabilities and contexts are handed out through `cap` (kind `dec` for the
-    /// self-attention, `cross` for the cross-attention).
+    /// `forward`, also returning its intermediate tensors (for LRP). Hook points: the
+    /// residual, norm and MLP points of `dec.blocks.L`, the self-attention's of
+    /// `dec.blocks.L.attn`, the cross-attention's of `cross.blocks.L` (`hook_resid_mid` there
+    /// is the stream after the cross-attention, `ln1` its norm).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, cap: &mut Option<&mut Capture>) -> (Tensor, DecoderTrace) {
-        let (o, ssru, state) = self.self_forward(x, state, gates, layer_idx, cap);
-        let s_a = x + &o;
-        let x1 = self.self_norm.forward(&s_a);
+    pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderTrace), ModelError> {
+        let at = |k, p| At::new(k, layer_idx, p);
+        let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
+        let (o, ssru, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
+        let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
+        let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward(&s_a))?;
         let a = match (&self.cross, cross) {
             (Some((attn, _)), Some(kv)) => {
                 let g = gates.layer(Kind::Cross, layer_idx);
-                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), Kind::Cross, layer_idx, cap))
+                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
             }
             _ => None,
         };
-        let (y, f) = self.finish_traced(&x1, a.as_ref());
-        (y, DecoderTrace { x_in: x.shallow_clone(), o, ssru, state, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c })
+        let (y, f) = self.finish_hooked(&x1, a.as_ref(), layer_idx, h)?;
+        Ok((y, DecoderTrace { x_in: x, o, ssru, state, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c }))
     }
 
     /// The rest of the layer after the cross-attention output `a` (its residual with `x1`,
     /// the norms, the FFN); without cross-attention, from `x1`.
-    pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Tensor {
-        self.finish_traced(x1, a).0
+    pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Result<Tensor, ModelError> {
+        Ok(self.finish_hooked(x1, a, 0, &mut None)?.0)
     }
 
-    fn finish_traced(&self, x1: &Tensor, a: Option<&Tensor>) -> (Tensor, DecoderFinish) {
+    fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderFinish), ModelError> {
+        let at = |k, p| At::new(k, layer_idx, p);
         let (s_b, x2) = match (&self.cross, a) {
             (Some((_, norm)), Some(a)) => {
-                let s_b = x1 + a;
-                let x2 = norm.forward(&s_b);
+                let s_b = hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?;
+                let x2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward(&s_b))?;
                 (Some(s_b), x2)
             }
             _ => (None, x1.shallow_clone()),
         };
-        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_parts(&x2);
-        let s_c = &x2 + &ffn_out;
-        let y = self.ffn_norm.forward(&s_c);
-        (y, DecoderFinish { s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c })
+        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
+        let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
+        let y = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward(&s_c))?;
+        Ok((y, DecoderFinish { s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c }))
     }
 }
 
@@ -360,32 +401,62 @@ impl Transformer {
         self.embed.tokens.device()
     }
 
-    /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real). Captures hidden states
-    /// (index 0 = embeddings, i = after layer i), attention and context per layer.
-    /// With a final norm, the last hidden state reported (index L) is after it, as in HF.
-    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        self.encode_embedded(&self.embed.lookup(ids)?, mask, gates, cap)
+    /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
+    /// the final norm where the model has one). `h` sees every hook point of the stack.
+    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
+        self.encode_embedded(&self.embed.lookup(ids)?, mask, gates, h)
     }
 
     /// [`Transformer::encode`] from the token embeddings `tok [B, T, D]` (AttnLRP takes the
     /// input relevance there).
-    pub fn encode_embedded(&self, tok: &Tensor, mask: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        let mut x = self.embed.finish(tok, 0)?;
-        let bias = self.self_bias(mask, x.kind());
+    pub fn encode_embedded(&self, tok: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
         let kind = self.stack_kind;
-        emit_hidden(&mut cap, kind, 0, &x);
-        let last = self.encoder.len();
-        for (l, layer) in self.encoder.iter().enumerate() {
+        let x = self.embed.finish(tok, 0, kind, &mut h)?;
+        let bias = self.self_bias(mask, x.kind());
+        self.stack_from(0, &x, &bias, gates, &mut h)
+    }
+
+    /// The stack's layers `from..` over `x` (the input of layer `from`), then the final norm
+    /// (also when no layer is left to run).
+    pub fn stack_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let kind = self.stack_kind;
+        let mut x = x.shallow_clone();
+        for (l, layer) in self.encoder.iter().enumerate().skip(from) {
             let g = gates.layer(kind, l);
-            x = layer.forward(&x, &bias, g.as_ref(), kind, l, &mut cap);
-            if l + 1 == last {
-                if let Some(n) = &self.final_norm {
-                    x = n.forward(&x);
-                }
-            }
-            emit_hidden(&mut cap, kind, l + 1, &x);
+            x = layer.forward(&x, bias, g.as_ref(), kind, l, h)?;
         }
-        Ok(x)
+        self.final_norm(x, h)
+    }
+
+    /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.
+    fn final_norm(&self, x: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        match &self.final_norm {
+            Some(n) => hooks::at(h, At::new(self.stack_kind, 0, Point::LnFinal), n.forward(&x)),
+            None => Ok(x),
+        }
+    }
+
+    /// A causal stack continued from cached keys and values: `ids [B, T]` at positions
+    /// `cache.len()..`, returning the final states `[B, T, D]` and extending the cache. Equal to
+    /// running the whole prefix again (`tests`: generation with and without the cache).
+    pub fn stack_cached(&self, ids: &Tensor, cache: &mut StackCache, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
+        if !self.causal {
+            return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
+        }
+        let (b, t) = (ids.size()[0], ids.size()[1]);
+        let kind = self.stack_kind;
+        let past = cache.len;
+        let mut x = self.embed.forward(Some(ids), b, past, t, kind, &mut h)?;
+        let bias = cached_window_bias(t, past, self.window, x.kind(), x.device());
+        if cache.layers.len() != self.encoder.len() {
+            cache.layers = (0..self.encoder.len()).map(|_| None).collect();
+        }
+        for ((l, layer), slot) in self.encoder.iter().enumerate().zip(cache.layers.iter_mut()) {
+            let g = gates.layer(kind, l);
+            x = layer.forward_cached(&x, &bias, g.as_ref(), kind, l, &mut h, Some(slot))?;
+        }
+        cache.len += t;
+        self.final_norm(x, &mut h)
     }
 
     /// The stack's attention bias: padding, plus the causal mask for a decoder-only model.
@@ -398,20 +469,9 @@ impl Transformer {
         }
     }
 
-    /// Encoder layers `from..` applied to `x` (the input of layer `from`).
-    pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Tensor {
-        let mut x = x.shallow_clone();
-        let mut none = None;
-        for (l, layer) in self.encoder.iter().enumerate().skip(from) {
-            let g = gates.layer(self.stack_kind, l);
-            x = layer.forward(&x, bias, g.as_ref(), self.stack_kind, l, &mut none);
-        }
-        // The final norm also when no layer is left to run (`from` past the last layer: a
-        // sweep of the last layer's heads).
-        match &self.final_norm {
-            Some(n) => n.forward(&x),
-            None => x,
-        }
+    /// Encoder layers `from..` applied to `x` (the input of layer `from`), then the final norm.
+    pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
+        self.stack_from(from, x, bias, gates, &mut None)
     }
 
     pub fn start_state(&self, batch: i64) -> DecoderState {
@@ -430,14 +490,14 @@ impl Transformer {
 
     /// The decoder's input embeddings of `ids [B, T]` at positions `start..`, or of the start
     /// token when `ids` is `None` (`T = 1`).
-    fn dec_inputs(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64) -> Result<Tensor, ModelError> {
+    fn dec_inputs(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let e = self.dec_embeddings();
         match (ids, self.dec_start) {
             (None, Some(id)) => {
                 let first = Tensor::full([batch, len], id, (DType::Int64, self.device()));
-                e.forward(Some(&first), batch, start, len)
+                e.forward(Some(&first), batch, start, len, Kind::Dec, h)
             }
-            (ids, _) => e.forward(ids, batch, start, len),
+            (ids, _) => e.forward(ids, batch, start, len, Kind::Dec, h),
         }
     }
 
@@ -451,9 +511,9 @@ impl Transformer {
         enc: &Tensor,
         enc_bias: &Tensor,
         gates: &Gates,
-        cap: &mut Option<&mut Capture>,
+        h: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
-        let x = self.decode_step_state(prev, state, enc, enc_bias, gates, cap)?;
+        let x = self.decode_step_state(prev, state, enc, enc_bias, gates, h)?;
         let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         Ok(out.forward(&x))
     }
@@ -466,16 +526,16 @@ impl Transformer {
         enc: &Tensor,
         enc_bias: &Tensor,
         gates: &Gates,
-        cap: &mut Option<&mut Capture>,
+        h: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
         let b = enc.size()[0];
         if state.cross.is_empty() {
-            state.cross = self.cross_keys_values(enc);
+            state.cross = self.cross_keys_values(enc, h)?;
         }
         let ids = prev.map(|p| p.view([b, 1]));
-        let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1)?; // [B, 1, D]
+        let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1, h)?; // [B, 1, D]
         for (l, layer) in self.decoder.iter().enumerate() {
-            let (y, c) = layer.forward(&x, &state.selfs[l], state.cross[l].as_ref(), enc_bias, gates, l, cap);
+            let (y, c) = layer.forward(&x, &state.selfs[l], state.cross[l].as_ref(), enc_bias, gates, l, h)?;
             state.selfs[l] = c;
             x = y;
         }
@@ -485,20 +545,27 @@ impl Transformer {
 
     /// Keys and values of the encoder output `[B, S, D]` for each decoder layer's
     /// cross-attention.
-    pub fn cross_keys_values(&self, enc: &Tensor) -> Vec<Option<KeysValues>> {
-        self.decoder.iter().map(|l| l.cross.as_ref().map(|(a, _)| a.keys_values(enc))).collect()
+    /// (hook points `cross.blocks.L.attn.hook_k`, `hook_v`).
+    pub fn cross_keys_values(&self, enc: &Tensor, h: &mut HookSlot) -> Result<Vec<Option<KeysValues>>, ModelError> {
+        self.decoder.iter().enumerate().map(|(l, layer)| layer.cross.as_ref().map(|(a, _)| a.keys_values(enc, 0, Kind::Cross, l, h)).transpose()).collect()
     }
 
     /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (the start
     /// token, or a zero embedding) and `targets [B, T]` shifted right.
-    pub fn teacher_inputs(&self, targets: &Tensor) -> Result<Tensor, ModelError> {
+    pub fn teacher_inputs(&self, targets: &Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let (b, t) = (targets.size()[0], targets.size()[1]);
-        let start = self.dec_inputs(None, b, 0, 1)?;
         if t <= 1 {
-            return Ok(start.narrow(1, 0, t.max(0)));
+            return Ok(self.dec_inputs(None, b, 0, 1, h)?.narrow(1, 0, t.max(0)));
         }
-        let rest = self.dec_inputs(Some(&targets.narrow(1, 0, t - 1)), b, 1, t - 1)?;
-        Ok(Tensor::cat(&[start, rest], 1))
+        // One embedding call over the whole sequence, so that `dec.hook_embed` sees `[B, T, D]`:
+        // the start token's embedding (or a zero one) first, the targets shifted right after.
+        let e = self.dec_embeddings();
+        let shifted = targets.narrow(1, 0, t - 1);
+        let tok = match self.dec_start {
+            Some(id) => e.lookup(&Tensor::cat(&[Tensor::full([b, 1], id, (DType::Int64, self.device())), shifted], 1))?,
+            None => Tensor::cat(&[Tensor::zeros([b, 1, e.tokens.size()[1]], (e.tokens.kind(), e.tokens.device())), e.lookup(&shifted)?], 1),
+        };
+        e.finish(&tok, 0, Kind::Dec, h)
     }
 
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens.
@@ -510,7 +577,7 @@ impl Transformer {
         let mut done = vec![false; b];
         let limit = max_len.iter().copied().max().unwrap_or(0);
         let mut prev: Option<Tensor> = None;
-        let mut none = None;
+        let mut none: HookSlot = None;
         for t in 0..limit {
             let logits = self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut none)?;
             for &id in &self.banned {
@@ -538,8 +605,8 @@ impl Transformer {
 
     /// Teacher-forced decoding: the decoder reads `targets [B, T]` shifted right (start =
     /// zero embedding) and returns logits `[B, T, V]` for predicting each target.
-    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        let states = self.decode_teacher_states(enc, mask, targets, gates, cap)?;
+    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
+        let states = self.decode_teacher_states(enc, mask, targets, gates, h)?;
         let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         Ok(out.forward(&states))
     }
@@ -547,24 +614,24 @@ impl Transformer {
     /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
     /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
     /// attention capture reports `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer.
-    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, cap: Option<&mut Capture>) -> Result<Tensor, ModelError> {
-        Ok(self.decode_teacher_pass(enc, mask, targets, gates, cap, false)?.states)
+    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
+        Ok(self.decode_teacher_pass(enc, mask, targets, gates, h, false)?.states)
     }
 
     /// The one teacher-forced decoder pass: every consumer (the logits, the ablation metrics
     /// and the cross-head sweep, LRP through the decoder, gate training) runs the decoder
     /// through here. With `keep_traces`, each layer's intermediate tensors come back too
     /// ([`DecoderTrace`]); the cross-attention keys and values always do.
-    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut cap: Option<&mut Capture>, keep_traces: bool) -> Result<TeacherPass, ModelError> {
+    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut h: HookSlot, keep_traces: bool) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
-        let cross = self.cross_keys_values(enc);
+        let cross = self.cross_keys_values(enc, &mut h)?;
         let starts = self.initial_states(targets.size()[0]);
         let mut traces = Vec::new();
         // Layer by layer over every step at once (self-attention under a causal mask); only
         // the SSRU recurrence goes step by step.
-        let mut x = self.teacher_inputs(targets)?;
+        let mut x = self.teacher_inputs(targets, &mut h)?;
         for (l, layer) in self.decoder.iter().enumerate() {
-            let (y, tr) = layer.forward_traced(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut cap);
+            let (y, tr) = layer.forward_traced(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut h)?;
             if keep_traces {
                 traces.push(tr);
             }
@@ -574,12 +641,23 @@ impl Transformer {
     }
 }
 
-fn emit_hidden(cap: &mut Option<&mut Capture>, kind: Kind, i: usize, x: &Tensor) {
-    if let Some(c) = cap.as_deref_mut() {
-        if c.hidden {
-            (c.on)(kind, i, Captured::Hidden(x));
-        }
+/// A causal stack's keys and values of the positions run so far, per layer.
+#[derive(Default)]
+pub struct StackCache {
+    pub layers: Vec<Option<KeysValues>>,
+    /// Positions cached.
+    pub len: i64,
+}
+
+/// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached positions: key `j`
+/// is hidden from query `i` (at position `P + i`) when `j > P + i`, or, with a sliding
+/// `window`, when `j <= P + i - window` (the same keys [`super::nn::causal_bias`] leaves).
+pub fn cached_window_bias(t: i64, past: i64, window: Option<i64>, dtype: DType, device: Device) -> Tensor {
+    let mut hidden = Tensor::ones([t, past + t], (dtype, device)).triu(past + 1);
+    if let Some(w) = window {
+        hidden = hidden + Tensor::ones([t, past + t], (dtype, device)).tril(past - w.max(1));
     }
+    hidden.view([1, 1, t, past + t]) * -1e9
 }
 
 /// Float tensors of a checkpoint are converted to the model's dtype and device here.

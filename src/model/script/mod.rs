@@ -71,6 +71,7 @@ impl ScriptModel {
 }
 
 mod head;
+pub mod hooks;
 
 pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt("device", "\"auto\"", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
@@ -117,7 +118,7 @@ pub fn dataset_texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
 }
 
 /// A tensor as nested arrays of floats (a scalar for a 0-dimensional one).
-fn tensor_value(t: &tch::Tensor) -> ScriptResult<Dynamic> {
+pub(crate) fn tensor_value(t: &tch::Tensor) -> ScriptResult<Dynamic> {
     let shape = t.size();
     let flat: Vec<f64> = Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).or_else(|e| err(e.to_string()))?;
     fn nest(flat: &[f64], shape: &[i64]) -> Dynamic {
@@ -135,45 +136,6 @@ fn tensor_value(t: &tch::Tensor) -> ScriptResult<Dynamic> {
 #[export_module]
 pub mod api {
     use super::*;
-
-    /// Every hook point of one forward pass over `text`, as TransformerLens's `run_with_cache`:
-    /// a map from hook name to nested arrays (the batch dimension removed). Names are
-    /// `KIND.blocks.L.attn.hook_pattern` (attention `[H, Tq, Tk]`), `hook_q`, `hook_v`,
-    /// `hook_z` (per-head contexts `[H, Tq, dh]`, the input of W^O), `hook_result` (per-head
-    /// outputs at W^O `[H, Tq, D]`), and `KIND.blocks.L.hook_resid_pre` /
-    /// `hook_resid_post` (the residual stream `[T, D]`). Translation models add `cross.*`
-    /// on their own greedy translation. The view's mask applies.
-    ///
-    /// ```rhai
-    /// let m = load_model("minilm");
-    /// let c = m.run_with_cache("The cat sat.");
-    /// let p = c["enc.blocks.0.attn.hook_pattern"];
-    /// assert(p.len() == 12 && p[0].len() == p[0][0].len());
-    /// assert(c["enc.blocks.5.hook_resid_post"][0].len() == 384);
-    /// ```
-    #[rhai_fn(name = "run_with_cache", return_raw, pure)]
-    pub fn run_with_cache(m: &mut ScriptModel, text: &str) -> ScriptResult<Map> {
-        run_with_cache_names(m, text, Array::new())
-    }
-
-    /// `run_with_cache` keeping only the hook points whose names contain one of `names`.
-    ///
-    /// ```rhai
-    /// let m = load_model("enpt");
-    /// let c = m.run_with_cache("Hello world.", ["hook_pattern"]);
-    /// assert(c.keys().len() == 6 + 2 && c["cross.blocks.1.attn.hook_pattern"].len() == 8);
-    /// ```
-    #[rhai_fn(name = "run_with_cache", return_raw, pure)]
-    pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Map> {
-        let filter: Vec<String> = names.iter().map(|n| if n.is_string() { Ok(n.to_string()) } else { err(format!("run_with_cache: names must be strings, got {}", quote(n))) }).collect::<ScriptResult<_>>()?;
-        let gates = m.gates()?;
-        let cache = m.model.run_with_cache(text, &gates, &filter).or_else(|e| err(format!("run_with_cache: {e}")))?;
-        let mut out = Map::new();
-        for (name, t) in cache {
-            out.insert(name.into(), tensor_value(&t)?);
-        }
-        Ok(out)
-    }
 
     /// Loads a model from a directory (or a named asset: "minilm", "enpt", "pten"). The family
     /// is detected from the files. Options: `device` ("auto" = CUDA when available, "cpu",
@@ -518,6 +480,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<AttentionMatrix>("AttentionMatrix");
     engine.register_global_module(exported_module!(api).into());
     engine.register_global_module(exported_module!(head::api).into());
+    engine.register_global_module(exported_module!(hooks::api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {

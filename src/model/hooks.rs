@@ -1,0 +1,436 @@
+//! The trace: named hook points of the one forward pass, read and written.
+//!
+//! Every value the forward computes at a named place passes through [`Hooks`]: a hook sees the
+//! value, may hand back a replacement, and the forward continues from it; everything downstream
+//! (the layers above, a decoder's cached keys and values) sees the changed value. A hook may
+//! fail: its error ends the run. A run that asks for nothing costs what the plain forward costs
+//! (the fused attention kernel is used unless scores or pattern are asked for).
+//!
+//! Names follow TransformerLens, prefixed by the attention kind (`enc.`, `dec.`, `cross.`):
+//! [`POINTS`] is the one table (docs/methods.md#hook-points). Internally per-head tensors are
+//! `[B, H, T, dh]`; the table says which axis is which so that callers (the cache, the
+//! interventions) can speak TransformerLens's axes.
+
+use super::{Kind, ModelError};
+use std::fmt;
+use tch::Tensor;
+
+/// A place in the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Point {
+    /// Token embeddings, before scaling and positions (`hook_embed`).
+    Embed,
+    /// Position embeddings added to them (learned or sinusoidal; `hook_pos_embed`).
+    PosEmbed,
+    /// A layer's input (`blocks.L.hook_resid_pre`).
+    ResidPre,
+    /// The output of the layer's first norm (`blocks.L.ln1.hook_normalized`): the attention's
+    /// input in a pre-norm layer, `norm(resid_mid)` in a post-norm layer.
+    Ln1,
+    /// Per-head queries before rotary positions `[B, H, T, dh]` (`attn.hook_q`).
+    Q,
+    /// Per key/value head keys before rotary positions `[B, Hkv, T, dh]` (`attn.hook_k`).
+    K,
+    /// Per key/value head values `[B, Hkv, T, dh]` (`attn.hook_v`).
+    V,
+    /// Queries and keys after rotary positions (`attn.hook_rot_q`, `attn.hook_rot_k`).
+    RotQ,
+    RotK,
+    /// Scaled scores with the mask added `[B, H, Tq, Tk]` (`attn.hook_attn_scores`).
+    Scores,
+    /// Attention probabilities `[B, H, Tq, Tk]` (`attn.hook_pattern`).
+    Pattern,
+    /// Per-head contexts, gated, the input of W^O `[B, H, T, dh]` (`attn.hook_z`).
+    Z,
+    /// Per-head outputs at W^O, without its bias `[B, H, T, D]` (`attn.hook_result`).
+    Result,
+    /// The attention block's output `[B, T, D]` (`blocks.L.hook_attn_out`).
+    AttnOut,
+    /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
+    ResidMid,
+    /// The output of the layer's second norm (`blocks.L.ln2.hook_normalized`): the MLP's input
+    /// in a pre-norm layer, the layer's output in a post-norm layer.
+    Ln2,
+    /// The MLP's pre-activation `[B, T, F]` (`mlp.hook_pre`; of the gate in a gated MLP).
+    MlpPre,
+    /// A gated MLP's linear branch `[B, T, F]` (`mlp.hook_pre_linear`).
+    MlpPreLinear,
+    /// The MLP's hidden units after the activation (and gate) `[B, T, F]` (`mlp.hook_post`).
+    MlpPost,
+    /// The MLP block's output `[B, T, D]` (`blocks.L.hook_mlp_out`).
+    MlpOut,
+    /// The residual stream after the MLP (`blocks.L.hook_resid_post`), before a post-norm
+    /// layer's last norm.
+    ResidPost,
+    /// The stack's final norm (`ln_final.hook_normalized`).
+    LnFinal,
+}
+
+/// The layout of a hook point's value (batch first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[B, T, X]`: residual stream, norms, MLP units.
+    Seq,
+    /// `[B, H, T, X]`: per-head vectors (`H` query heads, or key/value heads for `k` and `v`).
+    Heads,
+    /// `[B, H, Tq, Tk]`: scores and pattern.
+    Scores,
+}
+
+/// One row of the hook table.
+pub struct PointSpec {
+    pub point: Point,
+    /// The name after `KIND.blocks.L.` (or after `KIND.` for the whole-model points).
+    pub name: &'static str,
+    pub layout: Layout,
+    /// Whether the point belongs to a layer (`blocks.L.`).
+    pub per_layer: bool,
+    /// Whether it belongs to an attention block (so exists for `cross` too).
+    pub attention: bool,
+    /// Shape in TransformerLens's axes, batch removed.
+    pub axes: &'static str,
+    pub doc: &'static str,
+}
+
+const fn spec(point: Point, name: &'static str, layout: Layout, per_layer: bool, attention: bool, axes: &'static str, doc: &'static str) -> PointSpec {
+    PointSpec { point, name, layout, per_layer, attention, axes, doc }
+}
+
+/// The hook table: every point, in the order the forward meets them.
+pub const POINTS: &[PointSpec] = &[
+    spec(Point::Embed, "hook_embed", Layout::Seq, false, false, "[pos, d_model]", "token embeddings (before scale and positions)"),
+    spec(Point::PosEmbed, "hook_pos_embed", Layout::Seq, false, false, "[pos, d_model]", "position embeddings (learned or sinusoidal models)"),
+    spec(Point::ResidPre, "hook_resid_pre", Layout::Seq, true, false, "[pos, d_model]", "the layer's input"),
+    spec(Point::Ln1, "ln1.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "first norm: attention input (pre-norm) or norm(resid_mid) (post-norm)"),
+    spec(Point::Q, "attn.hook_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries, before rotary"),
+    spec(Point::K, "attn.hook_k", Layout::Heads, true, true, "[pos, kv_head, d_head]", "keys by key/value head, before rotary"),
+    spec(Point::V, "attn.hook_v", Layout::Heads, true, true, "[pos, kv_head, d_head]", "values by key/value head"),
+    spec(Point::RotQ, "attn.hook_rot_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries after rotary (rotary models)"),
+    spec(Point::RotK, "attn.hook_rot_k", Layout::Heads, true, true, "[pos, kv_head, d_head]", "keys after rotary (rotary models)"),
+    spec(Point::Scores, "attn.hook_attn_scores", Layout::Scores, true, true, "[head, q_pos, k_pos]", "scaled scores, mask added (-1e9)"),
+    spec(Point::Pattern, "attn.hook_pattern", Layout::Scores, true, true, "[head, q_pos, k_pos]", "attention probabilities"),
+    spec(Point::Z, "attn.hook_z", Layout::Heads, true, true, "[pos, head, d_head]", "per-head contexts, gated: the input of W^O"),
+    spec(Point::Result, "attn.hook_result", Layout::Heads, true, true, "[pos, head, d_model]", "per-head outputs at W^O (bias not included)"),
+    spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
+    spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out)"),
+    spec(Point::Ln2, "ln2.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "second norm: MLP input (pre-norm) or the layer's output (post-norm)"),
+    spec(Point::MlpPre, "mlp.hook_pre", Layout::Seq, true, false, "[pos, d_mlp]", "MLP pre-activation (of the gate, in a gated MLP)"),
+    spec(Point::MlpPreLinear, "mlp.hook_pre_linear", Layout::Seq, true, false, "[pos, d_mlp]", "a gated MLP's linear branch"),
+    spec(Point::MlpPost, "mlp.hook_post", Layout::Seq, true, false, "[pos, d_mlp]", "MLP hidden units after the activation (and gate)"),
+    spec(Point::MlpOut, "hook_mlp_out", Layout::Seq, true, false, "[pos, d_model]", "the MLP block's output"),
+    spec(Point::ResidPost, "hook_resid_post", Layout::Seq, true, false, "[pos, d_model]", "resid_mid + mlp_out (before a post-norm layer's last norm)"),
+    spec(Point::LnFinal, "ln_final.hook_normalized", Layout::Seq, false, false, "[pos, d_model]", "the stack's final norm (pre-norm models)"),
+];
+
+impl Point {
+    pub fn spec(self) -> &'static PointSpec {
+        // Every point has exactly one row (a unit test checks it).
+        POINTS.iter().find(|s| s.point == self).unwrap_or(&POINTS[0])
+    }
+}
+
+/// Where a value sits: the attention kind (for residual points of a decoder layer, `dec`; of
+/// the decoder's embeddings, `dec`), the layer (0 for whole-model points) and the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct At {
+    pub kind: Kind,
+    pub layer: usize,
+    pub point: Point,
+}
+
+impl At {
+    pub fn new(kind: Kind, layer: usize, point: Point) -> At {
+        At { kind, layer, point }
+    }
+}
+
+/// `enc.blocks.3.attn.hook_pattern`, `dec.hook_embed`, `enc.ln_final.hook_normalized`.
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.point.spec();
+        if s.per_layer {
+            write!(f, "{}.blocks.{}.{}", self.kind, self.layer, s.name)
+        } else {
+            write!(f, "{}.{}", self.kind, s.name)
+        }
+    }
+}
+
+/// Parses a hook name. `default_kind` is used when the name has no kind prefix
+/// (`blocks.0.attn.hook_z` on a decoder-only model, as TransformerLens writes it).
+pub fn parse_name(name: &str, default_kind: Option<Kind>) -> Result<At, String> {
+    let bad = |why: &str| format!("'{name}' is not a hook name ({why}); names look like \"enc.blocks.0.attn.hook_pattern\", \"dec.hook_embed\" (`:help hooks` lists them)");
+    let (kind, rest) = match name.split_once('.') {
+        Some((k, rest)) if matches!(k, "enc" | "dec" | "cross") => (k.parse::<Kind>().map_err(|e| bad(&e))?, rest),
+        _ => (default_kind.ok_or_else(|| bad("no attention kind in front: enc., dec. or cross."))?, name),
+    };
+    let (layer, point_name) = match rest.strip_prefix("blocks.") {
+        Some(r) => {
+            let (l, p) = r.split_once('.').ok_or_else(|| bad("nothing after the layer"))?;
+            (Some(l.parse::<usize>().map_err(|_| bad(&format!("'{l}' is not a layer number")))?), p)
+        }
+        None => (None, rest),
+    };
+    let Some(spec) = POINTS.iter().find(|s| s.name == point_name) else {
+        let names: Vec<&str> = POINTS.iter().map(|s| s.name).collect();
+        return Err(bad(&format!("unknown point '{point_name}'; the points are {}", names.join(", "))));
+    };
+    match (spec.per_layer, layer) {
+        (true, None) => Err(bad(&format!("'{}' belongs to a layer: blocks.L.{}", spec.name, spec.name))),
+        (false, Some(_)) => Err(bad(&format!("'{}' belongs to no layer: {kind}.{}", spec.name, spec.name))),
+        (_, l) => Ok(At { kind, layer: l.unwrap_or(0), point: spec.point }),
+    }
+}
+
+/// What the forward hands each value to.
+pub trait Hooks {
+    /// Whether `visit` wants to see the value at `at` (checked before any work is done to
+    /// produce a value nobody reads, such as the pattern or per-head results).
+    fn wants(&self, at: At) -> bool;
+    /// Sees the value at `at`; `Some(v)` replaces it (same shape), and the forward continues
+    /// from `v`.
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError>;
+}
+
+/// The hooks of one run, as the forward passes them down.
+pub type HookSlot<'a> = Option<&'a mut dyn Hooks>;
+
+/// Whether anybody looks at `at`.
+pub fn wants(h: &HookSlot, at: At) -> bool {
+    h.as_deref().is_some_and(|h| h.wants(at))
+}
+
+/// The value at `at` after the hooks: `x` itself, or its replacement (checked to keep the
+/// shape, since everything downstream is built for it).
+pub fn at(h: &mut HookSlot, at: At, x: Tensor) -> Result<Tensor, ModelError> {
+    Ok(match replaced(h, at, &x)? {
+        Some(v) => v,
+        None => x,
+    })
+}
+
+/// The hooks' replacement of the value `x` at `at`, if any.
+pub fn replaced(h: &mut HookSlot, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+    let Some(h) = h.as_deref_mut() else { return Ok(None) };
+    if !h.wants(at) {
+        return Ok(None);
+    }
+    match h.visit(at, x)? {
+        None => Ok(None),
+        Some(v) if v.size() == x.size() => Ok(Some(if v.kind() == x.kind() && v.device() == x.device() { v } else { v.f_to_device(x.device())?.f_to_kind(x.kind())? })),
+        Some(v) => Err(ModelError::Invalid(format!("hook {at}: the replacement has shape {:?}, the value there has {:?}", v.size(), x.size()))),
+    }
+}
+
+/// A hook that records: `on` gets every value whose point is in `points` (all points when
+/// empty) and kind in `kinds` (all when empty); it changes nothing.
+pub struct Record<'a> {
+    pub points: &'a [Point],
+    pub kinds: &'a [Kind],
+    pub on: &'a mut dyn FnMut(At, &Tensor) -> Result<(), ModelError>,
+}
+
+impl<'a> Record<'a> {
+    pub fn new(points: &'a [Point], on: &'a mut dyn FnMut(At, &Tensor) -> Result<(), ModelError>) -> Record<'a> {
+        Record { points, kinds: &[], on }
+    }
+}
+
+impl Hooks for Record<'_> {
+    fn wants(&self, at: At) -> bool {
+        (self.points.is_empty() || self.points.contains(&at.point)) && (self.kinds.is_empty() || self.kinds.contains(&at.kind))
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        (self.on)(at, x)?;
+        Ok(None)
+    }
+}
+
+/// Two hooks in turn: the first's replacement is what the second sees.
+pub struct Both<'a>(pub &'a mut dyn Hooks, pub &'a mut dyn Hooks);
+
+impl Hooks for Both<'_> {
+    fn wants(&self, at: At) -> bool {
+        self.0.wants(at) || self.1.wants(at)
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        let first = if self.0.wants(at) { self.0.visit(at, x)? } else { None };
+        let seen = first.as_ref().unwrap_or(x);
+        let second = if self.1.wants(at) { self.1.visit(at, seen)? } else { None };
+        Ok(second.or(first))
+    }
+}
+
+/// What an intervention does to the selected entries.
+#[derive(Debug)]
+pub enum Op {
+    /// Set them to a value (broadcast over the selection).
+    Replace(Tensor),
+    /// Add a value.
+    Add(Tensor),
+    /// Multiply by a factor.
+    Scale(f64),
+}
+
+/// A change at one hook point: `op` on the entries of the chosen heads, positions (query
+/// positions for scores and pattern) and batch rows (all when `None`). A value is given in
+/// TransformerLens's axes without batch (`[pos, head, d_head]` for `hook_z`), or any shape
+/// that broadcasts to that.
+#[derive(Debug)]
+pub struct Intervention {
+    pub at: At,
+    pub op: Op,
+    pub heads: Option<Vec<i64>>,
+    pub positions: Option<Vec<i64>>,
+    pub rows: Option<Vec<i64>>,
+}
+
+impl Intervention {
+    /// The value after the change (`x` in internal layout).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let layout = self.at.point.spec().layout;
+        let size = x.size();
+        let name = self.at;
+        let (head_axis, pos_axis) = match layout {
+            Layout::Seq => (None, 1),
+            Layout::Heads | Layout::Scores => (Some(1), 2),
+        };
+        // The value in internal layout.
+        let to_internal = |v: &Tensor| -> Result<Tensor, ModelError> {
+            let v = v.f_to_device(x.device())?.f_to_kind(x.kind())?;
+            // [pos, head, X] -> [head, pos, X] for per-head points (given with all three axes).
+            let v = if layout == Layout::Heads && v.dim() == 3 { v.f_transpose(0, 1)? } else { v };
+            let want: Vec<i64> = size[1..].to_vec();
+            v.f_broadcast_to(want.as_slice()).map_err(|_| {
+                ModelError::Invalid(format!("intervention at {name}: a value of shape {:?} does not fit the point's shape {} = {:?} (TransformerLens axes, batch removed)", v.size(), name.point.spec().axes, tl_shape(layout, &want)))
+            })
+        };
+        let changed = match &self.op {
+            Op::Replace(v) => to_internal(v)?.unsqueeze(0).f_expand_as(x)?,
+            Op::Add(v) => x + to_internal(v)?.unsqueeze(0),
+            Op::Scale(s) => x * *s,
+        };
+        if self.heads.is_none() && self.positions.is_none() && self.rows.is_none() {
+            return Ok(changed);
+        }
+        // A boolean selection broadcast over the value's axes.
+        let dev = x.device();
+        let pick = |axis: usize, idx: &Option<Vec<i64>>, what: &str| -> Result<Option<Tensor>, ModelError> {
+            let Some(idx) = idx else { return Ok(None) };
+            let n = size[axis];
+            if let Some(bad) = idx.iter().find(|&&i| i < 0 || i >= n) {
+                return Err(ModelError::Invalid(format!("intervention at {name}: {what} {bad} out of range 0..{}", n - 1)));
+            }
+            let mut m = vec![false; n as usize];
+            for &i in idx {
+                m[i as usize] = true;
+            }
+            let mut shape = vec![1i64; size.len()];
+            shape[axis] = n;
+            Ok(Some(Tensor::from_slice(&m).view(shape.as_slice()).to_device(dev)))
+        };
+        let mut sel: Option<Tensor> = None;
+        let parts = [pick(0, &self.rows, "batch row")?, match head_axis {
+            Some(a) => pick(a, &self.heads, "head")?,
+            None if self.heads.is_some() => return Err(ModelError::Invalid(format!("intervention at {name}: the point has no heads; give heads only at attn.* points"))),
+            None => None,
+        }, pick(pos_axis, &self.positions, "position")?];
+        for p in parts.into_iter().flatten() {
+            sel = Some(match sel {
+                None => p,
+                Some(s) => s.f_logical_and(&p)?,
+            });
+        }
+        match sel {
+            None => Ok(changed),
+            Some(s) => Ok(changed.f_where_self(&s, x)?),
+        }
+    }
+}
+
+/// An internal per-point shape (batch removed) in TransformerLens's axes.
+fn tl_shape(layout: Layout, s: &[i64]) -> Vec<i64> {
+    match (layout, s) {
+        (Layout::Heads, [h, t, x]) => vec![*t, *h, *x],
+        _ => s.to_vec(),
+    }
+}
+
+/// The internal value at a point (batch row removed) -> TransformerLens's axes:
+/// `[H, T, X]` -> `[T, H, X]` for per-head points; others unchanged.
+pub fn to_tl_axes(point: Point, x: &Tensor) -> Tensor {
+    match point.spec().layout {
+        Layout::Heads if x.dim() == 3 => x.transpose(0, 1),
+        _ => x.shallow_clone(),
+    }
+}
+
+/// A set of interventions as a hook.
+#[derive(Default)]
+pub struct Interventions {
+    pub list: Vec<Intervention>,
+}
+
+impl Hooks for Interventions {
+    fn wants(&self, at: At) -> bool {
+        self.list.iter().any(|i| i.at == at)
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        let mut v: Option<Tensor> = None;
+        for i in self.list.iter().filter(|i| i.at == at) {
+            v = Some(i.apply(v.as_ref().unwrap_or(x))?);
+        }
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind as DType};
+
+    #[test]
+    fn every_point_has_one_row_and_names_round_trip() {
+        for s in POINTS {
+            assert_eq!(POINTS.iter().filter(|r| r.point == s.point).count(), 1, "{:?}", s.point);
+            for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
+                let at = At::new(kind, if s.per_layer { 3 } else { 0 }, s.point);
+                assert_eq!(parse_name(&at.to_string(), None), Ok(at));
+            }
+        }
+        let at = parse_name("blocks.2.attn.hook_z", Some(Kind::Dec)).unwrap();
+        assert_eq!(at, At::new(Kind::Dec, 2, Point::Z));
+    }
+
+    #[test]
+    fn bad_names_say_why() {
+        let e = parse_name("enc.blocks.0.attn.hook_patern", None).unwrap_err();
+        assert!(e.contains("unknown point 'attn.hook_patern'") && e.contains("attn.hook_pattern"), "{e}");
+        assert!(parse_name("blocks.0.hook_resid_pre", None).unwrap_err().contains("no attention kind"));
+        assert!(parse_name("enc.blocks.x.hook_resid_pre", None).unwrap_err().contains("'x' is not a layer number"));
+        assert!(parse_name("enc.hook_resid_pre", None).unwrap_err().contains("belongs to a layer"));
+        assert!(parse_name("enc.blocks.1.hook_embed", None).unwrap_err().contains("belongs to no layer"));
+    }
+
+    #[test]
+    fn interventions_touch_only_their_selection() {
+        // [B=2, H=3, T=4, dh=2]
+        let x = Tensor::arange(48, (DType::Double, Device::Cpu)).view([2, 3, 4, 2]);
+        let at = At::new(Kind::Enc, 0, Point::Z);
+        let i = Intervention { at, op: Op::Replace(Tensor::zeros([1], (DType::Double, Device::Cpu))), heads: Some(vec![1]), positions: Some(vec![2, 3]), rows: Some(vec![1]) };
+        let y = i.apply(&x).unwrap();
+        let changed = x.ne_tensor(&y).sum(DType::Int64).int64_value(&[]);
+        assert_eq!(changed, 2 * 2 - 0, "row 1, head 1, positions 2 and 3, both dims (value 0 at none of them)");
+        assert_eq!(y.double_value(&[1, 1, 2, 0]), 0.0);
+        assert_eq!(y.double_value(&[0, 1, 2, 0]), x.double_value(&[0, 1, 2, 0]));
+        // A [pos, head, d_head] value is read in TransformerLens's axes.
+        let v = Tensor::arange(24, (DType::Double, Device::Cpu)).view([4, 3, 2]);
+        let y = Intervention { at, op: Op::Add(v.shallow_clone()), heads: None, positions: None, rows: None }.apply(&x).unwrap();
+        assert_eq!(y.double_value(&[0, 2, 1, 1]) - x.double_value(&[0, 2, 1, 1]), v.double_value(&[1, 2, 1]));
+        // Out of range and misfit values are errors naming the point.
+        let e = Intervention { at, op: Op::Scale(0.0), heads: Some(vec![3]), positions: None, rows: None }.apply(&x).unwrap_err().to_string();
+        assert!(e.contains("enc.blocks.0.attn.hook_z") && e.contains("head 3 out of range 0..2"), "{e}");
+        let e = Intervention { at, op: Op::Add(Tensor::zeros([5], (DType::Double, Device::Cpu))), heads: None, positions: None, rows: None }.apply(&x).unwrap_err().to_string();
+        assert!(e.contains("does not fit") && e.contains("[4, 3, 2]"), "{e}");
+    }
+}
