@@ -4,8 +4,11 @@
 //! logits and every head's attention within 1e-4, greedy continuations token for token, and
 //! GPT-2's gates equal to transformers' `head_mask`. Bad checkpoints are one-line errors.
 
-use headscope::model::nn::{Capture, Gates};
-use headscope::model::{Captured, Kind, LoadOptions, Model};
+mod common;
+
+use headscope::model::hooks::Point;
+use headscope::model::nn::Gates;
+use headscope::model::{Kind, LoadOptions, Model};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
@@ -35,15 +38,9 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 fn forward(m: &Model, ids: &[i64], gates: &Gates) -> (Tensor, Tensor) {
     let t = Tensor::from_slice(ids).view([1, ids.len() as i64]);
     let mask = Tensor::ones([1, ids.len() as i64], (tch::Kind::Float, tch::Device::Cpu));
-    let mut attn = Vec::new();
-    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
-        if let Captured::Attention(a) = c {
-            attn.push(a.get(0).shallow_clone());
-        }
-    };
-    let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
     let _g = tch::no_grad_guard();
-    let h = m.net.encode(&t, &mask, gates, Some(&mut cap)).unwrap();
+    let (seen, h) = common::recorded(&[Point::Pattern], |r| m.net.encode(&t, &mask, gates, Some(r)).unwrap());
+    let attn: Vec<Tensor> = common::at_point(&seen, Point::Pattern).iter().map(|a| a.get(0)).collect();
     let logits = m.net.output.as_ref().unwrap().forward(&h).get(0);
     (logits, Tensor::stack(&attn, 0))
 }
@@ -209,15 +206,9 @@ fn roberta_equals_transformers() {
         assert_eq!(&e.ids, want, "token ids");
     }
     let b = m.batch_encoded(enc);
-    let mut attn = Vec::new();
-    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
-        if let Captured::Attention(a) = c {
-            attn.push(a.shallow_clone());
-        }
-    };
-    let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
     let _g = tch::no_grad_guard();
-    let h = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+    let (seen, h) = common::recorded(&[Point::Pattern], |r| m.encode(&b, &Gates::none(), Some(r)).unwrap());
+    let attn = common::at_point(&seen, Point::Pattern);
     let (mut wh, mut wa) = (0f64, 0f64);
     for (i, v) in ids.iter().enumerate() {
         let t = v.len() as i64;

@@ -6,8 +6,11 @@
 //! translations token for token; gates equal to `head_mask`, `decoder_head_mask` and
 //! `cross_attn_head_mask`.
 
-use headscope::model::nn::{Capture, Gates};
-use headscope::model::{Captured, Kind, LoadOptions, Model};
+mod common;
+
+use headscope::model::hooks::Point;
+use headscope::model::nn::Gates;
+use headscope::model::{Kind, LoadOptions, Model};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
@@ -39,16 +42,15 @@ fn forward(m: &Model, src: &[i64], targets: &[i64], gates: &Gates) -> (Tensor, H
     let ids = Tensor::from_slice(src).view([1, src.len() as i64]);
     let mask = Tensor::ones([1, src.len() as i64], (tch::Kind::Float, tch::Device::Cpu));
     let tgt = Tensor::from_slice(targets).view([1, targets.len() as i64]);
-    let mut attn: HashMap<Kind, Vec<Tensor>> = HashMap::new();
-    let mut on = |k: Kind, _: usize, c: Captured<'_>| {
-        if let Captured::Attention(a) = c {
-            attn.entry(k).or_default().push(a.get(0).shallow_clone());
-        }
-    };
-    let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
     let _g = tch::no_grad_guard();
-    let enc = m.net.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();
-    let logits = m.net.decode_teacher(&enc, &mask, &tgt, gates, Some(&mut cap)).unwrap().get(0);
+    let (seen, logits) = common::recorded(&[Point::Pattern], |r| {
+        let enc = m.net.encode(&ids, &mask, gates, Some(&mut *r)).unwrap();
+        m.net.decode_teacher(&enc, &mask, &tgt, gates, Some(r)).unwrap().get(0)
+    });
+    let mut attn: HashMap<Kind, Vec<Tensor>> = HashMap::new();
+    for (at, a) in seen {
+        attn.entry(at.kind).or_default().push(a.get(0));
+    }
     // A pruned model's layers differ in width: their attention is not stacked.
     (logits, attn.into_iter().filter_map(|(k, v)| Tensor::f_stack(&v, 0).ok().map(|t| (k, t))).collect())
 }

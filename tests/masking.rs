@@ -3,9 +3,12 @@
 //! gate batch equals separate runs, and weights are untouched. Also: teacher forcing (every
 //! decoder step at once) equals decoding step by step.
 
-use headscope::model::nn::{Activation, Attention, Capture, Ffn, Gates, Linear, Norm, NormKind, NormPosition, Ssru};
+mod common;
+
+use headscope::model::hooks::{At, Point};
+use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, Norm, NormKind, NormPosition, Ssru};
 use headscope::model::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
-use headscope::model::{Captured, Kind};
+use headscope::model::Kind;
 use tch::{Device, Kind as DType, Tensor};
 
 const D: i64 = 8;
@@ -60,16 +63,10 @@ fn inputs() -> (Tensor, Tensor) {
 /// Hidden states after each layer and attention of each layer.
 fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
     let (ids, mask) = inputs();
-    let mut hidden = Vec::new();
-    let mut probs = Vec::new();
-    let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
-        Captured::Hidden(h) => hidden.push(h.shallow_clone()),
-        Captured::Attention(a) => probs.push(a.shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
-    };
-    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
-    let out = t.encode(&ids, &mask, gates, Some(&mut cap)).unwrap();
-    (hidden, probs, out)
+    let (seen, out) = common::recorded(&[Point::ResidPre, Point::Pattern], |r| t.encode(&ids, &mask, gates, Some(r)).unwrap());
+    let mut hidden = common::at_point(&seen, Point::ResidPre);
+    hidden.push(out.shallow_clone());
+    (hidden, common::at_point(&seen, Point::Pattern), out)
 }
 
 fn enc_gates(g: &[f32], rows: i64) -> Gates {
@@ -109,18 +106,11 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let bias = headscope::model::nn::key_bias(&mask, DType::Float);
     let x = &h0[1]; // input of layer 1
     let a = &t.encoder[1].attn;
-    let mut ctx = Vec::new();
-    let mut on = |_: Kind, _: usize, c: Captured<'_>| {
-        if let Captured::Context(x) = c {
-            ctx.push(x.shallow_clone());
-        }
-    };
-    let mut cap = Some(Capture { attention: false, context: true, hidden: false, queries: false, head_outputs: false, on: &mut on });
-    let mut cap_ref = cap.as_mut();
-    let plain = a.forward(x, x, &bias, None, Kind::Enc, 1, &mut cap_ref);
+    let (seen, plain) = common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
+    let ctx = common::at_point(&seen, Point::Z);
     let mut none = None;
     let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
-    let masked = a.forward(x, x, &bias, Some(&g), Kind::Enc, 1, &mut none);
+    let masked = a.forward(x, x, &bias, Some(&g), Kind::Enc, 1, &mut none).unwrap();
     let head0 = ctx[0].select(1, 0); // [B, T, dh]
     let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
     assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");
@@ -186,22 +176,13 @@ fn teacher_forcing_equals_decoding_step_by_step() {
 fn per_head_outputs_sum_to_the_attention_output() {
     let t = tiny();
     let (ids, mask) = inputs();
-    let x = t.embed.forward(Some(&ids), 2, 0, 5).unwrap();
+    let x = t.embed.forward(Some(&ids), 2, 0, 5, Kind::Enc, &mut None).unwrap();
     let bias = t.self_bias(&mask, DType::Float);
     let layer = &t.encoder[0];
     for gate in [None, Some(Tensor::from_slice(&[0f32, 1.0]).view([1, H]))] {
-        let mut parts = None;
-        let mut names = Vec::new();
-        let out = {
-            let mut on = |k: Kind, l: usize, c: Captured<'_>| {
-                names.push(c.hook_name(k, l, 2));
-                if let Captured::HeadOutputs(p) = c {
-                    parts = Some(p.shallow_clone());
-                }
-            };
-            let mut cap = Capture { attention: true, context: true, hidden: true, queries: true, head_outputs: true, on: &mut on };
-            layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(&mut cap))
-        };
+        let (seen, out) = common::recorded(&[], |r| layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap());
+        let names: Vec<String> = seen.iter().map(|(at, _)| at.to_string()).collect();
+        let parts = common::at_point(&seen, Point::Result).pop();
         let parts = parts.expect("hook_result was handed out"); // [B, H, T, D]
         let sum = parts.sum_dim_intlist([1i64].as_slice(), false, DType::Float) + layer.attn.o.b.as_ref().unwrap();
         let d = (sum - &out).abs().max().double_value(&[]);
@@ -210,6 +191,6 @@ fn per_head_outputs_sum_to_the_attention_output() {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
     }
-    assert_eq!(Captured::Hidden(&ids).hook_name(Kind::Dec, 2, 2), "dec.blocks.1.hook_resid_post");
-    assert_eq!(Captured::Hidden(&ids).hook_name(Kind::Enc, 1, 2), "enc.blocks.1.hook_resid_pre");
+    assert_eq!(At::new(Kind::Dec, 1, Point::ResidPost).to_string(), "dec.blocks.1.hook_resid_post");
+    assert_eq!(At::new(Kind::Enc, 1, Point::ResidPre).to_string(), "enc.blocks.1.hook_resid_pre");
 }

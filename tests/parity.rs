@@ -2,9 +2,12 @@
 //! MiniLM against HF transformers, Firefox-Translations EN->PT against a numpy Marian.
 //! Each check runs on the CPU, and again on CUDA when a GPU is present.
 
+mod common;
+
 use headscope::assets::asset_path;
-use headscope::model::nn::{Capture, Gates};
-use headscope::model::{Captured, Kind, LoadOptions, Model};
+use headscope::model::hooks::Point;
+use headscope::model::nn::Gates;
+use headscope::model::{Kind, LoadOptions, Model};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{Device, Tensor};
@@ -40,15 +43,7 @@ fn devices() -> Vec<Device> {
 /// Hidden states (embeddings + each layer) and attention probabilities of one sentence.
 fn minilm_forward(m: &Model, text: &str) -> (Vec<i64>, Tensor, Tensor) {
     let b = m.batch(&[text]).unwrap();
-    let mut hidden = Vec::new();
-    let mut attn = Vec::new();
-    let mut on = |_: Kind, _: usize, c: Captured<'_>| match c {
-        Captured::Hidden(h) => hidden.push(h.get(0).shallow_clone()),
-        Captured::Attention(a) => attn.push(a.get(0).shallow_clone()),
-        Captured::Context(_) | Captured::Queries(_) | Captured::Values(_) | Captured::HeadOutputs(_) => {}
-    };
-    let mut cap = Capture { attention: true, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
-    let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+    let (hidden, attn) = common::hidden_and_attention(|r| m.encode(&b, &Gates::none(), Some(r)).unwrap());
     (b.encoded[0].ids.clone(), Tensor::stack(&hidden, 0), Tensor::stack(&attn, 0))
 }
 
@@ -121,14 +116,8 @@ fn marian_enpt_matches_numpy_reference() {
         for (key, want) in &attn {
             let i: usize = key.trim_start_matches('s').parse().unwrap();
             let b = m.batch(&[cases[i].source.as_str()]).unwrap();
-            let mut got = Vec::new();
-            let mut on = |k: Kind, _: usize, c: Captured<'_>| {
-                if let (Kind::Enc, Captured::Attention(a)) = (k, c) {
-                    got.push(a.get(0).shallow_clone());
-                }
-            };
-            let mut cap = Capture { attention: true, context: false, hidden: false, queries: false, head_outputs: false, on: &mut on };
-            let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+            let (seen, _) = common::recorded(&[Point::Pattern], |r| m.encode(&b, &Gates::none(), Some(r)).unwrap());
+            let got: Vec<Tensor> = seen.iter().filter(|(at, _)| at.kind == Kind::Enc).map(|(_, a)| a.get(0)).collect();
             let d = max_abs_diff(&Tensor::stack(&got, 0), want);
             assert!(d < TOL, "{device:?}: encoder attention of sentence {i} differs by {d:e}");
         }
@@ -156,14 +145,7 @@ fn smollm2_matches_hf_transformers() {
             let text = String::from_utf8(Vec::<u8>::try_from(&z[&format!("text{i}")]).unwrap()).unwrap();
             let b = m.batch(&[text.as_str()]).unwrap();
             assert_eq!(b.encoded[0].ids, Vec::<i64>::try_from(&z[&format!("ids{i}")]).unwrap(), "token ids of {text:?}");
-            let mut hidden = Vec::new();
-            let mut on = |_: Kind, _: usize, c: Captured<'_>| {
-                if let Captured::Hidden(h) = c {
-                    hidden.push(h.get(0).shallow_clone());
-                }
-            };
-            let mut cap = Capture { attention: false, context: false, hidden: true, queries: false, head_outputs: false, on: &mut on };
-            let _ = m.encode(&b, &Gates::none(), Some(&mut cap)).unwrap();
+            let (hidden, _) = common::hidden_and_attention(|r| m.encode(&b, &Gates::none(), Some(r)).unwrap());
             let ours = Tensor::stack(&hidden, 0);
             let want = &z[&format!("hidden{i}")];
             assert_eq!(ours.size(), want.size());

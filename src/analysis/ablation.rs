@@ -13,7 +13,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::{corpus_counts, BleuCounts};
 use crate::model::hooks::{At, Hooks, Point, Record};
-use crate::model::nn::{Attention, Gates};
+use crate::model::nn::Gates;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -339,7 +339,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
             };
             let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
             let mut rec = Record::new(&[Point::ResidPre, Point::Z], &mut on);
-            model.net.encode(&b.ids, &b.mask, &Gates::none(), if stack { Some(&mut rec as &mut dyn Hooks) } else { None })?
+            model.net.encode(&b.ids, &b.mask, &p.base, if stack { Some(&mut rec as &mut dyn Hooks) } else { None })?
         };
         let rm = RowMetric::with_full(model, p, b, &full_enc)?;
         for (ki, s) in shapes.iter().enumerate() {
@@ -351,65 +351,53 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                 k if k == model.net.stack_kind => {
                     let bias = inputs.first().map(|x| model.net.self_bias(&b.mask, x.kind()));
                     for l in 0..s.n_layers {
-                        let layer = &model.net.encoder[l];
                         let h = present[l].len() as i64;
                         let (Some(bias), true) = (bias.as_ref(), h > 0) else { continue };
                         let chunk = chunk_of(h);
                         let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue }; // [B, T, D], [B, H, T, dh]
-                        // Masking head j = W^O over the contexts with head j zeroed: the
-                        // attention itself (Q, K, softmax, AV) is not recomputed, and the
-                        // floats are those of the gated forward pass.
+                        // Masking head j = the stack resumed at this layer's `hook_z` with head j
+                        // zeroed: the attention itself (Q, K, softmax, AV) is not recomputed,
+                        // and the floats are those of the gated forward pass.
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let masked = masked_outputs(&layer.attn, c, start, n);
-                            let xr = x.repeat([n, 1, 1]);
-                            let y = layer.finish(&xr, &masked)?;
-                            let enc = model.net.encode_from(l + 1, &y, &bias.repeat([n, 1, 1, 1]), &Gates::none())?;
-                            collect(p.metric, &rm, &enc, &Gates::none(), &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            let z = zeroed_heads(c, start, n);
+                            let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
+                            collect(p.metric, &rm, &enc, &p.base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
                     }
                 }
                 Kind::Cross if matches!(p.metric, Metric::Loss | Metric::Kl) => {
-                    // As for the stack's heads: one unmasked teacher-forced pass keeps each
-                    // decoder layer's cross-attention input and per-head contexts; masking head
-                    // j applies W^O to the contexts with head j zeroed, then the rest of the
-                    // layer and the layers above run on the stacked masks.
+                    // As for the stack's heads: one unmasked teacher-forced pass records each
+                    // decoder layer's cross-attention input (`dec.blocks.L.ln1`) and contexts
+                    // (`cross.blocks.L.attn.hook_z`); masking head j resumes the decoder at that
+                    // `hook_z` with head j zeroed, the masks stacked as rows.
                     let net = &model.net;
                     let (tgt, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
                     // By layer: a layer without heads (prune_heads) hands out no contexts; it
                     // has nothing to sweep.
-                    let mut ctx: Vec<Option<Tensor>> = (0..s.n_layers).map(|_| None).collect();
+                    let mut ctx: Vec<(Option<Tensor>, Option<Tensor>)> = (0..s.n_layers).map(|_| (None, None)).collect();
                     let pass = {
                         let mut on = |at: At, t: &Tensor| {
-                            if let Some(slot) = ctx.get_mut(at.layer) {
-                                *slot = Some(t.shallow_clone());
+                            match (at.kind, at.point, ctx.get_mut(at.layer)) {
+                                (Kind::Dec, Point::Ln1, Some(slot)) => slot.0 = Some(t.shallow_clone()),
+                                (Kind::Cross, Point::Z, Some(slot)) => slot.1 = Some(t.shallow_clone()),
+                                _ => {}
                             }
                             Ok(())
                         };
-                        let mut rec = Record { points: &[Point::Z], kinds: &[Kind::Cross], on: &mut on };
-                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &Gates::none(), Some(&mut rec), true)?
+                        let mut rec = Record { points: &[Point::Ln1, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
+                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &p.base, Some(&mut rec), false)?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
-                    let below: Vec<(Tensor, Tensor)> = pass
-                        .traces
-                        .iter()
-                        .zip(ctx)
-                        .map(|(tr, c)| (tr.x1.shallow_clone(), c.unwrap_or_else(|| Tensor::zeros([0], (full_enc.kind(), full_enc.device())))))
-                        .collect();
-                    for (l, (x1, c)) in below.iter().enumerate() {
-                        let layer = &net.decoder[l];
-                        let (attn, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {l} has no cross-attention")))?;
+                    for (l, slot) in ctx.iter().enumerate() {
+                        let (Some(x1), Some(c)) = slot else { continue };
                         let h = present[l].len() as i64;
                         let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let masked = masked_outputs(attn, c, start, n);
-                            let mut y = layer.finish(&x1.repeat([n, 1, 1]), Some(&masked))?;
-                            let (starts, bias_n) = (net.initial_states(n * bsz), enc_bias.repeat([n, 1, 1, 1]));
-                            for (k, above) in net.decoder.iter().enumerate().skip(l + 1) {
-                                let kv = cross[k].as_ref().map(|kv| kv.repeat(n));
-                                y = above.forward(&y, &starts[k], kv.as_ref(), &bias_n, &Gates::none(), k, &mut None)?.0;
-                            }
+                            let z = zeroed_heads(c, start, n);
+                            let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
+                            let y = net.decode_from_cross_z(l, &x1.repeat([n, 1, 1]), &z, &cross_n, &enc_bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;
                             }
@@ -432,7 +420,9 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                                 }
                             }
                             let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, s.n_heads as i64]).to_device(model.device());
-                            let gates = if s.kind == Kind::Cross { Gates { cross: Some(gt), ..Gates::none() } } else { Gates { dec: Some(gt), ..Gates::none() } };
+                            // On top of the view's own gates (soft gates too).
+                            let mut gates = p.base.share();
+                            gates.multiply(s.kind, gt);
                             collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, heads, l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
                     }
@@ -454,17 +444,16 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
     Ok(out)
 }
 
-/// The attention's output with each of heads `start..start + n` masked in turn: W^O over the
-/// contexts `[B, H, T, dh]` with that head zeroed, stacked `[n * B, T, D]` (row `j * B + b`).
-/// The floats are those of the gated forward pass.
-fn masked_outputs(attn: &Attention, ctx: &Tensor, start: i64, n: i64) -> Tensor {
+/// Per-head contexts `[B, H, T, dh]` with each of heads `start..start + n` zeroed in turn,
+/// stacked `[n * B, H, T, dh]` (row `j * B + b`): the value at `hook_z` that masks head
+/// `start + j` (the floats of the gated forward pass).
+fn zeroed_heads(ctx: &Tensor, start: i64, n: i64) -> Tensor {
     let (bsz, h, t, dh) = (ctx.size()[0], ctx.size()[1], ctx.size()[2], ctx.size()[3]);
     let keep = Tensor::ones([n, 1, h, 1, 1], (ctx.kind(), ctx.device()));
     for j in 0..n {
         let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
     }
-    let gated = (ctx.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh]);
-    attn.o.forward(&gated.transpose(1, 2).reshape([n * bsz, t, h * dh]))
+    (ctx.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh])
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -128,7 +128,7 @@ pub struct Diversity {
     pub kinds: Vec<(Kind, Vec<LayerDiversity>)>,
 }
 
-pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: usize, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Diversity, AnalysisError> {
+pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, batch_tokens: usize, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Diversity, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
@@ -164,12 +164,12 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
             Ok(())
         };
         let mut rec = Record { points: &points, kinds: &wanted, on: &mut on };
-        let h = model.net.encode(&b.ids, &b.mask, &Gates::none(), if wanted.contains(&stack) { Some(&mut rec as &mut dyn Hooks) } else { None })?;
+        let h = model.net.encode(&b.ids, &b.mask, gates, if wanted.contains(&stack) { Some(&mut rec as &mut dyn Hooks) } else { None })?;
         let mut dec_masks = None;
         if wanted.iter().any(|&k| k != stack) {
-            let targets = model.greedy_targets(b, &h, &Gates::none())?;
+            let targets = model.greedy_targets(b, &h, gates)?;
             let (tgt, _) = model.target_tensors(&targets);
-            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, &Gates::none(), Some(&mut rec))?;
+            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, gates, Some(&mut rec))?;
             let qmask = model.real_mask(&targets, tgt.size()[1]);
             // The decoder's self-attention keys are its inputs: the start token, then the
             // targets shifted right.

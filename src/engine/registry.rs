@@ -17,6 +17,7 @@ pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::
 pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("load_model", crate::model::script::LOAD_OPTIONS),
     ("forward", crate::model::script::FORWARD_OPTIONS),
+    ("generate", crate::model::script::GENERATE_OPTIONS),
     ("run_with_cache", crate::model::script::hooks::RUN_WITH_CACHE_OPTIONS),
     ("heatmap", crate::plot::script::HEATMAP_OPTIONS),
     ("bar", crate::plot::script::BAR_OPTIONS),

@@ -5,10 +5,9 @@
 //! Q/K/V biases (Llama with `attention_bias` all four); Mistral attends within
 //! `sliding_window` positions. Its heads are kind `dec`.
 //!
-//! The engine's rotary pairs adjacent dimensions (the GGUF layout), so the Q and K rows of each
-//! head are permuted at load time as llama.cpp's converter does: HF's pair `(i, i + dh/2)`
-//! becomes `(2i, 2i + 1)`. Attention weights are unchanged by it; only the order of a head's
-//! query and key dimensions (`hook_q`) differs from HF's.
+//! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
+//! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
+//! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
@@ -17,7 +16,6 @@ use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
-use tch::Tensor;
 
 /// HF's `config.json` of the llama family; the GGUF loader (`llama_gguf.rs`) fills one from
 /// the GGUF metadata.
@@ -57,8 +55,8 @@ pub struct Config {
     pub rope_dim: Option<i64>,
 }
 
-/// How Q and K rows are stored: HF's rotate-half layout (permuted at load), or already in
-/// adjacent pairs (GGUF, permuted by llama.cpp's converter).
+/// How Q and K rows are stored: HF's rotate-half layout, or adjacent pairs (GGUF, permuted by
+/// llama.cpp's converter).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RotaryRows {
     RotateHalf,
@@ -71,16 +69,6 @@ fn default_theta() -> f64 {
 
 fn default_act() -> String {
     "silu".into()
-}
-
-/// HF rotate-half rows -> adjacent pairs, per head: `[n * dh, ...]` viewed `[n, 2, dh/2, ...]`,
-/// the middle two axes swapped.
-fn to_adjacent_pairs(t: &Tensor, n: i64) -> Tensor {
-    let size = t.size();
-    let dh = size[0] / n;
-    let mut shape = vec![n, 2, dh / 2];
-    shape.extend_from_slice(&size[1..]);
-    t.view(shape.as_slice()).transpose(1, 2).contiguous().view(size.as_slice())
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
@@ -122,33 +110,29 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool, heads: Option<i64>| -> Result<Linear, ModelError> {
-            let mut weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
-            let mut b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-            if let (Some(n), RotaryRows::RotateHalf) = (heads, rows) {
-                weight = to_adjacent_pairs(&weight, n);
-                b = b.map(|b| to_adjacent_pairs(&b, n));
-            }
+        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| -> Result<Linear, ModelError> {
+            let weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
+            let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
             Ok(Linear { w: weight, b })
         };
         layers.push(EncoderLayer {
             attn: Attention {
-                q: proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias, Some(h))?,
-                k: proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias, Some(hk))?,
-                v: proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias, None)?,
-                o: proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias, None)?,
+                q: proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
+                k: proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
+                v: proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
+                o: proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: cfg.rope_theta, dim: cfg.rope_dim.unwrap_or(dh) }),
+                rotary: Some(Rotary { base: cfg.rope_theta, dim: cfg.rope_dim.unwrap_or(dh), half: rows == RotaryRows::RotateHalf }),
                 slots: None,
             },
             attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
             ffn: Ffn {
-                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias, None)?,
-                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias, None)?,
+                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
+                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)?,
                 act: Activation::Silu,
-                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias, None)?),
+                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)?),
             },
             ffn_norm: rms(&mut w, format!("{p}.post_attention_layernorm.weight"))?,
             norm_position: NormPosition::Pre,

@@ -172,13 +172,15 @@ impl Activation {
     }
 }
 
-/// Rotary position embedding on adjacent pairs `(2i, 2i+1)` of each head's dimensions, with
-/// frequencies `base^(-2i/dim)` (llama.cpp's layout: GGUF checkpoints store Q and K rows
-/// permuted so that HF's rotate-half pairs are adjacent).
+/// Rotary position embedding with frequencies `base^(-2i/dim)` on pairs of each head's
+/// dimensions: adjacent pairs `(2i, 2i+1)` (llama.cpp's layout: GGUF checkpoints store Q and K
+/// rows permuted that way), or HF's rotate-half pairs `(i, i + dim/2)` (`half`), so that an HF
+/// checkpoint's queries and keys are the checkpoint's own (`hook_q`, `hook_k`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rotary {
     pub base: f64,
     pub dim: i64,
+    pub half: bool,
 }
 
 impl Rotary {
@@ -196,11 +198,16 @@ impl Rotary {
         let inv = (i * (-2.0 * self.base.ln() / self.dim as f64)).exp();
         let ang = Tensor::arange_start(start, start + t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
         let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
-        let rot = x.narrow(3, 0, self.dim).reshape([x.size()[0], x.size()[1], t, half, 2]);
-        let (a, b) = (rot.select(4, 0), rot.select(4, 1));
+        let r = x.narrow(3, 0, self.dim);
+        let (a, b) = if self.half {
+            (r.narrow(3, 0, half), r.narrow(3, half, half))
+        } else {
+            let rot = r.reshape([x.size()[0], x.size()[1], t, half, 2]);
+            (rot.select(4, 0), rot.select(4, 1))
+        };
         let ra = &a * &cos - &b * &sin;
         let rb = &a * &sin + &b * &cos;
-        let out = Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]);
+        let out = if self.half { Tensor::cat(&[ra, rb], 3) } else { Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]) };
         if self.dim < dh { Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3) } else { out }
     }
 }
@@ -242,6 +249,12 @@ impl Gates {
             Some(old) => old * g,
             None => g,
         });
+    }
+
+    /// The same gates (the tensors shared).
+    pub fn share(&self) -> Gates {
+        let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
@@ -390,6 +403,15 @@ impl Attention {
             ctx = ctx * g.view([g.size()[0], h, 1, 1]);
         }
         let ctx = hooks::at(hs, at(Point::Z), ctx)?;
+        self.output_from_z(&ctx, kind, layer_idx, hs)
+    }
+
+    /// The attention's output from its per-head contexts `z [B, H, T, dh]` (the value at
+    /// `hook_z`): `hook_result` and `hook_attn_out`. The forward resumes here when only the
+    /// contexts change (a head's ablation or patch: the attention itself is not recomputed).
+    pub fn output_from_z(&self, ctx: &Tensor, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let at = |p| At::new(kind, layer_idx, p);
+        let (b, h, tq, dh) = (ctx.size()[0], self.n_heads, ctx.size()[2], self.head_dim);
         let mut out = None;
         if hooks::wants(hs, at(Point::Result)) {
             // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
@@ -559,7 +581,7 @@ mod tests {
 
     #[test]
     fn rotary_rotates_adjacent_pairs_by_position() {
-        let r = Rotary { base: 10000.0, dim: 4 };
+        let r = Rotary { base: 10000.0, dim: 4, half: false };
         // One head, two positions, dh = 4: pairs (0,1) at freq 1, (2,3) at freq 1e-2.
         let x = Tensor::from_slice(&[1.0f32, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]).view([1, 1, 2, 4]);
         let y = r.apply(&x);
@@ -568,6 +590,16 @@ mod tests {
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{got:?}");
         }
+    }
+
+    #[test]
+    fn rotate_half_equals_adjacent_pairs_on_permuted_dimensions() {
+        // HF's pairs (i, i + dim/2) are llama.cpp's (2i, 2i + 1) after the converter's permutation.
+        let x = Tensor::randn([1, 2, 3, 6], (DType::Double, Device::Cpu));
+        let perm = Tensor::from_slice(&[0i64, 3, 1, 4, 2, 5]);
+        let half = Rotary { base: 100.0, dim: 6, half: true }.apply_from(&x, 2);
+        let adj = Rotary { base: 100.0, dim: 6, half: false }.apply_from(&x.index_select(3, &perm), 2);
+        assert!(half.index_select(3, &perm).allclose(&adj, 1e-12, 1e-12, false));
     }
 
     #[test]

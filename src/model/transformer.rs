@@ -120,6 +120,14 @@ impl EncoderLayer {
         Ok(self.finish_hooked(&x, &a, kind, layer_idx, h)?.0)
     }
 
+    /// The layer resumed at its attention's `hook_z`: `x` is the layer's input, `z` the
+    /// per-head contexts (rows may be ablations or patches of one pass's contexts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_from_z(&self, x: &Tensor, z: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
+        Ok(self.finish_hooked(x, &a, kind, layer_idx, h)?.0)
+    }
+
     /// What the attention reads: `x` (post-norm) or `norm(x)` (pre-norm).
     pub fn attn_input(&self, x: &Tensor) -> Tensor {
         match self.norm_position {
@@ -292,6 +300,14 @@ impl DecoderLayer {
         Ok((y, DecoderTrace { x_in: x, o, ssru, state, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c }))
     }
 
+    /// The layer resumed at its cross-attention's `hook_z`: `x1` is the cross-attention's
+    /// input (`dec.blocks.L.ln1.hook_normalized`), `z` its per-head contexts.
+    pub fn forward_from_cross_z(&self, x1: &Tensor, z: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let (attn, _) = self.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
+        let a = attn.output_from_z(z, Kind::Cross, layer_idx, h)?;
+        Ok(self.finish_hooked(x1, Some(&a), layer_idx, h)?.0)
+    }
+
     /// The rest of the layer after the cross-attention output `a` (its residual with `x1`,
     /// the norms, the FFN); without cross-attention, from `x1`.
     pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Result<Tensor, ModelError> {
@@ -426,6 +442,29 @@ impl Transformer {
             x = layer.forward(&x, bias, g.as_ref(), kind, l, h)?;
         }
         self.final_norm(x, h)
+    }
+
+    /// The stack resumed at `hook_z` of layer `layer`: `x` is that layer's input, `z` its
+    /// per-head contexts; the layers above run as usual, then the final norm.
+    pub fn stack_from_z(&self, layer: usize, x: &Tensor, z: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let l = self.encoder.get(layer).ok_or_else(|| ModelError::Invalid(format!("layer {layer} out of range: the stack has {} layers", self.encoder.len())))?;
+        let y = l.forward_from_z(x, z, self.stack_kind, layer, h)?;
+        self.stack_from(layer + 1, &y, bias, gates, h)
+    }
+
+    /// The decoder resumed at the cross-attention's `hook_z` of layer `layer` (teacher forcing,
+    /// every step at once): `x1` is that cross-attention's input, `z` its contexts; `cross`
+    /// holds each layer's cross-attention keys and values, `enc_bias` the source mask. Returns
+    /// the final decoder states.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_from_cross_z(&self, layer: usize, x1: &Tensor, z: &Tensor, cross: &[Option<KeysValues>], enc_bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let l = self.decoder.get(layer).ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer} out of range: the decoder has {} layers", self.decoder.len())))?;
+        let mut y = l.forward_from_cross_z(x1, z, layer, h)?;
+        let starts = self.initial_states(x1.size()[0]);
+        for (k, above) in self.decoder.iter().enumerate().skip(layer + 1) {
+            y = above.forward(&y, &starts[k], cross.get(k).and_then(|c| c.as_ref()), enc_bias, gates, k, h)?.0;
+        }
+        Ok(y)
     }
 
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.

@@ -1,4 +1,5 @@
 //! Helpers shared by the tests that build tiny models by hand.
+#![allow(dead_code)]
 
 /// A word-level tokenizer.json: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, then `words` from id 4, with
 /// BERT's `[CLS] ... [SEP]` framing.
@@ -49,4 +50,33 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
     Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] }
+}
+
+/// One pass of `run` recording `points` through the trace: `(hook point, value)` in the order
+/// the forward met them, and what `run` returned.
+pub fn recorded<T>(points: &[headscope::model::hooks::Point], run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> T) -> (Vec<(headscope::model::hooks::At, tch::Tensor)>, T) {
+    let mut seen = Vec::new();
+    let mut on = |at: headscope::model::hooks::At, t: &tch::Tensor| {
+        seen.push((at, t.shallow_clone()));
+        Ok(())
+    };
+    let mut rec = headscope::model::hooks::Record::new(points, &mut on);
+    let out = run(&mut rec);
+    (seen, out)
+}
+
+/// The values recorded at `point`, in order.
+pub fn at_point(seen: &[(headscope::model::hooks::At, tch::Tensor)], point: headscope::model::hooks::Point) -> Vec<tch::Tensor> {
+    seen.iter().filter(|(a, _)| a.point == point).map(|(_, t)| t.shallow_clone()).collect()
+}
+
+/// HF's `output_hidden_states` of one sentence (each layer's input, then the stack's output,
+/// batch row 0) and each layer's attention, recorded at `hook_resid_pre` and `hook_pattern` of
+/// one pass `run` that returns the stack's output.
+pub fn hidden_and_attention(run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> tch::Tensor) -> (Vec<tch::Tensor>, Vec<tch::Tensor>) {
+    use headscope::model::hooks::Point;
+    let (seen, out) = recorded(&[Point::ResidPre, Point::Pattern], run);
+    let mut hidden: Vec<tch::Tensor> = at_point(&seen, Point::ResidPre).iter().map(|h| h.get(0)).collect();
+    hidden.push(out.get(0));
+    (hidden, at_point(&seen, Point::Pattern).iter().map(|a| a.get(0)).collect())
 }

@@ -101,7 +101,8 @@ pub mod api {
             return err("diversity: run it on the unmasked model");
         }
         let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
-        let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::run::interrupted, &mut progress)
+        let gates = m.gates()?;
+        let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, &gates, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::run::interrupted, &mut progress)
             .or_else(|e| err(format!("diversity: {e}")))?;
         Ok(DiversityObj(Rc::new(r)))
     }

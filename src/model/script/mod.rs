@@ -78,6 +78,7 @@ pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt("dtype", "\"f32\"", "\"f32\", \"f64\" (for checking numerics), \"bf16\" or \"f16\" (CUDA)"),
 ];
 pub const FORWARD_OPTIONS: &[OptSpec] = &[opt("batch_tokens", "1024", "tokens per batch, padding included")];
+pub const GENERATE_OPTIONS: &[OptSpec] = &[opt("cache", "true", "run each new token over the key/value cache (false: the whole prefix again)")];
 
 pub use head::api::model_attention as api_attention;
 pub use head::{head_ids, AttentionMatrix, Head};
@@ -352,11 +353,25 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn generate(m: &mut ScriptModel, text: &str, n: i64) -> ScriptResult<String> {
+        generate_opts(m, text, n, Map::new())
+    }
+
+    /// `generate` with options: `cache` (true: the prompt runs once and each new token runs
+    /// over the key/value cache; false: the whole prefix runs again for every token, the
+    /// reference the cache is checked against; both give the same tokens).
+    ///
+    /// ```rhai
+    /// let m = load_model("smollm2");
+    /// assert(m.generate("The capital of France is", 6, #{cache: false}) == m.generate("The capital of France is", 6));
+    /// ```
+    #[rhai_fn(name = "generate", return_raw, pure)]
+    pub fn generate_opts(m: &mut ScriptModel, text: &str, n: i64, options: Map) -> ScriptResult<String> {
+        let o = Opts::new(&options, "generate", GENERATE_OPTIONS)?;
         if !(1..=4096).contains(&n) {
             return err(format!("generate: n must be between 1 and 4096, got {n}"));
         }
         let gates = m.gates()?;
-        let ids = m.model.generate(text, n as usize, &gates).or_else(|e| err(format!("generate: {e}")))?;
+        let ids = m.model.generate_with(text, n as usize, &gates, o.bool("cache")?.unwrap_or(true)).or_else(|e| err(format!("generate: {e}")))?;
         m.model.detokenize(&ids).or_else(|e| err(format!("generate: {e}")))
     }
 
