@@ -86,7 +86,7 @@ impl Prepared {
             let len = slice.min(n * t - start).min(period - start % period);
             let logp = states.narrow(0, start, len).to_kind(DType::Double).linear(w, b.as_ref()).log_softmax(-1, DType::Double);
             parts.push(match &full {
-                None => -logp.gather(-1, &flat_targets.narrow(0, start, len), false).squeeze_dim(-1),
+                None => crate::model::loss::nll(&logp, &flat_targets.narrow(0, start, len).squeeze_dim(-1)),
                 Some(f) => {
                     let f = f.narrow(0, start % period, len);
                     (f.exp() * (&f - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)

@@ -57,7 +57,6 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
     if !model.has_task_loss() {
         return Err(AnalysisError::Input(format!("head_importance needs a task loss, and {} is an encoder without an output head (docs/methods.md#task-loss): use ablation_sweep with metric \"cosine\"", model.name())));
     }
-    let out = model.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
     let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
     let prepared = model.prepare(&data.texts(), references.as_deref(), true, opts.batch_tokens, base)?;
     let shapes: Vec<_> = opts.kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
@@ -77,12 +76,12 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         }
         let (t, tm) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
         let enc = model.net.encode(&b.ids, &b.mask, &gates, None)?;
-        let logp = out.forward(&model.teacher_states(&enc, &b.mask, t, &gates)?).log_softmax(-1, DType::Float);
+        let logp = model.log_probs(&model.teacher_states(&enc, &b.mask, t, &gates)?, DType::Float)?;
         let labels = match opts.metric {
             ImportanceMetric::Loss => t.shallow_clone(),
             ImportanceMetric::Fisher => sampled_targets(&logp, &b.rows.iter().map(|r| r + opts.row_offset).collect::<Vec<_>>(), opts.seed)?,
         };
-        let nll = -logp.gather(-1, &labels.unsqueeze(-1), false).squeeze_dim(-1);
+        let nll = crate::model::loss::nll(&logp, &labels);
         // Each sentence's mean token loss; their sum's gradient in sentence s's gates is dL_s/dg.
         let per_sentence = (nll * tm).sum_dim_intlist([1i64].as_slice(), false, DType::Float) / tm.sum_dim_intlist([1i64].as_slice(), false, DType::Float).clamp_min(1.0);
         let grads = Tensor::f_run_backward(&[per_sentence.sum(DType::Float)], &leaves, false, false).map_err(ModelError::from)?;

@@ -12,6 +12,7 @@ pub mod hf;
 pub mod hooks;
 pub mod llama;
 pub mod llama_gguf;
+pub mod loss;
 pub mod marian_bin;
 pub mod nn;
 pub mod safetensors;

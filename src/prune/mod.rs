@@ -367,13 +367,11 @@ fn host32(t: &Tensor) -> Result<Vec<f32>, ModelError> {
     Ok(Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(DType::Float))?)
 }
 
-fn has_generator(model: &Model) -> bool {
-    model.net.output.is_some() && !model.net.decoder.is_empty()
-}
-
 impl TrainData {
     fn new(model: &Model, data: &Dataset, batch_tokens: usize, base: Gates) -> Result<TrainData, AnalysisError> {
-        let metric = if has_generator(model) { Metric::Loss } else { Metric::Cosine };
+        // The task loss where the model has one (a language model's next-token loss, a translation
+        // model's teacher-forced loss); an encoder distils its unpruned states.
+        let metric = if model.has_task_loss() { Metric::Loss } else { Metric::Cosine };
         let prep = ablation::prepare(model, data, metric, batch_tokens, base)?;
         let n = prep.batches.len();
         Ok(TrainData { prep, distill_full: (0..n).map(|_| None).collect() })
@@ -385,10 +383,7 @@ fn task_loss(model: &Model, original: &Model, td: &mut TrainData, bi: usize, gat
     let b = &td.prep.batches[bi];
     let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
     if let Some((t, tm)) = &b.targets {
-        let logits = model.net.decode_teacher(&enc, &b.mask, t, gates, None)?;
-        let logp = logits.log_softmax(-1, DType::Float);
-        let nll = -logp.gather(-1, &t.unsqueeze(-1), false).squeeze_dim(-1);
-        return Ok((nll * tm).sum(DType::Float) / tm.sum(DType::Float));
+        return model.task_loss(&enc, &b.mask, t, tm, gates);
     }
     if td.distill_full[bi].is_none() {
         let _g = tch::no_grad_guard();
