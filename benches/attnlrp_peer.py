@@ -1,7 +1,8 @@
 """Python peer of benches/attnlrp.rhai: AttnLRP head relevance with LXT 2.1's efficient patches
 (the loading and hooks of tests/fixtures/attnlrp_reference.py) on the same model and sentences,
 one backward per sentence with the same seeds as headscope's `seeds: "summed"`: MiniLM, the
-final hidden states (R = h * h); SmolLM2, the sum of every position's top-1 next-token logit.
+final hidden states at the real positions (R = h * h; [CLS]/[SEP] not seeded); SmolLM2, the sum
+of every position's top-1 next-token logit.
 Per layer each head's share of sum |R_h|, averaged over sentences (headscope's grid).
 
 Usage: attnlrp_peer.py minilm|smollm2 N   -> one JSON line on stdout
@@ -51,11 +52,14 @@ def main():
     lines = [l.strip() for l in open(ref.SENTENCES, encoding="utf-8") if l.strip()][:n]
 
     def one(s):
-        ids = torch.tensor([tok.encode(s).ids])
+        enc = tok.encode(s)
+        ids = torch.tensor([enc.ids])
         emb = embed(ids).detach().requires_grad_(True)
         if name == "minilm":
             h = model(inputs_embeds=emb, token_type_ids=torch.zeros_like(ids)).last_hidden_state
-            h.backward(gradient=h.detach())
+            # Real positions only: [CLS] and [SEP] are not seeded (docs/methods.md#attnlrp).
+            real = 1.0 - torch.tensor([enc.special_tokens_mask], dtype=h.dtype)
+            h.backward(gradient=h.detach() * real[..., None])
         else:
             logits = model(inputs_embeds=emb, use_cache=False).logits[0, :-1]
             logits.max(-1).values.sum().backward()

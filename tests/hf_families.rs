@@ -154,6 +154,40 @@ fn bad_checkpoints_are_one_line_errors() {
     }
 }
 
+/// Head counts that are zero, negative or do not divide the width, in every family's config:
+/// a one-line error naming config.json and the key, never a panic (`Model::load` is the library
+/// API, with no REPL around it to catch one).
+#[test]
+fn zero_or_non_dividing_heads_are_one_line_errors() {
+    let set = |key: &'static str, v: i64| move |d: &Path| edit_config(d, |c| c[key] = v.into());
+    let cases: Vec<(tempfile::TempDir, &str)> = vec![
+        (broken("roberta", set("num_attention_heads", 0)), "bad config: hidden_size 32 is not a multiple of num_attention_heads 0"),
+        (broken("roberta", set("num_attention_heads", -4)), "bad config: hidden_size 32 is not a multiple of num_attention_heads -4"),
+        (broken("roberta", set("num_attention_heads", 5)), "bad config: hidden_size 32 is not a multiple of num_attention_heads 5"),
+        (broken("gpt2", set("n_head", 0)), "bad config: n_embd 32 is not a multiple of n_head 0"),
+        (broken("gpt2", set("n_head", 3)), "bad config: n_embd 32 is not a multiple of n_head 3"),
+        (broken("llama", set("num_attention_heads", 0)), "bad config: num_attention_heads 0 is not a positive multiple of num_key_value_heads 2"),
+        (broken("llama", set("num_key_value_heads", 0)), "bad config: num_attention_heads 4 is not a positive multiple of num_key_value_heads 0"),
+        (broken("llama", set("num_key_value_heads", 3)), "bad config: num_attention_heads 4 is not a positive multiple of num_key_value_heads 3"),
+        (broken("qwen2", set("num_attention_heads", 0)), "bad config: num_attention_heads 0 is not a positive multiple of num_key_value_heads 2"),
+        (broken("qwen2", set("num_attention_heads", 6)), "bad config: head size 0 (head_dim, else hidden_size 32 / num_attention_heads 6) must be a positive even number"),
+        (broken("mistral", set("num_attention_heads", 0)), "bad config: num_attention_heads 0 is not a positive multiple of num_key_value_heads 2"),
+        (broken("bart", set("encoder_attention_heads", 0)), "bad config: d_model 32 is not a multiple of encoder_attention_heads 0"),
+        (broken("bart", set("decoder_attention_heads", 5)), "bad config: d_model 32 is not a multiple of decoder_attention_heads 5"),
+        (broken("marian", set("encoder_attention_heads", 0)), "bad config: d_model 32 is not a multiple of encoder_attention_heads 0"),
+    ];
+    let mut wrong = Vec::new();
+    for (d, want) in &cases {
+        let cfg = d.path().join("config.json").display().to_string();
+        match std::panic::catch_unwind(|| load_err(d.path())) {
+            Err(_) => wrong.push(format!("{cfg}: panicked (want {want:?})")),
+            Ok(e) if !e.starts_with(&format!("{cfg}: {want}")) || e.lines().count() != 1 => wrong.push(format!("{cfg}: want {want:?}, got {e:?}")),
+            Ok(_) => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// SmolLM2 from its GGUF and from an HF safetensors export of the same weights (made by
 /// `tests/fixtures/export_smollm2_hf.py` with transformers' GGUF loader) give the same logits.
 #[test]

@@ -49,7 +49,7 @@ fn cannot_run() -> Option<String> {
         .filter(|c| !Command::new("sh").arg("-c").arg(format!("command -v {c}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success()))
         .collect();
     if !missing.is_empty() {
-        return Some(format!("{} not installed (scripts/setup installs slurm-wlm and munge with apt-get as root)", missing.join(", ")));
+        return Some(format!("{} not installed (scripts/setup-test installs slurm-wlm and munge with apt-get as root)", missing.join(", ")));
     }
     None
 }

@@ -1,7 +1,7 @@
 //! The head view (src/view) in a real browser: headless Chromium, network off, driven by
 //! `fixtures/view_browser.py` over chromedriver's WebDriver API. Each head attends in a known
 //! pattern, so the lines the page draws for a head, a layer and a hovered token are checked
-//! exactly. Skipped when Chromium or chromedriver is missing (`scripts/setup` installs them).
+//! exactly. Skipped when Chromium or chromedriver is missing (`scripts/setup-test` installs them).
 
 use headscope::view::{View, ViewKind};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ fn which(name: &str) -> Option<PathBuf> {
 fn browser_available() -> bool {
     let found = which("chromedriver").is_some() && (which("chromium").is_some() || which("chromium-browser").is_some());
     if !found {
-        println!("skipped: chromium/chromedriver not installed (scripts/setup installs them)");
+        println!("skipped: chromium/chromedriver not installed (scripts/setup-test installs them)");
     }
     found
 }
@@ -108,7 +108,7 @@ fn head_view_works_offline_in_a_browser() {
 #[test]
 fn a_real_models_page_works_offline_in_a_browser() {
     if !browser_available() {
-        println!("skipped: chromium/chromedriver not installed (scripts/setup installs them)");
+        println!("skipped: chromium/chromedriver not installed (scripts/setup-test installs them)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -85,14 +85,15 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             return Err(ModelError::Interrupted.into());
         }
         // The positions seeded: a language model's every position but the last predicts the
-        // next token (seed "logit"); with "norm", every real position.
+        // next token (seed "logit"); with "norm", every real (non-special, non-padding)
+        // position, the predictions of the other LRP rules.
         let real = b.mask.to_kind(DType::Float);
         let seedable = match opts.seed {
             Seed::Logit => {
                 let t = real.size()[1];
                 Tensor::cat(&[real.narrow(1, 1, t - 1), real.narrow(1, 0, 1).zeros_like()], 1)
             }
-            Seed::Norm => real.shallow_clone(),
+            Seed::Norm => model.real_mask(&b.encoded, real.size()[1]),
         };
         let (ids, mask, seed_at) = if opts.per_prediction { one_per_row(&b.ids, &b.mask, &seedable)? } else { (b.ids.shallow_clone(), b.mask.shallow_clone(), seedable) };
         if ids.size()[0] == 0 {

@@ -45,20 +45,10 @@ pub struct Options {
 }
 
 impl Options {
+    /// Every option at the default of `analyze`'s option list (its `OptSpec`s, the one place
+    /// the defaults are written), with these statistics, kinds and default frequency corpus.
     pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: PathBuf) -> Self {
-        Options {
-            stats,
-            kinds,
-            batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS,
-            exclude_keys: ExcludeKeys::Eos,
-            positional_threshold: 0.9,
-            rare_top_n: 500,
-            rare_threshold: 0.5,
-            freq: FreqSource::Text(brown),
-            relations: ["nsubj", "dobj", "amod", "advmod"].iter().map(|s| s.to_string()).collect(),
-            subtypes: false,
-            margin: 0.10,
-        }
+        crate::analysis::script::options_with_defaults(stats, kinds, brown)
     }
 
     pub fn wants(&self, s: Stat) -> bool {

@@ -31,7 +31,8 @@ pub enum Context<'a> {
     /// `receiver["partial`
     Index { receiver: &'a str, partial: &'a str },
     /// `func(..., #{key: 1, partial` — the keys already given are listed.
-    OptionKey { func: &'a str, partial: &'a str, given: Vec<&'a str> },
+    /// `method`: the call is `x.func(...)` (a method's own options come first).
+    OptionKey { func: &'a str, method: bool, partial: &'a str, given: Vec<&'a str> },
     /// A `:` command.
     Command(&'a str),
     /// A plain identifier (possibly `module::name`).
@@ -148,10 +149,11 @@ pub fn context(code: &str, pos: usize) -> (usize, Context<'_>) {
     if let Some(Open::Map(brace)) = stack.last() {
         if prev.ends_with(',') || prev.len() == *brace + 1 {
             if let Some(Open::Paren(paren)) = stack.iter().rev().nth(1) {
-                let (_, func) = ident_before(before, before[..*paren].trim_end().len());
+                let (fstart, func) = ident_before(before, before[..*paren].trim_end().len());
                 if !func.is_empty() {
                     let given = keys_in(&before[brace + 1..start]);
-                    return (start, Context::OptionKey { func, partial, given });
+                    let method = before[..fstart].ends_with('.');
+                    return (start, Context::OptionKey { func, method, partial, given });
                 }
             }
         }
@@ -217,7 +219,7 @@ impl Session {
                 }
                 c
             }
-            Context::OptionKey { func, partial, given } => match registry::options_of(func) {
+            Context::OptionKey { func, method, partial, given } => match registry::options_of_call(func, method.then_some("")) {
                 Some(opts) => opts
                     .iter()
                     .filter(|o| o.name.starts_with(partial) && !given.contains(&o.name))
@@ -273,10 +275,21 @@ pub fn describe(docs: &[docs::FnDoc]) -> String {
     for d in docs {
         text += &format!("\n\n{}\n  {}", d.signature, d.doc.replace('\n', "\n  "));
     }
-    if let Some(opts) = docs.first().and_then(|d| registry::options_of(&d.name)) {
-        text += "\n\nOptions (name, default, meaning):";
-        for o in opts {
-            let default = if o.default.is_empty() { "-" } else { o.default };
+    // Each distinct option list once: a method may take other options than a function of
+    // the same name (`m.bleu(data, #{...})` and `bleu(hyps, refs, #{...})`).
+    let mut lists: Vec<(String, &'static [crate::script::convert::OptSpec])> = Vec::new();
+    for d in docs {
+        if let Some(opts) = registry::options_of_call(&d.name, d.receiver.as_deref()) {
+            if !lists.iter().any(|(_, o)| std::ptr::eq(*o, opts)) {
+                lists.push((d.receiver.as_ref().map_or_else(|| d.name.clone(), |r| format!("{r}.{}", d.name)), opts));
+            }
+        }
+    }
+    for (name, opts) in &lists {
+        text += &if lists.len() == 1 { "\n\nOptions (name, default, meaning):".to_string() } else { format!("\n\nOptions of {name} (name, default, meaning):") };
+        for o in opts.iter() {
+            let default = o.default.to_string();
+            let default = if default.is_empty() { "-".to_string() } else { default };
             text += &format!("\n  {:<22} {:<24} {}", o.name, default, o.help);
         }
     }
@@ -297,9 +310,9 @@ mod tests {
         assert_eq!(ctx("let x = model."), (14, Context::Member { receiver: "model", partial: "" }));
         assert_eq!(ctx("r[\"e"), (3, Context::Index { receiver: "r", partial: "e" }));
         assert_eq!(ctx("print(r[\""), (9, Context::Index { receiver: "r", partial: "" }));
-        assert_eq!(ctx("m.analyze(d, #{st"), (15, Context::OptionKey { func: "analyze", partial: "st", given: vec![] }));
-        assert_eq!(ctx("m.analyze(d, #{stats: [\"rare\"], k"), (32, Context::OptionKey { func: "analyze", partial: "k", given: vec!["stats"] }));
-        assert_eq!(ctx("heatmap(x, #{"), (13, Context::OptionKey { func: "heatmap", partial: "", given: vec![] }));
+        assert_eq!(ctx("m.analyze(d, #{st"), (15, Context::OptionKey { func: "analyze", method: true, partial: "st", given: vec![] }));
+        assert_eq!(ctx("m.analyze(d, #{stats: [\"rare\"], k"), (32, Context::OptionKey { func: "analyze", method: true, partial: "k", given: vec!["stats"] }));
+        assert_eq!(ctx("heatmap(x, #{"), (13, Context::OptionKey { func: "heatmap", method: false, partial: "", given: vec![] }));
         assert_eq!(ctx(":he"), (0, Context::Command(":he")));
         assert_eq!(ctx("let a = heat"), (8, Context::Word("heat")));
         assert_eq!(ctx("stats::me"), (0, Context::Word("stats::me")));

@@ -12,8 +12,10 @@ pub type Renderer = fn(&Dynamic) -> Option<Output>;
 pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render, crate::view::script::render];
 
 /// Every function that takes an option map, with the options it accepts (each list lives
-/// beside its function): `Opts` checks maps against them, `:help` shows them with their
-/// defaults, completion offers them inside `#{...}`.
+/// beside its function): `Opts` checks maps against them and takes defaults from them,
+/// `:help` shows them with their defaults, completion offers them inside `#{...}`. A method
+/// whose options differ from a free function of the same name is listed as `Type.name`
+/// (`Model.bleu` beside `bleu`).
 pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("load_model", crate::model::script::LOAD_OPTIONS),
     ("forward", crate::model::script::FORWARD_OPTIONS),
@@ -23,14 +25,28 @@ pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("bar", crate::plot::script::BAR_OPTIONS),
     ("line", crate::plot::script::LINE_OPTIONS),
     ("prune", crate::prune::script::OPTIONS),
+    ("bleu", crate::metrics::bleu::script::BLEU_OPTIONS),
 ];
 
 /// The option families registered elsewhere in lists of their own.
 pub const OPTION_FAMILIES: &[&[(&str, &[OptSpec])]] = &[OPTIONS, crate::analysis::script::OPTIONS];
 
-/// The options `func` accepts, if it takes an option map.
+/// The options `func` accepts, if it takes an option map (called as a function).
 pub fn options_of(func: &str) -> Option<&'static [OptSpec]> {
-    OPTION_FAMILIES.iter().flat_map(|f| f.iter()).find(|(name, _)| *name == func).map(|(_, o)| *o)
+    options_of_call(func, None)
+}
+
+/// The options of `func` called as a method of `receiver` (`Some("Model")`, or `Some("")`
+/// when the type is unknown) or as a function (`None`): a method's own list (`Type.name`) first.
+pub fn options_of_call(func: &str, receiver: Option<&str>) -> Option<&'static [OptSpec]> {
+    let all = || OPTION_FAMILIES.iter().flat_map(|f| f.iter());
+    if let Some(ty) = receiver {
+        let own = all().find(|(name, _)| name.split_once('.').is_some_and(|(t, n)| n == func && (ty.is_empty() || t == ty)));
+        if let Some((_, o)) = own {
+            return Some(*o);
+        }
+    }
+    all().find(|(name, _)| *name == func).map(|(_, o)| *o)
 }
 
 /// Keys that may follow `value["` (kinds of a grid or analysis), by type.

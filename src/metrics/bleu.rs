@@ -172,9 +172,13 @@ pub fn corpus_counts<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) 
 
 pub mod script {
     use super::corpus_counts;
-    use crate::script::convert::{err, quote, ScriptResult};
+    use crate::script::convert::{err, opt, quote, OptSpec, ScriptResult};
     use rhai::plugin::*;
     use rhai::{Array, Dynamic, Engine, Map};
+
+    /// The options of the free `bleu(hyps, refs, #{...})` (the method `m.bleu(data, #{...})`
+    /// translates first and has its own list, `Model.bleu` in the registry).
+    pub const BLEU_OPTIONS: &[OptSpec] = &[opt("shard", "none", "\"I/N\": score slice I of N of the lines and keep BLEU's counts (docs/methods.md#shards)")];
 
     fn lines(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
         if let Some(a) = v.clone().try_cast::<Array>() {
@@ -226,7 +230,7 @@ pub mod script {
         /// ```
         #[rhai_fn(name = "bleu", return_raw)]
         pub fn bleu_opts(hyps: Array, refs: Array, options: Map) -> ScriptResult<Map> {
-            let o = crate::script::convert::Opts::new(&options, "bleu", &[crate::script::convert::opt("shard", "none", "\"I/N\": score slice I of N of the lines and keep BLEU's counts (docs/methods.md#shards)")])?;
+            let o = crate::script::convert::Opts::new(&options, "bleu", BLEU_OPTIONS)?;
             let mut h = lines(&Dynamic::from(hyps), "hypotheses")?;
             let mut streams: Vec<Vec<String>> = if refs.first().is_some_and(|r| r.is_array()) {
                 refs.iter().enumerate().map(|(i, r)| lines(r, &format!("references[{i}]"))).collect::<ScriptResult<_>>()?

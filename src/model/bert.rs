@@ -52,8 +52,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         "relu" => Activation::Relu,
         other => return Err(ModelError::Config(cfg_path.display().to_string(), format!("hidden_act '{other}' is not supported (gelu, relu)"))),
     };
-    if cfg.hidden_size % cfg.num_attention_heads != 0 {
-        return Err(ModelError::Config(cfg_path.display().to_string(), "hidden_size is not a multiple of num_attention_heads".into()));
+    if cfg.num_attention_heads <= 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
+        return Err(ModelError::Config(cfg_path.display().to_string(), format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads)));
     }
     let (map, file) = super::hf::weights(dir)?;
     let roberta = cfg.model_type == "roberta";

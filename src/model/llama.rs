@@ -92,11 +92,11 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
     let hk = cfg.num_key_value_heads.unwrap_or(h);
     if h <= 0 || hk <= 0 || h % hk != 0 {
-        return Err(bad(format!("{h} attention heads cannot share {hk} key/value heads")));
+        return Err(bad(format!("num_attention_heads {h} is not a positive multiple of num_key_value_heads {hk}")));
     }
     let dh = cfg.head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
     if dh <= 0 || dh % 2 != 0 {
-        return Err(bad(format!("head size {dh} (hidden_size {d} / {h} heads) must be a positive even number")));
+        return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
     }
     // Qwen2 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {

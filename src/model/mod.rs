@@ -333,6 +333,10 @@ impl Model {
         Ok(m)
     }
 
+    /// The parameters the model holds, as transformers' `sum(p.numel() for p in
+    /// model.parameters())` counts them: a tied matrix once, buffers (HF seq2seq's
+    /// `final_logits_bias`) not; learned position rows no input reads (RoBERTa's before
+    /// `padding_idx + 1`, BART's offset 2) are not kept, so not counted (tests/param_count.rs).
     pub fn count_params(&self) -> i64 {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
@@ -367,9 +371,18 @@ impl Model {
                 total += attn(a) + norm(nm);
             }
         }
-        // A tied output shares the embedding matrix; only its bias is new.
+        total += self.net.final_norm.as_ref().map_or(0, norm);
         if let Some(o) = &self.net.output {
-            total += o.b.as_ref().map_or(0, n);
+            // A tied output shares an embedding matrix (counted above); an untied one is new.
+            let tied = [Some(&e.tokens), self.net.dec_embed.as_ref().map(|d| &d.tokens)].into_iter().flatten().any(|t| t.data_ptr() == o.w.data_ptr());
+            if !tied {
+                total += n(&o.w);
+            }
+            // HF BART and MarianMT hold `final_logits_bias` as a buffer, not a parameter (as
+            // transformers counts); Marian's `.bin` learns its output bias.
+            if !matches!(self.family, Family::Bart | Family::Marian) {
+                total += o.b.as_ref().map_or(0, n);
+            }
         }
         total
     }

@@ -114,29 +114,12 @@ pub struct PruneOptions {
 }
 
 impl PruneOptions {
+    /// Every option at the default of `prune`'s option list (its `OptSpec`s, the one place
+    /// the defaults are written), gating these kinds.
     pub fn new(kinds: Vec<Kind>) -> Self {
-        PruneOptions {
-            lambda: 0.05,
-            steps: 500,
-            lr: 0.01,
-            batch_tokens: 2000,
-            kinds,
-            joint: false,
-            model_lr: 1e-5,
-            seed: 1,
-            eval_every: 50,
-            checkpoint: None,
-            resume: false,
-            concrete: Concrete::default(),
-            init: Init::Uniform,
-            penalty_scale: PenaltyScale::PerHead,
-            distill: Distill::Cosine,
-            eval_gates: EvalGates::Binary,
-        }
+        script::options_with_defaults(kinds)
     }
 
-    /// Every option as (name, value) strings, echoed in results and checkpoints. The ones
-    /// that change the run's numbers are `run_defining`.
     pub fn echo(&self) -> crate::output::Echo {
         use serde_json::json;
         vec![

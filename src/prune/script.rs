@@ -6,7 +6,7 @@ use crate::model::script::{Head, ScriptModel};
 use crate::model::{HeadId, Kind};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind, Series};
-use crate::script::convert::{err, opt, quote, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
@@ -23,91 +23,72 @@ pub struct PruneResult {
 }
 
 pub const OPTIONS: &[OptSpec] = &[
-    opt("lambda", "0.05", "weight of the L0 penalty"),
-    opt("steps", "500", "training steps"),
-    opt("lr", "0.01", "Adam's learning rate for the gates"),
-    opt("model_lr", "1e-5", "Adam's learning rate for the weights (joint: true)"),
-    opt("batch_tokens", "2000", "tokens per training batch"),
+    opt_f64("lambda", 0.05, "weight of the L0 penalty"),
+    opt_int("steps", 500, "training steps"),
+    opt_f64("lr", 0.01, "Adam's learning rate for the gates"),
+    opt_f64("model_lr", 1e-5, "Adam's learning rate for the weights (joint: true)"),
+    opt_int("batch_tokens", 2000, "tokens per training batch"),
     opt("kinds", "every kind", "the attention kinds gated"),
-    opt("joint", "false", "train the model's weights too, on a copy"),
-    opt("seed", "1", "seed of the batches and the gates' noise"),
+    opt_bool("joint", false, "train the model's weights too, on a copy"),
+    opt_int("seed", 1, "seed of the batches and the gates' noise"),
     opt("eval", "", "the same as eval_data"),
     opt("eval_data", "", "a dataset evaluated every eval_every steps"),
-    opt("eval_every", "50", "steps between evaluations"),
+    opt_int("eval_every", 50, "steps between evaluations"),
     opt("checkpoint", "", "a directory for checkpoints, written atomically"),
-    opt("resume", "false", "resume the run in 'checkpoint'"),
-    opt("beta", "0.33", "Hard Concrete temperature"),
-    opt("init", "\"uniform\"", "initial log_alpha: \"uniform\" or a number"),
-    opt("penalty_scale", "\"per_head\"", "\"per_head\" or \"per_layer\""),
-    opt("distill", "\"cosine\"", "encoders' objective: \"cosine\" or \"mse\""),
-    opt("eval_gates", "\"binary\"", "\"binary\" or \"continuous\" gates after training"),
+    opt_bool("resume", false, "resume the run in 'checkpoint'"),
+    opt_f64("beta", 0.33, "Hard Concrete temperature"),
+    opt_str("init", "uniform", "initial log_alpha: \"uniform\" or a number"),
+    opt_str("penalty_scale", "per_head", "\"per_head\" or \"per_layer\""),
+    opt_str("distill", "cosine", "encoders' objective: \"cosine\" or \"mse\""),
+    opt_str("eval_gates", "binary", "\"binary\" or \"continuous\" gates after training"),
 ];
+
+/// The typed options of `prune` from a map checked against [`OPTIONS`]: what it gives, else
+/// the defaults of the list (the one place they are written); `kinds` is the caller's.
+pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
+    let f = o.func();
+    let init = match o.value("init") {
+        Some(v) if !v.is_string() => Init::Constant(crate::script::convert::to_f64(v, &format!("{f}: option 'init' (\"uniform\" or a number)"))?),
+        _ => match o.string_or_default("init")?.as_str() {
+            "uniform" => Init::Uniform,
+            other => return err(format!("{f}: option 'init' must be \"uniform\" or a number, got \"{other}\"")),
+        },
+    };
+    Ok(PruneOptions {
+        lambda: o.f64_or_default("lambda")?,
+        steps: o.usize_or_default("steps")?,
+        lr: o.f64_or_default("lr")?,
+        batch_tokens: o.usize_or_default("batch_tokens")?,
+        kinds,
+        joint: o.bool_or_default("joint")?,
+        model_lr: o.f64_or_default("model_lr")?,
+        seed: o.usize_or_default("seed")? as u64,
+        eval_every: o.usize_or_default("eval_every")?,
+        checkpoint: o.string("checkpoint")?.map(PathBuf::from),
+        resume: o.bool_or_default("resume")?,
+        concrete: super::Concrete { beta: o.f64_or_default("beta")?, ..Default::default() },
+        init,
+        penalty_scale: o.parsed_or_default("penalty_scale")?,
+        distill: o.parsed_or_default("distill")?,
+        eval_gates: o.parsed_or_default("eval_gates")?,
+    })
+}
+
+/// `prune`'s options with every default of [`OPTIONS`] (the Rust API's `PruneOptions::new`).
+pub fn options_with_defaults(kinds: Vec<Kind>) -> PruneOptions {
+    let empty = Map::new();
+    Opts::new(&empty, "prune", OPTIONS).and_then(|o| options_from(&o, kinds)).unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
+}
 
 fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, Option<crate::data::Dataset>)> {
     let o = Opts::new(options, "prune", OPTIONS)?;
-    let kinds: Vec<Kind> = match options.get("kinds") {
-        Some(v) => {
-            let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("prune: option 'kinds' must be an array of kind names, got {}", quote(v))) };
-            a.iter().map(|k| k.to_string().parse().or_else(|e: String| err(format!("prune: {e}")))).collect::<ScriptResult<_>>()?
-        }
-        None => m.model.kinds().iter().map(|k| k.kind).collect(),
-    };
-    for k in &kinds {
-        m.model.kind_shape(*k).or_else(|e| err(format!("prune: {e}")))?;
-    }
-    let mut p = PruneOptions::new(kinds);
-    if let Some(x) = o.f64("lambda")? {
-        p.lambda = x;
-    }
-    if let Some(x) = o.usize("steps")? {
-        p.steps = x;
-    }
-    if let Some(x) = o.f64("lr")? {
-        p.lr = x;
-    }
-    if let Some(x) = o.usize("batch_tokens")? {
-        p.batch_tokens = x;
-    }
-    if let Some(x) = o.bool("joint")? {
-        p.joint = x;
-    }
-    if let Some(x) = o.f64("model_lr")? {
-        p.model_lr = x;
-    }
-    if let Some(x) = o.usize("seed")? {
-        p.seed = x as u64;
-    }
-    if let Some(x) = o.usize("eval_every")? {
-        p.eval_every = x;
-    }
-    if let Some(x) = o.string("checkpoint")? {
-        p.checkpoint = Some(PathBuf::from(x));
-    }
-    if let Some(x) = o.bool("resume")? {
-        p.resume = x;
-    }
+    let kinds = crate::model::script::kinds_option(m, &o)?;
+    let p = options_from(&o, kinds)?;
     if p.resume && p.checkpoint.is_none() {
         return err("prune: resume: true needs a checkpoint directory (option 'checkpoint')");
     }
-    if let Some(x) = o.f64("beta")? {
-        p.concrete.beta = x;
-    }
-    match options.get("init") {
-        None => {}
-        Some(v) if v.is_string() && v.to_string() == "uniform" => p.init = Init::Uniform,
-        Some(v) => p.init = Init::Constant(crate::script::convert::to_f64(v, "prune: option 'init' (\"uniform\" or a number)")?),
-    }
-    if let Some(x) = o.string("penalty_scale")? {
-        p.penalty_scale = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
-    }
-    if let Some(x) = o.string("distill")? {
-        p.distill = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
-    }
-    if let Some(x) = o.string("eval_gates")? {
-        p.eval_gates = x.parse().or_else(|e: String| err(format!("prune: {e}")))?;
-    }
     // `eval` is a reserved word in Rhai (`#{"eval": d}` works); `eval_data` reads better.
-    let eval = match options.get("eval_data").or_else(|| options.get("eval")) {
+    let eval = match o.value("eval_data").or_else(|| o.value("eval")) {
         None => None,
         Some(v) => Some(crate::data::script::dataset_arg(v, "prune: option 'eval_data'")?),
     };

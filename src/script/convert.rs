@@ -114,40 +114,142 @@ pub fn json_f64(x: f64) -> serde_json::Value {
     serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
-/// One option a script function accepts: its name, its default as a person reads it, and
-/// what it does. The lists beside each function drive the check of option maps, `:help`
-/// and completion inside `#{...}` (one list, so they cannot disagree).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The default of an option, in one place: typed where the value is fixed (the getters
+/// `*_or_default` read it, `:help` shows it, results echo it), as text where it is worked out
+/// when the function runs (from the model, the data or another option).
+#[derive(Debug, Clone, Copy)]
+pub enum OptDefault {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(&'static str),
+    Strs(&'static [&'static str]),
+    /// An integer chosen by the string value of another option: `(option, [(value, default)])`,
+    /// the first pair when that option is not given.
+    IntBy(&'static str, &'static [(&'static str, i64)]),
+    /// Worked out when the function runs; the text says how ("" for none).
+    Text(&'static str),
+    /// Kept beside another type (thresholds per head type): shown by this function.
+    Shown(fn() -> String),
+}
+
+impl std::fmt::Display for OptDefault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OptDefault::Int(i) => write!(f, "{i}"),
+            OptDefault::Float(x) => write!(f, "{x}"),
+            OptDefault::Bool(b) => write!(f, "{b}"),
+            OptDefault::Str(s) => write!(f, "{s:?}"),
+            OptDefault::Strs(a) => write!(f, "[{}]", a.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ")),
+            OptDefault::IntBy(by, pairs) => write!(f, "{}", pairs.iter().map(|(v, i)| format!("{i} ({by} {v:?})")).collect::<Vec<_>>().join(", ")),
+            OptDefault::Text(t) => write!(f, "{t}"),
+            OptDefault::Shown(g) => write!(f, "{}", g()),
+        }
+    }
+}
+
+impl OptDefault {
+    /// The value as results echo it, where it is fixed.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        use serde_json::json;
+        match self {
+            OptDefault::Int(i) => Some(json!(i)),
+            OptDefault::Float(x) => Some(json!(x)),
+            OptDefault::Bool(b) => Some(json!(b)),
+            OptDefault::Str(s) => Some(json!(s)),
+            OptDefault::Strs(a) => Some(json!(a)),
+            OptDefault::IntBy(..) | OptDefault::Text(_) | OptDefault::Shown(_) => None,
+        }
+    }
+}
+
+/// One option a script function accepts: its name, its default, and what it does. The lists
+/// beside each function drive the check of option maps, the defaults the getters fall back
+/// on, `:help` and completion inside `#{...}` (one list, so they cannot disagree).
+#[derive(Debug, Clone, Copy)]
 pub struct OptSpec {
     pub name: &'static str,
-    pub default: &'static str,
+    pub default: OptDefault,
     pub help: &'static str,
 }
 
-/// Shorthand for an [`OptSpec`] in a `const` list.
+/// An option whose default is worked out when the function runs (`default` says how).
 pub const fn opt(name: &'static str, default: &'static str, help: &'static str) -> OptSpec {
-    OptSpec { name, default, help }
+    OptSpec { name, default: OptDefault::Text(default), help }
+}
+/// An option with an integer default.
+pub const fn opt_int(name: &'static str, default: i64, help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Int(default), help }
+}
+/// An option with a number default.
+pub const fn opt_f64(name: &'static str, default: f64, help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Float(default), help }
+}
+/// An option with a boolean default.
+pub const fn opt_bool(name: &'static str, default: bool, help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Bool(default), help }
+}
+/// An option with a string default.
+pub const fn opt_str(name: &'static str, default: &'static str, help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Str(default), help }
+}
+/// An option with a default array of strings.
+pub const fn opt_strs(name: &'static str, default: &'static [&'static str], help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Strs(default), help }
+}
+/// An option with a default shown by `shown` (kept beside another type).
+pub const fn opt_shown(name: &'static str, shown: fn() -> String, help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::Shown(shown), help }
+}
+/// An integer option whose default depends on the string value of option `by`.
+pub const fn opt_int_by(name: &'static str, by: &'static str, defaults: &'static [(&'static str, i64)], help: &'static str) -> OptSpec {
+    OptSpec { name, default: OptDefault::IntBy(by, defaults), help }
 }
 
-/// An option map checked against the keys a function accepts; getters convert types once.
+/// An option map checked against the keys a function accepts; getters convert types once,
+/// and the `*_or_default` getters fall back on the default in the function's `OptSpec`.
 pub struct Opts<'a> {
     map: &'a Map,
     func: &'static str,
+    specs: &'a [OptSpec],
 }
 
 impl<'a> Opts<'a> {
     /// Fails on any key not in `allowed`, naming it and listing the valid ones.
-    pub fn new(map: &'a Map, func: &'static str, allowed: &[OptSpec]) -> ScriptResult<Self> {
+    pub fn new(map: &'a Map, func: &'static str, allowed: &'a [OptSpec]) -> ScriptResult<Self> {
         for k in map.keys() {
             if !allowed.iter().any(|o| o.name == k.as_str()) {
                 let names: Vec<&str> = allowed.iter().map(|o| o.name).collect();
                 return err(format!("{func}: unknown option '{k}' (valid options: {})", names.join(", ")));
             }
         }
-        Ok(Opts { map, func })
+        Ok(Opts { map, func, specs: allowed })
     }
-    fn get(&self, key: &str) -> Option<&Dynamic> {
+    /// The function these options belong to, as the user called it (for error messages).
+    pub fn func(&self) -> &'static str {
+        self.func
+    }
+    /// Whether the option was given (a unit value counts as not given).
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+    /// The option's value as given, if it was.
+    pub fn value(&self, key: &str) -> Option<&'a Dynamic> {
+        self.get(key)
+    }
+    fn get(&self, key: &str) -> Option<&'a Dynamic> {
         self.map.get(key).filter(|v| !v.is_unit())
+    }
+    /// The default the spec gives `key`; a getter asking for a type the spec does not hold
+    /// is a bug of the function, reported as such rather than guessed.
+    fn default_of(&self, key: &str) -> ScriptResult<OptDefault> {
+        match self.specs.iter().find(|o| o.name == key) {
+            Some(o) => Ok(o.default),
+            None => err(format!("{}: option '{key}' is not in its option list (a bug of headscope)", self.func)),
+        }
+    }
+    fn no_default<T>(&self, key: &str, what: &str) -> ScriptResult<T> {
+        err(format!("{}: option '{key}' has no {what} default in its option list (a bug of headscope)", self.func))
     }
     pub fn f64(&self, key: &str) -> ScriptResult<Option<f64>> {
         self.get(key).map(|v| to_f64(v, &format!("{}: option '{key}'", self.func))).transpose()
@@ -171,6 +273,20 @@ impl<'a> Opts<'a> {
             Some(v) => err(format!("{}: option '{key}' must be a string, got {}", self.func, quote(v))),
         }
     }
+    /// An array of strings (every item a string).
+    pub fn strings(&self, key: &str) -> ScriptResult<Option<Vec<String>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("{}: option '{key}' must be an array of strings, got {}", self.func, quote(v))) };
+                a.iter()
+                    .enumerate()
+                    .map(|(i, x)| if x.is_string() { Ok(x.clone().cast::<rhai::ImmutableString>().to_string()) } else { err(format!("{}: option '{key}'[{i}] must be a string, got {}", self.func, quote(x))) })
+                    .collect::<ScriptResult<_>>()
+                    .map(Some)
+            }
+        }
+    }
     pub fn labels(&self, key: &str) -> ScriptResult<Option<Vec<String>>> {
         match self.get(key) {
             None => Ok(None),
@@ -188,6 +304,73 @@ impl<'a> Opts<'a> {
                 None => err(format!("{}: option '{key}' must be an array of numbers, got {}", self.func, quote(v))),
             },
         }
+    }
+    /// The integer given, else the spec's default (an `IntBy` default follows its option).
+    pub fn usize_or_default(&self, key: &str) -> ScriptResult<usize> {
+        if let Some(x) = self.usize(key)? {
+            return Ok(x);
+        }
+        match self.default_of(key)? {
+            OptDefault::Int(i) if i >= 0 => Ok(i as usize),
+            OptDefault::IntBy(by, pairs) => {
+                let chosen = self.string(by)?;
+                let pair = match &chosen {
+                    None => pairs.first(),
+                    Some(c) => pairs.iter().find(|(v, _)| v == c),
+                };
+                match pair {
+                    Some((_, i)) if *i >= 0 => Ok(*i as usize),
+                    _ => self.no_default(key, &format!("integer (for {by} {chosen:?})")),
+                }
+            }
+            _ => self.no_default(key, "integer"),
+        }
+    }
+    /// The number given, else the spec's default.
+    pub fn f64_or_default(&self, key: &str) -> ScriptResult<f64> {
+        if let Some(x) = self.f64(key)? {
+            return Ok(x);
+        }
+        match self.default_of(key)? {
+            OptDefault::Float(x) => Ok(x),
+            OptDefault::Int(i) => Ok(i as f64),
+            _ => self.no_default(key, "number"),
+        }
+    }
+    /// The boolean given, else the spec's default.
+    pub fn bool_or_default(&self, key: &str) -> ScriptResult<bool> {
+        if let Some(x) = self.bool(key)? {
+            return Ok(x);
+        }
+        match self.default_of(key)? {
+            OptDefault::Bool(b) => Ok(b),
+            _ => self.no_default(key, "boolean"),
+        }
+    }
+    /// The string given, else the spec's default.
+    pub fn string_or_default(&self, key: &str) -> ScriptResult<String> {
+        if let Some(x) = self.string(key)? {
+            return Ok(x);
+        }
+        match self.default_of(key)? {
+            OptDefault::Str(s) => Ok(s.to_string()),
+            _ => self.no_default(key, "string"),
+        }
+    }
+    /// The strings given, else the spec's default.
+    pub fn strings_or_default(&self, key: &str) -> ScriptResult<Vec<String>> {
+        if let Some(x) = self.strings(key)? {
+            return Ok(x);
+        }
+        match self.default_of(key)? {
+            OptDefault::Strs(a) => Ok(a.iter().map(|s| s.to_string()).collect()),
+            _ => self.no_default(key, "array of strings"),
+        }
+    }
+    /// A string option parsed into a typed value (an `options_enum!` or any `FromStr` whose
+    /// error is a sentence), else the spec's default parsed alike; errors name the function.
+    pub fn parsed_or_default<T: std::str::FromStr<Err = String>>(&self, key: &str) -> ScriptResult<T> {
+        self.string_or_default(key)?.parse().or_else(|e: String| err(format!("{}: {e}", self.func)))
     }
 }
 
@@ -223,5 +406,47 @@ mod tests {
         m.insert("titel".into(), Dynamic::from("x"));
         let e = msg(Opts::new(&m, "heatmap", &[opt("title", "", ""), opt("rows", "", "")]).err().unwrap());
         assert!(e.contains("unknown option 'titel'") && e.contains("title, rows"), "{e}");
+    }
+
+    const SPECS: &[OptSpec] = &[
+        opt_int("batch_tokens", 1024, ""),
+        opt_f64("margin", 0.1, ""),
+        opt_bool("exact", false, ""),
+        opt_str("metric", "loss", ""),
+        opt_strs("relations", &["nsubj", "dobj"], ""),
+        opt_str("seeds", "each", ""),
+        opt_int_by("bt", "seeds", &[("each", 64), ("summed", 256)], ""),
+        opt("kinds", "every kind", ""),
+    ];
+
+    #[test]
+    fn defaults_come_from_the_spec_and_given_values_win() {
+        let empty = Map::new();
+        let o = Opts::new(&empty, "f", SPECS).unwrap();
+        assert_eq!(o.usize_or_default("batch_tokens").unwrap(), 1024);
+        assert_eq!(o.f64_or_default("margin").unwrap(), 0.1);
+        assert!(!o.bool_or_default("exact").unwrap());
+        assert_eq!(o.string_or_default("metric").unwrap(), "loss");
+        assert_eq!(o.strings_or_default("relations").unwrap(), ["nsubj", "dobj"]);
+        assert_eq!(o.usize_or_default("bt").unwrap(), 64);
+        // A getter of the wrong type, or an option the list lacks, is a bug named as such.
+        assert!(msg(o.usize_or_default("kinds").unwrap_err()).contains("f: option 'kinds' has no integer default"));
+        assert!(msg(o.usize_or_default("nope").unwrap_err()).contains("not in its option list"));
+        let mut m = Map::new();
+        m.insert("batch_tokens".into(), Dynamic::from(7_i64));
+        m.insert("seeds".into(), Dynamic::from("summed"));
+        m.insert("relations".into(), Dynamic::from(vec![Dynamic::from("amod"), Dynamic::from(3_i64)]));
+        let o = Opts::new(&m, "f", SPECS).unwrap();
+        assert_eq!(o.usize_or_default("batch_tokens").unwrap(), 7);
+        assert_eq!(o.usize_or_default("bt").unwrap(), 256);
+        assert_eq!(msg(o.strings_or_default("relations").unwrap_err()), "Runtime error: f: option 'relations'[1] must be a string, got 3 (i64)");
+    }
+
+    #[test]
+    fn defaults_show_as_a_person_reads_them() {
+        let shown: Vec<String> = SPECS.iter().map(|o| o.default.to_string()).collect();
+        assert_eq!(shown, ["1024", "0.1", "false", "\"loss\"", "[\"nsubj\", \"dobj\"]", "\"each\"", "64 (seeds \"each\"), 256 (seeds \"summed\")", "every kind"]);
+        assert_eq!(SPECS[3].default.json(), Some(serde_json::json!("loss")));
+        assert_eq!(SPECS[7].default.json(), None);
     }
 }

@@ -1,11 +1,11 @@
 //! Ablation on a model: `m.ablate(data, heads, #{...})` and `m.ablation_sweep(data, #{...})`
 //! (docs/methods.md#masking-and-ablation).
 
-use super::kinds_option;
+use crate::model::script::kinds_option;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
-use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use super::sharded::{echo_of, grid_from, present_heads, valid_heads};
 use crate::analysis::ablation::{Metric, MetricAcc};
@@ -15,29 +15,31 @@ use serde_json::json;
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the attention kinds taking part"),
-    opt("batch_tokens", "1024", "tokens per batch, padding included"),
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
 ];
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
-    opt("batch_tokens", "256", "tokens per batch; the masks of a layer are stacked on it"),
+    opt_int("batch_tokens", 256, "tokens per batch; the masks of a layer are stacked on it"),
     crate::data::script::SHARD_OPTION,
 ];
-pub const BLEU_OPTIONS: &[OptSpec] = &[opt("batch_tokens", "1024", "tokens per batch, padding included"), crate::data::script::SHARD_OPTION];
+/// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
+/// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
+pub const BLEU_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"), crate::data::script::SHARD_OPTION];
 
 /// What `ablate` and `ablation_sweep` share: the prepared data, the kinds, the options echoed.
 type AblationSetup = (crate::analysis::ablation::Prepared, Vec<Kind>, crate::output::Echo);
 
-fn ablation_setup(m: &ScriptModel, d: &crate::data::Dataset, options: &Map, func: &'static str, default_batch_tokens: usize) -> ScriptResult<AblationSetup> {
-    let o = Opts::new(options, func, if func == "ablate" { ABLATE_OPTIONS } else { SWEEP_OPTIONS })?;
+fn ablation_setup(m: &ScriptModel, d: &crate::data::Dataset, o: &Opts) -> ScriptResult<AblationSetup> {
+    let func = o.func();
     let generates = m.model.has_task_loss();
     let metric: crate::analysis::ablation::Metric = match o.string("metric")? {
         Some(x) => x.parse().or_else(|e: String| err(format!("{func}: {e}")))?,
         None if generates => crate::analysis::ablation::Metric::Loss,
         None => crate::analysis::ablation::Metric::Cosine,
     };
-    let kinds = kinds_option(m, options, func)?;
-    let bt = o.usize("batch_tokens")?.unwrap_or(default_batch_tokens);
+    let kinds = kinds_option(m, o)?;
+    let bt = o.usize_or_default("batch_tokens")?;
     let p = crate::analysis::ablation::prepare(&m.model, d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
     let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(bt))];
     Ok((p, kinds, echo))
@@ -90,7 +92,7 @@ pub mod api {
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Dynamic, options: Map) -> ScriptResult<Map> {
         let ids = crate::model::script::head_ids(m, &heads, "ablate")?;
         let d = crate::data::script::dataset_arg(&data, "ablate")?;
-        let (p, _, echo) = ablation_setup(m, &d, &options, "ablate", crate::model::batch::DEFAULT_BATCH_TOKENS)?;
+        let (p, _, echo) = ablation_setup(m, &d, &Opts::new(&options, "ablate", ABLATE_OPTIONS)?)?;
         let mut all = m.closed.as_ref().clone();
         all.extend(ids.iter().copied());
         let gates = m.model.gates_closing(&all).or_else(|e| err(format!("ablate: {e}")))?;
@@ -137,8 +139,9 @@ pub mod api {
             return err("ablation_sweep: run it on the unmasked model (this view masks heads already)");
         }
         let d = crate::data::script::dataset_arg(&data, f)?;
-        let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, f, SWEEP_OPTIONS)?, f)?;
-        let (p, kinds, echo) = ablation_setup(m, &plan.data(&d, f)?, &options, f, 256)?;
+        let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
+        let plan = crate::data::script::Plan::new(&d, &o, f)?;
+        let (p, kinds, echo) = ablation_setup(m, &plan.data(&d, f)?, &o)?;
         let stop = crate::run::interrupted;
         let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
         let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
@@ -173,7 +176,7 @@ pub mod api {
             return err(format!("bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)", d.name));
         }
         let plan = crate::data::script::Plan::new(&d, &o, f)?;
-        let bt = o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS);
+        let bt = o.usize_or_default("batch_tokens")?;
         let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?).or_else(|e| err(format!("{f}: {e}")))?;
         let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
         let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": {"batch_tokens": bt}});

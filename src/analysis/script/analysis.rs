@@ -1,7 +1,6 @@
 //! The `Analysis` type and the functions that make it: `m.analyze(data, #{...})` (the
 //! analyses of docs/methods.md in one pass) and `m.confidence(data)`.
 
-use super::strings;
 use crate::analysis::options::{FreqSource, Options, Stat};
 use crate::analysis::result::Analysis;
 use crate::analysis::{accumulate, finish, freq_table, FreqTable};
@@ -9,7 +8,7 @@ use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_str, opt_strs, OptSpec, Opts, ScriptResult};
 use crate::table::Table;
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -67,76 +66,78 @@ impl Render for AnalysisObj {
 pub const OPTIONS: &[OptSpec] = &[
     opt("stats", "[\"confidence\", \"positional\", \"rare\"] (+ \"syntactic\" on a treebank)", "which statistics to compute"),
     opt("kinds", "every kind", "the attention kinds analysed"),
-    opt("batch_tokens", "1024", "tokens per batch, padding included"),
-    opt("exclude_keys", "\"eos\"", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
-    opt("positional_threshold", "0.9", "a head is positional when it attends to one offset this often"),
-    opt("rare_top_n", "500", "tokens this frequent or more are not rare"),
-    opt("rare_threshold", "0.5", "a head is rare-word when it attends to the rarest token this often"),
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
+    opt_str("exclude_keys", "eos", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
+    opt_f64("positional_threshold", 0.9, "a head is positional when it attends to one offset this often"),
+    opt_int("rare_top_n", 500, "tokens this frequent or more are not rare"),
+    opt_f64("rare_threshold", 0.5, "a head is rare-word when it attends to the rarest token this often"),
     opt("freq", "the Brown corpus", "a text file whose token counts define rarity"),
     opt("freq_counts", "", "token<TAB>count lines instead of 'freq'"),
-    opt("relations", "[\"nsubj\", \"dobj\", \"amod\", \"advmod\"]", "dependency relations scored"),
-    opt("subtypes", "false", "count relation subtypes (nsubj:pass) as their base relation"),
-    opt("margin", "0.1", "syntactic when accuracy >= baseline + margin"),
+    opt_strs("relations", &["nsubj", "dobj", "amod", "advmod"], "dependency relations scored"),
+    opt_bool("subtypes", false, "count relation subtypes (nsubj:pass) as their base relation"),
+    opt_f64("margin", 0.1, "syntactic when accuracy >= baseline + margin"),
     opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
     crate::data::script::SHARD_OPTION,
 ];
 
+/// The typed options of `analyze` from an option map checked against [`OPTIONS`]: what the
+/// map gives, else the defaults of the list. `stats` and `kinds` are the caller's (they depend
+/// on the model and the data); `brown` is the default frequency corpus.
+pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> ScriptResult<Options> {
+    let f = o.func();
+    let frac = |name: &str| -> ScriptResult<f64> {
+        match o.f64_or_default(name)? {
+            x if !(0.0..=1.0).contains(&x) => err(format!("{f}: option '{name}' must be between 0 and 1, got {x}")),
+            x => Ok(x),
+        }
+    };
+    let freq = match (o.string("freq")?, o.string("freq_counts")?) {
+        (Some(_), Some(_)) => return err(format!("{f}: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both")),
+        (Some(p), None) => FreqSource::Text(p.into()),
+        (None, Some(p)) => FreqSource::Counts(p.into()),
+        (None, None) => FreqSource::Text(brown),
+    };
+    let relations = o.strings_or_default("relations")?;
+    if relations.is_empty() {
+        return err(format!("{f}: option 'relations' is empty"));
+    }
+    Ok(Options {
+        stats,
+        kinds,
+        batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
+        exclude_keys: o.parsed_or_default("exclude_keys")?,
+        positional_threshold: frac("positional_threshold")?,
+        rare_top_n: o.usize_or_default("rare_top_n")?,
+        rare_threshold: frac("rare_threshold")?,
+        freq,
+        relations,
+        subtypes: o.bool_or_default("subtypes")?,
+        margin: frac("margin")?,
+    })
+}
+
+/// `analyze`'s options with every default of [`OPTIONS`] (the Rust API's `Options::new`).
+pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Options {
+    let empty = Map::new();
+    Opts::new(&empty, "analyze", OPTIONS)
+        .and_then(|o| options_from(&o, stats, kinds, brown))
+        .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
+}
+
 fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) -> ScriptResult<(Options, crate::data::Dataset)> {
     let o = Opts::new(options, "analyze", OPTIONS)?;
     let is_tb = data.items.iter().all(|i| i.tree.is_some());
-    let stats: Vec<Stat> = match options.get("stats") {
-        Some(v) => strings(v, "stats")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
-        None if is_tb || options.contains_key("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
+    let stats: Vec<Stat> = match o.strings("stats")? {
+        Some(v) => v.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
+        None if is_tb || o.has("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
         None => vec![Stat::Confidence, Stat::Positional, Stat::Rare],
     };
-    let kinds: Vec<Kind> = match options.get("kinds") {
-        Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
-        None => m.model.kinds().iter().map(|k| k.kind).collect(),
-    };
+    let kinds = crate::model::script::kinds_option(m, &o)?;
     let brown = crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into());
-    let mut opts = Options::new(stats, kinds, brown);
-    if let Some(b) = o.usize("batch_tokens")? {
-        opts.batch_tokens = b.max(1);
-    }
-    if let Some(x) = o.string("exclude_keys")? {
-        opts.exclude_keys = x.parse().or_else(|e: String| err(format!("analyze: {e}")))?;
-    }
-    let frac = |name: &str, v: Option<f64>| -> ScriptResult<Option<f64>> {
-        match v {
-            Some(x) if !(0.0..=1.0).contains(&x) => err(format!("analyze: option '{name}' must be between 0 and 1, got {x}")),
-            other => Ok(other),
-        }
-    };
-    if let Some(x) = frac("positional_threshold", o.f64("positional_threshold")?)? {
-        opts.positional_threshold = x;
-    }
-    if let Some(x) = frac("rare_threshold", o.f64("rare_threshold")?)? {
-        opts.rare_threshold = x;
-    }
-    if let Some(x) = frac("margin", o.f64("margin")?)? {
-        opts.margin = x;
-    }
-    if let Some(x) = o.usize("rare_top_n")? {
-        opts.rare_top_n = x;
-    }
-    match (o.string("freq")?, o.string("freq_counts")?) {
-        (Some(_), Some(_)) => return err("analyze: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both"),
-        (Some(p), None) => opts.freq = FreqSource::Text(p.into()),
-        (None, Some(p)) => opts.freq = FreqSource::Counts(p.into()),
-        (None, None) => {}
-    }
-    if let Some(v) = options.get("relations") {
-        opts.relations = strings(v, "relations")?;
-        if opts.relations.is_empty() {
-            return err("analyze: option 'relations' is empty");
-        }
-    }
-    if let Some(s) = o.bool("subtypes")? {
-        opts.subtypes = s;
-    }
+    let opts = options_from(&o, stats, kinds, brown)?;
     // A treebank given beside a corpus must match it sentence by sentence.
     let mut data = data.clone();
-    if let Some(tb) = options.get("treebank") {
+    if let Some(tb) = o.value("treebank") {
         let tb = crate::data::script::dataset_arg(tb, "analyze: option 'treebank'")?;
         if tb.items.iter().any(|i| i.tree.is_none()) {
             return err(format!("analyze: option 'treebank': {} is not a treebank", tb.name));

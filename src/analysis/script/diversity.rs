@@ -1,16 +1,15 @@
 //! The `Diversity` type: `m.diversity(data, #{...})` (docs/methods.md#head-diversity).
 
-use super::strings;
 use crate::grid::matrix;
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
-use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 
 pub const DIVERSITY_OPTIONS: &[OptSpec] = &[
     opt("kinds", "every kind", "the attention kinds measured"),
-    opt("batch_tokens", "1024", "tokens per batch, padding included"),
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
 ];
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -93,16 +92,13 @@ pub mod api {
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
         let o = Opts::new(&options, "diversity", DIVERSITY_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
-        let kinds: Vec<Kind> = match options.get("kinds") {
-            Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("diversity: {e}")))).collect::<ScriptResult<_>>()?,
-            None => m.model.kinds().iter().map(|k| k.kind).collect(),
-        };
+        let kinds = crate::model::script::kinds_option(m, &o)?;
         if !m.closed.is_empty() {
             return err("diversity: run it on the unmasked model");
         }
         let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
         let gates = m.gates()?;
-        let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, &gates, o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS), &crate::run::interrupted, &mut progress)
+        let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, &gates, o.usize_or_default("batch_tokens")?, &crate::run::interrupted, &mut progress)
             .or_else(|e| err(format!("diversity: {e}")))?;
         Ok(DiversityObj(Rc::new(r)))
     }

@@ -1,26 +1,26 @@
 //! Gradient head importance on a model: `m.head_importance(data, #{...})` and the agreement of
 //! two per-head grids, `agreement(a, b)` (docs/methods.md#gradient-head-importance).
 
-use super::kinds_option;
+use crate::model::script::kinds_option;
 use crate::analysis::ablation::{self, Metric};
 use super::sharded::{echo_of, number, valid_heads, valid_of};
 use crate::analysis::importance::{bottom_k_overlap, finish, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize};
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
-use crate::script::convert::{err, json_f64, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, json_f64, opt, opt_bool, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 use serde_json::json;
 
 pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
-    opt("metric", "\"loss\"", "\"loss\": mean |dL/dg| on the data's targets; \"fisher\": mean (dL/dg)^2 on targets sampled from the model (docs/methods.md#gradient-head-importance)"),
-    opt("normalize", "\"none\"", "\"none\" or \"layer\" (each layer divided by its L2 norm, Michel et al. 2019)"),
+    opt_str("metric", "loss", "\"loss\": mean |dL/dg| on the data's targets; \"fisher\": mean (dL/dg)^2 on targets sampled from the model (docs/methods.md#gradient-head-importance)"),
+    opt_str("normalize", "none", "\"none\" or \"layer\" (each layer divided by its L2 norm, Michel et al. 2019)"),
     opt("kinds", "every kind", "the attention kinds whose gates are differentiated"),
-    opt("batch_tokens", "2048", "tokens per batch, padding included (translation models also decode their teacher targets in these batches)"),
-    opt("seed", "0", "seed of the targets \"fisher\" samples"),
-    opt("exact", "false", "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
-    opt("k", "10", "how many least important heads the agreement compares"),
+    opt_int("batch_tokens", 2048, "tokens per batch, padding included (translation models also decode their teacher targets in these batches)"),
+    opt_int("seed", 0, "seed of the targets \"fisher\" samples"),
+    opt_bool("exact", false, "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
+    opt_int("k", 10, "how many least important heads the agreement compares"),
     crate::data::script::SHARD_OPTION,
 ];
 
@@ -102,14 +102,14 @@ pub mod api {
         let o = Opts::new(&options, f, IMPORTANCE_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let opts = ImportanceOptions {
-            metric: o.string("metric")?.map_or(Ok(ImportanceMetric::Loss), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
-            normalize: o.string("normalize")?.map_or(Ok(Normalize::None), |s| s.parse()).or_else(|e: String| err(format!("{f}: {e}")))?,
-            kinds: kinds_option(m, &options, f)?,
-            batch_tokens: o.usize("batch_tokens")?.unwrap_or(2048),
-            seed: o.usize("seed")?.unwrap_or(0) as u64,
+            metric: o.parsed_or_default("metric")?,
+            normalize: o.parsed_or_default("normalize")?,
+            kinds: kinds_option(m, &o)?,
+            batch_tokens: o.usize_or_default("batch_tokens")?,
+            seed: o.usize_or_default("seed")? as u64,
             row_offset: 0,
         };
-        let exact = o.bool("exact")?.unwrap_or(false);
+        let exact = o.bool_or_default("exact")?;
         if exact && !m.closed.is_empty() {
             return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
         }
@@ -143,7 +143,7 @@ pub mod api {
             let exact_seconds = started.elapsed().as_secs_f64();
             let effect = grids.into_iter().map(|(k, rows)| (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())).collect();
             let exact = Grid { stat: format!("{metric} increase with the head masked"), model: g.model.clone(), dataset: g.dataset.clone(), kinds: effect, options: vec![] };
-            let k = o.usize("k")?.unwrap_or(10);
+            let k = o.usize_or_default("k")?;
             let per_kind = agreements(&g, &exact, k).into_iter().map(|a| (a.kind.to_string(), json!({"heads": a.heads, "spearman": json_f64(a.spearman), "k": a.k, "overlap": a.overlap}))).collect();
             echo.push(("exact".into(), json!({"metric": metric.to_string(), "base": json_f64(base_value), "seconds": json_f64(exact_seconds)})));
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));

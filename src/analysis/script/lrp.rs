@@ -2,13 +2,13 @@
 
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
-use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_int_by, opt_str, OptSpec, Opts, ScriptResult};
 
 pub const LRP_OPTIONS: &[OptSpec] = &[
-    opt("rule", "\"ab\"", "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)"),
+    opt_str("rule", "ab", "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)"),
     opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
-    opt("seeds", "\"each\"", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
-    opt("batch_tokens", "64 (each), 256 (summed)", "tokens per batch"),
+    opt_str("seeds", "each", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
+    opt_int_by("batch_tokens", "seeds", &[("each", 64), ("summed", 256)], "tokens per batch"),
     crate::data::script::SHARD_OPTION,
 ];
 
@@ -59,20 +59,20 @@ pub mod api {
         let o = Opts::new(&options, "lrp", LRP_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let net = &m.model.net;
-        let rule = o.string("rule")?.map_or(Ok(crate::analysis::lrp::RuleSet::Ab), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?;
+        let rule: crate::analysis::lrp::RuleSet = o.parsed_or_default("rule")?;
         // AttnLRP runs on the self-attention stack: logits for a language model, else norms.
         let attn = rule == crate::analysis::lrp::RuleSet::AttnLrp;
         let default_seed = if net.output.is_some() && (!attn || m.model.is_lm()) { Seed::Logit } else { Seed::Norm };
-        let per_prediction = match o.string("seeds")?.as_deref() {
-            None | Some("each") => true,
-            Some("summed") => false,
-            Some(other) => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
+        let per_prediction = match o.string_or_default("seeds")?.as_str() {
+            "each" => true,
+            "summed" => false,
+            other => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
         };
         let opts = LrpOptions {
             rule,
             seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
             per_prediction,
-            batch_tokens: o.usize("batch_tokens")?.unwrap_or(if per_prediction { 64 } else { 256 }),
+            batch_tokens: o.usize_or_default("batch_tokens")?,
         };
         let gates = m.gates()?;
         let f = "lrp";

@@ -12,7 +12,8 @@ mod lrp;
 mod sharded;
 mod taxonomy;
 
-/// The options of this family's functions, for `:help` and completion.
+/// The options of this family's functions, for `:help` and completion (`Model.bleu`: the
+/// method `m.bleu(data, #{...})`, whose options differ from the free `bleu(hyps, refs, #{...})`).
 pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("analyze", analysis::OPTIONS),
     ("ablate", ablation::ABLATE_OPTIONS),
@@ -20,7 +21,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
     ("head_importance", importance::IMPORTANCE_OPTIONS),
-    ("bleu", ablation::BLEU_OPTIONS),
+    ("Model.bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
 ];
 
@@ -38,27 +39,13 @@ pub use analysis::finish_merged as finish_analysis;
 pub use importance::finish_importance;
 pub use lrp::finish_lrp;
 pub use analysis::api::{analyze_opts, confidence_of};
-pub use analysis::AnalysisObj;
+pub use analysis::{options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
 pub use lrp::api::lrp_opts;
 pub use diversity::DiversityObj;
 pub use taxonomy::HeadTypes;
 
 use crate::output::{Output, Render};
-use crate::script::convert::{err, quote, ScriptResult};
-use rhai::{Array, Dynamic, Engine};
-
-fn strings(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
-    let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("analyze: option '{what}' must be an array of strings, got {}", quote(v))) };
-    a.iter().map(|x| if x.is_string() { Ok(x.to_string()) } else { err(format!("analyze: option '{what}' has a non-string item {}", quote(x))) }).collect()
-}
-
-/// The `kinds` option of `func`: names parsed into kinds, else every kind the model has.
-fn kinds_option(m: &crate::model::script::ScriptModel, options: &rhai::Map, func: &str) -> ScriptResult<Vec<crate::model::Kind>> {
-    match options.get("kinds") {
-        Some(v) => strings(v, "kinds")?.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect(),
-        None => Ok(m.model.kinds().iter().map(|k| k.kind).collect()),
-    }
-}
+use rhai::{Dynamic, Engine};
 
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<DiversityObj>("Diversity");

@@ -6,20 +6,26 @@ use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::HeadId;
 use crate::output::{Echo, Output, Render};
-use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt_int, opt_shown, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
 use serde_json::json;
 
 pub const HEAD_TYPES_OPTIONS: &[OptSpec] = &[
-    opt("seed", "0", "seed of the probe sequences"),
-    opt("n", "20", "sequences per probe"),
-    opt("len", "50", "length of the random segment the repeated-token probe repeats"),
-    opt("needle", "8", "needle length of the retrieval probe"),
-    opt("haystack", "100", "haystack length of the retrieval probe"),
-    opt("thresholds", "sink 0.3, previous_token 0.5, duplicate_token 0.25, induction 0.25, retrieval 0.1", "a map from head type to the score that labels a head with it"),
+    opt_int("seed", 0, "seed of the probe sequences"),
+    opt_int("n", 20, "sequences per probe"),
+    opt_int("len", 50, "length of the random segment the repeated-token probe repeats"),
+    opt_int("needle", 8, "needle length of the retrieval probe"),
+    opt_int("haystack", 100, "haystack length of the retrieval probe"),
+    opt_shown("thresholds", default_thresholds, "a map from head type to the score that labels a head with it"),
 ];
+
+/// The default thresholds as `:help` shows them (they live beside their type,
+/// `HeadType::default_threshold`).
+fn default_thresholds() -> String {
+    HEAD_TYPES.iter().map(|t| format!("{t} {}", t.default_threshold())).collect::<Vec<_>>().join(", ")
+}
 
 /// Every head type's grid, the labels they give, and the probes they came from.
 #[derive(Clone)]
@@ -75,14 +81,14 @@ pub mod api {
         let f = "head_types";
         let o = Opts::new(&options, f, HEAD_TYPES_OPTIONS)?;
         let po = ProbeOptions {
-            seed: o.usize("seed")?.unwrap_or(0) as u64,
-            n: o.usize("n")?.unwrap_or(20),
-            len: o.usize("len")?.unwrap_or(50),
-            needle: o.usize("needle")?.unwrap_or(8),
-            haystack: o.usize("haystack")?.unwrap_or(100),
+            seed: o.usize_or_default("seed")? as u64,
+            n: o.usize_or_default("n")?,
+            len: o.usize_or_default("len")?,
+            needle: o.usize_or_default("needle")?,
+            haystack: o.usize_or_default("haystack")?,
         };
         let mut thresholds: Vec<(HeadType, f64)> = HEAD_TYPES.iter().map(|t| (*t, t.default_threshold())).collect();
-        if let Some(v) = options.get("thresholds") {
+        if let Some(v) = o.value("thresholds") {
             let Some(map) = v.clone().try_cast::<Map>() else { return err(format!("{f}: thresholds must be a map such as #{{induction: 0.3}}, got {}", crate::script::convert::quote(v))) };
             for (k, x) in map {
                 let ty: HeadType = k.parse().or_else(|e: String| err(format!("{f}: thresholds: {e}")))?;

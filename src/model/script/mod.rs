@@ -4,7 +4,7 @@
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt, quote, to_usize, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt_bool, opt_int, opt_str, quote, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
@@ -74,11 +74,26 @@ mod head;
 pub mod hooks;
 
 pub const LOAD_OPTIONS: &[OptSpec] = &[
-    opt("device", "\"auto\"", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
-    opt("dtype", "\"f32\"", "\"f32\", \"f64\" (for checking numerics), \"bf16\" or \"f16\" (CUDA)"),
+    opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
+    opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" or \"f16\" (CUDA)"),
 ];
-pub const FORWARD_OPTIONS: &[OptSpec] = &[opt("batch_tokens", "1024", "tokens per batch, padding included")];
-pub const GENERATE_OPTIONS: &[OptSpec] = &[opt("cache", "true", "run each new token over the key/value cache (false: the whole prefix again)")];
+pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
+pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
+
+/// The `kinds` option of any function that takes one: the names given, each a kind the model
+/// has, else every kind it has. Errors name the function the user called (`o.func()`).
+pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
+    let f = o.func();
+    let Some(names) = o.strings("kinds")? else { return Ok(m.model.kinds().iter().map(|k| k.kind).collect()) };
+    names
+        .iter()
+        .map(|s| {
+            let k: Kind = s.parse().or_else(|e: String| err(format!("{f}: option 'kinds': {e}")))?;
+            m.model.kind_shape(k).or_else(|e| err(format!("{f}: {e}")))?;
+            Ok(k)
+        })
+        .collect()
+}
 
 pub use head::api::model_attention as api_attention;
 pub use head::{head_ids, AttentionMatrix, Head};
@@ -150,11 +165,8 @@ pub mod api {
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
         let o = Opts::new(&options, "load_model", LOAD_OPTIONS)?;
-        let device: DeviceChoice = match o.string("device")? {
-            Some(d) => d.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?,
-            None => DeviceChoice::Auto,
-        };
-        let opts = LoadOptions::new(device, &o.string("dtype")?.unwrap_or_else(|| "f32".into())).or_else(|e| err(format!("load_model: {e}")))?;
+        let device: DeviceChoice = o.string_or_default("device")?.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
+        let opts = LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
         let p = std::path::Path::new(path);
         let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).or_else(|e| err(format!("load_model: '{path}' is neither a directory nor a model asset ({e})")))? };
         let model = Model::load(&dir, opts).or_else(|e| err(format!("load_model: {e}")))?;
@@ -315,7 +327,7 @@ pub mod api {
     #[rhai_fn(name = "forward", return_raw, pure)]
     pub fn forward_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
         let o = Opts::new(&options, "forward", FORWARD_OPTIONS)?;
-        let batch_tokens = o.usize("batch_tokens")?.unwrap_or(crate::model::batch::DEFAULT_BATCH_TOKENS).max(1);
+        let batch_tokens = o.usize_or_default("batch_tokens")?.max(1);
         let list = dataset_texts(&data, "forward")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
@@ -371,7 +383,7 @@ pub mod api {
             return err(format!("generate: n must be between 1 and 4096, got {n}"));
         }
         let gates = m.gates()?;
-        let ids = m.model.generate_with(text, n as usize, &gates, o.bool("cache")?.unwrap_or(true)).or_else(|e| err(format!("generate: {e}")))?;
+        let ids = m.model.generate_with(text, n as usize, &gates, o.bool_or_default("cache")?).or_else(|e| err(format!("generate: {e}")))?;
         m.model.detokenize(&ids).or_else(|e| err(format!("generate: {e}")))
     }
 
