@@ -515,12 +515,17 @@ mod tests {
         rt.block_on(async {
             let (ours, theirs) = tokio::io::duplex(capacity);
             let server = tokio::spawn(heartbeat(Box::new(theirs), std::time::Duration::from_millis(stall_ms)));
-            let t = client(ours).await;
-            (t, server.await.unwrap())
+            let t = tokio::time::timeout(std::time::Duration::from_secs(20), client(ours)).await.expect("the client side took over 20 s");
+            (t, tokio::time::timeout(std::time::Duration::from_secs(20), server).await.expect("the heartbeat took over 20 s").unwrap())
         })
     }
 
     async fn handshake(c: &mut tokio::io::DuplexStream) {
+        // As libzmq does: the greeting and READY at once, then the server's.
+        let mut hello = greeting();
+        hello.extend([0x04, 25, 5]);
+        hello.extend(b"READY\x0bSocket-Type\0\0\0\x03REQ");
+        c.write_all(&hello).await.unwrap();
         let mut g = [0u8; 64];
         c.read_exact(&mut g).await.unwrap();
         assert_eq!((g[0], g[9], g[10], &g[12..16]), (0xff, 0x7f, 3, &b"NULL"[..]));
@@ -529,10 +534,6 @@ mod tests {
         let mut body = vec![0u8; ready[1] as usize];
         c.read_exact(&mut body).await.unwrap();
         assert!(body.starts_with(b"\x05READY\x0bSocket-Type\0\0\0\x03REP"), "{body:?}");
-        let mut hello = greeting();
-        hello.extend([0x04, 25, 5]);
-        hello.extend(b"READY\x0bSocket-Type\0\0\0\x03REQ");
-        c.write_all(&hello).await.unwrap();
     }
 
     #[test]
