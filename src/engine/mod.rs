@@ -462,7 +462,7 @@ impl Session {
 /// freed heap (`M_TRIM_THRESHOLD`), which saves page faults between the tensor operations of
 /// one computation; between inputs, what a finished or replaced value held (a model, a
 /// cache, a dataset) should leave the process, or a session's resident memory creeps up to
-/// that much above what it holds. One call costs about a millisecond.
+/// that much above what it holds.
 fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory of glibc's arenas to the OS.
