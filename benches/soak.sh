@@ -12,5 +12,9 @@ cd "$root"
 MINUTES=${MINUTES:-30}
 out=${1:-$(mktemp -d -t headscope-soak-XXXXXX)}
 cargo build --release --locked -q
+mkdir -p "$out"
+# A copy: a rebuild during the soak replaces target/release/headscope (and a kernelspec
+# installed from it would name a deleted file).
+cp target/release/headscope "$out/headscope"
 echo "soak: $MINUTES min, results in $out"
-HEADSCOPE_BIN="$root/target/release/headscope" .venv/bin/python benches/soak_driver.py --minutes "$MINUTES" --out "$out"
+HEADSCOPE_BIN="$out/headscope" .venv/bin/python benches/soak_driver.py --minutes "$MINUTES" --out "$out"
