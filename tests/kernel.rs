@@ -78,3 +78,8 @@ fn long_analysis_shows_progress_in_place() {
 fn head_view_renders_in_a_notebook() {
     case("head_view");
 }
+
+#[test]
+fn ten_reruns_of_a_model_loading_cell_peak_as_one_and_keep_one_variable() {
+    case("rerun");
+}

@@ -22,7 +22,7 @@ pub struct Command {
 
 pub const COMMANDS: &[Command] = &[
     Command { name: "help", usage: ":help [NAME]", help: "list commands; document a function (:help analyze), a type's methods (:help Model) or one method (:help Model.analyze)", run: help },
-    Command { name: "vars", usage: ":vars", help: "list the variables of this session with their types", run: vars },
+    Command { name: "vars", usage: ":vars", help: "list the variables of this session: type, size in memory (bytes of weights, numbers and text held), value", run: vars },
     Command { name: "types", usage: ":types", help: "list the script types and how many methods each has", run: types },
     Command { name: "history", usage: ":history", help: "the inputs of this session that ran without error, numbered", run: history },
     Command { name: "save", usage: ":save FILE", help: "write those inputs as a .rhai script that `headscope run FILE` replays", run: save },
@@ -126,13 +126,41 @@ fn save(session: &mut Session, arg: &str) -> Result<Outcome, String> {
 }
 
 fn vars(session: &mut Session, _: &str) -> Result<Outcome, String> {
-    let mut t = Table::new(vec!["name".into(), "type".into(), "value".into()]);
-    for (name, ty, preview) in session.variables() {
-        let _ = t.push_row(vec![Cell::Text(name), Cell::Text(ty), Cell::Text(preview)]);
-    }
-    if t.rows.is_empty() {
+    use super::size::human;
+    let vars = session.variables();
+    if vars.is_empty() {
         return Ok(Outcome::Show(Some(Output::text("no variables yet"))));
     }
+    // Variables sharing one model's weights: each names the others, the total counts them once.
+    let mut sharing: std::collections::HashMap<usize, Vec<&str>> = std::collections::HashMap::new();
+    for v in &vars {
+        if let Some((at, _)) = v.size.and_then(|s| s.shared) {
+            sharing.entry(at).or_default().push(&v.name);
+        }
+    }
+    let mut t = Table::new(vec!["name".into(), "type".into(), "size".into(), "value".into()]);
+    let mut total = 0u64;
+    let mut counted = std::collections::HashSet::new();
+    for v in &vars {
+        let size = match v.size {
+            None => "-".to_string(),
+            Some(s) => {
+                total += s.bytes;
+                match s.shared {
+                    Some((at, weights)) => {
+                        if !counted.insert(at) {
+                            total -= weights;
+                        }
+                        let others: Vec<&str> = sharing.get(&at).into_iter().flatten().copied().filter(|n| *n != v.name).collect();
+                        if others.is_empty() { human(s.bytes) } else { format!("{} (weights shared with {})", human(s.bytes), others.join(", ")) }
+                    }
+                    None => human(s.bytes),
+                }
+            }
+        };
+        let _ = t.push_row(vec![Cell::Text(v.name.clone()), Cell::Text(v.type_name.clone()), Cell::Text(size), Cell::Text(v.preview.clone())]);
+    }
+    t.title = Some(format!("{} variables holding {} (the bytes of their tensors, numbers and text; shared weights counted once)", vars.len(), human(total)));
     Ok(Outcome::Show(Some(crate::output::Render::render(&t))))
 }
 

@@ -11,6 +11,7 @@ pub mod error;
 pub mod merge;
 pub mod registry;
 mod resolver;
+pub mod size;
 
 pub use error::{ErrorKind, ScriptError};
 pub use resolver::STDLIB;
@@ -56,6 +57,17 @@ impl Default for SessionOptions {
     }
 }
 
+/// A variable as `:vars` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variable {
+    pub name: String,
+    pub type_name: String,
+    /// The first line of its rendering, at most 60 characters.
+    pub preview: String,
+    /// The bytes it holds (`size::of`); `None` for a type that is not measured.
+    pub size: Option<size::Size>,
+}
+
 /// An input that ran without error, kept for `:history` and `:save`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
@@ -79,10 +91,27 @@ pub struct Session {
     sink: SharedSink,
     temp_dir: Rc<PathBuf>,
     inputs: usize,
+    rebind: Rc<RefCell<Rebind>>,
     /// Show timings after each evaluation (`:time on`).
     pub time: bool,
     /// The inputs that ran without error, in order.
     pub history: Vec<Input>,
+}
+
+/// How a top-level `let` replaces a variable of an earlier input (`Session::eval`): the
+/// session's scope holds each name once, so a re-run cell frees what it replaced.
+#[derive(Default)]
+struct Rebind {
+    /// The evaluation is running (the filter also sees parse-time definitions).
+    active: bool,
+    /// Scope entries below this index come from earlier inputs (lowered as they are released).
+    base: usize,
+    /// Names whose every top-level `let` in this input leaves the name out of its value's
+    /// expression: their old value can go before the new one is computed, so a re-run
+    /// `let m = load_model(..)` never holds two models.
+    early: std::collections::HashSet<String>,
+    /// Names released early by this input (for the note on an error after the release).
+    released: Vec<String>,
 }
 
 thread_local! {
@@ -160,6 +189,29 @@ impl Session {
         let flag = interrupt.clone();
         engine.on_progress(move |_| if flag.is_set() { Some(Dynamic::from("interrupted")) } else { None });
 
+        let rebind: Rc<RefCell<Rebind>> = Rc::default();
+        let rb = rebind.clone();
+        // Marked deprecated only as "volatile" (Rhai's words: "This API is NOT deprecated").
+        #[allow(deprecated)]
+        engine.on_def_var(move |runtime, info, mut ctx| {
+            if !runtime || info.nesting_level() != 0 || ctx.call_level() != 0 || !info.will_shadow_other_variables() {
+                return Ok(true);
+            }
+            let Ok(mut r) = rb.try_borrow_mut() else { return Ok(true) };
+            if r.active && r.early.contains(info.name()) {
+                let scope = ctx.scope_mut();
+                let last = (&*scope).into_iter().enumerate().filter(|(_, (n, _, _))| *n == info.name()).map(|(i, _)| i).last();
+                // Only a variable of an earlier input: this input's own entries are addressed
+                // by their offset from the end of the scope, which a removal below keeps.
+                if last.is_some_and(|i| i < r.base) {
+                    drop(scope.remove::<Dynamic>(info.name()));
+                    r.base -= 1;
+                    r.released.push(info.name().to_string());
+                }
+            }
+            Ok(true)
+        });
+
         registry::register_types(&mut engine);
         let s = sink.clone();
         let display: crate::script::core::DisplayFn = Rc::new(move |v: Dynamic| {
@@ -172,7 +224,7 @@ impl Session {
         let mut scope = Scope::new();
         let args: rhai::Array = opts.args.into_iter().map(Dynamic::from).collect();
         scope.push_constant("ARGS", args);
-        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, time: false, history: Vec::new() }
+        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, rebind, time: false, history: Vec::new() }
     }
 
     pub fn interrupt_handle(&self) -> Interrupt {
@@ -193,6 +245,7 @@ impl Session {
         let mut full = self.functions.merge(&ast);
         full.set_source(source);
         self.interrupt.reset();
+        *self.rebind.borrow_mut() = Rebind { active: true, base: self.scope.len(), early: early_lets(&ast), released: vec![] };
         let engine = &self.engine;
         let scope = &mut self.scope;
         let sink = self.sink.clone();
@@ -204,23 +257,73 @@ impl Session {
         let entered = crate::run::enter(crate::run::Context { interrupt: self.interrupt.clone(), progress });
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
         drop(entered);
+        let released = std::mem::take(&mut *self.rebind.borrow_mut()).released;
+        self.drop_shadowed();
+        release_freed_heap();
         if let Ok(mut f) = self.sink.try_borrow_mut() {
             f(Event::Finished);
         }
+        let gone: Vec<String> = released.into_iter().filter(|n| !self.scope.contains(n)).collect();
+        let note = (!gone.is_empty()).then(|| {
+            let names = gone.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+            format!("{names}: the old value was released when its `let` began, so the name is undefined now")
+        });
         // Functions defined by this input stay, even if it failed later on.
         self.functions = full.clone_functions_only();
         let value = match result {
             Err(panic) => {
                 let mut e = ScriptError::new(ErrorKind::Panic, format!("a built-in function panicked: {panic}"));
                 e.notes.push(format!("while evaluating {source}; the session is still usable"));
+                e.notes.extend(note);
                 return Err(e);
             }
-            Ok(Err(e)) => return Err(ScriptError::from_eval(source, *e, &self.sources.borrow(), &self.resolver.files.borrow())),
+            Ok(Err(e)) => {
+                let mut e = ScriptError::from_eval(source, *e, &self.sources.borrow(), &self.resolver.files.borrow());
+                // A computation that stopped at the interrupt returns its own error
+                // ("analyze: interrupted"): the evaluation was interrupted all the same.
+                if e.kind == ErrorKind::Runtime && self.interrupt.is_set() && e.message.ends_with("interrupted") {
+                    e.notes.insert(0, std::mem::replace(&mut e.message, "interrupted".into()));
+                    e.kind = ErrorKind::Interrupted;
+                }
+                e.notes.extend(note);
+                return Err(e);
+            }
             Ok(Ok(v)) => v,
         };
         self.keep_imports(&ast, source);
         self.history.push(Input { source: source.to_string(), code: code.to_string(), shown: !value.is_unit(), file: false });
         Ok(render_value(&value))
+    }
+
+    /// Keeps the last variable of each name: a top-level `let` of a name an earlier input
+    /// defined replaces it (Rhai would shadow it, keeping the old value alive while the
+    /// session lasts). Whatever else holds the old value (another variable, a closure, a
+    /// view of the same model) keeps it.
+    fn drop_shadowed(&mut self) {
+        let mut seen = std::collections::HashSet::new();
+        // In definition order (`iter_raw` goes from the newest).
+        let names: Vec<String> = (&self.scope).into_iter().map(|(n, _, _)| n.to_string()).collect();
+        let mut keep = vec![true; names.len()];
+        for (i, name) in names.iter().enumerate().rev() {
+            keep[i] = seen.insert(name.as_str());
+        }
+        if keep.iter().all(|k| *k) {
+            return;
+        }
+        let old = std::mem::take(&mut self.scope);
+        for ((name, value, aliases), keep) in old.into_iter().zip(keep) {
+            if !keep {
+                continue;
+            }
+            if value.is_read_only() {
+                self.scope.push_constant_dynamic(name.clone(), value);
+            } else {
+                self.scope.push_dynamic(name.clone(), value);
+            }
+            for alias in aliases {
+                self.scope.set_alias(name.as_str(), alias);
+            }
+        }
     }
 
     /// Registers the modules imported at the top level of `ast` under their aliases, so that
@@ -307,14 +410,14 @@ impl Session {
         Ok(out)
     }
 
-    /// Variables in scope: (name, type, short preview).
-    pub fn variables(&self) -> Vec<(String, String, String)> {
-        self.scope
-            .iter()
-            .map(|(name, _, v)| {
-                let preview = render_value(&v).map(|o| o.text.lines().next().unwrap_or_default().to_string()).unwrap_or_default();
+    /// Variables in scope: (name, type, short preview, size).
+    pub fn variables(&self) -> Vec<Variable> {
+        (&self.scope)
+            .into_iter()
+            .map(|(name, v, _)| {
+                let preview = render_value(v).map(|o| o.text.lines().next().unwrap_or_default().to_string()).unwrap_or_default();
                 let preview = if preview.chars().count() > 60 { format!("{}...", preview.chars().take(60).collect::<String>()) } else { preview };
-                (name.to_string(), self.engine.map_type_name(v.type_name()).to_string(), preview)
+                Variable { name: name.to_string(), type_name: self.engine.map_type_name(v.type_name()).to_string(), preview, size: size::of(v) }
             })
             .collect()
     }
@@ -353,6 +456,46 @@ impl Session {
             _ => true,
         }
     }
+}
+
+/// Returns the heap freed during an input to the OS. `main` lets glibc keep up to 256 MiB of
+/// freed heap (`M_TRIM_THRESHOLD`), which saves page faults between the tensor operations of
+/// one computation; between inputs, what a finished or replaced value held (a model, a
+/// cache, a dataset) should leave the process, or a session's resident memory creeps up to
+/// that much above what it holds.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of glibc's arenas to the OS.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The names of `ast`'s top-level `let`/`const` statements whose value's expression does not
+/// mention the name (as a variable, a closure's capture, a method's object): for these, the
+/// variable of an earlier input can be released before the new value is computed.
+fn early_lets(ast: &AST) -> std::collections::HashSet<String> {
+    let mut early = std::collections::HashSet::new();
+    let mut late = std::collections::HashSet::new();
+    for stmt in ast.statements() {
+        if let rhai::Stmt::Var(x, ..) = stmt {
+            let (ident, expr, _) = &**x;
+            let name = ident.name.as_str();
+            let mut reads = false;
+            expr.walk(&mut Vec::new(), &mut |path: &[rhai::ASTNode]| {
+                if let Some(rhai::ASTNode::Expr(rhai::Expr::Variable(v, ..))) = path.last() {
+                    if v.1.as_str() == name {
+                        reads = true;
+                        return false;
+                    }
+                }
+                true
+            });
+            if reads { late.insert(name.to_string()) } else { early.insert(name.to_string()) };
+        }
+    }
+    early.retain(|n| !late.contains(n));
+    early
 }
 
 /// The character at a parser position (1-based line and column).
@@ -414,5 +557,71 @@ mod tests {
         for code in ["1 + 1", "fn f(x) { x }", "let s = `a\nb`;", "let x = ;", "}", "let s = \"open"] {
             assert!(s.is_complete(code), "should be complete (valid or a real error): {code:?}");
         }
+    }
+
+    fn names(s: &Session) -> Vec<String> {
+        s.variables().into_iter().map(|v| v.name).collect()
+    }
+
+    fn value(s: &mut Session, code: &str) -> String {
+        s.eval("check", code).unwrap_or_else(|e| panic!("{code}: {e}")).map(|o| o.text).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_top_level_let_replaces_the_variable_of_an_earlier_input() {
+        let mut s = Session::new(SessionOptions::default());
+        for i in 0..10 {
+            s.eval(&format!("cell[{i}]"), "let big = []; big.pad(1000, 1.5); let other = 1;").unwrap();
+        }
+        assert_eq!(names(&s), ["ARGS", "big", "other"]);
+        // The old value is freed before the new one is computed when the expression does not
+        // read the name; one that does reads the old value, and only one variable is left.
+        s.eval("a", "let x = 1;").unwrap();
+        s.eval("b", "let x = x + 1; let x = x * 10;").unwrap();
+        assert_eq!(value(&mut s, "x"), "20");
+        assert_eq!(names(&s).iter().filter(|n| *n == "x").count(), 1);
+        // A `let` in a function or a block shadows as Rhai always did.
+        s.eval("c", "fn f(x) { let x = x + 1; x } let y = { let x = 5; x };").unwrap();
+        assert_eq!(value(&mut s, "[f(1), x, y]"), "[2, 20, 5]");
+        // A closure keeps what it captured.
+        s.eval("d", "let k = 5; let get = || k;").unwrap();
+        s.eval("e", "let k = 6;").unwrap();
+        assert_eq!(value(&mut s, "[get.call(), k]"), "[5, 6]");
+        // Constants and variables may replace each other.
+        s.eval("f", "const C = 1;").unwrap();
+        s.eval("g", "let C = 2; C += 1;").unwrap();
+        assert_eq!(value(&mut s, "C"), "3");
+        assert_eq!(names(&s).iter().filter(|n| *n == "C").count(), 1);
+    }
+
+    #[test]
+    fn a_let_that_fails_after_releasing_the_old_value_says_so() {
+        let mut s = Session::new(SessionOptions::default());
+        s.eval("a", "let z = 1; let w = 2;").unwrap();
+        let e = s.eval("b", "let z = no_such_function(); let w = 3;").unwrap_err().to_string();
+        assert!(e.contains("no_such_function") && e.contains("`z`: the old value was released"), "{e}");
+        assert!(!e.contains("`w`"), "{e}");
+        assert_eq!(value(&mut s, "w"), "2");
+        assert!(s.eval("c", "z").is_err(), "z is undefined after its failed let");
+        // A failed `let` that reads the name keeps the old value.
+        s.eval("d", "let w = w + 1;").unwrap();
+        assert!(s.eval("e", "let w = w + no_such_function();").is_err());
+        assert_eq!(value(&mut s, "w"), "3");
+    }
+
+    #[test]
+    fn rebinding_a_name_keeps_a_model_another_variable_holds() {
+        let mut s = Session::new(SessionOptions::default());
+        s.eval("a", r#"let m = load_model("minilm", #{device: "cpu"}); let view = m.with_mask(["enc.0.1"]); let same = m;"#).unwrap();
+        let vars = s.variables();
+        let model = |n: &str| vars.iter().find(|v| v.name == n).and_then(|v| v.size).unwrap_or_else(|| panic!("{n} has no size"));
+        let (m, view) = (model("m"), model("view"));
+        assert!(m.bytes > 80_000_000 && m.bytes < 100_000_000, "MiniLM's f32 weights: {} bytes", m.bytes);
+        assert_eq!(m.shared, view.shared, "a view shares its model's weights");
+        let shown = commands::dispatch(&mut s, ":vars").ok().and_then(|o| match o { commands::Outcome::Show(o) => o, _ => None }).map(|o| o.text).unwrap_or_default();
+        assert!(shown.contains("weights shared with view, same"), "{shown}");
+        s.eval("b", "let m = 1;").unwrap();
+        assert_eq!(value(&mut s, r#"[same.layers("enc"), view.layers("enc"), m]"#), "[6, 6, 1]");
+        assert_eq!(value(&mut s, r#"[same.forward(["The cat sat."]).sentences, view.forward(["A dog."]).sentences]"#), "[1, 1]");
     }
 }

@@ -12,6 +12,12 @@
 //! most [`MAX_PEERS`] connections per channel are served at once, and a client that reads
 //! nothing of what the kernel sends it for [`STALLED_PEER`] is disconnected.
 //!
+//! The heartbeat has no ZeroMQ socket: the guard speaks ZMTP 3 itself on that channel
+//! ([`heartbeat`]) and echoes every message, as a REP socket would to the REQ sockets Jupyter
+//! clients ping with. (The `zeromq` crate's REP socket removed a peer the guard had cut off
+//! under a blocking map lock that never came free on the kernel's one-thread runtime: a
+//! client flooding pings without reading the echoes froze the whole kernel.)
+//!
 //! Signatures, replays and JSON are checked above ZeroMQ (`wire`), on whole messages.
 
 use jupyter_protocol::ConnectionInfo;
@@ -37,8 +43,8 @@ pub const MAX_PEERS: usize = 64;
 /// mark), so one iopub subscriber that never reads stalled every client's output and queued
 /// the kernel's messages in memory without end.
 pub const STALLED_PEER: std::time::Duration = std::time::Duration::from_secs(10);
-/// [`STALLED_PEER`] on the heartbeat, whose clients wait for each echo: the heartbeat socket
-/// waits for a peer that pings and never reads, holding up everyone's echo until it is cut.
+/// [`STALLED_PEER`] on the heartbeat, whose clients wait for each echo: a peer that pings and
+/// never reads its echoes is cut off after this long (it holds only its own connection).
 pub const STALLED_HEARTBEAT_PEER: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn log(msg: impl std::fmt::Display) {
@@ -125,7 +131,7 @@ impl Listener {
 }
 
 /// Binds the connection file's five addresses and serves each through the guard to its inner
-/// socket (which must already be bound).
+/// socket (which must already be bound), except the heartbeat, which the guard echoes itself.
 pub async fn expose(public: &ConnectionInfo, private: &Private) -> Result<(), String> {
     let channels = [
         ("shell", public.shell_port),
@@ -141,13 +147,22 @@ pub async fn expose(public: &ConnectionInfo, private: &Private) -> Result<(), St
             Transport::IPC => tokio::net::UnixListener::bind(format!("{}-{port}", public.ip)).map(Listener::Unix),
         }
         .map_err(|e| format!("cannot bind the {chan} socket on {}: {e}", public.ip))?;
-        let stall = if chan == "heartbeat" { STALLED_HEARTBEAT_PEER } else { STALLED_PEER };
-        tokio::spawn(serve(listener, ipc_path(&private.inner, port), chan, stall));
+        let to = if chan == "heartbeat" { To::Echo } else { To::Inner(ipc_path(&private.inner, port)) };
+        tokio::spawn(serve(listener, to, chan));
     }
     Ok(())
 }
 
-async fn serve(listener: Listener, inner: PathBuf, chan: &'static str, stall: std::time::Duration) {
+/// Where a channel's connections go.
+#[derive(Clone)]
+enum To {
+    /// Copied to the kernel's ZeroMQ socket at this path.
+    Inner(PathBuf),
+    /// Answered by the guard: the heartbeat.
+    Echo,
+}
+
+async fn serve(listener: Listener, to: To, chan: &'static str) {
     let peers = Arc::new(Semaphore::new(MAX_PEERS));
     loop {
         let client = match listener.accept().await {
@@ -163,9 +178,13 @@ async fn serve(listener: Listener, inner: PathBuf, chan: &'static str, stall: st
             log(format!("{chan}: refused a connection: {MAX_PEERS} peers already connected (MAX_PEERS)"));
             continue;
         };
-        let inner = inner.clone();
+        let to = to.clone();
         tokio::spawn(async move {
-            if let Err(why) = pump(client, &inner, stall).await {
+            let done = match &to {
+                To::Inner(inner) => pump(client, inner, STALLED_PEER).await,
+                To::Echo => heartbeat(client, STALLED_HEARTBEAT_PEER).await,
+            };
+            if let Err(why) = done {
                 log(format!("{chan}: disconnected a peer: {why}"));
             }
             drop(permit);
@@ -214,6 +233,139 @@ async fn pump(client: Box<dyn Io>, inner: &Path, stall: std::time::Duration) -> 
     tokio::select! {
         r = up => r,
         r = down => r,
+    }
+}
+
+/// The greeting the heartbeat sends: ZMTP 3.0, the NULL mechanism (no security; Jupyter's
+/// security is the HMAC on shell and control), `as-server` 0, filler.
+fn greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// The READY command of the NULL handshake, naming the socket type REP.
+fn ready() -> Vec<u8> {
+    let mut body = vec![5];
+    body.extend(b"READY");
+    body.push(11);
+    body.extend(b"Socket-Type");
+    body.extend(3u32.to_be_bytes());
+    body.extend(b"REP");
+    let mut f = vec![0x04, body.len() as u8];
+    f.extend(body);
+    f
+}
+
+/// Serves one heartbeat connection: the ZMTP 3 greeting and NULL handshake, then every
+/// message echoed frame by frame as it arrives (a REQ client's envelope, the empty delimiter,
+/// comes back with it, as REP would send it), and a ZMTP 3.1 PING command answered by PONG.
+/// Memory per peer is one read buffer, whatever it sends. A peer that sends another protocol,
+/// another mechanism, a frame over the limits or reserved flag bits is disconnected; one that
+/// takes none of its echoes for `stall` is disconnected too. Nothing here waits on the rest
+/// of the kernel, so no peer can hold it up.
+async fn heartbeat(client: Box<dyn Io>, stall: std::time::Duration) -> Result<(), String> {
+    let (rx, mut tx) = tokio::io::split(client);
+    let mut rx = tokio::io::BufReader::with_capacity(16 << 10, rx);
+    let stalled = || format!("it read nothing for {} s (STALLED_HEARTBEAT_PEER)", stall.as_secs());
+    macro_rules! send {
+        ($bytes:expr) => {
+            match tokio::time::timeout(stall, tx.write_all($bytes)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Ok(()),
+                Err(_) => return Err(stalled()),
+            }
+        };
+    }
+    // A peer gone (end of stream, reset) is no error.
+    macro_rules! read {
+        ($buf:expr) => {
+            if rx.read_exact($buf).await.is_err() {
+                return Ok(());
+            }
+        };
+    }
+    send!(&greeting());
+    let mut peer = [0u8; 64];
+    read!(&mut peer[..10]);
+    if peer[0] != 0xff || peer[9] & 1 != 1 {
+        return Err("not a ZMTP 3 greeting".into());
+    }
+    read!(&mut peer[10..]);
+    if peer[10] < 3 {
+        return Err(format!("ZMTP version {}.{}: the heartbeat speaks ZMTP 3", peer[10], peer[11]));
+    }
+    let mechanism = &peer[12..32];
+    if mechanism != &greeting()[12..32] {
+        let name = String::from_utf8_lossy(mechanism.split(|b| *b == 0).next().unwrap_or_default()).into_owned();
+        return Err(format!("security mechanism {name:?}: the heartbeat accepts NULL"));
+    }
+    send!(&ready());
+    let (mut message_bytes, mut message_frames) = (0u64, 0u64);
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let mut flags = [0u8];
+        read!(&mut flags);
+        let flags = flags[0];
+        if flags & !0b111 != 0 {
+            return Err(format!("frame flags {flags:#04x} set reserved bits"));
+        }
+        let (more, long, command) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+        let mut size = [0u8; 8];
+        let len = if long {
+            read!(&mut size);
+            u64::from_be_bytes(size)
+        } else {
+            read!(&mut size[..1]);
+            u64::from(size[0])
+        };
+        if command {
+            if len > MAX_COMMAND_BYTES {
+                return Err(format!("a {len}-byte command frame (MAX_COMMAND_BYTES is {MAX_COMMAND_BYTES})"));
+            }
+            let mut body = vec![0u8; len as usize];
+            read!(&mut body);
+            let name_len = body.first().map_or(0, |n| *n as usize);
+            let name = body.get(1..1 + name_len).unwrap_or_default();
+            // PING: name, a 2-byte TTL, up to 16 bytes of context that PONG returns.
+            if name == b"PING" {
+                let context = body.get(1 + name_len + 2..).unwrap_or_default();
+                let context = &context[..context.len().min(16)];
+                let mut pong = vec![0x04, (5 + context.len()) as u8, 4];
+                pong.extend(b"PONG");
+                pong.extend(context);
+                send!(&pong);
+            } else if name == b"ERROR" {
+                return Ok(());
+            }
+            // READY (the peer's socket type) and anything else: nothing to answer.
+            continue;
+        }
+        message_frames += 1;
+        message_bytes = message_bytes.saturating_add(len);
+        if message_bytes > MAX_MESSAGE_BYTES {
+            return Err(format!("a message over {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES; this frame declares {len})"));
+        }
+        if message_frames > MAX_FRAMES {
+            return Err(format!("a message of more than {MAX_FRAMES} frames (MAX_FRAMES)"));
+        }
+        // The echo: the same header, then the body as it arrives.
+        let mut header = vec![flags];
+        if long { header.extend(len.to_be_bytes()) } else { header.push(len as u8) }
+        send!(&header);
+        let mut left = len;
+        while left > 0 {
+            let k = (left.min(buf.len() as u64)) as usize;
+            read!(&mut buf[..k]);
+            send!(&buf[..k]);
+            left -= k as u64;
+        }
+        if !more {
+            (message_bytes, message_frames) = (0, 0);
+        }
     }
 }
 
@@ -322,9 +474,7 @@ mod tests {
     use super::*;
 
     fn greeting() -> Vec<u8> {
-        let mut g = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0];
-        g.resize(64, 0);
-        g
+        super::greeting().to_vec()
     }
 
     fn frame(more: bool, body: &[u8]) -> Vec<u8> {
@@ -357,6 +507,89 @@ mod tests {
             assert!(matches!(z.state, State::Flags), "{chunk}: {:?}", z.state);
             assert_eq!((z.message_bytes, z.message_frames), (0, 0));
         }
+    }
+
+    /// Runs the heartbeat on one end of an in-memory stream of `capacity` bytes each way.
+    fn with_heartbeat<T>(capacity: usize, stall_ms: u64, client: impl AsyncFnOnce(tokio::io::DuplexStream) -> T) -> (T, Result<(), String>) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (ours, theirs) = tokio::io::duplex(capacity);
+            let server = tokio::spawn(heartbeat(Box::new(theirs), std::time::Duration::from_millis(stall_ms)));
+            let t = tokio::time::timeout(std::time::Duration::from_secs(20), client(ours)).await.expect("the client side took over 20 s");
+            (t, tokio::time::timeout(std::time::Duration::from_secs(20), server).await.expect("the heartbeat took over 20 s").unwrap())
+        })
+    }
+
+    async fn handshake(c: &mut tokio::io::DuplexStream) {
+        // As libzmq does: the greeting and READY at once, then the server's.
+        let mut hello = greeting();
+        hello.extend([0x04, 25, 5]);
+        hello.extend(b"READY\x0bSocket-Type\0\0\0\x03REQ");
+        c.write_all(&hello).await.unwrap();
+        let mut g = [0u8; 64];
+        c.read_exact(&mut g).await.unwrap();
+        assert_eq!((g[0], g[9], g[10], &g[12..16]), (0xff, 0x7f, 3, &b"NULL"[..]));
+        let mut ready = vec![0u8; 2];
+        c.read_exact(&mut ready).await.unwrap();
+        let mut body = vec![0u8; ready[1] as usize];
+        c.read_exact(&mut body).await.unwrap();
+        assert!(body.starts_with(b"\x05READY\x0bSocket-Type\0\0\0\x03REP"), "{body:?}");
+    }
+
+    #[test]
+    fn the_heartbeat_echoes_req_messages_and_answers_ping() {
+        let (echo, end) = with_heartbeat(1 << 20, 2000, async |mut c| {
+            handshake(&mut c).await;
+            // A REQ message: the empty delimiter, then the ping; a long frame as well.
+            let mut msg = frame(true, b"");
+            msg.extend(frame(false, b"ping-1"));
+            msg.extend(frame(false, &[9u8; 300]));
+            // A ZMTP 3.1 PING (TTL 0, context "ctx") in the middle.
+            msg.extend([0x04, 10, 4]);
+            msg.extend(b"PING\0\0ctx");
+            c.write_all(&msg).await.unwrap();
+            let mut back = vec![0u8; msg.len() - 12 + 10];
+            c.read_exact(&mut back).await.unwrap();
+            back
+        });
+        let mut want = frame(true, b"");
+        want.extend(frame(false, b"ping-1"));
+        want.extend(frame(false, &[9u8; 300]));
+        want.extend([0x04, 8, 4]);
+        want.extend(b"PONGctx");
+        assert_eq!(echo, want);
+        assert_eq!(end, Ok(()), "a peer that hangs up is no error");
+    }
+
+    #[test]
+    fn a_heartbeat_peer_that_reads_nothing_is_cut_off_and_bad_peers_are_refused() {
+        let (_, end) = with_heartbeat(4096, 200, async |mut c| {
+            handshake(&mut c).await;
+            let ping = frame(false, &[1u8; 60_000]);
+            // Never read: the echo fills the 4 KiB pipe, the heartbeat stops reading, the
+            // writes here stop too; the heartbeat gives up on the peer after 200 ms.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while c.write_all(&ping).await.is_ok() {}
+            })
+            .await;
+            c
+        });
+        assert!(end.as_ref().is_err_and(|e| e.contains("read nothing")), "{end:?}");
+        let (_, end) = with_heartbeat(1 << 16, 2000, async |mut c| {
+            let mut g = greeting();
+            g[12..16].copy_from_slice(b"CURV");
+            c.write_all(&g).await.unwrap();
+            c
+        });
+        assert!(end.is_err_and(|e| e.contains("mechanism")));
+        let (_, end) = with_heartbeat(1 << 16, 2000, async |mut c| {
+            handshake(&mut c).await;
+            let mut huge = vec![0b10];
+            huge.extend((1u64 << 40).to_be_bytes());
+            c.write_all(&huge).await.unwrap();
+            c
+        });
+        assert!(end.is_err_and(|e| e.contains("MAX_MESSAGE_BYTES")));
     }
 
     #[test]

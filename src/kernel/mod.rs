@@ -5,8 +5,8 @@
 //!
 //! Tasks: shell (requests, one at a time, with busy/idle around each), control (kernel_info,
 //! interrupt, shutdown; answered even while a cell runs), iopub (one writer, so messages keep
-//! their order; answers subscriptions with `iopub_welcome`), heartbeat, and a watchdog that
-//! ends the kernel when its parent process dies.
+//! their order; answers subscriptions with `iopub_welcome`), and a watchdog that ends the
+//! kernel when its parent process dies. The heartbeat is echoed by the guard itself.
 //!
 //! Hostile clients: the connection file's addresses are served by [`guard`], which closes a
 //! connection whose ZMTP framing breaks its limits ([`guard::MAX_MESSAGE_BYTES`], 64 MiB per
@@ -26,7 +26,7 @@ use jupyter_protocol::{
     JupyterMessageContent, KernelInfoReply, LanguageInfo, ReplyStatus, ShutdownReply, Status,
 };
 use jupyter_zmq_client::{
-    create_kernel_control_connection, create_kernel_heartbeat_connection, create_kernel_iopub_xpub_connection,
+    create_kernel_control_connection, create_kernel_iopub_xpub_connection,
     create_kernel_shell_connection, create_kernel_stdin_connection, RuntimeError, SubscriptionEvent,
 };
 use std::path::Path;
@@ -121,7 +121,6 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     let private = guard::private(&info)?;
     let inner = &private.inner;
     let bind = |what: &str, e: RuntimeError| format!("cannot bind the inner {what} socket in {}: {e}", inner.ip);
-    let mut heartbeat = create_kernel_heartbeat_connection(inner).await.map_err(|e| bind("heartbeat", e))?;
     let shell = create_kernel_shell_connection(inner, &session_id).await.map_err(|e| bind("shell", e))?;
     let mut control = create_kernel_control_connection(inner, &session_id).await.map_err(|e| bind("control", e))?;
     let mut stdin = create_kernel_stdin_connection(inner, &session_id).await.map_err(|e| bind("stdin", e))?;
@@ -150,37 +149,7 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     });
     let (stop_tx, mut stop_rx) = unbounded_channel::<&'static str>();
 
-    // Heartbeat: echo every message. A read error is one peer's (a one-frame message, a peer
-    // gone before its echo): it must not end the loop, or the kernel would look dead.
-    // A peer cut off mid-frame makes the socket repeat its error many times before it is
-    // removed: at most 100 lines a second are logged, then a count of the rest.
-    tokio::spawn(async move {
-        use zeromq::{SocketRecv, SocketSend};
-        let (mut window, mut errors) = (std::time::Instant::now(), 0u64);
-        loop {
-            match heartbeat.socket.recv().await {
-                Ok(ping) => {
-                    if let Err(e) = heartbeat.socket.send(ping).await {
-                        log(format!("heartbeat: no echo: {e}"));
-                    }
-                }
-                Err(zeromq::ZmqError::NoMessage) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-                Err(e) => {
-                    if window.elapsed() >= std::time::Duration::from_secs(1) {
-                        if errors > 100 {
-                            log(format!("heartbeat: {} more errors not logged", errors - 100));
-                        }
-                        (window, errors) = (std::time::Instant::now(), 0);
-                    }
-                    errors += 1;
-                    if errors <= 100 {
-                        log(format!("heartbeat: dropped a message: {e}"));
-                    }
-                    tokio::task::yield_now().await;
-                }
-            }
-        }
-    });
+    // Heartbeat: the guard echoes it (`guard::heartbeat`); there is no ZeroMQ socket for it.
 
     // Stdin: the kernel never asks for input, so anything that comes is read and dropped.
     let in_replay = replay.clone();
