@@ -189,3 +189,53 @@ print(m.run_with_cache("the cat", ["ln_final.hook_normalized"]).keys());"#,
     }
     assert_eq!(lines[7], r#"["dec.ln_final.hook_normalized"]"#);
 }
+
+/// The forward checks the run's interrupt at every layer (`model::check_interrupt`): an
+/// interrupt raised while layer 1 runs (here by a hook at its `hook_resid_mid`) stops the pass
+/// before layer 2, with `ModelError::Interrupted`, in an encoder and in a translation decoder;
+/// the same pass outside a run, or with the interrupt reset, runs to the end.
+#[test]
+fn an_interrupt_stops_the_forward_at_the_next_layer() {
+    use headscope::model::hooks::{Hooks, Record};
+    use headscope::model::ModelError;
+    use headscope::run::{enter, Context, Interrupt};
+    let g = golden();
+    for (name, kind) in [("bert", Kind::Enc), ("gpt2", Kind::Dec), ("marian", Kind::Dec)] {
+        let m = load(name, "f32");
+        let interrupt = Interrupt::default();
+        let _ctx = enter(Context { interrupt: interrupt.clone(), progress: std::rc::Rc::new(|_, _, _| {}) });
+        let mut layers = Vec::new();
+        let trigger = interrupt.clone();
+        let mut on = |at: At, _: &Tensor| {
+            if at.kind == kind {
+                layers.push(at.layer);
+                if at.layer == 0 && at.point == Point::ResidMid {
+                    trigger.trigger();
+                }
+            }
+            Ok(())
+        };
+        let mut rec = Record::new(&[Point::ResidPre, Point::ResidMid], &mut on);
+        let hooks: &mut dyn Hooks = &mut rec;
+        let _ng = tch::no_grad_guard();
+        let ids = g[&format!("{name}/ids")].view([1, -1]);
+        let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+        let err = if m.translates() {
+            let enc = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
+            let targets = g[&format!("{name}/targets")].view([1, -1]);
+            m.net.decode_teacher(&enc, &mask, &targets, &Gates::none(), Some(hooks)).err()
+        } else {
+            m.net.encode(&ids, &mask, &Gates::none(), Some(hooks)).err()
+        };
+        assert!(matches!(err, Some(ModelError::Interrupted)), "{name}: {err:?}");
+        assert!(m.net.encoder.len().max(m.net.decoder.len()) >= 2, "{name}: the fixture has too few layers for this test");
+        assert_eq!(layers, vec![0, 0], "{name}: layer 0's resid_pre and resid_mid, then nothing");
+        interrupt.reset();
+        assert!(m.net.encode(&ids, &mask, &Gates::none(), None).is_ok(), "{name}: a reset interrupt still stops the pass");
+    }
+    // Outside a run, nothing is interrupted.
+    let m = load("bert", "f32");
+    let ids = g["bert/ids"].view([1, -1]);
+    let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+    assert!(m.net.encode(&ids, &mask, &Gates::none(), None).is_ok());
+}

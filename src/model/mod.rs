@@ -128,6 +128,18 @@ pub enum ModelError {
     Torch(#[from] tch::TchError),
 }
 
+/// Stops a forward pass between layers when the run on this thread was interrupted (Ctrl-C,
+/// a kernel's `interrupt_request`; [`crate::run::interrupted`]). Analyses also check their own
+/// `stop` between batches; this check bounds the wait for an interrupt by one layer's work
+/// instead of one batch's (a sweep's batch runs every head's rows through the layers above it).
+/// Outside a run (the library API, tests) it never fires.
+pub fn check_interrupt() -> Result<(), ModelError> {
+    if crate::run::interrupted() {
+        return Err(ModelError::Interrupted);
+    }
+    Ok(())
+}
+
 /// Checkpoint families, detected from the files.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Family {

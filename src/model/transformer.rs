@@ -4,7 +4,7 @@
 
 use super::hooks::{self, At, HookSlot, Point};
 use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, Linear, Norm, NormPosition, Ssru, SsruTrace};
-use super::{Kind, ModelError};
+use super::{check_interrupt, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 pub enum Positions {
@@ -98,6 +98,7 @@ impl EncoderLayer {
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+        check_interrupt()?;
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
             NormPosition::Post => x.shallow_clone(),
@@ -124,6 +125,7 @@ impl EncoderLayer {
     /// per-head contexts (rows may be ablations or patches of one pass's contexts).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_from_z(&self, x: &Tensor, z: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        check_interrupt()?;
         let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
         Ok(self.finish_hooked(x, &a, kind, layer_idx, h)?.0)
     }
@@ -284,6 +286,7 @@ impl DecoderLayer {
     /// is the stream after the cross-attention, `ln1` its norm).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderTrace), ModelError> {
+        check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
         let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
         let (o, ssru, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
@@ -303,6 +306,7 @@ impl DecoderLayer {
     /// The layer resumed at its cross-attention's `hook_z`: `x1` is the cross-attention's
     /// input (`dec.blocks.L.ln1.hook_normalized`), `z` its per-head contexts.
     pub fn forward_from_cross_z(&self, x1: &Tensor, z: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        check_interrupt()?;
         let (attn, _) = self.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
         let a = attn.output_from_z(z, Kind::Cross, layer_idx, h)?;
         Ok(self.finish_hooked(x1, Some(&a), layer_idx, h)?.0)

@@ -525,7 +525,17 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, eval: Option<&Dat
         let gates = layout.gates(&g);
         let bi = batch_at(opts.seed, step, nb);
         let net: &Model = joint.as_ref().map_or(model, |j| &j.model);
-        let loss = task_loss(net, model, &mut td, bi, &gates, opts.distill)?;
+        // An interrupt inside the step's forward (checked at every layer) leaves the state as
+        // it was before the step: saved as at the check above.
+        let loss = match task_loss(net, model, &mut td, bi, &gates, opts.distill) {
+            Err(ModelError::Interrupted) => {
+                if let Some(ck) = &ckpt {
+                    save(ck, &state, &mut joint)?;
+                }
+                return Err(ModelError::Interrupted.into());
+            }
+            r => r?,
+        };
         let p_open = c.p_open(&la) * &keep;
         let penalty = p_open.sum(DType::Float) / penalty_div;
         let total = &loss + &penalty * opts.lambda;
