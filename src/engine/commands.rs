@@ -21,7 +21,7 @@ pub struct Command {
 }
 
 pub const COMMANDS: &[Command] = &[
-    Command { name: "help", usage: ":help [NAME]", help: "list commands; document a function (:help analyze), a type's methods (:help Model) or one method (:help Model.analyze)", run: help },
+    Command { name: "help", usage: ":help [NAME]", help: "list commands; document a function (:help analyze), a type's methods (:help Model), one method (:help Model.analyze) or the hook points (:help hooks)", run: help },
     Command { name: "vars", usage: ":vars", help: "list the variables of this session: type, size in memory (bytes of weights, numbers and text held), value", run: vars },
     Command { name: "types", usage: ":types", help: "list the script types and how many methods each has", run: types },
     Command { name: "history", usage: ":history", help: "the inputs of this session that ran without error, numbered", run: history },
@@ -49,8 +49,11 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
             let _ = t.push_row(vec![Cell::Text(c.usage.into()), Cell::Text(c.help.into())]);
         }
         let mut out = t.to_text();
-        out += "\nAny other input is Rhai code. `:help NAME` documents a function (`:help heatmap`) or a type (`:help Model`); `:types` lists the types.";
+        out += "\nAny other input is Rhai code. `:help NAME` documents a function (`:help heatmap`) or a type (`:help Model`); `:types` lists the types; `:help hooks` lists the hook points.";
         return Ok(Outcome::Show(Some(Output::text(out))));
+    }
+    if arg == "hooks" {
+        return Ok(Outcome::Show(Some(hooks_help())));
     }
     let types = super::docs::type_names(session.engine());
     if let Some(t) = types.iter().find(|t| t.as_str() == arg) {
@@ -69,6 +72,22 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
         return Err(format!("no documented function or type named '{arg}' (:types lists the types)"));
     }
     Ok(Outcome::Show(Some(Output::text(super::complete::describe(&docs)))))
+}
+
+/// `:help hooks`: the hook table (`model::hooks::POINTS`), the names `run_with_cache` and the
+/// interventions accept.
+fn hooks_help() -> Output {
+    use crate::model::hooks::POINTS;
+    let mut t = Table::new(vec!["hook point".into(), "axes".into(), "what it holds".into()]);
+    t.title = Some("hook points, in the order the forward meets them (docs/methods.md#hook-points)".into());
+    for p in POINTS {
+        let name = if p.per_layer { format!("KIND.blocks.L.{}", p.name) } else { format!("KIND.{}", p.name) };
+        let _ = t.push_row(vec![Cell::Text(name), Cell::Text(p.axes.into()), Cell::Text(p.doc.into())]);
+    }
+    let mut out = crate::output::Render::render(&t);
+    out.text += "\nKIND is enc, dec or cross (cross: the attention points only); a decoder-only model's `dec.` may be left out. \
+                 m.hook_points() lists the names a model has; m.run_with_cache(text, [names]) records them, #{interventions: [...]} changes them.";
+    out
 }
 
 /// `:help TYPE`: every method and property of the type with its one-line doc.
@@ -183,4 +202,24 @@ fn time(session: &mut Session, arg: &str) -> Result<Outcome, String> {
 
 fn device(_: &mut Session, _: &str) -> Result<Outcome, String> {
     Ok(Outcome::Show(Some(Output::text(crate::device::torch_info().to_string()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SessionOptions;
+
+    #[test]
+    fn help_hooks_lists_every_hook_point_with_its_axes() {
+        let mut s = Session::new(SessionOptions::default());
+        let Ok(Outcome::Show(Some(out))) = dispatch(&mut s, ":help hooks") else { panic!(":help hooks showed nothing") };
+        for p in crate::model::hooks::POINTS {
+            let name = if p.per_layer { format!("KIND.blocks.L.{}", p.name) } else { format!("KIND.{}", p.name) };
+            assert!(out.text.contains(&name), "{name} missing from:\n{}", out.text);
+            assert!(out.text.contains(p.axes), "{} missing", p.axes);
+        }
+        assert!(out.html.is_some(), "a notebook gets the table as HTML");
+        let Ok(Outcome::Show(Some(list))) = dispatch(&mut s, ":help") else { panic!() };
+        assert!(list.text.contains(":help hooks"));
+    }
 }

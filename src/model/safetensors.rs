@@ -36,6 +36,7 @@ pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Model
             continue;
         }
         let dtype = match info["dtype"].as_str() {
+            Some("F64") => DType::Double,
             Some("F32") => DType::Float,
             Some("F16") => DType::Half,
             Some("BF16") => DType::BFloat16,
