@@ -22,7 +22,11 @@ fn dir() -> PathBuf {
 }
 
 fn golden() -> HashMap<String, Tensor> {
-    Tensor::read_npz(dir().join("golden.npz")).unwrap().into_iter().collect()
+    golden_in("golden.npz")
+}
+
+fn golden_in(file: &str) -> HashMap<String, Tensor> {
+    Tensor::read_npz(dir().join(file)).unwrap().into_iter().collect()
 }
 
 fn load(name: &str) -> Model {
@@ -46,7 +50,10 @@ fn forward(m: &Model, ids: &[i64], gates: &Gates) -> (Tensor, Tensor) {
 }
 
 fn check(family: &str, dir_name: &str) {
-    let g = golden();
+    check_against(&golden(), family, dir_name)
+}
+
+fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name: &str) {
     let m = load(dir_name);
     assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Dec]);
     let n = g.keys().filter(|k| k.starts_with(&format!("{family}_ids_"))).count();
@@ -107,6 +114,36 @@ fn mistral_with_a_sliding_window_equals_transformers() {
     check("mistral", "mistral");
 }
 
+/// The 2026 llama-family variants (`tests/fixtures/make_tiny_hf_2026.py`, `golden_2026.npz`):
+/// every `rope_scaling` type, `head_dim` other than `hidden_size / num_attention_heads`, an
+/// untied `lm_head`, and Qwen3's per-head query and key norms.
+#[test]
+fn llama3_rope_scaling_and_head_dim_equal_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "llama3", "llama3");
+}
+
+#[test]
+fn linear_rope_scaling_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "llama_linear", "llama_linear");
+}
+
+/// Dynamic NTK: most sentences (and every continuation) are longer than the 12 positions of
+/// `max_position_embeddings`, so the base grows with the length, as transformers computes it.
+#[test]
+fn dynamic_rope_scaling_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "llama_dynamic", "llama_dynamic");
+}
+
+#[test]
+fn yarn_rope_scaling_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "llama_yarn", "llama_yarn");
+}
+
+#[test]
+fn qwen3_with_query_and_key_norms_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "qwen3", "qwen3");
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -135,7 +172,18 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, llama, marian, mistral, qwen2, roberta)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, llama, marian, mistral, qwen2, qwen3, roberta)"),
+        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "longrope".into())), "rope_scaling type 'longrope' is not supported (linear, dynamic, llama3, yarn)"),
+        (broken("llama3", |d| edit_config(d, |v| { v["rope_scaling"].as_object_mut().unwrap().remove("low_freq_factor"); })), "rope_scaling of type 'llama3' needs low_freq_factor"),
+        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = "8".into())), "rope_scaling.factor must be a number, got \"8\""),
+        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = 0.5.into())), "rope_scaling.factor must be at least 1, got 0.5"),
+        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["high_freq_factor"] = 1.0.into())), "rope_scaling.high_freq_factor 1 must exceed low_freq_factor 1"),
+        (broken("llama_dynamic", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("max_position_embeddings"); })), "rope_scaling of type 'dynamic' needs max_position_embeddings"),
+        (broken("qwen3", |d| {
+            let p = d.join("model.safetensors");
+            let t: Vec<(String, Tensor)> = Tensor::read_safetensors(&p).unwrap().into_iter().filter(|(n, _)| n != "model.layers.1.self_attn.k_norm.weight").collect();
+            Tensor::write_safetensors(&t, &p).unwrap();
+        }), "model.layers.1.self_attn.k_norm.weight"),
         (broken("llama", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("rms_norm_eps"); })), "missing field `rms_norm_eps`"),
         (broken("gpt2", |d| edit_config(d, |v| v["n_embd"] = 48.into())), "tensor 'h.0.attn.c_attn.weight' has shape [32, 96], expected [48, 144]"),
         (broken("llama", |d| edit_config(d, |v| v["vocab_size"] = 100.into())), "tensor 'model.embed_tokens.weight' has shape [320, 32], expected [100, 32]"),

@@ -21,7 +21,7 @@ fn norm() -> Norm {
     Norm { kind: NormKind::Layer, weight: Tensor::ones([D], (DType::Float, Device::Cpu)), bias: Some(Tensor::zeros([D], (DType::Float, Device::Cpu))), eps: 1e-5 }
 }
 fn attn() -> Attention {
-    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H, rotary: None, slots: None }
+    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H, rotary: None, slots: None, qk_norm: None }
 }
 
 fn tiny() -> Transformer {

@@ -70,13 +70,13 @@ fn planted_attention() -> Attention {
         o: lin(eye, zeros(&[D])),
         n_heads: H,
         n_kv_heads: H,
-        head_dim: DH, rotary: None, slots: None,
+        head_dim: DH, rotary: None, slots: None, qk_norm: None,
     }
 }
 
 fn uniform_attention() -> Attention {
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None }
+    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {

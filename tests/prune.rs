@@ -33,7 +33,7 @@ fn norm() -> Norm {
 }
 
 fn layer() -> EncoderLayer {
-    let mut attn = Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None };
+    let mut attn = Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None };
     let _ = attn.q.w.g_mul_scalar_(3.0); // sharper attention, so heads differ
     for h in USELESS {
         let _ = attn.v.w.narrow(0, h * DH, DH).fill_(0.0);

@@ -53,7 +53,7 @@ fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, 
         let _ = bq.get(h * DH + d).fill_(x);
     }
     let lin = |w: Tensor, b: Tensor| Linear { w, b: Some(b) };
-    Attention { q: lin(fill(q, true), bq), k: lin(fill(k, true), zeros(&[H * DH])), v: lin(fill(v, true), zeros(&[H * DH])), o: lin(wo, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None }
+    Attention { q: lin(fill(q, true), bq), k: lin(fill(k, true), zeros(&[H * DH])), v: lin(fill(v, true), zeros(&[H * DH])), o: lin(wo, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {

@@ -41,7 +41,7 @@ pub struct Prepared {
     pub base: Gates,
     /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
     /// number of rows, and these metrics must not depend on how masks are batched.
-    out64: Option<(Tensor, Option<Tensor>)>,
+    out64: Option<crate::model::loss::OutputHead>,
 }
 
 impl std::ops::Deref for Prepared {
@@ -59,9 +59,8 @@ const LOGIT_BYTES: i64 = 16 << 20;
 impl Prepared {
     /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
     fn log_probs(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
-        let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let states = model.teacher_states(enc, mask, targets, gates)?.to_kind(DType::Double);
-        Ok(states.linear(w, b.as_ref()).log_softmax(-1, DType::Double))
+        let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
+        head.log_probs(&model.teacher_states(enc, mask, targets, gates)?)
     }
 
     /// Per target token `[N, T]` of the teacher-forced final decoder states `[N, T, D]`: the
@@ -69,10 +68,10 @@ impl Prepared {
     /// multiple of B) `KL(full || masked)`. The logits are taken in slices of rows, never all
     /// at once.
     fn token_values(&self, states: &Tensor, targets: &Tensor, full: Option<&Tensor>) -> Result<Tensor, ModelError> {
-        let (w, b) = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
         let (n, t) = (targets.size()[0], targets.size()[1]);
         let d = states.size()[2];
-        let vocab = w.size()[0];
+        let vocab = head.vocab();
         let states = states.reshape([n * t, d]);
         let flat_targets = targets.reshape([n * t, 1]);
         // For KL, row r of the N * T rows is row r mod (B * T) of the full distribution.
@@ -84,7 +83,7 @@ impl Prepared {
         while start < n * t {
             // A slice never wraps around the full distribution's rows.
             let len = slice.min(n * t - start).min(period - start % period);
-            let logp = states.narrow(0, start, len).to_kind(DType::Double).linear(w, b.as_ref()).log_softmax(-1, DType::Double);
+            let logp = head.log_probs(&states.narrow(0, start, len))?;
             parts.push(match &full {
                 None => crate::model::loss::nll(&logp, &flat_targets.narrow(0, start, len).squeeze_dim(-1)),
                 Some(f) => {
@@ -116,8 +115,8 @@ pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usiz
     let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
     let prepared = model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
     let _g = tch::no_grad_guard();
-    let out64 = match (metric, &model.net.output) {
-        (Metric::Loss | Metric::Kl, Some(o)) => Some((o.w.to_kind(DType::Double), o.b.as_ref().map(|b| b.to_kind(DType::Double)))),
+    let out64 = match metric {
+        Metric::Loss | Metric::Kl if model.net.output.is_some() => Some(model.output_head(DType::Double)?),
         _ => None,
     };
     Ok(Prepared { metric, data: prepared, out64, base })

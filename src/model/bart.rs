@@ -61,7 +61,7 @@ fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention,
         n_kv_heads: h,
         head_dim: d / h,
         rotary: None,
-        slots: None,
+        slots: None, qk_norm: None,
     })
 }
 

@@ -89,7 +89,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
                 o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
                 n_heads: h,
                 n_kv_heads: h,
-                head_dim: d / h, rotary: None, slots: None,
+                head_dim: d / h, rotary: None, slots: None, qk_norm: None,
             },
             attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
             ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act, gate: None },

@@ -90,7 +90,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_kv_heads: h,
                 head_dim: d / h,
                 rotary: None,
-                slots: None,
+                slots: None, qk_norm: None,
             },
             attn_norm: layer_norm(&mut w, &format!("{p}.ln_1"), d, eps)?,
             ffn: Ffn { up: conv1d(&mut w, &format!("{p}.mlp.c_fc"), d, ff)?, down: conv1d(&mut w, &format!("{p}.mlp.c_proj"), ff, d)?, act, gate: None },

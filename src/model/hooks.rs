@@ -102,7 +102,7 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::PosEmbed, "hook_pos_embed", Layout::Seq, false, false, "[pos, d_model]", "position embeddings (learned or sinusoidal models)"),
     spec(Point::ResidPre, "hook_resid_pre", Layout::Seq, true, false, "[pos, d_model]", "the layer's input"),
     spec(Point::Ln1, "ln1.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "first norm: attention input (pre-norm) or norm(resid_mid) (post-norm)"),
-    spec(Point::Q, "attn.hook_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries, before rotary"),
+    spec(Point::Q, "attn.hook_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries, before rotary (after a per-head query norm)"),
     spec(Point::K, "attn.hook_k", Layout::Heads, true, true, "[pos, kv_head, d_head]", "keys by key/value head, before rotary"),
     spec(Point::V, "attn.hook_v", Layout::Heads, true, true, "[pos, kv_head, d_head]", "values by key/value head"),
     spec(Point::RotQ, "attn.hook_rot_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries after rotary (rotary models)"),

@@ -1,16 +1,20 @@
-//! HF Llama, Qwen2 and Mistral (`model_type` "llama", "qwen2", "mistral"): RMSNorm before each
-//! sublayer, rotary positions (HF's rotate-half, base `rope_theta`), grouped-query causal
-//! self-attention (each query head is a head of its own for every analysis and gate), SwiGLU
-//! MLP, a final norm, and `lm_head` (or the embeddings when `tie_word_embeddings`). Qwen2 adds
-//! Q/K/V biases (Llama with `attention_bias` all four); Mistral attends within
-//! `sliding_window` positions. Its heads are kind `dec`.
+//! HF Llama, Qwen2, Qwen3 and Mistral (`model_type` "llama", "qwen2", "qwen3", "mistral"):
+//! RMSNorm before each sublayer, rotary positions (HF's rotate-half, base `rope_theta`, with
+//! `rope_scaling` of type `linear`, `dynamic`, `llama3` or `yarn`: Llama 3.1/3.2, long-context
+//! Qwen2.5; docs/methods.md#rope-scaling), grouped-query causal self-attention (each query head
+//! is a head of its own for every analysis and gate; `head_dim` may differ from
+//! `hidden_size / num_attention_heads`), SwiGLU MLP, a final norm, and `lm_head` (or the
+//! embeddings when `tie_word_embeddings`). Qwen2 adds Q/K/V biases (Llama with
+//! `attention_bias` all four); Qwen3 an RMSNorm of each head's query and key before rotary
+//! (`self_attn.q_norm`, `self_attn.k_norm`); Mistral attends within `sliding_window`
+//! positions. Its heads are kind `dec`.
 //!
 //! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, RopeScaling, Rotary};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
@@ -40,6 +44,8 @@ pub struct Config {
     pub hidden_act: String,
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i64>,
     #[serde(default)]
     pub attention_bias: bool,
     #[serde(default)]
@@ -83,9 +89,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
 pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> Result<Transformer, ModelError> {
     let cfg_file = cfg_file.to_string();
     let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
-    if cfg.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(bad("rope_scaling is not supported".into()));
-    }
     if cfg.hidden_act != "silu" {
         return Err(bad(format!("hidden_act '{}' is not supported (silu)", cfg.hidden_act)));
     }
@@ -98,13 +101,16 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     if dh <= 0 || dh % 2 != 0 {
         return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
     }
-    // Qwen2 configs carry a sliding_window that only applies with use_sliding_window.
+    let rope_dim = cfg.rope_dim.unwrap_or(dh);
+    let scaling = rope_scaling(cfg, rope_dim).map_err(bad)?;
+    // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
         "mistral" => cfg.sliding_window,
-        "qwen2" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
+        "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
         _ => None,
     };
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
+    let qk_norm = cfg.model_type == "qwen3";
     let eps = cfg.rms_norm_eps;
     let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
@@ -124,8 +130,14 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: cfg.rope_theta, dim: cfg.rope_dim.unwrap_or(dh), half: rows == RotaryRows::RotateHalf }),
+                rotary: Some(Rotary { base: cfg.rope_theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling }),
                 slots: None,
+                qk_norm: if qk_norm {
+                    let head_norm = |w: &mut Weights, name: &str| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[dh])?, bias: None, eps }) };
+                    Some((head_norm(&mut w, "q_norm")?, head_norm(&mut w, "k_norm")?))
+                } else {
+                    None
+                },
             },
             attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
             ffn: Ffn {
@@ -154,5 +166,58 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         dec_embed: None,
         dec_start: None,
         banned: vec![],
+    })
+}
+
+/// `rope_scaling` of the config (transformers' `rope_type`, or the older `type`), checked:
+/// a missing or non-numeric parameter, an unknown type, is an error naming it.
+fn rope_scaling(cfg: &Config, dim: i64) -> Result<RopeScaling, String> {
+    let Some(v) = cfg.rope_scaling.as_ref().filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
+    let Some(m) = v.as_object() else { return Err(format!("rope_scaling must be an object, got {v}")) };
+    let kind = m.get("rope_type").or_else(|| m.get("type")).and_then(|t| t.as_str()).ok_or("rope_scaling has no rope_type")?;
+    let num = |key: &str| -> Result<Option<f64>, String> {
+        match m.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| format!("rope_scaling.{key} must be a number, got {x}")),
+        }
+    };
+    let need = |key: &str| -> Result<f64, String> { num(key)?.ok_or_else(|| format!("rope_scaling of type '{kind}' needs {key}")) };
+    let factor = || -> Result<f64, String> {
+        let f = need("factor")?;
+        if f < 1.0 {
+            return Err(format!("rope_scaling.factor must be at least 1, got {f}"));
+        }
+        Ok(f)
+    };
+    let max_positions = || -> Result<f64, String> { cfg.max_position_embeddings.map(|x| x as f64).ok_or_else(|| format!("rope_scaling of type '{kind}' needs max_position_embeddings")) };
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "dynamic" => RopeScaling::Dynamic { factor: factor()?, max_positions: max_positions()? },
+        "llama3" => {
+            let (low, high) = (need("low_freq_factor")?, need("high_freq_factor")?);
+            if high <= low {
+                return Err(format!("rope_scaling.high_freq_factor {high} must exceed low_freq_factor {low}"));
+            }
+            RopeScaling::Llama3 { factor: factor()?, low_freq_factor: low, high_freq_factor: high, original: need("original_max_position_embeddings")? }
+        }
+        "yarn" => {
+            let factor = factor()?;
+            let original = match num("original_max_position_embeddings")? {
+                Some(o) => o,
+                None => max_positions()?,
+            };
+            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor = match (num("attention_factor")?, num("mscale")?, num("mscale_all_dim")?) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+                _ => mscale(factor, 1.0),
+            };
+            let truncate = m.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true);
+            let beta = |key: &str, default: f64| -> Result<f64, String> { Ok(num(key)?.filter(|&b| b != 0.0).unwrap_or(default)) };
+            let _ = dim;
+            RopeScaling::Yarn { factor, original, beta_fast: beta("beta_fast", 32.0)?, beta_slow: beta("beta_slow", 1.0)?, attention_factor, truncate }
+        }
+        other => return Err(format!("rope_scaling type '{other}' is not supported (linear, dynamic, llama3, yarn)")),
     })
 }

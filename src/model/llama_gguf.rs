@@ -82,6 +82,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         tie_word_embeddings: !map.contains_key("lm_head.weight"),
         hidden_act: "silu".into(),
         rope_scaling: None,
+        max_position_embeddings: int("context_length").ok(),
         attention_bias: false,
         mlp_bias: false,
         sliding_window: None,

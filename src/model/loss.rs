@@ -6,13 +6,39 @@
 use super::{Model, ModelError};
 use tch::{Kind as DType, Tensor};
 
+/// The model's output head in one precision, converted once: loops that take log-probabilities
+/// of many slices (the ablation metrics in float64) hold one instead of converting the
+/// `[V, D]` matrix at every call.
+pub struct OutputHead {
+    w: Tensor,
+    b: Option<Tensor>,
+    dtype: DType,
+}
+
+impl OutputHead {
+    /// Log-probabilities `[.., V]` of the final states `[.., D]`, in the head's precision.
+    pub fn log_probs(&self, states: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?.log_softmax(-1, self.dtype))
+    }
+
+    /// The vocabulary size.
+    pub fn vocab(&self) -> i64 {
+        self.w.size()[0]
+    }
+}
+
 impl Model {
+    /// The output head in `dtype` (shared with the model's when it is already in `dtype`).
+    pub fn output_head(&self, dtype: DType) -> Result<OutputHead, ModelError> {
+        let out = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let (w, b) = if out.w.kind() == dtype { (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone())) } else { (out.w.f_to_kind(dtype)?, out.b.as_ref().map(|b| b.f_to_kind(dtype)).transpose()?) };
+        Ok(OutputHead { w, b, dtype })
+    }
+
     /// Log-probabilities `[.., V]` of the final states `[.., D]` (the output projection and
     /// log-softmax computed in `dtype`).
     pub fn log_probs(&self, states: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
-        let out = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let (w, b) = if out.w.kind() == dtype { (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone())) } else { (out.w.to_kind(dtype), out.b.as_ref().map(|b| b.to_kind(dtype))) };
-        Ok(states.f_to_kind(dtype)?.f_linear(&w, b.as_ref())?.log_softmax(-1, dtype))
+        self.output_head(dtype)?.log_probs(states)
     }
 
     /// The task loss of one batch under `gates`: the mean over its target tokens (mask `tm`) of

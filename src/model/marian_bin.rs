@@ -137,7 +137,7 @@ impl MarianNames for Weights {
             o: self.linear(p, "o", d, d, true)?,
             n_heads: heads,
             n_kv_heads: heads,
-            head_dim: d / heads, rotary: None, slots: None,
+            head_dim: d / heads, rotary: None, slots: None, qk_norm: None,
         })
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {

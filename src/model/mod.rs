@@ -1,6 +1,6 @@
 //! The numeric core: real checkpoints loaded into one gated Transformer on tch. Knows nothing
 //! of Rhai and never prints. Families live one per file (`bert`, `gpt2`, `llama` (HF Llama,
-//! Qwen2, Mistral), `marian_bin`, `llama_gguf`); `hf` reads HF checkpoint directories.
+//! Qwen2, Qwen3, Mistral), `marian_bin`, `llama_gguf`); `hf` reads HF checkpoint directories.
 
 pub mod bart;
 pub mod batch;
@@ -151,9 +151,10 @@ pub enum Family {
     Roberta,
     /// HF GPT-2.
     Gpt2,
-    /// HF Llama, Qwen2, Mistral (one file, `llama.rs`).
+    /// HF Llama, Qwen2, Qwen3, Mistral (one file, `llama.rs`).
     Llama,
     Qwen2,
+    Qwen3,
     Mistral,
     /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
     Marian,
@@ -170,6 +171,7 @@ impl fmt::Display for Family {
             Family::Gpt2 => "gpt2",
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
             Family::Mistral => "mistral",
             Family::Marian => "marian",
             Family::Bart => "bart",
@@ -272,7 +274,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 8] = [Family::Bart, Family::Bert, Family::Gpt2, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Roberta];
+const HF_FAMILIES: [Family; 9] = [Family::Bart, Family::Bert, Family::Gpt2, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -317,7 +319,7 @@ impl Model {
                 Family::MarianBin => marian_bin::load(path, opts),
                 Family::LlamaGguf => llama_gguf::load(path, opts),
                 Family::Gpt2 => gpt2::load(path, opts),
-                Family::Llama | Family::Qwen2 | Family::Mistral => llama::load(path, opts),
+                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
             }?
         };
@@ -327,7 +329,7 @@ impl Model {
         let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Mistral | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -353,7 +355,7 @@ impl Model {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
         let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
-        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o);
+        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |(q, k)| norm(q) + norm(k));
         let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
         let e = &self.net.embed;
         let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);

@@ -4,7 +4,7 @@
 
 use super::hooks::{self, At, HookSlot, Point};
 use super::{Kind, ModelError};
-use tch::{Kind as DType, Tensor};
+use tch::{Device, Kind as DType, Tensor};
 
 thread_local! {
     static ATTN_LRP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -181,9 +181,82 @@ pub struct Rotary {
     pub base: f64,
     pub dim: i64,
     pub half: bool,
+    /// How the frequencies are stretched for long contexts (`rope_scaling`).
+    pub scaling: RopeScaling,
+}
+
+/// `rope_scaling` of HF configs (docs/methods.md#rope-scaling), as transformers'
+/// `modeling_rope_utils` computes it: the inverse frequencies `inv_i = base^(-2i/dim)` changed,
+/// and for YaRN the cosines and sines multiplied by an attention factor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: `inv_i / factor`.
+    Linear { factor: f64 },
+    /// Dynamic NTK: for a sequence of `n > max_positions` positions the base becomes
+    /// `base * (factor n / max_positions - (factor - 1))^(dim / (dim - 2))`; at most
+    /// `max_positions` positions, the plain frequencies.
+    Dynamic { factor: f64, max_positions: f64 },
+    /// Llama 3.1: wavelengths `2 pi / inv_i` above `original / low_freq_factor` divided by
+    /// `factor`, below `original / high_freq_factor` kept, between them interpolated.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original: f64 },
+    /// YaRN: frequencies blended between `inv_i / factor` and `inv_i` by a linear ramp over the
+    /// dimensions `[low, high]` found from `beta_fast`, `beta_slow` and the original context;
+    /// cos and sin times `attention_factor`.
+    Yarn { factor: f64, original: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64, truncate: bool },
 }
 
 impl Rotary {
+    /// Unscaled rotary positions.
+    pub fn plain(base: f64, dim: i64, half: bool) -> Rotary {
+        Rotary { base, dim, half, scaling: RopeScaling::None }
+    }
+
+    /// The inverse frequencies `[dim / 2]` (float64) for a sequence of `n` positions, and the
+    /// factor cos and sin are multiplied by.
+    pub fn inv_freq(&self, n: i64, device: Device) -> (Tensor, f64) {
+        let half = self.dim / 2;
+        let dim = self.dim as f64;
+        let i = Tensor::arange(half, (DType::Double, device));
+        let plain = |base: f64| (&i * (-2.0 * base.ln() / dim)).exp();
+        match self.scaling {
+            RopeScaling::None => (plain(self.base), 1.0),
+            RopeScaling::Linear { factor } => (plain(self.base) / factor, 1.0),
+            RopeScaling::Dynamic { factor, max_positions } => {
+                let n = (n as f64).max(max_positions);
+                let base = self.base * (factor * n / max_positions - (factor - 1.0)).powf(dim / (dim - 2.0));
+                (plain(base), 1.0)
+            }
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original } => {
+                let inv = plain(self.base);
+                let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+                let (low_wl, high_wl) = (original / low_freq_factor, original / high_freq_factor);
+                let long = wavelen.gt(low_wl);
+                let scaled = inv.where_self(&long.logical_not(), &(&inv / factor));
+                let smooth = ((wavelen.reciprocal() * original) - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                let smoothed = (smooth.ones_like() - &smooth) * &scaled / factor + &smooth * &scaled;
+                let medium = wavelen.lt(high_wl).logical_not().logical_and(&long.logical_not());
+                (smoothed.where_self(&medium, &scaled), 1.0)
+            }
+            RopeScaling::Yarn { factor, original, beta_fast, beta_slow, attention_factor, truncate } => {
+                let correction = |rotations: f64| dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * self.base.ln());
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let ramp = ((&i - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = ramp.ones_like() - ramp;
+                let inv = plain(self.base);
+                let blended = (&inv / factor) * (extrapolation.ones_like() - &extrapolation) + &inv * &extrapolation;
+                (blended, attention_factor)
+            }
+        }
+    }
+
     /// `x [B, H, T, dh]` at positions `0..T`.
     pub fn apply(&self, x: &Tensor) -> Tensor {
         self.apply_from(x, 0)
@@ -194,10 +267,9 @@ impl Rotary {
         let (t, dh) = (x.size()[2], x.size()[3]);
         let half = self.dim / 2;
         let device = x.device();
-        let i = Tensor::arange(half, (DType::Double, device));
-        let inv = (i * (-2.0 * self.base.ln() / self.dim as f64)).exp();
+        let (inv, factor) = self.inv_freq(start + t, device);
         let ang = Tensor::arange_start(start, start + t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
-        let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
+        let (cos, sin) = ((ang.cos() * factor).to_kind(x.kind()), (ang.sin() * factor).to_kind(x.kind()));
         let r = x.narrow(3, 0, self.dim);
         let (a, b) = if self.half {
             (r.narrow(3, 0, half), r.narrow(3, half, half))
@@ -277,6 +349,9 @@ pub struct Attention {
     /// After `prune_heads`: which of the original heads the `n_heads` left are. `None`: the
     /// heads as loaded, numbered `0..n_heads`.
     pub slots: Option<HeadSlots>,
+    /// Norms of each head's query and key over `head_dim`, before rotary (Qwen3, Gemma 3,
+    /// OLMo-2's per-head form): `(q_norm, k_norm)`.
+    pub qk_norm: Option<(Norm, Norm)>,
 }
 
 /// The original numbers of an attention block's heads after some were removed: physical head
@@ -344,7 +419,11 @@ impl Attention {
         let at = |p| At::new(kind, layer_idx, p);
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let mut k = hooks::at(hk_slot, at(Point::K), self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2))?;
+        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
+        if let Some((_, kn)) = &self.qk_norm {
+            k = kn.forward(&k);
+        }
+        let mut k = hooks::at(hk_slot, at(Point::K), k)?;
         if let Some(r) = &self.rotary {
             k = hooks::at(hk_slot, at(Point::RotK), r.apply_from(&k, start))?;
         }
@@ -375,7 +454,11 @@ impl Attention {
             };
             return hooks::at(hs, at(Point::AttnOut), out);
         }
-        let mut q = hooks::at(hs, at(Point::Q), self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2))?;
+        let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
+        if let Some((qn, _)) = &self.qk_norm {
+            q = qn.forward(&q);
+        }
+        let mut q = hooks::at(hs, at(Point::Q), q)?;
         if let Some(r) = &self.rotary {
             q = hooks::at(hs, at(Point::RotQ), r.apply_from(&q, start))?;
         }
@@ -553,7 +636,7 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None };
+        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None };
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;
@@ -581,7 +664,7 @@ mod tests {
 
     #[test]
     fn rotary_rotates_adjacent_pairs_by_position() {
-        let r = Rotary { base: 10000.0, dim: 4, half: false };
+        let r = Rotary::plain(10000.0, 4, false);
         // One head, two positions, dh = 4: pairs (0,1) at freq 1, (2,3) at freq 1e-2.
         let x = Tensor::from_slice(&[1.0f32, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]).view([1, 1, 2, 4]);
         let y = r.apply(&x);
@@ -597,8 +680,8 @@ mod tests {
         // HF's pairs (i, i + dim/2) are llama.cpp's (2i, 2i + 1) after the converter's permutation.
         let x = Tensor::randn([1, 2, 3, 6], (DType::Double, Device::Cpu));
         let perm = Tensor::from_slice(&[0i64, 3, 1, 4, 2, 5]);
-        let half = Rotary { base: 100.0, dim: 6, half: true }.apply_from(&x, 2);
-        let adj = Rotary { base: 100.0, dim: 6, half: false }.apply_from(&x.index_select(3, &perm), 2);
+        let half = Rotary::plain(100.0, 6, true).apply_from(&x, 2);
+        let adj = Rotary::plain(100.0, 6, false).apply_from(&x.index_select(3, &perm), 2);
         assert!(half.index_select(3, &perm).allclose(&adj, 1e-12, 1e-12, false));
     }
 

@@ -725,6 +725,10 @@ fn attn_params(a: &mut Attention) -> Vec<&mut Tensor> {
     v.extend(lin_params(&mut a.k));
     v.extend(lin_params(&mut a.v));
     v.extend(lin_params(&mut a.o));
+    if let Some((q, k)) = a.qk_norm.as_mut() {
+        v.extend(norm_params(q));
+        v.extend(norm_params(k));
+    }
     v
 }
 
