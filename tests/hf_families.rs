@@ -144,6 +144,40 @@ fn qwen3_with_query_and_key_norms_equals_transformers() {
     check_against(&golden_in("golden_2026.npz"), "qwen3", "qwen3");
 }
 
+/// GPT-NeoX as Pythia configures it: attention and MLP in parallel on each layer's input,
+/// rotary on a quarter of each head's dimensions, the fused per-head `query_key_value`.
+#[test]
+fn pythia_gpt_neox_with_parallel_residual_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "pythia", "pythia");
+}
+
+/// GPT-NeoX with sequential sublayers (`use_parallel_residual: false`), half-rotary heads and
+/// linear rope scaling.
+#[test]
+fn sequential_gpt_neox_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "neox_sequential", "neox_sequential");
+}
+
+/// A parallel layer has no `hook_resid_mid` (nothing on its path sums attention alone), and its
+/// MLP norm reads the layer's input: the hook table a model lists says so, LRP's rules (derived
+/// for sequential layers) refuse it with one line, AttnLRP runs.
+#[test]
+fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
+    let m = load("pythia");
+    let names: Vec<String> = m.hook_points().iter().map(|a| a.to_string()).collect();
+    assert!(names.iter().any(|n| n == "dec.blocks.0.ln2.hook_normalized"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("hook_resid_mid")), "{names:?}");
+    let seq = load("neox_sequential");
+    assert!(seq.hook_points().iter().any(|a| a.to_string() == "dec.blocks.0.hook_resid_mid"));
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
+    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("pythia").display().to_string(), text.display().to_string())).unwrap();
+    let e = s.eval("lrp", "m.lrp(d)").err().expect("lrp on parallel layers");
+    assert!(e.message.contains("in parallel (GPT-NeoX)") && e.message.lines().count() == 1, "{}", e.message);
+    let g = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
+    assert!(g.is_ok(), "{:?}", g.err().map(|e| e.message));
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -172,12 +206,14 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, llama, marian, mistral, qwen2, qwen3, roberta)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, qwen2, qwen3, roberta)"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "longrope".into())), "rope_scaling type 'longrope' is not supported (linear, dynamic, llama3, yarn)"),
         (broken("llama3", |d| edit_config(d, |v| { v["rope_scaling"].as_object_mut().unwrap().remove("low_freq_factor"); })), "rope_scaling of type 'llama3' needs low_freq_factor"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = "8".into())), "rope_scaling.factor must be a number, got \"8\""),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = 0.5.into())), "rope_scaling.factor must be at least 1, got 0.5"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["high_freq_factor"] = 1.0.into())), "rope_scaling.high_freq_factor 1 must exceed low_freq_factor 1"),
+        (broken("pythia", |d| edit_config(d, |v| { v["rotary_pct"] = 0.375.into(); v["partial_rotary_factor"] = 0.375.into(); })), "rotary_pct 0.375 gives 3 rotary dimensions per head, not an even number"),
+        (broken("pythia", |d| edit_config(d, |v| v["hidden_act"] = "swish".into())), "hidden_act 'swish' is not supported"),
         (broken("llama_dynamic", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("max_position_embeddings"); })), "rope_scaling of type 'dynamic' needs max_position_embeddings"),
         (broken("qwen3", |d| {
             let p = d.join("model.safetensors");

@@ -14,7 +14,7 @@
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, RopeScaling, Rotary};
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
@@ -102,7 +102,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
     }
     let rope_dim = cfg.rope_dim.unwrap_or(dh);
-    let scaling = rope_scaling(cfg, rope_dim).map_err(bad)?;
+    let scaling = hf::rope_scaling(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings).map_err(bad)?;
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
         "mistral" => cfg.sliding_window,
@@ -169,55 +169,3 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     })
 }
 
-/// `rope_scaling` of the config (transformers' `rope_type`, or the older `type`), checked:
-/// a missing or non-numeric parameter, an unknown type, is an error naming it.
-fn rope_scaling(cfg: &Config, dim: i64) -> Result<RopeScaling, String> {
-    let Some(v) = cfg.rope_scaling.as_ref().filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
-    let Some(m) = v.as_object() else { return Err(format!("rope_scaling must be an object, got {v}")) };
-    let kind = m.get("rope_type").or_else(|| m.get("type")).and_then(|t| t.as_str()).ok_or("rope_scaling has no rope_type")?;
-    let num = |key: &str| -> Result<Option<f64>, String> {
-        match m.get(key) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(x) => x.as_f64().map(Some).ok_or_else(|| format!("rope_scaling.{key} must be a number, got {x}")),
-        }
-    };
-    let need = |key: &str| -> Result<f64, String> { num(key)?.ok_or_else(|| format!("rope_scaling of type '{kind}' needs {key}")) };
-    let factor = || -> Result<f64, String> {
-        let f = need("factor")?;
-        if f < 1.0 {
-            return Err(format!("rope_scaling.factor must be at least 1, got {f}"));
-        }
-        Ok(f)
-    };
-    let max_positions = || -> Result<f64, String> { cfg.max_position_embeddings.map(|x| x as f64).ok_or_else(|| format!("rope_scaling of type '{kind}' needs max_position_embeddings")) };
-    Ok(match kind {
-        "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: factor()? },
-        "dynamic" => RopeScaling::Dynamic { factor: factor()?, max_positions: max_positions()? },
-        "llama3" => {
-            let (low, high) = (need("low_freq_factor")?, need("high_freq_factor")?);
-            if high <= low {
-                return Err(format!("rope_scaling.high_freq_factor {high} must exceed low_freq_factor {low}"));
-            }
-            RopeScaling::Llama3 { factor: factor()?, low_freq_factor: low, high_freq_factor: high, original: need("original_max_position_embeddings")? }
-        }
-        "yarn" => {
-            let factor = factor()?;
-            let original = match num("original_max_position_embeddings")? {
-                Some(o) => o,
-                None => max_positions()?,
-            };
-            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor = match (num("attention_factor")?, num("mscale")?, num("mscale_all_dim")?) {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
-                _ => mscale(factor, 1.0),
-            };
-            let truncate = m.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true);
-            let beta = |key: &str, default: f64| -> Result<f64, String> { Ok(num(key)?.filter(|&b| b != 0.0).unwrap_or(default)) };
-            let _ = dim;
-            RopeScaling::Yarn { factor, original, beta_fast: beta("beta_fast", 32.0)?, beta_slow: beta("beta_slow", 1.0)?, attention_factor, truncate }
-        }
-        other => return Err(format!("rope_scaling type '{other}' is not supported (linear, dynamic, llama3, yarn)")),
-    })
-}

@@ -8,6 +8,7 @@ pub mod bert;
 pub mod bytes;
 pub mod gguf;
 pub mod gpt2;
+pub mod gpt_neox;
 pub mod hf;
 pub mod hooks;
 pub mod llama;
@@ -151,6 +152,8 @@ pub enum Family {
     Roberta,
     /// HF GPT-2.
     Gpt2,
+    /// HF GPT-NeoX (Pythia).
+    GptNeox,
     /// HF Llama, Qwen2, Qwen3, Mistral (one file, `llama.rs`).
     Llama,
     Qwen2,
@@ -169,6 +172,7 @@ impl fmt::Display for Family {
             Family::LlamaGguf => "llama_gguf",
             Family::Roberta => "roberta",
             Family::Gpt2 => "gpt2",
+            Family::GptNeox => "gpt_neox",
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
@@ -274,7 +278,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 9] = [Family::Bart, Family::Bert, Family::Gpt2, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 10] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -319,6 +323,7 @@ impl Model {
                 Family::MarianBin => marian_bin::load(path, opts),
                 Family::LlamaGguf => llama_gguf::load(path, opts),
                 Family::Gpt2 => gpt2::load(path, opts),
+                Family::GptNeox => gpt_neox::load(path, opts),
                 Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
             }?
@@ -329,7 +334,7 @@ impl Model {
         let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -584,13 +589,15 @@ impl Model {
             embeds(&mut v, stack, &net.embed);
         }
         for (l, layer) in net.encoder.iter().enumerate() {
-            let pre = layer.norm_position == nn::NormPosition::Pre;
+            let pre = layer.norm_position != nn::NormPosition::Post;
             v.push(At::new(stack, l, P::ResidPre));
             if pre {
                 v.push(At::new(stack, l, P::Ln1));
             }
             attn(&mut v, stack, l, &layer.attn);
-            v.push(At::new(stack, l, P::ResidMid));
+            if layer.norm_position != nn::NormPosition::Parallel {
+                v.push(At::new(stack, l, P::ResidMid));
+            }
             v.push(At::new(stack, l, if pre { P::Ln2 } else { P::Ln1 }));
             mlp(&mut v, stack, l, &layer.ffn);
             v.push(At::new(stack, l, P::ResidPost));

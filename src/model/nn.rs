@@ -111,6 +111,10 @@ pub enum NormPosition {
     Post,
     /// `x = x + f(norm(x))`.
     Pre,
+    /// Attention and MLP side by side on the same input: `x = x + attn(norm1(x)) +
+    /// mlp(norm2(x))` (GPT-NeoX / Pythia's `use_parallel_residual`). The layer has no
+    /// `hook_resid_mid`.
+    Parallel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

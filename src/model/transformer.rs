@@ -102,7 +102,7 @@ impl EncoderLayer {
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
             NormPosition::Post => x.shallow_clone(),
-            NormPosition::Pre => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward(&x))?,
+            NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward(&x))?,
         };
         let a = match cache {
             None => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
@@ -134,7 +134,7 @@ impl EncoderLayer {
     pub fn attn_input(&self, x: &Tensor) -> Tensor {
         match self.norm_position {
             NormPosition::Post => x.shallow_clone(),
-            NormPosition::Pre => self.attn_norm.forward(x),
+            NormPosition::Pre | NormPosition::Parallel => self.attn_norm.forward(x),
         }
     }
 
@@ -152,19 +152,27 @@ impl EncoderLayer {
     /// `hook_resid_post`).
     fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<(Tensor, FinishTrace), ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
+        if self.norm_position == NormPosition::Parallel {
+            // The MLP reads the layer's input, beside the attention: no resid_mid on the path.
+            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(x))?;
+            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let s1 = x + a;
+            let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
+            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), s1, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }));
+        }
         let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
                 let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(&s1))?;
                 (h.shallow_clone(), h)
             }
-            NormPosition::Pre => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
+            NormPosition::Pre | NormPosition::Parallel => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
         };
         let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
         let s2 = hooks::at(hk, at(Point::ResidPost), &h + &ffn_out)?;
         let y = match self.norm_position {
             NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s2))?,
-            NormPosition::Pre => s2.shallow_clone(),
+            NormPosition::Pre | NormPosition::Parallel => s2.shallow_clone(),
         };
         Ok((y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }))
     }

@@ -1,0 +1,154 @@
+//! HF GPT-NeoX (`model_type: "gpt_neox"`; the Pythia suite): LayerNorm before each sublayer,
+//! attention and MLP in parallel on the layer's input when `use_parallel_residual` (the
+//! default: `x + attn(ln1(x)) + mlp(ln2(x))`), rotary positions on the first
+//! `rotary_pct * head_size` dimensions of each head (rotate-half, base `rotary_emb_base`, with
+//! `rope_scaling`), a fused `query_key_value` laid out per head (`[q_h | k_h | v_h]` for each
+//! head `h`), a GELU MLP, a final norm and an untied `embed_out`. Its heads are kind `dec`.
+
+use super::hf;
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
+use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::weights::Weights;
+use super::{Kind, LoadOptions, ModelError};
+use serde::Deserialize;
+use std::path::Path;
+use tch::Tensor;
+
+#[derive(Debug, Deserialize)]
+struct Config {
+    hidden_size: i64,
+    num_hidden_layers: usize,
+    num_attention_heads: i64,
+    intermediate_size: i64,
+    vocab_size: i64,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    /// Also written as `partial_rotary_factor` by transformers 4.5x.
+    #[serde(default)]
+    rotary_pct: Option<f64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    /// Also written as `rope_theta`.
+    #[serde(default)]
+    rotary_emb_base: Option<f64>,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    max_position_embeddings: Option<i64>,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f64,
+    #[serde(default = "default_true")]
+    use_parallel_residual: bool,
+    #[serde(default = "default_true")]
+    attention_bias: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+fn default_act() -> String {
+    "gelu".into()
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn default_true() -> bool {
+    true
+}
+
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let cfg: Config = hf::typed_config(dir)?;
+    let cfg_file = dir.join("config.json").display().to_string();
+    let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
+    let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
+    if h <= 0 || d <= 0 || d % h != 0 {
+        return Err(bad(format!("hidden_size {d} is not a positive multiple of num_attention_heads {h}")));
+    }
+    let dh = d / h;
+    let act = match cfg.hidden_act.as_str() {
+        "gelu" => Activation::Gelu,
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
+        "relu" => Activation::Relu,
+        "silu" => Activation::Silu,
+        other => return Err(bad(format!("hidden_act '{other}' is not supported (gelu, gelu_new, relu, silu)"))),
+    };
+    let pct = cfg.rotary_pct.or(cfg.partial_rotary_factor).unwrap_or(0.25);
+    if !(0.0..=1.0).contains(&pct) {
+        return Err(bad(format!("rotary_pct {pct} must be in [0, 1]")));
+    }
+    // As transformers: int(head_size * rotary_pct) rotary dimensions.
+    let rope_dim = (dh as f64 * pct) as i64;
+    if rope_dim % 2 != 0 {
+        return Err(bad(format!("rotary_pct {pct} gives {rope_dim} rotary dimensions per head, not an even number")));
+    }
+    let scaling = hf::rope_scaling(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings).map_err(bad)?;
+    let base = cfg.rotary_emb_base.or(cfg.rope_theta).unwrap_or(10000.0);
+    let (map, file) = hf::weights(dir)?;
+    // GPTNeoXForCausalLM saves `gpt_neox.`-prefixed names (and `embed_out`); GPTNeoXModel none.
+    let mut w = Weights::new(map, file, opts, Some("gpt_neox."));
+    let eps = cfg.layer_norm_eps;
+    let ln = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
+        Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{name}.weight"), &[d])?, bias: Some(w.get(&format!("{name}.bias"), &[d])?), eps })
+    };
+    let ff = cfg.intermediate_size;
+    let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("layers.{l}");
+        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| -> Result<Linear, ModelError> {
+            let weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
+            let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
+            Ok(Linear { w: weight, b })
+        };
+        // query_key_value: [3D, D] rows as [H, 3, dh]: head h's query, key and value rows.
+        let qkv = proj(&mut w, "attention.query_key_value", 3 * d, d, cfg.attention_bias)?;
+        let part = |t: &Tensor, i: i64| -> Result<Tensor, ModelError> {
+            let rest: Vec<i64> = t.size()[1..].to_vec();
+            let mut shape = vec![h, 3, dh];
+            shape.extend(&rest);
+            let mut flat = vec![d];
+            flat.extend(&rest);
+            Ok(t.f_view(shape.as_slice())?.f_select(1, i)?.f_reshape(flat.as_slice())?.contiguous())
+        };
+        let split = |i: i64| -> Result<Linear, ModelError> { Ok(Linear { w: part(&qkv.w, i)?, b: qkv.b.as_ref().map(|b| part(b, i)).transpose()? }) };
+        layers.push(EncoderLayer {
+            attn: Attention {
+                q: split(0)?,
+                k: split(1)?,
+                v: split(2)?,
+                o: proj(&mut w, "attention.dense", d, d, cfg.attention_bias)?,
+                n_heads: h,
+                n_kv_heads: h,
+                head_dim: dh,
+                rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling }),
+                slots: None,
+                qk_norm: None,
+            },
+            attn_norm: ln(&mut w, format!("{p}.input_layernorm"))?,
+            ffn: Ffn { up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?, down: proj(&mut w, "mlp.dense_4h_to_h", d, ff, true)?, act, gate: None },
+            ffn_norm: ln(&mut w, format!("{p}.post_attention_layernorm"))?,
+            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre },
+        });
+    }
+    let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
+    let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() { tokens.shallow_clone() } else { w.get("embed_out.weight", &[cfg.vocab_size, d])? };
+    Ok(Transformer {
+        embed: Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None },
+        encoder: layers,
+        stack_kind: Kind::Dec,
+        causal: true,
+        window: None,
+        final_norm: Some(ln(&mut w, "final_layer_norm".into())?),
+        decoder: vec![],
+        output: Some(Linear { w: output, b: None }),
+        d_model: d,
+        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
+    })
+}
