@@ -178,6 +178,19 @@ fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
     assert!(g.is_ok(), "{:?}", g.err().map(|e| e.message));
 }
 
+/// Phi-3: fused `qkv_proj` and `gate_up_proj` split at load; LongRoPE with the short factors up
+/// to the original 16 positions and the long ones beyond (most sentences, every continuation).
+#[test]
+fn phi3_with_longrope_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "phi3", "phi3");
+}
+
+/// Phi-4-mini's partial rotary (half of each head) with a sliding window of 6 positions.
+#[test]
+fn phi3_with_partial_rotary_and_a_sliding_window_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "phi3_partial", "phi3_partial");
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -206,8 +219,16 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, qwen2, qwen3, roberta)"),
-        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "longrope".into())), "rope_scaling type 'longrope' is not supported (linear, dynamic, llama3, yarn)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, phi3, qwen2, qwen3, roberta)"),
+        (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "ntk-by-parts".into())), "rope_scaling type 'ntk-by-parts' is not supported (linear, dynamic, llama3, yarn, longrope)"),
+        (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]))), "rope_scaling.short_factor has 2 factors, expected 4 (one per rotary pair)"),
+        (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["long_factor"] = serde_json::json!([1.0, 2.0, 0.0, 1.0]))), "rope_scaling.long_factor holds 0: factors must be positive"),
+        (broken("phi3", |d| {
+            let p = d.join("model.safetensors");
+            let t: Vec<(String, Tensor)> = Tensor::read_safetensors(&p).unwrap().into_iter().map(|(n, t)| if n == "model.layers.0.self_attn.qkv_proj.weight" { (n, t.narrow(0, 0, 40)) } else { (n, t) }).collect();
+            Tensor::write_safetensors(&t, &p).unwrap();
+        }), "tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape [40, 32], expected [64, 32]"),
+        (broken("phi3_partial", |d| edit_config(d, |v| v["partial_rotary_factor"] = 0.375.into())), "3 rotary dimensions per head (partial_rotary_factor of head size 8) is not an even number"),
         (broken("llama3", |d| edit_config(d, |v| { v["rope_scaling"].as_object_mut().unwrap().remove("low_freq_factor"); })), "rope_scaling of type 'llama3' needs low_freq_factor"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = "8".into())), "rope_scaling.factor must be a number, got \"8\""),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["factor"] = 0.5.into())), "rope_scaling.factor must be at least 1, got 0.5"),

@@ -124,7 +124,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_heads: h,
                 n_kv_heads: h,
                 head_dim: dh,
-                rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling }),
+                rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() }),
                 slots: None,
                 qk_norm: None,
             },

@@ -87,6 +87,12 @@ pub fn first_id(v: &Option<serde_json::Value>) -> Option<i64> {
 /// docs/methods.md#rope-scaling), checked:
 /// a missing or non-numeric parameter, an unknown type, is an error naming it.
 pub fn rope_scaling(value: Option<&serde_json::Value>, max_position_embeddings: Option<i64>) -> Result<RopeScaling, String> {
+    rope_scaling_for(value, max_position_embeddings, None, 0)
+}
+
+/// [`rope_scaling`] for a model with `dim` rotary dimensions (LongRoPE's factors are one per
+/// pair) and, as Phi-3 configs carry it, a top-level `original_max_position_embeddings`.
+pub fn rope_scaling_for(value: Option<&serde_json::Value>, max_position_embeddings: Option<i64>, original_max: Option<i64>, dim: i64) -> Result<RopeScaling, String> {
     let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let Some(m) = v.as_object() else { return Err(format!("rope_scaling must be an object, got {v}")) };
     let kind = m.get("rope_type").or_else(|| m.get("type")).and_then(|t| t.as_str()).ok_or("rope_scaling has no rope_type")?;
@@ -132,6 +138,32 @@ pub fn rope_scaling(value: Option<&serde_json::Value>, max_position_embeddings: 
             let beta = |key: &str, default: f64| -> Result<f64, String> { Ok(num(key)?.filter(|&b| b != 0.0).unwrap_or(default)) };
             RopeScaling::Yarn { factor, original, beta_fast: beta("beta_fast", 32.0)?, beta_slow: beta("beta_slow", 1.0)?, attention_factor, truncate }
         }
-        other => return Err(format!("rope_scaling type '{other}' is not supported (linear, dynamic, llama3, yarn)")),
+        "longrope" | "su" => {
+            let factors = |key: &str| -> Result<std::sync::Arc<[f64]>, String> {
+                let a = m.get(key).and_then(|v| v.as_array()).ok_or_else(|| format!("rope_scaling of type '{kind}' needs {key} (a list of numbers)"))?;
+                let f: Vec<f64> = a.iter().map(|x| x.as_f64().ok_or_else(|| format!("rope_scaling.{key} must hold numbers, got {x}"))).collect::<Result<_, _>>()?;
+                if dim > 0 && f.len() as i64 != dim / 2 {
+                    return Err(format!("rope_scaling.{key} has {} factors, expected {} (one per rotary pair)", f.len(), dim / 2));
+                }
+                if let Some(bad) = f.iter().find(|x| **x <= 0.0) {
+                    return Err(format!("rope_scaling.{key} holds {bad}: factors must be positive"));
+                }
+                Ok(f.into())
+            };
+            let max = max_positions()?;
+            // As transformers: with a top-level original_max_position_embeddings (Phi-3) the
+            // factor is max / original.
+            let (factor, original) = match original_max {
+                Some(o) => (max / o as f64, o as f64),
+                None => (num("factor")?.unwrap_or(1.0), max),
+            };
+            let attention_factor = match num("attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / original.ln()).sqrt(),
+            };
+            RopeScaling::LongRope { short: factors("short_factor")?, long: factors("long_factor")?, original, attention_factor }
+        }
+        other => return Err(format!("rope_scaling type '{other}' is not supported (linear, dynamic, llama3, yarn, longrope)")),
     })
 }

@@ -46,6 +46,12 @@ pub struct Config {
     pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
     pub max_position_embeddings: Option<i64>,
+    /// Phi-3's pretraining context (LongRoPE's threshold).
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<i64>,
+    /// Rotary on this fraction of each head's dimensions (Phi-4-mini).
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
     #[serde(default)]
     pub attention_bias: bool,
     #[serde(default)]
@@ -101,11 +107,19 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     if dh <= 0 || dh % 2 != 0 {
         return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
     }
-    let rope_dim = cfg.rope_dim.unwrap_or(dh);
-    let scaling = hf::rope_scaling(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings).map_err(bad)?;
+    let rope_dim = match (cfg.rope_dim, cfg.partial_rotary_factor) {
+        (Some(r), _) => r,
+        (None, Some(f)) if (0.0..=1.0).contains(&f) => (dh as f64 * f) as i64,
+        (None, Some(f)) => return Err(bad(format!("partial_rotary_factor {f} must be in [0, 1]"))),
+        (None, None) => dh,
+    };
+    if rope_dim % 2 != 0 {
+        return Err(bad(format!("{rope_dim} rotary dimensions per head (partial_rotary_factor of head size {dh}) is not an even number")));
+    }
+    let scaling = hf::rope_scaling_for(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
-        "mistral" => cfg.sliding_window,
+        "mistral" | "phi3" => cfg.sliding_window,
         "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
         _ => None,
     };
@@ -130,7 +144,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: cfg.rope_theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling }),
+                rotary: Some(Rotary { base: cfg.rope_theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling: scaling.clone() }),
                 slots: None,
                 qk_norm: if qk_norm {
                     let head_norm = |w: &mut Weights, name: &str| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[dh])?, bias: None, eps }) };

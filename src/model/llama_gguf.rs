@@ -83,6 +83,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         hidden_act: "silu".into(),
         rope_scaling: None,
         max_position_embeddings: int("context_length").ok(),
+        original_max_position_embeddings: None,
+        partial_rotary_factor: None,
         attention_bias: false,
         mlp_bias: false,
         sliding_window: None,

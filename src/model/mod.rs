@@ -15,6 +15,7 @@ pub mod llama;
 pub mod llama_gguf;
 pub mod loss;
 pub mod marian_bin;
+pub mod phi3;
 pub mod nn;
 pub mod safetensors;
 pub mod script;
@@ -159,6 +160,8 @@ pub enum Family {
     Qwen2,
     Qwen3,
     Mistral,
+    /// HF Phi-3 / Phi-4 (fused projections split at load, then the llama code).
+    Phi3,
     /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
     Marian,
     Bart,
@@ -176,6 +179,7 @@ impl fmt::Display for Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
+            Family::Phi3 => "phi3",
             Family::Mistral => "mistral",
             Family::Marian => "marian",
             Family::Bart => "bart",
@@ -278,7 +282,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 10] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 11] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -324,6 +328,7 @@ impl Model {
                 Family::LlamaGguf => llama_gguf::load(path, opts),
                 Family::Gpt2 => gpt2::load(path, opts),
                 Family::GptNeox => gpt_neox::load(path, opts),
+                Family::Phi3 => phi3::load(path, opts),
                 Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
             }?
@@ -334,7 +339,7 @@ impl Model {
         let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.

@@ -180,7 +180,7 @@ impl Activation {
 /// dimensions: adjacent pairs `(2i, 2i+1)` (llama.cpp's layout: GGUF checkpoints store Q and K
 /// rows permuted that way), or HF's rotate-half pairs `(i, i + dim/2)` (`half`), so that an HF
 /// checkpoint's queries and keys are the checkpoint's own (`hook_q`, `hook_k`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rotary {
     pub base: f64,
     pub dim: i64,
@@ -192,7 +192,7 @@ pub struct Rotary {
 /// `rope_scaling` of HF configs (docs/methods.md#rope-scaling), as transformers'
 /// `modeling_rope_utils` computes it: the inverse frequencies `inv_i = base^(-2i/dim)` changed,
 /// and for YaRN the cosines and sines multiplied by an attention factor.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     None,
     /// Position interpolation: `inv_i / factor`.
@@ -208,6 +208,9 @@ pub enum RopeScaling {
     /// dimensions `[low, high]` found from `beta_fast`, `beta_slow` and the original context;
     /// cos and sin times `attention_factor`.
     Yarn { factor: f64, original: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64, truncate: bool },
+    /// LongRoPE (Phi-3): `inv_i / short_i` for a sequence of at most `original` positions,
+    /// `inv_i / long_i` beyond; cos and sin times `attention_factor`.
+    LongRope { short: std::sync::Arc<[f64]>, long: std::sync::Arc<[f64]>, original: f64, attention_factor: f64 },
 }
 
 impl Rotary {
@@ -224,6 +227,10 @@ impl Rotary {
         let i = Tensor::arange(half, (DType::Double, device));
         let plain = |base: f64| (&i * (-2.0 * base.ln() / dim)).exp();
         match self.scaling {
+            RopeScaling::LongRope { ref short, ref long, original, attention_factor } => {
+                let factors = if n as f64 > original { long } else { short };
+                (plain(self.base) / Tensor::from_slice(factors).to_device(device), attention_factor)
+            }
             RopeScaling::None => (plain(self.base), 1.0),
             RopeScaling::Linear { factor } => (plain(self.base) / factor, 1.0),
             RopeScaling::Dynamic { factor, max_positions } => {
