@@ -191,6 +191,12 @@ fn phi3_with_partial_rotary_and_a_sliding_window_equals_transformers() {
     check_against(&golden_in("golden_2026.npz"), "phi3_partial", "phi3_partial");
 }
 
+/// OLMo-2: each sublayer's output normed before its residual, q/k norms over all heads.
+#[test]
+fn olmo2_with_post_sublayer_norms_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "olmo2", "olmo2");
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -219,7 +225,7 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, phi3, qwen2, qwen3, roberta)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, olmo2, phi3, qwen2, qwen3, roberta)"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "ntk-by-parts".into())), "rope_scaling type 'ntk-by-parts' is not supported (linear, dynamic, llama3, yarn, longrope)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]))), "rope_scaling.short_factor has 2 factors, expected 4 (one per rotary pair)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["long_factor"] = serde_json::json!([1.0, 2.0, 0.0, 1.0]))), "rope_scaling.long_factor holds 0: factors must be positive"),

@@ -374,8 +374,10 @@ fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point)
     let missing = || Tensor::zeros([0], (like.kind(), like.device()));
     let x = need(take(Point::ResidPre), "hook_resid_pre")?;
     let (bsz, t) = (x.size()[0], x.size()[1]);
-    if layer.norm_position == NormPosition::Parallel {
-        return Err(ModelError::Invalid("LRP's rules are derived for sequential layers (docs/methods.md#lrp-head-relevance); this model's layers run attention and MLP in parallel (GPT-NeoX): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into()));
+    match layer.norm_position {
+        NormPosition::Parallel => return Err(ModelError::Invalid("LRP's rules are derived for sequential layers (docs/methods.md#lrp-head-relevance); this model's layers run attention and MLP in parallel (GPT-NeoX): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
+        NormPosition::PostSublayer => return Err(ModelError::Invalid("LRP's rules are derived for norms on a sublayer's input or on the residual sum (docs/methods.md#lrp-head-relevance); this model norms each sublayer's output (OLMo-2): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
+        _ => {}
     }
     let pre = layer.norm_position == NormPosition::Pre;
     let ln1 = take(Point::Ln1);
@@ -432,8 +434,9 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
             let r_h = relprop_ffn_block(rule, f, &layer.ffn_norm, &tr.h, &tr.ffn_up, &tr.ffn_hidden, &tr.ffn_out, &tr.s2, r_y);
             norm_rule(rule, &layer.attn_norm, &tr.s1, &r_h)
         }
-        // Parallel layers are refused by `layer_trace` before any relevance is propagated.
-        NormPosition::Pre | NormPosition::Parallel => {
+        // Parallel and post-sublayer layers are refused by `layer_trace` before any relevance
+        // is propagated.
+        NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => {
             let (r_h_res, r_f) = residual_rule(rule, &tr.h, &tr.ffn_out, r_y);
             let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), Some(&tr.ffn_out), &r_f);
             let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), Some(&tr.ffn_up), &r_hidden);
@@ -460,7 +463,7 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     let v_out = (hk == h).then(|| tr.v.squeeze_dim(1).transpose(1, 2).reshape([bsz, t, h * dh]).unsqueeze(1));
     let r_attn_in = linear_rule(rule, &tr.attn_in, &a.v.w, a.v.b.as_ref(), v_out.as_ref(), &r_v);
     let r_x_attn = match layer.norm_position {
-        NormPosition::Post => r_attn_in,
+        NormPosition::Post | NormPosition::PostSublayer => r_attn_in,
         NormPosition::Pre | NormPosition::Parallel => norm_rule(rule, &layer.attn_norm, &tr.x, &r_attn_in),
     };
     (rescale(&(r_x_res + r_x_attn), &[r_y]), head_rel)

@@ -6,15 +6,17 @@
 //! `hidden_size / num_attention_heads`), SwiGLU MLP, a final norm, and `lm_head` (or the
 //! embeddings when `tie_word_embeddings`). Qwen2 adds Q/K/V biases (Llama with
 //! `attention_bias` all four); Qwen3 an RMSNorm of each head's query and key before rotary
-//! (`self_attn.q_norm`, `self_attn.k_norm`); Mistral attends within `sliding_window`
-//! positions. Its heads are kind `dec`.
+//! (`self_attn.q_norm`, `self_attn.k_norm`); OLMo-2 (`olmo2`) the same norms over all heads at
+//! once, and each sublayer's output normed before its residual instead of its input
+//! (`post_attention_layernorm`, `post_feedforward_layernorm`; `NormPosition::PostSublayer`);
+//! Mistral attends within `sliding_window` positions. Its heads are kind `dec`.
 //!
 //! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
@@ -124,7 +126,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         _ => None,
     };
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
-    let qk_norm = cfg.model_type == "qwen3";
+    let olmo2 = cfg.model_type == "olmo2";
+    let qk_norm = cfg.model_type == "qwen3" || olmo2;
     let eps = cfg.rms_norm_eps;
     let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
@@ -147,21 +150,26 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 rotary: Some(Rotary { base: cfg.rope_theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling: scaling.clone() }),
                 slots: None,
                 qk_norm: if qk_norm {
-                    let head_norm = |w: &mut Weights, name: &str| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[dh])?, bias: None, eps }) };
-                    Some((head_norm(&mut w, "q_norm")?, head_norm(&mut w, "k_norm")?))
+                    // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.
+                    let per_head = !olmo2;
+                    let width = |n: i64| if per_head { dh } else { n * dh };
+                    let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?, bias: None, eps }) };
+                    Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
                 } else {
                     None
                 },
             },
-            attn_norm: rms(&mut w, format!("{p}.input_layernorm.weight"))?,
+            attn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
             ffn: Ffn {
                 up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
                 down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)?,
                 act: Activation::Silu,
                 gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)?),
             },
-            ffn_norm: rms(&mut w, format!("{p}.post_attention_layernorm.weight"))?,
-            norm_position: NormPosition::Pre,
+            // OLMo-2 norms each sublayer's output (post_attention_layernorm after the
+            // attention, post_feedforward_layernorm after the MLP) and not their inputs.
+            ffn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }))?,
+            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
         });
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;

@@ -162,6 +162,8 @@ pub enum Family {
     Mistral,
     /// HF Phi-3 / Phi-4 (fused projections split at load, then the llama code).
     Phi3,
+    /// HF OLMo-2 (the llama code: norms after each sublayer, q/k norms over all heads).
+    Olmo2,
     /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
     Marian,
     Bart,
@@ -180,6 +182,7 @@ impl fmt::Display for Family {
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
+            Family::Olmo2 => "olmo2",
             Family::Mistral => "mistral",
             Family::Marian => "marian",
             Family::Bart => "bart",
@@ -282,7 +285,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 11] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 12] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -329,7 +332,7 @@ impl Model {
                 Family::Gpt2 => gpt2::load(path, opts),
                 Family::GptNeox => gpt_neox::load(path, opts),
                 Family::Phi3 => phi3::load(path, opts),
-                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral => llama::load(path, opts),
+                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
             }?
         };
@@ -339,7 +342,7 @@ impl Model {
         let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -365,7 +368,7 @@ impl Model {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
         let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
-        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |(q, k)| norm(q) + norm(k));
+        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |n| norm(&n.q) + norm(&n.k));
         let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
         let e = &self.net.embed;
         let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
@@ -594,6 +597,15 @@ impl Model {
             embeds(&mut v, stack, &net.embed);
         }
         for (l, layer) in net.encoder.iter().enumerate() {
+            if layer.norm_position == nn::NormPosition::PostSublayer {
+                // Each sublayer's output normed: ln1 after the attention, ln2 after the MLP.
+                v.push(At::new(stack, l, P::ResidPre));
+                attn(&mut v, stack, l, &layer.attn);
+                v.extend([P::Ln1, P::ResidMid].map(|p| At::new(stack, l, p)));
+                mlp(&mut v, stack, l, &layer.ffn);
+                v.extend([P::Ln2, P::ResidPost].map(|p| At::new(stack, l, p)));
+                continue;
+            }
             let pre = layer.norm_position != nn::NormPosition::Post;
             v.push(At::new(stack, l, P::ResidPre));
             if pre {

@@ -115,6 +115,9 @@ pub enum NormPosition {
     /// mlp(norm2(x))` (GPT-NeoX / Pythia's `use_parallel_residual`). The layer has no
     /// `hook_resid_mid`.
     Parallel,
+    /// Each sublayer's output normed before its residual, no norm on its input: `x = x +
+    /// norm1(attn(x)); x = x + norm2(mlp(x))` (OLMo-2). `ln1`/`ln2` are those norms' outputs.
+    PostSublayer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -360,9 +363,29 @@ pub struct Attention {
     /// After `prune_heads`: which of the original heads the `n_heads` left are. `None`: the
     /// heads as loaded, numbered `0..n_heads`.
     pub slots: Option<HeadSlots>,
-    /// Norms of each head's query and key over `head_dim`, before rotary (Qwen3, Gemma 3,
-    /// OLMo-2's per-head form): `(q_norm, k_norm)`.
-    pub qk_norm: Option<(Norm, Norm)>,
+    /// Norms of the queries and keys before rotary (Qwen3, OLMo-2).
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// RMSNorms of queries and keys, applied after their projections and before rotary.
+pub struct QkNorm {
+    pub q: Norm,
+    pub k: Norm,
+    /// Over each head's `head_dim` (Qwen3, Gemma 3), or over all heads at once, the whole
+    /// projection (OLMo-2).
+    pub per_head: bool,
+}
+
+impl QkNorm {
+    /// `x`: a projection's output `[B, T, n * dh]`, returned as `[B, n, T, dh]`.
+    fn heads(&self, norm: &Norm, x: &Tensor, n: i64, dh: i64) -> Tensor {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        if self.per_head {
+            norm.forward(&x.view([b, t, n, dh])).transpose(1, 2)
+        } else {
+            norm.forward(x).view([b, t, n, dh]).transpose(1, 2)
+        }
+    }
 }
 
 /// The original numbers of an attention block's heads after some were removed: physical head
@@ -430,10 +453,10 @@ impl Attention {
         let at = |p| At::new(kind, layer_idx, p);
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let mut k = self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2);
-        if let Some((_, kn)) = &self.qk_norm {
-            k = kn.forward(&k);
-        }
+        let k = match &self.qk_norm {
+            Some(n) => n.heads(&n.k, &self.k.forward(xkv), hk, dh),
+            None => self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2),
+        };
         let mut k = hooks::at(hk_slot, at(Point::K), k)?;
         if let Some(r) = &self.rotary {
             k = hooks::at(hk_slot, at(Point::RotK), r.apply_from(&k, start))?;
@@ -465,10 +488,10 @@ impl Attention {
             };
             return hooks::at(hs, at(Point::AttnOut), out);
         }
-        let mut q = self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2);
-        if let Some((qn, _)) = &self.qk_norm {
-            q = qn.forward(&q);
-        }
+        let q = match &self.qk_norm {
+            Some(n) => n.heads(&n.q, &self.q.forward(xq), h, dh),
+            None => self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2),
+        };
         let mut q = hooks::at(hs, at(Point::Q), q)?;
         if let Some(r) = &self.rotary {
             q = hooks::at(hs, at(Point::RotQ), r.apply_from(&q, start))?;

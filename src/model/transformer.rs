@@ -101,7 +101,7 @@ impl EncoderLayer {
         check_interrupt()?;
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
-            NormPosition::Post => x.shallow_clone(),
+            NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
             NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward(&x))?,
         };
         let a = match cache {
@@ -133,7 +133,7 @@ impl EncoderLayer {
     /// What the attention reads: `x` (post-norm) or `norm(x)` (pre-norm).
     pub fn attn_input(&self, x: &Tensor) -> Tensor {
         match self.norm_position {
-            NormPosition::Post => x.shallow_clone(),
+            NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
             NormPosition::Pre | NormPosition::Parallel => self.attn_norm.forward(x),
         }
     }
@@ -160,19 +160,27 @@ impl EncoderLayer {
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
             return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), s1, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }));
         }
+        if self.norm_position == NormPosition::PostSublayer {
+            let a_n = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(a))?;
+            let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
+            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&s1, kind, layer_idx, hk)?;
+            let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&ffn_out))?;
+            let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
+            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), ffn_in: s1.shallow_clone(), s1, ffn_up, ffn_hidden, ffn_out, s2 }));
+        }
         let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
                 let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(&s1))?;
                 (h.shallow_clone(), h)
             }
-            NormPosition::Pre | NormPosition::Parallel => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
+            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
         };
         let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
         let s2 = hooks::at(hk, at(Point::ResidPost), &h + &ffn_out)?;
         let y = match self.norm_position {
             NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s2))?,
-            NormPosition::Pre | NormPosition::Parallel => s2.shallow_clone(),
+            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => s2.shallow_clone(),
         };
         Ok((y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }))
     }
@@ -733,9 +741,9 @@ fn attn_params(a: &mut Attention) -> Vec<&mut Tensor> {
     v.extend(lin_params(&mut a.k));
     v.extend(lin_params(&mut a.v));
     v.extend(lin_params(&mut a.o));
-    if let Some((q, k)) = a.qk_norm.as_mut() {
-        v.extend(norm_params(q));
-        v.extend(norm_params(k));
+    if let Some(n) = a.qk_norm.as_mut() {
+        v.extend(norm_params(&mut n.q));
+        v.extend(norm_params(&mut n.k));
     }
     v
 }
