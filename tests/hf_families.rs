@@ -197,6 +197,48 @@ fn olmo2_with_post_sublayer_norms_equals_transformers() {
     check_against(&golden_in("golden_2026.npz"), "olmo2", "olmo2");
 }
 
+/// bfloat16 on the CPU: the tiny Llama's logits and attention differ from transformers'
+/// float32 ones by no more than 1.5 times what transformers' own bfloat16 run differs
+/// (`llama_bf16_*` in golden_2026.npz), and the analyses (confidence, the exact sweep, gradient
+/// importance) stay within a few percent of the float32 model's.
+#[test]
+fn bf16_runs_on_the_cpu_within_its_precision() {
+    let g = golden();
+    let g26 = golden_in("golden_2026.npz");
+    let m = Model::load(&dir().join("llama"), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "bf16").unwrap()).unwrap();
+    assert_eq!(m.opts.dtype, tch::Kind::BFloat16);
+    for i in 0..2 {
+        let ids = Vec::<i64>::try_from(&g[&format!("llama_ids_{i}")]).unwrap();
+        let (l, a) = forward(&m, &ids, &Gates::none());
+        assert_eq!(l.kind(), tch::Kind::BFloat16);
+        let want = &g[&format!("llama_logits_{i}")];
+        let hf = max_diff(&g26[&format!("llama_bf16_logits_{i}")], want);
+        let d = max_diff(&l, want);
+        println!("sentence {i}: bf16 logits differ from transformers' f32 by {d:.3} (transformers' bf16: {hf:.3})");
+        assert!(hf > 0.0 && d <= 1.5 * hf, "sentence {i}: bf16 logits differ by {d}, transformers' bf16 by {hf}");
+        let want_a = &g[&format!("llama_attn_{i}")];
+        let (da, hfa) = (max_diff(&a, want_a), max_diff(&g26[&format!("llama_bf16_attn_{i}")], want_a));
+        assert!(da <= 1.5 * hfa, "sentence {i}: bf16 attention differs by {da}, transformers' bf16 by {hfa}");
+    }
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
+    s.eval("setup", &format!("let d = corpus({:?}).take(4); let b = load_model({:?}, #{{dtype: \"bf16\", device: \"cpu\"}}); let f = load_model({:?}, #{{device: \"cpu\"}});", text.display().to_string(), dir().join("llama").display().to_string(), dir().join("llama").display().to_string())).unwrap();
+    for (what, code, tol) in [
+        ("confidence", "X.analyze(d).confidence[\"dec\"]", 0.02),
+        ("sweep", "X.ablation_sweep(d)[\"dec\"]", 0.05),
+        ("importance", "X.head_importance(d)[\"dec\"]", 0.05),
+    ] {
+        let v = |x: &str, s: &mut headscope::engine::Session| -> Vec<f64> {
+            let out = s.eval("q", &format!("let g = {}; let v = []; for r in g {{ for x in r {{ v.push(x); }} }} v", code.replace('X', x))).unwrap().unwrap().text;
+            out.trim_matches(|c| c == '[' || c == ']').split(',').map(|x| x.trim().parse::<f64>().unwrap()).collect()
+        };
+        let (bv, fv) = (v("b", &mut s), v("f", &mut s));
+        let scale = fv.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let d = bv.iter().zip(&fv).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(d <= tol * scale, "{what}: bf16 differs from f32 by {d} (scale {scale})");
+    }
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();

@@ -95,6 +95,13 @@ impl Norm {
                 let d = *x.size().last().unwrap_or(&1);
                 x.layer_norm([d], Some(&self.weight), self.bias.as_ref(), self.eps, false)
             }
+            NormKind::Rms if low_precision(x.kind()) => {
+                // As transformers: normalised in float32, scaled in the model's precision.
+                let xf = x.to_kind(DType::Float);
+                let scale = (xf.pow_tensor_scalar(2).mean_dim(-1, true, DType::Float) + self.eps).rsqrt();
+                let scale = if attn_lrp() { scale.detach() } else { scale };
+                (xf * scale).to_kind(x.kind()) * &self.weight
+            }
             NormKind::Rms => {
                 let var = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
                 let scale = (var + self.eps).rsqrt();
@@ -102,6 +109,11 @@ impl Norm {
             }
         }
     }
+}
+
+/// bfloat16 and float16: norms and softmaxes compute in float32 (as transformers does).
+pub fn low_precision(kind: DType) -> bool {
+    matches!(kind, DType::BFloat16 | DType::Half)
 }
 
 /// Where each sublayer's norm sits.
@@ -509,7 +521,8 @@ impl Attention {
         let scale = 1.0 / (dh as f64).sqrt();
         let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) {
             let scores = hooks::at(hs, at(Point::Scores), q.matmul(&k.transpose(-2, -1)) * scale + bias)?;
-            let probs = hooks::at(hs, at(Point::Pattern), scores.softmax(-1, scores.kind()))?;
+            let probs = if low_precision(scores.kind()) { scores.softmax(-1, DType::Float).to_kind(scores.kind()) } else { scores.softmax(-1, scores.kind()) };
+            let probs = hooks::at(hs, at(Point::Pattern), probs)?;
             probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.

@@ -75,7 +75,7 @@ pub mod hooks;
 
 pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
-    opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" or \"f16\" (CUDA)"),
+    opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)"),
 ];
 pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
 pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
