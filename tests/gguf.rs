@@ -43,3 +43,30 @@ fn gguf_reader_matches_the_gguf_package() {
     assert_eq!(types.into_iter().collect::<Vec<_>>(), vec![0, 3, 8], "F32, Q4_1 and Q8_0 were all checked");
     assert!(Gguf::open(&root.join("Cargo.toml")).is_err());
 }
+
+/// K-quants (Q4_K, Q5_K, Q6_K: the Q4_K_M / Q5_K_M / Q6_K files people download) and BF16,
+/// against the `gguf` package's dequantisation of the same bytes
+/// (`tests/fixtures/make_kquants.py`: random blocks with finite f16 scales, so every bit of
+/// each layout is read); a truncated K-quant tensor is a one-line error.
+#[test]
+fn k_quants_and_bf16_equal_the_gguf_package() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kquants");
+    let g = Gguf::open(&dir.join("kquants.gguf")).unwrap();
+    let golden: Vec<(String, tch::Tensor)> = tch::Tensor::read_npz(dir.join("golden.npz")).unwrap();
+    assert_eq!(golden.len(), 4);
+    let mut types = std::collections::BTreeSet::new();
+    for (name, want) in &golden {
+        let got = g.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(got.size(), want.size(), "{name}");
+        let d = (&got - want).abs().max().double_value(&[]);
+        let scale = want.abs().max().double_value(&[]);
+        assert!(scale > 0.0 && d <= 1e-6 * scale.max(1.0), "{name}: dequantised values differ by {d} (largest {scale})");
+        types.insert(g.info(name).unwrap().ggml_type);
+    }
+    assert_eq!(types.into_iter().collect::<Vec<_>>(), vec![12, 13, 14, 30], "Q4_K, Q5_K, Q6_K and BF16 were all checked");
+    // The file cut in the middle of the last tensor's data.
+    let bytes = std::fs::read(dir.join("kquants.gguf")).unwrap();
+    let cut = Gguf::from_bytes(Box::new(bytes[..bytes.len() - 100].to_vec()), "cut.gguf".into());
+    let e = cut.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.starts_with("cut.gguf") && e.contains("bf16.weight") && e.lines().count() == 1, "{e}");
+}

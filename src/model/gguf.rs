@@ -1,6 +1,6 @@
 //! GGUF checkpoints (llama.cpp's format, e.g. SmolLM2-135M in the assets): metadata, tensor
-//! directory, and dequantisation of F32, F16, Q4_0, Q4_1 and Q8_0 tensors into f32 tensors in
-//! PyTorch's dimension order. The reader is checked against the `gguf` Python package
+//! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors
+//! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
 use super::bytes::Cursor;
@@ -149,7 +149,57 @@ fn block(t: u32) -> Option<(usize, usize, &'static str)> {
         2 => Some((18, 32, "Q4_0")),
         3 => Some((20, 32, "Q4_1")),
         8 => Some((34, 32, "Q8_0")),
+        12 => Some((144, 256, "Q4_K")),
+        13 => Some((176, 256, "Q5_K")),
+        14 => Some((210, 256, "Q6_K")),
+        30 => Some((2, 1, "BF16")),
         _ => None,
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` (of 8) of a Q4_K/Q5_K block's 12 scale bytes.
+fn k_scale_min(s: &[u8], j: usize) -> (f32, f32) {
+    if j < 4 {
+        ((s[j] & 0x3f) as f32, (s[4 + j] & 0x3f) as f32)
+    } else {
+        (((s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30)) as f32, ((s[j + 4] >> 4) | ((s[j] >> 2) & 0x30)) as f32)
+    }
+}
+
+/// One super-block of 256 values of a K-quant (llama.cpp's `dequantize_row_q{4,5,6}_K`).
+fn dequant_k(t: u32, blk: &[u8], o: &mut [f32]) {
+    match t {
+        // d, dmin, 12 scale bytes, 128 bytes of 4-bit values: sub-block s = 2i + k holds the
+        // low (k = 0) or high (k = 1) nibbles of bytes 32i..32i+32.
+        12 | 13 => {
+            let (d, dmin) = (half(&blk[..2]), half(&blk[2..4]));
+            let scales = &blk[4..16];
+            let (qh, qs) = if t == 13 { (Some(&blk[16..48]), &blk[48..176]) } else { (None, &blk[16..144]) };
+            for s in 0..8 {
+                let (sc, mn) = k_scale_min(scales, s);
+                let (i, k) = (s / 2, s % 2);
+                for e in 0..32 {
+                    let mut q = (qs[32 * i + e] >> (4 * k)) & 0x0f;
+                    if let Some(qh) = qh {
+                        // Q5_K: the fifth bit of sub-block s is bit s of qh[e].
+                        q |= ((qh[e] >> s) & 1) << 4;
+                    }
+                    o[32 * s + e] = d * sc * q as f32 - dmin * mn;
+                }
+            }
+        }
+        // 128 bytes of low 4 bits, 64 of high 2 bits, 16 signed 8-bit scales (one per 16
+        // values), d.
+        _ => {
+            let (ql, qh, scales, d) = (&blk[..128], &blk[128..192], &blk[192..208], half(&blk[208..210]));
+            for (l, out) in o.iter_mut().enumerate().take(256) {
+                let (i, r) = (l / 128, l % 128);
+                let low = (ql[64 * i + r % 64] >> (4 * (r / 64))) & 0x0f;
+                let high = (qh[32 * i + r % 32] >> (2 * (r / 32))) & 0x03;
+                let q = (low | (high << 4)) as i32 - 32;
+                *out = d * (scales[l / 16] as i8) as f32 * q as f32;
+            }
+        }
     }
 }
 
@@ -221,7 +271,7 @@ impl Gguf {
     pub fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
         let info = self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
-        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", info.ggml_type)))?;
+        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
         let n = super::bytes::elements(info.dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &self.file)?;
         if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
@@ -262,6 +312,13 @@ impl Gguf {
                     }
                 }
             }
+            12..=14 => {
+                let bytes = block(info.ggml_type).map_or(1, |b| b.0);
+                for (o, blk) in out.chunks_exact_mut(256).zip(data.chunks_exact(bytes)) {
+                    dequant_k(info.ggml_type, blk, o);
+                }
+            }
+            30 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, c)| *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
             _ => unreachable!("checked by block()"),
         }
         Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
