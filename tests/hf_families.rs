@@ -239,6 +239,15 @@ fn bf16_runs_on_the_cpu_within_its_precision() {
     }
 }
 
+/// Qwen2 and Qwen3 as GGUF files (the tiny HF checkpoints written with llama.cpp's names and
+/// metadata by `make_tiny_hf_2026.py`): the HF goldens, token for token.
+#[test]
+fn qwen2_and_qwen3_gguf_files_equal_transformers() {
+    check_against(&golden(), "qwen2", "qwen2_gguf");
+    check_against(&golden_in("golden_2026.npz"), "qwen3", "qwen3_gguf");
+    assert_eq!(load("qwen3_gguf").family.to_string(), "llama_gguf");
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();

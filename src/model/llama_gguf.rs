@@ -1,9 +1,12 @@
-//! Decoder-only llama-architecture checkpoints in GGUF (SmolLM2-135M in the assets), built by
-//! the HF llama code (`llama::build`) from the metadata and the tensors renamed: RMSNorm
-//! before each sublayer, rotary positions, grouped-query causal self-attention, SwiGLU FFN,
-//! a final RMSNorm, and an output projection tied to the embeddings unless `output.weight`
-//! exists. Settings come from the GGUF metadata (`llama.*`); the tokenizer is the
-//! `tokenizer.json` that `scripts/setup` derives from the GGUF with transformers.
+//! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
+//! `qwen2` and `qwen3`, built by the HF llama code (`llama::build`) from the metadata and the
+//! tensors renamed: RMSNorm before each sublayer, rotary positions, grouped-query causal
+//! self-attention (Qwen2's Q/K/V biases, Qwen3's per-head q/k norms), SwiGLU FFN, a final
+//! RMSNorm, and an output projection tied to the embeddings unless `output.weight` exists.
+//! Settings come from the GGUF metadata (`ARCH.*`); the tokenizer is the directory's
+//! `tokenizer.json` (for the assets, derived from the GGUF with transformers by
+//! `scripts/setup`). llama.cpp's converter permutes a llama checkpoint's Q/K rows into
+//! adjacent rotary pairs, and leaves Qwen's in HF's rotate-half order (its NEOX rope).
 
 use super::gguf::{Gguf, Value};
 use super::llama::{build, Config, RotaryRows};
@@ -28,6 +31,8 @@ fn hf_name(name: &str) -> String {
                 "attn_k" => "self_attn.k_proj",
                 "attn_v" => "self_attn.v_proj",
                 "attn_output" => "self_attn.o_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
                 "attn_norm" => "input_layernorm",
                 "ffn_norm" => "post_attention_layernorm",
                 "ffn_up" => "mlp.up_proj",
@@ -55,29 +60,36 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let file = path.display().to_string();
     let bad = |why: String| ModelError::Config(file.clone(), why);
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
-    if arch != "llama" {
-        return Err(bad(format!("architecture '{arch}' is not supported (llama is)")));
+    let rows = match arch.as_str() {
+        "llama" => RotaryRows::Adjacent,
+        "qwen2" | "qwen3" => RotaryRows::RotateHalf,
+        _ => return Err(bad(format!("architecture '{arch}' is not supported (llama, qwen2, qwen3 are)"))),
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    if let Some(t) = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none") {
+        return Err(bad(format!("metadata {}: rope scaling '{t}' is not supported in GGUF files yet", key("rope.scaling.type"))));
     }
-    let int = |k: &str| g.metadata.get(&format!("llama.{k}")).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata llama.{k} is missing")));
+    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
     let (n_layers, d, ff, h) = (int("block_count")? as usize, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
     let hk = int("attention.head_count_kv").unwrap_or(h);
     if h <= 0 || d % h != 0 || hk <= 0 || h % hk != 0 {
         return Err(bad(format!("{h} heads and {hk} key/value heads do not fit a model of size {d}")));
     }
-    let eps = g.metadata.get("llama.attention.layer_norm_rms_epsilon").and_then(Value::as_f64).ok_or_else(|| bad("metadata llama.attention.layer_norm_rms_epsilon is missing".into()))?;
+    let eps = g.metadata.get(&key("attention.layer_norm_rms_epsilon")).and_then(Value::as_f64).ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let map: std::collections::HashMap<String, tch::Tensor> = g.tensors.iter().map(|t| Ok((hf_name(&t.name), g.tensor(&t.name)?))).collect::<Result<_, ModelError>>()?;
     let vocab = map.get("model.embed_tokens.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
     let cfg = Config {
-        model_type: "llama".into(),
+        model_type: arch.clone(),
         hidden_size: d,
         intermediate_size: ff,
         num_hidden_layers: n_layers,
         num_attention_heads: h,
         num_key_value_heads: Some(hk),
-        head_dim: Some(d / h),
+        // Qwen3's heads are wider than d / h: the key length says.
+        head_dim: Some(int("attention.key_length").unwrap_or(d / h)),
         rms_norm_eps: eps,
-        rope_theta: g.metadata.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10000.0),
+        rope_theta: g.metadata.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0),
         vocab_size: vocab,
         tie_word_embeddings: !map.contains_key("lm_head.weight"),
         hidden_act: "silu".into(),
@@ -92,5 +104,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         eos_token_id: Some(eos.into()),
         rope_dim: int("rope.dimension_count").ok(),
     };
-    build(&cfg, &file, Weights::new(map, file.clone(), opts, None), RotaryRows::Adjacent)
+    build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
 }
