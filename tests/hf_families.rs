@@ -45,7 +45,7 @@ fn forward(m: &Model, ids: &[i64], gates: &Gates) -> (Tensor, Tensor) {
     let _g = tch::no_grad_guard();
     let (seen, h) = common::recorded(&[Point::Pattern], |r| m.net.encode(&t, &mask, gates, Some(r)).unwrap());
     let attn: Vec<Tensor> = common::at_point(&seen, Point::Pattern).iter().map(|a| a.get(0)).collect();
-    let logits = m.net.output.as_ref().unwrap().forward(&h).get(0);
+    let logits = m.net.logits(&h).unwrap().get(0);
     (logits, Tensor::stack(&attn, 0))
 }
 
@@ -248,6 +248,55 @@ fn qwen2_and_qwen3_gguf_files_equal_transformers() {
     assert_eq!(load("qwen3_gguf").family.to_string(), "llama_gguf");
 }
 
+/// Gemma: embeddings times sqrt(d), (1 + w) RMSNorms, GeGLU, head_dim 16 with hidden 32 / 4 heads.
+#[test]
+fn gemma_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "gemma", "gemma");
+}
+
+/// Gemma 2: four norms per layer, `query_pre_attn_scalar`, alternating sliding-window and
+/// global layers, attention and final-logit soft-capping.
+#[test]
+fn gemma2_with_soft_capping_and_alternating_windows_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "gemma2", "gemma2");
+}
+
+/// Gemma 3 (text): per-head q/k norms, a local rotary base on sliding layers, linear rope
+/// scaling on the global ones.
+#[test]
+fn gemma3_with_local_rotary_and_qk_norms_equals_transformers() {
+    check_against(&golden_in("golden_2026.npz"), "gemma3", "gemma3");
+}
+
+/// Gemma 2's four norms are hook points of their own (`ln1_post`, `ln2_post`, as
+/// TransformerLens names them), and the final-logit cap applies to the task loss.
+#[test]
+fn gemma2_lists_its_post_norms_and_caps_the_loss() {
+    let m = load("gemma2");
+    let names: Vec<String> = m.hook_points().iter().map(|a| a.to_string()).collect();
+    for want in ["dec.blocks.1.ln1_post.hook_normalized", "dec.blocks.1.ln2_post.hook_normalized", "dec.blocks.1.ln2.hook_normalized"] {
+        assert!(names.contains(&want.to_string()), "{want} missing: {names:?}");
+    }
+    assert_eq!(m.net.logit_softcap, Some(3.0));
+    let g = golden_in("golden_2026.npz");
+    let ids = Vec::<i64>::try_from(&g["gemma2_ids_0"]).unwrap();
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let mask = Tensor::ones([1, ids.len() as i64], (tch::Kind::Float, tch::Device::Cpu));
+    let _ng = tch::no_grad_guard();
+    let h = m.net.encode(&t, &mask, &Gates::none(), None).unwrap();
+    let logp = m.log_probs(&h, tch::Kind::Double).unwrap();
+    let want = g["gemma2_logits_0"].to_kind(tch::Kind::Double).unsqueeze(0).log_softmax(-1, tch::Kind::Double);
+    let d = max_diff(&logp, &want);
+    assert!(d < 1e-4, "log-probabilities under the cap differ from transformers' by {d}");
+    assert!(g["gemma2_logits_0"].abs().max().double_value(&[]) <= 3.0, "the golden logits are capped");
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
+    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("gemma2").display().to_string(), text.display().to_string())).unwrap();
+    let e = s.eval("lrp", "m.lrp(d)").err().expect("lrp on four-norm layers");
+    assert!(e.message.contains("(Gemma 2/3)") && e.message.lines().count() == 1, "{}", e.message);
+    assert!(s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})").is_ok());
+}
+
 /// A copy of a tiny checkpoint with `edit` applied to its files.
 fn broken(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
@@ -276,7 +325,7 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gpt2, gpt_neox, llama, marian, mistral, olmo2, phi3, qwen2, qwen3, roberta)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "t5".into())), "model_type 't5' is not supported (supported: bart, bert, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, marian, mistral, olmo2, phi3, qwen2, qwen3, roberta)"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "ntk-by-parts".into())), "rope_scaling type 'ntk-by-parts' is not supported (linear, dynamic, llama3, yarn, longrope)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]))), "rope_scaling.short_factor has 2 factors, expected 4 (one per rotary pair)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["long_factor"] = serde_json::json!([1.0, 2.0, 0.0, 1.0]))), "rope_scaling.long_factor holds 0: factors must be positive"),
@@ -292,6 +341,9 @@ fn bad_checkpoints_are_one_line_errors() {
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["high_freq_factor"] = 1.0.into())), "rope_scaling.high_freq_factor 1 must exceed low_freq_factor 1"),
         (broken("pythia", |d| edit_config(d, |v| { v["rotary_pct"] = 0.375.into(); v["partial_rotary_factor"] = 0.375.into(); })), "rotary_pct 0.375 gives 3 rotary dimensions per head, not an even number"),
         (broken("pythia", |d| edit_config(d, |v| v["hidden_act"] = "swish".into())), "hidden_act 'swish' is not supported"),
+        (broken("gemma2", |d| edit_config(d, |v| v["layer_types"] = serde_json::json!(["sliding_attention"]))), "layer_types has 1 entries for 2 layers"),
+        (broken("gemma3", |d| edit_config(d, |v| v["layer_types"] = serde_json::json!(["local", "full_attention"]))), "layer_types: 'local' is not a layer type (sliding_attention, full_attention)"),
+        (broken("gemma2", |d| edit_config(d, |v| v["sliding_window"] = serde_json::Value::Null)), "sliding layers need a positive sliding_window"),
         (broken("llama_dynamic", |d| edit_config(d, |v| { v.as_object_mut().unwrap().remove("max_position_embeddings"); })), "rope_scaling of type 'dynamic' needs max_position_embeddings"),
         (broken("qwen3", |d| {
             let p = d.join("model.safetensors");

@@ -21,7 +21,7 @@ fn norm() -> Norm {
     Norm { kind: NormKind::Layer, weight: Tensor::ones([D], (DType::Float, Device::Cpu)), bias: Some(Tensor::zeros([D], (DType::Float, Device::Cpu))), eps: 1e-5 }
 }
 fn attn() -> Attention {
-    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H, rotary: None, slots: None, qk_norm: None }
+    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H, rotary: None, slots: None, qk_norm: None, score: Default::default() }
 }
 
 fn tiny() -> Transformer {
@@ -31,7 +31,7 @@ fn tiny() -> Transformer {
     Transformer {
         embed: Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Sinusoidal, token_type: None, norm: None },
         encoder: (0..2)
-            .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post })
+            .map(|_| EncoderLayer { attn: attn(), attn_norm: norm(), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post, post_norms: None, window: None })
             .collect(),
         stack_kind: Kind::Enc,
         causal: false, window: None,
@@ -51,6 +51,7 @@ fn tiny() -> Transformer {
         dec_embed: None,
         dec_start: None,
         banned: vec![],
+        logit_softcap: None,
     }
 }
 

@@ -70,13 +70,13 @@ fn planted_attention() -> Attention {
         o: lin(eye, zeros(&[D])),
         n_heads: H,
         n_kv_heads: H,
-        head_dim: DH, rotary: None, slots: None, qk_norm: None,
+        head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default(),
     }
 }
 
 fn uniform_attention() -> Attention {
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None }
+    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
@@ -85,7 +85,7 @@ fn layer(attn: Attention) -> EncoderLayer {
         attn_norm: identity_norm(),
         ffn: Ffn { up: lin(zeros(&[8, D]), zeros(&[8])), down: lin(zeros(&[D, 8]), zeros(&[D])), act: Activation::Gelu, gate: None },
         ffn_norm: identity_norm(),
-        norm_position: NormPosition::Post,
+        norm_position: NormPosition::Post, post_norms: None, window: None,
     }
 }
 

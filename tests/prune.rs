@@ -33,13 +33,13 @@ fn norm() -> Norm {
 }
 
 fn layer() -> EncoderLayer {
-    let mut attn = Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None };
+    let mut attn = Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() };
     let _ = attn.q.w.g_mul_scalar_(3.0); // sharper attention, so heads differ
     for h in USELESS {
         let _ = attn.v.w.narrow(0, h * DH, DH).fill_(0.0);
         let _ = attn.v.b.as_ref().unwrap().narrow(0, h * DH, DH).fill_(0.0);
     }
-    EncoderLayer { attn, attn_norm: norm(), ffn: Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post }
+    EncoderLayer { attn, attn_norm: norm(), ffn: Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None }, ffn_norm: norm(), norm_position: NormPosition::Post, post_norms: None, window: None }
 }
 
 fn tiny_model(dir: &Path) -> Model {

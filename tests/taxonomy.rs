@@ -53,11 +53,11 @@ fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, 
         let _ = bq.get(h * DH + d).fill_(x);
     }
     let lin = |w: Tensor, b: Tensor| Linear { w, b: Some(b) };
-    Attention { q: lin(fill(q, true), bq), k: lin(fill(k, true), zeros(&[H * DH])), v: lin(fill(v, true), zeros(&[H * DH])), o: lin(wo, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None }
+    Attention { q: lin(fill(q, true), bq), k: lin(fill(k, true), zeros(&[H * DH])), v: lin(fill(v, true), zeros(&[H * DH])), o: lin(wo, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer { attn, attn_norm: rms(), ffn: Ffn { up: Linear { w: zeros(&[8, D]), b: None }, down: Linear { w: zeros(&[D, 8]), b: None }, act: Activation::Gelu, gate: None }, ffn_norm: rms(), norm_position: NormPosition::Pre }
+    EncoderLayer { attn, attn_norm: rms(), ffn: Ffn { up: Linear { w: zeros(&[8, D]), b: None }, down: Linear { w: zeros(&[D, 8]), b: None }, act: Activation::Gelu, gate: None }, ffn_norm: rms(), norm_position: NormPosition::Pre, post_norms: None, window: None }
 }
 
 fn planted() -> (Model, tempfile::TempDir) {

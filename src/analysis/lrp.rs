@@ -376,6 +376,7 @@ fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point)
     let (bsz, t) = (x.size()[0], x.size()[1]);
     match layer.norm_position {
         NormPosition::Parallel => return Err(ModelError::Invalid("LRP's rules are derived for sequential layers (docs/methods.md#lrp-head-relevance); this model's layers run attention and MLP in parallel (GPT-NeoX): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
+        _ if layer.post_norms.is_some() => return Err(ModelError::Invalid("LRP's rules are derived for two norms per layer (docs/methods.md#lrp-head-relevance); this model also norms each sublayer's output (Gemma 2/3): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
         NormPosition::PostSublayer => return Err(ModelError::Invalid("LRP's rules are derived for norms on a sublayer's input or on the residual sum (docs/methods.md#lrp-head-relevance); this model norms each sublayer's output (OLMo-2): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
         _ => {}
     }
@@ -1166,11 +1167,11 @@ mod tests {
         let lin = |w: Tensor| Linear { w, b: None };
         let norm = || Norm { kind: NormKind::Layer, weight: Tensor::ones([2], (DType::Float, Device::Cpu)), bias: Some(zeros(&[2])), eps: 1e-5 };
         let layer = EncoderLayer {
-            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None },
+            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None, score: Default::default() },
             attn_norm: norm(),
             ffn: Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
             ffn_norm: norm(),
-            norm_position: NormPosition::Post,
+            norm_position: NormPosition::Post, post_norms: None, window: None,
         };
         let x = t(&[1.0, 2.0, 3.0, 4.0], &[1, 2, 2]);
         let bias = zeros(&[1, 1, 1, 2]);

@@ -61,7 +61,7 @@ fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention,
         n_kv_heads: h,
         head_dim: d / h,
         rotary: None,
-        slots: None, qk_norm: None,
+        slots: None, qk_norm: None, score: Default::default(),
     })
 }
 
@@ -136,7 +136,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             attn_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
             ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?, act, gate: None },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
-            norm_position: NormPosition::Post,
+            norm_position: NormPosition::Post, post_norms: None, window: None,
         });
     }
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
@@ -179,5 +179,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_embed: if marian && v_tgt == v_src && cfg.decoder_vocab_size.is_none() { None } else { Some(dec_embed) },
         dec_start: Some(start),
         banned,
+        logit_softcap: None,
     })
 }

@@ -89,15 +89,15 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
                 o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
                 n_heads: h,
                 n_kv_heads: h,
-                head_dim: d / h, rotary: None, slots: None, qk_norm: None,
+                head_dim: d / h, rotary: None, slots: None, qk_norm: None, score: Default::default(),
             },
             attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
             ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act, gate: None },
             ffn_norm: w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
-            norm_position: NormPosition::Post,
+            norm_position: NormPosition::Post, post_norms: None, window: None,
         });
     }
     // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
     let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
-    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id, dec_embed: None, dec_start: None, banned: vec![] }, cfg))
+    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None }, cfg))
 }

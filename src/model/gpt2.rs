@@ -90,12 +90,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_kv_heads: h,
                 head_dim: d / h,
                 rotary: None,
-                slots: None, qk_norm: None,
+                slots: None, qk_norm: None, score: Default::default(),
             },
             attn_norm: layer_norm(&mut w, &format!("{p}.ln_1"), d, eps)?,
             ffn: Ffn { up: conv1d(&mut w, &format!("{p}.mlp.c_fc"), d, ff)?, down: conv1d(&mut w, &format!("{p}.mlp.c_proj"), ff, d)?, act, gate: None },
             ffn_norm: layer_norm(&mut w, &format!("{p}.ln_2"), d, eps)?,
-            norm_position: NormPosition::Pre,
+            norm_position: NormPosition::Pre, post_norms: None, window: None,
         });
     }
     let tokens = w.get("wte.weight", &[cfg.vocab_size, d])?;
@@ -114,5 +114,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_embed: None,
         dec_start: None,
         banned: vec![],
+        logit_softcap: None,
     })
 }

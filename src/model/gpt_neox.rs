@@ -126,12 +126,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 head_dim: dh,
                 rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() }),
                 slots: None,
-                qk_norm: None,
+                qk_norm: None, score: Default::default(),
             },
             attn_norm: ln(&mut w, format!("{p}.input_layernorm"))?,
             ffn: Ffn { up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?, down: proj(&mut w, "mlp.dense_4h_to_h", d, ff, true)?, act, gate: None },
             ffn_norm: ln(&mut w, format!("{p}.post_attention_layernorm"))?,
-            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre },
+            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre }, post_norms: None, window: None,
         });
     }
     let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
@@ -150,5 +150,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_embed: None,
         dec_start: None,
         banned: vec![],
+        logit_softcap: None,
     })
 }

@@ -48,6 +48,11 @@ pub enum Point {
     AttnOut,
     /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
     ResidMid,
+    /// A four-norm layer's (Gemma's) norm of the attention output before its residual
+    /// (`blocks.L.ln1_post.hook_normalized`).
+    Ln1Post,
+    /// Its norm of the MLP output before its residual (`blocks.L.ln2_post.hook_normalized`).
+    Ln2Post,
     /// The output of the layer's second norm (`blocks.L.ln2.hook_normalized`): the MLP's input
     /// in a pre-norm layer, the layer's output in a post-norm layer.
     Ln2,
@@ -112,12 +117,14 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::Z, "attn.hook_z", Layout::Heads, true, true, "[pos, head, d_head]", "per-head contexts, gated: the input of W^O"),
     spec(Point::Result, "attn.hook_result", Layout::Heads, true, true, "[pos, head, d_model]", "per-head outputs at W^O (bias not included)"),
     spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
-    spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out)"),
+    spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
+    spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),
     spec(Point::Ln2, "ln2.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "second norm: MLP input (pre-norm) or the layer's output (post-norm)"),
     spec(Point::MlpPre, "mlp.hook_pre", Layout::Seq, true, false, "[pos, d_mlp]", "MLP pre-activation (of the gate, in a gated MLP)"),
     spec(Point::MlpPreLinear, "mlp.hook_pre_linear", Layout::Seq, true, false, "[pos, d_mlp]", "a gated MLP's linear branch"),
     spec(Point::MlpPost, "mlp.hook_post", Layout::Seq, true, false, "[pos, d_mlp]", "MLP hidden units after the activation (and gate)"),
     spec(Point::MlpOut, "hook_mlp_out", Layout::Seq, true, false, "[pos, d_model]", "the MLP block's output"),
+    spec(Point::Ln2Post, "ln2_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of mlp_out added to the residual"),
     spec(Point::ResidPost, "hook_resid_post", Layout::Seq, true, false, "[pos, d_model]", "resid_mid + mlp_out (before a post-norm layer's last norm)"),
     spec(Point::LnFinal, "ln_final.hook_normalized", Layout::Seq, false, false, "[pos, d_model]", "the stack's final norm (pre-norm models)"),
 ];

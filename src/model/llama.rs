@@ -158,6 +158,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 } else {
                     None
                 },
+                score: Default::default(),
             },
             attn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
             ffn: Ffn {
@@ -169,7 +170,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             // OLMo-2 norms each sublayer's output (post_attention_layernorm after the
             // attention, post_feedforward_layernorm after the MLP) and not their inputs.
             ffn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }))?,
-            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
+            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre }, post_norms: None, window: None,
         });
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
@@ -188,6 +189,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         dec_embed: None,
         dec_start: None,
         banned: vec![],
+        logit_softcap: None,
     })
 }
 

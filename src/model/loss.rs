@@ -13,12 +13,14 @@ pub struct OutputHead {
     w: Tensor,
     b: Option<Tensor>,
     dtype: DType,
+    softcap: Option<f64>,
 }
 
 impl OutputHead {
     /// Log-probabilities `[.., V]` of the final states `[.., D]`, in the head's precision.
     pub fn log_probs(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?.log_softmax(-1, self.dtype))
+        let logits = super::transformer::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
+        Ok(logits.log_softmax(-1, self.dtype))
     }
 
     /// The vocabulary size.
@@ -32,7 +34,7 @@ impl Model {
     pub fn output_head(&self, dtype: DType) -> Result<OutputHead, ModelError> {
         let out = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         let (w, b) = if out.w.kind() == dtype { (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone())) } else { (out.w.f_to_kind(dtype)?, out.b.as_ref().map(|b| b.f_to_kind(dtype)).transpose()?) };
-        Ok(OutputHead { w, b, dtype })
+        Ok(OutputHead { w, b, dtype, softcap: self.net.logit_softcap })
     }
 
     /// Log-probabilities `[.., V]` of the final states `[.., D]` (the output projection and

@@ -137,7 +137,7 @@ impl MarianNames for Weights {
             o: self.linear(p, "o", d, d, true)?,
             n_heads: heads,
             n_kv_heads: heads,
-            head_dim: d / heads, rotary: None, slots: None, qk_norm: None,
+            head_dim: d / heads, rotary: None, slots: None, qk_norm: None, score: Default::default(),
         })
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
@@ -170,7 +170,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             attn_norm: w.norm(&format!("{p}self_Wo_ln"), d)?,
             ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
             ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
-            norm_position: NormPosition::Post,
+            norm_position: NormPosition::Post, post_norms: None, window: None,
         });
     }
     let mut decoder = Vec::with_capacity(n_dec);
@@ -188,5 +188,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
     let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
-    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS, dec_embed: None, dec_start: None, banned: vec![] })
+    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None })
 }

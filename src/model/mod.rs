@@ -6,6 +6,7 @@ pub mod bart;
 pub mod batch;
 pub mod bert;
 pub mod bytes;
+pub mod gemma;
 pub mod gguf;
 pub mod gpt2;
 pub mod gpt_neox;
@@ -164,6 +165,10 @@ pub enum Family {
     Phi3,
     /// HF OLMo-2 (the llama code: norms after each sublayer, q/k norms over all heads).
     Olmo2,
+    /// HF Gemma, Gemma 2, Gemma 3 text (`gemma.rs`).
+    Gemma,
+    Gemma2,
+    Gemma3Text,
     /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
     Marian,
     Bart,
@@ -183,6 +188,9 @@ impl fmt::Display for Family {
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
             Family::Olmo2 => "olmo2",
+            Family::Gemma => "gemma",
+            Family::Gemma2 => "gemma2",
+            Family::Gemma3Text => "gemma3_text",
             Family::Mistral => "mistral",
             Family::Marian => "marian",
             Family::Bart => "bart",
@@ -287,7 +295,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 12] = [Family::Bart, Family::Bert, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 15] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -334,6 +342,7 @@ impl Model {
                 Family::Gpt2 => gpt2::load(path, opts),
                 Family::GptNeox => gpt_neox::load(path, opts),
                 Family::Phi3 => phi3::load(path, opts),
+                Family::Gemma | Family::Gemma2 | Family::Gemma3Text => gemma::load(path, opts),
                 Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
             }?
@@ -344,7 +353,7 @@ impl Model {
         let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -378,7 +387,7 @@ impl Model {
             total += n(t);
         }
         for l in &self.net.encoder {
-            total += attn(&l.attn) + norm(&l.attn_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
+            total += attn(&l.attn) + norm(&l.attn_norm) + ffn(&l.ffn) + norm(&l.ffn_norm) + l.post_norms.as_ref().map_or(0, |(a, f)| norm(a) + norm(f));
         }
         if let Some(d) = &self.net.dec_embed {
             // A token table shared with the encoder is counted once.
@@ -606,6 +615,16 @@ impl Model {
                 v.extend([P::Ln1, P::ResidMid].map(|p| At::new(stack, l, p)));
                 mlp(&mut v, stack, l, &layer.ffn);
                 v.extend([P::Ln2, P::ResidPost].map(|p| At::new(stack, l, p)));
+                continue;
+            }
+            if layer.post_norms.is_some() {
+                // Four norms (Gemma): ln1 before the attention, ln1_post after it, ln2 before
+                // the MLP, ln2_post after it.
+                v.extend([P::ResidPre, P::Ln1].map(|p| At::new(stack, l, p)));
+                attn(&mut v, stack, l, &layer.attn);
+                v.extend([P::Ln1Post, P::ResidMid, P::Ln2].map(|p| At::new(stack, l, p)));
+                mlp(&mut v, stack, l, &layer.ffn);
+                v.extend([P::Ln2Post, P::ResidPost].map(|p| At::new(stack, l, p)));
                 continue;
             }
             let pre = layer.norm_position != nn::NormPosition::Post;

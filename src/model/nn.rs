@@ -377,6 +377,17 @@ pub struct Attention {
     pub slots: Option<HeadSlots>,
     /// Norms of the queries and keys before rotary (Qwen3, OLMo-2).
     pub qk_norm: Option<QkNorm>,
+    /// How scores are scaled and capped (defaults: `1/sqrt(head_dim)`, no cap).
+    pub score: Score,
+}
+
+/// The attention scores' scale and soft-cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Score {
+    /// Instead of `1/sqrt(head_dim)` (Gemma: `query_pre_attn_scalar^-1/2`).
+    pub scale: Option<f64>,
+    /// Scores `c * tanh(s / c)` before the mask (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f64>,
 }
 
 /// RMSNorms of queries and keys, applied after their projections and before rotary.
@@ -518,9 +529,15 @@ impl Attention {
         } else {
             (&kv.k, &kv.v)
         };
-        let scale = 1.0 / (dh as f64).sqrt();
-        let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) {
-            let scores = hooks::at(hs, at(Point::Scores), q.matmul(&k.transpose(-2, -1)) * scale + bias)?;
+        let scale = self.score.scale.unwrap_or(1.0 / (dh as f64).sqrt());
+        let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some() {
+            let raw = q.matmul(&k.transpose(-2, -1)) * scale;
+            // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
+            let raw = match self.score.softcap {
+                Some(c) => (raw / c).tanh() * c,
+                None => raw,
+            };
+            let scores = hooks::at(hs, at(Point::Scores), raw + bias)?;
             let probs = if low_precision(scores.kind()) { scores.softmax(-1, DType::Float).to_kind(scores.kind()) } else { scores.softmax(-1, scores.kind()) };
             let probs = hooks::at(hs, at(Point::Pattern), probs)?;
             probs.f_matmul(v)?
@@ -683,7 +700,7 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None };
+        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None, score: Default::default() };
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;

@@ -84,6 +84,12 @@ pub struct EncoderLayer {
     pub ffn: Ffn,
     pub ffn_norm: Norm,
     pub norm_position: NormPosition,
+    /// Norms of the attention's and the MLP's outputs before their residuals, in a pre-norm
+    /// layer (Gemma 2/3's four norms: `ln1_post`, `ln2_post`).
+    pub post_norms: Option<(Norm, Norm)>,
+    /// This layer's own sliding window (Gemma's alternating local layers): each query sees at
+    /// most this many keys, on top of the stack's bias.
+    pub window: Option<i64>,
 }
 
 impl EncoderLayer {
@@ -99,6 +105,15 @@ impl EncoderLayer {
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
         check_interrupt()?;
+        let windowed;
+        let bias = match self.window {
+            Some(w) => {
+                let past = cache.as_ref().and_then(|c| c.as_ref()).map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
+                windowed = bias + window_bias(x.size()[1], past, w, x.kind(), x.device());
+                &windowed
+            }
+            None => bias,
+        };
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
             NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
@@ -167,6 +182,15 @@ impl EncoderLayer {
             let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&ffn_out))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), ffn_in: s1.shallow_clone(), s1, ffn_up, ffn_hidden, ffn_out, s2 }));
+        }
+        if let (NormPosition::Pre, Some((post_attn, post_ffn))) = (self.norm_position, &self.post_norms) {
+            let a_n = hooks::at(hk, at(Point::Ln1Post), post_attn.forward(a))?;
+            let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
+            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?;
+            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward(&ffn_out))?;
+            let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
+            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), s1, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }));
         }
         let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
         let (h, ffn_in) = match self.norm_position {
@@ -411,6 +435,8 @@ pub struct Transformer {
     pub encoder: Vec<EncoderLayer>,
     /// `Enc` for encoders, `Dec` for a causal decoder-only stack.
     pub stack_kind: Kind,
+    /// Final-logit soft-capping (Gemma 2): logits `c * tanh(logits / c)`.
+    pub logit_softcap: Option<f64>,
     pub causal: bool,
     /// A causal stack's sliding window (Mistral): each query sees at most this many keys.
     pub window: Option<i64>,
@@ -435,6 +461,13 @@ pub struct Transformer {
 impl Transformer {
     pub fn device(&self) -> Device {
         self.embed.tokens.device()
+    }
+
+    /// Logits `[.., V]` of final states `[.., D]`: the output projection, soft-capped where the
+    /// model says so (Gemma 2's `final_logit_softcapping`; greedy choices do not change).
+    pub fn logits(&self, states: &Tensor) -> Result<Tensor, ModelError> {
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        Ok(softcap(out.forward(states), self.logit_softcap))
     }
 
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
@@ -719,6 +752,20 @@ pub fn cached_window_bias(t: i64, past: i64, window: Option<i64>, dtype: DType, 
     hidden.view([1, 1, t, past + t]) * -1e9
 }
 
+/// `c * tanh(x / c)`, or `x` without a cap.
+pub fn softcap(x: Tensor, cap: Option<f64>) -> Tensor {
+    match cap {
+        Some(c) => (x / c).tanh() * c,
+        None => x,
+    }
+}
+
+/// Additive bias `[1, 1, T, P + T]` hiding from query `i` (at position `P + i`) the keys
+/// `j <= P + i - window`: a layer's own sliding window.
+pub fn window_bias(t: i64, past: i64, window: i64, dtype: DType, device: Device) -> Tensor {
+    Tensor::ones([t, past + t], (dtype, device)).tril(past - window.max(1)).view([1, 1, t, past + t]) * -1e9
+}
+
 /// Float tensors of a checkpoint are converted to the model's dtype and device here.
 pub fn place(t: Tensor, device: Device, dtype: DType) -> Tensor {
     if t.is_floating_point() { t.to_device(device).to_kind(dtype) } else { t.to_device(device) }
@@ -774,6 +821,10 @@ impl Transformer {
             v.extend(norm_params(&mut l.attn_norm));
             v.extend(ffn_params(&mut l.ffn));
             v.extend(norm_params(&mut l.ffn_norm));
+            if let Some((a, f)) = l.post_norms.as_mut() {
+                v.extend(norm_params(a));
+                v.extend(norm_params(f));
+            }
         }
         if let Some(n) = self.final_norm.as_mut() {
             v.extend(norm_params(n));
