@@ -27,6 +27,11 @@ pub struct Relevance {
 /// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit; `Norm`, its final hidden units
 /// with relevance `h * h`.
 pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
+    // Gradients are this computation's own: a caller's no_grad guard does not switch them off.
+    tch::with_grad(|| relevance_with_grad(model, ids, mask, seed_at, seed, gates))
+}
+
+fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
     let _rules = AttnLrpRules::on();
     let tok = model.net.embed.lookup(ids)?.detach().set_requires_grad(true);
     // By layer: a layer without heads (prune_heads) hands out no context.
