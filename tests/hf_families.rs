@@ -172,7 +172,7 @@ fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
     let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
     s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("pythia").display().to_string(), text.display().to_string())).unwrap();
-    let e = s.eval("lrp", "m.lrp(d)").err().expect("lrp on parallel layers");
+    let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("lrp ran on parallel layers") };
     assert!(e.message.contains("in parallel (GPT-NeoX)") && e.message.lines().count() == 1, "{}", e.message);
     let g = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
     assert!(g.is_ok(), "{:?}", g.err().map(|e| e.message));
@@ -290,7 +290,7 @@ fn gemma2_lists_its_post_norms_and_caps_the_loss() {
     let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
     s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("gemma2").display().to_string(), text.display().to_string())).unwrap();
-    let e = s.eval("lrp", "m.lrp(d)").err().expect("lrp on four-norm layers");
+    let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("lrp ran on four-norm layers") };
     assert!(e.message.contains("(Gemma 2/3)") && e.message.lines().count() == 1, "{}", e.message);
     let a = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
     assert!(a.is_ok(), "{:?}", a.err().map(|e| e.message));

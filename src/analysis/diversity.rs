@@ -185,10 +185,10 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
                 (Some((q, _)), _) => (q, &src_real),
                 (None, _) => continue,
             };
-            for l in 0..sh.n_layers {
+            for (l, acc) in accs[si].iter_mut().enumerate().take(sh.n_layers) {
                 // A layer left without heads (prune_heads) hands out nothing.
                 let Some([Some(q), Some(c), Some(a)]) = got.get(&(kind, l)) else { continue };
-                accs[si][l].update(q, c, a, qmask, kmask, &layer_of(kind, l)?.o.w);
+                acc.update(q, c, a, qmask, kmask, &layer_of(kind, l)?.o.w);
             }
         }
         progress(gi + 1, batches.len());

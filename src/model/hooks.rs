@@ -427,7 +427,7 @@ mod tests {
         let i = Intervention { at, op: Op::Replace(Tensor::zeros([1], (DType::Double, Device::Cpu))), heads: Some(vec![1]), positions: Some(vec![2, 3]), rows: Some(vec![1]) };
         let y = i.apply(&x).unwrap();
         let changed = x.ne_tensor(&y).sum(DType::Int64).int64_value(&[]);
-        assert_eq!(changed, 2 * 2 - 0, "row 1, head 1, positions 2 and 3, both dims (value 0 at none of them)");
+        assert_eq!(changed, 2 * 2, "row 1, head 1, positions 2 and 3, both dims (value 0 at none of them)");
         assert_eq!(y.double_value(&[1, 1, 2, 0]), 0.0);
         assert_eq!(y.double_value(&[0, 1, 2, 0]), x.double_value(&[0, 1, 2, 0]));
         // A [pos, head, d_head] value is read in TransformerLens's axes.

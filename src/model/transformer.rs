@@ -226,6 +226,7 @@ pub struct FinishTrace {
 }
 
 /// The self-block of a decoder layer.
+#[allow(clippy::large_enum_variant, reason = "one per decoder layer, built once at load: boxing saves nothing that matters")]
 pub enum SelfBlock {
     /// Marian's SSRU recurrence (Firefox-Translations models): no heads.
     Ssru(Ssru),
