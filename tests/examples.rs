@@ -32,7 +32,9 @@ fn every_example_runs() {
     assert!(ran >= 1, "no examples found in {}", dir.display());
 }
 
-/// `examples/any_model.rhai DIR` runs unchanged on every HF tiny checkpoint and on the real
+/// `examples/any_model.rhai DIR` runs unchanged on every HF tiny checkpoint (the 2026 families
+/// included: where LRP's rules do not cover a family's layers it says why in one line and runs
+/// AttnLRP) and on the real
 /// encoder and translation models (SmolLM2 takes about 6 minutes on 2 cores: run by hand).
 #[test]
 fn any_model_runs_on_every_family() {
@@ -43,14 +45,22 @@ fn any_model_runs_on_every_family() {
     for d in ["marian", "marian_torchbin", "bart"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
     }
+    // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and a GGUF of one of them.
+    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "neox_sequential", "pythia", "olmo2", "gemma", "gemma2", "gemma3"] {
+        dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
+    }
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
     dirs.push(("enpt".into(), "kinds: [\"enc\", \"cross\"]"));
     for (d, kinds) in dirs {
         let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "12"]).current_dir(root).output().unwrap();
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
-        for want in ["ablation sweep", "LRP (ab", "pruning: 4 steps", kinds] {
+        // LRP's rules cover sequential two-norm layers; the others say why and run AttnLRP.
+        let own_rules = !["pythia", "olmo2", "gemma2", "gemma3"].iter().any(|f| d.ends_with(f));
+        let lrp = if own_rules { "LRP (ab" } else { "LRP (attnlrp" };
+        for want in ["ablation sweep", lrp, "pruning: 4 steps", kinds] {
             assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
         }
+        assert_eq!(stdout.contains("LRP (ab) does not apply: "), !own_rules, "any_model.rhai {d}:\n{stdout}");
     }
 }
