@@ -169,13 +169,19 @@ fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
     assert!(!names.iter().any(|n| n.contains("hook_resid_mid")), "{names:?}");
     let seq = load("neox_sequential");
     assert!(seq.hook_points().iter().any(|a| a.to_string() == "dec.blocks.0.hook_resid_mid"));
+    lrp_refuses_and_attnlrp_runs("pythia", "in parallel (GPT-NeoX)");
+}
+
+/// On the tiny checkpoint `name`, `m.lrp(d)` is a one-line error containing `why` and
+/// `m.lrp(d, #{rule: "attnlrp"})` runs.
+fn lrp_refuses_and_attnlrp_runs(name: &str, why: &str) {
     let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
-    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("pythia").display().to_string(), text.display().to_string())).unwrap();
-    let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("lrp ran on parallel layers") };
-    assert!(e.message.contains("in parallel (GPT-NeoX)") && e.message.lines().count() == 1, "{}", e.message);
-    let g = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
-    assert!(g.is_ok(), "{:?}", g.err().map(|e| e.message));
+    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join(name).display().to_string(), text.display().to_string())).unwrap();
+    let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("{name}: lrp ran") };
+    assert!(e.message.contains(why) && e.message.lines().count() == 1, "{name}: {}", e.message);
+    let a = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
+    assert!(a.is_ok(), "{name}: {:?}", a.err().map(|e| e.message));
 }
 
 /// Phi-3: fused `qkv_proj` and `gate_up_proj` split at load; LongRoPE with the short factors up
@@ -287,13 +293,8 @@ fn gemma2_lists_its_post_norms_and_caps_the_loss() {
     let d = max_diff(&logp, &want);
     assert!(d < 1e-4, "log-probabilities under the cap differ from transformers' by {d}");
     assert!(g["gemma2_logits_0"].abs().max().double_value(&[]) <= 3.0, "the golden logits are capped");
-    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
-    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join("gemma2").display().to_string(), text.display().to_string())).unwrap();
-    let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("lrp ran on four-norm layers") };
-    assert!(e.message.contains("(Gemma 2/3)") && e.message.lines().count() == 1, "{}", e.message);
-    let a = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
-    assert!(a.is_ok(), "{:?}", a.err().map(|e| e.message));
+    lrp_refuses_and_attnlrp_runs("gemma2", "(Gemma 2/3)");
+    lrp_refuses_and_attnlrp_runs("olmo2", "(OLMo-2)");
 }
 
 /// A copy of a tiny checkpoint with `edit` applied to its files.

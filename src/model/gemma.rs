@@ -15,7 +15,7 @@ use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, RopeScaling, Rotary, Score};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use super::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;
@@ -179,21 +179,11 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() { tokens.shallow_clone() } else { w.get("lm_head.weight", &[cfg.vocab_size, d])? };
-    Ok(Transformer {
-        // As transformers: the multiplier sqrt(hidden_size) is taken in the model's precision.
-        embed: Embeddings { tokens, scale: Tensor::from((d as f64).sqrt()).to_kind(opts.dtype).double_value(&[]), positions: Positions::None, token_type: None, norm: None },
-        encoder: layers,
-        stack_kind: Kind::Dec,
-        logit_softcap: if version == 2 { cfg.final_logit_softcapping } else { None },
-        causal: true,
-        window: None,
-        final_norm: Some(norm(&mut w, "model.norm.weight".into(), d)?),
-        decoder: vec![],
-        output: Some(Linear { w: output, b: None }),
-        d_model: d,
-        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(1),
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-    })
+    // As transformers: the multiplier sqrt(hidden_size) is taken in the model's precision.
+    let scale = Tensor::from((d as f64).sqrt()).to_kind(opts.dtype).double_value(&[]);
+    let embed = Embeddings { tokens, scale, positions: Positions::None, token_type: None, norm: None };
+    let final_norm = norm(&mut w, "model.norm.weight".into(), d)?;
+    let mut net = Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(1));
+    net.logit_softcap = if version == 2 { cfg.final_logit_softcapping } else { None };
+    Ok(net)
 }

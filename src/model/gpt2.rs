@@ -6,7 +6,7 @@ use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
 use super::transformer::{place, EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use super::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;
@@ -100,20 +100,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     let tokens = w.get("wte.weight", &[cfg.vocab_size, d])?;
     let positions = w.get("wpe.weight", &[cfg.n_positions, d])?;
-    Ok(Transformer {
-        embed: Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None },
-        encoder: layers,
-        stack_kind: Kind::Dec,
-        causal: true,
-        window: None,
-        final_norm: Some(layer_norm(&mut w, "ln_f", d, eps)?),
-        decoder: vec![],
-        output: Some(Linear { w: tokens, b: None }),
-        d_model: d,
-        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-        logit_softcap: None,
-    })
+    let embed = Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    let final_norm = layer_norm(&mut w, "ln_f", d, eps)?;
+    Ok(Transformer::decoder_only(embed, layers, Some(final_norm), tokens, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))
 }

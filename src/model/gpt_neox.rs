@@ -9,7 +9,7 @@ use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use super::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;
@@ -136,20 +136,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() { tokens.shallow_clone() } else { w.get("embed_out.weight", &[cfg.vocab_size, d])? };
-    Ok(Transformer {
-        embed: Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None },
-        encoder: layers,
-        stack_kind: Kind::Dec,
-        causal: true,
-        window: None,
-        final_norm: Some(ln(&mut w, "final_layer_norm".into())?),
-        decoder: vec![],
-        output: Some(Linear { w: output, b: None }),
-        d_model: d,
-        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-        logit_softcap: None,
-    })
+    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
+    let final_norm = ln(&mut w, "final_layer_norm".into())?;
+    Ok(Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))
 }

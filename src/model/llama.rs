@@ -19,7 +19,7 @@ use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use super::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -175,21 +175,10 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() { tokens.shallow_clone() } else { w.get("lm_head.weight", &[cfg.vocab_size, d])? };
-    Ok(Transformer {
-        embed: Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None },
-        encoder: layers,
-        stack_kind: Kind::Dec,
-        causal: true,
-        window,
-        final_norm: Some(rms(&mut w, "model.norm.weight".into())?),
-        decoder: vec![],
-        output: Some(Linear { w: output, b: None }),
-        d_model: d,
-        eos_id: hf::first_id(&cfg.eos_token_id).unwrap_or(0),
-        dec_embed: None,
-        dec_start: None,
-        banned: vec![],
-        logit_softcap: None,
-    })
+    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
+    let final_norm = rms(&mut w, "model.norm.weight".into())?;
+    let mut net = Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(0));
+    net.window = window;
+    Ok(net)
 }
 

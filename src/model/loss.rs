@@ -37,10 +37,14 @@ impl Model {
         Ok(OutputHead { w, b, dtype, softcap: self.net.logit_softcap })
     }
 
-    /// Log-probabilities `[.., V]` of the final states `[.., D]` (the output projection and
-    /// log-softmax computed in `dtype`).
+    /// Log-probabilities `[.., V]` of the final states `[.., D]` in `dtype`. The projection runs
+    /// in the wider of `dtype` and the states' precision: a float64 model's logits stay float64
+    /// before the float32 log-softmax of the task loss (float32 products would round
+    /// differently with each batch's composition, and sharded merges must equal one run).
     pub fn log_probs(&self, states: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
-        self.output_head(dtype)?.log_probs(states)
+        let work = if states.kind() == DType::Double { DType::Double } else { dtype };
+        let logp = self.output_head(work)?.log_probs(states)?;
+        Ok(if work == dtype { logp } else { logp.f_to_kind(dtype)? })
     }
 
     /// The task loss of one batch under `gates`: the mean over its target tokens (mask `tm`) of

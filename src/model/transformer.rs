@@ -460,6 +460,29 @@ pub struct Transformer {
 }
 
 impl Transformer {
+    /// A decoder-only language model: the causal stack `layers` over `embed`, a final norm and
+    /// the output projection `output` (no bias), everything else off (the families set a
+    /// window or a logit cap on the result).
+    pub fn decoder_only(embed: Embeddings, layers: Vec<EncoderLayer>, final_norm: Option<Norm>, output: Tensor, eos_id: i64) -> Transformer {
+        let d_model = embed.tokens.size()[1];
+        Transformer {
+            embed,
+            encoder: layers,
+            stack_kind: Kind::Dec,
+            logit_softcap: None,
+            causal: true,
+            window: None,
+            final_norm,
+            decoder: vec![],
+            output: Some(Linear { w: output, b: None }),
+            d_model,
+            eos_id,
+            dec_embed: None,
+            dec_start: None,
+            banned: vec![],
+        }
+    }
+
     pub fn device(&self) -> Device {
         self.embed.tokens.device()
     }
