@@ -57,7 +57,8 @@ pub fn enter(ctx: Context) -> Entered {
 }
 
 /// Whether the run on this thread was interrupted (Ctrl-C, a kernel's interrupt_request).
-/// Long native computations poll this between batches.
+/// Long native computations poll this between batches, and the forward before every layer
+/// (`model::check_interrupt`).
 pub fn interrupted() -> bool {
     CURRENT.with(|c| c.borrow().as_ref().is_some_and(|ctx| ctx.interrupt.is_set()))
 }
