@@ -19,7 +19,7 @@ pub struct OutputHead {
 impl OutputHead {
     /// Log-probabilities `[.., V]` of the final states `[.., D]`, in the head's precision.
     pub fn log_probs(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        let logits = super::transformer::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
+        let logits = super::nn::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
         Ok(logits.log_softmax(-1, self.dtype))
     }
 

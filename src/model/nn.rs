@@ -111,6 +111,14 @@ impl Norm {
     }
 }
 
+/// `c * tanh(x / c)`, or `x` without a cap (Gemma 2's attention scores and final logits).
+pub fn softcap(x: Tensor, cap: Option<f64>) -> Tensor {
+    match cap {
+        Some(c) => (x / c).tanh() * c,
+        None => x,
+    }
+}
+
 /// bfloat16 and float16: norms and softmaxes compute in float32 (as transformers does).
 pub fn low_precision(kind: DType) -> bool {
     matches!(kind, DType::BFloat16 | DType::Half)
@@ -533,10 +541,7 @@ impl Attention {
         let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some() {
             let raw = q.matmul(&k.transpose(-2, -1)) * scale;
             // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
-            let raw = match self.score.softcap {
-                Some(c) => (raw / c).tanh() * c,
-                None => raw,
-            };
+            let raw = softcap(raw, self.score.softcap);
             let scores = hooks::at(hs, at(Point::Scores), raw + bias)?;
             let probs = if low_precision(scores.kind()) { scores.softmax(-1, DType::Float).to_kind(scores.kind()) } else { scores.softmax(-1, scores.kind()) };
             let probs = hooks::at(hs, at(Point::Pattern), probs)?;

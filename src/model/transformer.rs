@@ -491,7 +491,7 @@ impl Transformer {
     /// model says so (Gemma 2's `final_logit_softcapping`; greedy choices do not change).
     pub fn logits(&self, states: &Tensor) -> Result<Tensor, ModelError> {
         let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(softcap(out.forward(states), self.logit_softcap))
+        Ok(super::nn::softcap(out.forward(states), self.logit_softcap))
     }
 
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
@@ -769,18 +769,10 @@ pub struct StackCache {
 /// is hidden from query `i` (at position `P + i`) when `j > P + i`, or, with a sliding
 /// `window`, when `j <= P + i - window` (the same keys [`super::nn::causal_bias`] leaves).
 pub fn cached_window_bias(t: i64, past: i64, window: Option<i64>, dtype: DType, device: Device) -> Tensor {
-    let mut hidden = Tensor::ones([t, past + t], (dtype, device)).triu(past + 1);
-    if let Some(w) = window {
-        hidden = hidden + Tensor::ones([t, past + t], (dtype, device)).tril(past - w.max(1));
-    }
-    hidden.view([1, 1, t, past + t]) * -1e9
-}
-
-/// `c * tanh(x / c)`, or `x` without a cap.
-pub fn softcap(x: Tensor, cap: Option<f64>) -> Tensor {
-    match cap {
-        Some(c) => (x / c).tanh() * c,
-        None => x,
+    let causal = Tensor::ones([t, past + t], (dtype, device)).triu(past + 1).view([1, 1, t, past + t]) * -1e9;
+    match window {
+        Some(w) => causal + window_bias(t, past, w, dtype, device),
+        None => causal,
     }
 }
 
