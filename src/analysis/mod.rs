@@ -9,6 +9,7 @@ pub mod diversity;
 pub mod importance;
 pub mod lrp;
 pub mod options;
+pub mod patching;
 pub mod taxonomy;
 pub mod result;
 pub mod script;

@@ -2,6 +2,7 @@
 //! plain corpus, a parallel pair of files or a TSV, or a CoNLL-U treebank.
 
 pub mod conllu;
+pub mod pairs;
 
 use conllu::Sentence;
 use std::path::Path;

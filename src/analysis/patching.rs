@@ -1,0 +1,326 @@
+//! Activation patching (docs/methods.md#activation-patching): a clean and a corrupted prompt
+//! of the same length, one run of each, and for every unit (a head of a layer, or a head at one
+//! position, or a position of the residual stream) the run of one prompt with that unit's value
+//! at a hook point taken from the other. Denoising patches clean values into the corrupted run,
+//! noising corrupted values into the clean run; the metric is read at the last position.
+//!
+//! Batched as the ablation sweep is: both runs record every layer's input and the patched point
+//! once; each layer's patches are rows of one batch resumed at that layer (`stack_from_z` for
+//! `hook_z`, `stack_from` with the point's value replaced otherwise), so the layers below a
+//! patch run once per pair, not once per patch. Pairs of the same token length share a batch.
+//! Numeric core: no Rhai, no printing.
+
+use super::AnalysisError;
+use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::nn::Gates;
+use crate::model::{Model, ModelError};
+use std::collections::BTreeMap;
+use tch::{Kind as DType, Tensor};
+
+options_enum!(Site, "patching site", {
+    /// Per-head contexts, the input of W^O (`attn.hook_z`); one unit per query head.
+    Z = "z",
+    /// Per-head outputs at W^O (`attn.hook_result`): the same patch as `z` (W^O is linear in
+    /// each head's context), run through `hook_z`.
+    Result = "result",
+    /// Queries (`attn.hook_q`), one unit per query head.
+    Q = "q",
+    /// Keys (`attn.hook_k`), one unit per key/value head.
+    K = "k",
+    /// Values (`attn.hook_v`), one unit per key/value head.
+    V = "v",
+    /// Attention probabilities (`attn.hook_pattern`), one unit per query head; per position,
+    /// the query position's row.
+    Pattern = "pattern",
+    /// A layer's input (`hook_resid_pre`): one unit per layer (per position: per layer and position).
+    ResidPre = "resid_pre",
+    /// The attention block's output (`hook_attn_out`).
+    AttnOut = "attn_out",
+    /// The MLP block's output (`hook_mlp_out`).
+    MlpOut = "mlp_out",
+});
+
+options_enum!(Direction, "patching direction", {
+    /// Clean values into the corrupted run (what restores the answer).
+    Denoise = "denoise",
+    /// Corrupted values into the clean run (what breaks it).
+    Noise = "noise",
+});
+
+options_enum!(PatchMetric, "patching metric", {
+    /// logit(answer) - logit(wrong) at the last position.
+    LogitDiff = "logit_diff",
+    /// p(answer) at the last position.
+    Prob = "prob",
+    /// KL(clean || run) of the next-token distributions at the last position.
+    Kl = "kl",
+    /// -log p(answer) at the last position.
+    Loss = "loss",
+});
+
+impl Site {
+    /// The hook point a site patches.
+    pub fn point(self) -> Point {
+        match self {
+            Site::Z | Site::Result => Point::Z,
+            Site::Q => Point::Q,
+            Site::K => Point::K,
+            Site::V => Point::V,
+            Site::Pattern => Point::Pattern,
+            Site::ResidPre => Point::ResidPre,
+            Site::AttnOut => Point::AttnOut,
+            Site::MlpOut => Point::MlpOut,
+        }
+    }
+
+    /// Whether the site's units are heads (else the residual stream's positions).
+    pub fn per_head(self) -> bool {
+        !matches!(self, Site::ResidPre | Site::AttnOut | Site::MlpOut)
+    }
+}
+
+/// One clean/corrupted pair as token ids (the same length), with the answer and, for
+/// `logit_diff`, the wrong answer.
+#[derive(Debug, Clone)]
+pub struct PairIds {
+    pub clean: Vec<i64>,
+    pub corrupted: Vec<i64>,
+    pub answer: i64,
+    pub wrong: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PatchSpec {
+    pub site: Site,
+    /// Patch each position alone (else all positions at once).
+    pub each_position: bool,
+    pub direction: Direction,
+    pub metric: PatchMetric,
+}
+
+/// The result: metric means over the pairs.
+#[derive(Debug, Clone)]
+pub struct Patched {
+    pub clean: f64,
+    pub corrupted: f64,
+    /// `[layer][position or 0][unit]`: the metric of the run with that unit patched. Units are
+    /// heads (query heads, or key/value heads for `k` and `v`) or, for the residual sites, one.
+    pub patched: Vec<Vec<Vec<f64>>>,
+    /// Token length of the pairs (positions in `patched` when per position; pairs of several
+    /// lengths cannot be patched per position).
+    pub positions: usize,
+}
+
+impl Patched {
+    /// `(patched - corrupted) / (clean - corrupted)`: 1 = the patch restores the clean metric
+    /// (denoising), 0 = it changes nothing; NaN when clean and corrupted agree.
+    pub fn normalized(&self, v: f64) -> f64 {
+        (v - self.corrupted) / (self.clean - self.corrupted)
+    }
+}
+
+/// A hook replacing one point's value (the rows' patched values).
+struct Put<'a> {
+    at: At,
+    value: &'a Tensor,
+}
+
+impl Hooks for Put<'_> {
+    fn wants(&self, at: At) -> bool {
+        at == self.at
+    }
+    fn visit(&mut self, _: At, _: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(Some(self.value.shallow_clone()))
+    }
+}
+
+/// What one run of a bucket records: each layer's input and the patched point's value.
+struct Run {
+    inputs: Vec<Tensor>,
+    values: Vec<Option<Tensor>>,
+    /// Last-position logits `[B, V]`, float64.
+    logits: Tensor,
+}
+
+fn record(model: &Model, ids: &Tensor, mask: &Tensor, point: Point, gates: &Gates) -> Result<Run, ModelError> {
+    let n = model.net.encoder.len();
+    let mut inputs = Vec::with_capacity(n);
+    let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+    let states = {
+        let mut on = |at: At, x: &Tensor| {
+            if at.point == Point::ResidPre {
+                inputs.push(x.shallow_clone());
+            }
+            if at.point == point {
+                if let Some(slot) = values.get_mut(at.layer) {
+                    *slot = Some(x.shallow_clone());
+                }
+            }
+            Ok(())
+        };
+        let points = [Point::ResidPre, point];
+        let mut rec = Record::new(&points, &mut on);
+        model.net.encode(ids, mask, gates, Some(&mut rec as &mut dyn Hooks))?
+    };
+    Ok(Run { inputs, values, logits: last_logits(model, &states)? })
+}
+
+fn last_logits(model: &Model, states: &Tensor) -> Result<Tensor, ModelError> {
+    let t = states.size()[1];
+    Ok(model.net.logits(&states.f_select(1, t - 1)?)?.f_to_kind(DType::Double)?)
+}
+
+/// The metric of each row: `logits [R, V]` against the pairs' answers (repeated per unit).
+fn metric(m: PatchMetric, logits: &Tensor, answer: &Tensor, wrong: &Tensor, clean_logp: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(match m {
+        PatchMetric::LogitDiff => logits.f_gather(1, answer, false)?.f_sub(&logits.f_gather(1, wrong, false)?)?.f_squeeze_dim(1)?,
+        PatchMetric::Prob => logits.f_softmax(1, DType::Double)?.f_gather(1, answer, false)?.f_squeeze_dim(1)?,
+        PatchMetric::Loss => logits.f_log_softmax(1, DType::Double)?.f_gather(1, answer, false)?.f_squeeze_dim(1)?.f_neg()?,
+        PatchMetric::Kl => {
+            let logq = logits.f_log_softmax(1, DType::Double)?;
+            clean_logp.f_exp()?.f_mul(&clean_logp.f_sub(&logq)?)?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?
+        }
+    })
+}
+
+/// Token rows per resumed chunk (as the ablation sweep's).
+const PATCH_ROWS: i64 = 2048;
+
+/// Patches every unit of `spec.site` in every layer of the model's stack, over `pairs`.
+pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let net = &model.net;
+    if !net.decoder.is_empty() || net.output.is_none() {
+        return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
+    }
+    if pairs.is_empty() {
+        return Err(AnalysisError::Input("patch: no pairs".into()));
+    }
+    if spec.metric == PatchMetric::LogitDiff && pairs.iter().any(|p| p.wrong.is_none()) {
+        return Err(AnalysisError::Input("patch: metric \"logit_diff\" needs a wrong answer for every pair".into()));
+    }
+    let mut by_len: BTreeMap<usize, Vec<&PairIds>> = BTreeMap::new();
+    for (i, p) in pairs.iter().enumerate() {
+        if p.clean.len() != p.corrupted.len() || p.clean.is_empty() {
+            return Err(AnalysisError::Input(format!("patch: pair {i}: the clean prompt has {} tokens, the corrupted {}; they must be equal and not 0", p.clean.len(), p.corrupted.len())));
+        }
+        by_len.entry(p.clean.len()).or_default().push(p);
+    }
+    if spec.each_position && by_len.len() > 1 {
+        let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
+        return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
+    }
+    Ok(run(model, &by_len, pairs.len(), spec, gates, stop, progress)?)
+}
+
+fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+    let net = &model.net;
+    let kind = net.stack_kind;
+    let point = spec.site.point();
+    let n_layers = net.encoder.len();
+    let positions = *by_len.keys().next().unwrap_or(&0);
+    let dev = model.device();
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    // Per layer, per position (or one), per unit: the sum over pairs.
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    let total_steps = by_len.len() * n_layers;
+    let mut done = 0;
+    for group in by_len.values() {
+        let b = group.len() as i64;
+        let t = group[0].clean.len() as i64;
+        let flat = |f: &dyn Fn(&PairIds) -> &[i64]| -> Vec<i64> { group.iter().flat_map(|p| f(p).to_vec()).collect() };
+        let clean_ids = Tensor::from_slice(&flat(&|p| &p.clean)).view([b, t]).to_device(dev);
+        let corrupt_ids = Tensor::from_slice(&flat(&|p| &p.corrupted)).view([b, t]).to_device(dev);
+        let mask = Tensor::ones([b, t], (DType::Float, dev));
+        let answer = Tensor::from_slice(&group.iter().map(|p| p.answer).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let wrong = Tensor::from_slice(&group.iter().map(|p| p.wrong.unwrap_or(p.answer)).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let clean = record(model, &clean_ids, &mask, point, gates)?;
+        let corrupt = record(model, &corrupt_ids, &mask, point, gates)?;
+        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
+        let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
+            metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
+        };
+        clean_sum += m_of(&clean.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        corrupt_sum += m_of(&corrupt.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let (base, source) = match spec.direction {
+            Direction::Denoise => (&corrupt, &clean),
+            Direction::Noise => (&clean, &corrupt),
+        };
+        let bias = net.self_bias(&mask, base.inputs.first().map_or(DType::Float, |x| x.kind()));
+        for l in 0..n_layers {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let (Some(x), Some(bv), Some(sv)) = (base.inputs.get(l), base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
+                // A layer without heads (prune_heads) has no attention values to patch.
+                sums[l] = Vec::new();
+                done += 1;
+                progress(done, total_steps);
+                continue;
+            };
+            // The value's unit axis (heads) and position axis.
+            let size = bv.size();
+            let (units, pos_axis) = if spec.site.per_head() { (size[1], 2usize) } else { (1, 1usize) };
+            let n_pos = if spec.each_position { t } else { 1 };
+            let n_rows = units * n_pos;
+            if sums[l].is_empty() {
+                sums[l] = vec![vec![0.0; units as usize]; n_pos as usize];
+            }
+            // Rows per chunk: about PATCH_ROWS token rows.
+            let chunk = (PATCH_ROWS / (b * t)).clamp(1, n_rows.max(1));
+            for start in (0..n_rows).step_by(chunk as usize) {
+                let n = chunk.min(n_rows - start);
+                // sel[j]: which entries row j takes from the source run.
+                let mut sel_shape = vec![1i64; size.len() + 1];
+                sel_shape[0] = n;
+                if spec.site.per_head() {
+                    sel_shape[2] = units;
+                }
+                if spec.each_position {
+                    sel_shape[pos_axis + 1] = t;
+                }
+                let numel: i64 = sel_shape.iter().product();
+                let mut sel = vec![false; numel as usize];
+                let per_row = (numel / n) as usize;
+                for j in 0..n {
+                    let r = start + j;
+                    let (unit, pos) = (r % units, r / units);
+                    // Index within the row's selection: [units?, pos?] in that order.
+                    let idx = if spec.each_position { unit * t + pos } else { unit };
+                    sel[j as usize * per_row + idx as usize] = true;
+                }
+                let sel = Tensor::from_slice(&sel).view(sel_shape.as_slice()).to_device(dev);
+                let mut rows_shape = size.clone();
+                rows_shape[0] = n * b;
+                let patched = sv.unsqueeze(0).f_where_self(&sel, &bv.unsqueeze(0))?.f_reshape(rows_shape.as_slice())?;
+                let xs = x.repeat([n, 1, 1]);
+                let biases = bias.repeat([n, 1, 1, 1]);
+                let out = match point {
+                    Point::Z => net.stack_from_z(l, &xs, &patched, &biases, gates, &mut None)?,
+                    Point::ResidPre => net.stack_from(l, &patched, &biases, gates, &mut None)?,
+                    _ => {
+                        let mut put = Put { at: At::new(kind, l, point), value: &patched };
+                        net.stack_from(l, &xs, &biases, gates, &mut Some(&mut put as &mut dyn Hooks))?
+                    }
+                };
+                let vals = m_of(&last_logits(model, &out)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                let vals = Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?;
+                for (j, v) in vals.into_iter().enumerate() {
+                    let r = start + j as i64;
+                    sums[l][(r / units) as usize][(r % units) as usize] += v;
+                }
+            }
+            done += 1;
+            progress(done, total_steps);
+        }
+    }
+    let n = n_pairs as f64;
+    for layer in sums.iter_mut() {
+        for row in layer.iter_mut() {
+            for v in row.iter_mut() {
+                *v /= n;
+            }
+        }
+    }
+    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+}

@@ -1,0 +1,133 @@
+//! Activation patching (docs/methods.md#activation-patching) against HF transformers in float64
+//! with hooks on the checkpoints' own modules (`fixtures/patching_reference.py`,
+//! `fixtures/patching_golden.npz`): every site, all positions and per position, denoising and
+//! noising, every metric, on tiny GPT-2, Llama and Qwen2 (grouped-query); float32 within 1e-4;
+//! and the identities that hold by construction.
+
+use headscope::analysis::patching::{patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
+use headscope::model::nn::Gates;
+use headscope::model::{LoadOptions, Model};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+const MODELS: [&str; 3] = ["gpt2", "llama", "qwen2"];
+const SITES: [&str; 8] = ["z", "q", "k", "v", "pattern", "resid_pre", "attn_out", "mlp_out"];
+const METRICS: [&str; 4] = ["logit_diff", "prob", "kl", "loss"];
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn golden() -> HashMap<String, Tensor> {
+    Tensor::read_npz(fixtures().join("patching_golden.npz")).unwrap().into_iter().collect()
+}
+
+fn load(name: &str, dtype: &str) -> Model {
+    Model::load(&fixtures().join("tiny_hf").join(name), LoadOptions::new(headscope::device::DeviceChoice::Cpu, dtype).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn pairs(g: &HashMap<String, Tensor>) -> Vec<PairIds> {
+    let lens = Vec::<i64>::try_from(&g["pairs/len"]).unwrap();
+    let answer = Vec::<i64>::try_from(&g["pairs/answer"]).unwrap();
+    let wrong = Vec::<i64>::try_from(&g["pairs/wrong"]).unwrap();
+    let row = |k: &str, i: usize| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..lens[i] as usize].to_vec();
+    (0..lens.len()).map(|i| PairIds { clean: row("pairs/clean", i), corrupted: row("pairs/corrupted", i), answer: answer[i], wrong: Some(wrong[i]) }).collect()
+}
+
+fn run(m: &Model, pairs: &[PairIds], site: Site, each: bool, direction: Direction, metric: PatchMetric) -> Patched {
+    patch(m, pairs, PatchSpec { site, each_position: each, direction, metric }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
+}
+
+fn max_diff(p: &Patched, want: &Tensor) -> f64 {
+    let got: Vec<f64> = p.patched.iter().flatten().flatten().copied().collect();
+    let want = Vec::<f64>::try_from(&want.flatten(0, -1)).unwrap();
+    assert_eq!(got.len(), want.len(), "grid size");
+    got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn patching_equals_transformers_with_hooks() {
+    let g = golden();
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in MODELS {
+        for (dtype, tol) in [("f64", 1e-8), ("f32", 1e-4)] {
+            let m = load(name, dtype);
+            let mut worst = (0.0f64, String::new());
+            for site in SITES {
+                for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
+                    for direction in ["denoise", "noise"] {
+                        for metric in METRICS {
+                            // f32 runs check one metric per site and mode (the runs are the same).
+                            if dtype == "f32" && (metric != "logit_diff" || direction != "denoise") {
+                                continue;
+                            }
+                            let p = run(&m, ps, site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
+                            let key = format!("{name}/{site}/{mode}/{direction}/{metric}");
+                            let d = max_diff(&p, &g[&key]);
+                            if mode == "all" {
+                                let c = g[&format!("{name}/clean/{metric}")].double_value(&[]);
+                                let k = g[&format!("{name}/corrupted/{metric}")].double_value(&[]);
+                                let rel = |a: f64, b: f64| (a - b).abs() / (1.0 + b.abs());
+                                assert!(rel(p.clean, c) < tol && rel(p.corrupted, k) < tol, "{key}: clean {} vs {c}, corrupted {} vs {k}", p.clean, p.corrupted);
+                            }
+                            if d > worst.0 {
+                                worst = (d, key.clone());
+                            }
+                            assert!(d < tol, "{key} ({dtype}): differs from transformers by {d:e}");
+                        }
+                    }
+                }
+            }
+            eprintln!("{name} {dtype}: patching within {:.1e} of transformers (worst {})", worst.0, worst.1);
+        }
+    }
+}
+
+#[test]
+fn patching_identities() {
+    let g = golden();
+    let all = pairs(&g);
+    let m = load("llama", "f64");
+    // The whole residual stream of layer 0 from the clean run is the clean run.
+    let p = run(&m, &all, Site::ResidPre, false, Direction::Denoise, PatchMetric::LogitDiff);
+    assert!((p.patched[0][0][0] - p.clean).abs() < 1e-10, "{} vs {}", p.patched[0][0][0], p.clean);
+    let n = run(&m, &all, Site::ResidPre, false, Direction::Noise, PatchMetric::LogitDiff);
+    assert!((n.patched[0][0][0] - n.corrupted).abs() < 1e-10);
+    assert!((p.normalized(p.patched[0][0][0]) - 1.0).abs() < 1e-9);
+    // `result` is `z` through W^O: the same patch.
+    let z = run(&m, &all, Site::Z, false, Direction::Denoise, PatchMetric::Kl);
+    let r = run(&m, &all, Site::Result, false, Direction::Denoise, PatchMetric::Kl);
+    assert_eq!(z.patched, r.patched);
+    // Grouped-query: k and v have one unit per key/value head.
+    let k = run(&m, &all, Site::K, false, Direction::Denoise, PatchMetric::Prob);
+    assert_eq!((k.patched.len(), k.patched[0].len(), k.patched[0][0].len()), (2, 1, 2));
+    // Per position, the patches at positions where clean and corrupted agree before the first
+    // difference change nothing in a causal model (positions 0 and 1 of both length-6 pairs).
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    let e = run(&m, &six, Site::ResidPre, true, Direction::Denoise, PatchMetric::LogitDiff);
+    for pos in 0..2 {
+        for l in 0..2 {
+            assert!((e.patched[l][pos][0] - e.corrupted).abs() < 1e-10, "layer {l} position {pos}");
+        }
+    }
+}
+
+#[test]
+fn bad_pairs_are_refused_with_the_reason() {
+    let m = load("gpt2", "f32");
+    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let go = |ps: &[PairIds], spec: PatchSpec| patch(&m, ps, spec, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    let e = go(&[PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 2], answer: 4, wrong: Some(5) }], spec);
+    assert!(e.contains("pair 0") && e.contains("3 tokens") && e.contains("corrupted 2"), "{e}");
+    let e = go(&[PairIds { clean: vec![1, 2], corrupted: vec![1, 3], answer: 4, wrong: None }], spec);
+    assert!(e.contains("logit_diff") && e.contains("wrong answer"), "{e}");
+    let two = [PairIds { clean: vec![1, 2], corrupted: vec![1, 3], answer: 4, wrong: Some(5) }, PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 3, 3], answer: 4, wrong: Some(5) }];
+    let e = go(&two, PatchSpec { each_position: true, ..spec });
+    assert!(e.contains("one token length") && e.contains("2, 3"), "{e}");
+    assert!(go(&[], spec).contains("no pairs"));
+    // An interrupt stops the run.
+    let e = patch(&m, &two, spec, &Gates::none(), &|| true, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("interrupt"), "{e}");
+}
