@@ -3,6 +3,7 @@
 
 pub mod conllu;
 pub mod pairs;
+pub mod pairs_script;
 
 use conllu::Sentence;
 use std::path::Path;

@@ -9,6 +9,7 @@ mod analysis;
 mod diversity;
 mod importance;
 mod lrp;
+mod patching;
 mod sharded;
 mod taxonomy;
 
@@ -23,6 +24,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("head_importance", importance::IMPORTANCE_OPTIONS),
     ("Model.bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
+    ("patch", patching::PATCH_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
@@ -55,6 +57,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(diversity::api).into());
     engine.register_global_module(rhai::exported_module!(lrp::api).into());
     engine.register_global_module(rhai::exported_module!(importance::api).into());
+    engine.register_global_module(rhai::exported_module!(patching::api).into());
     engine.register_type_with_name::<HeadTypes>("HeadTypes");
     engine.register_global_module(rhai::exported_module!(taxonomy::api).into());
 }
