@@ -4,7 +4,7 @@
 //! noising, every metric, on tiny GPT-2, Llama and Qwen2 (grouped-query); float32 within 1e-4;
 //! and the identities that hold by construction.
 
-use headscope::analysis::patching::{patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
+use headscope::analysis::patching::{attribute, patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
 use headscope::model::nn::Gates;
 use headscope::model::{LoadOptions, Model};
 use std::collections::HashMap;
@@ -130,4 +130,30 @@ fn bad_pairs_are_refused_with_the_reason() {
     // An interrupt stops the run.
     let e = patch(&m, &two, spec, &Gates::none(), &|| true, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.to_lowercase().contains("interrupt"), "{e}");
+}
+
+#[test]
+fn attribution_patching_equals_its_definition_by_autograd() {
+    let g = golden();
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in MODELS {
+        let m = load(name, "f64");
+        let mut worst = (0.0f64, String::new());
+        for site in SITES {
+            for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
+                for direction in ["denoise", "noise"] {
+                    let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let a = attribute(&m, ps, spec, &Gates::none(), &|| false).unwrap();
+                    let key = format!("{name}/attr/{site}/{mode}/{direction}/logit_diff");
+                    let d = max_diff(&a, &g[&key]);
+                    if d > worst.0 {
+                        worst = (d, key.clone());
+                    }
+                    assert!(d < 1e-6, "{key}: differs from autograd by {d:e}");
+                }
+            }
+        }
+        eprintln!("{name} f64: attribution patching within {:.1e} of autograd (worst {})", worst.0, worst.1);
+    }
 }

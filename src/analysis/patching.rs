@@ -188,6 +188,14 @@ const PATCH_ROWS: i64 = 2048;
 
 /// Patches every unit of `spec.site` in every layer of the model's stack, over `pairs`.
 pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    patch_only(model, pairs, spec, None, gates, stop, progress)
+}
+
+/// A unit of a patching grid: layer, position (0 for all positions) and unit.
+pub type Unit = (usize, usize, usize);
+
+/// [`patch`] of the listed units only (`None`: every unit); the others are NaN.
+pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
     let _g = tch::no_grad_guard();
     let net = &model.net;
     if !net.decoder.is_empty() || net.output.is_none() {
@@ -210,10 +218,11 @@ pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, s
         let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
         return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
     }
-    Ok(run(model, &by_len, pairs.len(), spec, gates, stop, progress)?)
+    Ok(run(model, &by_len, pairs.len(), spec, only, gates, stop, progress)?)
 }
 
-fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+#[allow(clippy::too_many_arguments)]
+fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
     let net = &model.net;
     let kind = net.stack_kind;
     let point = spec.site.point();
@@ -264,8 +273,20 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
             let n_pos = if spec.each_position { t } else { 1 };
             let n_rows = units * n_pos;
             if sums[l].is_empty() {
-                sums[l] = vec![vec![0.0; units as usize]; n_pos as usize];
+                let fill = if only.is_some() { f64::NAN } else { 0.0 };
+                sums[l] = vec![vec![fill; units as usize]; n_pos as usize];
             }
+            // The rows to run (row r: unit r % units at position r / units).
+            let rows: Vec<i64> = match only {
+                None => (0..n_rows).collect(),
+                Some(list) => (0..n_rows).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
+            };
+            if only.is_some() {
+                for &r in &rows {
+                    sums[l][(r / units) as usize][(r % units) as usize] = 0.0;
+                }
+            }
+            let n_rows = rows.len() as i64;
             // Rows per chunk: about PATCH_ROWS token rows.
             let chunk = (PATCH_ROWS / (b * t)).clamp(1, n_rows.max(1));
             for start in (0..n_rows).step_by(chunk as usize) {
@@ -283,7 +304,7 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
                 let mut sel = vec![false; numel as usize];
                 let per_row = (numel / n) as usize;
                 for j in 0..n {
-                    let r = start + j;
+                    let r = rows[(start + j) as usize];
                     let (unit, pos) = (r % units, r / units);
                     // Index within the row's selection: [units?, pos?] in that order.
                     let idx = if spec.each_position { unit * t + pos } else { unit };
@@ -306,12 +327,147 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
                 let vals = m_of(&last_logits(model, &out)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
                 let vals = Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?;
                 for (j, v) in vals.into_iter().enumerate() {
-                    let r = start + j as i64;
+                    let r = rows[start as usize + j];
                     sums[l][(r / units) as usize][(r % units) as usize] += v;
                 }
             }
             done += 1;
             progress(done, total_steps);
+        }
+    }
+    let n = n_pairs as f64;
+    for layer in sums.iter_mut() {
+        for row in layer.iter_mut() {
+            for v in row.iter_mut() {
+                *v /= n;
+            }
+        }
+    }
+    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+}
+
+/// A hook adding a zero that requires grad to each layer's value at one point: the gradient
+/// of the metric with respect to that zero is its gradient with respect to the value, through
+/// every path (a detached leaf in its place would cut the paths through later layers).
+struct Leaves {
+    kind: crate::model::Kind,
+    point: Point,
+    leaves: Vec<Option<Tensor>>,
+}
+
+impl Hooks for Leaves {
+    fn wants(&self, at: At) -> bool {
+        at.kind == self.kind && at.point == self.point
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        let zero = x.f_zeros_like()?.set_requires_grad(true);
+        if let Some(slot) = self.leaves.get_mut(at.layer) {
+            *slot = Some(zero.shallow_clone());
+        }
+        Ok(Some(x.f_add(&zero)?))
+    }
+}
+
+/// Attribution patching (Nanda 2023; Syed et al. 2023; docs/methods.md#attribution-patching):
+/// the first-order estimate of each patch's change of the metric,
+/// `(a_source - a_base) . d metric / d a` at the base run, for every unit of `spec.site`: two
+/// forwards without gradients (the source values), one with and one backward per bucket of
+/// pairs. Returned like [`patch`]: `patched` holds `base metric + estimate`, so that the
+/// normalised effect reads as exact patching's.
+pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
+    // The same checks as exact patching (an empty run of `patch` validates nothing else).
+    let net = &model.net;
+    if !net.decoder.is_empty() || net.output.is_none() {
+        return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
+    }
+    if pairs.is_empty() {
+        return Err(AnalysisError::Input("patch: no pairs".into()));
+    }
+    if spec.metric == PatchMetric::LogitDiff && pairs.iter().any(|p| p.wrong.is_none()) {
+        return Err(AnalysisError::Input("patch: metric \"logit_diff\" needs a wrong answer for every pair".into()));
+    }
+    let mut by_len: BTreeMap<usize, Vec<&PairIds>> = BTreeMap::new();
+    for (i, p) in pairs.iter().enumerate() {
+        if p.clean.len() != p.corrupted.len() || p.clean.is_empty() {
+            return Err(AnalysisError::Input(format!("patch: pair {i}: the clean prompt has {} tokens, the corrupted {}; they must be equal and not 0", p.clean.len(), p.corrupted.len())));
+        }
+        by_len.entry(p.clean.len()).or_default().push(p);
+    }
+    if spec.each_position && by_len.len() > 1 {
+        let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
+        return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
+    }
+    Ok(attribute_runs(model, &by_len, pairs.len(), spec, gates, stop)?)
+}
+
+fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
+    let net = &model.net;
+    let point = spec.site.point();
+    let n_layers = net.encoder.len();
+    let positions = *by_len.keys().next().unwrap_or(&0);
+    let dev = model.device();
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    for group in by_len.values() {
+        if stop() {
+            return Err(ModelError::Interrupted);
+        }
+        let b = group.len() as i64;
+        let t = group[0].clean.len() as i64;
+        let flat = |f: &dyn Fn(&PairIds) -> &[i64]| -> Vec<i64> { group.iter().flat_map(|p| f(p).to_vec()).collect() };
+        let clean_ids = Tensor::from_slice(&flat(&|p| &p.clean)).view([b, t]).to_device(dev);
+        let corrupt_ids = Tensor::from_slice(&flat(&|p| &p.corrupted)).view([b, t]).to_device(dev);
+        let mask = Tensor::ones([b, t], (DType::Float, dev));
+        let answer = Tensor::from_slice(&group.iter().map(|p| p.answer).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let wrong = Tensor::from_slice(&group.iter().map(|p| p.wrong.unwrap_or(p.answer)).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let (clean, corrupt) = {
+            let _g = tch::no_grad_guard();
+            (record(model, &clean_ids, &mask, point, gates)?, record(model, &corrupt_ids, &mask, point, gates)?)
+        };
+        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
+        clean_sum += metric(spec.metric, &clean.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
+        corrupt_sum += metric(spec.metric, &corrupt.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
+        let (base_ids, base, source) = match spec.direction {
+            Direction::Denoise => (&corrupt_ids, &corrupt, &clean),
+            Direction::Noise => (&clean_ids, &clean, &corrupt),
+        };
+        let base_metric = metric(spec.metric, &base.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
+        // The base run again, with gradients at the point of every layer.
+        let mut leaves = Leaves { kind: net.stack_kind, point, leaves: (0..n_layers).map(|_| None).collect() };
+        let grads: Vec<Option<Tensor>> = tch::with_grad(|| -> Result<Vec<Option<Tensor>>, ModelError> {
+            let states = net.encode(base_ids, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
+            let m = metric(spec.metric, &last_logits(model, &states)?, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
+            let present: Vec<&Tensor> = leaves.leaves.iter().flatten().collect();
+            let g = Tensor::f_run_backward(&[&m], &present, false, false)?;
+            let mut it = g.into_iter();
+            Ok(leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect())
+        })?;
+        for l in 0..n_layers {
+            let (Some(g), Some(bv), Some(sv)) = (grads[l].as_ref(), base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
+                sums[l] = Vec::new();
+                continue;
+            };
+            // (source - base) . grad, summed over the batch, the features and (for all
+            // positions) the positions: [units, T] or [1, T].
+            let prod = sv.f_sub(bv)?.f_mul(g)?.f_to_kind(DType::Double)?;
+            let per = if spec.site.per_head() {
+                // [B, H, T, X] -> [H, T]
+                prod.f_sum_dim_intlist([0i64, 3].as_slice(), false, DType::Double)?
+            } else {
+                // [B, T, D] -> [1, T]
+                prod.f_sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double)?.f_unsqueeze(0)?
+            };
+            let per = if spec.each_position { per } else { per.f_sum_dim_intlist([1i64].as_slice(), true, DType::Double)? };
+            // [units, P] -> [P][units]
+            let m: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&per.f_transpose(0, 1)?.f_contiguous()?).map_err(|e| ModelError::Invalid(e.to_string()))?;
+            if sums[l].is_empty() {
+                sums[l] = vec![vec![0.0; m.first().map_or(0, |r| r.len())]; m.len()];
+            }
+            for (acc, row) in sums[l].iter_mut().zip(&m) {
+                for (a, v) in acc.iter_mut().zip(row) {
+                    *a += v + base_metric;
+                }
+            }
         }
     }
     let n = n_pairs as f64;

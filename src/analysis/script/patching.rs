@@ -1,12 +1,12 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
-use crate::analysis::patching::{patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
+use crate::analysis::patching::{attribute, patch_only, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site, Unit};
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Model;
-use crate::script::convert::{err, opt_str, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -17,7 +17,14 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt_str("positions", "all", "\"all\" (every position at once) or \"each\" (one position at a time; the pairs must share one token length)"),
     opt_str("direction", "denoise", "\"denoise\" (clean values into the corrupted run) or \"noise\" (corrupted into clean)"),
     opt_str("metric", "logit_diff", "\"logit_diff\" (answer - wrong), \"prob\" (of the answer), \"kl\" (clean || run) or \"loss\" (-log p(answer)), at the last position"),
+    opt_str("method", "exact", "\"exact\" (one run per patch, batched) or \"attribution\" (the first-order estimate: two forwards and one backward; docs/methods.md#attribution-patching)"),
+    opt_int("verify", 0, "with method \"attribution\": patch the k units of largest |estimated effect| exactly (-1: every unit) and report the agreement"),
 ];
+
+options_enum!(Method, "patching method", {
+    Exact = "exact",
+    Attribution = "attribution",
+});
 
 /// The one token of an answer (special tokens such as a BOS the tokenizer adds left out).
 fn answer_id(model: &Model, text: &str, what: &str, origin: &str) -> ScriptResult<i64> {
@@ -53,8 +60,8 @@ fn grid(m: &ScriptModel, stat: String, dataset: &str, values: Vec<Vec<f64>>, ech
 }
 
 /// The result map of a patching run.
-fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, r: &Patched, tokens: &[String], echo: crate::output::Echo) -> ScriptResult<Map> {
-    let what = format!("{} patching of {} ({}, {})", spec.direction, spec.site, spec.metric, if spec.each_position { "per position" } else { "all positions" });
+fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, r: &Patched, tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
+    let what = format!("{how}{} patching of {} ({}, {})", spec.direction, spec.site, spec.metric, if spec.each_position { "per position" } else { "all positions" });
     let mut out = Map::new();
     let norm = |v: f64| r.normalized(v);
     let pos_label = |p: usize| format!("{p}:{}", tokens.get(p).map_or("", |t| t.as_str()));
@@ -111,21 +118,67 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
     };
     let direction: Direction = o.parsed_or_default("direction")?;
     let metric: PatchMetric = o.parsed_or_default("metric")?;
+    let method: Method = o.parsed_or_default("method")?;
+    let verify = match o.value("verify").map(|v| v.as_int()) {
+        None => 0,
+        Some(Ok(k)) if k >= -1 => k,
+        Some(_) => return err(format!("patch: verify must be an integer k >= 0 (or -1: every unit), got {}", crate::script::convert::quote(&options["verify"]))),
+    };
+    if verify != 0 && method != Method::Attribution {
+        return err("patch: verify checks attribution patching against exact patching; give it with method: \"attribution\"");
+    }
     let pairs = pairs_arg(data, F)?;
     let (ids, tokens) = token_ids(m, &pairs)?;
     let spec = PatchSpec { site, each_position: each, direction, metric };
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
-    let r = patch(&m.model, &ids, spec, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?;
+    let r = match method {
+        Method::Exact => patch_only(&m.model, &ids, spec, None, &gates, &crate::run::interrupted, &mut progress),
+        Method::Attribution => attribute(&m.model, &ids, spec, &gates, &crate::run::interrupted),
+    }
+    .or_else(|e| err(format!("{F}: {e}")))?;
     let echo = vec![
         ("site".to_string(), json!(site.to_string())),
         ("positions".into(), json!(if each { "each" } else { "all" })),
         ("direction".into(), json!(direction.to_string())),
         ("metric".into(), json!(metric.to_string())),
+        ("method".into(), json!(method.to_string())),
         ("clean".into(), crate::script::convert::json_f64(r.clean)),
         ("corrupted".into(), crate::script::convert::json_f64(r.corrupted)),
     ];
-    result(m, &pairs, spec, &r, &tokens, echo)
+    let mut out = result(m, &pairs, spec, &r, &tokens, echo.clone(), if method == Method::Attribution { "attribution " } else { "" })?;
+    if verify != 0 {
+        // The units of largest estimated |effect|, patched exactly.
+        let base = match direction {
+            Direction::Denoise => r.corrupted,
+            Direction::Noise => r.clean,
+        };
+        let mut all: Vec<(Unit, f64)> = r.patched.iter().enumerate().flat_map(|(l, layer)| layer.iter().enumerate().flat_map(move |(p, row)| row.iter().enumerate().map(move |(u, &v)| ((l, p, u), (v - base).abs())))).filter(|(_, v)| !v.is_nan()).collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let k = if verify < 0 { all.len() } else { (verify as usize).min(all.len()) };
+        let chosen: Vec<Unit> = all[..k].iter().map(|(u, _)| *u).collect();
+        let exact = patch_only(&m.model, &ids, spec, Some(&chosen), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?;
+        let ex = result(m, &pairs, spec, &exact, &tokens, echo, "exact ")?;
+        out.insert("exact".into(), ex["effect"].clone());
+        out.insert("agreement".into(), Dynamic::from(agreement(&r, &exact, &chosen, k == all.len(), base)?));
+    }
+    Ok(out)
+}
+
+/// How attribution agrees with exact patching on the verified units: Spearman's rho of the
+/// effects and, when every unit was verified, how many of the 10 largest |effects| both share.
+fn agreement(attr: &Patched, exact: &Patched, units: &[Unit], every: bool, base: f64) -> ScriptResult<Table> {
+    let at = |p: &Patched, (l, q, u): Unit| p.patched[l][q][u] - base;
+    let a: Vec<f64> = units.iter().map(|&u| at(attr, u)).collect();
+    let e: Vec<f64> = units.iter().map(|&u| at(exact, u)).collect();
+    let mut t = Table::new(vec!["units".into(), "spearman".into(), "top".into(), "overlap".into()]);
+    t.title = Some("agreement: attribution patching vs exact patching (effects on the verified units)".into());
+    t.digits = 3;
+    let top = if every { 10.min(units.len()) } else { 0 };
+    let neg_abs = |v: &[f64]| v.iter().map(|x| -x.abs()).collect::<Vec<f64>>();
+    let overlap = crate::analysis::importance::bottom_k_overlap(&neg_abs(&a), &neg_abs(&e), top);
+    t.push_row(vec![Cell::Int(units.len() as i64), Cell::Float(crate::analysis::importance::spearman(&a, &e)), Cell::Int(top as i64), if every { Cell::Int(overlap as i64) } else { Cell::Empty }]).or_else(|e| err(e.to_string()))?;
+    Ok(t)
 }
 
 #[export_module]
@@ -140,8 +193,11 @@ pub mod api {
     /// layers x heads, per position an array of Grids, for the residual stream a Table),
     /// `patched` (the metric itself, alike), `clean`, `corrupted`, `pairs`, `tokens` (per
     /// position) and `options`. Options: `site` ("z"), `positions` ("all" | "each"),
-    /// `direction` ("denoise"), `metric` ("logit_diff"). Each layer's patches run as rows of
-    /// one batch above the layers computed once; the view's masks and gates apply.
+    /// `direction` ("denoise"), `metric` ("logit_diff"), `method` ("exact", or "attribution":
+    /// the gradient estimate, docs/methods.md#attribution-patching) and `verify` (with
+    /// attribution: patch the k units of largest estimated effect exactly, -1 every unit; adds
+    /// `exact` and an `agreement` table). Each layer's patches run as rows of one batch above
+    /// the layers computed once; the view's masks and gates apply.
     ///
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
@@ -152,6 +208,8 @@ pub mod api {
     /// assert(abs(all.patched.column("all")[0] - all.clean) < 1e-5);
     /// let h = m.patch(p, #{site: "z", metric: "kl"});
     /// assert(h.effect.kinds == ["dec"]);
+    /// let a = m.patch(p, #{method: "attribution", verify: -1});
+    /// assert(a.agreement.column("units")[0] == 8 && type_of(a.exact) == "Grid");
     /// ```
     #[rhai_fn(name = "patch", return_raw, pure)]
     pub fn patch_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
