@@ -157,3 +157,34 @@ fn attribution_patching_equals_its_definition_by_autograd() {
         eprintln!("{name} f64: attribution patching within {:.1e} of autograd (worst {})", worst.0, worst.1);
     }
 }
+
+/// TransformerLens 2.18's own patching functions (`fixtures/patching_tl_reference.py`,
+/// float32): `get_act_patch_attn_head_out_all_pos` (over the three pairs), `..._by_pos` and
+/// `get_act_patch_resid_pre` (over the two pairs of length 6), denoising, mean logit difference.
+#[test]
+fn patching_equals_transformer_lens() {
+    let g = golden();
+    let tl: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_tl_golden.npz")).unwrap().into_iter().collect();
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in ["gpt2", "llama"] {
+        let m = load(name, "f32");
+        let cases = [
+            ("three_pairs/head_out_all_pos", Site::Z, false, &all),
+            ("head_out_by_pos", Site::Z, true, &six),
+            ("resid_pre", Site::ResidPre, true, &six),
+        ];
+        for (key, site, each, ps) in cases {
+            let p = run(&m, ps, site, each, Direction::Denoise, PatchMetric::LogitDiff);
+            // TransformerLens's shapes: [layer, head], [layer, pos, head], [layer, pos].
+            let want = tl[&format!("{name}/{key}")].to_kind(tch::Kind::Double);
+            let want = if each && site == Site::ResidPre { want.unsqueeze(-1) } else if !each { want.unsqueeze(1) } else { want };
+            let d = max_diff(&p, &want);
+            eprintln!("{name} {key}: TransformerLens within {d:.1e}");
+            assert!(d < 1e-4, "{name} {key}: differs from TransformerLens by {d:e}");
+        }
+        let c = tl[&format!("{name}/three_pairs/clean")].double_value(&[]);
+        let p = run(&m, &all, Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+        assert!((p.clean - c).abs() < 1e-4, "{name}: clean {} vs TransformerLens {c}", p.clean);
+    }
+}
