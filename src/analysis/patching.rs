@@ -276,16 +276,38 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
                 let fill = if only.is_some() { f64::NAN } else { 0.0 };
                 sums[l] = vec![vec![fill; units as usize]; n_pos as usize];
             }
+            // Which units (and positions) the source changes at all: [units, n_pos] over the
+            // batch and the features. A patch that changes nothing (a position before the first
+            // token where the prompts differ, in a causal model) is the base run itself.
+            let differs = {
+                let ne = sv.f_ne_tensor(bv)?;
+                let per = if spec.site.per_head() {
+                    // [B, H, T, X] -> [H, T]
+                    ne.f_any_dims([0i64, 3].as_slice(), false)?
+                } else {
+                    // [B, T, D] -> [1, T]
+                    ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)?
+                };
+                let per = if spec.each_position { per } else { per.f_any_dims([1i64].as_slice(), true)? };
+                Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?).map_err(|e| ModelError::Invalid(e.to_string()))?
+            };
+            let changes = |r: i64| differs.get((r % units) as usize).and_then(|row| row.get((r / units) as usize)).copied().unwrap_or(true);
             // The rows to run (row r: unit r % units at position r / units).
-            let rows: Vec<i64> = match only {
+            let wanted: Vec<i64> = match only {
                 None => (0..n_rows).collect(),
                 Some(list) => (0..n_rows).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
             };
-            if only.is_some() {
-                for &r in &rows {
-                    sums[l][(r / units) as usize][(r % units) as usize] = 0.0;
+            let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+            for &r in &wanted {
+                let slot = &mut sums[l][(r / units) as usize][(r % units) as usize];
+                if only.is_some() {
+                    *slot = 0.0;
+                }
+                if !changes(r) {
+                    *slot += base_sum;
                 }
             }
+            let rows: Vec<i64> = wanted.into_iter().filter(|&r| changes(r)).collect();
             let n_rows = rows.len() as i64;
             // Rows per chunk: about PATCH_ROWS token rows.
             let chunk = (PATCH_ROWS / (b * t)).clamp(1, n_rows.max(1));

@@ -15,6 +15,17 @@ pub struct Pair {
     pub wrong: String,
     /// Where the pair came from, for errors: `file:line` or `pairs[i]`.
     pub origin: String,
+    /// Token ids given instead of texts (clean, corrupted, answer, wrong): used as they are.
+    pub ids: Option<PairTokens>,
+}
+
+/// A pair given as token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairTokens {
+    pub clean: Vec<i64>,
+    pub corrupted: Vec<i64>,
+    pub answer: i64,
+    pub wrong: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -50,7 +61,7 @@ impl Pairs {
             if let Some(k) = (0..4).find(|&k| cols[k].trim().is_empty()) {
                 return Err(bad(format!("the {} column is empty", COLUMNS[k])));
             }
-            items.push(Pair { clean: cols[0].trim().into(), corrupted: cols[1].trim().into(), answer: cols[2].into(), wrong: cols[3].into(), origin: format!("{file}:{}", i + 1) });
+            items.push(Pair { clean: cols[0].trim().into(), corrupted: cols[1].trim().into(), answer: cols[2].into(), wrong: cols[3].into(), origin: format!("{file}:{}", i + 1), ids: None });
         }
         if items.is_empty() {
             return Err(DataError::Io(file, "holds no pairs (expected lines clean<TAB>corrupted<TAB>answer<TAB>wrong)".into()));

@@ -1,7 +1,7 @@
 //! The `Pairs` script type: prompt pairs for activation patching (`pairs(file)`,
 //! `pairs([...])`; docs/methods.md#activation-patching).
 
-use super::pairs::{Pair, Pairs, COLUMNS};
+use super::pairs::{Pair, PairTokens, Pairs, COLUMNS};
 use crate::output::Output;
 use crate::script::convert::{err, quote, ScriptResult};
 use rhai::plugin::*;
@@ -48,10 +48,36 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
         } else {
             return err(format!("pairs[{i}]: expected [clean, corrupted, answer, wrong] or a map, got {}", quote(row)));
         };
+        if cols.iter().all(|c| c.as_ref().is_some_and(|v| v.is_array() || v.is_int())) {
+            items.push(token_pair(&cols, i)?);
+            continue;
+        }
         let t = |k: usize| text_of(cols[k].as_ref(), i, COLUMNS[k]);
-        items.push(Pair { clean: t(0)?.trim().into(), corrupted: t(1)?.trim().into(), answer: t(2)?, wrong: t(3)?, origin: format!("pairs[{i}]") });
+        items.push(Pair { clean: t(0)?.trim().into(), corrupted: t(1)?.trim().into(), answer: t(2)?, wrong: t(3)?, origin: format!("pairs[{i}]"), ids: None });
     }
     Ok(Pairs::new("pairs", items))
+}
+
+/// A pair given as token ids: prompts as arrays of integers, answers as integers.
+fn token_pair(cols: &[Option<Dynamic>], i: usize) -> ScriptResult<Pair> {
+    let ids = |k: usize| -> ScriptResult<Vec<i64>> {
+        let Some(a) = cols[k].as_ref().and_then(|v| v.read_lock::<Array>().map(|a| a.clone())) else {
+            return err(format!("pairs[{i}]: the {} must be an array of token ids when ids are given", COLUMNS[k]));
+        };
+        if a.is_empty() {
+            return err(format!("pairs[{i}]: the {} has no token ids", COLUMNS[k]));
+        }
+        a.iter().map(|x| x.as_int().ok().filter(|&v| v >= 0).map_or_else(|| err(format!("pairs[{i}]: the {} holds {}, not a token id (an integer >= 0)", COLUMNS[k], quote(x))), Ok)).collect()
+    };
+    let one = |k: usize| -> ScriptResult<i64> {
+        match cols[k].as_ref().map(|v| v.as_int()) {
+            Some(Ok(v)) if v >= 0 => Ok(v),
+            _ => err(format!("pairs[{i}]: the {} must be one token id (an integer >= 0) when the prompts are ids", COLUMNS[k])),
+        }
+    };
+    let t = PairTokens { clean: ids(0)?, corrupted: ids(1)?, answer: one(2)?, wrong: one(3)? };
+    let show = |v: &[i64]| format!("{v:?}");
+    Ok(Pair { clean: show(&t.clean), corrupted: show(&t.corrupted), answer: t.answer.to_string(), wrong: t.wrong.to_string(), origin: format!("pairs[{i}]"), ids: Some(t) })
 }
 
 pub fn describe(p: &Pairs) -> String {
@@ -82,13 +108,16 @@ pub mod api {
     }
 
     /// Prompt pairs built in a script: an array of `[clean, corrupted, answer, wrong]` or of
-    /// maps `#{clean, corrupted, answer, wrong}`.
+    /// maps `#{clean, corrupted, answer, wrong}`; texts, or token ids (prompts as arrays of
+    /// ids, answers as ids: used as given, as TransformerLens's token tensors are).
     ///
     /// ```rhai
     /// let p = pairs([["The capital of France is", "The capital of Italy is", " Paris", " Rome"]]);
     /// assert(p.len() == 1);
     /// let q = pairs([#{clean: "a b a", corrupted: "a c a", answer: " b", wrong: " c"}]);
     /// assert(q.len() == 1);
+    /// let ids = pairs([#{clean: [5, 17, 42], corrupted: [5, 18, 42], answer: 33, wrong: 44}]);
+    /// assert(ids.len() == 1);
     /// ```
     #[rhai_fn(name = "pairs", return_raw)]
     pub fn pairs_array(rows: Array) -> ScriptResult<Pairs> {

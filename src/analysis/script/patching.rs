@@ -41,7 +41,21 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
     let model = &m.model;
     let mut out = Vec::with_capacity(pairs.len());
     let mut first_tokens = Vec::new();
+    let vocab = model.net.embed.vocab();
     for p in pairs.items.iter() {
+        if let Some(t) = &p.ids {
+            if let Some(bad) = t.clean.iter().chain(&t.corrupted).chain([&t.answer, &t.wrong]).find(|&&v| v >= vocab) {
+                return err(format!("patch: {}: token id {bad} out of range: the vocabulary has ids 0..{}", p.origin, vocab - 1));
+            }
+            if t.clean.len() != t.corrupted.len() {
+                return err(format!("patch: {}: the clean prompt is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, t.clean.len(), t.corrupted.len()));
+            }
+            if first_tokens.is_empty() {
+                first_tokens = t.clean.iter().map(|&i| model.tok.id_to_token(i)).collect();
+            }
+            out.push(PairIds { clean: t.clean.clone(), corrupted: t.corrupted.clone(), answer: t.answer, wrong: Some(t.wrong) });
+            continue;
+        }
         let tok = |t: &str, what: &str| model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} prompt: {e}", p.origin)));
         let (c, k) = (tok(&p.clean, "clean")?, tok(&p.corrupted, "corrupted")?);
         if c.ids.len() != k.ids.len() {

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Activation patching, every head of SmolLM2 (30 x 9) at all positions and per position:
+# headscope vs TransformerLens 2.18 (benches/patching_tl.py), same weights (the SmolLM2 GGUF
+# through transformers, exported to safetensors for both), same 20-token pair, same run.
+# Prints both ratios: to TransformerLens and to the floor (docs/methods.md#activation-patching:
+# the FLOPs of the layers above each patched head over the positions the patch can change, at
+# this machine's measured float32 matmul rate). TransformerLens's per-position time is measured
+# on its first BY_POS_LAYERS layers and extrapolated (it runs heads x positions forwards).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+cd "$root"
+cargo build --release --locked -q
+out=target/patching-smollm2-hf
+tl=$(.venv/bin/python benches/patching_tl.py --out-dir "$out" --tokens "${TOKENS:-20}" --repeat 1 --by-pos-layers "${BY_POS_LAYERS:-1}" 2>/dev/null | tail -1)
+pair=$(cat "$out/pair.json")
+cat > "$out/bench.rhai" <<RHAI
+let m = load_model("$out");
+let j = #$pair;
+let p = pairs([#{clean: j.clean, corrupted: j.corrupted, answer: j.answer, wrong: j.wrong}]);
+m.patch(p, #{site: "resid_pre"}); // warm-up
+let t = timestamp();
+let all = m.patch(p);
+let t_all = t.elapsed;
+let t2 = timestamp();
+let each = m.patch(p, #{positions: "each"});
+let t_each = t2.elapsed;
+let t3 = timestamp();
+let attr = m.patch(p, #{method: "attribution"});
+let t_attr = t3.elapsed;
+print(\`{"all_pos_s": \${t_all}, "by_pos_s": \${t_each}, "attribution_s": \${t_attr}, "clean": \${all.clean}, "corrupted": \${all.corrupted}}\`);
+all.patched.to_json("$out/hs_all.json");
+RHAI
+hs=$(target/release/headscope run "$out/bench.rhai" | tail -1)
+TL="$tl" HS="$hs" OUT="$out" .venv/bin/python - <<'PY'
+import json, os, platform, time
+import numpy as np, torch
+tl, hs = json.loads(os.environ["TL"]), json.loads(os.environ["HS"])
+out = os.environ["OUT"]
+cfg = json.load(open(os.path.join(out, "config.json")))
+pair = json.load(open(os.path.join(out, "pair.json")))
+L, H, D, F, V = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+KV = cfg["num_key_value_heads"]
+dh = D // H
+T = len(pair["clean"])
+p0 = next(i for i, (a, b) in enumerate(zip(pair["clean"], pair["corrupted"])) if a != b)
+# FLOPs per token: a whole layer, and what follows hook_z in the patched layer (W^O and the MLP).
+layer = 2 * (D * D + 2 * D * KV * dh + D * D + 3 * D * F)
+after_z = 2 * (D * D + 3 * D * F)
+logits = 2 * D * V  # the last position's logits, once per patched run
+def attn(tokens, keys):  # scores and A V for `tokens` queries over `keys` keys, every head
+    return 2 * 2 * tokens * keys * D
+def above(l, first):  # the layers above head (l, h) over positions first..T-1
+    n = T - first
+    return after_z * n + (L - l - 1) * (layer * n + attn(n, T)) + logits
+floor_all = sum(H * above(l, p0) for l in range(L))
+floor_each = sum(H * above(l, p) for l in range(L) for p in range(p0, T))
+# This machine's float32 matmul rate at the patching's shapes (rows x D @ D x F).
+torch.set_num_threads(os.cpu_count())
+a, b = torch.randn(2048, D), torch.randn(D, F)
+for _ in range(3): a @ b
+n = 50; t0 = time.perf_counter()
+for _ in range(n): a @ b
+rate = 2 * 2048 * D * F * n / (time.perf_counter() - t0)
+print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; float32 matmul {rate / 1e9:.1f} GFLOP/s")
+print(f"model: {tl['model']} ({L} x {H} heads), pair of {T} tokens, first difference at position {p0}")
+print(f"clean/corrupted logit diff: headscope {hs['clean']:.4f}/{hs['corrupted']:.4f}, TransformerLens {tl.get('clean_logit_diff', float('nan')):.4f}/{tl.get('corrupted_logit_diff', float('nan')):.4f}")
+tl_all = np.load(os.path.join(out, "tl_results.npz"))
+ours = json.load(open(os.path.join(out, "hs_all.json")))
+print(f"{'patching':<22}{'headscope s':>12}{'TransformerLens s':>19}{'speed-up':>10}{'floor s':>9}{'hs/floor':>10}")
+for name, h, t, f in [("all positions", hs["all_pos_s"], tl["all_pos_s"], floor_all), ("per position", hs["by_pos_s"], tl["by_pos_s"], floor_each)]:
+    print(f"{name:<22}{h:>12.2f}{t:>19.2f}{t / h:>9.1f}x{f / rate:>9.2f}{h / (f / rate):>9.2f}x")
+print(f"{'attribution (all pos)':<22}{hs['attribution_s']:>12.2f}")
+if tl.get("by_pos_extrapolated"):
+    k = tl["by_pos_layers_timed"]
+    print(f"(TransformerLens per position: measured on {k} of {L} layers, times {L / k:g})")
+g = np.array(ours["kinds"]["dec"])
+print(f"headscope vs TransformerLens, all positions: max |difference| of the patched logit diffs {np.abs(g - tl_all['all_pos']).max():.2e}")
+PY
