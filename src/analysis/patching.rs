@@ -183,20 +183,9 @@ fn metric(m: PatchMetric, logits: &Tensor, answer: &Tensor, wrong: &Tensor, clea
     })
 }
 
-/// Token rows per resumed chunk (as the ablation sweep's).
-const PATCH_ROWS: i64 = 2048;
-
-/// Patches every unit of `spec.site` in every layer of the model's stack, over `pairs`.
-pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
-    patch_only(model, pairs, spec, None, gates, stop, progress)
-}
-
-/// A unit of a patching grid: layer, position (0 for all positions) and unit.
-pub type Unit = (usize, usize, usize);
-
-/// [`patch`] of the listed units only (`None`: every unit); the others are NaN.
-pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
-    let _g = tch::no_grad_guard();
+/// The pairs checked (a decoder-only LM, pairs of one length each, wrong answers for
+/// `logit_diff`, one length for per-position patching) and grouped by token length.
+fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<BTreeMap<usize, Vec<&'a PairIds>>, AnalysisError> {
     let net = &model.net;
     if !net.decoder.is_empty() || net.output.is_none() {
         return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
@@ -218,6 +207,52 @@ pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Optio
         let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
         return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
     }
+    Ok(by_len)
+}
+
+/// One bucket's pairs as tensors on the model's device.
+struct Bucket {
+    b: i64,
+    t: i64,
+    clean: Tensor,
+    corrupted: Tensor,
+    mask: Tensor,
+    answer: Tensor,
+    wrong: Tensor,
+}
+
+impl Bucket {
+    fn new(group: &[&PairIds], dev: tch::Device) -> Bucket {
+        let (b, t) = (group.len() as i64, group[0].clean.len() as i64);
+        let ids = |f: &dyn Fn(&PairIds) -> &[i64]| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, t]).to_device(dev);
+        let col = |f: &dyn Fn(&PairIds) -> i64| Tensor::from_slice(&group.iter().map(|p| f(p)).collect::<Vec<i64>>()).view([b, 1]).to_device(dev);
+        Bucket {
+            b,
+            t,
+            clean: ids(&|p| &p.clean),
+            corrupted: ids(&|p| &p.corrupted),
+            mask: Tensor::ones([b, t], (DType::Float, dev)),
+            answer: col(&|p| p.answer),
+            wrong: col(&|p| p.wrong.unwrap_or(p.answer)),
+        }
+    }
+}
+
+/// Token rows per resumed chunk (as the ablation sweep's).
+const PATCH_ROWS: i64 = 2048;
+
+/// Patches every unit of `spec.site` in every layer of the model's stack, over `pairs`.
+pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    patch_only(model, pairs, spec, None, gates, stop, progress)
+}
+
+/// A unit of a patching grid: layer, position (0 for all positions) and unit.
+pub type Unit = (usize, usize, usize);
+
+/// [`patch`] of the listed units only (`None`: every unit); the others are NaN.
+pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let by_len = buckets(model, pairs, spec)?;
     Ok(run(model, &by_len, pairs.len(), spec, only, gates, stop, progress)?)
 }
 
@@ -235,14 +270,7 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
     let total_steps = by_len.len() * n_layers;
     let mut done = 0;
     for group in by_len.values() {
-        let b = group.len() as i64;
-        let t = group[0].clean.len() as i64;
-        let flat = |f: &dyn Fn(&PairIds) -> &[i64]| -> Vec<i64> { group.iter().flat_map(|p| f(p).to_vec()).collect() };
-        let clean_ids = Tensor::from_slice(&flat(&|p| &p.clean)).view([b, t]).to_device(dev);
-        let corrupt_ids = Tensor::from_slice(&flat(&|p| &p.corrupted)).view([b, t]).to_device(dev);
-        let mask = Tensor::ones([b, t], (DType::Float, dev));
-        let answer = Tensor::from_slice(&group.iter().map(|p| p.answer).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
-        let wrong = Tensor::from_slice(&group.iter().map(|p| p.wrong.unwrap_or(p.answer)).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, mask, answer, wrong } = Bucket::new(group, dev);
         let clean = record(model, &clean_ids, &mask, point, gates)?;
         let corrupt = record(model, &corrupt_ids, &mask, point, gates)?;
         let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
@@ -397,28 +425,7 @@ impl Hooks for Leaves {
 /// pairs. Returned like [`patch`]: `patched` holds `base metric + estimate`, so that the
 /// normalised effect reads as exact patching's.
 pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
-    // The same checks as exact patching (an empty run of `patch` validates nothing else).
-    let net = &model.net;
-    if !net.decoder.is_empty() || net.output.is_none() {
-        return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
-    }
-    if pairs.is_empty() {
-        return Err(AnalysisError::Input("patch: no pairs".into()));
-    }
-    if spec.metric == PatchMetric::LogitDiff && pairs.iter().any(|p| p.wrong.is_none()) {
-        return Err(AnalysisError::Input("patch: metric \"logit_diff\" needs a wrong answer for every pair".into()));
-    }
-    let mut by_len: BTreeMap<usize, Vec<&PairIds>> = BTreeMap::new();
-    for (i, p) in pairs.iter().enumerate() {
-        if p.clean.len() != p.corrupted.len() || p.clean.is_empty() {
-            return Err(AnalysisError::Input(format!("patch: pair {i}: the clean prompt has {} tokens, the corrupted {}; they must be equal and not 0", p.clean.len(), p.corrupted.len())));
-        }
-        by_len.entry(p.clean.len()).or_default().push(p);
-    }
-    if spec.each_position && by_len.len() > 1 {
-        let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
-        return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
-    }
+    let by_len = buckets(model, pairs, spec)?;
     Ok(attribute_runs(model, &by_len, pairs.len(), spec, gates, stop)?)
 }
 
@@ -434,14 +441,7 @@ fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pair
         if stop() {
             return Err(ModelError::Interrupted);
         }
-        let b = group.len() as i64;
-        let t = group[0].clean.len() as i64;
-        let flat = |f: &dyn Fn(&PairIds) -> &[i64]| -> Vec<i64> { group.iter().flat_map(|p| f(p).to_vec()).collect() };
-        let clean_ids = Tensor::from_slice(&flat(&|p| &p.clean)).view([b, t]).to_device(dev);
-        let corrupt_ids = Tensor::from_slice(&flat(&|p| &p.corrupted)).view([b, t]).to_device(dev);
-        let mask = Tensor::ones([b, t], (DType::Float, dev));
-        let answer = Tensor::from_slice(&group.iter().map(|p| p.answer).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
-        let wrong = Tensor::from_slice(&group.iter().map(|p| p.wrong.unwrap_or(p.answer)).collect::<Vec<_>>()).view([b, 1]).to_device(dev);
+        let Bucket { clean: clean_ids, corrupted: corrupt_ids, mask, answer, wrong, .. } = Bucket::new(group, dev);
         let (clean, corrupt) = {
             let _g = tch::no_grad_guard();
             (record(model, &clean_ids, &mask, point, gates)?, record(model, &corrupt_ids, &mask, point, gates)?)
