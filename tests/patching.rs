@@ -188,3 +188,56 @@ fn patching_equals_transformer_lens() {
         assert!((p.clean - c).abs() < 1e-4, "{name}: clean {} vs TransformerLens {c}", p.clean);
     }
 }
+
+/// Mean ablation (docs/methods.md#mean-ablation) against transformers in float64
+/// (`fixtures/mean_ablation_reference.py`): each head's mean context over the reference
+/// sentences, and the next-token loss with two heads set to their means (and to zero, which is
+/// the old masking); the sweep's mean-ablated entries equal ablating each head alone.
+#[test]
+fn mean_ablation_equals_transformers() {
+    use headscope::analysis::ablation::{evaluate, mean_fill, prepare, sweep, Metric};
+    use headscope::data::{Dataset, Item};
+    use headscope::model::{HeadId, Kind};
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("mean_ablation_golden.npz")).unwrap().into_iter().collect();
+    let texts = |v: &[&str]| Dataset::new("t", v.iter().map(|t| Item { text: t.to_string(), target: None, tree: None }).collect());
+    let reference = texts(&["the cat sat on the mat", "a dog ran in the park today", "we like green tea", "it is raining"]);
+    let eval = texts(&["the dog sat in the park", "a cat likes tea", "it is green"]);
+    let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }];
+    for name in ["gpt2", "llama"] {
+        let m = load(name, "f64");
+        for (d, key) in [(&reference, "ref_ids"), (&eval, "eval_ids")] {
+            for (i, item) in d.items.iter().enumerate() {
+                let want = Vec::<i64>::try_from(&g[&format!("{name}/{key}/{i}")]).unwrap();
+                assert_eq!(m.tokenize(&item.text).unwrap().ids, want, "{name}: tokenization of {:?}", item.text);
+            }
+        }
+        let fills = mean_fill(&m, &reference, &[Kind::Dec], 1024, &Gates::none(), &|| false).unwrap();
+        let d = (fills.dec.as_ref().unwrap() - &g[&format!("{name}/mean")]).abs().max().double_value(&[]);
+        assert!(d < 1e-12, "{name}: means differ from transformers by {d:e}");
+        let p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
+        let stop = || false;
+        let full = evaluate(&m, &p, &Gates::none(), &stop).unwrap();
+        let zero = evaluate(&m, &p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
+        let mut mean_gates = m.gates_closing(&heads).unwrap();
+        mean_gates.fill = fills.share();
+        let mean = evaluate(&m, &p, &mean_gates, &stop).unwrap();
+        for (what, got) in [("full", full), ("zero", zero), ("mean", mean)] {
+            let want = g[&format!("{name}/loss_{what}")].double_value(&[]);
+            assert!((got - want).abs() < 1e-7 * want.abs(), "{name} {what}: loss {got} vs transformers {want}");
+        }
+        eprintln!("{name}: mean-ablated loss {mean:.9} (transformers {:.9}), zero {zero:.9}", g[&format!("{name}/loss_mean")].double_value(&[]));
+        // The sweep under mean ablation: every entry equals that head alone mean-ablated.
+        let mut base = Gates::none();
+        base.fill = fills.share();
+        let pm = prepare(&m, &eval, Metric::Loss, 1024, base).unwrap();
+        let grid = sweep(&m, &pm, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+        for (l, row) in grid[0].1.iter().enumerate() {
+            for (h, &v) in row.iter().enumerate() {
+                let mut one = m.gates_closing(&[HeadId { kind: Kind::Dec, layer_idx: l, head: h }]).unwrap();
+                one.fill = fills.share();
+                let alone = evaluate(&m, &pm, &one, &stop).unwrap();
+                assert!((v - alone).abs() < 1e-9 * alone.abs(), "{name} dec.{l}.{h}: sweep {v} vs alone {alone}");
+            }
+        }
+    }
+}

@@ -359,7 +359,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         // and the floats are those of the gated forward pass.
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = zeroed_heads(c, start, n);
+                            let z = ablated_heads(c, start, n, present_fill(model, &p.base, s.kind, l, &present[l]).as_ref());
                             let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
                             collect(p.metric, &rm, &enc, &p.base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
                         }
@@ -394,7 +394,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = zeroed_heads(c, start, n);
+                            let z = ablated_heads(c, start, n, present_fill(model, &p.base, Kind::Cross, l, &present[l]).as_ref());
                             let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
                             let y = net.decode_from_cross_z(l, &x1.repeat([n, 1, 1]), &z, &cross_n, &enc_bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
@@ -443,16 +443,29 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
     Ok(out)
 }
 
-/// Per-head contexts `[B, H, T, dh]` with each of heads `start..start + n` zeroed in turn,
-/// stacked `[n * B, H, T, dh]` (row `j * B + b`): the value at `hook_z` that masks head
-/// `start + j` (the floats of the gated forward pass).
-fn zeroed_heads(ctx: &Tensor, start: i64, n: i64) -> Tensor {
+/// Per-head contexts `[B, H, T, dh]` with each of heads `start..start + n` ablated in turn
+/// (zeroed, or set to its fill `[H, dh]` under mean ablation), stacked `[n * B, H, T, dh]`
+/// (row `j * B + b`): the value at `hook_z` that masks head `start + j` (the floats of the
+/// gated forward pass).
+fn ablated_heads(ctx: &Tensor, start: i64, n: i64, fill: Option<&Tensor>) -> Tensor {
     let (bsz, h, t, dh) = (ctx.size()[0], ctx.size()[1], ctx.size()[2], ctx.size()[3]);
     let keep = Tensor::ones([n, 1, h, 1, 1], (ctx.kind(), ctx.device()));
     for j in 0..n {
         let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
     }
-    (ctx.unsqueeze(0) * keep).reshape([n * bsz, h, t, dh])
+    let z = ctx.unsqueeze(0) * &keep;
+    let z = match fill {
+        Some(f) => z + (keep.ones_like() - &keep) * f.to_kind(ctx.kind()).view([1, 1, h, 1, dh]),
+        None => z,
+    };
+    z.reshape([n * bsz, h, t, dh])
+}
+
+/// The fill of layer `l` of `kind` for its heads present (physical order), if any.
+fn present_fill(model: &Model, gates: &Gates, kind: Kind, l: usize, present: &[usize]) -> Option<Tensor> {
+    let f = gates.fill_of(kind, l)?;
+    let idx = Tensor::from_slice(&present.iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(model.device());
+    Some(f.index_select(0, &idx))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -486,4 +499,63 @@ fn collect(
 /// Heads closed by an ablation, by id; used by the script layer.
 pub fn head_list(heads: &[HeadId]) -> String {
     heads.iter().map(|h| h.to_string()).collect::<Vec<_>>().join(" ")
+}
+
+/// Mean ablation's reference values (docs/methods.md#mean-ablation): for every head of
+/// `kinds`, its context `hook_z` averaged over the non-padding tokens of `data` (decoder kinds:
+/// over the target tokens, teacher-forced as the task loss is), `[layers, heads, d_head]` per
+/// kind in the original head numbering, under the model as given (`base`: the view's own gates).
+pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: usize, base: &Gates, stop: &dyn Fn() -> bool) -> Result<crate::model::nn::Fills, AnalysisError> {
+    let needs_targets = kinds.iter().any(|k| model.in_decoder(*k));
+    let metric = if needs_targets { Metric::Loss } else { Metric::Cosine };
+    if needs_targets && !model.translates() {
+        return Err(AnalysisError::Input(format!("mean ablation of decoder heads needs a translation model; {} has none", model.name())));
+    }
+    let p = prepare(model, data, metric, batch_tokens, base.share())?;
+    let _g = tch::no_grad_guard();
+    let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    // Per kind, per layer: the sum of contexts [W, dh] (original numbering) and the count.
+    let mut sums: Vec<Vec<Option<Tensor>>> = shapes.iter().map(|s| (0..s.n_layers).map(|_| None).collect()).collect();
+    let mut counts = vec![0.0f64; kinds.len()];
+    for b in &p.batches {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let tm = b.targets.as_ref().map(|(_, m)| m.shallow_clone());
+        let mut on = |at: At, z: &Tensor| -> Result<(), ModelError> {
+            let Some(ki) = kinds.iter().position(|k| *k == at.kind) else { return Ok(()) };
+            let m = if model.in_decoder(at.kind) { tm.as_ref().ok_or(ModelError::NoOutputHead)?.shallow_clone() } else { b.mask.shallow_clone() };
+            let m = m.f_to_kind(DType::Double)?;
+            // [B, H, T, dh] x [B, 1, T, 1] summed over batch and positions -> [H, dh].
+            let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double)?;
+            let attn = model.attention(at.kind, at.layer).ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
+            let full = Tensor::zeros([attn.width() as i64, s.size()[1]], (DType::Double, s.device()));
+            let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(s.device());
+            let full = full.f_index_add(0, &idx, &s)?;
+            if let Some(slot) = sums.get_mut(ki).and_then(|v| v.get_mut(at.layer)) {
+                *slot = Some(match slot.take() {
+                    Some(acc) => acc + full,
+                    None => full,
+                });
+            }
+            Ok(())
+        };
+        let points = [Point::Z];
+        let mut rec = Record { points: &points, kinds, on: &mut on };
+        let enc = model.net.encode(&b.ids, &b.mask, &p.base, Some(&mut rec as &mut dyn Hooks))?;
+        if let (true, Some((targets, _))) = (needs_targets, b.targets.as_ref()) {
+            model.net.decode_teacher_pass(&enc, &b.mask, targets, &p.base, Some(&mut rec), false)?;
+        }
+        for (ki, k) in kinds.iter().enumerate() {
+            let m = if model.in_decoder(*k) { tm.as_ref().map_or(0.0, |m| m.sum(DType::Double).double_value(&[])) } else { b.mask.sum(DType::Double).double_value(&[]) };
+            counts[ki] += m;
+        }
+    }
+    let mut fills = crate::model::nn::Fills::default();
+    for (ki, s) in shapes.iter().enumerate() {
+        let dh = model.attention(s.kind, 0).map_or(1, |a| a.head_dim);
+        let layers: Vec<Tensor> = sums[ki].iter().map(|t| t.as_ref().map_or_else(|| Tensor::zeros([s.n_heads as i64, dh], (DType::Double, model.device())), |t| t / counts[ki].max(1.0))).collect();
+        fills.set(s.kind, Tensor::stack(&layers, 0));
+    }
+    Ok(fills)
 }

@@ -27,6 +27,9 @@ pub struct Relevance {
 /// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit; `Norm`, its final hidden units
 /// with relevance `h * h`.
 pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
+    if !gates.fill.is_empty() {
+        return Err(ModelError::Invalid("AttnLRP: this view mean-ablates its closed heads; the relevance rules propagate through gates that scale a context, not through a mean put in its place: run it on a zero-ablated view".into()));
+    }
     // Gradients are this computation's own: a caller's no_grad guard does not switch them off.
     tch::with_grad(|| relevance_with_grad(model, ids, mask, seed_at, seed, gates))
 }

@@ -70,7 +70,7 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         let rows = b.ids.size()[0];
         // One leaf of ones per kind and sentence; the gates used are base x leaf.
         let leaves: Vec<Tensor> = shapes.iter().map(|s| Tensor::ones([rows, s.n_layers as i64, s.n_heads as i64], (DType::Float, dev)).set_requires_grad(true)).collect();
-        let mut gates = Gates { enc: base.enc.as_ref().map(|g| g.shallow_clone()), dec: base.dec.as_ref().map(|g| g.shallow_clone()), cross: base.cross.as_ref().map(|g| g.shallow_clone()) };
+        let mut gates = base.share();
         for (s, leaf) in shapes.iter().zip(&leaves) {
             gates.multiply(s.kind, leaf.shallow_clone());
         }

@@ -357,7 +357,7 @@ fn trace_stack(net: &Transformer, b: &Batch, gates: &Gates) -> Result<(Vec<Trace
     let mut traces = Vec::with_capacity(net.encoder.len());
     let mut last = None;
     for (l, layer) in net.encoder.iter().enumerate() {
-        let (tr, out) = layer_trace(layer, l, &mut seen, gates.layer(kind, l).as_ref(), &y)?;
+        let (tr, out) = layer_trace(layer, l, &mut seen, gates.layer(kind, l).map(|lg| lg.g).as_ref(), &y)?;
         traces.push(tr);
         last = Some(out);
     }
@@ -644,7 +644,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_sb = norm_rule(rule, cross_norm, &rows(&tr.s_b), &r_x2);
             let (r_x1, r_a) = residual_rule(rule, &rows(&tr.x1), &rows(&tr.a), &r_sb);
             let active = gates.layer(Kind::Cross, l).map(|g| {
-                let a = active_units(attn, &g);
+                let a = active_units(attn, &g.g);
                 // Rows are `t * B + b`: per-sentence gates repeat over the steps.
                 if a.size()[0] == 1 { a } else { a.repeat([n, 1, 1, 1]) }
             });
@@ -804,7 +804,7 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
     let through_wo = |a: &Attention, kind: Kind, l: usize, ctx: &Tensor, out_act: &Tensor, r_out: &Tensor| {
         let (h, dh) = (a.n_heads, a.head_dim);
         let ctx_flat = ctx.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
-        let active = gates.layer(kind, l).map(|g| active_units(a, &g));
+        let active = gates.layer(kind, l).map(|g| active_units(a, &g.g));
         let r_ctx = LinearMap::with_inputs(rule, &ctx_flat, &a.o.w, a.o.b.as_ref(), Some(&u(out_act)), active.as_ref()).apply(r_out);
         r_ctx.view([bsz, p_len, t_len, h, dh]).permute([0, 1, 3, 2, 4])
     };
@@ -865,6 +865,9 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
 /// LRP head relevance of `model` over `data`: the self-attention stack, and for models with
 /// a decoder (seed "logit") the cross-attention heads too.
 pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<LrpResult, AnalysisError> {
+    if !gates.fill.is_empty() {
+        return Err(AnalysisError::Input("this view mean-ablates its closed heads; LRP's rules propagate through gates that scale a context, not through a mean put in its place: run it on a zero-ablated view".into()));
+    }
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }

@@ -320,20 +320,70 @@ impl Rotary {
 
 /// Per-head gates of every attention kind: `[G, layers, heads]` with G = 1 (one mask for the
 /// whole batch) or G = batch (one mask per batch row). Absent kinds are ungated.
+///
+/// A gate `g` scales a head's context: `z' = g z`, or, where the kind has a fill (mean
+/// ablation, docs/methods.md#mean-ablation), `z' = g z + (1 - g) fill`: a closed head then
+/// carries its reference mean instead of zero.
 #[derive(Default)]
 pub struct Gates {
     pub enc: Option<Tensor>,
     pub dec: Option<Tensor>,
     pub cross: Option<Tensor>,
+    /// Per kind `[layers, heads, d_head]`: what a closed head's context becomes (zero when absent).
+    pub fill: Fills,
+}
+
+/// The values closed heads take instead of zero, per kind `[layers, heads, d_head]` (heads in
+/// the original numbering).
+#[derive(Default)]
+pub struct Fills {
+    pub enc: Option<Tensor>,
+    pub dec: Option<Tensor>,
+    pub cross: Option<Tensor>,
+}
+
+impl Fills {
+    pub fn of(&self, kind: Kind) -> Option<&Tensor> {
+        match kind {
+            Kind::Enc => self.enc.as_ref(),
+            Kind::Dec => self.dec.as_ref(),
+            Kind::Cross => self.cross.as_ref(),
+        }
+    }
+    pub fn set(&mut self, kind: Kind, t: Tensor) {
+        match kind {
+            Kind::Enc => self.enc = Some(t),
+            Kind::Dec => self.dec = Some(t),
+            Kind::Cross => self.cross = Some(t),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.enc.is_none() && self.dec.is_none() && self.cross.is_none()
+    }
+    pub fn share(&self) -> Fills {
+        let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
+        Fills { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
+    }
+}
+
+/// The gates of one layer: `g [G, heads]` and the layer's fill `[heads, d_head]`, if any.
+pub struct LayerGate {
+    pub g: Tensor,
+    pub fill: Option<Tensor>,
 }
 
 impl Gates {
     pub fn none() -> Self {
         Gates::default()
     }
-    /// `[G, heads]` gates of one layer, if the kind is gated.
-    pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
-        Some(self.of(kind)?.select(1, layer_idx as i64))
+    /// The gates of one layer, if the kind is gated.
+    pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<LayerGate> {
+        let g = self.of(kind)?.select(1, layer_idx as i64);
+        Some(LayerGate { g, fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)) })
+    }
+    /// The fill of one layer of `kind` `[heads, d_head]`, if the kind has one.
+    pub fn fill_of(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
+        self.fill.of(kind).map(|f| f.select(0, layer_idx as i64))
     }
     /// The gates of one kind.
     pub fn of(&self, kind: Kind) -> Option<&Tensor> {
@@ -360,13 +410,13 @@ impl Gates {
     /// The same gates (the tensors shared).
     pub fn share(&self) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share() }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross) }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share() }
     }
 }
 
@@ -464,11 +514,28 @@ impl Attention {
         }
     }
 
+    /// Contexts `[B, H, T, dh]` under one layer's gates: `g z`, or `g z + (1 - g) fill`.
+    pub fn gated(&self, ctx: &Tensor, lg: &LayerGate) -> Tensor {
+        let g = self.own_gates(&lg.g).to_kind(ctx.kind());
+        let g = g.view([g.size()[0], self.n_heads, 1, 1]);
+        match &lg.fill {
+            None => ctx * g,
+            Some(f) => {
+                let f = match &self.slots {
+                    None => f.shallow_clone(),
+                    Some(s) => f.index_select(0, &s.index_t),
+                };
+                let f = f.to_kind(ctx.kind()).view([1, self.n_heads, 1, self.head_dim]);
+                ctx * &g + (g.ones_like() - &g) * f
+            }
+        }
+    }
+
     /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     /// Positions (rotary) start at 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, xq: &Tensor, xkv: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward(&self, xq: &Tensor, xkv: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let kv = self.keys_values(xkv, 0, kind, layer_idx, h)?;
         self.attend(xq, &kv, bias, gate, 0, kind, layer_idx, h)
     }
@@ -504,7 +571,7 @@ impl Attention {
     /// [`Attention::keys_values`]. Hook points `hook_q`, `hook_rot_q`, `hook_attn_scores`,
     /// `hook_pattern`, `hook_z`, `hook_result` and `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&Tensor>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&LayerGate>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
         let (b, tq) = (xq.size()[0], xq.size()[1]);
         let (h, dh) = (self.n_heads, self.head_dim);
@@ -550,9 +617,8 @@ impl Attention {
             // The fused kernel (forward and backward) when nobody looks at the weights.
             Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)?
         }; // [B, H, Tq, dh]
-        if let Some(g) = gate {
-            let g = self.own_gates(g).to_kind(ctx.kind());
-            ctx = ctx * g.view([g.size()[0], h, 1, 1]);
+        if let Some(lg) = gate {
+            ctx = self.gated(&ctx, lg);
         }
         let ctx = hooks::at(hs, at(Point::Z), ctx)?;
         self.output_from_z(&ctx, kind, layer_idx, hs)

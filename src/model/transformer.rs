@@ -3,7 +3,7 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
-use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, Linear, Norm, NormPosition, Ssru, SsruTrace};
+use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Ssru, SsruTrace};
 use super::{check_interrupt, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -96,14 +96,14 @@ impl EncoderLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
     /// Hook points: every per-layer point of `KIND.blocks.L`.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         self.forward_cached(x, bias, gate, kind, layer_idx, h, None)
     }
 
     /// [`EncoderLayer::forward`] continuing a causal stack from the keys and values of earlier
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&Tensor>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+    pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
         check_interrupt()?;
         let windowed;
         let bias = match self.window {

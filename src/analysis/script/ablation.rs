@@ -16,12 +16,50 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the attention kinds taking part"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
+    ABLATION_OPTION,
+    REFERENCE_OPTION,
 ];
+/// How a closed head is ablated (docs/methods.md#mean-ablation).
+pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0) or \"mean\" (its mean over the reference dataset's tokens)");
+pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured", "the Dataset whose tokens give mean ablation's means");
+/// `with_mask`'s options.
+pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\"", "the Dataset whose tokens give mean ablation's means"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed")];
+
+options_enum!(Ablation, "ablation", {
+    Zero = "zero",
+    Mean = "mean",
+});
+
+/// The view `m` under the `ablation` option: itself for "zero" (its own fill kept), a view whose
+/// closed heads carry their means over `reference` (else `data`) for "mean".
+pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&crate::data::Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
+    let func = o.func();
+    let mode: Ablation = o.parsed_or_default("ablation")?;
+    if mode == Ablation::Zero {
+        if o.has("reference") {
+            return err(format!("{func}: 'reference' gives mean ablation's means; it needs ablation: \"mean\""));
+        }
+        return Ok((m.clone(), vec![("ablation".into(), json!("zero"))]));
+    }
+    let reference = match (o.value("reference"), data) {
+        (Some(r), _) => crate::data::script::dataset_arg(r, func)?,
+        (None, Some(d)) => d.clone(),
+        (None, None) => return err(format!("{func}: ablation \"mean\" needs a reference dataset: #{{ablation: \"mean\", reference: corpus(...)}}")),
+    };
+    let kinds: Vec<Kind> = m.model.kinds().iter().map(|s| s.kind).collect();
+    let bt = if o.has("batch_tokens") { o.usize_or_default("batch_tokens")? } else { crate::model::batch::DEFAULT_BATCH_TOKENS };
+    let fills = crate::analysis::ablation::mean_fill(&m.model, &reference, &kinds, bt, &crate::model::nn::Gates::none(), &crate::run::interrupted).or_else(|e| err(format!("{func}: the means of {}: {e}", reference.name)))?;
+    let mut v = m.clone();
+    v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation { fills, reference: reference.name.clone(), digest: reference.digest() }));
+    Ok((v, vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))]))
+}
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
     opt_int("batch_tokens", 256, "tokens per batch; the masks of a layer are stacked on it"),
     crate::data::script::SHARD_OPTION,
+    ABLATION_OPTION,
+    REFERENCE_OPTION,
 ];
 /// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
 /// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
@@ -92,10 +130,12 @@ pub mod api {
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Dynamic, options: Map) -> ScriptResult<Map> {
         let ids = crate::model::script::head_ids(m, &heads, "ablate")?;
         let d = crate::data::script::dataset_arg(&data, "ablate")?;
-        let (p, _, echo) = ablation_setup(m, &d, &Opts::new(&options, "ablate", ABLATE_OPTIONS)?)?;
-        let mut all = m.closed.as_ref().clone();
-        all.extend(ids.iter().copied());
-        let gates = m.model.gates_closing(&all).or_else(|e| err(format!("ablate: {e}")))?;
+        let o = Opts::new(&options, "ablate", ABLATE_OPTIONS)?;
+        let (m, ablation) = ablation_view(m, &o, Some(&d))?;
+        let (p, _, mut echo) = ablation_setup(&m, &d, &o)?;
+        echo.extend(ablation);
+        // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
+        let gates = m.closing(&ids).gates()?;
         let base_gates = m.gates()?;
         let stop = crate::run::interrupted;
         let base = crate::analysis::ablation::evaluate(&m.model, &p, &base_gates, &stop).or_else(|e| err(format!("ablate: {e}")))?;
@@ -107,6 +147,26 @@ pub mod api {
         r.insert("delta".into(), Dynamic::from(value - base));
         r.insert("heads".into(), Dynamic::from(crate::analysis::ablation::head_list(&ids)));
         Ok(r)
+    }
+
+    /// `with_mask` with options: `ablation` ("zero", or "mean": each closed head's context is
+    /// its mean over the tokens of `reference`, a Dataset; docs/methods.md#mean-ablation) and
+    /// `batch_tokens` for computing the means. Every analysis, ablation, generation and
+    /// patching of the view sees the means in place of zeros.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let d = corpus(asset("pud_en.txt")).take(4);
+    /// let zero = m.with_mask(["dec.1.2"]);
+    /// let mean = m.with_mask(["dec.1.2"], #{ablation: "mean", reference: d});
+    /// assert(zero.ablate(d, []).value != mean.ablate(d, []).value);
+    /// assert(m.with_mask(["dec.1.2"], #{ablation: "zero"}).ablate(d, []).value == zero.ablate(d, []).value);
+    /// ```
+    #[rhai_fn(name = "with_mask", return_raw, pure)]
+    pub fn with_mask_opts(m: &mut ScriptModel, heads: Dynamic, options: Map) -> ScriptResult<ScriptModel> {
+        let o = Opts::new(&options, "with_mask", WITH_MASK_OPTIONS)?;
+        let (v, _) = ablation_view(m, &o, None)?;
+        Ok(v.closing(&crate::model::script::head_ids(m, &heads, "with_mask")?))
     }
 
     /// `ablate` with the default metric.
@@ -141,7 +201,11 @@ pub mod api {
         let d = crate::data::script::dataset_arg(&data, f)?;
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
         let plan = crate::data::script::Plan::new(&d, &o, f)?;
-        let (p, kinds, echo) = ablation_setup(m, &plan.data(&d, f)?, &o)?;
+        // Mean ablation's means come from the whole reference (not one shard's part of it).
+        let (mv, ablation) = ablation_view(m, &o, Some(&d))?;
+        let m = &mv;
+        let (p, kinds, mut echo) = ablation_setup(m, &plan.data(&d, f)?, &o)?;
+        echo.extend(ablation);
         let stop = crate::run::interrupted;
         let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
         let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);

@@ -19,6 +19,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("analyze", analysis::OPTIONS),
     ("ablate", ablation::ABLATE_OPTIONS),
     ("ablation_sweep", ablation::SWEEP_OPTIONS),
+    ("with_mask", ablation::WITH_MASK_OPTIONS),
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
     ("head_importance", importance::IMPORTANCE_OPTIONS),

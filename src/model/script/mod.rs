@@ -17,11 +17,21 @@ pub struct ScriptModel {
     /// Continuous gates (a pruning result's `eval_gates: "continuous"`), multiplied into the
     /// mask: per kind `[1, layers, heads]`.
     pub soft: Option<Rc<crate::model::KindGrids>>,
+    /// Mean ablation (docs/methods.md#mean-ablation): what closed heads carry instead of zero.
+    pub ablation: Option<Rc<MeanAblation>>,
+}
+
+/// The reference means closed heads take under mean ablation, and where they came from.
+pub struct MeanAblation {
+    pub fills: crate::model::nn::Fills,
+    /// The reference dataset's name and digest.
+    pub reference: String,
+    pub digest: String,
 }
 
 impl ScriptModel {
     pub fn new(model: Model) -> ScriptModel {
-        ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None }
+        ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None }
     }
 
     /// The model as a shard record names it (docs/methods.md#shards): checkpoint, precision,
@@ -34,6 +44,7 @@ impl ScriptModel {
             "kinds": m.kinds().iter().map(|s| serde_json::json!({"kind": s.kind.to_string(), "layers": s.n_layers, "heads": s.n_heads, "present": (0..s.n_layers).map(|l| m.present(s.kind, l)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
             "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
+            "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mean": a.reference, "digest": a.digest})),
         })
     }
 
@@ -44,6 +55,9 @@ impl ScriptModel {
             let flat: Vec<f32> = values.iter().flatten().map(|&v| v as f32).collect();
             g.multiply(*kind, tch::Tensor::from_slice(&flat).view([1, l, h]).to_device(self.model.device()));
         }
+        if let Some(a) = &self.ablation {
+            g.fill = a.fills.share();
+        }
         Ok(g)
     }
 
@@ -53,7 +67,7 @@ impl ScriptModel {
         closed.extend_from_slice(heads);
         closed.sort();
         closed.dedup();
-        ScriptModel { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone() }
+        ScriptModel { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone(), ablation: self.ablation.clone() }
     }
 
     pub fn describe(&self) -> String {
@@ -270,7 +284,7 @@ pub mod api {
     pub fn to_device(m: &mut ScriptModel, device: &str) -> ScriptResult<ScriptModel> {
         let d: DeviceChoice = device.parse().or_else(|e: crate::device::DeviceError| err(format!("to: {e}")))?;
         let model = m.model.to_device(d).or_else(|e| err(format!("to: {e}")))?;
-        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone() })
+        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone(), ablation: None })
     }
 
     /// The model's tokens for a text (special tokens included).
