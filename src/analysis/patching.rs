@@ -295,92 +295,25 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
                 progress(done, total_steps);
                 continue;
             };
-            // The value's unit axis (heads) and position axis.
-            let size = bv.size();
-            let (units, pos_axis) = if spec.site.per_head() { (size[1], 2usize) } else { (1, 1usize) };
-            let n_pos = if spec.each_position { t } else { 1 };
-            let n_rows = units * n_pos;
-            if sums[l].is_empty() {
-                let fill = if only.is_some() { f64::NAN } else { 0.0 };
-                sums[l] = vec![vec![fill; units as usize]; n_pos as usize];
-            }
-            // Which units (and positions) the source changes at all: [units, n_pos] over the
-            // batch and the features. A patch that changes nothing (a position before the first
-            // token where the prompts differ, in a causal model) is the base run itself.
-            let differs = {
-                let ne = sv.f_ne_tensor(bv)?;
-                let per = if spec.site.per_head() {
-                    // [B, H, T, X] -> [H, T]
-                    ne.f_any_dims([0i64, 3].as_slice(), false)?
-                } else {
-                    // [B, T, D] -> [1, T]
-                    ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)?
-                };
-                let per = if spec.each_position { per } else { per.f_any_dims([1i64].as_slice(), true)? };
-                Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?).map_err(|e| ModelError::Invalid(e.to_string()))?
-            };
-            let changes = |r: i64| differs.get((r % units) as usize).and_then(|row| row.get((r / units) as usize)).copied().unwrap_or(true);
-            // The rows to run (row r: unit r % units at position r / units).
-            let wanted: Vec<i64> = match only {
-                None => (0..n_rows).collect(),
-                Some(list) => (0..n_rows).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
-            };
             let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-            for &r in &wanted {
-                let slot = &mut sums[l][(r / units) as usize][(r % units) as usize];
-                if only.is_some() {
-                    *slot = 0.0;
-                }
-                if !changes(r) {
-                    *slot += base_sum;
-                }
-            }
-            let rows: Vec<i64> = wanted.into_iter().filter(|&r| changes(r)).collect();
-            let n_rows = rows.len() as i64;
-            // Rows per chunk: about PATCH_ROWS token rows.
-            let chunk = (PATCH_ROWS / (b * t)).clamp(1, n_rows.max(1));
-            for start in (0..n_rows).step_by(chunk as usize) {
-                let n = chunk.min(n_rows - start);
-                // sel[j]: which entries row j takes from the source run.
-                let mut sel_shape = vec![1i64; size.len() + 1];
-                sel_shape[0] = n;
-                if spec.site.per_head() {
-                    sel_shape[2] = units;
-                }
-                if spec.each_position {
-                    sel_shape[pos_axis + 1] = t;
-                }
-                let numel: i64 = sel_shape.iter().product();
-                let mut sel = vec![false; numel as usize];
-                let per_row = (numel / n) as usize;
-                for j in 0..n {
-                    let r = rows[(start + j) as usize];
-                    let (unit, pos) = (r % units, r / units);
-                    // Index within the row's selection: [units?, pos?] in that order.
-                    let idx = if spec.each_position { unit * t + pos } else { unit };
-                    sel[j as usize * per_row + idx as usize] = true;
-                }
-                let sel = Tensor::from_slice(&sel).view(sel_shape.as_slice()).to_device(dev);
-                let mut rows_shape = size.clone();
-                rows_shape[0] = n * b;
-                let patched = sv.unsqueeze(0).f_where_self(&sel, &bv.unsqueeze(0))?.f_reshape(rows_shape.as_slice())?;
-                let xs = x.repeat([n, 1, 1]);
+            let xs_all = x.shallow_clone();
+            let mut run_rows = |patched: &Tensor, n: i64| -> Result<Vec<f64>, ModelError> {
+                let xs = xs_all.repeat([n, 1, 1]);
                 let biases = bias.repeat([n, 1, 1, 1]);
                 let out = match point {
-                    Point::Z => net.stack_from_z(l, &xs, &patched, &biases, gates, &mut None)?,
-                    Point::ResidPre => net.stack_from(l, &patched, &biases, gates, &mut None)?,
+                    Point::Z => net.stack_from_z(l, &xs, patched, &biases, gates, &mut None)?,
+                    Point::ResidPre => net.stack_from(l, patched, &biases, gates, &mut None)?,
                     _ => {
-                        let mut put = Put { at: At::new(kind, l, point), value: &patched };
+                        let mut put = Put { at: At::new(kind, l, point), value: patched };
                         net.stack_from(l, &xs, &biases, gates, &mut Some(&mut put as &mut dyn Hooks))?
                     }
                 };
                 let vals = m_of(&last_logits(model, &out)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
-                let vals = Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?;
-                for (j, v) in vals.into_iter().enumerate() {
-                    let r = rows[start as usize + j];
-                    sums[l][(r / units) as usize][(r % units) as usize] += v;
-                }
-            }
+                Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))
+            };
+            // Rows per chunk: about PATCH_ROWS token rows.
+            let chunk = (PATCH_ROWS / (b * t)).max(1);
+            patch_layer(spec, l, bv, sv, chunk, only, base_sum, &mut sums[l], &mut run_rows)?;
             done += 1;
             progress(done, total_steps);
         }
@@ -394,6 +327,100 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
         }
     }
     Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+}
+
+/// Patches every unit (and position) of layer `l` whose source value differs from the base's:
+/// `bv`, `sv` are the base and source values at the site (`[B, H, P, X]` per head, `[B, P, D]`
+/// for the residual stream), `run_rows(patched, n)` runs `n` rows of patched values (row
+/// `j * B + b`) from there and returns each row group's metric summed over the bucket. `sums`
+/// (`[position or 0][unit]`) gets the sums; a patch that changes nothing (a position before the
+/// first token where the prompts differ, in a causal model) gets `base_sum` without a run.
+#[allow(clippy::too_many_arguments)]
+fn patch_layer(
+    spec: PatchSpec,
+    l: usize,
+    bv: &Tensor,
+    sv: &Tensor,
+    chunk: i64,
+    only: Option<&[Unit]>,
+    base_sum: f64,
+    sums: &mut Vec<Vec<f64>>,
+    run_rows: &mut dyn FnMut(&Tensor, i64) -> Result<Vec<f64>, ModelError>,
+) -> Result<(), ModelError> {
+    let size = bv.size();
+    let b = size[0];
+    let (units, pos_axis) = if spec.site.per_head() { (size[1], 2usize) } else { (1, 1usize) };
+    let t = size[pos_axis];
+    let n_pos = if spec.each_position { t } else { 1 };
+    let n_rows = units * n_pos;
+    if sums.is_empty() {
+        let fill = if only.is_some() { f64::NAN } else { 0.0 };
+        *sums = vec![vec![fill; units as usize]; n_pos as usize];
+    }
+    // Which units (and positions) the source changes at all: [units, n_pos] over the batch and
+    // the features.
+    let differs = {
+        let ne = sv.f_ne_tensor(bv)?;
+        let per = if spec.site.per_head() {
+            // [B, H, P, X] -> [H, P]
+            ne.f_any_dims([0i64, 3].as_slice(), false)?
+        } else {
+            // [B, P, D] -> [1, P]
+            ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)?
+        };
+        let per = if spec.each_position { per } else { per.f_any_dims([1i64].as_slice(), true)? };
+        Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?).map_err(|e| ModelError::Invalid(e.to_string()))?
+    };
+    let changes = |r: i64| differs.get((r % units) as usize).and_then(|row| row.get((r / units) as usize)).copied().unwrap_or(true);
+    // The rows to run (row r: unit r % units at position r / units).
+    let wanted: Vec<i64> = match only {
+        None => (0..n_rows).collect(),
+        Some(list) => (0..n_rows).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
+    };
+    for &r in &wanted {
+        let slot = &mut sums[(r / units) as usize][(r % units) as usize];
+        if only.is_some() && slot.is_nan() {
+            *slot = 0.0;
+        }
+        if !changes(r) {
+            *slot += base_sum;
+        }
+    }
+    let rows: Vec<i64> = wanted.into_iter().filter(|&r| changes(r)).collect();
+    let n_rows = rows.len() as i64;
+    let chunk = chunk.clamp(1, n_rows.max(1));
+    let dev = bv.device();
+    for start in (0..n_rows).step_by(chunk as usize) {
+        let n = chunk.min(n_rows - start);
+        // sel[j]: which entries row j takes from the source run.
+        let mut sel_shape = vec![1i64; size.len() + 1];
+        sel_shape[0] = n;
+        if spec.site.per_head() {
+            sel_shape[2] = units;
+        }
+        if spec.each_position {
+            sel_shape[pos_axis + 1] = t;
+        }
+        let numel: i64 = sel_shape.iter().product();
+        let mut sel = vec![false; numel as usize];
+        let per_row = (numel / n) as usize;
+        for j in 0..n {
+            let r = rows[(start + j) as usize];
+            let (unit, pos) = (r % units, r / units);
+            // Index within the row's selection: [units?, pos?] in that order.
+            let idx = if spec.each_position { unit * t + pos } else { unit };
+            sel[j as usize * per_row + idx as usize] = true;
+        }
+        let sel = Tensor::from_slice(&sel).view(sel_shape.as_slice()).to_device(dev);
+        let mut rows_shape = size.clone();
+        rows_shape[0] = n * b;
+        let patched = sv.unsqueeze(0).f_where_self(&sel, &bv.unsqueeze(0))?.f_reshape(rows_shape.as_slice())?;
+        for (j, v) in run_rows(&patched, n)?.into_iter().enumerate() {
+            let r = rows[start as usize + j];
+            sums[(r / units) as usize][(r % units) as usize] += v;
+        }
+    }
+    Ok(())
 }
 
 /// A hook adding a zero that requires grad to each layer's value at one point: the gradient
