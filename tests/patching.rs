@@ -241,3 +241,57 @@ fn mean_ablation_equals_transformers() {
         }
     }
 }
+
+/// Translation models (`fixtures/patching_seq2seq_reference.py`): MarianMT and BART, heads of
+/// `enc`, `dec` and `cross` and the encoder's and decoder's residual stream, teacher-forced on
+/// each pair's target, loss and KL, against transformers in float64 with hooks.
+#[test]
+fn translation_patching_equals_transformers_with_hooks() {
+    use headscope::analysis::patching::{patch_translation, SourcePair};
+    use headscope::model::Kind;
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_seq2seq_golden.npz")).unwrap().into_iter().collect();
+    let lens = |k: &str| Vec::<i64>::try_from(&g[k]).unwrap();
+    let (sl, tl) = (lens("pairs/src_len"), lens("pairs/tgt_len"));
+    let row = |k: &str, i: usize, n: i64| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..n as usize].to_vec();
+    let all: Vec<SourcePair> = (0..sl.len()).map(|i| SourcePair { clean: row("pairs/clean", i, sl[i]), corrupted: row("pairs/corrupted", i, sl[i]), target: row("pairs/target", i, tl[i]) }).collect();
+    let five: Vec<SourcePair> = all.iter().filter(|p| p.clean.len() == 5).cloned().collect();
+    for name in ["marian", "bart"] {
+        let m = load(name, "f64");
+        let mut worst = (0.0f64, String::new());
+        let mut bad = Vec::new();
+        for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
+            let sites: &[&str] = if kind == Kind::Cross { &SITES[..5] } else { &SITES };
+            for site in sites {
+                for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
+                    for direction in ["denoise", "noise"] {
+                        for metric in ["loss", "kl"] {
+                            let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: metric.parse().unwrap() };
+                            let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+                            let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
+                            let d = max_diff(&p, &g[&key]);
+                            if mode == "all" {
+                                let c = g[&format!("{name}/clean/{metric}")].double_value(&[]);
+                                assert!((p.clean - c).abs() < 1e-8, "{key}: clean {} vs {c}", p.clean);
+                            }
+                            if d > worst.0 {
+                                worst = (d, key.clone());
+                            }
+                            if d >= 1e-8 {
+                                bad.push(format!("{key}: {d:.1e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "differ from transformers by 1e-8 or more:\n{}", bad.join("\n"));
+        eprintln!("{name} f64: translation patching within {:.1e} of transformers (worst {})", worst.0, worst.1);
+    }
+    // Bad input: a metric that reads an answer token, the residual stream of "cross".
+    let m = load("marian", "f32");
+    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let e = patch_translation(&m, &all, spec, Kind::Enc, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("\"loss\" or \"kl\""), "{e}");
+    let e = patch_translation(&m, &all, PatchSpec { site: Site::ResidPre, metric: PatchMetric::Loss, ..spec }, Kind::Cross, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("not to \"cross\""), "{e}");
+}

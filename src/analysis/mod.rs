@@ -33,6 +33,12 @@ pub enum AnalysisError {
     Input(String),
 }
 
+impl From<tch::TchError> for AnalysisError {
+    fn from(e: tch::TchError) -> Self {
+        AnalysisError::Model(e.into())
+    }
+}
+
 fn input<T>(msg: impl Into<String>) -> Result<T, AnalysisError> {
     Err(AnalysisError::Input(msg.into()))
 }

@@ -529,3 +529,167 @@ fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pair
     }
     Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
 }
+
+/// A pair of source sentences for a translation model, with the target both are scored on
+/// (the clean source's translation), as token ids.
+#[derive(Debug, Clone)]
+pub struct SourcePair {
+    pub clean: Vec<i64>,
+    pub corrupted: Vec<i64>,
+    pub target: Vec<i64>,
+}
+
+/// One teacher-forced run of a translation model over a bucket: the encoder's layer inputs,
+/// the site's values of `kind` per layer, the encoder output, and the target log-probabilities.
+struct SeqRun {
+    inputs: Vec<Tensor>,
+    values: Vec<Option<Tensor>>,
+    enc: Tensor,
+    logp: Tensor,
+}
+
+fn seq_record(model: &Model, src: &Tensor, mask: &Tensor, tgt: &Tensor, kind: crate::model::Kind, point: Point, gates: &Gates) -> Result<SeqRun, ModelError> {
+    let net = &model.net;
+    let n = if kind == crate::model::Kind::Enc { net.encoder.len() } else { net.decoder.len() };
+    let mut inputs = Vec::new();
+    let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+    let mut on = |at: At, x: &Tensor| {
+        if at.kind == crate::model::Kind::Enc && at.point == Point::ResidPre {
+            inputs.push(x.shallow_clone());
+        }
+        if at.kind == kind && at.point == point {
+            if let Some(slot) = values.get_mut(at.layer) {
+                *slot = Some(x.shallow_clone());
+            }
+        }
+        Ok(())
+    };
+    let points = [Point::ResidPre, point];
+    let mut rec = Record::new(&points, &mut on);
+    let enc = net.encode(src, mask, gates, Some(&mut rec as &mut dyn Hooks))?;
+    let states = net.decode_teacher_states(&enc, mask, tgt, gates, Some(&mut rec as &mut dyn Hooks))?;
+    Ok(SeqRun { inputs, values, enc, logp: seq_log_probs(model, &states)? })
+}
+
+/// Target log-probabilities `[R, T, V]`: float32, float64 for a float64 model.
+fn seq_log_probs(model: &Model, states: &Tensor) -> Result<Tensor, ModelError> {
+    model.log_probs(states, if states.kind() == DType::Double { DType::Double } else { DType::Float })
+}
+
+/// Per row, the metric over the target tokens: `logp [R, T, V]`, `tgt [R, T]`, the clean
+/// run's `clean [R, T, V]` (for KL): the mean over the row's target tokens.
+fn seq_metric(m: PatchMetric, logp: &Tensor, tgt: &Tensor, clean: &Tensor) -> Result<Tensor, ModelError> {
+    let per_token = match m {
+        PatchMetric::Loss => logp.f_gather(2, &tgt.f_unsqueeze(2)?, false)?.f_squeeze_dim(2)?.f_neg()?,
+        PatchMetric::Kl => clean.f_exp()?.f_mul(&clean.f_sub(logp)?)?.f_sum_dim_intlist([2i64].as_slice(), false, logp.kind())?,
+        other => return Err(ModelError::Invalid(format!("patch: metric \"{other}\" reads an answer token; a translation model's patching reads \"loss\" or \"kl\" over the clean translation"))),
+    };
+    Ok(per_token.f_to_kind(DType::Double)?.f_mean_dim([1i64].as_slice(), false, DType::Double)?)
+}
+
+/// Activation patching of a translation model's heads of `kind` (`enc`, `dec`, `cross`; or the
+/// residual stream of the encoder (`enc`) or decoder (`dec`)): the corrupted source run with one
+/// unit's value from the clean source's run (denoising), both teacher-forced on the pair's
+/// target (the clean translation), the metric (`loss`, `kl`) the mean over its tokens, averaged
+/// over the pairs. Encoder patches resume the encoder at the patched layer and run the decoder
+/// on every row; decoder-side patches run the decoder over the encoder output computed once.
+#[allow(clippy::too_many_arguments)]
+pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    use crate::model::Kind;
+    let _g = tch::no_grad_guard();
+    let net = &model.net;
+    if !model.translates() {
+        return Err(AnalysisError::Input(format!("patch: {} is not a translation model", model.name())));
+    }
+    if !matches!(spec.metric, PatchMetric::Loss | PatchMetric::Kl) {
+        return Err(AnalysisError::Input(format!("patch: metric \"{}\" reads an answer token; a translation model's patching reads \"loss\" or \"kl\" over the clean translation", spec.metric)));
+    }
+    if kind == Kind::Cross && !spec.site.per_head() {
+        return Err(AnalysisError::Input("patch: the residual stream belongs to the encoder (\"enc\") or the decoder (\"dec\"), not to \"cross\"".into()));
+    }
+    if pairs.is_empty() {
+        return Err(AnalysisError::Input("patch: no pairs".into()));
+    }
+    let mut by_len: BTreeMap<(usize, usize), Vec<&SourcePair>> = BTreeMap::new();
+    for (i, p) in pairs.iter().enumerate() {
+        if p.clean.len() != p.corrupted.len() || p.clean.is_empty() || p.target.is_empty() {
+            return Err(AnalysisError::Input(format!("patch: pair {i}: the clean source has {} tokens, the corrupted {} (target {}); the sources must be of one length and none empty", p.clean.len(), p.corrupted.len(), p.target.len())));
+        }
+        by_len.entry((p.clean.len(), p.target.len())).or_default().push(p);
+    }
+    if spec.each_position && by_len.len() > 1 {
+        return Err(AnalysisError::Input("patch: per-position patching needs pairs of one source length and one target length".into()));
+    }
+    let point = spec.site.point();
+    let n_layers = if kind == Kind::Enc { net.encoder.len() } else { net.decoder.len() };
+    let positions = by_len.keys().next().map_or(0, |&(s, t)| if kind == Kind::Enc { s } else { t });
+    let dev = model.device();
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    let total = by_len.len() * n_layers;
+    let mut done = 0;
+    for group in by_len.values() {
+        let (b, s, t) = (group.len() as i64, group[0].clean.len() as i64, group[0].target.len() as i64);
+        let ids = |f: &dyn Fn(&SourcePair) -> &[i64], n: i64| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, n]).to_device(dev);
+        let (src_c, src_k, tgt) = (ids(&|p| &p.clean, s), ids(&|p| &p.corrupted, s), ids(&|p| &p.target, t));
+        let mask = Tensor::ones([b, s], (DType::Float, dev));
+        let clean = seq_record(model, &src_c, &mask, &tgt, kind, point, gates)?;
+        let corrupt = seq_record(model, &src_k, &mask, &tgt, kind, point, gates)?;
+        let sum_of = |logp: &Tensor, reps: i64| -> Result<Tensor, ModelError> { seq_metric(spec.metric, logp, &tgt.repeat([reps, 1]), &clean.logp.repeat([reps, 1, 1])) };
+        clean_sum += sum_of(&clean.logp, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        corrupt_sum += sum_of(&corrupt.logp, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let (base, source) = match spec.direction {
+            Direction::Denoise => (&corrupt, &clean),
+            Direction::Noise => (&clean, &corrupt),
+        };
+        let base_sum = sum_of(&base.logp, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let bias = net.self_bias(&mask, base.enc.kind());
+        // Rows per chunk: about PATCH_ROWS token rows, and the log-probabilities of a chunk
+        // (rows x T x V floats, twice with KL's clean copy) near 256 MB.
+        let v = net.output.as_ref().map_or(1, |o| o.w.size()[0]);
+        let chunk = (PATCH_ROWS / (b * s.max(t))).min((256 << 20) / (b * t * v * 8).max(1)).max(1);
+        for l in 0..n_layers {
+            if stop() {
+                return Err(ModelError::Interrupted.into());
+            }
+            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
+                sums[l] = Vec::new();
+                done += 1;
+                progress(done, total);
+                continue;
+            };
+            let mut run_rows = |patched: &Tensor, n: i64| -> Result<Vec<f64>, ModelError> {
+                let masks = mask.repeat([n, 1]);
+                let tgts = tgt.repeat([n, 1]);
+                let at = At::new(kind, l, point);
+                let mut put = Put { at, value: patched };
+                let states = if kind == Kind::Enc {
+                    let x = base.inputs.get(l).ok_or_else(|| ModelError::Invalid(format!("encoder layer {l}: no recorded input")))?.repeat([n, 1, 1]);
+                    let biases = bias.repeat([n, 1, 1, 1]);
+                    let enc = match point {
+                        Point::Z => net.stack_from_z(l, &x, patched, &biases, gates, &mut None)?,
+                        Point::ResidPre => net.stack_from(l, patched, &biases, gates, &mut None)?,
+                        _ => net.stack_from(l, &x, &biases, gates, &mut Some(&mut put as &mut dyn Hooks))?,
+                    };
+                    net.decode_teacher_states(&enc, &masks, &tgts, gates, None)?
+                } else {
+                    net.decode_teacher_states(&base.enc.repeat([n, 1, 1]), &masks, &tgts, gates, Some(&mut put as &mut dyn Hooks))?
+                };
+                let vals = sum_of(&seq_log_probs(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))
+            };
+            patch_layer(spec, l, bv, sv, chunk, None, base_sum, &mut sums[l], &mut run_rows)?;
+            done += 1;
+            progress(done, total);
+        }
+    }
+    let n = pairs.len() as f64;
+    for layer in sums.iter_mut() {
+        for row in layer.iter_mut() {
+            for v in row.iter_mut() {
+                *v /= n;
+            }
+        }
+    }
+    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+}
