@@ -1,7 +1,9 @@
 //! Prompt pairs for activation patching (docs/methods.md#activation-patching): a clean and a
 //! corrupted prompt with the answer the clean prompt should get and a wrong answer (the
 //! corrupted prompt's), from a TSV `clean<TAB>corrupted<TAB>answer<TAB>wrong` or built in a
-//! script. Answers are kept as written: a leading space is part of the token (`" Mary"`).
+//! script. Answers are kept as written: a leading space is part of the token (`" Mary"`). A
+//! translation model's pairs are two source sentences (`clean<TAB>corrupted`): their metric is
+//! read over the clean source's translation, so they have no answers (empty here).
 
 use super::{name_of, read, DataError};
 use std::path::Path;
@@ -55,13 +57,14 @@ impl Pairs {
             }
             let cols: Vec<&str> = line.split('\t').collect();
             let bad = |msg: String| DataError::Line { file: file.clone(), line: i + 1, msg };
-            if cols.len() != COLUMNS.len() {
-                return Err(bad(format!("{} columns, expected 4: {} (TAB-separated)", cols.len(), COLUMNS.join(", "))));
+            if cols.len() != COLUMNS.len() && cols.len() != 2 {
+                return Err(bad(format!("{} columns, expected 4: {} (TAB-separated; 2 for a translation model's source pairs)", cols.len(), COLUMNS.join(", "))));
             }
-            if let Some(k) = (0..4).find(|&k| cols[k].trim().is_empty()) {
+            if let Some(k) = (0..cols.len()).find(|&k| cols[k].trim().is_empty()) {
                 return Err(bad(format!("the {} column is empty", COLUMNS[k])));
             }
-            items.push(Pair { clean: cols[0].trim().into(), corrupted: cols[1].trim().into(), answer: cols[2].into(), wrong: cols[3].into(), origin: format!("{file}:{}", i + 1), ids: None });
+            let col = |k: usize| cols.get(k).map_or(String::new(), |c| c.to_string());
+            items.push(Pair { clean: cols[0].trim().into(), corrupted: cols[1].trim().into(), answer: col(2), wrong: col(3), origin: format!("{file}:{}", i + 1), ids: None });
         }
         if items.is_empty() {
             return Err(DataError::Io(file, "holds no pairs (expected lines clean<TAB>corrupted<TAB>answer<TAB>wrong)".into()));
@@ -95,6 +98,8 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!(d.items[0].answer, " Mary", "the answer keeps its leading space");
         assert!(d.items[0].origin.ends_with(":2"));
+        let p = file("a b\ta c\n");
+        assert_eq!(Pairs::tsv(&p).unwrap().items[0].answer, "", "two columns: source pairs");
         let p = file("a\tb\t c\n");
         let e = Pairs::tsv(&p).unwrap_err().to_string();
         assert!(e.contains(":1:") && e.contains("3 columns, expected 4"), "{e}");

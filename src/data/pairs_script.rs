@@ -36,10 +36,12 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
     let mut items = Vec::with_capacity(a.len());
     for (i, row) in a.iter().enumerate() {
         let cols: Vec<Option<Dynamic>> = if let Some(r) = row.read_lock::<Array>() {
-            if r.len() != 4 {
-                return err(format!("pairs[{i}]: {} values, expected 4: {}", r.len(), COLUMNS.join(", ")));
+            if r.len() != 4 && r.len() != 2 {
+                return err(format!("pairs[{i}]: {} values, expected 4: {} (2 for a translation model's source pairs)", r.len(), COLUMNS.join(", ")));
             }
-            r.iter().cloned().map(Some).collect()
+            let mut c: Vec<Option<Dynamic>> = r.iter().cloned().map(Some).collect();
+            c.resize(4, None);
+            c
         } else if let Some(m) = row.read_lock::<Map>() {
             if let Some(k) = m.keys().find(|k| !COLUMNS.contains(&k.as_str())) {
                 return err(format!("pairs[{i}]: unknown key '{k}' (the keys are {})", COLUMNS.join(", ")));
@@ -53,7 +55,9 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
             continue;
         }
         let t = |k: usize| text_of(cols[k].as_ref(), i, COLUMNS[k]);
-        items.push(Pair { clean: t(0)?.trim().into(), corrupted: t(1)?.trim().into(), answer: t(2)?, wrong: t(3)?, origin: format!("pairs[{i}]"), ids: None });
+        // Answers may be left out together (a translation model's source pairs).
+        let (answer, wrong) = if cols[2].is_none() && cols[3].is_none() { (String::new(), String::new()) } else { (t(2)?, t(3)?) };
+        items.push(Pair { clean: t(0)?.trim().into(), corrupted: t(1)?.trim().into(), answer, wrong, origin: format!("pairs[{i}]"), ids: None });
     }
     Ok(Pairs::new("pairs", items))
 }
@@ -108,7 +112,8 @@ pub mod api {
     }
 
     /// Prompt pairs built in a script: an array of `[clean, corrupted, answer, wrong]` or of
-    /// maps `#{clean, corrupted, answer, wrong}`; texts, or token ids (prompts as arrays of
+    /// maps `#{clean, corrupted, answer, wrong}` (a translation model's pairs: `[clean,
+    /// corrupted]` sources, read over the clean translation); texts, or token ids (prompts as arrays of
     /// ids, answers as ids: used as given, as TransformerLens's token tensors are).
     ///
     /// ```rhai

@@ -1,12 +1,13 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
-use crate::analysis::patching::{attribute, patch_only, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site, Unit};
+use crate::analysis::patching::{attribute, patch_only, patch_translation, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site, SourcePair, Unit};
+use crate::model::Kind;
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Model;
-use crate::script::convert::{err, opt_int, opt_str, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -18,6 +19,7 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt_str("direction", "denoise", "\"denoise\" (clean values into the corrupted run) or \"noise\" (corrupted into clean)"),
     opt_str("metric", "logit_diff", "\"logit_diff\" (answer - wrong), \"prob\" (of the answer), \"kl\" (clean || run) or \"loss\" (-log p(answer)), at the last position"),
     opt_str("method", "exact", "\"exact\" (one run per patch, batched) or \"attribution\" (the first-order estimate: two forwards and one backward; docs/methods.md#attribution-patching)"),
+    opt("kinds", "every kind (translation models; the residual stream: enc and dec)", "the attention kinds patched, for translation models: \"enc\", \"dec\", \"cross\""),
     opt_int("verify", 0, "with method \"attribution\": patch the k units of largest |estimated effect| exactly (-1: every unit) and report the agreement"),
 ];
 
@@ -43,6 +45,9 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
     let mut first_tokens = Vec::new();
     let vocab = model.net.embed.vocab();
     for p in pairs.items.iter() {
+        if p.ids.is_none() && p.answer.is_empty() {
+            return err(format!("patch: {}: no answer: a language model's pair is [clean, corrupted, answer, wrong] (the answer the clean prompt should get, a wrong one)", p.origin));
+        }
         if let Some(t) = &p.ids {
             if let Some(bad) = t.clean.iter().chain(&t.corrupted).chain([&t.answer, &t.wrong]).find(|&&v| v >= vocab) {
                 return err(format!("patch: {}: token id {bad} out of range: the vocabulary has ids 0..{}", p.origin, vocab - 1));
@@ -69,56 +74,85 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
     Ok((out, first_tokens))
 }
 
-fn grid(m: &ScriptModel, stat: String, dataset: &str, values: Vec<Vec<f64>>, echo: &crate::output::Echo) -> Grid {
-    Grid { stat, model: m.model.name(), dataset: dataset.into(), kinds: vec![(m.model.net.stack_kind, values)], options: echo.clone() }
-}
-
-/// The result map of a patching run.
-fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, r: &Patched, tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
+/// The result map of a patching run: per kind its grid (`rs`: the kinds patched, each over
+/// the same clean and corrupted runs).
+fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)], tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
     let what = format!("{how}{} patching of {} ({}, {})", spec.direction, spec.site, spec.metric, if spec.each_position { "per position" } else { "all positions" });
+    let Some((_, first)) = rs.first() else { return err("patch: nothing was patched") };
     let mut out = Map::new();
-    let norm = |v: f64| r.normalized(v);
     let pos_label = |p: usize| format!("{p}:{}", tokens.get(p).map_or("", |t| t.as_str()));
+    let n_pos = rs.iter().flat_map(|(_, r)| r.patched.iter().map(|l| l.len())).max().unwrap_or(0);
+    let normalised = |r: &Patched, v: f64| r.normalized(v);
+    let raw = |_: &Patched, v: f64| v;
     if spec.site.per_head() {
-        let by_pos = |f: &dyn Fn(f64) -> f64, stat: &str| -> Dynamic {
-            let n_pos = r.patched.iter().map(|l| l.len()).max().unwrap_or(0);
+        let by_pos = |f: &dyn Fn(&Patched, f64) -> f64, stat: &str| -> Dynamic {
             let grids: Vec<Grid> = (0..n_pos)
                 .map(|p| {
-                    let values = r.patched.iter().map(|l| l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(v)).collect())).collect();
+                    let kinds = rs.iter().map(|(k, r)| (*k, r.patched.iter().map(|l| l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(r, v)).collect())).collect())).collect();
                     let at = if spec.each_position { format!(" at position {}", pos_label(p)) } else { String::new() };
-                    grid(m, format!("{stat} of {what}{at}"), &pairs.name, values, &echo)
+                    Grid { stat: format!("{stat} of {what}{at}"), model: m.model.name(), dataset: pairs.name.clone(), kinds, options: echo.clone() }
                 })
                 .collect();
             if spec.each_position { Dynamic::from(grids.into_iter().map(Dynamic::from).collect::<Array>()) } else { grids.into_iter().next().map_or(Dynamic::UNIT, Dynamic::from) }
         };
-        out.insert("effect".into(), by_pos(&norm, "normalised effect"));
-        out.insert("patched".into(), by_pos(&|v| v, &spec.metric.to_string()));
+        out.insert("effect".into(), by_pos(&normalised, "normalised effect"));
+        out.insert("patched".into(), by_pos(&raw, &spec.metric.to_string()));
     } else {
-        let table = |f: &dyn Fn(f64) -> f64, stat: &str| -> ScriptResult<Table> {
-            let n_pos = r.patched.iter().map(|l| l.len()).max().unwrap_or(0);
+        let table = |f: &dyn Fn(&Patched, f64) -> f64, stat: &str| -> ScriptResult<Table> {
             let mut cols = vec!["layer".to_string()];
             cols.extend((0..n_pos).map(|p| if spec.each_position { pos_label(p) } else { "all".into() }));
             let mut t = Table::new(cols);
             t.title = Some(format!("{stat} of {what}: {} on {}", m.model.name(), pairs.name));
             t.digits = 3;
-            for (l, layer) in r.patched.iter().enumerate() {
-                let mut cells = vec![Cell::Text(format!("{}.{l}", m.model.net.stack_kind))];
-                cells.extend(layer.iter().map(|row| row.first().map_or(Cell::Empty, |&v| Cell::Float(f(v)))));
-                t.push_row(cells).or_else(|e| err(e.to_string()))?;
+            for (kind, r) in rs {
+                for (l, layer) in r.patched.iter().enumerate() {
+                    let mut cells = vec![Cell::Text(format!("{kind}.{l}"))];
+                    cells.extend(layer.iter().map(|row| row.first().map_or(Cell::Empty, |&v| Cell::Float(f(r, v)))));
+                    t.push_row(cells).or_else(|e| err(e.to_string()))?;
+                }
             }
             Ok(t)
         };
-        out.insert("effect".into(), Dynamic::from(table(&norm, "normalised effect")?));
-        out.insert("patched".into(), Dynamic::from(table(&|v| v, &spec.metric.to_string())?));
+        out.insert("effect".into(), Dynamic::from(table(&normalised, "normalised effect")?));
+        out.insert("patched".into(), Dynamic::from(table(&raw, &spec.metric.to_string())?));
     }
-    out.insert("clean".into(), Dynamic::from(r.clean));
-    out.insert("corrupted".into(), Dynamic::from(r.corrupted));
+    out.insert("clean".into(), Dynamic::from(first.clean));
+    out.insert("corrupted".into(), Dynamic::from(first.corrupted));
     out.insert("pairs".into(), Dynamic::from(pairs.len() as i64));
     if spec.each_position {
         out.insert("tokens".into(), Dynamic::from(tokens.iter().cloned().map(Dynamic::from).collect::<Array>()));
     }
     out.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));
     Ok(out)
+}
+
+/// A translation model's pairs: the sources tokenized (one length per pair), each scored on
+/// the clean source's greedy translation (EOS appended); the tokens shown per position.
+fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> ScriptResult<(Vec<SourcePair>, Vec<String>)> {
+    let model = &m.model;
+    let gates = m.gates()?;
+    let mut out = Vec::with_capacity(pairs.len());
+    let mut tokens = Vec::new();
+    for p in pairs.items.iter() {
+        if p.ids.is_some() || !p.answer.is_empty() {
+            return err(format!("patch: {}: a translation model's pair is two source sentences [clean, corrupted] (its metric is read over the clean translation), not a prompt with answers", p.origin));
+        }
+        let tok = |t: &str, what: &str| model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} source: {e}", p.origin)));
+        let (c, k) = (tok(&p.clean, "clean")?, tok(&p.corrupted, "corrupted")?);
+        if c.ids.len() != k.ids.len() {
+            return err(format!("patch: {}: the clean source is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, c.ids.len(), k.ids.len()));
+        }
+        let mut target = model.translate(&[p.clean.as_str()], &gates, crate::model::batch::DEFAULT_BATCH_TOKENS).or_else(|e| err(format!("patch: {}: translating the clean source: {e}", p.origin)))?.pop().unwrap_or_default();
+        target.push(model.net.eos_id);
+        if tokens.is_empty() {
+            tokens = match kind_each {
+                Some(Kind::Enc) | None => c.tokens.clone(),
+                Some(_) => target.iter().map(|&i| model.tok.id_to_token(i)).collect(),
+            };
+        }
+        out.push(SourcePair { clean: c.ids, corrupted: k.ids, target });
+    }
+    Ok((out, tokens))
 }
 
 pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult<Map> {
@@ -142,6 +176,39 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         return err("patch: verify checks attribution patching against exact patching; give it with method: \"attribution\"");
     }
     let pairs = pairs_arg(data, F)?;
+    if m.model.translates() {
+        if method != Method::Exact {
+            return err("patch: attribution patching of translation models is not offered yet; use method \"exact\"");
+        }
+        let metric = if o.has("metric") { metric } else { PatchMetric::Loss };
+        let spec = PatchSpec { site, each_position: each, direction, metric };
+        let kinds: Vec<Kind> = match o.labels("kinds")? {
+            Some(names) => names.iter().map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}")))).collect::<ScriptResult<_>>()?,
+            None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
+            None => vec![Kind::Enc, Kind::Dec],
+        };
+        if each && kinds.len() != 1 {
+            return err("patch: per-position patching of a translation model takes one kind (kinds: [\"enc\"], [\"dec\"] or [\"cross\"]): their positions differ");
+        }
+        let (sp, tokens) = source_pairs(m, &pairs, if each { kinds.first().copied() } else { None })?;
+        let gates = m.gates()?;
+        let mut rs = Vec::new();
+        for (i, &k) in kinds.iter().enumerate() {
+            let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", i * total + done, kinds.len() * total);
+            rs.push((k, patch_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?));
+        }
+        let echo = vec![
+            ("site".to_string(), json!(site.to_string())),
+            ("positions".into(), json!(if each { "each" } else { "all" })),
+            ("direction".into(), json!(direction.to_string())),
+            ("metric".into(), json!(metric.to_string())),
+            ("kinds".into(), json!(kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
+            ("targets".into(), json!("the clean source's greedy translation")),
+            ("clean".into(), crate::script::convert::json_f64(rs[0].1.clean)),
+            ("corrupted".into(), crate::script::convert::json_f64(rs[0].1.corrupted)),
+        ];
+        return result(m, &pairs, spec, &rs, &tokens, echo, "");
+    }
     let (ids, tokens) = token_ids(m, &pairs)?;
     let spec = PatchSpec { site, each_position: each, direction, metric };
     let gates = m.gates()?;
@@ -160,7 +227,8 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         ("clean".into(), crate::script::convert::json_f64(r.clean)),
         ("corrupted".into(), crate::script::convert::json_f64(r.corrupted)),
     ];
-    let mut out = result(m, &pairs, spec, &r, &tokens, echo.clone(), if method == Method::Attribution { "attribution " } else { "" })?;
+    let kind = m.model.net.stack_kind;
+    let mut out = result(m, &pairs, spec, &[(kind, r.clone())], &tokens, echo.clone(), if method == Method::Attribution { "attribution " } else { "" })?;
     if verify != 0 {
         // The units of largest estimated |effect|, patched exactly.
         let base = match direction {
@@ -172,7 +240,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let k = if verify < 0 { all.len() } else { (verify as usize).min(all.len()) };
         let chosen: Vec<Unit> = all[..k].iter().map(|(u, _)| *u).collect();
         let exact = patch_only(&m.model, &ids, spec, Some(&chosen), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?;
-        let ex = result(m, &pairs, spec, &exact, &tokens, echo, "exact ")?;
+        let ex = result(m, &pairs, spec, &[(kind, exact.clone())], &tokens, echo, "exact ")?;
         out.insert("exact".into(), ex["effect"].clone());
         out.insert("agreement".into(), Dynamic::from(agreement(&r, &exact, &chosen, k == all.len(), base)?));
     }
@@ -224,6 +292,20 @@ pub mod api {
     /// assert(h.effect.kinds == ["dec"]);
     /// let a = m.patch(p, #{method: "attribution", verify: -1});
     /// assert(a.agreement.column("units")[0] == 8 && type_of(a.exact) == "Grid");
+    /// ```
+    ///
+    /// A translation model's pairs are two source sentences: both runs are teacher-forced on
+    /// the clean source's greedy translation, the metric (`loss` by default, or `kl`) is read
+    /// over its tokens, and `kinds` chooses among `enc`, `dec`, `cross` (per position: one
+    /// kind; the residual stream: `enc`, `dec`).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let p = pairs([["The cat is sleeping.", "The dog is sleeping."]]);
+    /// let r = m.patch(p, #{kinds: ["cross"]});
+    /// assert(r.effect.kinds == ["cross"] && r.clean < r.corrupted && r.options.metric == "loss");
+    /// let e = m.patch(p, #{kinds: ["enc"], site: "resid_pre", positions: "each"});
+    /// assert(e.tokens[1] == "▁cat" && e.effect.column("1:▁cat")[0] > 0.99);
     /// ```
     #[rhai_fn(name = "patch", return_raw, pure)]
     pub fn patch_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
