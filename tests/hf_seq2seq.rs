@@ -70,7 +70,7 @@ fn check(name: &str, dir_name: &str) {
         .collect();
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let mut detailed = 0;
-    let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)) };
+    let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
     for (i, text) in texts.iter().enumerate() {
         let want_ids = Vec::<i64>::try_from(&g[&format!("{name}_ids_{i}")]).unwrap();
         let src = m.tokenize(text).unwrap().ids;

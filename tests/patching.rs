@@ -295,3 +295,25 @@ fn translation_patching_equals_transformers_with_hooks() {
     let e = patch_translation(&m, &all, PatchSpec { site: Site::ResidPre, metric: PatchMetric::Loss, ..spec }, Kind::Cross, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("not to \"cross\""), "{e}");
 }
+
+/// A session interrupted in the middle of a patching run answers with an interrupt, keeps its
+/// variables, and patches again afterwards.
+#[test]
+fn an_interrupt_mid_patching_leaves_the_session_intact() {
+    use headscope::engine::{Session, SessionOptions};
+    let mut s = Session::new(SessionOptions::default());
+    let dir = fixtures().join("tiny_hf/gpt2");
+    s.eval("t", &format!("let m = load_model({:?}); let p = pairs([[\"a b c d\", \"a b e d\", \" c\", \" e\"]]); let kept = 42;", dir.display().to_string())).unwrap();
+    let stop = s.interrupt_handle();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        stop.trigger();
+    });
+    // Patching in a loop long enough to be under way when the interrupt comes.
+    let e = s.eval("t", "loop { m.patch(p, #{positions: \"each\"}); }").unwrap_err();
+    t.join().unwrap();
+    assert_eq!(e.kind, headscope::engine::error::ErrorKind::Interrupted, "{e}");
+    s.interrupt_handle().reset();
+    let out = s.eval("t", "kept + m.patch(p).pairs").unwrap().unwrap();
+    assert_eq!(out.text.trim(), "43");
+}

@@ -777,13 +777,18 @@ mod tests {
         let mut none = None;
         let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none).unwrap();
         let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));
-        let same = a.forward(&x, &x, &bias, Some(&ones), Kind::Enc, 0, &mut none).unwrap();
+        let same = a.forward(&x, &x, &bias, Some(&LayerGate { g: ones, fill: None }), Kind::Enc, 0, &mut none).unwrap();
         assert!(full.equal(&same), "all-one gates must give exactly the ungated output");
         let g = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-        let masked = a.forward(&x, &x, &bias, Some(&g), Kind::Enc, 0, &mut none).unwrap();
+        let masked = a.forward(&x, &x, &bias, Some(&LayerGate { g: g.shallow_clone(), fill: None }), Kind::Enc, 0, &mut none).unwrap();
         // Output dim 0 comes from head 0 only (unchanged); dim 1 from head 1 (zeroed).
         assert!(masked.select(2, 0).equal(&full.select(2, 0)));
         assert_eq!(masked.select(2, 1).abs().sum(DType::Float).double_value(&[]), 0.0);
+        // Under mean ablation a closed head carries its fill: head 1's context becomes 7.
+        let fill = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1]);
+        let mean = a.forward(&x, &x, &bias, Some(&LayerGate { g, fill: Some(fill) }), Kind::Enc, 0, &mut none).unwrap();
+        assert!(mean.select(2, 0).equal(&full.select(2, 0)), "an open head ignores its fill");
+        assert_eq!(Vec::<f32>::try_from(&mean.select(2, 1).flatten(0, -1)).unwrap(), vec![7.0, 7.0]);
     }
 
     #[test]
