@@ -283,7 +283,7 @@ pub mod api {
     ///
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
-    /// let p = pairs([["a b c d", "a b x d", " c", " x"]]);
+    /// let p = pairs([["a b c d", "a b e d", " c", " e"]]);
     /// let r = m.patch(p, #{site: "resid_pre", positions: "each"});
     /// // The whole residual stream of layer 0 at every position is the clean run.
     /// let all = m.patch(p, #{site: "resid_pre"});
@@ -316,7 +316,7 @@ pub mod api {
     ///
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/llama");
-    /// let r = m.patch(pairs([["a b c", "a x c", " b", " x"]]));
+    /// let r = m.patch(pairs([["a b c", "a e c", " b", " e"]]));
     /// assert(type_of(r.effect) == "Grid" && r.pairs == 1);
     /// ```
     #[rhai_fn(name = "patch", return_raw, pure)]
