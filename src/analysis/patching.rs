@@ -284,13 +284,13 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
             Direction::Noise => (&clean, &corrupt),
         };
         let bias = net.self_bias(&mask, base.inputs.first().map_or(DType::Float, |x| x.kind()));
-        for l in 0..n_layers {
+        for (l, slot) in sums.iter_mut().enumerate() {
             if stop() {
                 return Err(ModelError::Interrupted);
             }
             let (Some(x), Some(bv), Some(sv)) = (base.inputs.get(l), base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
                 // A layer without heads (prune_heads) has no attention values to patch.
-                sums[l] = Vec::new();
+                *slot = Vec::new();
                 done += 1;
                 progress(done, total_steps);
                 continue;
@@ -313,7 +313,7 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
             };
             // Rows per chunk: about PATCH_ROWS token rows.
             let chunk = (PATCH_ROWS / (b * t)).max(1);
-            patch_layer(spec, l, bv, sv, chunk, only, base_sum, &mut sums[l], &mut run_rows)?;
+            patch_layer(spec, l, bv, sv, chunk, only, base_sum, slot, &mut run_rows)?;
             done += 1;
             progress(done, total_steps);
         }
@@ -328,6 +328,9 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
     }
     Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
 }
+
+/// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
+type RunRows<'a> = dyn FnMut(&Tensor, i64) -> Result<Vec<f64>, ModelError> + 'a;
 
 /// Patches every unit (and position) of layer `l` whose source value differs from the base's:
 /// `bv`, `sv` are the base and source values at the site (`[B, H, P, X]` per head, `[B, P, D]`
@@ -345,7 +348,7 @@ fn patch_layer(
     only: Option<&[Unit]>,
     base_sum: f64,
     sums: &mut Vec<Vec<f64>>,
-    run_rows: &mut dyn FnMut(&Tensor, i64) -> Result<Vec<f64>, ModelError>,
+    run_rows: &mut RunRows,
 ) -> Result<(), ModelError> {
     let size = bv.size();
     let b = size[0];
@@ -648,12 +651,12 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
         // (rows x T x V floats, twice with KL's clean copy) near 256 MB.
         let v = net.output.as_ref().map_or(1, |o| o.w.size()[0]);
         let chunk = (PATCH_ROWS / (b * s.max(t))).min((256 << 20) / (b * t * v * 8).max(1)).max(1);
-        for l in 0..n_layers {
+        for (l, slot) in sums.iter_mut().enumerate() {
             if stop() {
                 return Err(ModelError::Interrupted.into());
             }
             let (Some(bv), Some(sv)) = (base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
-                sums[l] = Vec::new();
+                *slot = Vec::new();
                 done += 1;
                 progress(done, total);
                 continue;
@@ -678,7 +681,7 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
                 let vals = sum_of(&seq_log_probs(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
                 Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))
             };
-            patch_layer(spec, l, bv, sv, chunk, None, base_sum, &mut sums[l], &mut run_rows)?;
+            patch_layer(spec, l, bv, sv, chunk, None, base_sum, slot, &mut run_rows)?;
             done += 1;
             progress(done, total);
         }
