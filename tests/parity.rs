@@ -160,3 +160,46 @@ fn smollm2_matches_hf_transformers() {
         assert_eq!(gen, Vec::<i64>::try_from(&z["gen_ids"]).unwrap(), "{device:?}: greedy continuation of {prompt:?}");
     }
 }
+
+/// The model's outputs as values (docs/methods.md#model-outputs) against HF transformers
+/// (`fixtures/outputs_reference.py`, float32): `predictions`' logits (every position for the
+/// tiny GPT-2, Llama and Qwen2; the last for SmolLM2 through transformers' GGUF loader) within
+/// 1e-4 relative to their scale, the same five most likely next tokens, next-token losses within
+/// 1e-4 and the mean task loss over the texts (`dataset_loss`) within 1e-4.
+#[test]
+fn logits_top_tokens_and_loss_match_hf_transformers() {
+    let out = tempfile::tempdir().unwrap();
+    let npz = out.path().join("outputs.npz");
+    let st = std::process::Command::new(python()).arg(fixtures().join("outputs_reference.py")).arg(asset_path("smollm2").unwrap()).arg(&npz).status().expect("run the HF reference");
+    assert!(st.success(), "HF reference script failed");
+    let z = read_npz(&npz);
+    let tiny = ["a b c d e", "the cat sat"];
+    let smol = ["The capital of France is", "The cat sat on the mat. It was"];
+    for (name, texts) in [("gpt2", tiny), ("llama", tiny), ("qwen2", tiny), ("smollm2", smol)] {
+        let dir = if name == "smollm2" { asset_path("smollm2").unwrap() } else { fixtures().join("tiny_hf").join(name) };
+        let m = Model::load(&dir, LoadOptions { device: Device::Cpu, dtype: tch::Kind::Float }).unwrap();
+        for (i, text) in texts.iter().enumerate() {
+            let p = m.predictions(text, &Gates::none()).unwrap();
+            assert_eq!(p.encoded.ids, Vec::<i64>::try_from(&z[&format!("{name}/ids/{i}")]).unwrap(), "{name}: token ids of {text:?}");
+            let t = p.logits.size()[0];
+            let (ours, want) = match z.get(&format!("{name}/logits/{i}")) {
+                Some(all) => (p.logits.shallow_clone(), all.shallow_clone()),
+                None => (p.logits.get(t - 1), z[&format!("{name}/last/{i}")].shallow_clone()),
+            };
+            let scale = want.abs().max().double_value(&[]).max(1.0);
+            let d = max_abs_diff(&ours, &want) / scale;
+            assert!(d < TOL, "{name} {text:?}: logits differ by {d:e} relative to {scale}");
+            let top: Vec<i64> = Vec::<i64>::try_from(&p.logits.get(t - 1).topk(5, -1, true, true).1).unwrap();
+            assert_eq!(top, Vec::<i64>::try_from(&z[&format!("{name}/top5/{i}")]).unwrap(), "{name} {text:?}: the five most likely next tokens");
+            let losses = p.next_token_losses().unwrap();
+            let want = Vec::<f64>::try_from(&z[&format!("{name}/losses/{i}")].to_kind(tch::Kind::Double)).unwrap();
+            let d = losses.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(losses.len() == want.len() && d < TOL, "{name} {text:?}: next-token losses differ by {d:e}");
+        }
+        let (mean, count, from) = m.dataset_loss(&texts, None, 1024, &Gates::none(), &|| false).unwrap();
+        let want = z[&format!("{name}/mean")].double_value(&[]);
+        assert_eq!(from, "next tokens");
+        assert!((mean - want).abs() < TOL, "{name}: mean loss {mean} vs transformers {want} over {count} tokens");
+        eprintln!("{name}: logits, top 5, losses and mean loss ({mean:.6} vs {want:.6}) agree with transformers");
+    }
+}

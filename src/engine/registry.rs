@@ -21,6 +21,8 @@ pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("forward", crate::model::script::FORWARD_OPTIONS),
     ("generate", crate::model::script::GENERATE_OPTIONS),
     ("run_with_cache", crate::model::script::hooks::RUN_WITH_CACHE_OPTIONS),
+    ("logits", crate::model::script::outputs::LOGITS_OPTIONS),
+    ("loss", crate::model::script::outputs::LOSS_OPTIONS),
     ("heatmap", crate::plot::script::HEATMAP_OPTIONS),
     ("bar", crate::plot::script::BAR_OPTIONS),
     ("line", crate::plot::script::LINE_OPTIONS),

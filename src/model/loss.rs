@@ -61,3 +61,75 @@ impl Model {
 pub fn nll(logp: &Tensor, labels: &Tensor) -> Tensor {
     -logp.gather(-1, &labels.unsqueeze(-1), false).squeeze_dim(-1)
 }
+
+/// A language model's predictions over one text (docs/methods.md#model-outputs).
+pub struct TextPredictions {
+    pub encoded: super::tokenizer::Encoded,
+    /// Logits `[T, V]` at every position (float64 for a float64 model, else float32).
+    pub logits: Tensor,
+}
+
+impl TextPredictions {
+    /// `-log p(x_{t+1} | x_<=t)` for `t = 0..T-2`, float64.
+    pub fn next_token_losses(&self) -> Result<Vec<f64>, ModelError> {
+        let t = self.logits.size()[0];
+        if t < 2 {
+            return Ok(Vec::new());
+        }
+        let logp = self.logits.f_narrow(0, 0, t - 1)?.f_to_kind(DType::Double)?.f_log_softmax(-1, DType::Double)?;
+        let next = Tensor::from_slice(&self.encoded.ids[1..]).to_device(logp.device());
+        let l = nll(&logp, &next);
+        Vec::<f64>::try_from(&l).map_err(|e| ModelError::Invalid(e.to_string()))
+    }
+}
+
+impl Model {
+    /// The logits at every position of `text` under `gates`: a decoder-only language model's
+    /// next-token predictions, from the one forward (`Transformer::encode` and
+    /// `Transformer::logits`, soft-capped where the model says so).
+    pub fn predictions(&self, text: &str, gates: &super::nn::Gates) -> Result<TextPredictions, ModelError> {
+        if !self.net.decoder.is_empty() {
+            return Err(ModelError::Invalid(format!("{} is a translation model: its predictions need a target (use m.loss(data) over references, or m.translate)", self.name())));
+        }
+        if self.net.output.is_none() {
+            return Err(ModelError::NoOutputHead);
+        }
+        let encoded = self.tokenize(text)?;
+        if encoded.ids.is_empty() {
+            return Err(ModelError::Invalid("the text has no tokens".into()));
+        }
+        let _g = tch::no_grad_guard();
+        let n = encoded.ids.len() as i64;
+        let ids = Tensor::from_slice(&encoded.ids).view([1, n]).to_device(self.device());
+        let mask = Tensor::ones([1, n], (DType::Float, self.device()));
+        let states = self.net.encode(&ids, &mask, gates, None)?;
+        let logits = self.net.logits(&states.f_select(0, 0)?)?;
+        let logits = if logits.kind() == DType::Double { logits } else { logits.f_to_kind(DType::Float)? };
+        Ok(TextPredictions { encoded, logits })
+    }
+}
+
+impl Model {
+    /// The task loss over many sentences (docs/methods.md#task-loss): the mean over all their
+    /// target tokens, with the targets `Model::prepare` chooses (next tokens, references, else
+    /// the model's greedy output); returns the loss, the target tokens and where they came from.
+    pub fn dataset_loss(&self, texts: &[&str], references: Option<&[&str]>, batch_tokens: usize, gates: &super::nn::Gates, stop: &dyn Fn() -> bool) -> Result<(f64, f64, &'static str), ModelError> {
+        if !self.has_task_loss() {
+            return Err(ModelError::NoOutputHead);
+        }
+        let p = self.prepare(texts, references, true, batch_tokens, gates)?;
+        let _g = tch::no_grad_guard();
+        let (mut total, mut count) = (0.0, 0.0);
+        for b in &p.batches {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let Some((targets, tm)) = b.targets.as_ref() else { continue };
+            let enc = self.net.encode(&b.ids, &b.mask, gates, None)?;
+            let n = tm.f_to_kind(DType::Double)?.f_sum(DType::Double)?.double_value(&[]);
+            total += self.task_loss(&enc, &b.mask, targets, tm, gates)?.f_to_kind(DType::Double)?.double_value(&[]) * n;
+            count += n;
+        }
+        Ok((total / count.max(1.0), count, p.targets_from))
+    }
+}

@@ -86,6 +86,7 @@ impl ScriptModel {
 
 mod head;
 pub mod hooks;
+pub mod outputs;
 
 pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
@@ -522,6 +523,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(exported_module!(api).into());
     engine.register_global_module(exported_module!(head::api).into());
     engine.register_global_module(exported_module!(hooks::api).into());
+    engine.register_global_module(exported_module!(outputs::api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {
