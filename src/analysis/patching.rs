@@ -112,6 +112,15 @@ pub struct Patched {
 }
 
 impl Patched {
+    /// Means over `n` pairs of metric sums.
+    fn mean_of(mut sums: Vec<Vec<Vec<f64>>>, clean: f64, corrupted: f64, n: usize, positions: usize) -> Patched {
+        let n = n as f64;
+        for v in sums.iter_mut().flatten().flatten() {
+            *v /= n;
+        }
+        Patched { clean: clean / n, corrupted: corrupted / n, patched: sums, positions }
+    }
+
     /// `(patched - corrupted) / (clean - corrupted)`: 1 = the patch restores the clean metric
     /// (denoising), 0 = it changes nothing; NaN when clean and corrupted agree.
     pub fn normalized(&self, v: f64) -> f64 {
@@ -318,15 +327,7 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
             progress(done, total_steps);
         }
     }
-    let n = n_pairs as f64;
-    for layer in sums.iter_mut() {
-        for row in layer.iter_mut() {
-            for v in row.iter_mut() {
-                *v /= n;
-            }
-        }
-    }
-    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
 }
 
 /// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
@@ -522,15 +523,7 @@ fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pair
             }
         }
     }
-    let n = n_pairs as f64;
-    for layer in sums.iter_mut() {
-        for row in layer.iter_mut() {
-            for v in row.iter_mut() {
-                *v /= n;
-            }
-        }
-    }
-    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
 }
 
 /// A pair of source sentences for a translation model, with the target both are scored on
@@ -686,13 +679,5 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
             progress(done, total);
         }
     }
-    let n = pairs.len() as f64;
-    for layer in sums.iter_mut() {
-        for row in layer.iter_mut() {
-            for v in row.iter_mut() {
-                *v /= n;
-            }
-        }
-    }
-    Ok(Patched { clean: clean_sum / n, corrupted: corrupt_sum / n, patched: sums, positions })
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, pairs.len(), positions))
 }
