@@ -430,10 +430,12 @@ fn patch_layer(
 /// A hook adding a zero that requires grad to each layer's value at one point: the gradient
 /// of the metric with respect to that zero is its gradient with respect to the value, through
 /// every path (a detached leaf in its place would cut the paths through later layers).
+/// It also keeps each layer's value itself (detached): the base run's values.
 struct Leaves {
     kind: crate::model::Kind,
     point: Point,
     leaves: Vec<Option<Tensor>>,
+    values: Vec<Option<Tensor>>,
 }
 
 impl Hooks for Leaves {
@@ -442,8 +444,9 @@ impl Hooks for Leaves {
     }
     fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
         let zero = x.f_zeros_like()?.set_requires_grad(true);
-        if let Some(slot) = self.leaves.get_mut(at.layer) {
+        if let (Some(slot), Some(value)) = (self.leaves.get_mut(at.layer), self.values.get_mut(at.layer)) {
             *slot = Some(zero.shallow_clone());
+            *value = Some(x.f_detach()?);
         }
         Ok(Some(x.f_add(&zero)?))
     }
@@ -451,9 +454,9 @@ impl Hooks for Leaves {
 
 /// Attribution patching (Nanda 2023; Syed et al. 2023; docs/methods.md#attribution-patching):
 /// the first-order estimate of each patch's change of the metric,
-/// `(a_source - a_base) . d metric / d a` at the base run, for every unit of `spec.site`: two
-/// forwards without gradients (the source values), one with and one backward per bucket of
-/// pairs. Returned like [`patch`]: `patched` holds `base metric + estimate`, so that the
+/// `(a_source - a_base) . d metric / d a` at the base run, for every unit of `spec.site`: one
+/// forward without gradients (the source run), and the base run's forward (which records its
+/// values) and one backward, per bucket of pairs. Returned like [`patch`]: `patched` holds `base metric + estimate`, so that the
 /// normalised effect reads as exact patching's.
 pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
     let by_len = buckets(model, pairs, spec)?;
@@ -473,30 +476,40 @@ fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pair
             return Err(ModelError::Interrupted);
         }
         let Bucket { clean: clean_ids, corrupted: corrupt_ids, mask, answer, wrong, .. } = Bucket::new(group, dev);
-        let (clean, corrupt) = {
+        let (base_ids, source_ids) = match spec.direction {
+            Direction::Denoise => (&corrupt_ids, &clean_ids),
+            Direction::Noise => (&clean_ids, &corrupt_ids),
+        };
+        let source = {
             let _g = tch::no_grad_guard();
-            (record(model, &clean_ids, &mask, point, gates)?, record(model, &corrupt_ids, &mask, point, gates)?)
+            record(model, source_ids, &mask, point, gates)?
         };
-        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
-        clean_sum += metric(spec.metric, &clean.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
-        corrupt_sum += metric(spec.metric, &corrupt.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
-        let (base_ids, base, source) = match spec.direction {
-            Direction::Denoise => (&corrupt_ids, &corrupt, &clean),
-            Direction::Noise => (&clean_ids, &clean, &corrupt),
-        };
-        let base_metric = metric(spec.metric, &base.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
-        // The base run again, with gradients at the point of every layer.
-        let mut leaves = Leaves { kind: net.stack_kind, point, leaves: (0..n_layers).map(|_| None).collect() };
-        let grads: Vec<Option<Tensor>> = tch::with_grad(|| -> Result<Vec<Option<Tensor>>, ModelError> {
+        // The base run, with gradients at the point of every layer (and its values kept).
+        let mut leaves = Leaves { kind: net.stack_kind, point, leaves: (0..n_layers).map(|_| None).collect(), values: (0..n_layers).map(|_| None).collect() };
+        let (grads, base_metric, clean_logp) = tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
             let states = net.encode(base_ids, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
-            let m = metric(spec.metric, &last_logits(model, &states)?, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
+            let logits = last_logits(model, &states)?;
+            // KL's reference: the clean run's distribution (the base run itself when noising).
+            let clean_logits = match spec.direction {
+                Direction::Denoise => source.logits.shallow_clone(),
+                Direction::Noise => logits.f_detach()?,
+            };
+            let clean_logp = clean_logits.f_log_softmax(1, DType::Double)?;
+            let m = metric(spec.metric, &logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
             let present: Vec<&Tensor> = leaves.leaves.iter().flatten().collect();
             let g = Tensor::f_run_backward(&[&m], &present, false, false)?;
             let mut it = g.into_iter();
-            Ok(leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect())
+            Ok((leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect(), m.double_value(&[]), clean_logp))
         })?;
+        let source_metric = metric(spec.metric, &source.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
+        let (c, k) = match spec.direction {
+            Direction::Denoise => (source_metric, base_metric),
+            Direction::Noise => (base_metric, source_metric),
+        };
+        clean_sum += c;
+        corrupt_sum += k;
         for l in 0..n_layers {
-            let (Some(g), Some(bv), Some(sv)) = (grads[l].as_ref(), base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
+            let (Some(g), Some(bv), Some(sv)) = (grads[l].as_ref(), leaves.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
                 sums[l] = Vec::new();
                 continue;
             };

@@ -130,9 +130,8 @@ fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)
 /// the clean source's greedy translation (EOS appended); the tokens shown per position.
 fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> ScriptResult<(Vec<SourcePair>, Vec<String>)> {
     let model = &m.model;
-    let gates = m.gates()?;
-    let mut out = Vec::with_capacity(pairs.len());
-    let mut tokens = Vec::new();
+    // The sources tokenized and checked first, so that bad input is refused before any run.
+    let mut sources = Vec::with_capacity(pairs.len());
     for p in pairs.items.iter() {
         if p.ids.is_some() || !p.answer.is_empty() {
             return err(format!("patch: {}: a translation model's pair is two source sentences [clean, corrupted] (its metric is read over the clean translation), not a prompt with answers", p.origin));
@@ -142,16 +141,24 @@ fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> Scri
         if c.ids.len() != k.ids.len() {
             return err(format!("patch: {}: the clean source is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, c.ids.len(), k.ids.len()));
         }
-        let mut target = model.translate(&[p.clean.as_str()], &gates, crate::model::batch::DEFAULT_BATCH_TOKENS).or_else(|e| err(format!("patch: {}: translating the clean source: {e}", p.origin)))?.pop().unwrap_or_default();
-        target.push(model.net.eos_id);
-        if tokens.is_empty() {
-            tokens = match kind_each {
-                Some(Kind::Enc) | None => c.tokens.clone(),
-                Some(_) => target.iter().map(|&i| model.tok.id_to_token(i)).collect(),
-            };
-        }
-        out.push(SourcePair { clean: c.ids, corrupted: k.ids, target });
+        sources.push((c, k));
     }
+    // Every clean source translated at once (batched by length), EOS appended.
+    let cleans: Vec<&str> = pairs.items.iter().map(|p| p.clean.as_str()).collect();
+    let translations = model.translate(&cleans, &m.gates()?, crate::model::batch::DEFAULT_BATCH_TOKENS).or_else(|e| err(format!("patch: translating the clean sources: {e}")))?;
+    let tokens = match (kind_each, sources.first(), translations.first()) {
+        (Some(Kind::Enc) | None, Some((c, _)), _) => c.tokens.clone(),
+        (Some(_), _, Some(t)) => t.iter().chain([&model.net.eos_id]).map(|&i| model.tok.id_to_token(i)).collect(),
+        _ => Vec::new(),
+    };
+    let out = sources
+        .into_iter()
+        .zip(translations)
+        .map(|((c, k), mut target)| {
+            target.push(model.net.eos_id);
+            SourcePair { clean: c.ids, corrupted: k.ids, target }
+        })
+        .collect();
     Ok((out, tokens))
 }
 
