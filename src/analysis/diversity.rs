@@ -39,11 +39,11 @@ impl LayerAcc {
         LayerAcc { gram_q: z(&[h, h, dh, dh]), gram_c: z(&[h, h, dh, dh]), cos_o: z(&[h, h]), var_a: z(&[h]), tokens: 0.0 }
     }
 
-    /// One batch: queries and contexts `[B, H, T, dh]`, attention `[B, H, T, S]`, real-query
-    /// mask `[B, T]`, key mask `[B, S]`, and W^O `[D, H*dh]`.
-    pub fn update(&mut self, q: &Tensor, c: &Tensor, a: &Tensor, qmask: &Tensor, kmask: &Tensor, wo: &Tensor) {
+    /// One batch: queries and contexts `[B, H, T, dh]`, per-head outputs `O_h = C_h W^O_h`
+    /// `[B, H, T, D]` (the trace's `hook_result`), attention `[B, H, T, S]`, real-query mask
+    /// `[B, T]` and key mask `[B, S]`.
+    pub fn update(&mut self, q: &Tensor, c: &Tensor, o: &Tensor, a: &Tensor, qmask: &Tensor, kmask: &Tensor) {
         let h = q.size()[1];
-        let dh = q.size()[3];
         let qr = real_rows(&q.to_kind(DType::Double), qmask); // [H, N, dh]
         let cr = real_rows(&c.to_kind(DType::Double), qmask);
         let n = qr.size()[1];
@@ -53,10 +53,8 @@ impl LayerAcc {
         // Q_i^T Q_j for all pairs: [H, 1, dh, N] x [1, H, N, dh].
         self.gram_q += qr.transpose(1, 2).unsqueeze(1).matmul(&qr.unsqueeze(0));
         self.gram_c += cr.transpose(1, 2).unsqueeze(1).matmul(&cr.unsqueeze(0));
-        // Per-head outputs O_h = C_h W^O_h^T: [H, N, D], unit-normalised per token.
-        let d = wo.size()[0];
-        let woh = wo.to_kind(DType::Double).view([d, h, dh]).permute([1, 2, 0]); // [H, dh, D]
-        let o = cr.matmul(&woh);
+        // Per-head outputs [H, N, D], unit-normalised per token.
+        let o = real_rows(&o.to_kind(DType::Double), qmask);
         let on = &o / o.norm_scalaropt_dim(2, [-1i64].as_slice(), true).clamp_min(1e-12);
         // Σ_t cos(O_i[t], O_j[t]) = Σ_t <o_i[t], o_j[t]>: [H, H].
         let flat = on.reshape([h, -1]);
@@ -149,16 +147,18 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
         let s = b.ids.size()[1];
         let src_real = model.real_mask(&b.encoded, s);
         // One pass over the stack and one teacher-forced decoder pass record every kind's
-        // queries (after rotary positions where the model has them), pattern and contexts.
-        let mut got: HashMap<(Kind, usize), [Option<Tensor>; 3]> = HashMap::new();
+        // queries (after rotary positions where the model has them), pattern, contexts and
+        // per-head outputs.
+        let mut got: HashMap<(Kind, usize), [Option<Tensor>; 4]> = HashMap::new();
         let wanted: Vec<Kind> = shapes.iter().map(|s| s.kind).collect();
-        let points = [Point::Q, Point::RotQ, Point::Pattern, Point::Z];
+        let points = [Point::Q, Point::RotQ, Point::Pattern, Point::Z, Point::Result];
         let mut on = |at: At, x: &Tensor| {
             let slot = got.entry((at.kind, at.layer)).or_default();
             let i = match at.point {
                 Point::Q | Point::RotQ => 0,
                 Point::Z => 1,
-                _ => 2,
+                Point::Pattern => 2,
+                _ => 3,
             };
             slot[i] = Some(x.shallow_clone());
             Ok(())
@@ -187,8 +187,8 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
             };
             for (l, acc) in accs[si].iter_mut().enumerate().take(sh.n_layers) {
                 // A layer left without heads (prune_heads) hands out nothing.
-                let Some([Some(q), Some(c), Some(a)]) = got.get(&(kind, l)) else { continue };
-                acc.update(q, c, a, qmask, kmask, &layer_of(kind, l)?.o.w);
+                let Some([Some(q), Some(c), Some(a), Some(o)]) = got.get(&(kind, l)) else { continue };
+                acc.update(q, c, o, a, qmask, kmask);
             }
         }
         progress(gi + 1, batches.len());
@@ -229,12 +229,13 @@ mod tests {
         let wo = Tensor::randn([d, h * dh], (DType::Float, Device::Cpu));
         let qmask = Tensor::from_slice(&[1f32, 1., 1., 0., 1., 0., 1., 1.]).view([b, t]);
         let kmask = Tensor::ones([b, t], (DType::Float, Device::Cpu));
+        let o = c.matmul(&wo.view([d, h, dh]).permute([1, 2, 0])); // [B, H, T, D]
         // Streamed in two halves of the batch equals one pass.
         let mut one = LayerAcc::new(h, dh, Device::Cpu);
-        one.update(&q, &c, &a, &qmask, &kmask, &wo);
+        one.update(&q, &c, &o, &a, &qmask, &kmask);
         let mut two = LayerAcc::new(h, dh, Device::Cpu);
         for k in 0..2 {
-            two.update(&q.narrow(0, k, 1), &c.narrow(0, k, 1), &a.narrow(0, k, 1), &qmask.narrow(0, k, 1), &kmask.narrow(0, k, 1), &wo);
+            two.update(&q.narrow(0, k, 1), &c.narrow(0, k, 1), &o.narrow(0, k, 1), &a.narrow(0, k, 1), &qmask.narrow(0, k, 1), &kmask.narrow(0, k, 1));
         }
         let (r1, r2) = (one.finish().unwrap(), two.finish().unwrap());
         assert_eq!(r1.tokens, 6);
