@@ -1,5 +1,5 @@
 //! AttnLRP (Achtibat et al. 2024; docs/methods.md#attnlrp): relevance as gradient x input
-//! through the model's one forward run under [`AttnLrpRules`] (the rules LXT 2.1 implements),
+//! through the model's one forward run under [`GradRules::AttnLrp`] (the rules LXT 2.1 implements),
 //! giving every head's relevance (at the input of W^O) and every input token's relevance (at
 //! its token embedding) in one backward per set of seeds. Signed, not rescaled: relevance that
 //! biases and constant embeddings absorb is lost, as in LXT.
@@ -7,9 +7,9 @@
 use super::lrp::{LrpOptions, LrpResult, Seed};
 use super::AnalysisError;
 use crate::data::Dataset;
-use crate::model::hooks::{At, Point, Record};
-use crate::model::nn::{AttnLrpRules, Gates};
-use crate::model::{Model, ModelError};
+use crate::model::hooks::{At, GradRules, Hooks, Point};
+use crate::model::nn::Gates;
+use crate::model::{Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
 /// Relevance of one set of rows (each row one seed set).
@@ -35,18 +35,10 @@ pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, s
 }
 
 fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
-    let _rules = AttnLrpRules::on();
-    let tok = model.net.embed.lookup(ids)?.detach().set_requires_grad(true);
-    // By layer: a layer without heads (prune_heads) hands out no context.
-    let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
-    let mut on = |at: At, x: &Tensor| {
-        if let Some(slot) = ctx.get_mut(at.layer) {
-            *slot = Some(x.shallow_clone());
-        }
-        Ok(())
-    };
-    let mut rec = Record::new(&[Point::Z], &mut on);
-    let h = model.net.encode_embedded(&tok, mask, gates, Some(&mut rec))?;
+    let mut leaves = Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.encoder.len()).map(|_| None).collect() };
+    let h = model.net.encode(ids, mask, gates, Some(&mut leaves))?;
+    let Leaves { tok, ctx, .. } = leaves;
+    let tok = tok.ok_or_else(|| ModelError::Invalid("AttnLRP: the forward passed no token embeddings (hook_embed)".into()))?;
     let per_position = match seed {
         Seed::Logit => {
             let out = model.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
@@ -141,4 +133,33 @@ fn one_per_row(ids: &Tensor, mask: &Tensor, seedable: &Tensor) -> Result<(Tensor
     let t = ids.size()[1];
     let one_hot = pos.one_hot(t).to_kind(DType::Float);
     Ok((ids.index_select(0, &rows), mask.index_select(0, &rows), one_hot))
+}
+
+/// The hooks of one AttnLRP pass: the forward's gradients under the AttnLRP rules, the token
+/// embeddings made the gradient's leaf at `hook_embed` (the input relevance is taken there),
+/// and each layer's contexts at `hook_z` kept (a layer without heads hands out none).
+struct Leaves {
+    kind: Kind,
+    tok: Option<Tensor>,
+    ctx: Vec<Option<Tensor>>,
+}
+
+impl Hooks for Leaves {
+    fn wants(&self, at: At) -> bool {
+        at.kind == self.kind && matches!(at.point, Point::Embed | Point::Z)
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        if at.point == Point::Embed {
+            let leaf = x.detach().set_requires_grad(true);
+            self.tok = Some(leaf.shallow_clone());
+            return Ok(Some(leaf));
+        }
+        if let Some(slot) = self.ctx.get_mut(at.layer) {
+            *slot = Some(x.shallow_clone());
+        }
+        Ok(None)
+    }
+    fn rules(&self) -> GradRules {
+        GradRules::AttnLrp
+    }
 }

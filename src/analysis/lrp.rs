@@ -343,7 +343,7 @@ const TRACE_POINTS: [Point; 13] = [Point::ResidPre, Point::Ln1, Point::V, Point:
 /// The stack's forward pass over a batch, recorded at its hook points (one `encode`, the
 /// model's own code): each layer's [`Trace`], the last layer's output before the final norm,
 /// and the stack's output.
-fn trace_stack(net: &Transformer, b: &Batch, gates: &Gates) -> Result<(Vec<Trace>, Tensor, Tensor), ModelError> {
+fn trace_stack(net: &Transformer, ids: &Tensor, mask: &Tensor, gates: &Gates) -> Result<(Vec<Trace>, Tensor, Tensor), ModelError> {
     let kind = net.stack_kind;
     let mut seen: HashMap<(usize, Point), Tensor> = HashMap::new();
     let y = {
@@ -352,7 +352,7 @@ fn trace_stack(net: &Transformer, b: &Batch, gates: &Gates) -> Result<(Vec<Trace
             Ok(())
         };
         let mut rec = Record { points: &TRACE_POINTS, kinds: &[kind], on: &mut on };
-        net.encode(&b.ids, &b.mask, gates, Some(&mut rec))?
+        net.encode(ids, mask, gates, Some(&mut rec))?
     };
     let mut traces = Vec::with_capacity(net.encoder.len());
     let mut last = None;
@@ -892,9 +892,10 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     } else {
         None
     };
-    let encoded = model.tokenize_all(data.texts())?;
-    // The same buckets as the prepared targets' (one batching service, same inputs).
-    let n_batches = prep.as_ref().map_or(0, |p| p.batches.len());
+    // One tokenization: the prepared batches (with their targets) through a decoder, else the
+    // sentences bucketed.
+    let plain: Vec<(Vec<usize>, Batch)> = if prep.is_some() { vec![] } else { model.batches(&model.tokenize_all(data.texts())?, opts.batch_tokens).collect() };
+    let n_batches = prep.as_ref().map_or(plain.len(), |p| p.batches.len());
     // Per layer, one slot per head present (layers of a pruned model differ in width).
     let mut sums: Vec<Vec<f64>> = model.layer_heads(kind).into_iter().map(|h| vec![0f64; h]).collect();
     let mut cross_sums: Vec<Vec<f64>> = if cross_heads > 0 { model.layer_heads(Kind::Cross).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
@@ -911,22 +912,22 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         }
         Ok(())
     };
-    let batches: Vec<(Vec<usize>, Batch)> = model.batches(&encoded, opts.batch_tokens).collect();
-    if prep.as_ref().is_some_and(|p| p.batches.len() != batches.len() || p.batches.iter().zip(&batches).any(|(pb, (rows, _))| &pb.rows != rows)) {
-        return Err(AnalysisError::Input(format!("internal: the targets' batches of {} differ from the sentences' ({n_batches} vs {})", data.name, batches.len())));
-    }
-    for (gi, (_, b)) in batches.iter().enumerate() {
+    for gi in 0..n_batches {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
-        let (bsz, t) = (b.ids.size()[0], b.ids.size()[1]);
-        let (traces, x, y) = trace_stack(net, b, gates)?;
+        let (ids, mask) = match &prep {
+            Some(p) => (&p.batches[gi].ids, &p.batches[gi].mask),
+            None => (&plain[gi].1.ids, &plain[gi].1.mask),
+        };
+        let (bsz, t) = (ids.size()[0], ids.size()[1]);
+        let (traces, x, y) = trace_stack(net, ids, mask, gates)?;
         // Relevance at the stack's output, per prediction: [B, P, T, D].
         let (mut r, weight, target_part) = if let Some(p) = &prep {
             let pb = &p.batches[gi];
             let (tgt, tm) = pb.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
             let weight = tm.to_kind(x.kind());
-            let d = relprop_decoder(rule, model, &x, &b.mask, tgt, &weight, gates, opts.per_prediction)?;
+            let d = relprop_decoder(rule, model, &x, mask, tgt, &weight, gates, opts.per_prediction)?;
             worst = worst.max(d.worst);
             let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
             for (l, rel) in d.cross.iter().enumerate() {
@@ -940,7 +941,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             (d.enc, weight, Some(d.target))
         } else {
             // Predictions: the real (non-special, non-padding) positions.
-            let real: Vec<f32> = b.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
+            let real: Vec<f32> = plain[gi].1.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
             let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
             let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
             let mut r = match opts.seed {
@@ -980,7 +981,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             add_heads(&mut sums, l, &head_rel, &weight)?;
         }
         predictions += weight.sum(DType::Double).double_value(&[]) as usize;
-        progress(gi + 1, batches.len());
+        progress(gi + 1, n_batches);
     }
     let n = predictions.max(1) as f64;
     let mut totals = vec![(kind, model.spread_grid(kind, sums))];

@@ -197,10 +197,32 @@ pub trait Hooks {
     /// Sees the value at `at`; `Some(v)` replaces it (same shape), and the forward continues
     /// from `v`.
     fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError>;
+    /// How gradients flow through this run's forward (its values are the same either way).
+    fn rules(&self) -> GradRules {
+        GradRules::Autograd
+    }
+}
+
+/// How the forward's gradients flow. The values are the same under both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GradRules {
+    /// Autograd's own gradients.
+    #[default]
+    Autograd,
+    /// The AttnLRP rules (Achtibat et al. 2024, as the LXT library implements them;
+    /// docs/methods.md#attnlrp), so that gradient x input is the relevance: norms with their
+    /// scale held fixed, activations by the identity rule, a gated MLP's product and the
+    /// attention's query-key and weight-value products by the uniform rule.
+    AttnLrp,
 }
 
 /// The hooks of one run, as the forward passes them down.
 pub type HookSlot<'a> = Option<&'a mut dyn Hooks>;
+
+/// The gradient rules the run's hooks ask for (autograd's without hooks).
+pub fn rules(h: &HookSlot) -> GradRules {
+    h.as_deref().map_or(GradRules::Autograd, |h| h.rules())
+}
 
 /// Whether anybody looks at `at`.
 pub fn wants(h: &HookSlot, at: At) -> bool {
@@ -265,6 +287,13 @@ impl Hooks for Both<'_> {
         let seen = first.as_ref().unwrap_or(x);
         let second = if self.1.wants(at) { self.1.visit(at, seen)? } else { None };
         Ok(second.or(first))
+    }
+    fn rules(&self) -> GradRules {
+        if self.0.rules() == GradRules::AttnLrp || self.1.rules() == GradRules::AttnLrp {
+            GradRules::AttnLrp
+        } else {
+            GradRules::Autograd
+        }
     }
 }
 

@@ -2,37 +2,9 @@
 //! per-head gates and capture, feed-forward blocks, the SSRU cell. Weights are never edited
 //! after loading; masks enter through [`Gates`].
 
-use super::hooks::{self, At, HookSlot, Point};
+use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::{Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
-
-thread_local! {
-    static ATTN_LRP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// While alive, the forward pass computes the same values but its gradients follow the
-/// AttnLRP rules (Achtibat et al. 2024, as the LXT library implements them;
-/// docs/methods.md#attnlrp), so that gradient x input is the relevance: norms with their scale
-/// held fixed, activations by the identity rule, the gate product and the attention's
-/// query-key and weight-value products by the uniform rule. Forward values are unchanged.
-pub struct AttnLrpRules(());
-
-impl AttnLrpRules {
-    pub fn on() -> AttnLrpRules {
-        ATTN_LRP.with(|c| c.set(true));
-        AttnLrpRules(())
-    }
-}
-
-impl Drop for AttnLrpRules {
-    fn drop(&mut self) {
-        ATTN_LRP.with(|c| c.set(false));
-    }
-}
-
-fn attn_lrp() -> bool {
-    ATTN_LRP.with(|c| c.get())
-}
 
 /// The value of `value` with the gradient of `surrogate` (whose value must equal it).
 fn with_grad_of(value: &Tensor, surrogate: &Tensor) -> Tensor {
@@ -80,8 +52,14 @@ pub struct Norm {
 
 impl Norm {
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_with(x, GradRules::Autograd)
+    }
+
+    /// The norm with its gradients under `rules` (AttnLRP holds the scale fixed).
+    pub fn forward_with(&self, x: &Tensor, rules: GradRules) -> Tensor {
+        let attn_lrp = rules == GradRules::AttnLrp;
         match self.kind {
-            NormKind::Layer if attn_lrp() => {
+            NormKind::Layer if attn_lrp => {
                 // The standard deviation held fixed (LXT: the mean is not).
                 let c = x - x.mean_dim(-1, true, x.kind());
                 let std = (c.square().mean_dim(-1, true, x.kind()) + self.eps).sqrt().detach();
@@ -99,13 +77,13 @@ impl Norm {
                 // As transformers: normalised in float32, scaled in the model's precision.
                 let xf = x.to_kind(DType::Float);
                 let scale = (xf.pow_tensor_scalar(2).mean_dim(-1, true, DType::Float) + self.eps).rsqrt();
-                let scale = if attn_lrp() { scale.detach() } else { scale };
+                let scale = if attn_lrp { scale.detach() } else { scale };
                 (xf * scale).to_kind(x.kind()) * &self.weight
             }
             NormKind::Rms => {
                 let var = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
                 let scale = (var + self.eps).rsqrt();
-                x * if attn_lrp() { scale.detach() } else { scale } * &self.weight
+                x * if attn_lrp { scale.detach() } else { scale } * &self.weight
             }
         }
     }
@@ -165,15 +143,16 @@ impl Ffn {
     /// `hook_post`, `hook_mlp_out`) of layer `layer_idx` of `kind`.
     pub fn forward_hooked(&self, x: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Tensor, Tensor), ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
+        let attn_lrp = hooks::rules(h) == GradRules::AttnLrp;
         let act = |z: &Tensor| {
             let a = self.act.apply(z);
-            if attn_lrp() { identity_rule(&a, z) } else { a }
+            if attn_lrp { identity_rule(&a, z) } else { a }
         };
         let (up, hidden) = match &self.gate {
             Some(g) => {
                 let pre = hooks::at(h, at(Point::MlpPre), g.forward(x))?;
                 let up = hooks::at(h, at(Point::MlpPreLinear), self.up.forward(x))?;
-                let hidden = if attn_lrp() { divide_gradient(&(act(&pre) * &up), 2.0) } else { act(&pre) * &up };
+                let hidden = if attn_lrp { divide_gradient(&(act(&pre) * &up), 2.0) } else { act(&pre) * &up };
                 (up, hidden)
             }
             None => {
@@ -459,12 +438,12 @@ pub struct QkNorm {
 
 impl QkNorm {
     /// `x`: a projection's output `[B, T, n * dh]`, returned as `[B, n, T, dh]`.
-    fn heads(&self, norm: &Norm, x: &Tensor, n: i64, dh: i64) -> Tensor {
+    fn heads(&self, norm: &Norm, x: &Tensor, n: i64, dh: i64, rules: GradRules) -> Tensor {
         let (b, t) = (x.size()[0], x.size()[1]);
         if self.per_head {
-            norm.forward(&x.view([b, t, n, dh])).transpose(1, 2)
+            norm.forward_with(&x.view([b, t, n, dh]), rules).transpose(1, 2)
         } else {
-            norm.forward(x).view([b, t, n, dh]).transpose(1, 2)
+            norm.forward_with(x, rules).view([b, t, n, dh]).transpose(1, 2)
         }
     }
 }
@@ -552,7 +531,7 @@ impl Attention {
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let k = match &self.qk_norm {
-            Some(n) => n.heads(&n.k, &self.k.forward(xkv), hk, dh),
+            Some(n) => n.heads(&n.k, &self.k.forward(xkv), hk, dh, hooks::rules(hk_slot)),
             None => self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2),
         };
         let mut k = hooks::at(hk_slot, at(Point::K), k)?;
@@ -587,7 +566,7 @@ impl Attention {
             return hooks::at(hs, at(Point::AttnOut), out);
         }
         let q = match &self.qk_norm {
-            Some(n) => n.heads(&n.q, &self.q.forward(xq), h, dh),
+            Some(n) => n.heads(&n.q, &self.q.forward(xq), h, dh, hooks::rules(hs)),
             None => self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2),
         };
         let mut q = hooks::at(hs, at(Point::Q), q)?;
@@ -597,7 +576,7 @@ impl Attention {
         // AttnLRP: the uniform rule on q.k^T and on A.v (as LXT applies it to llama: q and k
         // each carry a quarter of the gradient, v half; the softmax keeps its gradient).
         let lrp_kv;
-        let (k, v) = if attn_lrp() {
+        let (k, v) = if hooks::rules(hs) == GradRules::AttnLrp {
             q = divide_gradient(&q, 4.0);
             lrp_kv = (divide_gradient(&kv.k, 4.0), divide_gradient(&kv.v, 2.0));
             (&lrp_kv.0, &lrp_kv.1)

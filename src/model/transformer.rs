@@ -72,7 +72,7 @@ impl Embeddings {
             x = x + tt.get(0).view([1, 1, d]);
         }
         Ok(match &self.norm {
-            Some(n) => n.forward(&x),
+            Some(n) => n.forward_with(&x, hooks::rules(h)),
             None => x,
         })
     }
@@ -104,6 +104,7 @@ impl EncoderLayer {
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+        let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
         let bias = match self.window {
@@ -117,7 +118,7 @@ impl EncoderLayer {
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
             NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
-            NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward(&x))?,
+            NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?,
         };
         let a = match cache {
             None => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
@@ -133,7 +134,7 @@ impl EncoderLayer {
                 out
             }
         };
-        Ok(self.finish_hooked(&x, &a, kind, layer_idx, h)?.0)
+        self.finish_hooked(&x, &a, kind, layer_idx, h)
     }
 
     /// The layer resumed at its attention's `hook_z`: `x` is the layer's input, `z` the
@@ -142,87 +143,58 @@ impl EncoderLayer {
     pub fn forward_from_z(&self, x: &Tensor, z: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         check_interrupt()?;
         let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
-        Ok(self.finish_hooked(x, &a, kind, layer_idx, h)?.0)
-    }
-
-    /// What the attention reads: `x` (post-norm) or `norm(x)` (pre-norm).
-    pub fn attn_input(&self, x: &Tensor) -> Tensor {
-        match self.norm_position {
-            NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
-            NormPosition::Pre | NormPosition::Parallel => self.attn_norm.forward(x),
-        }
-    }
-
-    /// The rest of the layer after the attention output `a` (residuals, norms, FFN).
-    pub fn finish(&self, x: &Tensor, a: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(self.finish_traced(x, a)?.0)
-    }
-
-    /// `finish`, also returning its intermediate tensors (for LRP).
-    pub fn finish_traced(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, FinishTrace), ModelError> {
-        self.finish_hooked(x, a, Kind::Enc, 0, &mut None)
+        self.finish_hooked(x, &a, kind, layer_idx, h)
     }
 
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
     /// `hook_resid_post`).
-    fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<(Tensor, FinishTrace), ModelError> {
+    fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let rules = hooks::rules(hk);
         let at = |p| At::new(kind, layer_idx, p);
         if self.norm_position == NormPosition::Parallel {
             // The MLP reads the layer's input, beside the attention: no resid_mid on the path.
-            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(x))?;
-            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(x, rules))?;
+            let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
             let s1 = x + a;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
-            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), s1, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }));
+            return Ok(s2);
         }
         if self.norm_position == NormPosition::PostSublayer {
-            let a_n = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(a))?;
+            let a_n = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(a, rules))?;
             let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
-            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&s1, kind, layer_idx, hk)?;
-            let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&ffn_out))?;
+            let (_, _, ffn_out) = self.ffn.forward_hooked(&s1, kind, layer_idx, hk)?;
+            let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
-            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), ffn_in: s1.shallow_clone(), s1, ffn_up, ffn_hidden, ffn_out, s2 }));
+            return Ok(s2);
         }
         if let (NormPosition::Pre, Some((post_attn, post_ffn))) = (self.norm_position, &self.post_norms) {
-            let a_n = hooks::at(hk, at(Point::Ln1Post), post_attn.forward(a))?;
+            let a_n = hooks::at(hk, at(Point::Ln1Post), post_attn.forward_with(a, rules))?;
             let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
-            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?;
-            let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
-            let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward(&ffn_out))?;
+            let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s1, rules))?;
+            let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
-            return Ok((s2.shallow_clone(), FinishTrace { h: s1.shallow_clone(), s1, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }));
+            return Ok(s2);
         }
         let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
-                let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward(&s1))?;
+                let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(&s1, rules))?;
                 (h.shallow_clone(), h)
             }
-            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => (s1.shallow_clone(), hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s1))?),
+            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => {
+                let n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s1, rules))?;
+                (s1, n)
+            }
         };
-        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+        let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
         let s2 = hooks::at(hk, at(Point::ResidPost), &h + &ffn_out)?;
         let y = match self.norm_position {
-            NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward(&s2))?,
-            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => s2.shallow_clone(),
+            NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s2, rules))?,
+            NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => s2,
         };
-        Ok((y, FinishTrace { s1, h, ffn_in, ffn_up, ffn_hidden, ffn_out, s2 }))
+        Ok(y)
     }
-}
-
-/// What [`EncoderLayer::finish_traced`] computed on the way.
-pub struct FinishTrace {
-    /// The first residual sum `x + a`.
-    pub s1: Tensor,
-    /// What the second residual adds the FFN to: `norm(s1)` (post-norm) or `s1` (pre-norm).
-    pub h: Tensor,
-    pub ffn_in: Tensor,
-    /// The up projection's output (before the activation or gate).
-    pub ffn_up: Tensor,
-    pub ffn_hidden: Tensor,
-    pub ffn_out: Tensor,
-    /// The second residual sum `h + ffn(ffn_in)`.
-    pub s2: Tensor,
 }
 
 /// The self-block of a decoder layer.
@@ -327,12 +299,13 @@ impl DecoderLayer {
     /// is the stream after the cross-attention, `ln1` its norm).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderTrace), ModelError> {
+        let rules = hooks::rules(h);
         check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
         let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
         let (o, ssru, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
         let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
-        let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward(&s_a))?;
+        let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward_with(&s_a, rules))?;
         let a = match (&self.cross, cross) {
             (Some((attn, _)), Some(kv)) => {
                 let g = gates.layer(Kind::Cross, layer_idx);
@@ -353,25 +326,20 @@ impl DecoderLayer {
         Ok(self.finish_hooked(x1, Some(&a), layer_idx, h)?.0)
     }
 
-    /// The rest of the layer after the cross-attention output `a` (its residual with `x1`,
-    /// the norms, the FFN); without cross-attention, from `x1`.
-    pub fn finish(&self, x1: &Tensor, a: Option<&Tensor>) -> Result<Tensor, ModelError> {
-        Ok(self.finish_hooked(x1, a, 0, &mut None)?.0)
-    }
-
     fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderFinish), ModelError> {
+        let rules = hooks::rules(h);
         let at = |k, p| At::new(k, layer_idx, p);
         let (s_b, x2) = match (&self.cross, a) {
             (Some((_, norm)), Some(a)) => {
                 let s_b = hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?;
-                let x2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward(&s_b))?;
+                let x2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_b, rules))?;
                 (Some(s_b), x2)
             }
             _ => (None, x1.shallow_clone()),
         };
         let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
         let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
-        let y = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward(&s_c))?;
+        let y = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))?;
         Ok((y, DecoderFinish { s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c }))
     }
 }
@@ -496,15 +464,9 @@ impl Transformer {
 
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
     /// the final norm where the model has one). `h` sees every hook point of the stack.
-    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
-        self.encode_embedded(&self.embed.lookup(ids)?, mask, gates, h)
-    }
-
-    /// [`Transformer::encode`] from the token embeddings `tok [B, T, D]` (AttnLRP takes the
-    /// input relevance there).
-    pub fn encode_embedded(&self, tok: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
+    pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
         let kind = self.stack_kind;
-        let x = self.embed.finish(tok, 0, kind, &mut h)?;
+        let x = self.embed.finish(&self.embed.lookup(ids)?, 0, kind, &mut h)?;
         let bias = self.self_bias(mask, x.kind());
         self.stack_from(0, &x, &bias, gates, &mut h)
     }
@@ -547,7 +509,10 @@ impl Transformer {
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.
     fn final_norm(&self, x: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         match &self.final_norm {
-            Some(n) => hooks::at(h, At::new(self.stack_kind, 0, Point::LnFinal), n.forward(&x)),
+            Some(n) => {
+                let y = n.forward_with(&x, hooks::rules(h));
+                hooks::at(h, At::new(self.stack_kind, 0, Point::LnFinal), y)
+            }
             None => Ok(x),
         }
     }
