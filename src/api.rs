@@ -25,7 +25,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::model::script::{head_ids, ScriptModel};
+use crate::model::view::View;
 use crate::script::convert::{json_value, ScriptResult};
 use rhai::{Dynamic, Map};
 use std::path::Path;
@@ -80,9 +80,9 @@ pub fn treebank(path: impl AsRef<Path>) -> Result<Dataset> {
 }
 
 /// A model with the heads this view masks (none after `load`); cheap to clone, the
-/// weights are shared.
+/// weights are shared. It wraps the core view (`model::view::View`) every analysis reads.
 #[derive(Clone)]
-pub struct Model(pub ScriptModel);
+pub struct Model(pub View);
 
 impl Model {
     /// Loads a model from a directory or a named asset (`"minilm"`, `"enpt"`, `"smollm2"`)
@@ -109,15 +109,21 @@ impl Model {
     }
 
     /// One head by its printed name (`"enc.2.5"`), checked against the model.
+    ///
+    /// ```
+    /// let m = headscope::api::Model::load("minilm")?;
+    /// assert_eq!(m.head("enc.2.5")?.layer_idx, 2);
+    /// assert!(m.head("enc.9.0").unwrap_err().0.contains("layer 9 out of range"));
+    /// # Ok::<(), headscope::api::Error>(())
+    /// ```
     pub fn head(&self, name: &str) -> Result<HeadId> {
-        let ids = script(head_ids(&self.0, &Dynamic::from(name.to_string()), "head"))?;
-        Ok(ids[0])
+        self.0.head(name, "head").map_err(|e| Error(e.to_string()))
     }
 
     /// A view with these heads masked (printed names); the weights are shared.
     pub fn with_mask(&self, heads: &[&str]) -> Result<Model> {
-        let names: rhai::Array = heads.iter().map(|h| Dynamic::from(h.to_string())).collect();
-        Ok(Model(self.0.closing(&script(head_ids(&self.0, &Dynamic::from(names), "with_mask"))?)))
+        let ids = heads.iter().map(|h| self.0.head(h, "with_mask")).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| Error(e.to_string()))?;
+        Ok(Model(self.0.closing(&ids)))
     }
 
     /// Every analysis of docs/methods.md in one pass (confidence, positional, rare-word,

@@ -24,6 +24,7 @@ pub mod spm;
 pub mod tokenizer;
 pub mod torch_pickle;
 pub mod transformer;
+pub mod view;
 pub mod weights;
 
 use crate::device::{device_name, DeviceChoice, DeviceError};

@@ -1,6 +1,7 @@
 //! The script API of pruning: `m.prune(data, options)`, the `PruneResult` object,
 //! `m.with_gates(result)` and `m.prune_heads(result)`.
 
+use crate::model::view::Needs;
 use super::{train, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
 use crate::model::script::{Head, ScriptModel};
 use crate::model::{HeadId, Kind};
@@ -223,9 +224,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "prune", return_raw, pure)]
     pub fn prune_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<PruneResult> {
-        if m.soft.is_some() {
-            return err("prune: train gates on a model without continuous gates (this view has them)");
-        }
+        m.require("prune", Needs::NoSoft)?;
         let d = crate::data::script::dataset_arg(&data, "prune")?;
         let (opts, eval) = parse_options(m, &options)?;
         let label = format!("prune (lambda {})", opts.lambda);
@@ -304,9 +303,7 @@ pub mod api {
     #[rhai_fn(name = "prune_heads", return_raw, pure)]
     pub fn prune_heads_named(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
         let ids = crate::model::script::head_ids(m, &heads, "prune_heads")?;
-        if !m.closed.is_empty() || m.soft.is_some() {
-            return err("prune_heads: run it on the unmasked model (this view masks heads already)");
-        }
+        m.require("prune_heads", Needs::Unmasked)?;
         let pruned = super::super::physical::prune_heads(&m.model, &ids, None).or_else(|e| err(format!("prune_heads: {e}")))?;
         Ok(ScriptModel::new(pruned))
     }

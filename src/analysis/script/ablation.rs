@@ -1,6 +1,7 @@
 //! Ablation on a model: `m.ablate(data, heads, #{...})` and `m.ablation_sweep(data, #{...})`
 //! (docs/methods.md#masking-and-ablation).
 
+use crate::model::view::Needs;
 use crate::model::script::kinds_option;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
@@ -195,9 +196,7 @@ pub mod api {
     #[rhai_fn(name = "ablation_sweep", return_raw, pure)]
     pub fn ablation_sweep_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         let f = "ablation_sweep";
-        if !m.closed.is_empty() {
-            return err("ablation_sweep: run it on the unmasked model (this view masks heads already)");
-        }
+        m.require(f, Needs::NoClosed)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
         let plan = crate::data::script::Plan::new(&d, &o, f)?;

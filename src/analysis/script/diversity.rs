@@ -1,5 +1,6 @@
 //! The `Diversity` type: `m.diversity(data, #{...})` (docs/methods.md#head-diversity).
 
+use crate::model::view::Needs;
 use crate::grid::matrix;
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
@@ -93,9 +94,7 @@ pub mod api {
         let o = Opts::new(&options, "diversity", DIVERSITY_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds = crate::model::script::kinds_option(m, &o)?;
-        if !m.closed.is_empty() {
-            return err("diversity: run it on the unmasked model");
-        }
+        m.require("diversity", Needs::NoClosed)?;
         let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
         let gates = m.gates()?;
         let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, &gates, o.usize_or_default("batch_tokens")?, &crate::run::interrupted, &mut progress)

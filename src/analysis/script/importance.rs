@@ -1,6 +1,7 @@
 //! Gradient head importance on a model: `m.head_importance(data, #{...})` and the agreement of
 //! two per-head grids, `agreement(a, b)` (docs/methods.md#gradient-head-importance).
 
+use crate::model::view::Needs;
 use crate::model::script::kinds_option;
 use crate::analysis::ablation::{self, Metric};
 use super::sharded::{echo_of, number, valid_heads, valid_of};
@@ -110,8 +111,8 @@ pub mod api {
             row_offset: 0,
         };
         let exact = o.bool_or_default("exact")?;
-        if exact && !m.closed.is_empty() {
-            return err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"));
+        if exact {
+            m.require(f, Needs::NoClosed).or_else(|_| err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`")))?;
         }
         let plan = crate::data::script::Plan::new(&d, &o, f)?;
         if exact && plan.shard.is_some() {

@@ -9,80 +9,10 @@ use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
 
-/// A model as scripts see it: shared weights plus the heads this view masks.
-#[derive(Clone)]
-pub struct ScriptModel {
-    pub model: Rc<Model>,
-    pub closed: Rc<Vec<HeadId>>,
-    /// Continuous gates (a pruning result's `eval_gates: "continuous"`), multiplied into the
-    /// mask: per kind `[1, layers, heads]`.
-    pub soft: Option<Rc<crate::model::KindGrids>>,
-    /// Mean ablation (docs/methods.md#mean-ablation): what closed heads carry instead of zero.
-    pub ablation: Option<Rc<MeanAblation>>,
-}
-
-/// The reference means closed heads take under mean ablation, and where they came from.
-pub struct MeanAblation {
-    pub fills: crate::model::nn::Fills,
-    /// The reference dataset's name and digest.
-    pub reference: String,
-    pub digest: String,
-}
-
-impl ScriptModel {
-    pub fn new(model: Model) -> ScriptModel {
-        ScriptModel { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None }
-    }
-
-    /// The model as a shard record names it (docs/methods.md#shards): checkpoint, precision,
-    /// the heads each layer holds, the heads this view closes and its continuous gates.
-    pub fn identity(&self) -> serde_json::Value {
-        let m = &self.model;
-        serde_json::json!({
-            "name": m.name(),
-            "dtype": format!("{:?}", m.opts.dtype),
-            "kinds": m.kinds().iter().map(|s| serde_json::json!({"kind": s.kind.to_string(), "layers": s.n_layers, "heads": s.n_heads, "present": (0..s.n_layers).map(|l| m.present(s.kind, l)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-            "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
-            "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
-            "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mean": a.reference, "digest": a.digest})),
-        })
-    }
-
-    pub fn gates(&self) -> ScriptResult<crate::model::nn::Gates> {
-        let mut g = self.model.gates_closing(&self.closed).or_else(|e| err(e.to_string()))?;
-        for (kind, values) in self.soft.iter().flat_map(|s| s.iter()) {
-            let (l, h) = (values.len() as i64, values.first().map_or(0, |r| r.len()) as i64);
-            let flat: Vec<f32> = values.iter().flatten().map(|&v| v as f32).collect();
-            g.multiply(*kind, tch::Tensor::from_slice(&flat).view([1, l, h]).to_device(self.model.device()));
-        }
-        if let Some(a) = &self.ablation {
-            g.fill = a.fills.share();
-        }
-        Ok(g)
-    }
-
-    /// A view with `heads` masked as well (shared weights).
-    pub fn closing(&self, heads: &[HeadId]) -> ScriptModel {
-        let mut closed: Vec<HeadId> = self.closed.as_ref().clone();
-        closed.extend_from_slice(heads);
-        closed.sort();
-        closed.dedup();
-        ScriptModel { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone(), ablation: self.ablation.clone() }
-    }
-
-    pub fn describe(&self) -> String {
-        let mut d = self.model.describe();
-        if self.soft.is_some() {
-            d = format!("{}, continuous gates>", d.trim_end_matches('>'));
-        }
-        if self.closed.is_empty() {
-            d
-        } else {
-            let heads: Vec<String> = self.closed.iter().map(|h| h.to_string()).collect();
-            format!("{}, masked: {}>", d.trim_end_matches('>'), heads.join(" "))
-        }
-    }
-}
+/// A model as scripts see it: the core view (shared weights plus the heads it closes, its
+/// continuous gates and mean ablation), registered as `Model`.
+pub type ScriptModel = crate::model::view::View;
+pub use crate::model::view::MeanAblation;
 
 mod head;
 pub mod hooks;
