@@ -53,6 +53,33 @@ impl Grid {
         all
     }
 
+    /// The value of one head, or an error naming the head and the grid's shape.
+    pub fn value(&self, id: HeadId) -> Result<f64, String> {
+        let Some((_, m)) = self.kinds.iter().find(|(k, _)| *k == id.kind) else {
+            return Err(format!("this grid has no '{}' (it has: {})", id.kind, self.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ")));
+        };
+        let row = m.get(id.layer_idx).ok_or_else(|| format!("{id}: layer {} out of range: '{}' has layers 0..{}", id.layer_idx, id.kind, m.len().saturating_sub(1)))?;
+        row.get(id.head).copied().ok_or_else(|| format!("{id}: head {} out of range: layer {} has heads 0..{}", id.head, id.layer_idx, row.len().saturating_sub(1)))
+    }
+
+    /// The `k` heads at one end of the ranking as a table (head, value): the highest
+    /// (`lowest` false) or the lowest, lowest first.
+    fn end_table(&self, k: i64, lowest: bool, func: &str) -> ScriptResult<Table> {
+        if k < 1 {
+            return err(format!("{func}: k must be >= 1, got {k}"));
+        }
+        let mut all = self.ranked();
+        if lowest {
+            all.reverse();
+        }
+        let mut t = Table::new(vec!["head".into(), "value".into()]);
+        t.title = Some(format!("{func} {k}: {}", self.stat));
+        for (id, v) in all.into_iter().take(k as usize) {
+            let _ = t.push_row(vec![Cell::Text(id.to_string()), Cell::Float(v)]);
+        }
+        Ok(t)
+    }
+
     /// A heatmap of one kind, coloured over the values' range.
     pub fn heatmap(&self, kind: Kind) -> ScriptResult<Plot> {
         self.heatmap_range(kind, None, None)
@@ -147,19 +174,37 @@ pub mod script {
             crate::script::convert::echo_map(&g.options)
         }
 
-        /// A grid's matrix for one kind: `g["enc"][layer][head]`.
+        /// A grid's matrix for one kind, `g["enc"][layer][head]`, or one head's value by its
+        /// name, `g["enc.2.5"]`.
         ///
         /// ```rhai
         /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
         /// assert(g["cross"].len() == 2);
+        /// assert(g["enc.2.5"] == g["enc"][2][5]);
         /// ```
         #[rhai_fn(index_get, return_raw, pure)]
-        pub fn grid_kind(g: &mut Grid, kind: &str) -> ScriptResult<Array> {
-            let k: Kind = kind.parse().or_else(|e: String| err(e))?;
-            match g.kinds.iter().find(|(x, _)| *x == k) {
-                Some((_, m)) => Ok(matrix(m).cast::<Array>()),
-                None => err(format!("this grid has no '{kind}' (it has: {})", g.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", "))),
+        pub fn grid_kind(g: &mut Grid, key: &str) -> ScriptResult<Dynamic> {
+            if key.contains('.') {
+                let id: HeadId = key.parse().or_else(|e: String| err(e))?;
+                return g.value(id).map(Dynamic::from).or_else(|e| err(e));
             }
+            let k: Kind = key.parse().or_else(|e: String| err(e))?;
+            match g.kinds.iter().find(|(x, _)| *x == k) {
+                Some((_, m)) => Ok(matrix(m)),
+                None => err(format!("this grid has no '{key}' (it has: {})", g.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", "))),
+            }
+        }
+
+        /// One head's value: `g[m.head("enc.2.5")]`.
+        ///
+        /// ```rhai
+        /// let m = load_model("enpt");
+        /// let g = m.confidence(corpus(asset("pud_en.txt")).take(3));
+        /// assert(g[m.head("cross.1.3")] == g["cross"][1][3]);
+        /// ```
+        #[rhai_fn(index_get, return_raw, pure)]
+        pub fn grid_head(g: &mut Grid, head: crate::model::script::Head) -> ScriptResult<f64> {
+            g.value(head.id).or_else(|e| err(e))
         }
 
         /// The kinds in a grid.
@@ -220,16 +265,22 @@ pub mod script {
         /// ```
         #[rhai_fn(return_raw, pure)]
         pub fn top(g: &mut Grid, k: i64) -> ScriptResult<Table> {
-            if k < 1 {
-                return err(format!("top: k must be >= 1, got {k}"));
-            }
-            let all = g.ranked();
-            let mut t = Table::new(vec!["head".into(), "value".into()]);
-            t.title = Some(format!("top {k}: {}", g.stat));
-            for (id, v) in all.into_iter().take(k as usize) {
-                let _ = t.push_row(vec![Cell::Text(id.to_string()), Cell::Float(v)]);
-            }
-            Ok(t)
+            g.end_table(k, false, "top")
+        }
+
+        /// The `k` lowest heads over all kinds, lowest first, as a table (head, value): the
+        /// candidates for pruning. Removed heads (NaN) are left out, as in `top`.
+        ///
+        /// ```rhai
+        /// let m = load_model("enpt");
+        /// let g = m.confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let b = g.bottom(4);
+        /// assert(b.len() == 4 && b[0].value <= b[3].value && b[0].value <= g.top(1)[0].value);
+        /// assert(m.with_mask(b).masked.len() == 4);
+        /// ```
+        #[rhai_fn(return_raw, pure)]
+        pub fn bottom(g: &mut Grid, k: i64) -> ScriptResult<Table> {
+            g.end_table(k, true, "bottom")
         }
 
         /// Writes the grid as CSV rows `kind,layer,head,value`, atomically.

@@ -124,11 +124,11 @@ pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pat
         .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
 }
 
-fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) -> ScriptResult<(Options, crate::data::Dataset)> {
-    let o = Opts::new(options, "analyze", OPTIONS)?;
+fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map, func: &'static str) -> ScriptResult<(Options, crate::data::Dataset)> {
+    let o = Opts::new(options, func, OPTIONS)?;
     let is_tb = data.items.iter().all(|i| i.tree.is_some());
     let stats: Vec<Stat> = match o.strings("stats")? {
-        Some(v) => v.iter().map(|s| s.parse().or_else(|e: String| err(format!("analyze: {e}")))).collect::<ScriptResult<_>>()?,
+        Some(v) => v.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?,
         None if is_tb || o.has("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
         None => vec![Stat::Confidence, Stat::Positional, Stat::Rare],
     };
@@ -138,17 +138,17 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) ->
     // A treebank given beside a corpus must match it sentence by sentence.
     let mut data = data.clone();
     if let Some(tb) = o.value("treebank") {
-        let tb = crate::data::script::dataset_arg(tb, "analyze: option 'treebank'")?;
+        let tb = crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?;
         if tb.items.iter().any(|i| i.tree.is_none()) {
-            return err(format!("analyze: option 'treebank': {} is not a treebank", tb.name));
+            return err(format!("{func}: option 'treebank': {} is not a treebank", tb.name));
         }
         if tb.len() != data.len() {
-            return err(format!("analyze: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), data.name, data.len()));
+            return err(format!("{func}: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), data.name, data.len()));
         }
         let mut items = Vec::with_capacity(data.len());
         for (i, (d, t)) in data.items.iter().zip(tb.items.iter()).enumerate() {
             if d.text != t.text {
-                return err(format!("analyze: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, data.name, t.text, d.text));
+                return err(format!("{func}: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, data.name, t.text, d.text));
             }
             items.push(crate::data::Item { tree: t.tree.clone(), ..d.clone() });
         }
@@ -157,7 +157,7 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map) ->
     Ok((opts, data))
 }
 
-fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable>>> {
+fn freq_for(m: &ScriptModel, opts: &Options, func: &'static str) -> ScriptResult<Option<Rc<FreqTable>>> {
     if !opts.wants(Stat::Rare) {
         return Ok(None);
     }
@@ -166,24 +166,26 @@ fn freq_for(m: &ScriptModel, opts: &Options) -> ScriptResult<Option<Rc<FreqTable
     if let Some(f) = FREQ.with(|c| c.borrow().get(&key).cloned()) {
         return Ok(Some(f));
     }
-    let f = Rc::new(freq_table(&m.model, &opts.freq, opts.rare_top_n).or_else(|e| err(format!("analyze: {e}")))?);
+    let f = Rc::new(freq_table(&m.model, &opts.freq, opts.rare_top_n).or_else(|e| err(format!("{func}: {e}")))?);
     FREQ.with(|c| c.borrow_mut().insert(key, f.clone()));
     Ok(Some(f))
 }
 
-fn run(m: &ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
-    let d = crate::data::script::dataset_arg(&data, "analyze")?;
-    let (opts, d) = parse_options(m, &d, &options)?;
-    let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, "analyze", OPTIONS)?, "analyze")?;
-    let freq = freq_for(m, &opts)?;
+/// `analyze` (or `confidence`, `func`: the name errors and progress give) on `data`. A
+/// shard's record is an analysis whichever function made it.
+fn run(m: &ScriptModel, data: Dynamic, options: Map, func: &'static str) -> ScriptResult<AnalysisObj> {
+    let d = crate::data::script::dataset_arg(&data, func)?;
+    let (opts, d) = parse_options(m, &d, &options, func)?;
+    let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, func, OPTIONS)?, func)?;
+    let freq = freq_for(m, &opts, func)?;
     let gates = m.gates()?;
-    let mut progress = |done: usize, total: usize| crate::run::progress("analyze", done, total);
+    let mut progress = |done: usize, total: usize| crate::run::progress(func, done, total);
     // The whole dataset goes in (relations are checked against all of it); `rows` is the slice.
-    plan.check(&d, "analyze")?;
-    let (frame, acc) = accumulate(&m.model, &d, plan.rows.clone(), &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("analyze: {e}")))?;
-    let a = finish(&frame, &acc).or_else(|e| err(format!("analyze: {e}")))?;
+    plan.check(&d, func)?;
+    let (frame, acc) = accumulate(&m.model, &d, plan.rows.clone(), &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{func}: {e}")))?;
+    let a = finish(&frame, &acc).or_else(|e| err(format!("{func}: {e}")))?;
     let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
-    let acc = serde_json::to_value(&acc).or_else(|e| err(format!("analyze: {e}")))?;
+    let acc = serde_json::to_value(&acc).or_else(|e| err(format!("{func}: {e}")))?;
     let a = plan.seal("analyze", identity, acc, a, |a| &mut a.options, |a| a.to_json())?;
     Ok(AnalysisObj(Rc::new(a)))
 }
@@ -219,7 +221,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "analyze", return_raw, pure)]
     pub fn analyze_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<AnalysisObj> {
-        run(m, data, options)
+        run(m, data, options, "analyze")
     }
 
     /// `analyze` with the default statistics for the dataset.
@@ -230,7 +232,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "analyze", return_raw, pure)]
     pub fn analyze_plain(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<AnalysisObj> {
-        run(m, data, Map::new())
+        run(m, data, Map::new(), "analyze")
     }
 
     /// Head confidence alone: per kind, a layers x heads grid of the mean maximum attention
@@ -242,9 +244,26 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "confidence", return_raw, pure)]
     pub fn confidence_of(m: &mut ScriptModel, data: Dynamic) -> ScriptResult<Grid> {
-        let mut o = Map::new();
+        confidence_opts(m, data, Map::new())
+    }
+
+    /// Head confidence with `analyze`'s options (`kinds`, `exclude_keys`, `batch_tokens`,
+    /// `shard`; docs/methods.md#confidence); `stats` is confidence's own.
+    ///
+    /// ```rhai
+    /// let m = load_model("smollm2");
+    /// let d = corpus(asset("pud_en.txt")).take(4);
+    /// let c = m.confidence(d, #{exclude_keys: "special"});
+    /// assert(c.options.exclude_keys == "special" && c["dec"][5][0] < m.confidence(d)["dec"][5][0] + 1.0);
+    /// ```
+    #[rhai_fn(name = "confidence", return_raw, pure)]
+    pub fn confidence_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
+        if options.contains_key("stats") {
+            return err("confidence: option 'stats' is confidence's own; use analyze(data, #{stats: [...]}) for others");
+        }
+        let mut o = options;
         o.insert("stats".into(), Dynamic::from(vec![Dynamic::from("confidence")]));
-        run(m, data, o)?.grid("confidence", |k| k.confidence.clone())
+        run(m, data, o, "confidence")?.grid("confidence", |k| k.confidence.clone())
     }
 
     /// Confidence grid of an analysis.
