@@ -120,7 +120,18 @@ fn bound_peak_memory() {
 
 fn main() -> ExitCode {
     bound_peak_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // `headscope FILE.rhai` (no `run`): say what was meant instead of clap's bare refusal.
+            let first = std::env::args().nth(1).unwrap_or_default();
+            if e.kind() == clap::error::ErrorKind::InvalidSubcommand && first.ends_with(".rhai") {
+                eprintln!("error: '{first}' is a script, not a command: run it with `headscope run {first}` (or open it in a session with `:load {first}`)");
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     match (cli.eval, cli.command) {
         (Some(code), _) => {
             let mut s = script_session(vec![], std::env::current_dir().unwrap_or_else(|_| ".".into()));

@@ -286,6 +286,9 @@ impl Session {
                     e.kind = ErrorKind::Interrupted;
                 }
                 e.notes.extend(note);
+                if let Some(hint) = command_hint(code, &e) {
+                    e.notes.push(hint);
+                }
                 return Err(e);
             }
             Ok(Ok(v)) => v,
@@ -544,9 +547,33 @@ pub fn documented_examples(engine: &Engine) -> Vec<(String, docs::Example)> {
 }
 
 
+
+/// A `:` command typed without its colon (`help`, `quit`, `exit`, `vars`...) is a variable
+/// Rhai does not find: say how commands are written.
+fn command_hint(code: &str, e: &ScriptError) -> Option<String> {
+    let word = code.trim().trim_end_matches(';').trim().trim_end_matches("()");
+    let is_command = commands::COMMANDS.iter().any(|c| c.name == word) || matches!(word, "exit" | "q");
+    (is_command && e.message.contains("not found")).then(|| format!("session commands start with ':': type :{} (:help lists them)", if matches!(word, "exit" | "q") { "quit" } else { word }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_without_its_colon_says_how_commands_are_written() {
+        let mut s = Session::new(SessionOptions::default());
+        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars")] {
+            let e = s.eval("<input>", typed).expect_err(typed);
+            assert!(e.notes.iter().any(|n| n.contains(&format!("type {command}"))), "{typed}: {:?}", e.notes);
+        }
+        // A variable of that name is the user's own.
+        s.eval("<input>", "let help = 3;").expect("let");
+        assert!(s.eval("<input>", "help").is_ok());
+        // Another unknown variable gets no such note.
+        let e = s.eval("<input>", "helpp").expect_err("helpp");
+        assert!(!e.notes.iter().any(|n| n.contains("start with ':'")), "{:?}", e.notes);
+    }
 
     #[test]
     fn completeness_is_decided_by_the_parser() {
