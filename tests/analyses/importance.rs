@@ -59,7 +59,7 @@ fn from_json(g: &serde_json::Value) -> impl Fn(Kind, usize, usize) -> f64 + '_ {
 
 #[test]
 fn gpt2_equals_transformers_head_mask_gradients() {
-    let m = common::load_on(&common::tiny_hf_dir().join("gpt2"), DeviceChoice::Cpu, "f32");
+    let m = common::tiny_hf("gpt2", "f32");
     let got = run(&m, &corpus(200), &opts(&[Kind::Dec], ImportanceMetric::Loss, 512), &Gates::none());
     let g = common::golden_json("importance_golden.json")["gpt2"].clone();
     let worst = assert_close("gpt2", &got, from_json(&g), REL);
@@ -68,7 +68,7 @@ fn gpt2_equals_transformers_head_mask_gradients() {
 
 #[test]
 fn marian_equals_transformers_enc_dec_cross() {
-    let m = common::load_on(&common::tiny_hf_dir().join("marian"), DeviceChoice::Cpu, "f32");
+    let m = common::tiny_hf("marian", "f32");
     let kinds = [Kind::Enc, Kind::Dec, Kind::Cross];
     let got = run(&m, &pairs(50), &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
     assert_eq!(got.iter().map(|(k, _)| *k).collect::<Vec<_>>(), kinds);
@@ -79,7 +79,7 @@ fn marian_equals_transformers_enc_dec_cross() {
 
 #[test]
 fn batching_changes_nothing_loss_and_fisher() {
-    let m = common::load_on(&common::tiny_hf_dir().join("gpt2"), DeviceChoice::Cpu, "f32");
+    let m = common::tiny_hf("gpt2", "f32");
     let d = corpus(40);
     for metric in [ImportanceMetric::Loss, ImportanceMetric::Fisher] {
         let one = run(&m, &d, &opts(&[Kind::Dec], metric, 1), &Gates::none());
@@ -98,7 +98,7 @@ fn batching_changes_nothing_loss_and_fisher() {
 
 #[test]
 fn layer_normalisation_gives_unit_rows_and_closed_heads_are_nan() {
-    let m = common::load_on(&common::tiny_hf_dir().join("gpt2"), DeviceChoice::Cpu, "f32");
+    let m = common::tiny_hf("gpt2", "f32");
     let d = corpus(10);
     let mut o = opts(&[Kind::Dec], ImportanceMetric::Loss, 512);
     o.normalize = Normalize::Layer;
@@ -134,7 +134,7 @@ fn cuda_equals_cpu() {
     }
     let d = pairs(20);
     let kinds = [Kind::Enc, Kind::Dec, Kind::Cross];
-    let cpu = run(&common::load_on(&common::tiny_hf_dir().join("marian"), DeviceChoice::Cpu, "f32"), &d, &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
+    let cpu = run(&common::tiny_hf("marian", "f32"), &d, &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
     let gpu = run(&common::load_on(&common::tiny_hf_dir().join("marian"), DeviceChoice::Cuda(0), "f32"), &d, &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
     let worst = assert_close("cuda vs cpu", &gpu, |k, l, h| cpu.iter().find(|(k2, _)| *k2 == k).unwrap().1[l][h], 1e-3);
     println!("marian on CUDA vs CPU: {worst:.2e}");
@@ -145,10 +145,10 @@ fn cuda_equals_cpu() {
 #[test]
 fn language_model_loss_equals_transformers_and_the_sweep_equals_ablate() {
     use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
-    let m = common::load_on(&common::tiny_hf_dir().join("gpt2"), DeviceChoice::Cpu, "f32");
+    let m = common::tiny_hf("gpt2", "f32");
     let p = prepare(&m, &corpus(200), Metric::Loss, 512, Gates::none()).unwrap();
     let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
-    let want = common::golden_json("importance_golden.json")["gpt2"].clone()["token_loss"].as_f64().unwrap();
+    let want = common::golden_json("importance_golden.json")["gpt2"]["token_loss"].as_f64().unwrap();
     assert!((base - want).abs() / want < 1e-5, "headscope {base}, transformers {want}");
     let small = prepare(&m, &corpus(12), Metric::Loss, 256, Gates::none()).unwrap();
     let grid = sweep(&m, &small, &[Kind::Dec], &|| false, &mut |_, _| {}).unwrap();
