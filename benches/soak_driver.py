@@ -21,7 +21,7 @@ BlockingKernelClient, signed messages), for --minutes. It repeats one cycle of c
   replay    a signed `replays += 1` sent once on a socket of its own, then replayed by the
             attackers
 
-and, on the side, a thread sends hostile traffic of the kinds tests/kernel_hostile.rs sends:
+and, on the side, a thread sends hostile traffic of the kinds tests/frontends/kernel_hostile.rs sends:
 unsigned, wrong-key, tampered and garbage messages carrying `small += 1000000;
 write_text(MARKER, ...)`, signed malformed requests, replays of signed requests, frame
 headers declaring 1 TiB, heartbeat peers that flood 256 KiB pings without reading, malformed

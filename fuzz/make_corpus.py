@@ -136,7 +136,7 @@ put("marian_bin", "huge_shape.bin", marian_bin([("w", 0x404, [1 << 20, 1 << 20],
 
 # --- pytorch_model.bin (zip + pickle) ------------------------------------------------------
 for f in sorted((FIX / "torch_bin").glob("*.bin")):
-    if f.stat().st_size < 8192:  # deep.bin (30 KB of nesting) is left to tests/torch_pickle.rs
+    if f.stat().st_size < 8192:  # deep.bin (30 KB of nesting) is left to tests/readers/torch_pickle.rs
         copy("torch_pickle", f.name, f)
 
 # --- tokenizer.json ------------------------------------------------------------------------

@@ -167,16 +167,6 @@ fn splitmix64(state: &mut u64) -> u64 {
 
 pub mod script;
 
-/// Iterating a dataset in a script yields one map per sentence (see `script::api::get`).
-impl IntoIterator for Dataset {
-    type Item = Result<rhai::Dynamic, Box<rhai::EvalAltResult>>;
-    type IntoIter = std::vec::IntoIter<Self::Item>;
-    fn into_iter(self) -> Self::IntoIter {
-        let mut d = self;
-        (0..d.len() as i64).map(|i| script::api::get(&mut d, i).map(rhai::Dynamic::from)).collect::<Vec<_>>().into_iter()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

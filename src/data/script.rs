@@ -19,6 +19,16 @@ pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
     Ok(d)
 }
 
+/// Iterating a dataset in a script yields one map per sentence (see `api::get`).
+impl IntoIterator for Dataset {
+    type Item = Result<Dynamic, Box<rhai::EvalAltResult>>;
+    type IntoIter = std::vec::IntoIter<Self::Item>;
+    fn into_iter(self) -> Self::IntoIter {
+        let mut d = self;
+        (0..d.len() as i64).map(|i| api::get(&mut d, i).map(Dynamic::from)).collect::<Vec<_>>().into_iter()
+    }
+}
+
 /// The `shard` option every dataset-consuming analysis accepts (docs/methods.md#shards).
 pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt("shard", "none (or the run's --shard)", "\"I/N\": run on slice I of N of the data and keep the accumulators for merge_results (docs/methods.md#shards)");
 

@@ -114,12 +114,6 @@ pub struct PruneOptions {
 }
 
 impl PruneOptions {
-    /// Every option at the default of `prune`'s option list (its `OptSpec`s, the one place
-    /// the defaults are written), gating these kinds.
-    pub fn new(kinds: Vec<Kind>) -> Self {
-        script::options_with_defaults(kinds)
-    }
-
     pub fn echo(&self) -> crate::output::Echo {
         use serde_json::json;
         vec![

@@ -1,5 +1,117 @@
-//! Helpers shared by the tests that build tiny models by hand.
+//! Helpers shared by the test binaries (`tests/GROUP/main.rs` includes this file as `common`):
+//! paths, goldens, loading checkpoints on the CPU, tensor comparisons, small layer builders and
+//! tiny models built by hand, and the locks that keep tests of one binary (threads of one
+//! process) from disturbing each other.
 #![allow(dead_code)]
+
+use headscope::model::nn::{Linear, Norm, NormKind};
+use headscope::model::{LoadOptions, Model};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use tch::{Device, Kind as DType, Tensor};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `tests/fixtures`.
+pub fn fixtures() -> PathBuf {
+    root().join("tests/fixtures")
+}
+
+/// The project venv's Python (transformers and the other references; `scripts/setup`).
+pub fn python() -> PathBuf {
+    root().join(".venv/bin/python")
+}
+
+/// The tensors of an `.npz` file.
+pub fn npz(path: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_npz(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).into_iter().collect()
+}
+
+/// The tensors of a golden `.npz` under `tests/fixtures` (`rel`: its path there).
+pub fn golden(rel: &str) -> HashMap<String, Tensor> {
+    npz(&fixtures().join(rel))
+}
+
+/// A golden JSON file under `tests/fixtures`.
+pub fn golden_json(rel: &str) -> serde_json::Value {
+    let path = fixtures().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The checkpoint at `dir` on `device` in `dtype` ("f32", "f64", ...); panics naming `dir`.
+pub fn load_on(dir: &Path, device: headscope::device::DeviceChoice, dtype: &str) -> Model {
+    Model::load(dir, LoadOptions::new(device, dtype).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// The checkpoint at `dir` on the CPU in `dtype`.
+pub fn load(dir: &Path, dtype: &str) -> Model {
+    load_on(dir, headscope::device::DeviceChoice::Cpu, dtype)
+}
+
+/// `tests/fixtures/tiny_hf`: tiny checkpoints in each family's layout and their goldens.
+pub fn tiny_hf_dir() -> PathBuf {
+    fixtures().join("tiny_hf")
+}
+
+/// A tiny HF checkpoint of `tests/fixtures/tiny_hf` (`make_tiny_hf*.py`) on the CPU in `dtype`.
+pub fn tiny_hf(name: &str, dtype: &str) -> Model {
+    load(&tiny_hf_dir().join(name), dtype)
+}
+
+/// A named asset (`minilm`, `enpt`, `smollm2`, ...: `scripts/setup`) on the CPU in `dtype`.
+pub fn asset(name: &str, dtype: &str) -> Model {
+    load(&headscope::assets::asset_path(name).unwrap(), dtype)
+}
+
+/// The largest absolute difference of two tensors of one shape, in float64 on the CPU.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shape mismatch");
+    (a.to_device(Device::Cpu).to_kind(DType::Double) - b.to_device(Device::Cpu).to_kind(DType::Double)).abs().max().double_value(&[])
+}
+
+/// Zeros, float32 on the CPU.
+pub fn zeros(shape: &[i64]) -> Tensor {
+    Tensor::zeros(shape, (DType::Float, Device::Cpu))
+}
+
+/// A linear map with bias `b`.
+pub fn lin(w: Tensor, b: Tensor) -> Linear {
+    Linear { w, b: Some(b) }
+}
+
+/// LayerNorm over `d` features as initialised (weight 1, bias 0, eps 1e-5): the identity on
+/// normalised inputs.
+pub fn layer_norm(d: i64) -> Norm {
+    Norm { kind: NormKind::Layer, weight: Tensor::ones([d], (DType::Float, Device::Cpu)), bias: Some(zeros(&[d])), eps: 1e-5 }
+}
+
+/// RMSNorm over `d` features, weight 1, eps 1e-6.
+pub fn rms_norm(d: i64) -> Norm {
+    Norm { kind: NormKind::Rms, weight: Tensor::ones([d], (DType::Float, Device::Cpu)), bias: None, eps: 1e-6 }
+}
+
+static HEAVY: Mutex<()> = Mutex::new(());
+static RNG: Mutex<()> = Mutex::new(());
+
+/// Held by a test that loads SmolLM2 (or runs its Python reference): one such model at a time
+/// per test binary, as when each file was a binary of its own. A test that panicked while
+/// holding it does not poison it for the others.
+pub fn heavy() -> MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held for the whole of a test that seeds or draws from libtorch's global random generator
+/// (`tch::manual_seed`, `Tensor::randn`, and `prune`, which seeds it for its gate noise): tests
+/// of one binary share the generator, and a draw by another thread between a seed and its use
+/// would change the numbers.
+pub fn rng() -> MutexGuard<'static, ()> {
+    RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A word-level tokenizer.json: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, then `words` from id 4, with
 /// BERT's `[CLS] ... [SEP]` framing.

@@ -1,0 +1,308 @@
+//! Activation patching (docs/methods.md#activation-patching) against HF transformers in float64
+//! with hooks on the checkpoints' own modules (`fixtures/patching_reference.py`,
+//! `fixtures/patching_golden.npz`): every site, all positions and per position, denoising and
+//! noising, every metric, on tiny GPT-2, Llama and Qwen2 (grouped-query); float32 within 1e-4;
+//! and the identities that hold by construction.
+
+use crate::common::{self, fixtures};
+
+use headscope::analysis::patching::{attribute, patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
+use headscope::model::nn::Gates;
+use headscope::model::Model;
+use std::collections::HashMap;
+use tch::Tensor;
+
+const MODELS: [&str; 3] = ["gpt2", "llama", "qwen2"];
+const SITES: [&str; 8] = ["z", "q", "k", "v", "pattern", "resid_pre", "attn_out", "mlp_out"];
+const METRICS: [&str; 4] = ["logit_diff", "prob", "kl", "loss"];
+
+fn pairs(g: &HashMap<String, Tensor>) -> Vec<PairIds> {
+    let lens = Vec::<i64>::try_from(&g["pairs/len"]).unwrap();
+    let answer = Vec::<i64>::try_from(&g["pairs/answer"]).unwrap();
+    let wrong = Vec::<i64>::try_from(&g["pairs/wrong"]).unwrap();
+    let row = |k: &str, i: usize| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..lens[i] as usize].to_vec();
+    (0..lens.len()).map(|i| PairIds { clean: row("pairs/clean", i), corrupted: row("pairs/corrupted", i), answer: answer[i], wrong: Some(wrong[i]) }).collect()
+}
+
+fn run(m: &Model, pairs: &[PairIds], site: Site, each: bool, direction: Direction, metric: PatchMetric) -> Patched {
+    patch(m, pairs, PatchSpec { site, each_position: each, direction, metric }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
+}
+
+fn max_diff(p: &Patched, want: &Tensor) -> f64 {
+    let got: Vec<f64> = p.patched.iter().flatten().flatten().copied().collect();
+    let want = Vec::<f64>::try_from(&want.flatten(0, -1)).unwrap();
+    assert_eq!(got.len(), want.len(), "grid size");
+    got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn patching_equals_transformers_with_hooks() {
+    let g = common::golden("patching_golden.npz");
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in MODELS {
+        for (dtype, tol) in [("f64", 1e-8), ("f32", 1e-4)] {
+            let m = common::tiny_hf(name, dtype);
+            let mut worst = (0.0f64, String::new());
+            for site in SITES {
+                for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
+                    for direction in ["denoise", "noise"] {
+                        for metric in METRICS {
+                            // f32 runs check one metric per site and mode (the runs are the same).
+                            if dtype == "f32" && (metric != "logit_diff" || direction != "denoise") {
+                                continue;
+                            }
+                            let p = run(&m, ps, site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
+                            let key = format!("{name}/{site}/{mode}/{direction}/{metric}");
+                            let d = max_diff(&p, &g[&key]);
+                            if mode == "all" {
+                                let c = g[&format!("{name}/clean/{metric}")].double_value(&[]);
+                                let k = g[&format!("{name}/corrupted/{metric}")].double_value(&[]);
+                                let rel = |a: f64, b: f64| (a - b).abs() / (1.0 + b.abs());
+                                assert!(rel(p.clean, c) < tol && rel(p.corrupted, k) < tol, "{key}: clean {} vs {c}, corrupted {} vs {k}", p.clean, p.corrupted);
+                            }
+                            if d > worst.0 {
+                                worst = (d, key.clone());
+                            }
+                            assert!(d < tol, "{key} ({dtype}): differs from transformers by {d:e}");
+                        }
+                    }
+                }
+            }
+            eprintln!("{name} {dtype}: patching within {:.1e} of transformers (worst {})", worst.0, worst.1);
+        }
+    }
+}
+
+#[test]
+fn patching_identities() {
+    let g = common::golden("patching_golden.npz");
+    let all = pairs(&g);
+    let m = common::tiny_hf("llama", "f64");
+    // The whole residual stream of layer 0 from the clean run is the clean run.
+    let p = run(&m, &all, Site::ResidPre, false, Direction::Denoise, PatchMetric::LogitDiff);
+    assert!((p.patched[0][0][0] - p.clean).abs() < 1e-10, "{} vs {}", p.patched[0][0][0], p.clean);
+    let n = run(&m, &all, Site::ResidPre, false, Direction::Noise, PatchMetric::LogitDiff);
+    assert!((n.patched[0][0][0] - n.corrupted).abs() < 1e-10);
+    assert!((p.normalized(p.patched[0][0][0]) - 1.0).abs() < 1e-9);
+    // `result` is `z` through W^O: the same patch.
+    let z = run(&m, &all, Site::Z, false, Direction::Denoise, PatchMetric::Kl);
+    let r = run(&m, &all, Site::Result, false, Direction::Denoise, PatchMetric::Kl);
+    assert_eq!(z.patched, r.patched);
+    // Grouped-query: k and v have one unit per key/value head.
+    let k = run(&m, &all, Site::K, false, Direction::Denoise, PatchMetric::Prob);
+    assert_eq!((k.patched.len(), k.patched[0].len(), k.patched[0][0].len()), (2, 1, 2));
+    // Per position, the patches at positions where clean and corrupted agree before the first
+    // difference change nothing in a causal model (positions 0 and 1 of both length-6 pairs).
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    let e = run(&m, &six, Site::ResidPre, true, Direction::Denoise, PatchMetric::LogitDiff);
+    for pos in 0..2 {
+        for l in 0..2 {
+            assert!((e.patched[l][pos][0] - e.corrupted).abs() < 1e-10, "layer {l} position {pos}");
+        }
+    }
+}
+
+#[test]
+fn bad_pairs_are_refused_with_the_reason() {
+    let m = common::tiny_hf("gpt2", "f32");
+    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let go = |ps: &[PairIds], spec: PatchSpec| patch(&m, ps, spec, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    let e = go(&[PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 2], answer: 4, wrong: Some(5) }], spec);
+    assert!(e.contains("pair 0") && e.contains("3 tokens") && e.contains("corrupted 2"), "{e}");
+    let e = go(&[PairIds { clean: vec![1, 2], corrupted: vec![1, 3], answer: 4, wrong: None }], spec);
+    assert!(e.contains("logit_diff") && e.contains("wrong answer"), "{e}");
+    let two = [PairIds { clean: vec![1, 2], corrupted: vec![1, 3], answer: 4, wrong: Some(5) }, PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 3, 3], answer: 4, wrong: Some(5) }];
+    let e = go(&two, PatchSpec { each_position: true, ..spec });
+    assert!(e.contains("one token length") && e.contains("2, 3"), "{e}");
+    assert!(go(&[], spec).contains("no pairs"));
+    // An interrupt stops the run.
+    let e = patch(&m, &two, spec, &Gates::none(), &|| true, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("interrupt"), "{e}");
+}
+
+#[test]
+fn attribution_patching_equals_its_definition_by_autograd() {
+    let g = common::golden("patching_golden.npz");
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in MODELS {
+        let m = common::tiny_hf(name, "f64");
+        let mut worst = (0.0f64, String::new());
+        for site in SITES {
+            for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
+                for direction in ["denoise", "noise"] {
+                    let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let a = attribute(&m, ps, spec, &Gates::none(), &|| false).unwrap();
+                    let key = format!("{name}/attr/{site}/{mode}/{direction}/logit_diff");
+                    let d = max_diff(&a, &g[&key]);
+                    if d > worst.0 {
+                        worst = (d, key.clone());
+                    }
+                    assert!(d < 1e-6, "{key}: differs from autograd by {d:e}");
+                }
+            }
+        }
+        eprintln!("{name} f64: attribution patching within {:.1e} of autograd (worst {})", worst.0, worst.1);
+    }
+}
+
+/// TransformerLens 2.18's own patching functions (`fixtures/patching_tl_reference.py`,
+/// float32): `get_act_patch_attn_head_out_all_pos` (over the three pairs), `..._by_pos` and
+/// `get_act_patch_resid_pre` (over the two pairs of length 6), denoising, mean logit difference.
+#[test]
+fn patching_equals_transformer_lens() {
+    let g = common::golden("patching_golden.npz");
+    let tl: HashMap<String, Tensor> = common::golden("patching_tl_golden.npz");
+    let all = pairs(&g);
+    let six: Vec<PairIds> = all.iter().filter(|p| p.clean.len() == 6).cloned().collect();
+    for name in ["gpt2", "llama"] {
+        let m = common::tiny_hf(name, "f32");
+        let cases = [
+            ("three_pairs/head_out_all_pos", Site::Z, false, &all),
+            ("head_out_by_pos", Site::Z, true, &six),
+            ("resid_pre", Site::ResidPre, true, &six),
+        ];
+        for (key, site, each, ps) in cases {
+            let p = run(&m, ps, site, each, Direction::Denoise, PatchMetric::LogitDiff);
+            // TransformerLens's shapes: [layer, head], [layer, pos, head], [layer, pos].
+            let want = tl[&format!("{name}/{key}")].to_kind(tch::Kind::Double);
+            let want = if each && site == Site::ResidPre { want.unsqueeze(-1) } else if !each { want.unsqueeze(1) } else { want };
+            let d = max_diff(&p, &want);
+            eprintln!("{name} {key}: TransformerLens within {d:.1e}");
+            assert!(d < 1e-4, "{name} {key}: differs from TransformerLens by {d:e}");
+        }
+        let c = tl[&format!("{name}/three_pairs/clean")].double_value(&[]);
+        let p = run(&m, &all, Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+        assert!((p.clean - c).abs() < 1e-4, "{name}: clean {} vs TransformerLens {c}", p.clean);
+    }
+}
+
+/// Mean ablation (docs/methods.md#mean-ablation) against transformers in float64
+/// (`fixtures/mean_ablation_reference.py`): each head's mean context over the reference
+/// sentences, and the next-token loss with two heads set to their means (and to zero, which is
+/// the old masking); the sweep's mean-ablated entries equal ablating each head alone.
+#[test]
+fn mean_ablation_equals_transformers() {
+    use headscope::analysis::ablation::{evaluate, mean_fill, prepare, sweep, Metric};
+    use headscope::data::{Dataset, Item};
+    use headscope::model::{HeadId, Kind};
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("mean_ablation_golden.npz")).unwrap().into_iter().collect();
+    let texts = |v: &[&str]| Dataset::new("t", v.iter().map(|t| Item { text: t.to_string(), target: None, tree: None }).collect());
+    let reference = texts(&["the cat sat on the mat", "a dog ran in the park today", "we like green tea", "it is raining"]);
+    let eval = texts(&["the dog sat in the park", "a cat likes tea", "it is green"]);
+    let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }];
+    for name in ["gpt2", "llama"] {
+        let m = common::tiny_hf(name, "f64");
+        for (d, key) in [(&reference, "ref_ids"), (&eval, "eval_ids")] {
+            for (i, item) in d.items.iter().enumerate() {
+                let want = Vec::<i64>::try_from(&g[&format!("{name}/{key}/{i}")]).unwrap();
+                assert_eq!(m.tokenize(&item.text).unwrap().ids, want, "{name}: tokenization of {:?}", item.text);
+            }
+        }
+        let fills = mean_fill(&m, &reference, &[Kind::Dec], 1024, &Gates::none(), &|| false).unwrap();
+        let d = (fills.dec.as_ref().unwrap() - &g[&format!("{name}/mean")]).abs().max().double_value(&[]);
+        assert!(d < 1e-12, "{name}: means differ from transformers by {d:e}");
+        let p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
+        let stop = || false;
+        let full = evaluate(&m, &p, &Gates::none(), &stop).unwrap();
+        let zero = evaluate(&m, &p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
+        let mut mean_gates = m.gates_closing(&heads).unwrap();
+        mean_gates.fill = fills.share();
+        let mean = evaluate(&m, &p, &mean_gates, &stop).unwrap();
+        for (what, got) in [("full", full), ("zero", zero), ("mean", mean)] {
+            let want = g[&format!("{name}/loss_{what}")].double_value(&[]);
+            assert!((got - want).abs() < 1e-7 * want.abs(), "{name} {what}: loss {got} vs transformers {want}");
+        }
+        eprintln!("{name}: mean-ablated loss {mean:.9} (transformers {:.9}), zero {zero:.9}", g[&format!("{name}/loss_mean")].double_value(&[]));
+        // The sweep under mean ablation: every entry equals that head alone mean-ablated.
+        let mut base = Gates::none();
+        base.fill = fills.share();
+        let pm = prepare(&m, &eval, Metric::Loss, 1024, base).unwrap();
+        let grid = sweep(&m, &pm, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+        for (l, row) in grid[0].1.iter().enumerate() {
+            for (h, &v) in row.iter().enumerate() {
+                let mut one = m.gates_closing(&[HeadId { kind: Kind::Dec, layer_idx: l, head: h }]).unwrap();
+                one.fill = fills.share();
+                let alone = evaluate(&m, &pm, &one, &stop).unwrap();
+                assert!((v - alone).abs() < 1e-9 * alone.abs(), "{name} dec.{l}.{h}: sweep {v} vs alone {alone}");
+            }
+        }
+    }
+}
+
+/// Translation models (`fixtures/patching_seq2seq_reference.py`): MarianMT and BART, heads of
+/// `enc`, `dec` and `cross` and the encoder's and decoder's residual stream, teacher-forced on
+/// each pair's target, loss and KL, against transformers in float64 with hooks.
+#[test]
+fn translation_patching_equals_transformers_with_hooks() {
+    use headscope::analysis::patching::{patch_translation, SourcePair};
+    use headscope::model::Kind;
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_seq2seq_golden.npz")).unwrap().into_iter().collect();
+    let lens = |k: &str| Vec::<i64>::try_from(&g[k]).unwrap();
+    let (sl, tl) = (lens("pairs/src_len"), lens("pairs/tgt_len"));
+    let row = |k: &str, i: usize, n: i64| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..n as usize].to_vec();
+    let all: Vec<SourcePair> = (0..sl.len()).map(|i| SourcePair { clean: row("pairs/clean", i, sl[i]), corrupted: row("pairs/corrupted", i, sl[i]), target: row("pairs/target", i, tl[i]) }).collect();
+    let five: Vec<SourcePair> = all.iter().filter(|p| p.clean.len() == 5).cloned().collect();
+    for name in ["marian", "bart"] {
+        let m = common::tiny_hf(name, "f64");
+        let mut worst = (0.0f64, String::new());
+        let mut bad = Vec::new();
+        for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
+            let sites: &[&str] = if kind == Kind::Cross { &SITES[..5] } else { &SITES };
+            for site in sites {
+                for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
+                    for direction in ["denoise", "noise"] {
+                        for metric in ["loss", "kl"] {
+                            let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: metric.parse().unwrap() };
+                            let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+                            let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
+                            let d = max_diff(&p, &g[&key]);
+                            if mode == "all" {
+                                let c = g[&format!("{name}/clean/{metric}")].double_value(&[]);
+                                assert!((p.clean - c).abs() < 1e-8, "{key}: clean {} vs {c}", p.clean);
+                            }
+                            if d > worst.0 {
+                                worst = (d, key.clone());
+                            }
+                            if d >= 1e-8 {
+                                bad.push(format!("{key}: {d:.1e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "differ from transformers by 1e-8 or more:\n{}", bad.join("\n"));
+        eprintln!("{name} f64: translation patching within {:.1e} of transformers (worst {})", worst.0, worst.1);
+    }
+    // Bad input: a metric that reads an answer token, the residual stream of "cross".
+    let m = common::tiny_hf("marian", "f32");
+    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let e = patch_translation(&m, &all, spec, Kind::Enc, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("\"loss\" or \"kl\""), "{e}");
+    let e = patch_translation(&m, &all, PatchSpec { site: Site::ResidPre, metric: PatchMetric::Loss, ..spec }, Kind::Cross, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("not to \"cross\""), "{e}");
+}
+
+/// A session interrupted in the middle of a patching run answers with an interrupt, keeps its
+/// variables, and patches again afterwards.
+#[test]
+fn an_interrupt_mid_patching_leaves_the_session_intact() {
+    use headscope::engine::{Session, SessionOptions};
+    let mut s = Session::new(SessionOptions::default());
+    let dir = fixtures().join("tiny_hf/gpt2");
+    s.eval("t", &format!("let m = load_model({:?}); let p = pairs([[\"a b c d\", \"a b e d\", \" c\", \" e\"]]); let kept = 42;", dir.display().to_string())).unwrap();
+    let stop = s.interrupt_handle();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        stop.trigger();
+    });
+    // Patching in a loop long enough to be under way when the interrupt comes.
+    let e = s.eval("t", "loop { m.patch(p, #{positions: \"each\"}); }").unwrap_err();
+    t.join().unwrap();
+    assert_eq!(e.kind, headscope::engine::error::ErrorKind::Interrupted, "{e}");
+    s.interrupt_handle().reset();
+    let out = s.eval("t", "kept + m.patch(p).pairs").unwrap().unwrap();
+    assert_eq!(out.text.trim(), "43");
+}

@@ -1,0 +1,83 @@
+//! AttnLRP (docs/methods.md#attnlrp) against LXT 2.1: `tests/fixtures/attnlrp_reference.py`
+//! runs LXT's efficient AttnLRP patches on transformers' BertModel (MiniLM; seed: the final
+//! hidden states with relevance h * h) and LlamaForCausalLM (SmolLM2 exported from its GGUF;
+//! seed: the last position's top-1 logit), one sentence per backward, and records every input
+//! token's and every head's relevance (`attnlrp_minilm.json`, `attnlrp_smollm2.json`).
+//! headscope's must equal them within 1e-3 of each grid's largest magnitude (float32 noise moves
+//! tiny entries by more than 1e-3 of themselves; see tests/fixtures/ATTNLRP_NOTES.md).
+
+use crate::common::{self, root};
+
+use headscope::analysis::attnlrp::relevance;
+use headscope::analysis::lrp::Seed;
+use headscope::device::DeviceChoice;
+use headscope::model::nn::Gates;
+use tch::{Device, Kind as DType, Tensor};
+
+const TOL: f64 = 1e-3;
+
+fn vec1(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(t.to_kind(DType::Double).to_device(Device::Cpu).reshape([-1])).unwrap()
+}
+
+/// `|a - b| <= TOL * max |b|` over a grid; returns the worst ratio.
+fn close(what: &str, got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs() / scale).fold(0f64, f64::max);
+    assert!(worst <= TOL, "{what}: headscope {got:?}\nLXT {want:?}\nworst {worst:.2e} of the largest");
+    worst
+}
+
+fn check(model: &str, dir: &str, seed: Seed, device: DeviceChoice) -> f64 {
+    let m = common::load_on(&root().join(dir), device, "f32");
+    let text = std::fs::read_to_string(root().join(format!("tests/fixtures/attnlrp_{model}.json"))).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut worst: f64 = 0.0;
+    for (i, s) in golden["sentences"].as_array().unwrap().iter().enumerate() {
+        let ids: Vec<i64> = s["token_ids"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+        let e = m.tokenize(s["text"].as_str().unwrap()).unwrap();
+        assert_eq!(e.ids, ids, "{model} sentence {i}: token ids");
+        let t = ids.len() as i64;
+        let dev = m.device();
+        let ids = Tensor::from_slice(&ids).view([1, t]).to_device(dev);
+        let mask = Tensor::ones([1, t], (DType::Float, dev));
+        let seed_at = match seed {
+            Seed::Logit => Tensor::zeros([1, t], (DType::Float, dev)).index_fill(1, &Tensor::from_slice(&[t - 1]).to_device(dev), 1.0),
+            Seed::Norm => mask.shallow_clone(),
+        };
+        let r = relevance(&m, &ids, &mask, &seed_at, seed, &Gates::none()).unwrap();
+        let want_seed = s["seed"].as_f64().unwrap();
+        let got_seed = vec1(&r.seed)[0];
+        assert!((got_seed - want_seed).abs() <= 1e-4 * want_seed.abs(), "{model} sentence {i}: seed {got_seed} vs {want_seed}");
+        let want_in: Vec<f64> = s["input_relevance"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        worst = worst.max(close(&format!("{model} sentence {i} input"), &vec1(&r.input), &want_in));
+        let want_heads: Vec<f64> = s["head_relevance"].as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+        let got_heads: Vec<f64> = r.heads.iter().flat_map(vec1).collect();
+        worst = worst.max(close(&format!("{model} sentence {i} heads"), &got_heads, &want_heads));
+    }
+    println!("{model} on {device:?}: 5 sentences, worst difference {worst:.2e} of each grid's largest relevance");
+    worst
+}
+
+#[test]
+fn minilm_equals_lxt() {
+    check("minilm", "assets/minilm", Seed::Norm, DeviceChoice::Cpu);
+}
+
+#[test]
+fn smollm2_equals_lxt() {
+    let _heavy = common::heavy();
+    check("smollm2", "assets/smollm2", Seed::Logit, DeviceChoice::Cpu);
+}
+
+#[test]
+fn cuda_equals_lxt() {
+    let _heavy = common::heavy();
+    if !tch::Cuda::is_available() {
+        println!("skipped: CUDA is not available");
+        return;
+    }
+    check("minilm", "assets/minilm", Seed::Norm, DeviceChoice::Cuda(0));
+    check("smollm2", "assets/smollm2", Seed::Logit, DeviceChoice::Cuda(0));
+}

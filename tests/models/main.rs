@@ -1,0 +1,15 @@
+//! Numerics of the models: forwards equal to transformers (parity, every HF family, seq2seq), the
+//! hook points, masking, parameter counts.
+//!
+//! One test binary (each binary links libtorch, so few binaries link fast): each module is
+//! one former `tests/NAME.rs`; helpers and locks shared through `tests/common`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod parity;
+mod hf_families;
+mod hf_seq2seq;
+mod hooks;
+mod masking;
+mod param_count;

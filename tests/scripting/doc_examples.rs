@@ -1,0 +1,53 @@
+//! Every script function headscope registers is documented with a Rhai example, and every
+//! example runs (as nushell runs each command's examples()).
+
+use crate::common;
+
+use headscope::engine::{docs, documented_examples, Session, SessionOptions};
+
+#[test]
+fn every_documented_example_runs() {
+    let _rng = common::rng();
+    let probe = Session::new(SessionOptions::default());
+    let examples = documented_examples(probe.engine());
+    assert!(examples.len() >= 40, "only {} examples found", examples.len());
+    let mut failures = Vec::new();
+    for (sig, ex) in &examples {
+        let mut s = Session::new(SessionOptions::default());
+        match (s.eval("example", &ex.code), ex.must_fail) {
+            (Err(e), false) => failures.push(format!("{sig}:\n{}\n=> {e}", ex.code)),
+            (Ok(_), true) => failures.push(format!("{sig}:\n{}\n=> succeeded but is documented to fail", ex.code)),
+            _ => {}
+        }
+        // The session survives whatever the example did.
+        assert_eq!(s.eval("after", "40 + 2").unwrap().unwrap().text, "42");
+    }
+    assert!(failures.is_empty(), "{} failing examples:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn every_headscope_function_has_an_example() {
+    let s = Session::new(SessionOptions::default());
+    let json: serde_json::Value = serde_json::from_str(&s.engine().gen_fn_metadata_to_json(false).unwrap()).unwrap();
+    let documented: std::collections::HashSet<String> = docs::all_docs(s.engine()).into_iter().filter(|d| !d.examples().is_empty()).map(|d| d.name).collect();
+    let mut missing = Vec::new();
+    for f in json["functions"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        // Property setters share the getter's doc; conversions are used by print and `${}`.
+        let exempt = name.starts_with("set$") || name.starts_with("index$") || name == "to_string" || name == "to_debug";
+        let shown = name.strip_prefix("get$").unwrap_or(name);
+        if !exempt && !documented.contains(shown) && !documented.contains(name) {
+            missing.push(f["signature"].as_str().unwrap_or(name).to_string());
+        }
+    }
+    assert!(missing.is_empty(), "functions without a documented example: {missing:#?}");
+}
+
+#[test]
+fn stdlib_functions_are_documented() {
+    let s = Session::new(SessionOptions::default());
+    let names: Vec<String> = docs::all_docs(s.engine()).into_iter().map(|d| d.name).collect();
+    for f in ["stats::mean", "stats::describe", "tables::from_matrix", "tables::top_cells"] {
+        assert!(names.iter().any(|n| n == f), "{f} missing from docs: {names:?}");
+    }
+}
