@@ -1,6 +1,6 @@
 //! Fuzz entry points: one per reader of user files, each taking the file's bytes. The AFL
 //! targets in `fuzz/` (docs/fuzzing.md) and the plain replay of the committed corpus and
-//! regression files (`tests/fuzz_corpus.rs`) both call [`run`], so they exercise the same
+//! regression files (`tests/readers/fuzz_corpus.rs`) both call [`run`], so they exercise the same
 //! code. A reader answers any input with a value or an error; a panic is a bug.
 
 use crate::data::conllu;

@@ -1,7 +1,7 @@
 //! The run context: what a long computation may ask of whoever runs it, whether to stop
 //! (an interrupt) and where to report progress. A leaf module: the numeric core and the
 //! script layer both use it, and it depends on nothing in the crate, so module imports stay
-//! a DAG (`tests/module_graph.rs`). The engine installs a context for each evaluation
+//! a DAG (`tests/scripting/module_graph.rs`). The engine installs a context for each evaluation
 //! ([`enter`]); outside one, nothing is interrupted and progress goes nowhere.
 
 use std::cell::RefCell;

@@ -7,7 +7,7 @@
 //! runs all of a layer's masks through the layers above as one batch: for the self-attention
 //! stack's heads, and for cross heads under loss and KL (teacher forcing runs each decoder
 //! layer over all steps). Cross heads under BLEU decode greedily with gates. Its numbers equal
-//! masking one head at a time (tests/ablation.rs).
+//! masking one head at a time (tests/analyses/ablation.rs).
 
 use super::AnalysisError;
 use crate::data::Dataset;

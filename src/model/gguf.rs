@@ -1,7 +1,7 @@
 //! GGUF checkpoints (llama.cpp's format, e.g. SmolLM2-135M in the assets): metadata, tensor
 //! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors
 //! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
-//! (tests/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
+//! (tests/readers/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
 use super::bytes::Cursor;
 use super::ModelError;

@@ -375,7 +375,7 @@ impl Model {
     /// The parameters the model holds, as transformers' `sum(p.numel() for p in
     /// model.parameters())` counts them: a tied matrix once, buffers (HF seq2seq's
     /// `final_logits_bias`) not; learned position rows no input reads (RoBERTa's before
-    /// `padding_idx + 1`, BART's offset 2) are not kept, so not counted (tests/param_count.rs).
+    /// `padding_idx + 1`, BART's offset 2) are not kept, so not counted (tests/models/param_count.rs).
     pub fn count_params(&self) -> i64 {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);

@@ -78,7 +78,7 @@ pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
 impl PruneOptions {
     /// Every option at the default of `prune`'s option list (its `OptSpec`s, the one place
     /// the defaults are written), gating these kinds. (Here, beside the list: the numeric
-    /// core does not read the script layer, `tests/module_graph.rs`.)
+    /// core does not read the script layer, `tests/scripting/module_graph.rs`.)
     pub fn new(kinds: Vec<Kind>) -> Self {
         options_with_defaults(kinds)
     }

@@ -11,13 +11,6 @@ pub fn err<T>(msg: impl Into<String>) -> ScriptResult<T> {
     Err(Box::new(EvalAltResult::ErrorRuntime(Dynamic::from(msg.into()), Position::NONE)))
 }
 
-/// A model error as a script error (its message already names what is at fault).
-impl From<crate::model::ModelError> for Box<EvalAltResult> {
-    fn from(e: crate::model::ModelError) -> Self {
-        Box::new(EvalAltResult::ErrorRuntime(Dynamic::from(e.to_string()), Position::NONE))
-    }
-}
-
 /// Short, quoted description of a value for error messages.
 pub fn quote(v: &Dynamic) -> String {
     let s = if v.is_string() { format!("{v:?}") } else { v.to_string() };

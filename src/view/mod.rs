@@ -5,7 +5,7 @@
 //! The page's DOM is testable: the root `.hs-view` carries `data-kind`, `data-layer` and
 //! `data-head` (`all` or a head number); the pickers are the selects `.hs-kind`, `.hs-layer`,
 //! `.hs-head` and the squares `.hs-headbox`; tokens are `.hs-tok-left` / `.hs-tok-right`,
-//! lines `.hs-line` (with `data-q`, `data-k`, `data-h`). `tests/view_browser.rs` drives it.
+//! lines `.hs-line` (with `data-q`, `data-k`, `data-h`). `tests/scripting/view_browser.rs` drives it.
 
 pub mod script;
 

