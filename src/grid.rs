@@ -186,7 +186,7 @@ pub mod script {
         pub fn grid_kind(g: &mut Grid, key: &str) -> ScriptResult<Dynamic> {
             if key.contains('.') {
                 let id: HeadId = key.parse().or_else(|e: String| err(e))?;
-                return g.value(id).map(Dynamic::from).or_else(|e| err(e));
+                return g.value(id).map(Dynamic::from).or_else(err);
             }
             let k: Kind = key.parse().or_else(|e: String| err(e))?;
             match g.kinds.iter().find(|(x, _)| *x == k) {
@@ -204,7 +204,7 @@ pub mod script {
         /// ```
         #[rhai_fn(index_get, return_raw, pure)]
         pub fn grid_head(g: &mut Grid, head: crate::model::script::Head) -> ScriptResult<f64> {
-            g.value(head.id).or_else(|e| err(e))
+            g.value(head.id).or_else(err)
         }
 
         /// The kinds in a grid.

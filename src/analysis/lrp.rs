@@ -618,7 +618,7 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // Seeds: prediction p is step p's top-1 logit (or all of a sentence's real steps in one
     // row), entering at the top of its step.
     let y = finals;
-    let top = crate::model::nn::top1(&out.forward(&y));
+    let top = crate::model::nn::top1(&model.net.logits(&y)?);
     let w_row = out.w.index_select(0, &top).view([tb, 1, 1, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([tb, 1, 1, 1]));
     let onehot = if per_prediction {
@@ -786,7 +786,7 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
     // Seeds: prediction p is position p's top-1 logit; summed, every real position's seed in
     // one prediction.
     let y = &pass.states;
-    let top = crate::model::nn::top1(&out.forward(y)).view([-1]);
+    let top = crate::model::nn::top1(&model.net.logits(y)?).view([-1]);
     let w_rows = out.w.index_select(0, &top).view([bsz, 1, t_len, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([bsz, 1, t_len, 1]));
     let eye = Tensor::eye(t_len, opts).view([1, t_len, t_len, 1]);
@@ -912,6 +912,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         }
         Ok(())
     };
+    #[allow(clippy::needless_range_loop, reason = "gi indexes whichever of the two batch lists this run has")]
     for gi in 0..n_batches {
         if stop() {
             return Err(ModelError::Interrupted.into());
@@ -951,7 +952,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
                 }
                 Seed::Logit => {
                     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-                    let top = crate::model::nn::top1(&out.forward(&y)); // [B, T]
+                    let top = crate::model::nn::top1(&net.logits(&y)?); // [B, T]
                     let w_rows = out.w.index_select(0, &top.view([-1])).view([bsz, 1, t, -1]);
                     let b_top = out.b.as_ref().map(|bb| bb.index_select(0, &top.view([-1])).view([bsz, 1, t, 1]));
                     let yy = y.unsqueeze(1) * eye.view([1, t, t, 1]);

@@ -45,11 +45,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// Every option at the default of `analyze`'s option list (its `OptSpec`s, the one place
-    /// the defaults are written), with these statistics, kinds and default frequency corpus.
-    pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: PathBuf) -> Self {
-        crate::analysis::script::options_with_defaults(stats, kinds, brown)
-    }
+    // `Options::new` (every option at its default) is written beside `analyze`'s option list,
+    // the one place the defaults are, in analysis/script/analysis.rs.
 
     pub fn wants(&self, s: Stat) -> bool {
         self.stats.contains(&s)

@@ -164,14 +164,24 @@ fn script_signature(f: &serde_json::Value, types: &HashMap<String, String>) -> S
     }
 }
 
+/// Names the script layer gives core types (`type ScriptModel = View`): function signatures
+/// are written with the alias, the registered type carries the core name.
+const ALIASES: &[(&str, &str)] = &[("ScriptModel", "View")];
+
 /// Rust type names (last path segment) -> the names scripts see (`ScriptModel` -> `Model`).
 fn custom_types(v: &serde_json::Value) -> HashMap<String, String> {
-    v["customTypes"]
+    let mut types: HashMap<String, String> = v["customTypes"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|t| Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string())))
-        .collect()
+        .collect();
+    for (alias, core) in ALIASES {
+        if let Some(shown) = types.get(*core).cloned() {
+            types.insert(alias.to_string(), shown);
+        }
+    }
+    types
 }
 
 /// The script type a function is a method of: Rhai calls a function whose first parameter is

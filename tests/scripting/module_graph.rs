@@ -501,12 +501,7 @@ fn is_script_layer(node: &str) -> bool {
 /// Edges of the numeric core into the script layer not removed yet, each with what removes it.
 /// The check skips exactly these edges (a path through any other edge is still reported), and
 /// `the_known_edges_still_exist` fails once one is gone, so the list only shrinks.
-const KNOWN: &[(&str, &str, &str)] = &[(
-    "analysis/options.rs",
-    "analysis/script/mod.rs",
-    "Options::new takes analyze's defaults from its option list (analysis::script::options_with_defaults); \
-     the constructor belongs beside that list in analysis/script/, as PruneOptions::new is in prune/script.rs",
-)];
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 /// One line per numeric file that reaches Rhai or the script layer: the file and the shortest
 /// path of edges, `model/gguf.rs -> model/bytes.rs -> rhai`. Empty when the core is clean.

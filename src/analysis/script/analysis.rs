@@ -116,6 +116,14 @@ pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pa
     })
 }
 
+impl Options {
+    /// Every option at the default of `analyze`'s option list ([`OPTIONS`], the one place the
+    /// defaults are written), with these statistics, kinds and default frequency corpus.
+    pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Self {
+        options_with_defaults(stats, kinds, brown)
+    }
+}
+
 /// `analyze`'s options with every default of [`OPTIONS`] (the Rust API's `Options::new`).
 pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Options {
     let empty = Map::new();
