@@ -26,6 +26,33 @@ pub fn python() -> PathBuf {
     root().join(".venv/bin/python")
 }
 
+/// The first `n` PUD sentences of 15 to 60 characters (the sentences the tiny-checkpoint
+/// goldens were made from, in their order).
+pub fn short_pud_sentences(n: usize) -> Vec<String> {
+    std::fs::read_to_string(root().join("assets/pud_en.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| (15..=60).contains(&l.chars().count()))
+        .take(n)
+        .collect()
+}
+
+/// Runs a Python fixture script (`tests/fixtures/SCRIPT`) with `args`, the headscope binary
+/// in `HEADSCOPE_BIN`; returns whether it succeeded and its stdout and stderr (printed too).
+pub fn run_fixture_script(script: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(python())
+        .arg(fixtures().join(script))
+        .args(args)
+        .env("HEADSCOPE_BIN", env!("CARGO_BIN_EXE_headscope"))
+        .current_dir(root())
+        .output()
+        .expect("run .venv/bin/python (scripts/setup creates it)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{text}");
+    (out.status.success(), text)
+}
+
 /// The tensors of an `.npz` file.
 pub fn npz(path: &Path) -> HashMap<String, Tensor> {
     Tensor::read_npz(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).into_iter().collect()

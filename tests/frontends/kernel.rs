@@ -2,21 +2,11 @@
 //! .venv, installed by scripts/setup) run the cases of tests/fixtures/kernel_client.py against
 //! the built `headscope kernel`. Each case asserts on the Python side and prints what it saw.
 
-use std::path::Path;
-use std::process::Command;
+use crate::common;
 
 fn case(name: &str) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(root.join(".venv/bin/python"))
-        .arg(root.join("tests/fixtures/kernel_client.py"))
-        .arg(name)
-        .env("HEADSCOPE_BIN", env!("CARGO_BIN_EXE_headscope"))
-        .current_dir(root)
-        .output()
-        .expect("run .venv/bin/python (scripts/setup creates it)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("{text}");
-    assert!(out.status.success(), "kernel case '{name}' failed:\n{text}");
+    let (ok, text) = common::run_fixture_script("kernel_client.py", &[name]);
+    assert!(ok, "kernel case '{name}' failed:\n{text}");
 }
 
 #[test]

@@ -8,22 +8,13 @@
 //! iopub subscriber that never reads does not stall the signed client's output, that the
 //! heartbeat echoes, and that the kernel stays alive with a bounded RSS and shuts down cleanly.
 
-use std::path::Path;
-use std::process::Command;
+use crate::common;
 use std::time::Instant;
 
 #[test]
 fn ten_thousand_hostile_messages_run_nothing_and_signed_cells_all_complete() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let t0 = Instant::now();
-    let out = Command::new(root.join(".venv/bin/python"))
-        .arg(root.join("tests/fixtures/kernel_hostile.py"))
-        .env("HEADSCOPE_BIN", env!("CARGO_BIN_EXE_headscope"))
-        .current_dir(root)
-        .output()
-        .expect("run .venv/bin/python (scripts/setup creates it)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("{text}");
-    assert!(out.status.success(), "hostile-client case failed after {:.1} s:\n{text}", t0.elapsed().as_secs_f64());
+    let (ok, text) = common::run_fixture_script("kernel_hostile.py", &[]);
+    assert!(ok, "hostile-client case failed after {:.1} s:\n{text}", t0.elapsed().as_secs_f64());
     assert!(text.contains("total hostile: "), "the fixture printed no summary:\n{text}");
 }

@@ -38,13 +38,7 @@ fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name: &str) {
     assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Dec]);
     let n = g.keys().filter(|k| k.starts_with(&format!("{family}_ids_"))).count();
     assert!(n >= 20, "{family}: {n} sentences in golden.npz");
-    let texts: Vec<String> = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/pud_en.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| (15..=60).contains(&l.chars().count()))
-        .take(n)
-        .collect();
+    let texts = common::short_pud_sentences(n);
     let (mut worst_logit, mut worst_attn) = (0f64, 0f64);
     for (i, text) in texts.iter().enumerate() {
         let want_ids = Vec::<i64>::try_from(&g[&format!("{family}_ids_{i}")]).unwrap();

@@ -13,7 +13,6 @@ use headscope::model::hooks::Point;
 use headscope::model::nn::Gates;
 use headscope::model::{Kind, Model};
 use std::collections::HashMap;
-use std::path::Path;
 use tch::Tensor;
 
 const TOL: f64 = 1e-4;
@@ -49,13 +48,7 @@ fn check(name: &str, dir_name: &str) {
     assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{dir_name}: kinds");
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
     assert!(n >= 20, "{name}: {n} sentences in golden_seq2seq.npz");
-    let texts: Vec<String> = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/pud_en.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| (15..=60).contains(&l.chars().count()))
-        .take(n)
-        .collect();
+    let texts = common::short_pud_sentences(n);
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let mut detailed = 0;
     let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
