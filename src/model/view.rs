@@ -69,11 +69,11 @@ impl View {
         View { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone(), ablation: self.ablation.clone() }
     }
 
-    /// A head by its printed name (`"enc.2.5"`), checked against the model; errors name
-    /// `func` and the bad name.
-    pub fn head(&self, name: &str, func: &str) -> Result<HeadId, ModelError> {
-        let id: HeadId = name.parse().map_err(|e: String| ModelError::Invalid(format!("{func}: {e}")))?;
-        self.model.check_head(id).map_err(|e| ModelError::Invalid(format!("{func}: '{name}': {e}")))?;
+    /// A head by its printed name (`"enc.2.5"`), checked against the model; an error starts
+    /// with `context` (the function called and where the name stood: `"with_mask: heads[2]: "`).
+    pub fn head(&self, name: &str, context: &str) -> Result<HeadId, ModelError> {
+        let id: HeadId = name.parse().map_err(|e: String| ModelError::Invalid(format!("{context}{e}")))?;
+        self.model.check_head(id).map_err(|e| ModelError::Invalid(format!("{context}{e}")))?;
         Ok(id)
     }
 

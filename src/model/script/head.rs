@@ -70,9 +70,7 @@ pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<He
             return Ok(h.id);
         }
         if item.is_string() {
-            let id: HeadId = item.to_string().parse().or_else(|e: String| err(format!("{func}: {at}{e}")))?;
-            m.model.check_head(id).or_else(|e| err(format!("{func}: {at}{e}")))?;
-            return Ok(id);
+            return Ok(m.head(&item.to_string(), &format!("{func}: {at}"))?);
         }
         err(format!("{func}: {at}expected a Head or a head name like \"enc.5.5\", got {}", quote(item)))
     };
