@@ -385,7 +385,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             Ok(())
                         };
                         let mut rec = Record { points: &[Point::Ln1, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
-                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &p.base, Some(&mut rec), false)?
+                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &p.base, Some(&mut rec))?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
                     for (l, slot) in ctx.iter().enumerate() {
@@ -544,7 +544,7 @@ pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         let mut rec = Record { points: &points, kinds, on: &mut on };
         let enc = model.net.encode(&b.ids, &b.mask, &p.base, Some(&mut rec as &mut dyn Hooks))?;
         if let (true, Some((targets, _))) = (needs_targets, b.targets.as_ref()) {
-            model.net.decode_teacher_pass(&enc, &b.mask, targets, &p.base, Some(&mut rec), false)?;
+            model.net.decode_teacher_pass(&enc, &b.mask, targets, &p.base, Some(&mut rec))?;
         }
         for (ki, k) in kinds.iter().enumerate() {
             let m = if model.in_decoder(*k) { tm.as_ref().map_or(0.0, |m| m.sum(DType::Double).double_value(&[])) } else { b.mask.sum(DType::Double).double_value(&[]) };

@@ -40,10 +40,7 @@ fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Ten
     let Leaves { tok, ctx, .. } = leaves;
     let tok = tok.ok_or_else(|| ModelError::Invalid("AttnLRP: the forward passed no token embeddings (hook_embed)".into()))?;
     let per_position = match seed {
-        Seed::Logit => {
-            let out = model.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-            out.forward(&h).amax([-1i64].as_slice(), false)
-        }
+        Seed::Logit => model.net.logits_before_cap(&h)?.amax([-1i64].as_slice(), false),
         Seed::Norm => (&h * h.detach()).sum_dim_intlist([-1i64].as_slice(), false, h.kind()),
     };
     let seeded = per_position * seed_at.to_kind(h.kind());

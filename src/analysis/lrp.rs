@@ -24,7 +24,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::{Attention, Gates, Norm, NormKind, NormPosition};
-use crate::model::transformer::{DecoderTrace, EncoderLayer, Transformer};
+use crate::model::transformer::{EncoderLayer, Transformer};
 use crate::model::{Batch, Kind, Model, ModelError};
 use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
@@ -493,27 +493,27 @@ struct DecTrace {
 }
 
 impl DecTrace {
-    /// From the layer's own forward over all steps (`[B, T, ...]`), with the cross-attention
-    /// probabilities `[B, H, T, S]` and contexts `[B, H, T, dh]` it handed out.
-    fn new(tr: DecoderTrace, probs: &Tensor, ctx: &Tensor) -> Result<DecTrace, ModelError> {
+    /// From an SSRU layer's recorded pass over all steps (`[B, T, ...]`).
+    fn new(tr: &DecLayer) -> Result<DecTrace, ModelError> {
         let (b, t) = (tr.x_in.size()[0], tr.x_in.size()[1]);
         let rows = |x: &Tensor| x.transpose(0, 1).reshape([t * b, 1, 1, -1]);
-        let missing = || ModelError::Invalid("LRP needs cross-attention in every decoder layer".into());
-        let ssru = tr.ssru.as_ref().ok_or_else(|| ModelError::Invalid("internal: an SSRU decoder layer left no SSRU trace".into()))?;
-        let (h, s) = (probs.size()[1], probs.size()[3]);
+        let (f, u, cells) = tr.ssru.as_ref().ok_or_else(|| ModelError::Invalid("internal: an SSRU decoder layer recorded no ssru.hook_forget".into()))?;
+        // The state each step starts from: the teacher-forced pass starts from zero.
+        let c_prev = Tensor::f_cat(&[cells.zeros_like().narrow(1, 0, 1), cells.narrow(1, 0, t - 1)], 1)?;
+        let (h, s) = (tr.cross_probs.size()[1], tr.cross_probs.size()[3]);
         Ok(DecTrace {
             x_in: rows(&tr.x_in),
-            gate_c: rows(&ssru.f),
-            gate_u: rows(&ssru.keep),
-            u: rows(&ssru.u),
-            c_prev: rows(&ssru.c_prev),
-            o: rows(&ssru.o),
+            gate_c: rows(f),
+            gate_u: rows(&(f.ones_like() - f)),
+            u: rows(u),
+            c_prev: rows(&c_prev),
+            o: rows(&tr.o),
             s_a: rows(&tr.s_a),
             x1: rows(&tr.x1),
-            probs: probs.permute([2, 0, 1, 3]).reshape([t * b, 1, h, 1, s]),
-            ctx: ctx.permute([2, 0, 1, 3]).reshape([t * b, 1, 1, -1]),
-            a: rows(tr.a.as_ref().ok_or_else(missing)?),
-            s_b: rows(tr.s_b.as_ref().ok_or_else(missing)?),
+            probs: tr.cross_probs.permute([2, 0, 1, 3]).reshape([t * b, 1, h, 1, s]),
+            ctx: tr.cross_ctx.permute([2, 0, 1, 3]).reshape([t * b, 1, 1, -1]),
+            a: rows(&tr.a),
+            s_b: rows(&tr.s_b),
             x2: rows(&tr.x2),
             ffn_up: rows(&tr.ffn_up),
             ffn_hidden: rows(&tr.ffn_hidden),
@@ -521,6 +521,87 @@ impl DecTrace {
             s_c: rows(&tr.s_c),
         })
     }
+}
+
+/// What LRP through a decoder reads of one layer, recorded at its hook points in the
+/// teacher-forced pass over every step: `[B, T, D]` unless said otherwise.
+struct DecLayer {
+    /// `dec.blocks.L.hook_resid_pre`, the self-block's output (`hook_attn_out`), their sum
+    /// (`hook_resid_mid`) and its norm (`ln1.hook_normalized`, the cross-attention's queries).
+    x_in: Tensor,
+    o: Tensor,
+    s_a: Tensor,
+    x1: Tensor,
+    /// `cross.blocks.L.hook_attn_out`, `hook_resid_mid` and `ln1.hook_normalized`.
+    a: Tensor,
+    s_b: Tensor,
+    x2: Tensor,
+    /// `dec.blocks.L.mlp.hook_pre` (`hook_pre_linear` in a gated MLP), `mlp.hook_post`,
+    /// `hook_mlp_out`, `hook_resid_post`.
+    ffn_up: Tensor,
+    ffn_hidden: Tensor,
+    ffn_out: Tensor,
+    s_c: Tensor,
+    /// The cross-attention's pattern `[B, H, T, S]`, contexts (`hook_z`) `[B, H, T, dh]` and
+    /// values of the encoder output (`hook_v`) `[B, H, S, dh]`.
+    cross_probs: Tensor,
+    cross_ctx: Tensor,
+    cross_v: Tensor,
+    /// A self-attention's pattern, values and contexts (`dec.blocks.L.attn.`), when the
+    /// layer has one with heads.
+    self_attn: Option<(Tensor, Tensor, Tensor)>,
+    /// An SSRU's forget gate, candidate and cells (`dec.blocks.L.ssru.`).
+    ssru: Option<(Tensor, Tensor, Tensor)>,
+}
+
+/// The points of a decoder layer that the relevance pass reads.
+const DEC_POINTS: [Point; 15] = [Point::ResidPre, Point::AttnOut, Point::ResidMid, Point::Ln1, Point::MlpPre, Point::MlpPreLinear, Point::MlpPost, Point::MlpOut, Point::ResidPost, Point::Pattern, Point::V, Point::Z, Point::SsruForget, Point::SsruCandidate, Point::SsruCell];
+
+/// The one teacher-forced decoder pass (the model's own `decode_teacher_states`), recorded at
+/// its hook points: each layer's [`DecLayer`] and the final states `[B, T, D]`.
+fn trace_decoder(net: &Transformer, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<(Vec<DecLayer>, Tensor), ModelError> {
+    let mut seen: HashMap<At, Tensor> = HashMap::new();
+    let states = {
+        let mut on = |at: At, t: &Tensor| {
+            seen.insert(at, t.shallow_clone());
+            Ok(())
+        };
+        let mut rec = Record { points: &DEC_POINTS, kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
+        net.decode_teacher_states(enc, enc_mask, targets, gates, Some(&mut rec))?
+    };
+    let mut layers = Vec::with_capacity(net.decoder.len());
+    for (l, layer) in net.decoder.iter().enumerate() {
+        let mut opt = |kind: Kind, p: Point| seen.remove(&At::new(kind, l, p));
+        let mut take = |kind: Kind, p: Point| opt(kind, p).ok_or_else(|| ModelError::Invalid(format!("internal: the decoder pass recorded no {}", At::new(kind, l, p))));
+        let ffn_up = if layer.ffn.gate.is_some() { take(Kind::Dec, Point::MlpPreLinear)? } else { take(Kind::Dec, Point::MlpPre)? };
+        let self_attn = match (take(Kind::Dec, Point::Pattern), take(Kind::Dec, Point::V), take(Kind::Dec, Point::Z)) {
+            (Ok(p), Ok(v), Ok(z)) => Some((p, v, z)),
+            _ => None,
+        };
+        let ssru = match (take(Kind::Dec, Point::SsruForget), take(Kind::Dec, Point::SsruCandidate), take(Kind::Dec, Point::SsruCell)) {
+            (Ok(f), Ok(u), Ok(c)) => Some((f, u, c)),
+            _ => None,
+        };
+        layers.push(DecLayer {
+            x_in: take(Kind::Dec, Point::ResidPre)?,
+            o: take(Kind::Dec, Point::AttnOut)?,
+            s_a: take(Kind::Dec, Point::ResidMid)?,
+            x1: take(Kind::Dec, Point::Ln1)?,
+            a: take(Kind::Cross, Point::AttnOut)?,
+            s_b: take(Kind::Cross, Point::ResidMid)?,
+            x2: take(Kind::Cross, Point::Ln1)?,
+            ffn_up,
+            ffn_hidden: take(Kind::Dec, Point::MlpPost)?,
+            ffn_out: take(Kind::Dec, Point::MlpOut)?,
+            s_c: take(Kind::Dec, Point::ResidPost)?,
+            cross_probs: take(Kind::Cross, Point::Pattern)?,
+            cross_ctx: take(Kind::Cross, Point::Z)?,
+            cross_v: take(Kind::Cross, Point::V)?,
+            self_attn,
+            ssru,
+        });
+    }
+    Ok((layers, states))
 }
 
 /// Relevance through a post-norm FFN block `y = norm(x + ffn(x))` down to `x`: through the
@@ -567,34 +648,20 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             return Err(ModelError::Invalid("LRP through grouped-query cross-attention is not supported".into()));
         }
     }
-    // The one teacher-forced pass, keeping each layer's trace and handing out the
-    // cross-attention probabilities and contexts.
-    let mut caught: Vec<(Option<Tensor>, Option<Tensor>)> = (0..n_layers).map(|_| (None, None)).collect();
-    let pass = {
-        let mut on = |at: At, t: &Tensor| {
-            if let Some(slot) = caught.get_mut(at.layer) {
-                match at.point {
-                    Point::Pattern => slot.0 = Some(t.shallow_clone()),
-                    _ => slot.1 = Some(t.shallow_clone()),
-                }
-            }
-            Ok(())
-        };
-        let mut rec = Record { points: &[Point::Pattern, Point::Z], kinds: &[Kind::Cross], on: &mut on };
-        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut rec), true)?
-    };
+    // The one teacher-forced pass, recorded at the hook points the rules read.
+    let (recorded, x) = trace_decoder(net, enc, enc_mask, targets, gates)?;
     let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
-    for (l, ((tr, (probs, ctx)), kv)) in pass.traces.into_iter().zip(caught).zip(&pass.cross).enumerate() {
-        let (Some(probs), Some(ctx), Some(kv), Some((a, _))) = (probs, ctx, kv, net.decoder[l].cross.as_ref()) else {
-            return Err(ModelError::Invalid("LRP: the cross-attention handed out no probabilities".into()));
+    for (l, tr) in recorded.iter().enumerate() {
+        let Some((a, _)) = net.decoder[l].cross.as_ref() else {
+            return Err(ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()));
         };
-        v_enc.push(kv.v.unsqueeze(1));
+        v_enc.push(tr.cross_v.unsqueeze(1));
         // Every step's cross-attention relevance reaches the encoder states through this map.
-        let v_out = kv.v.transpose(1, 2).reshape([bsz, 1, s_len, -1]);
+        let v_out = tr.cross_v.transpose(1, 2).reshape([bsz, 1, s_len, -1]);
         v_maps.push(LinearMap::new(rule, &enc_in, &a.v.w, a.v.b.as_ref(), Some(&v_out)));
-        stacked.push(DecTrace::new(tr, &probs, &ctx)?);
+        stacked.push(DecTrace::new(tr)?);
     }
-    let x = pass.states;
+    drop(recorded);
     let finals = x.transpose(0, 1).reshape([tb, -1]); // [T * B, D]
     // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
     // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
@@ -760,32 +827,13 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
             return Err(ModelError::Invalid("LRP through grouped-query decoder attention is not supported".into()));
         }
     }
-    // The one teacher-forced pass, keeping each layer's trace; the self-attention hands out
-    // its probabilities, values and contexts, the cross-attention its probabilities and
-    // contexts: [dec probs, dec values, dec contexts, cross probs, cross contexts].
-    let mut caught: Vec<[Option<Tensor>; 5]> = (0..n_layers).map(|_| Default::default()).collect();
-    let pass = {
-        let mut on = |at: At, t: &Tensor| {
-            let Some(slot) = caught.get_mut(at.layer) else { return Ok(()) };
-            let i = match (at.kind, at.point) {
-                (Kind::Dec, Point::Pattern) => 0,
-                (Kind::Dec, Point::V) => 1,
-                (Kind::Dec, Point::Z) => 2,
-                (Kind::Cross, Point::Pattern) => 3,
-                (Kind::Cross, Point::Z) => 4,
-                _ => return Ok(()),
-            };
-            slot[i] = Some(t.shallow_clone());
-            Ok(())
-        };
-        // Grouped-query decoder attention is refused above, so `hook_v` is per query head.
-        let mut rec = Record { points: &[Point::Pattern, Point::V, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
-        net.decode_teacher_pass(enc, enc_mask, targets, gates, Some(&mut rec), true)?
-    };
+    // The one teacher-forced pass, recorded at the hook points the rules read (grouped-query
+    // decoder attention is refused above, so `hook_v` is per query head).
+    let (recorded, states) = trace_decoder(net, enc, enc_mask, targets, gates)?;
     let opts = (enc.kind(), enc.device());
     // Seeds: prediction p is position p's top-1 logit; summed, every real position's seed in
     // one prediction.
-    let y = &pass.states;
+    let y = &states;
     let top = crate::model::nn::top1(&model.net.logits(y)?).view([-1]);
     let w_rows = out.w.index_select(0, &top).view([bsz, 1, t_len, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([bsz, 1, t_len, 1]));
@@ -815,22 +863,19 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
     let mut worst = 0f64;
     for l in (0..n_layers).rev() {
         let layer = &net.decoder[l];
-        let tr = &pass.traces[l];
-        let [dp, dv, dc, cp, cc] = &caught[l];
+        let tr = &recorded[l];
         let (cattn, cnorm) = layer.cross.as_ref().ok_or_else(|| missing("cross-attention", l))?;
-        let (a, s_b) = (tr.a.as_ref().ok_or_else(|| missing("cross-attention output", l))?, tr.s_b.as_ref().ok_or_else(|| missing("cross-attention sum", l))?);
+        let (a, s_b) = (&tr.a, &tr.s_b);
         let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &u(&tr.x2), &u(&tr.ffn_up), &u(&tr.ffn_hidden), &u(&tr.ffn_out), &u(&tr.s_c), &r);
         let r_sb = norm_rule(rule, cnorm, &u(s_b), &r_x2);
         let (r_x1, r_a) = residual_rule(rule, &u(&tr.x1), &u(a), &r_sb);
         // Source side: W^O, the attention's value path (steps summed), W^V on the encoder output.
-        let (cp, cc) = (cp.as_ref().ok_or_else(|| missing("cross-attention weights", l))?, cc.as_ref().ok_or_else(|| missing("cross-attention contexts", l))?);
-        let r_ctx = through_wo(cattn, Kind::Cross, l, cc, a, &r_a);
+        let r_ctx = through_wo(cattn, Kind::Cross, l, &tr.cross_ctx, a, &r_a);
         cross_rel.push(head_sums(&r_ctx));
-        let kv = pass.cross[l].as_ref().ok_or_else(|| missing("cross-attention values", l))?;
         let (h, dh) = (cattn.n_heads, cattn.head_dim);
-        let r_v = attention_rule(rule, &u(cp), &u(&kv.v), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
+        let r_v = attention_rule(rule, &u(&tr.cross_probs), &u(&tr.cross_v), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
         let r_v = rescale(&r_v, &[&r_a]);
-        let v_out = kv.v.transpose(1, 2).reshape([bsz, s_len, h * dh]).unsqueeze(1);
+        let v_out = tr.cross_v.transpose(1, 2).reshape([bsz, s_len, h * dh]).unsqueeze(1);
         let r_src = LinearMap::new(rule, &enc.unsqueeze(1), &cattn.v.w, cattn.v.b.as_ref(), Some(&v_out)).apply(&r_v);
         r_enc = r_enc + rescale(&r_src, &[&r_a]);
         to_source = to_source + abs_total(&r_a);
@@ -843,7 +888,7 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
             dec_rel.push(Tensor::zeros([bsz, p_len, 0], opts));
             rescale(&r_xres, &[&r_x1])
         } else {
-            let (dp, dv, dc) = (dp.as_ref().ok_or_else(|| missing("self-attention weights", l))?, dv.as_ref().ok_or_else(|| missing("self-attention values", l))?, dc.as_ref().ok_or_else(|| missing("self-attention contexts", l))?);
+            let (dp, dv, dc) = tr.self_attn.as_ref().ok_or_else(|| missing("self-attention pattern, values and contexts", l))?;
             let (h, dh) = (sattn.n_heads, sattn.head_dim);
             let r_ctx = through_wo(sattn, Kind::Dec, l, dc, &tr.o, &r_o);
             dec_rel.push(head_sums(&r_ctx));

@@ -44,6 +44,14 @@ pub enum Point {
     Z,
     /// Per-head outputs at W^O, without its bias `[B, H, T, D]` (`attn.hook_result`).
     Result,
+    /// An SSRU decoder layer's (Marian `.bin`) forget gate `f = sigmoid(x Wf + bf)` `[B, T, D]`
+    /// (`ssru.hook_forget`).
+    SsruForget,
+    /// Its candidate `x W` `[B, T, D]` (`ssru.hook_candidate`).
+    SsruCandidate,
+    /// Its cell states `c = f c' + (1 - f) x W` `[B, T, D]` (`ssru.hook_cell`); the block's
+    /// output (`hook_attn_out`) is `relu(c)`.
+    SsruCell,
     /// The attention block's output `[B, T, D]` (`blocks.L.hook_attn_out`).
     AttnOut,
     /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
@@ -116,6 +124,9 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::Pattern, "attn.hook_pattern", Layout::Scores, true, true, "[head, q_pos, k_pos]", "attention probabilities"),
     spec(Point::Z, "attn.hook_z", Layout::Heads, true, true, "[pos, head, d_head]", "per-head contexts, gated: the input of W^O"),
     spec(Point::Result, "attn.hook_result", Layout::Heads, true, true, "[pos, head, d_model]", "per-head outputs at W^O (bias not included)"),
+    spec(Point::SsruForget, "ssru.hook_forget", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers (Marian .bin): the forget gate f"),
+    spec(Point::SsruCandidate, "ssru.hook_candidate", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers: the candidate x W"),
+    spec(Point::SsruCell, "ssru.hook_cell", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers: the cell c = f c' + (1 - f) x W (a change is not re-run through later steps of the same pass)"),
     spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
     spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
     spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),

@@ -654,7 +654,7 @@ impl Model {
             v.push(At::new(Kind::Dec, l, P::ResidPre));
             match layer.self_attention() {
                 Some(a) => attn(&mut v, Kind::Dec, l, a),
-                None => v.push(At::new(Kind::Dec, l, P::AttnOut)),
+                None => v.extend([P::SsruForget, P::SsruCandidate, P::SsruCell, P::AttnOut].map(|p| At::new(Kind::Dec, l, p))),
             }
             v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
             if let Some((a, _)) = &layer.cross {

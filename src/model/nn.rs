@@ -661,43 +661,32 @@ pub struct Ssru {
 }
 
 impl Ssru {
-    /// The cell over `x [B, T, D]` from state `c0 [B, D]`: the projections cover every step at
-    /// once, only the recurrence runs step by step. Step-by-step decoding is `T = 1`.
-    pub fn scan(&self, x: &Tensor, c0: &Tensor) -> SsruTrace {
+    /// The cell over `x [B, T, D]` from state `c0 [B, D]` in decoder layer `layer_idx`: the
+    /// output `relu(c)` `[B, T, D]` and the state after the last step `[B, D]`. The
+    /// projections cover every step at once, only the recurrence runs step by step;
+    /// step-by-step decoding is `T = 1`. Hook points (`dec.blocks.L.`): `ssru.hook_forget` (f),
+    /// `ssru.hook_candidate` (`x W`), both read by the recurrence after any change, and
+    /// `ssru.hook_cell` (the states c after the recurrence: a change reaches the output and the
+    /// state carried to the next call, not the later steps of the same call).
+    pub fn scan(&self, x: &Tensor, c0: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Tensor), ModelError> {
+        let at = |p| At::new(Kind::Dec, layer_idx, p);
         let t_len = x.size()[1];
-        let f = self.wf.forward(x).sigmoid();
+        let f = hooks::at(h, at(Point::SsruForget), self.wf.forward(x).sigmoid())?;
         let keep = f.ones_like() - &f;
-        let u = self.w.forward(x);
+        let u = hooks::at(h, at(Point::SsruCandidate), self.w.forward(x))?;
+        if t_len == 0 {
+            return Ok((x.zeros_like(), c0.shallow_clone()));
+        }
         let mut c = c0.shallow_clone();
         let mut cells = Vec::with_capacity(t_len as usize);
         for t in 0..t_len {
             c = f.select(1, t) * &c + keep.select(1, t) * u.select(1, t);
             cells.push(c.shallow_clone());
         }
-        let (c_all, c_prev) = if t_len == 0 {
-            (x.zeros_like(), x.zeros_like())
-        } else {
-            let c_all = Tensor::stack(&cells, 1);
-            let c_prev = Tensor::cat(&[c0.unsqueeze(1), c_all.narrow(1, 0, t_len - 1)], 1);
-            (c_all, c_prev)
-        };
-        SsruTrace { o: c_all.relu(), f, keep, u, c_prev, last: c }
+        let cells = hooks::at(h, at(Point::SsruCell), Tensor::f_stack(&cells, 1)?)?;
+        let last = cells.select(1, t_len - 1);
+        Ok((cells.relu(), last))
     }
-}
-
-/// What [`Ssru::scan`] computed, per step `[B, T, D]`.
-pub struct SsruTrace {
-    /// The output `relu(c)`.
-    pub o: Tensor,
-    /// The forget gate `f`, and `1 - f`.
-    pub f: Tensor,
-    pub keep: Tensor,
-    /// The candidate `x W`.
-    pub u: Tensor,
-    /// The state each step starts from.
-    pub c_prev: Tensor,
-    /// The state after the last step `[B, D]`.
-    pub last: Tensor,
 }
 
 /// The index of the largest logit over the last dimension (the first on ties, as `argmax`).

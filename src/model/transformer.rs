@@ -3,7 +3,7 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
-use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Ssru, SsruTrace};
+use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Ssru};
 use super::{check_interrupt, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -252,14 +252,32 @@ impl DecoderLayer {
     /// encoder output for the cross-attention. `gates` gate both the self-attention (`dec`)
     /// and the cross-attention (`cross`) heads. Returns the output and the self-block's state
     /// after the last step.
+    ///
+    /// Hook points: the residual, norm and MLP points of `dec.blocks.L`, the self-attention's
+    /// of `dec.blocks.L.attn` (an SSRU's of `dec.blocks.L.ssru`), the cross-attention's of
+    /// `cross.blocks.L` (`hook_resid_mid` there is the stream after the cross-attention, `ln1`
+    /// its norm).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, SelfState), ModelError> {
-        let (y, tr) = self.forward_traced(x, state, cross, enc_bias, gates, layer_idx, h)?;
-        Ok((y, tr.state))
+        let rules = hooks::rules(h);
+        check_interrupt()?;
+        let at = |k, p| At::new(k, layer_idx, p);
+        let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
+        let (o, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
+        let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
+        let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward_with(&s_a, rules))?;
+        let a = match (&self.cross, cross) {
+            (Some((attn, _)), Some(kv)) => {
+                let g = gates.layer(Kind::Cross, layer_idx);
+                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
+            }
+            _ => None,
+        };
+        Ok((self.finish_hooked(&x1, a.as_ref(), layer_idx, h)?, state))
     }
 
-    /// The self-block over `x [B, T, D]` from `state`: its output and trace.
-    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Option<SsruTrace>, SelfState), ModelError> {
+    /// The self-block over `x [B, T, D]` from `state`: its output and the state after it.
+    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, SelfState), ModelError> {
         match (&self.self_block, state) {
             (SelfBlock::Ssru(ssru), state) => {
                 // A cell from the previous step; a state of the other kind starts from zero.
@@ -267,11 +285,10 @@ impl DecoderLayer {
                     SelfState::Cell(c) => c.shallow_clone(),
                     SelfState::Cache(_) => Tensor::zeros([x.size()[0], x.size()[2]], (x.kind(), x.device())),
                 };
-                let tr = ssru.scan(x, &cell);
-                let last = tr.last.shallow_clone();
+                let (o, last) = ssru.scan(x, &cell, layer_idx, h)?;
                 // The SSRU's output stands where a self-attention's output would.
-                let o = hooks::at(h, At::new(Kind::Dec, layer_idx, Point::AttnOut), tr.o.shallow_clone())?;
-                Ok((o, Some(tr), SelfState::Cell(last)))
+                let o = hooks::at(h, At::new(Kind::Dec, layer_idx, Point::AttnOut), o)?;
+                Ok((o, SelfState::Cell(last)))
             }
             (SelfBlock::Attention(a), state) => {
                 let t = x.size()[1];
@@ -288,33 +305,9 @@ impl DecoderLayer {
                 let bias = cached_causal_bias(t, p_len, x.kind(), x.device());
                 let g = gates.layer(Kind::Dec, layer_idx);
                 let o = a.attend(x, &kv, &bias, g.as_ref(), p_len, Kind::Dec, layer_idx, h)?;
-                Ok((o, None, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None })))
+                Ok((o, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None })))
             }
         }
-    }
-
-    /// `forward`, also returning its intermediate tensors (for LRP). Hook points: the
-    /// residual, norm and MLP points of `dec.blocks.L`, the self-attention's of
-    /// `dec.blocks.L.attn`, the cross-attention's of `cross.blocks.L` (`hook_resid_mid` there
-    /// is the stream after the cross-attention, `ln1` its norm).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_traced(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderTrace), ModelError> {
-        let rules = hooks::rules(h);
-        check_interrupt()?;
-        let at = |k, p| At::new(k, layer_idx, p);
-        let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
-        let (o, ssru, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
-        let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
-        let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward_with(&s_a, rules))?;
-        let a = match (&self.cross, cross) {
-            (Some((attn, _)), Some(kv)) => {
-                let g = gates.layer(Kind::Cross, layer_idx);
-                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
-            }
-            _ => None,
-        };
-        let (y, f) = self.finish_hooked(&x1, a.as_ref(), layer_idx, h)?;
-        Ok((y, DecoderTrace { x_in: x, o, ssru, state, s_a, x1, a, s_b: f.s_b, x2: f.x2, ffn_up: f.ffn_up, ffn_hidden: f.ffn_hidden, ffn_out: f.ffn_out, s_c: f.s_c }))
     }
 
     /// The layer resumed at its cross-attention's `hook_z`: `x1` is the cross-attention's
@@ -323,58 +316,25 @@ impl DecoderLayer {
         check_interrupt()?;
         let (attn, _) = self.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
         let a = attn.output_from_z(z, Kind::Cross, layer_idx, h)?;
-        Ok(self.finish_hooked(x1, Some(&a), layer_idx, h)?.0)
+        self.finish_hooked(x1, Some(&a), layer_idx, h)
     }
 
-    fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, DecoderFinish), ModelError> {
+    /// The layer after its self-block and cross-attention: `x1` the self-block's normed
+    /// stream, `a` the cross-attention's output.
+    fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(h);
         let at = |k, p| At::new(k, layer_idx, p);
-        let (s_b, x2) = match (&self.cross, a) {
+        let x2 = match (&self.cross, a) {
             (Some((_, norm)), Some(a)) => {
                 let s_b = hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?;
-                let x2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_b, rules))?;
-                (Some(s_b), x2)
+                hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_b, rules))?
             }
-            _ => (None, x1.shallow_clone()),
+            _ => x1.shallow_clone(),
         };
-        let (ffn_up, ffn_hidden, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
+        let (_, _, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
         let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
-        let y = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))?;
-        Ok((y, DecoderFinish { s_b, x2, ffn_up, ffn_hidden, ffn_out, s_c }))
+        hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))
     }
-}
-
-struct DecoderFinish {
-    s_b: Option<Tensor>,
-    x2: Tensor,
-    ffn_up: Tensor,
-    ffn_hidden: Tensor,
-    ffn_out: Tensor,
-    s_c: Tensor,
-}
-
-/// What [`DecoderLayer::forward_traced`] computed on the way, per step `[B, T, ...]`.
-pub struct DecoderTrace {
-    pub x_in: Tensor,
-    /// The self-block's output (the SSRU's `relu(c)`, or the self-attention's).
-    pub o: Tensor,
-    /// The SSRU's trace (absent for a self-attention block).
-    pub ssru: Option<SsruTrace>,
-    /// The self-block's state after the last step.
-    pub state: SelfState,
-    /// `x_in + o`, and its norm (the cross-attention's queries).
-    pub s_a: Tensor,
-    pub x1: Tensor,
-    /// The cross-attention's output, `x1 + a` and its norm (absent without cross-attention;
-    /// then `x2` is `x1`).
-    pub a: Option<Tensor>,
-    pub s_b: Option<Tensor>,
-    pub x2: Tensor,
-    pub ffn_up: Tensor,
-    pub ffn_hidden: Tensor,
-    pub ffn_out: Tensor,
-    /// `x2 + ffn_out`, before the last norm.
-    pub s_c: Tensor,
 }
 
 /// What [`Transformer::decode_teacher_pass`] computed.
@@ -383,8 +343,6 @@ pub struct TeacherPass {
     pub states: Tensor,
     /// Each layer's cross-attention keys and values of the encoder output.
     pub cross: Vec<Option<KeysValues>>,
-    /// Each layer's trace, when asked for.
-    pub traces: Vec<DecoderTrace>,
     /// The encoder-side attention bias `[B, 1, 1, S]`.
     pub enc_bias: Tensor,
 }
@@ -460,6 +418,13 @@ impl Transformer {
     pub fn logits(&self, states: &Tensor) -> Result<Tensor, ModelError> {
         let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         Ok(super::nn::softcap(out.forward(states), self.logit_softcap))
+    }
+
+    /// The logits before a final soft cap (Gemma 2; the same as [`Transformer::logits`]
+    /// elsewhere): AttnLRP's seed (docs/methods.md#attnlrp).
+    pub fn logits_before_cap(&self, states: &Tensor) -> Result<Tensor, ModelError> {
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        Ok(out.forward(states))
     }
 
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
@@ -696,29 +661,24 @@ impl Transformer {
     /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
     /// attention capture reports `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer.
     pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
-        Ok(self.decode_teacher_pass(enc, mask, targets, gates, h, false)?.states)
+        Ok(self.decode_teacher_pass(enc, mask, targets, gates, h)?.states)
     }
 
     /// The one teacher-forced decoder pass: every consumer (the logits, the ablation metrics
     /// and the cross-head sweep, LRP through the decoder, gate training) runs the decoder
-    /// through here. With `keep_traces`, each layer's intermediate tensors come back too
-    /// ([`DecoderTrace`]); the cross-attention keys and values always do.
-    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut h: HookSlot, keep_traces: bool) -> Result<TeacherPass, ModelError> {
+    /// through here; what they need of its inside they record at its hook points. The
+    /// cross-attention keys and values come back with the states.
+    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
         let cross = self.cross_keys_values(enc, &mut h)?;
         let starts = self.initial_states(targets.size()[0]);
-        let mut traces = Vec::new();
         // Layer by layer over every step at once (self-attention under a causal mask); only
         // the SSRU recurrence goes step by step.
         let mut x = self.teacher_inputs(targets, &mut h)?;
         for (l, layer) in self.decoder.iter().enumerate() {
-            let (y, tr) = layer.forward_traced(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut h)?;
-            if keep_traces {
-                traces.push(tr);
-            }
-            x = y;
+            x = layer.forward(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut h)?.0;
         }
-        Ok(TeacherPass { states: x, cross, traces, enc_bias: bias })
+        Ok(TeacherPass { states: x, cross, enc_bias: bias })
     }
 }
 

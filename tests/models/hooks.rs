@@ -229,3 +229,47 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
     let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
     assert!(m.net.encode(&ids, &mask, &Gates::none(), None).is_ok());
 }
+
+/// An SSRU decoder (Marian `.bin`, `fixtures/lrp_tiny/marian`) has its own hook points
+/// (`dec.blocks.L.ssru.hook_forget|hook_candidate|hook_cell`): recorded, they are the
+/// recurrence `c_t = f_t c_(t-1) + (1 - f_t) u_t` from a zero state, by hand, and the block's
+/// output `hook_attn_out` is `relu(c)`; written, the recurrence reads the new value (a zero
+/// candidate leaves every cell 0).
+#[test]
+fn ssru_hook_points_are_the_recurrence_and_can_be_written() {
+    let m = common::load(&fixtures().join("lrp_tiny/marian"), "f64");
+    let _g = tch::no_grad_guard();
+    let ids = Tensor::from_slice(&[5i64, 9, 12, 7, 2]).view([1, -1]);
+    let targets = Tensor::from_slice(&[6i64, 11, 4, 2]).view([1, -1]);
+    let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+    let teach = |hooks: &mut dyn headscope::model::hooks::Hooks| {
+        let enc = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
+        m.net.decode_teacher(&enc, &mask, &targets, &Gates::none(), Some(hooks)).unwrap()
+    };
+    let (seen, plain) = common::recorded(&[], teach);
+    let all = m.hook_points();
+    for (at, _) in &seen {
+        assert!(all.contains(at), "{at} was recorded but is not in hook_points()");
+    }
+    let get = |l: usize, p: Point| seen.iter().find(|(a, _)| *a == At::new(Kind::Dec, l, p)).unwrap_or_else(|| panic!("dec layer {l}: {p:?} not recorded")).1.shallow_clone();
+    for l in 0..m.net.decoder.len() {
+        let (f, u, c) = (get(l, Point::SsruForget), get(l, Point::SsruCandidate), get(l, Point::SsruCell));
+        assert!(f.min().double_value(&[]) > 0.0 && f.max().double_value(&[]) < 1.0, "layer {l}: the forget gate is a sigmoid");
+        let mut prev = c.select(1, 0).zeros_like();
+        for t in 0..c.size()[1] {
+            let want = f.select(1, t) * &prev + (f.select(1, t).ones_like() - f.select(1, t)) * u.select(1, t);
+            assert!(max_diff(&c.select(1, t), &want) < 1e-12, "layer {l} step {t}: the cell is not the recurrence");
+            prev = want;
+        }
+        assert!(get(l, Point::AttnOut).equal(&c.relu()), "layer {l}: hook_attn_out is relu(hook_cell)");
+    }
+    let at = At::new(Kind::Dec, 0, Point::SsruCandidate);
+    let mut iv = Interventions { list: vec![Intervention { at, op: Op::Replace(Tensor::from(0.0)), heads: None, positions: None, rows: None }] };
+    let (seen0, zeroed) = common::recorded(&[Point::SsruCell], |r| {
+        let mut both = headscope::model::hooks::Both(&mut iv, r);
+        teach(&mut both)
+    });
+    let cell0 = &seen0.iter().find(|(a, _)| a.layer == 0).unwrap().1;
+    assert_eq!(cell0.abs().max().double_value(&[]), 0.0, "a zero candidate leaves every cell of layer 0 at 0");
+    assert!(!zeroed.equal(&plain), "zeroing layer 0's candidate must change the logits");
+}
