@@ -106,7 +106,10 @@ impl Validator for ReplHelper {
             return Ok(ValidationResult::Valid(None));
         }
         let Ok(session) = self.session.try_borrow() else { return Ok(ValidationResult::Valid(None)) };
-        Ok(if session.is_complete(input) { ValidationResult::Valid(None) } else { ValidationResult::Incomplete })
+        // A pasted transcript waits only while its last input is unfinished.
+        let pasted = crate::engine::pasted_inputs(input);
+        let last = pasted.as_ref().and_then(|p| p.last()).map_or(input, String::as_str);
+        Ok(if last.trim_start().starts_with(':') || session.is_complete(last) { ValidationResult::Valid(None) } else { ValidationResult::Incomplete })
     }
 }
 
@@ -124,6 +127,10 @@ fn history_path() -> Option<std::path::PathBuf> {
 
 /// Evaluates one input (code or `:` command) and shows the result. Returns false on `:quit`.
 fn run_input(session: &Rc<RefCell<Session>>, input: &str, n: usize, failed: &mut bool) -> bool {
+    if let Some(inputs) = crate::engine::pasted_inputs(input) {
+        // A transcript pasted with its prompts and output: its inputs in order.
+        return inputs.iter().all(|i| run_input(session, i, n, failed));
+    }
     let started = Instant::now();
     let result = if input.trim_start().starts_with(':') {
         let mut s = session.borrow_mut();
@@ -158,8 +165,25 @@ pub fn run() -> Result<bool, String> {
         crate::install_ctrlc(session.borrow().interrupt_handle());
         let mut buf = String::new();
         let mut n = 0;
+        // Whether stdin is a transcript (prompts and output, as the README shows sessions),
+        // decided by its first non-blank line; its inputs then run as each next prompt arrives.
+        let mut transcript: Option<bool> = None;
         for line in std::io::stdin().lock().lines() {
             let line = line.map_err(|e| format!("stdin: {e}"))?;
+            if transcript.is_none() && !line.trim().is_empty() {
+                transcript = Some(crate::engine::pasted_inputs(&line).is_some());
+            }
+            if transcript == Some(true) {
+                if line.trim_start().starts_with("hs>") && !buf.trim().is_empty() {
+                    n += 1;
+                    if !run_input(&session, &std::mem::take(&mut buf), n, &mut failed) {
+                        return Ok(failed);
+                    }
+                }
+                buf.push_str(&line);
+                buf.push('\n');
+                continue;
+            }
             buf.push_str(&line);
             buf.push('\n');
             let complete = buf.trim_start().starts_with(':') || session.borrow().is_complete(&buf);

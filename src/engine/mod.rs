@@ -348,58 +348,36 @@ impl Session {
     }
 
     /// The session's successful inputs as one script that `headscope run` replays: each
-    /// input in order, ended by `;`, an input whose value was shown wrapped in `display(...)`
-    /// at its last statement, inputs from `:load` marked with their file.
+    /// input in order, ended by `;` (before a trailing `// comment`, which would swallow it),
+    /// an input whose value was shown wrapped in `display(...)` at its last statement, inputs
+    /// from `:load` marked with their file.
     pub fn history_script(&self) -> String {
+        // Positions are read from an unoptimised parse: the session's engine folds constants
+        // (`1+1` becomes one literal placed at the `+`).
+        let mut parser = Engine::new_raw();
+        parser.set_optimization_level(rhai::OptimizationLevel::None);
+        parser.set_max_expr_depths(256, 256);
         let mut s = format!("// headscope {} session: {} inputs. Replay with `headscope run FILE`.\n", env!("CARGO_PKG_VERSION"), self.history.len());
         for input in &self.history {
             if input.file {
                 s += &format!("// :load {}\n", input.source);
             }
-            let mut code = input.code.trim_end().to_string();
+            let (code, comment) = split_trailing_comment(&parser, input.code.trim_end());
+            let mut code = code.trim_end().to_string();
             if input.shown {
-                code = self.display_last(&code);
+                code = display_last(&parser, &code);
             }
             s += &code;
             if !code.ends_with(';') && !code.ends_with('}') {
                 s.push(';');
             }
+            if !comment.is_empty() {
+                s.push(' ');
+                s += comment;
+            }
             s.push('\n');
         }
         s
-    }
-
-    /// `code` with its last statement wrapped in `display(...)`.
-    fn display_last(&self, code: &str) -> String {
-        let Ok(ast) = self.engine.compile_with_scope(&self.scope, code) else { return code.to_string() };
-        let Some(last) = ast.statements().last() else { return code.to_string() };
-        // Where an expression starts: an operator call starts at its left operand.
-        fn start(e: &rhai::Expr) -> rhai::Position {
-            match e {
-                rhai::Expr::FnCall(call, _) if call.is_operator_call() || !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => {
-                    call.args.first().map_or(e.start_position(), start)
-                }
-                other => other.start_position(),
-            }
-        }
-        let pos = match last {
-            rhai::Stmt::Expr(e) => start(e),
-            rhai::Stmt::FnCall(call, pos) => match call.args.first() {
-                Some(a) if !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => start(a),
-                _ => *pos,
-            },
-            other => other.position(),
-        };
-        let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return code.to_string() };
-        let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
-        let off = line_start + code[line_start..].chars().take(col - 1).map(char::len_utf8).sum::<usize>();
-        let tail = code[off..].trim_end().trim_end_matches(';');
-        let wrapped = format!("{}display({tail});", &code[..off]);
-        if self.engine.compile_with_scope(&self.scope, &wrapped).is_ok() {
-            wrapped
-        } else {
-            code.to_string()
-        }
     }
 
     /// Reads and evaluates a script file; relative imports start from its directory.
@@ -506,11 +484,15 @@ fn char_at(code: &str, pos: rhai::Position) -> Option<char> {
     code.lines().nth(pos.line()?.checked_sub(1)?)?.chars().nth(pos.position()?.checked_sub(1)?)
 }
 
-/// Whether `pos` is at or after the last non-blank character of `code`.
+/// Whether `pos` is after the last non-blank character of `code`: where the parser stands
+/// when the input ended before what it expects (`fn f(x) {`, `let a = [1,`). A token missing
+/// before the end (`for h in xs: ...`, `f(x=1)`, `xs[0:3]`) is an error in what was typed.
 fn is_at_end(code: &str, pos: rhai::Position) -> bool {
-    let Some(line) = pos.line() else { return true };
-    let last = code.trim_end().lines().count().max(1);
-    line >= last
+    let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return true };
+    let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
+    let Some(rest) = code.get(line_start..) else { return true };
+    let at = line_start + rest.chars().take(col.saturating_sub(1)).map(char::len_utf8).sum::<usize>();
+    at >= code.trim_end().len()
 }
 
 impl Drop for Session {
@@ -522,6 +504,86 @@ impl Drop for Session {
 fn next_session_id() -> usize {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `code` split before a `// comment` that ends its last line (not one inside a string): the
+/// comment's start is the first `//` of that line before which the code parses.
+fn split_trailing_comment<'a>(parser: &Engine, code: &'a str) -> (&'a str, &'a str) {
+    let line_start = code.rfind('\n').map_or(0, |i| i + 1);
+    for (i, _) in code[line_start..].match_indices("//") {
+        let at = line_start + i;
+        if parser.compile(&code[..at]).is_ok() {
+            return (&code[..at], &code[at..]);
+        }
+    }
+    (code, "")
+}
+
+/// `code` with its last statement wrapped in `display(...)` (unchanged where that does not
+/// parse). `parser` does not optimise, so positions are where the user's text has them.
+fn display_last(parser: &Engine, code: &str) -> String {
+    let Ok(ast) = parser.compile(code) else { return code.to_string() };
+    let Some(last) = ast.statements().last() else { return code.to_string() };
+    // Where an expression starts: an operator call starts at its left operand.
+    fn start(e: &rhai::Expr) -> rhai::Position {
+        match e {
+            rhai::Expr::FnCall(call, _) if call.is_operator_call() || !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => {
+                call.args.first().map_or(e.start_position(), start)
+            }
+            other => other.start_position(),
+        }
+    }
+    let pos = match last {
+        rhai::Stmt::Expr(e) => start(e),
+        rhai::Stmt::FnCall(call, pos) => match call.args.first() {
+            Some(a) if !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => start(a),
+            _ => *pos,
+        },
+        other => other.position(),
+    };
+    let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return code.to_string() };
+    let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
+    let Some(rest) = code.get(line_start..) else { return code.to_string() };
+    let mut off = line_start + rest.chars().take(col - 1).map(char::len_utf8).sum::<usize>();
+    // A namespaced call (`st::mean(x)`) starts at its namespace, which the position leaves out.
+    while let Some(before) = code[..off].trim_end().strip_suffix("::") {
+        let name_start = before.trim_end_matches(|c: char| c.is_alphanumeric() || c == '_').len();
+        if name_start == before.len() {
+            break;
+        }
+        off = name_start;
+    }
+    let tail = code[off..].trim_end().trim_end_matches(';');
+    let wrapped = format!("{}display({tail});", &code[..off]);
+    if parser.compile(&wrapped).is_ok() {
+        wrapped
+    } else {
+        code.to_string()
+    }
+}
+
+/// The inputs of a transcript pasted into a session (the README's sessions, as IPython takes
+/// `>>> ` lines): a line starting with the prompt `hs> ` begins an input, a line starting with
+/// `... ` continues it, and every other line (the output the transcript shows) is dropped.
+/// `None` when the first non-blank line has no prompt: the input is code as typed.
+pub fn pasted_inputs(input: &str) -> Option<Vec<String>> {
+    fn after<'a>(line: &'a str, prompt: &str) -> Option<&'a str> {
+        let l = line.trim_start();
+        l.strip_prefix(prompt).map(|rest| rest.strip_prefix(' ').unwrap_or(rest)).filter(|_| l.len() == prompt.len() || l[prompt.len()..].starts_with(' '))
+    }
+    let first = input.lines().find(|l| !l.trim().is_empty())?;
+    after(first, "hs>")?;
+    let mut inputs: Vec<String> = Vec::new();
+    for line in input.lines() {
+        if let Some(code) = after(line, "hs>") {
+            inputs.push(code.to_string());
+        } else if let (Some(code), Some(last)) = (after(line, "..."), inputs.last_mut()) {
+            last.push('\n');
+            last.push_str(code);
+        }
+    }
+    inputs.retain(|i| !i.trim().is_empty());
+    Some(inputs)
 }
 
 /// Reads a script file with one-line errors for the usual mistakes.
@@ -575,6 +637,42 @@ mod tests {
         assert!(!e.notes.iter().any(|n| n.contains("start with ':'")), "{:?}", e.notes);
     }
 
+    /// What a session shows for each input, and what its `:save` script shows when run.
+    #[test]
+    fn a_saved_session_replays_and_shows_what_the_session_showed() {
+        let inputs = ["let x = 2; // two", "1+1", "import \"stats\" as st;", "st::mean([1, 2, 3])", "x * 10 // the last", "let y = x; y"];
+        let mut s = Session::new(SessionOptions::default());
+        let mut shown = Vec::new();
+        for i in inputs {
+            if let Some(o) = s.eval("repl", i).unwrap_or_else(|e| panic!("{i}: {e}")) {
+                shown.push(o.text);
+            }
+        }
+        assert_eq!(shown, ["2", "2.0", "20", "2"]);
+        let script = s.history_script();
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let out = seen.clone();
+        let sink: Sink = Box::new(move |e| {
+            if let Event::Display(o) = e {
+                out.borrow_mut().push(o.text);
+            }
+        });
+        let mut replay = Session::new(SessionOptions { sink, ..Default::default() });
+        replay.eval("saved.rhai", &script).unwrap_or_else(|e| panic!("the saved script does not run: {e}\n{script}"));
+        assert_eq!(*seen.borrow(), shown, "{script}");
+    }
+
+    #[test]
+    fn a_pasted_transcript_runs_its_inputs_without_prompts_or_output() {
+        let t = "hs> let t = [1, 2];\nhs> fn f(x) {\n...   x + 1\n... }\nhs> f(t[1])\n3\n┌──┐\nhs> :vars\nhs>\n";
+        assert_eq!(pasted_inputs(t).unwrap(), vec!["let t = [1, 2];", "fn f(x) {\n  x + 1\n}", "f(t[1])", ":vars"]);
+        assert_eq!(pasted_inputs("  hs> 1 + 1").unwrap(), vec!["1 + 1"]);
+        // Code as typed, including code that mentions the prompt.
+        for code in ["1 + 1", "let hs = 1;\nhs> 0", "hsx> 1", ""] {
+            assert!(pasted_inputs(code).is_none(), "{code:?}");
+        }
+    }
+
     #[test]
     fn completeness_is_decided_by_the_parser() {
         let s = Session::new(SessionOptions::default());
@@ -583,6 +681,10 @@ mod tests {
         }
         for code in ["1 + 1", "fn f(x) { x }", "let s = `a\nb`;", "let x = ;", "}", "let s = \"open"] {
             assert!(s.is_complete(code), "should be complete (valid or a real error): {code:?}");
+        }
+        // Python habits are errors to show at once, not input to wait for (issue #30).
+        for code in ["print(f\"{m}\")", "m.ablate(d, heads=[1, 2])", "for h in xs: print(h)", "def f(x): return x", "xs[0:3]", "def f(x):", "for h in xs:"] {
+            assert!(s.is_complete(code), "a Python habit must be shown as an error, not wait for more: {code:?}");
         }
     }
 

@@ -55,6 +55,24 @@ fn repl_in_a_terminal() {
     p.exp_string("5").unwrap();
     p.exp_string(PROMPT).unwrap();
 
+    // Python habits are errors shown at once (no silent wait for more input), and the next
+    // line runs by itself.
+    for habit in ["for h in [1]: print(h)", "def f(x): return x", "print(f\"{keep}\")", "[1, 2, 3][0:2]"] {
+        p.send_line(habit).unwrap();
+        p.exp_string("syntax error").unwrap();
+        p.exp_string(PROMPT).unwrap();
+    }
+    p.send_line("keep - 2").unwrap();
+    p.exp_string("40").unwrap();
+    p.exp_string(PROMPT).unwrap();
+
+    // A README block pasted with its prompts and output (bracketed paste, as terminals send
+    // a paste): its inputs run, the output lines are dropped.
+    p.send("\x1b[200~hs> let pasted = 40 + 2;\nhs> print(\"pa\" + \"sted=\" + pasted)\nold output of the transcript\x1b[201~").unwrap();
+    p.send_line("").unwrap();
+    p.exp_string("pasted=42").unwrap();
+    p.exp_string(PROMPT).unwrap();
+
     // Ctrl-C stops an endless loop and the variables survive.
     p.send_line("loop { }").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(700));

@@ -98,6 +98,22 @@ const CASES: &[Case] = &[
     ("print goes to stdout as it happens", &["-e", "print(\"hello\"); debug(\"x\"); 1"], None, 0, &["hello", "-e:1: \"x\"", "1"], &[]),
     ("a script named without `run`", &["tour.rhai"], None, 2, &[], &["'tour.rhai' is a script, not a command: run it with `headscope run tour.rhai`"]),
     ("a session command without its colon", &[], Some("help\n"), 1, &[], &["session commands start with ':': type :help"]),
+    (
+        "piped REPL: a transcript with prompts and output runs its inputs",
+        &[],
+        Some("hs> let t = [3, 4];\nhs> fn sq(x) {\n...   x * x\n... }\nhs> sq(t[1]) + 1\n17\n┌───┐ output of the transcript\nhs> :vars\n"),
+        0,
+        &["17", "t ", "array"],
+        &[],
+    ),
+    (
+        "piped REPL: a Python habit is an error and the next line runs alone",
+        &[],
+        Some("let keep = 41;\nfor h in [1]: print(h)\nkeep + 1\n"),
+        1,
+        &["42"],
+        &["syntax error: Expecting '{' to start a statement block"],
+    ),
 ];
 
 #[test]
