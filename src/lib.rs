@@ -58,6 +58,7 @@ pub mod repl;
 pub mod run;
 pub mod script;
 pub mod shard;
+pub mod suggest;
 pub mod table;
 pub mod view;
 

@@ -69,7 +69,11 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
         docs.retain(|d| d.receiver.as_deref() == Some(t));
     }
     if docs.is_empty() {
-        return Err(format!("no documented function or type named '{arg}' (:types lists the types)"));
+        let mut topics = super::docs::function_names(session.engine());
+        topics.extend(types.iter().cloned());
+        topics.push("hooks".into());
+        let near = crate::suggest::did_you_mean(arg, topics.iter().map(String::as_str)).map_or(String::new(), |d| format!("{d} "));
+        return Err(format!("no documented function or type named '{arg}' ({near}:types lists the types)"));
     }
     Ok(Outcome::Show(Some(Output::text(super::complete::describe(&docs)))))
 }
@@ -208,6 +212,15 @@ fn device(_: &mut Session, _: &str) -> Result<Outcome, String> {
 mod tests {
     use super::*;
     use crate::engine::SessionOptions;
+
+    #[test]
+    fn help_on_a_mistyped_topic_suggests_the_near_one() {
+        let mut s = Session::new(SessionOptions::default());
+        for (typed, near) in [(":help Modle", "did you mean 'Model'?"), (":help heatmapp", "did you mean 'heatmap'?"), (":help hoks", "'hooks'")] {
+            let Err(e) = dispatch(&mut s, typed) else { panic!("{typed} found something") };
+            assert!(e.contains(near), "{typed}: {e}");
+        }
+    }
 
     #[test]
     fn help_hooks_lists_every_hook_point_with_its_axes() {

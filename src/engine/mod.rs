@@ -288,6 +288,8 @@ impl Session {
                 e.notes.extend(note);
                 if let Some(hint) = command_hint(code, &e) {
                     e.notes.push(hint);
+                } else {
+                    self.teach(&mut e);
                 }
                 return Err(e);
             }
@@ -343,6 +345,45 @@ impl Session {
                         self.engine.register_static_module(alias.name.as_str(), m);
                     }
                 }
+            }
+        }
+    }
+
+    /// What a "not found" error can say beyond Rhai's words: a function called with the wrong
+    /// arguments gets its script-facing signatures and `:help NAME`; an unknown function,
+    /// method or variable gets the nearest names. Rhai's Rust type names in the message become
+    /// script types (`&str | ImmutableString | String` -> `string`).
+    fn teach(&self, e: &mut ScriptError) {
+        if let Some(rest) = e.message.strip_prefix("Function not found: ") {
+            let name = rest.split([' ', '(']).next().unwrap_or_default().to_string();
+            let plain = name.rsplit("::").next().unwrap_or(&name).to_string();
+            let typed = script_types(rest);
+            e.message = format!("Function not found: {typed}");
+            let mut docs = docs::lookup(&self.engine, &plain);
+            // A method call's first argument is its object: its type's overloads; a plain
+            // call: the plain functions (all overloads where neither matches).
+            let first = typed.split_once(" (").and_then(|(_, a)| a.split([',', ')']).next()).map(str::trim).unwrap_or_default().to_string();
+            if docs.iter().any(|d| d.receiver.as_deref() == Some(first.as_str())) {
+                docs.retain(|d| d.receiver.as_deref() == Some(first.as_str()));
+            } else if docs.iter().any(|d| d.receiver.is_none()) {
+                docs.retain(|d| d.receiver.is_none());
+            }
+            if !docs.is_empty() {
+                let mut sigs: Vec<&str> = docs.iter().map(|d| d.signature.as_str()).collect();
+                sigs.dedup();
+                e.notes.push(format!("'{plain}' is called as: {} (:help {plain})", sigs.join("; ")));
+                return;
+            }
+            let mut names = docs::function_names(&self.engine);
+            names.extend(self.functions.iter_functions().map(|f| f.name.to_string()));
+            if let Some(hint) = crate::suggest::did_you_mean(&plain, names.iter().map(String::as_str)) {
+                e.notes.push(hint);
+            }
+        } else if let Some(rest) = e.message.strip_prefix("Variable not found: ") {
+            let name = rest.trim();
+            let vars: Vec<String> = self.scope.iter().map(|(n, _, _)| n.to_string()).collect();
+            if let Some(hint) = crate::suggest::did_you_mean(name, vars.iter().map(String::as_str)) {
+                e.notes.push(hint);
             }
         }
     }
@@ -506,6 +547,35 @@ fn next_session_id() -> usize {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Rhai's Rust type names in a "not found" message (`head (Model, &str | ImmutableString |
+/// String, i64)`) as scripts name them (`head (Model, string, int)`).
+fn script_types(text: &str) -> String {
+    let Some((name, args)) = text.split_once(" (") else { return text.to_string() };
+    let Some(args) = args.strip_suffix(')') else { return text.to_string() };
+    let one = |t: &str| -> String {
+        let t = t.trim().trim_start_matches("&mut ").trim_start_matches('&');
+        match t.rsplit("::").next().unwrap_or(t) {
+            "i64" | "INT" => "int".into(),
+            "f64" | "FLOAT" => "float".into(),
+            "str" | "String" | "ImmutableString" => "string".into(),
+            "Array" => "array".into(),
+            "Map" => "map".into(),
+            "FnPtr" => "function".into(),
+            "ScriptModel" | "View" => "Model".into(),
+            other => other.into(),
+        }
+    };
+    let args: Vec<String> = args
+        .split(", ")
+        .map(|a| {
+            let mut alts: Vec<String> = a.split(" | ").map(one).collect();
+            alts.dedup();
+            alts.join(" | ")
+        })
+        .collect();
+    format!("{name} ({})", args.join(", "))
+}
+
 /// `code` split before a `// comment` that ends its last line (not one inside a string): the
 /// comment's start is the first `//` of that line before which the code parses.
 fn split_trailing_comment<'a>(parser: &Engine, code: &'a str) -> (&'a str, &'a str) {
@@ -635,6 +705,24 @@ mod tests {
         // Another unknown variable gets no such note.
         let e = s.eval("<input>", "helpp").expect_err("helpp");
         assert!(!e.notes.iter().any(|n| n.contains("start with ':'")), "{:?}", e.notes);
+    }
+
+    #[test]
+    fn not_found_errors_teach_signatures_and_near_names() {
+        let mut s = Session::new(SessionOptions::default());
+        s.eval("<input>", "let model_name = 1;").expect("let");
+        // Wrong arguments: the script-facing signatures and :help, script type names.
+        let e = s.eval("<input>", "heatmap(1, 2, 3)").expect_err("arity");
+        assert!(e.message.contains("heatmap (int, int, int)"), "{}", e.message);
+        assert!(e.notes.iter().any(|n| n.contains("'heatmap' is called as: heatmap(") && n.contains("(:help heatmap)")), "{:?}", e.notes);
+        // A near name for an unknown function, and for a variable.
+        let e = s.eval("<input>", "heatmapp([[1]])").expect_err("typo");
+        assert!(e.notes.iter().any(|n| n == "did you mean 'heatmap'?"), "{:?}", e.notes);
+        let e = s.eval("<input>", "model_nam + 1").expect_err("typo");
+        assert!(e.notes.iter().any(|n| n == "did you mean 'model_name'?"), "{:?}", e.notes);
+        // Nothing near: no suggestion.
+        let e = s.eval("<input>", "qqqqqqqq(1)").expect_err("unknown");
+        assert!(!e.notes.iter().any(|n| n.starts_with("did you mean")), "{:?}", e.notes);
     }
 
     /// What a session shows for each input, and what its `:save` script shows when run.

@@ -191,7 +191,8 @@ pub fn parse_name(name: &str, default_kind: Option<Kind>) -> Result<At, String> 
     };
     let Some(spec) = POINTS.iter().find(|s| s.name == point_name) else {
         let names: Vec<&str> = POINTS.iter().map(|s| s.name).collect();
-        return Err(bad(&format!("unknown point '{point_name}'; the points are {}", names.join(", "))));
+        let near = crate::suggest::did_you_mean(point_name, names.iter().copied()).map_or(String::new(), |d| format!(" ({d})"));
+        return Err(bad(&format!("unknown point '{point_name}'{near}; the points are {}", names.join(", "))));
     };
     match (spec.per_layer, layer) {
         (true, None) => Err(bad(&format!("'{}' belongs to a layer: blocks.L.{}", spec.name, spec.name))),
@@ -452,7 +453,7 @@ mod tests {
     #[test]
     fn bad_names_say_why() {
         let e = parse_name("enc.blocks.0.attn.hook_patern", None).unwrap_err();
-        assert!(e.contains("unknown point 'attn.hook_patern'") && e.contains("attn.hook_pattern"), "{e}");
+        assert!(e.contains("unknown point 'attn.hook_patern' (did you mean 'attn.hook_pattern'?)"), "{e}");
         assert!(parse_name("blocks.0.hook_resid_pre", None).unwrap_err().contains("no attention kind"));
         assert!(parse_name("enc.blocks.x.hook_resid_pre", None).unwrap_err().contains("'x' is not a layer number"));
         assert!(parse_name("enc.hook_resid_pre", None).unwrap_err().contains("belongs to a layer"));

@@ -54,7 +54,7 @@ const CASES: &[Case] = &[
         None,
         1,
         &[],
-        &["-e:2:9: error: Function not found: nope (i64)", "2 | let b = nope(a);", "  |         ^"],
+        &["-e:2:9: error: Function not found: nope (int)", "2 | let b = nope(a);", "  |         ^"],
     ),
     ("syntax error has a position", &["-e", "let x = ;"], None, 1, &[], &["-e:1:9: syntax error:", "^"]),
     (
