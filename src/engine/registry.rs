@@ -9,7 +9,7 @@ use crate::script::convert::OptSpec;
 pub type Renderer = fn(&Dynamic) -> Option<Output>;
 
 /// Every type-specific renderer; the session tries them in order.
-pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::data::script::render, crate::data::pairs_script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render, crate::view::script::render];
+pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::model::script::hooks::render, crate::data::script::render, crate::data::pairs_script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render, crate::view::script::render];
 
 /// Every function that takes an option map, with the options it accepts (each list lives
 /// beside its function): `Opts` checks maps against them and takes defaults from them,
@@ -62,6 +62,7 @@ pub fn register_types(engine: &mut Engine) {
     crate::device::script::register(engine);
     crate::assets::script::register(engine);
     crate::model::script::register(engine);
+    crate::model::script::hooks::register(engine);
     crate::data::script::register(engine);
     crate::data::pairs_script::register(engine);
     crate::grid::script::register(engine);

@@ -10,7 +10,8 @@
 //! - Numbers in grids, analyses, diversity results, attention matrices and head types: 8 bytes
 //!   each; tables: their cells and text; datasets: their texts (the parse trees are not
 //!   counted).
-//! - Arrays and maps (a `run_with_cache` cache is a map of nested arrays): the slots of every
+//! - A `run_with_cache` cache: its tensors' bytes.
+//! - Arrays and maps: the slots of every
 //!   element (`size_of::<Dynamic>()`, 16 bytes) and what they hold; strings and blobs their bytes.
 //! - Anything else (plots, views, heads, functions): `None`, shown as `-`.
 
@@ -53,6 +54,9 @@ pub fn of(v: &Dynamic) -> Option<Size> {
         let trained: u64 = p.trained.as_ref().map_or(0, |(_, ts)| ts.iter().map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum());
         let own = p.run.trained.as_ref().map_or(0, model_bytes);
         return Some(Size { bytes: w + trained.max(own), shared: Some((std::rc::Rc::as_ptr(&p.model.model) as usize, w)) });
+    }
+    if let Some(c) = v.read_lock::<crate::model::script::hooks::Cache>() {
+        return plain(c.entries.iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum());
     }
     if let Some(g) = v.read_lock::<crate::grid::Grid>() {
         return plain(g.kinds.iter().map(|(_, g)| grid_bytes(g)).sum());

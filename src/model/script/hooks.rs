@@ -4,7 +4,8 @@
 
 use super::{tensor_value, ScriptModel};
 use crate::model::hooks::{to_tl_axes, At, Intervention, Interventions, Op, Point, POINTS};
-use crate::model::Model;
+use crate::model::{Kind, Model};
+use crate::output::Output;
 use crate::script::convert::{err, opt, quote, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -116,16 +117,71 @@ pub fn interventions(model: &Model, func: &str, specs: &Dynamic) -> ScriptResult
     Ok(out)
 }
 
-/// The recorded values as a map of nested arrays in TransformerLens's axes.
-fn cache_map(cache: Vec<(At, Tensor)>) -> ScriptResult<Map> {
-    let mut out = Map::new();
-    for (at, t) in cache {
-        out.insert(at.to_string().into(), tensor_value(&to_tl_axes(at.point, &t).to_kind(DType::Double))?);
-    }
-    Ok(out)
+/// What `run_with_cache` recorded: each hook point's value in TransformerLens's axes (batch
+/// removed), kept as tensors; shown as a summary, read by name (`c["dec.blocks.0.attn.
+/// hook_pattern"]`, as nested arrays), so that a whole cache never floods a terminal or a
+/// notebook.
+#[derive(Clone)]
+pub struct Cache {
+    /// Shared: a script that copies the cache (`let d = c;`) copies no tensor.
+    pub entries: std::rc::Rc<Vec<(At, Tensor)>>,
+    /// The kind a name without one means (a model with one stack: TransformerLens's names).
+    default_kind: Option<Kind>,
+    /// Tokens of the text run (of the source for a translation model).
+    tokens: i64,
 }
 
-pub fn run_with_cache(m: &ScriptModel, text: &str, names: &[String], change: Option<&Dynamic>) -> ScriptResult<Map> {
+impl Cache {
+    fn new(model: &Model, cache: Vec<(At, Tensor)>) -> Cache {
+        let default_kind = model.net.decoder.is_empty().then_some(model.net.stack_kind);
+        let entries: Vec<(At, Tensor)> = cache.into_iter().map(|(at, t)| (at, to_tl_axes(at.point, &t))).collect();
+        // Positions of the first point recorded (the source's, for a translation model that
+        // recorded its encoder): `[pos, ...]`, or `[head, q_pos, k_pos]`.
+        let tokens = entries.first().map_or(0, |(at, t)| {
+            let axis = usize::from(at.point.spec().layout == crate::model::hooks::Layout::Scores);
+            t.size().get(axis).copied().unwrap_or(0)
+        });
+        Cache { entries: std::rc::Rc::new(entries), default_kind, tokens }
+    }
+
+    /// The value at hook `name` (a kind may be left out on a model with one stack).
+    fn get(&self, name: &str) -> ScriptResult<&Tensor> {
+        let at = crate::model::hooks::parse_name(name, self.default_kind).or_else(|e| err(format!("cache: {e}")))?;
+        if let Some((_, t)) = self.entries.iter().find(|(a, _)| *a == at) {
+            return Ok(t);
+        }
+        let names: Vec<String> = self.entries.iter().map(|(a, _)| a.to_string()).collect();
+        let near = crate::suggest::did_you_mean(&at.to_string(), names.iter().map(String::as_str)).map_or(String::new(), |d| format!("{d} "));
+        err(format!("cache: no value at '{at}' ({near}the cache holds {} hook points: c.keys() lists them; run_with_cache(text, names) records only the names given)", names.len()))
+    }
+
+    pub fn summary(&self) -> String {
+        let mut layers: Vec<(Kind, usize)> = Vec::new();
+        for (at, _) in self.entries.iter() {
+            if at.point.spec().per_layer {
+                match layers.iter_mut().find(|(k, _)| *k == at.kind) {
+                    Some((_, n)) => *n = (*n).max(at.layer + 1),
+                    None => layers.push((at.kind, at.layer + 1)),
+                }
+            }
+        }
+        let layers: Vec<String> = layers.iter().map(|(k, n)| format!("{k} {n} layers")).collect();
+        let example = self.entries.iter().find(|(a, _)| a.point == Point::Pattern).or(self.entries.first()).map_or(String::new(), |(a, t)| format!("; c[\"{a}\"] is {:?} {}", t.size(), a.point.spec().axes));
+        format!("<cache: {} hook points, {} tokens, {}{example}; c.keys(), c.shape(name), c.to_map()>", self.entries.len(), self.tokens, layers.join(", "))
+    }
+}
+
+/// A cache renders as its summary.
+pub fn render(v: &Dynamic) -> Option<Output> {
+    v.read_lock::<Cache>().map(|c| Output::text(c.summary()))
+}
+
+pub fn register(engine: &mut rhai::Engine) {
+    engine.register_type_with_name::<Cache>("Cache");
+    engine.register_global_module(exported_module!(cache_api).into());
+}
+
+pub fn run_with_cache(m: &ScriptModel, text: &str, names: &[String], change: Option<&Dynamic>) -> ScriptResult<Cache> {
     const F: &str = "run_with_cache";
     let sel = selection(&m.model, F, names)?;
     let mut iv = match change {
@@ -135,7 +191,95 @@ pub fn run_with_cache(m: &ScriptModel, text: &str, names: &[String], change: Opt
     let gates = m.gates()?;
     let keep = |at: At| sel.keeps(at);
     let cache = m.model.run_with_cache(text, &gates, &keep, iv.as_mut().map(|i| i as &mut dyn crate::model::hooks::Hooks)).or_else(|e| err(format!("{F}: {e}")))?;
-    cache_map(cache)
+    Ok(Cache::new(&m.model, cache))
+}
+
+#[export_module]
+pub mod cache_api {
+    use super::*;
+
+    /// The value at a hook point, as nested arrays in TransformerLens's axes (batch removed);
+    /// on a model with one stack the kind may be left out (`c["blocks.0.attn.hook_pattern"]`).
+    ///
+    /// ```rhai
+    /// let c = load_model("minilm").run_with_cache("The cat sat.");
+    /// assert(c["enc.blocks.0.attn.hook_pattern"].len() == 12);
+    /// assert(c["blocks.0.attn.hook_pattern"] == c["enc.blocks.0.attn.hook_pattern"]);
+    /// ```
+    #[rhai_fn(index_get, return_raw, pure)]
+    pub fn get(c: &mut Cache, name: &str) -> ScriptResult<Dynamic> {
+        tensor_value(&c.get(name)?.to_kind(DType::Double))
+    }
+
+    /// The summary (`print(c)`, string interpolation).
+    #[rhai_fn(name = "to_string", pure)]
+    pub fn to_string(c: &mut Cache) -> String {
+        c.summary()
+    }
+
+    #[rhai_fn(name = "to_debug", pure)]
+    pub fn to_debug(c: &mut Cache) -> String {
+        c.summary()
+    }
+
+    /// The hook names the cache holds, in the order the forward met them.
+    ///
+    /// ```rhai
+    /// let c = load_model("minilm").run_with_cache("The cat sat.", ["hook_pattern"]);
+    /// assert(c.keys().len() == 6 && c.keys()[0] == "enc.blocks.0.attn.hook_pattern");
+    /// ```
+    #[rhai_fn(pure)]
+    pub fn keys(c: &mut Cache) -> Array {
+        c.entries.iter().map(|(a, _)| Dynamic::from(a.to_string())).collect()
+    }
+
+    /// The number of hook points held.
+    ///
+    /// ```rhai
+    /// assert(load_model("minilm").run_with_cache("The cat sat.", ["hook_z"]).len() == 6);
+    /// ```
+    #[rhai_fn(pure, name = "len")]
+    pub fn len(c: &mut Cache) -> i64 {
+        c.entries.len() as i64
+    }
+
+    /// Whether the cache holds hook `name` (`"enc.blocks.0.attn.hook_z" in c`).
+    ///
+    /// ```rhai
+    /// let c = load_model("minilm").run_with_cache("The cat sat.", ["hook_z"]);
+    /// assert("enc.blocks.0.attn.hook_z" in c && !("enc.blocks.0.attn.hook_q" in c));
+    /// ```
+    #[rhai_fn(pure)]
+    pub fn contains(c: &mut Cache, name: &str) -> bool {
+        c.get(name).is_ok()
+    }
+
+    /// The shape of the value at `name`, in TransformerLens's axes.
+    ///
+    /// ```rhai
+    /// let c = load_model("minilm").run_with_cache("The cat sat.");
+    /// assert(c.shape("enc.blocks.0.attn.hook_z")[1] == 12);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn shape(c: &mut Cache, name: &str) -> ScriptResult<Array> {
+        Ok(c.get(name)?.size().into_iter().map(Dynamic::from).collect())
+    }
+
+    /// Every value as a map from hook name to nested arrays (large: the whole cache as
+    /// script numbers).
+    ///
+    /// ```rhai
+    /// let c = load_model("minilm").run_with_cache("The cat sat.", ["hook_embed"]);
+    /// assert(c.to_map()["enc.hook_embed"] == c["enc.hook_embed"]);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn to_map(c: &mut Cache) -> ScriptResult<Map> {
+        let mut out = Map::new();
+        for (at, t) in c.entries.iter() {
+            out.insert(at.to_string().into(), tensor_value(&t.to_kind(DType::Double))?);
+        }
+        Ok(out)
+    }
 }
 
 #[export_module]
@@ -143,7 +287,7 @@ pub mod api {
     use super::*;
 
     /// Every hook point of one forward pass over `text`, as TransformerLens's `run_with_cache`:
-    /// a map from hook name to nested arrays in TransformerLens's axes, the batch removed
+    /// a `Cache` (shown as a summary) whose `c[name]` is nested arrays in TransformerLens's axes, the batch removed
     /// (`[pos, d_model]` for the residual stream, `[pos, head, d_head]` for `hook_q`/`hook_z`,
     /// `[pos, kv_head, d_head]` for `hook_k`/`hook_v`, `[head, q_pos, k_pos]` for
     /// `hook_attn_scores`/`hook_pattern`, `[pos, head, d_model]` for `hook_result`). Names:
@@ -159,7 +303,7 @@ pub mod api {
     /// assert(c["enc.blocks.0.attn.hook_z"][0].len() == 12);
     /// ```
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
-    pub fn run_with_cache_all(m: &mut ScriptModel, text: &str) -> ScriptResult<Map> {
+    pub fn run_with_cache_all(m: &mut ScriptModel, text: &str) -> ScriptResult<Cache> {
         run_with_cache(m, text, &[], None)
     }
 
@@ -173,7 +317,7 @@ pub mod api {
     /// assert(c.keys().len() == 6 + 2 && c["cross.blocks.1.attn.hook_pattern"].len() == 8);
     /// ```
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
-    pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Map> {
+    pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Cache> {
         let names: Vec<String> = names.iter().map(|n| if n.is_string() { Ok(n.to_string()) } else { err(format!("run_with_cache: names must be strings, got {}", quote(n))) }).collect::<ScriptResult<_>>()?;
         run_with_cache(m, text, &names, None)
     }
@@ -193,7 +337,7 @@ pub mod api {
     /// assert(masked["enc.blocks.1.hook_resid_pre"] == c["enc.blocks.1.hook_resid_pre"]);
     /// ```
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
-    pub fn run_with_cache_opts(m: &mut ScriptModel, text: &str, options: Map) -> ScriptResult<Map> {
+    pub fn run_with_cache_opts(m: &mut ScriptModel, text: &str, options: Map) -> ScriptResult<Cache> {
         let o = Opts::new(&options, "run_with_cache", RUN_WITH_CACHE_OPTIONS)?;
         let names = o.labels("names")?.unwrap_or_default();
         run_with_cache(m, text, &names, options.get("interventions").filter(|v| !v.is_unit()))
