@@ -26,14 +26,13 @@ fn print_output(out: &Output) {
 struct Bar {
     bar: indicatif::ProgressBar,
     done: usize,
+    pace: crate::run::Pace,
 }
 
 fn new_bar(total: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr_with_hz(10));
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {rate} ETA {eta}") {
-        let style = style.with_key("rate", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-            let _ = write!(w, "{:.1}/s", s.per_sec());
-        });
+    // The rate and time left (the prefix) only once measured (`run::Pace`).
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}{prefix}") {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
@@ -62,11 +61,12 @@ pub fn terminal_sink() -> crate::engine::Sink {
                     if let Some(old) = current.take() {
                         old.bar.finish_and_clear();
                     }
-                    current = Some(Bar { bar: new_bar(total), done });
+                    current = Some(Bar { bar: new_bar(total), done, pace: crate::run::Pace::new(done) });
                 }
                 if let Some(b) = &mut current {
                     b.done = done;
                     b.bar.set_message(label);
+                    b.bar.set_prefix(b.pace.describe(done, total));
                     b.bar.set_position(done as u64);
                 }
                 if done >= total {

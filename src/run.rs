@@ -71,9 +71,59 @@ pub fn progress(label: &str, done: usize, total: usize) {
     }
 }
 
+/// The rate and time left of a computation's progress, measured from its first report: none
+/// until a second has passed and the count has moved since that report (the first report's
+/// count says nothing of the rate: a first batch that came back at once, or work resumed).
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    start: std::time::Instant,
+    from: usize,
+}
+
+impl Pace {
+    /// Pace from a first report of `done` items, now.
+    pub fn new(done: usize) -> Pace {
+        Pace { start: std::time::Instant::now(), from: done }
+    }
+
+    /// Items per second and seconds left at `done` of `total`, `elapsed` after the first report.
+    pub fn at(&self, done: usize, total: usize, elapsed: std::time::Duration) -> Option<(f64, u64)> {
+        let secs = elapsed.as_secs_f64();
+        if secs < 1.0 || done <= self.from {
+            return None;
+        }
+        let rate = (done - self.from) as f64 / secs;
+        Some((rate, (total.saturating_sub(done) as f64 / rate).round() as u64))
+    }
+
+    /// `", 2.5/s, ETA 1:04"` once measured, else empty.
+    pub fn describe(&self, done: usize, total: usize) -> String {
+        self.describe_at(done, total, self.start.elapsed())
+    }
+
+    pub fn describe_at(&self, done: usize, total: usize, elapsed: std::time::Duration) -> String {
+        match self.at(done, total, elapsed) {
+            Some((rate, left)) => format!(", {rate:.1}/s, ETA {}:{:02}", left / 60, left % 60),
+            None => String::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pace_is_measured_from_the_first_report() {
+        use std::time::Duration;
+        // A first batch of 40 came back at once: no rate yet, and none from that count.
+        let p = Pace::new(40);
+        assert_eq!(p.describe_at(40, 1000, Duration::from_millis(5)), "");
+        assert_eq!(p.describe_at(60, 1000, Duration::from_millis(500)), "", "under a second: not measured");
+        assert_eq!(p.describe_at(40, 1000, Duration::from_secs(3)), "", "nothing done since the first report");
+        // 20 more in 2 s: 10/s, 940 left: 94 s.
+        assert_eq!(p.describe_at(60, 1000, Duration::from_secs(2)), ", 10.0/s, ETA 1:34");
+    }
     use std::cell::Cell;
 
     #[test]

@@ -78,7 +78,7 @@ fn sink(out: Out) -> crate::engine::Sink {
     struct Shown {
         id: String,
         last: Instant,
-        started: Instant,
+        pace: crate::run::Pace,
     }
     let mut progress: Option<Shown> = None;
     let mut n_bars = 0usize;
@@ -91,7 +91,7 @@ fn sink(out: Out) -> crate::engine::Sink {
             match &mut progress {
                 Some(p) if !finished && p.last.elapsed() < Duration::from_millis(200) => {}
                 Some(p) => {
-                    let data = media(&progress_output(&label, done, total, p.started.elapsed()));
+                    let data = media(&progress_output(&label, done, total, &p.pace.describe(done, total)));
                     publish(&out, UpdateDisplayData::new(data, &p.id).into());
                     p.last = Instant::now();
                     if finished {
@@ -101,11 +101,11 @@ fn sink(out: Out) -> crate::engine::Sink {
                 None => {
                     n_bars += 1;
                     let id = format!("headscope-progress-{}-{n_bars}", std::process::id());
-                    let mut d = DisplayData::new(media(&progress_output(&label, done, total, Duration::ZERO)));
+                    let mut d = DisplayData::new(media(&progress_output(&label, done, total, "")));
                     d.transient = Some(Transient { display_id: Some(id.clone()) });
                     publish(&out, d.into());
                     if !finished {
-                        progress = Some(Shown { id, last: Instant::now(), started: Instant::now() });
+                        progress = Some(Shown { id, last: Instant::now(), pace: crate::run::Pace::new(done) });
                     }
                 }
             }
@@ -113,22 +113,15 @@ fn sink(out: Out) -> crate::engine::Sink {
     })
 }
 
-/// `label: done/total (pct%), rate/s, ETA m:ss` as text and as an HTML progress bar.
-fn progress_output(label: &str, done: usize, total: usize, elapsed: Duration) -> Output {
+/// `label: done/total (pct%)` and `timing` (`, rate/s, ETA m:ss` once measured:
+/// `run::Pace`) as text and as an HTML progress bar.
+fn progress_output(label: &str, done: usize, total: usize, timing: &str) -> Output {
     let pct = if total == 0 { 100.0 } else { 100.0 * done as f64 / total as f64 };
-    let secs = elapsed.as_secs_f64();
-    let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
-    let timing = if rate > 0.0 {
-        let left = (total.saturating_sub(done) as f64 / rate).round() as u64;
-        format!(", {rate:.1}/s, ETA {}:{:02}", left / 60, left % 60)
-    } else {
-        String::new()
-    };
     let text = format!("{label}: {done}/{total} ({pct:.0}%){timing}");
     let html = format!(
         "<div style=\"font-family:monospace\">{} <progress value=\"{done}\" max=\"{total}\" style=\"width:20em\"></progress> {done}/{total}{}</div>",
         crate::output::html_escape(label),
-        crate::output::html_escape(&timing)
+        crate::output::html_escape(timing)
     );
     Output { text, html: Some(html), ..Default::default() }
 }

@@ -194,18 +194,19 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     expect(&mut p, &mut s, "12007");
     expect(&mut p, &mut s, PROMPT);
 
-    // A sweep-sized analysis draws a progress bar (rate, ETA) that is gone when it ends.
+    // A sweep-sized analysis draws a progress bar (its rate and ETA once measured) that is gone
+    // when it ends.
     run_line(&mut p, &mut s, "let r = m.confidence(d);");
-    assert!(s.raw.contains("ETA"), "no progress bar was drawn:\n{:?}", &s.raw[s.raw.len().saturating_sub(600)..]);
+    assert!(s.raw.contains("confidence ["), "no progress bar was drawn:\n{:?}", &s.raw[s.raw.len().saturating_sub(600)..]);
     let screen = s.contents();
-    assert!(!screen.contains("ETA") && !screen.contains("[=="), "a progress bar stayed on screen:\n{screen}");
+    assert!(!screen.contains("confidence [") && !screen.contains("[=="), "a progress bar stayed on screen:\n{screen}");
     // And after a single-head sweep.
     p.send_line("let sw = m.ablation_sweep(d.take(12)); sw.kinds").unwrap();
     expect(&mut p, &mut s, "[\"enc\"]");
     expect(&mut p, &mut s, PROMPT);
     assert!(s.raw.contains("ablation sweep ["), "no sweep progress bar was drawn");
     let screen = s.contents();
-    assert!(!screen.contains("ablation sweep") && !screen.contains("ETA"), "the sweep's bar stayed on screen:\n{screen}");
+    assert!(!screen.contains("ablation sweep") && !screen.contains("[=="), "the sweep's bar stayed on screen:\n{screen}");
 
     // `r["` Tab offers the result's kinds: MiniLM has one, so it completes to `r["enc"]`.
     p.send("r[\"").unwrap();
