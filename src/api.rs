@@ -191,7 +191,7 @@ impl Model {
 impl Analysis {
     /// One statistic as a grid: `"confidence"`, `"positional"`, `"rare"`.
     pub fn stat(&self, stat: &str) -> Result<Grid> {
-        script(self.stat_grid(stat))
+        self.stat_grid(stat).map_err(Error)
     }
 }
 

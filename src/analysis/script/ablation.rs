@@ -212,7 +212,7 @@ pub mod api {
         let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
         let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
         let g = finish_sweep(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
-        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+        Ok(plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)?)
     }
 
     /// Corpus BLEU of the model's greedy translations of `data` against its references (a

@@ -91,7 +91,7 @@ pub mod api {
         let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>()).collect::<Vec<_>>()))).collect();
         let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
         let g = finish_lrp(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
-        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+        Ok(plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)?)
     }
 
     /// AttnLRP's input-token relevance of one text (docs/methods.md#attnlrp): a table of the

@@ -42,7 +42,7 @@ pub use analysis::finish_merged as finish_analysis;
 pub use importance::finish_importance;
 pub use lrp::finish_lrp;
 pub use analysis::api::{analyze_opts, confidence_of};
-pub use analysis::{options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
+pub use analysis::{analyze, analyze_planned, confidence, options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
 pub use lrp::api::lrp_opts;
 pub use diversity::DiversityObj;
 pub use taxonomy::HeadTypes;
