@@ -40,7 +40,7 @@ pub use ablation::api::{ablate_opts, ablation_sweep_opts};
 pub use ablation::{finish_bleu, finish_sweep};
 pub use analysis::finish_merged as finish_analysis;
 pub use importance::finish_importance;
-pub use lrp::finish_lrp;
+pub use lrp::{finish_lrp, lrp, lrp_planned};
 pub use analysis::api::{analyze_opts, confidence_of};
 pub use analysis::{analyze, analyze_planned, confidence, options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
 pub use lrp::api::lrp_opts;
