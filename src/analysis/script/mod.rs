@@ -37,7 +37,7 @@ pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
 }
 
 pub use ablation::api::{ablate_opts, ablation_sweep_opts};
-pub use ablation::{finish_bleu, finish_sweep};
+pub use ablation::{ablation_sweep, ablation_sweep_planned, finish_bleu, finish_sweep};
 pub use analysis::finish_merged as finish_analysis;
 pub use importance::finish_importance;
 pub use lrp::{finish_lrp, lrp, lrp_planned};
