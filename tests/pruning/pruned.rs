@@ -162,8 +162,8 @@ fn check_model(name: &str, metric: Metric) {
     // Pruning further: the pruned model, and the original with the same heads held closed.
     let mut o = PruneOptions::new(kinds.clone());
     (o.steps, o.lambda, o.batch_tokens) = (3, 0.05, 200);
-    let ra = train(&model, &closed, &data, None, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
-    let rb = train(&pruned, &[], &data, None, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
+    let ra = train(&model, &closed, &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
+    let rb = train(&pruned, &[], &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
     for (x, y) in ra.state.curve.iter().zip(&rb.state.curve) {
         assert!((x.loss - y.loss).abs() <= TOL * x.loss.abs().max(1.0), "prune loss at step {}: {} vs {}", x.step, x.loss, y.loss);
         assert!((x.expected_open - y.expected_open).abs() <= TOL * x.expected_open.max(1.0), "expected open: {} vs {}", x.expected_open, y.expected_open);
