@@ -72,7 +72,6 @@ pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
         .collect()
 }
 
-pub use head::api::model_attention as api_attention;
 pub use head::{attention_of, head_ids, AttentionMatrix, Head};
 
 fn kind(s: &str) -> ScriptResult<Kind> {
