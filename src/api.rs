@@ -1,20 +1,27 @@
 //! headscope as a Rust library: the same models, analyses and results that scripts use, for
 //! Rust programs and for [evcxr](https://github.com/evcxr/evcxr) notebooks.
 //!
-//! Options are the option maps of the script functions, written as JSON
-//! (`json!({"stats": ["confidence"]})`): one parser checks them for scripts and for Rust, and
-//! `:help analyze` (or `docs/methods.md`) lists them with their defaults. Results are the
-//! script types themselves ([`Grid`], [`Analysis`], [`PruneResult`], [`Table`], [`Plot`]),
-//! and each has an `evcxr_display` method, so a notebook cell that ends with one shows it as
-//! HTML or an image.
+//! Options are the typed option structs of the core, the ones the script functions build
+//! from their option maps: [`LoadOptions`], [`AnalyzeOptions`], [`SweepOptions`],
+//! [`LrpOptions`] and [`PruneOptions`], with enums for choices ([`Stat`], [`Metric`],
+//! [`RuleSet`], ...). Their defaults are read from the script function's option list (what
+//! `:help analyze` and `docs/methods.md` show), so `LrpOptions::default()` is what
+//! `m.lrp(data)` runs with in a script. Where a default depends on the model or the data, a
+//! method gives the options for them ([`Model::analyze_options`], [`Model::prune_options`]) or
+//! a `None` field leaves it to the run (LRP's seed, the sweep's metric and kinds). Scripts and
+//! these methods call the same typed functions; the library runs on the whole dataset
+//! (shards are a matter of scripts and `--shard`). Results are the script types themselves
+//! ([`Grid`], [`Analysis`], [`PruneResult`], [`Table`], [`Plot`]), and each has an
+//! `evcxr_display` method, so a notebook cell that ends with one shows it as HTML or an
+//! image.
 //!
 //! ```
-//! use headscope::api::{corpus, Kind, Model};
-//! use serde_json::json;
+//! use headscope::api::{corpus, AnalyzeOptions, Kind, Model, Stat};
 //!
 //! let m = Model::load("minilm")?;
 //! let data = corpus("assets/pud_en.txt")?.take(20);
-//! let a = m.analyze(&data, json!({"stats": ["confidence", "positional"]}))?;
+//! let opts = AnalyzeOptions { stats: vec![Stat::Confidence, Stat::Positional], ..m.analyze_options(&data) };
+//! let a = m.analyze(&data, &opts)?;
 //! let conf = a.stat("confidence")?;
 //! println!("{}", conf.table().to_text());
 //! let top = conf.top_heads(3); // the names go straight back into with_mask
@@ -26,41 +33,30 @@
 //! ```
 
 use crate::model::view::View;
-use crate::script::convert::{json_value, ScriptResult};
-use rhai::{Dynamic, Map};
 use std::path::Path;
 
+pub use crate::analysis::ablation::{Ablation, Metric, SweepOptions};
+pub use crate::analysis::lrp::{LrpOptions, RuleSet, Seed};
+pub use crate::analysis::options::{ExcludeKeys, FreqSource, Options as AnalyzeOptions, Stat};
 pub use crate::analysis::script::AnalysisObj as Analysis;
 pub use crate::data::Dataset;
 pub use crate::grid::Grid;
 pub use crate::model::script::{AttentionMatrix, Head};
-pub use crate::model::{HeadId, Kind};
+pub use crate::model::{HeadId, Kind, LoadOptions};
 pub use crate::plot::Plot;
 pub use crate::prune::script::PruneResult;
+pub use crate::prune::{Distill, EvalGates, Init, PenaltyScale, PruneOptions};
 pub use crate::table::Table;
+/// The device and precision of [`LoadOptions`] (libtorch's).
+pub use tch::{Device, Kind as DType};
 
-/// An error of the library API: one line naming the argument, option or file at fault.
+/// An error of the library API: one line naming the function and the argument, option or
+/// file at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub struct Error(pub String);
 
 pub type Result<T> = std::result::Result<T, Error>;
-
-fn script<T>(r: ScriptResult<T>) -> Result<T> {
-    r.map_err(|e| match *e {
-        rhai::EvalAltResult::ErrorRuntime(v, _) => Error(v.to_string()),
-        other => Error(other.to_string()),
-    })
-}
-
-/// JSON options as the option map the script functions take; `null` is no options.
-fn options(v: serde_json::Value, func: &str) -> Result<Map> {
-    match json_value(&v).try_cast::<Map>() {
-        Some(m) => Ok(m),
-        None if v.is_null() => Ok(Map::new()),
-        None => Err(Error(format!("{func}: options must be a JSON object, got {v}"))),
-    }
-}
 
 /// A corpus: one sentence per line of a text file.
 ///
@@ -86,21 +82,26 @@ pub struct Model(pub View);
 
 impl Model {
     /// Loads a model from a directory or a named asset (`"minilm"`, `"enpt"`, `"smollm2"`)
-    /// on the default device in f32.
+    /// with `LoadOptions::default()`: CUDA when available, else the CPU, in f32.
     ///
     /// ```
-    /// let m = headscope::api::Model::load("minilm")?;
-    /// assert_eq!(m.kinds(), vec![headscope::api::Kind::Enc]);
-    /// assert!(headscope::api::Model::load("no-such-model").is_err());
+    /// use headscope::api::{Device, DType, Kind, LoadOptions, Model};
+    /// let m = Model::load("minilm")?;
+    /// assert_eq!(m.kinds(), vec![Kind::Enc]);
+    /// let cpu = Model::load_with("minilm", &LoadOptions { device: Device::Cpu, ..Default::default() })?;
+    /// assert_eq!(cpu.0.model.device(), Device::Cpu);
+    /// assert!(Model::load("no-such-model").is_err());
+    /// let half = Model::load_with("minilm", &LoadOptions { device: Device::Cpu, dtype: DType::Half });
+    /// assert!(half.err().unwrap().0.starts_with("load_model: dtype 'f16' is only supported on CUDA"));
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn load(name_or_dir: &str) -> Result<Model> {
-        Model::load_with(name_or_dir, serde_json::Value::Null)
+        Model::load_with(name_or_dir, &LoadOptions::default())
     }
 
-    /// Loads with options (`{"device": "cpu", "dtype": "f64"}`).
-    pub fn load_with(name_or_dir: &str, opts: serde_json::Value) -> Result<Model> {
-        script(crate::model::script::api::load_model_opts(name_or_dir, options(opts, "load_model")?)).map(Model)
+    /// Loads on a chosen device and precision (`load_model(path, #{device, dtype})`).
+    pub fn load_with(name_or_dir: &str, opts: &LoadOptions) -> Result<Model> {
+        crate::model::script::load(name_or_dir, *opts).map(Model).map_err(Error)
     }
 
     /// The attention kinds of the model, in its order.
@@ -126,79 +127,106 @@ impl Model {
         Ok(Model(self.0.closing(&ids)))
     }
 
+    /// The options `m.analyze(data)` runs with in a script: the statistics for this dataset
+    /// (syntactic too on a treebank), every kind of the model, the rest from `analyze`'s
+    /// option list. Change fields with struct update syntax.
+    pub fn analyze_options(&self, data: &Dataset) -> AnalyzeOptions {
+        AnalyzeOptions::defaults(&self.0, data)
+    }
+
     /// Every analysis of docs/methods.md in one pass (confidence, positional, rare-word,
-    /// syntactic on a treebank); options as `m.analyze(data, #{...})` in scripts.
+    /// syntactic on a treebank), as `m.analyze(data, #{...})` in scripts. A corpus takes the
+    /// trees of a matching treebank with `data.with_trees(&tb, "analyze")`.
     ///
     /// ```
-    /// use headscope::api::{corpus, Model};
+    /// use headscope::api::{corpus, AnalyzeOptions, Model, Stat};
     /// let m = Model::load("minilm")?;
-    /// let a = m.analyze(&corpus("assets/pud_en.txt")?.take(4), serde_json::json!({"stats": ["confidence"]}))?;
+    /// let d = corpus("assets/pud_en.txt")?.take(4);
+    /// let a = m.analyze(&d, &AnalyzeOptions { stats: vec![Stat::Confidence], ..m.analyze_options(&d) })?;
     /// let g = a.stat("confidence")?;
     /// assert_eq!(g.kinds[0].1.len(), 6);
-    /// let bad = m.analyze(&corpus("assets/pud_en.txt")?, serde_json::json!({"stat": 1}));
-/// assert!(bad.err().unwrap().0.contains("unknown option 'stat'"));
+    /// let bad = m.analyze(&d, &AnalyzeOptions { positional_threshold: 1.5, ..m.analyze_options(&d) });
+    /// assert_eq!(bad.err().unwrap().0, "analyze: option 'positional_threshold' must be between 0 and 1, got 1.5");
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
-    pub fn analyze(&self, data: &Dataset, opts: serde_json::Value) -> Result<Analysis> {
-        script(crate::analysis::script::analyze_opts(&mut self.0.clone(), Dynamic::from(data.clone()), options(opts, "analyze")?))
+    pub fn analyze(&self, data: &Dataset, opts: &AnalyzeOptions) -> Result<Analysis> {
+        crate::analysis::script::analyze(&self.0, data, opts).map_err(Error)
     }
 
-    /// The confidence grid alone.
+    /// The confidence grid alone, with `analyze`'s other defaults.
     pub fn confidence(&self, data: &Dataset) -> Result<Grid> {
-        script(crate::analysis::script::confidence_of(&mut self.0.clone(), Dynamic::from(data.clone())))
+        crate::analysis::script::confidence(&self.0, data, &self.analyze_options(data)).map_err(Error)
     }
 
-    /// Every head masked alone (docs/methods.md#masking-and-ablation); options as
-    /// `m.ablation_sweep(data, #{...})`.
+    /// Every head masked alone (docs/methods.md#masking-and-ablation), as
+    /// `m.ablation_sweep(data, #{...})`; `SweepOptions::default()` is a script's defaults.
     ///
     /// ```
-    /// use headscope::api::{corpus, Model};
+    /// use headscope::api::{corpus, Metric, Model, SweepOptions};
     /// let m = Model::load("minilm")?;
-    /// let g = m.ablation_sweep(&corpus("assets/pud_en.txt")?.take(2), serde_json::json!({"metric": "cosine"}))?;
+    /// let g = m.ablation_sweep(&corpus("assets/pud_en.txt")?.take(2), &SweepOptions { metric: Some(Metric::Cosine), ..Default::default() })?;
     /// assert_eq!(g.kinds[0].1.len(), 6); // layers
     /// assert!(g.options.iter().any(|(k, v)| k == "base" && v.is_number()));
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
-    pub fn ablation_sweep(&self, data: &Dataset, opts: serde_json::Value) -> Result<Grid> {
-        script(crate::analysis::script::ablation_sweep_opts(&mut self.0.clone(), Dynamic::from(data.clone()), options(opts, "ablation_sweep")?))
+    pub fn ablation_sweep(&self, data: &Dataset, opts: &SweepOptions) -> Result<Grid> {
+        crate::analysis::script::ablation_sweep(&self.0, data, opts).map_err(Error)
     }
 
-    /// LRP head relevance (docs/methods.md#lrp-head-relevance).
-    pub fn lrp(&self, data: &Dataset, opts: serde_json::Value) -> Result<Grid> {
-        script(crate::analysis::script::lrp_opts(&mut self.0.clone(), Dynamic::from(data.clone()), options(opts, "lrp")?))
-    }
-
-    /// Hard Concrete gates trained with an L0 penalty; options as `m.prune(data, #{...})`.
+    /// LRP head relevance (docs/methods.md#lrp-head-relevance), as `m.lrp(data, #{...})`;
+    /// `LrpOptions::default()` is a script's defaults (the seed left to the model),
+    /// `LrpOptions::summed()` those of `seeds: "summed"`.
     ///
     /// ```
-    /// use headscope::api::{corpus, Model};
+    /// use headscope::api::{corpus, LrpOptions, Model};
     /// let m = Model::load("minilm")?;
-    /// let r = m.prune(&corpus("assets/pud_en.txt")?.take(8), serde_json::json!({"steps": 2, "batch_tokens": 300}))?;
+    /// let g = m.lrp(&corpus("assets/pud_en.txt")?.take(2), &LrpOptions::summed())?;
+    /// let seed = g.options.iter().find(|(k, _)| k == "seed").map(|(_, v)| v.clone());
+    /// assert_eq!(seed, Some(serde_json::json!("norm"))); // an encoder has no output head
+    /// # Ok::<(), headscope::api::Error>(())
+    /// ```
+    pub fn lrp(&self, data: &Dataset, opts: &LrpOptions) -> Result<Grid> {
+        crate::analysis::script::lrp(&self.0, data, opts).map_err(Error)
+    }
+
+    /// The options `m.prune(data)` runs with in a script: every kind of the model gated, the
+    /// rest from `prune`'s option list.
+    pub fn prune_options(&self) -> PruneOptions {
+        PruneOptions::defaults(&self.0)
+    }
+
+    /// Hard Concrete gates trained with an L0 penalty, as `m.prune(data, #{...})`.
+    ///
+    /// ```
+    /// use headscope::api::{corpus, Model, PruneOptions};
+    /// let m = Model::load("minilm")?;
+    /// let r = m.prune(&corpus("assets/pud_en.txt")?.take(8), &PruneOptions { steps: 2, batch_tokens: 300, ..m.prune_options() })?;
     /// assert_eq!(r.run.state.curve.len(), 2);
     /// assert!(r.gates_table().to_text().contains("enc.5"));
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
-    pub fn prune(&self, data: &Dataset, opts: serde_json::Value) -> Result<PruneResult> {
-        script(crate::prune::script::api::prune_opts(&mut self.0.clone(), Dynamic::from(data.clone()), options(opts, "prune")?))
+    pub fn prune(&self, data: &Dataset, opts: &PruneOptions) -> Result<PruneResult> {
+        crate::prune::script::prune(&self.0, data, opts).map_err(Error)
     }
 
     /// One head's attention on a sentence, as a heatmap-able matrix.
     pub fn attention(&self, head: &str, text: &str) -> Result<AttentionMatrix> {
-        script(crate::model::script::api_attention(&mut self.0.clone(), Dynamic::from(head.to_string()), text))
+        let id = self.0.head(head, "attention: ").map_err(|e| Error(e.to_string()))?;
+        crate::model::script::attention_of(&self.0, id, text).map_err(Error)
     }
 }
 
 impl Analysis {
     /// One statistic as a grid: `"confidence"`, `"positional"`, `"rare"`.
     pub fn stat(&self, stat: &str) -> Result<Grid> {
-        script(self.stat_grid(stat))
+        self.stat_grid(stat).map_err(Error)
     }
 }
 
 impl Grid {
     /// The `k` highest heads over all kinds, as a table (head, value).
     pub fn top_table(&self, k: usize) -> Result<Table> {
-        script(crate::grid::script::api::top(&mut self.clone(), k as i64))
+        self.end_table(i64::try_from(k).unwrap_or(i64::MAX), false, "top").map_err(Error)
     }
 
     /// The names of the `k` highest heads (`"enc.2.5"`), highest first; removed heads

@@ -63,10 +63,11 @@ impl Grid {
     }
 
     /// The `k` heads at one end of the ranking as a table (head, value): the highest
-    /// (`lowest` false) or the lowest, lowest first.
-    fn end_table(&self, k: i64, lowest: bool, func: &str) -> ScriptResult<Table> {
+    /// (`lowest` false) or the lowest, lowest first (`top`, `bottom`; the library API's
+    /// `top_table`).
+    pub fn end_table(&self, k: i64, lowest: bool, func: &str) -> Result<Table, String> {
         if k < 1 {
-            return err(format!("{func}: k must be >= 1, got {k}"));
+            return Err(format!("{func}: k must be >= 1, got {k}"));
         }
         let mut all = self.ranked();
         if lowest {
@@ -81,15 +82,15 @@ impl Grid {
     }
 
     /// A heatmap of one kind, coloured over the values' range.
-    pub fn heatmap(&self, kind: Kind) -> ScriptResult<Plot> {
+    pub fn heatmap(&self, kind: Kind) -> Result<Plot, String> {
         self.heatmap_range(kind, None, None)
     }
 
     /// A heatmap of one kind, coloured over `[vmin, vmax]` where given.
-    pub fn heatmap_range(&self, kind: Kind, vmin: Option<f64>, vmax: Option<f64>) -> ScriptResult<Plot> {
+    pub fn heatmap_range(&self, kind: Kind, vmin: Option<f64>, vmax: Option<f64>) -> Result<Plot, String> {
         let Some((_, m)) = self.kinds.iter().find(|(k, _)| *k == kind) else {
             let have: Vec<String> = self.kinds.iter().map(|(k, _)| k.to_string()).collect();
-            return err(format!("heatmap: no '{kind}' in this result (it has: {})", have.join(", ")));
+            return Err(format!("heatmap: no '{kind}' in this result (it has: {})", have.join(", ")));
         };
         let rows = (0..m.len()).map(|l| format!("{kind}.{l}")).collect();
         let cols = (0..m.first().map_or(0, |r| r.len())).map(|h| format!("h{h}")).collect();
@@ -97,7 +98,7 @@ impl Grid {
             PlotKind::Heatmap { values: m.clone(), row_labels: rows, col_labels: cols, show_values: true, vmin, vmax },
             format!("{} ({kind}): {} on {}", self.stat, self.model, self.dataset),
         )
-        .or_else(|e| err(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
         p.x_label = "head".into();
         p.y_label = "layer".into();
         Ok(p)
@@ -237,7 +238,7 @@ pub mod script {
         #[rhai_fn(name = "heatmap", return_raw, pure)]
         pub fn grid_heatmap(g: &mut Grid) -> ScriptResult<Plot> {
             let k = g.kinds.first().map(|(k, _)| *k).unwrap_or(Kind::Enc);
-            g.heatmap(k)
+            Ok(g.heatmap(k)?)
         }
 
         /// A heatmap of one kind.
@@ -249,7 +250,7 @@ pub mod script {
         #[rhai_fn(name = "heatmap", return_raw, pure)]
         pub fn grid_heatmap_kind(g: &mut Grid, kind: &str) -> ScriptResult<Plot> {
             let k: Kind = kind.parse().or_else(|e: String| err(e))?;
-            g.heatmap(k)
+            Ok(g.heatmap(k)?)
         }
 
         /// The `k` highest heads over all kinds, as a table (head, value). The table goes
@@ -265,7 +266,7 @@ pub mod script {
         /// ```
         #[rhai_fn(return_raw, pure)]
         pub fn top(g: &mut Grid, k: i64) -> ScriptResult<Table> {
-            g.end_table(k, false, "top")
+            Ok(g.end_table(k, false, "top")?)
         }
 
         /// The `k` lowest heads over all kinds, lowest first, as a table (head, value): the
@@ -280,7 +281,7 @@ pub mod script {
         /// ```
         #[rhai_fn(return_raw, pure)]
         pub fn bottom(g: &mut Grid, k: i64) -> ScriptResult<Table> {
-            g.end_table(k, true, "bottom")
+            Ok(g.end_table(k, true, "bottom")?)
         }
 
         /// Writes the grid as CSV rows `kind,layer,head,value`, atomically.

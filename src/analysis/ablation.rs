@@ -29,6 +29,46 @@ options_enum!(Metric, "metric", {
     Cosine = "cosine",
 });
 
+impl Metric {
+    /// The metric when none is chosen: the task loss for models that have one (language and
+    /// translation models), else cosine (`ablate`'s and `ablation_sweep`'s option lists state
+    /// this default).
+    pub fn default_for(model: &Model) -> Metric {
+        if model.has_task_loss() {
+            Metric::Loss
+        } else {
+            Metric::Cosine
+        }
+    }
+}
+
+options_enum!(
+    /// How a closed head is ablated (docs/methods.md#mean-ablation).
+    Ablation, "ablation", {
+        /// The head's context is 0.
+        Zero = "zero",
+        /// The head's context is its mean over a reference dataset's tokens.
+        Mean = "mean",
+    }
+);
+
+/// The options of the single-head sweep (`ablation_sweep`), typed. `Default` (beside the
+/// sweep's option list, in the script layer) gives what a script gets with no options.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// `None`: [`Metric::default_for`] the model.
+    pub metric: Option<Metric>,
+    /// The kinds whose heads are masked one at a time; `None`: every kind of the model.
+    pub kinds: Option<Vec<Kind>>,
+    /// Tokens per batch, padding included; a layer's masks are stacked on each batch.
+    pub batch_tokens: usize,
+    pub ablation: Ablation,
+    /// Mean ablation's reference dataset; `None`: the data measured.
+    pub reference: Option<Dataset>,
+    /// Tokens per batch when mean ablation's means are computed.
+    pub mean_batch_tokens: usize,
+}
+
 pub use crate::model::batch::PBatch;
 
 /// A dataset prepared once by the batching service (`model::batch::Prepared`: tokens,

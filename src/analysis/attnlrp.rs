@@ -67,7 +67,8 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
-    if opts.seed == Seed::Logit && !model.is_lm() {
+    let seed = opts.seed_for(model);
+    if seed == Seed::Logit && !model.is_lm() {
         let why = if model.translates() { "AttnLRP runs on the self-attention stack; through a translation model's decoder use rule \"ab\" or \"zplus\", or seed \"norm\" for its encoder" } else { "it has no output head: use seed \"norm\"" };
         return Err(AnalysisError::Input(format!("seed \"logit\" with rule \"attnlrp\" on {}: {why}", model.name())));
     }
@@ -85,7 +86,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         // next token (seed "logit"); with "norm", every real (non-special, non-padding)
         // position, the predictions of the other LRP rules.
         let real = b.mask.to_kind(DType::Float);
-        let seedable = match opts.seed {
+        let seedable = match seed {
             Seed::Logit => {
                 let t = real.size()[1];
                 Tensor::cat(&[real.narrow(1, 1, t - 1), real.narrow(1, 0, 1).zeros_like()], 1)
@@ -102,7 +103,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         let rows = ids.size()[0];
         for start in (0..rows).step_by(chunk as usize) {
             let len = chunk.min(rows - start);
-            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), opts.seed, gates)?;
+            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), seed, gates)?;
             for (l, hr) in r.heads.iter().enumerate() {
                 let a = hr.abs().to_kind(DType::Double);
                 let share = &a / a.sum_dim_intlist([1i64].as_slice(), true, DType::Double).clamp_min(1e-30);
@@ -119,7 +120,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     }
     let totals: Vec<Vec<f64>> = sums.into_iter().enumerate().map(|(l, row)| model.spread(kind, l, &row)).collect();
     let grid = totals.iter().map(|row| row.iter().map(|s| s / sets.max(1) as f64).collect()).collect();
-    Ok(LrpResult { kinds: vec![(kind, grid)], sums: vec![(kind, totals)], predictions: sets, max_conservation_error: worst, options: opts.clone() })
+    Ok(LrpResult { kinds: vec![(kind, grid)], sums: vec![(kind, totals)], predictions: sets, max_conservation_error: worst, options: LrpOptions { seed: Some(seed), ..opts.clone() } })
 }
 
 /// Every seedable position of every row as a row of its own: `(ids, mask, seed_at)` with one

@@ -54,14 +54,34 @@ impl From<Rule> for RuleSet {
 // squared activation) or `logit` (the top-1 logit of each output position).
 options_enum!(Seed, "LRP seed", { Norm = "norm", Logit = "logit" });
 
+/// LRP's options, typed. `Default` (beside `lrp`'s option list, in the script layer) gives
+/// what a script gets with no options.
 #[derive(Debug, Clone)]
 pub struct LrpOptions {
     pub rule: RuleSet,
-    pub seed: Seed,
+    /// Where relevance starts; `None` leaves it to the model ([`LrpOptions::seed_for`]).
+    pub seed: Option<Seed>,
     /// Each prediction propagated on its own (exact per-prediction normalisation), or a
     /// sentence's seeds summed into one (about T times cheaper; normalised per sentence).
     pub per_prediction: bool,
     pub batch_tokens: usize,
+}
+
+impl LrpOptions {
+    /// The seed a run on `model` starts from: the one chosen, else "logit" for models with an
+    /// output head and "norm" for the others; AttnLRP runs on the self-attention stack, so
+    /// under rule "attnlrp" only a language model's default is "logit" (`lrp`'s option list
+    /// states this default).
+    pub fn seed_for(&self, model: &Model) -> Seed {
+        self.seed.unwrap_or_else(|| {
+            let attn = self.rule == RuleSet::AttnLrp;
+            if model.net.output.is_some() && (!attn || model.is_lm()) {
+                Seed::Logit
+            } else {
+                Seed::Norm
+            }
+        })
+    }
 }
 
 /// LRP head relevance of one self-attention stack.
@@ -916,16 +936,19 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
+    // The result echoes the seed the run started from.
+    let seed = opts.seed_for(model);
+    let opts = &LrpOptions { seed: Some(seed), ..opts.clone() };
     let rule = match opts.rule {
         RuleSet::Ab => Rule::Ab,
         RuleSet::Zplus => Rule::Zplus,
         RuleSet::AttnLrp => return super::attnlrp::lrp(model, data, opts, gates, stop, progress),
     };
     let net = &model.net;
-    if opts.seed == Seed::Logit && net.output.is_none() {
+    if seed == Seed::Logit && net.output.is_none() {
         return Err(AnalysisError::Input(format!("seed \"logit\" needs an output head; {} has none: use seed \"norm\"", model.name())));
     }
-    let through_decoder = !net.decoder.is_empty() && opts.seed == Seed::Logit;
+    let through_decoder = !net.decoder.is_empty() && seed == Seed::Logit;
     let kind = net.stack_kind;
     let n_layers = net.encoder.len();
     let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.width());
@@ -990,7 +1013,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             let real: Vec<f32> = plain[gi].1.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
             let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
             let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
-            let mut r = match opts.seed {
+            let mut r = match seed {
                 Seed::Norm => {
                     let sq = y.pow_tensor_scalar(2);
                     (&sq / sq.sum_dim_intlist([-1i64].as_slice(), true, sq.kind())).unsqueeze(1) * eye.view([1, t, t, 1])

@@ -45,8 +45,9 @@ pub struct Options {
 }
 
 impl Options {
-    // `Options::new` (every option at its default) is written beside `analyze`'s option list,
-    // the one place the defaults are, in analysis/script/analysis.rs.
+    // `Options::new` (every option at its default) and `Options::defaults` (what
+    // `m.analyze(data)` runs with) are written beside `analyze`'s option list, the one place
+    // the defaults are, in analysis/script/analysis.rs.
 
     pub fn wants(&self, s: Stat) -> bool {
         self.stats.contains(&s)

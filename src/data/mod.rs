@@ -116,6 +116,34 @@ impl Dataset {
         self.items.is_empty()
     }
 
+    /// Refuses a dataset without sentences for `func` (an analysis of nothing would print a
+    /// result "over 0 sentences"); the message names the function and the dataset.
+    pub fn require_sentences(&self, func: &str) -> Result<(), String> {
+        if self.is_empty() {
+            return Err(format!("{func}: the dataset {} is empty (no sentences)", self.name));
+        }
+        Ok(())
+    }
+
+    /// This corpus with the trees of `tb`, a treebank of the same sentences in the same order
+    /// (`analyze`'s `treebank` option); errors start with `func`.
+    pub fn with_trees(&self, tb: &Dataset, func: &str) -> Result<Dataset, String> {
+        if tb.items.iter().any(|i| i.tree.is_none()) {
+            return Err(format!("{func}: option 'treebank': {} is not a treebank", tb.name));
+        }
+        if tb.len() != self.len() {
+            return Err(format!("{func}: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), self.name, self.len()));
+        }
+        let mut items = Vec::with_capacity(self.len());
+        for (i, (d, t)) in self.items.iter().zip(tb.items.iter()).enumerate() {
+            if d.text != t.text {
+                return Err(format!("{func}: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, self.name, t.text, d.text));
+            }
+            items.push(Item { tree: t.tree.clone(), ..d.clone() });
+        }
+        Ok(Dataset::new(self.name.clone(), items))
+    }
+
     pub fn take(&self, n: usize) -> Dataset {
         Dataset::new(format!("{}[:{n}]", self.name), self.items.iter().take(n).cloned().collect())
     }

@@ -13,9 +13,7 @@ pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
     let Some(d) = v.clone().try_cast::<Dataset>() else {
         return err(format!("{func}: expected a Dataset (corpus, parallel or treebank), got {}", crate::script::convert::quote(v)));
     };
-    if d.is_empty() {
-        return err(format!("{func}: the dataset {} is empty (no sentences)", d.name));
-    }
+    d.require_sentences(func)?;
     Ok(d)
 }
 
@@ -33,7 +31,8 @@ impl IntoIterator for Dataset {
 pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt("shard", "none (or the run's --shard)", "\"I/N\": run on slice I of N of the data and keep the accumulators for merge_results (docs/methods.md#shards)");
 
 /// How a dataset-consuming function runs: on the whole dataset, or on one shard of it
-/// (the function's `shard` option, else the run's `--shard`).
+/// (the function's `shard` option, else the run's `--shard`). The typed functions the script
+/// functions and the library API share take a plan; the API's is always [`Plan::whole`].
 pub struct Plan {
     pub shard: Option<crate::shard::Shard>,
     /// Given as the function's option (the result is returned with its shard record) rather
@@ -45,28 +44,38 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan of a script call: its `shard` option, else the run's `--shard`, else whole.
     pub fn new(d: &Dataset, o: &crate::script::convert::Opts, func: &str) -> ScriptResult<Plan> {
         let explicit = match o.string("shard")? {
             Some(s) => Some(s.parse::<crate::shard::Shard>().or_else(|e| err(format!("{func}: {e}")))?),
             None => None,
         };
         let shard = explicit.or_else(crate::shard::run_shard);
+        Ok(Plan::of(d, shard, explicit.is_some()))
+    }
+
+    /// The whole dataset, whatever the run's `--shard` (the library API runs whole).
+    pub fn whole(d: &Dataset) -> Plan {
+        Plan::of(d, None, false)
+    }
+
+    fn of(d: &Dataset, shard: Option<crate::shard::Shard>, explicit: bool) -> Plan {
         let total = d.len();
         let rows = shard.map_or(0..total, |s| s.rows(total));
         let identity = serde_json::json!({"name": d.name, "sentences": total, "digest": d.digest()});
-        Ok(Plan { shard, explicit: explicit.is_some(), rows, total, identity })
+        Plan { shard, explicit, rows, total, identity }
     }
 
     /// Refuses a shard that holds no sentences.
-    pub fn check(&self, d: &Dataset, func: &str) -> ScriptResult<()> {
+    pub fn check(&self, d: &Dataset, func: &str) -> Result<(), String> {
         match self.shard {
-            Some(s) if self.rows.is_empty() => err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
+            Some(s) if self.rows.is_empty() => Err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
             _ => Ok(()),
         }
     }
 
     /// The sentences this call runs on; refused when the shard is empty.
-    pub fn data(&self, d: &Dataset, func: &str) -> ScriptResult<Dataset> {
+    pub fn data(&self, d: &Dataset, func: &str) -> Result<Dataset, String> {
         self.check(d, func)?;
         Ok(if self.shard.is_some() { d.slice(self.rows.clone()) } else { d.clone() })
     }
@@ -78,13 +87,13 @@ impl Plan {
 
     /// Adds the shard record (function, slice, identity, accumulators) to a sharded result's
     /// echoed options, and in a `--shard` run writes the result to the shard directory.
-    pub fn seal<T>(&self, func: &str, identity: serde_json::Value, acc: serde_json::Value, mut result: T, echo: impl FnOnce(&mut T) -> &mut crate::output::Echo, json: impl Fn(&T) -> serde_json::Value) -> ScriptResult<T> {
+    pub fn seal<T>(&self, func: &str, identity: serde_json::Value, acc: serde_json::Value, mut result: T, echo: impl FnOnce(&mut T) -> &mut crate::output::Echo, json: impl Fn(&T) -> serde_json::Value) -> Result<T, String> {
         let Some(shard) = self.shard else { return Ok(result) };
         let name = if self.explicit { func.to_string() } else { crate::shard::next_name(func) };
         let record = crate::shard::Partial { func: func.into(), name: name.clone(), shard, rows: self.rows.clone(), total: self.total, identity, acc };
         echo(&mut result).push(("shard".into(), record.to_json()));
         if !self.explicit {
-            crate::shard::write_run_result(&name, &json(&result)).or_else(|e| err(format!("{func}: {e}")))?;
+            crate::shard::write_run_result(&name, &json(&result)).map_err(|e| format!("{func}: {e}"))?;
         }
         Ok(result)
     }

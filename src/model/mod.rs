@@ -199,6 +199,8 @@ impl fmt::Display for Family {
     }
 }
 
+/// Where and in what precision a model is loaded. `Default` (beside `load_model`'s option
+/// list, in the script layer) gives what a script gets with no options.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub device: Device,
@@ -218,12 +220,30 @@ impl LoadOptions {
             "f16" | "float16" => DType::Half,
             other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"))),
         };
+        LoadOptions { device, dtype }.checked()
+    }
+
+    /// The options checked as `new` checks a user's choices, for options built in Rust (the
+    /// library API): the device exists, the dtype is one of the four, half precision only on
+    /// CUDA.
+    pub fn checked(self) -> Result<Self, ModelError> {
+        match self.device {
+            Device::Cpu => {}
+            // A CUDA index past the GPUs there are would fail inside libtorch; refused here.
+            Device::Cuda(i) => {
+                DeviceChoice::Cuda(i).resolve()?;
+            }
+            other => return Err(ModelError::Invalid(format!("unsupported device {other:?} (expected the CPU or a CUDA device)"))),
+        }
+        if !matches!(self.dtype, DType::Float | DType::Double | DType::BFloat16 | DType::Half) {
+            return Err(ModelError::Invalid(format!("unsupported dtype {:?} (expected f32, f64, bf16 or f16)", self.dtype)));
+        }
         // bf16 runs on the CPU (libtorch's bf16 kernels; AVX-512 BF16 where the CPU has it):
         // a 7B checkpoint fits in 14 GB. float16 CPU kernels are slow or missing.
-        if dtype == DType::Half && device == Device::Cpu {
+        if self.dtype == DType::Half && self.device == Device::Cpu {
             return Err(ModelError::Invalid("dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU".into()));
         }
-        Ok(LoadOptions { device, dtype })
+        Ok(self)
     }
 }
 

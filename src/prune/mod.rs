@@ -91,6 +91,8 @@ impl std::fmt::Display for Init {
     }
 }
 
+/// Pruning's options, typed. `PruneOptions::new(kinds)` and `PruneOptions::defaults(view)`
+/// (beside `prune`'s option list, in the script layer) give the list's defaults.
 #[derive(Debug, Clone)]
 pub struct PruneOptions {
     pub lambda: f64,
@@ -103,6 +105,8 @@ pub struct PruneOptions {
     /// Adam's learning rate for the model's weights (`joint: true`).
     pub model_lr: f64,
     pub seed: u64,
+    /// A dataset evaluated every `eval_every` steps and at the end.
+    pub eval_data: Option<Dataset>,
     pub eval_every: usize,
     pub checkpoint: Option<PathBuf>,
     pub resume: bool,
@@ -139,7 +143,16 @@ impl PruneOptions {
         self.echo().into_iter().filter(|(k, _)| !matches!(k.as_str(), "steps" | "eval_every")).collect()
     }
 
+    /// Refuses `resume` without a checkpoint directory to resume from.
+    pub fn check_resume(&self) -> Result<(), String> {
+        if self.resume && self.checkpoint.is_none() {
+            return Err("prune: resume: true needs a checkpoint directory (option 'checkpoint')".into());
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        self.check_resume()?;
         if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
             return Err(format!("prune: lambda must be >= 0, got {}", self.lambda));
         }
@@ -443,11 +456,11 @@ pub struct Hooks<'a> {
 
 pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
 
-/// Trains the gates. `eval` is evaluated every `eval_every` steps and at the end.
+/// Trains the gates. `opts.eval_data` is evaluated every `eval_every` steps and at the end.
 ///
 /// `masked`: heads of the model held closed throughout (a masked view being pruned further);
 /// heads removed by `prune_heads` are held closed too.
-pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, eval: Option<&Dataset>, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
     opts.validate().map_err(AnalysisError::Input)?;
     if opts.joint && !model.removed.is_empty() {
         return Err(AnalysisError::Input(format!("joint training needs the original weights: {} had heads removed by prune_heads; train on the original with those heads masked", model.name())));
@@ -480,7 +493,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, eval: Option<&Dat
         }
     };
     let mut td = TrainData::new(model, data, opts.batch_tokens, model.gates_closing(masked)?)?;
-    let eval_prep = match eval {
+    let eval_prep = match &opts.eval_data {
         Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, model.gates_closing(masked)?)?),
         None => None,
     };

@@ -64,6 +64,8 @@ pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
         joint: o.bool_or_default("joint")?,
         model_lr: o.f64_or_default("model_lr")?,
         seed: o.usize_or_default("seed")? as u64,
+        // A dataset value: the caller reads it (`parse_options`).
+        eval_data: None,
         eval_every: o.usize_or_default("eval_every")?,
         checkpoint: o.string("checkpoint")?.map(PathBuf::from),
         resume: o.bool_or_default("resume")?,
@@ -82,6 +84,12 @@ impl PruneOptions {
     pub fn new(kinds: Vec<Kind>) -> Self {
         options_with_defaults(kinds)
     }
+
+    /// What `m.prune(data)` runs with: an empty option map parsed as a script's is (every
+    /// kind of `m` gated, the rest from the option list).
+    pub fn defaults(m: &ScriptModel) -> Self {
+        parse_options(m, &Map::new()).unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
+    }
 }
 
 /// `prune`'s options with every default of [`OPTIONS`] (the Rust API's `PruneOptions::new`).
@@ -90,20 +98,41 @@ pub fn options_with_defaults(kinds: Vec<Kind>) -> PruneOptions {
     Opts::new(&empty, "prune", OPTIONS).and_then(|o| options_from(&o, kinds)).unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
 }
 
-fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<(PruneOptions, Option<crate::data::Dataset>)> {
+fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<PruneOptions> {
     let o = Opts::new(options, "prune", OPTIONS)?;
     let kinds = crate::model::script::kinds_option(m, &o)?;
-    let p = options_from(&o, kinds)?;
-    if p.resume && p.checkpoint.is_none() {
-        return err("prune: resume: true needs a checkpoint directory (option 'checkpoint')");
-    }
+    let mut p = options_from(&o, kinds)?;
+    p.check_resume()?;
     // `eval` is a reserved word in Rhai (`#{"eval": d}` works); `eval_data` reads better.
-    let eval = match o.value("eval_data").or_else(|| o.value("eval")) {
-        None => None,
-        Some(v) => Some(crate::data::script::dataset_arg(v, "prune: option 'eval_data'")?),
+    if let Some(v) = o.value("eval_data").or_else(|| o.value("eval")) {
+        p.eval_data = Some(crate::data::script::dataset_arg(v, "prune: option 'eval_data'")?);
+    }
+    p.validate()?;
+    Ok(p)
+}
+
+/// Trains head gates on `data` under typed options: what `m.prune(data, #{...})` and the
+/// library API run (pruning runs whole: it has no shards).
+pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> Result<PruneResult, String> {
+    m.require("prune", Needs::NoSoft).map_err(|e| e.to_string())?;
+    d.require_sentences("prune")?;
+    for k in &opts.kinds {
+        m.model.kind_shape(*k).map_err(|e| format!("prune: {e}"))?;
+    }
+    if let Some(e) = &opts.eval_data {
+        e.require_sentences("prune: option 'eval_data'")?;
+    }
+    opts.validate()?;
+    let label = format!("prune (lambda {})", opts.lambda);
+    let mut progress = |p: &CurvePoint, total: usize| {
+        crate::run::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
     };
-    p.validate().or_else(err)?;
-    Ok((p, eval))
+    let mut run = train(&m.model, &m.closed, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
+    let trained = run.trained.take().map(|mut t| {
+        let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
+        (Rc::new(t), Rc::new(w))
+    });
+    Ok(PruneResult { run: Rc::new(run), model: m.clone(), trained })
 }
 
 use crate::grid::{kind_map, Grid};
@@ -235,17 +264,8 @@ pub mod api {
     pub fn prune_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<PruneResult> {
         m.require("prune", Needs::NoSoft)?;
         let d = crate::data::script::dataset_arg(&data, "prune")?;
-        let (opts, eval) = parse_options(m, &options)?;
-        let label = format!("prune (lambda {})", opts.lambda);
-        let mut progress = |p: &CurvePoint, total: usize| {
-            crate::run::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
-        };
-        let mut run = train(&m.model, &m.closed, &d, eval.as_ref(), &opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).or_else(|e| err(format!("prune: {e}")))?;
-        let trained = run.trained.take().map(|mut t| {
-            let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
-            (Rc::new(t), Rc::new(w))
-        });
-        Ok(PruneResult { run: Rc::new(run), model: m.clone(), trained })
+        let opts = parse_options(m, &options)?;
+        Ok(prune(m, &d, &opts)?)
     }
 
     /// `prune` with the default options.

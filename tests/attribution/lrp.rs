@@ -14,7 +14,7 @@ fn sentences(n: usize) -> Dataset {
 }
 
 fn check(model: &Model, data: &Dataset, rule: Rule, seed: Seed, per_prediction: bool) -> headscope::analysis::lrp::LrpResult {
-    let opts = LrpOptions { rule: rule.into(), seed, per_prediction, batch_tokens: 256 };
+    let opts = LrpOptions { rule: rule.into(), seed: Some(seed), per_prediction, batch_tokens: 256 };
     let r = lrp(model, data, &opts, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
     println!("{} {rule} {seed} each={per_prediction}: {} predictions, max conservation error {:.2e}", model.name(), r.predictions, r.max_conservation_error);
     assert!(r.max_conservation_error < 1e-3, "relevance not conserved: {}", r.max_conservation_error);

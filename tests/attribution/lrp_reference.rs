@@ -44,7 +44,7 @@ fn check_in(name: &str, data: &Dataset, seed: Seed, dtype: &str, tol_ab: f64, to
         for (per_prediction, seeds) in [(true, "each"), (false, "summed")] {
             let want = &golden[name][rule_name][seeds];
             assert!(want.is_object(), "golden.json has no {name}/{rule_name}/{seeds}");
-            let o = LrpOptions { rule: rule.into(), seed, per_prediction, batch_tokens: 64 };
+            let o = LrpOptions { rule: rule.into(), seed: Some(seed), per_prediction, batch_tokens: 64 };
             let got = lrp(&model, data, &o, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
             assert_eq!(got.predictions as u64, want["P"].as_u64().unwrap(), "{name} {rule_name} {seeds}: predictions");
             assert!(got.max_conservation_error < 1e-3, "{name} {rule_name} {seeds}: conservation error {}", got.max_conservation_error);

@@ -62,7 +62,7 @@ fn closed_after(model: &Model, data: &Dataset, lambda: f64, steps: usize) -> BTr
     (o.lambda, o.steps, o.lr, o.batch_tokens, o.seed) = (lambda, steps, 0.1, 120, 3);
     // Every head starts open (P(open) = 0.93), as in a model before pruning.
     o.init = headscope::prune::Init::Constant(2.0);
-    let run = train(model, &[], data, None, &o, Hooks { stop: &|| false, progress: &mut |_, _| {} }).unwrap();
+    let run = train(model, &[], data, &o, Hooks { stop: &|| false, progress: &mut |_, _| {} }).unwrap();
     run.closed().iter().map(|h| (h.layer_idx, h.head)).collect()
 }
 
@@ -104,7 +104,7 @@ fn stronger_penalty_leaves_fewer_heads_open_on_minilm() {
     for lambda in [0.0, 0.005, 0.5] {
         let mut o = PruneOptions::new(vec![Kind::Enc]);
         (o.lambda, o.steps, o.lr, o.batch_tokens) = (lambda, 20, 0.05, 300);
-        let run = train(&model, &[], &data, None, &o, Hooks { stop: &|| false, progress: &mut |_, _| {} }).unwrap();
+        let run = train(&model, &[], &data, &o, Hooks { stop: &|| false, progress: &mut |_, _| {} }).unwrap();
         let p = run.state.curve.last().unwrap();
         println!("lambda {lambda}: expected open {:.2}, open {}", p.expected_open, p.open);
         expected.push((p.expected_open, p.open));
@@ -214,7 +214,7 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
             n.get() > stop_at
         }
     };
-    let full = train(&model, &[], &data, None, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
+    let full = train(&model, &[], &data, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
     let trained = full.trained.as_ref().expect("joint training returns the trained model");
     assert!(trained.net.encoder[0].attn.q.w.dist(&before).double_value(&[]) > 1e-4, "the weights did not move");
     assert_eq!(model.net.encoder[0].attn.q.w.dist(&before).double_value(&[]), 0.0, "the original model was edited");
@@ -222,9 +222,9 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     // Interrupted after step 3 (its checkpoint is at step 2 or the stop), then resumed.
     o.checkpoint = Some(dir.path().join("ck"));
     o.resume = true;
-    let stopped = train(&model, &[], &data, None, &o, Hooks { stop: &quiet(3), progress: &mut |_, _| {} });
+    let stopped = train(&model, &[], &data, &o, Hooks { stop: &quiet(3), progress: &mut |_, _| {} });
     assert!(stopped.is_err(), "the run should have been interrupted");
-    let resumed = train(&model, &[], &data, None, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
+    let resumed = train(&model, &[], &data, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
     assert!(resumed.resumed_from.is_some_and(|s| s > 0 && s < 6), "{:?}", resumed.resumed_from);
     assert_eq!(full.state.log_alpha, resumed.state.log_alpha);
     let (a, b) = (trained, resumed.trained.as_ref().unwrap());

@@ -119,7 +119,7 @@ fn check_model(name: &str, metric: Metric) {
     let pruned64 = prune_heads(&model64, &closed, None).unwrap();
     let gates64 = model64.gates_closing(&closed).unwrap();
     for (rule, m, p, g) in [(Rule::Ab, &model, &pruned, &gates), (Rule::Zplus, &model64, &pruned64, &gates64)] {
-        let o = LrpOptions { rule: rule.into(), seed: if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }, per_prediction: false, batch_tokens: 256 };
+        let o = LrpOptions { rule: rule.into(), seed: Some(if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }), per_prediction: false, batch_tokens: 256 };
         let a = lrp(m, &data, &o, g, &never, quiet).unwrap();
         let b = lrp(p, &data, &o, &Gates::none(), &never, quiet).unwrap();
         assert_eq!(a.kinds.len(), b.kinds.len());
@@ -132,7 +132,7 @@ fn check_model(name: &str, metric: Metric) {
     // AttnLRP on the stack (signed and not conserved, so only the shares are compared): the
     // emptied layer hands out no contexts. A head's relevance sums signed terms that cancel,
     // which magnifies float32 order effects (~1e-3 on EN->PT), so it is compared in float64.
-    let o = LrpOptions { rule: RuleSet::AttnLrp, seed: Seed::Norm, per_prediction: false, batch_tokens: 256 };
+    let o = LrpOptions { rule: RuleSet::AttnLrp, seed: Some(Seed::Norm), per_prediction: false, batch_tokens: 256 };
     let a = lrp(&model64, &data, &o, &gates64, &never, quiet).unwrap();
     let b = lrp(&pruned64, &data, &o, &Gates::none(), &never, quiet).unwrap();
     for ((k, ga), (_, gb)) in a.kinds.iter().zip(&b.kinds) {
@@ -162,8 +162,8 @@ fn check_model(name: &str, metric: Metric) {
     // Pruning further: the pruned model, and the original with the same heads held closed.
     let mut o = PruneOptions::new(kinds.clone());
     (o.steps, o.lambda, o.batch_tokens) = (3, 0.05, 200);
-    let ra = train(&model, &closed, &data, None, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
-    let rb = train(&pruned, &[], &data, None, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
+    let ra = train(&model, &closed, &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
+    let rb = train(&pruned, &[], &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
     for (x, y) in ra.state.curve.iter().zip(&rb.state.curve) {
         assert!((x.loss - y.loss).abs() <= TOL * x.loss.abs().max(1.0), "prune loss at step {}: {} vs {}", x.step, x.loss, y.loss);
         assert!((x.expected_open - y.expected_open).abs() <= TOL * x.expected_open.max(1.0), "expected open: {} vs {}", x.expected_open, y.expected_open);

@@ -5,8 +5,7 @@
 use crate::common;
 
 use base64::Engine as _;
-use headscope::api::{corpus, Model};
-use serde_json::json;
+use headscope::api::{corpus, AnalyzeOptions, Model, PruneOptions, Stat};
 
 /// The (mime, body) blocks of evcxr content, checking the markers pair up.
 fn blocks(s: &str) -> Vec<(String, String)> {
@@ -36,12 +35,12 @@ fn every_type_writes_its_mime_types() {
     let _rng = common::rng();
     let m = Model::load("minilm").unwrap();
     let d = corpus("assets/pud_en.txt").unwrap().take(3);
-    let a = m.analyze(&d, json!({"stats": ["confidence", "positional"]})).unwrap();
+    let a = m.analyze(&d, &AnalyzeOptions { stats: vec![Stat::Confidence, Stat::Positional], ..m.analyze_options(&d) }).unwrap();
     let g = a.stat("confidence").unwrap();
     let t = g.table();
     let p = g.heatmap(headscope::api::Kind::Enc).unwrap();
     let att = m.attention("enc.0.0", "The cat sleeps.").unwrap();
-    let r = m.prune(&d, json!({"steps": 1, "batch_tokens": 300})).unwrap();
+    let r = m.prune(&d, &PruneOptions { steps: 1, batch_tokens: 300, ..m.prune_options() }).unwrap();
 
     assert_eq!(mimes(&t.evcxr_content()), ["text/html", "text/plain"]);
     assert_eq!(mimes(&a.evcxr_content()), ["text/html", "text/plain"]);

@@ -163,3 +163,61 @@ fn dependent_defaults_and_the_rust_api_follow_the_lists() {
     }
     assert!(compared >= 11, "compared {compared} prune options");
 }
+
+/// The library API's option structs start where a script without options starts: a result
+/// echoes the same options whether `m.lrp(d)` ran in a script or
+/// `Model::lrp(&d, &LrpOptions::default())` in Rust; likewise the sweep, `analyze` (the
+/// frequency corpus given to both: tokenizing the Brown corpus is slow), `prune` (one step
+/// given to both), and the device and precision `load_model` picks.
+#[test]
+fn the_rust_api_defaults_are_a_scripts() {
+    use headscope::api::{self, AnalyzeOptions, FreqSource, LrpOptions, PruneOptions, SweepOptions};
+    let _rng = common::rng();
+    let dir = root().join("tests/fixtures/tiny_hf/gpt2");
+    let text = root().join("tests/fixtures/lrp_tiny/text.txt");
+    let freq = text.display().to_string();
+    let mut s = session("gpt2");
+    // The script's model is loaded on the CPU (`session`); so is the API's.
+    let m = api::Model::load_with(&dir.display().to_string(), &api::LoadOptions { device: api::Device::Cpu, ..Default::default() }).unwrap();
+    let d = api::corpus(&text).unwrap().take(3);
+    // Numbers compared as numbers (a script's map writes `1.0` where Rust echoes `1`).
+    fn norm(v: serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Number(n) => serde_json::json!(n.as_f64()),
+            serde_json::Value::Array(a) => a.into_iter().map(norm).collect(),
+            serde_json::Value::Object(o) => o.into_iter().map(|(k, v)| (k, norm(v))).collect(),
+            other => other,
+        }
+    }
+    let script = |s: &mut Session, code: &str| -> serde_json::Map<String, serde_json::Value> {
+        let out = s.eval("case", code).unwrap_or_else(|e| panic!("{code}: {e}")).unwrap().text;
+        match norm(serde_json::from_str(&out).unwrap_or_else(|e| panic!("{code}: {e}: {out}"))) {
+            serde_json::Value::Object(o) => o,
+            other => panic!("{code}: not a map: {other}"),
+        }
+    };
+    let rust = |echo: &headscope::output::Echo| echo.iter().map(|(k, v)| (k.clone(), norm(v.clone()))).collect::<serde_json::Map<_, _>>();
+
+    let lrp = m.lrp(&d, &LrpOptions::default()).unwrap();
+    assert_eq!(script(&mut s, "m.lrp(d).options.to_json()"), rust(&lrp.options), "lrp");
+    let summed = m.lrp(&d, &LrpOptions::summed()).unwrap();
+    assert_eq!(script(&mut s, "m.lrp(d, #{seeds: \"summed\"}).options.to_json()"), rust(&summed.options), "lrp, seeds summed");
+
+    let sweep = m.ablation_sweep(&d, &SweepOptions::default()).unwrap();
+    assert_eq!(script(&mut s, "m.ablation_sweep(d).options.to_json()"), rust(&sweep.options), "ablation_sweep");
+
+    let a = m.analyze(&d, &AnalyzeOptions { freq: FreqSource::Text(text.clone()), ..m.analyze_options(&d) }).unwrap();
+    let meta = script(&mut s, &format!("m.analyze(d, #{{freq: {freq:?}}}).meta.to_json()"));
+    let want = rust(&a.0.options);
+    assert!(want.contains_key("rare_top_n") && want.contains_key("freq"), "{want:?}");
+    for (k, v) in &want {
+        assert_eq!(meta.get(k), Some(v), "analyze: option '{k}'");
+    }
+
+    let p = m.prune(&d, &PruneOptions { steps: 1, ..m.prune_options() }).unwrap();
+    assert_eq!(script(&mut s, "m.prune(d, #{steps: 1}).options.to_json()"), rust(&p.run.options.echo()), "prune");
+
+    // `load_model(dir)` without options: the same device and precision as `LoadOptions::default()`.
+    let out = s.eval("case", &format!("load_model({:?}).to_string()", dir.display().to_string())).unwrap().unwrap().text;
+    assert_eq!(out, api::Model::load(&dir.display().to_string()).unwrap().to_string());
+}

@@ -9,7 +9,9 @@ use crate::model::Kind;
 use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use super::sharded::{echo_of, grid_from, present_heads, valid_heads};
-use crate::analysis::ablation::{Metric, MetricAcc};
+use crate::analysis::ablation::{Ablation, Metric, MetricAcc, SweepOptions};
+use crate::data::script::Plan;
+use crate::data::Dataset;
 use rhai::{Dynamic, Map};
 use serde_json::json;
 
@@ -26,33 +28,62 @@ pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured"
 /// `with_mask`'s options.
 pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\"", "the Dataset whose tokens give mean ablation's means"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed")];
 
-options_enum!(Ablation, "ablation", {
-    Zero = "zero",
-    Mean = "mean",
-});
+/// Why a reference dataset was refused: it gives mean ablation's means.
+fn reference_needs_mean(func: &str) -> String {
+    format!("{func}: 'reference' gives mean ablation's means; it needs ablation: \"mean\"")
+}
 
-/// The view `m` under the `ablation` option: itself for "zero" (its own fill kept), a view whose
-/// closed heads carry their means over `reference` (else `data`) for "mean".
-pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&crate::data::Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
+/// The `ablation` and `reference` options: the mode, and the reference dataset (refused
+/// unless the mode is "mean").
+fn ablation_options(o: &Opts) -> ScriptResult<(Ablation, Option<Dataset>)> {
     let func = o.func();
     let mode: Ablation = o.parsed_or_default("ablation")?;
+    match o.value("reference") {
+        Some(_) if mode == Ablation::Zero => err(reference_needs_mean(func)),
+        Some(r) => Ok((mode, Some(crate::data::script::dataset_arg(r, func)?))),
+        None => Ok((mode, None)),
+    }
+}
+
+/// Tokens per batch for mean ablation's means: the call's `batch_tokens` when given, else
+/// `with_mask`'s default (a sweep's own default, 256, is for its masked batches).
+fn mean_batch_tokens(o: &Opts) -> ScriptResult<usize> {
+    if o.has("batch_tokens") {
+        o.usize_or_default("batch_tokens")
+    } else {
+        Ok(crate::model::batch::DEFAULT_BATCH_TOKENS)
+    }
+}
+
+/// The view `m` under an ablation mode: itself for "zero" (its own fill kept), a view whose
+/// closed heads carry their means over `reference` (else `data`) for "mean"; with the options
+/// this echoes. Errors start with `func`.
+pub fn ablated_view(m: &ScriptModel, func: &str, mode: Ablation, reference: Option<&Dataset>, data: Option<&Dataset>, batch_tokens: usize) -> Result<(ScriptModel, crate::output::Echo), String> {
     if mode == Ablation::Zero {
-        if o.has("reference") {
-            return err(format!("{func}: 'reference' gives mean ablation's means; it needs ablation: \"mean\""));
+        if reference.is_some() {
+            return Err(reference_needs_mean(func));
         }
         return Ok((m.clone(), vec![("ablation".into(), json!("zero"))]));
     }
-    let reference = match (o.value("reference"), data) {
-        (Some(r), _) => crate::data::script::dataset_arg(r, func)?,
-        (None, Some(d)) => d.clone(),
-        (None, None) => return err(format!("{func}: ablation \"mean\" needs a reference dataset: #{{ablation: \"mean\", reference: corpus(...)}}")),
+    let reference = match (reference, data) {
+        (Some(r), _) => {
+            r.require_sentences(func)?;
+            r
+        }
+        (None, Some(d)) => d,
+        (None, None) => return Err(format!("{func}: ablation \"mean\" needs a reference dataset: #{{ablation: \"mean\", reference: corpus(...)}}")),
     };
     let kinds: Vec<Kind> = m.model.kinds().iter().map(|s| s.kind).collect();
-    let bt = if o.has("batch_tokens") { o.usize_or_default("batch_tokens")? } else { crate::model::batch::DEFAULT_BATCH_TOKENS };
-    let fills = crate::analysis::ablation::mean_fill(&m.model, &reference, &kinds, bt, &crate::model::nn::Gates::none(), &crate::run::interrupted).or_else(|e| err(format!("{func}: the means of {}: {e}", reference.name)))?;
+    let fills = crate::analysis::ablation::mean_fill(&m.model, reference, &kinds, batch_tokens, &crate::model::nn::Gates::none(), &crate::run::interrupted).map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
     let mut v = m.clone();
     v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation { fills, reference: reference.name.clone(), digest: reference.digest() }));
     Ok((v, vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))]))
+}
+
+/// The view `m` under the `ablation` and `reference` options of `o` (see [`ablated_view`]).
+pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
+    let (mode, reference) = ablation_options(o)?;
+    Ok(ablated_view(m, o.func(), mode, reference.as_ref(), data, mean_batch_tokens(o)?)?)
 }
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
@@ -66,22 +97,74 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
 /// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
 pub const BLEU_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"), crate::data::script::SHARD_OPTION];
 
-/// What `ablate` and `ablation_sweep` share: the prepared data, the kinds, the options echoed.
-type AblationSetup = (crate::analysis::ablation::Prepared, Vec<Kind>, crate::output::Echo);
-
-fn ablation_setup(m: &ScriptModel, d: &crate::data::Dataset, o: &Opts) -> ScriptResult<AblationSetup> {
+/// The `metric` option: the one given, else `None` (the model's default).
+fn metric_option(o: &Opts) -> ScriptResult<Option<Metric>> {
     let func = o.func();
-    let generates = m.model.has_task_loss();
-    let metric: crate::analysis::ablation::Metric = match o.string("metric")? {
-        Some(x) => x.parse().or_else(|e: String| err(format!("{func}: {e}")))?,
-        None if generates => crate::analysis::ablation::Metric::Loss,
-        None => crate::analysis::ablation::Metric::Cosine,
+    o.string("metric")?.map(|x| x.parse()).transpose().or_else(|e: String| err(format!("{func}: {e}")))
+}
+
+/// What `ablate` and `ablation_sweep` share: the data prepared for `metric` (else the model's
+/// default) and the options echoed.
+fn prepared(m: &ScriptModel, d: &Dataset, func: &str, metric: Option<Metric>, batch_tokens: usize) -> Result<(crate::analysis::ablation::Prepared, crate::output::Echo), String> {
+    let metric = metric.unwrap_or_else(|| Metric::default_for(&m.model));
+    let gates = m.gates().map_err(|e| e.to_string())?;
+    let p = crate::analysis::ablation::prepare(&m.model, d, metric, batch_tokens, gates).map_err(|e| format!("{func}: {e}"))?;
+    let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(batch_tokens))];
+    Ok((p, echo))
+}
+
+/// The sweep's typed options from a map checked against [`SWEEP_OPTIONS`]: what it gives,
+/// else the list's defaults. `kinds` is checked against `m`'s (every kind when not given);
+/// without a model it is left to the run (`None`).
+fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOptions> {
+    let (ablation, reference) = ablation_options(o)?;
+    let metric = metric_option(o)?;
+    let kinds = m.map(|m| kinds_option(m, o)).transpose()?;
+    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation, reference, mean_batch_tokens: mean_batch_tokens(o)? })
+}
+
+impl Default for SweepOptions {
+    /// What `m.ablation_sweep(data)` runs with: the defaults of [`SWEEP_OPTIONS`] (metric
+    /// and kinds left to the model, batch_tokens 256, ablation "zero").
+    fn default() -> Self {
+        let empty = Map::new();
+        Opts::new(&empty, "ablation_sweep", SWEEP_OPTIONS).and_then(|o| sweep_options_from(&o, None)).unwrap_or_else(|e| unreachable!("ablation_sweep's option list gives every default a value of its type: {e}"))
+    }
+}
+
+/// Every head masked alone, on the rows of `plan`, under typed options: what
+/// `m.ablation_sweep(data, #{...})` and the library API run.
+pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions, plan: &Plan) -> Result<Grid, String> {
+    let f = "ablation_sweep";
+    m.require(f, Needs::NoClosed).map_err(|e| e.to_string())?;
+    d.require_sentences(f)?;
+    let kinds = match &opts.kinds {
+        Some(kinds) => {
+            for k in kinds {
+                m.model.kind_shape(*k).map_err(|e| format!("{f}: {e}"))?;
+            }
+            kinds.clone()
+        }
+        None => m.model.kinds().iter().map(|k| k.kind).collect(),
     };
-    let kinds = kinds_option(m, o)?;
-    let bt = o.usize_or_default("batch_tokens")?;
-    let p = crate::analysis::ablation::prepare(&m.model, d, metric, bt, m.gates()?).or_else(|e| err(format!("{func}: {e}")))?;
-    let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(bt))];
-    Ok((p, kinds, echo))
+    // Mean ablation's means come from the whole reference (not one shard's part of it).
+    let (mv, ablation) = ablated_view(m, f, opts.ablation, opts.reference.as_ref(), Some(d), opts.mean_batch_tokens)?;
+    let m = &mv;
+    let (p, mut echo) = prepared(m, &plan.data(d, f)?, f, opts.metric, opts.batch_tokens)?;
+    echo.extend(ablation);
+    let stop = crate::run::interrupted;
+    let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
+    let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
+    let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress).map_err(|e| format!("{f}: {e}"))?;
+    let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
+    let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
+    let g = finish_sweep(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
+    plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+}
+
+/// The sweep over the whole of `data` (the library API's `Model::ablation_sweep`).
+pub fn ablation_sweep(m: &ScriptModel, d: &Dataset, opts: &SweepOptions) -> Result<Grid, String> {
+    ablation_sweep_planned(m, d, opts, &Plan::whole(d))
 }
 
 fn metric_acc(v: &serde_json::Value, what: &str) -> Result<MetricAcc, String> {
@@ -133,7 +216,9 @@ pub mod api {
         let d = crate::data::script::dataset_arg(&data, "ablate")?;
         let o = Opts::new(&options, "ablate", ABLATE_OPTIONS)?;
         let (m, ablation) = ablation_view(m, &o, Some(&d))?;
-        let (p, _, mut echo) = ablation_setup(&m, &d, &o)?;
+        let metric = metric_option(&o)?;
+        kinds_option(&m, &o)?;
+        let (p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
         echo.extend(ablation);
         // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
         let gates = m.closing(&ids).gates()?;
@@ -199,20 +284,9 @@ pub mod api {
         m.require(f, Needs::NoClosed)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
-        let plan = crate::data::script::Plan::new(&d, &o, f)?;
-        // Mean ablation's means come from the whole reference (not one shard's part of it).
-        let (mv, ablation) = ablation_view(m, &o, Some(&d))?;
-        let m = &mv;
-        let (p, kinds, mut echo) = ablation_setup(m, &plan.data(&d, f)?, &o)?;
-        echo.extend(ablation);
-        let stop = crate::run::interrupted;
-        let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
-        let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
-        let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
-        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
-        let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
-        let g = finish_sweep(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
-        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+        let plan = Plan::new(&d, &o, f)?;
+        let opts = sweep_options_from(&o, Some(m))?;
+        Ok(ablation_sweep_planned(m, &d, &opts, &plan)?)
     }
 
     /// Corpus BLEU of the model's greedy translations of `data` against its references (a
@@ -238,7 +312,7 @@ pub mod api {
         if d.items.iter().any(|i| i.target.is_none()) {
             return err(format!("bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)", d.name));
         }
-        let plan = crate::data::script::Plan::new(&d, &o, f)?;
+        let plan = Plan::new(&d, &o, f)?;
         let bt = o.usize_or_default("batch_tokens")?;
         let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?).or_else(|e| err(format!("{f}: {e}")))?;
         let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;

@@ -4,6 +4,9 @@
 use crate::analysis::options::{FreqSource, Options, Stat};
 use crate::analysis::result::Analysis;
 use crate::analysis::{accumulate, finish, freq_table, FreqTable};
+use crate::data::script::Plan;
+use crate::data::Dataset;
+use crate::model::view::View;
 use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
@@ -26,20 +29,35 @@ pub struct AnalysisObj(pub Rc<Analysis>);
 
 impl AnalysisObj {
     /// One statistic as a grid, by the name scripts use for its property.
-    pub fn stat_grid(&self, stat: &str) -> ScriptResult<Grid> {
-        let mut a = self.clone();
+    pub fn stat_grid(&self, stat: &str) -> Result<Grid, String> {
         match stat {
-            "confidence" => api::get_confidence(&mut a),
-            "positional" => api::get_positional(&mut a),
-            "rare" => api::get_rare(&mut a),
-            other => err(format!("no statistic '{other}' as a grid (expected \"confidence\", \"positional\" or \"rare\"; syntactic grids come per relation)")),
+            "confidence" => self.confidence_grid(),
+            "positional" => self.positional_grid(),
+            "rare" => self.rare_grid(),
+            other => Err(format!("no statistic '{other}' as a grid (expected \"confidence\", \"positional\" or \"rare\"; syntactic grids come per relation)")),
         }
     }
 
-    fn grid(&self, stat: &str, f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>) -> ScriptResult<Grid> {
+    /// The confidence grid (`a.confidence`).
+    pub fn confidence_grid(&self) -> Result<Grid, String> {
+        self.grid("confidence", |k| k.confidence.clone())
+    }
+
+    /// The positional grid (`a.positional`): the fraction of queries at each head's most
+    /// frequent offset.
+    pub fn positional_grid(&self) -> Result<Grid, String> {
+        self.grid("positional fraction", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.fraction).collect()).collect()))
+    }
+
+    /// The rare-word grid (`a.rare`).
+    pub fn rare_grid(&self) -> Result<Grid, String> {
+        self.grid("rare-word score", |k| k.rare.as_ref().map(|r| r.score.clone()))
+    }
+
+    fn grid(&self, stat: &str, f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>) -> Result<Grid, String> {
         let kinds: crate::model::KindGrids = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
         if kinds.is_empty() {
-            return err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or(String::new(), |(_, v)| crate::output::echo_text(v))));
+            return Err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or(String::new(), |(_, v)| crate::output::echo_text(v))));
         }
         Ok(Grid { stat: stat.into(), model: self.0.model.clone(), dataset: self.0.dataset.clone(), kinds, options: self.0.options.clone() })
     }
@@ -85,12 +103,7 @@ pub const OPTIONS: &[OptSpec] = &[
 /// on the model and the data); `brown` is the default frequency corpus.
 pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> ScriptResult<Options> {
     let f = o.func();
-    let frac = |name: &str| -> ScriptResult<f64> {
-        match o.f64_or_default(name)? {
-            x if !(0.0..=1.0).contains(&x) => err(format!("{f}: option '{name}' must be between 0 and 1, got {x}")),
-            x => Ok(x),
-        }
-    };
+    let frac = |name: &str| -> ScriptResult<f64> { Ok(fraction(f, name, o.f64_or_default(name)?)?) };
     let freq = match (o.string("freq")?, o.string("freq_counts")?) {
         (Some(_), Some(_)) => return err(format!("{f}: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both")),
         (Some(p), None) => FreqSource::Text(p.into()),
@@ -98,9 +111,7 @@ pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pa
         (None, None) => FreqSource::Text(brown),
     };
     let relations = o.strings_or_default("relations")?;
-    if relations.is_empty() {
-        return err(format!("{f}: option 'relations' is empty"));
-    }
+    no_empty_relations(f, &relations)?;
     Ok(Options {
         stats,
         kinds,
@@ -116,11 +127,45 @@ pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pa
     })
 }
 
+/// An option that is a share of queries: between 0 and 1.
+fn fraction(func: &str, name: &str, x: f64) -> Result<f64, String> {
+    if !(0.0..=1.0).contains(&x) {
+        return Err(format!("{func}: option '{name}' must be between 0 and 1, got {x}"));
+    }
+    Ok(x)
+}
+
+fn no_empty_relations(func: &str, relations: &[String]) -> Result<(), String> {
+    if relations.is_empty() {
+        return Err(format!("{func}: option 'relations' is empty"));
+    }
+    Ok(())
+}
+
 impl Options {
     /// Every option at the default of `analyze`'s option list ([`OPTIONS`], the one place the
     /// defaults are written), with these statistics, kinds and default frequency corpus.
     pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Self {
         options_with_defaults(stats, kinds, brown)
+    }
+
+    /// The options `m.analyze(data)` runs with when given none: an empty option map parsed
+    /// as a script's is (the statistics for this dataset, every kind of the model, the Brown
+    /// corpus for rarity, the rest from [`OPTIONS`]).
+    pub fn defaults(m: &View, data: &Dataset) -> Self {
+        parse_options(m, data, &Map::new(), "analyze").map(|(o, _)| o).unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
+    }
+
+    /// What parsing checks, for options built in Rust (the library API): the kinds are the
+    /// model's, shares are between 0 and 1, some relation is scored.
+    fn check(&self, m: &View, func: &str) -> Result<(), String> {
+        for k in &self.kinds {
+            m.model.kind_shape(*k).map_err(|e| format!("{func}: {e}"))?;
+        }
+        fraction(func, "positional_threshold", self.positional_threshold)?;
+        fraction(func, "rare_threshold", self.rare_threshold)?;
+        fraction(func, "margin", self.margin)?;
+        no_empty_relations(func, &self.relations)
     }
 }
 
@@ -132,7 +177,7 @@ pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pat
         .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
 }
 
-fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map, func: &'static str) -> ScriptResult<(Options, crate::data::Dataset)> {
+fn parse_options(m: &ScriptModel, data: &Dataset, options: &Map, func: &'static str) -> ScriptResult<(Options, Dataset)> {
     let o = Opts::new(options, func, OPTIONS)?;
     let is_tb = data.items.iter().all(|i| i.tree.is_some());
     let stats: Vec<Stat> = match o.strings("stats")? {
@@ -144,28 +189,14 @@ fn parse_options(m: &ScriptModel, data: &crate::data::Dataset, options: &Map, fu
     let brown = crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into());
     let opts = options_from(&o, stats, kinds, brown)?;
     // A treebank given beside a corpus must match it sentence by sentence.
-    let mut data = data.clone();
-    if let Some(tb) = o.value("treebank") {
-        let tb = crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?;
-        if tb.items.iter().any(|i| i.tree.is_none()) {
-            return err(format!("{func}: option 'treebank': {} is not a treebank", tb.name));
-        }
-        if tb.len() != data.len() {
-            return err(format!("{func}: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), data.name, data.len()));
-        }
-        let mut items = Vec::with_capacity(data.len());
-        for (i, (d, t)) in data.items.iter().zip(tb.items.iter()).enumerate() {
-            if d.text != t.text {
-                return err(format!("{func}: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, data.name, t.text, d.text));
-            }
-            items.push(crate::data::Item { tree: t.tree.clone(), ..d.clone() });
-        }
-        data = crate::data::Dataset::new(data.name.clone(), items);
-    }
+    let data = match o.value("treebank") {
+        Some(tb) => data.with_trees(&crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?, func)?,
+        None => data.clone(),
+    };
     Ok((opts, data))
 }
 
-fn freq_for(m: &ScriptModel, opts: &Options, func: &'static str) -> ScriptResult<Option<Rc<FreqTable>>> {
+fn freq_for(m: &View, opts: &Options, func: &str) -> Result<Option<Rc<FreqTable>>, String> {
     if !opts.wants(Stat::Rare) {
         return Ok(None);
     }
@@ -174,28 +205,57 @@ fn freq_for(m: &ScriptModel, opts: &Options, func: &'static str) -> ScriptResult
     if let Some(f) = FREQ.with(|c| c.borrow().get(&key).cloned()) {
         return Ok(Some(f));
     }
-    let f = Rc::new(freq_table(&m.model, &opts.freq, opts.rare_top_n).or_else(|e| err(format!("{func}: {e}")))?);
+    let f = Rc::new(freq_table(&m.model, &opts.freq, opts.rare_top_n).map_err(|e| format!("{func}: {e}"))?);
     FREQ.with(|c| c.borrow_mut().insert(key, f.clone()));
     Ok(Some(f))
 }
 
-/// `analyze` (or `confidence`, `func`: the name errors and progress give) on `data`. A
-/// shard's record is an analysis whichever function made it.
+/// `analyze` (or `confidence`, `func`: the name errors and progress give) on `data` under
+/// typed options, on the rows of `plan`: what the script functions and the library API run.
+/// A shard's record is an analysis whichever function made it.
+pub fn analyze_planned(m: &View, d: &Dataset, opts: &Options, plan: &Plan, func: &'static str) -> Result<AnalysisObj, String> {
+    d.require_sentences(func)?;
+    opts.check(m, func)?;
+    // Parsing raises a batch of 0 tokens to 1; options built in Rust get the same.
+    let clamped;
+    let opts = if opts.batch_tokens == 0 {
+        clamped = Options { batch_tokens: 1, ..opts.clone() };
+        &clamped
+    } else {
+        opts
+    };
+    let freq = freq_for(m, opts, func)?;
+    let gates = m.gates().map_err(|e| e.to_string())?;
+    let mut progress = |done: usize, total: usize| crate::run::progress(func, done, total);
+    // The whole dataset goes in (relations are checked against all of it); `rows` is the slice.
+    plan.check(d, func)?;
+    let (frame, acc) = accumulate(&m.model, d, plan.rows.clone(), opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).map_err(|e| format!("{func}: {e}"))?;
+    let a = finish(&frame, &acc).map_err(|e| format!("{func}: {e}"))?;
+    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
+    let acc = serde_json::to_value(&acc).map_err(|e| format!("{func}: {e}"))?;
+    let a = plan.seal("analyze", identity, acc, a, |a| &mut a.options, |a| a.to_json())?;
+    Ok(AnalysisObj(Rc::new(a)))
+}
+
+/// `analyze` on the whole of `data` (the library API's `Model::analyze`).
+pub fn analyze(m: &View, d: &Dataset, opts: &Options) -> Result<AnalysisObj, String> {
+    analyze_planned(m, d, opts, &Plan::whole(d), "analyze")
+}
+
+/// Head confidence alone on the whole of `data`: `opts` with confidence as the one statistic
+/// (the library API's `Model::confidence`).
+pub fn confidence(m: &View, d: &Dataset, opts: &Options) -> Result<Grid, String> {
+    let opts = Options { stats: vec![Stat::Confidence], ..opts.clone() };
+    analyze_planned(m, d, &opts, &Plan::whole(d), "confidence")?.confidence_grid()
+}
+
+/// A script call of `analyze` (or `confidence`): the option map parsed at the edge, then the
+/// typed run.
 fn run(m: &ScriptModel, data: Dynamic, options: Map, func: &'static str) -> ScriptResult<AnalysisObj> {
     let d = crate::data::script::dataset_arg(&data, func)?;
     let (opts, d) = parse_options(m, &d, &options, func)?;
-    let plan = crate::data::script::Plan::new(&d, &Opts::new(&options, func, OPTIONS)?, func)?;
-    let freq = freq_for(m, &opts, func)?;
-    let gates = m.gates()?;
-    let mut progress = |done: usize, total: usize| crate::run::progress(func, done, total);
-    // The whole dataset goes in (relations are checked against all of it); `rows` is the slice.
-    plan.check(&d, func)?;
-    let (frame, acc) = accumulate(&m.model, &d, plan.rows.clone(), &opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{func}: {e}")))?;
-    let a = finish(&frame, &acc).or_else(|e| err(format!("{func}: {e}")))?;
-    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
-    let acc = serde_json::to_value(&acc).or_else(|e| err(format!("{func}: {e}")))?;
-    let a = plan.seal("analyze", identity, acc, a, |a| &mut a.options, |a| a.to_json())?;
-    Ok(AnalysisObj(Rc::new(a)))
+    let plan = Plan::new(&d, &Opts::new(&options, func, OPTIONS)?, func)?;
+    Ok(analyze_planned(m, &d, &opts, &plan, func)?)
 }
 
 /// The analysis of merged shard accumulators (`merge_results`, `headscope merge`).
@@ -272,7 +332,7 @@ pub mod api {
         }
         let mut o = options;
         o.insert("stats".into(), Dynamic::from(vec![Dynamic::from("confidence")]));
-        run(m, data, o, "confidence")?.grid("confidence", |k| k.confidence.clone())
+        Ok(run(m, data, o, "confidence")?.confidence_grid()?)
     }
 
     /// Confidence grid of an analysis.
@@ -283,7 +343,7 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "confidence", return_raw, pure)]
     pub fn get_confidence(a: &mut AnalysisObj) -> ScriptResult<Grid> {
-        a.grid("confidence", |k| k.confidence.clone())
+        Ok(a.confidence_grid()?)
     }
 
     /// Positional grid: the fraction of queries at each head's most frequent offset.
@@ -303,7 +363,7 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "positional", return_raw, pure)]
     pub fn get_positional(a: &mut AnalysisObj) -> ScriptResult<Grid> {
-        a.grid("positional fraction", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.fraction).collect()).collect()))
+        Ok(a.positional_grid()?)
     }
 
     /// Each head's most frequent offset `argmax(t) - t`.
@@ -315,7 +375,7 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "offsets", return_raw, pure)]
     pub fn get_offsets(a: &mut AnalysisObj) -> ScriptResult<Grid> {
-        a.grid("most frequent offset", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect()).collect()))
+        Ok(a.grid("most frequent offset", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect()).collect()))?)
     }
 
     /// Rare-word grid: the fraction of queries whose argmax is the sentence's rarest token.
@@ -326,7 +386,7 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "rare", return_raw, pure)]
     pub fn get_rare(a: &mut AnalysisObj) -> ScriptResult<Grid> {
-        a.grid("rare-word score", |k| k.rare.as_ref().map(|r| r.score.clone()))
+        Ok(a.rare_grid()?)
     }
 
     /// Syntactic accuracy grid of one relation and direction ("v->s", or "g->d" / "d->g").

@@ -150,7 +150,7 @@ pub mod api {
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
         }
         g.options = echo;
-        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+        Ok(plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)?)
     }
 
     /// `head_importance` with the default options.

@@ -1,7 +1,11 @@
 //! LRP head relevance on a model: `m.lrp(data, #{...})` (docs/methods.md#lrp-head-relevance).
 
+use crate::analysis::lrp::{LrpOptions, RuleSet};
+use crate::data::script::Plan;
+use crate::data::Dataset;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
+use crate::model::view::View;
 use crate::script::convert::{err, opt, opt_int_by, opt_str, OptSpec, Opts, ScriptResult};
 
 pub const LRP_OPTIONS: &[OptSpec] = &[
@@ -24,6 +28,72 @@ pub fn finish_lrp(identity: &serde_json::Value, acc: &serde_json::Value) -> Resu
     options.push(("max_conservation_error".into(), acc["max_conservation_error"].clone()));
     Ok(Grid { stat: format!("lrp ({rule})"), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options })
 }
+/// `lrp`'s typed options from a map checked against [`LRP_OPTIONS`]: what it gives, else the
+/// list's defaults; a seed not given is left to the model (`LrpOptions::seed_for`).
+fn options_from(o: &Opts) -> ScriptResult<LrpOptions> {
+    let rule: RuleSet = o.parsed_or_default("rule")?;
+    let per_prediction = match o.string_or_default("seeds")?.as_str() {
+        "each" => true,
+        "summed" => false,
+        other => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
+    };
+    Ok(LrpOptions {
+        rule,
+        seed: o.string("seed")?.map(|s| s.parse()).transpose().or_else(|e: String| err(format!("lrp: {e}")))?,
+        per_prediction,
+        batch_tokens: o.usize_or_default("batch_tokens")?,
+    })
+}
+
+/// `lrp`'s options from an option map written in Rust (the defaults below).
+fn options_of(map: &Map) -> LrpOptions {
+    Opts::new(map, "lrp", LRP_OPTIONS).and_then(|o| options_from(&o)).unwrap_or_else(|e| unreachable!("lrp's option list gives every default a value of its type: {e}"))
+}
+
+impl Default for LrpOptions {
+    /// What `m.lrp(data)` runs with: the defaults of [`LRP_OPTIONS`] (rule "ab", seeds
+    /// "each" with its batch_tokens, 64), the seed left to the model.
+    fn default() -> Self {
+        options_of(&Map::new())
+    }
+}
+
+impl LrpOptions {
+    /// What `m.lrp(data, #{seeds: "summed"})` runs with: a sentence's seeds propagated
+    /// together, with that choice's batch_tokens default (256) from [`LRP_OPTIONS`].
+    pub fn summed() -> Self {
+        options_of(&Map::from_iter([("seeds".into(), Dynamic::from("summed"))]))
+    }
+}
+
+/// LRP head relevance on the rows of `plan` under typed options: what `m.lrp(data, #{...})`
+/// and the library API run.
+pub fn lrp_planned(m: &View, d: &Dataset, opts: &LrpOptions, plan: &Plan) -> Result<Grid, String> {
+    let f = "lrp";
+    d.require_sentences(f)?;
+    let gates = m.gates().map_err(|e| e.to_string())?;
+    let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
+    let r = crate::analysis::lrp::lrp(&m.model, &plan.data(d, f)?, opts, &gates, &crate::run::interrupted, &mut progress).map_err(|e| format!("lrp: {e}"))?;
+    let kinds: Vec<crate::model::Kind> = r.sums.iter().map(|(k, _)| *k).collect();
+    let echo = serde_json::json!([
+        ["rule", r.options.rule.to_string()],
+        ["seed", r.options.seed_for(&m.model).to_string()],
+        ["seeds", if r.options.per_prediction { "each" } else { "summed" }],
+        ["batch_tokens", r.options.batch_tokens],
+    ]);
+    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": crate::analysis::script::sharded::valid_heads(&crate::analysis::script::sharded::present_heads(&m.model, &kinds))});
+    // Removed heads hold NaN in the sums; the record keeps 0 (the identity says which heads count).
+    let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>()).collect::<Vec<_>>()))).collect();
+    let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
+    let g = finish_lrp(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
+    plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+}
+
+/// LRP head relevance over the whole of `data` (the library API's `Model::lrp`).
+pub fn lrp(m: &View, d: &Dataset, opts: &LrpOptions) -> Result<Grid, String> {
+    lrp_planned(m, d, opts, &Plan::whole(d))
+}
+
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
@@ -55,43 +125,11 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "lrp", return_raw, pure)]
     pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
-        use crate::analysis::lrp::{lrp, LrpOptions, Seed};
         let o = Opts::new(&options, "lrp", LRP_OPTIONS)?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
-        let net = &m.model.net;
-        let rule: crate::analysis::lrp::RuleSet = o.parsed_or_default("rule")?;
-        // AttnLRP runs on the self-attention stack: logits for a language model, else norms.
-        let attn = rule == crate::analysis::lrp::RuleSet::AttnLrp;
-        let default_seed = if net.output.is_some() && (!attn || m.model.is_lm()) { Seed::Logit } else { Seed::Norm };
-        let per_prediction = match o.string_or_default("seeds")?.as_str() {
-            "each" => true,
-            "summed" => false,
-            other => return err(format!("lrp: unknown seeds '{other}' (expected \"each\" or \"summed\")")),
-        };
-        let opts = LrpOptions {
-            rule,
-            seed: o.string("seed")?.map_or(Ok(default_seed), |s| s.parse()).or_else(|e: String| err(format!("lrp: {e}")))?,
-            per_prediction,
-            batch_tokens: o.usize_or_default("batch_tokens")?,
-        };
-        let gates = m.gates()?;
-        let f = "lrp";
-        let plan = crate::data::script::Plan::new(&d, &o, f)?;
-        let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
-        let r = lrp(&m.model, &plan.data(&d, f)?, &opts, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("lrp: {e}")))?;
-        let kinds: Vec<crate::model::Kind> = r.sums.iter().map(|(k, _)| *k).collect();
-        let echo = serde_json::json!([
-            ["rule", r.options.rule.to_string()],
-            ["seed", r.options.seed.to_string()],
-            ["seeds", if r.options.per_prediction { "each" } else { "summed" }],
-            ["batch_tokens", r.options.batch_tokens],
-        ]);
-        let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": crate::analysis::script::sharded::valid_heads(&crate::analysis::script::sharded::present_heads(&m.model, &kinds))});
-        // Removed heads hold NaN in the sums; the record keeps 0 (the identity says which heads count).
-        let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>()).collect::<Vec<_>>()))).collect();
-        let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
-        let g = finish_lrp(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
-        plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+        let opts = options_from(&o)?;
+        let plan = Plan::new(&d, &o, "lrp")?;
+        Ok(lrp_planned(m, &d, &opts, &plan)?)
     }
 
     /// AttnLRP's input-token relevance of one text (docs/methods.md#attnlrp): a table of the

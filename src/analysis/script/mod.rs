@@ -36,14 +36,11 @@ pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
     v.clone().try_cast::<AnalysisObj>().map(|a| a.0.kinds.iter().map(|k| k.kind.to_string()).collect())
 }
 
-pub use ablation::api::{ablate_opts, ablation_sweep_opts};
-pub use ablation::{finish_bleu, finish_sweep};
+pub use ablation::{ablation_sweep, ablation_sweep_planned, finish_bleu, finish_sweep};
 pub use analysis::finish_merged as finish_analysis;
 pub use importance::finish_importance;
-pub use lrp::finish_lrp;
-pub use analysis::api::{analyze_opts, confidence_of};
-pub use analysis::{options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
-pub use lrp::api::lrp_opts;
+pub use lrp::{finish_lrp, lrp, lrp_planned};
+pub use analysis::{analyze, analyze_planned, confidence, options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
 pub use diversity::DiversityObj;
 pub use taxonomy::HeadTypes;
 

@@ -84,6 +84,14 @@ pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<He
     Ok(vec![one(v, "")?])
 }
 
+/// One head's attention on a sentence under the view's gates: what `h.attention(text)`,
+/// `m.attention(head, text)` and the library API's `Model::attention` run.
+pub fn attention_of(m: &ScriptModel, id: HeadId, text: &str) -> Result<AttentionMatrix, String> {
+    let gates = m.gates().map_err(|e| e.to_string())?;
+    let map = m.model.attention_map(text, id, &gates).map_err(|e| format!("attention: {e}"))?;
+    Ok(AttentionMatrix(Rc::new(map)))
+}
+
 fn cell_value(c: &crate::table::Cell) -> Dynamic {
     use crate::table::Cell;
     match c {
@@ -138,9 +146,7 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn attention(h: &mut Head, text: &str) -> ScriptResult<AttentionMatrix> {
-        let gates = h.model.gates()?;
-        let map = h.model.model.attention_map(text, h.id, &gates).or_else(|e| err(format!("attention: {e}")))?;
-        Ok(AttentionMatrix(Rc::new(map)))
+        Ok(attention_of(&h.model, h.id, text)?)
     }
 
     /// A head's attention on a sentence, the head given as a `Head` or by name.
@@ -153,7 +159,7 @@ pub mod api {
     pub fn model_attention(m: &mut ScriptModel, head: Dynamic, text: &str) -> ScriptResult<AttentionMatrix> {
         let ids = head_ids(m, &head, "attention")?;
         let [id] = ids.as_slice() else { return err(format!("attention: expected one head, got {}", ids.len())) };
-        attention(&mut Head { model: m.clone(), id: *id }, text)
+        Ok(attention_of(m, *id, text)?)
     }
 
     /// An interactive head view of a sentence (docs/methods.md#head-view): tokens on both sides

@@ -32,6 +32,31 @@ pub const LOAD_OPTIONS: &[OptSpec] = &[
 pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
 pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
 
+/// `load_model`'s typed options from a map checked against [`LOAD_OPTIONS`].
+fn load_options_from(o: &Opts) -> ScriptResult<LoadOptions> {
+    let device: DeviceChoice = o.string_or_default("device")?.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
+    LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))
+}
+
+impl Default for LoadOptions {
+    /// `load_model`'s defaults, read from [`LOAD_OPTIONS`]: device "auto" (CUDA when
+    /// available, resolved now), dtype "f32".
+    fn default() -> Self {
+        let empty = Map::new();
+        Opts::new(&empty, "load_model", LOAD_OPTIONS).and_then(|o| load_options_from(&o)).unwrap_or_else(|e| unreachable!("load_model's option list gives every default a value of its type: {e}"))
+    }
+}
+
+/// Loads a model from a directory or a named asset under typed options: what `load_model`
+/// and the library API's `Model::load_with` run. Errors start with "load_model: ".
+pub fn load(path: &str, opts: LoadOptions) -> Result<ScriptModel, String> {
+    let opts = opts.checked().map_err(|e| format!("load_model: {e}"))?;
+    let p = std::path::Path::new(path);
+    let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).map_err(|e| format!("load_model: '{path}' is neither a directory nor a model asset ({e})"))? };
+    let model = Model::load(&dir, opts).map_err(|e| format!("load_model: {e}"))?;
+    Ok(ScriptModel::new(model))
+}
+
 /// The `kinds` option of any function that takes one: the names given, each a kind the model
 /// has, else every kind it has. Errors name the function the user called (`o.func()`).
 pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
@@ -47,8 +72,7 @@ pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
         .collect()
 }
 
-pub use head::api::model_attention as api_attention;
-pub use head::{head_ids, AttentionMatrix, Head};
+pub use head::{attention_of, head_ids, AttentionMatrix, Head};
 
 fn kind(s: &str) -> ScriptResult<Kind> {
     s.parse().or_else(|e: String| err(e))
@@ -117,12 +141,7 @@ pub mod api {
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
         let o = Opts::new(&options, "load_model", LOAD_OPTIONS)?;
-        let device: DeviceChoice = o.string_or_default("device")?.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
-        let opts = LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
-        let p = std::path::Path::new(path);
-        let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).or_else(|e| err(format!("load_model: '{path}' is neither a directory nor a model asset ({e})")))? };
-        let model = Model::load(&dir, opts).or_else(|e| err(format!("load_model: {e}")))?;
-        Ok(ScriptModel::new(model))
+        Ok(load(path, load_options_from(&o)?)?)
     }
 
     /// Loads a model on the default device in f32.
