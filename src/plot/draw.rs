@@ -40,6 +40,17 @@ pub fn fmt_value(v: f64) -> String {
     if a != 0.0 && !(1e-2..1e4).contains(&a) { format!("{v:.1e}") } else if a >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
+/// An axis's tick labels over `lo..hi`, all with the decimals the tick spacing needs (about
+/// ten ticks: `40`, `60`, `120` on one axis, `4.4`, `4.6`, `5.0` on another); very large or
+/// very small values as [`fmt_value`].
+pub fn axis_format(lo: f64, hi: f64) -> impl Fn(&f64) -> String {
+    let top = lo.abs().max(hi.abs());
+    let step = (hi - lo).abs() / 10.0;
+    let plain = top < 1e4 && top >= 1e-2 && step > 0.0 && step.is_finite();
+    let decimals = if plain { (-step.log10().floor()).clamp(0.0, 6.0) as usize } else { 0 };
+    move |v: &f64| if plain { format!("{v:.decimals$}") } else { fmt_value(*v) }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn heatmap<DB: DrawingBackend>(
     plot: &Plot,
@@ -221,8 +232,8 @@ fn line<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, series: 
         .configure_mesh()
         .x_desc(&plot.x_label)
         .y_desc(&plot.y_label)
-        .x_label_formatter(&|v| fmt_value(*v))
-        .y_label_formatter(&|v| fmt_value(*v))
+        .x_label_formatter(&axis_format(x0, x1))
+        .y_label_formatter(&axis_format(y0 - pad, y1 + pad))
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;
@@ -245,4 +256,18 @@ fn line<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, series: 
         .draw()
         .map_err(e)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_axis_labels_its_ticks_with_one_precision() {
+        let x = axis_format(37.0, 240.0);
+        assert_eq!([x(&40.0), x(&60.0), x(&120.0)], ["40", "60", "120"]);
+        let y = axis_format(4.2, 6.1);
+        assert_eq!([y(&4.4), y(&5.0), y(&6.0)], ["4.4", "5.0", "6.0"]);
+        assert_eq!(axis_format(0.0, 1e6)(&5e5), "5.0e5");
+    }
 }
