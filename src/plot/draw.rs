@@ -46,7 +46,7 @@ pub fn fmt_value(v: f64) -> String {
 pub fn axis_format(lo: f64, hi: f64) -> impl Fn(&f64) -> String {
     let top = lo.abs().max(hi.abs());
     let step = (hi - lo).abs() / 10.0;
-    let plain = top < 1e4 && top >= 1e-2 && step > 0.0 && step.is_finite();
+    let plain = (1e-2..1e4).contains(&top) && step > 0.0 && step.is_finite();
     let decimals = if plain { (-step.log10().floor()).clamp(0.0, 6.0) as usize } else { 0 };
     move |v: &f64| if plain { format!("{v:.decimals$}") } else { fmt_value(*v) }
 }
