@@ -49,11 +49,19 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
             let _ = t.push_row(vec![Cell::Text(c.usage.into()), Cell::Text(c.help.into())]);
         }
         let mut out = t.to_text();
-        out += "\nAny other input is Rhai code. `:help NAME` documents a function (`:help heatmap`) or a type (`:help Model`); `:types` lists the types; `:help hooks` lists the hook points.";
+        out += "\n";
+        out += &modules_table().to_text();
+        out += "\nAny other input is Rhai code. `:help NAME` documents a function (`:help heatmap`), a type (`:help Model`) or a stdlib module (`:help stats`); `:help functions` lists the global functions, `:types` the types, `:help hooks` the hook points.";
         return Ok(Outcome::Show(Some(Output::text(out))));
     }
     if arg == "hooks" {
         return Ok(Outcome::Show(Some(hooks_help())));
+    }
+    if arg == "functions" {
+        return Ok(Outcome::Show(Some(functions_help(session))));
+    }
+    if let Some((module, _)) = super::STDLIB.iter().find(|(m, _)| *m == arg) {
+        return Ok(Outcome::Show(Some(module_help(session, module))));
     }
     let types = super::docs::type_names(session.engine());
     if let Some(t) = types.iter().find(|t| t.as_str() == arg) {
@@ -95,6 +103,43 @@ fn hooks_help() -> Output {
 }
 
 /// `:help TYPE`: every method and property of the type with its one-line doc.
+/// The stdlib modules, each with the first line of its file's comment.
+fn modules_table() -> Table {
+    let mut t = Table::new(vec!["stdlib module".into(), "what it holds".into()]);
+    t.title = Some("stdlib modules: import \"stats\" as s; then s::mean(xs) (:help stats lists one)".into());
+    for (name, text) in super::STDLIB {
+        let first = text.lines().next().and_then(|l| l.strip_prefix("//")).map(str::trim).unwrap_or_default();
+        let what = first.strip_prefix(&format!("{name}:")).map(str::trim).unwrap_or(first);
+        let _ = t.push_row(vec![Cell::Text((*name).into()), Cell::Text(what.into())]);
+    }
+    t
+}
+
+/// `:help functions`: the global functions (not methods), each signature with its summary.
+fn functions_help(session: &Session) -> Output {
+    let mut t = Table::new(vec!["function".into(), "what it does".into()]);
+    t.title = Some("global functions (:help NAME for one; methods: :help TYPE)".into());
+    let mut seen = std::collections::HashSet::new();
+    for d in super::docs::all_docs(session.engine()).iter().filter(|d| d.receiver.is_none() && !d.name.contains("::")) {
+        if d.signature.contains(" = ") || d.signature.contains('[') || !seen.insert(d.signature.clone()) {
+            continue;
+        }
+        let _ = t.push_row(vec![Cell::Text(d.signature.clone()), Cell::Text(d.summary())]);
+    }
+    crate::output::Render::render(&t)
+}
+
+/// `:help MODULE`: a stdlib module's functions.
+fn module_help(session: &Session, module: &str) -> Output {
+    let mut t = Table::new(vec!["function".into(), "what it does".into()]);
+    t.title = Some(format!("stdlib module {module}: import \"{module}\" as m; then m::NAME(...) (:help {module}::NAME for one)"));
+    let prefix = format!("{module}::");
+    for d in super::docs::all_docs(session.engine()).iter().filter(|d| d.name.starts_with(&prefix)) {
+        let _ = t.push_row(vec![Cell::Text(d.signature.clone()), Cell::Text(d.summary())]);
+    }
+    crate::output::Render::render(&t)
+}
+
 fn type_help(session: &Session, type_name: &str) -> Output {
     let docs = super::docs::all_docs(session.engine());
     let mut t = Table::new(vec!["member".into(), "what it does".into()]);
@@ -212,6 +257,26 @@ fn device(_: &mut Session, _: &str) -> Result<Outcome, String> {
 mod tests {
     use super::*;
     use crate::engine::SessionOptions;
+
+    #[test]
+    fn help_lists_the_global_functions_and_the_stdlib_modules() {
+        let mut s = Session::new(SessionOptions::default());
+        let show = |s: &mut Session, c: &str| match dispatch(s, c) {
+            Ok(Outcome::Show(Some(o))) => o.text,
+            _ => panic!("{c} showed nothing"),
+        };
+        let all = show(&mut s, ":help");
+        for m in ["stats", "tables", "heads", "prune", "summary statistics", ":help functions"] {
+            assert!(all.contains(m), "{m} missing from :help:\n{all}");
+        }
+        let f = show(&mut s, ":help functions");
+        for name in ["heatmap(matrix", "table(", "bleu(", "corpus("] {
+            assert!(f.contains(name), "{name} missing from :help functions");
+        }
+        assert!(!f.contains("m.analyze"), "methods are listed by type, not here");
+        let m = show(&mut s, ":help stats");
+        assert!(m.contains("stats::mean(") && m.contains("Arithmetic mean."), "{m}");
+    }
 
     #[test]
     fn help_on_a_mistyped_topic_suggests_the_near_one() {
