@@ -174,7 +174,8 @@ pub fn run() -> Result<bool, String> {
                 transcript = Some(crate::engine::pasted_inputs(&line).is_some());
             }
             if transcript == Some(true) {
-                if line.trim_start().starts_with("hs>") && !buf.trim().is_empty() {
+                // A prompt line (as `pasted_inputs` reads one) starts the next input.
+                if crate::engine::pasted_inputs(&line).is_some() && !buf.trim().is_empty() {
                     n += 1;
                     if !run_input(&session, &std::mem::take(&mut buf), n, &mut failed) {
                         return Ok(failed);

@@ -529,11 +529,15 @@ fn char_at(code: &str, pos: rhai::Position) -> Option<char> {
 /// when the input ended before what it expects (`fn f(x) {`, `let a = [1,`). A token missing
 /// before the end (`for h in xs: ...`, `f(x=1)`, `xs[0:3]`) is an error in what was typed.
 fn is_at_end(code: &str, pos: rhai::Position) -> bool {
-    let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return true };
-    let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
-    let Some(rest) = code.get(line_start..) else { return true };
-    let at = line_start + rest.chars().take(col.saturating_sub(1)).map(char::len_utf8).sum::<usize>();
-    at >= code.trim_end().len()
+    byte_offset(code, pos).is_none_or(|at| at >= code.trim_end().len())
+}
+
+/// The byte offset in `code` of a parser position (line and column, both from 1).
+fn byte_offset(code: &str, pos: rhai::Position) -> Option<usize> {
+    let (line, col) = (pos.line()?, pos.position()?);
+    let line_start: usize = code.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    let rest = code.get(line_start..)?;
+    Some(line_start + rest.chars().take(col.saturating_sub(1)).map(char::len_utf8).sum::<usize>())
 }
 
 impl Drop for Session {
@@ -611,10 +615,7 @@ fn display_last(parser: &Engine, code: &str) -> String {
         },
         other => other.position(),
     };
-    let (Some(line), Some(col)) = (pos.line(), pos.position()) else { return code.to_string() };
-    let line_start: usize = code.split_inclusive('\n').take(line - 1).map(str::len).sum();
-    let Some(rest) = code.get(line_start..) else { return code.to_string() };
-    let mut off = line_start + rest.chars().take(col - 1).map(char::len_utf8).sum::<usize>();
+    let Some(mut off) = byte_offset(code, pos) else { return code.to_string() };
     // A namespaced call (`st::mean(x)`) starts at its namespace, which the position leaves out.
     while let Some(before) = code[..off].trim_end().strip_suffix("::") {
         let name_start = before.trim_end_matches(|c: char| c.is_alphanumeric() || c == '_').len();
