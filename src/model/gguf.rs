@@ -1,5 +1,5 @@
 //! GGUF checkpoints (llama.cpp's format, e.g. SmolLM2-135M in the assets): metadata, tensor
-//! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors
+//! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K tensors
 //! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/readers/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
@@ -148,7 +148,11 @@ fn block(t: u32) -> Option<(usize, usize, &'static str)> {
         1 => Some((2, 1, "F16")),
         2 => Some((18, 32, "Q4_0")),
         3 => Some((20, 32, "Q4_1")),
+        6 => Some((22, 32, "Q5_0")),
+        7 => Some((24, 32, "Q5_1")),
         8 => Some((34, 32, "Q8_0")),
+        10 => Some((84, 256, "Q2_K")),
+        11 => Some((110, 256, "Q3_K")),
         12 => Some((144, 256, "Q4_K")),
         13 => Some((176, 256, "Q5_K")),
         14 => Some((210, 256, "Q6_K")),
@@ -166,7 +170,7 @@ fn k_scale_min(s: &[u8], j: usize) -> (f32, f32) {
     }
 }
 
-/// One super-block of 256 values of a K-quant (llama.cpp's `dequantize_row_q{4,5,6}_K`).
+/// One super-block of 256 values of a K-quant (llama.cpp's `dequantize_row_q{2,3,4,5,6}_K`).
 fn dequant_k(t: u32, blk: &[u8], o: &mut [f32]) {
     match t {
         // d, dmin, 12 scale bytes, 128 bytes of 4-bit values: sub-block s = 2i + k holds the
@@ -186,6 +190,32 @@ fn dequant_k(t: u32, blk: &[u8], o: &mut [f32]) {
                     }
                     o[32 * s + e] = d * sc * q as f32 - dmin * mn;
                 }
+            }
+        }
+        // 16 scale bytes (low nibble the scale, high the min, of 16 values each), 64 bytes of
+        // 2-bit values (value l is bits 2(r/32) of byte 32(l/128) + r%32, r = l%128), d, dmin.
+        10 => {
+            let (scales, qs, d, dmin) = (&blk[..16], &blk[16..80], half(&blk[80..82]), half(&blk[82..84]));
+            for (l, out) in o.iter_mut().enumerate().take(256) {
+                let (i, r) = (l / 128, l % 128);
+                let q = (qs[32 * i + r % 32] >> (2 * (r / 32))) & 3;
+                let sc = scales[l / 16];
+                let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
+                *out = dl * q as f32 - ml;
+            }
+        }
+        // 32 bytes of high-bit mask (bit l/32 of byte l%32; a clear bit subtracts 4), 64 bytes
+        // of 2-bit values laid out as Q2_K's, 12 bytes of 16 packed 6-bit scales (offset 32), d.
+        11 => {
+            let (hmask, qs, sc, d) = (&blk[..32], &blk[32..96], &blk[96..108], half(&blk[108..110]));
+            for (l, out) in o.iter_mut().enumerate().take(256) {
+                let (i, r) = (l / 128, l % 128);
+                let low = ((qs[32 * i + r % 32] >> (2 * (r / 32))) & 3) as i32;
+                let high = ((hmask[l % 32] >> (l / 32)) & 1) ^ 1;
+                let k = l / 16;
+                let scale = ((sc[k % 8] >> (4 * (k / 8))) & 0x0f) | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4);
+                let dl = d * (scale as i32 - 32) as f32;
+                *out = dl * (low - 4 * high as i32) as f32;
             }
         }
         // 128 bytes of low 4 bits, 64 of high 2 bits, 16 signed 8-bit scales (one per 16
@@ -271,7 +301,7 @@ impl Gguf {
     pub fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
         let info = self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
-        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
+        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
         let n = super::bytes::elements(info.dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &self.file)?;
         if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
@@ -304,6 +334,21 @@ impl Gguf {
                     }
                 }
             }
+            // d, (Q5_1: m,) 32 fifth bits (bit j for value j), 16 bytes of low nibbles (values
+            // 0..16) and high nibbles (16..32).
+            6 | 7 => {
+                let q51 = info.ggml_type == 7;
+                let at = if q51 { 4 } else { 2 };
+                for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(bytes)) {
+                    let d = half(&blk[..2]);
+                    let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+                    let qs = &blk[at + 4..at + 20];
+                    for (j, out) in o.iter_mut().enumerate() {
+                        let q = ((qs[j % 16] >> (4 * (j / 16))) & 0x0f) as u32 | (((qh >> j) & 1) << 4);
+                        *out = if q51 { d * q as f32 + half(&blk[2..4]) } else { d * (q as i32 - 16) as f32 };
+                    }
+                }
+            }
             8 => {
                 for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(34)) {
                     let d = half(&blk[..2]);
@@ -312,8 +357,7 @@ impl Gguf {
                     }
                 }
             }
-            12..=14 => {
-                let bytes = block(info.ggml_type).map_or(1, |b| b.0);
+            10..=14 => {
                 for (o, blk) in out.chunks_exact_mut(256).zip(data.chunks_exact(bytes)) {
                     dequant_k(info.ggml_type, blk, o);
                 }
