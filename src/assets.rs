@@ -15,6 +15,8 @@ pub const ASSETS: &[Asset] = &[
     Asset { name: "enpt", path: "marian/enpt", what: "Firefox-Translations EN->PT (Marian)" },
     Asset { name: "pten", path: "marian/pten", what: "Firefox-Translations PT->EN (Marian)" },
     Asset { name: "smollm2", path: "smollm2", what: "SmolLM2-135M-Instruct (GGUF, Q4_1) + derived tokenizer.json" },
+    Asset { name: "gemma3", path: "gemma3-270m", what: "Gemma 3 270M base (GGUF, Q4_K_M; tokenizer from its metadata; Gemma Terms of Use)" },
+    Asset { name: "qwen25coder", path: "qwen25coder", what: "Qwen2.5-Coder-0.5B-Instruct (GGUF, Q4_K_M; tokenizer from its metadata)" },
     Asset { name: "pud_en.conllu", path: "pud_en.conllu", what: "1000 English PUD sentences parsed by spaCy" },
     Asset { name: "pud_en.txt", path: "pud_en.txt", what: "the same sentences, one per line" },
     Asset { name: "brown.txt", path: "brown.txt", what: "Brown corpus as text (token frequencies)" },
@@ -76,7 +78,7 @@ pub mod script {
         use super::*;
 
         /// The path of a named asset fetched by `scripts/setup`: "minilm", "enpt", "pten",
-        /// "smollm2", "pud_en.conllu", "pud_en.txt", "brown.txt".
+        /// "smollm2", "gemma3", "qwen25coder", "pud_en.conllu", "pud_en.txt", "brown.txt".
         ///
         /// ```rhai
         /// let p = asset("pud_en.txt");

@@ -21,47 +21,47 @@ use std::path::Path;
 use tch::Tensor;
 
 #[derive(Debug, Deserialize)]
-struct Config {
-    model_type: String,
-    vocab_size: i64,
-    hidden_size: i64,
-    intermediate_size: i64,
-    num_hidden_layers: usize,
-    num_attention_heads: i64,
+pub struct Config {
+    pub model_type: String,
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
     #[serde(default)]
-    num_key_value_heads: Option<i64>,
-    head_dim: i64,
+    pub num_key_value_heads: Option<i64>,
+    pub head_dim: i64,
     #[serde(default)]
-    hidden_activation: Option<String>,
+    pub hidden_activation: Option<String>,
     #[serde(default)]
-    hidden_act: Option<String>,
+    pub hidden_act: Option<String>,
     #[serde(default)]
-    max_position_embeddings: Option<i64>,
-    rms_norm_eps: f64,
+    pub max_position_embeddings: Option<i64>,
+    pub rms_norm_eps: f64,
     #[serde(default = "default_theta")]
-    rope_theta: f64,
+    pub rope_theta: f64,
     #[serde(default)]
-    rope_scaling: Option<serde_json::Value>,
+    pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
-    rope_local_base_freq: Option<f64>,
+    pub rope_local_base_freq: Option<f64>,
     #[serde(default)]
-    attention_bias: bool,
+    pub attention_bias: bool,
     #[serde(default)]
-    query_pre_attn_scalar: Option<f64>,
+    pub query_pre_attn_scalar: Option<f64>,
     #[serde(default)]
-    sliding_window: Option<i64>,
+    pub sliding_window: Option<i64>,
     #[serde(default)]
-    layer_types: Option<Vec<String>>,
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
-    sliding_window_pattern: Option<usize>,
+    pub sliding_window_pattern: Option<usize>,
     #[serde(default)]
-    final_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
     #[serde(default)]
-    attn_logit_softcapping: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
     #[serde(default = "default_true")]
-    tie_word_embeddings: bool,
+    pub tie_word_embeddings: bool,
     #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
 }
 
 fn default_theta() -> f64 {
@@ -75,7 +75,14 @@ fn default_true() -> bool {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
+    let (map, file) = hf::weights(dir)?;
+    build(&cfg, &cfg_file, Weights::new(map, file, opts, None), opts)
+}
+
+/// The model of a config and its weights under HF's names (from `config.json` and safetensors,
+/// or from a GGUF's metadata and tensors, `llama_gguf`); `cfg_file` names the config in errors.
+pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let bad = |why: String| ModelError::Config(cfg_file.to_string(), why);
     let version = match cfg.model_type.as_str() {
         "gemma" => 1,
         "gemma2" => 2,
@@ -126,8 +133,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         scale: if version == 1 { None } else { Some(cfg.query_pre_attn_scalar.unwrap_or(dh as f64).powf(-0.5)) },
         softcap: if version == 2 { cfg.attn_logit_softcapping } else { None },
     };
-    let (map, file) = hf::weights(dir)?;
-    let mut w = Weights::new(map, file, opts, None);
     let eps = cfg.rms_norm_eps;
     // Gemma's RMSNorm scales by (1 + weight).
     let norm = |w: &mut Weights, name: String, width: i64| -> Result<Norm, ModelError> {

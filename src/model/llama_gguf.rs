@@ -1,12 +1,17 @@
 //! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
-//! `qwen2` and `qwen3`, built by the HF llama code (`llama::build`) from the metadata and the
-//! tensors renamed: RMSNorm before each sublayer, rotary positions, grouped-query causal
-//! self-attention (Qwen2's Q/K/V biases, Qwen3's per-head q/k norms), SwiGLU FFN, a final
-//! RMSNorm, and an output projection tied to the embeddings unless `output.weight` exists.
-//! Settings come from the GGUF metadata (`ARCH.*`); the tokenizer is the directory's
-//! `tokenizer.json` (for the assets, derived from the GGUF with transformers by
-//! `scripts/setup`). llama.cpp's converter permutes a llama checkpoint's Q/K rows into
-//! adjacent rotary pairs, and leaves Qwen's in HF's rotate-half order (its NEOX rope).
+//! `qwen2` and `qwen3`, built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
+//! `gemma3` (Gemma 3 270M in the assets), built by the HF Gemma code (`gemma::build`), from the
+//! metadata and the tensors renamed to HF's names: RMSNorm before each sublayer, rotary
+//! positions, grouped-query causal self-attention (Qwen2's Q/K/V biases, Qwen3's and Gemma 3's
+//! per-head q/k norms), SwiGLU or GeGLU FFN, a final RMSNorm, and an output projection tied to
+//! the embeddings unless `output.weight` exists.
+//! Settings come from the GGUF metadata (`ARCH.*`), with llama.cpp's fixed values where the
+//! metadata has none (Gemma 3: every sixth layer global, local rotary base 10000; Gemma 2:
+//! alternating); the tokenizer is the directory's `tokenizer.json` when there is one, else the
+//! GGUF's own (`gguf_tokenizer`). llama.cpp's converter permutes a llama checkpoint's Q/K rows
+//! into adjacent rotary pairs, and leaves Qwen's and Gemma's in HF's rotate-half order (their
+//! NEOX rope); it stores Gemma's RMSNorm weights as `1 + w`, which are read back as `w` (as
+//! transformers' GGUF loader does).
 
 use super::gguf::{Gguf, Value};
 use super::llama::{build, Config, RotaryRows};
@@ -21,8 +26,9 @@ pub fn find_gguf(dir: &Path) -> Option<PathBuf> {
     (v.len() == 1).then(|| v.remove(0))
 }
 
-/// A GGUF tensor name -> the HF llama name of the same tensor.
-fn hf_name(name: &str) -> String {
+/// A GGUF tensor name -> the HF name of the same tensor (`arch` decides what `ffn_norm` is:
+/// Gemma 2/3's norm before the MLP has a name of its own).
+fn hf_name(arch: &str, name: &str) -> String {
     if let Some(rest) = name.strip_prefix("blk.") {
         if let Some((l, part)) = rest.split_once('.') {
             let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
@@ -34,7 +40,10 @@ fn hf_name(name: &str) -> String {
                 "attn_q_norm" => "self_attn.q_norm",
                 "attn_k_norm" => "self_attn.k_norm",
                 "attn_norm" => "input_layernorm",
+                "ffn_norm" if arch == "gemma2" || arch == "gemma3" => "pre_feedforward_layernorm",
                 "ffn_norm" => "post_attention_layernorm",
+                "post_attention_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
                 "ffn_gate" => "mlp.gate_proj",
@@ -62,23 +71,72 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
     let rows = match arch.as_str() {
         "llama" => RotaryRows::Adjacent,
-        "qwen2" | "qwen3" => RotaryRows::RotateHalf,
-        _ => return Err(bad(format!("architecture '{arch}' is not supported (llama, qwen2, qwen3 are)"))),
+        "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3" => RotaryRows::RotateHalf,
+        _ => return Err(bad(format!("architecture '{arch}' is not supported (llama, qwen2, qwen3, gemma, gemma2, gemma3 are)"))),
     };
     let key = |k: &str| format!("{arch}.{k}");
-    if let Some(t) = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none") {
-        return Err(bad(format!("metadata {}: rope scaling '{t}' is not supported in GGUF files yet", key("rope.scaling.type"))));
+    let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
+    if let Some(t) = scaling.filter(|t| !(*t == "linear" && arch.starts_with("gemma"))) {
+        return Err(bad(format!("metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet", key("rope.scaling.type"))));
     }
     let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
     let (n_layers, d, ff, h) = (int("block_count")? as usize, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
     let hk = int("attention.head_count_kv").unwrap_or(h);
-    if h <= 0 || d % h != 0 || hk <= 0 || h % hk != 0 {
+    if h <= 0 || hk <= 0 || h % hk != 0 || (int("attention.key_length").is_err() && d % h != 0) {
         return Err(bad(format!("{h} heads and {hk} key/value heads do not fit a model of size {d}")));
     }
     let eps = g.metadata.get(&key("attention.layer_norm_rms_epsilon")).and_then(Value::as_f64).ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
-    let map: std::collections::HashMap<String, tch::Tensor> = g.tensors.iter().map(|t| Ok((hf_name(&t.name), g.tensor(&t.name)?))).collect::<Result<_, ModelError>>()?;
+    let gemma = arch.starts_with("gemma");
+    let map: std::collections::HashMap<String, tch::Tensor> = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let x = g.tensor(&t.name)?;
+            // llama.cpp wrote Gemma's norms as 1 + w.
+            let x = if gemma && t.name.ends_with("norm.weight") { x - 1.0 } else { x };
+            Ok((hf_name(&arch, &t.name), x))
+        })
+        .collect::<Result<_, ModelError>>()?;
     let vocab = map.get("model.embed_tokens.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
+    let head_dim = int("attention.key_length").unwrap_or(d / h);
+    if gemma {
+        // llama.cpp's fixed Gemma settings: the 27B models (62 layers for Gemma 3, 46 for
+        // Gemma 2) scale scores by (hidden / heads)^-1/2, the others by head_dim^-1/2.
+        let big = (arch == "gemma3" && n_layers == 62) || (arch == "gemma2" && n_layers == 46);
+        let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+        let rope_scaling = match scaling {
+            Some(_) => Some(serde_json::json!({"rope_type": "linear", "factor": float("rope.scaling.factor").ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?})),
+            None => None,
+        };
+        let cfg = super::gemma::Config {
+            model_type: if arch == "gemma3" { "gemma3_text".into() } else { arch.clone() },
+            vocab_size: vocab,
+            hidden_size: d,
+            intermediate_size: ff,
+            num_hidden_layers: n_layers,
+            num_attention_heads: h,
+            num_key_value_heads: Some(hk),
+            head_dim,
+            hidden_activation: Some("gelu_pytorch_tanh".into()),
+            hidden_act: None,
+            max_position_embeddings: int("context_length").ok(),
+            rms_norm_eps: eps,
+            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+            rope_scaling,
+            rope_local_base_freq: Some(10000.0),
+            attention_bias: false,
+            query_pre_attn_scalar: Some(if big { (d / h) as f64 } else { head_dim as f64 }),
+            sliding_window: int("attention.sliding_window").ok(),
+            layer_types: None,
+            sliding_window_pattern: Some(6),
+            final_logit_softcapping: float("final_logit_softcapping"),
+            attn_logit_softcapping: float("attn_logit_softcapping"),
+            tie_word_embeddings: !map.contains_key("lm_head.weight"),
+            eos_token_id: Some(eos.into()),
+        };
+        return super::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
+    }
     let cfg = Config {
         model_type: arch.clone(),
         hidden_size: d,
@@ -87,7 +145,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         num_attention_heads: h,
         num_key_value_heads: Some(hk),
         // Qwen3's heads are wider than d / h: the key length says.
-        head_dim: Some(int("attention.key_length").unwrap_or(d / h)),
+        head_dim: Some(head_dim),
         rms_norm_eps: eps,
         rope_theta: g.metadata.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0),
         vocab_size: vocab,

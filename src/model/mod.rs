@@ -8,6 +8,7 @@ pub mod bert;
 pub mod bytes;
 pub mod gemma;
 pub mod gguf;
+pub mod gguf_tokenizer;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod hf;
@@ -120,7 +121,7 @@ pub enum ModelError {
     TooLong { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
-    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)")]
+    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or one *.gguf (llama, qwen2, qwen3, gemma, gemma2, gemma3; a tokenizer.json beside it is used before the GGUF's own)")]
     UnknownFamily(String),
     #[error("{0}")]
     Device(#[from] DeviceError),
@@ -334,7 +335,7 @@ pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
     }
     Ok(if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::MarianBin)
-    } else if llama_gguf::find_gguf(dir).is_some() && dir.join("tokenizer.json").is_file() {
+    } else if llama_gguf::find_gguf(dir).is_some() {
         Some(Family::LlamaGguf)
     } else {
         None
@@ -371,7 +372,14 @@ impl Model {
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
         let t = std::time::Instant::now();
         // MarianMT ships sentencepiece models and vocab.json instead of tokenizer.json.
-        let tok = if family == Family::Marian && !tok_path.is_file() { Tok::marian(path) } else { Tok::from_file(&tok_path, framing) };
+        // A GGUF without a tokenizer.json beside it brings its own in its metadata.
+        let tok = if family == Family::Marian && !tok_path.is_file() {
+            Tok::marian(path)
+        } else if family == Family::LlamaGguf && !tok_path.is_file() {
+            llama_gguf::find_gguf(path).ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into())).and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
+        } else {
+            Tok::from_file(&tok_path, framing)
+        };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
         if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart) {

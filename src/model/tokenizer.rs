@@ -98,6 +98,17 @@ impl Tok {
         Ok(Tok { inner, framing, pad_id, eos_id, marian: None })
     }
 
+    /// The tokenizer a GGUF file carries in its metadata ([`super::gguf_tokenizer`]); its
+    /// padding id is the metadata's `tokenizer.ggml.padding_token_id` when given.
+    pub fn from_gguf(g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
+        let bytes = super::gguf_tokenizer::tokenizer_json(g)?;
+        let mut tok = Self::from_bytes(&bytes, &format!("{} (its tokenizer metadata)", g.file), Framing::Tokenizer)?;
+        if let Some(pad) = g.metadata.get("tokenizer.ggml.padding_token_id").and_then(super::gguf::Value::as_u64) {
+            tok.pad_id = pad as i64;
+        }
+        Ok(tok)
+    }
+
     /// A MarianMT (opus-mt) checkpoint's tokenizer from the files it ships: `source.spm`
     /// encodes, `target.spm` decodes, `vocab.json` (shared by both) maps pieces to ids, as
     /// transformers' `MarianTokenizer` does. Sources get `</s>` appended.

@@ -8,6 +8,7 @@
 mod common;
 
 mod gguf;
+mod gguf_tokenizer;
 mod torch_pickle;
 mod marian_tokenizer;
 mod fuzz;
