@@ -219,6 +219,19 @@ fn bf16_runs_on_the_cpu_within_its_precision() {
     }
 }
 
+/// Gemma 3 as a GGUF file (`make_tiny_gguf_gemma3.py`: a tiny random Gemma 3 written as
+/// llama.cpp's converter writes it, norms as 1 + w, five sliding-window layers and a global one):
+/// its transformers twin's logits, attention and greedy continuations (transformers' own GGUF
+/// loader reads the same file to the same logits, checked by the script).
+#[test]
+fn gemma3_gguf_file_equals_its_safetensors_twin() {
+    check_against(&common::golden("tiny_hf/golden_gguf.npz"), "gemma3_gguf", "gemma3_gguf");
+    let m = common::tiny_hf("gemma3_gguf", "f32");
+    assert_eq!(m.family.to_string(), "llama_gguf");
+    let windows: Vec<Option<i64>> = m.net.encoder.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [vec![Some(5); 5], vec![None]].concat());
+}
+
 /// Qwen2 and Qwen3 as GGUF files (the tiny HF checkpoints written with llama.cpp's names and
 /// metadata by `make_tiny_hf_2026.py`): the HF goldens, token for token.
 #[test]

@@ -9,6 +9,7 @@ mod common;
 
 mod parity;
 mod hf_families;
+mod gguf_real;
 mod hf_seq2seq;
 mod hooks;
 mod masking;
