@@ -171,7 +171,15 @@ fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_json::Map<S
         index.insert(t, i);
         vocab.insert(t.to_string(), json!(i));
     }
-    let mut merges: Vec<(f64, usize, usize, usize, usize, usize, &str, &str)> = vec![];
+    /// A merge and its sort key: the merged piece's score, the parts' lengths in characters,
+    /// the merged piece's id, the parts' ids.
+    struct Merge<'a> {
+        score: f64,
+        lens: (usize, usize),
+        ids: (usize, usize, usize),
+        parts: (&'a str, &'a str),
+    }
+    let mut merges: Vec<Merge> = vec![];
     for (i, t) in tokens.iter().enumerate() {
         if types[i] != 1 || index.get(t) != Some(&i) {
             continue;
@@ -179,12 +187,12 @@ fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_json::Map<S
         for (at, _) in t.char_indices().skip(1) {
             let (l, r) = (&t[..at], &t[at..]);
             if let (Some(&li), Some(&ri)) = (index.get(l), index.get(r)) {
-                merges.push((scores[i], l.chars().count(), r.chars().count(), i, li, ri, l, r));
+                merges.push(Merge { score: scores[i], lens: (l.chars().count(), r.chars().count()), ids: (i, li, ri), parts: (l, r) });
             }
         }
     }
     // Higher score first, then the longer left and right parts; equal keys keep the pieces'
     // order and, within a piece, its splits by their parts' ids (generate_merges' stable sort).
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)).then(a.3.cmp(&b.3)).then(a.4.cmp(&b.4)).then(a.5.cmp(&b.5)));
-    (vocab, merges.into_iter().map(|m| json!([m.6, m.7])).collect())
+    merges.sort_by(|a, b| b.score.total_cmp(&a.score).then(b.lens.cmp(&a.lens)).then(a.ids.cmp(&b.ids)));
+    (vocab, merges.into_iter().map(|m| json!([m.parts.0, m.parts.1])).collect())
 }

@@ -46,7 +46,7 @@ fn any_model_runs_on_every_family() {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
     }
     // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and a GGUF of one of them.
-    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "neox_sequential", "pythia", "olmo2", "gemma", "gemma2", "gemma3"] {
+    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "neox_sequential", "pythia", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_gguf"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
@@ -56,7 +56,7 @@ fn any_model_runs_on_every_family() {
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         // LRP's rules cover sequential two-norm layers; the others say why and run AttnLRP.
-        let own_rules = !["pythia", "olmo2", "gemma2", "gemma3"].iter().any(|f| d.ends_with(f));
+        let own_rules = !["pythia", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
         let lrp = if own_rules { "LRP (ab" } else { "LRP (attnlrp" };
         for want in ["ablation sweep", lrp, "pruning: 4 steps", kinds] {
             assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
