@@ -104,6 +104,29 @@ tensors = [
     ("q8_0", [32, 1], 8, half1 + bytes(range(32))),
 ]
 put("gguf", "types.gguf", gguf(kvs, tensors))
+def garr(t, items):
+    """A GGUF array of element type t (8: strings, 6: f32, 5: i32) holding items."""
+    enc = {8: gs, 6: lambda x: struct.pack("<f", x), 5: lambda x: struct.pack("<i", x)}[t]
+    return struct.pack("<IQ", t, len(items)) + b"".join(enc(x) for x in items)
+
+
+# The tokenizer in a GGUF's metadata (src/model/gguf_tokenizer.rs): byte-level BPE and
+# sentencepiece BPE, each small and valid.
+put("gguf", "tokenizer_bpe.gguf", gguf([
+    ("general.architecture", 8, gs("qwen2")), ("tokenizer.ggml.model", 8, gs("gpt2")), ("tokenizer.ggml.pre", 8, gs("qwen2")),
+    ("tokenizer.ggml.tokens", 9, garr(8, ["a", "b", "ab", "\u0120", "\u0120ab", "<|end|>"])),
+    ("tokenizer.ggml.token_type", 9, garr(5, [1, 1, 1, 1, 1, 3])),
+    ("tokenizer.ggml.merges", 9, garr(8, ["a b", "\u0120 ab"])),
+    ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 5)),
+], []))
+put("gguf", "tokenizer_spm.gguf", gguf([
+    ("general.architecture", 8, gs("gemma3")), ("tokenizer.ggml.model", 8, gs("llama")),
+    ("tokenizer.ggml.tokens", 9, garr(8, ["<unk>", "<bos>", "<0x63>", "\u2581", "a", "b", "\u2581a", "\u2581ab", "\n\n"])),
+    ("tokenizer.ggml.scores", 9, garr(6, [0, 0, 0, -1, -2, -3, -4, -5, -1000])),
+    ("tokenizer.ggml.token_type", 9, garr(5, [3, 3, 6, 1, 1, 1, 1, 1, 4])),
+    ("tokenizer.ggml.unknown_token_id", 4, struct.pack("<I", 0)), ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
+    ("tokenizer.ggml.add_bos_token", 7, b"\x01"), ("tokenizer.ggml.add_space_prefix", 7, b"\x00"),
+], []))
 put("gguf", "huge_tensor.gguf", gguf([], [("t", [1 << 20, 1 << 18], 0, b"")]))
 put("gguf", "huge_array.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gs("a") + struct.pack("<IIQ", 9, 0, 1 << 40))
 put("gguf", "huge_count.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 40))

@@ -33,6 +33,10 @@ pub fn run(target: &str, data: &[u8]) -> Result<(), String> {
         "safetensors" => safetensors::read_bytes(data, "fuzz.safetensors").map(drop).map_err(|x| e(&x)),
         "gguf" => {
             let g = gguf::Gguf::from_bytes(Box::new(data.to_vec()), "fuzz.gguf".into()).map_err(|x| e(&x))?;
+            // The tokenizer in the metadata, where there is one (refusals are fine, panics not).
+            if g.metadata.contains_key("tokenizer.ggml.model") {
+                Tok::from_gguf(&g).map_err(|x| e(&x))?;
+            }
             let names: Vec<String> = g.tensors.iter().take(16).map(|t| t.name.clone()).collect();
             for name in names {
                 let _dequantised = g.tensor(&name).map_err(|x| e(&x))?;

@@ -70,15 +70,19 @@ fn ensure_font() {
 impl Plot {
     /// A plot with sizes chosen for the data.
     pub fn new(kind: PlotKind, title: impl Into<String>) -> Result<Self, PlotError> {
+        let title = title.into();
         let (width, height) = match &kind {
             PlotKind::Heatmap { values, .. } => {
                 let rows = values.len() as u32;
                 let cols = values.first().map_or(0, |r| r.len()) as u32;
-                ((160 + cols * 56).clamp(480, 1600), (120 + rows * 40).clamp(320, 1200))
+                // Wide enough for the title beside the colour bar (a model with 4 heads per
+                // layer would otherwise cut it).
+                let for_title = title.chars().count() as u32 * 11 + 130;
+                ((160 + cols * 56).max(for_title).clamp(480, 1600), (120 + rows * 40).clamp(320, 1200))
             }
             _ => (800, 500),
         };
-        let p = Plot { kind, title: title.into(), x_label: String::new(), y_label: String::new(), width, height };
+        let p = Plot { kind, title, x_label: String::new(), y_label: String::new(), width, height };
         p.validate()?;
         Ok(p)
     }

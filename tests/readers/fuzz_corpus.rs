@@ -63,6 +63,9 @@ fn seeds_are_read_as_expected() {
     assert!(err("safetensors", "huge_shape.safetensors").contains("tensor 'w': shape [262144, 1048576] declares 274877906944 elements"));
     assert!(err("safetensors", "huge_header.safetensors").contains("header length 1099511627776"));
     ok("gguf", "types.gguf");
+    // The tokenizers in GGUF metadata (the gguf target builds them where a file has one).
+    ok("gguf", "tokenizer_bpe.gguf");
+    ok("gguf", "tokenizer_spm.gguf");
     assert!(err("gguf", "huge_tensor.gguf").contains("tensor 't' declares 274877906944 elements (1099511627776 bytes)"));
     assert!(err("gguf", "huge_array.gguf").contains("a: declares 1099511627776 items"));
     assert!(err("gguf", "huge_count.gguf").contains("the metadata count: declares 1099511627776 items"));

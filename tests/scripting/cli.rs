@@ -305,7 +305,7 @@ fn bad_model_inputs_are_clear_errors() {
 
     let cases: &[(&str, &str)] = &[
         ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory nor a model asset (unknown asset 'no/such/dir'"),
-        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or *.gguf + tokenizer.json (llama)"),
+        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or one *.gguf (llama, qwen2, qwen3, gemma, gemma2, gemma3; a tokenizer.json beside it is used before the GGUF's own)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"),
