@@ -82,10 +82,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
     let (n_layers, d, ff, h) = (int("block_count")? as usize, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
     let hk = int("attention.head_count_kv").unwrap_or(h);
-    if h <= 0 || hk <= 0 || h % hk != 0 || (int("attention.key_length").is_err() && d % h != 0) {
+    // Qwen3's and Gemma's heads are wider than d / h: the key length says.
+    let key_length = int("attention.key_length").ok();
+    if h <= 0 || hk <= 0 || h % hk != 0 || (key_length.is_none() && d % h != 0) {
         return Err(bad(format!("{h} heads and {hk} key/value heads do not fit a model of size {d}")));
     }
-    let eps = g.metadata.get(&key("attention.layer_norm_rms_epsilon")).and_then(Value::as_f64).ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
+    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+    let eps = float("attention.layer_norm_rms_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let gemma = arch.starts_with("gemma");
     let map: std::collections::HashMap<String, tch::Tensor> = g
@@ -99,12 +102,11 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         })
         .collect::<Result<_, ModelError>>()?;
     let vocab = map.get("model.embed_tokens.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
-    let head_dim = int("attention.key_length").unwrap_or(d / h);
+    let head_dim = key_length.unwrap_or(d / h);
     if gemma {
         // llama.cpp's fixed Gemma settings: the 27B models (62 layers for Gemma 3, 46 for
         // Gemma 2) scale scores by (hidden / heads)^-1/2, the others by head_dim^-1/2.
         let big = (arch == "gemma3" && n_layers == 62) || (arch == "gemma2" && n_layers == 46);
-        let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
         let rope_scaling = match scaling {
             Some(_) => Some(serde_json::json!({"rope_type": "linear", "factor": float("rope.scaling.factor").ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?})),
             None => None,
@@ -144,10 +146,9 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         num_hidden_layers: n_layers,
         num_attention_heads: h,
         num_key_value_heads: Some(hk),
-        // Qwen3's heads are wider than d / h: the key length says.
         head_dim: Some(head_dim),
         rms_norm_eps: eps,
-        rope_theta: g.metadata.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0),
+        rope_theta: float("rope.freq_base").unwrap_or(10000.0),
         vocab_size: vocab,
         tie_word_embeddings: !map.contains_key("lm_head.weight"),
         hidden_act: "silu".into(),
