@@ -17,6 +17,26 @@ use std::rc::Rc;
 use std::time::Instant;
 
 const PROMPT: &str = "hs> ";
+/// The prompt of an input's next line (as the README's transcripts show it, and as a pasted
+/// transcript is read back).
+const CONTINUATION: &str = "... ";
+
+/// A whole line already typed on the terminal and not yet read (the terminal is in its cooked
+/// mode between inputs, so only finished lines are readable), without waiting.
+fn typed_ahead_line() -> Option<String> {
+    let mut fds = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let ready = unsafe { libc::poll(&mut fds, 1, 0) };
+    if ready != 1 || fds.revents & libc::POLLIN == 0 {
+        return None;
+    }
+    let mut line = String::new();
+    // In the cooked mode one read returns at most one line, so nothing past it is buffered.
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(n) if n > 0 => Some(line.trim_end_matches(['\n', '\r']).to_string()),
+        _ => None,
+    }
+}
 
 fn print_output(out: &Output) {
     println!("{}", out.text);
@@ -99,17 +119,11 @@ impl Completer for ReplHelper {
     }
 }
 
+// Every line the editor reads is accepted; `run` joins lines until the input is complete and
+// shows the continuation prompt meanwhile (a pasted block arrives whole).
 impl Validator for ReplHelper {
-    fn validate(&self, ctx: &mut ValidationContext) -> rustyline::Result<ValidationResult> {
-        let input = ctx.input();
-        if input.trim_start().starts_with(':') {
-            return Ok(ValidationResult::Valid(None));
-        }
-        let Ok(session) = self.session.try_borrow() else { return Ok(ValidationResult::Valid(None)) };
-        // A pasted transcript waits only while its last input is unfinished.
-        let pasted = crate::engine::pasted_inputs(input);
-        let last = pasted.as_ref().and_then(|p| p.last()).map_or(input, String::as_str);
-        Ok(if last.trim_start().starts_with(':') || session.is_complete(last) { ValidationResult::Valid(None) } else { ValidationResult::Incomplete })
+    fn validate(&self, _: &mut ValidationContext) -> rustyline::Result<ValidationResult> {
+        Ok(ValidationResult::Valid(None))
     }
 }
 
@@ -215,22 +229,49 @@ pub fn run() -> Result<bool, String> {
     }
     println!("headscope {} — Rhai for attention heads. :help for commands, Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
     let mut n = 0;
+    // The input so far: lines join it until the parser says it is complete, each read after
+    // the continuation prompt, so that unfinished input is visible as such.
+    let mut buf = String::new();
     loop {
-        match rl.readline(PROMPT) {
+        let prompt = if buf.is_empty() { PROMPT } else { CONTINUATION };
+        // Lines typed while the last input ran wait in the terminal, complete (its line
+        // discipline is cooked between inputs): each is read here in turn and shown after its
+        // prompt. Left to the editor, they would all be read at once and all but the first lost.
+        let read = match typed_ahead_line() {
+            Some(line) => {
+                println!("{prompt}{line}");
+                Ok(line)
+            }
+            None => rl.readline(prompt),
+        };
+        match read {
             Ok(line) => {
-                if line.trim().is_empty() {
+                if buf.is_empty() && line.trim().is_empty() {
                     continue;
                 }
-                let _ = rl.add_history_entry(line.as_str());
+                if !buf.is_empty() {
+                    buf.push('\n');
+                }
+                buf.push_str(&line);
+                let pasted = crate::engine::pasted_inputs(&buf);
+                let last = pasted.as_ref().and_then(|p| p.last()).map_or(buf.as_str(), String::as_str);
+                if !(buf.trim_start().starts_with(':') || last.trim_start().starts_with(':') || session.borrow().is_complete(last)) {
+                    continue;
+                }
+                let input = std::mem::take(&mut buf);
+                let _ = rl.add_history_entry(input.as_str());
                 if let Some(h) = &history {
                     let _ = rl.save_history(h);
                 }
                 n += 1;
-                if !run_input(&session, &line, n, &mut failed) {
+                if !run_input(&session, &input, n, &mut failed) {
                     break;
                 }
             }
-            Err(ReadlineError::Interrupted) => println!("^C"),
+            Err(ReadlineError::Interrupted) => {
+                buf.clear();
+                println!("^C");
+            }
             Err(ReadlineError::Eof) => break,
             Err(e) => return Err(format!("line editor: {e}")),
         }

@@ -40,9 +40,12 @@ fn repl_in_a_terminal() {
     p.exp_string("1042").unwrap();
     p.exp_string(PROMPT).unwrap();
 
-    // Multi-line input decided by the parser: the function body spans three lines.
+    // Multi-line input decided by the parser: the function body spans three lines, each
+    // after the continuation prompt.
     p.send_line("fn sq(x) {").unwrap();
+    p.exp_string("... ").unwrap();
     p.send_line("  x * x").unwrap();
+    p.exp_string("... ").unwrap();
     p.send_line("}").unwrap();
     p.exp_string(PROMPT).unwrap();
     p.send_line("sq(7)").unwrap();
@@ -64,6 +67,16 @@ fn repl_in_a_terminal() {
     }
     p.send_line("keep - 2").unwrap();
     p.exp_string("40").unwrap();
+    p.exp_string(PROMPT).unwrap();
+
+    // Type-ahead: three lines typed while a computation runs all run, in order, after it.
+    p.send_line("let t = 0; for i in 0..6000000 { t += i; } print(\"slo\" + \"w done\")").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    p.send_line("let ta = 1;").unwrap();
+    p.send_line("let tb = ta + 1;").unwrap();
+    p.send_line("print(\"ty\" + \"ped=\" + (ta + tb))").unwrap();
+    p.exp_string("slow done").unwrap();
+    p.exp_string("typed=3").unwrap();
     p.exp_string(PROMPT).unwrap();
 
     // A README block pasted with its prompts and output (bracketed paste, as terminals send
