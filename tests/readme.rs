@@ -1,9 +1,13 @@
 //! Every REPL session shown in the README runs as written: each ```text block's `hs> ` inputs
 //! (with their `... ` continuation lines) are evaluated in order in one fresh session, `:`
 //! commands included, and none may fail. Files they write land in a temporary directory.
+//! Each session is then written with `:save` and replayed by `headscope run`, which must print
+//! what the session showed, in the same order.
 
 use headscope::engine::commands::{self, Outcome};
-use headscope::engine::{Session, SessionOptions};
+use headscope::engine::{Event, Session, SessionOptions};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 /// The sessions of a Markdown text: per ```text block, its inputs.
 fn sessions(md: &str) -> Vec<(usize, Vec<String>)> {
@@ -40,23 +44,69 @@ fn every_readme_session_runs() {
     let dir = tempfile::tempdir().unwrap();
     std::env::set_current_dir(dir.path()).unwrap();
     std::fs::create_dir_all("out").unwrap();
+    let replay = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(replay.path().join("out")).unwrap();
     let mut failures = Vec::new();
     let mut n = 0;
-    for (line, inputs) in &found {
-        let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), ..Default::default() });
+    let mut replayed = 0;
+    for (k, (line, inputs)) in found.iter().enumerate() {
+        // What the session shows: printed lines, displayed values and each input's value.
+        let shown = Rc::new(RefCell::new(Vec::<String>::new()));
+        let into = shown.clone();
+        let sink = Box::new(move |e| match e {
+            Event::Print(t) => into.borrow_mut().push(t),
+            Event::Display(o) => into.borrow_mut().push(o.text),
+            _ => {}
+        });
+        let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), sink, ..Default::default() });
+        let mut ok = true;
         for input in inputs {
             n += 1;
             let result = if input.trim_start().starts_with(':') {
                 commands::dispatch(&mut s, input).map(|o| matches!(o, Outcome::Show(_)))
             } else {
-                s.eval(&format!("README.md:{line}"), input).map(|_| true).map_err(|e| e.to_string())
+                s.eval(&format!("README.md:{line}"), input).map(|o| {
+                    if let Some(o) = o {
+                        shown.borrow_mut().push(o.text);
+                    }
+                    true
+                }).map_err(|e| e.to_string())
             };
             if let Err(e) = result {
                 failures.push(format!("README.md block at line {line}: {input}\n=> {e}"));
+                ok = false;
                 break;
             }
         }
+        if !ok {
+            continue;
+        }
+        // `:save`, then `headscope run` in a directory of its own where the replays of the
+        // sessions before ran (as the sessions ran in theirs): the same lines, in order.
+        let saved = replay.path().join(format!("session{k}.rhai"));
+        commands::dispatch(&mut s, &format!(":save {}", saved.display())).unwrap_or_else(|e| panic!(":save: {e}"));
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).arg("run").arg(&saved).current_dir(replay.path()).output().unwrap();
+        let out = String::from_utf8_lossy(&run.stdout);
+        let script = std::fs::read_to_string(&saved).unwrap();
+        if !run.status.success() {
+            failures.push(format!("README.md block at line {line}: its :save script fails under headscope run:\n{}\n{script}", String::from_utf8_lossy(&run.stderr)));
+            continue;
+        }
+        let mut rest = out.as_ref();
+        for want in shown.borrow().iter() {
+            for l in want.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+                match rest.find(l) {
+                    Some(i) => rest = &rest[i + l.len()..],
+                    None => {
+                        failures.push(format!("README.md block at line {line}: the session showed {l:?}, which `headscope run` of its :save script did not print (in order)\n--- script\n{script}--- printed\n{out}"));
+                        break;
+                    }
+                }
+            }
+        }
+        replayed += 1;
     }
+    println!("{replayed} sessions replayed through :save and headscope run");
     println!("{n} README inputs in {} sessions ran", found.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -7,14 +7,70 @@ use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::path::Path;
 
-/// The dataset a script function was given, refused when it is not a Dataset or has no
-/// sentences (an analysis of nothing would print a result "over 0 sentences").
+/// The dataset a script function was given: a Dataset, or text as it comes to hand (a
+/// string, an array of strings, a dataset row `#{text, target}` or an array of rows), which
+/// becomes an in-memory corpus. Refused when it has no sentences (an analysis of nothing would
+/// print a result "over 0 sentences") or a text is empty.
 pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
-    let Some(d) = v.clone().try_cast::<Dataset>() else {
-        return err(format!("{func}: expected a Dataset (corpus, parallel or treebank), got {}", crate::script::convert::quote(v)));
+    let d = match v.clone().try_cast::<Dataset>() {
+        Some(d) => d,
+        None => texts_dataset(v, func)?,
     };
     d.require_sentences(func)?;
     Ok(d)
+}
+
+/// One sentence from a string or a dataset row (a map with `text`, optionally `target`);
+/// `at` names its place in an array for errors.
+fn text_item(v: &Dynamic, func: &str, at: &str) -> ScriptResult<Item> {
+    let expected = || err(format!("{func}: expected a Dataset (corpus, parallel or treebank), a text, an array of texts or dataset rows, got {}{at}", crate::script::convert::quote(v)));
+    let (text, target) = if let Some(t) = v.read_lock::<rhai::ImmutableString>() {
+        if looks_like_file(&t) {
+            let t = t.as_str();
+            return err(format!("{func}: \"{t}\" looks like a file name, not a text{at}: read the file with corpus(\"{t}\") (or treebank, parallel)"));
+        }
+        (t.to_string(), None)
+    } else if let Some(m) = v.read_lock::<Map>() {
+        let Some(t) = m.get("text").and_then(|t| t.read_lock::<rhai::ImmutableString>().map(|t| t.to_string())) else {
+            return err(format!("{func}: a dataset row needs a string `text`, got {}{at}", crate::script::convert::quote(v)));
+        };
+        let target = match m.get("target") {
+            None => None,
+            Some(g) => match g.read_lock::<rhai::ImmutableString>() {
+                Some(g) => Some(g.to_string()),
+                None => return err(format!("{func}: a dataset row's `target` must be a string, got {}{at}", crate::script::convert::quote(g))),
+            },
+        };
+        (t, target)
+    } else {
+        return expected();
+    };
+    if text.trim().is_empty() {
+        return err(format!("{func}: empty text{at}"));
+    }
+    Ok(Item { text, target, tree: None })
+}
+
+/// A string given as a text that is surely meant as a file: one word that names an existing
+/// path or ends in a data file's extension.
+fn looks_like_file(s: &str) -> bool {
+    const EXTENSIONS: &[&str] = &["txt", "conllu", "tsv", "csv", "json", "jsonl", "src", "tgt", "tok", "gz"];
+    !s.is_empty() && !s.contains(char::is_whitespace) && (Path::new(s).is_file() || Path::new(s).extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())))
+}
+
+/// The text of a string or of a dataset row (`#{text, ...}`), for functions that take one text.
+pub(crate) fn one_text(v: &Dynamic, func: &str) -> ScriptResult<String> {
+    Ok(text_item(v, func, "")?.text)
+}
+
+/// An in-memory corpus from a text, a row, or an array of them (see [`dataset_arg`]).
+fn texts_dataset(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
+    let items = match v.read_lock::<Array>() {
+        Some(a) if a.is_empty() => return err(format!("{func}: no sentences given (an empty array)")),
+        Some(a) => a.iter().enumerate().map(|(i, x)| text_item(x, func, &format!(" (item {i})"))).collect::<ScriptResult<Vec<_>>>()?,
+        None => vec![text_item(v, func, "")?],
+    };
+    Ok(Dataset::new(format!("texts[{}]", items.len()), items))
 }
 
 /// Iterating a dataset in a script yields one map per sentence (see `api::get`).
@@ -143,6 +199,23 @@ pub mod api {
     #[rhai_fn(return_raw)]
     pub fn corpus(path: &str) -> ScriptResult<Dataset> {
         Dataset::corpus(Path::new(path)).map_err(|x| e("corpus", x))
+    }
+
+    /// A corpus held in memory: an array of texts or of dataset rows (`#{text, target}`).
+    /// Every function that takes a dataset also takes such an array, one text or one row
+    /// directly; `corpus([...])` names it once to reuse it.
+    ///
+    /// ```rhai
+    /// let d = corpus(["The cat sleeps.", "A dog barks."]);
+    /// assert(d.len() == 2 && d[1].text == "A dog barks.");
+    /// let p = corpus([#{text: "Hello.", target: "Olá."}]);
+    /// assert(p[0].target == "Olá.");
+    /// ```
+    #[rhai_fn(name = "corpus", return_raw)]
+    pub fn corpus_of(texts: Array) -> ScriptResult<Dataset> {
+        let d = super::texts_dataset(&Dynamic::from(texts), "corpus")?;
+        d.require_sentences("corpus")?;
+        Ok(d)
     }
 
     /// A parallel corpus from two line-aligned files (source, target).

@@ -119,6 +119,9 @@ impl BleuCounts {
         }
         let log = |p: f64| if p > 0.0 { p.ln() } else { -9_999_999_999.0 };
         let score = bp * (precisions.iter().map(|&p| log(p)).sum::<f64>() / MAX_ORDER as f64).exp();
+        // Rounded to 10 decimals: the sum of logarithms leaves 100.00000000000004 for a
+        // perfect match (sacreBLEU's own `score` too), which is noise, not a difference.
+        let score = (score * 1e10).round() / 1e10;
         Bleu { score, precisions, bp, sys_len, ref_len, correct, total }
     }
 }
@@ -202,5 +205,13 @@ mod tests {
         let want = ((80.0f64.ln() + 50f64.ln() + (100.0f64 / 3.0).ln() + 25f64.ln()) / 4.0).exp();
         assert!((b.score - want).abs() < 1e-9);
         assert!(corpus_bleu(&["x"], &[vec!["a", "b"]]).is_err());
+    }
+
+    #[test]
+    fn a_perfect_match_scores_exactly_100() {
+        // Unrounded, exp((4 ln 100) / 4) is 100.00000000000004 (issue #30).
+        let b = corpus_bleu(&["the cat sat on the mat"], &[vec!["the cat sat on the mat"]]).unwrap();
+        assert_eq!(b.score, 100.0);
+        assert_eq!(format!("{}", b.score), "100");
     }
 }

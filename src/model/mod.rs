@@ -939,9 +939,18 @@ impl Model {
     }
 
     pub fn describe(&self) -> String {
-        let mut kinds: Vec<String> = self.kinds().iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
+        // The shape as loaded; after `prune_heads`, how many heads of each kind are left.
+        let mut kinds: Vec<String> = self
+            .kinds()
+            .iter()
+            .map(|k| {
+                let gone = self.removed.iter().filter(|h| h.kind == k.kind).count();
+                let shape = format!("{} {}x{}", k.kind, k.n_layers, k.n_heads);
+                if gone == 0 { shape } else { format!("{shape} ({} kept)", k.n_layers * k.n_heads - gone) }
+            })
+            .collect();
         if !self.removed.is_empty() {
-            kinds = vec![format!("{} removed by prune_heads", self.removed.len())];
+            kinds.push(format!("{} removed by prune_heads", self.removed.len()));
         }
         format!(
             "<Model {} ({}), {:.1}M parameters, heads: {}, on {} as {:?}>",

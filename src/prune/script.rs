@@ -328,6 +328,7 @@ pub mod api {
     /// let m = load_model("minilm");
     /// let small = m.prune_heads(["enc.0.0", "enc.0.1"]);
     /// assert(small.params < m.params);
+    /// assert(`${small}`.contains("heads: enc 6x12 (70 kept), 2 removed by prune_heads"));
     /// ```
     #[rhai_fn(name = "prune_heads", return_raw, pure)]
     pub fn prune_heads_named(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {

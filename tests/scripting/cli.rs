@@ -425,7 +425,7 @@ fn bad_analysis_inputs_are_clear_errors() {
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{threshold: 0.5})", "analyze: unknown option 'threshold' (valid options: stats, kinds"),
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{rare_threshold: 5})", "analyze: option 'rare_threshold' must be between 0 and 1, got 5"),
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{freq: \"nope.txt\"})", "analyze: frequency source nope.txt: No such file or directory"),
-        ("load_model(\"enpt\").analyze(\"two.txt\")", "analyze: expected a Dataset (corpus, parallel or treebank), got \"two.txt\" (string)"),
+        ("load_model(\"enpt\").analyze(\"two.txt\")", "analyze: \"two.txt\" looks like a file name, not a text: read the file with corpus(\"two.txt\") (or treebank, parallel)"),
         ("load_model(\"enpt\").confidence(corpus(\"two.txt\")).heatmap(\"dec\")", "heatmap: no 'dec' in this result (it has: enc, cross)"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{rule: \"eps\"})", "lrp: unknown LRP rule 'eps' (expected \"ab\", \"zplus\" or \"attnlrp\")"),
         ("load_model(\"minilm\").lrp(corpus(\"two.txt\"), #{seeds: \"all\"})", "lrp: unknown seeds 'all' (expected \"each\" or \"summed\")"),
@@ -459,7 +459,7 @@ fn bad_pruning_inputs_are_clear_errors() {
         (format!("{p}#{{kinds: [\"dec\"]}})"), "prune: enpt has no 'dec' attention (it has: enc, cross)"),
         (format!("{p}#{{penalty_scale: \"per_model\"}})"), "prune: unknown penalty_scale 'per_model' (expected \"per_head\" or \"per_layer\")"),
         (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (valid options: lambda, steps"),
-        (format!("{p}#{{eval_data: \"dev.txt\"}})"), "prune: option 'eval_data': expected a Dataset (corpus, parallel or treebank), got \"dev.txt\" (string)"),
+        (format!("{p}#{{eval_data: \"dev.txt\"}})"), "\"dev.txt\" looks like a file name, not a text: read the file with corpus(\"dev.txt\")"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100}); load_model(\"enpt\").with_gates(r)".into(), "with_gates: this result was trained on enpt, not on this model object"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).to(\"cpu\")".into(), "had heads removed by prune_heads; move the original model, then prune it there"),
     ];

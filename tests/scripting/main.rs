@@ -13,5 +13,6 @@ mod evcxr_display;
 mod examples;
 mod heads_by_name;
 mod options;
+mod texts;
 mod view_browser;
 mod module_graph;

@@ -7,7 +7,7 @@ use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
 use crate::script::convert::{err, quote, ScriptResult};
 use rhai::plugin::*;
-use rhai::Array;
+use rhai::{Array, Map};
 use std::rc::Rc;
 
 #[derive(Clone)]
@@ -149,11 +149,38 @@ pub mod api {
         Ok(attention_of(&h.model, h.id, text)?)
     }
 
+    /// A head's attention on a dataset row (its `text`), as a dataset gives it.
+    ///
+    /// ```rhai
+    /// let m = load_model("minilm");
+    /// let tb = treebank(asset("pud_en.conllu"));
+    /// assert(m.head("enc", 0, 0).attention(tb[0]).keys == m.head("enc", 0, 0).attention(tb[0].text).keys);
+    /// ```
+    #[rhai_fn(name = "attention", return_raw, pure)]
+    pub fn attention_row(h: &mut Head, row: Map) -> ScriptResult<AttentionMatrix> {
+        let text = crate::data::script::one_text(&Dynamic::from(row), "attention")?;
+        Ok(attention_of(&h.model, h.id, &text)?)
+    }
+
     /// A head's attention on a sentence, the head given as a `Head` or by name.
     ///
     /// ```rhai
     /// let m = load_model("minilm");
     /// assert(m.attention("enc.0.0", "The cat sleeps.").keys == m.head("enc", 0, 0).attention("The cat sleeps.").keys);
+    /// ```
+    #[rhai_fn(name = "attention", return_raw, pure)]
+    pub fn model_attention_row(m: &mut ScriptModel, head: Dynamic, row: Map) -> ScriptResult<AttentionMatrix> {
+        let text = crate::data::script::one_text(&Dynamic::from(row), "attention")?;
+        model_attention(m, head, &text)
+    }
+
+    /// A head's attention on a sentence, the head given as a `Head` or by name (a dataset row
+    /// for the sentence works too).
+    ///
+    /// ```rhai
+    /// let m = load_model("enpt");
+    /// let row = #{text: "The cat sleeps."};
+    /// assert(m.attention("enc.0.0", row).keys == m.attention("enc.0.0", "The cat sleeps.").keys);
     /// ```
     #[rhai_fn(name = "attention", return_raw, pure)]
     pub fn model_attention(m: &mut ScriptModel, head: Dynamic, text: &str) -> ScriptResult<AttentionMatrix> {

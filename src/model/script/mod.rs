@@ -4,7 +4,7 @@
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt_bool, opt_int, opt_str, quote, to_usize, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt_bool, opt_int, opt_str, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
@@ -86,27 +86,11 @@ fn head_id(m: &ScriptModel, k: &str, layer: i64, head: i64) -> ScriptResult<Head
     Ok(id)
 }
 
-fn texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
-    if v.is_string() {
-        return Ok(vec![v.to_string()]);
-    }
-    let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("{what}: expected a string or an array of strings, got {}", quote(v))) };
-    a.iter().enumerate().map(|(i, s)| if s.is_string() { Ok(s.to_string()) } else { err(format!("{what}: item {i} is not a string: {}", quote(s))) }).collect()
-}
-
-/// Sentences of a dataset, or of an array of strings, or one string.
+/// Sentences of a dataset, or of a text, a dataset row, or an array of them
+/// ([`crate::data::script::dataset_arg`]).
 pub fn dataset_texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
-    if let Some(d) = v.clone().try_cast::<crate::data::Dataset>() {
-        if d.is_empty() {
-            return err(format!("{what}: the dataset {} is empty", d.name));
-        }
-        return Ok(d.items.iter().map(|i| i.text.clone()).collect());
-    }
-    let t = texts(v, what)?;
-    if t.is_empty() {
-        return err(format!("{what}: no sentences given"));
-    }
-    Ok(t)
+    let d = crate::data::script::dataset_arg(v, what)?;
+    Ok(d.items.iter().map(|i| i.text.clone()).collect())
 }
 
 /// A tensor as nested arrays of floats (a scalar for a 0-dimensional one).
@@ -282,7 +266,7 @@ pub mod api {
         let gates = m.gates()?;
         let ids = m.model.translate(&refs, &gates, 4096).or_else(|e| err(format!("translate: {e}")))?;
         let outs = ids.iter().map(|i| m.model.detokenize(i)).collect::<Result<Vec<_>, _>>().or_else(|e| err(format!("translate: {e}")))?;
-        Ok(if input.is_string() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
+        Ok(if input.is_string() || input.is_map() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
     }
 
     /// Runs the encoder over a dataset (or an array of sentences) in length buckets and reports
@@ -337,6 +321,18 @@ pub mod api {
     #[rhai_fn(return_raw, pure)]
     pub fn generate(m: &mut ScriptModel, text: &str, n: i64) -> ScriptResult<String> {
         generate_opts(m, text, n, Map::new())
+    }
+
+    /// `generate` from a dataset row's `text`.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// assert(m.generate(#{text: "a b c"}, 3) == m.generate("a b c", 3));
+    /// ```
+    #[rhai_fn(name = "generate", return_raw, pure)]
+    pub fn generate_row(m: &mut ScriptModel, row: Map, n: i64) -> ScriptResult<String> {
+        let text = crate::data::script::one_text(&Dynamic::from(row), "generate")?;
+        generate_opts(m, &text, n, Map::new())
     }
 
     /// `generate` with options: `cache` (true: the prompt runs once and each new token runs
