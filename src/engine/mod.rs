@@ -287,7 +287,8 @@ impl Session {
                 }
                 e.notes.extend(note);
                 if let Some(hint) = command_hint(code, &e) {
-                    e.notes.push(hint);
+                    // The whole input was a command's bare name: the hint alone, on one line.
+                    return Err(ScriptError::new(ErrorKind::Runtime, hint));
                 } else {
                     self.teach(&mut e);
                 }
@@ -686,7 +687,8 @@ pub fn documented_examples(engine: &Engine) -> Vec<(String, docs::Example)> {
 fn command_hint(code: &str, e: &ScriptError) -> Option<String> {
     let word = code.trim().trim_end_matches(';').trim().trim_end_matches("()");
     let is_command = commands::COMMANDS.iter().any(|c| c.name == word) || matches!(word, "exit" | "q");
-    (is_command && e.message.contains("not found")).then(|| format!("session commands start with ':': type :{} (:help lists them)", if matches!(word, "exit" | "q") { "quit" } else { word }))
+    let command = if matches!(word, "exit" | "q") { "quit" } else { word };
+    (is_command && e.message.contains("not found")).then(|| format!("{word} is a session command: type :{command} (commands start with ':'; :help lists them)"))
 }
 
 #[cfg(test)]
@@ -696,16 +698,21 @@ mod tests {
     #[test]
     fn a_command_without_its_colon_says_how_commands_are_written() {
         let mut s = Session::new(SessionOptions::default());
-        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars")] {
+        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars"), ("help()", ":help"), (" q ", ":quit")] {
             let e = s.eval("<input>", typed).expect_err(typed);
-            assert!(e.notes.iter().any(|n| n.contains(&format!("type {command}"))), "{typed}: {:?}", e.notes);
+            let shown = e.to_string();
+            assert!(shown.contains(&format!("is a session command: type {command}")), "{typed}: {shown}");
+            assert!(!shown.contains('\n') && !shown.contains("not found"), "{typed}: one line, no 'not found': {shown}");
         }
         // A variable of that name is the user's own.
         s.eval("<input>", "let help = 3;").expect("let");
         assert!(s.eval("<input>", "help").is_ok());
         // Another unknown variable gets no such note.
         let e = s.eval("<input>", "helpp").expect_err("helpp");
-        assert!(!e.notes.iter().any(|n| n.contains("start with ':'")), "{:?}", e.notes);
+        assert!(e.message.contains("not found") && !e.to_string().contains("session command"), "{e}");
+        // A command's name inside a longer input is an ordinary error.
+        let e = s.eval("<input>", "vars + 1").expect_err("vars + 1");
+        assert!(e.message.contains("not found") && !e.to_string().contains("session command"), "{e}");
     }
 
     #[test]
