@@ -769,19 +769,46 @@ mod tests {
         }
     }
 
+    /// What a frontend answers for an input, as the kernel's `is_complete` does: wait for more
+    /// (`incomplete`), run it (`complete`), or show its syntax error at once (`invalid`).
     #[test]
     fn completeness_is_decided_by_the_parser() {
         let s = Session::new(SessionOptions::default());
-        for code in ["fn f(x) {", "let a = [1,\n2,", "let s = `multi\nline", "if x {\n  1\n} else {"] {
-            assert!(!s.is_complete(code), "should wait for more: {code:?}");
-        }
-        for code in ["1 + 1", "fn f(x) { x }", "let s = `a\nb`;", "let x = ;", "}", "let s = \"open"] {
-            assert!(s.is_complete(code), "should be complete (valid or a real error): {code:?}");
-        }
-        // Python habits are errors to show at once, not input to wait for (issue #30).
-        for code in ["print(f\"{m}\")", "m.ablate(d, heads=[1, 2])", "for h in xs: print(h)", "def f(x): return x", "xs[0:3]", "def f(x):", "for h in xs:"] {
-            assert!(s.is_complete(code), "a Python habit must be shown as an error, not wait for more: {code:?}");
-        }
+        let status = |code: &str| match (s.is_complete(code), s.engine().compile(code).is_ok()) {
+            (false, _) => "incomplete",
+            (true, true) => "complete",
+            (true, false) => "invalid",
+        };
+        let cases = [
+            // Unfinished: open braces, brackets, parentheses or a backtick string.
+            ("fn sq(x) {", "incomplete"),
+            ("fn f(x) {", "incomplete"),
+            ("let a = [1,", "incomplete"),
+            ("let a = [1,\n2,", "incomplete"),
+            ("let s = `multi\nline", "incomplete"),
+            ("if x {\n  1\n} else {", "incomplete"),
+            ("m.ablate(d, ", "incomplete"),
+            // Complete.
+            ("1 + 1", "complete"),
+            ("fn f(x) { x }", "complete"),
+            ("let s = `a\nb`;", "complete"),
+            ("let a = [1,\n2];", "complete"),
+            // Errors to show at once.
+            ("let x = ;", "invalid"),
+            ("}", "invalid"),
+            ("let s = \"open", "invalid"),
+            // Python habits (issue #30) are errors, not input to wait for.
+            ("print(f\"{m}\")", "invalid"),
+            ("m.ablate(d, heads=[1])", "invalid"),
+            ("m.ablate(d, heads=[1, 2])", "invalid"),
+            ("for h in xs: print(h)", "invalid"),
+            ("def f(x): return x", "invalid"),
+            ("xs[0:3]", "invalid"),
+            ("def f(x):", "invalid"),
+            ("for h in xs:", "invalid"),
+        ];
+        let wrong: Vec<String> = cases.iter().filter(|(code, want)| status(code) != *want).map(|(code, want)| format!("{code:?}: {} (want {want})", status(code))).collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
     fn names(s: &Session) -> Vec<String> {
