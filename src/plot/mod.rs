@@ -188,10 +188,15 @@ impl Plot {
 
 impl Render for Plot {
     fn render(&self) -> Output {
-        // A plot that cannot be drawn still shows its text form; the error is in it.
-        let (png, svg) = match (self.to_png(), self.to_svg()) {
-            (Ok(p), Ok(s)) => (Some(p), Some(s)),
-            (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
+        // A plot that cannot be drawn still shows its text form; the error is in it. Inside
+        // `output::text_only` nothing is drawn.
+        let (png, svg) = if crate::output::images_wanted() {
+            match (self.to_png(), self.to_svg()) {
+                (Ok(p), Ok(s)) => (Some(p), Some(s)),
+                (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
+            }
+        } else {
+            (None, None)
         };
         let text = match &self.kind {
             PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => {
@@ -294,6 +299,16 @@ mod tests {
         assert!(!svg.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'e' && w[2] == b'-'), "a number in scientific notation in the SVG");
         let text = p.render().text;
         assert!(text.contains("Potter") && text.contains("gato") && !text.contains('Ġ') && !text.contains('▁'), "{text}");
+    }
+
+    #[test]
+    fn text_only_rendering_draws_nothing_and_ends_with_its_call() {
+        let p = heat();
+        let quick = crate::output::text_only(|| p.render());
+        assert!(quick.png.is_none() && quick.svg.is_none());
+        let full = p.render();
+        assert!(full.png.is_some() && full.svg.is_some(), "images are drawn again after text_only");
+        assert_eq!(quick.text, full.text);
     }
 
     fn heat() -> Plot {
