@@ -48,13 +48,18 @@ pub fn fmt_cell(v: f64) -> String {
         return "–".into();
     }
     let a = v.abs();
-    match a {
-        a if a == 0.0 => "0".into(),
-        a if a < 0.0005 => (if v > 0.0 { "<0.001" } else { ">-0.001" }).into(),
-        a if a < 0.9995 => format!("{v:.3}"),
-        a if a < 9.995 => format!("{v:.2}"),
-        a if a < 99.95 => format!("{v:.1}"),
-        _ => format!("{v:.0}"),
+    if a == 0.0 {
+        "0".into()
+    } else if a < 0.0005 {
+        (if v > 0.0 { "<0.001" } else { ">-0.001" }).into()
+    } else if a < 0.9995 {
+        format!("{v:.3}")
+    } else if a < 9.995 {
+        format!("{v:.2}")
+    } else if a < 99.95 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
     }
 }
 
