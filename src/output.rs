@@ -30,6 +30,28 @@ pub trait Render {
     fn render(&self) -> Output;
 }
 
+thread_local! {
+    static TEXT_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with renderers asked for text alone: a [`Render`] that draws images (a plot)
+/// leaves its PNG and SVG out while it runs. `:vars` previews need only a line of text.
+pub fn text_only<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            TEXT_ONLY.with(|t| t.set(self.0));
+        }
+    }
+    let _restore = Restore(TEXT_ONLY.with(|t| t.replace(true)));
+    f()
+}
+
+/// Whether a renderer should draw its images (false inside [`text_only`]).
+pub fn images_wanted() -> bool {
+    !TEXT_ONLY.with(|t| t.get())
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then a rename,
 /// so a crash never leaves a half-written result behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

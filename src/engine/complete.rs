@@ -231,14 +231,33 @@ impl Session {
         Completion { start, candidates }
     }
 
-    /// What Shift-Tab shows for the name at byte `pos`: each overload's script-facing
-    /// signature, its doc, its options with defaults, and its first example. A method after
-    /// a variable (`m.analyze`) is looked up on the variable's type.
+    /// What Shift-Tab shows at byte `pos`: for the function named under the cursor, or else
+    /// for the call whose argument list the cursor is in (`m.ablate(|`, `m.ablate(d, [h], #{|`;
+    /// the innermost call first), each overload's script-facing signature, its doc, its
+    /// options with defaults, and its first example. A method after a variable (`m.analyze`)
+    /// is looked up on the variable's type.
     pub fn inspect(&self, code: &str, pos: usize) -> Option<String> {
         let pos = floor_boundary(code, pos);
         let end = code[pos..].char_indices().find(|(_, c)| !is_ident(*c)).map_or(code.len(), |(i, _)| pos + i);
         let (start, name) = ident_before(code, end);
-        if name.is_empty() {
+        if let Some(text) = self.describe_name(code, start, name) {
+            return Some(text);
+        }
+        // The enclosing calls, innermost first: the name before each open `(`.
+        let open = open_brackets(&code[..pos])?;
+        open.iter().rev().find_map(|o| match o {
+            Open::Paren(paren) => {
+                let (start, name) = ident_before(code, code[..*paren].trim_end().len());
+                self.describe_name(code, start, name)
+            }
+            _ => None,
+        })
+    }
+
+    /// The help text of the function `name` written at byte `start` of `code`, with its
+    /// `module::` prefix or its receiver (`m.` looks on the type of `m`'s value).
+    fn describe_name(&self, code: &str, start: usize, name: &str) -> Option<String> {
+        if name.is_empty() || docs::KEYWORDS.contains(&name) {
             return None;
         }
         let module = code[..start].strip_suffix("::").map(|_| ident_before(&code[..start - 2], start - 2).1);
@@ -325,6 +344,26 @@ mod tests {
         assert!(matches!(ctx("f(#{a: b"), (_, Context::Word("b"))));
         assert!(matches!(ctx("let m = #{a"), (_, Context::Word("a"))), "a map that is no call argument");
         assert_eq!(ctx("// m."), (5, Context::Word("")));
+    }
+
+    #[test]
+    fn inspect_inside_a_call_shows_the_enclosing_call() {
+        let s = Session::new(Default::default());
+        let heatmap = s.inspect("heatmap", 3).expect("heatmap by name");
+        assert!(heatmap.lines().any(|l| l.starts_with("heatmap(matrix")), "{heatmap}");
+        // Right after `(`, after an argument that is no function, inside an options map.
+        for code in ["heatmap(", "heatmap(x, ", "heatmap(x, #{", "let p = heatmap([[1, 2]], #{title: \"a\", "] {
+            assert_eq!(s.inspect(code, code.len()).as_deref(), Some(heatmap.as_str()), "{code:?}");
+        }
+        // The innermost call first; a name under the cursor wins over the enclosing call.
+        let corpus = s.inspect("corpus", 3).expect("corpus by name");
+        assert_eq!(s.inspect("heatmap(corpus(", 15).as_deref(), Some(corpus.as_str()));
+        assert_eq!(s.inspect("heatmap(corpus(\"a\"), ", 20).as_deref(), Some(heatmap.as_str()));
+        assert_eq!(s.inspect("heatmap(x, corpus", 14).as_deref(), Some(corpus.as_str()));
+        // Grouping parentheses, keywords, strings and unknown names show nothing.
+        for code in ["(1 + ", "if (", "no_such_function(", "print(\"heatmap(", "let x = ["] {
+            assert_eq!(s.inspect(code, code.len()), None, "{code:?}");
+        }
     }
 
     #[test]

@@ -287,7 +287,8 @@ impl Session {
                 }
                 e.notes.extend(note);
                 if let Some(hint) = command_hint(code, &e) {
-                    e.notes.push(hint);
+                    // The whole input was a command's bare name: the hint alone, on one line.
+                    return Err(ScriptError::new(ErrorKind::Runtime, hint));
                 } else {
                     self.teach(&mut e);
                 }
@@ -436,11 +437,7 @@ impl Session {
     pub fn variables(&self) -> Vec<Variable> {
         (&self.scope)
             .into_iter()
-            .map(|(name, v, _)| {
-                let preview = render_value(v).map(|o| o.text.lines().next().unwrap_or_default().to_string()).unwrap_or_default();
-                let preview = if preview.chars().count() > 60 { format!("{}...", preview.chars().take(60).collect::<String>()) } else { preview };
-                Variable { name: name.to_string(), type_name: self.engine.map_type_name(v.type_name()).to_string(), preview, size: size::of(v) }
-            })
+            .map(|(name, v, _)| Variable { name: name.to_string(), type_name: self.engine.map_type_name(v.type_name()).to_string(), preview: preview(v), size: size::of(v) })
             .collect()
     }
 
@@ -477,6 +474,64 @@ impl Session {
             P::UnexpectedEOF | P::MissingToken(..) => !(e.position().is_none() || is_at_end(code, e.position())),
             _ => true,
         }
+    }
+}
+
+/// The characters of a value's one-line preview in `:vars`.
+const PREVIEW_CHARS: usize = 60;
+
+/// The first line of what a value shows, cut at [`PREVIEW_CHARS`] (`...` marks the cut), made
+/// without showing the whole value: arrays, maps and text are written only as far as the
+/// preview reaches (a 200,000-number array took 50 ms to write whole), and other values are
+/// rendered as text only (no PNG or SVG drawn for a plot or an attention map).
+fn preview(v: &Dynamic) -> String {
+    let mut text = String::new();
+    if v.is_array() || v.is_map() || v.is_string() {
+        write_bounded(v, false, &mut text);
+    } else if let Some(o) = crate::output::text_only(|| render_value(v)) {
+        text = o.text;
+    }
+    let line = text.lines().next().unwrap_or_default();
+    if line.chars().count() > PREVIEW_CHARS { format!("{}...", line.chars().take(PREVIEW_CHARS).collect::<String>()) } else { line.to_string() }
+}
+
+/// Writes `v` as Rhai's `to_string` does (items of arrays and maps as their debug form), but
+/// stops once `out` holds more than a preview's characters (or a line): what comes after is cut.
+fn write_bounded(v: &Dynamic, debug: bool, out: &mut String) {
+    let full = |out: &String| out.chars().count() > PREVIEW_CHARS || out.contains('\n');
+    if let Some(items) = v.read_lock::<rhai::Array>() {
+        out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if full(out) {
+                return;
+            }
+            if i > 0 {
+                out.push_str(", ");
+            }
+            write_bounded(item, true, out);
+        }
+        out.push(']');
+    } else if let Some(map) = v.read_lock::<rhai::Map>() {
+        out.push_str("#{");
+        for (i, (key, item)) in map.iter().enumerate() {
+            if full(out) {
+                return;
+            }
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&format!("{:?}: ", key.as_str()));
+            write_bounded(item, true, out);
+        }
+        out.push('}');
+    } else if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        // One more character than a preview shows, so that a longer text is still cut.
+        let head: String = s.chars().take(PREVIEW_CHARS + 1).collect();
+        if debug { out.push_str(&format!("{head:?}")) } else { out.push_str(&head) }
+    } else if debug {
+        out.push_str(&format!("{v:?}"));
+    } else {
+        out.push_str(&v.to_string());
     }
 }
 
@@ -686,7 +741,8 @@ pub fn documented_examples(engine: &Engine) -> Vec<(String, docs::Example)> {
 fn command_hint(code: &str, e: &ScriptError) -> Option<String> {
     let word = code.trim().trim_end_matches(';').trim().trim_end_matches("()");
     let is_command = commands::COMMANDS.iter().any(|c| c.name == word) || matches!(word, "exit" | "q");
-    (is_command && e.message.contains("not found")).then(|| format!("session commands start with ':': type :{} (:help lists them)", if matches!(word, "exit" | "q") { "quit" } else { word }))
+    let command = if matches!(word, "exit" | "q") { "quit" } else { word };
+    (is_command && e.message.contains("not found")).then(|| format!("{word} is a session command: type :{command} (commands start with ':'; :help lists them)"))
 }
 
 #[cfg(test)]
@@ -696,16 +752,21 @@ mod tests {
     #[test]
     fn a_command_without_its_colon_says_how_commands_are_written() {
         let mut s = Session::new(SessionOptions::default());
-        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars")] {
+        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars"), ("help()", ":help"), (" q ", ":quit")] {
             let e = s.eval("<input>", typed).expect_err(typed);
-            assert!(e.notes.iter().any(|n| n.contains(&format!("type {command}"))), "{typed}: {:?}", e.notes);
+            let shown = e.to_string();
+            assert!(shown.contains(&format!("is a session command: type {command}")), "{typed}: {shown}");
+            assert!(!shown.contains('\n') && !shown.contains("not found"), "{typed}: one line, no 'not found': {shown}");
         }
         // A variable of that name is the user's own.
         s.eval("<input>", "let help = 3;").expect("let");
         assert!(s.eval("<input>", "help").is_ok());
         // Another unknown variable gets no such note.
         let e = s.eval("<input>", "helpp").expect_err("helpp");
-        assert!(!e.notes.iter().any(|n| n.contains("start with ':'")), "{:?}", e.notes);
+        assert!(e.message.contains("not found") && !e.to_string().contains("session command"), "{e}");
+        // A command's name inside a longer input is an ordinary error.
+        let e = s.eval("<input>", "vars + 1").expect_err("vars + 1");
+        assert!(e.message.contains("not found") && !e.to_string().contains("session command"), "{e}");
     }
 
     #[test]
@@ -762,19 +823,79 @@ mod tests {
         }
     }
 
+    /// What a frontend answers for an input, as the kernel's `is_complete` does: wait for more
+    /// (`incomplete`), run it (`complete`), or show its syntax error at once (`invalid`).
     #[test]
     fn completeness_is_decided_by_the_parser() {
         let s = Session::new(SessionOptions::default());
-        for code in ["fn f(x) {", "let a = [1,\n2,", "let s = `multi\nline", "if x {\n  1\n} else {"] {
-            assert!(!s.is_complete(code), "should wait for more: {code:?}");
+        let status = |code: &str| match (s.is_complete(code), s.engine().compile(code).is_ok()) {
+            (false, _) => "incomplete",
+            (true, true) => "complete",
+            (true, false) => "invalid",
+        };
+        let cases = [
+            // Unfinished: open braces, brackets, parentheses or a backtick string.
+            ("fn sq(x) {", "incomplete"),
+            ("fn f(x) {", "incomplete"),
+            ("let a = [1,", "incomplete"),
+            ("let a = [1,\n2,", "incomplete"),
+            ("let s = `multi\nline", "incomplete"),
+            ("if x {\n  1\n} else {", "incomplete"),
+            ("m.ablate(d, ", "incomplete"),
+            // Complete.
+            ("1 + 1", "complete"),
+            ("fn f(x) { x }", "complete"),
+            ("let s = `a\nb`;", "complete"),
+            ("let a = [1,\n2];", "complete"),
+            // Errors to show at once.
+            ("let x = ;", "invalid"),
+            ("}", "invalid"),
+            ("let s = \"open", "invalid"),
+            // Python habits (issue #30) are errors, not input to wait for.
+            ("print(f\"{m}\")", "invalid"),
+            ("m.ablate(d, heads=[1])", "invalid"),
+            ("m.ablate(d, heads=[1, 2])", "invalid"),
+            ("for h in xs: print(h)", "invalid"),
+            ("def f(x): return x", "invalid"),
+            ("xs[0:3]", "invalid"),
+            ("def f(x):", "invalid"),
+            ("for h in xs:", "invalid"),
+        ];
+        let wrong: Vec<String> = cases.iter().filter(|(code, want)| status(code) != *want).map(|(code, want)| format!("{code:?}: {} (want {want})", status(code))).collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// `:vars` shows the first line of what each value shows, cut at 60 characters; it is made
+    /// without writing a whole array or drawing a plot, and must read the same.
+    #[test]
+    fn vars_previews_read_as_the_values_show() {
+        let mut s = Session::new(SessionOptions::default());
+        let code = r#"
+            let big = []; big.pad(200000, 1.5);
+            let short = [1, 2.0, "s", (), true, [3], #{a: 1}, 'c'];
+            let nested = [[1, 2, 3], "a text \"quoted\" that goes on and on and on past the preview", #{k: [1, 2]}];
+            let map = #{b: "x", a: [1.0, 2], c: #{d: ()}};
+            let big_map = #{}; for i in 0..1000 { big_map[`k${i}`] = [i, i]; }
+            let text = "one\ntwo";
+            let long_text = ""; for i in 0..100 { long_text += "word "; }
+            let exact = "123456789012345678901234567890123456789012345678901234567890";
+            let p = heatmap([[0.1, 0.2]], #{title: "a plot"});
+            let t = 3.5; let e = []; let none = ();
+        "#;
+        s.eval("a", code).unwrap();
+        let vars = s.variables();
+        assert_eq!(vars.len(), 13, "{:?}", vars.iter().map(|v| &v.name).collect::<Vec<_>>());
+        for v in &vars {
+            let value = s.scope.get_value::<Dynamic>(&v.name).unwrap();
+            let shown = render_value(&value).map(|o| o.text).unwrap_or_default();
+            let line = shown.lines().next().unwrap_or_default();
+            let want = if line.chars().count() > 60 { format!("{}...", line.chars().take(60).collect::<String>()) } else { line.to_string() };
+            assert_eq!(v.preview, want, "{}", v.name);
         }
-        for code in ["1 + 1", "fn f(x) { x }", "let s = `a\nb`;", "let x = ;", "}", "let s = \"open"] {
-            assert!(s.is_complete(code), "should be complete (valid or a real error): {code:?}");
-        }
-        // Python habits are errors to show at once, not input to wait for (issue #30).
-        for code in ["print(f\"{m}\")", "m.ablate(d, heads=[1, 2])", "for h in xs: print(h)", "def f(x): return x", "xs[0:3]", "def f(x):", "for h in xs:"] {
-            assert!(s.is_complete(code), "a Python habit must be shown as an error, not wait for more: {code:?}");
-        }
+        let preview = |n: &str| vars.iter().find(|v| v.name == n).map(|v| v.preview.clone()).unwrap_or_default();
+        assert!(preview("big").starts_with("[1.5, 1.5") && preview("big").ends_with("..."));
+        assert_eq!(preview("exact").len(), 60, "sixty characters are shown whole");
+        assert!(preview("p").contains("a plot"), "{}", preview("p"));
     }
 
     fn names(s: &Session) -> Vec<String> {

@@ -40,6 +40,29 @@ pub fn fmt_value(v: f64) -> String {
     if a != 0.0 && !(1e-2..1e4).contains(&a) { format!("{v:.1e}") } else if a >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
+/// A heatmap cell's value in fixed notation, as tables print numbers: three decimals below 1
+/// (`0.216`), fewer above (`2.50`, `12.5`, `1250`), and `<0.001` (`>-0.001`) for a value too
+/// small to show that is not zero.
+pub fn fmt_cell(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a < 0.0005 {
+        (if v > 0.0 { "<0.001" } else { ">-0.001" }).into()
+    } else if a < 0.9995 {
+        format!("{v:.3}")
+    } else if a < 9.995 {
+        format!("{v:.2}")
+    } else if a < 99.95 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 /// An axis's tick labels over `lo..hi`, all with the decimals the tick spacing needs (about
 /// ten ticks: `40`, `60`, `120` on one axis, `4.4`, `4.6`, `5.0` on another); very large or
 /// very small values as [`fmt_value`].
@@ -62,6 +85,7 @@ fn heatmap<DB: DrawingBackend>(
     vmin: Option<f64>,
     vmax: Option<f64>,
 ) -> R {
+    let (row_labels, col_labels) = (&super::reader_labels(row_labels), &super::reader_labels(col_labels));
     let rows = values.len() as i32;
     let cols = values[0].len() as i32;
     let (dmin, dmax) = finite_range(values.iter().flatten().copied()).unwrap_or((0.0, 1.0));
@@ -132,7 +156,7 @@ fn heatmap<DB: DrawingBackend>(
                     let dark_cell = !v.is_finite() || norm(v) < 0.6;
                     let color = if dark_cell && v.is_finite() { WHITE } else { BLACK };
                     let style = ("sans-serif", font_px).into_font().color(&color).pos(Pos::new(HPos::Center, VPos::Center));
-                    Text::new(fmt_value(v), (SegmentValue::CenterOf(c as i32), SegmentValue::CenterOf(y)), style)
+                    Text::new(fmt_cell(v), (SegmentValue::CenterOf(c as i32), SegmentValue::CenterOf(y)), style)
                 })
             }))
             .map_err(e)?;
@@ -269,5 +293,14 @@ mod tests {
         let y = axis_format(4.2, 6.1);
         assert_eq!([y(&4.4), y(&5.0), y(&6.0)], ["4.4", "5.0", "6.0"]);
         assert_eq!(axis_format(0.0, 1e6)(&5e5), "5.0e5");
+    }
+
+    #[test]
+    fn heatmap_cells_print_in_fixed_notation() {
+        let cells: Vec<String> = [0.216, 0.0021, 0.0004, -0.0004, 0.0, 1.0, 0.99996, 2.5, 12.34, 1234.5, -0.5, f64::NAN].iter().map(|&v| fmt_cell(v)).collect();
+        assert_eq!(cells, ["0.216", "0.002", "<0.001", ">-0.001", "0", "1.00", "1.00", "2.50", "12.3", "1234", "-0.500", "–"]);
+        for v in [1e-9, 3.3e-5, 0.00123, 7e-3, 123456.0] {
+            assert!(!fmt_cell(v).contains('e'), "{v} printed as {}", fmt_cell(v));
+        }
     }
 }

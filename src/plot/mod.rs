@@ -188,17 +188,53 @@ impl Plot {
 
 impl Render for Plot {
     fn render(&self) -> Output {
-        // A plot that cannot be drawn still shows its text form; the error is in it.
-        let (png, svg) = match (self.to_png(), self.to_svg()) {
-            (Ok(p), Ok(s)) => (Some(p), Some(s)),
-            (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
+        // A plot that cannot be drawn still shows its text form; the error is in it. Inside
+        // `output::text_only` nothing is drawn.
+        let (png, svg) = if crate::output::images_wanted() {
+            match (self.to_png(), self.to_svg()) {
+                (Ok(p), Ok(s)) => (Some(p), Some(s)),
+                (Err(e), _) | (_, Err(e)) => return Output::text(format!("{} [{e}]", self.describe())),
+            }
+        } else {
+            (None, None)
         };
         let text = match &self.kind {
-            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => text::heatmap(&self.describe(), values, row_labels, col_labels, *vmin, *vmax),
+            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => {
+                text::heatmap(&self.describe(), values, &reader_labels(row_labels), &reader_labels(col_labels), *vmin, *vmax)
+            }
             _ => self.describe(),
         };
         Output { text, html: None, png, svg }
     }
+}
+
+/// Labels as a reader sees them: tokenizer markers are taken off (`ĠPotter` and `▁gato`, a
+/// word that follows a space, show as `Potter` and `gato`; GPT-2's `Ċ` and `ĉ`, a newline and a
+/// tab, as `↵` and `⇥`), and a space that is left (a token of spaces, `ĠĠ`) shows as `␣`.
+/// Where two different labels of one axis would then read alike (`ĠPotter` and `Potter`),
+/// the ones that followed a space keep it as `␣` (`␣Potter`), so no two tokens are confused.
+pub fn reader_labels(labels: &[String]) -> Vec<String> {
+    const SPACE: [char; 2] = ['Ġ', '▁'];
+    let full = |l: &str| -> String {
+        l.chars()
+            .map(|c| match c {
+                'Ġ' | '▁' => '␣',
+                'Ċ' => '↵',
+                'ĉ' => '⇥',
+                c => c,
+            })
+            .collect()
+    };
+    let plain = |l: &str| -> String {
+        match l.strip_prefix(SPACE) {
+            Some("") => "␣".into(),
+            Some(rest) => full(rest),
+            None => full(l),
+        }
+    };
+    let shown: Vec<String> = labels.iter().map(|l| plain(l)).collect();
+    let alike = |i: usize| labels.iter().zip(&shown).any(|(l, s)| *s == shown[i] && *l != labels[i]);
+    labels.iter().enumerate().map(|(i, l)| if l.starts_with(SPACE) && alike(i) { full(l) } else { shown[i].clone() }).collect()
 }
 
 /// Viridis colour map, `t` in [0, 1].
@@ -226,6 +262,54 @@ pub fn viridis(t: f64) -> (u8, u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(l: &[&str]) -> Vec<String> {
+        reader_labels(&l.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn token_labels_lose_their_tokenizer_markers() {
+        assert_eq!(labels(&["<s>", "ĠHarry", "ĠPotter", "'s", "Ċ", "Ġ", "ĠĠ", "layer 0"]), ["<s>", "Harry", "Potter", "'s", "↵", "␣", "␣␣", "layer 0"]);
+        assert_eq!(labels(&["▁el", "▁gato", "s", "enc.0", "h1", "##ing"]), ["el", "gato", "s", "enc.0", "h1", "##ing"]);
+        // Two tokens that would read alike keep the space that tells them apart.
+        assert_eq!(labels(&["ĠPotter", "Potter", "ĠPotter", "Ġthe"]), ["␣Potter", "Potter", "␣Potter", "the"]);
+        assert_eq!(labels(&["Ġ", "ĠĠ", "▁a▁b"]), ["␣", "␣␣", "a␣b"]);
+    }
+
+    #[test]
+    fn a_heatmap_of_tokens_shows_plain_words_and_fixed_cells() {
+        let p = Plot::new(
+            PlotKind::Heatmap {
+                values: vec![vec![0.216, 0.0004], vec![1.0, 0.0021]],
+                row_labels: vec!["ĠPotter".into(), "▁gato".into()],
+                col_labels: vec!["ĠPotter".into(), "▁gato".into()],
+                show_values: true,
+                vmin: Some(0.0),
+                vmax: Some(1.0),
+            },
+            "attention",
+        )
+        .unwrap();
+        let svg = p.to_svg().unwrap();
+        let texts: Vec<&str> = svg.split("<text").skip(1).filter_map(|t| t.split_once('>')).map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim()).collect();
+        for shown in ["Potter", "gato", "0.216", "&lt;0.001", "0.002", "1.00"] {
+            assert!(texts.contains(&shown), "the SVG lacks {shown}: {texts:?}");
+        }
+        assert!(!svg.contains('Ġ') && !svg.contains('▁'), "tokenizer markers left in the SVG");
+        assert!(!svg.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'e' && w[2] == b'-'), "a number in scientific notation in the SVG");
+        let text = p.render().text;
+        assert!(text.contains("Potter") && text.contains("gato") && !text.contains('Ġ') && !text.contains('▁'), "{text}");
+    }
+
+    #[test]
+    fn text_only_rendering_draws_nothing_and_ends_with_its_call() {
+        let p = heat();
+        let quick = crate::output::text_only(|| p.render());
+        assert!(quick.png.is_none() && quick.svg.is_none());
+        let full = p.render();
+        assert!(full.png.is_some() && full.svg.is_some(), "images are drawn again after text_only");
+        assert_eq!(quick.text, full.text);
+    }
 
     fn heat() -> Plot {
         Plot::new(

@@ -59,7 +59,9 @@ pub mod api {
 
     /// A heatmap of a matrix (array of rows), row 0 at the top, with a colour scale.
     /// Options: `rows`, `cols` (labels), `values` (print cell values, default true up to
-    /// 400 cells), `vmin`, `vmax`, `title`, `x_label`, `y_label`, `width`, `height`.
+    /// 400 cells), `vmin`, `vmax`, `title`, `x_label`, `y_label`, `width`, `height`. Cell values
+    /// print in fixed notation (`0.216`, `<0.001`); labels that are tokens print without their
+    /// tokenizer's markers (`ĠPotter` and `▁gato` as `Potter` and `gato`).
     ///
     /// ```rhai
     /// let p = heatmap([[0.1, 0.9], [0.5, 1]], #{rows: ["layer 0", "layer 1"], cols: ["h0", "h1"], title: "conf"});

@@ -97,7 +97,7 @@ const CASES: &[Case] = &[
     ("kernel install with a bad name", &["kernel", "install", "--prefix", "kp", "--name", "a b"], None, 1, &[], &["kernel name 'a b': use letters"]),
     ("print goes to stdout as it happens", &["-e", "print(\"hello\"); debug(\"x\"); 1"], None, 0, &["hello", "-e:1: \"x\"", "1"], &[]),
     ("a script named without `run`", &["tour.rhai"], None, 2, &[], &["'tour.rhai' is a script, not a command: run it with `headscope run tour.rhai`"]),
-    ("a session command without its colon", &[], Some("help\n"), 1, &[], &["session commands start with ':': type :help"]),
+    ("a session command without its colon", &[], Some("help\n"), 1, &[], &["help is a session command: type :help"]),
     (
         "piped REPL: a transcript with prompts and output runs its inputs",
         &[],
