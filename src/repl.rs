@@ -10,7 +10,7 @@ use rustyline::highlight::Highlighter;
 use rustyline::hint::Hinter;
 use rustyline::history::DefaultHistory;
 use rustyline::validate::{ValidationContext, ValidationResult, Validator};
-use rustyline::{Config, Context, Editor, Helper};
+use rustyline::{Cmd, ConditionalEventHandler, Config, Context, Editor, EventContext, EventHandler, Helper, KeyCode, KeyEvent, Modifiers, RepeatCount};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::rc::Rc;
@@ -104,6 +104,20 @@ pub fn terminal_sink() -> crate::engine::Sink {
         }
         let _ = std::io::stdout().flush();
     })
+}
+
+/// Shift-Tab: the line and cursor are kept and the line is handed back to `run`, which shows
+/// what the notebook's Shift-Tab shows there ([`Session::inspect`]: the function under the
+/// cursor, or the call whose parentheses the cursor is in) and lets the line be edited on.
+struct InspectKey(std::sync::Arc<std::sync::Mutex<Option<(String, usize)>>>);
+
+impl ConditionalEventHandler for InspectKey {
+    fn handle(&self, _: &rustyline::Event, _: RepeatCount, _: bool, ctx: &EventContext) -> Option<Cmd> {
+        if let Ok(mut r) = self.0.lock() {
+            *r = Some((ctx.line().to_string(), ctx.pos()));
+        }
+        Some(Cmd::AcceptLine)
+    }
 }
 
 struct ReplHelper {
@@ -227,11 +241,15 @@ pub fn run() -> Result<bool, String> {
     if let Some(h) = &history {
         let _ = rl.load_history(h);
     }
+    let inspect = std::sync::Arc::new(std::sync::Mutex::new(None));
+    rl.bind_sequence(KeyEvent(KeyCode::BackTab, Modifiers::NONE), EventHandler::Conditional(Box::new(InspectKey(inspect.clone()))));
     println!("headscope {} — Rhai for attention heads. :help for commands, Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
     let mut n = 0;
     // The input so far: lines join it until the parser says it is complete, each read after
     // the continuation prompt, so that unfinished input is visible as such.
     let mut buf = String::new();
+    // A line handed back by Shift-Tab, to edit on: (before the cursor, after it).
+    let mut resume: Option<(String, String)> = None;
     loop {
         let prompt = if buf.is_empty() { PROMPT } else { CONTINUATION };
         // Lines typed while the last input ran wait in the terminal, complete (its line
@@ -242,8 +260,24 @@ pub fn run() -> Result<bool, String> {
                 println!("{prompt}{line}");
                 Ok(line)
             }
-            None => rl.readline(prompt),
+            None => match resume.take() {
+                Some((left, right)) => rl.readline_with_initial(prompt, (&left, &right)),
+                None => rl.readline(prompt),
+            },
         };
+        let asked = inspect.lock().ok().and_then(|mut r| r.take());
+        if let (Ok(_), Some((line, pos))) = (&read, asked) {
+            // The input so far (continuation lines included) gives the call's context.
+            let code = if buf.is_empty() { line.clone() } else { format!("{buf}\n{line}") };
+            let at = code.len() - line.len() + pos.min(line.len());
+            match session.borrow().inspect(&code, at) {
+                Some(text) => println!("{text}"),
+                None => println!("(nothing to show here: Shift-Tab shows a function's signature and options, on its name or inside its parentheses)"),
+            }
+            let pos = (0..=pos.min(line.len())).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
+            resume = Some((line[..pos].to_string(), line[pos..].to_string()));
+            continue;
+        }
         match read {
             Ok(line) => {
                 if buf.is_empty() && line.trim().is_empty() {

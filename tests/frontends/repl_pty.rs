@@ -32,6 +32,16 @@ fn repl_in_a_terminal() {
     p.exp_string("<plot: heatmap 2x2").unwrap();
     p.exp_string(PROMPT).unwrap();
 
+    // Shift-Tab inside a call's parentheses shows the call's signatures; the line stays, to
+    // be finished and run.
+    p.send("let hm2 = heatmap(").unwrap();
+    p.send("\x1b[Z").unwrap();
+    p.flush().unwrap();
+    p.exp_string("heatmap(matrix, options) -> Plot").unwrap();
+    p.send_line("[[5, 6], [7, 8]]); hm2").unwrap();
+    p.exp_string("<plot: heatmap 2x2").unwrap();
+    p.exp_string(PROMPT).unwrap();
+
     // Completion of a variable.
     p.send("kee").unwrap();
     p.send("\t").unwrap();
@@ -54,6 +64,7 @@ fn repl_in_a_terminal() {
 
     // An open backtick string continues on the next line too.
     p.send_line("let s = `ab").unwrap();
+    p.exp_string("... ").unwrap();
     p.send_line("cd`; s.len()").unwrap();
     p.exp_string("5").unwrap();
     p.exp_string(PROMPT).unwrap();
