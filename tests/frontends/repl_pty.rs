@@ -80,6 +80,18 @@ fn repl_in_a_terminal() {
     p.exp_string("40").unwrap();
     p.exp_string(PROMPT).unwrap();
 
+    // A misspelt name suggests the near one; a wrong call shows the signatures; a session
+    // command typed without its colon says how commands are written.
+    p.send_line("heatmp([[1]])").unwrap();
+    p.exp_string("did you mean 'heatmap'?").unwrap();
+    p.exp_string(PROMPT).unwrap();
+    p.send_line("heatmap()").unwrap();
+    p.exp_string("'heatmap' is called as: heatmap(matrix) -> Plot; heatmap(matrix, options) -> Plot (:help heatmap)").unwrap();
+    p.exp_string(PROMPT).unwrap();
+    p.send_line("help").unwrap();
+    p.exp_string("type :help").unwrap();
+    p.exp_string(PROMPT).unwrap();
+
     // Type-ahead: three lines typed while a computation runs all run, in order, after it.
     p.send_line("let t = 0; for i in 0..6000000 { t += i; } print(\"slo\" + \"w done\")").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
