@@ -147,10 +147,7 @@ fn token_relevance_of(m: &ScriptModel, text: &str, target: Option<i64>) -> Resul
     let total: f64 = rel.iter().map(|x| x.abs()).sum::<f64>().max(1e-30);
     let mut table = Table::new(vec!["token".into(), "relevance".into(), "share".into()]);
     // The token explained: the target, else the top-1 prediction after the text.
-    let top = match &r.top {
-        Some(top) => Some(top.get(0).int64_value(&[t - 1])),
-        None => None,
-    };
+    let top = r.top.as_ref().map(|top| top.get(0).int64_value(&[t - 1]));
     let name = |id: i64| format!("{:?} (id {id}, text {:?})", m.model.tok.id_to_token(id), m.model.tok.decode(&[id]).unwrap_or_default());
     let explains = match (target, top) {
         (Some(id), Some(top)) => format!("explains {} (the given target; the top-1 is {})", name(id), name(top)),
