@@ -349,7 +349,13 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
     let mut hyps: Vec<Vec<Vec<Vec<String>>>> = shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
-    for (bi, b) in p.batches.iter().enumerate() {
+    // Progress counts (sentence, head) pairs swept, reported after each chunk of heads: a
+    // sweep over one or two batches still moves head by head; the label names the unit.
+    let n_heads: usize = shapes.iter().map(|s| (0..s.n_layers).map(|l| model.present(s.kind, l).len()).sum::<usize>()).sum();
+    let total: usize = p.batches.iter().map(|b| b.ids.size()[0] as usize * n_heads).sum();
+    let mut done = 0usize;
+    progress(0, total);
+    for b in p.batches.iter() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
@@ -402,6 +408,8 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             let z = ablated_heads(c, start, n, present_fill(model, &p.base, s.kind, l, &present[l]).as_ref());
                             let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
                             collect(p.metric, &rm, &enc, &p.base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            done += (n * bsz) as usize;
+                            progress(done, total);
                         }
                     }
                 }
@@ -440,6 +448,8 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;
                             }
+                            done += (n * bsz) as usize;
+                            progress(done, total);
                         }
                     }
                 }
@@ -463,12 +473,13 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             let mut gates = p.base.share();
                             gates.multiply(s.kind, gt);
                             collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, heads, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            done += (n * bsz) as usize;
+                            progress(done, total);
                         }
                     }
                 }
             }
         }
-        progress(bi + 1, p.batches.len());
     }
     let denom = denominator(p);
     let mut out = Vec::new();

@@ -21,27 +21,41 @@ pub struct Relevance {
     pub heads: Vec<Tensor>,
     /// `[R]`: the seeds' total per row.
     pub seed: Tensor,
+    /// `[R, T]` with a `Logit` seed: the top-1 token id at each position (the token a seed
+    /// without a target explains).
+    pub top: Option<Tensor>,
 }
 
 /// One forward and one backward over `ids [R, T]` (`mask [R, T]`), seeding the positions where
-/// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit; `Norm`, its final hidden units
-/// with relevance `h * h`.
-pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
+/// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit (or, with `target`, the logit of
+/// that token id); `Norm`, its final hidden units with relevance `h * h`.
+pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates, target: Option<i64>) -> Result<Relevance, ModelError> {
     if !gates.fill.is_empty() {
         return Err(ModelError::Invalid("AttnLRP: this view mean-ablates its closed heads; the relevance rules propagate through gates that scale a context, not through a mean put in its place: run it on a zero-ablated view".into()));
     }
     // Gradients are this computation's own: a caller's no_grad guard does not switch them off.
-    tch::with_grad(|| relevance_with_grad(model, ids, mask, seed_at, seed, gates))
+    tch::with_grad(|| relevance_with_grad(model, ids, mask, seed_at, seed, gates, target))
 }
 
-fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates) -> Result<Relevance, ModelError> {
+fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates, target: Option<i64>) -> Result<Relevance, ModelError> {
     let mut leaves = Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.encoder.len()).map(|_| None).collect() };
     let h = model.net.encode(ids, mask, gates, Some(&mut leaves))?;
     let Leaves { tok, ctx, .. } = leaves;
     let tok = tok.ok_or_else(|| ModelError::Invalid("AttnLRP: the forward passed no token embeddings (hook_embed)".into()))?;
-    let per_position = match seed {
-        Seed::Logit => model.net.logits_before_cap(&h)?.amax([-1i64].as_slice(), false),
-        Seed::Norm => (&h * h.detach()).sum_dim_intlist([-1i64].as_slice(), false, h.kind()),
+    let (per_position, top) = match seed {
+        Seed::Logit => {
+            let logits = model.net.logits_before_cap(&h)?;
+            let top = logits.detach().argmax(-1, false);
+            let width = logits.size().last().copied().unwrap_or(0);
+            let per = match target {
+                Some(id) if !(0..width).contains(&id) => return Err(ModelError::Invalid(format!("target id {id} is outside the output head's {width} tokens"))),
+                Some(id) => logits.select(-1, id),
+                None => logits.amax([-1i64].as_slice(), false),
+            };
+            (per, Some(top))
+        }
+        Seed::Norm if target.is_some() => return Err(ModelError::Invalid("a target token needs a language model's output head (seed \"logit\")".into())),
+        Seed::Norm => ((&h * h.detach()).sum_dim_intlist([-1i64].as_slice(), false, h.kind()), None),
     };
     let seeded = per_position * seed_at.to_kind(h.kind());
     let mut inputs = vec![tok.shallow_clone()];
@@ -57,7 +71,7 @@ fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Ten
             _ => Tensor::zeros([rows, 0], (DType::Float, ids.device())),
         })
         .collect();
-    Ok(Relevance { input, heads, seed: seeded.detach().sum_dim_intlist([1i64].as_slice(), false, DType::Float) })
+    Ok(Relevance { input, heads, seed: seeded.detach().sum_dim_intlist([1i64].as_slice(), false, DType::Float), top })
 }
 
 /// Head relevance of the self-attention stack over a dataset, as [`super::lrp::lrp`] reports it:
@@ -103,7 +117,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         let rows = ids.size()[0];
         for start in (0..rows).step_by(chunk as usize) {
             let len = chunk.min(rows - start);
-            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), seed, gates)?;
+            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), seed, gates, None)?;
             for (l, hr) in r.heads.iter().enumerate() {
                 let a = hr.abs().to_kind(DType::Double);
                 let share = &a / a.sum_dim_intlist([1i64].as_slice(), true, DType::Double).clamp_min(1e-30);

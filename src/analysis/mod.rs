@@ -100,11 +100,7 @@ fn sides(e: &Encoded, exclude: ExcludeKeys, eos_ids: &[i64]) -> (Vec<bool>, Vec<
         .ids
         .iter()
         .zip(&e.special)
-        .map(|(id, &sp)| match exclude {
-            ExcludeKeys::Nothing => true,
-            ExcludeKeys::Eos => !eos_ids.contains(id),
-            ExcludeKeys::Special => !sp && !eos_ids.contains(id),
-        })
+        .map(|(&id, &sp)| !exclude.excludes(id, sp, eos_ids))
         .collect();
     (real, keys)
 }

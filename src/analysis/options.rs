@@ -8,16 +8,7 @@ options_enum!(
     Stat, "stat", { Confidence = "confidence", Positional = "positional", Rare = "rare", Syntactic = "syntactic" }
 );
 
-options_enum!(
-    /// Keys excluded when taking a head's argmax and confidence.
-    ExcludeKeys, "exclude_keys", {
-        /// EOS / SEP keys (the default).
-        Eos = "eos",
-        /// Every special token (BOS/CLS as well: attention sinks in decoder-only models).
-        Special = "special",
-        Nothing = "none",
-    }
-);
+pub use crate::model::ExcludeKeys;
 
 /// Where token frequencies come from.
 #[derive(Debug, Clone, PartialEq)]

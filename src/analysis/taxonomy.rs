@@ -161,8 +161,12 @@ fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bo
 
 /// Every head type's score for the self-attention stack (`model.net.stack_kind`), averaged over
 /// the probes' sequences: sink, previous, duplicate and induction on `repeated`, retrieval on
-/// `needles`.
-pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<TypeGrids, AnalysisError> {
+/// `needles`. With `exclude_sink` (docs/methods.md#attention-sinks) the first position, the
+/// probes' sink, is left out of every score but the sink's own: previous, duplicate and
+/// induction are TransformerLens's `detect_head(..., exclude_bos=True)` (the first key's
+/// attention zeroed, each sequence's score divided by the attention that remains), and a
+/// retrieval head's top key is taken among the other keys (unless the needle starts there).
+pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dyn Fn() -> bool, exclude_sink: bool) -> Result<TypeGrids, AnalysisError> {
     let kind = model.net.stack_kind;
     let dev = model.device();
     // Per type, layer and head the layer holds (physical order; a pruned layer is narrower).
@@ -178,8 +182,16 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         let t = rows[0].len() as f64;
         let a = a.to_kind(DType::Double);
         let [prev, dup, ind] = patterns(rows, dev);
-        let heads = |p: &Tensor| (&a * p).sum_dim_intlist([0i64, 2, 3].as_slice(), false, DType::Double) / t;
         let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t;
+        // Per sequence and head: the attention on the pattern over the attention counted (all
+        // of it, t per sequence; without the first key, what the other keys hold), summed over
+        // the batch's sequences.
+        let kept = if exclude_sink { a.narrow(3, 1, a.size()[3] - 1) } else { a.shallow_clone() };
+        let counted = if exclude_sink { kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double).clamp_min(1e-300) } else { Tensor::full([1], t, (DType::Double, a.device())) };
+        let heads = |p: &Tensor| {
+            let p = if exclude_sink { p.narrow(3, 1, p.size()[3] - 1) } else { p.shallow_clone() };
+            ((&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double) / &counted).sum_dim_intlist([0i64].as_slice(), false, DType::Double)
+        };
         for (sum, v) in sums.iter_mut().zip([sink, heads(&prev), heads(&dup), heads(&ind)]) {
             add(&mut sum[l], &v)?;
         }
@@ -191,7 +203,10 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, a, _| {
             // Query i predicts token i + 1 of the second needle; copied if the head's top key is
             // in the first needle and holds that token.
-            let top = Vec::<i64>::try_from(a.get(0).narrow(1, (second - 1) as i64, needle as i64).argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
+            let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64);
+            // Without the sink: the first key can never be the top one (weights are >= 0).
+            let rows = if exclude_sink && *at > 0 { rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0) } else { rows };
+            let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
             let copied = top.chunks(needle).map(|keys| {
                 let hits = keys.iter().enumerate().filter(|&(q, &j)| (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]);
                 hits.count() as f64 / needle as f64

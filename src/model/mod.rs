@@ -298,12 +298,68 @@ pub struct StreamStats {
 }
 
 /// One head's attention over one sentence.
+#[derive(Clone)]
 pub struct AttentionMap {
     pub head: HeadId,
     pub query_tokens: Vec<String>,
     pub key_tokens: Vec<String>,
     /// `[query][key]`.
     pub weights: Vec<Vec<f64>>,
+    /// Per key: its token id and whether the tokenizer marks it special (BOS, CLS, EOS, a
+    /// translation decoder's start token).
+    pub key_ids: Vec<i64>,
+    pub key_special: Vec<bool>,
+    /// The keys the text listing leaves out of each query's top key (the weights keep every
+    /// key), and the `exclude_keys` value that chose them (none: [`AttentionMap::listing_without`] sets them).
+    pub key_excluded: Vec<bool>,
+    pub exclude_keys: ExcludeKeys,
+    /// The model's end-of-sequence ids (what `exclude_keys: "eos"` leaves out).
+    pub eos_ids: Vec<i64>,
+}
+
+options_enum!(
+    /// Keys excluded when taking a head's argmax and confidence.
+    ExcludeKeys, "exclude_keys", {
+        /// EOS / SEP keys (the default of encoders and translation models).
+        Eos = "eos",
+        /// Every special token (BOS/CLS as well: the attention sink of decoder-only models,
+        /// their default; docs/methods.md#attention-sinks).
+        Special = "special",
+        Nothing = "none",
+    }
+);
+
+impl ExcludeKeys {
+    /// Whether a key of this id and special-token flag is left out.
+    pub fn excludes(self, id: i64, special: bool, eos_ids: &[i64]) -> bool {
+        match self {
+            ExcludeKeys::Nothing => false,
+            ExcludeKeys::Eos => eos_ids.contains(&id),
+            ExcludeKeys::Special => special || eos_ids.contains(&id),
+        }
+    }
+
+
+    /// The default for a model: `special` for a decoder-only model (its beginning-of-sequence
+    /// token is an attention sink), `eos` otherwise (docs/methods.md#attention-sinks).
+    pub fn default_for(decoder_only: bool) -> ExcludeKeys {
+        if decoder_only { ExcludeKeys::Special } else { ExcludeKeys::Eos }
+    }
+}
+
+impl AttentionMap {
+    /// A copy listed under another `exclude_keys`.
+    pub fn relisted(&self, exclude: ExcludeKeys) -> AttentionMap {
+        self.clone().listing_without(exclude)
+    }
+
+    /// The map whose text listing takes each query's top key among the keys `exclude` keeps
+    /// (the weights are unchanged).
+    pub fn listing_without(mut self, exclude: ExcludeKeys) -> AttentionMap {
+        self.key_excluded = self.key_ids.iter().zip(&self.key_special).map(|(&id, &sp)| exclude.excludes(id, sp, &self.eos_ids)).collect();
+        self.exclude_keys = exclude;
+        self
+    }
 }
 
 /// Every head's attention of one kind on one sentence ([`Model::attention_maps`]).
@@ -311,6 +367,9 @@ pub struct KindAttention {
     pub kind: Kind,
     pub query_tokens: Vec<String>,
     pub key_tokens: Vec<String>,
+    /// Per key: token id and special-token flag.
+    pub key_ids: Vec<i64>,
+    pub key_special: Vec<bool>,
     /// Per layer `[heads held, Tq, Tk]`, double precision, on the CPU; `None` for a layer
     /// without heads (`prune_heads`).
     pub layers: Vec<Option<Tensor>>,
@@ -460,6 +519,13 @@ impl Model {
 
     pub fn device(&self) -> Device {
         self.opts.device
+    }
+
+    /// A decoder-only language model: a causal self-attention stack and no decoder (GPT-2,
+    /// Llama, SmolLM2, ...); the models whose attention sinks analyses keep apart by default
+    /// (docs/methods.md#attention-sinks).
+    pub fn decoder_only(&self) -> bool {
+        self.net.stack_kind == Kind::Dec && self.net.decoder.is_empty()
     }
 
     /// The attention kinds of this model, in order enc, dec, cross.
@@ -886,7 +952,8 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
         let src_tokens = b.encoded[0].tokens.clone();
-        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], layers: (0..s.n_layers).map(|_| None).collect() }).collect();
+        let src_keys = (b.encoded[0].ids.clone(), b.encoded[0].special.clone());
+        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], key_ids: vec![], key_special: vec![], layers: (0..s.n_layers).map(|_| None).collect() }).collect();
         // By layer: a layer without heads (prune_heads) hands out no attention.
         let mut on = |at: hooks::At, p: &Tensor| -> Result<(), ModelError> {
             if let Some(slot) = maps.iter_mut().find(|m| m.kind == at.kind).and_then(|m| m.layers.get_mut(at.layer)) {
@@ -901,10 +968,17 @@ impl Model {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
             let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut rec))?;
-            queries = targets.into_iter().next().map(|e| e.tokens);
+            queries = targets.into_iter().next().map(|e| (e.tokens, e.ids, e.special));
         }
-        let out = queries.unwrap_or_default();
+        let (out, out_ids, out_special) = queries.unwrap_or_default();
+        fn shift<T: Clone>(first: T, v: &[T]) -> Vec<T> {
+            std::iter::once(first).chain(v.iter().take(v.len().saturating_sub(1)).cloned()).collect()
+        }
         for m in &mut maps {
+            (m.key_ids, m.key_special) = match m.kind {
+                k if k == self.net.stack_kind || k == Kind::Cross => src_keys.clone(),
+                _ => (shift(self.net.dec_start.unwrap_or(-1), &out_ids), shift(true, &out_special)),
+            };
             (m.query_tokens, m.key_tokens) = match m.kind {
                 k if k == self.net.stack_kind => (src_tokens.clone(), src_tokens.clone()),
                 Kind::Cross => (out.clone(), src_tokens.clone()),
@@ -926,7 +1000,8 @@ impl Model {
         let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind)))?;
         let a = m.layers.get(head.layer_idx).and_then(|a| a.as_ref()).ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?.get(phys);
         let weights: Vec<Vec<f64>> = (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
-        Ok(AttentionMap { head, query_tokens: m.query_tokens, key_tokens: m.key_tokens, weights })
+        let key_excluded = vec![false; m.key_tokens.len()];
+        Ok(AttentionMap { head, query_tokens: m.query_tokens, key_tokens: m.key_tokens, weights, key_ids: m.key_ids, key_special: m.key_special, key_excluded, exclude_keys: ExcludeKeys::Nothing, eos_ids: self.tok.eos_id.into_iter().collect() })
     }
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).

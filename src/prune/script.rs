@@ -111,6 +111,13 @@ fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<PruneOptions> {
     Ok(p)
 }
 
+/// A pruning step as its progress bar reads it: the heads open under the deterministic
+/// evaluation gates (what `closed()` would return now) beside the expected number
+/// `sum P(g != 0)` of the training's stochastic gates (docs/methods.md#hard-concrete-gates-and-l0-pruning).
+pub fn progress_line(label: &str, p: &CurvePoint) -> String {
+    format!("{label}: loss {:.3}, penalty {:.2}, open {} (expected {:.1})", p.loss, p.penalty, p.open, p.expected_open)
+}
+
 /// Trains head gates on `data` under typed options: what `m.prune(data, #{...})` and the
 /// library API run (pruning runs whole: it has no shards).
 pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> Result<PruneResult, String> {
@@ -125,7 +132,7 @@ pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> 
     opts.validate()?;
     let label = format!("prune (lambda {})", opts.lambda);
     let mut progress = |p: &CurvePoint, total: usize| {
-        crate::run::progress(&format!("{label}: loss {:.3}, penalty {:.2}, expected open {:.1}", p.loss, p.penalty, p.expected_open), p.step, total)
+        crate::run::progress(&progress_line(&label, p), p.step, total)
     };
     let mut run = train(&m.model, &m.closed, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
     let trained = run.trained.take().map(|mut t| {
@@ -597,4 +604,17 @@ pub fn register(engine: &mut Engine) {
 
 pub fn render(v: &Dynamic) -> Option<Output> {
     v.clone().try_cast::<PruneResult>().map(|r| r.render())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_line_shows_the_deterministic_open_count() {
+        let p = CurvePoint { step: 7, loss: 2.5, penalty: 13.04, expected_open: 13.04, open: 0, eval: None };
+        assert_eq!(progress_line("prune (lambda 0.1)", &p), "prune (lambda 0.1): loss 2.500, penalty 13.04, open 0 (expected 13.0)");
+        let p = CurvePoint { open: 12, ..p };
+        assert!(progress_line("x", &p).contains("open 12 (expected 13.0)"));
+    }
 }

@@ -78,3 +78,20 @@ fn sweep_over_decoder_self_attention_equals_one_at_a_time() {
     check(&m, Metric::Kl, &[Kind::Dec], 8, None, 1e-7);
     check(&m, Metric::Bleu, &[Kind::Dec], 8, None, 0.0);
 }
+
+/// The sweep's progress counts (sentence, head) pairs, reported after each chunk of heads:
+/// it starts at 0, never goes back, moves more often than once per batch and ends at
+/// sentences x heads (EN->PT: 6 sentences, enc 48 + cross 48 heads).
+#[test]
+fn sweep_progress_counts_sentences_times_heads() {
+    let m = common::asset("enpt", "f32");
+    let p = prepare(&m, &data(6), Metric::Loss, 128, Gates::none()).unwrap();
+    let mut seen: Vec<(usize, usize)> = Vec::new();
+    sweep(&m, &p, &[Kind::Enc, Kind::Cross], &|| false, &mut |d, t| seen.push((d, t))).unwrap();
+    let heads: usize = [Kind::Enc, Kind::Cross].iter().map(|&k| m.kind_shape(k).map(|s| s.n_layers * s.n_heads).unwrap()).sum();
+    let want = p.n_sentences * heads;
+    assert_eq!(seen.first(), Some(&(0, want)), "the first report is 0 of the whole");
+    assert_eq!(seen.last(), Some(&(want, want)), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 == w[1].1), "{seen:?}");
+    assert!(seen.len() > p.batches.len() + 1, "{} reports for {} batches", seen.len(), p.batches.len());
+}

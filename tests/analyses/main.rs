@@ -12,3 +12,4 @@ mod patching;
 mod planted_heads;
 mod taxonomy;
 mod bleu;
+mod sinks;

@@ -101,7 +101,7 @@ fn planted() -> (Model, tempfile::TempDir) {
 fn planted_heads_are_found_exactly_and_no_others() {
     let (m, _dir) = planted();
     let probes = Probes::generate(&token_pool(&m), &ProbeOptions { seed: 0, n: 8, len: 10, needle: 6, haystack: 14 }).unwrap();
-    let grids = head_type_scores(&m, &probes, &Gates::none(), &|| false).unwrap();
+    let grids = head_type_scores(&m, &probes, &Gates::none(), &|| false, false).unwrap();
     for (ty, g) in &grids {
         println!("{ty:16} {:?}", g.iter().map(|r| r.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>());
     }
@@ -118,14 +118,38 @@ fn planted_heads_are_found_exactly_and_no_others() {
 
 #[test]
 fn detector_scores_equal_transformer_lens() {
+    detector_scores_against_transformer_lens(false);
+}
+
+/// With the sink excluded (a decoder-only model's default, docs/methods.md#attention-sinks):
+/// TransformerLens's `detect_head(..., exclude_bos=True)`; and the scores differ from the
+/// default ones, so the option is not a no-op.
+#[test]
+fn detector_scores_without_the_sink_equal_transformer_lens_exclude_bos() {
+    detector_scores_against_transformer_lens(true);
+}
+
+fn detector_scores_against_transformer_lens(exclude_sink: bool) {
     let dir = root().join("tests/fixtures/tiny_hf/gpt2");
     let m = common::load(&dir, "f32");
     let probes = Probes::generate(&token_pool(&m), &ProbeOptions { seed: 5, n: 6, len: 12, needle: 4, haystack: 10 }).unwrap();
-    let ours = head_type_scores(&m, &probes, &Gates::none(), &|| false).unwrap();
+    let ours = head_type_scores(&m, &probes, &Gates::none(), &|| false, exclude_sink).unwrap();
+    if exclude_sink {
+        let with = head_type_scores(&m, &probes, &Gates::none(), &|| false, false).unwrap();
+        let moved = ours.iter().zip(&with).filter(|((t, _), _)| *t == HeadType::Induction).flat_map(|((_, a), (_, b))| a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).collect::<Vec<_>>()).fold(0.0, f64::max);
+        assert!(moved > 1e-3, "excluding the first key changed no induction score ({moved})");
+        let sink = |g: &headscope::analysis::taxonomy::TypeGrids| g.iter().find(|(t, _)| *t == HeadType::Sink).unwrap().1.clone();
+        assert_eq!(sink(&ours), sink(&with), "the sink score itself is the same either way");
+    }
     let tmp = tempfile::tempdir().unwrap();
     let (tokens, out) = (tmp.path().join("tokens.json"), tmp.path().join("tl.json"));
     std::fs::write(&tokens, serde_json::json!({ "sequences": probes.repeated }).to_string()).unwrap();
-    let run = std::process::Command::new(common::python()).arg(root().join("tests/fixtures/taxonomy_reference.py")).arg(&dir).arg(&tokens).arg(&out).output().expect(".venv/bin/python (scripts/setup)");
+    let mut cmd = std::process::Command::new(common::python());
+    cmd.arg(root().join("tests/fixtures/taxonomy_reference.py")).arg(&dir).arg(&tokens).arg(&out);
+    if exclude_sink {
+        cmd.arg("--exclude-bos");
+    }
+    let run = cmd.output().expect(".venv/bin/python (scripts/setup)");
     assert!(run.status.success(), "taxonomy_reference.py failed:\n{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
     let tl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     println!("TransformerLens {}", tl["tl_version"]);

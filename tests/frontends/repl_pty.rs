@@ -240,7 +240,7 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     p.send_line("let sw = m.ablation_sweep(d.take(12)); sw.kinds").unwrap();
     expect(&mut p, &mut s, "[\"enc\"]");
     expect(&mut p, &mut s, PROMPT);
-    assert!(s.raw.contains("ablation sweep ["), "no sweep progress bar was drawn");
+    assert!(s.raw.contains("ablation sweep (sentence x head) ["), "no sweep progress bar was drawn");
     let screen = s.contents();
     assert!(!screen.contains("ablation sweep") && !screen.contains("[=="), "the sweep's bar stayed on screen:\n{screen}");
 

@@ -99,7 +99,7 @@ fn echoed_options_are_the_defaults_of_the_option_list() {
     // the options that must be compared)
     type Case<'a> = (&'a str, &'a str, Option<&'a str>, String, &'a [&'a str]);
     let cases: Vec<Case> = vec![
-        ("gpt2", "analyze", Some("Model"), format!("m.analyze(d, #{{freq: {freq:?}}}).meta.to_json()"), &["batch_tokens", "exclude_keys", "positional_threshold", "rare_top_n", "rare_threshold"]),
+        ("gpt2", "analyze", Some("Model"), format!("m.analyze(d, #{{freq: {freq:?}}}).meta.to_json()"), &["batch_tokens", "positional_threshold", "rare_top_n", "rare_threshold"]),
         ("gpt2", "ablate", Some("Model"), "m.ablate(d, []).to_json()".into(), &["batch_tokens"]),
         ("gpt2", "ablation_sweep", Some("Model"), "m.ablation_sweep(d).options.to_json()".into(), &["batch_tokens"]),
         ("gpt2", "head_importance", Some("Model"), "m.head_importance(d).options.to_json()".into(), &["metric", "normalize", "batch_tokens"]),

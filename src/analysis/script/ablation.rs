@@ -15,6 +15,9 @@ use crate::data::Dataset;
 use rhai::{Dynamic, Map};
 use serde_json::json;
 
+/// The sweep's progress label: it counts (sentence, head) pairs swept, not batches.
+pub const SWEEP_PROGRESS: &str = "ablation sweep (sentence x head)";
+
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
     opt("kinds", "every kind", "the attention kinds taking part"),
@@ -154,7 +157,7 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
     echo.extend(ablation);
     let stop = crate::run::interrupted;
     let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
-    let mut progress = |done: usize, total: usize| crate::run::progress("ablation sweep", done, total);
+    let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
     let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress).map_err(|e| format!("{f}: {e}"))?;
     let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
     let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});

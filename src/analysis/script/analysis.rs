@@ -1,7 +1,7 @@
 //! The `Analysis` type and the functions that make it: `m.analyze(data, #{...})` (the
 //! analyses of docs/methods.md in one pass) and `m.confidence(data)`.
 
-use crate::analysis::options::{FreqSource, Options, Stat};
+use crate::analysis::options::{ExcludeKeys, FreqSource, Options, Stat};
 use crate::analysis::result::Analysis;
 use crate::analysis::{accumulate, finish, freq_table, FreqTable};
 use crate::data::script::Plan;
@@ -11,7 +11,7 @@ use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_str, opt_strs, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_strs, OptSpec, Opts, ScriptResult};
 use crate::table::Table;
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -85,7 +85,7 @@ pub const OPTIONS: &[OptSpec] = &[
     opt("stats", "[\"confidence\", \"positional\", \"rare\"] (+ \"syntactic\" on a treebank)", "which statistics to compute"),
     opt("kinds", "every kind", "the attention kinds analysed"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
-    opt_str("exclude_keys", "eos", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
+    opt("exclude_keys", "\"special\" for a decoder-only model (its BOS sink), else \"eos\"", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
     opt_f64("positional_threshold", 0.9, "a head is positional when it attends to one offset this often"),
     opt_int("rare_top_n", 500, "tokens this frequent or more are not rare"),
     opt_f64("rare_threshold", 0.5, "a head is rare-word when it attends to the rarest token this often"),
@@ -101,7 +101,7 @@ pub const OPTIONS: &[OptSpec] = &[
 /// The typed options of `analyze` from an option map checked against [`OPTIONS`]: what the
 /// map gives, else the defaults of the list. `stats` and `kinds` are the caller's (they depend
 /// on the model and the data); `brown` is the default frequency corpus.
-pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> ScriptResult<Options> {
+pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf, decoder_only: bool) -> ScriptResult<Options> {
     let f = o.func();
     let frac = |name: &str| -> ScriptResult<f64> { Ok(fraction(f, name, o.f64_or_default(name)?)?) };
     let freq = match (o.string("freq")?, o.string("freq_counts")?) {
@@ -116,7 +116,10 @@ pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pa
         stats,
         kinds,
         batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
-        exclude_keys: o.parsed_or_default("exclude_keys")?,
+        exclude_keys: match o.string("exclude_keys")? {
+            Some(v) => v.parse().or_else(|e: String| err(format!("{f}: {e}")))?,
+            None => ExcludeKeys::default_for(decoder_only),
+        },
         positional_threshold: frac("positional_threshold")?,
         rare_top_n: o.usize_or_default("rare_top_n")?,
         rare_threshold: frac("rare_threshold")?,
@@ -144,7 +147,9 @@ fn no_empty_relations(func: &str, relations: &[String]) -> Result<(), String> {
 
 impl Options {
     /// Every option at the default of `analyze`'s option list ([`OPTIONS`], the one place the
-    /// defaults are written), with these statistics, kinds and default frequency corpus.
+    /// defaults are written), with these statistics, kinds and default frequency corpus, for
+    /// an encoder or a translation model (`exclude_keys` "eos"; [`Options::defaults`] picks
+    /// it for a model).
     pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Self {
         options_with_defaults(stats, kinds, brown)
     }
@@ -173,7 +178,7 @@ impl Options {
 pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Options {
     let empty = Map::new();
     Opts::new(&empty, "analyze", OPTIONS)
-        .and_then(|o| options_from(&o, stats, kinds, brown))
+        .and_then(|o| options_from(&o, stats, kinds, brown, false))
         .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
 }
 
@@ -187,7 +192,7 @@ fn parse_options(m: &ScriptModel, data: &Dataset, options: &Map, func: &'static 
     };
     let kinds = crate::model::script::kinds_option(m, &o)?;
     let brown = crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into());
-    let opts = options_from(&o, stats, kinds, brown)?;
+    let opts = options_from(&o, stats, kinds, brown, m.model.decoder_only())?;
     // A treebank given beside a corpus must match it sentence by sentence.
     let data = match o.value("treebank") {
         Some(tb) => data.with_trees(&crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?, func)?,
@@ -275,7 +280,8 @@ pub mod api {
     /// attention kind of the model. Options (defaults in docs/methods.md, all echoed in the result):
     /// `stats` (any of "confidence", "positional", "rare", "syntactic"; syntactic needs a
     /// treebank), `kinds`, `batch_tokens` (1024), `exclude_keys` ("eos" | "special" | "none";
-    /// "special" also keeps BOS/CLS sinks out of a head's argmax),
+    /// "special" also keeps BOS/CLS sinks out of a head's argmax; default "special" for a
+    /// decoder-only model, "eos" otherwise: docs/methods.md#attention-sinks),
     /// `positional_threshold` (0.9), `rare_top_n` (500), `rare_threshold` (0.5), `freq` (a
     /// text file; default the Brown corpus) or `freq_counts` (token<TAB>count), `relations`
     /// (["nsubj", "dobj", "amod", "advmod"]), `subtypes` (false), `margin` (0.10),
@@ -304,7 +310,8 @@ pub mod api {
     }
 
     /// Head confidence alone: per kind, a layers x heads grid of the mean maximum attention
-    /// weight (EOS/SEP keys excluded) over real query tokens.
+    /// weight over real query tokens, EOS/SEP keys excluded (every special key, the BOS sink
+    /// included, for a decoder-only model: docs/methods.md#attention-sinks).
     ///
     /// ```rhai
     /// let c = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(10));
@@ -321,9 +328,10 @@ pub mod api {
     /// ```rhai
     /// let m = load_model("smollm2");
     /// let d = corpus(asset("pud_en.txt")).take(4);
-    /// let c = m.confidence(d, #{exclude_keys: "special"});
-    /// // The beginning-of-sequence sink excluded, a sink head's confidence drops.
-    /// assert(c.options.exclude_keys == "special" && c["dec.5.0"] < m.confidence(d)["dec.5.0"]);
+    /// let c = m.confidence(d);
+    /// // A decoder-only model keeps its beginning-of-sequence sink out by default; with it
+    /// // (the encoders' "eos"), a sink head's confidence is higher.
+    /// assert(c.options.exclude_keys == "special" && c["dec.5.0"] < m.confidence(d, #{exclude_keys: "eos"})["dec.5.0"]);
     /// ```
     #[rhai_fn(name = "confidence", return_raw, pure)]
     pub fn confidence_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {

@@ -139,7 +139,7 @@ pub mod api {
             let p = ablation::prepare(&m.model, &d, metric, 256, base).or_else(|e| err(format!("{f}: {e}")))?;
             let stop = crate::run::interrupted;
             let base_value = ablation::evaluate(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
-            let mut progress = |done: usize, total: usize| crate::run::progress("exact sweep", done, total);
+            let mut progress = |done: usize, total: usize| crate::run::progress("exact sweep (sentence x head)", done, total);
             let grids = ablation::sweep(&m.model, &p, &opts.kinds, &stop, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
             let exact_seconds = started.elapsed().as_secs_f64();
             let effect = grids.into_iter().map(|(k, rows)| (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())).collect();

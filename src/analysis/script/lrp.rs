@@ -97,6 +97,71 @@ pub fn lrp(m: &View, d: &Dataset, opts: &LrpOptions) -> Result<Grid, String> {
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
+/// The token id a `token_relevance` target names: an id inside the vocabulary, a vocabulary
+/// piece, or a text the tokenizer makes exactly one (non-special) token of.
+fn target_id(m: &ScriptModel, target: &Dynamic) -> Result<i64, String> {
+    let f = "token_relevance";
+    let tok = &m.model.tok;
+    let vocab = tok.vocab_size() as i64;
+    if let Ok(id) = target.as_int() {
+        if !(0..vocab).contains(&id) {
+            return Err(format!("{f}: target id {id} is outside the vocabulary (0 to {})", vocab - 1));
+        }
+        return Ok(id);
+    }
+    let Some(text) = target.clone().try_cast::<rhai::ImmutableString>() else {
+        return Err(format!("{f}: target must be a token id or a one-token text, got {}", crate::script::convert::quote(target)));
+    };
+    if text.is_empty() {
+        return Err(format!("{f}: target is empty; give one token (its text or id)"));
+    }
+    if let Some(id) = tok.token_to_id(&text) {
+        return Ok(id);
+    }
+    let enc = tok.encode(&text).map_err(|e| format!("{f}: target: {e}"))?;
+    let pieces: Vec<(i64, &String)> = enc.ids.iter().zip(&enc.tokens).zip(&enc.special).filter(|(_, &sp)| !sp).map(|((&id, t), _)| (id, t)).collect();
+    match pieces.as_slice() {
+        [(id, _)] => Ok(*id),
+        [] => Err(format!("{f}: target {:?} is no token of {}'s vocabulary", text.as_str(), m.model.name())),
+        many => Err(format!("{f}: target {:?} is {} tokens ({}), not one; give one token (its text or id)", text.as_str(), many.len(), many.iter().map(|(id, t)| format!("{t:?} {id}")).collect::<Vec<_>>().join(", "))),
+    }
+}
+
+/// `token_relevance` with an optional target token id (checked by the caller).
+fn token_relevance_of(m: &ScriptModel, text: &str, target: Option<i64>) -> Result<crate::table::Table, String> {
+    use crate::analysis::lrp::Seed;
+    use crate::table::{Cell, Table};
+    let f = |e: crate::model::ModelError| format!("token_relevance: {e}");
+    if target.is_some() && !m.model.is_lm() {
+        return Err(format!("token_relevance: a target token needs a language model; {} has no next-token output head", m.model.name()));
+    }
+    let b = m.model.batch(&[text]).map_err(f)?;
+    let t = b.ids.size()[1];
+    let seed = if m.model.is_lm() { Seed::Logit } else { Seed::Norm };
+    let seed_at = match seed {
+        Seed::Logit => tch::Tensor::zeros([1, t], (tch::Kind::Float, m.model.device())).index_fill(1, &tch::Tensor::from_slice(&[t - 1]).to_device(m.model.device()), 1.0),
+        Seed::Norm => b.mask.to_kind(tch::Kind::Float),
+    };
+    let r = crate::analysis::attnlrp::relevance(&m.model, &b.ids, &b.mask, &seed_at, seed, &m.gates().map_err(|e| e.to_string())?, target).map_err(f)?;
+    let rel = Vec::<f64>::try_from(r.input.get(0).to_kind(tch::Kind::Double).to_device(tch::Device::Cpu)).map_err(|e| f(e.into()))?;
+    let total: f64 = rel.iter().map(|x| x.abs()).sum::<f64>().max(1e-30);
+    let mut table = Table::new(vec!["token".into(), "relevance".into(), "share".into()]);
+    // The token explained: the target, else the top-1 prediction after the text.
+    let top = r.top.as_ref().map(|top| top.get(0).int64_value(&[t - 1]));
+    let name = |id: i64| format!("{:?} (id {id}, text {:?})", m.model.tok.id_to_token(id), m.model.tok.decode(&[id]).unwrap_or_default());
+    let explains = match (target, top) {
+        (Some(id), Some(top)) => format!("explains {} (the given target; the top-1 is {})", name(id), name(top)),
+        (None, Some(top)) => format!("explains {} (the top-1 next token)", name(top)),
+        _ => "explains the final hidden states (no output head)".to_string(),
+    };
+    table.title = Some(format!("AttnLRP token relevance ({seed} seed): {}; {explains}", m.model.name()));
+    table.digits = 4;
+    for (tok, x) in b.encoded[0].tokens.iter().zip(&rel) {
+        let _ = table.push_row(vec![Cell::Text(tok.clone()), Cell::Float(*x), Cell::Float(x.abs() / total)]);
+    }
+    Ok(table)
+}
+
 #[export_module]
 pub mod api {
     use super::*;
@@ -135,37 +200,42 @@ pub mod api {
     /// AttnLRP's input-token relevance of one text (docs/methods.md#attnlrp): a table of the
     /// tokens with their relevance (signed) and share of the total `|R|`. The seed is a
     /// language model's top-1 logit after the text (its next-token prediction), else the final
-    /// hidden states (`h * h`, every position). One forward and one backward.
+    /// hidden states (`h * h`, every position). One forward and one backward. The title names
+    /// the token explained: its vocabulary piece, id and text.
     ///
     /// ```rhai
     /// let t = load_model("smollm2").token_relevance("The capital of France is");
     /// assert(t.columns == ["token", "relevance", "share"] && t.len() == 6);
+    /// assert(t.title.contains("explains") && t.title.contains("top-1"));
     /// let s = 0.0;
     /// for x in t.column("share") { s += x; }
     /// assert(abs(s - 1.0) < 1e-6);
     /// ```
     #[rhai_fn(name = "token_relevance", return_raw, pure)]
     pub fn token_relevance(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::table::Table> {
-        use crate::analysis::lrp::Seed;
-        use crate::table::{Cell, Table};
-        let f = |e: crate::model::ModelError| format!("token_relevance: {e}");
-        let b = m.model.batch(&[text]).map_err(f)?;
-        let t = b.ids.size()[1];
-        let seed = if m.model.is_lm() { Seed::Logit } else { Seed::Norm };
-        let seed_at = match seed {
-            Seed::Logit => tch::Tensor::zeros([1, t], (tch::Kind::Float, m.model.device())).index_fill(1, &tch::Tensor::from_slice(&[t - 1]).to_device(m.model.device()), 1.0),
-            Seed::Norm => b.mask.to_kind(tch::Kind::Float),
-        };
-        let r = crate::analysis::attnlrp::relevance(&m.model, &b.ids, &b.mask, &seed_at, seed, &m.gates()?).map_err(f)?;
-        let rel = Vec::<f64>::try_from(r.input.get(0).to_kind(tch::Kind::Double).to_device(tch::Device::Cpu)).map_err(|e| f(e.into()))?;
-        let total: f64 = rel.iter().map(|x| x.abs()).sum::<f64>().max(1e-30);
-        let mut table = Table::new(vec!["token".into(), "relevance".into(), "share".into()]);
-        table.title = Some(format!("AttnLRP token relevance ({seed} seed): {}", m.model.name()));
-        table.digits = 4;
-        for (tok, x) in b.encoded[0].tokens.iter().zip(&rel) {
-            let _ = table.push_row(vec![Cell::Text(tok.clone()), Cell::Float(*x), Cell::Float(x.abs() / total)]);
-        }
-        Ok(table)
+        Ok(token_relevance_of(m, text, None)?)
+    }
+
+    /// `token_relevance` explaining a chosen next token instead of the top-1: `target` is a
+    /// token id (an integer) or a text that is exactly one token (a vocabulary piece such as
+    /// `"ĠParis"`, or a text the tokenizer makes one token of, such as `" Paris"`). Language
+    /// models only; an id outside the vocabulary, or a text of several tokens, is an error.
+    ///
+    /// ```rhai
+    /// let m = load_model("smollm2");
+    /// let t = m.token_relevance("The capital of France is", " London");
+    /// assert(t.title.contains("the given target") && t.title.contains("London"));
+    /// let id = m.token_relevance("The capital of France is", 4052);
+    /// assert(id.title.contains("id 4052"));
+    /// ```
+    ///
+    /// ```rhai,error
+    /// load_model("smollm2").token_relevance("The capital of France is", " Parisian pastry")
+    /// ```
+    #[rhai_fn(name = "token_relevance", return_raw, pure)]
+    pub fn token_relevance_target(m: &mut ScriptModel, text: &str, target: Dynamic) -> ScriptResult<crate::table::Table> {
+        let id = target_id(m, &target)?;
+        Ok(token_relevance_of(m, text, Some(id))?)
     }
 
     /// `lrp` with the default options.

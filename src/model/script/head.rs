@@ -2,7 +2,7 @@
 //! over one sentence.
 
 use super::ScriptModel;
-use crate::model::{AttentionMap, HeadId};
+use crate::model::{AttentionMap, ExcludeKeys, HeadId};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
 use crate::script::convert::{err, quote, ScriptResult};
@@ -41,12 +41,7 @@ impl AttentionMatrix {
 
 impl Render for AttentionMatrix {
     fn render(&self) -> Output {
-        let m = &self.0;
-        let mut text = format!("<attention of {}: {} queries x {} keys>", m.head, m.query_tokens.len(), m.key_tokens.len());
-        for (q, row) in m.query_tokens.iter().zip(&m.weights) {
-            let (k, w) = row.iter().enumerate().fold((0, f64::MIN), |a, (i, &w)| if w > a.1 { (i, w) } else { a });
-            text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
-        }
+        let text = text_listing(&self.0);
         match self.heatmap() {
             Ok(p) => {
                 let mut o = p.render();
@@ -56,6 +51,29 @@ impl Render for AttentionMatrix {
             Err(_) => Output::text(text),
         }
     }
+}
+
+/// Each query's top key among the keys the listing keeps (`exclude_keys`), the largest weight
+/// on an excluded key (the sink) shown apart in parentheses; a query with no weight on a kept
+/// key lists its top key over all of them.
+fn text_listing(m: &AttentionMap) -> String {
+    let excluded = m.key_excluded.iter().any(|&x| x);
+    let mut text = format!("<attention of {}: {} queries x {} keys", m.head, m.query_tokens.len(), m.key_tokens.len());
+    if excluded {
+        text += &format!("; top keys without {} keys (exclude_keys {:?})", if m.exclude_keys == crate::model::ExcludeKeys::Eos { "EOS" } else { "special" }, m.exclude_keys.to_string());
+    }
+    text += ">";
+    let top = |row: &[f64], keep: &dyn Fn(usize) -> bool| row.iter().enumerate().filter(|(i, _)| keep(*i)).fold(None, |a: Option<(usize, f64)>, (i, &w)| if a.is_none_or(|a| w > a.1) { Some((i, w)) } else { a });
+    for (q, row) in m.query_tokens.iter().zip(&m.weights) {
+        let is_out = |i: usize| m.key_excluded.get(i).copied().unwrap_or(false);
+        // A query that cannot see a kept key (the BOS query of a causal model) lists its own top key.
+        let Some((k, w)) = top(row, &|i| !is_out(i) && row[i] > 0.0).or_else(|| top(row, &|_| true)) else { continue };
+        text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
+        if let Some((s, sw)) = top(row, &|i| is_out(i) && i != k) {
+            text += &format!("   ({} {sw:.3})", m.key_tokens[s]);
+        }
+    }
+    text
 }
 
 /// The heads a script names, checked against the model: a `Head`, a printed name
@@ -89,7 +107,9 @@ pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<He
 pub fn attention_of(m: &ScriptModel, id: HeadId, text: &str) -> Result<AttentionMatrix, String> {
     let gates = m.gates().map_err(|e| e.to_string())?;
     let map = m.model.attention_map(text, id, &gates).map_err(|e| format!("attention: {e}"))?;
-    Ok(AttentionMatrix(Rc::new(map)))
+    // A decoder-only model's listing keeps its BOS sink apart (docs/methods.md#attention-sinks).
+    let exclude = if m.model.decoder_only() { ExcludeKeys::Special } else { ExcludeKeys::Nothing };
+    Ok(AttentionMatrix(Rc::new(map.listing_without(exclude))))
 }
 
 fn cell_value(c: &crate::table::Cell) -> Dynamic {
@@ -288,6 +308,36 @@ pub mod api {
     #[rhai_fn(name = "==", pure)]
     pub fn head_eq(a: &mut Head, b: Head) -> bool {
         a.id == b.id && Rc::ptr_eq(&a.model.model, &b.model.model)
+    }
+
+    /// How the listing was made: `exclude_keys`, the keys left out of each query's top key
+    /// ("special" for a decoder-only model, whose BOS sink is shown apart; "none" otherwise).
+    /// The weights (`values`, the heatmap) keep every key.
+    ///
+    /// ```rhai
+    /// assert(load_model("smollm2").head("dec", 3, 0).attention("The cat sat.").options.exclude_keys == "special");
+    /// assert(load_model("minilm").head("enc", 0, 0).attention("The cat sat.").options.exclude_keys == "none");
+    /// ```
+    #[rhai_fn(get = "options", pure)]
+    pub fn attn_options(a: &mut AttentionMatrix) -> rhai::Map {
+        let mut m = rhai::Map::new();
+        m.insert("exclude_keys".into(), Dynamic::from(a.0.exclude_keys.to_string()));
+        m
+    }
+
+    /// The same attention listed under another `exclude_keys` ("eos", "special" or "none"):
+    /// `"none"` gives the listing of every key, the BOS sink included.
+    ///
+    /// ```rhai
+    /// let a = load_model("smollm2").head("dec", 3, 0).attention("The cat sat.");
+    /// let all = a.with_exclude_keys("none");
+    /// assert(all.options.exclude_keys == "none" && all.values == a.values);
+    /// assert(a.to_string().contains("exclude_keys") && !all.to_string().contains("exclude_keys"));
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn with_exclude_keys(a: &mut AttentionMatrix, exclude_keys: &str) -> ScriptResult<AttentionMatrix> {
+        let e: ExcludeKeys = exclude_keys.parse().or_else(|e: String| err(format!("with_exclude_keys: {e}")))?;
+        Ok(AttentionMatrix(Rc::new(a.0.relisted(e))))
     }
 
     #[rhai_fn(name = "to_string", pure)]
