@@ -181,6 +181,30 @@ pub mod api {
         Ok(t.rows.iter().map(|r| cell_value(&r[i])).collect())
     }
 
+    /// The rows for which `f(row)` is true (each row a map, as `t[i]` gives it): a new table
+    /// with the same columns and title. `f` must return a bool.
+    ///
+    /// ```rhai
+    /// let t = table(["head", "score"], [["enc.0.1", 0.9], ["enc.2.3", 0.1], ["cross.1.0", 0.7]]);
+    /// let hi = t.filter(|r| r.score > 0.5);
+    /// assert(hi.len() == 2 && hi[1].head == "cross.1.0");
+    /// assert(t.filter(|r| r.head.starts_with("cross")).column("score") == [0.7]);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn filter(ctx: NativeCallContext, t: &mut Table, f: rhai::FnPtr) -> ScriptResult<Table> {
+        let mut out = Table { title: t.title.clone(), columns: t.columns.clone(), rows: Vec::new(), digits: t.digits };
+        for (i, cells) in t.rows.iter().enumerate() {
+            let row: Map = t.columns.iter().zip(cells).map(|(c, v)| (c.as_str().into(), cell_value(v))).collect();
+            let keep = f.call_within_context::<Dynamic>(&ctx, (row,))?;
+            match keep.as_bool() {
+                Ok(true) => out.rows.push(cells.clone()),
+                Ok(false) => {}
+                Err(_) => return err(format!("filter: the function must return true or false, got {} for row {i}", crate::script::convert::quote(&keep))),
+            }
+        }
+        Ok(out)
+    }
+
     /// Sorts rows by a column, ascending or descending (`true`).
     ///
     /// ```rhai
