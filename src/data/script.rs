@@ -22,7 +22,8 @@ pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
 
 /// One sentence from a string or a dataset row (a map with `text`, optionally `target`);
 /// `at` names its place in an array for errors.
-fn text_item(v: &Dynamic, func: &str, at: &str) -> ScriptResult<Item> {
+fn text_item(v: &Dynamic, func: &str, item: Option<usize>) -> ScriptResult<Item> {
+    let at = item.map(|i| format!(" (item {i})")).unwrap_or_default();
     let expected = || err(format!("{func}: expected a Dataset (corpus, parallel or treebank), a text, an array of texts or dataset rows, got {}{at}", crate::script::convert::quote(v)));
     let (text, target) = if let Some(t) = v.read_lock::<rhai::ImmutableString>() {
         if looks_like_file(&t) {
@@ -46,7 +47,10 @@ fn text_item(v: &Dynamic, func: &str, at: &str) -> ScriptResult<Item> {
         return expected();
     };
     if text.trim().is_empty() {
-        return err(format!("{func}: empty text{at}"));
+        return err(match item {
+            Some(i) => format!("{func}: sentence {i} is empty"),
+            None => format!("{func}: the text is empty: there is nothing to run the model on"),
+        });
     }
     Ok(Item { text, target, tree: None })
 }
@@ -60,15 +64,15 @@ fn looks_like_file(s: &str) -> bool {
 
 /// The text of a string or of a dataset row (`#{text, ...}`), for functions that take one text.
 pub(crate) fn one_text(v: &Dynamic, func: &str) -> ScriptResult<String> {
-    Ok(text_item(v, func, "")?.text)
+    Ok(text_item(v, func, None)?.text)
 }
 
 /// An in-memory corpus from a text, a row, or an array of them (see [`dataset_arg`]).
 fn texts_dataset(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
     let items = match v.read_lock::<Array>() {
         Some(a) if a.is_empty() => return err(format!("{func}: no sentences given (an empty array)")),
-        Some(a) => a.iter().enumerate().map(|(i, x)| text_item(x, func, &format!(" (item {i})"))).collect::<ScriptResult<Vec<_>>>()?,
-        None => vec![text_item(v, func, "")?],
+        Some(a) => a.iter().enumerate().map(|(i, x)| text_item(x, func, Some(i))).collect::<ScriptResult<Vec<_>>>()?,
+        None => vec![text_item(v, func, None)?],
     };
     Ok(Dataset::new(format!("texts[{}]", items.len()), items))
 }

@@ -52,16 +52,16 @@ fn mistakes_with_texts_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("two.txt"), "a b\n").unwrap();
     let cases = [
-        ("m.confidence(\"\")", "confidence: empty text"),
+        ("m.confidence(\"\")", "confidence: the text is empty: there is nothing to run the model on"),
         ("m.confidence([])", "confidence: no sentences given (an empty array)"),
         ("m.confidence([\"a b\", 3])", "confidence: expected a Dataset (corpus, parallel or treebank), a text, an array of texts or dataset rows, got 3"),
-        ("m.confidence([\"a b\", \" \"])", "confidence: empty text (item 1)"),
+        ("m.confidence([\"a b\", \" \"])", "confidence: sentence 1 is empty"),
         ("m.confidence(#{txt: \"a b\"})", "confidence: a dataset row needs a string `text`"),
         ("m.confidence(#{text: \"a b\", target: 5})", "confidence: a dataset row's `target` must be a string, got 5"),
         ("m.analyze(\"two.txt\")", "analyze: \"two.txt\" looks like a file name, not a text: read the file with corpus(\"two.txt\")"),
         ("m.ablation_sweep(\"corpus.conllu\")", "ablation_sweep: \"corpus.conllu\" looks like a file name"),
         ("corpus([])", "corpus: no sentences given (an empty array)"),
-        ("m.generate(#{text: \"\"}, 2)", "generate: empty text"),
+        ("m.generate(#{text: \"\"}, 2)", "generate: the text is empty"),
         ("m.head(\"dec\", 0, 0).attention(#{words: 1})", "attention: a dataset row needs a string `text`"),
     ];
     let mut s = session(dir.path());
