@@ -100,6 +100,8 @@ fn decoder_only_attention_listing_keeps_the_bos_apart() {
     let keys: Vec<String> = serde_json::from_value(json_v(&mut s, "#{v: a.keys}.to_json()")).unwrap();
     let values: Vec<Vec<f64>> = serde_json::from_value(json_v(&mut s, "#{v: a.values}.to_json()")).unwrap();
     assert_eq!(keys[0], "<s>");
+    // The listing writes tokens as a reader does (no tokenizer markers), as heatmaps label them.
+    let keys = headscope::plot::reader_labels(&keys);
     let text = eval(&mut s, "a.to_string()");
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert!(text.lines().next().unwrap().contains("exclude_keys \"special\""), "{text}");
@@ -121,4 +123,17 @@ fn decoder_only_attention_listing_keeps_the_bos_apart() {
     }
     let bad = s.eval("case", "a.with_exclude_keys(\"bos\")").err().map(|e| e.to_string()).unwrap_or_default();
     assert!(bad.contains("with_exclude_keys: unknown exclude_keys 'bos'"), "{bad}");
+}
+
+/// A long text's listing is a summary: 40 queries, then how many more and where the weights are.
+#[test]
+fn a_long_texts_attention_listing_stops_after_40_queries() {
+    let mut s = session("llama");
+    eval(&mut s, "let t = \"\"; for i in 0..30 { t += \"the cat sat \"; } let a = m.head(\"dec\", 0, 1).attention(t);");
+    let n: usize = eval(&mut s, "a.queries.len()").parse().unwrap();
+    assert!(n > 41, "{n} queries");
+    let text = eval(&mut s, "a.to_string()");
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 41, "{text}");
+    assert_eq!(rows[40].trim(), format!("... {} more queries (every weight: a.values[query][key], a.heatmap())", n - 40));
 }

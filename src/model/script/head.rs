@@ -53,6 +53,9 @@ impl Render for AttentionMatrix {
     }
 }
 
+/// Queries listed before the rest are counted (a long text's listing stays a summary).
+const LISTED_QUERIES: usize = 40;
+
 /// Each query's top key among the keys the listing keeps (`exclude_keys`), the largest weight
 /// on an excluded key (the sink) shown apart in parentheses; a query with no weight on a kept
 /// key lists its top key over all of them.
@@ -64,13 +67,19 @@ fn text_listing(m: &AttentionMap) -> String {
     }
     text += ">";
     let top = |row: &[f64], keep: &dyn Fn(usize) -> bool| row.iter().enumerate().filter(|(i, _)| keep(*i)).fold(None, |a: Option<(usize, f64)>, (i, &w)| if a.is_none_or(|a| w > a.1) { Some((i, w)) } else { a });
-    for (q, row) in m.query_tokens.iter().zip(&m.weights) {
+    // Tokens as a reader writes them (no tokenizer markers), as the heatmap labels them.
+    let (queries, keys) = (crate::plot::reader_labels(&m.query_tokens), crate::plot::reader_labels(&m.key_tokens));
+    for (n, (q, row)) in queries.iter().zip(&m.weights).enumerate() {
+        if n == LISTED_QUERIES && queries.len() > LISTED_QUERIES + 1 {
+            text += &format!("\n  ... {} more queries (every weight: a.values[query][key], a.heatmap())", queries.len() - n);
+            break;
+        }
         let is_out = |i: usize| m.key_excluded.get(i).copied().unwrap_or(false);
         // A query that cannot see a kept key (the BOS query of a causal model) lists its own top key.
         let Some((k, w)) = top(row, &|i| !is_out(i) && row[i] > 0.0).or_else(|| top(row, &|_| true)) else { continue };
-        text += &format!("\n  {q:>12} -> {:<12} {w:.3}", m.key_tokens[k]);
+        text += &format!("\n  {q:>12} -> {:<12} {w:.3}", keys[k]);
         if let Some((s, sw)) = top(row, &|i| is_out(i) && i != k) {
-            text += &format!("   ({} {sw:.3})", m.key_tokens[s]);
+            text += &format!("   ({} {sw:.3})", keys[s]);
         }
     }
     text
