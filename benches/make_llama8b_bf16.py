@@ -4,7 +4,10 @@ with Llama 3.1 8B's config.json (rope_scaling llama3) and a given tokenizer.json
 benches/bf16_8b.sh: write it into a temporary directory, never into the repository (16 GB).
 One shard's tensors are held at a time. Seeded.
 
-    python benches/make_llama8b_bf16.py OUT_DIR TOKENIZER_JSON [LAYERS]
+    python benches/make_llama8b_bf16.py OUT_DIR TOKENIZER_JSON [LAYERS | 1b]
+
+`1b` writes Llama 3.2 1B's shape instead (16 layers, hidden 2048, 32 query and 8 key/value
+heads of 64, tied embeddings; 2.5 GB).
 """
 import json
 import os
@@ -41,13 +44,17 @@ def tensors(cfg):
         yield p + "mlp.up_proj.weight", (i, h)
         yield p + "mlp.down_proj.weight", (h, i)
     yield "model.norm.weight", (h,)
-    yield "lm_head.weight", (v, h)
+    if not cfg["tie_word_embeddings"]:
+        yield "lm_head.weight", (v, h)
 
 
 def main():
     out, tok = sys.argv[1], sys.argv[2]
     cfg = dict(CONFIG)
-    if len(sys.argv) > 3:
+    if len(sys.argv) > 3 and sys.argv[3] == "1b":
+        cfg.update(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64, tie_word_embeddings=True,
+                   rope_scaling=dict(CONFIG["rope_scaling"], factor=32.0))
+    elif len(sys.argv) > 3:
         cfg["num_hidden_layers"] = int(sys.argv[3])
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
