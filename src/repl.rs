@@ -9,7 +9,7 @@ use rustyline::error::ReadlineError;
 use rustyline::highlight::Highlighter;
 use rustyline::hint::Hinter;
 use rustyline::history::DefaultHistory;
-use rustyline::validate::{ValidationContext, ValidationResult, Validator};
+use rustyline::validate::Validator;
 use rustyline::{Cmd, ConditionalEventHandler, Config, Context, Editor, EventContext, EventHandler, Helper, KeyCode, KeyEvent, Modifiers, RepeatCount};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
@@ -133,13 +133,9 @@ impl Completer for ReplHelper {
     }
 }
 
-// Every line the editor reads is accepted; `run` joins lines until the input is complete and
-// shows the continuation prompt meanwhile (a pasted block arrives whole).
-impl Validator for ReplHelper {
-    fn validate(&self, _: &mut ValidationContext) -> rustyline::Result<ValidationResult> {
-        Ok(ValidationResult::Valid(None))
-    }
-}
+// The default validation accepts every line the editor reads; `run` joins lines until the
+// input is complete and shows the continuation prompt meanwhile (a pasted block arrives whole).
+impl Validator for ReplHelper {}
 
 impl Hinter for ReplHelper {
     type Hint = String;
@@ -274,7 +270,7 @@ pub fn run() -> Result<bool, String> {
                 Some(text) => println!("{text}"),
                 None => println!("(nothing to show here: Shift-Tab shows a function's signature and options, on its name or inside its parentheses)"),
             }
-            let pos = (0..=pos.min(line.len())).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
+            let pos = crate::engine::complete::floor_boundary(&line, pos);
             resume = Some((line[..pos].to_string(), line[pos..].to_string()));
             continue;
         }

@@ -21,10 +21,9 @@ pub fn dataset_arg(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
 }
 
 /// One sentence from a string or a dataset row (a map with `text`, optionally `target`);
-/// `at` names its place in an array for errors.
+/// `item` is its place in an array, named in errors.
 fn text_item(v: &Dynamic, func: &str, item: Option<usize>) -> ScriptResult<Item> {
     let at = item.map(|i| format!(" (item {i})")).unwrap_or_default();
-    let expected = || err(format!("{func}: expected a Dataset (corpus, parallel or treebank), a text, an array of texts or dataset rows, got {}{at}", crate::script::convert::quote(v)));
     let (text, target) = if let Some(t) = v.read_lock::<rhai::ImmutableString>() {
         if looks_like_file(&t) {
             let t = t.as_str();
@@ -44,7 +43,7 @@ fn text_item(v: &Dynamic, func: &str, item: Option<usize>) -> ScriptResult<Item>
         };
         (t, target)
     } else {
-        return expected();
+        return err(format!("{func}: expected a Dataset (corpus, parallel or treebank), a text, an array of texts or dataset rows, got {}{at}", crate::script::convert::quote(v)));
     };
     if text.trim().is_empty() {
         return err(match item {

@@ -173,7 +173,7 @@ pub fn context(code: &str, pos: usize) -> (usize, Context<'_>) {
 }
 
 /// `pos` clamped into `code` and moved back to a character boundary.
-fn floor_boundary(code: &str, pos: usize) -> usize {
+pub(crate) fn floor_boundary(code: &str, pos: usize) -> usize {
     (0..=pos.min(code.len())).rev().find(|&p| code.is_char_boundary(p)).unwrap_or(0)
 }
 

@@ -191,11 +191,12 @@ pub mod api {
         Ok(attention_of(&h.model, h.id, &text)?)
     }
 
-    /// A head's attention on a sentence, the head given as a `Head` or by name.
+    /// A head's attention on a dataset row (its `text`), the head given as a `Head` or by name.
     ///
     /// ```rhai
-    /// let m = load_model("minilm");
-    /// assert(m.attention("enc.0.0", "The cat sleeps.").keys == m.head("enc", 0, 0).attention("The cat sleeps.").keys);
+    /// let m = load_model("enpt");
+    /// let row = #{text: "The cat sleeps."};
+    /// assert(m.attention("enc.0.0", row).keys == m.attention("enc.0.0", "The cat sleeps.").keys);
     /// ```
     #[rhai_fn(name = "attention", return_raw, pure)]
     pub fn model_attention_row(m: &mut ScriptModel, head: Dynamic, row: Map) -> ScriptResult<AttentionMatrix> {
@@ -203,13 +204,11 @@ pub mod api {
         model_attention(m, head, &text)
     }
 
-    /// A head's attention on a sentence, the head given as a `Head` or by name (a dataset row
-    /// for the sentence works too).
+    /// A head's attention on a sentence, the head given as a `Head` or by name.
     ///
     /// ```rhai
-    /// let m = load_model("enpt");
-    /// let row = #{text: "The cat sleeps."};
-    /// assert(m.attention("enc.0.0", row).keys == m.attention("enc.0.0", "The cat sleeps.").keys);
+    /// let m = load_model("minilm");
+    /// assert(m.attention("enc.0.0", "The cat sleeps.").keys == m.head("enc", 0, 0).attention("The cat sleeps.").keys);
     /// ```
     #[rhai_fn(name = "attention", return_raw, pure)]
     pub fn model_attention(m: &mut ScriptModel, head: Dynamic, text: &str) -> ScriptResult<AttentionMatrix> {
