@@ -415,7 +415,9 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                 }
                 Kind::Cross if matches!(p.metric, Metric::Loss | Metric::Kl) => {
                     // As for the stack's heads: one unmasked teacher-forced pass records each
-                    // decoder layer's cross-attention input (`dec.blocks.L.ln1`) and contexts
+                    // decoder layer's stream under the cross-attention (`dec.blocks.L.ln1`
+                    // post-norm, `dec.blocks.L.hook_resid_mid` pre-norm:
+                    // `DecoderLayer::cross_resume_point`) and contexts
                     // (`cross.blocks.L.attn.hook_z`); masking head j resumes the decoder at that
                     // `hook_z` with head j zeroed, the masks stacked as rows.
                     let net = &model.net;
@@ -425,14 +427,15 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                     let mut ctx: Vec<(Option<Tensor>, Option<Tensor>)> = (0..s.n_layers).map(|_| (None, None)).collect();
                     let pass = {
                         let mut on = |at: At, t: &Tensor| {
+                            let resume = net.decoder.get(at.layer).map(|l| l.cross_resume_point());
                             match (at.kind, at.point, ctx.get_mut(at.layer)) {
-                                (Kind::Dec, Point::Ln1, Some(slot)) => slot.0 = Some(t.shallow_clone()),
+                                (Kind::Dec, p, Some(slot)) if Some(p) == resume => slot.0 = Some(t.shallow_clone()),
                                 (Kind::Cross, Point::Z, Some(slot)) => slot.1 = Some(t.shallow_clone()),
                                 _ => {}
                             }
                             Ok(())
                         };
-                        let mut rec = Record { points: &[Point::Ln1, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
+                        let mut rec = Record { points: &[Point::Ln1, Point::ResidMid, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
                         net.decode_teacher_pass(&full_enc, &b.mask, tgt, &p.base, Some(&mut rec))?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);

@@ -949,6 +949,9 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         return Err(AnalysisError::Input(format!("seed \"logit\" needs an output head; {} has none: use seed \"norm\"", model.name())));
     }
     let through_decoder = !net.decoder.is_empty() && seed == Seed::Logit;
+    if through_decoder && net.decoder.iter().any(|l| l.norm_position == NormPosition::Pre) {
+        return Err(AnalysisError::Input(format!("LRP's decoder rules are derived for post-norm decoder layers (docs/methods.md#lrp-head-relevance); {}'s decoder norms each sublayer's input (M2M100, mBART): use seed \"norm\" for its encoder, or gradient importance", model.name())));
+    }
     let kind = net.stack_kind;
     let n_layers = net.encoder.len();
     let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.width());

@@ -20,6 +20,7 @@ pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("load_model", crate::model::script::LOAD_OPTIONS),
     ("forward", crate::model::script::FORWARD_OPTIONS),
     ("generate", crate::model::script::GENERATE_OPTIONS),
+    ("translate", crate::model::script::TRANSLATE_OPTIONS),
     ("run_with_cache", crate::model::script::hooks::RUN_WITH_CACHE_OPTIONS),
     ("logits", crate::model::script::outputs::LOGITS_OPTIONS),
     ("loss", crate::model::script::outputs::LOSS_OPTIONS),

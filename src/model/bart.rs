@@ -148,6 +148,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             cross: Some((attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?, norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?)),
             ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?, act, gate: None },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
+            norm_position: NormPosition::Post,
+            final_norm: None,
         });
     }
     // The output: `lm_head` where stored (untied exports), else the decoder's embeddings; plus
@@ -180,5 +182,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_start: Some(start),
         banned,
         logit_softcap: None,
+        forced_bos: None,
     })
 }

@@ -144,8 +144,29 @@ impl Model {
 
     /// Teacher-forcing targets from references (one per row of a batch), tokenized as the
     /// model's targets.
+    /// A model that forces a target-language token first (`forced_bos`) gets it in front of
+    /// the reference's pieces (the tokenizer's source-language framing left out), then EOS, as
+    /// its greedy targets are framed.
     pub fn reference_targets(&self, references: &[&str]) -> Result<Vec<Encoded>, ModelError> {
-        references.iter().map(|r| self.tok.encode_target(r)).collect()
+        references
+            .iter()
+            .map(|r| {
+                let e = self.tok.encode_target(r)?;
+                let Some(forced) = self.net.forced_bos else { return Ok(e) };
+                let mut out = Encoded { ids: vec![forced], tokens: vec![self.tok.id_to_token(forced)], offsets: vec![(0, 0)], special: vec![true] };
+                for i in (0..e.ids.len()).filter(|&i| !e.special[i]) {
+                    out.ids.push(e.ids[i]);
+                    out.tokens.push(e.tokens[i].clone());
+                    out.offsets.push(e.offsets[i]);
+                    out.special.push(false);
+                }
+                out.ids.push(self.net.eos_id);
+                out.tokens.push(self.tok.id_to_token(self.net.eos_id));
+                out.offsets.push((0, 0));
+                out.special.push(true);
+                Ok(out)
+            })
+            .collect()
     }
 
     /// The most tokens greedy decoding emits for a source of `src_tokens` tokens: 2.5 x + 2,
@@ -172,6 +193,10 @@ impl Model {
                 let n = ids.len();
                 let mut special = vec![false; n];
                 special[n - 1] = true;
+                // The forced target-language token is framing, as EOS is.
+                if self.net.forced_bos.is_some() && self.net.forced_bos == ids.first().copied() {
+                    special[0] = true;
+                }
                 Encoded { tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }
             })
             .collect())

@@ -15,6 +15,7 @@ pub mod hf;
 pub mod hooks;
 pub mod llama;
 pub mod llama_gguf;
+pub mod m2m100;
 pub mod loss;
 pub mod marian_bin;
 pub mod phi3;
@@ -174,6 +175,9 @@ pub enum Family {
     /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
     Marian,
     Bart,
+    /// HF M2M100 / NLLB-200 and mBART: pre-norm encoder-decoders (one file, `m2m100.rs`).
+    M2m100,
+    Mbart,
 }
 
 impl fmt::Display for Family {
@@ -196,6 +200,8 @@ impl fmt::Display for Family {
             Family::Mistral => "mistral",
             Family::Marian => "marian",
             Family::Bart => "bart",
+            Family::M2m100 => "m2m_100",
+            Family::Mbart => "mbart",
         })
     }
 }
@@ -376,7 +382,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 15] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::Marian, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 17] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -426,6 +432,7 @@ impl Model {
                 Family::Gemma | Family::Gemma2 | Family::Gemma3Text => gemma::load(path, opts),
                 Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
+                Family::M2m100 | Family::Mbart => m2m100::load(path, opts),
             }?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
@@ -441,7 +448,7 @@ impl Model {
         };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart | Family::M2m100 | Family::Mbart) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -492,7 +499,7 @@ impl Model {
                 transformer::SelfBlock::Ssru(c) => lin(&c.w) + lin(&c.wf),
                 transformer::SelfBlock::Attention(a) => attn(a),
             };
-            total += norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm);
+            total += norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm) + l.final_norm.as_ref().map_or(0, norm);
             if let Some((a, nm)) = &l.cross {
                 total += attn(a) + norm(nm);
             }
@@ -506,7 +513,7 @@ impl Model {
             }
             // HF BART and MarianMT hold `final_logits_bias` as a buffer, not a parameter (as
             // transformers counts); Marian's `.bin` learns its output bias.
-            if !matches!(self.family, Family::Bart | Family::Marian) {
+            if !matches!(self.family, Family::Bart | Family::Marian | Family::Mbart) {
                 total += o.b.as_ref().map_or(0, n);
             }
         }
@@ -745,6 +752,26 @@ impl Model {
             embeds(&mut v, Kind::Dec, net.dec_embeddings());
         }
         for (l, layer) in net.decoder.iter().enumerate() {
+            if layer.norm_position == nn::NormPosition::Pre {
+                // Each sublayer reads its norm of the stream: ln1 (self), cross ln1, ln2 (MLP).
+                v.extend([P::ResidPre, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
+                if let Some(a) = layer.self_attention() {
+                    attn(&mut v, Kind::Dec, l, a);
+                }
+                v.push(At::new(Kind::Dec, l, P::ResidMid));
+                if let Some((a, _)) = &layer.cross {
+                    v.push(At::new(Kind::Cross, l, P::Ln1));
+                    attn(&mut v, Kind::Cross, l, a);
+                    v.push(At::new(Kind::Cross, l, P::ResidMid));
+                }
+                v.push(At::new(Kind::Dec, l, P::Ln2));
+                mlp(&mut v, Kind::Dec, l, &layer.ffn);
+                v.push(At::new(Kind::Dec, l, P::ResidPost));
+                if layer.final_norm.is_some() {
+                    v.push(At::new(Kind::Dec, 0, P::LnFinal));
+                }
+                continue;
+            }
             v.push(At::new(Kind::Dec, l, P::ResidPre));
             match layer.self_attention() {
                 Some(a) => attn(&mut v, Kind::Dec, l, a),
@@ -814,8 +841,40 @@ impl Model {
         self.net.encode(&batch.ids, &batch.mask, gates, h)
     }
 
+    /// The token of target language `code` (NLLB's `fra_Latn`, mBART's `fr_XX`, M2M100's
+    /// `__fr__` also as `fr`): one of the tokenizer's language codes
+    /// ([`tokenizer::Tok::language_codes`]); anything else is an error naming the code.
+    pub fn target_language(&self, code: &str) -> Result<i64, ModelError> {
+        if !self.translates() {
+            return Err(ModelError::Invalid(format!("tgt_lang '{code}': {} does not translate", self.name())));
+        }
+        let codes = self.tok.language_codes();
+        if let Some((_, id)) = codes.iter().find(|(t, _)| t == code || *t == format!("__{code}__")) {
+            return Ok(*id);
+        }
+        let known = match codes.len() {
+            0 => "its tokenizer has none".to_string(),
+            n if n <= 8 => codes.iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", "),
+            n => format!("{}, ... ({n} in all)", codes[..8].iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", ")),
+        };
+        Err(ModelError::Invalid(format!("tgt_lang '{code}' is not a language code of {} ({known})", self.name())))
+    }
+
+    /// Makes `code` ([`Model::target_language`]) the token every translation starts with:
+    /// greedy decoding, greedy targets and reference targets of every analysis.
+    pub fn set_target_language(&mut self, code: &str) -> Result<(), ModelError> {
+        self.net.forced_bos = Some(self.target_language(code)?);
+        Ok(())
+    }
+
     /// Greedy translations, batched by length. Max output length: 2.5 x source tokens + 2.
     pub fn translate(&self, texts: &[&str], gates: &Gates, max_tokens: usize) -> Result<Vec<Vec<i64>>, ModelError> {
+        self.translate_forced(texts, gates, max_tokens, self.net.forced_bos)
+    }
+
+    /// [`Model::translate`] with `forced` as every translation's first token (the target
+    /// language), or none.
+    pub fn translate_forced(&self, texts: &[&str], gates: &Gates, max_tokens: usize, forced: Option<i64>) -> Result<Vec<Vec<i64>>, ModelError> {
         if self.net.output.is_none() || self.net.decoder.is_empty() {
             return Err(ModelError::Invalid(format!("{} cannot translate: it has no decoder", self.name())));
         }
@@ -825,7 +884,7 @@ impl Model {
         for (rows, b) in self.batches(&encoded, max_tokens) {
             let h = self.net.encode(&b.ids, &b.mask, gates, None)?;
             let max_len: Vec<i64> = b.encoded.iter().map(|e| self.max_output_len(e.ids.len())).collect();
-            let res = self.net.greedy(&h, &b.mask, &max_len, gates)?;
+            let res = self.net.greedy_forced(&h, &b.mask, &max_len, gates, forced)?;
             for (slot, ids) in rows.iter().zip(res) {
                 out[*slot] = ids;
             }

@@ -237,6 +237,18 @@ impl Tok {
         self.inner.id_to_token(id as u32).unwrap_or_else(|| format!("<{id}>"))
     }
 
+    /// The special tokens a tokenizer adds that are not framing tokens (`<s>`, `</s>`, `<pad>`,
+    /// `<unk>`, `<mask>`: anything written `<...>`): the language codes of multilingual
+    /// tokenizers (NLLB's `fra_Latn`, mBART's `fr_XX`, M2M100's `__fr__`), sorted by id.
+    pub fn language_codes(&self) -> Vec<(String, i64)> {
+        if self.marian.is_some() {
+            return vec![];
+        }
+        let mut codes: Vec<(String, i64)> = self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special && !(t.content.starts_with('<') && t.content.ends_with('>'))).map(|(id, t)| (t.content, id as i64)).collect();
+        codes.sort_by_key(|c| c.1);
+        codes
+    }
+
     /// Token id of a string, if it is one token of the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<i64> {
         if let Some(m) = &self.marian {

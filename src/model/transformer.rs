@@ -220,6 +220,12 @@ pub struct DecoderLayer {
     pub cross: Option<(Attention, Norm)>,
     pub ffn: Ffn,
     pub ffn_norm: Norm,
+    /// `Post` (BART, MarianMT: each norm after its residual) or `Pre` (M2M100, mBART: each
+    /// sublayer reads its norm of the stream, `x = x + f(norm(x))`).
+    pub norm_position: NormPosition,
+    /// A norm after this layer's output: the decoder's final norm, on its last layer
+    /// (pre-norm decoders; hook point `dec.ln_final.hook_normalized`).
+    pub final_norm: Option<Norm>,
 }
 
 /// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached steps: key `j` is
@@ -263,6 +269,21 @@ impl DecoderLayer {
         check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
         let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
+        if self.norm_position == NormPosition::Pre {
+            // x + self(norm(x)), + cross(norm(.)), + mlp(norm(.)).
+            let n1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward_with(&x, rules))?;
+            let (o, state) = self.self_forward(&n1, state, gates, layer_idx, h)?;
+            let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
+            let a = match (&self.cross, cross) {
+                (Some((attn, norm)), Some(kv)) => {
+                    let n2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_a, rules))?;
+                    let g = gates.layer(Kind::Cross, layer_idx);
+                    Some(attn.attend(&n2, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
+                }
+                _ => None,
+            };
+            return Ok((self.finish_hooked(&s_a, a.as_ref(), layer_idx, h)?, state));
+        }
         let (o, state) = self.self_forward(&x, state, gates, layer_idx, h)?;
         let s_a = hooks::at(h, at(Kind::Dec, Point::ResidMid), &x + &o)?;
         let x1 = hooks::at(h, at(Kind::Dec, Point::Ln1), self.self_norm.forward_with(&s_a, rules))?;
@@ -310,8 +331,16 @@ impl DecoderLayer {
         }
     }
 
-    /// The layer resumed at its cross-attention's `hook_z`: `x1` is the cross-attention's
-    /// input (`dec.blocks.L.ln1.hook_normalized`), `z` its per-head contexts.
+    /// The point whose value [`DecoderLayer::forward_from_cross_z`] resumes from: the stream the
+    /// cross-attention's output is added to (post-norm: `dec.blocks.L.ln1.hook_normalized`,
+    /// pre-norm: `dec.blocks.L.hook_resid_mid`).
+    pub fn cross_resume_point(&self) -> Point {
+        if self.norm_position == NormPosition::Pre { Point::ResidMid } else { Point::Ln1 }
+    }
+
+    /// The layer resumed at its cross-attention's `hook_z`: `x1` is the stream the
+    /// cross-attention's output is added to (at [`DecoderLayer::cross_resume_point`]), `z` its
+    /// per-head contexts.
     pub fn forward_from_cross_z(&self, x1: &Tensor, z: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         check_interrupt()?;
         let (attn, _) = self.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
@@ -324,16 +353,30 @@ impl DecoderLayer {
     fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(h);
         let at = |k, p| At::new(k, layer_idx, p);
-        let x2 = match (&self.cross, a) {
-            (Some((_, norm)), Some(a)) => {
-                let s_b = hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?;
-                hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_b, rules))?
-            }
-            _ => x1.shallow_clone(),
+        let y = if self.norm_position == NormPosition::Pre {
+            let s_b = match a {
+                Some(a) if self.cross.is_some() => hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?,
+                _ => x1.shallow_clone(),
+            };
+            let n3 = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_b, rules))?;
+            let (_, _, ffn_out) = self.ffn.forward_hooked(&n3, Kind::Dec, layer_idx, h)?;
+            hooks::at(h, at(Kind::Dec, Point::ResidPost), &s_b + &ffn_out)?
+        } else {
+            let x2 = match (&self.cross, a) {
+                (Some((_, norm)), Some(a)) => {
+                    let s_b = hooks::at(h, at(Kind::Cross, Point::ResidMid), x1 + a)?;
+                    hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_b, rules))?
+                }
+                _ => x1.shallow_clone(),
+            };
+            let (_, _, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
+            let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
+            hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))?
         };
-        let (_, _, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
-        let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
-        hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))
+        match &self.final_norm {
+            Some(n) => hooks::at(h, At::new(Kind::Dec, 0, Point::LnFinal), n.forward_with(&y, rules)),
+            None => Ok(y),
+        }
     }
 }
 
@@ -383,6 +426,9 @@ pub struct Transformer {
     /// Tokens greedy decoding never emits (HF's `bad_words_ids` of single tokens: MarianMT's
     /// `<pad>`).
     pub banned: Vec<i64>,
+    /// The token greedy decoding emits first whatever the logits (HF's `forced_bos_token_id`:
+    /// the target language of M2M100 / NLLB-200 and mBART-50; `load_model`'s `tgt_lang`).
+    pub forced_bos: Option<i64>,
 }
 
 impl Transformer {
@@ -406,6 +452,7 @@ impl Transformer {
             dec_embed: None,
             dec_start: None,
             banned: vec![],
+            forced_bos: None,
         }
     }
 
@@ -614,8 +661,15 @@ impl Transformer {
         e.finish(&tok, 0, Kind::Dec, h)
     }
 
-    /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens.
+    /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens. The model's
+    /// forced first token (`forced_bos`), where it has one, is the first token of every row.
     pub fn greedy(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates) -> Result<Vec<Vec<i64>>, ModelError> {
+        self.greedy_forced(enc, mask, max_len, gates, self.forced_bos)
+    }
+
+    /// [`Transformer::greedy`] with `forced` as the first token (as transformers'
+    /// `ForcedBOSTokenLogitsProcessor`; it counts towards `max_len`), or none.
+    pub fn greedy_forced(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates, forced: Option<i64>) -> Result<Vec<Vec<i64>>, ModelError> {
         let b = enc.size()[0] as usize;
         let bias = key_bias(mask, enc.kind());
         let mut state = self.start_state(b as i64);
@@ -629,7 +683,10 @@ impl Transformer {
             for &id in &self.banned {
                 let _ = logits.f_narrow(1, id, 1)?.f_fill_(f64::NEG_INFINITY)?;
             }
-            let next = super::nn::top1(&logits);
+            let next = match forced {
+                Some(id) if t == 0 => Tensor::full([b as i64], id, (DType::Int64, logits.device())),
+                _ => super::nn::top1(&logits),
+            };
             let ids = Vec::<i64>::try_from(&next)?;
             for (i, &id) in ids.iter().enumerate() {
                 if done[i] {
@@ -794,6 +851,9 @@ impl Transformer {
             }
             v.extend(ffn_params(&mut l.ffn));
             v.extend(norm_params(&mut l.ffn_norm));
+            if let Some(n) = l.final_norm.as_mut() {
+                v.extend(norm_params(n));
+            }
         }
         if let Some(o) = self.output.as_mut() {
             v.extend(lin_params(o));

@@ -187,6 +187,7 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
         dec_start: None,
         banned: vec![],
         logit_softcap: None,
+        forced_bos: None,
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
     Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] }

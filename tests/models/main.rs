@@ -11,6 +11,7 @@ mod parity;
 mod hf_families;
 mod gguf_real;
 mod hf_seq2seq;
+mod hf_seq2seq_2026;
 mod hooks;
 mod masking;
 mod param_count;

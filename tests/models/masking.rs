@@ -40,6 +40,8 @@ fn tiny() -> Transformer {
                 cross: Some((attn(), common::layer_norm(D))),
                 ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
                 ffn_norm: common::layer_norm(D),
+                norm_position: NormPosition::Post,
+                final_norm: None,
             })
             .collect(),
         output: Some(Linear { w: tokens, b: Some(Tensor::zeros([vocab], (DType::Float, Device::Cpu))) }),
@@ -49,6 +51,7 @@ fn tiny() -> Transformer {
         dec_start: None,
         banned: vec![],
         logit_softcap: None,
+        forced_bos: None,
     }
 }
 

@@ -310,7 +310,7 @@ fn bad_model_inputs_are_clear_errors() {
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"),
         ("load_model(\"enpt\", #{device: \"tpu\"})", "load_model: unknown device 'tpu' (expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\")"),
-        ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype)"),
+        ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype, tgt_lang)"),
         ("load_model(\"enpt\").head(\"enc\", 6, 0)", "layer 6 out of range: 'enc' has layers 0..5"),
         ("load_model(\"enpt\").head(\"enc\", 0, 8)", "head 8 out of range: 'enc' layers have heads 0..7"),
         ("load_model(\"enpt\").head(\"enc\", -1, 0)", "layer: expected a non-negative integer, got -1 (i64)"),
@@ -329,6 +329,35 @@ fn bad_model_inputs_are_clear_errors() {
         assert!(r.stderr.contains("load_model: dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU"), "{}", r.stderr);
     }
     expect_errors(d, cases);
+}
+
+/// Pre-norm translation models (M2M100 / NLLB-200, mBART): an unknown target language, on
+/// `load_model` and on `translate`, names the code and the codes there are; a language code for
+/// a model that does not translate, or whose tokenizer has none, says so; a config.json whose
+/// width disagrees with the weights names the file and the tensor. No panic, exit code 1.
+#[test]
+fn prenorm_translation_bad_inputs_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_hf");
+    let m2m = tiny.join("m2m100").display().to_string();
+    std::fs::create_dir(d.join("wide")).unwrap();
+    for f in std::fs::read_dir(tiny.join("mbart")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, d.join("wide").join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg = std::fs::read_to_string(d.join("wide/config.json")).unwrap().replace("\"d_model\": 32", "\"d_model\": 48");
+    std::fs::write(d.join("wide/config.json"), cfg).unwrap();
+    let cases: Vec<(String, String)> = vec![
+        (format!("load_model({m2m:?}, #{{tgt_lang: \"xx_Yyyy\"}})"), "load_model: tgt_lang 'xx_Yyyy' is not a language code of m2m100 (eng_Latn, fra_Latn, deu_Latn, por_Latn)".into()),
+        (format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: \"fr\"}})"), "translate: tgt_lang 'fr' is not a language code of m2m100".into()),
+        (format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: 3}})"), "translate: option 'tgt_lang' must be a string, got 3".into()),
+        ("load_model(\"enpt\", #{tgt_lang: \"fra_Latn\"})".into(), "load_model: tgt_lang 'fra_Latn' is not a language code of enpt (its tokenizer has none)".into()),
+        ("load_model(\"minilm\", #{tgt_lang: \"fra_Latn\"})".into(), "load_model: tgt_lang 'fra_Latn': minilm does not translate".into()),
+        ("load_model(\"wide\")".into(), "wide/model.safetensors: tensor 'model.shared.weight' has shape [304, 32], expected [304, 48]".into()),
+    ];
+    let refs: Vec<(&str, &str)> = cases.iter().map(|(c, w)| (c.as_str(), w.as_str())).collect();
+    expect_errors(d, &refs);
 }
 
 /// Hostile or empty input to the engine core: each a one-line error naming the file,

@@ -4,7 +4,7 @@
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt_bool, opt_int, opt_str, to_usize, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, opt_bool, opt_int, opt_str, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
@@ -28,7 +28,9 @@ pub mod outputs;
 pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
     opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)"),
+    opt("tgt_lang", "the checkpoint's forced_bos_token_id", "a translation model's target language (\"fra_Latn\", \"fr_XX\"): its code, forced first in translate and every translation analysis"),
 ];
+pub const TRANSLATE_OPTIONS: &[OptSpec] = &[opt("tgt_lang", "the model's (load_model's tgt_lang, else the checkpoint's)", "the target language of these translations (\"fra_Latn\", \"fr_XX\"): its code, forced first")];
 pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
 pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
 
@@ -50,10 +52,19 @@ impl Default for LoadOptions {
 /// Loads a model from a directory or a named asset under typed options: what `load_model`
 /// and the library API's `Model::load_with` run. Errors start with "load_model: ".
 pub fn load(path: &str, opts: LoadOptions) -> Result<ScriptModel, String> {
+    load_to(path, opts, None)
+}
+
+/// [`load`] with a target language (`tgt_lang`: a translation model's language code, forced
+/// first in every translation), checked against the tokenizer's codes.
+pub fn load_to(path: &str, opts: LoadOptions, tgt_lang: Option<&str>) -> Result<ScriptModel, String> {
     let opts = opts.checked().map_err(|e| format!("load_model: {e}"))?;
     let p = std::path::Path::new(path);
     let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).map_err(|e| format!("load_model: '{path}' is neither a directory nor a model asset ({e})"))? };
-    let model = Model::load(&dir, opts).map_err(|e| format!("load_model: {e}"))?;
+    let mut model = Model::load(&dir, opts).map_err(|e| format!("load_model: {e}"))?;
+    if let Some(code) = tgt_lang {
+        model.set_target_language(code).map_err(|e| format!("load_model: {e}"))?;
+    }
     Ok(ScriptModel::new(model))
 }
 
@@ -116,16 +127,21 @@ pub mod api {
     /// Loads a model from a directory (or a named asset: "minilm", "enpt", "pten"). The family
     /// is detected from the files. Options: `device` ("auto" = CUDA when available, "cpu",
     /// "cuda", "cuda:N"), `dtype` ("f32"; "f64" for checking numerics, about 2x slower; "bf16"
-    /// and "f16" on CUDA).
+    /// and "f16" on CUDA), `tgt_lang` (a multilingual translation model's target language, its
+    /// tokenizer's code: NLLB's "fra_Latn", mBART's "fr_XX"; forced as the first token of
+    /// `translate` and of every translation analysis' targets; default: the checkpoint's
+    /// `forced_bos_token_id`, if any).
     ///
     /// ```rhai
     /// let m = load_model("minilm", #{device: "cpu"});
     /// assert(m.family == "bert" && m.layers("enc") == 6 && m.heads_per_layer("enc") == 12);
+    /// let nllb = load_model("tests/fixtures/tiny_hf/m2m100", #{device: "cpu", tgt_lang: "deu_Latn"});
+    /// assert(nllb.family == "m2m_100" && nllb.translate("The cat sat.") == nllb.translate("The cat sat.", #{tgt_lang: "deu_Latn"}));
     /// ```
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
         let o = Opts::new(&options, "load_model", LOAD_OPTIONS)?;
-        Ok(load(path, load_options_from(&o)?)?)
+        Ok(load_to(path, load_options_from(&o)?, o.string("tgt_lang")?.as_deref())?)
     }
 
     /// Loads a model on the default device in f32.
@@ -261,10 +277,30 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn translate(m: &mut ScriptModel, input: Dynamic) -> ScriptResult<Dynamic> {
+        translate_opts(m, input, Map::new())
+    }
+
+    /// Greedy translation with options: `tgt_lang`, the target language's code (NLLB's
+    /// "fra_Latn", mBART's "fr_XX"), forced as the first token of these translations (the
+    /// model's own, from `load_model`'s `tgt_lang` or the checkpoint, otherwise).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/m2m100", #{device: "cpu"});
+    /// let fr = m.translate("The cat sat.", #{tgt_lang: "fra_Latn"});
+    /// let de = m.translate("The cat sat.", #{tgt_lang: "deu_Latn"});
+    /// assert(type_of(fr) == "string" && fr != de);
+    /// ```
+    #[rhai_fn(name = "translate", return_raw, pure)]
+    pub fn translate_opts(m: &mut ScriptModel, input: Dynamic, options: Map) -> ScriptResult<Dynamic> {
+        let o = Opts::new(&options, "translate", TRANSLATE_OPTIONS)?;
+        let forced = match o.string("tgt_lang")? {
+            Some(code) => Some(m.model.target_language(&code).or_else(|e| err(format!("translate: {e}")))?),
+            None => m.model.net.forced_bos,
+        };
         let list = dataset_texts(&input, "translate")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
-        let ids = m.model.translate(&refs, &gates, 4096).or_else(|e| err(format!("translate: {e}")))?;
+        let ids = m.model.translate_forced(&refs, &gates, 4096, forced).or_else(|e| err(format!("translate: {e}")))?;
         let outs = ids.iter().map(|i| m.model.detokenize(i)).collect::<Result<Vec<_>, _>>().or_else(|e| err(format!("translate: {e}")))?;
         Ok(if input.is_string() || input.is_map() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
     }

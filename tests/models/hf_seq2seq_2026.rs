@@ -1,0 +1,229 @@
+//! The pre-norm encoder-decoders (M2M100 as NLLB-200 ships it, mBART) against transformers 4.57:
+//! tiny random checkpoints in each family's official layout and their goldens (eager attention,
+//! float32) come from `tests/fixtures/make_tiny_seq2seq_2026.py`. Source ids equal the HF
+//! tokenizer's; teacher-forced logits and every head's attention (`enc`, `dec`, `cross`) within
+//! 1e-5; greedy translations token for token, the forced target-language token first (the
+//! checkpoint's `forced_bos_token_id` from config.json for M2M100, from generation_config.json
+//! for mBART; another language through `tgt_lang`), one sentence at a time and batched; gates
+//! equal to `head_mask`, `decoder_head_mask` and `cross_attn_head_mask`. Also: the hook points
+//! the model lists are those its forward meets, the cross-head sweep (resumed at the pre-norm
+//! decoder's `hook_resid_mid`) equals masking one head at a time, and bad input fails in one
+//! line.
+
+use crate::common;
+use crate::common::max_diff;
+
+use headscope::model::hooks::{At, Point, Record};
+use headscope::model::nn::Gates;
+use headscope::model::{HeadId, Kind, Model};
+use std::collections::HashMap;
+use tch::Tensor;
+
+const TOL: f64 = 1e-5;
+const GOLDEN: &str = "tiny_hf/golden_seq2seq_2026.npz";
+const MASK_ENC: [[f32; 4]; 2] = [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]];
+const MASK_DEC: [[f32; 4]; 2] = [[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]];
+const MASK_CROSS: [[f32; 4]; 2] = [[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]];
+
+fn mask(m: &[[f32; 4]; 2]) -> Tensor {
+    Tensor::from_slice(&m.concat()).view([1, 2, 4])
+}
+
+fn ids(v: &[i64]) -> (Tensor, Tensor) {
+    (Tensor::from_slice(v).view([1, v.len() as i64]), Tensor::ones([1, v.len() as i64], (tch::Kind::Float, tch::Device::Cpu)))
+}
+
+/// Teacher-forced logits `[T, V]` and each kind's attention `[L, H, Tq, Tk]`.
+fn forward(m: &Model, src: &[i64], targets: &[i64], gates: &Gates) -> (Tensor, HashMap<Kind, Tensor>) {
+    let (x, mask) = ids(src);
+    let (tgt, _) = ids(targets);
+    let _g = tch::no_grad_guard();
+    let (seen, logits) = common::recorded(&[Point::Pattern], |r| {
+        let enc = m.net.encode(&x, &mask, gates, Some(&mut *r)).unwrap();
+        m.net.decode_teacher(&enc, &mask, &tgt, gates, Some(r)).unwrap().get(0)
+    });
+    let mut attn: HashMap<Kind, Vec<Tensor>> = HashMap::new();
+    for (at, a) in seen {
+        attn.entry(at.kind).or_default().push(a.get(0));
+    }
+    (logits, attn.into_iter().map(|(k, v)| (k, Tensor::stack(&v, 0))).collect())
+}
+
+fn greedy(m: &Model, src: &[i64], max_len: i64) -> Vec<i64> {
+    let _g = tch::no_grad_guard();
+    let (x, mask) = ids(src);
+    let enc = m.net.encode(&x, &mask, &Gates::none(), None).unwrap();
+    m.net.greedy(&enc, &mask, &[max_len], &Gates::none()).unwrap().remove(0)
+}
+
+fn check(name: &str) {
+    let g = common::golden(GOLDEN);
+    let m = common::tiny_hf(name, "f32");
+    assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{name}: kinds");
+    let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
+    assert!(n >= 20, "{name}: {n} sentences in {GOLDEN}");
+    let texts = common::short_pud_sentences(n);
+    let forced = m.net.forced_bos.unwrap_or_else(|| panic!("{name}: the checkpoint's forced_bos_token_id was not read"));
+    let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
+    let (mut detailed, mut compared) = (0, 0);
+    let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
+    let mut want_all = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let want_ids = Vec::<i64>::try_from(&g[&format!("{name}_ids_{i}")]).unwrap();
+        let src = m.tokenize(text).unwrap().ids;
+        assert_eq!(src, want_ids, "{name}: token ids of sentence {i} ({text:?})");
+        let want_gen = Vec::<i64>::try_from(&g[&format!("{name}_gen_{i}")]).unwrap();
+        assert_eq!(want_gen[0], forced, "{name}: transformers forced the language token");
+        // Greedy translation, at most floor(2.5 * source tokens) + 2 tokens, stopping at EOS.
+        let got = greedy(&m, &src, (2.5 * src.len() as f64) as i64 + 2);
+        let want: Vec<i64> = want_gen.iter().copied().take_while(|&t| t != m.net.eos_id).collect();
+        assert!(want.len() >= 8, "{name}: sentence {i}: a translation of {} tokens", want.len());
+        assert_eq!(got, want, "{name}: greedy translation of sentence {i}");
+        compared += got.len();
+        want_all.push(want);
+        if let Some(logits) = g.get(&format!("{name}_logits_{i}")) {
+            let t = logits.size()[0] as usize;
+            let targets: Vec<i64> = want_gen[..t].to_vec();
+            let (l, a) = forward(&m, &src, &targets, &Gates::none());
+            worst_logit = worst_logit.max(max_diff(&l, logits));
+            for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
+                worst_attn = worst_attn.max(max_diff(&a[&kind], &g[&format!("{name}_{kind}_{i}")]));
+            }
+            let (lm, _) = forward(&m, &src, &targets, &gates);
+            let want_masked = &g[&format!("{name}_masked_{i}")];
+            worst_masked = worst_masked.max(max_diff(&lm, want_masked));
+            assert!(max_diff(&l, want_masked) > 1e-2, "{name}: closing heads did not change the logits");
+            detailed += 1;
+        }
+    }
+    assert!(detailed >= 2, "{name}: {detailed} teacher-forced goldens");
+    // Batched (length buckets, right padding): the same translations.
+    let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+    let batched = m.translate(&refs, &Gates::none(), 200).unwrap();
+    assert_eq!(batched, want_all, "{name}: batched translations");
+    // Another target language (`tgt_lang`): its code forced first, as transformers' generate
+    // with that forced_bos_token_id.
+    let tgt2 = g[&format!("{name}_tgt2_id")].int64_value(&[]);
+    let code = m.tok.id_to_token(tgt2);
+    let mut m2 = common::tiny_hf(name, "f32");
+    m2.set_target_language(&code).unwrap();
+    let want2: Vec<Vec<i64>> = (0..n).map(|i| Vec::<i64>::try_from(&g[&format!("{name}_gen2_{i}")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect()).collect();
+    assert_ne!(want2, want_all, "{name}: the two target languages translate alike");
+    assert_eq!(m2.translate(&refs, &Gates::none(), 200).unwrap(), want2, "{name}: translations into {code}");
+    assert_eq!(m.translate_forced(&refs, &Gates::none(), 200, Some(tgt2)).unwrap(), want2, "{name}: translate's own tgt_lang {code}");
+    eprintln!("{name}: {n} sentences ({compared} greedy tokens, forced language first), {detailed} teacher-forced; logits within {worst_logit:e}, attention within {worst_attn:e}, gated logits within {worst_masked:e} of head masks");
+    assert!(worst_logit < TOL, "{name}: logits differ by {worst_logit:e}");
+    assert!(worst_attn < TOL, "{name}: attention differs by {worst_attn:e}");
+    assert!(worst_masked < TOL, "{name}: gated logits differ from head masks' by {worst_masked:e}");
+}
+
+#[test]
+fn m2m100_equals_transformers() {
+    check("m2m100");
+}
+
+#[test]
+fn mbart_equals_transformers() {
+    check("mbart");
+}
+
+/// The hook points a pre-norm encoder-decoder lists (`Model::hook_points`) are exactly those
+/// one encode and one teacher-forced decoder pass meet, the decoder's final
+/// norm (`dec.ln_final.hook_normalized`) included and equal to the states the logits read.
+#[test]
+fn prenorm_hook_points_are_those_the_forward_meets() {
+    for name in ["m2m100", "mbart"] {
+        let m = common::tiny_hf(name, "f32");
+        let listed = m.hook_points();
+        let mut points: Vec<Point> = Vec::new();
+        for a in &listed {
+            if !points.contains(&a.point) {
+                points.push(a.point);
+            }
+        }
+        let (x, mask) = ids(&m.tokenize("The cat sat on the mat.").unwrap().ids);
+        let (tgt, _) = ids(&[5, 9, 17, 4]);
+        let mut seen: Vec<At> = Vec::new();
+        let mut last: Option<Tensor> = None;
+        let states = {
+            let _g = tch::no_grad_guard();
+            let mut on = |at: At, t: &Tensor| {
+                if !seen.contains(&at) {
+                    seen.push(at);
+                }
+                if at == At::new(Kind::Dec, 0, Point::LnFinal) {
+                    last = Some(t.shallow_clone());
+                }
+                Ok(())
+            };
+            let mut rec = Record { points: &points, kinds: &[Kind::Enc, Kind::Dec, Kind::Cross], on: &mut on };
+            let enc = m.net.encode(&x, &mask, &Gates::none(), Some(&mut rec)).unwrap();
+            m.net.decode_teacher_states(&enc, &mask, &tgt, &Gates::none(), Some(&mut rec)).unwrap()
+        };
+        // The listing is in TransformerLens's order (q, k, v); the forward computes keys and
+        // values first (cross-attention's from the encoder output, once): compared as sets.
+        let (mut seen, mut listed) = (seen, listed);
+        seen.sort();
+        listed.sort();
+        assert_eq!(seen, listed, "{name}: listed hook points vs the forward's");
+        let last = last.unwrap_or_else(|| panic!("{name}: no dec.ln_final"));
+        assert_eq!(max_diff(&last, &states), 0.0, "{name}: the decoder's final norm is its output");
+    }
+}
+
+/// The single-head sweep over `cross` heads resumes the pre-norm decoder at each layer's
+/// `hook_resid_mid` (`DecoderLayer::cross_resume_point`): equal to masking one head at a time
+/// (1e-5 relative), for `dec` and `enc` heads too.
+#[test]
+fn prenorm_sweep_equals_one_at_a_time() {
+    use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
+    let m = common::tiny_hf("m2m100", "f32");
+    let data = headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
+    let p = prepare(&m, &data, Metric::Loss, 128, Gates::none()).unwrap();
+    let grids = sweep(&m, &p, &[Kind::Enc, Kind::Dec, Kind::Cross], &|| false, &mut |_, _| {}).unwrap();
+    let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
+    let (mut checked, mut differs, mut worst) = (0, 0, 0f64);
+    for (kind, grid) in &grids {
+        for (l, row) in grid.iter().enumerate() {
+            for (h, &v) in row.iter().enumerate() {
+                let id = HeadId { kind: *kind, layer_idx: l, head: h };
+                let one = evaluate(&m, &p, &m.gates_closing(&[id]).unwrap(), &|| false).unwrap();
+                worst = worst.max((v - one).abs() / one.abs().max(1e-12));
+                assert!((v - one).abs() <= 1e-5 * one.abs().max(1e-12), "{id}: sweep {v} vs one at a time {one} (base {base})");
+                checked += 1;
+                differs += usize::from((one - base).abs() > 1e-9);
+            }
+        }
+    }
+    eprintln!("m2m100: {checked} heads swept (loss), within {worst:e} relative of one at a time");
+    assert_eq!(checked, 3 * 2 * 4);
+    assert!(differs * 2 > checked, "masking single heads should change the loss");
+}
+
+/// Bad input fails in one line naming what is wrong: an unknown target language (naming the
+/// code and the known ones), a config whose width disagrees with the weights (naming the file
+/// and the tensor), a forced token outside the vocabulary (naming the key).
+#[test]
+fn prenorm_bad_input_is_one_line() {
+    let m = common::tiny_hf("m2m100", "f32");
+    let e = m.target_language("xx_Yyyy").unwrap_err().to_string();
+    assert!(e.contains("'xx_Yyyy'") && e.contains("fra_Latn") && !e.contains('\n'), "{e}");
+    let e = common::tiny_hf("roberta", "f32").target_language("fra_Latn").unwrap_err().to_string();
+    assert!(e.contains("does not translate") && !e.contains('\n'), "{e}");
+    let src = common::tiny_hf_dir().join("mbart");
+    for (key, value, want) in [("d_model", serde_json::json!(48), "model.shared.weight"), ("forced_bos_token_id", serde_json::json!(100000), "forced_bos_token_id"), ("encoder_attention_heads", serde_json::json!(5), "encoder_attention_heads")] {
+        let dir = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(&src).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+        }
+        let cfg_path = dir.path().join("config.json");
+        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg[key] = value;
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let opts = headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
+        let e = Model::load(dir.path(), opts).err().unwrap_or_else(|| panic!("{key}: loaded")).to_string();
+        assert!(e.contains(want) && !e.contains('\n'), "{key}: {e}");
+        assert!(e.contains("config.json") || e.contains("model.safetensors"), "{key}: names no file: {e}");
+    }
+}
