@@ -950,7 +950,7 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     }
     let through_decoder = !net.decoder.is_empty() && seed == Seed::Logit;
     if through_decoder && net.decoder.iter().any(|l| l.norm_position == NormPosition::Pre) {
-        return Err(AnalysisError::Input(format!("LRP's decoder rules are derived for post-norm decoder layers (docs/methods.md#lrp-head-relevance); {}'s decoder norms each sublayer's input (M2M100, mBART): use seed \"norm\" for its encoder, or gradient importance", model.name())));
+        return Err(AnalysisError::Input(format!("LRP's decoder rules are derived for post-norm decoder layers (docs/methods.md#lrp-head-relevance); {}'s decoder norms each sublayer's input (M2M100, mBART, T5): use seed \"norm\" for its encoder, or gradient importance", model.name())));
     }
     let kind = net.stack_kind;
     let n_layers = net.encoder.len();

@@ -150,6 +150,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
             norm_position: NormPosition::Post,
             final_norm: None,
+            rel_bias: None,
         });
     }
     // The output: `lm_head` where stored (untied exports), else the decoder's embeddings; plus
@@ -183,5 +184,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         banned,
         logit_softcap: None,
         forced_bos: None,
+        rel_bias: None,
     })
 }

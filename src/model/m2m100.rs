@@ -179,6 +179,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
             norm_position: NormPosition::Pre,
             final_norm: None,
+            rel_bias: None,
         });
     }
     // The decoder's final norm runs after its last layer.
@@ -219,5 +220,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         banned: vec![],
         logit_softcap: None,
         forced_bos: forced,
+        rel_bias: None,
     })
 }

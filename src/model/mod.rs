@@ -23,6 +23,7 @@ pub mod nn;
 pub mod safetensors;
 pub mod script;
 pub mod spm;
+pub mod t5;
 pub mod tokenizer;
 pub mod torch_pickle;
 pub mod transformer;
@@ -178,6 +179,9 @@ pub enum Family {
     /// HF M2M100 / NLLB-200 and mBART: pre-norm encoder-decoders (one file, `m2m100.rs`).
     M2m100,
     Mbart,
+    /// HF T5 / Flan-T5 and mT5 (`t5.rs`).
+    T5,
+    Mt5,
 }
 
 impl fmt::Display for Family {
@@ -202,6 +206,8 @@ impl fmt::Display for Family {
             Family::Bart => "bart",
             Family::M2m100 => "m2m_100",
             Family::Mbart => "mbart",
+            Family::T5 => "t5",
+            Family::Mt5 => "mt5",
         })
     }
 }
@@ -382,7 +388,7 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 17] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta];
+const HF_FAMILIES: [Family; 19] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta, Family::Mt5, Family::T5];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -433,6 +439,7 @@ impl Model {
                 Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => llama::load(path, opts),
                 Family::Marian | Family::Bart => bart::load(path, opts),
                 Family::M2m100 | Family::Mbart => m2m100::load(path, opts),
+                Family::T5 | Family::Mt5 => t5::load(path, opts),
             }?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
@@ -448,7 +455,7 @@ impl Model {
         };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart | Family::M2m100 | Family::Mbart) {
+        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart | Family::M2m100 | Family::Mbart | Family::T5 | Family::Mt5) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -478,7 +485,9 @@ impl Model {
         let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
         let e = &self.net.embed;
         let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
-        if let transformer::Positions::Learned(t) = &e.positions {
+        // M2M100's sinusoids are a buffer in transformers (MarianMT's a frozen parameter).
+        let positions_are_parameters = self.family != Family::M2m100;
+        if let (transformer::Positions::Learned(t), true) = (&e.positions, positions_are_parameters) {
             total += n(t);
         }
         for l in &self.net.encoder {
@@ -490,7 +499,7 @@ impl Model {
                 total += n(&d.tokens);
             }
             total += d.norm.as_ref().map_or(0, norm);
-            if let transformer::Positions::Learned(t) = &d.positions {
+            if let (transformer::Positions::Learned(t), true) = (&d.positions, positions_are_parameters) {
                 total += n(t);
             }
         }
@@ -505,6 +514,11 @@ impl Model {
             }
         }
         total += self.net.final_norm.as_ref().map_or(0, norm);
+        // T5's relative position biases: one table per stack, shared by its layers.
+        let mut tables: Vec<&Tensor> = self.net.rel_bias.iter().map(|r| &r.table).collect();
+        tables.extend(self.net.decoder.iter().filter_map(|l| l.rel_bias.as_ref().map(|r| &r.table)));
+        tables.dedup_by_key(|t| t.data_ptr() as usize);
+        total += tables.iter().map(|t| n(t)).sum::<i64>();
         if let Some(o) = &self.net.output {
             // A tied output shares an embedding matrix (counted above); an untied one is new.
             let tied = [Some(&e.tokens), self.net.dec_embed.as_ref().map(|d| &d.tokens)].into_iter().flatten().any(|t| t.data_ptr() == o.w.data_ptr());

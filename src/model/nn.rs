@@ -127,6 +127,10 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GPT-2's `gelu_new`).
     GeluTanh,
+    /// The same function written out as transformers' `NewGELUActivation` computes it,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (T5 v1.1, Flan-T5, mT5: their gated
+    /// MLPs amplify the last-bit differences of the fused kernel beyond 1e-5).
+    GeluNew,
 }
 
 pub struct Ffn {
@@ -174,6 +178,10 @@ impl Activation {
             Activation::Gelu => h.gelu("none"),
             Activation::Silu => h.silu(),
             Activation::GeluTanh => h.gelu("tanh"),
+            Activation::GeluNew => {
+                let t = ((h + h.pow_tensor_scalar(3.0) * 0.044715) * (2.0 / std::f64::consts::PI).sqrt()).tanh();
+                (h * 0.5) * (t + 1.0)
+            }
         }
     }
 }

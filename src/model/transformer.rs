@@ -197,6 +197,42 @@ impl EncoderLayer {
     }
 }
 
+/// T5's relative position bias: one learned score per head for each bucket of the distance
+/// `key - query` (exact up to half the buckets, logarithmic up to `max_distance`, one bucket
+/// beyond; an encoder's buckets split between the two directions), added to the scores of every
+/// layer of a stack (transformers computes it in the first layer and passes it on).
+pub struct RelativeBias {
+    /// `[num_buckets, heads]`.
+    pub table: Tensor,
+    pub bidirectional: bool,
+    pub num_buckets: i64,
+    pub max_distance: i64,
+}
+
+impl RelativeBias {
+    /// The bias `[1, H, tq, tk]` of queries at positions `start..start + tq` over keys
+    /// `0..tk`, with transformers' bucket arithmetic (the logarithm in float32).
+    pub fn bias(&self, start: i64, tq: i64, tk: i64) -> Tensor {
+        let device = self.table.device();
+        let query = Tensor::arange_start(start, start + tq, (DType::Int64, device)).unsqueeze(1);
+        let key = Tensor::arange(tk, (DType::Int64, device)).unsqueeze(0);
+        let rel = key - query;
+        let mut n = self.num_buckets;
+        let (offset, rel) = if self.bidirectional {
+            n /= 2;
+            (rel.gt(0).to_kind(DType::Int64) * n, rel.abs())
+        } else {
+            (Tensor::zeros([1, 1], (DType::Int64, device)), -rel.clamp_max(0))
+        };
+        let max_exact = (n / 2).max(1);
+        let large = (rel.to_kind(DType::Float) / max_exact as f64).log() / (self.max_distance as f64 / max_exact as f64).ln() * (n - max_exact) as f64;
+        let large = (large.to_kind(DType::Int64) + max_exact).clamp_max(n - 1);
+        let buckets = offset + rel.where_self(&rel.lt(max_exact), &large);
+        let h = self.table.size()[1];
+        self.table.index_select(0, &buckets.reshape([-1])).view([tq, tk, h]).permute([2, 0, 1]).unsqueeze(0)
+    }
+}
+
 /// The self-block of a decoder layer.
 #[allow(clippy::large_enum_variant, reason = "one per decoder layer, built once at load: boxing saves nothing that matters")]
 pub enum SelfBlock {
@@ -226,6 +262,9 @@ pub struct DecoderLayer {
     /// A norm after this layer's output: the decoder's final norm, on its last layer
     /// (pre-norm decoders; hook point `dec.ln_final.hook_normalized`).
     pub final_norm: Option<Norm>,
+    /// T5's relative position bias on the self-attention's scores (the decoder's one table,
+    /// shared by every layer).
+    pub rel_bias: Option<RelativeBias>,
 }
 
 /// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached steps: key `j` is
@@ -323,7 +362,10 @@ impl DecoderLayer {
                     (Some(p), true) => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
                     _ => fresh,
                 };
-                let bias = cached_causal_bias(t, p_len, x.kind(), x.device());
+                let mut bias = cached_causal_bias(t, p_len, x.kind(), x.device());
+                if let Some(rb) = &self.rel_bias {
+                    bias = bias + rb.bias(p_len, t, p_len + t).to_kind(x.kind());
+                }
                 let g = gates.layer(Kind::Dec, layer_idx);
                 let o = a.attend(x, &kv, &bias, g.as_ref(), p_len, Kind::Dec, layer_idx, h)?;
                 Ok((o, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None })))
@@ -429,6 +471,8 @@ pub struct Transformer {
     /// The token greedy decoding emits first whatever the logits (HF's `forced_bos_token_id`:
     /// the target language of M2M100 / NLLB-200 and mBART-50; `load_model`'s `tgt_lang`).
     pub forced_bos: Option<i64>,
+    /// T5's relative position bias on the stack's self-attention scores (in `self_bias`).
+    pub rel_bias: Option<RelativeBias>,
 }
 
 impl Transformer {
@@ -453,6 +497,7 @@ impl Transformer {
             dec_start: None,
             banned: vec![],
             forced_bos: None,
+            rel_bias: None,
         }
     }
 
@@ -552,13 +597,17 @@ impl Transformer {
         self.final_norm(x, &mut h)
     }
 
-    /// The stack's attention bias: padding, plus the causal mask for a decoder-only model.
+    /// The stack's attention bias: padding, plus the causal mask for a decoder-only model, plus
+    /// a relative position bias (T5; then per head, `[B, H, S, S]`).
     pub fn self_bias(&self, mask: &Tensor, dtype: tch::Kind) -> Tensor {
         let bias = key_bias(mask, dtype);
-        if self.causal {
-            bias + super::nn::causal_bias(mask.size()[1], self.window, dtype, mask.device())
-        } else {
-            bias
+        let bias = if self.causal { bias + super::nn::causal_bias(mask.size()[1], self.window, dtype, mask.device()) } else { bias };
+        match &self.rel_bias {
+            Some(rb) => {
+                let s = mask.size()[1];
+                bias + rb.bias(0, s, s).to_kind(dtype)
+            }
+            None => bias,
         }
     }
 
@@ -827,6 +876,9 @@ impl Transformer {
         if let Some(n) = self.final_norm.as_mut() {
             v.extend(norm_params(n));
         }
+        if let Some(rb) = self.rel_bias.as_mut() {
+            v.push(&mut rb.table);
+        }
         if let Some(e) = self.dec_embed.as_mut() {
             v.push(&mut e.tokens);
             if let Positions::Learned(t) = &mut e.positions {
@@ -853,6 +905,9 @@ impl Transformer {
             v.extend(norm_params(&mut l.ffn_norm));
             if let Some(n) = l.final_norm.as_mut() {
                 v.extend(norm_params(n));
+            }
+            if let Some(rb) = l.rel_bias.as_mut() {
+                v.push(&mut rb.table);
             }
         }
         if let Some(o) = self.output.as_mut() {

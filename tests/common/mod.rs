@@ -188,6 +188,7 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
         banned: vec![],
         logit_softcap: None,
         forced_bos: None,
+        rel_bias: None,
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
     Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] }

@@ -8,7 +8,8 @@
 //! equal to `head_mask`, `decoder_head_mask` and `cross_attn_head_mask`. Also: the hook points
 //! the model lists are those its forward meets, the cross-head sweep (resumed at the pre-norm
 //! decoder's `hook_resid_mid`) equals masking one head at a time, and bad input fails in one
-//! line.
+//! line. T5, Flan-T5 and mT5 (`make_tiny_seq2seq_2026.py` too): the same checks without a forced
+//! language, the relative position bias included.
 
 use crate::common;
 use crate::common::max_diff;
@@ -63,7 +64,9 @@ fn check(name: &str) {
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
     assert!(n >= 20, "{name}: {n} sentences in {GOLDEN}");
     let texts = common::short_pud_sentences(n);
-    let forced = m.net.forced_bos.unwrap_or_else(|| panic!("{name}: the checkpoint's forced_bos_token_id was not read"));
+    // M2M100 and mBART force a target language (T5 does not).
+    let forced = m.net.forced_bos;
+    assert_eq!(forced.is_some(), g.contains_key(&format!("{name}_tgt2_id")), "{name}: the checkpoint's forced_bos_token_id");
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let (mut detailed, mut compared) = (0, 0);
     let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
@@ -73,7 +76,9 @@ fn check(name: &str) {
         let src = m.tokenize(text).unwrap().ids;
         assert_eq!(src, want_ids, "{name}: token ids of sentence {i} ({text:?})");
         let want_gen = Vec::<i64>::try_from(&g[&format!("{name}_gen_{i}")]).unwrap();
-        assert_eq!(want_gen[0], forced, "{name}: transformers forced the language token");
+        if let Some(f) = forced {
+            assert_eq!(want_gen[0], f, "{name}: transformers forced the language token");
+        }
         // Greedy translation, at most floor(2.5 * source tokens) + 2 tokens, stopping at EOS.
         let got = greedy(&m, &src, (2.5 * src.len() as f64) as i64 + 2);
         let want: Vec<i64> = want_gen.iter().copied().take_while(|&t| t != m.net.eos_id).collect();
@@ -101,9 +106,13 @@ fn check(name: &str) {
     let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
     let batched = m.translate(&refs, &Gates::none(), 200).unwrap();
     assert_eq!(batched, want_all, "{name}: batched translations");
+    eprintln!("{name}: {n} sentences ({compared} greedy tokens{}), {detailed} teacher-forced; logits within {worst_logit:e}, attention within {worst_attn:e}, gated logits within {worst_masked:e} of head masks", if forced.is_some() { ", forced language first" } else { "" });
+    assert!(worst_logit < TOL, "{name}: logits differ by {worst_logit:e}");
+    assert!(worst_attn < TOL, "{name}: attention differs by {worst_attn:e}");
+    assert!(worst_masked < TOL, "{name}: gated logits differ from head masks' by {worst_masked:e}");
     // Another target language (`tgt_lang`): its code forced first, as transformers' generate
     // with that forced_bos_token_id.
-    let tgt2 = g[&format!("{name}_tgt2_id")].int64_value(&[]);
+    let Some(tgt2) = g.get(&format!("{name}_tgt2_id")).map(|t| t.int64_value(&[])) else { return };
     let code = m.tok.id_to_token(tgt2);
     let mut m2 = common::tiny_hf(name, "f32");
     m2.set_target_language(&code).unwrap();
@@ -111,10 +120,6 @@ fn check(name: &str) {
     assert_ne!(want2, want_all, "{name}: the two target languages translate alike");
     assert_eq!(m2.translate(&refs, &Gates::none(), 200).unwrap(), want2, "{name}: translations into {code}");
     assert_eq!(m.translate_forced(&refs, &Gates::none(), 200, Some(tgt2)).unwrap(), want2, "{name}: translate's own tgt_lang {code}");
-    eprintln!("{name}: {n} sentences ({compared} greedy tokens, forced language first), {detailed} teacher-forced; logits within {worst_logit:e}, attention within {worst_attn:e}, gated logits within {worst_masked:e} of head masks");
-    assert!(worst_logit < TOL, "{name}: logits differ by {worst_logit:e}");
-    assert!(worst_attn < TOL, "{name}: attention differs by {worst_attn:e}");
-    assert!(worst_masked < TOL, "{name}: gated logits differ from head masks' by {worst_masked:e}");
 }
 
 #[test]
@@ -127,12 +132,22 @@ fn mbart_equals_transformers() {
     check("mbart");
 }
 
+/// T5 v1.0 (ReLU, tied output scaled by d^-0.5), Flan-T5 and mT5 (gated GELU, untied): the
+/// relative position bias (bidirectional in the encoder, causal in the decoder, both reaching
+/// the logarithmic buckets), unscaled scores, RMSNorms, d_kv other than d_model / heads.
+#[test]
+fn t5_flan_t5_mt5_equal_transformers() {
+    for name in ["t5", "flan_t5", "mt5"] {
+        check(name);
+    }
+}
+
 /// The hook points a pre-norm encoder-decoder lists (`Model::hook_points`) are exactly those
 /// one encode and one teacher-forced decoder pass meet, the decoder's final
 /// norm (`dec.ln_final.hook_normalized`) included and equal to the states the logits read.
 #[test]
 fn prenorm_hook_points_are_those_the_forward_meets() {
-    for name in ["m2m100", "mbart"] {
+    for name in ["m2m100", "mbart", "t5"] {
         let m = common::tiny_hf(name, "f32");
         let listed = m.hook_points();
         let mut points: Vec<Point> = Vec::new();
@@ -171,33 +186,36 @@ fn prenorm_hook_points_are_those_the_forward_meets() {
     }
 }
 
-/// The single-head sweep over `cross` heads resumes the pre-norm decoder at each layer's
+/// On M2M100 and T5 (its relative position bias in the rows the stack resumes over) the
+/// single-head sweep over `cross` heads resumes the pre-norm decoder at each layer's
 /// `hook_resid_mid` (`DecoderLayer::cross_resume_point`): equal to masking one head at a time
 /// (1e-5 relative), for `dec` and `enc` heads too.
 #[test]
 fn prenorm_sweep_equals_one_at_a_time() {
     use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
-    let m = common::tiny_hf("m2m100", "f32");
-    let data = headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
-    let p = prepare(&m, &data, Metric::Loss, 128, Gates::none()).unwrap();
-    let grids = sweep(&m, &p, &[Kind::Enc, Kind::Dec, Kind::Cross], &|| false, &mut |_, _| {}).unwrap();
-    let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
-    let (mut checked, mut differs, mut worst) = (0, 0, 0f64);
-    for (kind, grid) in &grids {
-        for (l, row) in grid.iter().enumerate() {
-            for (h, &v) in row.iter().enumerate() {
-                let id = HeadId { kind: *kind, layer_idx: l, head: h };
-                let one = evaluate(&m, &p, &m.gates_closing(&[id]).unwrap(), &|| false).unwrap();
-                worst = worst.max((v - one).abs() / one.abs().max(1e-12));
-                assert!((v - one).abs() <= 1e-5 * one.abs().max(1e-12), "{id}: sweep {v} vs one at a time {one} (base {base})");
-                checked += 1;
-                differs += usize::from((one - base).abs() > 1e-9);
+    for name in ["m2m100", "t5"] {
+        let m = common::tiny_hf(name, "f32");
+        let data = headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
+        let p = prepare(&m, &data, Metric::Loss, 128, Gates::none()).unwrap();
+        let grids = sweep(&m, &p, &[Kind::Enc, Kind::Dec, Kind::Cross], &|| false, &mut |_, _| {}).unwrap();
+        let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
+        let (mut checked, mut differs, mut worst) = (0, 0, 0f64);
+        for (kind, grid) in &grids {
+            for (l, row) in grid.iter().enumerate() {
+                for (h, &v) in row.iter().enumerate() {
+                    let id = HeadId { kind: *kind, layer_idx: l, head: h };
+                    let one = evaluate(&m, &p, &m.gates_closing(&[id]).unwrap(), &|| false).unwrap();
+                    worst = worst.max((v - one).abs() / one.abs().max(1e-12));
+                    assert!((v - one).abs() <= 1e-5 * one.abs().max(1e-12), "{id}: sweep {v} vs one at a time {one} (base {base})");
+                    checked += 1;
+                    differs += usize::from((one - base).abs() > 1e-9);
+                }
             }
         }
+        eprintln!("{name}: {checked} heads swept (loss), within {worst:e} relative of one at a time");
+        assert_eq!(checked, 3 * 2 * 4);
+        assert!(differs * 2 > checked, "masking single heads should change the loss");
     }
-    eprintln!("m2m100: {checked} heads swept (loss), within {worst:e} relative of one at a time");
-    assert_eq!(checked, 3 * 2 * 4);
-    assert!(differs * 2 > checked, "masking single heads should change the loss");
 }
 
 /// Bad input fails in one line naming what is wrong: an unknown target language (naming the
@@ -205,6 +223,23 @@ fn prenorm_sweep_equals_one_at_a_time() {
 /// and the tensor), a forced token outside the vocabulary (naming the key).
 #[test]
 fn prenorm_bad_input_is_one_line() {
+    // A T5 config without relative_attention_num_buckets; prune_heads on a T5.
+    let src = common::tiny_hf_dir().join("t5");
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("relative_attention_num_buckets");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let opts = headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
+    let e = Model::load(dir.path(), opts).err().expect("a T5 without buckets loaded").to_string();
+    assert!(e.contains("config.json") && e.contains("relative_attention_num_buckets") && !e.contains('\n'), "{e}");
+    let t5 = common::tiny_hf("t5", "f32");
+    let e = headscope::prune::physical::prune_heads(&t5, &[HeadId { kind: Kind::Enc, layer_idx: 0, head: 1 }], None).err().expect("pruned a T5").to_string();
+    assert!(e.contains("relative position bias") && !e.contains('\n'), "{e}");
     let m = common::tiny_hf("m2m100", "f32");
     let e = m.target_language("xx_Yyyy").unwrap_err().to_string();
     assert!(e.contains("'xx_Yyyy'") && e.contains("fra_Latn") && !e.contains('\n'), "{e}");
@@ -226,4 +261,33 @@ fn prenorm_bad_input_is_one_line() {
         assert!(e.contains(want) && !e.contains('\n'), "{key}: {e}");
         assert!(e.contains("config.json") || e.contains("model.safetensors"), "{key}: names no file: {e}");
     }
+}
+
+/// Reference translations as targets of a model that forces a target language: the language's
+/// token, the reference's pieces (the tokenizer's source-language framing left out), EOS, as
+/// transformers frames labels with `tgt_lang` (and as greedy targets come out); the forced token
+/// and EOS count as special. A model without a forced language keeps its tokenizer's framing.
+#[test]
+fn prenorm_reference_targets_start_with_the_target_language() {
+    for name in ["m2m100", "mbart"] {
+        let mut m = common::tiny_hf(name, "f32");
+        let text = "The cat sat on the mat.";
+        let plain = m.tokenize(text).unwrap();
+        let pieces: Vec<i64> = plain.ids.iter().zip(&plain.special).filter(|(_, s)| !**s).map(|(i, _)| *i).collect();
+        assert!(pieces.len() + 2 == plain.ids.len(), "{name}: the source framing adds a language code and EOS");
+        for code in [None, Some("deu_Latn"), Some("de_DE")] {
+            if let Some(c) = code {
+                if m.set_target_language(c).is_err() {
+                    continue; // the other family's code
+                }
+            }
+            let forced = m.net.forced_bos.unwrap();
+            let t = &m.reference_targets(&[text]).unwrap()[0];
+            let want: Vec<i64> = std::iter::once(forced).chain(pieces.iter().copied()).chain([m.net.eos_id]).collect();
+            assert_eq!(t.ids, want, "{name} ({code:?}): reference targets");
+            assert_eq!(t.special.iter().filter(|s| **s).count(), 2, "{name}: special targets");
+        }
+    }
+    let t5 = common::tiny_hf("t5", "f32");
+    assert_eq!(t5.reference_targets(&["The cat."]).unwrap()[0].ids, t5.tokenize("The cat.").unwrap().ids, "t5: the tokenizer's own framing");
 }

@@ -42,6 +42,7 @@ fn tiny() -> Transformer {
                 ffn_norm: common::layer_norm(D),
                 norm_position: NormPosition::Post,
                 final_norm: None,
+                rel_bias: None,
             })
             .collect(),
         output: Some(Linear { w: tokens, b: Some(Tensor::zeros([vocab], (DType::Float, Device::Cpu))) }),
@@ -52,6 +53,7 @@ fn tiny() -> Transformer {
         banned: vec![],
         logit_softcap: None,
         forced_bos: None,
+        rel_bias: None,
     }
 }
 

@@ -1,5 +1,5 @@
 //! `Model::count_params` (the `params` a model reports) against transformers: every tiny HF
-//! family, the tiny BERT and MarianMT of the LRP tests, MiniLM and SmolLM2 (its GGUF), with the
+//! family (the pre-norm encoder-decoders M2M100, mBART, T5, Flan-T5 and mT5 included), the tiny BERT and MarianMT of the LRP tests, MiniLM and SmolLM2 (its GGUF), with the
 //! counts that `tests/fixtures/param_count_reference.py` wrote to `param_count_golden.json`:
 //! `parameters`, transformers' `sum(p.numel() for p in model.parameters())`, less `unread`, the
 //! learned position rows before the first position (RoBERTa's `padding_idx + 1`, BART's offset

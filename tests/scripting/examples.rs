@@ -42,7 +42,7 @@ fn any_model_runs_on_every_family() {
     let tiny = root.join("tests/fixtures/tiny_hf");
     let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
     dirs.push((tiny.join("roberta").display().to_string(), "kinds: [\"enc\"]"));
-    for d in ["marian", "marian_torchbin", "bart", "m2m100", "mbart"] {
+    for d in ["marian", "marian_torchbin", "bart", "m2m100", "mbart", "t5", "flan_t5", "mt5"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
     }
     // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and a GGUF of one of them.
@@ -57,7 +57,7 @@ fn any_model_runs_on_every_family() {
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         // LRP's rules cover sequential two-norm layers; the others say why and run AttnLRP,
         // or, through a pre-norm translation decoder, LRP on the encoder alone.
-        let prenorm_decoder = ["m2m100", "mbart"].iter().any(|f| d.ends_with(f));
+        let prenorm_decoder = ["m2m100", "mbart", "t5", "flan_t5", "mt5"].iter().any(|f| d.ends_with(f));
         let own_rules = !prenorm_decoder && !["pythia", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
         let lrp = if prenorm_decoder { "LRP (ab, seed norm)" } else if own_rules { "LRP (ab" } else { "LRP (attnlrp" };
         for want in ["ablation sweep", lrp, "pruning: 4 steps", kinds] {
