@@ -573,6 +573,16 @@ impl Attention {
             };
             return hooks::at(hs, at(Point::AttnOut), out);
         }
+        // A per-head bias over the heads as loaded (T5's relative positions, `[B, width, Tq,
+        // Tk]`): a layer that prune_heads thinned reads its own heads' columns.
+        let own_bias;
+        let bias = match &self.slots {
+            Some(s) if bias.dim() == 4 && bias.size()[1] == s.width as i64 && s.width as i64 != h => {
+                own_bias = bias.f_index_select(1, &s.index_t)?;
+                &own_bias
+            }
+            _ => bias,
+        };
         let q = match &self.qk_norm {
             Some(n) => n.heads(&n.q, &self.q.forward(xq), h, dh, hooks::rules(hs)),
             None => self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2),

@@ -30,9 +30,6 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
     for h in closed {
         model.check_head(*h)?;
     }
-    if model.net.rel_bias.is_some() || model.net.decoder.iter().any(|l| l.rel_bias.is_some()) {
-        return Err(ModelError::Invalid(format!("{} adds a relative position bias per head to every layer's scores (T5), which cutting heads out of layers does not follow: close heads with masks instead", model.name())));
-    }
     let mut m = Model::load(&model.path, model.opts)?;
     m.net.forced_bos = model.net.forced_bos; // a target language chosen at load (`tgt_lang`)
     if let Some(w) = weights {
