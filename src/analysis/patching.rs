@@ -150,6 +150,8 @@ struct Run {
     inputs: Vec<Tensor>,
     values: Vec<Option<Tensor>>,
     cache: Vec<Option<KeysValues>>,
+    /// The last layer's output (`hook_resid_post`), before the final norm.
+    last: Option<Tensor>,
     /// Last-position logits `[B, V]`, float64.
     logits: Tensor,
 }
@@ -159,10 +161,14 @@ fn record(model: &Model, ids: &Tensor, point: Point, gates: &Gates) -> Result<Ru
     let mut inputs = Vec::with_capacity(n);
     let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
     let mut cache = StackCache::default();
+    let mut last = None;
     let states = {
         let mut on = |at: At, x: &Tensor| {
             if at.point == Point::ResidPre {
                 inputs.push(x.shallow_clone());
+            }
+            if at.point == Point::ResidPost && at.layer + 1 == n {
+                last = Some(x.shallow_clone());
             }
             if at.point == point {
                 if let Some(slot) = values.get_mut(at.layer) {
@@ -171,11 +177,11 @@ fn record(model: &Model, ids: &Tensor, point: Point, gates: &Gates) -> Result<Ru
             }
             Ok(())
         };
-        let points = [Point::ResidPre, point];
+        let points = [Point::ResidPre, point, Point::ResidPost];
         let mut rec = Record::new(&points, &mut on);
         model.net.stack_cached(ids, &mut cache, gates, Some(&mut rec as &mut dyn Hooks))?
     };
-    Ok(Run { inputs, values, cache: cache.layers, logits: last_logits(model, &states)? })
+    Ok(Run { inputs, values, cache: cache.layers, last, logits: last_logits(model, &states)? })
 }
 
 fn last_logits(model: &Model, states: &Tensor) -> Result<Tensor, ModelError> {
@@ -526,6 +532,173 @@ fn patch_layer(spec: PatchSpec, l: usize, bv: &Tensor, sv: &Tensor, chunk: i64, 
         }
     }
     Ok(())
+}
+
+options_enum!(PathInput, "receiver input", {
+    /// The receiver head's query input.
+    Q = "q",
+    /// Its key input: the key/value head serving it (shared by its group under grouped-query
+    /// attention).
+    K = "k",
+    /// Its value input: likewise.
+    V = "v",
+});
+
+/// Where path patching's paths end (docs/methods.md#path-patching).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Receiver {
+    /// One head's query, key or value input: the layer, the query head, the input.
+    Head { layer: usize, head: usize, input: PathInput },
+    /// The logits: the final residual stream, before the final norm.
+    Logits,
+}
+
+/// Path patching (Wang et al. 2022; TransformerLens's direct path patching): for every sender
+/// head `s` below the receiver, the base run in which only the receiver's input (its query,
+/// key or value input, or the logits) sees `s`'s output from the source run, through the
+/// residual stream and nothing else: the receiver's input becomes the base input plus what
+/// `s`'s patched output adds to the residual (`(z_src - z_base)_s W^O_s`, through a norm the
+/// family puts after the attention); every other head and MLP reads the base run, and the
+/// receiver's changed output flows on as usual. `patched[l][0][h]` is sender `l.h`'s metric;
+/// layers at and above the receiver are NaN (they send nothing to it).
+pub fn path_patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, receiver: Receiver, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    if !matches!(spec.site, Site::Z | Site::Result) || spec.each_position {
+        return Err(AnalysisError::Input(format!("patch: path patching sends each head's whole output (site \"z\", all positions); got site \"{}\"{}", spec.site, if spec.each_position { " per position" } else { "" })));
+    }
+    let net = &model.net;
+    let limit = match receiver {
+        Receiver::Logits => net.encoder.len(),
+        Receiver::Head { layer, head, .. } => {
+            let attn = model.attention(net.stack_kind, layer).ok_or_else(|| AnalysisError::Input(format!("patch: receiver layer {layer} out of range: the model has {} layers", net.encoder.len())))?;
+            if !attn.present().contains(&head) {
+                return Err(AnalysisError::Input(format!("patch: the receiver {}.{layer}.{head} is not a head of this model", net.stack_kind)));
+            }
+            if layer == 0 {
+                return Err(AnalysisError::Input(format!("patch: the receiver {}.0.{head} is in the first layer; no head sends to it", net.stack_kind)));
+            }
+            layer
+        }
+    };
+    if let Some(l) = net.encoder.iter().position(|l| l.norm_position == crate::model::nn::NormPosition::Post) {
+        return Err(AnalysisError::Input(format!("patch: path patching needs each attention to add its output to the residual stream; layer {l} norms after the sum (a post-norm layer)")));
+    }
+    let by_len = buckets(model, pairs, spec)?;
+    Ok(path_runs(model, &by_len, pairs.len(), spec, receiver, limit, gates, stop, progress)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn path_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, receiver: Receiver, limit: usize, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+    let net = &model.net;
+    let n_layers = net.encoder.len();
+    let positions = *by_len.keys().next().unwrap_or(&0);
+    let dev = model.device();
+    let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    let steps = by_len.len() * limit;
+    for (bi, group) in by_len.values().enumerate() {
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
+        let clean = record(model, &clean_ids, Point::Z, gates)?;
+        let corrupt = record(model, &corrupt_ids, Point::Z, gates)?;
+        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
+        let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
+            metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
+        };
+        clean_sum += m_of(&clean.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        corrupt_sum += m_of(&corrupt.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let (base, source) = match spec.direction {
+            Direction::Denoise => (&corrupt, &clean),
+            Direction::Noise => (&clean, &corrupt),
+        };
+        let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        // The receiver's layer: its base input and the base value at the receiver's input.
+        let recv = match receiver {
+            Receiver::Logits => None,
+            Receiver::Head { layer, head, input } => {
+                let point = match input {
+                    PathInput::Q => Point::Q,
+                    PathInput::K => Point::K,
+                    PathInput::V => Point::V,
+                };
+                let attn = model.attention(net.stack_kind, layer).ok_or_else(|| missing(layer))?;
+                let slot = attn.present().iter().position(|&h| h == head).ok_or_else(|| missing(layer))? as i64;
+                let unit = if point == Point::Q { slot } else { slot / (attn.n_heads / attn.n_kv_heads.max(1)).max(1) };
+                let x = base.inputs.get(layer).ok_or_else(|| missing(layer))?.shallow_clone();
+                let v = layer_value(model, layer, &x, point, gates)?;
+                Some((layer, point, unit, x, v))
+            }
+        };
+        for (l, slot) in sums.iter_mut().enumerate() {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+                *slot = Vec::new();
+                continue;
+            };
+            if l >= limit {
+                *slot = vec![vec![f64::NAN; bv.size()[1] as usize]];
+                continue;
+            }
+            let layer = net.encoder.get(l).ok_or_else(|| missing(l))?;
+            let plan = plan_layer(spec, bv, sv, l, None, base_sum, slot)?;
+            let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
+            let chunk = (RESUME_TOKENS / (b * t)).max(1) as usize;
+            // What the layer's attention adds to the residual in the base run.
+            let a_base = layer.attn.output_from_z(bv, net.stack_kind, l, &mut None)?;
+            let r_base = layer.attn_residual(&a_base).ok_or_else(|| missing(l))?;
+            for part in rows.chunks(chunk) {
+                let n = part.len() as i64;
+                let z = patched_rows(spec, &plan, part, bv, sv)?;
+                let a = layer.attn.output_from_z(&z, net.stack_kind, l, &mut None)?;
+                let delta = layer.attn_residual(&a).ok_or_else(|| missing(l))?.f_sub(&r_base.f_repeat([n, 1, 1])?)?;
+                let states = match &recv {
+                    None => net.finish_stack(base.last.as_ref().ok_or_else(|| missing(n_layers - 1))?.f_repeat([n, 1, 1])?.f_add(&delta)?, &mut None)?,
+                    Some((lr, point, unit, x, v)) => {
+                        let xs = x.f_repeat([n, 1, 1])?;
+                        // The receiver's input as the sender's path changes it, and the value
+                        // there of the receiver's unit alone.
+                        let seen = layer_value(model, *lr, &xs.f_add(&delta)?, *point, gates)?;
+                        let mut sel = vec![false; v.size()[1] as usize];
+                        if let Some(s) = sel.get_mut(*unit as usize) {
+                            *s = true;
+                        }
+                        let sel = Tensor::from_slice(&sel).view([1, -1, 1, 1]).to_device(dev);
+                        let value = seen.f_where_self(&sel, &v.f_repeat([n, 1, 1, 1])?)?;
+                        let mut put = Put { at: At::new(net.stack_kind, *lr, *point), value: &value };
+                        let mut y = net.layer_cached(*lr, &xs, 0, None, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                        for above in lr + 1..n_layers {
+                            y = net.layer_cached(above, &y, 0, None, gates, &mut None)?;
+                        }
+                        net.finish_stack(y, &mut None)?
+                    }
+                };
+                let vals = m_of(&last_logits(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                for (&r, v) in part.iter().zip(Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?) {
+                    let (p, u) = plan.cell(r);
+                    slot[p][u] += v;
+                }
+            }
+            progress(bi * limit + l + 1, steps);
+        }
+    }
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
+}
+
+/// The value at `point` of layer `l` (a query, key or value hook) when the layer reads `x`.
+fn layer_value(model: &Model, l: usize, x: &Tensor, point: Point, gates: &Gates) -> Result<Tensor, ModelError> {
+    let mut seen = None;
+    let mut on = |at: At, v: &Tensor| {
+        if at.layer == l && at.point == point {
+            seen = Some(v.shallow_clone());
+        }
+        Ok(())
+    };
+    let points = [point];
+    let mut rec = Record::new(&points, &mut on);
+    let _output = model.net.layer_cached(l, x, 0, None, gates, &mut Some(&mut rec as &mut dyn Hooks))?;
+    seen.ok_or_else(|| ModelError::Invalid(format!("patch: layer {l} has no {point:?} value")))
 }
 
 /// A hook adding a zero that requires grad to each layer's value at one point: the gradient

@@ -146,6 +146,19 @@ impl EncoderLayer {
         self.finish_hooked(x, &a, kind, layer_idx, h)
     }
 
+    /// What the attention sublayer adds to the residual stream for its output `a`
+    /// (`hook_attn_out`): `a` itself, or `a` through the norm a family puts after the
+    /// attention (Gemma 2/3's `ln1_post`, OLMo-2's); `None` in a post-norm layer (BERT,
+    /// Marian), where the residual stream is normed after the sum and no sublayer adds alone.
+    pub fn attn_residual(&self, a: &Tensor) -> Option<Tensor> {
+        match (self.norm_position, &self.post_norms) {
+            (NormPosition::Post, _) => None,
+            (NormPosition::PostSublayer, _) => Some(self.attn_norm.forward(a)),
+            (NormPosition::Pre, Some((post_attn, _))) => Some(post_attn.forward(a)),
+            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => Some(a.shallow_clone()),
+        }
+    }
+
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
     /// `hook_resid_post`).
     fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {

@@ -306,3 +306,46 @@ fn an_interrupt_mid_patching_leaves_the_session_intact() {
     let out = s.eval("t", "kept + m.patch(p).pairs").unwrap().unwrap();
     assert_eq!(out.text.trim(), "43");
 }
+
+/// Path patching (`fixtures/path_patching_reference.py`, `path_patching_golden.npz`): every
+/// sender head's metric with the receiver a head's query, key or value input (the last layer's
+/// heads 1, 2, 3) or the logits, denoising and noising, equal to transformers in float64 with
+/// hooks within 1e-8 (float32: 1e-4); the layers at and above the receiver send nothing (NaN).
+#[test]
+fn path_patching_equals_transformers_with_hooks() {
+    use headscope::analysis::patching::{path_patch, PathInput, Receiver};
+    let g = common::golden("patching_golden.npz");
+    let want = common::golden("path_patching_golden.npz");
+    let all = pairs(&g);
+    let receivers = [("1.1.q", Receiver::Head { layer: 1, head: 1, input: PathInput::Q }), ("1.2.k", Receiver::Head { layer: 1, head: 2, input: PathInput::K }), ("1.3.v", Receiver::Head { layer: 1, head: 3, input: PathInput::V }), ("logits", Receiver::Logits)];
+    for name in MODELS {
+        for (dtype, tol) in [("f64", 1e-8), ("f32", 1e-4)] {
+            let m = common::tiny_hf(name, dtype);
+            let mut worst = 0.0f64;
+            for (key, receiver) in receivers {
+                for direction in ["denoise", "noise"] {
+                    let spec = PatchSpec { site: Site::Z, each_position: false, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let p = path_patch(&m, &all, spec, receiver, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+                    let got: Vec<f64> = p.patched.iter().flatten().flatten().copied().collect();
+                    let w = Vec::<f64>::try_from(&want[&format!("{name}/path/{key}/{direction}/logit_diff")].flatten(0, -1)).unwrap();
+                    assert_eq!(got.len(), w.len(), "{name} {key}: grid size");
+                    for (i, (a, b)) in got.iter().zip(&w).enumerate() {
+                        assert_eq!(a.is_nan(), b.is_nan(), "{name} {key} {direction} entry {i}: {a} vs {b} (NaN marks layers that send nothing)");
+                        if !b.is_nan() {
+                            worst = worst.max((a - b).abs());
+                            assert!((a - b).abs() < tol, "{name} {key} {direction} ({dtype}) entry {i}: {a} vs transformers {b}");
+                        }
+                    }
+                }
+            }
+            eprintln!("{name} {dtype}: path patching within {worst:.1e} of transformers");
+        }
+    }
+    // A receiver in the first layer has no senders; path patching sends whole outputs only.
+    let m = common::tiny_hf("gpt2", "f32");
+    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let e = path_patch(&m, &all, spec, Receiver::Head { layer: 0, head: 1, input: PathInput::Q }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("first layer"), "{e}");
+    let e = path_patch(&m, &all, PatchSpec { site: Site::Q, ..spec }, Receiver::Logits, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("site \"z\""), "{e}");
+}
