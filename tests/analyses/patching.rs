@@ -349,3 +349,48 @@ fn path_patching_equals_transformers_with_hooks() {
     let e = path_patch(&m, &all, PatchSpec { site: Site::Q, ..spec }, Receiver::Logits, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("site \"z\""), "{e}");
 }
+
+/// Exact patching resumes a causal stack at the first position a patch changes, over the base
+/// run's keys and values of the positions before (`Transformer::layer_cached`). In every
+/// decoder-only family (rotary variants, sliding windows of 5 over 8 tokens, Gemma's alternating
+/// windows and soft-capping, parallel residuals, post-norms, q/k norms), float64: patching a
+/// layer's whole residual stream from the clean run is the clean run, and each head's `z`
+/// patch equals the whole stack run from that layer over every position (`stack_from_z`).
+#[test]
+fn resumed_patches_equal_whole_runs_in_every_family() {
+    use headscope::model::hooks::Point;
+    let pair = PairIds { clean: vec![5, 17, 42, 99, 7, 250, 3, 9], corrupted: vec![5, 17, 42, 140, 7, 250, 3, 19], answer: 33, wrong: Some(44) };
+    for name in ["llama", "llama3", "llama_yarn", "gpt2", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "pythia", "neox_sequential", "phi3", "phi3_partial", "olmo2"] {
+        let m = common::tiny_hf(name, "f64");
+        let ps = [pair.clone()];
+        let r = run(&m, &ps, Site::ResidPre, false, Direction::Denoise, PatchMetric::LogitDiff);
+        for (l, layer) in r.patched.iter().enumerate() {
+            assert!((layer[0][0] - r.clean).abs() < 1e-9 * (1.0 + r.clean.abs()), "{name}: resid_pre of layer {l} from the clean run gives {} but the clean run {}", layer[0][0], r.clean);
+        }
+        // Each head's z patch against the whole stack from its layer (every position).
+        let z = run(&m, &ps, Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+        let ids = |v: &[i64]| Tensor::from_slice(v).view([1, v.len() as i64]);
+        let mask = Tensor::ones([1, 8], (tch::Kind::Double, tch::Device::Cpu));
+        let _g = tch::no_grad_guard();
+        let run_rec = |v: &[i64]| common::recorded(&[Point::ResidPre, Point::Z], |r| m.net.encode(&ids(v), &mask, &Gates::none(), Some(r)).unwrap());
+        let (clean, _) = run_rec(&pair.clean);
+        let (corrupt, _) = run_rec(&pair.corrupted);
+        let (zc, zk, xk) = (common::at_point(&clean, Point::Z), common::at_point(&corrupt, Point::Z), common::at_point(&corrupt, Point::ResidPre));
+        let bias = m.net.self_bias(&mask, tch::Kind::Double);
+        let mut worst = 0.0f64;
+        for l in 0..zk.len() {
+            let heads = zk[l].size()[1];
+            for h in 0..heads {
+                let patched = zk[l].copy();
+                patched.narrow(1, h, 1).copy_(&zc[l].narrow(1, h, 1));
+                let states = m.net.stack_from_z(l, &xk[l], &patched, &bias, &Gates::none(), &mut None).unwrap();
+                let logits = m.net.logits(&states.select(1, 7)).unwrap().to_kind(tch::Kind::Double);
+                let want = logits.double_value(&[0, 33]) - logits.double_value(&[0, 44]);
+                let got = z.patched[l][0][h as usize];
+                worst = worst.max((got - want).abs());
+                assert!((got - want).abs() < 1e-9 * (1.0 + want.abs()), "{name}: z of {l}.{h}: resumed {got} vs the whole stack {want}");
+            }
+        }
+        eprintln!("{name}: resumed z patches within {worst:.1e} of whole-stack runs");
+    }
+}
