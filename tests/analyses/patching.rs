@@ -394,3 +394,44 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
         eprintln!("{name}: resumed z patches within {worst:.1e} of whole-stack runs");
     }
 }
+
+/// Resample ablation against transformers in float64 with a pre-hook on W^O
+/// (`fixtures/resample_ablation_reference.py`): each sentence's draw (splitmix64 of the seed
+/// and its index, among the reference sentences at least as long; a longer sentence than any
+/// falls back to all others, its positions past the drawn one's end taking the head's mean),
+/// the loss with two heads closed, and every head of the sweep, for two seeds.
+#[test]
+fn resample_ablation_equals_transformers() {
+    use headscope::analysis::ablation::{evaluate, prepare, set_resample, sweep, Metric};
+    use headscope::data::{Dataset, Item};
+    use headscope::model::{HeadId, Kind};
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("resample_ablation_golden.npz")).unwrap().into_iter().collect();
+    let texts = |v: &[&str]| Dataset::new("t", v.iter().map(|t| Item { text: t.to_string(), target: None, tree: None }).collect());
+    let reference = texts(&["the cat sat on the mat", "a dog ran in the park today", "we like green tea", "it is raining"]);
+    let eval = texts(&["the dog sat in the park", "a cat likes tea", "it is green", "the cat and the dog sat on the mat in the park all day"]);
+    let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }];
+    let stop = || false;
+    for name in ["gpt2", "llama"] {
+        let m = common::tiny_hf(name, "f64");
+        for seed in [0u64, 5] {
+            let mut p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
+            set_resample(&m, &mut p, &eval, 0, &reference, seed).unwrap();
+            let draws: Vec<i64> = p.resample.as_ref().unwrap().draws.iter().map(|&d| d as i64).collect();
+            assert_eq!(draws, Vec::<i64>::try_from(&g[&format!("{name}/draws/{seed}")]).unwrap(), "{name} seed {seed}: draws");
+            let got = evaluate(&m, &p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
+            let want = g[&format!("{name}/loss/{seed}")].double_value(&[]);
+            assert!((got - want).abs() < 1e-9 * want, "{name} seed {seed}: resample-ablated loss {got} vs transformers {want}");
+            let grid = sweep(&m, &p, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+            let w = &g[&format!("{name}/sweep/{seed}")];
+            let mut worst = 0.0f64;
+            for (l, row) in grid[0].1.iter().enumerate() {
+                for (h, &v) in row.iter().enumerate() {
+                    let want = w.double_value(&[l as i64, h as i64]);
+                    worst = worst.max((v - want).abs());
+                    assert!((v - want).abs() < 1e-9 * want, "{name} seed {seed} dec.{l}.{h}: sweep {v} vs transformers {want}");
+                }
+            }
+            eprintln!("{name} seed {seed}: resample-ablated loss {got:.12} (transformers {want:.12}); sweep within {worst:.1e}");
+        }
+    }
+}
