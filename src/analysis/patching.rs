@@ -97,6 +97,16 @@ pub struct PatchSpec {
     pub each_position: bool,
     pub direction: Direction,
     pub metric: PatchMetric,
+    /// Prompt tokens per batch of pairs (pairs of one length are split into batches of at most
+    /// this many tokens, at least one pair each): what bounds the recorded runs' memory.
+    pub batch_tokens: usize,
+}
+
+impl PatchSpec {
+    /// A spec with the default batch size (`model::batch::DEFAULT_BATCH_TOKENS`).
+    pub fn new(site: Site, each_position: bool, direction: Direction, metric: PatchMetric) -> PatchSpec {
+        PatchSpec { site, each_position, direction, metric, batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS }
+    }
 }
 
 /// The result: metric means over the pairs.
@@ -202,9 +212,14 @@ fn metric(m: PatchMetric, logits: &Tensor, answer: &Tensor, wrong: &Tensor, clea
     })
 }
 
+/// Pairs of one token length, at most `PatchSpec::batch_tokens` prompt tokens (at least one
+/// pair), in order of length.
+type Buckets<'a> = Vec<(usize, Vec<&'a PairIds>)>;
+
 /// The pairs checked (a decoder-only LM, pairs of one length each, wrong answers for
-/// `logit_diff`, one length for per-position patching) and grouped by token length.
-fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<BTreeMap<usize, Vec<&'a PairIds>>, AnalysisError> {
+/// `logit_diff`, one length for per-position patching), grouped by token length and split into
+/// batches of `spec.batch_tokens` tokens.
+fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<Buckets<'a>, AnalysisError> {
     let net = &model.net;
     if !net.decoder.is_empty() || net.output.is_none() {
         return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
@@ -226,7 +241,10 @@ fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<B
         let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
         return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
     }
-    Ok(by_len)
+    Ok(by_len.into_iter().flat_map(|(len, group)| {
+        let per = (spec.batch_tokens / len.max(1)).max(1);
+        group.chunks(per).map(|c| (len, c.to_vec())).collect::<Vec<_>>()
+    }).collect())
 }
 
 /// One bucket's pairs as tensors on the model's device.
@@ -285,20 +303,20 @@ const RESUME_TOKENS: i64 = 8192;
 /// layers together, a layer's rows joining the batch at that layer (so the layers above run
 /// on large batches). A patch that changes nothing is the base run, not run again.
 #[allow(clippy::too_many_arguments)]
-fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
     let net = &model.net;
     if !net.causal {
         return Err(ModelError::Invalid(format!("patch: {}'s stack is not causal", model.name())));
     }
     let point = spec.site.point();
     let n_layers = net.encoder.len();
-    let positions = *by_len.keys().next().unwrap_or(&0);
+    let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     // Per layer, per position (or one), per unit: the sum over pairs.
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
     let steps = by_len.len() * n_layers;
-    for (bi, group) in by_len.values().enumerate() {
+    for (bi, (_, group)) in by_len.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted);
         }
@@ -588,16 +606,16 @@ pub fn path_patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, receiver: R
 }
 
 #[allow(clippy::too_many_arguments)]
-fn path_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, receiver: Receiver, limit: usize, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, receiver: Receiver, limit: usize, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
     let net = &model.net;
     let n_layers = net.encoder.len();
-    let positions = *by_len.keys().next().unwrap_or(&0);
+    let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
     let steps = by_len.len() * limit;
-    for (bi, group) in by_len.values().enumerate() {
+    for (bi, (_, group)) in by_len.iter().enumerate() {
         let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
         let clean = record(model, &clean_ids, Point::Z, gates)?;
         let corrupt = record(model, &corrupt_ids, Point::Z, gates)?;
@@ -737,15 +755,15 @@ pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gate
     Ok(attribute_runs(model, &by_len, pairs.len(), spec, gates, stop)?)
 }
 
-fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
+fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
     let n_layers = net.encoder.len();
-    let positions = *by_len.keys().next().unwrap_or(&0);
+    let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
-    for group in by_len.values() {
+    for (_, group) in by_len.iter() {
         if stop() {
             return Err(ModelError::Interrupted);
         }

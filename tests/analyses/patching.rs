@@ -25,7 +25,7 @@ fn pairs(g: &HashMap<String, Tensor>) -> Vec<PairIds> {
 }
 
 fn run(m: &Model, pairs: &[PairIds], site: Site, each: bool, direction: Direction, metric: PatchMetric) -> Patched {
-    patch(m, pairs, PatchSpec { site, each_position: each, direction, metric }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
+    patch(m, pairs, PatchSpec::new(site, each, direction, metric), &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
 }
 
 fn max_diff(p: &Patched, want: &Tensor) -> f64 {
@@ -101,12 +101,20 @@ fn patching_identities() {
             assert!((e.patched[l][pos][0] - e.corrupted).abs() < 1e-10, "layer {l} position {pos}");
         }
     }
+    // Batches of one pair (batch_tokens below a pair's length) give the batched result.
+    for (site, each, ps) in [(Site::Z, false, &all), (Site::Pattern, true, &six), (Site::V, false, &all)] {
+        let one = PatchSpec { batch_tokens: 1, ..PatchSpec::new(site, each, Direction::Denoise, PatchMetric::Kl) };
+        let a = patch(&m, ps, one, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+        let b = run(&m, ps, site, each, Direction::Denoise, PatchMetric::Kl);
+        let d = a.patched.iter().flatten().flatten().zip(b.patched.iter().flatten().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(d < 1e-12 && (a.clean - b.clean).abs() < 1e-12, "{site}: one pair per batch differs from one batch by {d:e}");
+    }
 }
 
 #[test]
 fn bad_pairs_are_refused_with_the_reason() {
     let m = common::tiny_hf("gpt2", "f32");
-    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
     let go = |ps: &[PairIds], spec: PatchSpec| patch(&m, ps, spec, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     let e = go(&[PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 2], answer: 4, wrong: Some(5) }], spec);
     assert!(e.contains("pair 0") && e.contains("3 tokens") && e.contains("corrupted 2"), "{e}");
@@ -132,7 +140,7 @@ fn attribution_patching_equals_its_definition_by_autograd() {
         for site in SITES {
             for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
                 for direction in ["denoise", "noise"] {
-                    let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), PatchMetric::LogitDiff);
                     let a = attribute(&m, ps, spec, &Gates::none(), &|| false).unwrap();
                     let key = format!("{name}/attr/{site}/{mode}/{direction}/logit_diff");
                     let d = max_diff(&a, &g[&key]);
@@ -254,7 +262,7 @@ fn translation_patching_equals_transformers_with_hooks() {
                 for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
                     for direction in ["denoise", "noise"] {
                         for metric in ["loss", "kl"] {
-                            let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: metric.parse().unwrap() };
+                            let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
                             let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
                             let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
                             let d = max_diff(&p, &g[&key]);
@@ -278,7 +286,7 @@ fn translation_patching_equals_transformers_with_hooks() {
     }
     // Bad input: a metric that reads an answer token, the residual stream of "cross".
     let m = common::tiny_hf("marian", "f32");
-    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
     let e = patch_translation(&m, &all, spec, Kind::Enc, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("\"loss\" or \"kl\""), "{e}");
     let e = patch_translation(&m, &all, PatchSpec { site: Site::ResidPre, metric: PatchMetric::Loss, ..spec }, Kind::Cross, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
@@ -324,7 +332,7 @@ fn path_patching_equals_transformers_with_hooks() {
             let mut worst = 0.0f64;
             for (key, receiver) in receivers {
                 for direction in ["denoise", "noise"] {
-                    let spec = PatchSpec { site: Site::Z, each_position: false, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let spec = PatchSpec::new(Site::Z, false, direction.parse().unwrap(), PatchMetric::LogitDiff);
                     let p = path_patch(&m, &all, spec, receiver, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
                     let got: Vec<f64> = p.patched.iter().flatten().flatten().copied().collect();
                     let w = Vec::<f64>::try_from(&want[&format!("{name}/path/{key}/{direction}/logit_diff")].flatten(0, -1)).unwrap();
@@ -343,7 +351,7 @@ fn path_patching_equals_transformers_with_hooks() {
     }
     // A receiver in the first layer has no senders; path patching sends whole outputs only.
     let m = common::tiny_hf("gpt2", "f32");
-    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
     let e = path_patch(&m, &all, spec, Receiver::Head { layer: 0, head: 1, input: PathInput::Q }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("first layer"), "{e}");
     let e = path_patch(&m, &all, PatchSpec { site: Site::Q, ..spec }, Receiver::Logits, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();

@@ -22,6 +22,7 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt("kinds", "every kind (translation models; the residual stream: enc and dec)", "the attention kinds patched, for translation models: \"enc\", \"dec\", \"cross\""),
     opt_int("verify", 0, "with method \"attribution\": patch the k units of largest |estimated effect| exactly (-1: every unit) and report the agreement"),
     opt("receiver", "none", "path patching (docs/methods.md#path-patching): a head (\"dec.5.3\") or \"logits\"; every sender head's output reaches only that receiver's input"),
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "prompt tokens per batch of pairs (what bounds the recorded runs' memory)"),
     opt_str("receiver_input", "q", "with a receiver head: the input its senders reach, \"q\", \"k\" or \"v\" (k, v: the key/value head serving it)"),
 ];
 
@@ -217,7 +218,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             return err("patch: attribution patching of translation models is not offered yet; use method \"exact\"");
         }
         let metric = if o.has("metric") { metric } else { PatchMetric::Loss };
-        let spec = PatchSpec { site, each_position: each, direction, metric };
+        let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
         let kinds: Vec<Kind> = match o.labels("kinds")? {
             Some(names) => names.iter().map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}")))).collect::<ScriptResult<_>>()?,
             None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
@@ -246,7 +247,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         return result(m, &pairs, spec, &rs, &tokens, echo, "");
     }
     let (ids, tokens) = token_ids(m, &pairs)?;
-    let spec = PatchSpec { site, each_position: each, direction, metric };
+    let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
     let r = match (method, receiver) {
