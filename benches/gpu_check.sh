@@ -11,7 +11,8 @@
 #  4. a random SmolLM2-shaped Llama: confidence and the exact sweep, headscope against HF on
 #     the same GPU (benches/gpu_bench.rhai, benches/gpu_peer.py), GPU memory sampled
 # Environment: TINY (the tiny checkpoints, default all 14), BENCH_DEVICES (default "cuda cpu"),
-# N_CONF (confidence sentences, default 200), SKIP_TESTS=1 (step 3 left out).
+# N_CONF (confidence sentences, default 200), SKIP_TESTS=1 (step 3 left out), SKIP_BENCH=1 (step 4
+# left out).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -56,10 +57,12 @@ timeout 90 gpu/bin/analyses importance::cuda --nocapture 2>&1 | tail -8 | tee "$
 fi
 
 stamp bench
+if [ -z "${SKIP_BENCH:-}" ]; then
 python3 benches/make_random_llama.py /tmp/smol assets/smollm2/tokenizer.json 30
 for dev in ${BENCH_DEVICES:-cuda cpu}; do
     echo "== $dev"; timeout $([ $dev = cpu ] && echo 100 || echo 150) $hs run benches/gpu_bench.rhai /tmp/smol $dev ${N_CONF:-200} 20 | tee "$OUT/bench_hs_$dev.jsonl"
     timeout $([ $dev = cpu ] && echo 100 || echo 150) python3 benches/gpu_peer.py /tmp/smol $dev assets/pud_en.txt ${N_CONF:-200} 20 2>/dev/null | tee "$OUT/bench_hf_$dev.jsonl"
 done
+fi
 kill $smi
 stamp done

@@ -9,7 +9,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 cd "$root"
 mkdir -p .git/info && { grep -qx '/gpu/' .git/info/exclude 2>/dev/null || echo '/gpu/' >> .git/info/exclude; }
 cargo build --release --locked -q
-bins=$(cargo test --release --locked --no-run --message-format=json 2>/dev/null | python3 -c '
+# NO_TESTS=1: the binary alone (run gpu_check.sh with SKIP_TESTS=1).
+bins=$([ -n "${NO_TESTS:-}" ] || cargo test --release --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -18,7 +19,7 @@ for l in sys.stdin:
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/assets/marian" "$stage/assets/smollm2"
 cp target/release/headscope "$stage/bin/"
-while read -r name exe; do cp "$exe" "$stage/bin/$name"; done <<< "$bins"
+while read -r name exe; do [ -n "$name" ] && cp "$exe" "$stage/bin/$name"; done <<< "$bins"
 strip "$stage"/bin/*
 cp -r assets/marian/enpt "$stage/assets/marian/"
 cp assets/pud_en.conllu assets/pud_en.txt assets/brown.txt "$stage/assets/"

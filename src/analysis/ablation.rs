@@ -49,6 +49,9 @@ options_enum!(
         Zero = "zero",
         /// The head's context is its mean over a reference dataset's tokens.
         Mean = "mean",
+        /// The head's context is its context on another sentence of a reference dataset,
+        /// drawn by a seed (docs/methods.md#resample-ablation).
+        Resample = "resample",
     }
 );
 
@@ -67,6 +70,8 @@ pub struct SweepOptions {
     pub reference: Option<Dataset>,
     /// Tokens per batch when mean ablation's means are computed.
     pub mean_batch_tokens: usize,
+    /// Resample ablation's seed.
+    pub seed: u64,
 }
 
 pub use crate::model::batch::PBatch;
@@ -82,6 +87,117 @@ pub struct Prepared {
     /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
     /// number of rows, and these metrics must not depend on how masks are batched.
     out64: Option<crate::model::loss::OutputHead>,
+    /// Resample ablation's draws, when set ([`set_resample`]).
+    pub resample: Option<Resample>,
+}
+
+/// Resample ablation (docs/methods.md#resample-ablation): for each sentence of the data, the
+/// reference sentence whose head contexts its closed heads take.
+pub struct Resample {
+    refs: Vec<crate::model::tokenizer::Encoded>,
+    /// Per data sentence, the index of its reference sentence.
+    pub draws: Vec<usize>,
+    /// The reference dataset's name, and the seed.
+    pub reference: String,
+    pub seed: u64,
+    /// Each head's mean context over the reference's tokens `[layers, heads, dh]`: the fill of
+    /// positions past the end of a drawn sentence shorter than the one measured.
+    mean: Tensor,
+}
+
+/// The draw of sentence `i` among `n` eligible reference sentences: splitmix64 of
+/// `seed ^ (i * 0x9E3779B97F4A7C15)`, modulo `n` (docs/methods.md#resample-ablation; the
+/// reference script tests/fixtures/resample_ablation_reference.py draws the same).
+pub fn resample_draw(seed: u64, i: usize, n: usize) -> usize {
+    let mut z = (seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % n.max(1) as u64) as usize
+}
+
+/// Sets resample ablation on a prepared dataset: sentence `i` of `data` draws (by
+/// [`resample_draw`]) one of the sentences of `reference` that have at least its number of
+/// tokens and another text; its closed heads then take their contexts on that sentence at
+/// the same positions. The stack's own heads (an encoder's, a language model's).
+/// `offset`: the index of `data`'s first sentence in the whole dataset (a shard's start), so
+/// that each sentence draws as it does unsharded.
+pub fn set_resample(model: &Model, p: &mut Prepared, data: &Dataset, offset: usize, reference: &Dataset, seed: u64) -> Result<(), AnalysisError> {
+    if model.translates() {
+        return Err(AnalysisError::Input("resample ablation of translation models is not offered yet; use ablation \"mean\"".into()));
+    }
+    let refs = model.tokenize_all(reference.texts()).map_err(|e| AnalysisError::Input(format!("the reference {}: {e}", reference.name)))?;
+    let own = model.tokenize_all(data.texts())?;
+    let mut draws = Vec::with_capacity(own.len());
+    for (i, e) in own.iter().enumerate() {
+        let text = data.items.get(i).map(|it| it.text.as_str());
+        let other = |j: usize| reference.items.get(j).map(|it| it.text.as_str()) != text;
+        let mut eligible: Vec<usize> = refs.iter().enumerate().filter(|(j, r)| r.ids.len() >= e.ids.len() && other(*j)).map(|(j, _)| j).collect();
+        if eligible.is_empty() {
+            // No other sentence is as long: draw among all others (the positions past the
+            // drawn one's end take the head's mean).
+            eligible = (0..refs.len()).filter(|&j| other(j)).collect();
+        }
+        if eligible.is_empty() {
+            return Err(AnalysisError::Input(format!("resample ablation: the reference {} has no sentence other than sentence {} of {}", reference.name, offset + i, data.name)));
+        }
+        draws.push(eligible[resample_draw(seed, offset + i, eligible.len())]);
+    }
+    let kind = model.net.stack_kind;
+    let mean = mean_fill(model, reference, &[kind], crate::model::batch::DEFAULT_BATCH_TOKENS, &Gates::none(), &|| false)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("resample ablation: {} has no heads of kind {kind}", model.name())))?;
+    p.resample = Some(Resample { refs, draws, reference: reference.name.clone(), seed, mean });
+    Ok(())
+}
+
+impl Prepared {
+    /// The gates batch `bi` runs under: `gates`, with resample ablation's fills of that batch
+    /// when it is set: each closed head's contexts on the batch's drawn reference sentences
+    /// (run as loaded), `[layers, B, heads, T, dh]`.
+    pub fn batch_gates(&self, model: &Model, bi: usize, gates: &Gates) -> Result<Gates, ModelError> {
+        let (Some(r), Some(b)) = (&self.resample, self.data.batches.get(bi)) else { return Ok(gates.share()) };
+        let t = b.ids.size()[1];
+        let picked: Vec<_> = b.rows.iter().map(|&i| r.draws.get(i).and_then(|&j| r.refs.get(j)).cloned().ok_or_else(|| ModelError::Invalid(format!("resample ablation: no draw for sentence {i}")))).collect::<Result<_, _>>()?;
+        let lens: Vec<i64> = picked.iter().map(|e| e.ids.len() as i64).collect();
+        let rb = model.batch_encoded(picked);
+        let tr = rb.ids.size()[1].min(t);
+        // Positions a drawn sentence has: [B, 1, T, 1].
+        let valid = Tensor::arange(t, (DType::Int64, model.device())).view([1, 1, t, 1]).f_lt_tensor(&Tensor::from_slice(&lens).to_device(model.device()).view([-1, 1, 1, 1]))?;
+        let kind = model.net.stack_kind;
+        let n_layers = model.net.encoder.len();
+        let mut zs: Vec<Option<Tensor>> = (0..n_layers).map(|_| None).collect();
+        {
+            let mut on = |at: At, z: &Tensor| {
+                if at.kind == kind {
+                    if let Some(slot) = zs.get_mut(at.layer) {
+                        *slot = Some(z.shallow_clone());
+                    }
+                }
+                Ok(())
+            };
+            let mut rec = Record::new(&[Point::Z], &mut on);
+            let _states = model.net.encode(&rb.ids, &rb.mask, &Gates::none(), Some(&mut rec as &mut dyn Hooks))?;
+        }
+        let mut layers = Vec::with_capacity(n_layers);
+        for (l, z) in zs.iter().enumerate() {
+            let attn = model.attention(kind, l).ok_or_else(|| ModelError::Invalid(format!("{kind}.{l} has no attention")))?;
+            let dh = attn.head_dim;
+            let full = Tensor::zeros([b.ids.size()[0], attn.width() as i64, t, dh], (DType::Float, model.device()));
+            let drawn = match z {
+                Some(z) => {
+                    let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(model.device());
+                    let z = z.f_narrow(2, 0, tr)?;
+                    let z = if tr < t { Tensor::f_cat(&[z.shallow_clone(), z.f_zeros_like()?.f_narrow(2, 0, 1)?.f_expand([-1, -1, t - tr, -1], false)?], 2)? } else { z };
+                    full.f_to_kind(z.kind())?.f_index_copy(1, &idx, &z)?
+                }
+                None => full,
+            };
+            let mean = r.mean.f_select(0, l as i64)?.f_to_kind(drawn.kind())?.f_unsqueeze(1)?.f_unsqueeze(0)?;
+            layers.push(drawn.f_where_self(&valid, &mean)?);
+        }
+        let mut g = gates.share();
+        g.fill.set(kind, Tensor::f_stack(&layers, 0)?);
+        Ok(g)
+    }
 }
 
 impl std::ops::Deref for Prepared {
@@ -159,7 +275,7 @@ pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usiz
         Metric::Loss | Metric::Kl if model.net.output.is_some() => Some(model.output_head(DType::Double)?),
         _ => None,
     };
-    Ok(Prepared { metric, data: prepared, out64, base })
+    Ok(Prepared { metric, data: prepared, out64, base, resample: None })
 }
 
 /// `t` repeated `groups` times along the batch (row `j * B + b` is row `b`).
@@ -298,10 +414,11 @@ pub fn evaluate_acc(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() 
     let _g = tch::no_grad_guard();
     let mut total = 0.0;
     let mut hyps = vec![String::new(); p.n_sentences];
-    for b in &p.batches {
+    for (bi, b) in p.batches.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
+        let gates = &p.batch_gates(model, bi, gates)?;
         let rm = RowMetric::new(model, p, b)?;
         let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
         if p.metric == Metric::Bleu {
@@ -355,10 +472,12 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
     let total: usize = p.batches.iter().map(|b| b.ids.size()[0] as usize * n_heads).sum();
     let mut done = 0usize;
     progress(0, total);
-    for b in p.batches.iter() {
+    for (bi, b) in p.batches.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
+        // The view's gates, with resample ablation's fills of this batch when it is set.
+        let base = p.batch_gates(model, bi, &p.base)?;
         let bsz = b.ids.size()[0];
         let tlen = b.targets.as_ref().map_or(1, |(t, _)| t.size()[1]);
         // Heads per chunk: keep the repeated states near 256 MB (the logits are taken in
@@ -384,7 +503,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
             };
             let stack = shapes.iter().any(|s| s.kind == model.net.stack_kind);
             let mut rec = Record::new(&[Point::ResidPre, Point::Z], &mut on);
-            model.net.encode(&b.ids, &b.mask, &p.base, if stack { Some(&mut rec as &mut dyn Hooks) } else { None })?
+            model.net.encode(&b.ids, &b.mask, &base, if stack { Some(&mut rec as &mut dyn Hooks) } else { None })?
         };
         let rm = RowMetric::with_full(model, p, b, &full_enc)?;
         for (ki, s) in shapes.iter().enumerate() {
@@ -405,9 +524,9 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         // and the floats are those of the gated forward pass.
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = ablated_heads(c, start, n, present_fill(model, &p.base, s.kind, l, &present[l]).as_ref());
-                            let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
-                            collect(p.metric, &rm, &enc, &p.base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            let z = ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
+                            let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &base, &mut None)?;
+                            collect(p.metric, &rm, &enc, &base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
                             done += (n * bsz) as usize;
                             progress(done, total);
                         }
@@ -436,7 +555,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             Ok(())
                         };
                         let mut rec = Record { points: &[Point::Ln1, Point::ResidMid, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
-                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &p.base, Some(&mut rec))?
+                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &base, Some(&mut rec))?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
                     for (l, slot) in ctx.iter().enumerate() {
@@ -445,9 +564,9 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = ablated_heads(c, start, n, present_fill(model, &p.base, Kind::Cross, l, &present[l]).as_ref());
+                            let z = ablated_heads(c, start, n, present_fill(model, &base, Kind::Cross, l, &present[l]).as_ref());
                             let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
-                            let y = net.decode_from_cross_z(l, &x1.repeat([n, 1, 1]), &z, &cross_n, &enc_bias.repeat([n, 1, 1, 1]), &p.base, &mut None)?;
+                            let y = net.decode_from_cross_z(l, &x1.repeat([n, 1, 1]), &z, &cross_n, &enc_bias.repeat([n, 1, 1, 1]), &base, &mut None)?;
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;
                             }
@@ -473,7 +592,7 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             }
                             let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, s.n_heads as i64]).to_device(model.device());
                             // On top of the view's own gates (soft gates too).
-                            let mut gates = p.base.share();
+                            let mut gates = base.share();
                             gates.multiply(s.kind, gt);
                             collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, heads, l, &mut sums[ki], &mut hyps[ki], b, model)?;
                             done += (n * bsz) as usize;
@@ -509,6 +628,8 @@ fn ablated_heads(ctx: &Tensor, start: i64, n: i64, fill: Option<&Tensor>) -> Ten
     }
     let z = ctx.unsqueeze(0) * &keep;
     let z = match fill {
+        // Per row and position (resample ablation): [B, H, T, dh].
+        Some(f) if f.dim() == 4 => z + (keep.ones_like() - &keep) * f.to_kind(ctx.kind()).narrow(2, 0, t).unsqueeze(0),
         Some(f) => z + (keep.ones_like() - &keep) * f.to_kind(ctx.kind()).view([1, 1, h, 1, dh]),
         None => z,
     };
@@ -519,7 +640,8 @@ fn ablated_heads(ctx: &Tensor, start: i64, n: i64, fill: Option<&Tensor>) -> Ten
 fn present_fill(model: &Model, gates: &Gates, kind: Kind, l: usize, present: &[usize]) -> Option<Tensor> {
     let f = gates.fill_of(kind, l)?;
     let idx = Tensor::from_slice(&present.iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(model.device());
-    Some(f.index_select(0, &idx))
+    // The head axis: 0 of a mean's [H, dh], 1 of a resample's [B, H, T, dh].
+    Some(f.index_select(if f.dim() == 4 { 1 } else { 0 }, &idx))
 }
 
 #[allow(clippy::too_many_arguments)]

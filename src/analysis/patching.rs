@@ -12,7 +12,8 @@
 
 use super::AnalysisError;
 use crate::model::hooks::{At, Hooks, Point, Record};
-use crate::model::nn::Gates;
+use crate::model::nn::{Gates, KeysValues};
+use crate::model::transformer::StackCache;
 use crate::model::{Model, ModelError};
 use std::collections::BTreeMap;
 use tch::{Kind as DType, Tensor};
@@ -96,6 +97,16 @@ pub struct PatchSpec {
     pub each_position: bool,
     pub direction: Direction,
     pub metric: PatchMetric,
+    /// Prompt tokens per batch of pairs (pairs of one length are split into batches of at most
+    /// this many tokens, at least one pair each): what bounds the recorded runs' memory.
+    pub batch_tokens: usize,
+}
+
+impl PatchSpec {
+    /// A spec with the default batch size (`model::batch::DEFAULT_BATCH_TOKENS`).
+    pub fn new(site: Site, each_position: bool, direction: Direction, metric: PatchMetric) -> PatchSpec {
+        PatchSpec { site, each_position, direction, metric, batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS }
+    }
 }
 
 /// The result: metric means over the pairs.
@@ -143,22 +154,31 @@ impl Hooks for Put<'_> {
     }
 }
 
-/// What one run of a bucket records: each layer's input and the patched point's value.
+/// What one run of a bucket records: each layer's input, the patched point's value, and each
+/// layer's keys and values (what a patched row's later positions attend to before the patch).
 struct Run {
     inputs: Vec<Tensor>,
     values: Vec<Option<Tensor>>,
+    cache: Vec<Option<KeysValues>>,
+    /// The last layer's output (`hook_resid_post`), before the final norm.
+    last: Option<Tensor>,
     /// Last-position logits `[B, V]`, float64.
     logits: Tensor,
 }
 
-fn record(model: &Model, ids: &Tensor, mask: &Tensor, point: Point, gates: &Gates) -> Result<Run, ModelError> {
+fn record(model: &Model, ids: &Tensor, point: Point, gates: &Gates) -> Result<Run, ModelError> {
     let n = model.net.encoder.len();
     let mut inputs = Vec::with_capacity(n);
     let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+    let mut cache = StackCache::default();
+    let mut last = None;
     let states = {
         let mut on = |at: At, x: &Tensor| {
             if at.point == Point::ResidPre {
                 inputs.push(x.shallow_clone());
+            }
+            if at.point == Point::ResidPost && at.layer + 1 == n {
+                last = Some(x.shallow_clone());
             }
             if at.point == point {
                 if let Some(slot) = values.get_mut(at.layer) {
@@ -167,11 +187,11 @@ fn record(model: &Model, ids: &Tensor, mask: &Tensor, point: Point, gates: &Gate
             }
             Ok(())
         };
-        let points = [Point::ResidPre, point];
+        let points = [Point::ResidPre, point, Point::ResidPost];
         let mut rec = Record::new(&points, &mut on);
-        model.net.encode(ids, mask, gates, Some(&mut rec as &mut dyn Hooks))?
+        model.net.stack_cached(ids, &mut cache, gates, Some(&mut rec as &mut dyn Hooks))?
     };
-    Ok(Run { inputs, values, logits: last_logits(model, &states)? })
+    Ok(Run { inputs, values, cache: cache.layers, last, logits: last_logits(model, &states)? })
 }
 
 fn last_logits(model: &Model, states: &Tensor) -> Result<Tensor, ModelError> {
@@ -192,9 +212,14 @@ fn metric(m: PatchMetric, logits: &Tensor, answer: &Tensor, wrong: &Tensor, clea
     })
 }
 
+/// Pairs of one token length, at most `PatchSpec::batch_tokens` prompt tokens (at least one
+/// pair), in order of length.
+type Buckets<'a> = Vec<(usize, Vec<&'a PairIds>)>;
+
 /// The pairs checked (a decoder-only LM, pairs of one length each, wrong answers for
-/// `logit_diff`, one length for per-position patching) and grouped by token length.
-fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<BTreeMap<usize, Vec<&'a PairIds>>, AnalysisError> {
+/// `logit_diff`, one length for per-position patching), grouped by token length and split into
+/// batches of `spec.batch_tokens` tokens.
+fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<Buckets<'a>, AnalysisError> {
     let net = &model.net;
     if !net.decoder.is_empty() || net.output.is_none() {
         return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
@@ -216,7 +241,10 @@ fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<B
         let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
         return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
     }
-    Ok(by_len)
+    Ok(by_len.into_iter().flat_map(|(len, group)| {
+        let per = (spec.batch_tokens / len.max(1)).max(1);
+        group.chunks(per).map(|c| (len, c.to_vec())).collect::<Vec<_>>()
+    }).collect())
 }
 
 /// One bucket's pairs as tensors on the model's device.
@@ -265,23 +293,36 @@ pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Optio
     Ok(run(model, &by_len, pairs.len(), spec, only, gates, stop, progress)?)
 }
 
+/// Token rows (patched rows x pairs x resumed positions) per resumed pass of a causal stack.
+const RESUME_TOKENS: i64 = 8192;
+
+/// Exact patching of a causal stack. Each patched row resumes at its layer and only at the
+/// positions its patch can change (from the first position where its value differs from the
+/// base run's, or from the patched position), its queries attending to the base run's keys
+/// and values of the positions before; rows that start at the same position go through the
+/// layers together, a layer's rows joining the batch at that layer (so the layers above run
+/// on large batches). A patch that changes nothing is the base run, not run again.
 #[allow(clippy::too_many_arguments)]
-fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
     let net = &model.net;
-    let kind = net.stack_kind;
+    if !net.causal {
+        return Err(ModelError::Invalid(format!("patch: {}'s stack is not causal", model.name())));
+    }
     let point = spec.site.point();
     let n_layers = net.encoder.len();
-    let positions = *by_len.keys().next().unwrap_or(&0);
+    let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     // Per layer, per position (or one), per unit: the sum over pairs.
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
-    let total_steps = by_len.len() * n_layers;
-    let mut done = 0;
-    for group in by_len.values() {
-        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, mask, answer, wrong } = Bucket::new(group, dev);
-        let clean = record(model, &clean_ids, &mask, point, gates)?;
-        let corrupt = record(model, &corrupt_ids, &mask, point, gates)?;
+    let steps = by_len.len() * n_layers;
+    for (bi, (_, group)) in by_len.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted);
+        }
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
+        let clean = record(model, &clean_ids, point, gates)?;
+        let corrupt = record(model, &corrupt_ids, point, gates)?;
         let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
         let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
             metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
@@ -292,139 +333,390 @@ fn run(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, s
             Direction::Denoise => (&corrupt, &clean),
             Direction::Noise => (&clean, &corrupt),
         };
-        let bias = net.self_bias(&mask, base.inputs.first().map_or(DType::Float, |x| x.kind()));
+        let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        // Every layer's rows, grouped by the first position they change (layers ascending).
+        let mut plans: Vec<Option<LayerPlan>> = Vec::with_capacity(n_layers);
+        let mut by_start: BTreeMap<i64, Vec<(usize, i64)>> = BTreeMap::new();
         for (l, slot) in sums.iter_mut().enumerate() {
-            if stop() {
-                return Err(ModelError::Interrupted);
-            }
-            let (Some(x), Some(bv), Some(sv)) = (base.inputs.get(l), base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
-                // A layer without heads (prune_heads) has no attention values to patch.
-                *slot = Vec::new();
-                done += 1;
-                progress(done, total_steps);
-                continue;
-            };
-            let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-            let xs_all = x.shallow_clone();
-            let mut run_rows = |patched: &Tensor, n: i64| -> Result<Vec<f64>, ModelError> {
-                let xs = xs_all.repeat([n, 1, 1]);
-                let biases = bias.repeat([n, 1, 1, 1]);
-                let out = match point {
-                    Point::Z => net.stack_from_z(l, &xs, patched, &biases, gates, &mut None)?,
-                    Point::ResidPre => net.stack_from(l, patched, &biases, gates, &mut None)?,
-                    _ => {
-                        let mut put = Put { at: At::new(kind, l, point), value: patched };
-                        net.stack_from(l, &xs, &biases, gates, &mut Some(&mut put as &mut dyn Hooks))?
+            match (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) {
+                (Some(bv), Some(sv)) => {
+                    let plan = plan_layer(spec, bv, sv, l, only, base_sum, slot)?;
+                    for &(r, from) in &plan.rows {
+                        by_start.entry(from).or_default().push((l, r));
                     }
-                };
-                let vals = m_of(&last_logits(model, &out)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
-                Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))
-            };
-            // Rows per chunk: about PATCH_ROWS token rows.
-            let chunk = (PATCH_ROWS / (b * t)).max(1);
-            patch_layer(spec, l, bv, sv, chunk, only, base_sum, slot, &mut run_rows)?;
-            done += 1;
-            progress(done, total_steps);
+                    plans.push(Some(plan));
+                }
+                // A layer without heads (prune_heads) has no attention values to patch.
+                _ => {
+                    *slot = Vec::new();
+                    plans.push(None);
+                }
+            }
         }
+        let total: usize = by_start.values().map(Vec::len).sum();
+        let mut done = 0;
+        for (&from, entries) in &by_start {
+            let per_pass = (RESUME_TOKENS / (b * (t - from)).max(1)).max(1) as usize;
+            for pass in entries.chunks(per_pass) {
+                if stop() {
+                    return Err(ModelError::Interrupted);
+                }
+                let states = resume(model, spec, pass, from, &plans, base, source, gates)?;
+                let n = pass.len() as i64;
+                let vals = m_of(&last_logits(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                let vals = Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?;
+                for (&(l, r), v) in pass.iter().zip(vals) {
+                    if let Some(plan) = plans.get(l).and_then(Option::as_ref) {
+                        let (p, u) = plan.cell(r);
+                        sums[l][p][u] += v;
+                    }
+                }
+                done += pass.len();
+                progress(bi * n_layers + n_layers * done / total.max(1), steps);
+            }
+        }
+        progress((bi + 1) * n_layers, steps);
     }
     Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
+}
+
+/// One pass of patched rows that all start at position `from` (`pass`: `(layer, row)`, layers
+/// ascending): each layer's rows enter at their layer, the rows already running go through it
+/// over positions `from..` with the base run's keys and values of the positions before.
+/// Returns the stack's final states `[rows x B, T - from, D]`, rows in `pass` order.
+#[allow(clippy::too_many_arguments)]
+fn resume(model: &Model, spec: PatchSpec, pass: &[(usize, i64)], from: i64, plans: &[Option<LayerPlan>], base: &Run, source: &Run, gates: &Gates) -> Result<Tensor, ModelError> {
+    let net = &model.net;
+    let point = spec.site.point();
+    let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
+    let b = base.logits.size()[0];
+    // The base run's keys and values at positions before `from`, for `reps` copies of the batch.
+    let prefix = |l: usize, reps: i64| -> Result<Option<KeysValues>, ModelError> {
+        match base.cache.get(l).and_then(Option::as_ref) {
+            Some(kv) if from > 0 && kv.k.dim() == 4 => Ok(Some(KeysValues { k: kv.k.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])? })),
+            _ => Ok(None),
+        }
+    };
+    let mut carry: Option<Tensor> = None;
+    let mut i = 0;
+    let first = pass.first().map_or(net.encoder.len(), |e| e.0);
+    for l in first..net.encoder.len() {
+        if let Some(x) = carry.take() {
+            let reps = x.size()[0] / b;
+            carry = Some(net.layer_cached(l, &x, from, prefix(l, reps)?, gates, &mut None)?);
+        }
+        let start = i;
+        while i < pass.len() && pass[i].0 == l {
+            i += 1;
+        }
+        if i == start {
+            continue;
+        }
+        let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
+        let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+            return Err(missing(l));
+        };
+        let rows: Vec<i64> = pass[start..i].iter().map(|e| e.1).collect();
+        let n = rows.len() as i64;
+        let len = plan.t - from;
+        let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, from, len)?;
+        let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
+        let y = match point {
+            Point::Z => net.layer_from_z(l, &x, &patched, &mut None)?,
+            Point::ResidPre => net.layer_cached(l, &patched, from, prefix(l, n)?, gates, &mut None)?,
+            _ => {
+                let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
+                net.layer_cached(l, &x, from, prefix(l, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?
+            }
+        };
+        carry = Some(match carry {
+            Some(c) => Tensor::f_cat(&[c, y], 0)?,
+            None => y,
+        });
+    }
+    net.finish_stack(carry.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)
 }
 
 /// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
 type RunRows<'a> = dyn FnMut(&Tensor, i64) -> Result<Vec<f64>, ModelError> + 'a;
 
-/// Patches every unit (and position) of layer `l` whose source value differs from the base's:
-/// `bv`, `sv` are the base and source values at the site (`[B, H, P, X]` per head, `[B, P, D]`
-/// for the residual stream), `run_rows(patched, n)` runs `n` rows of patched values (row
-/// `j * B + b`) from there and returns each row group's metric summed over the bucket. `sums`
-/// (`[position or 0][unit]`) gets the sums; a patch that changes nothing (a position before the
-/// first token where the prompts differ, in a causal model) gets `base_sum` without a run.
-#[allow(clippy::too_many_arguments)]
-fn patch_layer(
-    spec: PatchSpec,
-    l: usize,
-    bv: &Tensor,
-    sv: &Tensor,
-    chunk: i64,
-    only: Option<&[Unit]>,
-    base_sum: f64,
-    sums: &mut Vec<Vec<f64>>,
-    run_rows: &mut RunRows,
-) -> Result<(), ModelError> {
+/// The patches of one layer: row `r` is unit `r % units` at position `r / units` (per
+/// position) or unit `r` (all positions).
+struct LayerPlan {
+    units: i64,
+    /// Positions, and their axis in the site's value (`[B, H, P, X]` per head, `[B, P, D]`).
+    t: i64,
+    pos_axis: usize,
+    /// The rows that change something, each with the first position its patch changes.
+    rows: Vec<(i64, i64)>,
+}
+
+impl LayerPlan {
+    /// Row `r`'s place in a layer's sums: `(position or 0, unit)`.
+    fn cell(&self, r: i64) -> (usize, usize) {
+        ((r / self.units) as usize, (r % self.units) as usize)
+    }
+}
+
+/// Plans layer `l`'s patches: `bv`, `sv` are the base and source values at the site. `sums`
+/// (`[position or 0][unit]`) is shaped on first use (NaN for units outside `only`); a patch
+/// that changes nothing (a position before the first token where the prompts differ, in a
+/// causal model) gets `base_sum` and no row.
+fn plan_layer(spec: PatchSpec, bv: &Tensor, sv: &Tensor, l: usize, only: Option<&[Unit]>, base_sum: f64, sums: &mut Vec<Vec<f64>>) -> Result<LayerPlan, ModelError> {
     let size = bv.size();
-    let b = size[0];
     let (units, pos_axis) = if spec.site.per_head() { (size[1], 2usize) } else { (1, 1usize) };
     let t = size[pos_axis];
     let n_pos = if spec.each_position { t } else { 1 };
-    let n_rows = units * n_pos;
     if sums.is_empty() {
         let fill = if only.is_some() { f64::NAN } else { 0.0 };
         *sums = vec![vec![fill; units as usize]; n_pos as usize];
     }
-    // Which units (and positions) the source changes at all: [units, n_pos] over the batch and
-    // the features.
+    // Where the source differs from the base, per unit and position, over the batch and the
+    // features: [units][P].
     let differs = {
         let ne = sv.f_ne_tensor(bv)?;
-        let per = if spec.site.per_head() {
-            // [B, H, P, X] -> [H, P]
-            ne.f_any_dims([0i64, 3].as_slice(), false)?
-        } else {
-            // [B, P, D] -> [1, P]
-            ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)?
-        };
-        let per = if spec.each_position { per } else { per.f_any_dims([1i64].as_slice(), true)? };
+        let per = if spec.site.per_head() { ne.f_any_dims([0i64, 3].as_slice(), false)? } else { ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)? };
         Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?).map_err(|e| ModelError::Invalid(e.to_string()))?
     };
-    let changes = |r: i64| differs.get((r % units) as usize).and_then(|row| row.get((r / units) as usize)).copied().unwrap_or(true);
-    // The rows to run (row r: unit r % units at position r / units).
-    let wanted: Vec<i64> = match only {
-        None => (0..n_rows).collect(),
-        Some(list) => (0..n_rows).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
+    // The first position row r's patch changes, if any.
+    let first = |r: i64| -> Option<i64> {
+        let row = differs.get((r % units) as usize)?;
+        if spec.each_position {
+            let p = r / units;
+            row.get(p as usize).copied().unwrap_or(false).then_some(p)
+        } else {
+            row.iter().position(|&d| d).map(|p| p as i64)
+        }
     };
-    for &r in &wanted {
+    let wanted: Vec<i64> = match only {
+        None => (0..units * n_pos).collect(),
+        Some(list) => (0..units * n_pos).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
+    };
+    let mut rows = Vec::new();
+    for r in wanted {
         let slot = &mut sums[(r / units) as usize][(r % units) as usize];
         if only.is_some() && slot.is_nan() {
             *slot = 0.0;
         }
-        if !changes(r) {
-            *slot += base_sum;
+        match first(r) {
+            Some(from) => rows.push((r, from)),
+            None => *slot += base_sum,
         }
     }
-    let rows: Vec<i64> = wanted.into_iter().filter(|&r| changes(r)).collect();
-    let n_rows = rows.len() as i64;
-    let chunk = chunk.clamp(1, n_rows.max(1));
-    let dev = bv.device();
-    for start in (0..n_rows).step_by(chunk as usize) {
-        let n = chunk.min(n_rows - start);
-        // sel[j]: which entries row j takes from the source run.
-        let mut sel_shape = vec![1i64; size.len() + 1];
-        sel_shape[0] = n;
-        if spec.site.per_head() {
-            sel_shape[2] = units;
-        }
-        if spec.each_position {
-            sel_shape[pos_axis + 1] = t;
-        }
-        let numel: i64 = sel_shape.iter().product();
-        let mut sel = vec![false; numel as usize];
-        let per_row = (numel / n) as usize;
-        for j in 0..n {
-            let r = rows[(start + j) as usize];
-            let (unit, pos) = (r % units, r / units);
-            // Index within the row's selection: [units?, pos?] in that order.
-            let idx = if spec.each_position { unit * t + pos } else { unit };
-            sel[j as usize * per_row + idx as usize] = true;
-        }
-        let sel = Tensor::from_slice(&sel).view(sel_shape.as_slice()).to_device(dev);
-        let mut rows_shape = size.clone();
-        rows_shape[0] = n * b;
-        let patched = sv.unsqueeze(0).f_where_self(&sel, &bv.unsqueeze(0))?.f_reshape(rows_shape.as_slice())?;
-        for (j, v) in run_rows(&patched, n)?.into_iter().enumerate() {
-            let r = rows[start as usize + j];
-            sums[(r / units) as usize][(r % units) as usize] += v;
+    Ok(LayerPlan { units, t, pos_axis, rows })
+}
+
+/// The site's values for `rows` of a plan: row `j * B + b` is the base value with row
+/// `rows[j]`'s unit (at its position) taken from the source.
+fn patched_rows(spec: PatchSpec, plan: &LayerPlan, rows: &[i64], bv: &Tensor, sv: &Tensor) -> Result<Tensor, ModelError> {
+    let size = bv.size();
+    let (b, n, units, t) = (size[0], rows.len() as i64, plan.units, plan.t);
+    // sel[j]: which entries row j takes from the source run.
+    let mut sel_shape = vec![1i64; size.len() + 1];
+    sel_shape[0] = n;
+    if spec.site.per_head() {
+        sel_shape[2] = units;
+    }
+    if spec.each_position {
+        sel_shape[plan.pos_axis + 1] = t;
+    }
+    let numel: i64 = sel_shape.iter().product();
+    let mut sel = vec![false; numel as usize];
+    let per_row = (numel / n.max(1)) as usize;
+    for (j, &r) in rows.iter().enumerate() {
+        let (unit, pos) = (r % units, r / units);
+        // Index within the row's selection: [units?, pos?] in that order.
+        let idx = if spec.each_position { unit * t + pos } else { unit };
+        sel[j * per_row + idx as usize] = true;
+    }
+    let sel = Tensor::from_slice(&sel).view(sel_shape.as_slice()).to_device(bv.device());
+    let mut rows_shape = size.clone();
+    rows_shape[0] = n * b;
+    Ok(sv.f_unsqueeze(0)?.f_where_self(&sel, &bv.f_unsqueeze(0)?)?.f_reshape(rows_shape.as_slice())?)
+}
+
+/// Patches every unit (and position) of layer `l` whose source value differs from the base's,
+/// `chunk` rows per `run_rows(patched, n)` call (which runs `n` rows of patched values, row
+/// `j * B + b`, and returns each row group's metric summed over the bucket).
+#[allow(clippy::too_many_arguments)]
+fn patch_layer(spec: PatchSpec, l: usize, bv: &Tensor, sv: &Tensor, chunk: i64, only: Option<&[Unit]>, base_sum: f64, sums: &mut Vec<Vec<f64>>, run_rows: &mut RunRows) -> Result<(), ModelError> {
+    let plan = plan_layer(spec, bv, sv, l, only, base_sum, sums)?;
+    let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
+    for part in rows.chunks(chunk.max(1) as usize) {
+        let patched = patched_rows(spec, &plan, part, bv, sv)?;
+        for (&r, v) in part.iter().zip(run_rows(&patched, part.len() as i64)?) {
+            let (p, u) = plan.cell(r);
+            sums[p][u] += v;
         }
     }
     Ok(())
+}
+
+options_enum!(PathInput, "receiver input", {
+    /// The receiver head's query input.
+    Q = "q",
+    /// Its key input: the key/value head serving it (shared by its group under grouped-query
+    /// attention).
+    K = "k",
+    /// Its value input: likewise.
+    V = "v",
+});
+
+/// Where path patching's paths end (docs/methods.md#path-patching).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Receiver {
+    /// One head's query, key or value input: the layer, the query head, the input.
+    Head { layer: usize, head: usize, input: PathInput },
+    /// The logits: the final residual stream, before the final norm.
+    Logits,
+}
+
+/// Path patching (Wang et al. 2022; TransformerLens's direct path patching): for every sender
+/// head `s` below the receiver, the base run in which only the receiver's input (its query,
+/// key or value input, or the logits) sees `s`'s output from the source run, through the
+/// residual stream and nothing else: the receiver's input becomes the base input plus what
+/// `s`'s patched output adds to the residual (`(z_src - z_base)_s W^O_s`, through a norm the
+/// family puts after the attention); every other head and MLP reads the base run, and the
+/// receiver's changed output flows on as usual. `patched[l][0][h]` is sender `l.h`'s metric;
+/// layers at and above the receiver are NaN (they send nothing to it).
+pub fn path_patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, receiver: Receiver, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    if !matches!(spec.site, Site::Z | Site::Result) || spec.each_position {
+        return Err(AnalysisError::Input(format!("patch: path patching sends each head's whole output (site \"z\", all positions); got site \"{}\"{}", spec.site, if spec.each_position { " per position" } else { "" })));
+    }
+    let net = &model.net;
+    let limit = match receiver {
+        Receiver::Logits => net.encoder.len(),
+        Receiver::Head { layer, head, .. } => {
+            let attn = model.attention(net.stack_kind, layer).ok_or_else(|| AnalysisError::Input(format!("patch: receiver layer {layer} out of range: the model has {} layers", net.encoder.len())))?;
+            if !attn.present().contains(&head) {
+                return Err(AnalysisError::Input(format!("patch: the receiver {}.{layer}.{head} is not a head of this model", net.stack_kind)));
+            }
+            if layer == 0 {
+                return Err(AnalysisError::Input(format!("patch: the receiver {}.0.{head} is in the first layer; no head sends to it", net.stack_kind)));
+            }
+            layer
+        }
+    };
+    if let Some(l) = net.encoder.iter().position(|l| l.norm_position == crate::model::nn::NormPosition::Post) {
+        return Err(AnalysisError::Input(format!("patch: path patching needs each attention to add its output to the residual stream; layer {l} norms after the sum (a post-norm layer)")));
+    }
+    let by_len = buckets(model, pairs, spec)?;
+    Ok(path_runs(model, &by_len, pairs.len(), spec, receiver, limit, gates, stop, progress)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, receiver: Receiver, limit: usize, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+    let net = &model.net;
+    let n_layers = net.encoder.len();
+    let positions = by_len.first().map_or(0, |b| b.0);
+    let dev = model.device();
+    let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    let steps = by_len.len() * limit;
+    for (bi, (_, group)) in by_len.iter().enumerate() {
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
+        let clean = record(model, &clean_ids, Point::Z, gates)?;
+        let corrupt = record(model, &corrupt_ids, Point::Z, gates)?;
+        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
+        let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
+            metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
+        };
+        clean_sum += m_of(&clean.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        corrupt_sum += m_of(&corrupt.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let (base, source) = match spec.direction {
+            Direction::Denoise => (&corrupt, &clean),
+            Direction::Noise => (&clean, &corrupt),
+        };
+        let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        // The receiver's layer: its base input and the base value at the receiver's input.
+        let recv = match receiver {
+            Receiver::Logits => None,
+            Receiver::Head { layer, head, input } => {
+                let point = match input {
+                    PathInput::Q => Point::Q,
+                    PathInput::K => Point::K,
+                    PathInput::V => Point::V,
+                };
+                let attn = model.attention(net.stack_kind, layer).ok_or_else(|| missing(layer))?;
+                let slot = attn.present().iter().position(|&h| h == head).ok_or_else(|| missing(layer))? as i64;
+                let unit = if point == Point::Q { slot } else { slot / (attn.n_heads / attn.n_kv_heads.max(1)).max(1) };
+                let x = base.inputs.get(layer).ok_or_else(|| missing(layer))?.shallow_clone();
+                let v = layer_value(model, layer, &x, point, gates)?;
+                Some((layer, point, unit, x, v))
+            }
+        };
+        for (l, slot) in sums.iter_mut().enumerate() {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+                *slot = Vec::new();
+                continue;
+            };
+            if l >= limit {
+                *slot = vec![vec![f64::NAN; bv.size()[1] as usize]];
+                continue;
+            }
+            let layer = net.encoder.get(l).ok_or_else(|| missing(l))?;
+            let plan = plan_layer(spec, bv, sv, l, None, base_sum, slot)?;
+            let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
+            let chunk = (RESUME_TOKENS / (b * t)).max(1) as usize;
+            // What the layer's attention adds to the residual in the base run.
+            let a_base = layer.attn.output_from_z(bv, net.stack_kind, l, &mut None)?;
+            let r_base = layer.attn_residual(&a_base).ok_or_else(|| missing(l))?;
+            for part in rows.chunks(chunk) {
+                let n = part.len() as i64;
+                let z = patched_rows(spec, &plan, part, bv, sv)?;
+                let a = layer.attn.output_from_z(&z, net.stack_kind, l, &mut None)?;
+                let delta = layer.attn_residual(&a).ok_or_else(|| missing(l))?.f_sub(&r_base.f_repeat([n, 1, 1])?)?;
+                let states = match &recv {
+                    None => net.finish_stack(base.last.as_ref().ok_or_else(|| missing(n_layers - 1))?.f_repeat([n, 1, 1])?.f_add(&delta)?, &mut None)?,
+                    Some((lr, point, unit, x, v)) => {
+                        let xs = x.f_repeat([n, 1, 1])?;
+                        // The receiver's input as the sender's path changes it, and the value
+                        // there of the receiver's unit alone.
+                        let seen = layer_value(model, *lr, &xs.f_add(&delta)?, *point, gates)?;
+                        let mut sel = vec![false; v.size()[1] as usize];
+                        if let Some(s) = sel.get_mut(*unit as usize) {
+                            *s = true;
+                        }
+                        let sel = Tensor::from_slice(&sel).view([1, -1, 1, 1]).to_device(dev);
+                        let value = seen.f_where_self(&sel, &v.f_repeat([n, 1, 1, 1])?)?;
+                        let mut put = Put { at: At::new(net.stack_kind, *lr, *point), value: &value };
+                        let mut y = net.layer_cached(*lr, &xs, 0, None, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                        for above in lr + 1..n_layers {
+                            y = net.layer_cached(above, &y, 0, None, gates, &mut None)?;
+                        }
+                        net.finish_stack(y, &mut None)?
+                    }
+                };
+                let vals = m_of(&last_logits(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                for (&r, v) in part.iter().zip(Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?) {
+                    let (p, u) = plan.cell(r);
+                    slot[p][u] += v;
+                }
+            }
+            progress(bi * limit + l + 1, steps);
+        }
+    }
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
+}
+
+/// The value at `point` of layer `l` (a query, key or value hook) when the layer reads `x`.
+fn layer_value(model: &Model, l: usize, x: &Tensor, point: Point, gates: &Gates) -> Result<Tensor, ModelError> {
+    let mut seen = None;
+    let mut on = |at: At, v: &Tensor| {
+        if at.layer == l && at.point == point {
+            seen = Some(v.shallow_clone());
+        }
+        Ok(())
+    };
+    let points = [point];
+    let mut rec = Record::new(&points, &mut on);
+    let _output = model.net.layer_cached(l, x, 0, None, gates, &mut Some(&mut rec as &mut dyn Hooks))?;
+    seen.ok_or_else(|| ModelError::Invalid(format!("patch: layer {l} has no {point:?} value")))
 }
 
 /// A hook adding a zero that requires grad to each layer's value at one point: the gradient
@@ -463,15 +755,15 @@ pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gate
     Ok(attribute_runs(model, &by_len, pairs.len(), spec, gates, stop)?)
 }
 
-fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
+fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
     let n_layers = net.encoder.len();
-    let positions = *by_len.keys().next().unwrap_or(&0);
+    let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
-    for group in by_len.values() {
+    for (_, group) in by_len.iter() {
         if stop() {
             return Err(ModelError::Interrupted);
         }
@@ -482,7 +774,7 @@ fn attribute_runs(model: &Model, by_len: &BTreeMap<usize, Vec<&PairIds>>, n_pair
         };
         let source = {
             let _g = tch::no_grad_guard();
-            record(model, source_ids, &mask, point, gates)?
+            record(model, source_ids, point, gates)?
         };
         // The base run, with gradients at the point of every layer (and its values kept).
         let mut leaves = Leaves { kind: net.stack_kind, point, leaves: (0..n_layers).map(|_| None).collect(), values: (0..n_layers).map(|_| None).collect() };

@@ -320,8 +320,9 @@ pub struct Gates {
     pub fill: Fills,
 }
 
-/// The values closed heads take instead of zero, per kind `[layers, heads, d_head]` (heads in
-/// the original numbering).
+/// The values closed heads take instead of zero, per kind `[layers, heads, d_head]` (mean
+/// ablation), or `[layers, B, heads, T, d_head]` per row and position of one batch (resample
+/// ablation); heads in the original numbering.
 #[derive(Default)]
 pub struct Fills {
     pub enc: Option<Tensor>,
@@ -507,6 +508,17 @@ impl Attention {
         let g = g.view([g.size()[0], self.n_heads, 1, 1]);
         match &lg.fill {
             None => ctx * g,
+            Some(f) if f.dim() == 4 => {
+                // Per row and position `[B, heads, T, dh]` (resample ablation): a batch of
+                // G x B rows (row j * B + b) takes row b's fill.
+                let f = match &self.slots {
+                    None => f.shallow_clone(),
+                    Some(s) => f.index_select(1, &s.index_t),
+                };
+                let reps = (ctx.size()[0] / f.size()[0].max(1)).max(1);
+                let f = f.to_kind(ctx.kind()).narrow(2, 0, ctx.size()[2]).repeat([reps, 1, 1, 1]);
+                ctx * &g + (g.ones_like() - &g) * f
+            }
             Some(f) => {
                 let f = match &self.slots {
                     None => f.shallow_clone(),

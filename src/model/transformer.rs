@@ -146,6 +146,19 @@ impl EncoderLayer {
         self.finish_hooked(x, &a, kind, layer_idx, h)
     }
 
+    /// What the attention sublayer adds to the residual stream for its output `a`
+    /// (`hook_attn_out`): `a` itself, or `a` through the norm a family puts after the
+    /// attention (Gemma 2/3's `ln1_post`, OLMo-2's); `None` in a post-norm layer (BERT,
+    /// Marian), where the residual stream is normed after the sum and no sublayer adds alone.
+    pub fn attn_residual(&self, a: &Tensor) -> Option<Tensor> {
+        match (self.norm_position, &self.post_norms) {
+            (NormPosition::Post, _) => None,
+            (NormPosition::PostSublayer, _) => Some(self.attn_norm.forward(a)),
+            (NormPosition::Pre, Some((post_attn, _))) => Some(post_attn.forward(a)),
+            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => Some(a.shallow_clone()),
+        }
+    }
+
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
     /// `hook_resid_post`).
     fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {
@@ -561,6 +574,34 @@ impl Transformer {
             y = above.forward(&y, &starts[k], cross.get(k).and_then(|c| c.as_ref()), enc_bias, gates, k, h)?.0;
         }
         Ok(y)
+    }
+
+    /// Layer `l` of a causal stack over `x [B, T, D]` at positions `past..`, its queries also
+    /// attending to the earlier positions' keys and values `prefix` (`[B, H, past, d_head]`,
+    /// as [`StackCache`] holds them; `None` when `past` is 0 or the layer has no heads).
+    /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
+    /// its rows here, so that the positions before a patch are not run again).
+    pub fn layer_cached(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        if !self.causal {
+            return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
+        }
+        let bias = cached_window_bias(x.size()[1], past, self.window, x.kind(), x.device());
+        let mut slot = prefix;
+        let g = gates.layer(self.stack_kind, l);
+        layer.forward_cached(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot))
+    }
+
+    /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts), at any
+    /// positions: what follows `hook_z` reads each position alone.
+    pub fn layer_from_z(&self, l: usize, x: &Tensor, z: &Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        layer.forward_from_z(x, z, self.stack_kind, l, h)
+    }
+
+    /// The stack's output from its last layer's output: the final norm, where it has one.
+    pub fn finish_stack(&self, x: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        self.final_norm(x, h)
     }
 
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.

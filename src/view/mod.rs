@@ -25,6 +25,9 @@ pub struct ViewKind {
     /// Attention weights `[layer][head][query][key]`, row-major, length
     /// `n_layers * n_heads * Tq * Tk`; NaN for a removed head.
     pub attn: Vec<f32>,
+    /// A value per head `[layer][head]` the head boxes are coloured by (a patching effect, a
+    /// confidence: [`View::colour_by`]); NaN where there is none.
+    pub scores: Option<Vec<f64>>,
 }
 
 /// A head view of one or more kinds of attention over one sentence (pair).
@@ -32,6 +35,8 @@ pub struct ViewKind {
 pub struct View {
     pub title: String,
     pub kinds: Vec<ViewKind>,
+    /// What the scores are (a grid's statistic), when the view is coloured by one.
+    pub scores_label: Option<String>,
 }
 
 const STYLE: &str = include_str!("view.css");
@@ -71,8 +76,12 @@ impl ViewKind {
     /// This kind as a JSON object; weights rounded to 4 decimals, NaN as `null`.
     fn json(&self) -> String {
         let attn: Vec<String> = self.attn.iter().map(|&w| weight(w)).collect();
+        let scores = match &self.scores {
+            Some(v) => format!(r#","scores":[{}]"#, v.iter().map(|&x| if x.is_finite() { format!("{}", (x * 1e4).round() / 1e4) } else { "null".into() }).collect::<Vec<_>>().join(",")),
+            None => String::new(),
+        };
         format!(
-            r#"{{"name":{},"layers":{},"heads":{},"q":{},"k":{},"attn":[{}]}}"#,
+            r#"{{"name":{},"layers":{},"heads":{},"q":{},"k":{},"attn":[{}]{scores}}}"#,
             json(&self.name),
             self.n_layers,
             self.n_heads,
@@ -122,7 +131,39 @@ impl View {
                 return Err(format!("head view: kind '{}' given twice", k.name));
             }
         }
-        Ok(View { title: title.into(), kinds })
+        Ok(View { title: title.into(), kinds, scores_label: None })
+    }
+
+    /// The view with its head boxes coloured by `scores`: per kind name, `[layer][head]`
+    /// (a grid's values; NaN where a head has none), and what they are (`label`). A kind of
+    /// the view the scores lack stays uncoloured; a kind of another shape is refused, naming
+    /// it and both shapes.
+    pub fn colour_by(&self, scores: &[(String, Vec<Vec<f64>>)], label: &str) -> Result<View, String> {
+        let mut v = self.clone();
+        let mut any = false;
+        for k in v.kinds.iter_mut() {
+            k.scores = None;
+            let Some((_, grid)) = scores.iter().find(|(n, _)| *n == k.name) else { continue };
+            let heads = grid.iter().map(Vec::len).max().unwrap_or(0);
+            if grid.len() != k.n_layers || heads > k.n_heads {
+                return Err(format!("colour_by: the grid's '{}' is {} layers x {heads} heads, the view's {} x {}", k.name, grid.len(), k.n_layers, k.n_heads));
+            }
+            let mut flat = vec![f64::NAN; k.n_layers * k.n_heads];
+            for (l, row) in grid.iter().enumerate() {
+                for (h, &x) in row.iter().enumerate() {
+                    flat[l * k.n_heads + h] = x;
+                }
+            }
+            k.scores = Some(flat);
+            any = true;
+        }
+        if !any {
+            let have: Vec<&str> = scores.iter().map(|(n, _)| n.as_str()).collect();
+            let want: Vec<&str> = self.kinds.iter().map(|k| k.name.as_str()).collect();
+            return Err(format!("colour_by: the grid has kinds {have:?}, the view {want:?}: none in common"));
+        }
+        v.scores_label = Some(label.to_string());
+        Ok(v)
     }
 
     /// A complete self-contained HTML document.
@@ -144,11 +185,12 @@ impl View {
             "<div class=\"hs-view\" id=\"{id}\" data-kind=\"{}\" data-layer=\"0\" data-head=\"all\">\n<style>{STYLE}</style>\n\
              <div class=\"hs-title\">{}</div><div class=\"hs-controls\"></div><svg class=\"hs-svg\"></svg><div class=\"hs-note\">(the view needs JavaScript: in Jupyter, trust the notebook; or open the page from .to_html(path))</div>\n\
              <div class=\"hs-help\">Hover a token to isolate its attention; click a head square to show it alone, again for all heads.</div>\n\
-             <script>\n(function (ROOT_ID, DATA) {{\n{SCRIPT}}})({}, {{\"kinds\":[{}]}});\n</script>\n</div>",
+             <script>\n(function (ROOT_ID, DATA) {{\n{SCRIPT}}})({}, {{\"kinds\":[{}]{}}});\n</script>\n</div>",
             html_escape(first),
             html_escape(&self.title),
             json(&id),
-            kinds.join(",\n")
+            kinds.join(",\n"),
+            self.scores_label.as_ref().map_or(String::new(), |l| format!(",\"label\":{}", json(l)))
         )
     }
 
@@ -157,7 +199,8 @@ impl View {
         let kinds: Vec<String> =
             self.kinds.iter().map(|k| format!("{} {} layers x {} heads, {}", k.name, k.n_layers, k.n_heads, k.tokens_text())).collect();
         let title = if self.title.is_empty() { String::new() } else { format!(" \"{}\"", self.title) };
-        format!("head view{title}: {} (open .to_html(path) or show in Jupyter)", kinds.join("; "))
+        let coloured = self.scores_label.as_ref().map_or(String::new(), |l| format!(", heads coloured by {l}"));
+        format!("head view{title}: {}{coloured} (open .to_html(path) or show in Jupyter)", kinds.join("; "))
     }
 }
 
@@ -174,7 +217,7 @@ mod tests {
     fn kind(name: &str, layers: usize, heads: usize, tokens: &[&str]) -> ViewKind {
         let t = tokens.len();
         let tokens: Vec<String> = tokens.iter().map(|s| s.to_string()).collect();
-        ViewKind { name: name.into(), n_layers: layers, n_heads: heads, query_tokens: tokens.clone(), key_tokens: tokens, attn: vec![1.0 / t as f32; layers * heads * t * t] }
+        ViewKind { name: name.into(), n_layers: layers, n_heads: heads, query_tokens: tokens.clone(), key_tokens: tokens, attn: vec![1.0 / t as f32; layers * heads * t * t], scores: None }
     }
 
     #[test]
@@ -189,6 +232,22 @@ mod tests {
         assert!(View::new("t", vec![]).is_err());
         assert!(View::new("t", vec![kind("enc", 1, 1, &["a"]), kind("enc", 1, 1, &["a"])]).unwrap_err().contains("twice"));
         assert!(View::new("t", vec![kind("enc", 0, 1, &["a"])]).is_err());
+    }
+
+    #[test]
+    fn colour_by_puts_each_heads_value_in_the_page_and_refuses_other_shapes() {
+        let v = View::new("t", vec![kind("enc", 2, 3, &["a", "b"]), kind("cross", 1, 2, &["a"])]).unwrap();
+        let grid = vec![("enc".to_string(), vec![vec![0.5, -0.25, f64::NAN], vec![1.0, 0.0, 0.125]])];
+        let c = v.colour_by(&grid, "effect of x").unwrap();
+        let html = c.html();
+        assert!(html.contains(r#""scores":[0.5,-0.25,null,1,0,0.125]"#), "{html}");
+        assert!(html.contains(r#""label":"effect of x""#) && c.text().contains("coloured by effect of x"));
+        // The kind the grid lacks stays uncoloured; the original view is unchanged.
+        assert!(c.kinds[1].scores.is_none() && v.kinds[0].scores.is_none());
+        let e = v.colour_by(&[("enc".to_string(), vec![vec![0.0; 3]])], "x").unwrap_err();
+        assert!(e.contains("'enc' is 1 layers x 3 heads, the view's 2 x 3"), "{e}");
+        let e = v.colour_by(&[("dec".to_string(), vec![vec![0.0; 3]])], "x").unwrap_err();
+        assert!(e.contains("none in common"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 // The head view's script: wrapped by mod.rs in `(function (ROOT_ID, DATA) { ... })`, so it
-// only sees its own root. DATA.kinds[k] = {name, layers, heads, q, k, attn}, attn flat
-// [layer][head][query][key] with null for a removed head.
+// only sees its own root. DATA.kinds[k] = {name, layers, heads, q, k, attn, scores?}, attn flat
+// [layer][head][query][key] with null for a removed head; scores (a grid the view is coloured
+// by, `colour_by`) flat [layer][head] with null where the grid has none, DATA.label its name.
 'use strict';
 const root = document.getElementById(ROOT_ID);
 const svg = root.querySelector('.hs-svg'), NS = svg.namespaceURI;
@@ -66,6 +67,23 @@ function buildControls() {
     box.style.background = colour(h);
     box.addEventListener('click', () => pickHead(st.head === h ? 'all' : h));
   }
+  if (K.scores) {
+    // The grid's value of each head of the layer shown, on a diverging scale (red above 0,
+    // blue below, white at 0) shared by every layer of the kind.
+    const row = el(null, 'span', { class: 'hs-scores', title: DATA.label || 'scores' }, controls);
+    el(null, 'span', { class: 'hs-scores-label' }, row, (DATA.label || 'scores') + ':');
+    for (const h of range(K.heads)) {
+      const box = el(null, 'span', { class: 'hs-scorebox', 'data-head': h }, row);
+      box.addEventListener('click', () => pickHead(st.head === h ? 'all' : h));
+    }
+  }
+}
+
+const score = (K, l, h) => (K.scores ? K.scores[l * K.heads + h] : null);
+function scoreColour(K, v) {
+  const top = Math.max(1e-12, ...K.scores.filter((x) => x !== null).map(Math.abs));
+  const a = Math.min(1, Math.abs(v) / top);
+  return 'hsl(' + (v >= 0 ? 0 : 220) + ',75%,' + Math.round(100 - 45 * a) + '%)';
 }
 
 // One token: a shaded background (the hovered token's weights) under its text.
@@ -135,6 +153,14 @@ function refresh() {
     b.classList.toggle('hs-on', st.head === 'all' || st.head === h);
     b.classList.toggle('hs-removed', gone.includes(h));
     b.title = 'head ' + h + (gone.includes(h) ? ' (removed)' : '');
+  });
+  controls.querySelectorAll('.hs-scorebox').forEach((b, h) => {
+    const v = score(K, st.layer, h);
+    b.dataset.score = v === null ? '' : String(v);
+    b.textContent = v === null ? '\u00b7' : v.toFixed(2);
+    b.style.background = v === null ? '#eee' : scoreColour(K, v);
+    b.title = 'head ' + h + ': ' + (v === null ? 'no value' : v) + ' (' + (DATA.label || 'scores') + ')';
+    b.classList.toggle('hs-on', st.head === h);
   });
   const shade = { left: K.q.map(() => 0), right: K.k.map(() => 0) };
   const n = drawLines(K, heads, shade);

@@ -25,7 +25,7 @@ fn pairs(g: &HashMap<String, Tensor>) -> Vec<PairIds> {
 }
 
 fn run(m: &Model, pairs: &[PairIds], site: Site, each: bool, direction: Direction, metric: PatchMetric) -> Patched {
-    patch(m, pairs, PatchSpec { site, each_position: each, direction, metric }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
+    patch(m, pairs, PatchSpec::new(site, each, direction, metric), &Gates::none(), &|| false, &mut |_, _| {}).unwrap()
 }
 
 fn max_diff(p: &Patched, want: &Tensor) -> f64 {
@@ -101,12 +101,20 @@ fn patching_identities() {
             assert!((e.patched[l][pos][0] - e.corrupted).abs() < 1e-10, "layer {l} position {pos}");
         }
     }
+    // Batches of one pair (batch_tokens below a pair's length) give the batched result.
+    for (site, each, ps) in [(Site::Z, false, &all), (Site::Pattern, true, &six), (Site::V, false, &all)] {
+        let one = PatchSpec { batch_tokens: 1, ..PatchSpec::new(site, each, Direction::Denoise, PatchMetric::Kl) };
+        let a = patch(&m, ps, one, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+        let b = run(&m, ps, site, each, Direction::Denoise, PatchMetric::Kl);
+        let d = a.patched.iter().flatten().flatten().zip(b.patched.iter().flatten().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(d < 1e-12 && (a.clean - b.clean).abs() < 1e-12, "{site}: one pair per batch differs from one batch by {d:e}");
+    }
 }
 
 #[test]
 fn bad_pairs_are_refused_with_the_reason() {
     let m = common::tiny_hf("gpt2", "f32");
-    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
     let go = |ps: &[PairIds], spec: PatchSpec| patch(&m, ps, spec, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     let e = go(&[PairIds { clean: vec![1, 2, 3], corrupted: vec![1, 2], answer: 4, wrong: Some(5) }], spec);
     assert!(e.contains("pair 0") && e.contains("3 tokens") && e.contains("corrupted 2"), "{e}");
@@ -132,7 +140,7 @@ fn attribution_patching_equals_its_definition_by_autograd() {
         for site in SITES {
             for (mode, each, ps) in [("all", false, &all), ("each", true, &six)] {
                 for direction in ["denoise", "noise"] {
-                    let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: PatchMetric::LogitDiff };
+                    let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), PatchMetric::LogitDiff);
                     let a = attribute(&m, ps, spec, &Gates::none(), &|| false).unwrap();
                     let key = format!("{name}/attr/{site}/{mode}/{direction}/logit_diff");
                     let d = max_diff(&a, &g[&key]);
@@ -254,7 +262,7 @@ fn translation_patching_equals_transformers_with_hooks() {
                 for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
                     for direction in ["denoise", "noise"] {
                         for metric in ["loss", "kl"] {
-                            let spec = PatchSpec { site: site.parse().unwrap(), each_position: each, direction: direction.parse().unwrap(), metric: metric.parse().unwrap() };
+                            let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
                             let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
                             let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
                             let d = max_diff(&p, &g[&key]);
@@ -278,7 +286,7 @@ fn translation_patching_equals_transformers_with_hooks() {
     }
     // Bad input: a metric that reads an answer token, the residual stream of "cross".
     let m = common::tiny_hf("marian", "f32");
-    let spec = PatchSpec { site: Site::Z, each_position: false, direction: Direction::Denoise, metric: PatchMetric::LogitDiff };
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
     let e = patch_translation(&m, &all, spec, Kind::Enc, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("\"loss\" or \"kl\""), "{e}");
     let e = patch_translation(&m, &all, PatchSpec { site: Site::ResidPre, metric: PatchMetric::Loss, ..spec }, Kind::Cross, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
@@ -305,4 +313,133 @@ fn an_interrupt_mid_patching_leaves_the_session_intact() {
     s.interrupt_handle().reset();
     let out = s.eval("t", "kept + m.patch(p).pairs").unwrap().unwrap();
     assert_eq!(out.text.trim(), "43");
+}
+
+/// Path patching (`fixtures/path_patching_reference.py`, `path_patching_golden.npz`): every
+/// sender head's metric with the receiver a head's query, key or value input (the last layer's
+/// heads 1, 2, 3) or the logits, denoising and noising, equal to transformers in float64 with
+/// hooks within 1e-8 (float32: 1e-4); the layers at and above the receiver send nothing (NaN).
+#[test]
+fn path_patching_equals_transformers_with_hooks() {
+    use headscope::analysis::patching::{path_patch, PathInput, Receiver};
+    let g = common::golden("patching_golden.npz");
+    let want = common::golden("path_patching_golden.npz");
+    let all = pairs(&g);
+    let receivers = [("1.1.q", Receiver::Head { layer: 1, head: 1, input: PathInput::Q }), ("1.2.k", Receiver::Head { layer: 1, head: 2, input: PathInput::K }), ("1.3.v", Receiver::Head { layer: 1, head: 3, input: PathInput::V }), ("logits", Receiver::Logits)];
+    for name in MODELS {
+        for (dtype, tol) in [("f64", 1e-8), ("f32", 1e-4)] {
+            let m = common::tiny_hf(name, dtype);
+            let mut worst = 0.0f64;
+            for (key, receiver) in receivers {
+                for direction in ["denoise", "noise"] {
+                    let spec = PatchSpec::new(Site::Z, false, direction.parse().unwrap(), PatchMetric::LogitDiff);
+                    let p = path_patch(&m, &all, spec, receiver, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+                    let got: Vec<f64> = p.patched.iter().flatten().flatten().copied().collect();
+                    let w = Vec::<f64>::try_from(&want[&format!("{name}/path/{key}/{direction}/logit_diff")].flatten(0, -1)).unwrap();
+                    assert_eq!(got.len(), w.len(), "{name} {key}: grid size");
+                    for (i, (a, b)) in got.iter().zip(&w).enumerate() {
+                        assert_eq!(a.is_nan(), b.is_nan(), "{name} {key} {direction} entry {i}: {a} vs {b} (NaN marks layers that send nothing)");
+                        if !b.is_nan() {
+                            worst = worst.max((a - b).abs());
+                            assert!((a - b).abs() < tol, "{name} {key} {direction} ({dtype}) entry {i}: {a} vs transformers {b}");
+                        }
+                    }
+                }
+            }
+            eprintln!("{name} {dtype}: path patching within {worst:.1e} of transformers");
+        }
+    }
+    // A receiver in the first layer has no senders; path patching sends whole outputs only.
+    let m = common::tiny_hf("gpt2", "f32");
+    let spec = PatchSpec::new(Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+    let e = path_patch(&m, &all, spec, Receiver::Head { layer: 0, head: 1, input: PathInput::Q }, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("first layer"), "{e}");
+    let e = path_patch(&m, &all, PatchSpec { site: Site::Q, ..spec }, Receiver::Logits, &Gates::none(), &|| false, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("site \"z\""), "{e}");
+}
+
+/// Exact patching resumes a causal stack at the first position a patch changes, over the base
+/// run's keys and values of the positions before (`Transformer::layer_cached`). In every
+/// decoder-only family (rotary variants, sliding windows of 5 over 8 tokens, Gemma's alternating
+/// windows and soft-capping, parallel residuals, post-norms, q/k norms), float64: patching a
+/// layer's whole residual stream from the clean run is the clean run, and each head's `z`
+/// patch equals the whole stack run from that layer over every position (`stack_from_z`).
+#[test]
+fn resumed_patches_equal_whole_runs_in_every_family() {
+    use headscope::model::hooks::Point;
+    let pair = PairIds { clean: vec![5, 17, 42, 99, 7, 250, 3, 9], corrupted: vec![5, 17, 42, 140, 7, 250, 3, 19], answer: 33, wrong: Some(44) };
+    for name in ["llama", "llama3", "llama_yarn", "gpt2", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "pythia", "neox_sequential", "phi3", "phi3_partial", "olmo2"] {
+        let m = common::tiny_hf(name, "f64");
+        let ps = [pair.clone()];
+        let r = run(&m, &ps, Site::ResidPre, false, Direction::Denoise, PatchMetric::LogitDiff);
+        for (l, layer) in r.patched.iter().enumerate() {
+            assert!((layer[0][0] - r.clean).abs() < 1e-9 * (1.0 + r.clean.abs()), "{name}: resid_pre of layer {l} from the clean run gives {} but the clean run {}", layer[0][0], r.clean);
+        }
+        // Each head's z patch against the whole stack from its layer (every position).
+        let z = run(&m, &ps, Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+        let ids = |v: &[i64]| Tensor::from_slice(v).view([1, v.len() as i64]);
+        let mask = Tensor::ones([1, 8], (tch::Kind::Double, tch::Device::Cpu));
+        let _g = tch::no_grad_guard();
+        let run_rec = |v: &[i64]| common::recorded(&[Point::ResidPre, Point::Z], |r| m.net.encode(&ids(v), &mask, &Gates::none(), Some(r)).unwrap());
+        let (clean, _) = run_rec(&pair.clean);
+        let (corrupt, _) = run_rec(&pair.corrupted);
+        let (zc, zk, xk) = (common::at_point(&clean, Point::Z), common::at_point(&corrupt, Point::Z), common::at_point(&corrupt, Point::ResidPre));
+        let bias = m.net.self_bias(&mask, tch::Kind::Double);
+        let mut worst = 0.0f64;
+        for l in 0..zk.len() {
+            let heads = zk[l].size()[1];
+            for h in 0..heads {
+                let patched = zk[l].copy();
+                patched.narrow(1, h, 1).copy_(&zc[l].narrow(1, h, 1));
+                let states = m.net.stack_from_z(l, &xk[l], &patched, &bias, &Gates::none(), &mut None).unwrap();
+                let logits = m.net.logits(&states.select(1, 7)).unwrap().to_kind(tch::Kind::Double);
+                let want = logits.double_value(&[0, 33]) - logits.double_value(&[0, 44]);
+                let got = z.patched[l][0][h as usize];
+                worst = worst.max((got - want).abs());
+                assert!((got - want).abs() < 1e-9 * (1.0 + want.abs()), "{name}: z of {l}.{h}: resumed {got} vs the whole stack {want}");
+            }
+        }
+        eprintln!("{name}: resumed z patches within {worst:.1e} of whole-stack runs");
+    }
+}
+
+/// Resample ablation against transformers in float64 with a pre-hook on W^O
+/// (`fixtures/resample_ablation_reference.py`): each sentence's draw (splitmix64 of the seed
+/// and its index, among the reference sentences at least as long; a longer sentence than any
+/// falls back to all others, its positions past the drawn one's end taking the head's mean),
+/// the loss with two heads closed, and every head of the sweep, for two seeds.
+#[test]
+fn resample_ablation_equals_transformers() {
+    use headscope::analysis::ablation::{evaluate, prepare, set_resample, sweep, Metric};
+    use headscope::data::{Dataset, Item};
+    use headscope::model::{HeadId, Kind};
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("resample_ablation_golden.npz")).unwrap().into_iter().collect();
+    let texts = |v: &[&str]| Dataset::new("t", v.iter().map(|t| Item { text: t.to_string(), target: None, tree: None }).collect());
+    let reference = texts(&["the cat sat on the mat", "a dog ran in the park today", "we like green tea", "it is raining"]);
+    let eval = texts(&["the dog sat in the park", "a cat likes tea", "it is green", "the cat and the dog sat on the mat in the park all day"]);
+    let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }];
+    let stop = || false;
+    for name in ["gpt2", "llama"] {
+        let m = common::tiny_hf(name, "f64");
+        for seed in [0u64, 5] {
+            let mut p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
+            set_resample(&m, &mut p, &eval, 0, &reference, seed).unwrap();
+            let draws: Vec<i64> = p.resample.as_ref().unwrap().draws.iter().map(|&d| d as i64).collect();
+            assert_eq!(draws, Vec::<i64>::try_from(&g[&format!("{name}/draws/{seed}")]).unwrap(), "{name} seed {seed}: draws");
+            let got = evaluate(&m, &p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
+            let want = g[&format!("{name}/loss/{seed}")].double_value(&[]);
+            assert!((got - want).abs() < 1e-9 * want, "{name} seed {seed}: resample-ablated loss {got} vs transformers {want}");
+            let grid = sweep(&m, &p, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+            let w = &g[&format!("{name}/sweep/{seed}")];
+            let mut worst = 0.0f64;
+            for (l, row) in grid[0].1.iter().enumerate() {
+                for (h, &v) in row.iter().enumerate() {
+                    let want = w.double_value(&[l as i64, h as i64]);
+                    worst = worst.max((v - want).abs());
+                    assert!((v - want).abs() < 1e-9 * want, "{name} seed {seed} dec.{l}.{h}: sweep {v} vs transformers {want}");
+                }
+            }
+            eprintln!("{name} seed {seed}: resample-ablated loss {got:.12} (transformers {want:.12}); sweep within {worst:.1e}");
+        }
+    }
 }

@@ -41,12 +41,12 @@ fn planted() -> ViewKind {
             }
         }
     }
-    ViewKind { name: "enc".into(), n_layers: layers, n_heads: heads, query_tokens: tokens("The cat </script><b> on mats"), key_tokens: tokens("The cat </script><b> on mats"), attn }
+    ViewKind { name: "enc".into(), n_layers: layers, n_heads: heads, query_tokens: tokens("The cat </script><b> on mats"), key_tokens: tokens("The cat </script><b> on mats"), attn, scores: None }
 }
 
 /// A cross kind: 4 queries, each attending uniformly to 5 keys.
 fn cross() -> ViewKind {
-    ViewKind { name: "cross".into(), n_layers: 2, n_heads: 3, query_tokens: tokens("O gato em tapetes"), key_tokens: tokens("The cat </script><b> on mats"), attn: vec![0.2; 2 * 3 * 4 * 5] }
+    ViewKind { name: "cross".into(), n_layers: 2, n_heads: 3, query_tokens: tokens("O gato em tapetes"), key_tokens: tokens("The cat </script><b> on mats"), attn: vec![0.2; 2 * 3 * 4 * 5], scores: None }
 }
 
 fn run_page(view: &View, dir: &Path, args: &[&str]) -> serde_json::Value {
@@ -88,13 +88,17 @@ fn head_view_works_offline_in_a_browser() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let view = View::new("planted heads", vec![planted(), cross()]).unwrap();
+    // Coloured by a grid of the encoder's heads (layer 1's head 2 has no value).
+    let grid = vec![("enc".to_string(), vec![vec![0.5, -1.0, 0.0], vec![0.25, 2.0, f64::NAN]])];
+    let view = View::new("planted heads", vec![planted(), cross()]).unwrap().colour_by(&grid, "planted effect").unwrap();
     let seen = run_page(&view, dir.path(), &["--layers", "2", "--heads", "3", "--tokens", "5", "--kinds", "2"]);
     let all = [0, 1, 2, 3, 4];
     assert_eq!(lines(&seen, "layer0_head0"), expected(0, 0, &all));
     assert_eq!(lines(&seen, "layer0_head1"), expected(0, 1, &all));
     assert_eq!(lines(&seen, "layer1_head1"), expected(1, 1, &all));
     assert_eq!(lines(&seen, "all_heads").len(), 5 + 10 + 10);
+    assert_eq!(seen["scores_layer0"], serde_json::json!(["0.5", "-1", "0"]), "layer 0's score boxes");
+    assert_eq!(seen["scores_layer1"], serde_json::json!(["0.25", "2", ""]), "layer 1's score boxes follow the layer picker");
     // Layer 1, every head (head 2 removed), hovering query 1.
     let mut hover: Vec<_> = [expected(1, 0, &[1]), expected(1, 1, &[1])].concat();
     hover.sort_by(|a, b| a.partial_cmp(b).unwrap());

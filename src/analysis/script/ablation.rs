@@ -24,10 +24,13 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
     ABLATION_OPTION,
     REFERENCE_OPTION,
+    SEED_OPTION,
 ];
-/// How a closed head is ablated (docs/methods.md#mean-ablation).
-pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0) or \"mean\" (its mean over the reference dataset's tokens)");
-pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured", "the Dataset whose tokens give mean ablation's means");
+/// How a closed head is ablated (docs/methods.md#mean-ablation, #resample-ablation).
+pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or, in ablate and ablation_sweep, \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
+pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured", "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences");
+/// Resample ablation's seed.
+pub const SEED_OPTION: OptSpec = opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
 /// `with_mask`'s options.
 pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\"", "the Dataset whose tokens give mean ablation's means"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed")];
 
@@ -68,6 +71,16 @@ pub fn ablated_view(m: &ScriptModel, func: &str, mode: Ablation, reference: Opti
         }
         return Ok((m.clone(), vec![("ablation".into(), json!("zero"))]));
     }
+    if mode == Ablation::Resample {
+        // The draws are made on the prepared data ([`resampled`]); a view has no data.
+        let Some(d) = data else {
+            return Err(format!("{func}: resample ablation draws a reference sentence for each sentence measured: it is an option of ablate and ablation_sweep, not of a view (use ablation \"mean\" or \"zero\")"));
+        };
+        if let Some(r) = reference {
+            r.require_sentences(func)?;
+        }
+        return Ok((m.clone(), vec![("ablation".into(), json!("resample")), ("reference".into(), json!(reference.unwrap_or(d).name))]));
+    }
     let reference = match (reference, data) {
         (Some(r), _) => {
             r.require_sentences(func)?;
@@ -83,6 +96,13 @@ pub fn ablated_view(m: &ScriptModel, func: &str, mode: Ablation, reference: Opti
     Ok((v, vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))]))
 }
 
+/// Resample ablation on prepared data (`data`, the sentences `offset..` of the whole): each
+/// sentence's draw from `reference` (else the whole data) by `seed`; echoes the seed.
+fn resampled(m: &ScriptModel, p: &mut crate::analysis::ablation::Prepared, func: &str, data: &Dataset, offset: usize, reference: Option<&Dataset>, whole: &Dataset, seed: u64) -> Result<crate::output::Echo, String> {
+    crate::analysis::ablation::set_resample(&m.model, p, data, offset, reference.unwrap_or(whole), seed).map_err(|e| format!("{func}: {e}"))?;
+    Ok(vec![("seed".into(), json!(seed))])
+}
+
 /// The view `m` under the `ablation` and `reference` options of `o` (see [`ablated_view`]).
 pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
     let (mode, reference) = ablation_options(o)?;
@@ -95,6 +115,7 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
     crate::data::script::SHARD_OPTION,
     ABLATION_OPTION,
     REFERENCE_OPTION,
+    SEED_OPTION,
 ];
 /// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
 /// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
@@ -123,7 +144,7 @@ fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOp
     let (ablation, reference) = ablation_options(o)?;
     let metric = metric_option(o)?;
     let kinds = m.map(|m| kinds_option(m, o)).transpose()?;
-    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation, reference, mean_batch_tokens: mean_batch_tokens(o)? })
+    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation, reference, mean_batch_tokens: mean_batch_tokens(o)?, seed: o.usize_or_default("seed")? as u64 })
 }
 
 impl Default for SweepOptions {
@@ -153,8 +174,12 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
     // Mean ablation's means come from the whole reference (not one shard's part of it).
     let (mv, ablation) = ablated_view(m, f, opts.ablation, opts.reference.as_ref(), Some(d), opts.mean_batch_tokens)?;
     let m = &mv;
-    let (p, mut echo) = prepared(m, &plan.data(d, f)?, f, opts.metric, opts.batch_tokens)?;
+    let part = plan.data(d, f)?;
+    let (mut p, mut echo) = prepared(m, &part, f, opts.metric, opts.batch_tokens)?;
     echo.extend(ablation);
+    if opts.ablation == crate::analysis::ablation::Ablation::Resample {
+        echo.extend(resampled(m, &mut p, f, &part, plan.rows.start, opts.reference.as_ref(), d, opts.seed)?);
+    }
     let stop = crate::run::interrupted;
     let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
     let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
@@ -213,6 +238,17 @@ pub mod api {
     /// let g = m.confidence(d);
     /// assert(m.ablate(d, g.top(2), #{metric: "kl"}).heads == m.ablate(d, [g.top(2)[0].head, g.top(2)[1].head], #{metric: "kl"}).heads);
     /// ```
+    ///
+    /// `ablation`: "zero" (default), "mean" (each closed head's mean context over
+    /// `reference`'s tokens) or "resample" (its context on a sentence of `reference` drawn for
+    /// each sentence by `seed`; docs/methods.md#resample-ablation).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let d = corpus(asset("pud_en.txt")).take(6);
+    /// let r = m.ablate(d, ["dec.1.2"], #{ablation: "resample", seed: 1});
+    /// assert(r.ablation == "resample" && r.seed == 1 && r.value != m.ablate(d, ["dec.1.2"]).value);
+    /// ```
     #[rhai_fn(name = "ablate", return_raw, pure)]
     pub fn ablate_opts(m: &mut ScriptModel, data: Dynamic, heads: Dynamic, options: Map) -> ScriptResult<Map> {
         let ids = crate::model::script::head_ids(m, &heads, "ablate")?;
@@ -221,8 +257,12 @@ pub mod api {
         let (m, ablation) = ablation_view(m, &o, Some(&d))?;
         let metric = metric_option(&o)?;
         kinds_option(&m, &o)?;
-        let (p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
+        let (mut p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
         echo.extend(ablation);
+        let (mode, reference) = ablation_options(&o)?;
+        if mode == crate::analysis::ablation::Ablation::Resample {
+            echo.extend(resampled(&m, &mut p, "ablate", &d, 0, reference.as_ref(), &d, o.usize_or_default("seed")? as u64)?);
+        }
         // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
         let gates = m.closing(&ids).gates()?;
         let base_gates = m.gates()?;

@@ -1,6 +1,6 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
-use crate::analysis::patching::{attribute, patch_only, patch_translation, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site, SourcePair, Unit};
+use crate::analysis::patching::{attribute, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit};
 use crate::model::Kind;
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
@@ -21,6 +21,9 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt_str("method", "exact", "\"exact\" (one run per patch, batched) or \"attribution\" (the first-order estimate: two forwards and one backward; docs/methods.md#attribution-patching)"),
     opt("kinds", "every kind (translation models; the residual stream: enc and dec)", "the attention kinds patched, for translation models: \"enc\", \"dec\", \"cross\""),
     opt_int("verify", 0, "with method \"attribution\": patch the k units of largest |estimated effect| exactly (-1: every unit) and report the agreement"),
+    opt("receiver", "none", "path patching (docs/methods.md#path-patching): a head (\"dec.5.3\") or \"logits\"; every sender head's output reaches only that receiver's input"),
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "prompt tokens per batch of pairs (what bounds the recorded runs' memory)"),
+    opt_str("receiver_input", "q", "with a receiver head: the input its senders reach, \"q\", \"k\" or \"v\" (k, v: the key/value head serving it)"),
 ];
 
 options_enum!(Method, "patching method", {
@@ -182,13 +185,40 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
     if verify != 0 && method != Method::Attribution {
         return err("patch: verify checks attribution patching against exact patching; give it with method: \"attribution\"");
     }
+    let receiver = match o.value("receiver") {
+        None => None,
+        Some(v) => {
+            let name = v.clone().into_string().or_else(|_| err(format!("patch: receiver must be a head name (\"dec.5.3\") or \"logits\", got {}", crate::script::convert::quote(v))))?;
+            if method != Method::Exact || verify != 0 {
+                return err("patch: path patching (receiver) is exact; leave out method and verify");
+            }
+            if o.has("site") && !matches!(site, Site::Z | Site::Result) || each {
+                return err("patch: path patching sends each head's whole output: site \"z\", positions \"all\"");
+            }
+            Some(if name == "logits" {
+                if o.has("receiver_input") {
+                    return err("patch: receiver_input names a receiver head's input; the receiver \"logits\" has none");
+                }
+                Receiver::Logits
+            } else {
+                let id = m.head(&name, "patch: receiver: ").or_else(|e| err(e.to_string()))?;
+                Receiver::Head { layer: id.layer_idx, head: id.head, input: o.parsed_or_default::<PathInput>("receiver_input")? }
+            })
+        }
+    };
+    if receiver.is_none() && o.has("receiver_input") {
+        return err("patch: receiver_input goes with a receiver head (receiver: \"dec.5.3\")");
+    }
     let pairs = pairs_arg(data, F)?;
     if m.model.translates() {
+        if receiver.is_some() {
+            return err("patch: path patching of translation models is not offered yet; patch without a receiver");
+        }
         if method != Method::Exact {
             return err("patch: attribution patching of translation models is not offered yet; use method \"exact\"");
         }
         let metric = if o.has("metric") { metric } else { PatchMetric::Loss };
-        let spec = PatchSpec { site, each_position: each, direction, metric };
+        let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
         let kinds: Vec<Kind> = match o.labels("kinds")? {
             Some(names) => names.iter().map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}")))).collect::<ScriptResult<_>>()?,
             None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
@@ -217,25 +247,39 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         return result(m, &pairs, spec, &rs, &tokens, echo, "");
     }
     let (ids, tokens) = token_ids(m, &pairs)?;
-    let spec = PatchSpec { site, each_position: each, direction, metric };
+    let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
-    let r = match method {
-        Method::Exact => patch_only(&m.model, &ids, spec, None, &gates, &crate::run::interrupted, &mut progress),
-        Method::Attribution => attribute(&m.model, &ids, spec, &gates, &crate::run::interrupted),
+    let r = match (method, receiver) {
+        (_, Some(to)) => path_patch(&m.model, &ids, spec, to, &gates, &crate::run::interrupted, &mut progress),
+        (Method::Exact, None) => patch_only(&m.model, &ids, spec, None, &gates, &crate::run::interrupted, &mut progress),
+        (Method::Attribution, None) => attribute(&m.model, &ids, spec, &gates, &crate::run::interrupted),
     }
     .or_else(|e| err(format!("{F}: {e}")))?;
-    let echo = vec![
+    let kind = m.model.net.stack_kind;
+    let mut echo = vec![
         ("site".to_string(), json!(site.to_string())),
         ("positions".into(), json!(if each { "each" } else { "all" })),
         ("direction".into(), json!(direction.to_string())),
         ("metric".into(), json!(metric.to_string())),
         ("method".into(), json!(method.to_string())),
-        ("clean".into(), crate::script::convert::json_f64(r.clean)),
-        ("corrupted".into(), crate::script::convert::json_f64(r.corrupted)),
     ];
-    let kind = m.model.net.stack_kind;
-    let mut out = result(m, &pairs, spec, &[(kind, r.clone())], &tokens, echo.clone(), if method == Method::Attribution { "attribution " } else { "" })?;
+    let how = match receiver {
+        None if method == Method::Attribution => "attribution ".to_string(),
+        None => String::new(),
+        Some(Receiver::Logits) => {
+            echo.push(("receiver".into(), json!("logits")));
+            "path (to the logits) ".to_string()
+        }
+        Some(Receiver::Head { layer, head, input }) => {
+            echo.push(("receiver".into(), json!(format!("{kind}.{layer}.{head}"))));
+            echo.push(("receiver_input".into(), json!(input.to_string())));
+            format!("path (to {kind}.{layer}.{head}'s {input}) ")
+        }
+    };
+    echo.push(("clean".into(), crate::script::convert::json_f64(r.clean)));
+    echo.push(("corrupted".into(), crate::script::convert::json_f64(r.corrupted)));
+    let mut out = result(m, &pairs, spec, &[(kind, r.clone())], &tokens, echo.clone(), &how)?;
     if verify != 0 {
         // The units of largest estimated |effect|, patched exactly.
         let base = match direction {
@@ -287,6 +331,20 @@ pub mod api {
     /// attribution: patch the k units of largest estimated effect exactly, -1 every unit; adds
     /// `exact` and an `agreement` table). Each layer's patches run as rows of one batch above
     /// the layers computed once; the view's masks and gates apply.
+    ///
+    /// Path patching (docs/methods.md#path-patching): with `receiver` (a head, or "logits"),
+    /// each sender head's patched output reaches only that receiver's input (`receiver_input`:
+    /// "q", "k" or "v") through the residual stream; the grid holds the senders (layers at and
+    /// above the receiver's are empty).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let p = pairs([["a b c d", "a b e d", " c", " e"]]);
+    /// let r = m.patch(p, #{receiver: "dec.1.2", receiver_input: "k"});
+    /// assert(r.options.receiver == "dec.1.2" && !r.effect["dec.0.3"].is_nan() && r.effect["dec.1.0"].is_nan());
+    /// let l = m.patch(p, #{receiver: "logits"});
+    /// assert(type_of(l.effect) == "Grid");
+    /// ```
     ///
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");

@@ -246,7 +246,7 @@ pub mod api {
                     attn.extend(head);
                 }
             }
-            kinds.push(crate::view::ViewKind { name: k.kind.to_string(), n_layers: k.layers.len(), n_heads: width, query_tokens: k.query_tokens, key_tokens: k.key_tokens, attn });
+            kinds.push(crate::view::ViewKind { name: k.kind.to_string(), n_layers: k.layers.len(), n_heads: width, query_tokens: k.query_tokens, key_tokens: k.key_tokens, attn, scores: None });
         }
         crate::view::View::new(format!("{}: {text}", m.model.name()), kinds).or_else(|e| err(format!("view: {e}")))
     }
