@@ -275,6 +275,53 @@ impl Bucket {
     }
 }
 
+/// One bucket's clean and corrupted runs, and the metric read on rows of either direction's
+/// base run.
+struct Runs {
+    b: i64,
+    t: i64,
+    clean: Run,
+    corrupt: Run,
+    answer: Tensor,
+    wrong: Tensor,
+    clean_logp: Tensor,
+    spec: PatchSpec,
+}
+
+impl Runs {
+    fn new(model: &Model, group: &[&PairIds], point: Point, spec: PatchSpec, gates: &Gates) -> Result<Runs, ModelError> {
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, model.device());
+        let clean = record(model, &clean_ids, point, gates)?;
+        let corrupt = record(model, &corrupt_ids, point, gates)?;
+        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
+        Ok(Runs { b, t, clean, corrupt, answer, wrong, clean_logp, spec })
+    }
+
+    /// The metric of each of `reps` groups of the bucket's rows, from last-position logits
+    /// `[reps x B, V]` (row `j * B + b`).
+    fn metric(&self, logits: &Tensor, reps: i64) -> Result<Tensor, ModelError> {
+        metric(self.spec.metric, logits, &self.answer.repeat([reps, 1]), &self.wrong.repeat([reps, 1]), &self.clean_logp.repeat([reps, 1]))
+    }
+
+    /// The metric summed over the bucket's pairs, per group of rows.
+    fn sums(&self, logits: &Tensor, reps: i64) -> Result<Vec<f64>, ModelError> {
+        let v = self.metric(logits, reps)?.f_view([reps, self.b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+        Vec::<f64>::try_from(&v).map_err(|e| ModelError::Invalid(e.to_string()))
+    }
+
+    fn sum(&self, run: &Run) -> Result<f64, ModelError> {
+        Ok(self.sums(&run.logits, 1)?.first().copied().unwrap_or(f64::NAN))
+    }
+
+    /// The run patched and the run the values come from: (corrupted, clean) when denoising.
+    fn base_source(&self) -> (&Run, &Run) {
+        match self.spec.direction {
+            Direction::Denoise => (&self.corrupt, &self.clean),
+            Direction::Noise => (&self.clean, &self.corrupt),
+        }
+    }
+}
+
 /// Token rows per resumed chunk (as the ablation sweep's).
 const PATCH_ROWS: i64 = 2048;
 
@@ -311,7 +358,6 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
     let point = spec.site.point();
     let n_layers = net.encoder.len();
     let positions = by_len.first().map_or(0, |b| b.0);
-    let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     // Per layer, per position (or one), per unit: the sum over pairs.
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
@@ -320,20 +366,12 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
         if stop() {
             return Err(ModelError::Interrupted);
         }
-        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
-        let clean = record(model, &clean_ids, point, gates)?;
-        let corrupt = record(model, &corrupt_ids, point, gates)?;
-        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
-        let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
-            metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
-        };
-        clean_sum += m_of(&clean.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-        corrupt_sum += m_of(&corrupt.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-        let (base, source) = match spec.direction {
-            Direction::Denoise => (&corrupt, &clean),
-            Direction::Noise => (&clean, &corrupt),
-        };
-        let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let runs = Runs::new(model, group, point, spec, gates)?;
+        let (b, t) = (runs.b, runs.t);
+        clean_sum += runs.sum(&runs.clean)?;
+        corrupt_sum += runs.sum(&runs.corrupt)?;
+        let (base, source) = runs.base_source();
+        let base_sum = runs.sum(base)?;
         // Every layer's rows, grouped by the first position they change (layers ascending).
         let mut plans: Vec<Option<LayerPlan>> = Vec::with_capacity(n_layers);
         let mut by_start: BTreeMap<i64, Vec<(usize, i64)>> = BTreeMap::new();
@@ -362,10 +400,7 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
                     return Err(ModelError::Interrupted);
                 }
                 let states = resume(model, spec, pass, from, &plans, base, source, gates)?;
-                let n = pass.len() as i64;
-                let vals = m_of(&last_logits(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
-                let vals = Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?;
-                for (&(l, r), v) in pass.iter().zip(vals) {
+                for (&(l, r), v) in pass.iter().zip(runs.sums(&last_logits(model, &states)?, pass.len() as i64)?) {
                     if let Some(plan) = plans.get(l).and_then(Option::as_ref) {
                         let (p, u) = plan.cell(r);
                         sums[l][p][u] += v;
@@ -616,20 +651,12 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
     let steps = by_len.len() * limit;
     for (bi, (_, group)) in by_len.iter().enumerate() {
-        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, dev);
-        let clean = record(model, &clean_ids, Point::Z, gates)?;
-        let corrupt = record(model, &corrupt_ids, Point::Z, gates)?;
-        let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
-        let m_of = |logits: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
-            metric(spec.metric, logits, &answer.repeat([reps, 1]), &wrong.repeat([reps, 1]), &clean_logp.repeat([reps, 1]))
-        };
-        clean_sum += m_of(&clean.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-        corrupt_sum += m_of(&corrupt.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
-        let (base, source) = match spec.direction {
-            Direction::Denoise => (&corrupt, &clean),
-            Direction::Noise => (&clean, &corrupt),
-        };
-        let base_sum = m_of(&base.logits, 1)?.f_sum(DType::Double)?.double_value(&[]);
+        let runs = Runs::new(model, group, Point::Z, spec, gates)?;
+        let (b, t) = (runs.b, runs.t);
+        clean_sum += runs.sum(&runs.clean)?;
+        corrupt_sum += runs.sum(&runs.corrupt)?;
+        let (base, source) = runs.base_source();
+        let base_sum = runs.sum(base)?;
         // The receiver's layer: its base input and the base value at the receiver's input.
         let recv = match receiver {
             Receiver::Logits => None,
@@ -692,8 +719,7 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
                         net.finish_stack(y, &mut None)?
                     }
                 };
-                let vals = m_of(&last_logits(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
-                for (&r, v) in part.iter().zip(Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))?) {
+                for (&r, v) in part.iter().zip(runs.sums(&last_logits(model, &states)?, n)?) {
                     let (p, u) = plan.cell(r);
                     slot[p][u] += v;
                 }

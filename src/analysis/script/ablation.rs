@@ -98,6 +98,7 @@ pub fn ablated_view(m: &ScriptModel, func: &str, mode: Ablation, reference: Opti
 
 /// Resample ablation on prepared data (`data`, the sentences `offset..` of the whole): each
 /// sentence's draw from `reference` (else the whole data) by `seed`; echoes the seed.
+#[allow(clippy::too_many_arguments)]
 fn resampled(m: &ScriptModel, p: &mut crate::analysis::ablation::Prepared, func: &str, data: &Dataset, offset: usize, reference: Option<&Dataset>, whole: &Dataset, seed: u64) -> Result<crate::output::Echo, String> {
     crate::analysis::ablation::set_resample(&m.model, p, data, offset, reference.unwrap_or(whole), seed).map_err(|e| format!("{func}: {e}"))?;
     Ok(vec![("seed".into(), json!(seed))])
