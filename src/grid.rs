@@ -311,6 +311,24 @@ pub mod script {
             write_json(path, &g.to_json(), "to_json")
         }
 
+        /// The view with each head's box coloured by a grid's value (a patching effect, a
+        /// confidence, a sweep): a row of boxes per layer shown, red above 0, blue below, white
+        /// at 0, on one scale per kind; the grid's statistic names it. Kinds the grid lacks stay
+        /// uncoloured; a grid of another shape is refused. (Beside Grid, not the view: the view
+        /// knows no grids, so the module graph stays a DAG.)
+        ///
+        /// ```rhai
+        /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+        /// let r = m.patch(pairs([["a b c d", "a b e d", " c", " e"]]));
+        /// let v = m.view("a b c d").colour_by(r.effect);
+        /// assert(v.html.contains("\"scores\":[") && v.to_string().contains("coloured by normalised effect"));
+        /// ```
+        #[rhai_fn(return_raw, pure)]
+        pub fn colour_by(v: &mut crate::view::View, grid: Grid) -> ScriptResult<crate::view::View> {
+            let scores: Vec<(String, Vec<Vec<f64>>)> = grid.kinds.iter().map(|(k, g)| (k.to_string(), g.clone())).collect();
+            v.colour_by(&scores, &grid.stat).or_else(err)
+        }
+
         #[rhai_fn(name = "to_string", pure)]
         pub fn grid_to_string(g: &mut Grid) -> String {
             g.table().to_text()

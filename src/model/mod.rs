@@ -399,7 +399,8 @@ pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
         return match HF_FAMILIES.iter().find(|f| f.to_string() == t) {
             Some(f) => Ok(Some(*f)),
             None => {
-                let names: Vec<String> = HF_FAMILIES.iter().map(|f| f.to_string()).collect();
+                let mut names: Vec<String> = HF_FAMILIES.iter().map(|f| f.to_string()).collect();
+                names.sort();
                 Err(ModelError::Config(dir.join("config.json").display().to_string(), format!("model_type '{t}' is not supported (supported: {})", names.join(", "))))
             }
         };
