@@ -41,17 +41,17 @@ struct Config {
     bad_words_ids: Option<Vec<Vec<i64>>>,
 }
 
-/// BART's naming: `{prefix}.weight` / `{prefix}.bias`; LayerNorm epsilon 1e-5 (nn.LayerNorm's
-/// default; HF does not store it).
-fn linear(w: &mut Weights, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
+/// BART's naming (shared by M2M100 / NLLB and mBART, `m2m100.rs`): `{prefix}.weight` /
+/// `{prefix}.bias`; LayerNorm epsilon 1e-5 (nn.LayerNorm's default; HF does not store it).
+pub(super) fn linear(w: &mut Weights, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
     Ok(Linear { w: w.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(w.get(&format!("{prefix}.bias"), &[out])?) })
 }
 
-fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelError> {
+pub(super) fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelError> {
     Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{prefix}.weight"), &[d])?, bias: Some(w.get(&format!("{prefix}.bias"), &[d])?), eps: 1e-5 })
 }
 
-fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
+pub(super) fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
     Ok(Attention {
         q: linear(w, &format!("{prefix}.q_proj"), d, d)?,
         k: linear(w, &format!("{prefix}.k_proj"), d, d)?,

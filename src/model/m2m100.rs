@@ -11,8 +11,9 @@
 //! says so, emits the target-language token `forced_bos_token_id` first. The decoder's causal
 //! self-attention heads are kind `dec`.
 
+use super::bart::{attention, linear, norm};
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use super::nn::{Activation, Ffn, Linear, NormPosition};
 use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
@@ -53,31 +54,6 @@ struct Generation {
     decoder_start_token_id: Option<i64>,
     #[serde(default)]
     forced_bos_token_id: Option<i64>,
-}
-
-fn linear(w: &mut Weights, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
-    Ok(Linear { w: w.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(w.get(&format!("{prefix}.bias"), &[out])?) })
-}
-
-/// nn.LayerNorm with its default epsilon 1e-5 (HF does not store it).
-fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelError> {
-    Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{prefix}.weight"), &[d])?, bias: Some(w.get(&format!("{prefix}.bias"), &[d])?), eps: 1e-5 })
-}
-
-fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
-    Ok(Attention {
-        q: linear(w, &format!("{prefix}.q_proj"), d, d)?,
-        k: linear(w, &format!("{prefix}.k_proj"), d, d)?,
-        v: linear(w, &format!("{prefix}.v_proj"), d, d)?,
-        o: linear(w, &format!("{prefix}.out_proj"), d, d)?,
-        n_heads: h,
-        n_kv_heads: h,
-        head_dim: d / h,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    })
 }
 
 /// M2M100's sinusoids for positions `first..first + n` `[n, d]`, as
