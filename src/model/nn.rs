@@ -318,6 +318,75 @@ pub struct Gates {
     pub cross: Option<Tensor>,
     /// Per kind `[layers, heads, d_head]`: what a closed head's context becomes (zero when absent).
     pub fill: Fills,
+    /// Streaming heads of the decoder-only stack (docs/methods.md#streaming-heads).
+    pub stream: Option<std::sync::Arc<Streaming>>,
+}
+
+/// When streaming heads stream (docs/methods.md#streaming-heads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Regime {
+    /// Over the prompt and the generation alike (DuoAttention, PruLong).
+    Always,
+    /// Only after a prompt read in full (kvpress): `prompt` tokens, or, when `None`, the
+    /// prompt of a generation (the first call on a cache); a text analysed without a cache is
+    /// all prompt.
+    Decode { prompt: Option<i64> },
+}
+
+/// Streaming heads: each sees only the first `sink` keys and a recent window; the others see
+/// every key. `heads[layer][head]` in the original numbering (whole key/value groups under
+/// grouped-query attention: the view sets every query head of a streaming group).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streaming {
+    pub heads: Vec<Vec<bool>>,
+    pub sink: i64,
+    pub recent: i64,
+    pub regime: Regime,
+}
+
+impl Streaming {
+    /// Whether key `j` is seen by a streaming head's query `i` (both absolute positions),
+    /// for a prompt of `prompt` tokens (docs/methods.md#streaming-heads).
+    pub fn sees(&self, i: i64, j: i64, prompt: i64) -> bool {
+        match self.regime {
+            Regime::Always => j < self.sink || i - j < self.recent,
+            Regime::Decode { .. } => i < prompt || j < self.sink || j >= prompt - self.recent,
+        }
+    }
+
+    /// The prompt length the decode regime uses for a run over positions `..len` whose cache
+    /// was started by a call of `first` positions (`None`: no cache, the whole text).
+    pub fn prompt(&self, len: i64, first: Option<i64>) -> i64 {
+        match self.regime {
+            Regime::Always => len,
+            Regime::Decode { prompt: Some(p) } => p,
+            Regime::Decode { prompt: None } => first.unwrap_or(len),
+        }
+    }
+
+    /// Additive bias `[1, H, T, past + T]` (H: the heads the layer holds, `slots` after
+    /// `prune_heads`) hiding from layer `layer_idx`'s streaming heads the keys they do not see,
+    /// for queries at positions `past..past + T`; `None` when no head of the layer streams.
+    pub fn bias(&self, layer_idx: usize, slots: Option<&HeadSlots>, n_heads: i64, t: i64, past: i64, prompt: i64, dtype: DType, device: tch::Device) -> Option<Tensor> {
+        let row = self.heads.get(layer_idx)?;
+        let own: Vec<f32> = match slots {
+            None => (0..n_heads as usize).map(|h| if row.get(h).copied().unwrap_or(false) { 1.0 } else { 0.0 }).collect(),
+            Some(s) => s.index.iter().map(|&o| if row.get(o).copied().unwrap_or(false) { 1.0 } else { 0.0 }).collect(),
+        };
+        if !own.iter().any(|&v| v > 0.0) {
+            return None;
+        }
+        let tk = past + t;
+        let q = Tensor::arange_start(past, tk, (DType::Int64, device)).view([t, 1]);
+        let k = Tensor::arange(tk, (DType::Int64, device)).view([1, tk]);
+        let seen = match self.regime {
+            Regime::Always => k.lt(self.sink).logical_or(&(&q - &k).lt(self.recent)),
+            Regime::Decode { .. } => q.lt(prompt).logical_or(&k.lt(self.sink)).logical_or(&k.ge(prompt - self.recent)),
+        };
+        let hidden = seen.logical_not().to_kind(dtype).view([1, 1, t, tk]);
+        let heads = Tensor::from_slice(&own).to_kind(dtype).to_device(device).view([1, own.len() as i64, 1, 1]);
+        Some(hidden * heads * -1e9)
+    }
 }
 
 /// The values closed heads take instead of zero, per kind `[layers, heads, d_head]` (mean
@@ -398,13 +467,13 @@ impl Gates {
     /// The same gates (the tensors shared).
     pub fn share(&self) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone() }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone() }
     }
 }
 

@@ -546,9 +546,11 @@ impl Transformer {
     pub fn stack_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let kind = self.stack_kind;
         let mut x = x.shallow_clone();
+        let t = x.size()[1];
         for (l, layer) in self.encoder.iter().enumerate().skip(from) {
             let g = gates.layer(kind, l);
-            x = layer.forward(&x, bias, g.as_ref(), kind, l, h)?;
+            let streamed = self.streamed(gates, l, bias, t, 0, None);
+            x = layer.forward(&x, streamed.as_ref().unwrap_or(bias), g.as_ref(), kind, l, h)?;
         }
         self.final_norm(x, h)
     }
@@ -587,6 +589,7 @@ impl Transformer {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }
         let bias = cached_window_bias(x.size()[1], past, self.window, x.kind(), x.device());
+        let bias = self.streamed(gates, l, &bias, x.size()[1], past, None).unwrap_or(bias);
         let mut slot = prefix;
         let g = gates.layer(self.stack_kind, l);
         layer.forward_cached(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot))
@@ -630,12 +633,28 @@ impl Transformer {
         if cache.layers.len() != self.encoder.len() {
             cache.layers = (0..self.encoder.len()).map(|_| None).collect();
         }
+        if past == 0 {
+            cache.prompt = Some(t);
+        }
         for ((l, layer), slot) in self.encoder.iter().enumerate().zip(cache.layers.iter_mut()) {
             let g = gates.layer(kind, l);
-            x = layer.forward_cached(&x, &bias, g.as_ref(), kind, l, &mut h, Some(slot))?;
+            let streamed = self.streamed(gates, l, &bias, t, past, cache.prompt);
+            x = layer.forward_cached(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, &mut h, Some(slot))?;
         }
         cache.len += t;
         self.final_norm(x, &mut h)
+    }
+
+    /// Layer `l`'s attention bias with the keys its streaming heads do not see hidden
+    /// (docs/methods.md#streaming-heads), for `t` queries after `past` positions; `None` when no
+    /// head of the layer streams. `first`: the positions of a cache's first call (the prompt of
+    /// a generation).
+    fn streamed(&self, gates: &Gates, l: usize, bias: &Tensor, t: i64, past: i64, first: Option<i64>) -> Option<Tensor> {
+        let s = gates.stream.as_ref()?;
+        let attn = &self.encoder.get(l)?.attn;
+        let prompt = s.prompt(past + t, first);
+        let extra = s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, bias.kind(), bias.device())?;
+        Some(bias + extra)
     }
 
     /// The stack's attention bias: padding, plus the causal mask for a decoder-only model, plus
@@ -835,6 +854,9 @@ pub struct StackCache {
     pub layers: Vec<Option<KeysValues>>,
     /// Positions cached.
     pub len: i64,
+    /// The positions of the first call (a generation's prompt: the decode regime of streaming
+    /// heads reads it in full).
+    pub prompt: Option<i64>,
 }
 
 /// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached positions: key `j`

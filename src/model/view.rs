@@ -4,7 +4,7 @@
 //! and states here what it cannot run on ([`Needs`]); the script layer (`Model` in scripts) and
 //! the library API (`api::Model`) only wrap it.
 
-use super::nn::{Fills, Gates};
+use super::nn::{Fills, Gates, Regime, Streaming};
 use super::{HeadId, KindGrids, Model, ModelError};
 use std::rc::Rc;
 
@@ -19,6 +19,8 @@ pub struct View {
     pub soft: Option<Rc<KindGrids>>,
     /// Mean ablation: what closed heads carry instead of zero.
     pub ablation: Option<Rc<MeanAblation>>,
+    /// Streaming heads (docs/methods.md#streaming-heads): whole key/value groups.
+    pub streaming: Option<std::sync::Arc<Streaming>>,
 }
 
 /// The reference means closed heads take under mean ablation, and where they came from.
@@ -36,13 +38,15 @@ pub enum Needs {
     NoClosed,
     /// No continuous gates (training gates starts from the model without any).
     NoSoft,
-    /// The model as loaded: neither closed heads nor continuous gates.
+    /// The model as loaded: neither closed heads nor continuous gates nor streaming heads.
     Unmasked,
+    /// No streaming heads (a verb whose computation does not run the one forward).
+    NoStreaming,
 }
 
 impl View {
     pub fn new(model: Model) -> View {
-        View { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None }
+        View { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None, streaming: None }
     }
 
     /// The gates of this view: its closed heads (filled with the reference means under mean
@@ -57,7 +61,75 @@ impl View {
         if let Some(a) = &self.ablation {
             g.fill = a.fills.share();
         }
+        g.stream = self.streaming.clone();
         Ok(g)
+    }
+
+    /// A view with the key/value groups of `heads` streaming as well (docs/methods.md#streaming-heads):
+    /// naming one query head of a group streams the whole group, whose keys and values the
+    /// cache holds once. One setting (`sink`, `recent`, `regime`) per view; errors start with
+    /// `func`.
+    pub fn streaming(&self, heads: &[HeadId], sink: i64, recent: i64, regime: Regime, func: &str) -> Result<View, ModelError> {
+        let m = &self.model;
+        if !m.decoder_only() {
+            let what = if m.net.decoder.is_empty() { "an encoder: it reads every token at once and keeps no key/value cache" } else { "an encoder-decoder: streaming heads are offered for decoder-only models" };
+            return Err(ModelError::Invalid(format!("{func}: {} is {what}", m.name())));
+        }
+        if sink < 0 {
+            return Err(ModelError::Invalid(format!("{func}: sink must be 0 or more, got {sink}")));
+        }
+        if recent < 1 {
+            return Err(ModelError::Invalid(format!("{func}: recent must be 1 or more, got {recent}")));
+        }
+        if let Regime::Decode { prompt: Some(p) } = regime {
+            if p < 1 {
+                return Err(ModelError::Invalid(format!("{func}: prompt must be 1 or more tokens, got {p}")));
+            }
+        }
+        let shape = m.kind_shape(super::Kind::Dec)?;
+        let mut rows = match &self.streaming {
+            Some(s) if (s.sink, s.recent, s.regime) != (sink, recent, regime) => {
+                return Err(ModelError::Invalid(format!("{func}: this view streams with sink {}, recent {}, regime {} already: one setting per view", s.sink, s.recent, regime_name(s.regime))));
+            }
+            Some(s) => s.heads.clone(),
+            None => vec![vec![false; shape.n_heads]; shape.n_layers],
+        };
+        for h in heads {
+            m.check_head(*h)?;
+            for q in self.group_of(*h) {
+                rows[h.layer_idx][q] = true;
+            }
+        }
+        Ok(View { streaming: Some(std::sync::Arc::new(Streaming { heads: rows, sink, recent, regime })), ..self.clone() })
+    }
+
+    /// The query heads sharing `h`'s keys and values (`h` alone without grouped-query attention),
+    /// in the original numbering.
+    pub fn group_of(&self, h: HeadId) -> Vec<usize> {
+        let per = self.group_size(h.kind, h.layer_idx);
+        let g = h.head / per;
+        (g * per..(g + 1) * per).collect()
+    }
+
+    /// Query heads per key/value group in a layer (1 without grouped-query attention).
+    pub fn group_size(&self, kind: super::Kind, layer_idx: usize) -> usize {
+        self.model.attention(kind, layer_idx).map_or(1, |a| (a.width() / (a.n_kv_heads.max(1) as usize)).max(1))
+    }
+
+    /// The streaming key/value groups, each named `dec.L.kvG` with its query heads.
+    pub fn streaming_groups(&self) -> Vec<(String, Vec<HeadId>)> {
+        let Some(s) = &self.streaming else { return vec![] };
+        let mut out = Vec::new();
+        for (l, row) in s.heads.iter().enumerate() {
+            let per = self.group_size(super::Kind::Dec, l);
+            for g in 0..row.len() / per {
+                if row[g * per] {
+                    let heads = (g * per..(g + 1) * per).map(|h| HeadId { kind: super::Kind::Dec, layer_idx: l, head: h }).collect();
+                    out.push((format!("dec.{l}.kv{g}"), heads));
+                }
+            }
+        }
+        out
     }
 
     /// A view with `heads` closed as well (shared weights).
@@ -66,7 +138,7 @@ impl View {
         closed.extend_from_slice(heads);
         closed.sort();
         closed.dedup();
-        View { model: self.model.clone(), closed: Rc::new(closed), soft: self.soft.clone(), ablation: self.ablation.clone() }
+        View { closed: Rc::new(closed), ..self.clone() }
     }
 
     /// A head by its printed name (`"enc.2.5"`), checked against the model; an error starts
@@ -81,10 +153,12 @@ impl View {
     pub fn require(&self, func: &str, needs: Needs) -> Result<(), ModelError> {
         let closed = !self.closed.is_empty();
         let soft = self.soft.is_some();
+        let streaming = self.streaming.is_some();
         match needs {
             Needs::NoClosed if closed => Err(ModelError::Invalid(format!("{func}: run it on the unmasked model (this view masks heads already)"))),
             Needs::NoSoft if soft => Err(ModelError::Invalid(format!("{func}: train gates on a model without continuous gates (this view has them)"))),
             Needs::Unmasked if closed || soft => Err(ModelError::Invalid(format!("{func}: run it on the unmasked model (this view masks heads already)"))),
+            Needs::Unmasked | Needs::NoStreaming if streaming => Err(ModelError::Invalid(format!("{func}: not on a view with streaming heads; run it on the model without `with_streaming`"))),
             _ => Ok(()),
         }
     }
@@ -101,6 +175,7 @@ impl View {
             "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
             "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
             "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mean": a.reference, "digest": a.digest})),
+            "streaming": self.streaming.as_ref().map(|s| serde_json::json!({"sink": s.sink, "recent": s.recent, "regime": regime_name(s.regime), "prompt": match s.regime { Regime::Decode { prompt } => prompt, Regime::Always => None }, "groups": self.streaming_groups().into_iter().map(|(g, _)| g).collect::<Vec<_>>()})),
         })
     }
 
@@ -109,11 +184,23 @@ impl View {
         if self.soft.is_some() {
             d = format!("{}, continuous gates>", d.trim_end_matches('>'));
         }
+        if let Some(st) = &self.streaming {
+            let groups: Vec<String> = self.streaming_groups().into_iter().map(|(g, _)| g).collect();
+            d = format!("{}, streaming ({} sink, {} recent, {}): {}>", d.trim_end_matches('>'), st.sink, st.recent, regime_name(st.regime), groups.join(" "));
+        }
         if self.closed.is_empty() {
             d
         } else {
             let heads: Vec<String> = self.closed.iter().map(|h| h.to_string()).collect();
             format!("{}, masked: {}>", d.trim_end_matches('>'), heads.join(" "))
         }
+    }
+}
+
+/// The script name of a regime (`always`, `decode`).
+pub fn regime_name(r: Regime) -> &'static str {
+    match r {
+        Regime::Always => "always",
+        Regime::Decode { .. } => "decode",
     }
 }

@@ -310,9 +310,9 @@ pub mod api {
                 closed.extend(result.run.closed());
                 closed.sort();
                 closed.dedup();
-                ScriptModel { model, closed: Rc::new(closed), soft: m.soft.clone(), ablation: m.ablation.clone() }
+                ScriptModel { model, closed: Rc::new(closed), ..m.clone() }
             }
-            EvalGates::Continuous => ScriptModel { model, closed: m.closed.clone(), soft: Some(Rc::new(result.gates())), ablation: m.ablation.clone() },
+            EvalGates::Continuous => ScriptModel { model, soft: Some(Rc::new(result.gates())), ..m.clone() },
         })
     }
 

@@ -11,6 +11,7 @@ mod importance;
 mod lrp;
 mod patching;
 mod sharded;
+mod streaming;
 mod taxonomy;
 
 /// The options of this family's functions, for `:help` and completion (`Model.bleu`: the
@@ -26,6 +27,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("Model.bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
     ("patch", patching::PATCH_OPTIONS),
+    ("with_streaming", streaming::WITH_STREAMING_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
@@ -56,6 +58,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(lrp::api).into());
     engine.register_global_module(rhai::exported_module!(importance::api).into());
     engine.register_global_module(rhai::exported_module!(patching::api).into());
+    engine.register_global_module(rhai::exported_module!(streaming::api).into());
     engine.register_type_with_name::<HeadTypes>("HeadTypes");
     engine.register_global_module(rhai::exported_module!(taxonomy::api).into());
 }

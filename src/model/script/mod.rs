@@ -241,7 +241,7 @@ pub mod api {
     pub fn to_device(m: &mut ScriptModel, device: &str) -> ScriptResult<ScriptModel> {
         let d: DeviceChoice = device.parse().or_else(|e: crate::device::DeviceError| err(format!("to: {e}")))?;
         let model = m.model.to_device(d).or_else(|e| err(format!("to: {e}")))?;
-        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone(), ablation: None })
+        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone(), ablation: None, streaming: m.streaming.clone() })
     }
 
     /// The model's tokens for a text (special tokens included).
