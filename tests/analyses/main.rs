@@ -13,3 +13,4 @@ mod planted_heads;
 mod taxonomy;
 mod bleu;
 mod sinks;
+mod streaming;
