@@ -10,6 +10,7 @@ pub mod importance;
 pub mod lrp;
 pub mod options;
 pub mod patching;
+pub mod streaming;
 pub mod taxonomy;
 pub mod result;
 pub mod script;

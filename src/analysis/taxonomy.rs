@@ -142,7 +142,7 @@ type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]) -> Result<
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
 /// layer's attention `[B, H, T, T]` with the batch's rows to `on`; the first error `on` returns
 /// ends the run.
-fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: OnAttention) -> Result<(), AnalysisError> {
+pub(crate) fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: OnAttention) -> Result<(), AnalysisError> {
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
     let per_batch = (1024 / t).max(1);

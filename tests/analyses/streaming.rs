@@ -100,3 +100,178 @@ fn streaming_generation_equals_the_whole_text_run() {
         }
     }
 }
+
+mod planted {
+    //! A hand-built decoder-only model: layer 0 attends within a window of the last 4 tokens
+    //! (dec.0.0 a previous-token head writing the previous token into a slot of its own, the
+    //! others uniform over the window); in layer 1, dec.1.0 is a copy (induction) head whose
+    //! output is the model's prediction (the token after the current token's previous
+    //! occurrence), dec.1.1 an echo head (attention on the current token's previous occurrence),
+    //! dec.1.2 and dec.1.3 uniform over every token.
+    use crate::common::{self, zeros};
+    use headscope::analysis::streaming::{group_scores, kv_cost, passkey_accuracy, passkeys, scores, split, ScoreOptions, Scorer, SCORERS};
+    use headscope::analysis::taxonomy::ProbeOptions;
+    use headscope::data::{Dataset, Item};
+    use headscope::model::nn::{Activation, Attention, Ffn, Linear, NormPosition, Regime};
+    use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
+    use headscope::model::view::View;
+    use headscope::model::{Family, HeadId, Kind};
+    use tch::{Device, Kind as DType, Tensor};
+
+    const V: i64 = 40;
+    const P: i64 = 64;
+    const D: i64 = 3 * V + P; // token | position | previous token | answer
+    const H: i64 = 4;
+    const S: f64 = 30.0;
+    const CONTEXT: i64 = 48;
+    const NEEDLE: usize = 6;
+
+    fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, i64, i64, f64)], o: &[(i64, i64, i64, f64)]) -> Attention {
+        let fill = |entries: &[(i64, i64, i64, f64)]| {
+            let w = zeros(&[H * D, D]);
+            for &(h, d, i, x) in entries {
+                let _ = w.get(h * D + d).get(i).fill_(x);
+            }
+            w
+        };
+        let wo = zeros(&[D, H * D]);
+        for &(h, d, out, x) in o {
+            let _ = wo.get(out).get(h * D + d).fill_(x);
+        }
+        Attention { q: Linear { w: fill(q), b: None }, k: Linear { w: fill(k), b: None }, v: Linear { w: fill(v), b: None }, o: Linear { w: wo, b: None }, n_heads: H, n_kv_heads: H, head_dim: D, rotary: None, slots: None, qk_norm: None, score: Default::default() }
+    }
+
+    fn layer(attn: Attention, window: Option<i64>) -> EncoderLayer {
+        EncoderLayer { attn, attn_norm: common::rms_norm(D), ffn: Ffn { up: Linear { w: zeros(&[8, D]), b: None }, down: Linear { w: zeros(&[D, 8]), b: None }, act: Activation::Gelu, gate: None }, ffn_norm: common::rms_norm(D), norm_position: NormPosition::Pre, post_norms: None, window }
+    }
+
+    pub fn model() -> (View, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let words: Vec<String> = (0..V - 4).map(|i| format!("w{i}")).collect();
+        let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
+        let (tokv, posv, prevv, ansv) = (0, V, V + P, 2 * V + P);
+        // The rms norm scales the one-hot input (two ones in D) by sqrt(D / 2), and scores are
+        // divided by sqrt(d_head): S sqrt(D) / (D / 2) per entry gives scores of S in layer 0
+        // (2 S / 3 in layer 1, whose input has a third one).
+        let n = S * (D as f64).sqrt() / (D as f64 / 2.0);
+        let (mut q0, mut k0, mut v0, mut o0) = (vec![], vec![], vec![], vec![]);
+        for i in 1..P {
+            q0.push((0, i - 1, posv + i, n));
+        }
+        for j in 0..P {
+            k0.push((0, j, posv + j, 1.0));
+        }
+        for t in 0..V {
+            v0.push((0, t, tokv + t, 1.0));
+            o0.push((0, t, prevv + t, 1.0 / (D as f64 / 2.0).sqrt()));
+        }
+        let (mut q1, mut k1, mut v1, mut o1) = (vec![], vec![], vec![], vec![]);
+        for t in 0..V {
+            // dec.1.0: the current token meets the previous-token slot; its value, the key's
+            // token, goes to the answer slot.
+            q1.push((0, t, tokv + t, n));
+            k1.push((0, t, prevv + t, 1.0));
+            v1.push((0, t, tokv + t, 1.0));
+            o1.push((0, t, ansv + t, 1.0));
+            // dec.1.1: the current token meets the same token, not at its own position.
+            q1.push((1, t, tokv + t, n));
+            k1.push((1, t, tokv + t, 1.0));
+        }
+        for p in 0..P {
+            q1.push((1, V + p, posv + p, -n));
+            k1.push((1, V + p, posv + p, 1.0));
+        }
+        let l0 = attention(&q0, &k0, &v0, &o0);
+        let l1 = attention(&q1, &k1, &v1, &o1);
+        let tokens = Tensor::eye_m(V, D, (DType::Float, Device::Cpu));
+        let positions = zeros(&[P, D]);
+        for p in 0..P {
+            let _ = positions.get(p).get(posv + p).fill_(1.0);
+        }
+        let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+        let mut m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0, Some(4)), layer(l1, None)], Kind::Dec, Family::Gpt2);
+        let out = zeros(&[V, D]);
+        for t in 0..V {
+            let _ = out.get(t).get(ansv + t).fill_(10.0);
+        }
+        m.net.output = Some(Linear { w: out, b: None });
+        (View::new(m), dir)
+    }
+
+    fn head(l: usize, h: usize) -> HeadId {
+        HeadId { kind: Kind::Dec, layer_idx: l, head: h }
+    }
+
+    fn probes() -> ScoreOptions {
+        ScoreOptions { probes: ProbeOptions { seed: 1, n: 6, len: 12, needle: NEEDLE, haystack: 30 }, q_len: 64 }
+    }
+
+    fn words(v: &View) -> Dataset {
+        let _ = v;
+        let texts = ["w5 w6 w7 w8 w9 w10 w11 w12 w5 w6 w7 w8", "w20 w21 w22 w20 w21 w22 w30 w31"];
+        Dataset::new("words", texts.iter().map(|t| Item { text: t.to_string(), target: None, tree: None }).collect())
+    }
+
+    /// Every scorer puts the windowed layer's heads at the bottom; the retrieval-like scorers
+    /// put the copy head at the top, echo the echo head.
+    #[test]
+    fn every_scorer_scores_the_windowed_heads_streaming_and_keeps_the_copy_heads() {
+        let (v, _dir) = model();
+        for scorer in SCORERS {
+            let g = scores(&v, scorer, Some(&words(&v)), &probes(), &|| false).unwrap();
+            eprintln!("{scorer:10} {:?}", g.iter().map(|r| r.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>());
+            let low = g[0][0];
+            assert!(g.iter().flatten().all(|&x| low <= x), "{scorer}: dec.0.0 (attending to the last 4 tokens only) scores lowest");
+            // Keeping one group in eight full streams the windowed head.
+            let one = split(&v, &group_scores(&v, &g), 1.0 / 8.0, 0, 4, Regime::Always, "test").unwrap();
+            assert!(one.streaming.as_ref().unwrap().heads[0][0], "{scorer}: dec.0.0 streams");
+            let top = match scorer {
+                Scorer::Retrieval | Scorer::HeadKv | Scorer::Induction => vec![head(1, 0)],
+                Scorer::Echo => vec![head(1, 1)],
+                Scorer::Razor => vec![head(1, 0), head(1, 1)],
+                Scorer::Duo => vec![],
+            };
+            if let Some(t) = top.iter().max_by(|a, b| g[a.layer_idx][a.head].total_cmp(&g[b.layer_idx][b.head])) {
+                let best = g[t.layer_idx][t.head];
+                assert!(g.iter().flatten().all(|&x| x <= best), "{scorer}: {t} scores highest");
+                assert!(best > low, "{scorer}: {t} above the windowed heads");
+                let kept = !one.streaming.as_ref().unwrap().heads[t.layer_idx][t.head];
+                assert!(kept, "{scorer}: keeping one group full keeps {t}");
+            }
+        }
+    }
+
+    /// Streaming the windowed layer changes nothing (difference 0); streaming the copy head
+    /// breaks the passkey.
+    #[test]
+    fn streaming_a_windowed_head_changes_nothing_and_a_copy_head_breaks_the_passkey() {
+        let (v, _dir) = model();
+        let keys = passkeys(&v.model, 4, NEEDLE, CONTEXT, 3).unwrap();
+        let run = |w: &View, ids: &[i64]| {
+            let x = Tensor::from_slice(ids).view([1, -1]);
+            let states = w.model.net.encode(&x, &x.ones_like().to_kind(DType::Float), &w.gates().unwrap(), None).unwrap();
+            w.model.net.logits(&states).unwrap()
+        };
+        let layer0: Vec<HeadId> = (0..4).map(|h| head(0, h)).collect();
+        for (sink, recent) in [(0, 4), (4, 4), (2, 16)] {
+            let s = v.streaming(&layer0, sink, recent, Regime::Always, "test").unwrap();
+            for (seq, _) in &keys {
+                let d = common::max_diff(&run(&v, seq), &run(&s, seq));
+                assert_eq!(d, 0.0, "sink {sink}, recent {recent}: streaming the windowed layer changed the logits by {d:e}");
+            }
+        }
+        let full: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&v, &v.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
+        let copy = v.streaming(&[head(1, 0)], 2, 8, Regime::Always, "test").unwrap();
+        let broken: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&copy, &copy.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
+        let echo = v.streaming(&[head(1, 1), head(1, 2), head(1, 3)], 2, 8, Regime::Always, "test").unwrap();
+        let others: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&echo, &echo.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
+        eprintln!("passkey accuracy: full {full}, copy head streaming {broken}, the other layer-1 heads streaming {others}");
+        assert_eq!(full, 1.0, "the planted model retrieves every passkey");
+        assert_eq!(others, 1.0, "streaming the heads that do not copy keeps the passkey");
+        assert!(broken < 0.2, "streaming the copy head breaks the passkey: {broken}");
+        // The cache: 4 of 8 groups stream at sink 0, recent 4.
+        let c = kv_cost(&v.streaming(&layer0, 0, 4, Regime::Always, "test").unwrap(), CONTEXT);
+        assert_eq!((c.groups, c.streaming, c.entries, c.full_entries), (8, 4, 4 * CONTEXT + 4 * 4, 8 * CONTEXT));
+        assert_eq!(c.bytes, c.entries * 2 * D * 4);
+    }
+}

@@ -28,6 +28,8 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
     ("patch", patching::PATCH_OPTIONS),
     ("with_streaming", streaming::WITH_STREAMING_OPTIONS),
+    ("kv_scores", streaming::KV_SCORES_OPTIONS),
+    ("kv_curve", streaming::KV_CURVE_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.

@@ -1,11 +1,42 @@
 //! Streaming heads on a model (docs/methods.md#streaming-heads): `m.with_streaming(heads,
 //! #{sink, recent, regime, prompt})`, the view every analysis, ablation and generation runs on.
 
+use crate::analysis::streaming::{chunks, curve, group_scores, scores, CurveOptions, KvCost, Scorer, ScoreOptions};
+use crate::analysis::taxonomy::ProbeOptions;
+use crate::grid::Grid;
 use crate::model::nn::Regime;
 use crate::model::script::ScriptModel;
+use crate::model::view::{regime_name, View};
+use crate::model::Kind;
+use crate::plot::{Plot, PlotKind, Series};
 use crate::script::convert::{err, opt, opt_int, opt_str, OptSpec, Opts, ScriptResult};
+use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
+use serde_json::json;
+
+pub const KV_SCORES_OPTIONS: &[OptSpec] = &[
+    opt("data", "none (required by \"duo\")", "the texts whose mean queries and keys the duo scorer reads (kvpress: 50 BookSum chapters)"),
+    opt_int("seed", 0, "seed of the probe sequences (echo, induction, razor, retrieval, headkv)"),
+    opt_int("n", 20, "sequences per probe"),
+    opt_int("len", 50, "length of the random segment the repeated-token probe repeats"),
+    opt_int("needle", 8, "needle length of the retrieval probe"),
+    opt_int("haystack", 100, "haystack length of the retrieval probe"),
+    opt_int("q_len", 500, "duo: positions of the repeated mean query and key (kvpress's q_len)"),
+];
+
+pub const KV_CURVE_OPTIONS: &[OptSpec] = &[
+    opt("fractions", "[0.25, 0.5, 0.75, 0.875]", "fractions of key/value groups kept full (the highest-scored), each in (0, 1]"),
+    opt_int("context", 512, "tokens per sequence: the data's tokens, one text after another, cut into sequences of this length"),
+    opt("prompt", "context / 2", "positions measured start here (the decode regime reads the tokens before it in full)"),
+    opt_int("sink", 4, "the first tokens every streaming head keeps seeing"),
+    opt_int("recent", 64, "a streaming head's recent window"),
+    opt_str("regime", "always", "\"always\" or \"decode\" (docs/methods.md#streaming-heads)"),
+    opt_int("induction", 4, "repeated random sequences of `context` tokens for the induction loss (0: none)"),
+    opt_int("passkey", 4, "synthetic passkey sequences of `context` tokens (a random needle at a seeded depth, repeated at the end; 0: none)"),
+    opt_int("needle", 8, "the passkey's length in tokens"),
+    opt_int("seed", 0, "seed of the induction and passkey sequences"),
+];
 
 pub const WITH_STREAMING_OPTIONS: &[OptSpec] = &[
     opt_int("sink", 4, "the first tokens every streaming head keeps seeing (attention sinks)"),
@@ -45,6 +76,36 @@ pub fn streaming_options(o: &Opts) -> ScriptResult<(i64, i64, Regime)> {
     Ok((sink, recent, regime))
 }
 
+/// The grid of a scorer's scores.
+fn score_grid(m: &View, scorer: Scorer, g: Vec<Vec<f64>>, dataset: String, echo: crate::output::Echo) -> Grid {
+    Grid { stat: format!("{scorer} score"), model: m.model.name(), dataset, kinds: vec![(Kind::Dec, g)], options: echo }
+}
+
+/// A cost as a script map.
+fn cost_map(c: &KvCost, context: i64) -> Map {
+    let mut out = Map::new();
+    out.insert("context".into(), Dynamic::from(context));
+    out.insert("groups".into(), Dynamic::from(c.groups));
+    out.insert("streaming".into(), Dynamic::from(c.streaming));
+    out.insert("entries".into(), Dynamic::from(c.entries));
+    out.insert("full_entries".into(), Dynamic::from(c.full_entries));
+    out.insert("bytes".into(), Dynamic::from(c.bytes));
+    out.insert("full_bytes".into(), Dynamic::from(c.full_bytes));
+    out.insert("fraction".into(), Dynamic::from(c.fraction()));
+    out
+}
+
+/// Per layer `[layers][heads]` scores from a Grid's `dec` kind, checked against the model.
+fn grid_scores(m: &View, g: &Grid, what: &str) -> ScriptResult<Vec<Vec<f64>>> {
+    let f = "kv_curve";
+    let Some((_, rows)) = g.kinds.iter().find(|(k, _)| *k == Kind::Dec) else { return err(format!("{f}: {what} has no 'dec' heads: scores of a decoder-only model's heads are needed")) };
+    let s = m.model.kind_shape(Kind::Dec)?;
+    if rows.len() != s.n_layers || rows.iter().any(|r| r.len() != s.n_heads) {
+        return err(format!("{f}: {what} is {} layers x {} heads; {} has {} x {}", rows.len(), rows.first().map_or(0, |r| r.len()), m.model.name(), s.n_layers, s.n_heads));
+    }
+    Ok(rows.clone())
+}
+
 #[export_module]
 pub mod api {
     /// A view of the model whose key/value groups of `heads` stream (docs/methods.md#streaming-heads):
@@ -68,6 +129,204 @@ pub mod api {
         let (sink, recent, regime) = streaming_options(&o)?;
         let ids = crate::model::script::head_ids(m, &heads, f)?;
         Ok(m.streaming(&ids, sink, recent, regime, f)?)
+    }
+
+    /// How much each head of a decoder-only model needs the whole context, by one scorer
+    /// (docs/methods.md#streaming-scores): "echo" and "induction" (RazorAttention, on repeated
+    /// random tokens), "razor" (the larger of the two), "retrieval" (Wu et al.'s top-1 copy on
+    /// a needle in a haystack), "headkv" (attention mass on the needle while it is copied), "duo"
+    /// (kvpress's on-the-fly DuoAttention score over `data`). A Grid: higher = keep full.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let g = m.kv_scores("induction", #{n: 4, len: 20});
+    /// assert(g.to_string().contains("induction score") && g["dec"].len() == 2);
+    /// let d = m.kv_scores("duo", #{data: corpus(asset("pud_en.txt")).take(3), q_len: 50});
+    /// assert(d["dec"][0][0] == d["dec"][0][1]);
+    /// ```
+    #[rhai_fn(name = "kv_scores", return_raw, pure)]
+    pub fn kv_scores_opts(m: &mut ScriptModel, scorer: &str, options: Map) -> ScriptResult<Grid> {
+        let f = "kv_scores";
+        let o = Opts::new(&options, f, KV_SCORES_OPTIONS)?;
+        let scorer: Scorer = scorer.parse().or_else(|e: String| err(format!("{f}: {e}")))?;
+        let so = ScoreOptions {
+            probes: ProbeOptions { seed: o.usize_or_default("seed")? as u64, n: o.usize_or_default("n")?, len: o.usize_or_default("len")?, needle: o.usize_or_default("needle")?, haystack: o.usize_or_default("haystack")? },
+            q_len: o.usize_or_default("q_len")?.max(1) as i64,
+        };
+        let data = match o.value("data") {
+            Some(d) => Some(crate::data::script::dataset_arg(d, &format!("{f}: data"))?),
+            None => None,
+        };
+        if data.is_some() && scorer != Scorer::Duo {
+            return err(format!("{f}: 'data' feeds the duo scorer; \"{scorer}\" runs on its seeded probes"));
+        }
+        let g = scores(m, scorer, data.as_ref(), &so, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
+        let (dataset, echo) = match (&data, scorer) {
+            (Some(d), _) => (d.name.clone(), vec![("scorer".into(), json!(scorer.to_string())), ("q_len".into(), json!(so.q_len))]),
+            (None, _) => (
+                format!("{} probe (seed {})", if matches!(scorer, Scorer::Retrieval | Scorer::HeadKv) { "needle" } else { "repeated tokens" }, so.probes.seed),
+                vec![("scorer".into(), json!(scorer.to_string())), ("seed".into(), json!(so.probes.seed)), ("n".into(), json!(so.probes.n)), ("len".into(), json!(so.probes.len)), ("needle".into(), json!(so.probes.needle)), ("haystack".into(), json!(so.probes.haystack))],
+            ),
+        };
+        Ok(score_grid(m, scorer, g, dataset, echo))
+    }
+
+    /// `kv_scores` with the default options.
+    ///
+    /// ```rhai
+    /// let g = load_model("tests/fixtures/tiny_hf/gpt2").kv_scores("echo");
+    /// assert(g["dec"][1].len() == 4);
+    /// ```
+    #[rhai_fn(name = "kv_scores", return_raw, pure)]
+    pub fn kv_scores(m: &mut ScriptModel, scorer: &str) -> ScriptResult<Grid> {
+        kv_scores_opts(m, scorer, Map::new())
+    }
+
+    /// The key/value cache of this view for one sequence of `context` tokens, counted from
+    /// shapes (docs/methods.md#streaming-heads): `groups`, `streaming` (groups), `entries` and
+    /// `full_entries` (a group's key and value at one position), `bytes`, `full_bytes` (in the
+    /// model's dtype) and `fraction` (entries kept).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let c = m.with_streaming(["dec.0.0"], #{sink: 2, recent: 6}).kv_cost(100);
+    /// assert(c.groups == 4 && c.streaming == 1 && c.entries == 3 * 100 + 8);
+    /// assert(c.full_bytes == 4 * 100 * 2 * 8 * 4);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn kv_cost(m: &mut ScriptModel, context: i64) -> ScriptResult<Map> {
+        if context < 1 {
+            return err(format!("kv_cost: context must be 1 or more tokens, got {context}"));
+        }
+        if !m.model.decoder_only() {
+            return err(format!("kv_cost: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
+        }
+        Ok(cost_map(&crate::analysis::streaming::kv_cost(m, context), context))
+    }
+
+    /// Quality against the key/value cache kept (docs/methods.md#kv-curve): for each fraction,
+    /// the key/value groups with the highest scores stay full and the rest stream; over the
+    /// data cut into sequences of `context` tokens, the next-token loss and the KL to this model
+    /// on the positions from `prompt` on, the induction loss on repeated random tokens, the
+    /// synthetic passkey's accuracy, and the cache kept, counted exactly. `scores`: a Grid (`kv_scores`, `head_types`, any per-head
+    /// grid) or a map of them (one curve each). A Table, one row per scorer and fraction
+    /// (`kv_plot` draws it).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let d = corpus(asset("pud_en.txt")).take(20);
+    /// let t = m.kv_curve(#{echo: m.kv_scores("echo", #{n: 2, len: 10}), retrieval: m.kv_scores("retrieval", #{n: 2})}, d,
+    ///                    #{fractions: [0.5, 1.0], context: 64, sink: 2, recent: 8, induction: 0});
+    /// assert(t.len() == 4);
+    /// assert(t.row(1).kl == 0.0 && t.row(0).kv_kept < 1.0);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn kv_curve(m: &mut ScriptModel, scores: Dynamic, data: Dynamic, options: Map) -> ScriptResult<Table> {
+        let f = "kv_curve";
+        let o = Opts::new(&options, f, KV_CURVE_OPTIONS)?;
+        m.require(f, crate::model::view::Needs::NoStreaming)?;
+        if !m.model.decoder_only() {
+            return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
+        }
+        let named: Vec<(String, Grid)> = if let Some(g) = scores.clone().try_cast::<Grid>() {
+            vec![(g.stat.trim_end_matches(" score").to_string(), g)]
+        } else if let Some(map) = scores.clone().try_cast::<Map>() {
+            map.iter()
+                .map(|(k, v)| match v.clone().try_cast::<Grid>() {
+                    Some(g) => Ok((k.to_string(), g)),
+                    None => err(format!("{f}: scores.{k} must be a Grid of per-head scores, got {}", crate::script::convert::quote(v))),
+                })
+                .collect::<ScriptResult<_>>()?
+        } else {
+            return err(format!("{f}: scores must be a Grid or a map of Grids, got {}", crate::script::convert::quote(&scores)));
+        };
+        let fractions = o.numbers("fractions")?.unwrap_or_else(|| vec![0.25, 0.5, 0.75, 0.875]);
+        if let Some(bad) = fractions.iter().find(|x| !(**x > 0.0 && **x <= 1.0)) {
+            return err(format!("{f}: fractions must lie in (0, 1], got {bad}"));
+        }
+        let context = o.usize_or_default("context")? as i64;
+        let prompt = match o.value("prompt") {
+            Some(_) => o.usize("prompt")?.unwrap_or(0) as i64,
+            None => context / 2,
+        };
+        if prompt < 1 || prompt >= context {
+            return err(format!("{f}: prompt must lie in 1..{} (the positions measured start there), got {prompt}", context - 1));
+        }
+        let sink = o.usize_or_default("sink")? as i64;
+        let recent = o.usize_or_default("recent")? as i64;
+        if recent < 1 {
+            return err(format!("{f}: recent must be 1 or more, got {recent}"));
+        }
+        if sink + recent >= context {
+            return err(format!("{f}: sink + recent = {} covers the whole context of {context}: nothing would stream", sink + recent));
+        }
+        let regime = match o.parsed_or_default::<RegimeName>("regime")? {
+            RegimeName::Always => Regime::Always,
+            RegimeName::Decode => Regime::Decode { prompt: Some(prompt) },
+        };
+        let d = crate::data::script::dataset_arg(&data, &format!("{f}: data"))?;
+        let seqs = chunks(&m.model, &d, context).or_else(|e| err(e.to_string()))?;
+        let co = CurveOptions { fractions: fractions.clone(), context, measure_from: prompt, sink, recent, regime, induction: o.usize_or_default("induction")?, seed: o.usize_or_default("seed")? as u64, passkey: o.usize_or_default("passkey")?, needle: o.usize_or_default("needle")? };
+        if co.passkey > 0 && (co.needle < 2 || 2 * co.needle as i64 >= context) {
+            return err(format!("{f}: a passkey of {} tokens must have 2 or more and fit twice in the context of {context}", co.needle));
+        }
+        let mut t = Table::new(["scorer", "groups_full", "kv_kept", "kv_bytes", "loss", "kl", "induction_loss", "passkey"].iter().map(|s| s.to_string()).collect());
+        t.title = Some(format!("kv_curve: {} on {} ({} sequences of {context}, measured from {prompt}; sink {sink}, recent {recent}, regime {})", m.model.name(), d.name, seqs.len(), regime_name(regime)));
+        for (name, g) in &named {
+            let groups = group_scores(m, &grid_scores(m, g, &format!("scores '{name}'"))?);
+            let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
+            let points = curve(m, &groups, &seqs, &co, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+            for p in points {
+                t.push_row(vec![Cell::Text(name.clone()), Cell::Float(p.fraction), Cell::Float(p.cost.fraction()), Cell::Int(p.cost.bytes), Cell::Float(p.loss), Cell::Float(p.kl), if p.induction_loss.is_finite() { Cell::Float(p.induction_loss) } else { Cell::Empty }, if p.passkey.is_finite() { Cell::Float(p.passkey) } else { Cell::Empty }]).or_else(|e| err(format!("{f}: {e}")))?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// A `kv_curve` table as a line chart: `metric` ("kl", "loss", "induction_loss" or "passkey") against
+    /// the key/value cache kept, one line per scorer.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let t = m.kv_curve(m.kv_scores("echo", #{n: 2, len: 10}), corpus(asset("pud_en.txt")).take(20), #{fractions: [0.5, 1.0], context: 64, sink: 2, recent: 8, induction: 0});
+    /// assert(kv_plot(t, "kl").to_svg().contains("echo"));
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn kv_plot(t: Table, metric: &str) -> ScriptResult<Plot> {
+        let f = "kv_plot";
+        let col = |name: &str| t.column_index(name).or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a kv_curve table")));
+        if !["kl", "loss", "induction_loss", "passkey"].contains(&metric) {
+            return err(format!("{f}: metric must be \"kl\", \"loss\", \"induction_loss\" or \"passkey\", got {metric:?}"));
+        }
+        let (s, x, y) = (col("scorer")?, col("kv_kept")?, col(metric)?);
+        let mut series: Vec<Series> = Vec::new();
+        for r in &t.rows {
+            let name = match &r[s] {
+                Cell::Text(n) => n.clone(),
+                other => format!("{other:?}"),
+            };
+            let num = |c: &Cell| match c {
+                Cell::Float(v) => *v,
+                Cell::Int(v) => *v as f64,
+                _ => f64::NAN,
+            };
+            if !series.iter().any(|x| x.name == name) {
+                series.push(Series { name: name.clone(), x: vec![], y: vec![] });
+            }
+            let Some(line) = series.iter_mut().find(|x| x.name == name) else { continue };
+            line.x.push(num(&r[x]));
+            line.y.push(num(&r[y]));
+        }
+        for line in &mut series {
+            let mut pts: Vec<(f64, f64)> = line.x.iter().copied().zip(line.y.iter().copied()).collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (line.x, line.y) = pts.into_iter().unzip();
+        }
+        let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
+        p.x_label = "key/value cache kept".into();
+        p.y_label = metric.into();
+        p.title = t.title.clone().unwrap_or_default();
+        Ok(p)
     }
 
     /// `with_streaming` with the default sink (4) and recent window (64), regime "always".

@@ -1,0 +1,411 @@
+//! Which heads need the whole context (docs/methods.md#streaming-heads): scorers of the
+//! decoder-only stack's heads (RazorAttention's echo and induction, Wu et al.'s retrieval,
+//! HeadKV's needle mass, kvpress's on-the-fly DuoAttention score), the exact key/value cache a
+//! split keeps, and the curve of quality against the cache kept when the lowest-scored
+//! key/value groups stream. Everything runs through the one forward of a view
+//! ([`crate::model::view::View`]): a split is `View::streaming`.
+
+use super::taxonomy::{Probes, ProbeOptions};
+use super::AnalysisError;
+use crate::data::Dataset;
+use crate::model::hooks::{At, Point, Record};
+use crate::model::nn::{Gates, Regime};
+use crate::model::view::View;
+use crate::model::{HeadId, Kind, Model, ModelError};
+use tch::{Device, Kind as DType, Tensor};
+
+options_enum!(Scorer, "streaming scorer", {
+    /// Attention on the current token's earlier occurrence (RazorAttention's echo heads).
+    Echo = "echo",
+    /// Attention on the token after that occurrence (RazorAttention's induction heads).
+    Induction = "induction",
+    /// The larger of echo and induction.
+    Razor = "razor",
+    /// Top-1 copy of the needle token being predicted (Wu et al. 2025).
+    Retrieval = "retrieval",
+    /// Attention mass on the needle while it is predicted (HeadKV, Fu et al. 2025).
+    HeadKv = "headkv",
+    /// kvpress's on-the-fly DuoAttention score: the area under the cumulated attention of a
+    /// mean query over mean keys.
+    Duo = "duo",
+});
+
+pub const SCORERS: [Scorer; 6] = [Scorer::Echo, Scorer::Induction, Scorer::Razor, Scorer::Retrieval, Scorer::HeadKv, Scorer::Duo];
+
+/// The probes' shape and kvpress's query length.
+#[derive(Debug, Clone)]
+pub struct ScoreOptions {
+    pub probes: ProbeOptions,
+    /// kvpress's `q_len`: positions of the repeated mean query and key (500).
+    pub q_len: i64,
+}
+
+/// Per layer `[layers][heads]` scores of the decoder-only stack's heads, in the original
+/// numbering (NaN where `prune_heads` removed a head): higher needs the whole context more.
+/// `data` feeds the duo scorer (kvpress: its mean queries and keys).
+pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions, stop: &dyn Fn() -> bool) -> Result<Vec<Vec<f64>>, AnalysisError> {
+    let model = &v.model;
+    if !model.decoder_only() {
+        return Err(AnalysisError::Input(format!("kv_scores: {} is not a decoder-only model: its heads keep no key/value cache to compress", model.name())));
+    }
+    let gates = v.gates()?;
+    let _g = tch::no_grad_guard();
+    let held = model.layer_heads(Kind::Dec);
+    let mut sums: Vec<Vec<f64>> = held.iter().map(|&h| vec![0.0; h]).collect();
+    let add = |row: &mut Vec<f64>, t: &Tensor| -> Result<(), ModelError> {
+        for (s, x) in row.iter_mut().zip(Vec::<f64>::try_from(t.to_kind(DType::Double).to_device(Device::Cpu))?) {
+            *s += x;
+        }
+        Ok(())
+    };
+    let n: f64;
+    match scorer {
+        Scorer::Echo | Scorer::Induction | Scorer::Razor => {
+            let probes = Probes::generate(&super::taxonomy::token_pool(model), &o.probes).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_scores")))?;
+            let len = o.probes.len as i64;
+            let mut echo: Vec<Vec<f64>> = sums.clone();
+            super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, a, _| {
+                // Queries of the second half (i = len + i'): the echo key i', the induction key i' + 1.
+                let second = a.narrow(2, len, len);
+                let e = second.narrow(3, 0, len).diagonal(0, -2, -1).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / len as f64;
+                let ind = second.narrow(3, 1, len).diagonal(0, -2, -1).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / len as f64;
+                add(&mut echo[l], &e)?;
+                add(&mut sums[l], &ind)
+            })?;
+            n = probes.repeated.len() as f64;
+            match scorer {
+                Scorer::Echo => sums = echo,
+                Scorer::Razor => {
+                    for (r, e) in sums.iter_mut().zip(&echo) {
+                        for (x, y) in r.iter_mut().zip(e) {
+                            *x = x.max(*y);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Scorer::Retrieval | Scorer::HeadKv => {
+            let probes = Probes::generate(&super::taxonomy::token_pool(model), &o.probes).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_scores")))?;
+            for (seq, at) in &probes.needles {
+                let needle = (seq.len() - at) / 2;
+                let second = seq.len() - needle;
+                super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, a, _| {
+                    // Query second - 1 + q predicts needle token q.
+                    let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64); // [H, needle, T]
+                    if scorer == Scorer::HeadKv {
+                        let mass = rows.narrow(2, *at as i64, needle as i64).sum_dim_intlist([1i64, 2].as_slice(), false, DType::Double) / needle as f64;
+                        return add(&mut sums[l], &mass);
+                    }
+                    let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
+                    for (s, keys) in sums[l].iter_mut().zip(top.chunks(needle)) {
+                        let hits = keys.iter().enumerate().filter(|&(q, &j)| (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]).count();
+                        *s += hits as f64 / needle as f64;
+                    }
+                    Ok(())
+                })?;
+            }
+            n = probes.needles.len() as f64;
+        }
+        Scorer::Duo => {
+            let data = data.ok_or_else(|| AnalysisError::Input("kv_scores: the duo scorer needs data (its mean queries and keys): kv_scores(\"duo\", #{data: ...})".into()))?;
+            n = duo(model, data, &gates, o.q_len, stop, &mut sums)? as f64;
+        }
+    }
+    Ok(sums.iter().enumerate().map(|(l, row)| model.spread(Kind::Dec, l, &row.iter().map(|s| s / n).collect::<Vec<_>>())).collect())
+}
+
+/// kvpress's `duo_attention_on_the_fly`, added into `sums` per text of `data`: per layer, the
+/// mean query and the mean key over the text's tokens (after the q/k norms, before rotary),
+/// each repeated `q_len` times and rotated to positions `0..q_len`; the last query's softmax
+/// over the keys (scaled by `1/sqrt(d_head)`), cumulated over the keys and averaged; then
+/// averaged over each key/value group's query heads. Returns the number of texts.
+fn duo(model: &Model, data: &Dataset, gates: &Gates, q_len: i64, stop: &dyn Fn() -> bool, sums: &mut [Vec<f64>]) -> Result<usize, AnalysisError> {
+    if data.is_empty() {
+        return Err(AnalysisError::Input("kv_scores: the duo scorer's data is empty".into()));
+    }
+    for text in data.texts() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let b = model.batch(&[text])?;
+        let mut means: Vec<(Option<Tensor>, Option<Tensor>)> = (0..sums.len()).map(|_| (None, None)).collect();
+        let mut on = |at: At, x: &Tensor| -> Result<(), ModelError> {
+            let m = x.get(0).mean_dim([1i64].as_slice(), true, x.kind()); // [heads, 1, dh]
+            match at.point {
+                Point::Q => means[at.layer].0 = Some(m),
+                _ => means[at.layer].1 = Some(m),
+            }
+            Ok(())
+        };
+        let mut rec = Record::new(&[Point::Q, Point::K], &mut on);
+        let _ = model.encode(&b, gates, Some(&mut rec))?;
+        for (l, (q, k)) in means.into_iter().enumerate() {
+            let (Some(q), Some(k), Some(attn)) = (q, k, model.attention(Kind::Dec, l)) else { continue };
+            let (h, hk, dh) = (q.size()[0], k.size()[0], q.size()[2]);
+            let mut q = q.expand([h, q_len, dh], false).unsqueeze(0);
+            let mut k = k.expand([hk, q_len, dh], false).unsqueeze(0);
+            if let Some(r) = &attn.rotary {
+                q = r.apply_from(&q.contiguous(), 0);
+                k = r.apply_from(&k.contiguous(), 0);
+            }
+            let k = k.repeat_interleave_self_int(h / hk.max(1), Some(1), None);
+            let w = q.narrow(2, q_len - 1, 1).matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt();
+            let w = w.softmax(-1, DType::Double).reshape([h, q_len]);
+            let s = w.cumsum(1, DType::Double).mean_dim([1i64].as_slice(), false, DType::Double);
+            let per = (h / hk.max(1)).max(1);
+            let s = s.view([h / per, per]).mean_dim([1i64].as_slice(), true, DType::Double).expand([h / per, per], false).reshape([h]);
+            for (x, y) in sums[l].iter_mut().zip(Vec::<f64>::try_from(s.to_device(Device::Cpu))?) {
+                *x += y;
+            }
+        }
+    }
+    Ok(data.len())
+}
+
+/// Per key/value group `[layers][groups]`: the mean of its query heads' scores (removed heads
+/// left out).
+pub fn group_scores(v: &View, scores: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    scores
+        .iter()
+        .enumerate()
+        .map(|(l, row)| {
+            let per = v.group_size(Kind::Dec, l);
+            row.chunks(per)
+                .map(|g| {
+                    let kept: Vec<f64> = g.iter().copied().filter(|x| x.is_finite()).collect();
+                    if kept.is_empty() { f64::NAN } else { kept.iter().sum::<f64>() / kept.len() as f64 }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The key/value cache of one sequence of `context` tokens under a view's streaming heads,
+/// counted from shapes (docs/methods.md#streaming-heads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvCost {
+    /// Entries (one key and one value of one group at one position) kept, and of the full cache.
+    pub entries: i64,
+    pub full_entries: i64,
+    /// Bytes of the keys and values kept, and of the full cache, in the model's dtype.
+    pub bytes: i64,
+    pub full_bytes: i64,
+    /// Key/value groups, and those streaming.
+    pub groups: i64,
+    pub streaming: i64,
+}
+
+impl KvCost {
+    pub fn fraction(&self) -> f64 {
+        if self.full_entries == 0 { 1.0 } else { self.entries as f64 / self.full_entries as f64 }
+    }
+}
+
+/// The entries a streaming group keeps after `context` positions: `sink + recent` of them
+/// (regime always), or, reading a prompt of `prompt` tokens in full, `sink + recent` of the
+/// prompt and every position after it (regime decode, as kvpress compresses the prompt once).
+pub fn streaming_entries(sink: i64, recent: i64, regime: Regime, context: i64) -> i64 {
+    let w = sink + recent;
+    match regime {
+        Regime::Always => context.min(w),
+        Regime::Decode { prompt } => {
+            let p = prompt.unwrap_or(context).min(context);
+            p.min(w) + (context - p)
+        }
+    }
+}
+
+/// The exact cache of a view at `context` tokens (batch 1): per layer, each key/value group
+/// keeps `context` keys and values, a streaming group [`streaming_entries`]; each entry is
+/// `2 x d_head` numbers of the model's dtype.
+pub fn kv_cost(v: &View, context: i64) -> KvCost {
+    let m = &v.model;
+    let elem = m.opts.dtype.elt_size_in_bytes() as i64;
+    let (mut entries, mut full, mut bytes, mut full_bytes, mut groups, mut streaming) = (0, 0, 0, 0, 0, 0);
+    let per_layer = m.layer_heads(Kind::Dec).len();
+    for l in 0..per_layer {
+        let Some(a) = m.attention(Kind::Dec, l) else { continue };
+        let per = v.group_size(Kind::Dec, l);
+        let width = a.width();
+        let dh = a.head_dim;
+        for g in 0..(width / per) {
+            let present = (g * per..(g + 1) * per).any(|h| a.physical(h).is_some());
+            if !present {
+                continue;
+            }
+            let streams = v.streaming.as_ref().is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
+            let n = match (&v.streaming, streams) {
+                (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context),
+                _ => context,
+            };
+            groups += 1;
+            streaming += streams as i64;
+            entries += n;
+            full += context;
+            bytes += n * 2 * dh * elem;
+            full_bytes += context * 2 * dh * elem;
+        }
+    }
+    KvCost { entries, full_entries: full, bytes, full_bytes, groups, streaming }
+}
+
+/// The split keeping the `fraction` of key/value groups with the highest score full (rounded
+/// to whole groups) and streaming the rest (ties: earlier layer and group first to stream).
+pub fn split(v: &View, groups: &[Vec<f64>], fraction: f64, sink: i64, recent: i64, regime: Regime, func: &str) -> Result<View, ModelError> {
+    let mut all: Vec<(f64, usize, usize)> = groups.iter().enumerate().flat_map(|(l, r)| r.iter().enumerate().filter(|(_, s)| s.is_finite()).map(move |(g, &s)| (s, l, g))).collect();
+    all.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    let n_stream = ((1.0 - fraction) * all.len() as f64).round() as usize;
+    let heads: Vec<HeadId> = all[..n_stream.min(all.len())].iter().map(|&(_, l, g)| HeadId { kind: Kind::Dec, layer_idx: l, head: g * v.group_size(Kind::Dec, l) }).collect();
+    if heads.is_empty() {
+        // Nothing streams: the view as given (its streaming setting echoed all the same).
+        return v.streaming(&[], sink, recent, regime, func);
+    }
+    v.streaming(&heads, sink, recent, regime, func)
+}
+
+/// What a point of the curve measures (docs/methods.md#kv-curve).
+#[derive(Debug, Clone)]
+pub struct CurvePoint {
+    /// Key/value groups kept full (the fraction asked) and the cache kept at the context.
+    pub fraction: f64,
+    pub cost: KvCost,
+    /// Mean next-token loss over the measured positions, and KL(full || streaming) there.
+    pub loss: f64,
+    pub kl: f64,
+    /// Mean next-token loss over the second half of repeated random tokens.
+    pub induction_loss: f64,
+    /// Synthetic passkey retrieval: the fraction of needle tokens predicted (argmax) in its
+    /// second occurrence.
+    pub passkey: f64,
+}
+
+/// The curve's typed options.
+#[derive(Debug, Clone)]
+pub struct CurveOptions {
+    pub fractions: Vec<f64>,
+    pub context: i64,
+    /// Positions `measure_from..context` are measured (the decode regime's prompt).
+    pub measure_from: i64,
+    pub sink: i64,
+    pub recent: i64,
+    pub regime: Regime,
+    /// Repeated random sequences for the induction loss (0: none), their seed.
+    pub induction: usize,
+    pub seed: u64,
+    /// Needle sequences of `context` tokens for the passkey (0: none), the needle's length.
+    pub passkey: usize,
+    pub needle: usize,
+}
+
+/// The passkey probes: `n` sequences of `context` tokens, each a random haystack with a needle
+/// of `needle` random tokens at a seeded depth, and the needle again at the end.
+pub fn passkeys(model: &Model, n: usize, needle: usize, context: i64, seed: u64) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
+    let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| AnalysisError::Input(format!("kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}")))?;
+    Ok(Probes::generate(&super::taxonomy::token_pool(model), &ProbeOptions { seed, n, len: 2, needle, haystack }).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_curve")))?.needles)
+}
+
+/// The fraction of a needle's tokens after its first that the view predicts (argmax, teacher
+/// forced) in its second occurrence, the last `needle` tokens of `seq`.
+pub fn passkey_accuracy(v: &View, gates: &Gates, seq: &[i64], needle: usize) -> Result<f64, AnalysisError> {
+    let at_second = seq.len() - needle;
+    if needle < 2 {
+        return Ok(f64::NAN);
+    }
+    let logp = log_probs(v, gates, seq, (at_second + 1) as i64)?;
+    let top = Vec::<i64>::try_from(logp.argmax(-1, false).reshape([-1]).to_device(Device::Cpu))?;
+    let hits = top.iter().zip(&seq[at_second + 1..]).filter(|(a, b)| a == b).count();
+    Ok(hits as f64 / (needle - 1) as f64)
+}
+
+/// The data as consecutive sequences of `context` tokens (every text's tokens, special tokens
+/// included, one after another).
+pub fn chunks(model: &Model, data: &Dataset, context: i64) -> Result<Vec<Vec<i64>>, AnalysisError> {
+    let mut stream = Vec::new();
+    for t in data.texts() {
+        stream.extend(model.tokenize(t)?.ids);
+    }
+    let out: Vec<Vec<i64>> = stream.chunks_exact(context as usize).map(|c| c.to_vec()).collect();
+    if out.is_empty() {
+        return Err(AnalysisError::Input(format!("kv_curve: {} has {} tokens, fewer than one context of {context}", data.name, stream.len())));
+    }
+    Ok(out)
+}
+
+/// Next-token log-probabilities `[1, T - from, V]` predicting positions `from..T` of `ids`.
+fn log_probs(v: &View, gates: &Gates, ids: &[i64], from: i64) -> Result<Tensor, AnalysisError> {
+    let m = &v.model;
+    let t = ids.len() as i64;
+    let x = Tensor::from_slice(ids).view([1, t]).to_device(m.device());
+    let mask = Tensor::ones([1, t], (DType::Float, m.device()));
+    let states = m.net.encode(&x, &mask, gates, None)?;
+    Ok(m.log_probs(&states.narrow(1, from - 1, t - from), DType::Float)?)
+}
+
+/// Mean loss of `targets` and KL(`full` || `logp`) over the positions.
+fn loss_kl(logp: &Tensor, full: &Tensor, targets: &Tensor) -> (f64, f64) {
+    let loss = crate::model::loss::nll(logp, targets).mean(DType::Double).double_value(&[]);
+    let kl = (full.exp() * (full - logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double).mean(DType::Double).double_value(&[]);
+    (loss, kl)
+}
+
+/// Quality against the cache kept: for each fraction, the view whose lowest-scored key/value
+/// groups stream ([`split`]) over `chunks` of the data, next-token loss and KL to the view
+/// without streaming on positions `measure_from..`, and the induction loss.
+pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<CurvePoint>, AnalysisError> {
+    let _g = tch::no_grad_guard();
+    let m = &v.model;
+    let views: Vec<View> = o.fractions.iter().map(|&f| split(v, groups, f, o.sink, o.recent, o.regime, "kv_curve")).collect::<Result<_, _>>()?;
+    let base = v.gates()?;
+    let mut acc = vec![(0.0, 0.0, 0.0); views.len()];
+    let repeated: Vec<Vec<i64>> = if o.induction > 0 {
+        let half = (o.context / 2) as usize;
+        Probes::generate(&super::taxonomy::token_pool(m), &ProbeOptions { seed: o.seed, n: o.induction, len: half, needle: 1, haystack: 0 }).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_curve")))?.repeated
+    } else {
+        vec![]
+    };
+    let keys = if o.passkey > 0 { passkeys(m, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
+    let mut pass = vec![0.0; views.len()];
+    let total = chunks.len() + repeated.len() + keys.len();
+    for (i, ids) in chunks.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let full = log_probs(v, &base, ids, o.measure_from)?;
+        let targets = Tensor::from_slice(&ids[o.measure_from as usize..]).view([1, -1]).to_device(m.device());
+        for (a, w) in acc.iter_mut().zip(&views) {
+            let (l, k) = loss_kl(&log_probs(w, &w.gates()?, ids, o.measure_from)?, &full, &targets);
+            a.0 += l / chunks.len() as f64;
+            a.1 += k / chunks.len() as f64;
+        }
+        progress(i + 1, total);
+    }
+    for (i, ids) in repeated.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let half = ids.len() as i64 / 2;
+        let targets = Tensor::from_slice(&ids[half as usize..]).view([1, -1]).to_device(m.device());
+        for (a, w) in acc.iter_mut().zip(&views) {
+            let logp = log_probs(w, &w.gates()?, ids, half)?;
+            a.2 += crate::model::loss::nll(&logp, &targets).mean(DType::Double).double_value(&[]) / repeated.len() as f64;
+        }
+        progress(chunks.len() + i + 1, total);
+    }
+    for (i, (seq, _)) in keys.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        for (p, w) in pass.iter_mut().zip(&views) {
+            *p += passkey_accuracy(w, &w.gates()?, seq, o.needle)? / keys.len() as f64;
+        }
+        progress(chunks.len() + repeated.len() + i + 1, total);
+    }
+    Ok(views
+        .iter()
+        .zip(acc)
+        .zip(pass)
+        .zip(&o.fractions)
+        .map(|(((w, (loss, kl, ind)), pass), &fraction)| CurvePoint { fraction, cost: kv_cost(w, o.context), loss, kl, induction_loss: if repeated.is_empty() { f64::NAN } else { ind }, passkey: if keys.is_empty() { f64::NAN } else { pass } })
+        .collect())
+}
