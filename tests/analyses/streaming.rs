@@ -275,3 +275,46 @@ mod planted {
         assert_eq!(c.bytes, c.entries * 2 * D * 4);
     }
 }
+
+/// The decode regime equals kvpress 0.5.5's DuoAttentionPress with the same streaming mask set
+/// by hand (`fixtures/kvpress_reference.py`: SmolLM2 through transformers' GGUF loader, a 256
+/// token prompt prefilled under the press, the rest fed over its cache): the next-token loss
+/// of the 44 tokens after the prompt within 1e-4.
+#[test]
+fn decode_regime_equals_kvpress_duo_attention_on_smollm2() {
+    let _heavy = common::heavy();
+    let g = common::golden_json("kvpress_golden.json");
+    let m = View::new(common::asset("smollm2", "f32"));
+    let text = std::fs::read_to_string(headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap();
+    let joined: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    // No special tokens, as the reference (headscope's GGUF tokenizer puts SmolLM2's BOS first).
+    let e = m.model.tokenize(&joined.join(" ")).unwrap();
+    let ids: Vec<i64> = e.ids.iter().zip(&e.special).filter(|(_, s)| !**s).map(|(&i, _)| i).take(300).collect();
+    let (first, last) = (&g["ids_first_last"][0], &g["ids_first_last"][1]);
+    assert_eq!(serde_json::json!(ids[..4]), *first, "tokenized as the reference");
+    assert_eq!(serde_json::json!(ids[296..]), *last, "tokenized as the reference");
+    let (p, sink, recent) = (g["prompt"].as_i64().unwrap(), g["sink"].as_i64().unwrap(), g["recent"].as_i64().unwrap());
+    let mut heads = Vec::new();
+    for (l, row) in g["streaming_mask"].as_array().unwrap().iter().enumerate() {
+        for (k, on) in row.as_array().unwrap().iter().enumerate() {
+            if on.as_i64() == Some(1) || on.as_bool() == Some(true) {
+                heads.push(HeadId { kind: Kind::Dec, layer_idx: l, head: k * 3 });
+            }
+        }
+    }
+    assert_eq!(heads.len(), 45);
+    let loss = |v: &View| {
+        let x = Tensor::from_slice(&ids[..299]).view([1, 299]);
+        let states = v.model.net.encode(&x, &x.ones_like().to_kind(DType::Float), &v.gates().unwrap(), None).unwrap();
+        let logp = v.model.log_probs(&states.narrow(1, p - 1, 300 - p), DType::Float).unwrap();
+        let targets = Tensor::from_slice(&ids[p as usize..]).view([1, -1]);
+        headscope::model::loss::nll(&logp, &targets).mean(DType::Double).double_value(&[])
+    };
+    let plain = loss(&m);
+    let streamed = loss(&m.streaming(&heads, sink, recent, Regime::Decode { prompt: Some(p) }, "test").unwrap());
+    let (want_plain, want) = (g["plain"]["loss"].as_f64().unwrap(), g["cases"]["streaming"]["one_call"]["loss"].as_f64().unwrap());
+    eprintln!("SmolLM2 decode regime, 45 of 90 groups streaming: loss {streamed:.9} (kvpress {want:.9}); plain {plain:.9} (transformers {want_plain:.9})");
+    assert!((plain - want_plain).abs() < 1e-4, "plain loss {plain} vs {want_plain}");
+    assert!((streamed - want).abs() < 1e-4, "streaming loss {streamed} vs kvpress {want}");
+    assert!((streamed - plain).abs() > 1e-2, "the case must change the loss");
+}
