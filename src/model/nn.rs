@@ -367,6 +367,7 @@ impl Streaming {
     /// Additive bias `[1, H, T, past + T]` (H: the heads the layer holds, `slots` after
     /// `prune_heads`) hiding from layer `layer_idx`'s streaming heads the keys they do not see,
     /// for queries at positions `past..past + T`; `None` when no head of the layer streams.
+    #[allow(clippy::too_many_arguments)]
     pub fn bias(&self, layer_idx: usize, slots: Option<&HeadSlots>, n_heads: i64, t: i64, past: i64, prompt: i64, dtype: DType, device: tch::Device) -> Option<Tensor> {
         let row = self.heads.get(layer_idx)?;
         let own: Vec<f32> = match slots {

@@ -122,6 +122,7 @@ pub fn progress_line(label: &str, p: &CurvePoint) -> String {
 /// library API run (pruning runs whole: it has no shards).
 pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> Result<PruneResult, String> {
     m.require("prune", Needs::NoSoft).map_err(|e| e.to_string())?;
+    m.require("prune", Needs::NoStreaming).map_err(|e| e.to_string())?;
     d.require_sentences("prune")?;
     for k in &opts.kinds {
         m.model.kind_shape(*k).map_err(|e| format!("prune: {e}"))?;

@@ -40,7 +40,7 @@ fn streaming_heads_equal_transformers_with_the_same_mask() {
     for (name, heads) in [("llama", vec![(0, 2), (1, 0)]), ("gpt2", vec![(0, 1), (1, 3)])] {
         let m = View::new(common::tiny_hf(name, "f64"));
         for (s, text) in SENTENCES.iter().enumerate() {
-            let ids: Vec<i64> = m.model.tokenize(text).unwrap().ids.iter().map(|&i| i as i64).collect();
+            let ids: Vec<i64> = m.model.tokenize(text).unwrap().ids.clone();
             assert_eq!(ids, Vec::<i64>::try_from(&g[&format!("{name}/{s}/ids")]).unwrap(), "{name}: sentence {s} tokenized as transformers does");
         }
         let ids: Vec<HeadId> = heads.iter().map(|&(l, h)| HeadId { kind: Kind::Dec, layer_idx: l, head: h }).collect();
@@ -82,7 +82,7 @@ fn streaming_generation_equals_the_whole_text_run() {
         for regime in [Regime::Always, Regime::Decode { prompt: None }] {
             let v = m.streaming(&heads, 2, 3, regime, "test").unwrap();
             let new = v.model.generate(prompt, 8, &v.gates().unwrap()).unwrap();
-            let out: Vec<i64> = m.model.tokenize(prompt).unwrap().ids.iter().map(|&i| i as i64).chain(new.iter().copied()).collect();
+            let out: Vec<i64> = m.model.tokenize(prompt).unwrap().ids.iter().copied().chain(new.iter().copied()).collect();
             // The same ids run whole: each generated token is the argmax at its position.
             let fixed = match regime {
                 Regime::Decode { .. } => m.streaming(&heads, 2, 3, Regime::Decode { prompt: Some(n_prompt) }, "test").unwrap(),
@@ -317,4 +317,48 @@ fn decode_regime_equals_kvpress_duo_attention_on_smollm2() {
     assert!((plain - want_plain).abs() < 1e-4, "plain loss {plain} vs {want_plain}");
     assert!((streamed - want).abs() < 1e-4, "streaming loss {streamed} vs kvpress {want}");
     assert!((streamed - plain).abs() > 1e-2, "the case must change the loss");
+}
+
+/// Bad input to the streaming functions: one-line errors naming the argument; the session
+/// keeps its variables.
+#[test]
+fn bad_streaming_input_is_a_one_line_error() {
+    use headscope::engine::{Session, SessionOptions};
+    let mut s = Session::new(SessionOptions::default());
+    let tiny = |n: &str| common::root().join("tests/fixtures/tiny_hf").join(n).display().to_string();
+    s.eval("setup", &format!("let m = load_model({:?}); let b = load_model({:?}); let d = corpus(asset(\"pud_en.txt\")).take(20);", tiny("llama"), tiny("bart"))).unwrap();
+    let cases: &[(&str, &str)] = &[
+        ("load_model(\"minilm\").with_streaming([\"enc.0.1\"])", "with_streaming: minilm is an encoder: it reads every token at once and keeps no key/value cache"),
+        ("b.with_streaming([\"dec.0.1\"])", "streaming heads are offered for decoder-only models"),
+        ("m.with_streaming([\"dec.0.1\"], #{sink: -2})", "with_streaming: sink must be 0 or more, got -2"),
+        ("m.with_streaming([\"dec.0.1\"], #{recent: 0})", "with_streaming: recent must be 1 or more, got 0"),
+        ("m.with_streaming([\"dec.0.1\"], #{regime: \"prefill\"})", "unknown streaming regime 'prefill'"),
+        ("m.with_streaming([\"dec.0.1\"], #{prompt: 4})", "'prompt' is the part the decode regime reads in full; it needs regime: \"decode\""),
+        ("m.with_streaming([\"dec.9.1\"])", "with_streaming: heads[0]: layer 9 out of range"),
+        ("m.with_streaming([\"dec.0.1\"], #{sink: 2}).with_streaming([\"dec.1.1\"], #{sink: 3})", "one setting per view"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 32, recent: 40})", "kv_curve: sink + recent = 72 covers the whole context of 64: nothing would stream"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, fractions: [0.5, 0]})", "kv_curve: fractions must lie in (0, 1], got 0"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, fractions: [1.5]})", "kv_curve: fractions must lie in (0, 1], got 1.5"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 2, recent: 8, needle: 40})", "kv_curve: a passkey of 40 tokens must have 2 or more and fit twice in the context of 64"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 100000, sink: 2, recent: 8})", "fewer than one context of 100000"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, prompt: 64, sink: 2, recent: 8})", "kv_curve: prompt must lie in 1..63"),
+        ("m.kv_curve(#{a: 3}, d, #{context: 64})", "kv_curve: scores.a must be a Grid of per-head scores, got 3"),
+        ("m.with_streaming([\"dec.0.1\"]).kv_curve(m.kv_scores(\"echo\"), d, #{})", "kv_curve: not on a view with streaming heads"),
+        ("m.kv_scores(\"sinky\")", "kv_scores: unknown streaming scorer 'sinky'"),
+        ("m.kv_scores(\"duo\")", "kv_scores: the duo scorer needs data"),
+        ("m.kv_scores(\"echo\", #{data: d})", "kv_scores: 'data' feeds the duo scorer"),
+        ("b.kv_scores(\"echo\")", "is not a decoder-only model"),
+        ("m.kv_cost(0)", "kv_cost: context must be 1 or more tokens, got 0"),
+        ("kv_plot(table([\"x\"], []), \"kl\")", "kv_plot: the table has no 'scorer' column: pass a kv_curve table"),
+        ("m.with_streaming([\"dec.0.1\"]).lrp(d)", "lrp: not on a view with streaming heads"),
+        ("m.with_streaming([\"dec.0.1\"]).prune(d, #{steps: 1})", "prune: not on a view with streaming heads"),
+    ];
+    for (code, want) in cases {
+        let e = s.eval("case", code).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{code}: no error"));
+        let first = e.lines().next().unwrap_or("");
+        assert!(first.contains(want), "{code}: the first line {first:?} should say {want:?}\n{e}");
+        assert!(!e.contains("panicked"), "{code}: {e}");
+    }
+    let still = s.eval("after", "m.kv_cost(10).groups").unwrap().unwrap().text;
+    assert_eq!(still.trim(), "4", "the session keeps its variables");
 }

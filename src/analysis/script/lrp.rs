@@ -71,6 +71,7 @@ impl LrpOptions {
 pub fn lrp_planned(m: &View, d: &Dataset, opts: &LrpOptions, plan: &Plan) -> Result<Grid, String> {
     let f = "lrp";
     d.require_sentences(f)?;
+    m.require(f, crate::model::view::Needs::NoStreaming).map_err(|e| e.to_string())?;
     let gates = m.gates().map_err(|e| e.to_string())?;
     let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
     let r = crate::analysis::lrp::lrp(&m.model, &plan.data(d, f)?, opts, &gates, &crate::run::interrupted, &mut progress).map_err(|e| format!("lrp: {e}"))?;
