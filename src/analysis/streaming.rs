@@ -205,12 +205,12 @@ impl KvCost {
 /// The entries a streaming group keeps after `context` positions: `sink + recent` of them
 /// (regime always), or, reading a prompt of `prompt` tokens in full, `sink + recent` of the
 /// prompt and every position after it (regime decode, as kvpress compresses the prompt once).
-pub fn streaming_entries(sink: i64, recent: i64, regime: Regime, context: i64) -> i64 {
+pub fn streaming_entries(sink: i64, recent: i64, regime: Regime, context: i64, first: Option<i64>) -> i64 {
     let w = sink + recent;
     match regime {
         Regime::Always => context.min(w),
         Regime::Decode { prompt } => {
-            let p = prompt.unwrap_or(context).min(context);
+            let p = prompt.or(first).unwrap_or(context).min(context);
             p.min(w) + (context - p)
         }
     }
@@ -218,8 +218,9 @@ pub fn streaming_entries(sink: i64, recent: i64, regime: Regime, context: i64) -
 
 /// The exact cache of a view at `context` tokens (batch 1): per layer, each key/value group
 /// keeps `context` keys and values, a streaming group [`streaming_entries`]; each entry is
-/// `2 x d_head` numbers of the model's dtype.
-pub fn kv_cost(v: &View, context: i64) -> KvCost {
+/// `2 x d_head` numbers of the model's dtype. `first`: a generation's prompt length, the
+/// decode regime's prompt when the view names none (else the whole context is prompt).
+pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
     let m = &v.model;
     let elem = m.opts.dtype.elt_size_in_bytes() as i64;
     let (mut entries, mut full, mut bytes, mut full_bytes, mut groups, mut streaming) = (0, 0, 0, 0, 0, 0);
@@ -236,7 +237,7 @@ pub fn kv_cost(v: &View, context: i64) -> KvCost {
             }
             let streams = v.streaming.as_ref().is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
             let n = match (&v.streaming, streams) {
-                (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context),
+                (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context, first),
                 _ => context,
             };
             groups += 1;
@@ -406,6 +407,6 @@ pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOption
         .zip(acc)
         .zip(pass)
         .zip(&o.fractions)
-        .map(|(((w, (loss, kl, ind)), pass), &fraction)| CurvePoint { fraction, cost: kv_cost(w, o.context), loss, kl, induction_loss: if repeated.is_empty() { f64::NAN } else { ind }, passkey: if keys.is_empty() { f64::NAN } else { pass } })
+        .map(|(((w, (loss, kl, ind)), pass), &fraction)| CurvePoint { fraction, cost: kv_cost(w, o.context, None), loss, kl, induction_loss: if repeated.is_empty() { f64::NAN } else { ind }, passkey: if keys.is_empty() { f64::NAN } else { pass } })
         .collect())
 }

@@ -945,6 +945,12 @@ impl Model {
     /// [`Model::generate`], with the cache or (`cached: false`) recomputing the whole prefix
     /// for every new token (the reference the cached path is tested against).
     pub fn generate_with(&self, text: &str, n: usize, gates: &Gates, cached: bool) -> Result<Vec<i64>, ModelError> {
+        Ok(self.generate_run(text, n, gates, cached)?.0)
+    }
+
+    /// [`Model::generate`] and the key/value cache it leaves (under a streaming view, packed:
+    /// [`transformer::Packed`]); the cache is empty with `cached: false`.
+    pub fn generate_run(&self, text: &str, n: usize, gates: &Gates, cached: bool) -> Result<(Vec<i64>, transformer::StackCache), ModelError> {
         if self.net.stack_kind != Kind::Dec || self.net.output.is_none() {
             return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
         }
@@ -952,7 +958,7 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let mut ids = self.tokenize_all([text])?.remove(0).ids;
         let mut out = Vec::new();
-        let mut cache = transformer::StackCache::default();
+        let mut cache = transformer::StackCache { compress: true, ..Default::default() };
         let mut fresh: Vec<i64> = ids.clone();
         for _ in 0..n {
             let h = if cached {
@@ -972,7 +978,7 @@ impl Model {
             ids.push(next);
             fresh = vec![next];
         }
-        Ok(out)
+        Ok((out, cache))
     }
 
     pub fn detokenize(&self, ids: &[i64]) -> Result<String, ModelError> {

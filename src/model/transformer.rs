@@ -636,10 +636,37 @@ impl Transformer {
         if past == 0 {
             cache.prompt = Some(t);
         }
-        for ((l, layer), slot) in self.encoder.iter().enumerate().zip(cache.layers.iter_mut()) {
+        if cache.packed.len() != self.encoder.len() {
+            cache.packed = (0..self.encoder.len()).map(|_| None).collect();
+        }
+        let StackCache { layers, packed, prompt, compress, .. } = cache;
+        for (((l, layer), slot), pack) in self.encoder.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()) {
             let g = gates.layer(kind, l);
-            let streamed = self.streamed(gates, l, &bias, t, past, cache.prompt);
+            let streamed = self.streamed(gates, l, &bias, t, past, *prompt);
+            // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
+            // value per key/value group, a streaming group's only at the positions a later
+            // query can still see; the attention reads them unpacked.
+            let grouping = if *compress { Grouping::of(gates.stream.as_deref(), l, &layer.attn) } else { None };
+            if let (Some(_), Some(p)) = (&grouping, pack.take()) {
+                *slot = Some(p.unpack(past)?);
+            }
             x = layer.forward_cached(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, &mut h, Some(slot))?;
+            if let Some(gr) = grouping {
+                if let Some(kv) = slot.take() {
+                    let end = past + t;
+                    let p = prompt.unwrap_or(end);
+                    let keep: Vec<i64> = match &gates.stream {
+                        Some(st) if !gr.streaming.is_empty() => (0..end)
+                            .filter(|&j| match st.regime {
+                                super::nn::Regime::Always => j < st.sink || j >= end - st.recent,
+                                super::nn::Regime::Decode { .. } => j < st.sink || j >= st.prompt(end, Some(p)) - st.recent,
+                            })
+                            .collect(),
+                        _ => vec![],
+                    };
+                    *pack = Some(Packed::pack(&kv, gr, &keep)?);
+                }
+            }
         }
         cache.len += t;
         self.final_norm(x, &mut h)
@@ -857,6 +884,102 @@ pub struct StackCache {
     /// The positions of the first call (a generation's prompt: the decode regime of streaming
     /// heads reads it in full).
     pub prompt: Option<i64>,
+    /// Hold layers packed ([`Packed`]: one key and value per key/value group, a streaming
+    /// group's only where a later query can see them; what a generation keeps); off, every
+    /// layer stays in `layers` as attention reads it (what patching resumes from).
+    pub compress: bool,
+    /// Per layer, the packed keys and values (instead of `layers`) under a streaming view.
+    pub packed: Vec<Option<Packed>>,
+}
+
+impl StackCache {
+    /// Bytes of the keys and values the cache holds (its tensors' sizes).
+    pub fn bytes(&self) -> i64 {
+        let t = |x: &Tensor| if x.defined() { x.numel() as i64 * x.kind().elt_size_in_bytes() as i64 } else { 0 };
+        let dense: i64 = self.layers.iter().flatten().map(|kv| t(&kv.k) + t(&kv.v)).sum();
+        let packed: i64 = self.packed.iter().flatten().map(|p| t(&p.full_k) + t(&p.full_v) + t(&p.stream_k) + t(&p.stream_v)).sum();
+        dense + packed
+    }
+}
+
+/// Which key/value groups of one layer stream: the query heads per group and the groups of
+/// each kind.
+#[derive(Clone)]
+pub struct Grouping {
+    per: i64,
+    groups: i64,
+    full: Vec<i64>,
+    streaming: Vec<i64>,
+}
+
+impl Grouping {
+    /// The grouping of layer `l` under the streaming heads `st`; `None` (the layer's cache stays
+    /// as attention reads it) when no group of the layer streams and no grouped-query heads
+    /// share keys (packing would keep the same tensors), or the layer was thinned by
+    /// `prune_heads` (the mask still applies).
+    fn of(st: Option<&super::nn::Streaming>, l: usize, attn: &Attention) -> Option<Grouping> {
+        if attn.slots.is_some() || attn.n_heads == 0 {
+            return None;
+        }
+        let groups = attn.n_kv_heads.max(1);
+        let per = attn.n_heads / groups;
+        let row = st.and_then(|s| s.heads.get(l));
+        let (streaming, full): (Vec<i64>, Vec<i64>) = (0..groups).partition(|&g| row.and_then(|r| r.get((g * per) as usize)).copied().unwrap_or(false));
+        if streaming.is_empty() && per == 1 {
+            return None;
+        }
+        Some(Grouping { per, groups, full, streaming })
+    }
+}
+
+/// One layer's keys and values as a streaming view's generation holds them: the full groups'
+/// `[B, Gf, len, dh]` and the streaming groups' `[B, Gs, kept, dh]` at positions `kept`
+/// (one key and value per group: grouped-query heads are not repeated).
+pub struct Packed {
+    pub full_k: Tensor,
+    pub full_v: Tensor,
+    pub stream_k: Tensor,
+    pub stream_v: Tensor,
+    pub kept: Vec<i64>,
+    grouping: Grouping,
+}
+
+impl Packed {
+    /// Packs a layer's keys and values `[B, H, len, dh]` (grouped heads repeated), keeping the
+    /// streaming groups' positions `keep`.
+    fn pack(kv: &KeysValues, gr: Grouping, keep: &[i64]) -> Result<Packed, ModelError> {
+        let dev = kv.k.device();
+        let idx = |v: &[i64]| Tensor::from_slice(v).to_device(dev);
+        let first: Vec<i64> = (0..gr.groups).map(|g| g * gr.per).collect();
+        let one = |x: &Tensor| x.f_index_select(1, &idx(&first));
+        let (k, v) = (one(&kv.k)?, one(&kv.v)?);
+        let pick = |x: &Tensor, groups: &[i64]| -> Result<Tensor, ModelError> { Ok(x.f_index_select(1, &idx(groups))?) };
+        let (sk, sv) = (pick(&k, &gr.streaming)?.f_index_select(2, &idx(keep))?, pick(&v, &gr.streaming)?.f_index_select(2, &idx(keep))?);
+        Ok(Packed { full_k: pick(&k, &gr.full)?, full_v: pick(&v, &gr.full)?, stream_k: sk, stream_v: sv, kept: keep.to_vec(), grouping: gr })
+    }
+
+    /// The layer's keys and values `[B, H, len, dh]` again, zeros where a streaming group let
+    /// a position go (the streaming mask hides it from every query that comes).
+    fn unpack(&self, len: i64) -> Result<KeysValues, ModelError> {
+        let gr = &self.grouping;
+        let dev = self.full_k.device();
+        let idx = |v: &[i64]| Tensor::from_slice(v).to_device(dev);
+        let dense = |full: &Tensor, stream: &Tensor| -> Result<Tensor, ModelError> {
+            let like = if full.numel() > 0 || !stream.defined() { full } else { stream };
+            let (b, dh) = (like.size()[0], like.size()[3]);
+            let mut out = Tensor::zeros([b, gr.groups, len, dh], (like.kind(), dev));
+            if !gr.full.is_empty() {
+                let _ = out.f_index_copy_(1, &idx(&gr.full), full)?;
+            }
+            if !gr.streaming.is_empty() {
+                let mut s = Tensor::zeros([b, gr.streaming.len() as i64, len, dh], (like.kind(), dev));
+                let _ = s.f_index_copy_(2, &idx(&self.kept), stream)?;
+                let _ = out.f_index_copy_(1, &idx(&gr.streaming), &s)?;
+            }
+            Ok(if gr.per > 1 { out.repeat_interleave_self_int(gr.per, Some(1), None) } else { out })
+        };
+        Ok(KeysValues { k: dense(&self.full_k, &self.stream_k)?, v: dense(&self.full_v, &self.stream_v)? })
+    }
 }
 
 /// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached positions: key `j`

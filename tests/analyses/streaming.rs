@@ -270,9 +270,35 @@ mod planted {
         assert_eq!(others, 1.0, "streaming the heads that do not copy keeps the passkey");
         assert!(broken < 0.2, "streaming the copy head breaks the passkey: {broken}");
         // The cache: 4 of 8 groups stream at sink 0, recent 4.
-        let c = kv_cost(&v.streaming(&layer0, 0, 4, Regime::Always, "test").unwrap(), CONTEXT);
+        let c = kv_cost(&v.streaming(&layer0, 0, 4, Regime::Always, "test").unwrap(), CONTEXT, None);
         assert_eq!((c.groups, c.streaming, c.entries, c.full_entries), (8, 4, 4 * CONTEXT + 4 * 4, 8 * CONTEXT));
         assert_eq!(c.bytes, c.entries * 2 * D * 4);
+    }
+}
+
+/// A streaming view's generation holds its cache packed: the bytes of its tensors equal the
+/// cache counted from shapes (`kv_cost`) exactly, below the full cache once the context passes
+/// `sink + recent`; a view streaming no group holds the full cache.
+#[test]
+fn the_packed_cache_holds_the_bytes_counted_from_shapes() {
+    use headscope::analysis::streaming::kv_cost;
+    for name in ["llama", "gpt2"] {
+        let m = View::new(common::tiny_hf(name, "f32"));
+        let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }];
+        let prompt = "the cat and the dog sat on the mat in the park";
+        for regime in [Regime::Always, Regime::Decode { prompt: None }] {
+            for (v, what) in [(m.streaming(&heads, 2, 3, regime, "test").unwrap(), "streaming"), (m.streaming(&[], 2, 3, regime, "test").unwrap(), "none streaming"), (m.clone(), "plain")] {
+                let (new, cache) = v.model.generate_run(prompt, 12, &v.gates().unwrap(), true).unwrap();
+                let counted = kv_cost(&v, cache.len, cache.prompt);
+                eprintln!("{name} {regime:?} {what}: {} tokens generated, context {}: cache {} bytes, counted {} of {} full", new.len(), cache.len, cache.bytes(), counted.bytes, counted.full_bytes);
+                assert_eq!(cache.bytes(), counted.bytes, "{name} {regime:?} {what}: the cache's tensors hold what kv_cost counts");
+                if what == "streaming" {
+                    assert!(counted.bytes < counted.full_bytes, "{name} {regime:?}: streaming keeps less");
+                } else {
+                    assert_eq!(counted.bytes, counted.full_bytes, "{name}: {what} keeps the full cache, one key and value per group");
+                }
+            }
+        }
     }
 }
 

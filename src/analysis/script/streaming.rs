@@ -201,7 +201,40 @@ pub mod api {
         if !m.model.decoder_only() {
             return err(format!("kv_cost: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
         }
-        Ok(cost_map(&crate::analysis::streaming::kv_cost(m, context), context))
+        Ok(cost_map(&crate::analysis::streaming::kv_cost(m, context, None), context))
+    }
+
+    /// The key/value cache a generation of `n` tokens after `text` leaves, measured on its
+    /// tensors: the cache holds one key and value per key/value group, a streaming group's
+    /// only at the positions a later query can see. `bytes` (the
+    /// tensors' sizes) beside `counted` (`kv_cost` at the same context: equal), `context`,
+    /// `prompt`, `full_bytes`.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let c = m.with_streaming(["dec.0.0"], #{sink: 2, recent: 4}).kv_cache("the cat and the dog sat on the mat", 8);
+    /// assert(c.bytes == c.counted && c.bytes < c.full_bytes);
+    /// let plain = m.kv_cache("the cat", 3);
+    /// assert(plain.bytes == plain.full_bytes);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn kv_cache(m: &mut ScriptModel, text: &str, n: i64) -> ScriptResult<Map> {
+        let f = "kv_cache";
+        if n < 0 {
+            return err(format!("{f}: n must be 0 or more tokens, got {n}"));
+        }
+        if !m.model.decoder_only() {
+            return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
+        }
+        let (_, cache) = m.model.generate_run(text, n as usize, &m.gates()?, true).or_else(|e| err(format!("{f}: {e}")))?;
+        let counted = crate::analysis::streaming::kv_cost(m, cache.len, cache.prompt);
+        let mut out = Map::new();
+        out.insert("context".into(), Dynamic::from(cache.len));
+        out.insert("prompt".into(), Dynamic::from(cache.prompt.unwrap_or(0)));
+        out.insert("bytes".into(), Dynamic::from(cache.bytes()));
+        out.insert("counted".into(), Dynamic::from(counted.bytes));
+        out.insert("full_bytes".into(), Dynamic::from(counted.full_bytes));
+        Ok(out)
     }
 
     /// Quality against the key/value cache kept (docs/methods.md#kv-curve): for each fraction,
