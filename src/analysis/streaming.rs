@@ -306,6 +306,25 @@ pub fn passkeys(model: &Model, n: usize, needle: usize, context: i64, seed: u64)
     Ok(Probes::generate(&super::taxonomy::token_pool(model), &ProbeOptions { seed, n, len: 2, needle, haystack }).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_curve")))?.needles)
 }
 
+/// Passkeys inside text: `n` sequences of `context` tokens, each the first `context - 2 needle`
+/// tokens of one of `texts` (in turn) with a needle of `needle` random distinct tokens inserted
+/// at a seeded depth, and the needle again at the end.
+pub fn passkeys_in(model: &Model, texts: &[Vec<i64>], n: usize, needle: usize, context: i64, seed: u64) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
+    let hay = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| AnalysisError::Input(format!("kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}")))?;
+    let needles = passkeys(model, n, needle, context, seed)?;
+    Ok(needles
+        .into_iter()
+        .enumerate()
+        .map(|(k, (random, _))| {
+            let key = &random[random.len() - needle..];
+            let text = &texts[k % texts.len().max(1)];
+            let at = (super::importance::uniform(seed ^ 0x9A55, k as u64, 0) * (hay + 1) as f64) as usize % (hay + 1);
+            let seq: Vec<i64> = text[..at].iter().chain(key).chain(&text[at..hay]).chain(key).copied().collect();
+            (seq, at)
+        })
+        .collect())
+}
+
 /// The fraction of a needle's tokens after its first that the view predicts (argmax, teacher
 /// forced) in its second occurrence, the last `needle` tokens of `seq`.
 pub fn passkey_accuracy(v: &View, gates: &Gates, seq: &[i64], needle: usize) -> Result<f64, AnalysisError> {
@@ -365,7 +384,7 @@ pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOption
     } else {
         vec![]
     };
-    let keys = if o.passkey > 0 { passkeys(m, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
+    let keys = if o.passkey > 0 { passkeys_in(m, chunks, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
     let mut pass = vec![0.0; views.len()];
     let total = chunks.len() + repeated.len() + keys.len();
     for (i, ids) in chunks.iter().enumerate() {

@@ -33,7 +33,7 @@ pub const KV_CURVE_OPTIONS: &[OptSpec] = &[
     opt_int("recent", 64, "a streaming head's recent window"),
     opt_str("regime", "always", "\"always\" or \"decode\" (docs/methods.md#streaming-heads)"),
     opt_int("induction", 4, "repeated random sequences of `context` tokens for the induction loss (0: none)"),
-    opt_int("passkey", 4, "synthetic passkey sequences of `context` tokens (a random needle at a seeded depth, repeated at the end; 0: none)"),
+    opt_int("passkey", 4, "passkey sequences of `context` tokens (the data's text with a random needle at a seeded depth, repeated at the end; 0: none)"),
     opt_int("needle", 8, "the passkey's length in tokens"),
     opt_int("seed", 0, "seed of the induction and passkey sequences"),
 ];
@@ -251,7 +251,7 @@ pub mod api {
     /// let t = m.kv_curve(#{echo: m.kv_scores("echo", #{n: 2, len: 10}), retrieval: m.kv_scores("retrieval", #{n: 2})}, d,
     ///                    #{fractions: [0.5, 1.0], context: 64, sink: 2, recent: 8, induction: 0});
     /// assert(t.len() == 4);
-    /// assert(t.row(1).kl == 0.0 && t.row(0).kv_kept < 1.0);
+    /// assert(t[1].kl == 0.0 && t[0].kv_kept < 1.0);
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn kv_curve(m: &mut ScriptModel, scores: Dynamic, data: Dynamic, options: Map) -> ScriptResult<Table> {
