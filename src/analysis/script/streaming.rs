@@ -358,7 +358,12 @@ pub mod api {
         let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
         p.x_label = "key/value cache kept".into();
         p.y_label = metric.into();
-        p.title = t.title.clone().unwrap_or_default();
+        // The table's title without its counts: "kv_curve: MODEL on DATA, sink S, recent R, regime G".
+        let title = t.title.clone().unwrap_or_default();
+        p.title = match (title.split_once(" ("), title.rsplit_once("; ")) {
+            (Some((head, _)), Some((_, setting))) => format!("{head}, {}", setting.trim_end_matches(')')),
+            _ => title,
+        };
         Ok(p)
     }
 
