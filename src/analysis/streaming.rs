@@ -40,6 +40,11 @@ pub struct ScoreOptions {
     pub q_len: i64,
 }
 
+/// The taxonomy's seeded probes for this model, an error naming `func` instead of `head_types`.
+fn probes(model: &Model, o: &ProbeOptions, func: &str) -> Result<Probes, AnalysisError> {
+    Probes::generate(&super::taxonomy::token_pool(model), o).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", func)))
+}
+
 /// Per layer `[layers][heads]` scores of the decoder-only stack's heads, in the original
 /// numbering (NaN where `prune_heads` removed a head): higher needs the whole context more.
 /// `data` feeds the duo scorer (kvpress: its mean queries and keys).
@@ -61,7 +66,7 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
     let n: f64;
     match scorer {
         Scorer::Echo | Scorer::Induction | Scorer::Razor => {
-            let probes = Probes::generate(&super::taxonomy::token_pool(model), &o.probes).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_scores")))?;
+            let probes = probes(model, &o.probes, "kv_scores")?;
             let len = o.probes.len as i64;
             let mut echo: Vec<Vec<f64>> = sums.clone();
             super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, a, _| {
@@ -86,7 +91,7 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
             }
         }
         Scorer::Retrieval | Scorer::HeadKv => {
-            let probes = Probes::generate(&super::taxonomy::token_pool(model), &o.probes).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_scores")))?;
+            let probes = probes(model, &o.probes, "kv_scores")?;
             for (seq, at) in &probes.needles {
                 let needle = (seq.len() - at) / 2;
                 let second = seq.len() - needle;
@@ -303,7 +308,7 @@ pub struct CurveOptions {
 /// of `needle` random tokens at a seeded depth, and the needle again at the end.
 pub fn passkeys(model: &Model, n: usize, needle: usize, context: i64, seed: u64) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
     let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| AnalysisError::Input(format!("kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}")))?;
-    Ok(Probes::generate(&super::taxonomy::token_pool(model), &ProbeOptions { seed, n, len: 2, needle, haystack }).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_curve")))?.needles)
+    Ok(probes(model, &ProbeOptions { seed, n, len: 2, needle, haystack }, "kv_curve")?.needles)
 }
 
 /// Passkeys inside text: `n` sequences of `context` tokens, each the first `context - 2 needle`
@@ -380,7 +385,7 @@ pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOption
     let mut acc = vec![(0.0, 0.0, 0.0); views.len()];
     let repeated: Vec<Vec<i64>> = if o.induction > 0 {
         let half = (o.context / 2) as usize;
-        Probes::generate(&super::taxonomy::token_pool(m), &ProbeOptions { seed: o.seed, n: o.induction, len: half, needle: 1, haystack: 0 }).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", "kv_curve")))?.repeated
+        probes(m, &ProbeOptions { seed: o.seed, n: o.induction, len: half, needle: 1, haystack: 0 }, "kv_curve")?.repeated
     } else {
         vec![]
     };

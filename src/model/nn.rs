@@ -345,12 +345,14 @@ pub struct Streaming {
 }
 
 impl Streaming {
-    /// Whether key `j` is seen by a streaming head's query `i` (both absolute positions),
-    /// for a prompt of `prompt` tokens (docs/methods.md#streaming-heads).
-    pub fn sees(&self, i: i64, j: i64, prompt: i64) -> bool {
+    /// Whether a streaming group's cache keeps key `j` once positions `..end` have run
+    /// (`first`: the positions of the cache's first call): the keys the last query run still
+    /// sees (regime always: the first `sink` and the last `recent`), or, once the prompt is
+    /// read, the keys every later query sees (decode); the rest no query to come can see.
+    pub fn keeps(&self, j: i64, end: i64, first: Option<i64>) -> bool {
         match self.regime {
-            Regime::Always => j < self.sink || i - j < self.recent,
-            Regime::Decode { .. } => i < prompt || j < self.sink || j >= prompt - self.recent,
+            Regime::Always => j < self.sink || j >= end - self.recent,
+            Regime::Decode { .. } => j < self.sink || j >= self.prompt(end, first) - self.recent,
         }
     }
 

@@ -654,14 +654,8 @@ impl Transformer {
             if let Some(gr) = grouping {
                 if let Some(kv) = slot.take() {
                     let end = past + t;
-                    let p = prompt.unwrap_or(end);
                     let keep: Vec<i64> = match &gates.stream {
-                        Some(st) if !gr.streaming.is_empty() => (0..end)
-                            .filter(|&j| match st.regime {
-                                super::nn::Regime::Always => j < st.sink || j >= end - st.recent,
-                                super::nn::Regime::Decode { .. } => j < st.sink || j >= st.prompt(end, Some(p)) - st.recent,
-                            })
-                            .collect(),
+                        Some(st) if !gr.streaming.is_empty() => (0..end).filter(|&j| st.keeps(j, end, *prompt)).collect(),
                         _ => vec![],
                     };
                     *pack = Some(Packed::pack(&kv, gr, &keep)?);
