@@ -320,6 +320,50 @@ pub struct Gates {
     pub fill: Fills,
     /// Streaming heads of the decoder-only stack (docs/methods.md#streaming-heads).
     pub stream: Option<std::sync::Arc<Streaming>>,
+    /// DuoAttention's mix of full and streaming attention in the decoder-only stack
+    /// (docs/methods.md#duo-gates).
+    pub duo: Option<std::sync::Arc<Duo>>,
+    /// Self-attention layers bypassed (HARP, docs/methods.md#pruning-strategies).
+    pub bypass: Option<std::sync::Arc<Vec<Bypass>>>,
+}
+
+/// HARP's pruned attention (Liu & Liu 2025): layer `layer_idx` of `kind` skips its scores and
+/// softmax; each token's context is its own value times `alpha` (`x + alpha norm(x) W_V W_O`).
+/// `width`: the layer's heads as loaded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bypass {
+    pub kind: Kind,
+    pub layer_idx: usize,
+    pub alpha: f64,
+    pub width: usize,
+}
+
+/// DuoAttention's mix (docs/methods.md#duo-gates): head `h` of decoder layer `l` reads
+/// `alpha[l, h] z_full + (1 - alpha[l, h]) z_streaming`, the streaming context seeing the first
+/// `sink` keys and the last `recent` (regime always). `alpha [layers, heads]`, in the original
+/// numbering, may carry a gradient.
+pub struct Duo {
+    pub alpha: Tensor,
+    pub sink: i64,
+    pub recent: i64,
+}
+
+/// One layer's share of a [`Duo`] mix: `alpha [heads]`.
+pub struct DuoLayer {
+    pub alpha: Tensor,
+    pub sink: i64,
+    pub recent: i64,
+}
+
+impl DuoLayer {
+    /// The additive bias `[1, 1, Tq, Tk]` hiding from a streaming head the keys outside its
+    /// sink and window, for queries at positions `start..start + Tq`.
+    pub fn window(&self, tq: i64, tk: i64, start: i64, dtype: DType, device: tch::Device) -> Tensor {
+        let q = Tensor::arange_start(start, start + tq, (DType::Int64, device)).view([tq, 1]);
+        let k = Tensor::arange(tk, (DType::Int64, device)).view([1, tk]);
+        let seen = k.lt(self.sink).logical_or(&(&q - &k).lt(self.recent));
+        seen.logical_not().to_kind(dtype).view([1, 1, tq, tk]) * -1e9
+    }
 }
 
 /// When streaming heads stream (docs/methods.md#streaming-heads).
@@ -430,6 +474,10 @@ impl Fills {
 pub struct LayerGate {
     pub g: Tensor,
     pub fill: Option<Tensor>,
+    /// The layer's DuoAttention mix (decoder self-attention only).
+    pub duo: Option<DuoLayer>,
+    /// HARP: the attention bypassed, each token's own value times this.
+    pub bypass: Option<f64>,
 }
 
 impl Gates {
@@ -438,8 +486,18 @@ impl Gates {
     }
     /// The gates of one layer, if the kind is gated.
     pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<LayerGate> {
-        let g = self.of(kind)?.select(1, layer_idx as i64);
-        Some(LayerGate { g, fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)) })
+        let duo = match (&self.duo, kind) {
+            (Some(d), Kind::Dec) => Some(DuoLayer { alpha: d.alpha.select(0, layer_idx as i64), sink: d.sink, recent: d.recent }),
+            _ => None,
+        };
+        let bypass = self.bypass.as_ref().and_then(|b| b.iter().find(|b| b.kind == kind && b.layer_idx == layer_idx).copied());
+        let g = match (self.of(kind), &duo, &bypass) {
+            (Some(g), _, _) => g.select(1, layer_idx as i64),
+            (None, Some(d), _) => d.alpha.detach().ones_like().unsqueeze(0),
+            (None, None, Some(b)) => Tensor::ones([1, b.width as i64], (DType::Float, tch::Device::Cpu)),
+            (None, None, None) => return None,
+        };
+        Some(LayerGate { g, fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)), duo, bypass: bypass.map(|b| b.alpha) })
     }
     /// The fill of one layer of `kind` `[heads, d_head]`, if the kind has one.
     pub fn fill_of(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
@@ -470,13 +528,13 @@ impl Gates {
     /// The same gates (the tensors shared).
     pub fn share(&self) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone() }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone() }
     }
 }
 
@@ -576,7 +634,7 @@ impl Attention {
 
     /// Contexts `[B, H, T, dh]` under one layer's gates: `g z`, or `g z + (1 - g) fill`.
     pub fn gated(&self, ctx: &Tensor, lg: &LayerGate) -> Tensor {
-        let g = self.own_gates(&lg.g).to_kind(ctx.kind());
+        let g = self.own_gates(&lg.g.to_device(ctx.device())).to_kind(ctx.kind());
         let g = g.view([g.size()[0], self.n_heads, 1, 1]);
         match &lg.fill {
             None => ctx * g,
@@ -686,17 +744,40 @@ impl Attention {
             (&kv.k, &kv.v)
         };
         let scale = self.score.scale.unwrap_or(1.0 / (dh as f64).sqrt());
-        let mut ctx = if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some() {
+        // DuoAttention's mix (docs/methods.md#duo-gates): each head's weights are
+        // `a P_full + (1 - a) P_streaming`, the streaming ones under the window's bias.
+        let duo = match gate.and_then(|g| g.duo.as_ref()) {
+            Some(d) => {
+                let window = d.window(tq, k.size()[2], start, bias.kind(), bias.device());
+                let a = self.own_gates(&d.alpha.unsqueeze(0)).to_kind(q.kind()).view([1, h, 1, 1]);
+                Some((a, bias + window))
+            }
+            None => None,
+        };
+        let softmax = |s: &Tensor| if low_precision(s.kind()) { s.softmax(-1, DType::Float).to_kind(s.kind()) } else { s.softmax(-1, s.kind()) };
+        let mut ctx = if let Some(alpha) = gate.and_then(|g| g.bypass) {
+            // HARP: no scores; each query's own value (the last `tq` of the keys' positions).
+            let tk = v.size()[2];
+            v.f_narrow(2, tk - tq, tq)? * alpha
+        } else if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some() {
             let raw = q.matmul(&k.transpose(-2, -1)) * scale;
             // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
             let raw = softcap(raw, self.score.softcap);
-            let scores = hooks::at(hs, at(Point::Scores), raw + bias)?;
-            let probs = if low_precision(scores.kind()) { scores.softmax(-1, DType::Float).to_kind(scores.kind()) } else { scores.softmax(-1, scores.kind()) };
+            let scores = hooks::at(hs, at(Point::Scores), &raw + bias)?;
+            let probs = softmax(&scores);
+            let probs = match &duo {
+                Some((a, streaming)) => &probs * a + softmax(&(&raw + streaming)) * (a.ones_like() - a),
+                None => probs,
+            };
             let probs = hooks::at(hs, at(Point::Pattern), probs)?;
             probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.
-            Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)?
+            let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)?;
+            match &duo {
+                Some((a, streaming)) => &full * a + Tensor::f_scaled_dot_product_attention(&q, k, v, Some(streaming), 0.0, false, scale, false)? * (a.ones_like() - a),
+                None => full,
+            }
         }; // [B, H, Tq, dh]
         if let Some(lg) = gate {
             ctx = self.gated(&ctx, lg);
@@ -847,16 +928,16 @@ mod tests {
         let mut none = None;
         let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none).unwrap();
         let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));
-        let same = a.forward(&x, &x, &bias, Some(&LayerGate { g: ones, fill: None }), Kind::Enc, 0, &mut none).unwrap();
+        let same = a.forward(&x, &x, &bias, Some(&LayerGate { g: ones, fill: None, duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
         assert!(full.equal(&same), "all-one gates must give exactly the ungated output");
         let g = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-        let masked = a.forward(&x, &x, &bias, Some(&LayerGate { g: g.shallow_clone(), fill: None }), Kind::Enc, 0, &mut none).unwrap();
+        let masked = a.forward(&x, &x, &bias, Some(&LayerGate { g: g.shallow_clone(), fill: None, duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
         // Output dim 0 comes from head 0 only (unchanged); dim 1 from head 1 (zeroed).
         assert!(masked.select(2, 0).equal(&full.select(2, 0)));
         assert_eq!(masked.select(2, 1).abs().sum(DType::Float).double_value(&[]), 0.0);
         // Under mean ablation a closed head carries its fill: head 1's context becomes 7.
         let fill = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1]);
-        let mean = a.forward(&x, &x, &bias, Some(&LayerGate { g, fill: Some(fill) }), Kind::Enc, 0, &mut none).unwrap();
+        let mean = a.forward(&x, &x, &bias, Some(&LayerGate { g, fill: Some(fill), duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
         assert!(mean.select(2, 0).equal(&full.select(2, 0)), "an open head ignores its fill");
         assert_eq!(Vec::<f32>::try_from(&mean.select(2, 1).flatten(0, -1)).unwrap(), vec![7.0, 7.0]);
     }

@@ -1,6 +1,7 @@
-//! Pruning checkpoints: `DIR/checkpoint.json`, written atomically, holding the gates, Adam's
-//! moments, the curve, and what the run was (model, data, options) so that a resume on
-//! anything else is refused with a clear error.
+//! Gate-training checkpoints (pruning's Hard Concrete gates, DuoAttention's mix):
+//! `DIR/checkpoint.json`, written atomically, holding the gates, Adam's moments, the curve, and
+//! what the run was (model, data, options) so that a resume on anything else is refused with a
+//! clear error.
 
 use super::{CurvePoint, Layout, PruneOptions, TrainState};
 use crate::data::Dataset;
@@ -10,10 +11,21 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use tch::Tensor;
 
-const FORMAT: &str = "headscope-prune-checkpoint/1";
+/// Which training a checkpoint holds: its format tag, the function named in errors and the
+/// name of its parameter vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub format: &'static str,
+    pub who: &'static str,
+    pub param: &'static str,
+}
+
+/// Pruning's Hard Concrete gates.
+pub const PRUNE: Run = Run { format: "headscope-prune-checkpoint/1", who: "prune", param: "log_alpha" };
 
 pub struct Checkpoint {
     pub file: PathBuf,
+    run: Run,
     /// What the run is: compared on resume.
     identity: Value,
     /// The number of gated heads: the length of every parameter vector.
@@ -36,16 +48,22 @@ impl Checkpoint {
     /// already holds a run is only accepted with `resume: true`: a new run never overwrites
     /// an old one.
     pub fn open(dir: &Path, model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout) -> Result<Checkpoint, String> {
-        let d = dir.display();
-        std::fs::create_dir_all(dir).map_err(|e| format!("prune: checkpoint directory {d}: cannot create it: {e}"))?;
+        Checkpoint::open_run(dir, PRUNE, identity(model, data, opts, layout), layout.len(), opts.resume)
+    }
+
+    /// [`open`](Self::open) for any gate training: `identity` holds `model`, `family`,
+    /// `gated`, `dataset`, `sentences` and the run-defining `options`; `n` parameters.
+    pub fn open_run(dir: &Path, run: Run, identity: Value, n: usize, resume: bool) -> Result<Checkpoint, String> {
+        let (d, who) = (dir.display(), run.who);
+        std::fs::create_dir_all(dir).map_err(|e| format!("{who}: checkpoint directory {d}: cannot create it: {e}"))?;
         let probe = dir.join(format!(".write-test.{}", std::process::id()));
-        std::fs::write(&probe, b"x").map_err(|e| format!("prune: checkpoint directory {d} is not writable: {e}"))?;
+        std::fs::write(&probe, b"x").map_err(|e| format!("{who}: checkpoint directory {d} is not writable: {e}"))?;
         let _ = std::fs::remove_file(&probe);
         let file = dir.join("checkpoint.json");
-        if file.exists() && !opts.resume {
-            return Err(format!("prune: {} already holds a run; pass resume: true to continue it, or choose another checkpoint directory", file.display()));
+        if file.exists() && !resume {
+            return Err(format!("{who}: {} already holds a run; pass resume: true to continue it, or choose another checkpoint directory", file.display()));
         }
-        Ok(Checkpoint { file, identity: identity(model, data, opts, layout), heads: layout.len() })
+        Ok(Checkpoint { file, run, identity, heads: n })
     }
 
     /// The saved state, if there is one; an error when it belongs to another run.
@@ -54,22 +72,22 @@ impl Checkpoint {
             return Ok(None);
         }
         let f = self.file.display();
-        let bytes = std::fs::read(&self.file).map_err(|e| format!("prune: cannot read checkpoint {f}: {e}"))?;
-        parse_state(&bytes, &f.to_string(), &self.identity, self.heads).map(Some)
+        let bytes = std::fs::read(&self.file).map_err(|e| format!("{}: cannot read checkpoint {f}: {e}", self.run.who))?;
+        parse_run(self.run, &bytes, &f.to_string(), &self.identity, self.heads).map(Some)
     }
 
     pub fn save(&self, s: &TrainState) -> Result<(), String> {
         let v = json!({
-            "format": FORMAT,
+            "format": self.run.format,
             "identity": self.identity,
             "step": s.step,
-            "log_alpha": s.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            self.run.param: s.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             "adam_m": s.adam_m.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             "adam_v": s.adam_v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             "curve": s.curve.iter().map(|p| json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
         });
         let bytes = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
-        write_atomic(&self.file, &bytes).map_err(|e| format!("prune: cannot write checkpoint {}: {e}", self.file.display()))?;
+        write_atomic(&self.file, &bytes).map_err(|e| format!("{}: cannot write checkpoint {}: {e}", self.run.who, self.file.display()))?;
         // The JSON names the step; weights of other steps (joint training) are now stale.
         let keep = self.weights_file(s.step);
         if let Some(dir) = self.file.parent() {
@@ -128,30 +146,36 @@ impl Checkpoint {
 /// The training state in the bytes of a `checkpoint.json` (`f` names it in errors), checked
 /// against the identity of the run that resumes it, which gates `heads` heads.
 pub fn parse_state(bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Result<TrainState, String> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("prune: checkpoint {f} is not valid JSON: {e}"))?;
-    if v["format"] != FORMAT {
-        return Err(format!("prune: {f} is not a headscope pruning checkpoint (format {})", v["format"]));
+    parse_run(PRUNE, bytes, f, identity, heads)
+}
+
+/// [`parse_state`] for the training `run` names.
+pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Result<TrainState, String> {
+    let (who, param) = (run.who, run.param);
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("{who}: checkpoint {f} is not valid JSON: {e}"))?;
+    if v["format"] != run.format {
+        return Err(format!("{who}: {f} is not a headscope {who} checkpoint (format {})", v["format"]));
     }
     let have = &v["identity"];
     for key in ["model", "family", "gated", "dataset", "sentences"] {
         if have[key] != identity[key] {
             let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
-            return Err(format!("prune: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], identity[key]));
+            return Err(format!("{who}: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], identity[key]));
         }
     }
     if let Some(opts) = identity["options"].as_object() {
         for (k, want) in opts {
             if &have["options"][k] != want {
-                return Err(format!("prune: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
+                return Err(format!("{who}: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
             }
         }
     }
     let floats = |key: &str| -> Result<Vec<f32>, String> {
-        v[key].as_array().ok_or_else(|| format!("prune: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("prune: checkpoint {f}: '{key}' holds a non-number"))).collect()
+        v[key].as_array().ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' holds a non-number"))).collect()
     };
     let curve = v["curve"]
         .as_array()
-        .ok_or_else(|| format!("prune: checkpoint {f}: 'curve' is missing"))?
+        .ok_or_else(|| format!("{who}: checkpoint {f}: 'curve' is missing"))?
         .iter()
         .map(|p| CurvePoint {
             step: p["step"].as_u64().unwrap_or(0) as usize,
@@ -163,18 +187,18 @@ pub fn parse_state(bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Res
         })
         .collect();
     let state = TrainState {
-        step: v["step"].as_u64().ok_or_else(|| format!("prune: checkpoint {f}: 'step' is missing"))? as usize,
-        log_alpha: floats("log_alpha")?,
+        step: v["step"].as_u64().ok_or_else(|| format!("{who}: checkpoint {f}: 'step' is missing"))? as usize,
+        log_alpha: floats(param)?,
         adam_m: floats("adam_m")?,
         adam_v: floats("adam_v")?,
         curve,
     };
     let n = state.log_alpha.len();
     if state.adam_m.len() != n || state.adam_v.len() != n {
-        return Err(format!("prune: checkpoint {f} is damaged: parameter vectors differ in length"));
+        return Err(format!("{who}: checkpoint {f} is damaged: parameter vectors differ in length"));
     }
     if n != heads {
-        return Err(format!("prune: checkpoint {f} is damaged: 'log_alpha' holds {n} values, this run gates {heads} heads"));
+        return Err(format!("{who}: checkpoint {f} is damaged: '{param}' holds {n} values, this run gates {heads} heads"));
     }
     Ok(state)
 }

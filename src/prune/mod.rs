@@ -9,6 +9,7 @@
 //! never interrupted. Nothing here prints; progress and interruption go through callbacks.
 
 pub mod checkpoint;
+pub mod duo;
 pub mod physical;
 pub mod script;
 
@@ -343,7 +344,7 @@ fn mix(a: u64, b: u64) -> u64 {
 
 /// The batch used at `step`: each epoch visits every batch once, in an order drawn from
 /// `(seed, epoch)`.
-fn batch_at(seed: u64, step: usize, n: usize) -> usize {
+pub(crate) fn batch_at(seed: u64, step: usize, n: usize) -> usize {
     let (epoch, i) = (step / n, step % n);
     let mut order: Vec<usize> = (0..n).collect();
     for j in (1..n).rev() {
@@ -353,7 +354,7 @@ fn batch_at(seed: u64, step: usize, n: usize) -> usize {
     order[i]
 }
 
-fn host32(t: &Tensor) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn host32(t: &Tensor) -> Result<Vec<f32>, ModelError> {
     Ok(Vec::<f32>::try_from(t.to_device(Device::Cpu).to_kind(DType::Float))?)
 }
 

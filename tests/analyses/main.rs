@@ -14,3 +14,4 @@ mod taxonomy;
 mod bleu;
 mod sinks;
 mod streaming;
+mod duo;

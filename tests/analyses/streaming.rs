@@ -101,7 +101,7 @@ fn streaming_generation_equals_the_whole_text_run() {
     }
 }
 
-mod planted {
+pub(crate) mod planted {
     //! A hand-built decoder-only model: layer 0 attends within a window of the last 4 tokens
     //! (dec.0.0 a previous-token head writing the previous token into a slot of its own, the
     //! others uniform over the window); in layer 1, dec.1.0 is a copy (induction) head whose

@@ -115,7 +115,7 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let ctx = common::at_point(&seen, Point::Z);
     let mut none = None;
     let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
-    let masked = a.forward(x, x, &bias, Some(&LayerGate { g, fill: None }), Kind::Enc, 1, &mut none).unwrap();
+    let masked = a.forward(x, x, &bias, Some(&LayerGate { g, fill: None, duo: None, bypass: None }), Kind::Enc, 1, &mut none).unwrap();
     let head0 = ctx[0].select(1, 0); // [B, T, dh]
     let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
     assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");
@@ -188,7 +188,7 @@ fn per_head_outputs_sum_to_the_attention_output() {
     let x = t.embed.forward(Some(&ids), 2, 0, 5, Kind::Enc, &mut None).unwrap();
     let bias = t.self_bias(&mask, DType::Float);
     let layer = &t.encoder[0];
-    for gate in [None, Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None })] {
+    for gate in [None, Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None })] {
         let (seen, out) = common::recorded(&[], |r| layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap());
         let names: Vec<String> = seen.iter().map(|(at, _)| at.to_string()).collect();
         let parts = common::at_point(&seen, Point::Result).pop();
