@@ -28,6 +28,7 @@ pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("bar", crate::plot::script::BAR_OPTIONS),
     ("line", crate::plot::script::LINE_OPTIONS),
     ("prune", crate::prune::script::OPTIONS),
+    ("prune_compare", crate::prune::script::COMPARE_OPTIONS),
     ("bleu", crate::metrics::bleu::script::BLEU_OPTIONS),
 ];
 

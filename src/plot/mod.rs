@@ -34,6 +34,38 @@ pub struct Series {
     pub y: Vec<f64>,
 }
 
+impl Series {
+    /// One line per value of column `group` of `t`, points `(x, y)` from those columns, sorted
+    /// by x (non-numbers read as NaN).
+    pub fn by(t: &crate::table::Table, group: usize, x: usize, y: usize) -> Vec<Series> {
+        use crate::table::Cell;
+        let num = |c: &Cell| match c {
+            Cell::Float(v) => *v,
+            Cell::Int(v) => *v as f64,
+            _ => f64::NAN,
+        };
+        let mut series: Vec<Series> = Vec::new();
+        for r in &t.rows {
+            let name = match &r[group] {
+                Cell::Text(n) => n.clone(),
+                other => format!("{other:?}"),
+            };
+            if !series.iter().any(|x| x.name == name) {
+                series.push(Series { name: name.clone(), x: vec![], y: vec![] });
+            }
+            let Some(line) = series.iter_mut().find(|x| x.name == name) else { continue };
+            line.x.push(num(&r[x]));
+            line.y.push(num(&r[y]));
+        }
+        for line in &mut series {
+            let mut pts: Vec<(f64, f64)> = line.x.iter().copied().zip(line.y.iter().copied()).collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (line.x, line.y) = pts.into_iter().unzip();
+        }
+        series
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plot {
     pub kind: PlotKind,

@@ -84,6 +84,7 @@ impl Checkpoint {
             self.run.param: s.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             "adam_m": s.adam_m.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             "adam_v": s.adam_v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            "lagrange": s.lagrange,
             "curve": s.curve.iter().map(|p| json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
         });
         let bytes = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
@@ -192,6 +193,7 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
         adam_m: floats("adam_m")?,
         adam_v: floats("adam_v")?,
         curve,
+        lagrange: [v["lagrange"][0].as_f64().unwrap_or(0.0), v["lagrange"][1].as_f64().unwrap_or(0.0)],
     };
     let n = state.log_alpha.len();
     if state.adam_m.len() != n || state.adam_v.len() != n {

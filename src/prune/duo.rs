@@ -172,7 +172,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
     };
     let resumed_from = resumed.as_ref().map(|s| s.step);
     // DuoAttention starts every gate at 1 (full attention).
-    let mut state = resumed.unwrap_or_else(|| TrainState { step: 0, log_alpha: vec![1.0; n], adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![] });
+    let mut state = resumed.unwrap_or_else(|| TrainState { step: 0, log_alpha: vec![1.0; n], adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] });
     if let Some(c) = &ckpt {
         if state.step == 0 {
             c.save(&state).map_err(AnalysisError::Input)?;

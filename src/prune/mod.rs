@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod duo;
+pub mod strategies;
 pub mod physical;
 pub mod script;
 
@@ -116,12 +117,16 @@ pub struct PruneOptions {
     pub penalty_scale: PenaltyScale,
     pub distill: Distill,
     pub eval_gates: EvalGates,
+    /// Targeted L0 (Sheared-LLaMA, Xia et al. 2024): the expected number of open heads the
+    /// run is held to, by a Lagrangian `l1 d + l2 d^2`, `d = (s - t) / n` (n trainable heads),
+    /// whose multipliers rise by gradient ascent (`lr`), instead of `lambda s`.
+    pub target: Option<f64>,
 }
 
 impl PruneOptions {
     pub fn echo(&self) -> crate::output::Echo {
         use serde_json::json;
-        vec![
+        let mut v: crate::output::Echo = vec![
             ("lambda".into(), json!(self.lambda)),
             ("steps".into(), json!(self.steps)),
             ("lr".into(), json!(self.lr)),
@@ -136,7 +141,12 @@ impl PruneOptions {
             ("penalty_scale".into(), json!(self.penalty_scale.to_string())),
             ("distill".into(), json!(self.distill.to_string())),
             ("eval_gates".into(), json!(self.eval_gates.to_string())),
-        ]
+        ];
+        // Only when set: checkpoints written before targeted L0 still resume.
+        if let Some(t) = self.target {
+            v.push(("target".into(), json!(t)));
+        }
+        v
     }
 
     /// Options that must match for a checkpoint to be resumed (steps may grow).
@@ -178,6 +188,11 @@ impl PruneOptions {
         }
         if self.kinds.is_empty() {
             return Err("prune: kinds is empty: gate at least one attention kind".into());
+        }
+        if let Some(t) = self.target {
+            if !(t >= 0.0 && t.is_finite()) {
+                return Err(format!("prune: target must be a number of heads >= 0, got {t}"));
+            }
         }
         Ok(())
     }
@@ -285,6 +300,8 @@ pub struct TrainState {
     pub adam_m: Vec<f32>,
     pub adam_v: Vec<f32>,
     pub curve: Vec<CurvePoint>,
+    /// Targeted L0's multipliers `(l1, l2)` (0 without a target).
+    pub lagrange: [f64; 2],
 }
 
 /// What a finished run returns.
@@ -490,7 +507,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
                 Init::Uniform => Tensor::rand([n as i64], (DType::Float, Device::Cpu)) * 1.22 - 0.61,
                 Init::Constant(c) => Tensor::full([n as i64], c, (DType::Float, Device::Cpu)),
             };
-            TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![] }
+            TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] }
         }
     };
     let mut td = TrainData::new(model, data, opts.batch_tokens, model.gates_closing(masked)?)?;
@@ -513,6 +530,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
     let dev = model.device();
     let keep = Tensor::from_slice(&layout.keep()).to_device(dev);
     let c = opts.concrete;
+    let trainable = layout.keep().iter().map(|&k| k as f64).sum::<f64>().max(1.0);
     let penalty_div = if opts.penalty_scale == PenaltyScale::PerLayer { layout.n_layers() as f64 } else { 1.0 };
     let (b1, b2, eps) = ADAM;
     let nb = td.prep.batches.len();
@@ -545,8 +563,25 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
             r => r?,
         };
         let p_open = c.p_open(&la) * &keep;
-        let penalty = p_open.sum(DType::Float) / penalty_div;
-        let total = &loss + &penalty * opts.lambda;
+        let (penalty, total) = match opts.target {
+            None => {
+                let penalty = p_open.sum(DType::Float) / penalty_div;
+                let total = &loss + &penalty * opts.lambda;
+                (penalty, total)
+            }
+            Some(t) => {
+                // The gap as a fraction of the trainable heads (Sheared-LLaMA constrains the
+                // expected size as a fraction of the model).
+                let gap = (p_open.sum(DType::Float) - t) / trainable;
+                let penalty = &gap * state.lagrange[0] + gap.square() * state.lagrange[1];
+                let total = &loss + &penalty;
+                // The multipliers ascend: l1 by the gap, l2 by its square.
+                let g = gap.double_value(&[]);
+                state.lagrange[0] += opts.lr * g;
+                state.lagrange[1] += opts.lr * g * g;
+                (penalty, total)
+            }
+        };
         total.backward();
         let grad = host32(&la.grad())?;
         if let Some(j) = joint.as_mut() {

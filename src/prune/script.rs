@@ -42,6 +42,7 @@ pub const OPTIONS: &[OptSpec] = &[
     opt_str("penalty_scale", "per_head", "\"per_head\" or \"per_layer\""),
     opt_str("distill", "cosine", "encoders' objective: \"cosine\" or \"mse\""),
     opt_str("eval_gates", "binary", "\"binary\" or \"continuous\" gates after training"),
+    opt("target", "none", "heads to keep open: targeted L0 (Sheared-LLaMA's Lagrangian instead of lambda)"),
 ];
 
 /// The typed options of `prune` from a map checked against [`OPTIONS`]: what it gives, else
@@ -74,6 +75,10 @@ pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
         penalty_scale: o.parsed_or_default("penalty_scale")?,
         distill: o.parsed_or_default("distill")?,
         eval_gates: o.parsed_or_default("eval_gates")?,
+        target: match o.value("target") {
+            None => None,
+            Some(v) => Some(crate::script::convert::to_f64(v, &format!("{f}: option 'target' (a number of heads)"))?),
+        },
     })
 }
 
@@ -247,6 +252,83 @@ impl Render for PruneResult {
     }
 }
 
+/// `prune_compare`'s own options; the training options of Hard Concrete and targeted L0 are
+/// `prune`'s ([`COMPARE_TRAINING`]), at defaults sized for a comparison.
+pub const COMPARE_OPTIONS: &[OptSpec] = &[
+    opt("eval_data", "required", "held-out texts every result is evaluated on"),
+    opt("fractions", "[0.1, 0.25, 0.5]", "fractions of the heads removed, each in (0, 1)"),
+    opt("strategies", "every strategy", "any of \"hard_concrete\", \"targeted_l0\", \"michel\", \"importance\", \"harp\", \"sublayer_cosine\", \"random\""),
+    opt_int("seeds", 5, "draws of the random baseline"),
+    opt_f64("michel_step", 0.05, "michel: the fraction of all heads removed per iteration"),
+    opt("harp_alphas", "[0, 0.25, 0.5, 0.75, 1]", "harp: the scales searched per layer"),
+    opt_f64("lambda", 0.05, "hard_concrete: weight of the L0 penalty"),
+    opt_int("steps", 100, "hard_concrete and targeted_l0: training steps"),
+    opt_f64("lr", 0.1, "hard_concrete and targeted_l0: Adam's learning rate for the gates"),
+    opt_int("batch_tokens", 1000, "tokens per batch (training, importance, evaluation)"),
+    opt_int("seed", 1, "seed of the training batches and noise, and of the random draws"),
+];
+
+/// The options of `prune_compare` that are `prune`'s.
+const COMPARE_TRAINING: [&str; 5] = ["lambda", "steps", "lr", "batch_tokens", "seed"];
+
+/// The typed options of `prune_compare` (`kinds`: the model's self-attention kind).
+pub fn compare_options(o: &Opts, options: &Map, kinds: Vec<Kind>) -> ScriptResult<super::strategies::CompareOptions> {
+    use super::strategies::{Strategy, STRATEGIES};
+    let f = o.func();
+    let mut sub = Map::new();
+    for k in COMPARE_TRAINING {
+        let v = match options.get(k) {
+            Some(v) if !v.is_unit() => v.clone(),
+            _ => match o.f64_or_default(k) {
+                Ok(x) if k == "lambda" || k == "lr" => Dynamic::from(x),
+                Ok(x) => Dynamic::from(x as i64),
+                Err(e) => return Err(e),
+            },
+        };
+        sub.insert(k.into(), v);
+    }
+    let po = Opts::new(&sub, f, OPTIONS).and_then(|p| options_from(&p, kinds))?;
+    let strategies = match o.strings("strategies")? {
+        None => STRATEGIES.to_vec(),
+        Some(v) => v.iter().map(|s| s.parse::<Strategy>().or_else(|e: String| err(format!("{f}: {e}")))).collect::<ScriptResult<_>>()?,
+    };
+    let c = super::strategies::CompareOptions {
+        fractions: o.numbers("fractions")?.unwrap_or_else(|| vec![0.1, 0.25, 0.5]),
+        strategies,
+        seeds: o.usize_or_default("seeds")?,
+        prune: po,
+        michel_step: o.f64_or_default("michel_step")?,
+        harp_alphas: o.numbers("harp_alphas")?.unwrap_or_else(|| vec![0.0, 0.25, 0.5, 0.75, 1.0]),
+    };
+    c.validate()?;
+    Ok(c)
+}
+
+/// A comparison as a table: one row per strategy and fraction.
+pub fn compare_table(c: &super::strategies::Comparison, model: &str, data: &str, eval: &str) -> Table {
+    let metric = c.metric.to_string();
+    let n = (c.n_layers * c.n_heads) as f64;
+    let mut t = Table::new(vec!["strategy".into(), "fraction".into(), "heads_removed".into(), "layers_removed".into(), "heads_kept".into(), metric.clone(), "sd".into(), "min".into(), "max".into(), "seconds".into()]);
+    t.title = Some(format!("prune_compare: {model} ({} x {} {} heads), chosen on {data}, {metric} on {eval} (full model {:.4})", c.n_layers, c.n_heads, c.kind, c.full));
+    t.digits = 4;
+    let opt = |x: Option<f64>| x.map_or(Cell::Empty, Cell::Float);
+    for r in &c.rows {
+        let _ = t.push_row(vec![
+            Cell::Text(r.strategy.to_string()),
+            Cell::Float(r.fraction),
+            Cell::Int(r.heads_removed as i64),
+            r.layers_removed.map_or(Cell::Empty, |l| Cell::Int(l as i64)),
+            Cell::Float(1.0 - r.heads_removed as f64 / n),
+            Cell::Float(r.value),
+            opt(r.spread.map(|s| s.0)),
+            opt(r.spread.map(|s| s.1)),
+            opt(r.spread.map(|s| s.2)),
+            Cell::Float(r.seconds),
+        ]);
+    }
+    t
+}
+
 #[export_module]
 pub mod api {
     use super::*;
@@ -274,6 +356,62 @@ pub mod api {
         let d = crate::data::script::dataset_arg(&data, "prune")?;
         let opts = parse_options(m, &options)?;
         Ok(prune(m, &d, &opts)?)
+    }
+
+    /// Pruning strategies side by side (docs/methods.md#pruning-strategies): each strategy
+    /// chooses on `data` which self-attention heads (or whole attention sublayers) to remove at
+    /// every fraction, and each result is evaluated on `eval_data` with the ablation metric (a
+    /// language model's next-token loss; an encoder's cosine distance to its unpruned states).
+    /// A Table: strategy, fraction, heads_removed, layers_removed, heads_kept, the metric, the
+    /// random baseline's sd/min/max over seeds, seconds; `prune_plot` draws it.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let d = corpus(asset("pud_en.txt"));
+    /// let t = m.prune_compare(d.take(6), #{eval_data: d.skip(6).take(6), fractions: [0.25, 0.5], steps: 3, seeds: 2});
+    /// assert(t.rows.len() == 7 * 2 && t.columns.contains("loss"));
+    /// assert(prune_plot(t).to_svg().contains("michel"));
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn prune_compare(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Table> {
+        let f = "prune_compare";
+        m.require(f, Needs::Unmasked)?;
+        let o = Opts::new(&options, f, COMPARE_OPTIONS)?;
+        let d = crate::data::script::dataset_arg(&data, f)?;
+        let eval = match o.value("eval_data") {
+            Some(v) => crate::data::script::dataset_arg(v, &format!("{f}: option 'eval_data'"))?,
+            None => return err(format!("{f}: eval_data is required: held-out texts every strategy's result is evaluated on")),
+        };
+        let kind = if m.model.decoder_only() { Kind::Dec } else { Kind::Enc };
+        let c = compare_options(&o, &options, vec![kind])?;
+        let mut progress = |s: &str, done: usize, total: usize| crate::run::progress(&format!("{f}: {s}"), done, total);
+        let r = super::super::strategies::compare(&m.model, &d, &eval, &c, &crate::run::interrupted, &mut progress).or_else(|e| {
+            let s = e.to_string();
+            err(if s.starts_with(f) { s } else { format!("{f}: {s}") })
+        })?;
+        Ok(compare_table(&r, &m.model.name(), &d.name, &eval.name))
+    }
+
+    /// A `prune_compare` table as a line chart: the metric against the fraction of heads kept,
+    /// one line per strategy (the random baseline's mean).
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let d = corpus(asset("pud_en.txt"));
+    /// let t = m.prune_compare(d.take(4), #{eval_data: d.skip(4).take(4), strategies: ["random", "importance"], fractions: [0.25]});
+    /// assert(prune_plot(t).to_svg().contains("importance"));
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn prune_plot(t: Table) -> ScriptResult<Plot> {
+        let f = "prune_plot";
+        let col = |name: &str| t.column_index(name).or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a prune_compare table")));
+        let metric = if t.column_index("loss").is_ok() { "loss" } else { "cosine" };
+        let series = Series::by(&t, col("strategy")?, col("heads_kept")?, col(metric)?);
+        let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
+        p.x_label = "attention heads kept".into();
+        p.y_label = metric.into();
+        p.title = t.title.clone().unwrap_or_default().split(", chosen on").next().unwrap_or_default().to_string();
+        Ok(p)
     }
 
     /// `prune` with the default options.

@@ -15,3 +15,4 @@ mod bleu;
 mod sinks;
 mod streaming;
 mod duo;
+mod strategies;

@@ -146,6 +146,12 @@ pub(crate) mod planted {
     }
 
     pub fn model() -> (View, tempfile::TempDir) {
+        model_with(0, 10.0)
+    }
+
+    /// The planted model with `silent` layers on top whose heads write nothing (all weights 0)
+    /// and the output head's weight `out` (10: a copied token's logit about 78).
+    pub fn model_with(silent: usize, out_weight: f64) -> (View, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let words: Vec<String> = (0..V - 4).map(|i| format!("w{i}")).collect();
         let refs: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
@@ -189,10 +195,10 @@ pub(crate) mod planted {
             let _ = positions.get(p).get(posv + p).fill_(1.0);
         }
         let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
-        let mut m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0, Some(4)), layer(l1, None)], Kind::Dec, Family::Gpt2);
+        let mut m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0, Some(4)), layer(l1, None)].into_iter().chain((0..silent).map(|_| layer(attention(&[], &[], &[], &[]), None))).collect(), Kind::Dec, Family::Gpt2);
         let out = zeros(&[V, D]);
         for t in 0..V {
-            let _ = out.get(t).get(ansv + t).fill_(10.0);
+            let _ = out.get(t).get(ansv + t).fill_(out_weight);
         }
         m.net.output = Some(Linear { w: out, b: None });
         (View::new(m), dir)

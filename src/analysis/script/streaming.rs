@@ -406,30 +406,7 @@ pub mod api {
         if !["kl", "loss", "induction_loss", "passkey"].contains(&metric) {
             return err(format!("{f}: metric must be \"kl\", \"loss\", \"induction_loss\" or \"passkey\", got {metric:?}"));
         }
-        let (s, x, y) = (col("scorer")?, col("kv_kept")?, col(metric)?);
-        let mut series: Vec<Series> = Vec::new();
-        for r in &t.rows {
-            let name = match &r[s] {
-                Cell::Text(n) => n.clone(),
-                other => format!("{other:?}"),
-            };
-            let num = |c: &Cell| match c {
-                Cell::Float(v) => *v,
-                Cell::Int(v) => *v as f64,
-                _ => f64::NAN,
-            };
-            if !series.iter().any(|x| x.name == name) {
-                series.push(Series { name: name.clone(), x: vec![], y: vec![] });
-            }
-            let Some(line) = series.iter_mut().find(|x| x.name == name) else { continue };
-            line.x.push(num(&r[x]));
-            line.y.push(num(&r[y]));
-        }
-        for line in &mut series {
-            let mut pts: Vec<(f64, f64)> = line.x.iter().copied().zip(line.y.iter().copied()).collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            (line.x, line.y) = pts.into_iter().unzip();
-        }
+        let series = Series::by(&t, col("scorer")?, col("kv_kept")?, col(metric)?);
         let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
         p.x_label = "key/value cache kept".into();
         p.y_label = metric.into();
