@@ -322,7 +322,7 @@ pub struct Gates {
     pub stream: Option<std::sync::Arc<Streaming>>,
     /// DuoAttention's mix of full and streaming attention in the decoder-only stack
     /// (docs/methods.md#duo-gates).
-    pub duo: Option<std::sync::Arc<Duo>>,
+    pub duo: Option<std::rc::Rc<Duo>>,
     /// Self-attention layers bypassed (HARP, docs/methods.md#pruning-strategies).
     pub bypass: Option<std::sync::Arc<Vec<Bypass>>>,
 }

@@ -19,7 +19,7 @@ use crate::model::view::View;
 use crate::model::{Kind, ModelError};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::Arc;
+
 use tch::{Kind as DType, Tensor};
 
 /// The checkpoints of a DuoAttention run.
@@ -205,7 +205,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         let alpha = Tensor::from_slice(&state.log_alpha).to_device(dev).set_requires_grad(true);
         let per_head = alpha.view([layers as i64, groups as i64, 1]).expand([layers as i64, groups as i64, per as i64], false).reshape([layers as i64, heads as i64]);
         let mut gates = base.share();
-        gates.duo = Some(Arc::new(Duo { alpha: per_head, sink: o.sink, recent: o.recent }));
+        gates.duo = Some(std::rc::Rc::new(Duo { alpha: per_head, sink: o.sink, recent: o.recent }));
         let states = match m.net.encode(&ids, &mask, &gates, None) {
             Err(ModelError::Interrupted) => {
                 if let Some(c) = &ckpt {

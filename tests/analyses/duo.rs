@@ -12,7 +12,7 @@ use headscope::model::{HeadId, Kind, ModelError};
 use headscope::prune::duo::{train, DuoOptions};
 use headscope::prune::{CurvePoint, Hooks};
 use std::cell::Cell;
-use std::sync::Arc;
+
 use tch::{Kind as DType, Tensor};
 
 const TEXT: &str = "the cat and the dog sat on the mat in the park all day while a dog ran in the park today and we like green tea";
@@ -33,7 +33,7 @@ fn run(v: &View, gates: &headscope::model::nn::Gates, ids: &[i64]) -> (Vec<Tenso
 
 fn duo(v: &View, alpha: Tensor, sink: i64, recent: i64) -> headscope::model::nn::Gates {
     let mut g = v.gates().unwrap();
-    g.duo = Some(Arc::new(Duo { alpha, sink, recent }));
+    g.duo = Some(std::rc::Rc::new(Duo { alpha, sink, recent }));
     g
 }
 

@@ -52,7 +52,7 @@ fn repeats(n: usize, seed: u64) -> Dataset {
             Item { text: vec![seg.join(" "); 5].join(" "), target: None, tree: None }
         })
         .collect();
-    Dataset::new(&format!("repeats{seed}"), items)
+    Dataset::new(format!("repeats{seed}"), items)
 }
 
 /// The planted model (streaming.rs) with a silent third layer: of its 12 heads only dec.0.0
