@@ -24,6 +24,19 @@ use tch::{Kind as DType, Tensor};
 
 /// The checkpoints of a DuoAttention run.
 pub const DUO: Run = Run { format: "headscope-duo-checkpoint/1", who: "learn_duo", param: "alpha" };
+/// The checkpoints of a PruLong run.
+pub const PRULONG: Run = Run { format: "headscope-prulong-checkpoint/1", who: "learn_prulong", param: "log_alpha" };
+
+/// Which gates a run learns (docs/methods.md#duo-gates, #prulong-masks).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Method {
+    /// DuoAttention: a continuous gate in [0, 1] per group, matching the model's hidden states.
+    Duo,
+    /// PruLong: a Hard Concrete mask per group (its `log_alpha`), on the next-token loss of the
+    /// answer, held to `target` (the fraction of groups kept full) by a Lagrangian, or
+    /// `lambda` x the expected fraction without a target.
+    PruLong { target: Option<f64>, concrete: super::Concrete },
+}
 
 /// The options of [`train`], typed (defaults and help beside `learn_duo`'s option list).
 #[derive(Debug, Clone)]
@@ -47,11 +60,12 @@ pub struct DuoOptions {
     pub resume: bool,
     /// Steps between checkpoints.
     pub save_every: usize,
+    pub method: Method,
 }
 
 impl DuoOptions {
     pub fn echo(&self) -> crate::output::Echo {
-        vec![
+        let mut v: crate::output::Echo = vec![
             ("steps".into(), json!(self.steps)),
             ("lr".into(), json!(self.lr)),
             ("lambda".into(), json!(self.lambda)),
@@ -63,11 +77,35 @@ impl DuoOptions {
             ("batch".into(), json!(self.batch)),
             ("seed".into(), json!(self.seed)),
             ("save_every".into(), json!(self.save_every)),
-        ]
+        ];
+        if let Method::PruLong { target, concrete } = self.method {
+            v.push(("target".into(), json!(target)));
+            v.push(("beta".into(), json!(concrete.beta)));
+        }
+        v
+    }
+
+    /// The training's checkpoint kind and function name.
+    pub fn run(&self) -> Run {
+        match self.method {
+            Method::Duo => DUO,
+            Method::PruLong { .. } => PRULONG,
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        let f = DUO.who;
+        let f = self.run().who;
+        if let Method::PruLong { target, concrete } = self.method {
+            if let Some(t) = target {
+                if !(t > 0.0 && t <= 1.0) {
+                    return Err(format!("{f}: target must be a fraction of the key/value groups in (0, 1], got {t}"));
+                }
+            }
+            #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
+            if !(concrete.beta > 0.0) {
+                return Err(format!("{f}: beta must be > 0, got {}", concrete.beta));
+            }
+        }
         if self.resume && self.checkpoint.is_none() {
             return Err(format!("{f}: resume: true needs a checkpoint directory (option 'checkpoint')"));
         }
@@ -117,7 +155,7 @@ impl DuoRun {
 
 /// Trains the gates of `v`'s decoder-only model on passkey sequences built from `data`.
 pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<DuoRun, AnalysisError> {
-    let f = DUO.who;
+    let f = o.run().who;
     o.validate().map_err(AnalysisError::Input)?;
     let m = &v.model;
     if !m.decoder_only() {
@@ -162,7 +200,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
                 "sentences": data.len(),
                 "options": o.echo().into_iter().filter(|(k, _)| !matches!(k.as_str(), "steps" | "save_every")).map(|(k, v)| (k, Value::String(crate::output::echo_text(&v)))).collect::<serde_json::Map<_, _>>(),
             });
-            Some(Checkpoint::open_run(dir, DUO, identity, n, o.resume).map_err(AnalysisError::Input)?)
+            Some(Checkpoint::open_run(dir, o.run(), identity, n, o.resume).map_err(AnalysisError::Input)?)
         }
         None => None,
     };
@@ -171,8 +209,10 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         _ => None,
     };
     let resumed_from = resumed.as_ref().map(|s| s.step);
-    // DuoAttention starts every gate at 1 (full attention).
-    let mut state = resumed.unwrap_or_else(|| TrainState { step: 0, log_alpha: vec![1.0; n], adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] });
+    // Every group starts full: DuoAttention's gates at 1, PruLong's log_alpha at 3 (P(g != 0)
+    // about 0.99).
+    let init = if o.method == Method::Duo { 1.0 } else { 3.0 };
+    let mut state = resumed.unwrap_or_else(|| TrainState { step: 0, log_alpha: vec![init; n], adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] });
     if let Some(c) = &ckpt {
         if state.step == 0 {
             c.save(&state).map_err(AnalysisError::Input)?;
@@ -191,7 +231,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         let step = state.step;
         let rows: Vec<usize> = (0..o.batch).map(|i| batch_at(o.seed, step * o.batch + i, seqs.len())).collect();
         for &r in &rows {
-            if targets[r].is_none() {
+            if targets[r].is_none() && o.method == Method::Duo {
                 let _g = tch::no_grad_guard();
                 let ids = Tensor::from_slice(&seqs[r]).view([1, t]).to_device(dev);
                 let mask = Tensor::ones([1, t], (DType::Float, dev));
@@ -201,9 +241,18 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         let flat: Vec<i64> = rows.iter().flat_map(|&r| seqs[r].iter().copied()).collect();
         let ids = Tensor::from_slice(&flat).view([rows.len() as i64, t]).to_device(dev);
         let mask = Tensor::ones([rows.len() as i64, t], (DType::Float, dev));
-        let want = Tensor::cat(&rows.iter().map(|&r| targets[r].as_ref().map_or_else(Tensor::new, |x| x.shallow_clone())).collect::<Vec<_>>(), 0);
         let alpha = Tensor::from_slice(&state.log_alpha).to_device(dev).set_requires_grad(true);
-        let per_head = alpha.view([layers as i64, groups as i64, 1]).expand([layers as i64, groups as i64, per as i64], false).reshape([layers as i64, heads as i64]);
+        // The gate of each group: DuoAttention's alpha itself; PruLong's a Hard Concrete sample
+        // (noise from (seed, step), drawn on the CPU).
+        let gate = match o.method {
+            Method::Duo => alpha.shallow_clone(),
+            Method::PruLong { concrete, .. } => {
+                tch::manual_seed(super::mix(o.seed, step as u64) as i64);
+                let u = Tensor::rand([n as i64], (DType::Float, tch::Device::Cpu)).to_device(dev) * (1.0 - 2.0 * concrete.eps) + concrete.eps;
+                concrete.sample(&alpha, &u)
+            }
+        };
+        let per_head = gate.view([layers as i64, groups as i64, 1]).expand([layers as i64, groups as i64, per as i64], false).reshape([layers as i64, heads as i64]);
         let mut gates = base.share();
         gates.duo = Some(std::rc::Rc::new(Duo { alpha: per_head, sink: o.sink, recent: o.recent }));
         let states = match m.net.encode(&ids, &mask, &gates, None) {
@@ -215,13 +264,39 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             }
             r => r?,
         };
-        let got = states.narrow(1, t - answer, answer).to_kind(DType::Float);
-        let loss = (&got - &want).pow_tensor_scalar(2).mean(DType::Float);
-        let penalty = alpha.abs().mean(DType::Float);
-        let total = &loss + &penalty * o.lambda;
+        let (loss, penalty, total) = match o.method {
+            Method::Duo => {
+                let want = Tensor::cat(&rows.iter().map(|&r| targets[r].as_ref().map_or_else(Tensor::new, |x| x.shallow_clone())).collect::<Vec<_>>(), 0);
+                let got = states.narrow(1, t - answer, answer).to_kind(DType::Float);
+                let loss = (&got - &want).pow_tensor_scalar(2).mean(DType::Float);
+                let penalty = alpha.abs().mean(DType::Float);
+                let total = &loss + &penalty * o.lambda;
+                (loss, penalty, total)
+            }
+            Method::PruLong { target, concrete } => {
+                // The next-token loss of the answer's tokens after its first.
+                let logp = m.log_probs(&states.narrow(1, t - answer, answer - 1), DType::Float)?;
+                let loss = crate::model::loss::nll(&logp, &ids.narrow(1, t - answer + 1, answer - 1)).mean(DType::Float);
+                let frac = concrete.p_open(&alpha).mean(DType::Float);
+                let penalty = match target {
+                    None => &frac * o.lambda,
+                    Some(tf) => {
+                        // Sheared-LLaMA's Lagrangian on the expected fraction kept full.
+                        let d = &frac - tf;
+                        let pen = &d * state.lagrange[0] + d.square() * state.lagrange[1];
+                        let g = d.double_value(&[]);
+                        state.lagrange[0] += o.lr * g;
+                        state.lagrange[1] += o.lr * g * g;
+                        pen
+                    }
+                };
+                let total = &loss + &penalty;
+                (loss, penalty, total)
+            }
+        };
         total.backward();
         let grad = host32(&alpha.grad())?;
-        // Adam (as torch.optim.Adam), then the gates clipped to [0, 1] (DuoAttention's clamp).
+        // Adam (as torch.optim.Adam); DuoAttention's gates then clipped to [0, 1] (its clamp).
         let tt = (step + 1) as i32;
         let (bc1, bc2) = (1.0 - b1.powi(tt), 1.0 - b2.powi(tt));
         for (i, &g) in grad.iter().enumerate().take(n) {
@@ -231,19 +306,18 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             state.adam_m[i] = mm as f32;
             state.adam_v[i] = vv as f32;
             let upd = o.lr * (mm / bc1) / ((vv / bc2).sqrt() + eps);
-            state.log_alpha[i] = (state.log_alpha[i] as f64 - upd).clamp(0.0, 1.0) as f32;
+            let next = state.log_alpha[i] as f64 - upd;
+            state.log_alpha[i] = if o.method == Method::Duo { next.clamp(0.0, 1.0) } else { next } as f32;
         }
         state.step += 1;
         step_seconds.push(started.elapsed().as_secs_f64());
-        let sum: f64 = state.log_alpha.iter().map(|&a| a as f64).sum();
-        let point = CurvePoint {
-            step: state.step,
-            loss: loss.double_value(&[]),
-            penalty: penalty.double_value(&[]),
-            expected_open: sum,
-            open: state.log_alpha.iter().filter(|&&a| a >= 0.5).count(),
-            eval: None,
+        // DuoAttention: the sum of the gates and those >= 0.5; PruLong: the expected number of
+        // full groups and those whose evaluation mask is 1 (log_alpha > 0).
+        let (sum, open) = match o.method {
+            Method::Duo => (state.log_alpha.iter().map(|&a| a as f64).sum(), state.log_alpha.iter().filter(|&&a| a >= 0.5).count()),
+            Method::PruLong { concrete, .. } => (concrete.p_open(&Tensor::from_slice(&state.log_alpha)).sum(DType::Double).double_value(&[]), state.log_alpha.iter().filter(|&&a| a > 0.0).count()),
         };
+        let point = CurvePoint { step: state.step, loss: loss.double_value(&[]), penalty: penalty.double_value(&[]), expected_open: sum, open, eval: None };
         (hooks.progress)(&point, o.steps);
         state.curve.push(point);
         if state.step % o.save_every == 0 || state.step == o.steps {

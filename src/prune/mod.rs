@@ -351,7 +351,7 @@ struct TrainData {
     distill_full: Vec<Option<Tensor>>,
 }
 
-fn mix(a: u64, b: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
     // splitmix64 of a combination: a well-spread seed per (seed, step).
     let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(b).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -9,7 +9,8 @@ use headscope::model::hooks::{At, Point, Record};
 use headscope::model::nn::{Duo, Regime};
 use headscope::model::view::View;
 use headscope::model::{HeadId, Kind, ModelError};
-use headscope::prune::duo::{train, DuoOptions};
+use headscope::prune::duo::{train, DuoOptions, Method};
+use headscope::prune::Concrete;
 use headscope::prune::{CurvePoint, Hooks};
 use std::cell::Cell;
 
@@ -70,7 +71,7 @@ fn the_mix_blends_full_and_streaming_attention() {
 }
 
 fn options(steps: usize) -> DuoOptions {
-    DuoOptions { steps, lr: 0.05, lambda: 0.05, sink: 2, recent: 8, context: 40, samples: 3, needle: 6, batch: 1, seed: 4, checkpoint: None, resume: false, save_every: 2 }
+    DuoOptions { steps, lr: 0.05, lambda: 0.05, sink: 2, recent: 8, context: 40, samples: 3, needle: 6, batch: 1, seed: 4, checkpoint: None, resume: false, save_every: 2, method: Method::Duo }
 }
 
 fn pud(n: usize) -> Dataset {
@@ -132,7 +133,8 @@ fn learned_gates_keep_the_planted_copy_head_alone() {
         })
         .collect();
     let data = Dataset::new("words", words.chunks(50).map(|c| Item { text: c.join(" "), target: None, tree: None }).collect());
-    let o = DuoOptions { steps: 60, lr: 0.05, lambda: 0.01, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10 };
+    assert_eq!(data.texts(), self::words().texts());
+    let o = DuoOptions { steps: 60, lr: 0.05, lambda: 0.01, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10, method: Method::Duo };
     let r = train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).unwrap();
     let g = r.per_head();
     eprintln!("planted duo gates {g:?}; loss {:?}", r.state.curve.last().map(|p| p.loss));
@@ -178,4 +180,49 @@ fn bad_duo_input_is_a_one_line_error() {
     let s = v.streaming(&[HeadId { kind: Kind::Dec, layer_idx: 0, head: 0 }], 2, 4, Regime::Always, "test").unwrap();
     let e = train(&s, &data, &options(2), quiet(&|| false, &mut |_, _| {})).err().unwrap().to_string();
     assert!(e.contains("streaming heads already"), "{e}");
+}
+
+fn words() -> Dataset {
+    let mut x = 7u64;
+    let words: Vec<String> = (0..200)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            format!("w{}", (x >> 33) % 36)
+        })
+        .collect();
+    Dataset::new("words", words.chunks(50).map(|c| Item { text: c.join(" "), target: None, tree: None }).collect())
+}
+
+/// PruLong's Hard Concrete masks on the planted model, held to one group in eight kept full:
+/// the copy head's mask is the one left open (log_alpha > 0), every other below it and closed.
+#[test]
+fn prulong_masks_keep_the_planted_copy_head() {
+    let (v, _dir) = crate::streaming::planted::model_with(0, 1.0);
+    let method = Method::PruLong { target: Some(1.0 / 8.0), concrete: Concrete::default() };
+    let o = DuoOptions { steps: 150, lr: 0.1, lambda: 0.0, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10, method };
+    let r = train(&v, &words(), &o, quiet(&|| false, &mut |_, _| {})).unwrap();
+    let g = r.per_head();
+    eprintln!("planted prulong log_alpha {g:?}; last {:?}", r.state.curve.last());
+    assert!(g[1][0] > 0.0, "the copy head's mask stays open: {}", g[1][0]);
+    for (l, row) in g.iter().enumerate() {
+        for (h, &a) in row.iter().enumerate() {
+            if (l, h) != (1, 0) {
+                assert!(a < 0.0 && a < g[1][0], "dec.{l}.{h} log_alpha {a}: closed, below the copy head");
+            }
+        }
+    }
+    // Resumable: stopped after 40 steps and resumed, the same masks.
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = DuoOptions { checkpoint: Some(dir.path().to_path_buf()), ..o };
+    let calls = Cell::new(0);
+    let stop = || {
+        calls.set(calls.get() + 1);
+        calls.get() > 40
+    };
+    assert!(train(&v, &words(), &o, quiet(&stop, &mut |_, _| {})).is_err());
+    o.resume = true;
+    let resumed = train(&v, &words(), &o, quiet(&|| false, &mut |_, _| {})).unwrap();
+    assert_eq!(resumed.resumed_from, Some(40));
+    assert_eq!(resumed.state.log_alpha, r.state.log_alpha, "resumed masks equal the uninterrupted run's");
+    assert_eq!(resumed.state.lagrange, r.state.lagrange);
 }
