@@ -29,6 +29,8 @@ pub const OPTIONS: &[(&str, &[OptSpec])] = &[
     ("line", crate::plot::script::LINE_OPTIONS),
     ("prune", crate::prune::script::OPTIONS),
     ("prune_compare", crate::prune::script::COMPARE_OPTIONS),
+    ("learn_duo", crate::prune::script_duo::LEARN_DUO_OPTIONS),
+    ("learn_prulong", crate::prune::script_duo::LEARN_PRULONG_OPTIONS),
     ("bleu", crate::metrics::bleu::script::BLEU_OPTIONS),
 ];
 

@@ -10,7 +10,7 @@
 //! with the same gates as one never interrupted. Nothing here prints.
 
 use super::checkpoint::{Checkpoint, Run};
-use super::{batch_at, host32, CurvePoint, Hooks, TrainState, ADAM};
+use super::{batch_at, host32, CurvePoint, Hooks, TrainState};
 use crate::analysis::streaming::{chunks, passkeys_in};
 use crate::analysis::AnalysisError;
 use crate::data::Dataset;
@@ -218,7 +218,6 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             c.save(&state).map_err(AnalysisError::Input)?;
         }
     }
-    let (b1, b2, eps) = ADAM;
     let mut step_seconds = Vec::new();
     while state.step < o.steps {
         let started = std::time::Instant::now();
@@ -296,19 +295,8 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         };
         total.backward();
         let grad = host32(&alpha.grad())?;
-        // Adam (as torch.optim.Adam); DuoAttention's gates then clipped to [0, 1] (its clamp).
-        let tt = (step + 1) as i32;
-        let (bc1, bc2) = (1.0 - b1.powi(tt), 1.0 - b2.powi(tt));
-        for (i, &g) in grad.iter().enumerate().take(n) {
-            let gi = g as f64;
-            let mm = b1 * state.adam_m[i] as f64 + (1.0 - b1) * gi;
-            let vv = b2 * state.adam_v[i] as f64 + (1.0 - b2) * gi * gi;
-            state.adam_m[i] = mm as f32;
-            state.adam_v[i] = vv as f32;
-            let upd = o.lr * (mm / bc1) / ((vv / bc2).sqrt() + eps);
-            let next = state.log_alpha[i] as f64 - upd;
-            state.log_alpha[i] = if o.method == Method::Duo { next.clamp(0.0, 1.0) } else { next } as f32;
-        }
+        // Adam; DuoAttention's gates then clipped to [0, 1] (its clamp).
+        state.adam(&grad, o.lr, step + 1, (o.method == Method::Duo).then_some((0.0, 1.0)));
         state.step += 1;
         step_seconds.push(started.elapsed().as_secs_f64());
         // DuoAttention: the sum of the gates and those >= 0.5; PruLong: the expected number of

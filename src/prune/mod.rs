@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod duo;
+pub mod script_duo;
 pub mod strategies;
 pub mod physical;
 pub mod script;
@@ -304,6 +305,24 @@ pub struct TrainState {
     pub lagrange: [f64; 2],
 }
 
+impl TrainState {
+    /// One Adam step (as torch.optim.Adam, no weight decay; on the host, moments in f32) on the
+    /// parameters from their gradient, the `t`-th step; each result clipped to `clip` if given.
+    pub fn adam(&mut self, grad: &[f32], lr: f64, t: usize, clip: Option<(f64, f64)>) {
+        let (b1, b2, eps) = ADAM;
+        let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
+        for (i, &g) in grad.iter().enumerate().take(self.log_alpha.len()) {
+            let gi = g as f64;
+            let m = b1 * self.adam_m[i] as f64 + (1.0 - b1) * gi;
+            let v = b2 * self.adam_v[i] as f64 + (1.0 - b2) * gi * gi;
+            self.adam_m[i] = m as f32;
+            self.adam_v[i] = v as f32;
+            let next = self.log_alpha[i] as f64 - lr * (m / bc1) / ((v / bc2).sqrt() + eps);
+            self.log_alpha[i] = clip.map_or(next, |(lo, hi)| next.clamp(lo, hi)) as f32;
+        }
+    }
+}
+
 /// What a finished run returns.
 pub struct PruneRun {
     pub layout: Layout,
@@ -532,7 +551,6 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
     let c = opts.concrete;
     let trainable = layout.keep().iter().map(|&k| k as f64).sum::<f64>().max(1.0);
     let penalty_div = if opts.penalty_scale == PenaltyScale::PerLayer { layout.n_layers() as f64 } else { 1.0 };
-    let (b1, b2, eps) = ADAM;
     let nb = td.prep.batches.len();
     let mut step_seconds = Vec::new();
     while state.step < opts.steps {
@@ -587,18 +605,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
         if let Some(j) = joint.as_mut() {
             j.step(opts.model_lr, step + 1);
         }
-        // Adam, as torch.optim.Adam (no weight decay), on the host in f32.
-        let t = (step + 1) as i32;
-        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        for (i, &g) in grad.iter().enumerate().take(n) {
-            let gi = g as f64;
-            let m = b1 * state.adam_m[i] as f64 + (1.0 - b1) * gi;
-            let v = b2 * state.adam_v[i] as f64 + (1.0 - b2) * gi * gi;
-            state.adam_m[i] = m as f32;
-            state.adam_v[i] = v as f32;
-            let upd = opts.lr * (m / bc1) / ((v / bc2).sqrt() + eps);
-            state.log_alpha[i] = (state.log_alpha[i] as f64 - upd) as f32;
-        }
+        state.adam(&grad, opts.lr, step + 1, None);
         state.step += 1;
         step_seconds.push(started.elapsed().as_secs_f64());
         let la_now = Tensor::from_slice(&state.log_alpha);

@@ -369,7 +369,7 @@ pub mod api {
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
     /// let d = corpus(asset("pud_en.txt"));
     /// let t = m.prune_compare(d.take(6), #{eval_data: d.skip(6).take(6), fractions: [0.25, 0.5], steps: 3, seeds: 2});
-    /// assert(t.rows.len() == 7 * 2 && t.columns.contains("loss"));
+    /// assert(t.len() == 7 * 2 && t.columns.contains("loss"));
     /// assert(prune_plot(t).to_svg().contains("michel"));
     /// ```
     #[rhai_fn(return_raw, pure)]
@@ -739,6 +739,7 @@ pub mod api {
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<PruneResult>("PruneResult");
     engine.register_global_module(exported_module!(api).into());
+    super::script_duo::register(engine);
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {

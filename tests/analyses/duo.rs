@@ -125,15 +125,7 @@ fn a_resumed_run_ends_with_identical_gates() {
 fn learned_gates_keep_the_planted_copy_head_alone() {
     let (v, _dir) = crate::streaming::planted::model();
     // Texts of the planted vocabulary: random words, 200 of them.
-    let mut x = 7u64;
-    let words: Vec<String> = (0..200)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            format!("w{}", (x >> 33) % 36)
-        })
-        .collect();
-    let data = Dataset::new("words", words.chunks(50).map(|c| Item { text: c.join(" "), target: None, tree: None }).collect());
-    assert_eq!(data.texts(), self::words().texts());
+    let data = words();
     let o = DuoOptions { steps: 60, lr: 0.05, lambda: 0.01, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10, method: Method::Duo };
     let r = train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).unwrap();
     let g = r.per_head();

@@ -30,8 +30,6 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("with_streaming", streaming::WITH_STREAMING_OPTIONS),
     ("kv_scores", streaming::KV_SCORES_OPTIONS),
     ("kv_curve", streaming::KV_CURVE_OPTIONS),
-    ("learn_duo", streaming::LEARN_DUO_OPTIONS),
-    ("learn_prulong", streaming::LEARN_PRULONG_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
