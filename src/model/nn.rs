@@ -359,11 +359,20 @@ impl DuoLayer {
     /// The additive bias `[1, 1, Tq, Tk]` hiding from a streaming head the keys outside its
     /// sink and window, for queries at positions `start..start + Tq`.
     pub fn window(&self, tq: i64, tk: i64, start: i64, dtype: DType, device: tch::Device) -> Tensor {
-        let q = Tensor::arange_start(start, start + tq, (DType::Int64, device)).view([tq, 1]);
-        let k = Tensor::arange(tk, (DType::Int64, device)).view([1, tk]);
-        let seen = k.lt(self.sink).logical_or(&(&q - &k).lt(self.recent));
-        seen.logical_not().to_kind(dtype).view([1, 1, tq, tk]) * -1e9
+        let (q, k) = positions(tq, start, tk, device);
+        window_seen(&q, &k, self.sink, self.recent).logical_not().to_kind(dtype).view([1, 1, tq, tk]) * -1e9
     }
+}
+
+/// Query positions `start..start + tq` as `[tq, 1]` and key positions `0..tk` as `[1, tk]`.
+fn positions(tq: i64, start: i64, tk: i64, device: tch::Device) -> (Tensor, Tensor) {
+    (Tensor::arange_start(start, start + tq, (DType::Int64, device)).view([tq, 1]), Tensor::arange(tk, (DType::Int64, device)).view([1, tk]))
+}
+
+/// Which keys a streaming head's queries see (regime always): the first `sink` and the last
+/// `recent` up to each query, `j < sink or i - j < recent` (the causal mask is the bias's).
+fn window_seen(q: &Tensor, k: &Tensor, sink: i64, recent: i64) -> Tensor {
+    k.lt(sink).logical_or(&(q - k).lt(recent))
 }
 
 /// When streaming heads stream (docs/methods.md#streaming-heads).
@@ -424,10 +433,9 @@ impl Streaming {
             return None;
         }
         let tk = past + t;
-        let q = Tensor::arange_start(past, tk, (DType::Int64, device)).view([t, 1]);
-        let k = Tensor::arange(tk, (DType::Int64, device)).view([1, tk]);
+        let (q, k) = positions(t, past, tk, device);
         let seen = match self.regime {
-            Regime::Always => k.lt(self.sink).logical_or(&(&q - &k).lt(self.recent)),
+            Regime::Always => window_seen(&q, &k, self.sink, self.recent),
             Regime::Decode { .. } => q.lt(prompt).logical_or(&k.lt(self.sink)).logical_or(&k.ge(prompt - self.recent)),
         };
         let hidden = seen.logical_not().to_kind(dtype).view([1, 1, t, tk]);

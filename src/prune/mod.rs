@@ -382,12 +382,18 @@ pub(crate) fn mix(a: u64, b: u64) -> u64 {
 /// `(seed, epoch)`.
 pub(crate) fn batch_at(seed: u64, step: usize, n: usize) -> usize {
     let (epoch, i) = (step / n, step % n);
-    let mut order: Vec<usize> = (0..n).collect();
+    permutation(n, mix(seed, epoch as u64))[i]
+}
+
+/// A permutation of `0..n` drawn from `seed` (Fisher-Yates over splitmix64 of `(seed, j)`):
+/// an epoch's batch order, the random pruning baseline's draw.
+pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
     for j in (1..n).rev() {
-        let r = (mix(mix(seed, epoch as u64), j as u64) % (j as u64 + 1)) as usize;
-        order.swap(j, r);
+        let r = (mix(seed, j as u64) % (j as u64 + 1)) as usize;
+        p.swap(j, r);
     }
-    order[i]
+    p
 }
 
 pub(crate) fn host32(t: &Tensor) -> Result<Vec<f32>, ModelError> {

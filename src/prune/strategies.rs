@@ -234,23 +234,6 @@ fn harp_gates(kind: Kind, width: usize, chosen: &[(usize, f64)]) -> Gates {
     g
 }
 
-fn splitmix(a: u64, b: u64) -> u64 {
-    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(b).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A permutation of `0..n` drawn from `seed` (Fisher-Yates over splitmix64).
-pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
-    let mut p: Vec<usize> = (0..n).collect();
-    for j in (1..n).rev() {
-        let r = (splitmix(seed, j as u64) % (j as u64 + 1)) as usize;
-        p.swap(j, r);
-    }
-    p
-}
-
 /// Runs every strategy of `o` on `model`'s self-attention heads: chosen on `data`, evaluated on
 /// `eval`. `progress(done, total)` after each evaluation.
 pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Comparison, AnalysisError> {
@@ -396,7 +379,7 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
                     let mut values = Vec::new();
                     let mut first = Vec::new();
                     for d in 0..o.seeds {
-                        let perm = permutation(cx.n(), splitmix(o.prune.seed, d as u64));
+                        let perm = super::permutation(cx.n(), super::mix(o.prune.seed, d as u64));
                         let removed: Vec<HeadId> = perm[..k].iter().map(|&i| cx.head(i)).collect();
                         values.push(cx.closing(&removed)?);
                         if d == 0 {
