@@ -2,7 +2,10 @@
 //! transformers: tiny random checkpoints in each family's official layout and their golden
 //! outputs (eager attention, float32) come from `tests/fixtures/make_tiny_hf.py`. Token ids,
 //! logits and every head's attention within 1e-4, greedy continuations token for token, and
-//! GPT-2's gates equal to transformers' `head_mask`. Bad checkpoints are one-line errors.
+//! GPT-2's gates equal to transformers' `head_mask`. The 2026 families (make_tiny_hf_2026.py) are
+//! also run in float64 against transformers in float64 (its float32 casts widened): logits and
+//! attention within 1e-5 (1e-14 in practice), and the gates equal to zeroing the head's slice at
+//! the output projection. Bad checkpoints are one-line errors.
 
 use crate::common;
 use crate::common::{max_diff, tiny_hf_dir as dir};
@@ -15,6 +18,8 @@ use std::path::Path;
 use tch::Tensor;
 
 const TOL: f64 = 1e-4;
+/// Against transformers' float64 run.
+const TOL64: f64 = 1e-5;
 /// gpt2 heads closed per layer in the golden `head_mask` run (1 = open).
 const MASK: [[f32; 4]; 2] = [[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]];
 
@@ -61,6 +66,24 @@ fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name: &str) {
     }
     println!("{dir_name}: {n} sentences, largest logit difference {worst_logit:.2e}, attention {worst_attn:.2e}");
     assert!(worst_logit < TOL && worst_attn < TOL, "{dir_name}: logits {worst_logit:e}, attention {worst_attn:e}");
+    check_float64(g, family, dir_name, texts[0].as_str());
+}
+
+/// Where the goldens hold transformers' float64 run (`{family}_logits64_0`: make_tiny_hf_2026.py),
+/// headscope's float64 run equals it within 1e-5 (logits and every head's attention), and closing
+/// MASK's heads through the gates equals zeroing their slices at the output projection
+/// (`{family}_masked64_0`). float32 runs differ by their summation order (transformers' own float32
+/// Gemma logits are 7e-5 from its float64 ones), hence TOL above.
+fn check_float64(g: &HashMap<String, Tensor>, family: &str, dir_name: &str, text: &str) {
+    let Some(want) = g.get(&format!("{family}_logits64_0")) else { return };
+    let m = common::tiny_hf(dir_name, "f64");
+    let ids = m.tokenize(text).unwrap().ids;
+    let (l, a) = forward(&m, &ids, &Gates::none());
+    let (dl, da) = (max_diff(&l, want), max_diff(&a, &g[&format!("{family}_attn64_0")]));
+    let gates = Gates { dec: Some(Tensor::from_slice(&MASK.concat()).view([1, 2, 4]).to_kind(tch::Kind::Double)), ..Gates::none() };
+    let dm = max_diff(&forward(&m, &ids, &gates).0, &g[&format!("{family}_masked64_0")]);
+    println!("{dir_name} in float64: logits {dl:.2e}, attention {da:.2e}, heads closed at the output projection {dm:.2e}");
+    assert!(dl < TOL64 && da < TOL64 && dm < TOL64, "{dir_name} in float64: logits {dl:e}, attention {da:e}, gated {dm:e}");
 }
 
 #[test]
