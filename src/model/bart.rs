@@ -183,7 +183,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_start: Some(start),
         banned,
         logit_softcap: None,
-        forced_bos: None,
+        forced_bos: Default::default(),
         rel_bias: None,
     })
 }

@@ -152,7 +152,7 @@ impl Model {
             .iter()
             .map(|r| {
                 let e = self.tok.encode_target(r)?;
-                let Some(forced) = self.net.forced_bos else { return Ok(e) };
+                let Some(forced) = self.net.forced_bos.get() else { return Ok(e) };
                 let mut out = Encoded { ids: vec![forced], tokens: vec![self.tok.id_to_token(forced)], offsets: vec![(0, 0)], special: vec![true] };
                 for i in (0..e.ids.len()).filter(|&i| !e.special[i]) {
                     out.ids.push(e.ids[i]);
@@ -194,7 +194,7 @@ impl Model {
                 let mut special = vec![false; n];
                 special[n - 1] = true;
                 // The forced target-language token is framing, as EOS is.
-                if self.net.forced_bos.is_some() && self.net.forced_bos == ids.first().copied() {
+                if self.net.forced_bos.get().is_some() && self.net.forced_bos.get() == ids.first().copied() {
                     special[0] = true;
                 }
                 Encoded { tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }

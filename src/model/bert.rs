@@ -99,5 +99,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     }
     // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
     let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
-    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: None, rel_bias: None }, cfg))
+    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: Default::default(), rel_bias: None }, cfg))
 }

@@ -195,7 +195,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_start: Some(start),
         banned: vec![],
         logit_softcap: None,
-        forced_bos: forced,
+        forced_bos: super::transformer::ForcedBos::new(forced),
         rel_bias: None,
     })
 }

@@ -191,5 +191,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
     let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
-    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: None, rel_bias: None })
+    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: Default::default(), rel_bias: None })
 }

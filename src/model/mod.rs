@@ -878,13 +878,13 @@ impl Model {
     /// Makes `code` ([`Model::target_language`]) the token every translation starts with:
     /// greedy decoding, greedy targets and reference targets of every analysis.
     pub fn set_target_language(&mut self, code: &str) -> Result<(), ModelError> {
-        self.net.forced_bos = Some(self.target_language(code)?);
+        self.net.forced_bos.set(Some(self.target_language(code)?));
         Ok(())
     }
 
     /// Greedy translations, batched by length. Max output length: 2.5 x source tokens + 2.
     pub fn translate(&self, texts: &[&str], gates: &Gates, max_tokens: usize) -> Result<Vec<Vec<i64>>, ModelError> {
-        self.translate_forced(texts, gates, max_tokens, self.net.forced_bos)
+        self.translate_forced(texts, gates, max_tokens, self.net.forced_bos.get())
     }
 
     /// [`Model::translate`] with `forced` as every translation's first token (the target

@@ -186,7 +186,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_start: Some(start),
         banned: vec![],
         logit_softcap: None,
-        forced_bos: None,
+        forced_bos: Default::default(),
         rel_bias: Some(enc_rel),
     })
 }

@@ -482,10 +482,38 @@ pub struct Transformer {
     /// `<pad>`).
     pub banned: Vec<i64>,
     /// The token greedy decoding emits first whatever the logits (HF's `forced_bos_token_id`:
-    /// the target language of M2M100 / NLLB-200 and mBART-50; `load_model`'s `tgt_lang`).
-    pub forced_bos: Option<i64>,
+    /// the target language of M2M100 / NLLB-200 and mBART-50; `load_model`'s `tgt_lang`, or one
+    /// call's `tgt_lang` for the length of that call: `view::CallLanguage`).
+    pub forced_bos: ForcedBos,
     /// T5's relative position bias on the stack's self-attention scores (in `self_bias`).
     pub rel_bias: Option<RelativeBias>,
+}
+
+/// The forced first token of translations, settable through a shared model: a call with its
+/// own `tgt_lang` sets it for its length (`view::CallLanguage`) and the model's own comes back
+/// after, whatever the call returns.
+#[derive(Debug)]
+pub struct ForcedBos(std::sync::atomic::AtomicI64);
+
+impl Default for ForcedBos {
+    fn default() -> ForcedBos {
+        ForcedBos::new(None)
+    }
+}
+
+/// No forced token (token ids are never negative).
+const NO_TOKEN: i64 = -1;
+
+impl ForcedBos {
+    pub fn new(id: Option<i64>) -> ForcedBos {
+        ForcedBos(std::sync::atomic::AtomicI64::new(id.filter(|&v| v >= 0).unwrap_or(NO_TOKEN)))
+    }
+    pub fn get(&self) -> Option<i64> {
+        Some(self.0.load(std::sync::atomic::Ordering::Relaxed)).filter(|&v| v != NO_TOKEN)
+    }
+    pub fn set(&self, id: Option<i64>) {
+        self.0.store(id.filter(|&v| v >= 0).unwrap_or(NO_TOKEN), std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Transformer {
@@ -509,7 +537,7 @@ impl Transformer {
             dec_embed: None,
             dec_start: None,
             banned: vec![],
-            forced_bos: None,
+            forced_bos: ForcedBos::default(),
             rel_bias: None,
         }
     }
@@ -794,7 +822,7 @@ impl Transformer {
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens. The model's
     /// forced first token (`forced_bos`), where it has one, is the first token of every row.
     pub fn greedy(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates) -> Result<Vec<Vec<i64>>, ModelError> {
-        self.greedy_forced(enc, mask, max_len, gates, self.forced_bos)
+        self.greedy_forced(enc, mask, max_len, gates, self.forced_bos.get())
     }
 
     /// [`Transformer::greedy`] with `forced` as the first token (as transformers'

@@ -44,9 +44,31 @@ pub enum Needs {
     NoStreaming,
 }
 
+/// One call's target language (`tgt_lang` of a translation analysis): forced first in every
+/// translation, greedy target and reference target until this drops, then the model's own again
+/// (the model is shared by every view of it; a call runs alone).
+pub struct CallLanguage {
+    model: Rc<Model>,
+    previous: Option<i64>,
+}
+
+impl Drop for CallLanguage {
+    fn drop(&mut self) {
+        self.model.net.forced_bos.set(self.previous)
+    }
+}
+
 impl View {
     pub fn new(model: Model) -> View {
         View { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None, streaming: None }
+    }
+
+    /// `code` ([`Model::target_language`]) as the target language of one call.
+    pub fn call_language(&self, code: &str) -> Result<CallLanguage, ModelError> {
+        let id = self.model.target_language(code)?;
+        let previous = self.model.net.forced_bos.get();
+        self.model.net.forced_bos.set(Some(id));
+        Ok(CallLanguage { model: self.model.clone(), previous })
     }
 
     /// The gates of this view: its closed heads (filled with the reference means under mean

@@ -31,7 +31,7 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
         model.check_head(*h)?;
     }
     let mut m = Model::load(&model.path, model.opts)?;
-    m.net.forced_bos = model.net.forced_bos; // a target language chosen at load (`tgt_lang`)
+    m.net.forced_bos.set(model.net.forced_bos.get()); // a target language chosen at load (`tgt_lang`)
     if let Some(w) = weights {
         let net = &mut m.net;
         let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());

@@ -43,6 +43,7 @@ pub const OPTIONS: &[OptSpec] = &[
     opt_str("distill", "cosine", "encoders' objective: \"cosine\" or \"mse\""),
     opt_str("eval_gates", "binary", "\"binary\" or \"continuous\" gates after training"),
     opt("target", "none", "heads to keep open: targeted L0 (Sheared-LLaMA's Lagrangian instead of lambda)"),
+    crate::model::script::TGT_LANG,
 ];
 
 /// The typed options of `prune` from a map checked against [`OPTIONS`]: what it gives, else
@@ -266,6 +267,7 @@ pub const COMPARE_OPTIONS: &[OptSpec] = &[
     opt_f64("lr", 0.1, "hard_concrete and targeted_l0: Adam's learning rate for the gates"),
     opt_int("batch_tokens", 1000, "tokens per batch (training, importance, evaluation)"),
     opt_int("seed", 1, "seed of the training batches and noise, and of the random draws"),
+    crate::model::script::TGT_LANG,
 ];
 
 /// The options of `prune_compare` that are `prune`'s.
@@ -355,6 +357,7 @@ pub mod api {
         m.require("prune", Needs::NoSoft)?;
         let d = crate::data::script::dataset_arg(&data, "prune")?;
         let opts = parse_options(m, &options)?;
+        let _lang = crate::model::script::call_language(m, &Opts::new(&options, "prune", OPTIONS)?)?;
         Ok(prune(m, &d, &opts)?)
     }
 
@@ -377,6 +380,7 @@ pub mod api {
         let f = "prune_compare";
         m.require(f, Needs::Unmasked)?;
         let o = Opts::new(&options, f, COMPARE_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let eval = match o.value("eval_data") {
             Some(v) => crate::data::script::dataset_arg(v, &format!("{f}: option 'eval_data'"))?,

@@ -187,7 +187,7 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
         dec_start: None,
         banned: vec![],
         logit_softcap: None,
-        forced_bos: None,
+        forced_bos: Default::default(),
         rel_bias: None,
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };

@@ -66,7 +66,7 @@ fn check(name: &str) {
     assert!(n >= 20, "{name}: {n} sentences in {GOLDEN}");
     let texts = common::short_pud_sentences(n);
     // M2M100 and mBART force a target language (T5 does not).
-    let forced = m.net.forced_bos;
+    let forced = m.net.forced_bos.get();
     assert_eq!(forced.is_some(), g.contains_key(&format!("{name}_tgt2_id")), "{name}: the checkpoint's forced_bos_token_id");
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let (mut detailed, mut compared) = (0, 0);
@@ -281,7 +281,7 @@ fn prenorm_reference_targets_start_with_the_target_language() {
                     continue; // the other family's code
                 }
             }
-            let forced = m.net.forced_bos.unwrap();
+            let forced = m.net.forced_bos.get().unwrap();
             let t = &m.reference_targets(&[text]).unwrap()[0];
             let want: Vec<i64> = std::iter::once(forced).chain(pieces.iter().copied()).chain([m.net.eos_id]).collect();
             assert_eq!(t.ids, want, "{name} ({code:?}): reference targets");

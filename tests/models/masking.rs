@@ -52,7 +52,7 @@ fn tiny() -> Transformer {
         dec_start: None,
         banned: vec![],
         logit_softcap: None,
-        forced_bos: None,
+        forced_bos: Default::default(),
         rel_bias: None,
     }
 }

@@ -69,17 +69,17 @@ fn the_two_bleu_forms_have_their_own_options() {
     let method = options_of_call("bleu", Some("Model")).unwrap();
     let names = |o: &[headscope::script::convert::OptSpec]| o.iter().map(|o| o.name).collect::<Vec<_>>();
     assert_eq!(names(free), ["shard"]);
-    assert_eq!(names(method), ["batch_tokens", "shard"]);
+    assert_eq!(names(method), ["batch_tokens", "shard", "tgt_lang"]);
     assert_eq!(options_of_call("bleu", Some("")).map(names), Some(names(method)), "a method call of unknown type");
     let mut s = session("gpt2");
     // The free form refuses the method's batch_tokens; each lists its own options.
     assert_eq!(error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{batch_tokens: 64})"), "bleu: unknown option 'batch_tokens' (valid options: shard)");
-    assert_eq!(error_of(&mut s, "m.bleu(d, #{lines: 2})"), "bleu: unknown option 'lines' (valid options: batch_tokens, shard)");
+    assert_eq!(error_of(&mut s, "m.bleu(d, #{lines: 2})"), "bleu: unknown option 'lines' (valid options: batch_tokens, shard, tgt_lang)");
     assert_eq!(error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{lines: 2})"), "bleu: unknown option 'lines' (valid options: shard)");
     // Completion offers each form's list.
     let offered = |s: &Session, code: &str| s.complete(code, code.len()).candidates.into_iter().map(|c| c.display).collect::<Vec<_>>();
     assert_eq!(offered(&s, "bleu(h, r, #{"), ["shard"]);
-    assert_eq!(offered(&s, "m.bleu(d, #{"), ["batch_tokens", "shard"]);
+    assert_eq!(offered(&s, "m.bleu(d, #{"), ["batch_tokens", "shard", "tgt_lang"]);
     // `:help bleu` (Shift-Tab) shows the two lists, each under the form it belongs to.
     let help = s.inspect("bleu", 2).unwrap();
     let free_at = help.find("Options of bleu (name, default, meaning):").unwrap_or_else(|| panic!("{help}"));
@@ -220,4 +220,52 @@ fn the_rust_api_defaults_are_a_scripts() {
     // `load_model(dir)` without options: the same device and precision as `LoadOptions::default()`.
     let out = s.eval("case", &format!("load_model({:?}).to_string()", dir.display().to_string())).unwrap().unwrap().text;
     assert_eq!(out, api::Model::load(&dir.display().to_string()).unwrap().to_string());
+}
+
+/// `tgt_lang` chooses a translation model's target language for one call of any verb that reads
+/// its targets: the call equals the same call on the model loaded with that language, differs
+/// from the model's own language, and leaves the model's own language in place afterwards (also
+/// after a call that failed).
+#[test]
+fn tgt_lang_chooses_the_target_language_of_one_call() {
+    let _rng = common::rng();
+    let mut s = session("m2m100");
+    let dir = root().join("tests/fixtures/tiny_hf/m2m100").display().to_string();
+    s.eval("setup", &format!("let de = load_model({dir:?}, #{{device: \"cpu\", tgt_lang: \"deu_Latn\"}}); let own = m.loss(d);")).unwrap();
+    let calls: &[(&str, &str)] = &[
+        ("loss", "M.loss(d, #{OPTS})"),
+        ("ablation_sweep", "M.ablation_sweep(d, #{OPTS}).top(24).to_text()"),
+        ("head_importance", "M.head_importance(d, #{OPTS}).top(24).to_text()"),
+        ("confidence", "M.confidence(d, #{OPTS}).top(24).to_text()"),
+        ("ablate", "M.ablate(d, [\"cross.0.1\"], #{OPTS}).value"),
+        ("prune", "M.prune(d, #{steps: 2, batch_tokens: 200, OPTS}).curve.to_string()"),
+        ("patch", "M.patch(pairs([[\"The cat sat.\", \"The hat sat.\"]]), #{OPTS}).clean"),
+    ];
+    let mut wrong = Vec::new();
+    for (func, call) in calls {
+        let per_call = call.replace('M', "m").replace("OPTS", "tgt_lang: \"deu_Latn\"");
+        let loaded = call.replace('M', "de").replace("OPTS", "");
+        let own = call.replace('M', "m").replace("OPTS", "");
+        let value = |s: &mut Session, code: &str| s.eval("case", code).map(|o| o.map(|o| o.text).unwrap_or_default()).map_err(|e| e.message);
+        match (value(&mut s, &per_call), value(&mut s, &loaded), value(&mut s, &own)) {
+            (Ok(a), Ok(b), Ok(c)) => {
+                if a != b {
+                    wrong.push(format!("{func}: per call {a}\n  loaded with the language {b}"));
+                }
+                if a == c {
+                    wrong.push(format!("{func}: the same in the model's own language: {a}"));
+                }
+            }
+            (a, b, c) => wrong.push(format!("{func}: {a:?} / {b:?} / {c:?}")),
+        }
+        let restored = value(&mut s, "m.loss(d) == own").unwrap();
+        if restored != "true" {
+            wrong.push(format!("{func}: the model's own language is not back after the call"));
+        }
+    }
+    let e = error_of(&mut s, "m.loss(d, #{tgt_lang: \"xx_Yyyy\"})");
+    assert_eq!(e, "loss: tgt_lang 'xx_Yyyy' is not a language code of m2m100 (eng_Latn, fra_Latn, deu_Latn, por_Latn)");
+    assert_eq!(error_of(&mut s, "load_model(\"minilm\").loss(d, #{tgt_lang: \"deu_Latn\"})").split(':').next(), Some("loss"));
+    assert_eq!(s.eval("case", "m.loss(d) == own").unwrap().map(|o| o.text).as_deref(), Some("true"));
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -25,6 +25,7 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
     ABLATION_OPTION,
     REFERENCE_OPTION,
     SEED_OPTION,
+    crate::model::script::TGT_LANG,
 ];
 /// How a closed head is ablated (docs/methods.md#mean-ablation, #resample-ablation).
 pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or, in ablate and ablation_sweep, \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
@@ -117,10 +118,11 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
     ABLATION_OPTION,
     REFERENCE_OPTION,
     SEED_OPTION,
+    crate::model::script::TGT_LANG,
 ];
 /// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
 /// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
-pub const BLEU_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"), crate::data::script::SHARD_OPTION];
+pub const BLEU_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"), crate::data::script::SHARD_OPTION, crate::model::script::TGT_LANG];
 
 /// The `metric` option: the one given, else `None` (the model's default).
 fn metric_option(o: &Opts) -> ScriptResult<Option<Metric>> {
@@ -255,6 +257,7 @@ pub mod api {
         let ids = crate::model::script::head_ids(m, &heads, "ablate")?;
         let d = crate::data::script::dataset_arg(&data, "ablate")?;
         let o = Opts::new(&options, "ablate", ABLATE_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let (m, ablation) = ablation_view(m, &o, Some(&d))?;
         let metric = metric_option(&o)?;
         kinds_option(&m, &o)?;
@@ -328,6 +331,7 @@ pub mod api {
         m.require(f, Needs::NoClosed)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let plan = Plan::new(&d, &o, f)?;
         let opts = sweep_options_from(&o, Some(m))?;
         Ok(ablation_sweep_planned(m, &d, &opts, &plan)?)
@@ -352,6 +356,7 @@ pub mod api {
     pub fn model_bleu_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
         let f = "bleu";
         let o = Opts::new(&options, f, BLEU_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         if d.items.iter().any(|i| i.target.is_none()) {
             return err(format!("bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)", d.name));

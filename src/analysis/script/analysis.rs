@@ -96,6 +96,7 @@ pub const OPTIONS: &[OptSpec] = &[
     opt_f64("margin", 0.1, "syntactic when accuracy >= baseline + margin"),
     opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
     crate::data::script::SHARD_OPTION,
+    crate::model::script::TGT_LANG,
 ];
 
 /// The typed options of `analyze` from an option map checked against [`OPTIONS`]: what the
@@ -259,7 +260,9 @@ pub fn confidence(m: &View, d: &Dataset, opts: &Options) -> Result<Grid, String>
 fn run(m: &ScriptModel, data: Dynamic, options: Map, func: &'static str) -> ScriptResult<AnalysisObj> {
     let d = crate::data::script::dataset_arg(&data, func)?;
     let (opts, d) = parse_options(m, &d, &options, func)?;
-    let plan = Plan::new(&d, &Opts::new(&options, func, OPTIONS)?, func)?;
+    let o = Opts::new(&options, func, OPTIONS)?;
+    let _lang = crate::model::script::call_language(m, &o)?;
+    let plan = Plan::new(&d, &o, func)?;
     Ok(analyze_planned(m, &d, &opts, &plan, func)?)
 }
 

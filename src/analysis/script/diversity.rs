@@ -11,6 +11,7 @@ use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 pub const DIVERSITY_OPTIONS: &[OptSpec] = &[
     opt("kinds", "every kind", "the attention kinds measured"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
+    crate::model::script::TGT_LANG,
 ];
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -92,6 +93,7 @@ pub mod api {
     #[rhai_fn(name = "diversity", return_raw, pure)]
     pub fn diversity_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<DiversityObj> {
         let o = Opts::new(&options, "diversity", DIVERSITY_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds = crate::model::script::kinds_option(m, &o)?;
         m.require("diversity", Needs::NoClosed)?;

@@ -23,6 +23,7 @@ pub const IMPORTANCE_OPTIONS: &[OptSpec] = &[
     opt_bool("exact", false, "also run the exact single-head sweep (\"loss\" for metric loss, \"kl\" for fisher) and echo the agreement"),
     opt_int("k", 10, "how many least important heads the agreement compares"),
     crate::data::script::SHARD_OPTION,
+    crate::model::script::TGT_LANG,
 ];
 
 /// How two per-head grids agree on one kind: the heads with a value in both, Spearman's rho
@@ -101,6 +102,7 @@ pub mod api {
     pub fn head_importance_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         let f = "head_importance";
         let o = Opts::new(&options, f, IMPORTANCE_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let opts = ImportanceOptions {
             metric: o.parsed_or_default("metric")?,

@@ -14,6 +14,7 @@ pub const LRP_OPTIONS: &[OptSpec] = &[
     opt_str("seeds", "each", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
     opt_int_by("batch_tokens", "seeds", &[("each", 64), ("summed", 256)], "tokens per batch"),
     crate::data::script::SHARD_OPTION,
+    crate::model::script::TGT_LANG,
 ];
 
 /// LRP's grid from its accumulators (one process's, or merged shards').
@@ -192,6 +193,7 @@ pub mod api {
     #[rhai_fn(name = "lrp", return_raw, pure)]
     pub fn lrp_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         let o = Opts::new(&options, "lrp", LRP_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, "lrp")?;
         let opts = options_from(&o)?;
         let plan = Plan::new(&d, &o, "lrp")?;

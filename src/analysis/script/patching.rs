@@ -24,6 +24,7 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt("receiver", "none", "path patching (docs/methods.md#path-patching): a head (\"dec.5.3\") or \"logits\"; every sender head's output reaches only that receiver's input"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "prompt tokens per batch of pairs (what bounds the recorded runs' memory)"),
     opt_str("receiver_input", "q", "with a receiver head: the input its senders reach, \"q\", \"k\" or \"v\" (k, v: the key/value head serving it)"),
+    crate::model::script::TGT_LANG,
 ];
 
 options_enum!(Method, "patching method", {
@@ -168,6 +169,7 @@ fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> Scri
 pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult<Map> {
     const F: &str = "patch";
     let o = Opts::new(options, F, PATCH_OPTIONS)?;
+    let _lang = crate::model::script::call_language(m, &o)?;
     let site: Site = o.parsed_or_default("site")?;
     let each = match o.string_or_default("positions")?.as_str() {
         "all" => false,

@@ -15,6 +15,7 @@ use tch::{Kind as DType, Tensor};
 pub const RUN_WITH_CACHE_OPTIONS: &[OptSpec] = &[
     opt("names", "[] (every point)", "hook names (\"enc.blocks.0.attn.hook_z\") or point names (\"hook_pattern\", \"attn.hook_z\") selecting every layer"),
     opt("interventions", "[]", "changes made during the pass: maps #{hook, replace | add | scale, heads, positions}"),
+    crate::model::script::TGT_LANG,
 ];
 
 /// What a list of names selects: whole hook names, or point names at every layer and kind.
@@ -339,6 +340,7 @@ pub mod api {
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
     pub fn run_with_cache_opts(m: &mut ScriptModel, text: &str, options: Map) -> ScriptResult<Cache> {
         let o = Opts::new(&options, "run_with_cache", RUN_WITH_CACHE_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let names = o.labels("names")?.unwrap_or_default();
         run_with_cache(m, text, &names, options.get("interventions").filter(|v| !v.is_unit()))
     }

@@ -30,7 +30,18 @@ pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)"),
     opt("tgt_lang", "the checkpoint's forced_bos_token_id", "a translation model's target language (\"fra_Latn\", \"fr_XX\"): its code, forced first in translate and every translation analysis"),
 ];
-pub const TRANSLATE_OPTIONS: &[OptSpec] = &[opt("tgt_lang", "the model's (load_model's tgt_lang, else the checkpoint's)", "the target language of these translations (\"fra_Latn\", \"fr_XX\"): its code, forced first")];
+pub const TRANSLATE_OPTIONS: &[OptSpec] = &[TGT_LANG];
+/// `tgt_lang` of one call (translate and every verb that reads a translation model's targets).
+pub const TGT_LANG: OptSpec = opt("tgt_lang", "the model's (load_model's tgt_lang, else the checkpoint's)", "a translation model's target language for this call (\"fra_Latn\", \"fr_XX\"): its code, forced first in its translations and in the greedy and reference targets");
+
+/// The target language option `o` names (`tgt_lang`), forced for as long as the result lives;
+/// none given: the model's own. Errors name the function and the code.
+pub fn call_language(m: &ScriptModel, o: &Opts) -> ScriptResult<Option<crate::model::view::CallLanguage>> {
+    match o.string("tgt_lang")? {
+        None => Ok(None),
+        Some(code) => m.call_language(&code).map(Some).or_else(|e| err(format!("{}: {e}", o.func()))),
+    }
+}
 pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
 pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
 
@@ -295,7 +306,7 @@ pub mod api {
         let o = Opts::new(&options, "translate", TRANSLATE_OPTIONS)?;
         let forced = match o.string("tgt_lang")? {
             Some(code) => Some(m.model.target_language(&code).or_else(|e| err(format!("translate: {e}")))?),
-            None => m.model.net.forced_bos,
+            None => m.model.net.forced_bos.get(),
         };
         let list = dataset_texts(&input, "translate")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();

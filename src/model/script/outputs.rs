@@ -8,10 +8,11 @@ use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
-pub const LOGITS_OPTIONS: &[OptSpec] = &[opt_str("positions", "last", "\"last\" (the next-token logits after the whole text) or \"all\" (every position: [pos][vocab])")];
+pub const LOGITS_OPTIONS: &[OptSpec] = &[opt_str("positions", "last", "\"last\" (the next-token logits after the whole text) or \"all\" (every position: [pos][vocab])"), crate::model::script::TGT_LANG];
 pub const LOSS_OPTIONS: &[OptSpec] = &[
     opt_bool("per_token", false, "a table of every predicted token's loss (one text) instead of the mean"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included (many sentences)"),
+    crate::model::script::TGT_LANG,
 ];
 
 fn text_arg(text: &str, func: &str) -> ScriptResult<()> {
@@ -43,6 +44,7 @@ pub mod api {
     #[rhai_fn(name = "logits", return_raw, pure)]
     pub fn logits_opts(m: &mut ScriptModel, text: &str, options: Map) -> ScriptResult<Dynamic> {
         let o = Opts::new(&options, "logits", LOGITS_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         let all = match o.string_or_default("positions")?.as_str() {
             "last" => false,
             "all" => true,
@@ -106,6 +108,7 @@ pub mod api {
     #[rhai_fn(name = "loss", return_raw, pure)]
     pub fn loss_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Dynamic> {
         let o = Opts::new(&options, "loss", LOSS_OPTIONS)?;
+        let _lang = crate::model::script::call_language(m, &o)?;
         if o.bool_or_default("per_token")? {
             let Some(text) = data.clone().try_cast::<rhai::ImmutableString>() else {
                 return err(format!("loss: per_token takes one text, got {}", crate::script::convert::quote(&data)));
