@@ -15,38 +15,47 @@ use std::path::Path;
 use tch::Tensor;
 
 #[derive(Debug, Deserialize)]
-struct Config {
-    hidden_size: i64,
-    num_hidden_layers: usize,
-    num_attention_heads: i64,
-    intermediate_size: i64,
-    vocab_size: i64,
+pub(crate) struct Config {
+    pub hidden_size: i64,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    pub vocab_size: i64,
     #[serde(default = "default_act")]
-    hidden_act: String,
+    pub hidden_act: String,
     /// Also written as `partial_rotary_factor` by transformers 4.5x.
     #[serde(default)]
-    rotary_pct: Option<f64>,
+    pub rotary_pct: Option<f64>,
     #[serde(default)]
-    partial_rotary_factor: Option<f64>,
+    pub partial_rotary_factor: Option<f64>,
     /// Also written as `rope_theta`.
     #[serde(default)]
-    rotary_emb_base: Option<f64>,
+    pub rotary_emb_base: Option<f64>,
     #[serde(default)]
-    rope_theta: Option<f64>,
+    pub rope_theta: Option<f64>,
     #[serde(default)]
-    rope_scaling: Option<serde_json::Value>,
+    pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
-    max_position_embeddings: Option<i64>,
+    pub max_position_embeddings: Option<i64>,
     #[serde(default = "default_eps")]
-    layer_norm_eps: f64,
+    pub layer_norm_eps: f64,
     #[serde(default = "default_true")]
-    use_parallel_residual: bool,
+    pub use_parallel_residual: bool,
     #[serde(default = "default_true")]
-    attention_bias: bool,
+    pub attention_bias: bool,
     #[serde(default)]
-    tie_word_embeddings: bool,
+    pub tie_word_embeddings: bool,
     #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
+}
+
+/// How the fused `query_key_value` rows are laid out: HF's per head (`[q_h | k_h | v_h]` for
+/// each head `h`), or llama.cpp's GGUF (every query row, then every key row, then every value
+/// row: its converter reorders them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QkvRows {
+    PerHead,
+    Stacked,
 }
 
 fn default_act() -> String {
@@ -64,7 +73,14 @@ fn default_true() -> bool {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
+    let (map, file) = hf::weights(dir)?;
+    // GPTNeoXForCausalLM saves `gpt_neox.`-prefixed names (and `embed_out`); GPTNeoXModel none.
+    build(&cfg, &cfg_file, Weights::new(map, file, opts, Some("gpt_neox.")), QkvRows::PerHead)
+}
+
+/// The model of `cfg` (read from `cfg_file`) over HF's tensor names in `w`.
+pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvRows) -> Result<Transformer, ModelError> {
+    let bad = |why: String| ModelError::Config(cfg_file.to_string(), why);
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
     if h <= 0 || d <= 0 || d % h != 0 {
         return Err(bad(format!("hidden_size {d} is not a positive multiple of num_attention_heads {h}")));
@@ -88,9 +104,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     let scaling = hf::rope_scaling(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings).map_err(bad)?;
     let base = cfg.rotary_emb_base.or(cfg.rope_theta).unwrap_or(10000.0);
-    let (map, file) = hf::weights(dir)?;
-    // GPTNeoXForCausalLM saves `gpt_neox.`-prefixed names (and `embed_out`); GPTNeoXModel none.
-    let mut w = Weights::new(map, file, opts, Some("gpt_neox."));
     let eps = cfg.layer_norm_eps;
     let ln = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
         Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{name}.weight"), &[d])?, bias: Some(w.get(&format!("{name}.bias"), &[d])?), eps })
@@ -104,9 +117,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
             Ok(Linear { w: weight, b })
         };
-        // query_key_value: [3D, D] rows as [H, 3, dh]: head h's query, key and value rows.
+        // query_key_value: [3D, D] rows as [H, 3, dh] (head h's query, key and value rows), or
+        // stacked as [3, D].
         let qkv = proj(&mut w, "attention.query_key_value", 3 * d, d, cfg.attention_bias)?;
         let part = |t: &Tensor, i: i64| -> Result<Tensor, ModelError> {
+            if qkv_rows == QkvRows::Stacked {
+                return Ok(t.f_narrow(0, i * d, d)?.contiguous());
+            }
             let rest: Vec<i64> = t.size()[1..].to_vec();
             let mut shape = vec![h, 3, dh];
             shape.extend(&rest);

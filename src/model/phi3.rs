@@ -16,11 +16,19 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
     let (mut map, file) = hf::weights(dir)?;
+    split_fused(&mut map, &cfg, &cfg_file, &file)?;
+    build(&cfg, &cfg_file, Weights::new(map, file, opts, None), RotaryRows::RotateHalf)
+}
+
+/// `self_attn.qkv_proj` and `mlp.gate_up_proj` of every layer (in `file`) split into llama's
+/// projections (the GGUF's `attn_qkv` and `ffn_up` hold the same rows under HF's names).
+pub(crate) fn split_fused(map: &mut std::collections::HashMap<String, tch::Tensor>, cfg: &Config, cfg_file: &str, file: &str) -> Result<(), ModelError> {
+    let file = file.to_string();
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
     let hk = cfg.num_key_value_heads.unwrap_or(h);
     let dh = cfg.head_dim.unwrap_or(if h > 0 && d % h == 0 { d / h } else { 0 });
     if h <= 0 || hk <= 0 || dh <= 0 {
-        return Err(ModelError::Config(cfg_file, format!("num_attention_heads {h}, num_key_value_heads {hk} and head size {dh} must be positive")));
+        return Err(ModelError::Config(cfg_file.to_string(), format!("num_attention_heads {h}, num_key_value_heads {hk} and head size {dh} must be positive")));
     }
     let ff = cfg.intermediate_size;
     for l in 0..cfg.num_hidden_layers {
@@ -42,5 +50,5 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         split("self_attn.qkv_proj", &[("self_attn.q_proj", h * dh), ("self_attn.k_proj", hk * dh), ("self_attn.v_proj", hk * dh)])?;
         split("mlp.gate_up_proj", &[("mlp.gate_proj", ff), ("mlp.up_proj", ff)])?;
     }
-    build(&cfg, &cfg_file, Weights::new(map, file, opts, None), RotaryRows::RotateHalf)
+    Ok(())
 }
