@@ -47,6 +47,10 @@ pub(crate) struct Config {
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
+    /// The rotary dimensions per head when known as a count (GGUF's `rope.dimension_count`),
+    /// not as a fraction of the head.
+    #[serde(skip)]
+    pub rotary_dims: Option<i64>,
 }
 
 /// How the fused `query_key_value` rows are laid out: HF's per head (`[q_h | k_h | v_h]` for
@@ -98,7 +102,7 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
         return Err(bad(format!("rotary_pct {pct} must be in [0, 1]")));
     }
     // As transformers: int(head_size * rotary_pct) rotary dimensions.
-    let rope_dim = (dh as f64 * pct) as i64;
+    let rope_dim = cfg.rotary_dims.unwrap_or((dh as f64 * pct) as i64);
     if rope_dim % 2 != 0 {
         return Err(bad(format!("rotary_pct {pct} gives {rope_dim} rotary dimensions per head, not an even number")));
     }

@@ -37,6 +37,7 @@ fn hf_name(arch: &str, name: &str) -> String {
                 "attn_k" => "self_attn.k_proj",
                 "attn_v" => "self_attn.v_proj",
                 "attn_output" => "self_attn.o_proj",
+                "attn_qkv" => "self_attn.qkv_proj",
                 "attn_q_norm" => "self_attn.q_norm",
                 "attn_k_norm" => "self_attn.k_norm",
                 "attn_norm" => "input_layernorm",
@@ -44,6 +45,7 @@ fn hf_name(arch: &str, name: &str) -> String {
                 "ffn_norm" => "post_attention_layernorm",
                 "post_attention_norm" => "post_attention_layernorm",
                 "post_ffw_norm" => "post_feedforward_layernorm",
+                "ffn_up" if arch == "phi3" => "mlp.gate_up_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
                 "ffn_gate" => "mlp.gate_proj",
@@ -66,13 +68,19 @@ fn hf_name(arch: &str, name: &str) -> String {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let path = find_gguf(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single *.gguf in the directory".into()))?;
     let g = Gguf::open(&path)?;
-    let file = path.display().to_string();
+    build_from(&g, &path.display().to_string(), opts)
+}
+
+/// The model a parsed GGUF (read from `file`) holds, by its `general.architecture`.
+pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let file = file.to_string();
     let bad = |why: String| ModelError::Config(file.clone(), why);
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
     let rows = match arch.as_str() {
         "llama" => RotaryRows::Adjacent,
-        "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3" => RotaryRows::RotateHalf,
-        _ => return Err(bad(format!("architecture '{arch}' is not supported (llama, qwen2, qwen3, gemma, gemma2, gemma3 are)"))),
+        "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
+        "gptneox" => return gpt_neox(g, &file, opts),
+        _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
     let key = |k: &str| format!("{arch}.{k}");
     let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
@@ -139,6 +147,28 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         };
         return super::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
     }
+    let mut map = map;
+    // Phi-3: LongRoPE's factors are tensors of their own (`rope_factors_short`, `_long`), the
+    // sliding window is 0 when there is none; llama.cpp reads neither as transformers does
+    // (it chooses the factors by context size and drops the window), headscope does.
+    let (mut rope_scaling, mut sliding_window) = (None, None);
+    if arch == "phi3" {
+        let mut factors = |name: &str| -> Result<Option<Vec<f64>>, ModelError> {
+            map.remove(name).map(|t| Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).map_err(|e| bad(format!("tensor {name}: {e}")))).transpose()
+        };
+        match (factors("rope_factors_short.weight")?, factors("rope_factors_long.weight")?) {
+            (Some(short), Some(long)) => {
+                let mut scaling = serde_json::json!({"type": "longrope", "short_factor": short, "long_factor": long});
+                if let Some(a) = float("rope.scaling.attn_factor") {
+                    scaling["attention_factor"] = a.into();
+                }
+                rope_scaling = Some(scaling);
+            }
+            (None, None) => {}
+            _ => return Err(bad("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight".into())),
+        }
+        sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
+    }
     let cfg = Config {
         model_type: arch.clone(),
         hidden_size: d,
@@ -152,16 +182,88 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         vocab_size: vocab,
         tie_word_embeddings: !map.contains_key("lm_head.weight"),
         hidden_act: "silu".into(),
-        rope_scaling: None,
+        rope_scaling,
         max_position_embeddings: int("context_length").ok(),
-        original_max_position_embeddings: None,
+        original_max_position_embeddings: int("rope.scaling.original_context_length").ok().filter(|_| arch == "phi3"),
         partial_rotary_factor: None,
         attention_bias: false,
         mlp_bias: false,
-        sliding_window: None,
+        sliding_window,
         use_sliding_window: None,
         eos_token_id: Some(eos.into()),
         rope_dim: int("rope.dimension_count").ok(),
     };
+    if arch == "phi3" {
+        super::phi3::split_fused(&mut map, &cfg, &file, &file)?;
+    }
     build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
+}
+
+/// The architectures read.
+const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5";
+
+/// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
+/// `attn_qkv` regrouped as every query row, then every key row, then every value row
+/// (`gpt_neox::QkvRows::Stacked`), parallel residual by `use_parallel_residual`. llama.cpp's
+/// converter writes no rotary base (llama.cpp takes 10000, as here) and no activation: the MLP
+/// is HF's exact GELU (llama.cpp computes the tanh approximation).
+fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let bad = |why: String| ModelError::Config(file.to_string(), why);
+    let key = |k: &str| format!("gptneox.{k}");
+    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
+    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+    let (d, h) = (int("embedding_length")?, int("attention.head_count")?);
+    if h <= 0 || d <= 0 || d % h != 0 {
+        return Err(bad(format!("{} {d} is not a positive multiple of {} {h}", key("embedding_length"), key("attention.head_count"))));
+    }
+    let mut map = std::collections::HashMap::new();
+    for t in &g.tensors {
+        let x = g.tensor(&t.name)?;
+        let name = match t.name.as_str() {
+            "token_embd.weight" => "gpt_neox.embed_in.weight".to_string(),
+            "output.weight" => "embed_out.weight".to_string(),
+            n if n.starts_with("output_norm.") => format!("gpt_neox.final_layer_norm.{}", &n["output_norm.".len()..]),
+            n => match n.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+                Some((l, part)) => {
+                    let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
+                    let hf = match module {
+                        "attn_norm" => "input_layernorm",
+                        "attn_qkv" => "attention.query_key_value",
+                        "attn_output" => "attention.dense",
+                        "ffn_norm" => "post_attention_layernorm",
+                        "ffn_up" => "mlp.dense_h_to_4h",
+                        "ffn_down" => "mlp.dense_4h_to_h",
+                        _ => module,
+                    };
+                    format!("gpt_neox.layers.{l}.{hf}.{suffix}")
+                }
+                None => n.to_string(),
+            },
+        };
+        map.insert(name, x);
+    }
+    let vocab = map.get("gpt_neox.embed_in.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let rope_dim = int("rope.dimension_count")?;
+    let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
+    let cfg = super::gpt_neox::Config {
+        hidden_size: d,
+        num_hidden_layers: int("block_count")? as usize,
+        num_attention_heads: h,
+        intermediate_size: int("feed_forward_length")?,
+        vocab_size: vocab,
+        hidden_act: "gelu".into(),
+        rotary_pct: Some(rope_dim as f64 / (d / h) as f64),
+        partial_rotary_factor: None,
+        rotary_emb_base: None,
+        rope_theta: Some(float("rope.freq_base").unwrap_or(10000.0)),
+        rope_scaling: None,
+        max_position_embeddings: int("context_length").ok(),
+        layer_norm_eps: float("attention.layer_norm_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_epsilon"))))?,
+        use_parallel_residual: g.metadata.get(&key("use_parallel_residual")).and_then(Value::as_bool).unwrap_or(true),
+        attention_bias: map.contains_key("gpt_neox.layers.0.attention.query_key_value.bias"),
+        tie_word_embeddings: !map.contains_key("embed_out.weight"),
+        eos_token_id: Some(eos.into()),
+        rotary_dims: Some(rope_dim),
+    };
+    super::gpt_neox::build(&cfg, file, Weights::new(map, file.to_string(), opts, Some("gpt_neox.")), super::gpt_neox::QkvRows::Stacked)
 }

@@ -242,6 +242,27 @@ fn bf16_runs_on_the_cpu_within_its_precision() {
     }
 }
 
+/// Phi-3 (LongRoPE; partial rotary with a sliding window) and GPT-NeoX (Pythia) as llama.cpp's
+/// converter writes them (`make_tiny_gguf_2026.py`, tests/fixtures/GGUF_2026_NOTES.md): the
+/// rope factors as tensors, GPT-NeoX's query_key_value regrouped; read back, they give their
+/// safetensors twins' transformers goldens (logits and attention within 1e-4 in float32, 1e-5 in
+/// float64, gates against zeroing at the output projection, greedy continuations), and the
+/// GGUF's own tokenizer (GPT-2 BPE in the metadata) gives the same ids as tokenizer.json.
+#[test]
+fn phi3_and_gpt_neox_gguf_files_equal_their_safetensors_twins() {
+    let g = common::golden("tiny_hf/golden_2026.npz");
+    for (family, dir_name) in [("phi3", "phi3_gguf"), ("phi3_partial", "phi3_partial_gguf"), ("pythia", "pythia_gguf")] {
+        check_against(&g, family, dir_name);
+        let alone = tempfile::tempdir().unwrap();
+        std::fs::copy(dir().join(dir_name).join("model.gguf"), alone.path().join("model.gguf")).unwrap();
+        let m = common::load(alone.path(), "f32");
+        for (i, text) in common::short_pud_sentences(20).iter().enumerate() {
+            let want = Vec::<i64>::try_from(&g[&format!("{family}_ids_{i}")]).unwrap();
+            assert_eq!(m.tokenize(text).unwrap().ids, want, "{dir_name}: the GGUF's own tokenizer on sentence {i}");
+        }
+    }
+}
+
 /// Gemma 3 as a GGUF file (`make_tiny_gguf_gemma3.py`: a tiny random Gemma 3 written as
 /// llama.cpp's converter writes it, norms as 1 + w, five sliding-window layers and a global one):
 /// its transformers twin's logits, attention and greedy continuations (transformers' own GGUF
