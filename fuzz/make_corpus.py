@@ -132,6 +132,52 @@ put("gguf", "huge_array.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gs("a") 
 put("gguf", "huge_count.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 40))
 
 
+# --- GGUF models (gguf_model: llama_gguf::build_from) --------------------------------------
+# One tiny model per architecture family read (hidden 4, one layer, 2 heads, vocab 6), written
+# with the gguf package's writer as llama.cpp's converter names things, and an unknown one.
+def gguf_model(arch, kvs, tensors):
+    import tempfile
+    import gguf as gg
+    import numpy as np
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.gguf"
+        w = gg.GGUFWriter(str(path), arch)
+        for k, v in kvs.items():
+            (w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{arch}.{k}", v)
+        for name, shape in tensors:
+            x = rng.standard_normal(shape).astype(np.float32)
+            w.add_tensor(name, np.abs(x) + 1 if name.startswith("rope_factors") else x)
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        return path.read_bytes()
+
+
+V, D, F = 6, 4, 8
+common_kv = {"block_count": 1, "embedding_length": D, "feed_forward_length": F, "attention.head_count": 2, "context_length": 16}
+llama_t = [("token_embd.weight", (V, D)), ("output_norm.weight", (D,)), ("blk.0.attn_norm.weight", (D,)), ("blk.0.ffn_norm.weight", (D,)),
+           ("blk.0.attn_q.weight", (D, D)), ("blk.0.attn_k.weight", (D, D)), ("blk.0.attn_v.weight", (D, D)), ("blk.0.attn_output.weight", (D, D)),
+           ("blk.0.ffn_gate.weight", (F, D)), ("blk.0.ffn_up.weight", (F, D)), ("blk.0.ffn_down.weight", (D, F))]
+put("gguf_model", "llama.gguf", gguf_model("llama", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5}, llama_t))
+put("gguf_model", "phi3.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": 2, "rope.scaling.original_context_length": 8, "attention.sliding_window": 3},
+    [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]
+    + [("blk.0.attn_qkv.weight", (3 * D, D)), ("blk.0.ffn_up.weight", (2 * F, D)), ("rope_factors_short.weight", (1,)), ("rope_factors_long.weight", (1,))]))
+put("gguf_model", "gptneox.gguf", gguf_model("gptneox", {**common_kv, "attention.layer_norm_epsilon": 1e-5, "rope.dimension_count": 2, "use_parallel_residual": True},
+    [("token_embd.weight", (V, D)), ("output.weight", (V, D))] + [(f"{n}.{s}", (D,)) for n in ["output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"] for s in ["weight", "bias"]]
+    + [("blk.0.attn_qkv.weight", (3 * D, D)), ("blk.0.attn_qkv.bias", (3 * D,)), ("blk.0.attn_output.weight", (D, D)), ("blk.0.attn_output.bias", (D,)),
+       ("blk.0.ffn_up.weight", (F, D)), ("blk.0.ffn_up.bias", (F,)), ("blk.0.ffn_down.weight", (D, F)), ("blk.0.ffn_down.bias", (D,))]))
+t5_att = lambda p: [(f"{p}_{x}.weight", (D, D)) for x in "qkvo"]
+put("gguf_model", "t5.gguf", gguf_model("t5", {**common_kv, "attention.key_length": 2, "attention.value_length": 2, "attention.relative_buckets_count": 8,
+    "attention.layer_norm_rms_epsilon": 1e-6, "decoder_start_token_id": 0},
+    [("token_embd.weight", (V, D)), ("enc.output_norm.weight", (D,)), ("dec.output_norm.weight", (D,)),
+     ("enc.blk.0.attn_norm.weight", (D,)), ("enc.blk.0.attn_rel_b.weight", (8, 2)), ("enc.blk.0.ffn_norm.weight", (D,)), ("enc.blk.0.ffn_up.weight", (F, D)), ("enc.blk.0.ffn_down.weight", (D, F)),
+     ("dec.blk.0.attn_norm.weight", (D,)), ("dec.blk.0.attn_rel_b.weight", (8, 2)), ("dec.blk.0.cross_attn_norm.weight", (D,)), ("dec.blk.0.ffn_norm.weight", (D,)),
+     ("dec.blk.0.ffn_up.weight", (F, D)), ("dec.blk.0.ffn_down.weight", (D, F))] + t5_att("enc.blk.0.attn") + t5_att("dec.blk.0.attn") + t5_att("dec.blk.0.cross_attn")))
+put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
+put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
+    [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]
+    + [("blk.0.attn_qkv.weight", (3 * D, D)), ("blk.0.ffn_up.weight", (2 * F, D)), ("rope_factors_long.weight", (1,))]))
+
+
 # --- Marian .bin ---------------------------------------------------------------------------
 def marian_bin(items):
     """items: [(name, type, shape, data)]."""

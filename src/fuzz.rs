@@ -9,7 +9,7 @@ use crate::model::{gguf, marian_bin, safetensors, spm, torch_pickle};
 use crate::prune::checkpoint;
 
 /// Every target, by the name of its AFL binary and of its corpus folder.
-pub const TARGETS: &[&str] = &["conllu", "safetensors", "gguf", "marian_bin", "torch_pickle", "tokenizer_json", "spm", "marian_vocab", "checkpoint"];
+pub const TARGETS: &[&str] = &["conllu", "safetensors", "gguf", "gguf_model", "marian_bin", "torch_pickle", "tokenizer_json", "spm", "marian_vocab", "checkpoint"];
 
 /// A sentence every tokenizer target encodes once it has loaded (accents, digits, CJK,
 /// emoji, a control character), then decodes back.
@@ -42,6 +42,13 @@ pub fn run(target: &str, data: &[u8]) -> Result<(), String> {
                 let _dequantised = g.tensor(&name).map_err(|x| e(&x))?;
             }
             Ok(())
+        }
+        "gguf_model" => {
+            // The model a GGUF's architecture names, built from its metadata and tensors
+            // (`llama_gguf::build_from`: every architecture read, T5's encoder-decoder included).
+            let g = gguf::Gguf::from_bytes(Box::new(data.to_vec()), "fuzz.gguf".into()).map_err(|x| e(&x))?;
+            let opts = crate::model::LoadOptions::new(crate::device::DeviceChoice::Cpu, "f32").map_err(|x| e(&x))?;
+            crate::model::llama_gguf::build_from(&g, "fuzz.gguf", opts).map(drop).map_err(|x| e(&x))
         }
         "marian_bin" => marian_bin::read_bin_bytes(data, "fuzz.bin").map(drop).map_err(|x| e(&x)),
         "torch_pickle" => torch_pickle::read_bytes(data, "pytorch_model.bin").map(drop).map_err(|x| e(&x)),

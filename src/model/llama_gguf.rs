@@ -80,6 +80,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         "llama" => RotaryRows::Adjacent,
         "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
         "gptneox" => return gpt_neox(g, &file, opts),
+        "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
     let key = |k: &str| format!("{arch}.{k}");
@@ -266,4 +267,77 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         rotary_dims: Some(rope_dim),
     };
     super::gpt_neox::build(&cfg, file, Weights::new(map, file.to_string(), opts, Some("gpt_neox.")), super::gpt_neox::QkvRows::Stacked)
+}
+
+/// T5 / Flan-T5 / mT5 as llama.cpp writes them (`enc.blk.N.*`, `dec.blk.N.*`, the relative
+/// position bias `attn_rel_b` in block 0 of each stack, `ffn_gate` only in gated variants),
+/// built by the HF T5 code with transformers' semantics: the GGUF has no key for
+/// `relative_attention_max_distance`, which is 128 (llama.cpp's fixed value, every released T5's
+/// own); without `output.weight` the output is tied and the decoder's output scaled by
+/// `d_model^-0.5` first (transformers does, llama.cpp does not); gated FFNs are Flan-T5's
+/// tanh GELU.
+fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
+    let bad = |why: String| ModelError::Config(file.to_string(), why);
+    let key = |k: &str| format!("t5.{k}");
+    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
+    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+    let mut map = std::collections::HashMap::new();
+    for t in &g.tensors {
+        let x = g.tensor(&t.name)?;
+        let name = match t.name.as_str() {
+            "token_embd.weight" => "shared.weight".to_string(),
+            "output.weight" => "lm_head.weight".to_string(),
+            "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),
+            "dec.output_norm.weight" => "decoder.final_layer_norm.weight".to_string(),
+            n => {
+                let stack = if n.starts_with("enc.blk.") { Some(("encoder", &n[8..])) } else if n.starts_with("dec.blk.") { Some(("decoder", &n[8..])) } else { None };
+                match stack.and_then(|(side, rest)| rest.split_once('.').map(|(l, part)| (side, l, part))) {
+                    Some((side, l, part)) => {
+                        let module = part.strip_suffix(".weight").unwrap_or(part);
+                        let ffn = if side == "encoder" { "1" } else { "2" };
+                        let hf = match module {
+                            "attn_norm" => "0.layer_norm".to_string(),
+                            "attn_q" | "attn_k" | "attn_v" | "attn_o" => format!("0.SelfAttention.{}", &module[5..]),
+                            "attn_rel_b" => "0.SelfAttention.relative_attention_bias".to_string(),
+                            "cross_attn_norm" => "1.layer_norm".to_string(),
+                            "cross_attn_q" | "cross_attn_k" | "cross_attn_v" | "cross_attn_o" => format!("1.EncDecAttention.{}", &module[11..]),
+                            "ffn_norm" => format!("{ffn}.layer_norm"),
+                            "ffn_gate" => format!("{ffn}.DenseReluDense.wi_0"),
+                            "ffn_up" => format!("{ffn}.DenseReluDense.UP"),
+                            "ffn_down" => format!("{ffn}.DenseReluDense.wo"),
+                            _ => module.to_string(),
+                        };
+                        format!("{side}.block.{l}.layer.{hf}.weight")
+                    }
+                    None => n.to_string(),
+                }
+            }
+        };
+        map.insert(name, x);
+    }
+    // The up projection is `wi` in plain FFNs, `wi_1` beside the gate `wi_0`.
+    let gated = map.keys().any(|k| k.ends_with("DenseReluDense.wi_0.weight"));
+    let up = if gated { "wi_1" } else { "wi" };
+    map = map.into_iter().map(|(k, v)| (k.replace("DenseReluDense.UP", &format!("DenseReluDense.{up}")), v)).collect();
+    let vocab = map.get("shared.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let id = |k: &str| g.metadata.get(k).and_then(Value::as_u64).map(|v| v as i64);
+    let cfg = super::t5::Config {
+        model_type: "t5".into(),
+        vocab_size: vocab,
+        d_model: int("embedding_length")?,
+        d_kv: int("attention.key_length")?,
+        d_ff: int("feed_forward_length")?,
+        num_layers: int("block_count")? as usize,
+        num_decoder_layers: int("decoder_block_count").ok().map(|n| n as usize),
+        num_heads: int("attention.head_count")?,
+        relative_attention_num_buckets: Some(int("attention.relative_buckets_count")?),
+        relative_attention_max_distance: None,
+        layer_norm_epsilon: float("attention.layer_norm_rms_epsilon").or_else(|| float("attention.layer_norm_epsilon")),
+        feed_forward_proj: Some(if gated { "gated-gelu" } else { "relu" }.into()),
+        tie_word_embeddings: Some(!map.contains_key("lm_head.weight")),
+        pad_token_id: id("tokenizer.ggml.padding_token_id").unwrap_or(0),
+        eos_token_id: id("tokenizer.ggml.eos_token_id").map(Into::into),
+        decoder_start_token_id: int("decoder_start_token_id").ok(),
+    };
+    super::t5::build(&cfg, file, Weights::new(map, file.to_string(), opts, None))
 }

@@ -19,34 +19,34 @@ use serde::Deserialize;
 use std::path::Path;
 
 #[derive(Debug, Deserialize)]
-struct Config {
-    model_type: String,
-    vocab_size: i64,
-    d_model: i64,
-    d_kv: i64,
-    d_ff: i64,
-    num_layers: usize,
+pub(crate) struct Config {
+    pub model_type: String,
+    pub vocab_size: i64,
+    pub d_model: i64,
+    pub d_kv: i64,
+    pub d_ff: i64,
+    pub num_layers: usize,
     /// Absent: as many as the encoder's.
     #[serde(default)]
-    num_decoder_layers: Option<usize>,
-    num_heads: i64,
+    pub num_decoder_layers: Option<usize>,
+    pub num_heads: i64,
     /// Required: the relative position bias has no default a checkpoint can rely on.
     #[serde(default)]
-    relative_attention_num_buckets: Option<i64>,
+    pub relative_attention_num_buckets: Option<i64>,
     #[serde(default)]
-    relative_attention_max_distance: Option<i64>,
+    pub relative_attention_max_distance: Option<i64>,
     #[serde(default)]
-    layer_norm_epsilon: Option<f64>,
+    pub layer_norm_epsilon: Option<f64>,
     #[serde(default)]
-    feed_forward_proj: Option<String>,
+    pub feed_forward_proj: Option<String>,
     /// Absent: transformers' default (T5 true, mT5 false).
     #[serde(default)]
-    tie_word_embeddings: Option<bool>,
-    pad_token_id: i64,
+    pub tie_word_embeddings: Option<bool>,
+    pub pad_token_id: i64,
     #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
     #[serde(default)]
-    decoder_start_token_id: Option<i64>,
+    pub decoder_start_token_id: Option<i64>,
 }
 
 fn linear(w: &mut Weights, name: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
@@ -78,7 +78,13 @@ fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64, dkv: i64) -> Result<
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
+    let (map, file) = hf::weights(dir)?;
+    build(&cfg, &cfg_file, Weights::new(map, file, opts, None))
+}
+
+/// The model of `cfg` (read from `cfg_file`) over HF's tensor names in `w`.
+pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Transformer, ModelError> {
+    let bad = |why: String| ModelError::Config(cfg_file.to_string(), why);
     let (d, h, dkv, v) = (cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.vocab_size);
     for (what, x) in [("d_model", d), ("num_heads", h), ("d_kv", dkv), ("d_ff", cfg.d_ff), ("vocab_size", v)] {
         if x <= 0 {
@@ -110,8 +116,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     };
     let tied = cfg.tie_word_embeddings.unwrap_or(cfg.model_type == "t5");
     let eos = hf::first_id(&cfg.eos_token_id).unwrap_or(1);
-    let (map, file) = hf::weights(dir)?;
-    let mut w = Weights::new(map, file, opts, None);
     let tokens = if w.shape("shared.weight").is_some() { w.get("shared.weight", &[v, d])? } else { w.get("encoder.embed_tokens.weight", &[v, d])? };
     let ffn = |w: &mut Weights, p: &str| -> Result<Ffn, ModelError> {
         Ok(if gated {

@@ -69,6 +69,12 @@ fn seeds_are_read_as_expected() {
     assert!(err("gguf", "huge_tensor.gguf").contains("tensor 't' declares 274877906944 elements (1099511627776 bytes)"));
     assert!(err("gguf", "huge_array.gguf").contains("a: declares 1099511627776 items"));
     assert!(err("gguf", "huge_count.gguf").contains("the metadata count: declares 1099511627776 items"));
+    // A model of each architecture family GGUF files are read for, built from its metadata.
+    for f in ["llama.gguf", "phi3.gguf", "gptneox.gguf", "t5.gguf"] {
+        ok("gguf_model", f);
+    }
+    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5 are)");
+    assert!(err("gguf_model", "phi3_one_factor.gguf").contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
     ok("marian_bin", "small.bin");
     assert!(err("marian_bin", "huge_count.bin").contains("the tensor count: declares 1099511627776 items"));
     let e = err("marian_bin", "huge_shape.bin");
