@@ -42,11 +42,12 @@ fn any_model_runs_on_every_family() {
     let tiny = root.join("tests/fixtures/tiny_hf");
     let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
     dirs.push((tiny.join("roberta").display().to_string(), "kinds: [\"enc\"]"));
-    for d in ["marian", "marian_torchbin", "bart", "m2m100", "mbart", "t5", "flan_t5", "mt5"] {
+    for d in ["marian", "marian_torchbin", "bart", "m2m100", "mbart", "t5", "flan_t5", "mt5", "t5_gguf"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
     }
-    // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and a GGUF of one of them.
-    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "neox_sequential", "pythia", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_gguf"] {
+    // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and GGUFs of some of them
+    // (make_tiny_gguf_2026.py).
+    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "phi3_gguf", "neox_sequential", "pythia", "pythia_gguf", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_gguf"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
@@ -57,8 +58,8 @@ fn any_model_runs_on_every_family() {
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         // LRP's rules cover sequential two-norm layers; the others say why and run AttnLRP,
         // or, through a pre-norm translation decoder, LRP on the encoder alone.
-        let prenorm_decoder = ["m2m100", "mbart", "t5", "flan_t5", "mt5"].iter().any(|f| d.ends_with(f));
-        let own_rules = !prenorm_decoder && !["pythia", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
+        let prenorm_decoder = ["m2m100", "mbart", "t5", "flan_t5", "mt5", "t5_gguf"].iter().any(|f| d.ends_with(f));
+        let own_rules = !prenorm_decoder && !["pythia", "pythia_gguf", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
         let lrp = if prenorm_decoder { "LRP (ab, seed norm)" } else if own_rules { "LRP (ab" } else { "LRP (attnlrp" };
         for want in ["ablation sweep", lrp, "pruning: 4 steps", kinds] {
             assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
