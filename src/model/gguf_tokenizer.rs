@@ -161,7 +161,7 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
 /// sentencepiece merges in (transformers' `generate_merges`). Pieces that are not normal
 /// (control, user-defined, unused, byte) are never the result of a merge; pieces holding a
 /// plain space can never match (the normalizer writes spaces as `▁`) and are left out.
-fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_json::Map<String, Json>, Vec<Json>) {
+pub(crate) fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_json::Map<String, Json>, Vec<Json>) {
     let mut vocab = serde_json::Map::new();
     let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(tokens.len());
     for (i, t) in tokens.iter().enumerate() {

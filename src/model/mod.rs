@@ -449,6 +449,9 @@ impl Model {
         // A GGUF without a tokenizer.json beside it brings its own in its metadata.
         let tok = if family == Family::Marian && !tok_path.is_file() {
             Tok::marian(path)
+        } else if family == Family::M2m100 && !tok_path.is_file() && path.join("sentencepiece.bpe.model").is_file() && path.join("vocab.json").is_file() {
+            // M2M100's own checkpoints ship sentencepiece.bpe.model and vocab.json.
+            Tok::m2m100(path)
         } else if family == Family::LlamaGguf && !tok_path.is_file() {
             llama_gguf::find_gguf(path).ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into())).and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
         } else {

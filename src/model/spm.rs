@@ -529,6 +529,46 @@ pub fn encode_with(normalizer: &SpmNormalizer, model: &tokenizers::Tokenizer, te
 }
 
 impl SpmModel {
+    /// The tokenizer of a BPE model (M2M100's `sentencepiece.bpe.model`): sentencepiece's
+    /// merges (the adjacent pair whose concatenation is the highest-scoring piece first) as the
+    /// `tokenizers` crate's BPE with merges ranked by score (`gguf_tokenizer::spm_bpe`, the
+    /// GGUF reader's sentencepiece BPE), unknown characters fused into one unknown piece, after
+    /// sentencepiece's own normalizer. `file` names the model in errors.
+    pub fn bpe_tokenizer(&self, file: &str) -> Result<SpmTokenizer, ModelError> {
+        let unsupported = |why: String| ModelError::Config(file.to_string(), why);
+        if self.model_type != 2 {
+            return Err(unsupported(format!("a BPE sentencepiece model was expected, this one is of type {}", self.model_type)));
+        }
+        if self.byte_fallback || self.treat_whitespace_as_suffix || !self.normalizer.escape_whitespaces {
+            return Err(unsupported("sentencepiece byte_fallback, treat_whitespace_as_suffix and models without escape_whitespaces are not supported".into()));
+        }
+        let tokens: Vec<&str> = self.pieces.iter().map(|p| p.piece.as_str()).collect();
+        // GGUF's token types, which spm_bpe reads: only normal pieces are merge results.
+        let types: Vec<u64> = self
+            .pieces
+            .iter()
+            .map(|p| match p.kind {
+                PieceType::Normal => 1,
+                PieceType::Unknown => 2,
+                PieceType::Control => 3,
+                PieceType::UserDefined => 4,
+                PieceType::Unused => 5,
+                PieceType::Byte => 6,
+            })
+            .collect();
+        let scores: Vec<f64> = self.pieces.iter().map(|p| f64::from(p.score)).collect();
+        let (vocab, merges) = super::gguf_tokenizer::spm_bpe(&tokens, &types, &scores);
+        let unk = self.pieces.iter().find(|p| p.kind == PieceType::Unknown).map(|p| p.piece.clone());
+        let doc = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+            "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": true, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges}
+        });
+        let model = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&doc).map_err(|e| unsupported(e.to_string()))?).map_err(|e| unsupported(format!("cannot build the BPE model: {e}")))?;
+        Ok(SpmTokenizer { normalizer: SpmNormalizer::new(&self.normalizer, &self.pieces), model })
+    }
+
     /// The tokenizer of a unigram model; `file` names the model in errors.
     pub fn tokenizer(&self, file: &str) -> Result<SpmTokenizer, ModelError> {
         let unsupported = |why: String| ModelError::Config(file.to_string(), why);

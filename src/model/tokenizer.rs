@@ -22,7 +22,19 @@ pub enum Framing {
     Tokenizer,
     /// Plain pieces, then this EOS id appended (Marian sources get `</s>`).
     AppendEos(i64),
+    /// fairseq's multilingual framing (M2M100 without tokenizer.json): the source language's
+    /// token, the pieces, EOS.
+    Fairseq { prefix: i64, eos: i64 },
 }
+
+/// M2M100's language codes (transformers' `FAIRSEQ_LANGUAGE_CODES`), by `tokenizer_config.json`'s
+/// `language_codes`: token `__{code}__` has id `len(vocab.json) + i`.
+const M2M100_CODES: &[&str] = &[
+    "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de", "el", "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr", "ht", "hu", "hy", "id", "ig",
+    "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo", "lt", "lv", "mg", "mk", "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps", "pt", "ro", "ru", "sd", "si", "sk",
+    "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn", "tr", "uk", "ur", "uz", "vi", "wo", "xh", "yi", "yo", "zh", "zu",
+];
+const WMT21_CODES: &[&str] = &["en", "ha", "is", "ja", "cs", "ru", "zh", "de"];
 
 pub struct Tok {
     inner: tokenizers::Tokenizer,
@@ -50,6 +62,10 @@ struct Marian {
     unk_surface: String,
     /// The target model, which encodes reference translations (`text_target`).
     target: spm::SpmTokenizer,
+    /// MarianMT's `>>code<<` prefixes are looked up whole in the vocabulary.
+    opus_codes: bool,
+    /// Target-language tokens and their ids (M2M100), in id order.
+    codes: Vec<(String, i64)>,
 }
 
 /// MarianMT's `vocab.json`: piece -> id, every id non-negative and given once, with the
@@ -92,7 +108,7 @@ impl Tok {
         inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
         let pad_id = ["[PAD]", "<pad>"].iter().find_map(|t| inner.token_to_id(t)).unwrap_or(0) as i64;
         let eos_id = match framing {
-            Framing::AppendEos(id) => Some(id),
+            Framing::AppendEos(id) | Framing::Fairseq { eos: id, .. } => Some(id),
             Framing::Tokenizer => ["[SEP]", "</s>"].iter().find_map(|t| inner.token_to_id(t)).map(|i| i as i64),
         };
         Ok(Tok { inner, framing, pad_id, eos_id, marian: None })
@@ -133,8 +149,63 @@ impl Tok {
             vocab,
             pieces,
             unk_id,
+            opus_codes: true,
+            codes: vec![],
         };
         Ok(Tok { inner: source.model, framing: Framing::AppendEos(eos), pad_id, eos_id: Some(eos), marian: Some(Box::new(marian)) })
+    }
+
+    /// An M2M100 checkpoint's tokenizer from the files `facebook/m2m100_*` ship (no
+    /// tokenizer.json): `sentencepiece.bpe.model` (BPE) encodes, `vocab.json` (fairseq's
+    /// dictionary) maps pieces to ids, `<unk>` for pieces it lacks; the language tokens
+    /// `__xx__` follow the dictionary (`len(vocab.json) + i`, `tokenizer_config.json`'s
+    /// `language_codes`); sources are `[__src__] pieces </s>` with `src_lang` from
+    /// tokenizer_config.json (default `en`), as transformers' `M2M100Tokenizer` frames them.
+    /// Each stretch between special tokens is encoded on its own.
+    pub fn m2m100(dir: &Path) -> Result<Tok, ModelError> {
+        let vocab_path = dir.join("vocab.json");
+        let vocab_file = vocab_path.display().to_string();
+        let bytes = std::fs::read(&vocab_path).map_err(|e| ModelError::Io(vocab_file.clone(), e.to_string()))?;
+        let MarianVocab { mut vocab, mut pieces, eos, unk_id, pad_id } = MarianVocab::parse(&bytes, &vocab_file)?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: serde_json::Value = match std::fs::read(&config_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| ModelError::Config(config_path.display().to_string(), e.to_string()))?,
+            Err(_) => serde_json::Value::Null,
+        };
+        let codes = match config.get("language_codes").and_then(|v| v.as_str()).unwrap_or("m2m100") {
+            "m2m100" => M2M100_CODES,
+            "wmt21" => WMT21_CODES,
+            other => return Err(ModelError::Config(config_path.display().to_string(), format!("language_codes '{other}' is not known (m2m100, wmt21)"))),
+        };
+        let first = pieces.keys().max().map_or(0, |m| m + 1).max(vocab.len() as i64);
+        let mut lang = Vec::new();
+        for (i, code) in codes.iter().enumerate() {
+            let (token, id) = (format!("__{code}__"), first + i as i64);
+            vocab.insert(token.clone(), id);
+            pieces.insert(id, token.clone());
+            lang.push((token, id));
+        }
+        let src = config.get("src_lang").and_then(|v| v.as_str()).unwrap_or("en");
+        let prefix = vocab.get(&format!("__{src}__")).copied().ok_or_else(|| ModelError::Config(config_path.display().to_string(), format!("src_lang '{src}' is not one of the language codes")))?;
+        let spm_path = dir.join("sentencepiece.bpe.model");
+        let model = spm::load(&spm_path)?;
+        let tok = model.bpe_tokenizer(&spm_path.display().to_string())?;
+        let mut specials: Vec<(String, i64)> = ["<s>", "<pad>", "</s>", "<unk>"].iter().filter_map(|t| vocab.get(*t).map(|&id| (t.to_string(), id))).collect();
+        specials.extend(lang.iter().cloned());
+        let m = Marian {
+            normalizer: tok.normalizer.clone(),
+            specials,
+            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
+            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
+            unk_surface: model.unk_surface.clone(),
+            target: tok.clone(),
+            vocab,
+            pieces,
+            unk_id,
+            opus_codes: false,
+            codes: lang,
+        };
+        Ok(Tok { inner: tok.model, framing: Framing::Fairseq { prefix, eos }, pad_id, eos_id: Some(eos), marian: Some(Box::new(m)) })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -178,14 +249,17 @@ impl Tok {
             out.offsets.push((char_of_byte[span.0], char_of_byte[span.1]));
             out.special.push(special);
         };
+        if let Framing::Fairseq { prefix, .. } = self.framing {
+            push(&mut out, prefix, (0, 0), true);
+        }
         let mut at = 0;
         while at < text.len() {
-            // The leftmost literal special token (none is a prefix of another).
-            let next = m.specials.iter().filter_map(|(t, id)| text[at..].find(t.as_str()).map(|i| (at + i, t.len(), *id))).min();
+            // The leftmost literal special token, the longest there.
+            let next = m.specials.iter().filter_map(|(t, id)| text[at..].find(t.as_str()).map(|i| (at + i, std::cmp::Reverse(t.len()), *id))).min().map(|(i, l, id)| (i, l.0, id));
             let end = next.map_or(text.len(), |(i, _, _)| i);
             let mut start = at;
             let chunk = &text[at..end];
-            if chunk.starts_with(">>") {
+            if m.opus_codes && chunk.starts_with(">>") {
                 if let Some(i) = chunk.find("<<") {
                     let code = &chunk[..i + 2];
                     push(&mut out, m.vocab.get(code).copied().unwrap_or(m.unk_id), (start, start + code.len()), false);
@@ -207,7 +281,7 @@ impl Tok {
                 None => at = text.len(),
             }
         }
-        if let Framing::AppendEos(eos) = self.framing {
+        if let Framing::AppendEos(eos) | Framing::Fairseq { eos, .. } = self.framing {
             push(&mut out, eos, (0, 0), true);
         }
         Ok(out)
@@ -241,8 +315,8 @@ impl Tok {
     /// `<unk>`, `<mask>`: anything written `<...>`): the language codes of multilingual
     /// tokenizers (NLLB's `fra_Latn`, mBART's `fr_XX`, M2M100's `__fr__`), sorted by id.
     pub fn language_codes(&self) -> Vec<(String, i64)> {
-        if self.marian.is_some() {
-            return vec![];
+        if let Some(m) = &self.marian {
+            return m.codes.clone();
         }
         let mut codes: Vec<(String, i64)> = self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special && !(t.content.starts_with('<') && t.content.ends_with('>'))).map(|(id, t)| (t.content, id as i64)).collect();
         codes.sort_by_key(|c| c.1);

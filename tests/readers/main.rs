@@ -11,6 +11,7 @@ mod gguf;
 mod gguf_tokenizer;
 mod torch_pickle;
 mod marian_tokenizer;
+mod m2m100_tokenizer;
 mod fuzz;
 mod fuzz_corpus;
 mod limits;
