@@ -290,7 +290,7 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
             "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),
             "dec.output_norm.weight" => "decoder.final_layer_norm.weight".to_string(),
             n => {
-                let stack = if n.starts_with("enc.blk.") { Some(("encoder", &n[8..])) } else if n.starts_with("dec.blk.") { Some(("decoder", &n[8..])) } else { None };
+                let stack = n.strip_prefix("enc.blk.").map(|r| ("encoder", r)).or_else(|| n.strip_prefix("dec.blk.").map(|r| ("decoder", r)));
                 match stack.and_then(|(side, rest)| rest.split_once('.').map(|(l, part)| (side, l, part))) {
                     Some((side, l, part)) => {
                         let module = part.strip_suffix(".weight").unwrap_or(part);
