@@ -41,7 +41,7 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
     let flag = |key: &str| matches!(meta(key), Some(Value::Bool(true)));
     let model = str_of("tokenizer.ggml.model")?;
     if model != "gpt2" && model != "llama" {
-        return Err(bad("tokenizer.ggml.model", format!("tokenizer model '{model}' is not read (gpt2, llama are); put the model's tokenizer.json beside the .gguf")));
+        return Err(bad("tokenizer.ggml.model", format!("tokenizer model '{model}' is not read (gpt2, llama, t5 are); put the model's tokenizer.json beside the .gguf")));
     }
     let tokens: Vec<&str> = array("tokenizer.ggml.tokens")?
         .iter()
@@ -195,4 +195,66 @@ pub(crate) fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_
     // order and, within a piece, its splits by their parts' ids (generate_merges' stable sort).
     merges.sort_by(|a, b| b.score.total_cmp(&a.score).then(b.lens.cmp(&a.lens)).then(a.ids.cmp(&b.ids)));
     (vocab, merges.into_iter().map(|m| json!([m.parts.0, m.parts.1])).collect())
+}
+
+/// `tokenizer.ggml.model = "t5"` (llama.cpp's T5 converter: a sentencepiece unigram model's
+/// pieces, scores, types and normalizer charsmap) as the sentencepiece model it came from, run
+/// by headscope's own sentencepiece reading (`spm`: sentencepiece's normalizer exactly, then the
+/// unigram Viterbi search); `None` for other tokenizer models.
+pub fn spm_unigram(g: &Gguf) -> Result<Option<super::spm::SpmModel>, ModelError> {
+    use super::spm::{NormalizerSpec, Piece, PieceType, SpmModel};
+    let bad = |key: &str, why: String| ModelError::Tokenizer(format!("{}: metadata {key}: {why}", g.file));
+    if g.metadata.get("tokenizer.ggml.model").and_then(Value::as_str) != Some("t5") {
+        return Ok(None);
+    }
+    let array = |key: &str| -> Result<&Vec<Value>, ModelError> {
+        match g.metadata.get(key) {
+            Some(Value::Array(a)) => Ok(a),
+            _ => Err(bad(key, "missing or not an array".into())),
+        }
+    };
+    let tokens = array("tokenizer.ggml.tokens")?;
+    let scores = array("tokenizer.ggml.scores")?;
+    let n = tokens.len();
+    if scores.len() != n {
+        return Err(bad("tokenizer.ggml.scores", format!("has {} scores for {n} tokens", scores.len())));
+    }
+    let types: Vec<u64> = match g.metadata.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(a)) if a.len() == n => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        Some(_) => return Err(bad("tokenizer.ggml.token_type", format!("must be {n} integers, one per token"))),
+        None => vec![1; n],
+    };
+    let mut pieces = Vec::with_capacity(n);
+    for i in 0..n {
+        let piece = tokens[i].as_str().ok_or_else(|| bad("tokenizer.ggml.tokens", format!("entry {i} is not a string")))?.to_string();
+        let score = scores[i].as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))? as f32;
+        let kind = match types[i] {
+            1 => PieceType::Normal,
+            2 => PieceType::Unknown,
+            3 => PieceType::Control,
+            4 => PieceType::UserDefined,
+            5 => PieceType::Unused,
+            6 => PieceType::Byte,
+            t => return Err(bad("tokenizer.ggml.token_type", format!("entry {i} is {t}, not a token type (1..6)"))),
+        };
+        pieces.push(Piece { piece, score, kind });
+    }
+    let charsmap: Vec<u8> = match g.metadata.get("tokenizer.ggml.precompiled_charsmap") {
+        Some(Value::Array(a)) => a.iter().map(|v| match v {
+            Value::U64(x) => Ok(*x as u8),
+            Value::I64(x) => Ok(*x as u8),
+            _ => Err(bad("tokenizer.ggml.precompiled_charsmap", "must be bytes".into())),
+        }).collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("tokenizer.ggml.precompiled_charsmap", "must be an array of bytes".into())),
+        None => vec![],
+    };
+    let flag = |key: &str, default: bool| g.metadata.get(key).and_then(Value::as_bool).unwrap_or(default);
+    let normalizer = NormalizerSpec {
+        name: "gguf".into(),
+        precompiled_charsmap: charsmap,
+        add_dummy_prefix: flag("tokenizer.ggml.add_space_prefix", true),
+        remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces", true),
+        escape_whitespaces: true,
+    };
+    Ok(Some(SpmModel { pieces, model_type: 1, byte_fallback: false, treat_whitespace_as_suffix: false, unk_surface: " \u{2047} ".into(), normalizer, has_denormalizer: false }))
 }

@@ -117,6 +117,9 @@ impl Tok {
     /// The tokenizer a GGUF file carries in its metadata ([`super::gguf_tokenizer`]); its
     /// padding id is the metadata's `tokenizer.ggml.padding_token_id` when given.
     pub fn from_gguf(g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
+        if let Some(model) = super::gguf_tokenizer::spm_unigram(g)? {
+            return Self::spm_ids(model, &format!("{} (its tokenizer metadata)", g.file), g);
+        }
         let bytes = super::gguf_tokenizer::tokenizer_json(g)?;
         let mut tok = Self::from_bytes(&bytes, &format!("{} (its tokenizer metadata)", g.file), Framing::Tokenizer)?;
         if let Some(pad) = g.metadata.get("tokenizer.ggml.padding_token_id").and_then(super::gguf::Value::as_u64) {
@@ -153,6 +156,42 @@ impl Tok {
             codes: vec![],
         };
         Ok(Tok { inner: source.model, framing: Framing::AppendEos(eos), pad_id, eos_id: Some(eos), marian: Some(Box::new(marian)) })
+    }
+
+    /// A sentencepiece unigram model whose ids are the model's (T5's GGUF tokenizer,
+    /// `gguf_tokenizer::spm_unigram`): sentencepiece's normalizer and Viterbi search, control and
+    /// unknown pieces split out of the text whole and skipped when decoding, EOS appended where
+    /// the metadata's `add_eos_token` says (T5: `</s>`).
+    fn spm_ids(model: spm::SpmModel, file: &str, g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
+        let tok = model.tokenizer(file)?;
+        let id = |key: &str| g.metadata.get(key).and_then(super::gguf::Value::as_u64).map(|v| v as i64).filter(|&v| (v as usize) < model.pieces.len());
+        let vocab: HashMap<String, i64> = model.pieces.iter().enumerate().rev().map(|(i, p)| (p.piece.clone(), i as i64)).collect();
+        let pieces: HashMap<i64, String> = model.pieces.iter().enumerate().map(|(i, p)| (i as i64, p.piece.clone())).collect();
+        let kind_ids = |k: spm::PieceType| model.pieces.iter().enumerate().filter(move |(_, p)| p.kind == k).map(|(i, p)| (p.piece.clone(), i as i64));
+        let specials: Vec<(String, i64)> = kind_ids(spm::PieceType::Control).chain(kind_ids(spm::PieceType::Unknown)).collect();
+        let unk_id = id("tokenizer.ggml.unknown_token_id").or_else(|| kind_ids(spm::PieceType::Unknown).next().map(|p| p.1)).unwrap_or(0);
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let add_eos = g.metadata.get("tokenizer.ggml.add_eos_token").and_then(super::gguf::Value::as_bool).unwrap_or(false);
+        let framing = match (add_eos, eos) {
+            (true, Some(e)) => Framing::AppendEos(e),
+            (true, None) => return Err(ModelError::Tokenizer(format!("{file}: metadata tokenizer.ggml.eos_token_id is missing, but the metadata asks for the token"))),
+            (false, _) => Framing::Tokenizer,
+        };
+        let pad_id = id("tokenizer.ggml.padding_token_id").unwrap_or(0);
+        let m = Marian {
+            normalizer: tok.normalizer.clone(),
+            specials,
+            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
+            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
+            unk_surface: model.unk_surface.clone(),
+            target: tok.clone(),
+            vocab,
+            pieces,
+            unk_id,
+            opus_codes: false,
+            codes: vec![],
+        };
+        Ok(Tok { inner: tok.model, framing, pad_id, eos_id: eos, marian: Some(Box::new(m)) })
     }
 
     /// An M2M100 checkpoint's tokenizer from the files `facebook/m2m100_*` ship (no

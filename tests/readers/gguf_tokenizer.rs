@@ -119,7 +119,8 @@ fn metadata_tokenizers_read_small_vocabularies_and_refuse_the_rest_in_one_line()
     let tok = Tok::from_gguf(&gguf_with(&spm(vec![0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]))).unwrap();
     assert_eq!(tok.encode("ab c").unwrap().ids, vec![6, 2, 1], "{:?}", tok.encode("ab c").unwrap().tokens);
     let cases: Vec<(Vec<(&str, Meta)>, &str)> = vec![
-        (vec![("tokenizer.ggml.model", Str("t5"))], "tokenizer.ggml.model: tokenizer model 't5' is not read"),
+        (vec![("tokenizer.ggml.model", Str("rwkv"))], "tokenizer.ggml.model: tokenizer model 'rwkv' is not read (gpt2, llama, t5 are)"),
+        (vec![("tokenizer.ggml.model", Str("t5"))], "tokenizer.ggml.tokens: missing or not an array"),
         (bpe("falcon"), "tokenizer.ggml.pre: pre-tokenizer 'falcon' is not read"),
         (vec![("tokenizer.ggml.tokens", Strs(vec!["a"]))], "tokenizer.ggml.model: missing"),
         (spm(vec![0.0]), "tokenizer.ggml.scores: has 1 scores for 7 tokens"),
@@ -136,4 +137,40 @@ fn metadata_tokenizers_read_small_vocabularies_and_refuse_the_rest_in_one_line()
         let e = Tok::from_gguf(&gguf_with(&kvs)).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("meta.gguf") && e.contains(want) && e.lines().count() == 1, "{e}");
     }
+}
+
+/// T5's GGUF tokenizer (`tokenizer.ggml.model = "t5"`: a sentencepiece unigram model's pieces,
+/// scores, types and charsmap, as llama.cpp's converter writes them;
+/// `tests/fixtures/make_t5_gguf_tokenizer.py` from the nmt_nfkc unigram model of tiny_spm):
+/// ids equal sentencepiece's own plus `</s>` on 40 PUD sentences and hand-made texts (spaces,
+/// tabs, NFKC cases, unknown scripts, emoji), decodes equal sentencepiece's where no unknown
+/// piece is decoded.
+#[test]
+fn t5_gguf_tokenizer_equals_sentencepiece() {
+    let dir = crate::common::tiny_hf_dir().join("t5_tokenizer_gguf");
+    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let gguf = headscope::model::gguf::Gguf::open(&dir.join("tokenizer.gguf")).unwrap();
+    let tok = headscope::model::tokenizer::Tok::from_gguf(&gguf).unwrap();
+    let (unk, eos) = (g["unk"].as_i64().unwrap(), g["eos"].as_i64().unwrap());
+    let mut wrong = Vec::new();
+    let mut decoded = 0;
+    let cases = g["cases"].as_array().unwrap();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<i64> = case["ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        let got = tok.encode(text).unwrap().ids;
+        if got != want {
+            wrong.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
+        }
+        if !want.contains(&unk) {
+            let text_back = tok.decode(&want).unwrap();
+            if text_back != case["decoded"].as_str().unwrap() {
+                wrong.push(format!("decode {want:?}: want {:?}, got {text_back:?}", case["decoded"]));
+            }
+            decoded += 1;
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(tok.eos_id, Some(eos));
+    assert!(cases.len() >= 50 && decoded >= 40, "{} cases, {decoded} decoded", cases.len());
 }
