@@ -268,6 +268,8 @@ def small_charsmap_spm():
 
 
 put("spm", "charsmap.spm", small_charsmap_spm())
+# M2M100's BPE model (make_tiny_m2m100_spm.py): 200 pieces with a cut nmt_nfkc charsmap.
+copy("spm", "m2m100_bpe.spm", FIX / "tiny_hf" / "m2m100_spm" / "sentencepiece.bpe.model")
 
 # --- MarianMT vocab.json -------------------------------------------------------------------
 put("marian_vocab", "small.json", json.dumps({"</s>": 0, "<unk>": 1, "<pad>": 2, "\u2581a": 3, "b": 4}))

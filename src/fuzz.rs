@@ -60,7 +60,8 @@ pub fn run(target: &str, data: &[u8]) -> Result<(), String> {
         }
         "spm" => {
             let m = spm::parse(data).map_err(|x| format!("fuzz.spm: {x}"))?;
-            let tok = m.tokenizer("fuzz.spm").map_err(|x| e(&x))?;
+            // Unigram models (Marian, T5), BPE ones (M2M100's sentencepiece.bpe.model).
+            let tok = if m.model_type == 2 { m.bpe_tokenizer("fuzz.spm") } else { m.tokenizer("fuzz.spm") }.map_err(|x| e(&x))?;
             tok.encode(TEXT).map_err(|x| e(&x))?;
             Ok(())
         }

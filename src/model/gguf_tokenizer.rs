@@ -228,15 +228,7 @@ pub fn spm_unigram(g: &Gguf) -> Result<Option<super::spm::SpmModel>, ModelError>
     for i in 0..n {
         let piece = tokens[i].as_str().ok_or_else(|| bad("tokenizer.ggml.tokens", format!("entry {i} is not a string")))?.to_string();
         let score = scores[i].as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))? as f32;
-        let kind = match types[i] {
-            1 => PieceType::Normal,
-            2 => PieceType::Unknown,
-            3 => PieceType::Control,
-            4 => PieceType::UserDefined,
-            5 => PieceType::Unused,
-            6 => PieceType::Byte,
-            t => return Err(bad("tokenizer.ggml.token_type", format!("entry {i} is {t}, not a token type (1..6)"))),
-        };
+        let kind = PieceType::from_proto(types[i]).ok_or_else(|| bad("tokenizer.ggml.token_type", format!("entry {i} is {}, not a token type (1..6)", types[i])))?;
         pieces.push(Piece { piece, score, kind });
     }
     let charsmap: Vec<u8> = match g.metadata.get("tokenizer.ggml.precompiled_charsmap") {

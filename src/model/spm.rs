@@ -30,7 +30,19 @@ pub enum PieceType {
 }
 
 impl PieceType {
-    fn from_proto(v: u64) -> Option<PieceType> {
+    /// sentencepiece's `ModelProto.SentencePiece.Type` number (GGUF's `token_type` uses the same).
+    pub fn code(self) -> u64 {
+        match self {
+            PieceType::Normal => 1,
+            PieceType::Unknown => 2,
+            PieceType::Control => 3,
+            PieceType::UserDefined => 4,
+            PieceType::Unused => 5,
+            PieceType::Byte => 6,
+        }
+    }
+
+    pub fn from_proto(v: u64) -> Option<PieceType> {
         Some(match v {
             1 => PieceType::Normal,
             2 => PieceType::Unknown,
@@ -544,18 +556,7 @@ impl SpmModel {
         }
         let tokens: Vec<&str> = self.pieces.iter().map(|p| p.piece.as_str()).collect();
         // GGUF's token types, which spm_bpe reads: only normal pieces are merge results.
-        let types: Vec<u64> = self
-            .pieces
-            .iter()
-            .map(|p| match p.kind {
-                PieceType::Normal => 1,
-                PieceType::Unknown => 2,
-                PieceType::Control => 3,
-                PieceType::UserDefined => 4,
-                PieceType::Unused => 5,
-                PieceType::Byte => 6,
-            })
-            .collect();
+        let types: Vec<u64> = self.pieces.iter().map(|p| p.kind.code()).collect();
         let scores: Vec<f64> = self.pieces.iter().map(|p| f64::from(p.score)).collect();
         let (vocab, merges) = super::gguf_tokenizer::spm_bpe(&tokens, &types, &scores);
         let unk = self.pieces.iter().find(|p| p.kind == PieceType::Unknown).map(|p| p.piece.clone());

@@ -68,6 +68,28 @@ struct Marian {
     codes: Vec<(String, i64)>,
 }
 
+impl Marian {
+    /// One sentencepiece model for both sides (M2M100, T5's GGUF tokenizer): `vocab` maps its
+    /// pieces to the model's ids, `specials` are split out of texts whole and skipped when
+    /// decoding, `codes` are the target-language tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn one_model(model: &spm::SpmModel, tok: &spm::SpmTokenizer, specials: Vec<(String, i64)>, vocab: HashMap<String, i64>, pieces: HashMap<i64, String>, unk_id: i64, codes: Vec<(String, i64)>) -> Marian {
+        Marian {
+            normalizer: tok.normalizer.clone(),
+            specials,
+            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
+            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
+            unk_surface: model.unk_surface.clone(),
+            target: tok.clone(),
+            vocab,
+            pieces,
+            unk_id,
+            opus_codes: false,
+            codes,
+        }
+    }
+}
+
 /// MarianMT's `vocab.json`: piece -> id, every id non-negative and given once, with the
 /// three specials.
 pub struct MarianVocab {
@@ -178,19 +200,7 @@ impl Tok {
             (false, _) => Framing::Tokenizer,
         };
         let pad_id = id("tokenizer.ggml.padding_token_id").unwrap_or(0);
-        let m = Marian {
-            normalizer: tok.normalizer.clone(),
-            specials,
-            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
-            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
-            unk_surface: model.unk_surface.clone(),
-            target: tok.clone(),
-            vocab,
-            pieces,
-            unk_id,
-            opus_codes: false,
-            codes: vec![],
-        };
+        let m = Marian::one_model(&model, &tok, specials, vocab, pieces, unk_id, vec![]);
         Ok(Tok { inner: tok.model, framing, pad_id, eos_id: eos, marian: Some(Box::new(m)) })
     }
 
@@ -231,19 +241,7 @@ impl Tok {
         let tok = model.bpe_tokenizer(&spm_path.display().to_string())?;
         let mut specials: Vec<(String, i64)> = ["<s>", "<pad>", "</s>", "<unk>"].iter().filter_map(|t| vocab.get(*t).map(|&id| (t.to_string(), id))).collect();
         specials.extend(lang.iter().cloned());
-        let m = Marian {
-            normalizer: tok.normalizer.clone(),
-            specials,
-            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
-            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
-            unk_surface: model.unk_surface.clone(),
-            target: tok.clone(),
-            vocab,
-            pieces,
-            unk_id,
-            opus_codes: false,
-            codes: lang,
-        };
+        let m = Marian::one_model(&model, &tok, specials, vocab, pieces, unk_id, lang);
         Ok(Tok { inner: tok.model, framing: Framing::Fairseq { prefix, eos }, pad_id, eos_id: Some(eos), marian: Some(Box::new(m)) })
     }
 

@@ -267,6 +267,14 @@ fn phi3_and_gpt_neox_gguf_files_equal_their_safetensors_twins() {
 /// llama.cpp's converter writes it, norms as 1 + w, five sliding-window layers and a global one):
 /// its transformers twin's logits, attention and greedy continuations (transformers' own GGUF
 /// loader reads the same file to the same logits, checked by the script).
+/// Gemma 2 as a GGUF file (`make_tiny_gguf_gemma3.py`: alternating sliding and global layers
+/// and the query scale as llama.cpp fixes them, both soft-caps from the metadata, norms as
+/// 1 + w): its transformers twin's logits, attention and greedy continuations.
+#[test]
+fn gemma2_gguf_file_equals_its_safetensors_twin() {
+    check_against(&common::golden("tiny_hf/golden_gguf.npz"), "gemma2_gguf", "gemma2_gguf");
+}
+
 #[test]
 fn gemma3_gguf_file_equals_its_safetensors_twin() {
     check_against(&common::golden("tiny_hf/golden_gguf.npz"), "gemma3_gguf", "gemma3_gguf");

@@ -86,6 +86,7 @@ fn seeds_are_read_as_expected() {
     ok("tokenizer_json", "tiny_gpt2.json");
     ok("spm", "target40.spm");
     ok("spm", "charsmap.spm");
+    ok("spm", "m2m100_bpe.spm");
     ok("marian_vocab", "small.json");
     assert!(err("marian_vocab", "twice.json").contains("vocab.json: bad config: id 0 is negative or given twice"));
     ok("checkpoint", "valid.json");
