@@ -83,12 +83,13 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
-    let key = |k: &str| format!("{arch}.{k}");
+    let meta = Meta { g, arch: &arch, file: &file };
+    let key = |k: &str| meta.key(k);
     let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
     if let Some(t) = scaling.filter(|t| !(*t == "linear" && arch.starts_with("gemma"))) {
         return Err(bad(format!("metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet", key("rope.scaling.type"))));
     }
-    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
+    let int = |k: &str| meta.int(k);
     let (n_layers, d, ff, h) = (int("block_count")? as usize, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
     let hk = int("attention.head_count_kv").unwrap_or(h);
     // Qwen3's and Gemma's heads are wider than d / h: the key length says.
@@ -96,7 +97,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     if h <= 0 || hk <= 0 || h % hk != 0 || (key_length.is_none() && d % h != 0) {
         return Err(bad(format!("{h} heads and {hk} key/value heads do not fit a model of size {d}")));
     }
-    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+    let float = |k: &str| meta.float(k);
     let eps = float("attention.layer_norm_rms_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let gemma = arch.starts_with("gemma");
@@ -200,6 +201,34 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
 }
 
+/// A GGUF's metadata under its architecture's prefix (`ARCH.KEY`); a missing required key is
+/// an error naming the file and the key.
+struct Meta<'a> {
+    g: &'a Gguf,
+    arch: &'a str,
+    file: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    fn bad(&self, why: String) -> ModelError {
+        ModelError::Config(self.file.to_string(), why)
+    }
+    fn int(&self, k: &str) -> Result<i64, ModelError> {
+        self.g.metadata.get(&self.key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
+    }
+    fn float(&self, k: &str) -> Option<f64> {
+        self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
+    }
+}
+
+/// Every tensor of `g`, dequantised, under the name `rename` gives its GGUF name.
+fn renamed(g: &Gguf, rename: impl Fn(&str) -> String) -> Result<std::collections::HashMap<String, tch::Tensor>, ModelError> {
+    g.tensors.iter().map(|t| Ok((rename(&t.name), g.tensor(&t.name)?))).collect()
+}
+
 /// The architectures read.
 const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
@@ -209,18 +238,13 @@ const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptne
 /// converter writes no rotary base (llama.cpp takes 10000, as here) and no activation: the MLP
 /// is HF's exact GELU (llama.cpp computes the tanh approximation).
 fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
-    let bad = |why: String| ModelError::Config(file.to_string(), why);
-    let key = |k: &str| format!("gptneox.{k}");
-    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
-    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
+    let meta = Meta { g, arch: "gptneox", file };
+    let (bad, key, int, float) = (|why: String| meta.bad(why), |k: &str| meta.key(k), |k: &str| meta.int(k), |k: &str| meta.float(k));
     let (d, h) = (int("embedding_length")?, int("attention.head_count")?);
     if h <= 0 || d <= 0 || d % h != 0 {
         return Err(bad(format!("{} {d} is not a positive multiple of {} {h}", key("embedding_length"), key("attention.head_count"))));
     }
-    let mut map = std::collections::HashMap::new();
-    for t in &g.tensors {
-        let x = g.tensor(&t.name)?;
-        let name = match t.name.as_str() {
+    let map = renamed(g, |name| match name {
             "token_embd.weight" => "gpt_neox.embed_in.weight".to_string(),
             "output.weight" => "embed_out.weight".to_string(),
             n if n.starts_with("output_norm.") => format!("gpt_neox.final_layer_norm.{}", &n["output_norm.".len()..]),
@@ -240,9 +264,7 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
                 }
                 None => n.to_string(),
             },
-        };
-        map.insert(name, x);
-    }
+    })?;
     let vocab = map.get("gpt_neox.embed_in.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
     let rope_dim = int("rope.dimension_count")?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
@@ -277,14 +299,9 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
 /// `d_model^-0.5` first (transformers does, llama.cpp does not); gated FFNs are Flan-T5's
 /// tanh GELU.
 fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
-    let bad = |why: String| ModelError::Config(file.to_string(), why);
-    let key = |k: &str| format!("t5.{k}");
-    let int = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| bad(format!("metadata {} is missing", key(k))));
-    let float = |k: &str| g.metadata.get(&key(k)).and_then(Value::as_f64);
-    let mut map = std::collections::HashMap::new();
-    for t in &g.tensors {
-        let x = g.tensor(&t.name)?;
-        let name = match t.name.as_str() {
+    let meta = Meta { g, arch: "t5", file };
+    let (int, float) = (|k: &str| meta.int(k), |k: &str| meta.float(k));
+    let mut map = renamed(g, |name| match name {
             "token_embd.weight" => "shared.weight".to_string(),
             "output.weight" => "lm_head.weight".to_string(),
             "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),
@@ -312,9 +329,7 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
                     None => n.to_string(),
                 }
             }
-        };
-        map.insert(name, x);
-    }
+    })?;
     // The up projection is `wi` in plain FFNs, `wi_1` beside the gate `wi_0`.
     let gated = map.keys().any(|k| k.ends_with("DenseReluDense.wi_0.weight"));
     let up = if gated { "wi_1" } else { "wi" };
