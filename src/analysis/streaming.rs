@@ -256,6 +256,109 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
     KvCost { entries, full_entries: full, bytes, full_bytes, groups, streaming }
 }
 
+/// PruLong's KV footprint of one sequence (docs/methods.md#kv-footprint): a prompt of
+/// `prompt` tokens read in chunks of `chunk`, then `decode` tokens generated one at a time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Footprint {
+    /// Sum over every query position and key/value group of the entries the group holds while
+    /// that query runs (entries times their lifespan), and the same of the full cache.
+    pub entry_steps: i64,
+    pub full_entry_steps: i64,
+    /// The most entries held at once (at the end of a step, summed over groups), and the full
+    /// cache's (every group holding every position).
+    pub peak: i64,
+    pub full_peak: i64,
+}
+
+impl Footprint {
+    pub fn fraction(&self) -> f64 {
+        if self.full_entry_steps == 0 { 1.0 } else { self.entry_steps as f64 / self.full_entry_steps as f64 }
+    }
+    pub fn peak_fraction(&self) -> f64 {
+        if self.full_peak == 0 { 1.0 } else { self.peak as f64 / self.full_peak as f64 }
+    }
+}
+
+/// The entries a streaming group retains from before position `a` (the start of a step) for
+/// the queries from `a` on: those a later query can still see.
+fn retained(sink: i64, recent: i64, regime: Regime, prompt: i64, a: i64) -> i64 {
+    match regime {
+        // j < sink or j > a - recent.
+        Regime::Always => a.min(sink + recent - 1),
+        // The prompt is read in full; from it on, j < sink or j >= P - recent, and every
+        // position after the prompt.
+        Regime::Decode { .. } if a < prompt => a,
+        Regime::Decode { .. } => prompt.min(sink + recent) + (a - prompt),
+    }
+}
+
+/// Per step of the sequence (a chunk `[a, b)` of the prompt, or one generated position), for
+/// one streaming group (`None`: a full one): the entry-steps of the step's queries (each holds
+/// the entries retained from before `a` and the step's own up to itself) and the entries held
+/// at the step's end.
+fn group_steps(stream: Option<(i64, i64, Regime, i64)>, prompt: i64, decode: i64, chunk: i64) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut a = 0;
+    while a < prompt + decode {
+        let b = if a < prompt { (a + chunk).min(prompt) } else { a + 1 };
+        let n = b - a;
+        let before = match stream {
+            None => a,
+            Some((sink, recent, regime, p)) => retained(sink, recent, regime, p, a),
+        };
+        out.push((n * before + n * (n + 1) / 2, before + n));
+        a = b;
+    }
+    out
+}
+
+/// PruLong's KV footprint (Bhaskar et al. 2025) of a view's split for one sequence of
+/// `prompt + decode` tokens, the prompt read in chunks of `chunk` tokens
+/// (docs/methods.md#kv-footprint). The decode regime's prompt (read in full) is the view's,
+/// else `prompt`.
+pub fn kv_footprint(v: &View, prompt: i64, decode: i64, chunk: i64) -> Footprint {
+    let m = &v.model;
+    let (mut n_full, mut n_stream) = (0i64, 0i64);
+    for l in 0..m.layer_heads(Kind::Dec).len() {
+        let Some(a) = m.attention(Kind::Dec, l) else { continue };
+        let per = v.group_size(Kind::Dec, l);
+        for g in 0..(a.width() / per) {
+            if !(g * per..(g + 1) * per).any(|h| a.physical(h).is_some()) {
+                continue;
+            }
+            let streams = v.streaming.as_ref().is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
+            if streams { n_stream += 1 } else { n_full += 1 }
+        }
+    }
+    let stream = v.streaming.as_ref().map(|s| {
+        let p = match s.regime {
+            Regime::Decode { prompt: Some(p) } => p.min(prompt + decode),
+            _ => prompt,
+        };
+        (s.sink, s.recent, s.regime, p)
+    });
+    footprint(n_full, n_stream, stream, prompt, decode, chunk)
+}
+
+/// The footprint of `n_full` full key/value groups and `n_stream` streaming ones (`stream`:
+/// sink, recent, regime and the prompt the decode regime reads in full).
+pub fn footprint(n_full: i64, n_stream: i64, stream: Option<(i64, i64, Regime, i64)>, prompt: i64, decode: i64, chunk: i64) -> Footprint {
+    let chunk = chunk.max(1);
+    let full = group_steps(None, prompt, decode, chunk);
+    let streaming = match (stream, n_stream) {
+        (Some(s), 1..) => group_steps(Some(s), prompt, decode, chunk),
+        _ => full.clone(),
+    };
+    let groups = n_full + n_stream;
+    let sum = |v: &[(i64, i64)]| v.iter().map(|x| x.0).sum::<i64>();
+    Footprint {
+        entry_steps: n_full * sum(&full) + n_stream * sum(&streaming),
+        full_entry_steps: groups * sum(&full),
+        peak: full.iter().zip(&streaming).map(|(f, s)| n_full * f.1 + n_stream * s.1).max().unwrap_or(0),
+        full_peak: groups * (prompt + decode),
+    }
+}
+
 /// The split keeping the `fraction` of key/value groups with the highest score full (rounded
 /// to whole groups) and streaming the rest (ties: earlier layer and group first to stream).
 pub fn split(v: &View, groups: &[Vec<f64>], fraction: f64, sink: i64, recent: i64, regime: Regime, func: &str) -> Result<View, ModelError> {
@@ -276,6 +379,9 @@ pub struct CurvePoint {
     /// Key/value groups kept full (the fraction asked) and the cache kept at the context.
     pub fraction: f64,
     pub cost: KvCost,
+    /// PruLong's KV footprint of the sequence: the prompt read in chunks, the measured
+    /// positions generated one at a time.
+    pub footprint: Footprint,
     /// Mean next-token loss over the measured positions, and KL(full || streaming) there.
     pub loss: f64,
     pub kl: f64,
@@ -296,6 +402,8 @@ pub struct CurveOptions {
     pub sink: i64,
     pub recent: i64,
     pub regime: Regime,
+    /// Prefill chunk of the footprint's prompt.
+    pub chunk: i64,
     /// Repeated random sequences for the induction loss (0: none), their seed.
     pub induction: usize,
     pub seed: u64,
@@ -374,13 +482,36 @@ fn loss_kl(logp: &Tensor, full: &Tensor, targets: &Tensor) -> (f64, f64) {
     (loss, kl)
 }
 
-/// Quality against the cache kept: for each fraction, the view whose lowest-scored key/value
-/// groups stream ([`split`]) over `chunks` of the data, next-token loss and KL to the view
-/// without streaming on positions `measure_from..`, and the induction loss.
-pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<CurvePoint>, AnalysisError> {
+/// Quality against the cache kept: for each scorer (its per-group scores) and fraction, the
+/// view whose lowest-scored key/value groups stream ([`split`]) over `chunks` of the data,
+/// next-token loss and KL to the view without streaming on positions `measure_from..`, the
+/// induction loss and the passkey. The full model's log-probabilities are computed once per
+/// sequence for every scorer, and splits that stream the same groups are measured once.
+pub fn curve(v: &View, scorers: &[Vec<Vec<f64>>], chunks: &[Vec<i64>], o: &CurveOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<Vec<CurvePoint>>, AnalysisError> {
     let _g = tch::no_grad_guard();
     let m = &v.model;
-    let views: Vec<View> = o.fractions.iter().map(|&f| split(v, groups, f, o.sink, o.recent, o.regime, "kv_curve")).collect::<Result<_, _>>()?;
+    // Every (scorer, fraction) names one of the distinct splits.
+    let mut views: Vec<View> = Vec::new();
+    let mut keys: Vec<Vec<Vec<bool>>> = Vec::new();
+    let mut which: Vec<Vec<usize>> = Vec::new();
+    for groups in scorers {
+        let mut row = Vec::new();
+        for &f in &o.fractions {
+            let w = split(v, groups, f, o.sink, o.recent, o.regime, "kv_curve")?;
+            let key = w.streaming.as_ref().map(|s| s.heads.clone()).unwrap_or_default();
+            let at = match keys.iter().position(|k| *k == key) {
+                Some(at) => at,
+                None => {
+                    keys.push(key);
+                    views.push(w);
+                    views.len() - 1
+                }
+            };
+            row.push(at);
+        }
+        which.push(row);
+    }
+    let gates: Vec<Gates> = views.iter().map(View::gates).collect::<Result<_, _>>()?;
     let base = v.gates()?;
     let mut acc = vec![(0.0, 0.0, 0.0); views.len()];
     let repeated: Vec<Vec<i64>> = if o.induction > 0 {
@@ -389,17 +520,17 @@ pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOption
     } else {
         vec![]
     };
-    let keys = if o.passkey > 0 { passkeys_in(m, chunks, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
+    let keys_seq = if o.passkey > 0 { passkeys_in(m, chunks, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
     let mut pass = vec![0.0; views.len()];
-    let total = chunks.len() + repeated.len() + keys.len();
+    let total = chunks.len() + repeated.len() + keys_seq.len();
     for (i, ids) in chunks.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let full = log_probs(v, &base, ids, o.measure_from)?;
         let targets = Tensor::from_slice(&ids[o.measure_from as usize..]).view([1, -1]).to_device(m.device());
-        for (a, w) in acc.iter_mut().zip(&views) {
-            let (l, k) = loss_kl(&log_probs(w, &w.gates()?, ids, o.measure_from)?, &full, &targets);
+        for ((a, w), g) in acc.iter_mut().zip(&views).zip(&gates) {
+            let (l, k) = loss_kl(&log_probs(w, g, ids, o.measure_from)?, &full, &targets);
             a.0 += l / chunks.len() as f64;
             a.1 += k / chunks.len() as f64;
         }
@@ -411,26 +542,40 @@ pub fn curve(v: &View, groups: &[Vec<f64>], chunks: &[Vec<i64>], o: &CurveOption
         }
         let half = ids.len() as i64 / 2;
         let targets = Tensor::from_slice(&ids[half as usize..]).view([1, -1]).to_device(m.device());
-        for (a, w) in acc.iter_mut().zip(&views) {
-            let logp = log_probs(w, &w.gates()?, ids, half)?;
+        for ((a, w), g) in acc.iter_mut().zip(&views).zip(&gates) {
+            let logp = log_probs(w, g, ids, half)?;
             a.2 += crate::model::loss::nll(&logp, &targets).mean(DType::Double).double_value(&[]) / repeated.len() as f64;
         }
         progress(chunks.len() + i + 1, total);
     }
-    for (i, (seq, _)) in keys.iter().enumerate() {
+    for (i, (seq, _)) in keys_seq.iter().enumerate() {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
-        for (p, w) in pass.iter_mut().zip(&views) {
-            *p += passkey_accuracy(w, &w.gates()?, seq, o.needle)? / keys.len() as f64;
+        for ((p, w), g) in pass.iter_mut().zip(&views).zip(&gates) {
+            *p += passkey_accuracy(w, g, seq, o.needle)? / keys_seq.len() as f64;
         }
         progress(chunks.len() + repeated.len() + i + 1, total);
     }
-    Ok(views
+    Ok(which
         .iter()
-        .zip(acc)
-        .zip(pass)
-        .zip(&o.fractions)
-        .map(|(((w, (loss, kl, ind)), pass), &fraction)| CurvePoint { fraction, cost: kv_cost(w, o.context, None), loss, kl, induction_loss: if repeated.is_empty() { f64::NAN } else { ind }, passkey: if keys.is_empty() { f64::NAN } else { pass } })
+        .map(|row| {
+            row.iter()
+                .zip(&o.fractions)
+                .map(|(&at, &fraction)| {
+                    let (loss, kl, ind) = acc[at];
+                    let w = &views[at];
+                    CurvePoint {
+                        fraction,
+                        cost: kv_cost(w, o.context, None),
+                        footprint: kv_footprint(w, o.measure_from, o.context - o.measure_from, o.chunk),
+                        loss,
+                        kl,
+                        induction_loss: if repeated.is_empty() { f64::NAN } else { ind },
+                        passkey: if keys_seq.is_empty() { f64::NAN } else { pass[at] },
+                    }
+                })
+                .collect()
+        })
         .collect())
 }

@@ -308,6 +308,52 @@ fn the_packed_cache_holds_the_bytes_counted_from_shapes() {
     }
 }
 
+/// PruLong's KV footprint (docs/methods.md#kv-footprint) equals an independent reference
+/// (`fixtures/kv_footprint_reference.py`): a brute-force simulation of the cache from the
+/// streaming masks, entry by entry, which itself equals PruLong's published accounting in the
+/// `always` regime (asserted there). Exactly, as integers; and through a view of tiny Llama
+/// (4 groups) and SmolLM2 (90) where the golden has their group counts.
+#[test]
+fn the_kv_footprint_equals_a_simulation_of_the_cache() {
+    use headscope::analysis::streaming::{footprint, kv_footprint};
+    let g = common::golden_json("kv_footprint_golden.json");
+    let llama = View::new(common::tiny_hf("llama", "f32"));
+    let smol = std::cell::OnceCell::new();
+    let cases = g["cases"].as_array().unwrap();
+    assert!(cases.len() >= 9);
+    for c in cases {
+        let n = |k: &str| c[k].as_i64().unwrap();
+        let (groups, stream, sink, recent, prompt, decode, chunk) = (n("groups"), n("streaming"), n("sink"), n("recent"), n("prompt"), n("decode"), n("chunk"));
+        let rp = c["regime_prompt"].as_i64();
+        let regime = if c["regime"] == "always" { Regime::Always } else { Regime::Decode { prompt: rp } };
+        let p_regime = rp.unwrap_or(prompt);
+        let f = footprint(groups - stream, stream, Some((sink, recent, regime, p_regime)), prompt, decode, chunk);
+        let want = (n("entry_steps"), n("full_entry_steps"), n("peak"), n("full_peak"));
+        eprintln!("{c}: footprint {:.6} peak {:.6}", f.fraction(), f.peak_fraction());
+        assert_eq!((f.entry_steps, f.full_entry_steps, f.peak, f.full_peak), want, "{c}");
+        if let Some(fp) = c["prulong_footprint"].as_f64() {
+            assert!((f.fraction() - fp).abs() < 1e-12, "PruLong's accounting: {c}");
+        }
+        // Through a view: the first `stream` groups (whole groups, every layer) stream.
+        let view = match groups {
+            4 => Some(&llama),
+            90 => Some(smol.get_or_init(|| View::new(common::asset("smollm2", "f32")))),
+            _ => None,
+        };
+        if let Some(v) = view {
+            let per = v.group_size(Kind::Dec, 0);
+            let per_layer = (v.model.attention(Kind::Dec, 0).unwrap().width() / per) as i64;
+            let heads: Vec<HeadId> = (0..stream).map(|i| HeadId { kind: Kind::Dec, layer_idx: (i / per_layer) as usize, head: (i % per_layer) as usize * per }).collect();
+            let w = v.streaming(&heads, sink, recent, regime, "test").unwrap();
+            let got = kv_footprint(&w, prompt, decode, chunk);
+            assert_eq!((got.entry_steps, got.full_entry_steps, got.peak, got.full_peak), want, "through a view: {c}");
+        }
+    }
+    // A view without streaming groups holds the full cache.
+    let plain = kv_footprint(&llama, 100, 20, 30);
+    assert_eq!((plain.entry_steps, plain.peak), (plain.full_entry_steps, plain.full_peak));
+}
+
 /// The decode regime equals kvpress 0.5.5's DuoAttentionPress with the same streaming mask set
 /// by hand (`fixtures/kvpress_reference.py`: SmolLM2 through transformers' GGUF loader, a 256
 /// token prompt prefilled under the press, the rest fed over its cache): the next-token loss
@@ -381,6 +427,11 @@ fn bad_streaming_input_is_a_one_line_error() {
         ("m.kv_scores(\"echo\", #{data: d})", "kv_scores: 'data' feeds the duo scorer"),
         ("b.kv_scores(\"echo\")", "is not a decoder-only model"),
         ("m.kv_cost(0)", "kv_cost: context must be 1 or more tokens, got 0"),
+        ("m.kv_footprint(0)", "kv_footprint: prompt must be 1 or more tokens, got 0"),
+        ("m.kv_footprint(64, #{chunk: 0})", "kv_footprint: chunk must be 1 or more tokens, got 0"),
+        ("m.kv_footprint(64, #{decode: -3})", "kv_footprint: option 'decode': expected a non-negative integer, got -3"),
+        ("b.kv_footprint(64)", "is not a decoder-only model"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 2, recent: 8, chunk: 0})", "kv_curve: chunk must be 1 or more tokens, got 0"),
         ("kv_plot(table([\"x\"], []), \"kl\")", "kv_plot: the table has no 'scorer' column: pass a kv_curve table"),
         ("m.with_streaming([\"dec.0.1\"]).lrp(d)", "lrp: not on a view with streaming heads"),
         ("m.with_streaming([\"dec.0.1\"]).prune(d, #{steps: 1})", "prune: not on a view with streaming heads"),

@@ -30,6 +30,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("with_streaming", streaming::WITH_STREAMING_OPTIONS),
     ("kv_scores", streaming::KV_SCORES_OPTIONS),
     ("kv_curve", streaming::KV_CURVE_OPTIONS),
+    ("kv_footprint", streaming::KV_FOOTPRINT_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.

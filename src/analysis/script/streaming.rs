@@ -36,6 +36,12 @@ pub const KV_CURVE_OPTIONS: &[OptSpec] = &[
     opt_int("passkey", 4, "passkey sequences of `context` tokens (the data's text with a random needle at a seeded depth, repeated at the end; 0: none)"),
     opt_int("needle", 8, "the passkey's length in tokens"),
     opt_int("seed", 0, "seed of the induction and passkey sequences"),
+    opt_int("chunk", 128, "prefill chunk of the KV footprint: the first `prompt` tokens read in chunks of this many, the rest generated one at a time"),
+];
+
+pub const KV_FOOTPRINT_OPTIONS: &[OptSpec] = &[
+    opt_int("decode", 0, "tokens generated one at a time after the prompt"),
+    opt_int("chunk", 128, "the prompt is read in chunks of this many tokens (chunked prefill)"),
 ];
 
 pub const WITH_STREAMING_OPTIONS: &[OptSpec] = &[
@@ -204,6 +210,60 @@ pub mod api {
         Ok(cost_map(&crate::analysis::streaming::kv_cost(m, context, None), context))
     }
 
+    /// PruLong's KV footprint of this view for one sequence (docs/methods.md#kv-footprint):
+    /// a prompt of `prompt` tokens read in chunks of `chunk`, then `decode` tokens generated one
+    /// at a time; each query holds the entries its key/value groups keep while it runs.
+    /// `footprint` (entry-steps over those of the full cache), `peak` (the most entries held at
+    /// once, over the full cache's), and the counts `entry_steps`, `full_entry_steps`,
+    /// `peak_entries`, `full_peak_entries`.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama");
+    /// let f = m.with_streaming(["dec.0.0"], #{sink: 2, recent: 6}).kv_footprint(100, #{decode: 20, chunk: 30});
+    /// assert(f.footprint < 1.0 && f.full_entry_steps == 4 * 120 * 121 / 2);
+    /// assert(m.kv_footprint(100, #{decode: 20}).footprint == 1.0);
+    /// ```
+    #[rhai_fn(name = "kv_footprint", return_raw, pure)]
+    pub fn kv_footprint_opts(m: &mut ScriptModel, prompt: i64, options: Map) -> ScriptResult<Map> {
+        let f = "kv_footprint";
+        let o = Opts::new(&options, f, KV_FOOTPRINT_OPTIONS)?;
+        if prompt < 1 {
+            return err(format!("{f}: prompt must be 1 or more tokens, got {prompt}"));
+        }
+        if !m.model.decoder_only() {
+            return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
+        }
+        let decode = o.usize_or_default("decode")? as i64;
+        let chunk = o.usize_or_default("chunk")? as i64;
+        if chunk < 1 {
+            return err(format!("{f}: chunk must be 1 or more tokens, got {chunk}"));
+        }
+        let fp = crate::analysis::streaming::kv_footprint(m, prompt, decode, chunk);
+        let mut out = Map::new();
+        out.insert("prompt".into(), Dynamic::from(prompt));
+        out.insert("decode".into(), Dynamic::from(decode));
+        out.insert("chunk".into(), Dynamic::from(chunk));
+        out.insert("footprint".into(), Dynamic::from(fp.fraction()));
+        out.insert("peak".into(), Dynamic::from(fp.peak_fraction()));
+        out.insert("entry_steps".into(), Dynamic::from(fp.entry_steps));
+        out.insert("full_entry_steps".into(), Dynamic::from(fp.full_entry_steps));
+        out.insert("peak_entries".into(), Dynamic::from(fp.peak));
+        out.insert("full_peak_entries".into(), Dynamic::from(fp.full_peak));
+        Ok(out)
+    }
+
+    /// `kv_footprint` of the prompt alone (no tokens generated), read in chunks of 128: a
+    /// prompt of one chunk is held whole.
+    ///
+    /// ```rhai
+    /// let s = load_model("tests/fixtures/tiny_hf/gpt2").with_streaming(["dec.1.3"], #{sink: 1, recent: 4});
+    /// assert(s.kv_footprint(300).footprint < 1.0 && s.kv_footprint(64).footprint == 1.0);
+    /// ```
+    #[rhai_fn(name = "kv_footprint", return_raw, pure)]
+    pub fn kv_footprint(m: &mut ScriptModel, prompt: i64) -> ScriptResult<Map> {
+        kv_footprint_opts(m, prompt, Map::new())
+    }
+
     /// The key/value cache a generation of `n` tokens after `text` leaves, measured on its
     /// tensors: the cache holds one key and value per key/value group, a streaming group's
     /// only at the positions a later query can see. `bytes` (the
@@ -299,18 +359,22 @@ pub mod api {
         };
         let d = crate::data::script::dataset_arg(&data, &format!("{f}: data"))?;
         let seqs = chunks(&m.model, &d, context).or_else(|e| err(e.to_string()))?;
-        let co = CurveOptions { fractions: fractions.clone(), context, measure_from: prompt, sink, recent, regime, induction: o.usize_or_default("induction")?, seed: o.usize_or_default("seed")? as u64, passkey: o.usize_or_default("passkey")?, needle: o.usize_or_default("needle")? };
+        let chunk = o.usize_or_default("chunk")? as i64;
+        if chunk < 1 {
+            return err(format!("{f}: chunk must be 1 or more tokens, got {chunk}"));
+        }
+        let co = CurveOptions { fractions: fractions.clone(), context, measure_from: prompt, sink, recent, regime, chunk, induction: o.usize_or_default("induction")?, seed: o.usize_or_default("seed")? as u64, passkey: o.usize_or_default("passkey")?, needle: o.usize_or_default("needle")? };
         if co.passkey > 0 && (co.needle < 2 || 2 * co.needle as i64 >= context) {
             return err(format!("{f}: a passkey of {} tokens must have 2 or more and fit twice in the context of {context}", co.needle));
         }
-        let mut t = Table::new(["scorer", "groups_full", "kv_kept", "kv_bytes", "loss", "kl", "induction_loss", "passkey"].iter().map(|s| s.to_string()).collect());
-        t.title = Some(format!("kv_curve: {} on {} ({} sequences of {context}, measured from {prompt}; sink {sink}, recent {recent}, regime {})", m.model.name(), d.name, seqs.len(), regime_name(regime)));
-        for (name, g) in &named {
-            let groups = group_scores(m, &grid_scores(m, g, &format!("scores '{name}'"))?);
-            let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
-            let points = curve(m, &groups, &seqs, &co, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let mut t = Table::new(["scorer", "groups_full", "kv_kept", "kv_bytes", "footprint", "peak", "loss", "kl", "induction_loss", "passkey"].iter().map(|s| s.to_string()).collect());
+        t.title = Some(format!("kv_curve: {} on {} ({} sequences of {context}, measured from {prompt}, footprint chunk {}; sink {sink}, recent {recent}, regime {})", m.model.name(), d.name, seqs.len(), co.chunk, regime_name(regime)));
+        let groups: Vec<Vec<Vec<f64>>> = named.iter().map(|(name, g)| Ok(group_scores(m, &grid_scores(m, g, &format!("scores '{name}'"))?))).collect::<ScriptResult<_>>()?;
+        let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
+        let curves = curve(m, &groups, &seqs, &co, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        for ((name, _), points) in named.iter().zip(curves) {
             for p in points {
-                t.push_row(vec![Cell::Text(name.clone()), Cell::Float(p.fraction), Cell::Float(p.cost.fraction()), Cell::Int(p.cost.bytes), Cell::Float(p.loss), Cell::Float(p.kl), if p.induction_loss.is_finite() { Cell::Float(p.induction_loss) } else { Cell::Empty }, if p.passkey.is_finite() { Cell::Float(p.passkey) } else { Cell::Empty }]).or_else(|e| err(format!("{f}: {e}")))?;
+                t.push_row(vec![Cell::Text(name.clone()), Cell::Float(p.fraction), Cell::Float(p.cost.fraction()), Cell::Int(p.cost.bytes), Cell::Float(p.footprint.fraction()), Cell::Float(p.footprint.peak_fraction()), Cell::Float(p.loss), Cell::Float(p.kl), if p.induction_loss.is_finite() { Cell::Float(p.induction_loss) } else { Cell::Empty }, if p.passkey.is_finite() { Cell::Float(p.passkey) } else { Cell::Empty }]).or_else(|e| err(format!("{f}: {e}")))?;
             }
         }
         Ok(t)
