@@ -13,6 +13,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::{corpus_counts, BleuCounts};
 use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::fill::{FillSource, Resample};
 use crate::model::nn::Gates;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -72,6 +73,8 @@ pub struct SweepOptions {
     pub mean_batch_tokens: usize,
     /// Resample ablation's seed.
     pub seed: u64,
+    /// Mean ablation per position.
+    pub per_position: bool,
 }
 
 pub use crate::model::batch::PBatch;
@@ -87,116 +90,48 @@ pub struct Prepared {
     /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
     /// number of rows, and these metrics must not depend on how masks are batched.
     out64: Option<crate::model::loss::OutputHead>,
-    /// Resample ablation's draws, when set ([`set_resample`]).
-    pub resample: Option<Resample>,
+    /// A fill computed per batch (resample ablation, [`set_resample`]), for every mask evaluated.
+    pub source: Option<std::rc::Rc<FillSource>>,
 }
 
-/// Resample ablation (docs/methods.md#resample-ablation): for each sentence of the data, the
-/// reference sentence whose head contexts its closed heads take.
-pub struct Resample {
-    refs: Vec<crate::model::tokenizer::Encoded>,
-    /// Per data sentence, the index of its reference sentence.
-    pub draws: Vec<usize>,
-    /// The reference dataset's name, and the seed.
-    pub reference: String,
-    pub seed: u64,
-    /// Each head's mean context over the reference's tokens `[layers, heads, dh]`: the fill of
-    /// positions past the end of a drawn sentence shorter than the one measured.
-    mean: Tensor,
-}
-
-/// The draw of sentence `i` among `n` eligible reference sentences: splitmix64 of
-/// `seed ^ (i * 0x9E3779B97F4A7C15)`, modulo `n` (docs/methods.md#resample-ablation; the
-/// reference script tests/fixtures/resample_ablation_reference.py draws the same).
-pub fn resample_draw(seed: u64, i: usize, n: usize) -> usize {
-    let mut z = (seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z % n.max(1) as u64) as usize
-}
-
-/// Sets resample ablation on a prepared dataset: sentence `i` of `data` draws (by
-/// [`resample_draw`]) one of the sentences of `reference` that have at least its number of
-/// tokens and another text; its closed heads then take their contexts on that sentence at
-/// the same positions. The stack's own heads (an encoder's, a language model's).
-/// `offset`: the index of `data`'s first sentence in the whole dataset (a shard's start), so
-/// that each sentence draws as it does unsharded.
-pub fn set_resample(model: &Model, p: &mut Prepared, data: &Dataset, offset: usize, reference: &Dataset, seed: u64) -> Result<(), AnalysisError> {
+/// Resample ablation's fill source (docs/methods.md#resample-ablation): each sentence measured
+/// draws one of the sentences of `reference` ([`crate::model::fill::Resample::draw`]: at least
+/// its number of tokens and other ids, by a hash of its ids and `seed`); its closed heads take
+/// their contexts on that sentence at the same positions, its mean past the drawn one's end.
+/// The stack's own heads (an encoder's, a language model's).
+pub fn resample_source(model: &Model, reference: &Dataset, seed: u64) -> Result<FillSource, AnalysisError> {
     if model.translates() {
         return Err(AnalysisError::Input("resample ablation of translation models is not offered yet; use ablation \"mean\"".into()));
     }
     let refs = model.tokenize_all(reference.texts()).map_err(|e| AnalysisError::Input(format!("the reference {}: {e}", reference.name)))?;
-    let own = model.tokenize_all(data.texts())?;
-    let mut draws = Vec::with_capacity(own.len());
-    for (i, e) in own.iter().enumerate() {
-        let text = data.items.get(i).map(|it| it.text.as_str());
-        let other = |j: usize| reference.items.get(j).map(|it| it.text.as_str()) != text;
-        let mut eligible: Vec<usize> = refs.iter().enumerate().filter(|(j, r)| r.ids.len() >= e.ids.len() && other(*j)).map(|(j, _)| j).collect();
-        if eligible.is_empty() {
-            // No other sentence is as long: draw among all others (the positions past the
-            // drawn one's end take the head's mean).
-            eligible = (0..refs.len()).filter(|&j| other(j)).collect();
-        }
-        if eligible.is_empty() {
-            return Err(AnalysisError::Input(format!("resample ablation: the reference {} has no sentence other than sentence {} of {}", reference.name, offset + i, data.name)));
-        }
-        draws.push(eligible[resample_draw(seed, offset + i, eligible.len())]);
-    }
     let kind = model.net.stack_kind;
-    let mean = mean_fill(model, reference, &[kind], crate::model::batch::DEFAULT_BATCH_TOKENS, &Gates::none(), &|| false)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("resample ablation: {} has no heads of kind {kind}", model.name())))?;
-    p.resample = Some(Resample { refs, draws, reference: reference.name.clone(), seed, mean });
-    Ok(())
+    let mean = mean_fill(model, reference, &[kind], crate::model::batch::DEFAULT_BATCH_TOKENS, &Gates::none(), &crate::run::interrupted)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("resample ablation: {} has no heads of kind {kind}", model.name())))?;
+    Ok(FillSource::Resample(Resample { refs: refs.into_iter().map(|e| e.ids).collect(), seed, mean, pad_id: model.tok.pad_id }))
+}
+
+/// Sets resample ablation on a prepared dataset ([`resample_source`]); returns the reference
+/// sentence each of its sentences draws, in the data's order.
+pub fn set_resample(model: &Model, p: &mut Prepared, data: &Dataset, reference: &Dataset, seed: u64) -> Result<Vec<usize>, AnalysisError> {
+    let src = resample_source(model, reference, seed)?;
+    let draws = match &src {
+        FillSource::Resample(r) => model.tokenize_all(data.texts())?.iter().map(|e| r.draw(&e.ids)).collect::<Result<Vec<_>, _>>()?,
+        FillSource::PerPosition { .. } => vec![],
+    };
+    p.source = Some(std::rc::Rc::new(src));
+    Ok(draws)
 }
 
 impl Prepared {
-    /// The gates batch `bi` runs under: `gates`, with resample ablation's fills of that batch
-    /// when it is set: each closed head's contexts on the batch's drawn reference sentences
-    /// (run as loaded), `[layers, B, heads, T, dh]`.
+    /// The gates batch `bi` runs under: `gates`, with the per-batch fill of their source or of
+    /// the prepared data's (resample or per-position mean ablation) computed for that batch,
+    /// `[layers, B, heads, T, dh]`.
     pub fn batch_gates(&self, model: &Model, bi: usize, gates: &Gates) -> Result<Gates, ModelError> {
-        let (Some(r), Some(b)) = (&self.resample, self.data.batches.get(bi)) else { return Ok(gates.share()) };
-        let t = b.ids.size()[1];
-        let picked: Vec<_> = b.rows.iter().map(|&i| r.draws.get(i).and_then(|&j| r.refs.get(j)).cloned().ok_or_else(|| ModelError::Invalid(format!("resample ablation: no draw for sentence {i}")))).collect::<Result<_, _>>()?;
-        let lens: Vec<i64> = picked.iter().map(|e| e.ids.len() as i64).collect();
-        let rb = model.batch_encoded(picked);
-        let tr = rb.ids.size()[1].min(t);
-        // Positions a drawn sentence has: [B, 1, T, 1].
-        let valid = Tensor::arange(t, (DType::Int64, model.device())).view([1, 1, t, 1]).f_lt_tensor(&Tensor::from_slice(&lens).to_device(model.device()).view([-1, 1, 1, 1]))?;
-        let kind = model.net.stack_kind;
-        let n_layers = model.net.encoder.len();
-        let mut zs: Vec<Option<Tensor>> = (0..n_layers).map(|_| None).collect();
-        {
-            let mut on = |at: At, z: &Tensor| {
-                if at.kind == kind {
-                    if let Some(slot) = zs.get_mut(at.layer) {
-                        *slot = Some(z.shallow_clone());
-                    }
-                }
-                Ok(())
-            };
-            let mut rec = Record::new(&[Point::Z], &mut on);
-            let _states = model.net.encode(&rb.ids, &rb.mask, &Gates::none(), Some(&mut rec as &mut dyn Hooks))?;
-        }
-        let mut layers = Vec::with_capacity(n_layers);
-        for (l, z) in zs.iter().enumerate() {
-            let attn = model.attention(kind, l).ok_or_else(|| ModelError::Invalid(format!("{kind}.{l} has no attention")))?;
-            let dh = attn.head_dim;
-            let full = Tensor::zeros([b.ids.size()[0], attn.width() as i64, t, dh], (DType::Float, model.device()));
-            let drawn = match z {
-                Some(z) => {
-                    let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(model.device());
-                    let z = z.f_narrow(2, 0, tr)?;
-                    let z = if tr < t { Tensor::f_cat(&[z.shallow_clone(), z.f_zeros_like()?.f_narrow(2, 0, 1)?.f_expand([-1, -1, t - tr, -1], false)?], 2)? } else { z };
-                    full.f_to_kind(z.kind())?.f_index_copy(1, &idx, &z)?
-                }
-                None => full,
-            };
-            let mean = r.mean.f_select(0, l as i64)?.f_to_kind(drawn.kind())?.f_unsqueeze(1)?.f_unsqueeze(0)?;
-            layers.push(drawn.f_where_self(&valid, &mean)?);
-        }
         let mut g = gates.share();
-        g.fill.set(kind, Tensor::f_stack(&layers, 0)?);
-        Ok(g)
+        if g.source.is_none() {
+            g.source = self.source.clone();
+        }
+        let Some(b) = self.data.batches.get(bi) else { return Ok(g) };
+        Ok(model.net.resolved(&b.ids, &b.mask, &g)?.unwrap_or(g))
     }
 }
 
@@ -275,7 +210,7 @@ pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usiz
         Metric::Loss | Metric::Kl if model.net.output.is_some() => Some(model.output_head(DType::Double)?),
         _ => None,
     };
-    Ok(Prepared { metric, data: prepared, out64, base, resample: None })
+    Ok(Prepared { metric, data: prepared, out64, base, source: None })
 }
 
 /// `t` repeated `groups` times along the batch (row `j * B + b` is row `b`).
@@ -734,4 +669,62 @@ pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         fills.set(s.kind, Tensor::stack(&layers, 0));
     }
     Ok(fills)
+}
+
+/// Per-position mean ablation's fill source (docs/methods.md#mean-ablation, `per_position`):
+/// each head of the stack's own kind, its context at position `t` averaged over the sentences
+/// of `data` that have a position `t` (`[layers, heads, T_max, d_head]`), and past the longest
+/// its mean over every token. The stack's own heads (an encoder's, a language model's).
+pub fn position_means(model: &Model, data: &Dataset, batch_tokens: usize, stop: &dyn Fn() -> bool) -> Result<FillSource, AnalysisError> {
+    if model.translates() {
+        return Err(AnalysisError::Input("per-position mean ablation of translation models is not offered yet; use ablation \"mean\" without per_position".into()));
+    }
+    let kind = model.net.stack_kind;
+    let overall = mean_fill(model, data, &[kind], batch_tokens, &Gates::none(), stop)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("per-position mean ablation: {} has no heads of kind {kind}", model.name())))?;
+    let p = prepare(model, data, Metric::Cosine, batch_tokens, Gates::none())?;
+    let _g = tch::no_grad_guard();
+    let t_max = p.batches.iter().map(|b| b.ids.size()[1]).max().unwrap_or(1);
+    let (n_layers, width, dh) = (overall.size()[0], overall.size()[1], overall.size()[2]);
+    let dev = model.device();
+    let sums = Tensor::zeros([n_layers, width, t_max, dh], (DType::Double, dev));
+    let counts = Tensor::zeros([t_max], (DType::Double, dev));
+    for b in &p.batches {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let t = b.ids.size()[1];
+        let m = b.mask.f_to_kind(DType::Double)?;
+        let mut layers: Vec<Option<Tensor>> = (0..n_layers).map(|_| None).collect();
+        {
+            let mut on = |at: At, z: &Tensor| -> Result<(), ModelError> {
+                if at.kind != kind {
+                    return Ok(());
+                }
+                // [B, H, T, dh] x [B, 1, T, 1] summed over the batch -> [H, T, dh], placed in the
+                // original numbering.
+                let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist([0i64].as_slice(), false, DType::Double)?;
+                let attn = model.attention(at.kind, at.layer).ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
+                let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);
+                let full = Tensor::zeros([width, t, dh], (DType::Double, dev)).f_index_add(0, &idx, &s)?;
+                if let Some(slot) = layers.get_mut(at.layer) {
+                    *slot = Some(full);
+                }
+                Ok(())
+            };
+            let points = [Point::Z];
+            let kinds = [kind];
+            let mut rec = Record { points: &points, kinds: &kinds, on: &mut on };
+            let _ = model.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut rec as &mut dyn Hooks))?;
+        }
+        for (l, s) in layers.iter().enumerate() {
+            if let Some(s) = s {
+                let mut part = sums.f_select(0, l as i64)?.f_narrow(1, 0, t)?;
+                part += s;
+            }
+        }
+        let mut c = counts.f_narrow(0, 0, t)?;
+        c += m.f_sum_dim_intlist([0i64].as_slice(), false, DType::Double)?;
+    }
+    let means = sums.f_div(&counts.f_clamp_min(1.0)?.view([1, 1, t_max, 1]))?;
+    Ok(FillSource::PerPosition { means, overall })
 }

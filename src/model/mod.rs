@@ -6,6 +6,7 @@ pub mod bart;
 pub mod batch;
 pub mod bert;
 pub mod bytes;
+pub mod fill;
 pub mod gemma;
 pub mod gguf;
 pub mod gguf_tokenizer;

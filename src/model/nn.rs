@@ -325,6 +325,9 @@ pub struct Gates {
     pub duo: Option<std::rc::Rc<Duo>>,
     /// Self-attention layers bypassed (HARP, docs/methods.md#pruning-strategies).
     pub bypass: Option<std::sync::Arc<Vec<Bypass>>>,
+    /// A fill computed per batch (resample or per-position mean ablation): resolved into
+    /// `fill` by the stack's entry ([`super::transformer::Transformer::encode`]).
+    pub source: Option<std::rc::Rc<super::fill::FillSource>>,
 }
 
 /// HARP's pruned attention (Liu & Liu 2025): layer `layer_idx` of `kind` skips its scores and
@@ -536,13 +539,13 @@ impl Gates {
     /// The same gates (the tensors shared).
     pub fn share(&self) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone(), source: self.source.clone() }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone() }
+        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone(), source: self.source.clone() }
     }
 }
 

@@ -563,15 +563,39 @@ impl Transformer {
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
     /// the final norm where the model has one). `h` sees every hook point of the stack.
     pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
+        if let Some(g) = self.resolved(ids, mask, gates)? {
+            return self.encode(ids, mask, &g, h);
+        }
         let kind = self.stack_kind;
         let x = self.embed.finish(&self.embed.lookup(ids)?, 0, kind, &mut h)?;
         let bias = self.self_bias(mask, x.kind());
         self.stack_from(0, &x, &bias, gates, &mut h)
     }
 
+    /// `gates` with their per-batch fill (resample or per-position mean ablation,
+    /// [`super::fill::FillSource`]) computed for the batch `ids`: `None` when they have none.
+    pub fn resolved(&self, ids: &Tensor, mask: &Tensor, gates: &Gates) -> Result<Option<Gates>, ModelError> {
+        let Some(src) = &gates.source else { return Ok(None) };
+        let fill = src.batch_fill(self, ids, mask)?;
+        let mut g = gates.share();
+        g.source = None;
+        g.fill.set(self.stack_kind, fill);
+        Ok(Some(g))
+    }
+
+    /// An error when `gates` still carry a per-batch fill source: a computation that does not
+    /// run whole sentences through [`Self::encode`] cannot draw or place their fills.
+    pub fn no_source(gates: &Gates, what: &str) -> Result<(), ModelError> {
+        match gates.source {
+            Some(_) => Err(ModelError::Invalid(format!("{what} is not offered under resample or per-position mean ablation (their fills are computed for each sentence measured); use ablation \"mean\" or \"zero\""))),
+            None => Ok(()),
+        }
+    }
+
     /// The stack's layers `from..` over `x` (the input of layer `from`), then the final norm
     /// (also when no layer is left to run).
     pub fn stack_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        Self::no_source(gates, "resuming the stack at a layer")?;
         let kind = self.stack_kind;
         let mut x = x.shallow_clone();
         let t = x.size()[1];
@@ -612,6 +636,7 @@ impl Transformer {
     /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
     /// its rows here, so that the positions before a patch are not run again).
     pub fn layer_cached(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        Self::no_source(gates, "resuming a layer over cached keys and values")?;
         let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
@@ -650,6 +675,7 @@ impl Transformer {
     /// `cache.len()..`, returning the final states `[B, T, D]` and extending the cache. Equal to
     /// running the whole prefix again (`tests`: generation with and without the cache).
     pub fn stack_cached(&self, ids: &Tensor, cache: &mut StackCache, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
+        Self::no_source(gates, "generation")?;
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }

@@ -23,9 +23,14 @@ pub struct View {
     pub streaming: Option<std::sync::Arc<Streaming>>,
 }
 
-/// The reference means closed heads take under mean ablation, and where they came from.
+/// What closed heads take instead of zero (mean, per-position mean or resample ablation), and
+/// where it came from.
 pub struct MeanAblation {
     pub fills: Fills,
+    /// A fill computed per batch (per-position mean, resample), for the stack's heads.
+    pub source: Option<Rc<super::fill::FillSource>>,
+    /// "mean", "mean per position" or "resample (seed S)".
+    pub mode: String,
     /// The reference dataset's name and digest.
     pub reference: String,
     pub digest: String,
@@ -82,6 +87,7 @@ impl View {
         }
         if let Some(a) = &self.ablation {
             g.fill = a.fills.share();
+            g.source = a.source.clone();
         }
         g.stream = self.streaming.clone();
         Ok(g)
@@ -196,7 +202,7 @@ impl View {
             "kinds": m.kinds().iter().map(|s| serde_json::json!({"kind": s.kind.to_string(), "layers": s.n_layers, "heads": s.n_heads, "present": (0..s.n_layers).map(|l| m.present(s.kind, l)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
             "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
-            "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mean": a.reference, "digest": a.digest})),
+            "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mode": a.mode, "mean": a.reference, "digest": a.digest})),
             "streaming": self.streaming.as_ref().map(|s| serde_json::json!({"sink": s.sink, "recent": s.recent, "regime": regime_name(s.regime), "prompt": match s.regime { Regime::Decode { prompt } => prompt, Regime::Always => None }, "groups": self.streaming_groups().into_iter().map(|(g, _)| g).collect::<Vec<_>>()})),
         })
     }

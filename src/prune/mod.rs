@@ -504,6 +504,19 @@ pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
 /// `masked`: heads of the model held closed throughout (a masked view being pruned further);
 /// heads removed by `prune_heads` are held closed too.
 pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+    train_ablated(model, masked, &Gates::none(), data, opts, hooks)
+}
+
+/// [`train`] with closed heads ablated as `ablation`'s fill and per-batch fill source say
+/// (mean, per-position mean or resample ablation of a `with_mask` view,
+/// docs/methods.md#mean-ablation): in the training's gates, the evaluation's and the base the
+/// metrics are taken under.
+pub fn train_ablated(model: &Model, masked: &[HeadId], ablation: &Gates, data: &Dataset, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+    let carry = |mut g: Gates| {
+        g.fill = ablation.fill.share();
+        g.source = ablation.source.clone();
+        g
+    };
     opts.validate().map_err(AnalysisError::Input)?;
     if opts.joint && !model.removed.is_empty() {
         return Err(AnalysisError::Input(format!("joint training needs the original weights: {} had heads removed by prune_heads; train on the original with those heads masked", model.name())));
@@ -535,9 +548,9 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
             TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] }
         }
     };
-    let mut td = TrainData::new(model, data, opts.batch_tokens, model.gates_closing(masked)?)?;
+    let mut td = TrainData::new(model, data, opts.batch_tokens, carry(model.gates_closing(masked)?))?;
     let eval_prep = match &opts.eval_data {
-        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, model.gates_closing(masked)?)?),
+        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, carry(model.gates_closing(masked)?))?),
         None => None,
     };
     let objective = if td.prep.metric == Metric::Cosine { format!("distill ({})", opts.distill) } else { td.prep.targets_from.to_string() };
@@ -572,7 +585,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
         tch::manual_seed(mix(opts.seed, step as u64) as i64);
         let u = Tensor::rand([n as i64], (DType::Float, Device::Cpu)).to_device(dev) * (1.0 - 2.0 * c.eps) + c.eps;
         let g = c.sample(&la, &u) * &keep;
-        let gates = layout.gates(&g);
+        let gates = carry(layout.gates(&g));
         let bi = batch_at(opts.seed, step, nb);
         let net: &Model = joint.as_ref().map_or(model, |j| &j.model);
         // An interrupt inside the step's forward (checked at every layer) leaves the state as
@@ -621,7 +634,7 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
         let at_eval = state.step % opts.eval_every == 0 || state.step == opts.steps;
         let eval_value = match (&eval_prep, at_eval) {
             (Some(p), true) => {
-                let eg = layout.gates(&eval_now);
+                let eg = carry(layout.gates(&eval_now));
                 Some(ablation::evaluate(joint.as_ref().map_or(model, |j| &j.model), p, &eg, hooks.stop)?)
             }
             _ => None,

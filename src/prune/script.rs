@@ -2,7 +2,7 @@
 //! `m.with_gates(result)` and `m.prune_heads(result)`.
 
 use crate::model::view::Needs;
-use super::{train, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
+use super::{train_ablated, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
 use crate::model::script::{Head, ScriptModel};
 use crate::model::{HeadId, Kind};
 use crate::output::{Output, Render};
@@ -141,7 +141,13 @@ pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> 
     let mut progress = |p: &CurvePoint, total: usize| {
         crate::run::progress(&progress_line(&label, p), p.step, total)
     };
-    let mut run = train(&m.model, &m.closed, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
+    // A view's mean, per-position mean or resample ablation holds in training and evaluation.
+    let mut ablation = crate::model::nn::Gates::none();
+    if let Some(a) = &m.ablation {
+        ablation.fill = a.fills.share();
+        ablation.source = a.source.clone();
+    }
+    let mut run = train_ablated(&m.model, &m.closed, &ablation, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
     let trained = run.trained.take().map(|mut t| {
         let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
         (Rc::new(t), Rc::new(w))

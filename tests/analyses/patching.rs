@@ -405,12 +405,14 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
 
 /// Resample ablation against transformers in float64 with a pre-hook on W^O
 /// (`fixtures/resample_ablation_reference.py`): each sentence's draw (splitmix64 of the seed
-/// and its index, among the reference sentences at least as long; a longer sentence than any
-/// falls back to all others, its positions past the drawn one's end taking the head's mean),
-/// the loss with two heads closed, and every head of the sweep, for two seeds.
+/// and a hash of its ids, among the reference sentences at least as long; a longer sentence
+/// than any falls back to all others, its positions past the drawn one's end taking the head's
+/// mean), the loss with two heads closed, and every head of the sweep, for two seeds; and
+/// per-position mean ablation (each position's mean over the reference sentences that have it),
+/// its loss and sweep.
 #[test]
 fn resample_ablation_equals_transformers() {
-    use headscope::analysis::ablation::{evaluate, prepare, set_resample, sweep, Metric};
+    use headscope::analysis::ablation::{evaluate, position_means, prepare, set_resample, sweep, Metric};
     use headscope::data::{Dataset, Item};
     use headscope::model::{HeadId, Kind};
     let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("resample_ablation_golden.npz")).unwrap().into_iter().collect();
@@ -419,27 +421,100 @@ fn resample_ablation_equals_transformers() {
     let eval = texts(&["the dog sat in the park", "a cat likes tea", "it is green", "the cat and the dog sat on the mat in the park all day"]);
     let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }];
     let stop = || false;
+    let check = |name: &str, what: &str, m: &headscope::model::Model, p: &headscope::analysis::ablation::Prepared| {
+        let got = evaluate(m, p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
+        let want = g[&format!("{name}/{what}/loss")].double_value(&[]);
+        assert!((got - want).abs() < 1e-9 * want, "{name} {what}: ablated loss {got} vs transformers {want}");
+        let grid = sweep(m, p, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+        let w = &g[&format!("{name}/{what}/sweep")];
+        let mut worst = 0.0f64;
+        for (l, row) in grid[0].1.iter().enumerate() {
+            for (h, &v) in row.iter().enumerate() {
+                let want = w.double_value(&[l as i64, h as i64]);
+                worst = worst.max((v - want).abs());
+                assert!((v - want).abs() < 1e-9 * want, "{name} {what} dec.{l}.{h}: sweep {v} vs transformers {want}");
+            }
+        }
+        eprintln!("{name} {what}: ablated loss {got:.12} (transformers {want:.12}); sweep within {worst:.1e}");
+    };
     for name in ["gpt2", "llama"] {
         let m = common::tiny_hf(name, "f64");
         for seed in [0u64, 5] {
             let mut p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
-            set_resample(&m, &mut p, &eval, 0, &reference, seed).unwrap();
-            let draws: Vec<i64> = p.resample.as_ref().unwrap().draws.iter().map(|&d| d as i64).collect();
+            let draws: Vec<i64> = set_resample(&m, &mut p, &eval, &reference, seed).unwrap().into_iter().map(|d| d as i64).collect();
             assert_eq!(draws, Vec::<i64>::try_from(&g[&format!("{name}/draws/{seed}")]).unwrap(), "{name} seed {seed}: draws");
             let got = evaluate(&m, &p, &m.gates_closing(&heads).unwrap(), &stop).unwrap();
             let want = g[&format!("{name}/loss/{seed}")].double_value(&[]);
             assert!((got - want).abs() < 1e-9 * want, "{name} seed {seed}: resample-ablated loss {got} vs transformers {want}");
             let grid = sweep(&m, &p, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
             let w = &g[&format!("{name}/sweep/{seed}")];
-            let mut worst = 0.0f64;
             for (l, row) in grid[0].1.iter().enumerate() {
                 for (h, &v) in row.iter().enumerate() {
                     let want = w.double_value(&[l as i64, h as i64]);
-                    worst = worst.max((v - want).abs());
                     assert!((v - want).abs() < 1e-9 * want, "{name} seed {seed} dec.{l}.{h}: sweep {v} vs transformers {want}");
                 }
             }
-            eprintln!("{name} seed {seed}: resample-ablated loss {got:.12} (transformers {want:.12}); sweep within {worst:.1e}");
+            eprintln!("{name} seed {seed}: resample-ablated loss {got:.12} (transformers {want:.12})");
         }
+        let mut p = prepare(&m, &eval, Metric::Loss, 1024, Gates::none()).unwrap();
+        p.source = Some(std::rc::Rc::new(position_means(&m, &reference, 1024, &stop).unwrap()));
+        check(name, "perpos", &m, &p);
     }
+}
+
+/// Resample and per-position mean ablation wherever ablation is: a `with_mask` view measured by
+/// `ablate` equals `ablate` closing the same heads with the same options (a sentence draws by its
+/// own ids, so the view and the call draw alike), `ablation_sweep` runs them, zero ablation
+/// through the mode equals the plain mask (difference 0), pruning trains and evaluates under a
+/// view's mode, and what cannot run on such a view (generation, patching's resumed rows) says
+/// so in one line.
+#[test]
+fn resample_and_per_position_means_hold_in_views_sweeps_and_pruning() {
+    use headscope::engine::{Session, SessionOptions};
+    let mut s = Session::new(SessionOptions::default());
+    let dir = common::root().join("tests/fixtures/tiny_hf/llama");
+    s.eval("setup", &format!("let m = load_model({:?}); let r = corpus(asset(\"pud_en.txt\")).take(8); let e = corpus(asset(\"pud_en.txt\")).skip(8).take(5); let h = [\"dec.0.1\", \"dec.1.2\"];", dir.display().to_string())).unwrap();
+    let num = |s: &mut Session, code: &str| -> f64 { s.eval("t", code).unwrap_or_else(|e| panic!("{code}: {e}")).unwrap().text.trim().parse().unwrap_or_else(|e| panic!("{code}: {e}")) };
+    for opts in ["#{ablation: \"resample\", reference: r, seed: 5}", "#{ablation: \"resample\", reference: r, seed: 0}", "#{ablation: \"mean\", reference: r, per_position: true}", "#{ablation: \"mean\", reference: r}"] {
+        let view = num(&mut s, &format!("m.with_mask(h, {opts}).ablate(e, []).value"));
+        let call = num(&mut s, &format!("m.ablate(e, h, {opts}).value"));
+        let zero = num(&mut s, "m.ablate(e, h).value");
+        eprintln!("{opts}: view {view:.12}, ablate {call:.12}, zero {zero:.12}");
+        assert_eq!(view, call, "{opts}: the view and the call");
+        assert!((view - zero).abs() > 1e-6, "{opts}: differs from zero ablation");
+        // The sweep's entry for dec.1.2 is that head closed alone with the same options.
+        let sweep_opts = opts.replacen("#{", "#{kinds: [\"dec\"], ", 1);
+        let entry = num(&mut s, &format!("m.ablation_sweep(e, {sweep_opts})[\"dec\"][1][2]"));
+        let alone = num(&mut s, &format!("m.ablate(e, [\"dec.1.2\"], {opts}).value"));
+        assert!((entry - alone).abs() < 1e-5 * alone.abs(), "{opts}: sweep entry {entry} vs ablate {alone}");
+    }
+    let per_pos = num(&mut s, "m.ablate(e, h, #{ablation: \"mean\", reference: r, per_position: true}).value");
+    let mean = num(&mut s, "m.ablate(e, h, #{ablation: \"mean\", reference: r}).value");
+    assert!((per_pos - mean).abs() > 1e-6, "per-position means differ from the means");
+    // Zero ablation through the mode is the mask, exactly.
+    assert_eq!(num(&mut s, "m.with_mask(h, #{ablation: \"zero\"}).ablate(e, []).value"), num(&mut s, "m.with_mask(h).ablate(e, []).value"));
+    assert_eq!(num(&mut s, "m.ablate(e, h, #{ablation: \"zero\"}).value"), num(&mut s, "m.ablate(e, h).value"));
+    // Pruning on a view: its closed heads (and the gates it closes) take the view's fill, in
+    // training and in the evaluation; a zero view prunes as the plain mask does.
+    let prune = |s: &mut Session, v: &str| num(s, &format!("{v}.prune(r, #{{steps: 2, eval_data: e, eval_every: 1, seed: 3}}).final_eval"));
+    let plain = prune(&mut s, "m.with_mask(h)");
+    assert_eq!(prune(&mut s, "m.with_mask(h, #{ablation: \"zero\"})"), plain);
+    let resampled = prune(&mut s, "m.with_mask(h, #{ablation: \"resample\", reference: r, seed: 5})");
+    let positioned = prune(&mut s, "m.with_mask(h, #{ablation: \"mean\", reference: r, per_position: true})");
+    eprintln!("prune eval: zero {plain:.9}, resample {resampled:.9}, per-position mean {positioned:.9}");
+    assert!((resampled - plain).abs() > 1e-6 && (positioned - plain).abs() > 1e-6, "pruning's evaluation sees the view's ablation");
+    let bad: &[(&str, &str)] = &[
+        ("m.with_mask(h, #{ablation: \"resample\"})", "with_mask: ablation \"resample\" needs a reference dataset"),
+        ("m.with_mask(h, #{ablation: \"zero\", per_position: true})", "with_mask: per_position takes means per position; it needs ablation: \"mean\""),
+        ("m.ablate(e, h, #{ablation: \"resample\", per_position: true})", "ablate: per_position takes means per position"),
+        ("m.with_mask(h, #{ablation: \"resample\", reference: r}).generate(\"the cat\", 3)", "generation is not offered under resample or per-position mean ablation"),
+        ("m.with_mask(h, #{ablation: \"mean\", reference: r, per_position: true}).generate(\"the cat\", 3)", "generation is not offered under resample or per-position mean ablation"),
+        ("load_model(\"enpt\").with_mask([\"enc.0.1\"], #{ablation: \"resample\", reference: r})", "resample ablation of translation models is not offered yet"),
+    ];
+    for (code, want) in bad {
+        let e = s.eval("case", code).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{code}: no error"));
+        let first = e.lines().next().unwrap_or("");
+        assert!(first.contains(want), "{code}: the first line {first:?} should say {want:?}\n{e}");
+    }
+    assert_eq!(num(&mut s, "h.len()"), 2.0, "the session keeps its variables");
 }

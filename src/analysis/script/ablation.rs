@@ -25,31 +25,49 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
     ABLATION_OPTION,
     REFERENCE_OPTION,
     SEED_OPTION,
+    PER_POSITION_OPTION,
     crate::model::script::TGT_LANG,
 ];
 /// How a closed head is ablated (docs/methods.md#mean-ablation, #resample-ablation).
-pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or, in ablate and ablation_sweep, \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
+pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
 pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured", "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences");
 /// Resample ablation's seed.
 pub const SEED_OPTION: OptSpec = opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
+/// Per-position mean ablation.
+pub const PER_POSITION_OPTION: OptSpec = crate::script::convert::opt_bool("per_position", false, "mean ablation: a closed head takes its mean at the same position over the reference's sentences long enough (past the longest, its mean over every token)");
 /// `with_mask`'s options.
-pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\"", "the Dataset whose tokens give mean ablation's means"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed")];
+pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\" or \"resample\"", "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed"), SEED_OPTION, PER_POSITION_OPTION];
 
 /// Why a reference dataset was refused: it gives mean ablation's means.
 fn reference_needs_mean(func: &str) -> String {
-    format!("{func}: 'reference' gives mean ablation's means; it needs ablation: \"mean\"")
+    format!("{func}: 'reference' gives mean ablation's means or resample ablation's sentences; it needs ablation: \"mean\" or \"resample\"")
 }
 
-/// The `ablation` and `reference` options: the mode, and the reference dataset (refused
-/// unless the mode is "mean").
-fn ablation_options(o: &Opts) -> ScriptResult<(Ablation, Option<Dataset>)> {
+/// The ablation options of a call, typed: the mode, its reference dataset, resample's seed and
+/// whether means are taken per position.
+pub struct AblationArgs {
+    pub mode: Ablation,
+    pub reference: Option<Dataset>,
+    pub seed: u64,
+    pub per_position: bool,
+}
+
+/// The `ablation`, `reference`, `seed` and `per_position` options (a reference refused for
+/// "zero", `per_position` for anything but "mean").
+fn ablation_options(o: &Opts) -> ScriptResult<AblationArgs> {
     let func = o.func();
     let mode: Ablation = o.parsed_or_default("ablation")?;
-    match o.value("reference") {
-        Some(_) if mode == Ablation::Zero => err(reference_needs_mean(func)),
-        Some(r) => Ok((mode, Some(crate::data::script::dataset_arg(r, func)?))),
-        None => Ok((mode, None)),
+    let reference = match o.value("reference") {
+        Some(_) if mode == Ablation::Zero => return err(reference_needs_mean(func)),
+        Some(r) => Some(crate::data::script::dataset_arg(r, func)?),
+        None => None,
+    };
+    let per_position = if o.has("per_position") { o.bool_or_default("per_position")? } else { false };
+    if per_position && mode != Ablation::Mean {
+        return err(format!("{func}: per_position takes means per position; it needs ablation: \"mean\""));
     }
+    let seed = if o.has("seed") { o.usize_or_default("seed")? as u64 } else { 0 };
+    Ok(AblationArgs { mode, reference, seed, per_position })
 }
 
 /// Tokens per batch for mean ablation's means: the call's `batch_tokens` when given, else
@@ -62,53 +80,48 @@ fn mean_batch_tokens(o: &Opts) -> ScriptResult<usize> {
     }
 }
 
-/// The view `m` under an ablation mode: itself for "zero" (its own fill kept), a view whose
-/// closed heads carry their means over `reference` (else `data`) for "mean"; with the options
-/// this echoes. Errors start with `func`.
-pub fn ablated_view(m: &ScriptModel, func: &str, mode: Ablation, reference: Option<&Dataset>, data: Option<&Dataset>, batch_tokens: usize) -> Result<(ScriptModel, crate::output::Echo), String> {
-    if mode == Ablation::Zero {
-        if reference.is_some() {
+/// The view `m` under an ablation mode: itself for "zero" (its own fill kept); for "mean" a
+/// view whose closed heads carry their means over `reference` (else `data`), per position with
+/// `per_position`; for "resample" their contexts on a sentence of `reference` (else `data`)
+/// drawn for each sentence measured; with the options this echoes. Errors start with `func`.
+pub fn ablated_view(m: &ScriptModel, func: &str, a: &AblationArgs, data: Option<&Dataset>, batch_tokens: usize) -> Result<(ScriptModel, crate::output::Echo), String> {
+    if a.mode == Ablation::Zero {
+        if a.reference.is_some() {
             return Err(reference_needs_mean(func));
         }
         return Ok((m.clone(), vec![("ablation".into(), json!("zero"))]));
     }
-    if mode == Ablation::Resample {
-        // The draws are made on the prepared data ([`resampled`]); a view has no data.
-        let Some(d) = data else {
-            return Err(format!("{func}: resample ablation draws a reference sentence for each sentence measured: it is an option of ablate and ablation_sweep, not of a view (use ablation \"mean\" or \"zero\")"));
-        };
-        if let Some(r) = reference {
-            r.require_sentences(func)?;
-        }
-        return Ok((m.clone(), vec![("ablation".into(), json!("resample")), ("reference".into(), json!(reference.unwrap_or(d).name))]));
-    }
-    let reference = match (reference, data) {
+    let reference = match (&a.reference, data) {
         (Some(r), _) => {
             r.require_sentences(func)?;
             r
         }
         (None, Some(d)) => d,
-        (None, None) => return Err(format!("{func}: ablation \"mean\" needs a reference dataset: #{{ablation: \"mean\", reference: corpus(...)}}")),
+        (None, None) => return Err(format!("{func}: ablation \"{}\" needs a reference dataset: #{{ablation: \"{}\", reference: corpus(...)}}", a.mode, a.mode)),
     };
-    let kinds: Vec<Kind> = m.model.kinds().iter().map(|s| s.kind).collect();
-    let fills = crate::analysis::ablation::mean_fill(&m.model, reference, &kinds, batch_tokens, &crate::model::nn::Gates::none(), &crate::run::interrupted).map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
+    let stop = crate::run::interrupted;
     let mut v = m.clone();
-    v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation { fills, reference: reference.name.clone(), digest: reference.digest() }));
-    Ok((v, vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))]))
+    let (fills, source, mode, mut echo) = if a.mode == Ablation::Resample {
+        let src = crate::analysis::ablation::resample_source(&m.model, reference, a.seed).map_err(|e| format!("{func}: {e}"))?;
+        (crate::model::nn::Fills::default(), Some(std::rc::Rc::new(src)), format!("resample (seed {})", a.seed), vec![("ablation".into(), json!("resample")), ("reference".into(), json!(reference.name)), ("seed".into(), json!(a.seed))])
+    } else {
+        let kinds: Vec<Kind> = m.model.kinds().iter().map(|s| s.kind).collect();
+        let fills = crate::analysis::ablation::mean_fill(&m.model, reference, &kinds, batch_tokens, &crate::model::nn::Gates::none(), &stop).map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
+        let source = if a.per_position { Some(std::rc::Rc::new(crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop).map_err(|e| format!("{func}: {e}"))?)) } else { None };
+        let mode = if a.per_position { "mean per position" } else { "mean" };
+        (fills, source, mode.to_string(), vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))])
+    };
+    if a.per_position {
+        echo.push(("per_position".into(), json!(true)));
+    }
+    v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation { fills, source, mode, reference: reference.name.clone(), digest: reference.digest() }));
+    Ok((v, echo))
 }
 
-/// Resample ablation on prepared data (`data`, the sentences `offset..` of the whole): each
-/// sentence's draw from `reference` (else the whole data) by `seed`; echoes the seed.
-#[allow(clippy::too_many_arguments)]
-fn resampled(m: &ScriptModel, p: &mut crate::analysis::ablation::Prepared, func: &str, data: &Dataset, offset: usize, reference: Option<&Dataset>, whole: &Dataset, seed: u64) -> Result<crate::output::Echo, String> {
-    crate::analysis::ablation::set_resample(&m.model, p, data, offset, reference.unwrap_or(whole), seed).map_err(|e| format!("{func}: {e}"))?;
-    Ok(vec![("seed".into(), json!(seed))])
-}
-
-/// The view `m` under the `ablation` and `reference` options of `o` (see [`ablated_view`]).
+/// The view `m` under the ablation options of `o` (see [`ablated_view`]).
 pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
-    let (mode, reference) = ablation_options(o)?;
-    Ok(ablated_view(m, o.func(), mode, reference.as_ref(), data, mean_batch_tokens(o)?)?)
+    let a = ablation_options(o)?;
+    Ok(ablated_view(m, o.func(), &a, data, mean_batch_tokens(o)?)?)
 }
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
     opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
@@ -118,6 +131,7 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
     ABLATION_OPTION,
     REFERENCE_OPTION,
     SEED_OPTION,
+    PER_POSITION_OPTION,
     crate::model::script::TGT_LANG,
 ];
 /// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
@@ -144,10 +158,10 @@ fn prepared(m: &ScriptModel, d: &Dataset, func: &str, metric: Option<Metric>, ba
 /// else the list's defaults. `kinds` is checked against `m`'s (every kind when not given);
 /// without a model it is left to the run (`None`).
 fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOptions> {
-    let (ablation, reference) = ablation_options(o)?;
+    let a = ablation_options(o)?;
     let metric = metric_option(o)?;
     let kinds = m.map(|m| kinds_option(m, o)).transpose()?;
-    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation, reference, mean_batch_tokens: mean_batch_tokens(o)?, seed: o.usize_or_default("seed")? as u64 })
+    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation: a.mode, reference: a.reference, mean_batch_tokens: mean_batch_tokens(o)?, seed: a.seed, per_position: a.per_position })
 }
 
 impl Default for SweepOptions {
@@ -174,15 +188,14 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
         }
         None => m.model.kinds().iter().map(|k| k.kind).collect(),
     };
-    // Mean ablation's means come from the whole reference (not one shard's part of it).
-    let (mv, ablation) = ablated_view(m, f, opts.ablation, opts.reference.as_ref(), Some(d), opts.mean_batch_tokens)?;
+    // Mean ablation's means, and resample ablation's sentences, come from the whole reference
+    // (not one shard's part of it); a sentence draws by its own ids, as it does unsharded.
+    let args = AblationArgs { mode: opts.ablation, reference: opts.reference.clone(), seed: opts.seed, per_position: opts.per_position };
+    let (mv, ablation) = ablated_view(m, f, &args, Some(d), opts.mean_batch_tokens)?;
     let m = &mv;
     let part = plan.data(d, f)?;
-    let (mut p, mut echo) = prepared(m, &part, f, opts.metric, opts.batch_tokens)?;
+    let (p, mut echo) = prepared(m, &part, f, opts.metric, opts.batch_tokens)?;
     echo.extend(ablation);
-    if opts.ablation == crate::analysis::ablation::Ablation::Resample {
-        echo.extend(resampled(m, &mut p, f, &part, plan.rows.start, opts.reference.as_ref(), d, opts.seed)?);
-    }
     let stop = crate::run::interrupted;
     let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
     let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
@@ -261,12 +274,8 @@ pub mod api {
         let (m, ablation) = ablation_view(m, &o, Some(&d))?;
         let metric = metric_option(&o)?;
         kinds_option(&m, &o)?;
-        let (mut p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
+        let (p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
         echo.extend(ablation);
-        let (mode, reference) = ablation_options(&o)?;
-        if mode == crate::analysis::ablation::Ablation::Resample {
-            echo.extend(resampled(&m, &mut p, "ablate", &d, 0, reference.as_ref(), &d, o.usize_or_default("seed")? as u64)?);
-        }
         // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
         let gates = m.closing(&ids).gates()?;
         let base_gates = m.gates()?;
@@ -282,10 +291,14 @@ pub mod api {
         Ok(r)
     }
 
-    /// `with_mask` with options: `ablation` ("zero", or "mean": each closed head's context is
-    /// its mean over the tokens of `reference`, a Dataset; docs/methods.md#mean-ablation) and
-    /// `batch_tokens` for computing the means. Every analysis, ablation, generation and
-    /// patching of the view sees the means in place of zeros.
+    /// `with_mask` with options: `ablation` ("zero"; "mean": each closed head's context is
+    /// its mean over the tokens of `reference`, a Dataset, per position with `per_position`;
+    /// "resample": its context on a sentence of `reference` drawn for each sentence measured by
+    /// `seed`; docs/methods.md#mean-ablation, #resample-ablation) and `batch_tokens` for
+    /// computing the means. Every analysis, ablation, generation and patching of the view sees
+    /// the means in place of zeros; under "resample" or per-position means, the verbs that run
+    /// whole sentences (ablations, losses, analyses, pruning) measure it, and generation and
+    /// patching refuse in one line.
     ///
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
@@ -294,6 +307,10 @@ pub mod api {
     /// let mean = m.with_mask(["dec.1.2"], #{ablation: "mean", reference: d});
     /// assert(zero.ablate(d, []).value != mean.ablate(d, []).value);
     /// assert(m.with_mask(["dec.1.2"], #{ablation: "zero"}).ablate(d, []).value == zero.ablate(d, []).value);
+    /// let drawn = m.with_mask(["dec.1.2"], #{ablation: "resample", reference: d, seed: 3});
+    /// assert(drawn.ablate(d, []).value == m.ablate(d, ["dec.1.2"], #{ablation: "resample", reference: d, seed: 3}).value);
+    /// let per = m.with_mask(["dec.1.2"], #{ablation: "mean", reference: d, per_position: true});
+    /// assert(per.ablate(d, []).value != mean.ablate(d, []).value);
     /// ```
     #[rhai_fn(name = "with_mask", return_raw, pure)]
     pub fn with_mask_opts(m: &mut ScriptModel, heads: Dynamic, options: Map) -> ScriptResult<ScriptModel> {
