@@ -124,7 +124,7 @@ pub struct Patched {
 
 impl Patched {
     /// Means over `n` pairs of metric sums.
-    fn mean_of(mut sums: Vec<Vec<Vec<f64>>>, clean: f64, corrupted: f64, n: usize, positions: usize) -> Patched {
+    pub fn mean_of(mut sums: Vec<Vec<Vec<f64>>>, clean: f64, corrupted: f64, n: usize, positions: usize) -> Patched {
         let n = n as f64;
         for v in sums.iter_mut().flatten().flatten() {
             *v /= n;

@@ -76,6 +76,18 @@ impl Pairs {
         self.items.len()
     }
 
+    /// Pairs `rows` (a shard's slice), under the same name.
+    pub fn slice(&self, rows: std::ops::Range<usize>) -> Pairs {
+        let rows = rows.start.min(self.len())..rows.end.min(self.len());
+        Pairs { name: self.name.clone(), items: Rc::new(self.items[rows].to_vec()) }
+    }
+
+    /// A digest of every pair (texts, answers and token ids): shards of one set share it.
+    pub fn digest(&self) -> String {
+        let ids: Vec<String> = self.items.iter().map(|p| p.ids.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
+        crate::shard::digest(self.items.iter().zip(&ids).flat_map(|(p, t)| [p.clean.as_bytes(), p.corrupted.as_bytes(), p.answer.as_bytes(), p.wrong.as_bytes(), t.as_bytes()]))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

@@ -105,12 +105,17 @@ pub struct Plan {
 impl Plan {
     /// The plan of a script call: its `shard` option, else the run's `--shard`, else whole.
     pub fn new(d: &Dataset, o: &crate::script::convert::Opts, func: &str) -> ScriptResult<Plan> {
+        let (shard, explicit) = Plan::shard_of(o, func)?;
+        Ok(Plan::of(d, shard, explicit))
+    }
+
+    /// The call's `shard` option, else the run's `--shard`; and whether the call gave it.
+    fn shard_of(o: &crate::script::convert::Opts, func: &str) -> ScriptResult<(Option<crate::shard::Shard>, bool)> {
         let explicit = match o.string("shard")? {
             Some(s) => Some(s.parse::<crate::shard::Shard>().or_else(|e| err(format!("{func}: {e}")))?),
             None => None,
         };
-        let shard = explicit.or_else(crate::shard::run_shard);
-        Ok(Plan::of(d, shard, explicit.is_some()))
+        Ok((explicit.or_else(crate::shard::run_shard), explicit.is_some()))
     }
 
     /// The whole dataset, whatever the run's `--shard` (the library API runs whole).
@@ -119,10 +124,23 @@ impl Plan {
     }
 
     fn of(d: &Dataset, shard: Option<crate::shard::Shard>, explicit: bool) -> Plan {
-        let total = d.len();
+        Plan::of_items(&d.name, d.len(), d.digest(), shard, explicit)
+    }
+
+    fn of_items(name: &str, total: usize, digest: String, shard: Option<crate::shard::Shard>, explicit: bool) -> Plan {
         let rows = shard.map_or(0..total, |s| s.rows(total));
-        let identity = serde_json::json!({"name": d.name, "sentences": total, "digest": d.digest()});
+        let identity = serde_json::json!({"name": name, "sentences": total, "digest": digest});
         Plan { shard, explicit, rows, total, identity }
+    }
+
+    /// The plan of a script call over prompt pairs (patching): as [`Plan::new`], by pairs.
+    pub fn for_pairs(p: &super::pairs::Pairs, o: &crate::script::convert::Opts, func: &str) -> ScriptResult<Plan> {
+        let (shard, explicit) = Plan::shard_of(o, func)?;
+        let plan = Plan::of_items(&p.name, p.len(), p.digest(), shard, explicit);
+        if let (Some(s), true) = (plan.shard, plan.rows.is_empty()) {
+            return err(format!("{func}: shard {s} of {} ({} pairs) holds no pairs: use fewer shards than pairs", p.name, plan.total));
+        }
+        Ok(plan)
     }
 
     /// Refuses a shard that holds no sentences.

@@ -25,6 +25,11 @@ pub const FINISHERS: &[(&str, Finisher)] = &[
     ("ablation_sweep", |m| grid(crate::analysis::script::finish_sweep(&m.identity, &m.acc))),
     ("lrp", |m| grid(crate::analysis::script::finish_lrp(&m.identity, &m.acc))),
     ("head_importance", |m| grid(crate::analysis::script::finish_importance(&m.identity, &m.acc))),
+    ("patch", |m| {
+        let map = crate::analysis::script::finish_patch(&m.identity, &m.acc)?;
+        let json = crate::script::convert::dynamic_json(&Dynamic::from(map.clone()));
+        Ok((Dynamic::from(map), json))
+    }),
     ("bleu", |m| {
         let map = crate::analysis::script::finish_bleu(&m.identity, &m.acc)?;
         let json = crate::script::convert::dynamic_json(&Dynamic::from(map.clone()));
@@ -71,7 +76,7 @@ pub mod api {
 
     /// Merges the shards of one computation into the result one process would have given
     /// (docs/methods.md#shards): `parts` holds sharded results (of `analyze`,
-    /// `ablation_sweep`, `lrp`, `head_importance` or `bleu`, computed with `#{shard: "I/N"}`
+    /// `ablation_sweep`, `lrp`, `head_importance`, `patch` or `bleu`, computed with `#{shard: "I/N"}`
     /// or under `headscope run --shard I/N`) or paths of their JSON files. Refused, naming
     /// the shard and the field, when they belong to different models, data or options, or
     /// when a slice is missing or given twice.

@@ -40,9 +40,14 @@ fn tiny(root, name) { load_model(`${root}/tests/fixtures/tiny_hf/${name}`, #{dty
 "#;
 
 fn run_script(body: &str) -> PathBuf {
+    run_script_after(PRELUDE, body)
+}
+
+/// A case after its own prelude (patching's `pairs` is the built-in, not the prelude's).
+fn run_script_after(prelude: &str, body: &str) -> PathBuf {
     let dir = tempfile::tempdir().unwrap().keep();
     let script = dir.join("case.rhai");
-    std::fs::write(&script, format!("{PRELUDE}\n{body}")).unwrap();
+    std::fs::write(&script, format!("{prelude}\n{body}")).unwrap();
     let out = Command::new(BIN).args(["run", script.to_str().unwrap(), dir.to_str().unwrap(), root().to_str().unwrap()]).current_dir(&dir).output().unwrap();
     assert!(out.status.success(), "script failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     dir
@@ -311,6 +316,66 @@ fn merge_results_refuses_mismatched_shards_naming_the_field() {
         fails(|| m.analyze(d, #{shard: "2/2"}), "shard '2/2' is not I/N");
         fails(|| m.analyze(d.take(2), #{shard: "4/7"}), "holds no sentences");
         fails(|| merge_results([]), "nothing to merge");
+    "#,
+    );
+}
+
+/// Patching merges exactly: every pair's metric is summed into the shard's accumulators, so the
+/// merge of 2 and 3 shards gives the one-process grids (heads at all positions and per
+/// position, a key/value site, noising with KL, path patching, attribution; the residual
+/// stream's tables; a translation model's cross-attention) within 1e-9 relative.
+#[test]
+fn patch_merges_exactly() {
+    run_script_after(
+        "let root = ARGS[1];\nfn tiny(root, name) { load_model(`${root}/tests/fixtures/tiny_hf/${name}`, #{dtype: \"f64\"}) }",
+        r#"
+        fn close(a, b) { if a.is_nan() { return b.is_nan(); } abs(a - b) <= 1e-9 * abs(a) + 1e-12 }
+        fn same_grid(a, b) {
+            for k in a.kinds { for l in 0..a[k].len() { for h in 0..a[k][l].len() { if !close(a[k][l][h], b[k][l][h]) { return false; } } } }
+            true
+        }
+        fn same_effect(a, b) {
+            if type_of(a) == "Grid" { return same_grid(a, b); }
+            if type_of(a) == "Table" {
+                for c in a.columns { if c != "layer" { let x = a.column(c); let y = b.column(c); for i in 0..x.len() { if !close(x[i], y[i]) { return false; } } } }
+                return true;
+            }
+            for i in 0..a.len() { if !same_grid(a[i], b[i]) { return false; } }
+            true
+        }
+        fn check(m, p, opts, what) {
+            let one = m.patch(p, opts);
+            for n in [2, 3] {
+                let parts = [];
+                for i in 0..n { let o = opts; o.shard = `${i}/${n}`; parts.push(m.patch(p, o)); }
+                let merged = merge_results(parts);
+                assert(merged.pairs == one.pairs && close(merged.clean, one.clean) && close(merged.corrupted, one.corrupted), `${what}, ${n} shards: clean/corrupted`);
+                assert(same_effect(one.effect, merged.effect) && same_effect(one.patched, merged.patched), `${what}, ${n} shards: the grids`);
+                if one.tokens != () { assert(merged.tokens == one.tokens, `${what}: tokens`); }
+            }
+            print(`${what}: merges exactly`);
+        }
+        let g = tiny(root, "llama");
+        let p = pairs([["a b c d", "a b e d", " c", " e"], ["b c d a", "b c e a", " d", " e"], ["c d a b", "c e a b", " d", " e"], ["d a b c", "e a b c", " d", " e"], ["a c b d", "a c e d", " b", " e"], ["b d c a", "b d e a", " c", " e"], ["c a d b", "c a e b", " d", " e"]]);
+        check(g, p, #{}, "z");
+        check(g, p, #{positions: "each"}, "z per position");
+        check(g, p, #{site: "v", direction: "noise", metric: "kl"}, "v noising kl");
+        check(g, p, #{receiver: "logits"}, "path to the logits");
+        check(g, p, #{method: "attribution"}, "attribution");
+        check(g, p, #{site: "resid_pre", positions: "each"}, "resid_pre per position");
+        let t = tiny(root, "marian");
+        let l = read_lines(asset("pud_en.txt"));
+        let sp = [];
+        for i in 0..5 { sp.push([l[i], l[i]]); }
+        sp[1][1] = sp[2][0]; sp[3][1] = sp[4][0];
+        // Pairs of one length: keep those whose sources tokenize alike.
+        let kept = [];
+        for x in sp { if t.tokenize(x[0]).len() == t.tokenize(x[1]).len() { kept.push(x); } }
+        check(t, pairs(kept), #{kinds: ["cross"]}, "translation cross");
+        // verify picks a shard's own top units: refused in one line.
+        let e = "";
+        try { g.patch(p, #{method: "attribution", verify: 3, shard: "0/2"}); } catch (x) { e = `${x}`; }
+        assert(e.contains("patch: verify patches a shard's own top units exactly"), e);
     "#,
     );
 }

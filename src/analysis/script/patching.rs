@@ -4,6 +4,7 @@ use crate::analysis::patching::{attribute, patch_only, patch_translation, path_p
 use crate::model::Kind;
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
+use crate::data::script::Plan;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Model;
@@ -25,6 +26,7 @@ pub const PATCH_OPTIONS: &[OptSpec] = &[
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "prompt tokens per batch of pairs (what bounds the recorded runs' memory)"),
     opt_str("receiver_input", "q", "with a receiver head: the input its senders reach, \"q\", \"k\" or \"v\" (k, v: the key/value head serving it)"),
     crate::model::script::TGT_LANG,
+    crate::data::script::SHARD_OPTION,
 ];
 
 options_enum!(Method, "patching method", {
@@ -80,7 +82,8 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
 
 /// The result map of a patching run: per kind its grid (`rs`: the kinds patched, each over
 /// the same clean and corrupted runs).
-fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)], tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
+#[allow(clippy::too_many_arguments)]
+fn result(model: &str, pairs: &str, n_pairs: usize, spec: PatchSpec, rs: &[(Kind, Patched)], tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
     let what = format!("{how}{} patching of {} ({}, {})", spec.direction, spec.site, spec.metric, if spec.each_position { "per position" } else { "all positions" });
     let Some((_, first)) = rs.first() else { return err("patch: nothing was patched") };
     let mut out = Map::new();
@@ -94,7 +97,7 @@ fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)
                 .map(|p| {
                     let kinds = rs.iter().map(|(k, r)| (*k, r.patched.iter().map(|l| l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(r, v)).collect())).collect())).collect();
                     let at = if spec.each_position { format!(" at position {}", pos_label(p)) } else { String::new() };
-                    Grid { stat: format!("{stat} of {what}{at}"), model: m.model.name(), dataset: pairs.name.clone(), kinds, options: echo.clone() }
+                    Grid { stat: format!("{stat} of {what}{at}"), model: model.to_string(), dataset: pairs.to_string(), kinds, options: echo.clone() }
                 })
                 .collect();
             if spec.each_position { Dynamic::from(grids.into_iter().map(Dynamic::from).collect::<Array>()) } else { grids.into_iter().next().map_or(Dynamic::UNIT, Dynamic::from) }
@@ -106,7 +109,7 @@ fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)
             let mut cols = vec!["layer".to_string()];
             cols.extend((0..n_pos).map(|p| if spec.each_position { pos_label(p) } else { "all".into() }));
             let mut t = Table::new(cols);
-            t.title = Some(format!("{stat} of {what}: {} on {}", m.model.name(), pairs.name));
+            t.title = Some(format!("{stat} of {what}: {model} on {pairs}"));
             t.digits = 3;
             for (kind, r) in rs {
                 for (l, layer) in r.patched.iter().enumerate() {
@@ -122,7 +125,7 @@ fn result(m: &ScriptModel, pairs: &Pairs, spec: PatchSpec, rs: &[(Kind, Patched)
     }
     out.insert("clean".into(), Dynamic::from(first.clean));
     out.insert("corrupted".into(), Dynamic::from(first.corrupted));
-    out.insert("pairs".into(), Dynamic::from(pairs.len() as i64));
+    out.insert("pairs".into(), Dynamic::from(n_pairs as i64));
     if spec.each_position {
         out.insert("tokens".into(), Dynamic::from(tokens.iter().cloned().map(Dynamic::from).collect::<Array>()));
     }
@@ -212,6 +215,13 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         return err("patch: receiver_input goes with a receiver head (receiver: \"dec.5.3\")");
     }
     let pairs = pairs_arg(data, F)?;
+    let plan = Plan::for_pairs(&pairs, &o, F)?;
+    if plan.shard.is_some() && verify != 0 {
+        return err("patch: verify patches a shard's own top units exactly; run it on the whole pairs, or merge the shards' attribution first");
+    }
+    // A shard runs its slice of the pairs; the per-position labels are the whole set's first
+    // pair's, so that every shard records the same.
+    let part = if plan.shard.is_some() { pairs.slice(plan.rows.clone()) } else { pairs.clone() };
     if m.model.translates() {
         if receiver.is_some() {
             return err("patch: path patching of translation models is not offered yet; patch without a receiver");
@@ -229,7 +239,9 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         if each && kinds.len() != 1 {
             return err("patch: per-position patching of a translation model takes one kind (kinds: [\"enc\"], [\"dec\"] or [\"cross\"]): their positions differ");
         }
-        let (sp, tokens) = source_pairs(m, &pairs, if each { kinds.first().copied() } else { None })?;
+        let kind_each = if each { kinds.first().copied() } else { None };
+        let (sp, tokens) = source_pairs(m, &part, kind_each)?;
+        let tokens = if plan.rows.start > 0 { source_pairs(m, &pairs.slice(0..1), kind_each)?.1 } else { tokens };
         let gates = m.gates()?;
         let mut rs = Vec::new();
         for (i, &k) in kinds.iter().enumerate() {
@@ -243,12 +255,11 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             ("metric".into(), json!(metric.to_string())),
             ("kinds".into(), json!(kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
             ("targets".into(), json!("the clean source's greedy translation")),
-            ("clean".into(), crate::script::convert::json_f64(rs[0].1.clean)),
-            ("corrupted".into(), crate::script::convert::json_f64(rs[0].1.corrupted)),
         ];
-        return result(m, &pairs, spec, &rs, &tokens, echo, "");
+        return finish_run(m, &part, &plan, spec, rs, &tokens, echo, "");
     }
-    let (ids, tokens) = token_ids(m, &pairs)?;
+    let (ids, tokens) = token_ids(m, &part)?;
+    let tokens = if plan.rows.start > 0 { token_ids(m, &pairs.slice(0..1))?.1 } else { tokens };
     let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
@@ -279,10 +290,13 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             format!("path (to {kind}.{layer}.{head}'s {input}) ")
         }
     };
+    if verify == 0 {
+        return finish_run(m, &part, &plan, spec, vec![(kind, r)], &tokens, echo, &how);
+    }
     echo.push(("clean".into(), crate::script::convert::json_f64(r.clean)));
     echo.push(("corrupted".into(), crate::script::convert::json_f64(r.corrupted)));
-    let mut out = result(m, &pairs, spec, &[(kind, r.clone())], &tokens, echo.clone(), &how)?;
-    if verify != 0 {
+    let mut out = result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, r.clone())], &tokens, echo.clone(), &how)?;
+    {
         // The units of largest estimated |effect|, patched exactly.
         let base = match direction {
             Direction::Denoise => r.corrupted,
@@ -293,11 +307,73 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let k = if verify < 0 { all.len() } else { (verify as usize).min(all.len()) };
         let chosen: Vec<Unit> = all[..k].iter().map(|(u, _)| *u).collect();
         let exact = patch_only(&m.model, &ids, spec, Some(&chosen), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?;
-        let ex = result(m, &pairs, spec, &[(kind, exact.clone())], &tokens, echo, "exact ")?;
+        let ex = result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, exact.clone())], &tokens, echo, "exact ")?;
         out.insert("exact".into(), ex["effect"].clone());
         out.insert("agreement".into(), Dynamic::from(agreement(&r, &exact, &chosen, k == all.len(), base)?));
     }
     Ok(out)
+}
+
+/// The result of a patching run over `part` of the pairs: the map for the whole pairs, or for a
+/// shard the shard's own result with its record (accumulators: the pairs' metric sums), which
+/// `merge_results` turns into the whole's (docs/methods.md#shards).
+#[allow(clippy::too_many_arguments)]
+fn finish_run(m: &ScriptModel, part: &Pairs, plan: &Plan, spec: PatchSpec, rs: Vec<(Kind, Patched)>, tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
+    let n = part.len() as f64;
+    let num = |v: f64| if v.is_finite() { json!(v) } else { serde_json::Value::Null };
+    let acc = json!({
+        "pairs": part.len(),
+        "kinds": rs.iter().map(|(k, r)| (k.to_string(), json!({
+            "clean": num(r.clean * n),
+            "corrupted": num(r.corrupted * n),
+            "patched": r.patched.iter().map(|l| l.iter().map(|p| p.iter().map(|&v| num(v * n)).collect::<Vec<_>>()).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        }))).collect::<serde_json::Map<_, _>>(),
+    });
+    let identity = json!({
+        "model": m.identity(),
+        "data": plan.data_identity(),
+        "options": echo,
+        "spec": {"site": spec.site.to_string(), "each": spec.each_position, "direction": spec.direction.to_string(), "metric": spec.metric.to_string()},
+        "kinds": rs.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>(),
+        "tokens": tokens,
+        "how": how,
+    });
+    if plan.shard.is_none() {
+        return finish_patch(&identity, &acc).or_else(|e| err(format!("patch: {e}")));
+    }
+    let mut out = finish_patch(&identity, &acc).or_else(|e| err(format!("patch: {e}")))?;
+    let options = out.get("options").and_then(|o| o.clone().try_cast::<Map>()).unwrap_or_default();
+    let echo: crate::output::Echo = options.iter().map(|(k, v)| (k.to_string(), crate::script::convert::dynamic_json(v))).collect();
+    let echo = plan.seal("patch", identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()})).or_else(|e| err(e))?;
+    out.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));
+    Ok(out)
+}
+
+/// Patching's result from its accumulators (one process's, or merged shards'): the metric
+/// means over every pair, then the grids or tables as one run gives them.
+pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
+    let sp = &identity["spec"];
+    let text = |k: &str| sp[k].as_str().map(str::to_string).ok_or_else(|| format!("the shard record's spec has no {k}"));
+    let spec = PatchSpec::new(text("site")?.parse()?, sp["each"].as_bool().unwrap_or(false), text("direction")?.parse()?, text("metric")?.parse()?);
+    let n = acc["pairs"].as_u64().ok_or("the accumulators count no pairs")? as usize;
+    let kinds = identity["kinds"].as_array().ok_or("the shard record names no kinds")?;
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut rs = Vec::new();
+    for k in kinds {
+        let name = k.as_str().ok_or("a kind without a name")?;
+        let a = &acc["kinds"][name];
+        let sums: Vec<Vec<Vec<f64>>> = a["patched"].as_array().ok_or_else(|| format!("no patched sums for {name}"))?.iter().map(|l| l.as_array().map_or_else(Vec::new, |l| l.iter().map(|p| p.as_array().map_or_else(Vec::new, |p| p.iter().map(f).collect())).collect())).collect();
+        let positions = sums.first().map_or(0, |l| l.len());
+        rs.push((name.parse::<Kind>()?, Patched::mean_of(sums, f(&a["clean"]), f(&a["corrupted"]), n, positions)));
+    }
+    let (clean, corrupted) = rs.first().map_or((f64::NAN, f64::NAN), |(_, r)| (r.clean, r.corrupted));
+    let mut echo = super::sharded::echo_of(&identity["options"]);
+    echo.push(("clean".into(), crate::script::convert::json_f64(clean)));
+    echo.push(("corrupted".into(), crate::script::convert::json_f64(corrupted)));
+    let tokens: Vec<String> = identity["tokens"].as_array().map_or_else(Vec::new, |t| t.iter().filter_map(|x| x.as_str().map(str::to_string)).collect());
+    let model = identity["model"]["name"].as_str().unwrap_or_default();
+    let pairs = identity["data"]["name"].as_str().unwrap_or_default();
+    result(model, pairs, n, spec, &rs, &tokens, echo, identity["how"].as_str().unwrap_or_default()).map_err(|e| e.to_string())
 }
 
 /// How attribution agrees with exact patching on the verified units: Spearman's rho of the
