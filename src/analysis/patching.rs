@@ -826,35 +826,42 @@ fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSp
         };
         clean_sum += c;
         corrupt_sum += k;
-        for l in 0..n_layers {
-            let (Some(g), Some(bv), Some(sv)) = (grads[l].as_ref(), leaves.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
-                sums[l] = Vec::new();
-                continue;
-            };
-            // (source - base) . grad, summed over the batch, the features and (for all
-            // positions) the positions: [units, T] or [1, T].
-            let prod = sv.f_sub(bv)?.f_mul(g)?.f_to_kind(DType::Double)?;
-            let per = if spec.site.per_head() {
-                // [B, H, T, X] -> [H, T]
-                prod.f_sum_dim_intlist([0i64, 3].as_slice(), false, DType::Double)?
-            } else {
-                // [B, T, D] -> [1, T]
-                prod.f_sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double)?.f_unsqueeze(0)?
-            };
-            let per = if spec.each_position { per } else { per.f_sum_dim_intlist([1i64].as_slice(), true, DType::Double)? };
-            // [units, P] -> [P][units]
-            let m: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&per.f_transpose(0, 1)?.f_contiguous()?).map_err(|e| ModelError::Invalid(e.to_string()))?;
-            if sums[l].is_empty() {
-                sums[l] = vec![vec![0.0; m.first().map_or(0, |r| r.len())]; m.len()];
-            }
-            for (acc, row) in sums[l].iter_mut().zip(&m) {
-                for (a, v) in acc.iter_mut().zip(row) {
-                    *a += v + base_metric;
-                }
+        add_estimates(&mut sums, &grads, &leaves.values, &source.values, spec, base_metric)?;
+    }
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
+}
+
+/// Adds one bucket's first-order estimates to `sums` (`[layer][position][unit]`): per layer,
+/// `(source - base) . grad` summed over the bucket's rows, the features and (for all positions)
+/// the positions, plus the bucket's base metric sum, so that the means read as exact
+/// patching's `patched`.
+fn add_estimates(sums: &mut [Vec<Vec<f64>>], grads: &[Option<Tensor>], base: &[Option<Tensor>], source: &[Option<Tensor>], spec: PatchSpec, base_metric: f64) -> Result<(), ModelError> {
+    for (l, slot) in sums.iter_mut().enumerate() {
+        let (Some(g), Some(bv), Some(sv)) = (grads.get(l).and_then(|g| g.as_ref()), base.get(l).and_then(|v| v.as_ref()), source.get(l).and_then(|v| v.as_ref())) else {
+            *slot = Vec::new();
+            continue;
+        };
+        let prod = sv.f_sub(bv)?.f_mul(g)?.f_to_kind(DType::Double)?;
+        let per = if spec.site.per_head() {
+            // [B, H, T, X] -> [H, T]
+            prod.f_sum_dim_intlist([0i64, 3].as_slice(), false, DType::Double)?
+        } else {
+            // [B, T, D] -> [1, T]
+            prod.f_sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double)?.f_unsqueeze(0)?
+        };
+        let per = if spec.each_position { per } else { per.f_sum_dim_intlist([1i64].as_slice(), true, DType::Double)? };
+        // [units, P] -> [P][units]
+        let m: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&per.f_transpose(0, 1)?.f_contiguous()?).map_err(|e| ModelError::Invalid(e.to_string()))?;
+        if slot.is_empty() {
+            *slot = vec![vec![0.0; m.first().map_or(0, |r| r.len())]; m.len()];
+        }
+        for (acc, row) in slot.iter_mut().zip(&m) {
+            for (a, v) in acc.iter_mut().zip(row) {
+                *a += v + base_metric;
             }
         }
     }
-    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
+    Ok(())
 }
 
 /// A pair of source sentences for a translation model, with the target both are scored on
@@ -914,16 +921,13 @@ fn seq_metric(m: PatchMetric, logp: &Tensor, tgt: &Tensor, clean: &Tensor) -> Re
     Ok(per_token.f_to_kind(DType::Double)?.f_mean_dim([1i64].as_slice(), false, DType::Double)?)
 }
 
-/// Activation patching of a translation model's heads of `kind` (`enc`, `dec`, `cross`; or the
-/// residual stream of the encoder (`enc`) or decoder (`dec`)): the corrupted source run with one
-/// unit's value from the clean source's run (denoising), both teacher-forced on the pair's
-/// target (the clean translation), the metric (`loss`, `kl`) the mean over its tokens, averaged
-/// over the pairs. Encoder patches resume the encoder at the patched layer and run the decoder
-/// on every row; decoder-side patches run the decoder over the encoder output computed once.
-#[allow(clippy::too_many_arguments)]
-pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+/// A translation model's pairs by (source length, target length), checked: the metric reads
+/// the clean translation, the residual stream is the encoder's or the decoder's, the sources of
+/// a pair share one length. With the positions a per-position grid has and the layers of `kind`.
+type SourceBuckets<'a> = BTreeMap<(usize, usize), Vec<&'a SourcePair>>;
+
+fn source_buckets<'a>(model: &Model, pairs: &'a [SourcePair], spec: PatchSpec, kind: crate::model::Kind) -> Result<(SourceBuckets<'a>, usize, usize), AnalysisError> {
     use crate::model::Kind;
-    let _g = tch::no_grad_guard();
     let net = &model.net;
     if !model.translates() {
         return Err(AnalysisError::Input(format!("patch: {} is not a translation model", model.name())));
@@ -937,7 +941,7 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
     if pairs.is_empty() {
         return Err(AnalysisError::Input("patch: no pairs".into()));
     }
-    let mut by_len: BTreeMap<(usize, usize), Vec<&SourcePair>> = BTreeMap::new();
+    let mut by_len: SourceBuckets = BTreeMap::new();
     for (i, p) in pairs.iter().enumerate() {
         if p.clean.len() != p.corrupted.len() || p.clean.is_empty() || p.target.is_empty() {
             return Err(AnalysisError::Input(format!("patch: pair {i}: the clean source has {} tokens, the corrupted {} (target {}); the sources must be of one length and none empty", p.clean.len(), p.corrupted.len(), p.target.len())));
@@ -947,9 +951,84 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
     if spec.each_position && by_len.len() > 1 {
         return Err(AnalysisError::Input("patch: per-position patching needs pairs of one source length and one target length".into()));
     }
-    let point = spec.site.point();
     let n_layers = if kind == Kind::Enc { net.encoder.len() } else { net.decoder.len() };
     let positions = by_len.keys().next().map_or(0, |&(s, t)| if kind == Kind::Enc { s } else { t });
+    Ok((by_len, positions, n_layers))
+}
+
+/// One bucket of a translation model's pairs as tensors: clean and corrupted sources
+/// `[B, S]`, targets `[B, T]`, the source mask.
+fn source_tensors(group: &[&SourcePair], dev: tch::Device) -> (Tensor, Tensor, Tensor, Tensor) {
+    let (b, s, t) = (group.len() as i64, group[0].clean.len() as i64, group[0].target.len() as i64);
+    let ids = |f: &dyn Fn(&SourcePair) -> &[i64], n: i64| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, n]).to_device(dev);
+    (ids(&|p| &p.clean, s), ids(&|p| &p.corrupted, s), ids(&|p| &p.target, t), Tensor::ones([b, s], (DType::Float, dev)))
+}
+
+/// Attribution patching of a translation model's `kind` (docs/methods.md#attribution-patching):
+/// as [`attribute`], both sources teacher-forced on the clean translation, the metric (`loss`,
+/// `kl`) the mean over its tokens: one forward without gradients (the source run), the base
+/// run's forward through encoder and decoder and one backward, per bucket of pairs.
+pub fn attribute_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
+    let net = &model.net;
+    let (by_len, positions, n_layers) = source_buckets(model, pairs, spec, kind)?;
+    let point = spec.site.point();
+    let dev = model.device();
+    let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
+    let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
+    for group in by_len.values() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let (src_c, src_k, tgt, mask) = source_tensors(group, dev);
+        let (base_src, source_src) = match spec.direction {
+            Direction::Denoise => (&src_k, &src_c),
+            Direction::Noise => (&src_c, &src_k),
+        };
+        let source = {
+            let _g = tch::no_grad_guard();
+            seq_record(model, source_src, &mask, &tgt, kind, point, gates)?
+        };
+        let mut leaves = Leaves { kind, point, leaves: (0..n_layers).map(|_| None).collect(), values: (0..n_layers).map(|_| None).collect() };
+        let (grads, base_metric, clean_lp) = tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
+            let enc = net.encode(base_src, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
+            let states = net.decode_teacher_states(&enc, &mask, &tgt, gates, Some(&mut leaves as &mut dyn Hooks))?;
+            let logp = seq_log_probs(model, &states)?;
+            // KL's reference: the clean run's distribution (the base run itself when noising).
+            let clean_lp = match spec.direction {
+                Direction::Denoise => source.logp.shallow_clone(),
+                Direction::Noise => logp.f_detach()?,
+            };
+            let m = seq_metric(spec.metric, &logp, &tgt, &clean_lp)?.f_sum(DType::Double)?;
+            let present: Vec<&Tensor> = leaves.leaves.iter().flatten().collect();
+            let g = Tensor::f_run_backward(&[&m], &present, false, false)?;
+            let mut it = g.into_iter();
+            Ok((leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect(), m.double_value(&[]), clean_lp))
+        })?;
+        let source_metric = seq_metric(spec.metric, &source.logp, &tgt, &clean_lp)?.f_sum(DType::Double)?.double_value(&[]);
+        let (c, k) = match spec.direction {
+            Direction::Denoise => (source_metric, base_metric),
+            Direction::Noise => (base_metric, source_metric),
+        };
+        clean_sum += c;
+        corrupt_sum += k;
+        add_estimates(&mut sums, &grads, &leaves.values, &source.values, spec, base_metric)?;
+    }
+    Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, pairs.len(), positions))
+}
+
+/// Activation patching of a translation model's heads of `kind` (`enc`, `dec`, `cross`; or the
+/// residual stream of the encoder (`enc`) or decoder (`dec`)): the corrupted source run with one
+/// unit's value from the clean source's run (denoising), both teacher-forced on the pair's
+/// target (the clean translation), the metric (`loss`, `kl`) the mean over its tokens, averaged
+/// over the pairs. Encoder patches resume the encoder at the patched layer and run the decoder
+/// on every row; decoder-side patches run the decoder over the encoder output computed once.
+#[allow(clippy::too_many_arguments)]
+pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+    use crate::model::Kind;
+    let _g = tch::no_grad_guard();
+    let net = &model.net;
+    let (by_len, positions, n_layers) = source_buckets(model, pairs, spec, kind)?;
+    let point = spec.site.point();
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     let mut sums: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n_layers];
@@ -957,9 +1036,7 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
     let mut done = 0;
     for group in by_len.values() {
         let (b, s, t) = (group.len() as i64, group[0].clean.len() as i64, group[0].target.len() as i64);
-        let ids = |f: &dyn Fn(&SourcePair) -> &[i64], n: i64| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, n]).to_device(dev);
-        let (src_c, src_k, tgt) = (ids(&|p| &p.clean, s), ids(&|p| &p.corrupted, s), ids(&|p| &p.target, t));
-        let mask = Tensor::ones([b, s], (DType::Float, dev));
+        let (src_c, src_k, tgt, mask) = source_tensors(group, dev);
         let clean = seq_record(model, &src_c, &mask, &tgt, kind, point, gates)?;
         let corrupt = seq_record(model, &src_k, &mask, &tgt, kind, point, gates)?;
         let sum_of = |logp: &Tensor, reps: i64| -> Result<Tensor, ModelError> { seq_metric(spec.metric, logp, &tgt.repeat([reps, 1]), &clean.logp.repeat([reps, 1, 1])) };

@@ -1,6 +1,6 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
-use crate::analysis::patching::{attribute, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit};
+use crate::analysis::patching::{attribute, attribute_translation, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit};
 use crate::model::Kind;
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
@@ -226,8 +226,8 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         if receiver.is_some() {
             return err("patch: path patching of translation models is not offered yet; patch without a receiver");
         }
-        if method != Method::Exact {
-            return err("patch: attribution patching of translation models is not offered yet; use method \"exact\"");
+        if verify != 0 {
+            return err("patch: verify (attribution's top units patched exactly) is offered for language models; for a translation model run method \"exact\" beside method \"attribution\"");
         }
         let metric = if o.has("metric") { metric } else { PatchMetric::Loss };
         let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
@@ -246,17 +246,22 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let mut rs = Vec::new();
         for (i, &k) in kinds.iter().enumerate() {
             let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", i * total + done, kinds.len() * total);
-            rs.push((k, patch_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?));
+            let r = match method {
+                Method::Exact => patch_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted, &mut progress),
+                Method::Attribution => attribute_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted),
+            };
+            rs.push((k, r.or_else(|e| err(format!("{F}: {e}")))?));
         }
         let echo = vec![
             ("site".to_string(), json!(site.to_string())),
             ("positions".into(), json!(if each { "each" } else { "all" })),
             ("direction".into(), json!(direction.to_string())),
             ("metric".into(), json!(metric.to_string())),
+            ("method".into(), json!(method.to_string())),
             ("kinds".into(), json!(kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
             ("targets".into(), json!("the clean source's greedy translation")),
         ];
-        return finish_run(m, &part, &plan, spec, rs, &tokens, echo, "");
+        return finish_run(m, &part, &plan, spec, rs, &tokens, echo, if method == Method::Attribution { "attribution " } else { "" });
     }
     let (ids, tokens) = token_ids(m, &part)?;
     let tokens = if plan.rows.start > 0 { token_ids(m, &pairs.slice(0..1))?.1 } else { tokens };
@@ -449,6 +454,8 @@ pub mod api {
     /// assert(r.effect.kinds == ["cross"] && r.clean < r.corrupted && r.options.metric == "loss");
     /// let e = m.patch(p, #{kinds: ["enc"], site: "resid_pre", positions: "each"});
     /// assert(e.tokens[1] == "▁cat" && e.effect.column("1:▁cat")[0] > 0.99);
+    /// let a = m.patch(p, #{kinds: ["cross"], method: "attribution"});
+    /// assert(a.options.method == "attribution" && a.clean == r.clean);
     /// ```
     #[rhai_fn(name = "patch", return_raw, pure)]
     pub fn patch_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Map> {
