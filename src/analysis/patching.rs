@@ -770,6 +770,25 @@ impl Hooks for Leaves {
     }
 }
 
+impl Leaves {
+    /// The gradient of `m` with respect to each layer's value (`None` for a layer without one).
+    fn gradients(&self, m: &Tensor) -> Result<Vec<Option<Tensor>>, ModelError> {
+        let present: Vec<&Tensor> = self.leaves.iter().flatten().collect();
+        let mut it = Tensor::f_run_backward(&[m], &present, false, false)?.into_iter();
+        Ok(self.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect())
+    }
+}
+
+impl Direction {
+    /// The clean and corrupted metrics from the source run's and the base run's.
+    fn clean_corrupted(self, source: f64, base: f64) -> (f64, f64) {
+        match self {
+            Direction::Denoise => (source, base),
+            Direction::Noise => (base, source),
+        }
+    }
+}
+
 /// Attribution patching (Nanda 2023; Syed et al. 2023; docs/methods.md#attribution-patching):
 /// the first-order estimate of each patch's change of the metric,
 /// `(a_source - a_base) . d metric / d a` at the base run, for every unit of `spec.site`: one
@@ -814,16 +833,10 @@ fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSp
             };
             let clean_logp = clean_logits.f_log_softmax(1, DType::Double)?;
             let m = metric(spec.metric, &logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
-            let present: Vec<&Tensor> = leaves.leaves.iter().flatten().collect();
-            let g = Tensor::f_run_backward(&[&m], &present, false, false)?;
-            let mut it = g.into_iter();
-            Ok((leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect(), m.double_value(&[]), clean_logp))
+            Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_logp))
         })?;
         let source_metric = metric(spec.metric, &source.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
-        let (c, k) = match spec.direction {
-            Direction::Denoise => (source_metric, base_metric),
-            Direction::Noise => (base_metric, source_metric),
-        };
+        let (c, k) = spec.direction.clean_corrupted(source_metric, base_metric);
         clean_sum += c;
         corrupt_sum += k;
         add_estimates(&mut sums, &grads, &leaves.values, &source.values, spec, base_metric)?;
@@ -999,16 +1012,10 @@ pub fn attribute_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpe
                 Direction::Noise => logp.f_detach()?,
             };
             let m = seq_metric(spec.metric, &logp, &tgt, &clean_lp)?.f_sum(DType::Double)?;
-            let present: Vec<&Tensor> = leaves.leaves.iter().flatten().collect();
-            let g = Tensor::f_run_backward(&[&m], &present, false, false)?;
-            let mut it = g.into_iter();
-            Ok((leaves.leaves.iter().map(|l| l.as_ref().and_then(|_| it.next())).collect(), m.double_value(&[]), clean_lp))
+            Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_lp))
         })?;
         let source_metric = seq_metric(spec.metric, &source.logp, &tgt, &clean_lp)?.f_sum(DType::Double)?.double_value(&[]);
-        let (c, k) = match spec.direction {
-            Direction::Denoise => (source_metric, base_metric),
-            Direction::Noise => (base_metric, source_metric),
-        };
+        let (c, k) = spec.direction.clean_corrupted(source_metric, base_metric);
         clean_sum += c;
         corrupt_sum += k;
         add_estimates(&mut sums, &grads, &leaves.values, &source.values, spec, base_metric)?;

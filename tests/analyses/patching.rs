@@ -239,19 +239,27 @@ fn mean_ablation_equals_transformers() {
     }
 }
 
-/// Translation models (`fixtures/patching_seq2seq_reference.py`): MarianMT and BART, heads of
-/// `enc`, `dec` and `cross` and the encoder's and decoder's residual stream, teacher-forced on
-/// each pair's target, loss and KL, against transformers in float64 with hooks.
-#[test]
-fn translation_patching_equals_transformers_with_hooks() {
-    use headscope::analysis::patching::{patch_translation, SourcePair};
-    use headscope::model::Kind;
-    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_seq2seq_golden.npz")).unwrap().into_iter().collect();
+/// The translation pairs of `patching_seq2seq_golden.npz`: all three, and the two of length 5
+/// (per position).
+fn seq2seq_pairs(g: &HashMap<String, Tensor>) -> (Vec<headscope::analysis::patching::SourcePair>, Vec<headscope::analysis::patching::SourcePair>) {
+    use headscope::analysis::patching::SourcePair;
     let lens = |k: &str| Vec::<i64>::try_from(&g[k]).unwrap();
     let (sl, tl) = (lens("pairs/src_len"), lens("pairs/tgt_len"));
     let row = |k: &str, i: usize, n: i64| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..n as usize].to_vec();
     let all: Vec<SourcePair> = (0..sl.len()).map(|i| SourcePair { clean: row("pairs/clean", i, sl[i]), corrupted: row("pairs/corrupted", i, sl[i]), target: row("pairs/target", i, tl[i]) }).collect();
     let five: Vec<SourcePair> = all.iter().filter(|p| p.clean.len() == 5).cloned().collect();
+    (all, five)
+}
+
+/// Translation models (`fixtures/patching_seq2seq_reference.py`): MarianMT and BART, heads of
+/// `enc`, `dec` and `cross` and the encoder's and decoder's residual stream, teacher-forced on
+/// each pair's target, loss and KL, against transformers in float64 with hooks.
+#[test]
+fn translation_patching_equals_transformers_with_hooks() {
+    use headscope::analysis::patching::patch_translation;
+    use headscope::model::Kind;
+    let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_seq2seq_golden.npz")).unwrap().into_iter().collect();
+    let (all, five) = seq2seq_pairs(&g);
     for name in ["marian", "bart"] {
         let m = common::tiny_hf(name, "f64");
         let mut worst = (0.0f64, String::new());
@@ -299,15 +307,11 @@ fn translation_patching_equals_transformers_with_hooks() {
 /// autograd in float64 within 1e-6 relative; and the agreement with exact patching is reported.
 #[test]
 fn translation_attribution_equals_its_definition_by_autograd() {
-    use headscope::analysis::patching::{attribute_translation, patch_translation, SourcePair};
+    use headscope::analysis::patching::{attribute_translation, patch_translation};
     use headscope::model::Kind;
     let g: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("patching_seq2seq_golden.npz")).unwrap().into_iter().collect();
     let a: HashMap<String, Tensor> = Tensor::read_npz(fixtures().join("attribution_seq2seq_golden.npz")).unwrap().into_iter().collect();
-    let lens = |k: &str| Vec::<i64>::try_from(&g[k]).unwrap();
-    let (sl, tl) = (lens("pairs/src_len"), lens("pairs/tgt_len"));
-    let row = |k: &str, i: usize, n: i64| Vec::<i64>::try_from(&g[k].get(i as i64)).unwrap()[..n as usize].to_vec();
-    let all: Vec<SourcePair> = (0..sl.len()).map(|i| SourcePair { clean: row("pairs/clean", i, sl[i]), corrupted: row("pairs/corrupted", i, sl[i]), target: row("pairs/target", i, tl[i]) }).collect();
-    let five: Vec<SourcePair> = all.iter().filter(|p| p.clean.len() == 5).cloned().collect();
+    let (all, five) = seq2seq_pairs(&g);
     for name in ["marian", "bart"] {
         let m = common::tiny_hf(name, "f64");
         let mut worst = (0.0f64, String::new());
