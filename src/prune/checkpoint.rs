@@ -170,6 +170,13 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
                 return Err(format!("{who}: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
             }
         }
+        // Options echoed only when set (a target, a view's ablation): the checkpoint's must not
+        // be dropped by the run resuming it.
+        for k in ["target", "ablation"] {
+            if let (Some(had), None) = (have["options"].get(k), opts.get(k)) {
+                return Err(format!("{who}: checkpoint {f} was made with {k} = {had}, this run has none"));
+            }
+        }
     }
     let floats = |key: &str| -> Result<Vec<f32>, String> {
         v[key].as_array().ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' holds a non-number"))).collect()

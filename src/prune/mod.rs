@@ -122,6 +122,9 @@ pub struct PruneOptions {
     /// run is held to, by a Lagrangian `l1 d + l2 d^2`, `d = (s - t) / n` (n trainable heads),
     /// whose multipliers rise by gradient ascent (`lr`), instead of `lambda s`.
     pub target: Option<f64>,
+    /// The view's ablation mode when closed heads are not zeroed ("mean per position of DATA
+    /// (digest)", ...): echoed, and a checkpoint resumes only under the same.
+    pub ablation: Option<String>,
 }
 
 impl PruneOptions {
@@ -146,6 +149,9 @@ impl PruneOptions {
         // Only when set: checkpoints written before targeted L0 still resume.
         if let Some(t) = self.target {
             v.push(("target".into(), json!(t)));
+        }
+        if let Some(a) = &self.ablation {
+            v.push(("ablation".into(), json!(a)));
         }
         v
     }

@@ -80,6 +80,8 @@ pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
             None => None,
             Some(v) => Some(crate::script::convert::to_f64(v, &format!("{f}: option 'target' (a number of heads)"))?),
         },
+        // The view's, set by `prune` ([`crate::model::view::MeanAblation`]).
+        ablation: None,
     })
 }
 
@@ -143,10 +145,13 @@ pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> 
     };
     // A view's mean, per-position mean or resample ablation holds in training and evaluation.
     let mut ablation = crate::model::nn::Gates::none();
+    let mut opts = opts.clone();
     if let Some(a) = &m.ablation {
         ablation.fill = a.fills.share();
         ablation.source = a.source.clone();
+        opts.ablation = Some(format!("{} of {} ({})", a.mode, a.reference, a.digest));
     }
+    let opts = &opts;
     let mut run = train_ablated(&m.model, &m.closed, &ablation, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
     let trained = run.trained.take().map(|mut t| {
         let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();

@@ -563,6 +563,14 @@ fn resample_and_per_position_means_hold_in_views_sweeps_and_pruning() {
     let positioned = prune(&mut s, "m.with_mask(h, #{ablation: \"mean\", reference: r, per_position: true})");
     eprintln!("prune eval: zero {plain:.9}, resample {resampled:.9}, per-position mean {positioned:.9}");
     assert!((resampled - plain).abs() > 1e-6 && (positioned - plain).abs() > 1e-6, "pruning's evaluation sees the view's ablation");
+    // A checkpoint resumes only under the ablation it was made with.
+    let ck = tempfile::tempdir().unwrap();
+    let ck = ck.path().join("run").display().to_string();
+    s.eval("ck", &format!("let ck = {ck:?}; m.with_mask(h, #{{ablation: \"resample\", reference: r, seed: 5}}).prune(r, #{{steps: 2, checkpoint: ck}});")).unwrap();
+    let e = s.eval("resume", "m.with_mask(h).prune(r, #{steps: 3, checkpoint: ck, resume: true})").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("was made with ablation = \"resample (seed 5) of "), "{e}");
+    let again = num(&mut s, "m.with_mask(h, #{ablation: \"resample\", reference: r, seed: 5}).prune(r, #{steps: 3, checkpoint: ck, resume: true}).curve.len()");
+    assert!(again >= 3.0, "resumed under the same ablation");
     let bad: &[(&str, &str)] = &[
         ("m.with_mask(h, #{ablation: \"resample\"})", "with_mask: ablation \"resample\" needs a reference dataset"),
         ("m.with_mask(h, #{ablation: \"zero\", per_position: true})", "with_mask: per_position takes means per position; it needs ablation: \"mean\""),

@@ -34,6 +34,7 @@ fn prune_options(kind: Kind) -> PruneOptions {
         distill: Distill::Cosine,
         eval_gates: EvalGates::Binary,
         target: None,
+        ablation: None,
     }
 }
 
