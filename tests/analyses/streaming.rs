@@ -415,6 +415,7 @@ fn bad_streaming_input_is_a_one_line_error() {
         ("m.with_streaming([\"dec.9.1\"])", "with_streaming: heads[0]: layer 9 out of range"),
         ("m.with_streaming([\"dec.0.1\"], #{sink: 2}).with_streaming([\"dec.1.1\"], #{sink: 3})", "one setting per view"),
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 32, recent: 40})", "kv_curve: sink + recent = 72 covers the whole context of 64: nothing would stream"),
+        ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 2, recent: 30, regime: \"decode\"})", "kv_curve: sink + recent = 32 covers the prompt of 32 the decode regime reads in full: nothing would stream"),
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, fractions: [0.5, 0]})", "kv_curve: fractions must lie in (0, 1], got 0"),
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, fractions: [1.5]})", "kv_curve: fractions must lie in (0, 1], got 1.5"),
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 2, recent: 8, needle: 40})", "kv_curve: a passkey of 40 tokens must have 2 or more and fit twice in the context of 64"),

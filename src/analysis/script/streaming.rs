@@ -355,6 +355,7 @@ pub mod api {
         }
         let regime = match o.parsed_or_default::<RegimeName>("regime")? {
             RegimeName::Always => Regime::Always,
+            RegimeName::Decode if sink + recent >= prompt => return err(format!("{f}: sink + recent = {} covers the prompt of {prompt} the decode regime reads in full: nothing would stream", sink + recent)),
             RegimeName::Decode => Regime::Decode { prompt: Some(prompt) },
         };
         let d = crate::data::script::dataset_arg(&data, &format!("{f}: data"))?;
