@@ -349,7 +349,7 @@ fn finish_run(m: &ScriptModel, part: &Pairs, plan: &Plan, spec: PatchSpec, rs: V
     let mut out = finish_patch(&identity, &acc).or_else(|e| err(format!("patch: {e}")))?;
     let options = out.get("options").and_then(|o| o.clone().try_cast::<Map>()).unwrap_or_default();
     let echo: crate::output::Echo = options.iter().map(|(k, v)| (k.to_string(), crate::script::convert::dynamic_json(v))).collect();
-    let echo = plan.seal("patch", identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()})).or_else(|e| err(e))?;
+    let echo = plan.seal("patch", identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()})).or_else(err)?;
     out.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));
     Ok(out)
 }
