@@ -434,6 +434,7 @@ fn bad_streaming_input_is_a_one_line_error() {
         ("b.kv_footprint(64)", "is not a decoder-only model"),
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, sink: 2, recent: 8, chunk: 0})", "kv_curve: chunk must be 1 or more tokens, got 0"),
         ("kv_plot(table([\"x\"], []), \"kl\")", "kv_plot: the table has no 'scorer' column: pass a kv_curve table"),
+        ("kv_plot(table([\"x\"], []), \"kl\", \"area\")", "kv_plot: x must be \"kv_kept\", \"footprint\" or \"peak\", got \"area\""),
         ("m.with_streaming([\"dec.0.1\"]).lrp(d)", "lrp: not on a view with streaming heads"),
         ("m.with_streaming([\"dec.0.1\"]).prune(d, #{steps: 1})", "prune: not on a view with streaming heads"),
     ];

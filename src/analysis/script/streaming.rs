@@ -389,16 +389,35 @@ pub mod api {
     /// let t = m.kv_curve(m.kv_scores("echo", #{n: 2, len: 10}), corpus(asset("pud_en.txt")).take(20), #{fractions: [0.5, 1.0], context: 64, sink: 2, recent: 8, induction: 0});
     /// assert(kv_plot(t, "kl").to_svg().contains("echo"));
     /// ```
-    #[rhai_fn(return_raw)]
+    #[rhai_fn(name = "kv_plot", return_raw)]
     pub fn kv_plot(t: Table, metric: &str) -> ScriptResult<Plot> {
+        kv_plot_against(t, metric, "kv_kept")
+    }
+
+    /// `kv_plot` against another measure of the cache: `x` "kv_kept" (the cache at the end of
+    /// a sequence), "footprint" (PruLong's, over the whole sequence) or "peak".
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let t = m.kv_curve(m.kv_scores("echo", #{n: 2, len: 10}), corpus(asset("pud_en.txt")).take(20), #{fractions: [0.5, 1.0], context: 64, sink: 2, recent: 8, induction: 0, chunk: 16});
+    /// assert(kv_plot(t, "kl", "footprint").to_svg().contains("KV footprint"));
+    /// ```
+    #[rhai_fn(name = "kv_plot", return_raw)]
+    pub fn kv_plot_against(t: Table, metric: &str, x: &str) -> ScriptResult<Plot> {
         let f = "kv_plot";
+        let x_label = match x {
+            "kv_kept" => "key/value cache kept",
+            "footprint" => "KV footprint (entries x lifespan)",
+            "peak" => "peak key/value entries",
+            other => return err(format!("{f}: x must be \"kv_kept\", \"footprint\" or \"peak\", got {other:?}")),
+        };
         let col = |name: &str| t.column_index(name).or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a kv_curve table")));
         if !["kl", "loss", "induction_loss", "passkey"].contains(&metric) {
             return err(format!("{f}: metric must be \"kl\", \"loss\", \"induction_loss\" or \"passkey\", got {metric:?}"));
         }
-        let series = Series::by(&t, col("scorer")?, col("kv_kept")?, col(metric)?);
+        let series = Series::by(&t, col("scorer")?, col(x)?, col(metric)?);
         let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
-        p.x_label = "key/value cache kept".into();
+        p.x_label = x_label.into();
         p.y_label = metric.into();
         // The table's title without its counts: "kv_curve: MODEL on DATA, sink S, recent R, regime G".
         let title = t.title.clone().unwrap_or_default();
