@@ -192,35 +192,43 @@ fn importance(model: &Model, kind: Kind, td: &mut TrainData, closed: &[HeadId], 
 
 /// He et al.'s similarity of each attention sublayer's input and output: the mean over real
 /// tokens of `cos(resid_pre, resid_mid)` (the residual stream before and after the attention
-/// block) over the training batches.
+/// block) over the training batches. A parallel-residual layer (GPT-NeoX, Phi) has no
+/// `resid_mid` on its path; its attention sublayer's output is `resid_pre + attn_out`.
 fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn Fn() -> bool) -> Result<Vec<f64>, AnalysisError> {
     let mut sums = vec![0f64; layers];
     let mut count = 0f64;
     let _g = tch::no_grad_guard();
+    let cosine = |p: &Tensor, a: &Tensor| Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8);
     for b in &td.prep.batches {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let mut pre: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
+        let mut attn: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
         let mut cos: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
         let mut on = |at: At, a: &Tensor| -> Result<(), ModelError> {
             match at.point {
                 Point::ResidPre => pre[at.layer] = Some(a.shallow_clone()),
+                Point::AttnOut => attn[at.layer] = Some(a.shallow_clone()),
                 Point::ResidMid => {
                     if let Some(p) = pre[at.layer].take() {
-                        cos[at.layer] = Some(Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8));
+                        cos[at.layer] = Some(cosine(&p, a));
                     }
                 }
                 _ => {}
             }
             Ok(())
         };
-        let mut rec = Record::new(&[Point::ResidPre, Point::ResidMid], &mut on);
+        let mut rec = Record::new(&[Point::ResidPre, Point::AttnOut, Point::ResidMid], &mut on);
         let _ = model.net.encode(&b.ids, &b.mask, &td.prep.base, Some(&mut rec))?;
         let m = b.mask.to_kind(DType::Double);
         count += m.sum(DType::Double).double_value(&[]);
-        for (l, c) in cos.iter().enumerate() {
-            let c = c.as_ref().ok_or_else(|| ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid hook point")))?;
+        for l in 0..layers {
+            let c = match (cos[l].take(), &pre[l], &attn[l]) {
+                (Some(c), _, _) => c,
+                (None, Some(p), Some(a)) => cosine(p, &(p + a)),
+                _ => return Err(ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid or attn_out hook point")).into()),
+            };
             sums[l] += (c * &m).sum(DType::Double).double_value(&[]);
         }
     }

@@ -169,3 +169,44 @@ fn bad_compare_input_is_a_one_line_error() {
     assert!(e.contains("encoder-decoder"), "{e}");
     assert!("bogus".parse::<Strategy>().unwrap_err().contains("hard_concrete"), "an unknown strategy lists the known ones");
 }
+
+/// A parallel-residual model (tiny Pythia: GPT-NeoX, no `resid_mid` on its path) runs every
+/// strategy, and `sublayer_cosine` drops the layer whose `cos(resid_pre, resid_pre + attn_out)`,
+/// computed here from the hook points, is highest.
+#[test]
+fn every_strategy_runs_on_a_parallel_residual_model() {
+    let m = common::tiny_hf("pythia", "f64");
+    let data = Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
+    let texts: Vec<&str> = data.items.iter().map(|i| i.text.as_str()).collect();
+    let b = m.batch(&texts).unwrap();
+    let (mut pre, mut attn) = (vec![None, None], vec![None, None]);
+    let mut on = |at: At, t: &Tensor| -> Result<(), ModelError> {
+        match at.point {
+            Point::ResidPre => pre[at.layer] = Some(t.shallow_clone()),
+            Point::AttnOut => attn[at.layer] = Some(t.shallow_clone()),
+            _ => {}
+        }
+        Ok(())
+    };
+    let mut rec = Record::new(&[Point::ResidPre, Point::AttnOut, Point::ResidMid], &mut on);
+    let _ = m.encode(&b, &Gates::none(), Some(&mut rec)).unwrap();
+    let mask = b.mask.to_kind(tch::Kind::Double);
+    let sim: Vec<f64> = (0..2)
+        .map(|l| {
+            let (p, a) = (pre[l].as_ref().unwrap(), attn[l].as_ref().unwrap());
+            let c = Tensor::cosine_similarity(p, &(p + a), -1, 1e-8);
+            (c * &mask).sum(tch::Kind::Double).double_value(&[]) / mask.sum(tch::Kind::Double).double_value(&[])
+        })
+        .collect();
+    eprintln!("pythia: cos(resid_pre, resid_pre + attn_out) per layer {sim:?}");
+    assert!((sim[0] - sim[1]).abs() > 1e-6, "the layers differ: {sim:?}");
+    let most = if sim[0] > sim[1] { 0 } else { 1 };
+    let o = CompareOptions { fractions: vec![0.5], strategies: STRATEGIES.to_vec(), seeds: 2, prune: PruneOptions { steps: 3, ..prune_options(Kind::Dec) }, michel_step: 0.25, harp_alphas: vec![0.0, 1.0] };
+    let c = compare(&m, &data, &data, &o, &|| false, &mut |_, _, _| {}).unwrap();
+    for s in STRATEGIES {
+        assert!(c.rows.iter().any(|r| r.strategy == s && r.value.is_finite()), "{s} ran on pythia");
+    }
+    let r = c.rows.iter().find(|r| r.strategy == Strategy::SublayerCosine).unwrap();
+    assert_eq!(r.layers_removed, Some(1));
+    assert!(r.removed.iter().all(|h| h.layer_idx == most), "sublayer_cosine drops layer {most}: {:?}", r.removed);
+}
