@@ -13,7 +13,7 @@
 use super::AnalysisError;
 use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::{Gates, KeysValues};
-use crate::model::transformer::StackCache;
+use crate::model::transformer::{Queries, StackCache};
 use crate::model::{Model, ModelError};
 use std::collections::BTreeMap;
 use tch::{Kind as DType, Tensor};
@@ -434,11 +434,16 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[(usize, i64)], from: i64, plan
     };
     let mut carry: Option<Tensor> = None;
     let mut i = 0;
+    let top = net.encoder.len().saturating_sub(1);
     let first = pass.first().map_or(net.encoder.len(), |e| e.0);
+    // Only the last position's logits are read: the top layer computes that position's output
+    // alone (every position's keys and values still enter its attention).
+    let last = |y: Tensor| -> Result<Tensor, ModelError> { Ok(y.f_narrow(1, y.size()[1] - 1, 1)?) };
     for l in first..net.encoder.len() {
         if let Some(x) = carry.take() {
             let reps = x.size()[0] / b;
-            carry = Some(net.layer_cached(l, &x, from, prefix(l, reps)?, gates, &mut None)?);
+            let queries = if l == top { Queries::Last } else { Queries::All };
+            carry = Some(net.layer_queries(l, &x, from, prefix(l, reps)?, gates, &mut None, queries)?);
         }
         let start = i;
         while i < pass.len() && pass[i].0 == l {
@@ -457,11 +462,15 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[(usize, i64)], from: i64, plan
         let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, from, len)?;
         let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
         let y = match point {
+            // What follows hook_z reads each position alone.
+            Point::Z if l == top => net.layer_from_z(l, &last(x)?, &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?, &mut None)?,
             Point::Z => net.layer_from_z(l, &x, &patched, &mut None)?,
+            Point::ResidPre if l == top => net.layer_queries(l, &patched, from, prefix(l, n)?, gates, &mut None, Queries::Last)?,
             Point::ResidPre => net.layer_cached(l, &patched, from, prefix(l, n)?, gates, &mut None)?,
             _ => {
                 let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
-                net.layer_cached(l, &x, from, prefix(l, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?
+                let y = net.layer_cached(l, &x, from, prefix(l, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                if l == top { last(y)? } else { y }
             }
         };
         carry = Some(match carry {

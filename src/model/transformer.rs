@@ -92,6 +92,14 @@ pub struct EncoderLayer {
     pub window: Option<i64>,
 }
 
+/// Which positions' outputs a layer computes: all, or the last alone (a stack's top layer
+/// when only the last position's logits are read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queries {
+    All,
+    Last,
+}
+
 impl EncoderLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
     /// Hook points: every per-layer point of `KIND.blocks.L`.
@@ -104,6 +112,14 @@ impl EncoderLayer {
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+        self.forward_queries(x, bias, gate, kind, layer_idx, h, cache, Queries::All)
+    }
+
+    /// [`EncoderLayer::forward_cached`] with `queries`: every position's output, or the last
+    /// position's alone (its keys and values still from every position; hook points past the
+    /// keys and values see the last position only).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
@@ -120,21 +136,33 @@ impl EncoderLayer {
             NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
             NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?,
         };
-        let a = match cache {
-            None => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
-            Some(slot) => {
+        let mut none = None;
+        let a = match (cache, queries) {
+            (None, Queries::All) => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
+            (slot, _) => {
+                let slot = slot.unwrap_or(&mut none);
                 let past = slot.as_ref().map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
                 let fresh = self.attn.keys_values(&attn_in, past, kind, layer_idx, h)?;
                 let kv = match slot.take() {
                     Some(p) if past > 0 => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
                     _ => fresh,
                 };
-                let out = self.attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?;
+                let out = match queries {
+                    Queries::All => self.attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?,
+                    Queries::Last => {
+                        let t = attn_in.size()[1];
+                        let bias = if bias.dim() == 4 && bias.size()[2] == t { bias.f_narrow(2, t - 1, 1)? } else { bias.shallow_clone() };
+                        self.attn.attend(&attn_in.f_narrow(1, t - 1, 1)?, &kv, &bias, gate, past + t - 1, kind, layer_idx, h)?
+                    }
+                };
                 *slot = Some(kv);
                 out
             }
         };
-        self.finish_hooked(&x, &a, kind, layer_idx, h)
+        match queries {
+            Queries::All => self.finish_hooked(&x, &a, kind, layer_idx, h),
+            Queries::Last => self.finish_hooked(&x.f_narrow(1, x.size()[1] - 1, 1)?, &a, kind, layer_idx, h),
+        }
     }
 
     /// The layer resumed at its attention's `hook_z`: `x` is the layer's input, `z` the
@@ -636,6 +664,14 @@ impl Transformer {
     /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
     /// its rows here, so that the positions before a patch are not run again).
     pub fn layer_cached(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        self.layer_queries(l, x, past, prefix, gates, h, Queries::All)
+    }
+
+    /// [`Transformer::layer_cached`] computing `queries`' outputs: with [`Queries::Last`],
+    /// `[B, 1, D]`, the last position's (every position's keys and values still enter its
+    /// attention). Patching's top layer, whose other positions no logit reads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_queries(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<Tensor, ModelError> {
         Self::no_source(gates, "resuming a layer over cached keys and values")?;
         let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
         if !self.causal {
@@ -645,7 +681,7 @@ impl Transformer {
         let bias = self.streamed(gates, l, &bias, x.size()[1], past, None).unwrap_or(bias);
         let mut slot = prefix;
         let g = gates.layer(self.stack_kind, l);
-        layer.forward_cached(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot))
+        layer.forward_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries)
     }
 
     /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts), at any
