@@ -251,6 +251,40 @@ fn seq2seq_pairs(g: &HashMap<String, Tensor>) -> (Vec<headscope::analysis::patch
     (all, five)
 }
 
+/// Every translation case of the seq2seq goldens: kind x site (the cross-attention has no
+/// residual stream of its own) x position mode x direction x metric. `check(spec, kind, pairs,
+/// key)` returns the case's difference; the cases at or above `tol` are listed in the panic, and
+/// the worst case and the number of cases are returned.
+fn seq2seq_cases(name: &str, all: &[headscope::analysis::patching::SourcePair], five: &[headscope::analysis::patching::SourcePair], tol: f64, what: &str, mut check: impl FnMut(PatchSpec, headscope::model::Kind, &[headscope::analysis::patching::SourcePair], &str) -> f64) -> ((f64, String), usize) {
+    use headscope::model::Kind;
+    let mut worst = (0.0f64, String::new());
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
+        let sites: &[&str] = if kind == Kind::Cross { &SITES[..5] } else { &SITES };
+        for site in sites {
+            for (mode, each, ps) in [("all", false, all), ("each", true, five)] {
+                for direction in ["denoise", "noise"] {
+                    for metric in ["loss", "kl"] {
+                        let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
+                        let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
+                        let d = check(spec, kind, ps, &key);
+                        n += 1;
+                        if d > worst.0 {
+                            worst = (d, key.clone());
+                        }
+                        if d >= tol {
+                            bad.push(format!("{key}: {d:.1e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{what} by {tol:e} or more:\n{}", bad.join("\n"));
+    (worst, n)
+}
+
 /// Translation models (`fixtures/patching_seq2seq_reference.py`): MarianMT and BART, heads of
 /// `enc`, `dec` and `cross` and the encoder's and decoder's residual stream, teacher-forced on
 /// each pair's target, loss and KL, against transformers in float64 with hooks.
@@ -262,34 +296,14 @@ fn translation_patching_equals_transformers_with_hooks() {
     let (all, five) = seq2seq_pairs(&g);
     for name in ["marian", "bart"] {
         let m = common::tiny_hf(name, "f64");
-        let mut worst = (0.0f64, String::new());
-        let mut bad = Vec::new();
-        for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
-            let sites: &[&str] = if kind == Kind::Cross { &SITES[..5] } else { &SITES };
-            for site in sites {
-                for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
-                    for direction in ["denoise", "noise"] {
-                        for metric in ["loss", "kl"] {
-                            let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
-                            let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
-                            let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
-                            let d = max_diff(&p, &g[&key]);
-                            if mode == "all" {
-                                let c = g[&format!("{name}/clean/{metric}")].double_value(&[]);
-                                assert!((p.clean - c).abs() < 1e-8, "{key}: clean {} vs {c}", p.clean);
-                            }
-                            if d > worst.0 {
-                                worst = (d, key.clone());
-                            }
-                            if d >= 1e-8 {
-                                bad.push(format!("{key}: {d:.1e}"));
-                            }
-                        }
-                    }
-                }
+        let (worst, _) = seq2seq_cases(name, &all, &five, 1e-8, "differ from transformers", |spec, kind, ps, key| {
+            let p = patch_translation(&m, ps, spec, kind, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+            if !spec.each_position {
+                let c = g[&format!("{name}/clean/{}", spec.metric)].double_value(&[]);
+                assert!((p.clean - c).abs() < 1e-8, "{key}: clean {} vs {c}", p.clean);
             }
-        }
-        assert!(bad.is_empty(), "differ from transformers by 1e-8 or more:\n{}", bad.join("\n"));
+            max_diff(&p, &g[key])
+        });
         eprintln!("{name} f64: translation patching within {:.1e} of transformers (worst {})", worst.0, worst.1);
     }
     // Bad input: a metric that reads an answer token, the residual stream of "cross".
@@ -314,34 +328,11 @@ fn translation_attribution_equals_its_definition_by_autograd() {
     let (all, five) = seq2seq_pairs(&g);
     for name in ["marian", "bart"] {
         let m = common::tiny_hf(name, "f64");
-        let mut worst = (0.0f64, String::new());
-        let mut bad = Vec::new();
-        let mut n = 0;
-        for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
-            let sites: &[&str] = if kind == Kind::Cross { &SITES[..5] } else { &SITES };
-            for site in sites {
-                for (mode, each, ps) in [("all", false, &all), ("each", true, &five)] {
-                    for direction in ["denoise", "noise"] {
-                        for metric in ["loss", "kl"] {
-                            let spec = PatchSpec::new(site.parse().unwrap(), each, direction.parse().unwrap(), metric.parse().unwrap());
-                            let p = attribute_translation(&m, ps, spec, kind, &Gates::none(), &|| false).unwrap();
-                            let key = format!("{name}/{kind}/{site}/{mode}/{direction}/{metric}");
-                            let want = &a[&key];
-                            let scale = 1.0 + want.abs().max().double_value(&[]);
-                            let d = max_diff(&p, want) / scale;
-                            n += 1;
-                            if d > worst.0 {
-                                worst = (d, key.clone());
-                            }
-                            if d >= 1e-6 {
-                                bad.push(format!("{key}: {d:.1e}"));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        assert!(bad.is_empty(), "attribution differs from autograd by 1e-6 or more:\n{}", bad.join("\n"));
+        let (worst, n) = seq2seq_cases(name, &all, &five, 1e-6, "attribution differs from autograd", |spec, kind, ps, key| {
+            let p = attribute_translation(&m, ps, spec, kind, &Gates::none(), &|| false).unwrap();
+            let want = &a[key];
+            max_diff(&p, want) / (1.0 + want.abs().max().double_value(&[]))
+        });
         assert!(n >= 100, "{n} cases");
         eprintln!("{name} f64: translation attribution patching within {:.1e} (relative) of autograd over {n} cases (worst {})", worst.0, worst.1);
         // How the estimate agrees with exact patching (reported, not asserted: a first-order
