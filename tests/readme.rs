@@ -2,38 +2,75 @@
 //! (with their `... ` continuation lines) are evaluated in order in one fresh session, `:`
 //! commands included, and none may fail. Files they write land in a temporary directory.
 //! Each session is then written with `:save` and replayed by `headscope run`, which must print
-//! what the session showed, in the same order.
+//! what the session showed, in the same order; and what the README shows after each input is
+//! what that input prints now (durations aside), so the README cannot go stale.
 
 use headscope::engine::commands::{self, Outcome};
 use headscope::engine::{Event, Session, SessionOptions};
 use std::cell::RefCell;
 use std::rc::Rc;
 
-/// The sessions of a Markdown text: per ```text block, its inputs.
-fn sessions(md: &str) -> Vec<(usize, Vec<String>)> {
+/// A README session: the line its block starts at, its inputs, and the lines the README shows
+/// each input printing (`outputs[i]`: the lines between input i and the next).
+struct Shown {
+    line: usize,
+    inputs: Vec<String>,
+    outputs: Vec<Vec<String>>,
+}
+
+/// The sessions of a Markdown text: per ```text block with `hs> ` inputs, what it shows.
+fn sessions(md: &str) -> Vec<Shown> {
     let mut out = Vec::new();
-    let mut block: Option<(usize, Vec<String>)> = None;
+    let mut block: Option<Shown> = None;
     for (i, line) in md.lines().enumerate() {
         match &mut block {
-            None if line.trim() == "```text" => block = Some((i + 2, vec![])),
+            None if line.trim() == "```text" => block = Some(Shown { line: i + 2, inputs: vec![], outputs: vec![] }),
             Some(_) if line.trim() == "```" => {
-                let (start, inputs) = block.take().unwrap();
-                if !inputs.is_empty() {
-                    out.push((start, inputs));
+                let b = block.take().unwrap();
+                if !b.inputs.is_empty() {
+                    out.push(b);
                 }
             }
-            Some((_, inputs)) => {
+            Some(b) => {
                 if let Some(code) = line.strip_prefix("hs> ") {
-                    inputs.push(code.to_string());
-                } else if let (Some(more), Some(last)) = (line.strip_prefix("... "), inputs.last_mut()) {
+                    b.inputs.push(code.to_string());
+                    b.outputs.push(vec![]);
+                } else if let (Some(more), Some(last)) = (line.strip_prefix("... "), b.inputs.last_mut()) {
                     last.push('\n');
                     last.push_str(more);
+                } else if let Some(o) = b.outputs.last_mut() {
+                    o.push(line.to_string());
                 }
             }
             None => {}
         }
     }
     out
+}
+
+/// The README's lines for a session's output that the session did not show, in order (blank
+/// lines, `...` lines and durations aside): `[]` when the README shows what the code prints now.
+fn stale_lines(readme: &[String], shown: &[String]) -> Vec<String> {
+    let shown = timeless(&shown.join("\n"));
+    let mut rest = shown.as_str();
+    let mut stale = Vec::new();
+    // A line of `...` alone marks rows the README leaves out.
+    for l in readme.iter().map(|l| timeless(l.trim_end())).filter(|l| !l.trim().is_empty() && l.trim() != "...") {
+        match rest.find(l.as_str()) {
+            Some(i) => rest = &rest[i + l.len()..],
+            None => stale.push(l),
+        }
+    }
+    stale
+}
+
+#[test]
+fn stale_readme_output_is_found() {
+    let shown = vec!["<Model x>".to_string(), "a  1.0 s\nb  2".to_string()];
+    assert!(stale_lines(&["<Model x>".into(), "a  3.5 s".into(), "".into(), "b  2".into()], &shown).is_empty());
+    assert_eq!(stale_lines(&["b  2".into(), "a  1.0 s".into()], &shown), vec!["a  # s".to_string()], "out of order");
+    assert_eq!(stale_lines(&["b  3".into()], &shown), vec!["b  3".to_string()]);
+    assert!(stale_lines(&["<Model x>".into(), "   ...".into(), "b  2".into()], &shown).is_empty(), "rows left out");
 }
 
 /// `text` with every duration (a number followed by ` s` or ` ms`) written `# s`: the time a
@@ -84,7 +121,7 @@ fn every_readme_session_runs() {
     let mut failures = Vec::new();
     let mut n = 0;
     let mut replayed = 0;
-    for (k, (line, inputs)) in found.iter().enumerate() {
+    for (k, Shown { line, inputs, outputs }) in found.iter().enumerate() {
         // What the session shows: printed lines, displayed values and each input's value.
         let shown = Rc::new(RefCell::new(Vec::<String>::new()));
         let into = shown.clone();
@@ -95,10 +132,19 @@ fn every_readme_session_runs() {
         });
         let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), sink, ..Default::default() });
         let mut ok = true;
-        for input in inputs {
+        for (input, readme_out) in inputs.iter().zip(outputs) {
             n += 1;
+            let before = shown.borrow().len();
+            let mut command_out = None;
             let result = if input.trim_start().starts_with(':') {
-                commands::dispatch(&mut s, input).map(|o| matches!(o, Outcome::Show(_)))
+                // What a `:` command shows is not in the replay (`:save` keeps code alone).
+                commands::dispatch(&mut s, input).map(|o| match o {
+                    Outcome::Show(shows) => {
+                        command_out = shows.map(|o| o.text);
+                        true
+                    }
+                    Outcome::Quit => false,
+                })
             } else {
                 s.eval(&format!("README.md:{line}"), input).map(|o| {
                     if let Some(o) = o {
@@ -111,6 +157,12 @@ fn every_readme_session_runs() {
                 failures.push(format!("README.md block at line {line}: {input}\n=> {e}"));
                 ok = false;
                 break;
+            }
+            // The README shows what this input prints now.
+            let printed: Vec<String> = shown.borrow()[before..].iter().cloned().chain(command_out).collect();
+            let stale = stale_lines(readme_out, &printed);
+            if !stale.is_empty() {
+                failures.push(format!("README.md block at line {line}: after `{input}` the README shows lines the session does not print:\n{}\n--- the session printed\n{}", stale.join("\n"), printed.join("\n")));
             }
         }
         if !ok {
