@@ -101,21 +101,13 @@ impl DuoOptions {
                     return Err(format!("{f}: target must be a fraction of the key/value groups in (0, 1], got {t}"));
                 }
             }
-            #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
-            if !(concrete.beta > 0.0) {
-                return Err(format!("{f}: beta must be > 0, got {}", concrete.beta));
-            }
+            super::check_beta(f, &concrete)?;
         }
         if self.resume && self.checkpoint.is_none() {
             return Err(format!("{f}: resume: true needs a checkpoint directory (option 'checkpoint')"));
         }
-        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(format!("{f}: lambda must be >= 0, got {}", self.lambda));
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return Err(format!("{f}: lr must be > 0, got {}", self.lr));
-        }
-        for (name, v) in [("steps", self.steps), ("samples", self.samples), ("batch", self.batch), ("save_every", self.save_every)] {
+        super::check_training(f, self.lambda, self.lr, self.steps)?;
+        for (name, v) in [("samples", self.samples), ("batch", self.batch), ("save_every", self.save_every)] {
             if v == 0 {
                 return Err(format!("{f}: {name} must be at least 1, got 0"));
             }

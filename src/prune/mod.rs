@@ -171,15 +171,7 @@ impl PruneOptions {
 
     pub fn validate(&self) -> Result<(), String> {
         self.check_resume()?;
-        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(format!("prune: lambda must be >= 0, got {}", self.lambda));
-        }
-        if self.steps == 0 {
-            return Err("prune: steps must be at least 1, got 0".into());
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return Err(format!("prune: lr must be > 0, got {}", self.lr));
-        }
+        check_training("prune", self.lambda, self.lr, self.steps)?;
         if !(self.model_lr > 0.0 && self.model_lr.is_finite()) {
             return Err(format!("prune: model_lr must be > 0, got {}", self.model_lr));
         }
@@ -189,10 +181,7 @@ impl PruneOptions {
         if self.eval_every == 0 {
             return Err("prune: eval_every must be at least 1, got 0".into());
         }
-        #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
-        if !(self.concrete.beta > 0.0) {
-            return Err(format!("prune: beta must be > 0, got {}", self.concrete.beta));
-        }
+        check_beta("prune", &self.concrete)?;
         if self.kinds.is_empty() {
             return Err("prune: kinds is empty: gate at least one attention kind".into());
         }
@@ -203,6 +192,31 @@ impl PruneOptions {
         }
         Ok(())
     }
+}
+
+/// The checks every gate training shares (`prune`, `learn_duo`, `learn_prulong`; `who` names
+/// the verb in the one-line error): a penalty weight `lambda >= 0`, a learning rate `lr > 0`
+/// (both finite) and at least one step.
+pub(crate) fn check_training(who: &str, lambda: f64, lr: f64, steps: usize) -> Result<(), String> {
+    if !(lambda >= 0.0 && lambda.is_finite()) {
+        return Err(format!("{who}: lambda must be >= 0, got {lambda}"));
+    }
+    if steps == 0 {
+        return Err(format!("{who}: steps must be at least 1, got 0"));
+    }
+    if !(lr > 0.0 && lr.is_finite()) {
+        return Err(format!("{who}: lr must be > 0, got {lr}"));
+    }
+    Ok(())
+}
+
+/// Hard Concrete's temperature must be > 0 (NaN refused too).
+pub(crate) fn check_beta(who: &str, concrete: &Concrete) -> Result<(), String> {
+    #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
+    if !(concrete.beta > 0.0) {
+        return Err(format!("{who}: beta must be > 0, got {}", concrete.beta));
+    }
+    Ok(())
 }
 
 /// One recorded step of the training curve.
