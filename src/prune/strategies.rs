@@ -9,7 +9,7 @@ use crate::analysis::ablation::{self, Metric};
 use crate::analysis::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
-use crate::model::nn::{Bypass, Gates};
+use crate::model::nn::{Bypass, Gates, NormPosition};
 use crate::model::{HeadId, Kind, Model, ModelError};
 use std::sync::Arc;
 use tch::{Device, Kind as DType, Tensor};
@@ -198,18 +198,22 @@ fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn 
     let mut sums = vec![0f64; layers];
     let mut count = 0f64;
     let _g = tch::no_grad_guard();
+    let parallel: Vec<bool> = model.net.encoder.iter().map(|l| l.norm_position == NormPosition::Parallel).collect();
     let cosine = |p: &Tensor, a: &Tensor| Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8);
     for b in &td.prep.batches {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let mut pre: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
-        let mut attn: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
         let mut cos: Vec<Option<Tensor>> = (0..layers).map(|_| None).collect();
         let mut on = |at: At, a: &Tensor| -> Result<(), ModelError> {
             match at.point {
                 Point::ResidPre => pre[at.layer] = Some(a.shallow_clone()),
-                Point::AttnOut => attn[at.layer] = Some(a.shallow_clone()),
+                Point::AttnOut if parallel.get(at.layer).copied().unwrap_or(false) => {
+                    if let Some(p) = pre[at.layer].take() {
+                        cos[at.layer] = Some(cosine(&p, &(&p + a)));
+                    }
+                }
                 Point::ResidMid => {
                     if let Some(p) = pre[at.layer].take() {
                         cos[at.layer] = Some(cosine(&p, a));
@@ -223,12 +227,8 @@ fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn 
         let _ = model.net.encode(&b.ids, &b.mask, &td.prep.base, Some(&mut rec))?;
         let m = b.mask.to_kind(DType::Double);
         count += m.sum(DType::Double).double_value(&[]);
-        for l in 0..layers {
-            let c = match (cos[l].take(), &pre[l], &attn[l]) {
-                (Some(c), _, _) => c,
-                (None, Some(p), Some(a)) => cosine(p, &(p + a)),
-                _ => return Err(ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid or attn_out hook point")).into()),
-            };
+        for (l, c) in cos.iter().enumerate() {
+            let c = c.as_ref().ok_or_else(|| ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid hook point")))?;
             sums[l] += (c * &m).sum(DType::Double).double_value(&[]);
         }
     }
