@@ -309,6 +309,20 @@ impl Runs {
         Vec::<f64>::try_from(&v).map_err(|e| ModelError::Invalid(e.to_string()))
     }
 
+    /// [`Runs::sums`] from final states `[reps x B, T', D]`: the logit difference from the two
+    /// logits it reads (`Transformer::logits_of`), the other metrics from the whole next-token
+    /// distribution.
+    fn state_sums(&self, model: &Model, states: &Tensor, reps: i64) -> Result<Vec<f64>, ModelError> {
+        if self.spec.metric != PatchMetric::LogitDiff {
+            return self.sums(&last_logits(model, states)?, reps);
+        }
+        let t = states.size()[1];
+        let ids = Tensor::f_cat(&[&self.answer, &self.wrong], 1)?.f_repeat([reps, 1])?;
+        let l = model.net.logits_of(&states.f_select(1, t - 1)?, &ids)?.f_to_kind(DType::Double)?;
+        let v = l.f_select(1, 0)?.f_sub(&l.f_select(1, 1)?)?.f_view([reps, self.b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+        Vec::<f64>::try_from(&v).map_err(|e| ModelError::Invalid(e.to_string()))
+    }
+
     fn sum(&self, run: &Run) -> Result<f64, ModelError> {
         Ok(self.sums(&run.logits, 1)?.first().copied().unwrap_or(f64::NAN))
     }
@@ -340,8 +354,18 @@ pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Optio
     Ok(run(model, &by_len, pairs.len(), spec, only, gates, stop, progress)?)
 }
 
-/// Token rows (patched rows x pairs x resumed positions) per resumed pass of a causal stack.
-const RESUME_TOKENS: i64 = 8192;
+/// Token rows (patched rows x pairs x resumed positions) per resumed pass of a causal stack:
+/// as many as keep a layer's widest intermediate (tokens x the MLP's width) within 12 MiB, and
+/// between 256 and 8192. The allocator then serves every pass's tensors from memory it keeps:
+/// from 16 MiB up it maps each allocation afresh and faults it in page by page
+/// (`bound_peak_memory`, src/main.rs), which cost SmolLM2's patching a tenth of its time at
+/// 8192 tokens.
+fn resume_tokens(model: &Model) -> i64 {
+    let net = &model.net;
+    let width = net.encoder.iter().map(|l| l.ffn.up.w.size()[0].max(l.ffn.down.w.size()[0])).max().unwrap_or(1).max(1);
+    let bytes = net.encoder.first().map_or(4, |l| l.ffn.up.w.kind().elt_size_in_bytes() as i64);
+    ((12 << 20) / (width * bytes)).clamp(256, 8192)
+}
 
 /// Exact patching of a causal stack. Each patched row resumes at its layer and only at the
 /// positions its patch can change (from the first position where its value differs from the
@@ -394,13 +418,13 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
         let total: usize = by_start.values().map(Vec::len).sum();
         let mut done = 0;
         for (&from, entries) in &by_start {
-            let per_pass = (RESUME_TOKENS / (b * (t - from)).max(1)).max(1) as usize;
+            let per_pass = (resume_tokens(model) / (b * (t - from)).max(1)).max(1) as usize;
             for pass in entries.chunks(per_pass) {
                 if stop() {
                     return Err(ModelError::Interrupted);
                 }
                 let states = resume(model, spec, pass, from, &plans, base, source, gates)?;
-                for (&(l, r), v) in pass.iter().zip(runs.sums(&last_logits(model, &states)?, pass.len() as i64)?) {
+                for (&(l, r), v) in pass.iter().zip(runs.state_sums(model, &states, pass.len() as i64)?) {
                     if let Some(plan) = plans.get(l).and_then(Option::as_ref) {
                         let (p, u) = plan.cell(r);
                         sums[l][p][u] += v;
@@ -698,7 +722,7 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
             let layer = net.encoder.get(l).ok_or_else(|| missing(l))?;
             let plan = plan_layer(spec, bv, sv, l, None, base_sum, slot)?;
             let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
-            let chunk = (RESUME_TOKENS / (b * t)).max(1) as usize;
+            let chunk = (resume_tokens(model) / (b * t)).max(1) as usize;
             // What the layer's attention adds to the residual in the base run.
             let a_base = layer.attn.output_from_z(bv, net.stack_kind, l, &mut None)?;
             let r_base = layer.attn_residual(&a_base).ok_or_else(|| missing(l))?;
@@ -728,7 +752,7 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
                         net.finish_stack(y, &mut None)?
                     }
                 };
-                for (&r, v) in part.iter().zip(runs.sums(&last_logits(model, &states)?, n)?) {
+                for (&r, v) in part.iter().zip(runs.state_sums(model, &states, n)?) {
                     let (p, u) = plan.cell(r);
                     slot[p][u] += v;
                 }

@@ -156,7 +156,16 @@ impl Ffn {
             Some(g) => {
                 let pre = hooks::at(h, at(Point::MlpPre), g.forward(x))?;
                 let up = hooks::at(h, at(Point::MlpPreLinear), self.up.forward(x))?;
-                let hidden = if attn_lrp { divide_gradient(&(act(&pre) * &up), 2.0) } else { act(&pre) * &up };
+                let hidden = if attn_lrp {
+                    divide_gradient(&(act(&pre) * &up), 2.0)
+                } else if unseen(h, &pre) {
+                    // Nobody else holds the gate's output: the activation and the product
+                    // overwrite it instead of allocating two tensors of the MLP's width.
+                    let mut hidden = self.act.apply_in_place(pre)?;
+                    hidden.f_mul_(&up)?
+                } else {
+                    act(&pre) * &up
+                };
                 (up, hidden)
             }
             None => {
@@ -171,7 +180,22 @@ impl Ffn {
     }
 }
 
+/// Whether a tensor just computed is the run's alone, free to overwrite: no hooks look at
+/// the run and no gradient flows through it.
+pub fn unseen(h: &HookSlot, t: &Tensor) -> bool {
+    h.is_none() && !t.requires_grad()
+}
+
 impl Activation {
+    /// [`Activation::apply`] overwriting `h` where the activation has an in-place kernel.
+    pub fn apply_in_place(self, mut h: Tensor) -> Result<Tensor, tch::TchError> {
+        match self {
+            Activation::Relu => h.f_relu_(),
+            Activation::Silu => h.f_silu_(),
+            Activation::Gelu | Activation::GeluTanh | Activation::GeluNew => Ok(self.apply(&h)),
+        }
+    }
+
     pub fn apply(self, h: &Tensor) -> Tensor {
         match self {
             Activation::Relu => h.relu(),
@@ -291,6 +315,11 @@ impl Rotary {
         let (inv, factor) = self.inv_freq(start + t, device);
         let ang = Tensor::arange_start(start, start + t, (DType::Double, device)).unsqueeze(1) * inv.unsqueeze(0); // [T, half]
         let (cos, sin) = ((ang.cos() * factor).to_kind(x.kind()), (ang.sin() * factor).to_kind(x.kind()));
+        if !x.requires_grad() {
+            if let Ok(out) = self.rotate_into(x, &cos, &sin) {
+                return out;
+            }
+        }
         let r = x.narrow(3, 0, self.dim);
         let (a, b) = if self.half {
             (r.narrow(3, 0, half), r.narrow(3, half, half))
@@ -302,6 +331,39 @@ impl Rotary {
         let rb = &a * &sin + &b * &cos;
         let out = if self.half { Tensor::cat(&[ra, rb], 3) } else { Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]) };
         if self.dim < dh { Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3) } else { out }
+    }
+}
+
+impl Rotary {
+    /// The two halves (or the even and odd dimensions) of `x`'s first `dim` dimensions.
+    fn pairs(&self, x: &Tensor) -> Result<(Tensor, Tensor), tch::TchError> {
+        let (b, h, t) = (x.size()[0], x.size()[1], x.size()[2]);
+        let (r, half) = (x.f_narrow(3, 0, self.dim)?, self.dim / 2);
+        Ok(if self.half {
+            (r.f_narrow(3, 0, half)?, r.f_narrow(3, half, half)?)
+        } else {
+            let rot = r.f_view([b, h, t, half, 2])?;
+            (rot.f_select(4, 0)?, rot.f_select(4, 1)?)
+        })
+    }
+
+    /// [`Rotary::apply_from`] without autograd, written into one new tensor: each half is a
+    /// product and a fused multiply-add (`a cos - b sin`, `a sin + b cos`) instead of four
+    /// products, two sums and a concatenation, each a tensor of its own.
+    fn rotate_into(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, tch::TchError> {
+        let dh = x.size()[3];
+        let out = Tensor::f_empty(x.size(), (x.kind(), x.device()))?;
+        let (a, b) = self.pairs(x)?;
+        let (mut oa, mut ob) = self.pairs(&out)?;
+        let _ = a.f_mul_out(&oa, cos)?;
+        let _ = oa.f_addcmul_(&b, &sin.f_neg()?)?;
+        let _ = a.f_mul_out(&ob, sin)?;
+        let _ = ob.f_addcmul_(&b, cos)?;
+        if self.dim < dh {
+            let mut rest = out.f_narrow(3, self.dim, dh - self.dim)?;
+            rest.f_copy_(&x.f_narrow(3, self.dim, dh - self.dim)?)?;
+        }
+        Ok(out)
     }
 }
 
@@ -676,7 +738,8 @@ impl Attention {
     /// Positions (rotary) start at 0.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(&self, xq: &Tensor, xkv: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let kv = self.keys_values(xkv, 0, kind, layer_idx, h)?;
+        // Nothing keeps these keys and values: per key/value head, as the attention reads them.
+        let kv = self.keys_values_grouped(xkv, 0, kind, layer_idx, h)?;
         self.attend(xq, &kv, bias, gate, 0, kind, layer_idx, h)
     }
 
@@ -685,12 +748,18 @@ impl Attention {
     /// source sentence for its cross-attention, or caches step by step. Hook points `hook_k`,
     /// `hook_rot_k` and `hook_v` (per key/value head).
     pub fn keys_values(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
+        Ok(self.keys_values_grouped(xkv, start, kind, layer_idx, hk_slot)?.per_query_head(self.n_heads)?)
+    }
+
+    /// [`Attention::keys_values`] per key/value head `[B, Hkv, Tk, dh]` (grouped-query
+    /// attention's heads not repeated): what [`Attention::attend`] reads without a copy.
+    pub fn keys_values_grouped(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
         if self.n_heads == 0 {
             return Ok(KeysValues::empty());
         }
         let at = |p| At::new(kind, layer_idx, p);
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
-        let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let (hk, dh) = (self.n_kv_heads, self.head_dim);
         let k = match &self.qk_norm {
             Some(n) => n.heads(&n.k, &self.k.forward(xkv), hk, dh, hooks::rules(hk_slot)),
             None => self.k.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2),
@@ -699,16 +768,13 @@ impl Attention {
         if let Some(r) = &self.rotary {
             k = hooks::at(hk_slot, at(Point::RotK), r.apply_from(&k, start))?;
         }
-        let mut v = hooks::at(hk_slot, at(Point::V), self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2))?;
-        if hk != h {
-            k = k.repeat_interleave_self_int(h / hk, Some(1), None);
-            v = v.repeat_interleave_self_int(h / hk, Some(1), None);
-        }
+        let v = hooks::at(hk_slot, at(Point::V), self.v.forward(xkv).view([b, tk, hk, dh]).transpose(1, 2))?;
         Ok(KeysValues { k, v })
     }
 
     /// `xq [B, Tq, D]` (at positions `start..`) attends over keys and values from
-    /// [`Attention::keys_values`]. Hook points `hook_q`, `hook_rot_q`, `hook_attn_scores`,
+    /// [`Attention::keys_values`] or [`Attention::keys_values_grouped`] (grouped-query heads
+    /// repeated here only where the fused kernel does not read them grouped). Hook points `hook_q`, `hook_rot_q`, `hook_attn_scores`,
     /// `hook_pattern`, `hook_z`, `hook_result` and `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&LayerGate>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
@@ -754,6 +820,18 @@ impl Attention {
         } else {
             (&kv.k, &kv.v)
         };
+        // The fused kernel reads grouped keys and values itself (without autograd: its
+        // backward is left to the repeated form); every other path reads them per query head.
+        let fused = gate.and_then(|g| g.bypass).is_none() && !(hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some());
+        let grouped = k.dim() == 4 && k.size()[1] != h;
+        let gqa = grouped && fused && !(q.requires_grad() || k.requires_grad() || v.requires_grad());
+        let per_head;
+        let (k, v) = if grouped && !gqa {
+            per_head = KeysValues { k: k.shallow_clone(), v: v.shallow_clone() }.per_query_head(h)?;
+            (&per_head.k, &per_head.v)
+        } else {
+            (k, v)
+        };
         let scale = self.score.scale.unwrap_or(1.0 / (dh as f64).sqrt());
         // DuoAttention's mix (docs/methods.md#duo-gates): each head's weights are
         // `a P_full + (1 - a) P_streaming`, the streaming ones under the window's bias.
@@ -770,7 +848,7 @@ impl Attention {
             // HARP: no scores; each query's own value (the last `tq` of the keys' positions).
             let tk = v.size()[2];
             v.f_narrow(2, tk - tq, tq)? * alpha
-        } else if hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some() {
+        } else if !fused {
             let raw = q.matmul(&k.transpose(-2, -1)) * scale;
             // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
             let raw = softcap(raw, self.score.softcap);
@@ -784,9 +862,9 @@ impl Attention {
             probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.
-            let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, false)?;
+            let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, gqa)?;
             match &duo {
-                Some((a, streaming)) => &full * a + Tensor::f_scaled_dot_product_attention(&q, k, v, Some(streaming), 0.0, false, scale, false)? * (a.ones_like() - a),
+                Some((a, streaming)) => &full * a + Tensor::f_scaled_dot_product_attention(&q, k, v, Some(streaming), 0.0, false, scale, gqa)? * (a.ones_like() - a),
                 None => full,
             }
         }; // [B, H, Tq, dh]
@@ -837,6 +915,26 @@ impl KeysValues {
     /// For an attention with no heads left, which reads neither.
     pub fn empty() -> KeysValues {
         KeysValues { k: Tensor::new(), v: Tensor::new() }
+    }
+
+    /// Per query head of an attention with `n_heads`: grouped-query keys and values (fewer
+    /// heads) each repeated for the query heads of its group (head `h` reads `h / group`).
+    pub fn per_query_head(self, n_heads: i64) -> Result<KeysValues, ModelError> {
+        if self.k.dim() != 4 || self.k.size()[1] == n_heads || n_heads == 0 {
+            return Ok(self);
+        }
+        let group = n_heads / self.k.size()[1];
+        Ok(KeysValues { k: self.k.f_repeat_interleave_self_int(group, Some(1), None)?, v: self.v.f_repeat_interleave_self_int(group, Some(1), None)? })
+    }
+
+    /// Per key/value head (`n_kv` of them) from per query head: each group's first head (the
+    /// others repeat it); unchanged where already so.
+    pub fn grouped(self, n_kv: i64) -> Result<KeysValues, ModelError> {
+        if self.k.dim() != 4 || self.k.size()[1] == n_kv || n_kv == 0 {
+            return Ok(self);
+        }
+        let (h, group) = (self.k.size()[1], self.k.size()[1] / n_kv);
+        Ok(KeysValues { k: self.k.f_slice(1, 0, h, group)?, v: self.v.f_slice(1, 0, h, group)? })
     }
 
     /// The batch repeated `n` times (row `j * B + b` is row `b`).

@@ -112,14 +112,15 @@ impl EncoderLayer {
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
-        self.forward_queries(x, bias, gate, kind, layer_idx, h, cache, Queries::All)
+        self.forward_queries(x, bias, gate, kind, layer_idx, h, cache, Queries::All, true)
     }
 
     /// [`EncoderLayer::forward_cached`] with `queries`: every position's output, or the last
     /// position's alone (its keys and values still from every position; hook points past the
-    /// keys and values see the last position only).
+    /// keys and values see the last position only). `keep`: the cache is kept (per query head,
+    /// as [`StackCache`] holds it); otherwise it is left per key/value head.
     #[allow(clippy::too_many_arguments)]
-    fn forward_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries) -> Result<Tensor, ModelError> {
+    fn forward_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries, keep: bool) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
@@ -142,9 +143,12 @@ impl EncoderLayer {
             (slot, _) => {
                 let slot = slot.unwrap_or(&mut none);
                 let past = slot.as_ref().map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
-                let fresh = self.attn.keys_values(&attn_in, past, kind, layer_idx, h)?;
+                let fresh = if keep { self.attn.keys_values(&attn_in, past, kind, layer_idx, h)? } else { self.attn.keys_values_grouped(&attn_in, past, kind, layer_idx, h)? };
                 let kv = match slot.take() {
-                    Some(p) if past > 0 => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
+                    Some(p) if past > 0 => {
+                        let p = if fresh.k.dim() == 4 { p.grouped(fresh.k.size()[1])? } else { p };
+                        KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? }
+                    }
                     _ => fresh,
                 };
                 let out = match queries {
@@ -160,8 +164,8 @@ impl EncoderLayer {
             }
         };
         match queries {
-            Queries::All => self.finish_hooked(&x, &a, kind, layer_idx, h),
-            Queries::Last => self.finish_hooked(&x.f_narrow(1, x.size()[1] - 1, 1)?, &a, kind, layer_idx, h),
+            Queries::All => self.finish_hooked(&x, a, kind, layer_idx, h),
+            Queries::Last => self.finish_hooked(&x.f_narrow(1, x.size()[1] - 1, 1)?, a, kind, layer_idx, h),
         }
     }
 
@@ -171,7 +175,7 @@ impl EncoderLayer {
     pub fn forward_from_z(&self, x: &Tensor, z: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         check_interrupt()?;
         let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
-        self.finish_hooked(x, &a, kind, layer_idx, h)
+        self.finish_hooked(x, a, kind, layer_idx, h)
     }
 
     /// What the attention sublayer adds to the residual stream for its output `a`
@@ -189,7 +193,8 @@ impl EncoderLayer {
 
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
     /// `hook_resid_post`).
-    fn finish_hooked(&self, x: &Tensor, a: &Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn finish_hooked(&self, x: &Tensor, a_out: Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let a = &a_out;
         let rules = hooks::rules(hk);
         let at = |p| At::new(kind, layer_idx, p);
         if self.norm_position == NormPosition::Parallel {
@@ -217,7 +222,7 @@ impl EncoderLayer {
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
         }
-        let s1 = hooks::at(hk, at(Point::ResidMid), x + a)?;
+        let s1 = hooks::at(hk, at(Point::ResidMid), sum_into(a_out, x, hk)?)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
                 let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(&s1, rules))?;
@@ -229,13 +234,22 @@ impl EncoderLayer {
             }
         };
         let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
-        let s2 = hooks::at(hk, at(Point::ResidPost), &h + &ffn_out)?;
+        let s2 = hooks::at(hk, at(Point::ResidPost), sum_into(ffn_out, &h, hk)?)?;
         let y = match self.norm_position {
             NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s2, rules))?,
             NormPosition::Pre | NormPosition::Parallel | NormPosition::PostSublayer => s2,
         };
         Ok(y)
     }
+}
+
+/// `fresh + x`: into `fresh` (a sublayer's output just computed) where nobody else sees it
+/// ([`super::nn::unseen`]), else a new tensor. The same floats either way.
+fn sum_into(mut fresh: Tensor, x: &Tensor, h: &HookSlot) -> Result<Tensor, ModelError> {
+    if super::nn::unseen(h, &fresh) && !x.requires_grad() && fresh.size() == x.size() {
+        return Ok(fresh.f_add_(x)?);
+    }
+    Ok(x.f_add(&fresh)?)
 }
 
 /// T5's relative position bias: one learned score per head for each bucket of the distance
@@ -581,6 +595,22 @@ impl Transformer {
         Ok(super::nn::softcap(out.forward(states), self.logit_softcap))
     }
 
+    /// The logits of the vocabulary entries `ids [R, k]` alone for final states `[R, D]`:
+    /// `[R, k]`, what [`Transformer::logits`] gives in those columns (soft-capped likewise), at
+    /// `k` of its `V` products per row (a metric that reads two logits, as patching's logit
+    /// difference, needs no more).
+    pub fn logits_of(&self, states: &Tensor, ids: &Tensor) -> Result<Tensor, ModelError> {
+        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let (r, k) = (ids.size()[0], ids.size()[1]);
+        let rows = out.w.f_index_select(0, &ids.f_reshape([-1])?)?.f_view([r, k, -1])?;
+        let l = rows.f_matmul(&states.f_unsqueeze(2)?)?.f_squeeze_dim(2)?;
+        let l = match &out.b {
+            Some(b) => l.f_add(&b.f_index_select(0, &ids.f_reshape([-1])?)?.f_view([r, k])?)?,
+            None => l,
+        };
+        Ok(super::nn::softcap(l, self.logit_softcap))
+    }
+
     /// The logits before a final soft cap (Gemma 2; the same as [`Transformer::logits`]
     /// elsewhere): AttnLRP's seed (docs/methods.md#attnlrp).
     pub fn logits_before_cap(&self, states: &Tensor) -> Result<Tensor, ModelError> {
@@ -681,7 +711,7 @@ impl Transformer {
         let bias = self.streamed(gates, l, &bias, x.size()[1], past, None).unwrap_or(bias);
         let mut slot = prefix;
         let g = gates.layer(self.stack_kind, l);
-        layer.forward_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries)
+        layer.forward_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries, false)
     }
 
     /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts), at any
