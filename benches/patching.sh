@@ -51,7 +51,12 @@ p0 = next(i for i, (a, b) in enumerate(zip(pair["clean"], pair["corrupted"])) if
 # FLOPs per token: a whole layer, and what follows hook_z in the patched layer (W^O and the MLP).
 layer = 2 * (D * D + 2 * D * KV * dh + D * D + 3 * D * F)
 after_z = 2 * (D * D + 3 * D * F)
-logits = 2 * D * V  # the last position's logits, once per patched run
+# The metric (the logit difference) reads two logits of the last position per patched run: an
+# exact computation needs those two, not all V (headscope computes the two,
+# Transformer::logits_of; TransformerLens all V). `full_logits` is the floor counting all V, as
+# this bench did until 2026-11-27.
+logits = 2 * D * 2
+full_logits = 2 * D * V
 def attn(tokens, keys):  # scores and A V for `tokens` queries over `keys` keys, every head
     return 2 * 2 * tokens * keys * D
 def above(l, first):  # the layers above head (l, h) over positions first..T-1
@@ -90,6 +95,8 @@ print(f"{'patching':<22}{'headscope s':>12}{'TransformerLens s':>19}{'speed-up':
 for name, h, t, f, g in [("all positions", hs["all_pos_s"], tl["all_pos_s"], floor_all, tight_all), ("per position", hs["by_pos_s"], tl["by_pos_s"], floor_each, tight_each)]:
     print(f"{name:<22}{h:>12.2f}{t:>19.2f}{t / h:>9.1f}x{f / rate:>9.2f}{h / (f / rate):>9.2f}x{g / rate:>9.2f}{h / (g / rate):>9.2f}x")
 print(f"{'attribution (all pos)':<22}{hs['attribution_s']:>12.2f}")
+full_all = floor_all + H * L * (full_logits - logits)
+print(f"(floor counting all {V} logits per patched run, all positions: {full_all / rate:.2f} s, hs/that {hs['all_pos_s'] / (full_all / rate):.2f}x)")
 if tl.get("by_pos_extrapolated"):
     k = tl["by_pos_layers_timed"]
     print(f"(TransformerLens per position: measured on {k} of {L} layers, times {L / k:g})")

@@ -417,92 +417,194 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
         }
         let total: usize = by_start.values().map(Vec::len).sum();
         let mut done = 0;
-        for (&from, entries) in &by_start {
-            let per_pass = (resume_tokens(model) / (b * (t - from)).max(1)).max(1) as usize;
-            for pass in entries.chunks(per_pass) {
-                if stop() {
-                    return Err(ModelError::Interrupted);
-                }
-                let states = resume(model, spec, pass, from, &plans, base, source, gates)?;
-                for (&(l, r), v) in pass.iter().zip(runs.state_sums(model, &states, pass.len() as i64)?) {
+        for pass in passes(&by_start, b, t, resume_tokens(model)) {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
+            let states = resume(model, spec, &pass, &plans, base, source, gates)?;
+            for (group, states) in pass.iter().zip(states) {
+                for (&(l, r), v) in group.entries.iter().zip(runs.state_sums(model, &states, group.entries.len() as i64)?) {
                     if let Some(plan) = plans.get(l).and_then(Option::as_ref) {
                         let (p, u) = plan.cell(r);
                         sums[l][p][u] += v;
                     }
                 }
-                done += pass.len();
-                progress(bi * n_layers + n_layers * done / total.max(1), steps);
+                done += group.entries.len();
             }
+            progress(bi * n_layers + n_layers * done / total.max(1), steps);
         }
         progress((bi + 1) * n_layers, steps);
     }
     Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, n_pairs, positions))
 }
 
-/// One pass of patched rows that all start at position `from` (`pass`: `(layer, row)`, layers
-/// ascending): each layer's rows enter at their layer, the rows already running go through it
-/// over positions `from..` with the base run's keys and values of the positions before.
-/// Returns the stack's final states `[rows x B, T - from, D]`, rows in `pass` order.
+/// Patched rows that all start at position `from` (`entries`: `(layer, row)`, layers
+/// ascending), resumed together.
+struct Group<'a> {
+    from: i64,
+    entries: &'a [(usize, i64)],
+}
+
+/// The passes of a bucket of `b` pairs of `t` tokens: each start position's rows in groups of
+/// at most `budget` resumed tokens (rows x pairs x positions from the start); the
+/// full groups one pass each, the remainders (per position, all of a late start's rows: few
+/// positions each) packed together, largest first, into passes of at most `budget` tokens,
+/// so that their layers still run as large batches ([`resume`] finishes every group's
+/// position-wise half as one).
+fn passes(by_start: &BTreeMap<i64, Vec<(usize, i64)>>, b: i64, t: i64, budget: i64) -> Vec<Vec<Group<'_>>> {
+    let mut out: Vec<Vec<Group>> = Vec::new();
+    let mut rest: Vec<(i64, Group)> = Vec::new();
+    for (&from, entries) in by_start {
+        let row_tokens = (b * (t - from)).max(1);
+        let per_pass = (budget / row_tokens).max(1) as usize;
+        for chunk in entries.chunks(per_pass) {
+            let group = Group { from, entries: chunk };
+            if chunk.len() == per_pass {
+                out.push(vec![group]);
+            } else {
+                rest.push((chunk.len() as i64 * row_tokens, group));
+            }
+        }
+    }
+    rest.sort_by_key(|(n, _)| -n);
+    let mut filled: Vec<(i64, Vec<Group>)> = Vec::new();
+    for (n, group) in rest {
+        match filled.iter_mut().find(|(used, _)| used + n <= budget) {
+            Some((used, gs)) => {
+                *used += n;
+                gs.push(group);
+            }
+            None => filled.push((n, vec![group])),
+        }
+    }
+    out.extend(filled.into_iter().map(|(_, gs)| gs));
+    out
+}
+
+/// One pass of groups of patched rows ([`Group`]): each layer's rows enter at their layer,
+/// the rows already running go through it over positions `from..` with the base run's keys
+/// and values of the positions before. A layer's attention runs per group and per kind of
+/// entry; what follows it (norms, MLP: each position alone) runs once for the whole pass,
+/// flattened. Returns each group's final states `[rows x B, T - from or 1, D]`, rows in
+/// `entries` order.
 #[allow(clippy::too_many_arguments)]
-fn resume(model: &Model, spec: PatchSpec, pass: &[(usize, i64)], from: i64, plans: &[Option<LayerPlan>], base: &Run, source: &Run, gates: &Gates) -> Result<Tensor, ModelError> {
+fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerPlan>], base: &Run, source: &Run, gates: &Gates) -> Result<Vec<Tensor>, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
     let b = base.logits.size()[0];
     // The base run's keys and values at positions before `from`, for `reps` copies of the batch.
-    let prefix = |l: usize, reps: i64| -> Result<Option<KeysValues>, ModelError> {
+    let prefix = |l: usize, from: i64, reps: i64| -> Result<Option<KeysValues>, ModelError> {
         match base.cache.get(l).and_then(Option::as_ref) {
             Some(kv) if from > 0 && kv.k.dim() == 4 => Ok(Some(KeysValues { k: kv.k.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])? })),
             _ => Ok(None),
         }
     };
-    let mut carry: Option<Tensor> = None;
-    let mut i = 0;
-    let top = net.encoder.len().saturating_sub(1);
-    let first = pass.first().map_or(net.encoder.len(), |e| e.0);
+    let n_layers = net.encoder.len();
+    let top = n_layers.saturating_sub(1);
+    let first = pass.iter().filter_map(|g| g.entries.first().map(|e| e.0)).min().unwrap_or(n_layers);
     // Only the last position's logits are read: the top layer computes that position's output
     // alone (every position's keys and values still enter its attention).
     let last = |y: Tensor| -> Result<Tensor, ModelError> { Ok(y.f_narrow(1, y.size()[1] - 1, 1)?) };
-    for l in first..net.encoder.len() {
-        if let Some(x) = carry.take() {
-            let reps = x.size()[0] / b;
-            let queries = if l == top { Queries::Last } else { Queries::All };
-            carry = Some(net.layer_queries(l, &x, from, prefix(l, reps)?, gates, &mut None, queries)?);
-        }
-        let start = i;
-        while i < pass.len() && pass[i].0 == l {
-            i += 1;
-        }
-        if i == start {
-            continue;
-        }
-        let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
-        let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
-            return Err(missing(l));
-        };
-        let rows: Vec<i64> = pass[start..i].iter().map(|e| e.1).collect();
-        let n = rows.len() as i64;
-        let len = plan.t - from;
-        let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, from, len)?;
-        let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
-        let y = match point {
-            // What follows hook_z reads each position alone.
-            Point::Z if l == top => net.layer_from_z(l, &last(x)?, &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?, &mut None)?,
-            Point::Z => net.layer_from_z(l, &x, &patched, &mut None)?,
-            Point::ResidPre if l == top => net.layer_queries(l, &patched, from, prefix(l, n)?, gates, &mut None, Queries::Last)?,
-            Point::ResidPre => net.layer_cached(l, &patched, from, prefix(l, n)?, gates, &mut None)?,
-            _ => {
-                let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
-                let y = net.layer_cached(l, &x, from, prefix(l, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?;
-                if l == top { last(y)? } else { y }
+    let mut carry: Vec<Option<Tensor>> = pass.iter().map(|_| None).collect();
+    let mut cursor = vec![0usize; pass.len()];
+    for l in first..n_layers {
+        let queries = if l == top { Queries::Last } else { Queries::All };
+        // Per group, its pieces in row order: attention halves (finished together below) or
+        // whole layer outputs.
+        let mut halves: Vec<(Tensor, Tensor)> = Vec::new();
+        let mut pieces: Vec<Vec<Piece>> = pass.iter().map(|_| Vec::new()).collect();
+        for (gi, group) in pass.iter().enumerate() {
+            let from = group.from;
+            if let Some(x) = carry[gi].take() {
+                let reps = x.size()[0] / b;
+                halves.push(net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?);
+                pieces[gi].push(Piece::Half(halves.len() - 1));
             }
-        };
-        carry = Some(match carry {
-            Some(c) => Tensor::f_cat(&[c, y], 0)?,
-            None => y,
-        });
+            let start = cursor[gi];
+            while cursor[gi] < group.entries.len() && group.entries[cursor[gi]].0 == l {
+                cursor[gi] += 1;
+            }
+            if cursor[gi] == start {
+                continue;
+            }
+            let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
+            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+                return Err(missing(l));
+            };
+            let rows: Vec<i64> = group.entries[start..cursor[gi]].iter().map(|e| e.1).collect();
+            let n = rows.len() as i64;
+            let len = plan.t - from;
+            let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, from, len)?;
+            let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
+            let piece = match point {
+                // What follows hook_z reads each position alone.
+                Point::Z if l == top => Piece::Half(push(&mut halves, net.layer_attention_from_z(l, &last(x)?, &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?, &mut None)?)),
+                Point::Z => Piece::Half(push(&mut halves, net.layer_attention_from_z(l, &x, &patched, &mut None)?)),
+                Point::ResidPre => Piece::Half(push(&mut halves, net.layer_attention(l, &patched, from, prefix(l, from, n)?, gates, &mut None, queries)?)),
+                _ => {
+                    let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
+                    let y = net.layer_cached(l, &x, from, prefix(l, from, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                    Piece::Whole(if l == top { last(y)? } else { y })
+                }
+            };
+            pieces[gi].push(piece);
+        }
+        let finished = finish_together(net, l, halves)?;
+        for (gi, ps) in pieces.into_iter().enumerate() {
+            let parts: Vec<Tensor> = ps.into_iter().map(|p| match p {
+                Piece::Half(i) => finished[i].shallow_clone(),
+                Piece::Whole(y) => y,
+            }).collect();
+            carry[gi] = match parts.len() {
+                0 => None,
+                1 => parts.into_iter().next(),
+                _ => Some(Tensor::f_cat(&parts, 0)?),
+            };
+        }
     }
-    net.finish_stack(carry.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)
+    pass.iter().zip(carry).map(|(_, c)| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)).collect()
+}
+
+/// A group's part of a layer's output: an attention half (its index among the layer's
+/// halves) or a whole layer's output.
+enum Piece {
+    Half(usize),
+    Whole(Tensor),
+}
+
+fn push(halves: &mut Vec<(Tensor, Tensor)>, half: (Tensor, Tensor)) -> usize {
+    halves.push(half);
+    halves.len() - 1
+}
+
+/// Layer `l` finished ([`Transformer::layer_finish`]) for every attention half of a pass as
+/// one batch: the halves flattened to positions and concatenated, finished, and split back.
+fn finish_together(net: &crate::model::transformer::Transformer, l: usize, halves: Vec<(Tensor, Tensor)>) -> Result<Vec<Tensor>, ModelError> {
+    if halves.len() == 1 {
+        let (x, a) = halves.into_iter().next().ok_or_else(|| ModelError::Invalid("patch: no half".into()))?;
+        return Ok(vec![net.layer_finish(l, &x, a, &mut None)?]);
+    }
+    if halves.is_empty() {
+        return Ok(Vec::new());
+    }
+    let shapes: Vec<Vec<i64>> = halves.iter().map(|(x, _)| x.size()).collect();
+    let d = shapes[0].last().copied().unwrap_or(0);
+    let flat = |t: &Tensor| t.f_reshape([-1, d]);
+    let xs = halves.iter().map(|(x, _)| flat(x)).collect::<Result<Vec<_>, _>>()?;
+    let as_ = halves.iter().map(|(_, a)| flat(a)).collect::<Result<Vec<_>, _>>()?;
+    drop(halves);
+    let x = Tensor::f_cat(&xs, 0)?.f_unsqueeze(0)?;
+    let a = Tensor::f_cat(&as_, 0)?.f_unsqueeze(0)?;
+    drop((xs, as_));
+    let y = net.layer_finish(l, &x, a, &mut None)?.f_squeeze_dim(0)?;
+    let mut at = 0;
+    shapes.iter().map(|s| {
+        let n = s[..s.len() - 1].iter().product::<i64>();
+        let part = y.f_narrow(0, at, n)?.f_view(s.as_slice())?;
+        at += n;
+        Ok(part)
+    }).collect()
 }
 
 /// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
@@ -1128,4 +1230,34 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
         }
     }
     Ok(Patched::mean_of(sums, clean_sum, corrupt_sum, pairs.len(), positions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row lands in exactly one pass, in its start's order; no pass exceeds the budget;
+    /// the remainders of late starts share passes.
+    #[test]
+    fn passes_cover_every_row_once_within_the_budget() {
+        let mut by_start: BTreeMap<i64, Vec<(usize, i64)>> = BTreeMap::new();
+        for (from, rows) in [(0i64, 9usize), (2, 9), (4, 9), (5, 9)] {
+            by_start.insert(from, (0..rows).map(|r| (r / 3, r as i64)).collect());
+        }
+        let (b, t, budget) = (2, 6, 30);
+        let ps = passes(&by_start, b, t, budget);
+        let mut seen: BTreeMap<i64, Vec<(usize, i64)>> = BTreeMap::new();
+        for p in &ps {
+            let tokens: i64 = p.iter().map(|g| g.entries.len() as i64 * b * (t - g.from)).sum();
+            assert!(tokens <= budget, "a pass of {tokens} tokens over the budget {budget}");
+            for g in p {
+                seen.entry(g.from).or_default().extend_from_slice(g.entries);
+            }
+        }
+        // Start 0: 12 tokens a row, 2 rows a pass (4 full passes, a remainder of 1 row).
+        assert_eq!(ps.iter().filter(|p| p.len() == 1 && p[0].from == 0 && p[0].entries.len() == 2).count(), 4);
+        // Start 5: 2 tokens a row, all 9 rows a remainder that shares a pass.
+        assert!(ps.iter().any(|p| p.len() > 1 && p.iter().any(|g| g.from == 5)));
+        assert_eq!(seen, by_start);
+    }
 }

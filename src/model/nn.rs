@@ -748,7 +748,7 @@ impl Attention {
     /// source sentence for its cross-attention, or caches step by step. Hook points `hook_k`,
     /// `hook_rot_k` and `hook_v` (per key/value head).
     pub fn keys_values(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
-        Ok(self.keys_values_grouped(xkv, start, kind, layer_idx, hk_slot)?.per_query_head(self.n_heads)?)
+        self.keys_values_grouped(xkv, start, kind, layer_idx, hk_slot)?.per_query_head(self.n_heads)
     }
 
     /// [`Attention::keys_values`] per key/value head `[B, Hkv, Tk, dh]` (grouped-query

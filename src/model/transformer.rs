@@ -121,6 +121,15 @@ impl EncoderLayer {
     /// as [`StackCache`] holds it); otherwise it is left per key/value head.
     #[allow(clippy::too_many_arguments)]
     fn forward_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries, keep: bool) -> Result<Tensor, ModelError> {
+        let (x, a) = self.attention_queries(x, bias, gate, kind, layer_idx, h, cache, queries, keep)?;
+        self.finish_hooked(&x, a, kind, layer_idx, h)
+    }
+
+    /// The attention half of [`EncoderLayer::forward_queries`]: the residual stream at the
+    /// query positions and the attention's output there, which [`EncoderLayer::finish_hooked`]
+    /// takes (reading each position alone).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries, keep: bool) -> Result<(Tensor, Tensor), ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
@@ -164,8 +173,8 @@ impl EncoderLayer {
             }
         };
         match queries {
-            Queries::All => self.finish_hooked(&x, a, kind, layer_idx, h),
-            Queries::Last => self.finish_hooked(&x.f_narrow(1, x.size()[1] - 1, 1)?, a, kind, layer_idx, h),
+            Queries::All => Ok((x, a)),
+            Queries::Last => Ok((x.f_narrow(1, x.size()[1] - 1, 1)?, a)),
         }
     }
 
@@ -702,6 +711,16 @@ impl Transformer {
     /// attention). Patching's top layer, whose other positions no logit reads.
     #[allow(clippy::too_many_arguments)]
     pub fn layer_queries(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<Tensor, ModelError> {
+        let (x, a) = self.layer_attention(l, x, past, prefix, gates, h, queries)?;
+        self.layer_finish(l, &x, a, h)
+    }
+
+    /// The attention half of [`Transformer::layer_queries`]: `(x, a)`, the residual stream at
+    /// the query positions and the attention's output there. [`Transformer::layer_finish`]
+    /// completes the layer reading each position alone, so that the halves of several calls
+    /// (other rows, other positions) may finish as one batch, flattened.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_attention(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<(Tensor, Tensor), ModelError> {
         Self::no_source(gates, "resuming a layer over cached keys and values")?;
         let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
         if !self.causal {
@@ -711,7 +730,23 @@ impl Transformer {
         let bias = self.streamed(gates, l, &bias, x.size()[1], past, None).unwrap_or(bias);
         let mut slot = prefix;
         let g = gates.layer(self.stack_kind, l);
-        layer.forward_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries, false)
+        layer.attention_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries, false)
+    }
+
+    /// The half of layer `l` after its attention ([`Transformer::layer_attention`]), from the
+    /// residual stream `x` and the attention's output `a` (both `[.., D]`, of one shape; each
+    /// position is read alone).
+    pub fn layer_finish(&self, l: usize, x: &Tensor, a: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        layer.finish_hooked(x, a, self.stack_kind, l, h)
+    }
+
+    /// The attention half of [`Transformer::layer_from_z`]: `(x, a)` with `a` the attention's
+    /// output from the contexts `z`, for [`Transformer::layer_finish`].
+    pub fn layer_attention_from_z(&self, l: usize, x: &Tensor, z: &Tensor, h: &mut HookSlot) -> Result<(Tensor, Tensor), ModelError> {
+        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        check_interrupt()?;
+        Ok((x.shallow_clone(), layer.attn.output_from_z(z, self.stack_kind, l, h)?))
     }
 
     /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts), at any
