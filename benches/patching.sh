@@ -26,9 +26,12 @@ for i in 0..3 {
     all = m.patch(p);
     t_all = min(t_all, t.elapsed);
 }
-let t2 = timestamp();
-let each = m.patch(p, #{positions: "each"});
-let t_each = t2.elapsed;
+let t_each = 1e9;
+for i in 0..2 {
+    let t2 = timestamp();
+    let each = m.patch(p, #{positions: "each"});
+    t_each = min(t_each, t2.elapsed);
+}
 let t3 = timestamp();
 let attr = m.patch(p, #{method: "attribution"});
 let t_attr = t3.elapsed;

@@ -493,10 +493,14 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
     let point = spec.site.point();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
     let b = base.logits.size()[0];
-    // The base run's keys and values at positions before `from`, for `reps` copies of the batch.
+    // The base run's keys and values at positions before `from`, for `reps` copies of the batch
+    // (per key/value head, as the layers resumed read them).
     let prefix = |l: usize, from: i64, reps: i64| -> Result<Option<KeysValues>, ModelError> {
-        match base.cache.get(l).and_then(Option::as_ref) {
-            Some(kv) if from > 0 && kv.k.dim() == 4 => Ok(Some(KeysValues { k: kv.k.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_narrow(2, 0, from)?.f_repeat([reps, 1, 1, 1])? })),
+        match (base.cache.get(l).and_then(Option::as_ref), net.encoder.get(l)) {
+            (Some(kv), Some(layer)) if from > 0 && kv.k.dim() == 4 => {
+                let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }.grouped(layer.attn.n_kv_heads)?;
+                Ok(Some(KeysValues { k: kv.k.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_repeat([reps, 1, 1, 1])? }))
+            }
             _ => Ok(None),
         }
     };

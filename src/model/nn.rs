@@ -83,7 +83,15 @@ impl Norm {
             NormKind::Rms => {
                 let var = x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind());
                 let scale = (var + self.eps).rsqrt();
-                x * if attn_lrp { scale.detach() } else { scale } * &self.weight
+                let y = x * if attn_lrp { scale.detach() } else { scale };
+                if y.requires_grad() {
+                    y * &self.weight
+                } else {
+                    // Without autograd the product just made is nobody else's.
+                    let mut y = y;
+                    y *= &self.weight;
+                    y
+                }
             }
         }
     }
