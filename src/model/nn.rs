@@ -340,9 +340,7 @@ impl Rotary {
         let out = if self.half { Tensor::cat(&[ra, rb], 3) } else { Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]) };
         if self.dim < dh { Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3) } else { out }
     }
-}
 
-impl Rotary {
     /// The two halves (or the even and odd dimensions) of `x`'s first `dim` dimensions.
     fn pairs(&self, x: &Tensor) -> Result<(Tensor, Tensor), tch::TchError> {
         let (b, h, t) = (x.size()[0], x.size()[1], x.size()[2]);
@@ -782,8 +780,9 @@ impl Attention {
 
     /// `xq [B, Tq, D]` (at positions `start..`) attends over keys and values from
     /// [`Attention::keys_values`] or [`Attention::keys_values_grouped`] (grouped-query heads
-    /// repeated here only where the fused kernel does not read them grouped). Hook points `hook_q`, `hook_rot_q`, `hook_attn_scores`,
-    /// `hook_pattern`, `hook_z`, `hook_result` and `hook_attn_out`.
+    /// repeated here only where the fused kernel does not read them grouped). Hook points
+    /// `hook_q`, `hook_rot_q`, `hook_attn_scores`, `hook_pattern`, `hook_z`, `hook_result` and
+    /// `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&LayerGate>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
