@@ -414,7 +414,9 @@ fn path_patching_equals_transformers_with_hooks() {
 /// decoder-only family (rotary variants, sliding windows of 5 over 8 tokens, Gemma's alternating
 /// windows and soft-capping, parallel residuals, post-norms, q/k norms), float64: patching a
 /// layer's whole residual stream from the clean run is the clean run, and each head's `z`
-/// patch equals the whole stack run from that layer over every position (`stack_from_z`).
+/// patch, at all positions and at each position alone (per position: the passes that pack
+/// several start positions, their attention apart and the rest flattened), equals the whole
+/// stack run from that layer over every position (`stack_from_z`).
 #[test]
 fn resumed_patches_equal_whole_runs_in_every_family() {
     use headscope::model::hooks::Point;
@@ -428,6 +430,7 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
         }
         // Each head's z patch against the whole stack from its layer (every position).
         let z = run(&m, &ps, Site::Z, false, Direction::Denoise, PatchMetric::LogitDiff);
+        let z_each = run(&m, &ps, Site::Z, true, Direction::Denoise, PatchMetric::LogitDiff);
         let ids = |v: &[i64]| Tensor::from_slice(v).view([1, v.len() as i64]);
         let mask = Tensor::ones([1, 8], (tch::Kind::Double, tch::Device::Cpu));
         let _g = tch::no_grad_guard();
@@ -437,17 +440,28 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
         let (zc, zk, xk) = (common::at_point(&clean, Point::Z), common::at_point(&corrupt, Point::Z), common::at_point(&corrupt, Point::ResidPre));
         let bias = m.net.self_bias(&mask, tch::Kind::Double);
         let mut worst = 0.0f64;
+        let whole = |l: usize, patched: &Tensor| {
+            let states = m.net.stack_from_z(l, &xk[l], patched, &bias, &Gates::none(), &mut None).unwrap();
+            let logits = m.net.logits(&states.select(1, 7)).unwrap().to_kind(tch::Kind::Double);
+            logits.double_value(&[0, 33]) - logits.double_value(&[0, 44])
+        };
         for l in 0..zk.len() {
             let heads = zk[l].size()[1];
             for h in 0..heads {
                 let patched = zk[l].copy();
                 patched.narrow(1, h, 1).copy_(&zc[l].narrow(1, h, 1));
-                let states = m.net.stack_from_z(l, &xk[l], &patched, &bias, &Gates::none(), &mut None).unwrap();
-                let logits = m.net.logits(&states.select(1, 7)).unwrap().to_kind(tch::Kind::Double);
-                let want = logits.double_value(&[0, 33]) - logits.double_value(&[0, 44]);
+                let want = whole(l, &patched);
                 let got = z.patched[l][0][h as usize];
                 worst = worst.max((got - want).abs());
                 assert!((got - want).abs() < 1e-9 * (1.0 + want.abs()), "{name}: z of {l}.{h}: resumed {got} vs the whole stack {want}");
+                for p in 0..8 {
+                    let patched = zk[l].copy();
+                    patched.narrow(1, h, 1).narrow(2, p, 1).copy_(&zc[l].narrow(1, h, 1).narrow(2, p, 1));
+                    let want = whole(l, &patched);
+                    let got = z_each.patched[l][p as usize][h as usize];
+                    worst = worst.max((got - want).abs());
+                    assert!((got - want).abs() < 1e-9 * (1.0 + want.abs()), "{name}: z of {l}.{h} at position {p}: resumed {got} vs the whole stack {want}");
+                }
             }
         }
         eprintln!("{name}: resumed z patches within {worst:.1e} of whole-stack runs");
