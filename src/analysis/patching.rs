@@ -522,8 +522,7 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
             let from = group.from;
             if let Some(x) = carry[gi].take() {
                 let reps = x.size()[0] / b;
-                halves.push(net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?);
-                pieces[gi].push(Piece::Half(halves.len() - 1));
+                pieces[gi].push(Piece::Half(push(&mut halves, net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?)));
             }
             let start = cursor[gi];
             while cursor[gi] < group.entries.len() && group.entries[cursor[gi]].0 == l {
@@ -567,7 +566,7 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
             };
         }
     }
-    pass.iter().zip(carry).map(|(_, c)| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)).collect()
+    carry.into_iter().map(|c| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)).collect()
 }
 
 /// A group's part of a layer's output: an attention half (its index among the layer's

@@ -677,7 +677,7 @@ impl Transformer {
     /// The stack resumed at `hook_z` of layer `layer`: `x` is that layer's input, `z` its
     /// per-head contexts; the layers above run as usual, then the final norm.
     pub fn stack_from_z(&self, layer: usize, x: &Tensor, z: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let l = self.encoder.get(layer).ok_or_else(|| ModelError::Invalid(format!("layer {layer} out of range: the stack has {} layers", self.encoder.len())))?;
+        let l = self.stack_layer(layer)?;
         let y = l.forward_from_z(x, z, self.stack_kind, layer, h)?;
         self.stack_from(layer + 1, &y, bias, gates, h)
     }
@@ -697,32 +697,31 @@ impl Transformer {
         Ok(y)
     }
 
+    /// Layer `l` of the self-attention stack, or an error naming it.
+    fn stack_layer(&self, l: usize) -> Result<&EncoderLayer, ModelError> {
+        self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))
+    }
+
     /// Layer `l` of a causal stack over `x [B, T, D]` at positions `past..`, its queries also
     /// attending to the earlier positions' keys and values `prefix` (`[B, H, past, d_head]`,
     /// as [`StackCache`] holds them; `None` when `past` is 0 or the layer has no heads).
     /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
     /// its rows here, so that the positions before a patch are not run again).
     pub fn layer_cached(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        self.layer_queries(l, x, past, prefix, gates, h, Queries::All)
-    }
-
-    /// [`Transformer::layer_cached`] computing `queries`' outputs: with [`Queries::Last`],
-    /// `[B, 1, D]`, the last position's (every position's keys and values still enter its
-    /// attention). Patching's top layer, whose other positions no logit reads.
-    #[allow(clippy::too_many_arguments)]
-    pub fn layer_queries(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<Tensor, ModelError> {
-        let (x, a) = self.layer_attention(l, x, past, prefix, gates, h, queries)?;
+        let (x, a) = self.layer_attention(l, x, past, prefix, gates, h, Queries::All)?;
         self.layer_finish(l, &x, a, h)
     }
 
-    /// The attention half of [`Transformer::layer_queries`]: `(x, a)`, the residual stream at
-    /// the query positions and the attention's output there. [`Transformer::layer_finish`]
+    /// The attention half of [`Transformer::layer_cached`] at `queries` (with
+    /// [`Queries::Last`], the last position alone, its keys and values still from every
+    /// position: patching's top layer, whose other positions no logit reads): `(x, a)`, the
+    /// residual stream at the query positions and the attention's output there. [`Transformer::layer_finish`]
     /// completes the layer reading each position alone, so that the halves of several calls
     /// (other rows, other positions) may finish as one batch, flattened.
     #[allow(clippy::too_many_arguments)]
     pub fn layer_attention(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<(Tensor, Tensor), ModelError> {
         Self::no_source(gates, "resuming a layer over cached keys and values")?;
-        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        let layer = self.stack_layer(l)?;
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }
@@ -737,23 +736,18 @@ impl Transformer {
     /// residual stream `x` and the attention's output `a` (both `[.., D]`, of one shape; each
     /// position is read alone).
     pub fn layer_finish(&self, l: usize, x: &Tensor, a: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        let layer = self.stack_layer(l)?;
         layer.finish_hooked(x, a, self.stack_kind, l, h)
     }
 
-    /// The attention half of [`Transformer::layer_from_z`]: `(x, a)` with `a` the attention's
-    /// output from the contexts `z`, for [`Transformer::layer_finish`].
+    /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts, at any
+    /// positions), its attention half: `(x, a)` with `a` the attention's output from the
+    /// contexts, for [`Transformer::layer_finish`] (what follows `hook_z` reads each position
+    /// alone).
     pub fn layer_attention_from_z(&self, l: usize, x: &Tensor, z: &Tensor, h: &mut HookSlot) -> Result<(Tensor, Tensor), ModelError> {
-        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
+        let layer = self.stack_layer(l)?;
         check_interrupt()?;
         Ok((x.shallow_clone(), layer.attn.output_from_z(z, self.stack_kind, l, h)?))
-    }
-
-    /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts), at any
-    /// positions: what follows `hook_z` reads each position alone.
-    pub fn layer_from_z(&self, l: usize, x: &Tensor, z: &Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let layer = self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))?;
-        layer.forward_from_z(x, z, self.stack_kind, l, h)
     }
 
     /// The stack's output from its last layer's output: the final norm, where it has one.
