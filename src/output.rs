@@ -52,6 +52,17 @@ pub fn images_wanted() -> bool {
     !TEXT_ONLY.with(|t| t.get())
 }
 
+/// `x` in fixed notation with `digits` decimals, as every printed result writes a number: a
+/// value that rounds to zero is `0.0000`, never `-0.0000` (a KL of about zero computed as
+/// -1e-9 on one CPU and +1e-9 on another prints the same).
+pub fn fixed(x: f64, digits: usize) -> String {
+    let s = format!("{x:.digits$}");
+    match s.strip_prefix('-') {
+        Some(rest) if rest.bytes().all(|b| b == b'0' || b == b'.') => rest.to_string(),
+        _ => s,
+    }
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then a rename,
 /// so a crash never leaves a half-written result behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -144,6 +155,16 @@ mod tests {
              EVCXR_BEGIN_CONTENT image/svg+xml\n<svg/>\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT text/plain\nt\nEVCXR_END_CONTENT\n"
         );
         assert_eq!(evcxr_content(&Output::text("x")), "EVCXR_BEGIN_CONTENT text/plain\nx\nEVCXR_END_CONTENT\n");
+    }
+
+    #[test]
+    fn fixed_never_prints_a_negative_zero() {
+        assert_eq!(fixed(-1e-9, 4), "0.0000");
+        assert_eq!(fixed(1e-9, 4), "0.0000");
+        assert_eq!(fixed(-0.0, 2), "0.00");
+        assert_eq!(fixed(-0.00006, 4), "-0.0001");
+        assert_eq!(fixed(-1.5, 1), "-1.5");
+        assert_eq!(fixed(f64::NAN, 3), "NaN");
     }
 
     #[test]

@@ -21,7 +21,7 @@ impl Cell {
         match self {
             Cell::Int(i) => i.to_string(),
             Cell::Float(f) if f.is_nan() => "NaN".into(),
-            Cell::Float(f) => format!("{f:.digits$}"),
+            Cell::Float(f) => crate::output::fixed(*f, digits),
             Cell::Text(s) => s.clone(),
             Cell::Empty => String::new(),
         }

@@ -322,7 +322,7 @@ pub fn compare_table(c: &super::strategies::Comparison, model: &str, data: &str,
     let metric = c.metric.to_string();
     let n = (c.n_layers * c.n_heads) as f64;
     let mut t = Table::new(vec!["strategy".into(), "fraction".into(), "heads_removed".into(), "layers_removed".into(), "heads_kept".into(), metric.clone(), "sd".into(), "min".into(), "max".into(), "seconds".into()]);
-    t.title = Some(format!("prune_compare: {model} ({} x {} {} heads), chosen on {data}, {metric} on {eval} (full model {:.4})", c.n_layers, c.n_heads, c.kind, c.full));
+    t.title = Some(format!("prune_compare: {model} ({} x {} {} heads), chosen on {data}, {metric} on {eval} (full model {})", c.n_layers, c.n_heads, c.kind, crate::output::fixed(c.full, 4)));
     t.digits = 4;
     let opt = |x: Option<f64>| x.map_or(Cell::Empty, Cell::Float);
     for r in &c.rows {

@@ -222,7 +222,7 @@ pub fn finish_sweep(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
     let base = metric_acc(&acc["base"], "the unmasked model")?.value();
     let kinds = grid_from(identity, |k, l, h| Ok(metric_acc(&acc["kinds"][k][l][h], &format!("{k}.{l}.{h}"))?.value()))?;
     echo.push(("base".into(), crate::script::convert::json_f64(base)));
-    Ok(Grid { stat: format!("{metric} with the head masked (base {base:.4})"), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
+    Ok(Grid { stat: format!("{metric} with the head masked (base {})", crate::output::fixed(base, 4)), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
 }
 
 /// `m.bleu(data)` from its accumulators.

@@ -417,7 +417,7 @@ pub mod api {
             return err(format!("syntactic: no '{relation}' '{direction}' (have: {})", have.join(", ")));
         };
         Ok(Grid {
-            stat: format!("syntactic accuracy {relation} {} (baseline {:.3})", rd.label, rd.baseline),
+            stat: format!("syntactic accuracy {relation} {} (baseline {})", rd.label, crate::output::fixed(rd.baseline, 3)),
             model: a.0.model.clone(),
             dataset: a.0.dataset.clone(),
             kinds: vec![(k.kind, rd.accuracy.clone())],
