@@ -101,6 +101,48 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a.to_device(Device::Cpu).to_kind(DType::Double) - b.to_device(Device::Cpu).to_kind(DType::Double)).abs().max().double_value(&[])
 }
 
+/// float32's unit roundoff, `u = 2^-24`.
+pub const U32: f64 = 1.0 / 16_777_216.0;
+
+/// The float32 bound every comparison against a reference implementation uses (docs/testing.md,
+/// issue 53): two correct float32 evaluations of one network (headscope's and the reference's,
+/// on any x86-64 CPU, AVX2 or AVX-512 kernels) differ by at most
+///
+/// ```text
+/// |a - b| <= C32 * u * scale * sqrt(depth)
+/// ```
+///
+/// - `u * sqrt(depth)`: the probabilistic rounding error of a computation whose outputs sum
+///   `depth` rounded terms along their longest chain (Higham & Mary 2019: a sum of n terms in any
+///   order errs by `lambda sqrt(n) u` of the terms' scale with probability `1 - 2 exp(-lambda^2 / 2)`);
+/// - `C32 = 64`: `lambda = 8` (a failure probability of 1e-14 per value, so the largest of a
+///   million values stays inside), times 2 (two implementations, each within the bound), times 4
+///   (what norms and softmax may amplify: a LayerNorm divides by the deviation, a softmax turns an
+///   absolute score error into a relative weight error);
+/// - `scale`: the largest magnitude of what is compared (logits, hidden states), or 1 for
+///   attention weights, whose error is the score error times the weight (at most 1).
+///
+/// Nothing here is tuned to one machine: the suite checks it under AVX-512 and under forced AVX2
+/// kernels (`scripts/test`'s second numeric pass).
+pub fn f32_bound(scale: f64, depth: f64) -> f64 {
+    64.0 * U32 * scale.max(f64::MIN_POSITIVE) * depth.max(1.0).sqrt()
+}
+
+/// The accumulation depth of a model's forward over `t` tokens: per layer (every stack), the
+/// model width, the MLP width and the keys summed, as [`f32_bound`] counts them.
+pub fn depth(m: &Model, t: usize) -> f64 {
+    let width = |w: &Tensor| w.size().first().copied().unwrap_or(0) as f64;
+    let d = m.net.embed.tokens.size()[1] as f64;
+    let enc: f64 = m.net.encoder.iter().map(|l| d + width(&l.ffn.up.w) + t as f64).sum();
+    let dec: f64 = m.net.decoder.iter().map(|l| 2.0 * d + width(&l.ffn.up.w) + 2.0 * t as f64).sum();
+    enc + dec
+}
+
+/// The largest magnitude of a tensor.
+pub fn scale(t: &Tensor) -> f64 {
+    t.to_kind(DType::Double).abs().max().double_value(&[])
+}
+
 /// Zeros, float32 on the CPU.
 pub fn zeros(shape: &[i64]) -> Tensor {
     Tensor::zeros(shape, (DType::Float, Device::Cpu))
@@ -190,8 +232,8 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
         forced_bos: Default::default(),
         rel_bias: None,
     };
-    let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float };
-    Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] }
+    let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false };
+    Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), id: None, warnings: vec![], net, tok, opts, n_params: 0, removed: vec![] }
 }
 
 /// One pass of `run` recording `points` through the trace: `(hook point, value)` in the order
@@ -221,4 +263,24 @@ pub fn hidden_and_attention(run: impl FnOnce(&mut dyn headscope::model::hooks::H
     let mut hidden: Vec<tch::Tensor> = at_point(&seen, Point::ResidPre).iter().map(|h| h.get(0)).collect();
     hidden.push(out.get(0));
     (hidden, at_point(&seen, Point::Pattern).iter().map(|a| a.get(0)).collect())
+}
+
+/// A repository of a Hugging Face cache under `root`, laid out as `huggingface_hub` writes it:
+/// each file's bytes in `blobs/` (named by a digest of them, as the hub's etags name blobs), a
+/// relative symlink to it in `snapshots/<hash>/`, and `refs/<branch>` holding the hash.
+pub fn hf_cache_repo(root: &Path, id: &str, branch: &str, hash: &str, files: &[(&str, PathBuf)]) -> PathBuf {
+    let repo = root.join(format!("models--{}", id.replace('/', "--")));
+    let snap = repo.join("snapshots").join(hash);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    for (name, src) in files {
+        let bytes = std::fs::read(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let digest = bytes.iter().fold(0xcbf29ce484222325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100000001b3));
+        let blob = format!("{digest:016x}{:08x}", bytes.len());
+        std::fs::write(repo.join("blobs").join(&blob), &bytes).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snap.join(name)).unwrap();
+    }
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join(branch), hash).unwrap();
+    repo
 }
