@@ -91,7 +91,7 @@ impl Model {
     /// let cpu = Model::load_with("minilm", &LoadOptions { device: Device::Cpu, ..Default::default() })?;
     /// assert_eq!(cpu.0.model.device(), Device::Cpu);
     /// assert!(Model::load("no-such-model").is_err());
-    /// let half = Model::load_with("minilm", &LoadOptions { device: Device::Cpu, dtype: DType::Half });
+    /// let half = Model::load_with("minilm", &LoadOptions { device: Device::Cpu, dtype: DType::Half, allow_unknown_config: false });
     /// assert!(half.err().unwrap().0.starts_with("load_model: dtype 'f16' is only supported on CUDA"));
     /// # Ok::<(), headscope::api::Error>(())
     /// ```

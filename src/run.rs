@@ -34,7 +34,12 @@ pub type ProgressFn = Rc<dyn Fn(&str, usize, usize)>;
 pub struct Context {
     pub interrupt: Interrupt,
     pub progress: ProgressFn,
+    /// Receives warnings (a loaded config's ignored key) for the frontend to show.
+    pub warn: WarnFn,
 }
+
+/// Receives one warning, without its `warning: ` prefix.
+pub type WarnFn = Rc<dyn Fn(&str)>;
 
 thread_local! {
     static CURRENT: RefCell<Option<Context>> = const { RefCell::new(None) };
@@ -68,6 +73,16 @@ pub fn progress(label: &str, done: usize, total: usize) {
     let f = CURRENT.with(|c| c.borrow().as_ref().map(|ctx| ctx.progress.clone()));
     if let Some(f) = f {
         f(label, done, total);
+    }
+}
+
+/// Shows a warning through the run's frontend (as a printed line `warning: ...`); outside a
+/// run, on standard error.
+pub fn warn(msg: &str) {
+    let f = CURRENT.with(|c| c.borrow().as_ref().map(|ctx| ctx.warn.clone()));
+    match f {
+        Some(f) => f(msg),
+        None => eprintln!("warning: {msg}"),
     }
 }
 
@@ -133,7 +148,7 @@ mod tests {
         let s = seen.clone();
         let i = Interrupt::default();
         {
-            let _g = enter(Context { interrupt: i.clone(), progress: Rc::new(move |_, d, _| s.set(d)) });
+            let _g = enter(Context { interrupt: i.clone(), progress: Rc::new(move |_, d, _| s.set(d)), warn: Rc::new(|_| {}) });
             progress("x", 7, 9);
             assert_eq!(seen.get(), 7);
             i.trigger();

@@ -254,7 +254,13 @@ impl Session {
                 f(Event::Progress { label: label.to_string(), done, total });
             }
         });
-        let entered = crate::run::enter(crate::run::Context { interrupt: self.interrupt.clone(), progress });
+        let sink = self.sink.clone();
+        let warn: crate::run::WarnFn = Rc::new(move |msg: &str| {
+            if let Ok(mut f) = sink.try_borrow_mut() {
+                f(Event::Print(format!("warning: {msg}")));
+            }
+        });
+        let entered = crate::run::enter(crate::run::Context { interrupt: self.interrupt.clone(), progress, warn });
         let result = guarded(|| engine.eval_ast_with_scope::<Dynamic>(scope, &full));
         drop(entered);
         let released = std::mem::take(&mut *self.rebind.borrow_mut()).released;

@@ -12,7 +12,7 @@
 //! are kind `dec`.
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, RopeScaling, Rotary, Score};
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
 use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
@@ -38,8 +38,12 @@ pub struct Config {
     #[serde(default)]
     pub max_position_embeddings: Option<i64>,
     pub rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f64,
+    /// transformers 4's base (10000 when absent); transformers 5 writes `rope_parameters`.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// transformers 5's rotary settings: flat, or per layer type (Gemma 3).
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
@@ -64,8 +68,39 @@ pub struct Config {
     pub eos_token_id: Option<serde_json::Value>,
 }
 
-fn default_theta() -> f64 {
-    10000.0
+/// The base when a config gives none (transformers' Gemma and Gemma 2 configs' default, and
+/// Gemma 3's on its sliding layers).
+pub const DEFAULT_THETA: f64 = 10000.0;
+/// Gemma 3's global base when its config gives none.
+pub const GEMMA3_THETA: f64 = 1_000_000.0;
+
+impl Config {
+    /// The rotary settings of the global layers, and of the sliding ones: transformers 5's entry
+    /// of each layer type where `rope_parameters` is keyed by them; else Gemma 3's sliding
+    /// layers use `rope_local_base_freq` (10000 when absent) unscaled, Gemma 1/2's the global
+    /// settings.
+    pub fn ropes(&self) -> Result<(hf::Rope, hf::Rope), String> {
+        let version = if self.model_type.starts_with("gemma3") { 3 } else { 0 };
+        let old = hf::Rope4 { theta: self.rope_theta, scaling: self.rope_scaling.as_ref(), partial_rotary_factor: None };
+        let global = hf::rope_settings(self.rope_parameters.as_ref(), old, "full_attention")?;
+        let per_type = self.rope_parameters.as_ref().and_then(|p| p.as_object()).is_some_and(|o| o.keys().any(|k| hf::LAYER_TYPES.contains(&k.as_str())));
+        let sliding = if per_type {
+            hf::rope_settings(self.rope_parameters.as_ref(), old, "sliding_attention")?
+        } else if version == 3 {
+            hf::Rope { theta: Some(self.rope_local_base_freq.unwrap_or(DEFAULT_THETA)), scaling: None, partial_rotary_factor: None, source: "rope_local_base_freq" }
+        } else {
+            global.clone()
+        };
+        if self.rope_local_base_freq.is_some() && per_type && sliding.theta != self.rope_local_base_freq {
+            return Err(format!("rope_local_base_freq is {} but rope_parameters.sliding_attention.rope_theta is {:?}: remove one", self.rope_local_base_freq.unwrap_or_default(), sliding.theta));
+        }
+        // transformers' Gemma3TextConfig defaults the global base to 1e6 (4.57 and 5.x alike).
+        let mut global = global;
+        if version == 3 && global.theta.is_none() {
+            global.theta = Some(GEMMA3_THETA);
+        }
+        Ok((global, sliding))
+    }
 }
 
 fn default_true() -> bool {
@@ -127,7 +162,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
     if sliding.iter().any(|&s| s) && cfg.sliding_window.is_none_or(|w| w <= 0) {
         return Err(bad("sliding layers need a positive sliding_window".into()));
     }
-    let global_scaling = hf::rope_scaling_for(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings, None, dh).map_err(bad)?;
+    let (global, local) = cfg.ropes().map_err(bad)?;
+    let global_scaling = global.scaling_for(cfg.max_position_embeddings, None, dh).map_err(bad)?;
+    let local_scaling = local.scaling_for(cfg.max_position_embeddings, None, dh).map_err(bad)?;
     let score = Score {
         // Gemma 1 scales by head_dim^-1/2 (it has no query_pre_attn_scalar).
         scale: if version == 1 { None } else { Some(cfg.query_pre_attn_scalar.unwrap_or(dh as f64).powf(-0.5)) },
@@ -148,10 +185,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
             let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
             Ok(Linear { w: weight, b })
         };
-        let (base, scaling) = match (version, is_sliding) {
-            (3, true) => (cfg.rope_local_base_freq.unwrap_or(10000.0), RopeScaling::None),
-            _ => (cfg.rope_theta, global_scaling.clone()),
-        };
+        let (base, scaling) = if is_sliding { (local.theta.unwrap_or(DEFAULT_THETA), local_scaling.clone()) } else { (global.theta.unwrap_or(DEFAULT_THETA), global_scaling.clone()) };
         let qk_norm = if version == 3 { Some(QkNorm { q: norm(&mut w, format!("{p}.self_attn.q_norm.weight"), dh)?, k: norm(&mut w, format!("{p}.self_attn.k_norm.weight"), dh)?, per_head: true }) } else { None };
         let post_norms = if version >= 2 { Some((norm(&mut w, format!("{p}.post_attention_layernorm.weight"), d)?, norm(&mut w, format!("{p}.post_feedforward_layernorm.weight"), d)?)) } else { None };
         let ffn_norm_name = if version >= 2 { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };

@@ -35,8 +35,14 @@ pub(crate) struct Config {
     pub rope_theta: Option<f64>,
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers 5's rotary settings (its `rope_theta` and `partial_rotary_factor` inside).
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     pub max_position_embeddings: Option<i64>,
+    /// transformers 5 reads it (as hidden_size / num_attention_heads when absent).
+    #[serde(default)]
+    pub head_dim: Option<i64>,
     #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
     #[serde(default = "default_true")]
@@ -90,6 +96,9 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
         return Err(bad(format!("hidden_size {d} is not a positive multiple of num_attention_heads {h}")));
     }
     let dh = d / h;
+    if let Some(x) = cfg.head_dim.filter(|&x| x != dh) {
+        return Err(bad(format!("head_dim {x} differs from hidden_size {d} / num_attention_heads {h}: GPT-NeoX heads of another size are not supported")));
+    }
     let act = match cfg.hidden_act.as_str() {
         "gelu" => Activation::Gelu,
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
@@ -97,7 +106,15 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
         "silu" => Activation::Silu,
         other => return Err(bad(format!("hidden_act '{other}' is not supported (gelu, gelu_new, relu, silu)"))),
     };
-    let pct = cfg.rotary_pct.or(cfg.partial_rotary_factor).unwrap_or(0.25);
+    // transformers 4 writes rotary_pct / rotary_emb_base (or partial_rotary_factor / rope_theta),
+    // transformers 5 rope_parameters; two names of one setting must agree.
+    let same = |what: &str, a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(x), Some(y)) if (x - y).abs() > 1e-12 * x.abs().max(y.abs()) => Err(bad(format!("{what} is given twice, as {x} and {y}: remove one"))),
+        _ => Ok(a.or(b)),
+    };
+    let old = hf::Rope4 { theta: same("the rotary base (rotary_emb_base, rope_theta)", cfg.rotary_emb_base, cfg.rope_theta)?, scaling: cfg.rope_scaling.as_ref(), partial_rotary_factor: same("the rotary fraction (rotary_pct, partial_rotary_factor)", cfg.rotary_pct, cfg.partial_rotary_factor)? };
+    let rope = hf::rope_settings(cfg.rope_parameters.as_ref(), old, "full_attention").map_err(bad)?;
+    let pct = rope.partial_rotary_factor.unwrap_or(0.25);
     if !(0.0..=1.0).contains(&pct) {
         return Err(bad(format!("rotary_pct {pct} must be in [0, 1]")));
     }
@@ -106,8 +123,8 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
     if rope_dim % 2 != 0 {
         return Err(bad(format!("rotary_pct {pct} gives {rope_dim} rotary dimensions per head, not an even number")));
     }
-    let scaling = hf::rope_scaling(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings).map_err(bad)?;
-    let base = cfg.rotary_emb_base.or(cfg.rope_theta).unwrap_or(10000.0);
+    let scaling = rope.scaling_for(cfg.max_position_embeddings, None, 0).map_err(bad)?;
+    let base = rope.theta.unwrap_or(10000.0);
     let eps = cfg.layer_norm_eps;
     let ln = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
         Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{name}.weight"), &[d])?, bias: Some(w.get(&format!("{name}.bias"), &[d])?), eps })

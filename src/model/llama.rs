@@ -37,8 +37,12 @@ pub struct Config {
     #[serde(default)]
     pub head_dim: Option<i64>,
     pub rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f64,
+    /// transformers 4's base (10000 when absent); transformers 5 writes it in `rope_parameters`.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// transformers 5's rotary settings (docs/formats.md#transformers-5-configs).
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     pub vocab_size: i64,
     #[serde(default)]
     pub tie_word_embeddings: bool,
@@ -62,6 +66,9 @@ pub struct Config {
     pub sliding_window: Option<i64>,
     #[serde(default)]
     pub use_sliding_window: Option<bool>,
+    /// Qwen2/3's per-layer attention types (transformers 4.5x+): every layer must be full.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
     /// Rotary dimensions per head when fewer than `head_dim` (GGUF `rope.dimension_count`).
@@ -77,8 +84,14 @@ pub enum RotaryRows {
     Adjacent,
 }
 
-fn default_theta() -> f64 {
-    10000.0
+/// The base when a config gives none (transformers' `LlamaConfig` default).
+pub const DEFAULT_THETA: f64 = 10000.0;
+
+impl Config {
+    /// The rotary settings in use, from either config shape.
+    pub fn rope(&self) -> Result<hf::Rope, String> {
+        hf::rope_settings(self.rope_parameters.as_ref(), hf::Rope4 { theta: self.rope_theta, scaling: self.rope_scaling.as_ref(), partial_rotary_factor: self.partial_rotary_factor }, "full_attention")
+    }
 }
 
 fn default_act() -> String {
@@ -109,7 +122,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     if dh <= 0 || dh % 2 != 0 {
         return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
     }
-    let rope_dim = match (cfg.rope_dim, cfg.partial_rotary_factor) {
+    let rope = cfg.rope().map_err(bad)?;
+    let rope_dim = match (cfg.rope_dim, rope.partial_rotary_factor) {
         (Some(r), _) => r,
         (None, Some(f)) if (0.0..=1.0).contains(&f) => (dh as f64 * f) as i64,
         (None, Some(f)) => return Err(bad(format!("partial_rotary_factor {f} must be in [0, 1]"))),
@@ -118,13 +132,17 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     if rope_dim % 2 != 0 {
         return Err(bad(format!("{rope_dim} rotary dimensions per head (partial_rotary_factor of head size {dh}) is not an even number")));
     }
-    let scaling = hf::rope_scaling_for(cfg.rope_scaling.as_ref(), cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
+    let scaling = rope.scaling_for(cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
+    let theta = rope.theta.unwrap_or(DEFAULT_THETA);
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
         "mistral" | "phi3" => cfg.sliding_window,
         "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
         _ => None,
     };
+    if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| *t != "full_attention")) {
+        return Err(bad(format!("layer_types holds '{t}': only full-attention layers are supported in model_type '{}'", cfg.model_type)));
+    }
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
     let olmo2 = cfg.model_type == "olmo2";
     let qk_norm = cfg.model_type == "qwen3" || olmo2;
@@ -147,7 +165,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: cfg.rope_theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling: scaling.clone() }),
+                rotary: Some(Rotary { base: theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling: scaling.clone() }),
                 slots: None,
                 qk_norm: if qk_norm {
                     // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.

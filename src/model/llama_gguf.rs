@@ -21,6 +21,14 @@ use super::{LoadOptions, ModelError};
 use std::path::{Path, PathBuf};
 
 /// The one `*.gguf` of a directory.
+/// The GGUF a model path names: the file itself, or a directory's only `.gguf`.
+pub fn gguf_of(path: &Path) -> Option<PathBuf> {
+    if path.is_file() {
+        return path.extension().is_some_and(|e| e == "gguf").then(|| path.to_path_buf());
+    }
+    find_gguf(path)
+}
+
 pub fn find_gguf(dir: &Path) -> Option<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "gguf")).collect();
     (v.len() == 1).then(|| v.remove(0))
@@ -66,7 +74,7 @@ fn hf_name(arch: &str, name: &str) -> String {
 /// same code as HF llama checkpoints (`llama::build`); the Q/K rows are already in adjacent
 /// pairs.
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
-    let path = find_gguf(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single *.gguf in the directory".into()))?;
+    let path = gguf_of(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single *.gguf in the directory".into()))?;
     let g = Gguf::open(&path)?;
     build_from(&g, &path.display().to_string(), opts)
 }
@@ -134,7 +142,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             hidden_act: None,
             max_position_embeddings: int("context_length").ok(),
             rms_norm_eps: eps,
-            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+            rope_theta: Some(float("rope.freq_base").unwrap_or(10000.0)),
+            rope_parameters: None,
             rope_scaling,
             rope_local_base_freq: Some(10000.0),
             attention_bias: false,
@@ -180,7 +189,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         num_key_value_heads: Some(hk),
         head_dim: Some(head_dim),
         rms_norm_eps: eps,
-        rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+        rope_theta: Some(float("rope.freq_base").unwrap_or(10000.0)),
+        rope_parameters: None,
         vocab_size: vocab,
         tie_word_embeddings: !map.contains_key("lm_head.weight"),
         hidden_act: "silu".into(),
@@ -192,6 +202,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         mlp_bias: false,
         sliding_window,
         use_sliding_window: None,
+        layer_types: None,
         eos_token_id: Some(eos.into()),
         rope_dim: int("rope.dimension_count").ok(),
     };
@@ -280,7 +291,9 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         rotary_emb_base: None,
         rope_theta: Some(float("rope.freq_base").unwrap_or(10000.0)),
         rope_scaling: None,
+        rope_parameters: None,
         max_position_embeddings: int("context_length").ok(),
+        head_dim: None,
         layer_norm_eps: float("attention.layer_norm_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_epsilon"))))?,
         use_parallel_residual: g.metadata.get(&key("use_parallel_residual")).and_then(Value::as_bool).unwrap_or(true),
         attention_bias: map.contains_key("gpt_neox.layers.0.attention.query_key_value.bias"),
@@ -350,6 +363,8 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
         layer_norm_epsilon: float("attention.layer_norm_rms_epsilon").or_else(|| float("attention.layer_norm_epsilon")),
         feed_forward_proj: Some(if gated { "gated-gelu" } else { "relu" }.into()),
         tie_word_embeddings: Some(!map.contains_key("lm_head.weight")),
+        scale_decoder_outputs: None,
+        transformers_version: None,
         pad_token_id: id("tokenizer.ggml.padding_token_id").unwrap_or(0),
         eos_token_id: id("tokenizer.ggml.eos_token_id").map(Into::into),
         decoder_start_token_id: int("decoder_start_token_id").ok(),

@@ -6,6 +6,7 @@ pub mod bart;
 pub mod batch;
 pub mod bert;
 pub mod bytes;
+pub mod config_keys;
 pub mod fill;
 pub mod gemma;
 pub mod gguf;
@@ -16,6 +17,7 @@ pub mod hf;
 pub mod hooks;
 pub mod llama;
 pub mod llama_gguf;
+pub mod locate;
 pub mod m2m100;
 pub mod loss;
 pub mod marian_bin;
@@ -124,7 +126,7 @@ pub enum ModelError {
     TooLong { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
-    #[error("'{0}' is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or one *.gguf (llama, qwen2, qwen3, gemma, gemma2, gemma3; a tokenizer.json beside it is used before the GGUF's own)")]
+    #[error("'{0}' is not a model directory headscope knows: expected an HF checkpoint (config.json + model.safetensors, sharded safetensors or pytorch_model.bin; model_type bart, bert, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, m2m_100, marian, mbart, mistral, mt5, olmo2, phi3, qwen2, qwen3, roberta, t5), a Firefox-Translations Marian model (model.*.bin + tokenizer.json), or one *.gguf (architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5; a tokenizer.json beside it is used before the GGUF's own); a Hugging Face model id is looked up in the local cache")]
     UnknownFamily(String),
     #[error("{0}")]
     Device(#[from] DeviceError),
@@ -219,6 +221,9 @@ impl fmt::Display for Family {
 pub struct LoadOptions {
     pub device: Device,
     pub dtype: DType,
+    /// Load a config holding a key headscope does not read (docs/formats.md#config-keys),
+    /// warning once, instead of refusing it.
+    pub allow_unknown_config: bool,
 }
 
 impl LoadOptions {
@@ -234,7 +239,7 @@ impl LoadOptions {
             "f16" | "float16" => DType::Half,
             other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"))),
         };
-        LoadOptions { device, dtype }.checked()
+        LoadOptions { device, dtype, allow_unknown_config: false }.checked()
     }
 
     /// The options checked as `new` checks a user's choices, for options built in Rust (the
@@ -283,6 +288,11 @@ pub struct Model {
     pub load_times: LoadTimes,
     pub family: Family,
     pub path: PathBuf,
+    /// The name the user gave where the path does not say it: a model id resolved through the
+    /// Hugging Face cache (`org/name`, not its snapshot's hash).
+    pub id: Option<String>,
+    /// What loading let through under `allow_unknown_config` (shown once, by `load_model`).
+    pub warnings: Vec<String>,
     pub net: Transformer,
     pub tok: Tok,
     pub opts: LoadOptions,
@@ -388,6 +398,19 @@ pub struct KindAttention {
     pub layers: Vec<Option<Tensor>>,
 }
 
+#[cfg(test)]
+mod unknown_family_tests {
+    use super::*;
+
+    #[test]
+    fn the_unknown_directory_message_lists_every_family() {
+        let msg = ModelError::UnknownFamily("x".into()).to_string();
+        for f in HF_FAMILIES {
+            assert!(msg.contains(&f.to_string()), "{f} missing from: {msg}");
+        }
+    }
+}
+
 /// The families read from HF checkpoint directories, in the order errors list them.
 const HF_FAMILIES: [Family; 19] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta, Family::Mt5, Family::T5];
 
@@ -406,6 +429,9 @@ pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
             }
         };
     }
+    if dir.is_file() {
+        return Ok(llama_gguf::gguf_of(dir).map(|_| Family::LlamaGguf));
+    }
     Ok(if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
         Some(Family::MarianBin)
     } else if llama_gguf::find_gguf(dir).is_some() {
@@ -421,10 +447,13 @@ impl Model {
             return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
         }
         let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
+        // Every key of config.json is read or known harmless (docs/formats.md#config-keys).
+        let warnings = if path.is_dir() && hf::is_hf_dir(path) { hf::vetted_config(path, opts.allow_unknown_config)?.1 } else { vec![] };
         let t0 = std::time::Instant::now();
         // Only the Firefox-Translations tokenizers leave the EOS to the model.
         let framing = if family == Family::MarianBin { tokenizer::Framing::AppendEos(marian_bin::EOS) } else { tokenizer::Framing::Tokenizer };
-        let tok_path = path.join("tokenizer.json");
+        // A `.gguf` file's tokenizer.json lies beside it.
+        let tok_path = if path.is_file() { path.with_file_name("tokenizer.json") } else { path.join("tokenizer.json") };
         // Weights, then the tokenizer: on two cores a parallel tokenizer thread only competes
         // with libtorch's threads, and sequential loading keeps both times honest.
         let t = std::time::Instant::now();
@@ -454,7 +483,7 @@ impl Model {
             // M2M100's own checkpoints ship sentencepiece.bpe.model and vocab.json.
             Tok::m2m100(path)
         } else if family == Family::LlamaGguf && !tok_path.is_file() {
-            llama_gguf::find_gguf(path).ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into())).and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
+            llama_gguf::gguf_of(path).ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into())).and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
         } else {
             Tok::from_file(&tok_path, framing)
         };
@@ -473,7 +502,7 @@ impl Model {
             )));
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
-        let mut m = Model { load_times, family, path: path.to_path_buf(), net, tok, opts, n_params: 0, removed: vec![] };
+        let mut m = Model { load_times, family, path: path.to_path_buf(), id: None, warnings, net, tok, opts, n_params: 0, removed: vec![] };
         m.n_params = m.count_params();
         Ok(m)
     }
@@ -540,6 +569,9 @@ impl Model {
     }
 
     pub fn name(&self) -> String {
+        if let Some(id) = &self.id {
+            return id.clone();
+        }
         self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| self.path.display().to_string())
     }
 
@@ -1093,8 +1125,41 @@ impl Model {
         if !self.removed.is_empty() {
             return Err(ModelError::Invalid(format!("{} had heads removed by prune_heads; move the original model, then prune it there", self.name())));
         }
-        let opts = LoadOptions { device: device.resolve()?, dtype: self.opts.dtype };
-        Model::load(&self.path, opts)
+        let opts = LoadOptions { device: device.resolve()?, ..self.opts };
+        let mut m = Model::load(&self.path, opts)?;
+        m.id = self.id.clone();
+        Ok(m)
+    }
+
+    /// The rotary settings the model's layers actually use, one line per group of layers
+    /// sharing them (`layers 0, 2: rope_theta 500, linear (factor 2), 16 of 16 dimensions`), or
+    /// `none` for a model without rotary positions.
+    pub fn rope(&self) -> String {
+        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+        let layers = self.net.encoder.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(|l| match &l.self_block {
+            transformer::SelfBlock::Attention(a) => Some(a),
+            transformer::SelfBlock::Ssru(_) => None,
+        }));
+        for (i, a) in layers.enumerate() {
+            let Some(r) = &a.rotary else { continue };
+            let scaling = match &r.scaling {
+                nn::RopeScaling::None => "default".to_string(),
+                nn::RopeScaling::Linear { factor } => format!("linear (factor {factor})"),
+                nn::RopeScaling::Dynamic { factor, max_positions } => format!("dynamic (factor {factor}, from {max_positions} positions)"),
+                nn::RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original } => format!("llama3 (factor {factor}, low_freq_factor {low_freq_factor}, high_freq_factor {high_freq_factor}, original {original})"),
+                nn::RopeScaling::Yarn { factor, original, beta_fast, beta_slow, attention_factor, truncate } => format!("yarn (factor {factor}, original {original}, beta_fast {beta_fast}, beta_slow {beta_slow}, attention_factor {attention_factor:.6}, truncate {truncate})"),
+                nn::RopeScaling::LongRope { short, original, attention_factor, .. } => format!("longrope ({} factor pairs, original {original}, attention_factor {attention_factor:.6})", short.len()),
+            };
+            let line = format!("rope_theta {}, rope_type {scaling}, {} of {} dimensions", r.base, r.dim, a.head_dim);
+            match groups.iter_mut().find(|(l, _)| *l == line) {
+                Some((_, v)) => v.push(i.to_string()),
+                None => groups.push((line, vec![i.to_string()])),
+            }
+        }
+        if groups.is_empty() {
+            return "none (no rotary positions)".into();
+        }
+        groups.into_iter().map(|(line, ls)| format!("layer{} {}: {line}", if ls.len() > 1 { "s" } else { "" }, ls.join(", "))).collect::<Vec<_>>().join("\n")
     }
 
     pub fn describe(&self) -> String {

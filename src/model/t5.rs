@@ -39,9 +39,17 @@ pub(crate) struct Config {
     pub layer_norm_epsilon: Option<f64>,
     #[serde(default)]
     pub feed_forward_proj: Option<String>,
-    /// Absent: transformers' default (T5 true, mT5 false).
+    /// Absent: transformers' default (T5 true, mT5 false). transformers 5 always writes true and
+    /// lets the weights decide (an `lm_head.weight` present is used).
     #[serde(default)]
     pub tie_word_embeddings: Option<bool>,
+    /// transformers 5's T5: whether the decoder's output is scaled by d_model^-0.5 before the
+    /// output layer (4.x: whenever the output is tied). transformers 5's mT5 never scales.
+    #[serde(default)]
+    pub scale_decoder_outputs: Option<bool>,
+    /// Which transformers wrote the config: 5.x's T5 and mT5 read tying and scaling otherwise.
+    #[serde(default)]
+    pub transformers_version: Option<String>,
     pub pad_token_id: i64,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
@@ -114,7 +122,17 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         ("silu", _) | ("swish", _) => Activation::Silu,
         (other, _) => return Err(bad(format!("feed_forward_proj '{proj}': activation '{other}' is not supported (relu, gelu, gelu_new, silu)"))),
     };
-    let tied = cfg.tie_word_embeddings.unwrap_or(cfg.model_type == "t5");
+    // transformers 4: tie_word_embeddings ties the output to the shared embeddings and scales the
+    // decoder's output; transformers 5 (docs/formats.md#transformers-5-configs): the output is
+    // tied when the checkpoint holds no lm_head.weight, and scale_decoder_outputs scales (T5;
+    // mT5 never scales).
+    let tf5 = cfg.scale_decoder_outputs.is_some() || cfg.transformers_version.as_deref().is_some_and(|v| v.starts_with('5'));
+    let (tied, scaled) = if tf5 {
+        (w.shape("lm_head.weight").is_none(), cfg.model_type == "t5" && cfg.scale_decoder_outputs.unwrap_or(true))
+    } else {
+        let t = cfg.tie_word_embeddings.unwrap_or(cfg.model_type == "t5");
+        (t, t)
+    };
     let eos = hf::first_id(&cfg.eos_token_id).unwrap_or(1);
     let tokens = if w.shape("shared.weight").is_some() { w.get("shared.weight", &[v, d])? } else { w.get("encoder.embed_tokens.weight", &[v, d])? };
     let ffn = |w: &mut Weights, p: &str| -> Result<Ffn, ModelError> {
@@ -159,8 +177,8 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         });
     }
     let mut dec_final = rms(&mut w, "decoder.final_layer_norm.weight", d, eps)?;
-    if tied {
-        // transformers scales the decoder's output by d_model^-0.5 before the tied output layer.
+    if scaled {
+        // transformers scales the decoder's output by d_model^-0.5 before the output layer.
         dec_final.weight = dec_final.weight * (d as f64).powf(-0.5);
     }
     match decoder.last_mut() {

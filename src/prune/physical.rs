@@ -31,6 +31,7 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
         model.check_head(*h)?;
     }
     let mut m = Model::load(&model.path, model.opts)?;
+    m.id = model.id.clone();
     m.net.forced_bos.set(model.net.forced_bos.get()); // a target language chosen at load (`tgt_lang`)
     if let Some(w) = weights {
         let net = &mut m.net;

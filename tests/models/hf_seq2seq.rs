@@ -43,11 +43,17 @@ fn forward(m: &Model, src: &[i64], targets: &[i64], gates: &Gates) -> (Tensor, H
 }
 
 fn check(name: &str, dir_name: &str) {
-    let g = common::golden("tiny_hf/golden_seq2seq.npz");
+    check_in("tiny_hf/golden_seq2seq.npz", name, dir_name)
+}
+
+/// [`check`] against the goldens in `golden` (under tests/fixtures), the checkpoint in `dir_name`
+/// (under tests/fixtures/tiny_hf): the transformers-5 twins use it (`hf_tf5.rs`).
+pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
+    let g = common::golden(golden);
     let m = common::tiny_hf(dir_name, "f32");
     assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{dir_name}: kinds");
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
-    assert!(n >= 20, "{name}: {n} sentences in golden_seq2seq.npz");
+    assert!(n >= 20, "{name}: {n} sentences in {golden}");
     let texts = common::short_pud_sentences(n);
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let mut detailed = 0;

@@ -59,11 +59,17 @@ fn greedy(m: &Model, src: &[i64], max_len: i64) -> Vec<i64> {
 }
 
 fn check(name: &str) {
-    let g = common::golden(GOLDEN);
-    let m = common::tiny_hf(name, "f32");
+    check_in(GOLDEN, name, name)
+}
+
+/// [`check`] against the goldens in `golden`, the checkpoint in `dir_name` (under
+/// tests/fixtures/tiny_hf): the transformers-5 twins use it (`hf_tf5.rs`).
+pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
+    let g = common::golden(golden);
+    let m = common::tiny_hf(dir_name, "f32");
     assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{name}: kinds");
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
-    assert!(n >= 20, "{name}: {n} sentences in {GOLDEN}");
+    assert!(n >= 20, "{name}: {n} sentences in {golden}");
     let texts = common::short_pud_sentences(n);
     // M2M100 and mBART force a target language (T5 does not).
     let forced = m.net.forced_bos.get();
@@ -116,7 +122,7 @@ fn check(name: &str) {
     // with that forced_bos_token_id.
     let Some(tgt2) = g.get(&format!("{name}_tgt2_id")).map(|t| t.int64_value(&[])) else { return };
     let code = m.tok.id_to_token(tgt2);
-    let mut m2 = common::tiny_hf(name, "f32");
+    let mut m2 = common::tiny_hf(dir_name, "f32");
     m2.set_target_language(&code).unwrap();
     let want2: Vec<Vec<i64>> = (0..n).map(|i| Vec::<i64>::try_from(&g[&format!("{name}_gen2_{i}")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect()).collect();
     assert_ne!(want2, want_all, "{name}: the two target languages translate alike");

@@ -193,7 +193,7 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
     for (name, kind) in [("bert", Kind::Enc), ("gpt2", Kind::Dec), ("marian", Kind::Dec)] {
         let m = checkpoint(name, "f32");
         let interrupt = Interrupt::default();
-        let _ctx = enter(Context { interrupt: interrupt.clone(), progress: std::rc::Rc::new(|_, _, _| {}) });
+        let _ctx = enter(Context { interrupt: interrupt.clone(), progress: std::rc::Rc::new(|_, _, _| {}), warn: std::rc::Rc::new(|_| {}) });
         let mut layers = Vec::new();
         let trigger = interrupt.clone();
         let mut on = |at: At, _: &Tensor| {

@@ -9,6 +9,9 @@ mod common;
 
 mod parity;
 mod hf_families;
+mod hf_cache;
+mod config_keys;
+mod hf_tf5;
 mod gguf_real;
 mod hf_seq2seq;
 mod hf_seq2seq_2026;

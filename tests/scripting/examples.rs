@@ -1,6 +1,8 @@
 //! Every script under examples/ runs to the end (each gets a temporary output directory as
 //! its first argument).
 
+use crate::common;
+
 #[test]
 fn every_example_runs() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
@@ -65,5 +67,39 @@ fn any_model_runs_on_every_family() {
             assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
         }
         assert_eq!(stdout.contains("LRP (ab) does not apply: "), !own_rules, "any_model.rhai {d}:\n{stdout}");
+    }
+}
+
+/// `examples/any_model.rhai` on what users of 2026 hold (issue 46): every transformers-5
+/// checkpoint (`tests/fixtures/tiny_hf_tf5`), a model named by its id from a Hugging Face cache
+/// (`HF_HUB_CACHE`; a transformers-5 Gemma 3 saved there as huggingface_hub lays it out), and a
+/// `.gguf` file path.
+#[test]
+fn any_model_runs_on_transformers_5_checkpoints_model_ids_and_gguf_paths() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tf5 = root.join("tests/fixtures/tiny_hf_tf5");
+    let mut names: Vec<String> = std::fs::read_dir(&tf5).unwrap().filter_map(|e| e.ok()).filter(|e| e.path().join("config.json").is_file()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert!(names.len() >= 18, "{names:?}");
+    let cache = tempfile::tempdir().unwrap();
+    let g3 = tf5.join("gemma3");
+    common::hf_cache_repo(cache.path(), "tiny-org/gemma3-tf5", "main", "00112233445566778899aabbccddeeff00112233", &[
+        ("config.json", g3.join("config.json")),
+        ("model.safetensors", g3.join("model.safetensors")),
+        ("tokenizer.json", g3.join("tokenizer.json")),
+    ]);
+    let mut runs: Vec<String> = names.iter().map(|n| tf5.join(n).display().to_string()).collect();
+    runs.push("tiny-org/gemma3-tf5".into());
+    runs.push(root.join("tests/fixtures/tiny_hf/qwen3_gguf/model.gguf").display().to_string());
+    for d in runs {
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "6"]).env("HF_HUB_CACHE", cache.path()).current_dir(root).output().unwrap();
+        let stdout = String::from_utf8_lossy(&r.stdout);
+        assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
+        for want in ["ablation sweep", "LRP (", "pruning: 4 steps", "kinds: ["] {
+            assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
+        }
+        if d == "tiny-org/gemma3-tf5" {
+            assert!(stdout.contains("<Model tiny-org/gemma3-tf5 (gemma3_text)"), "named by its id:\n{stdout}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The script API of models and heads: `load_model`, `Model` (a view that may carry a head
 //! mask, sharing the weights), `Head`, and `AttentionMatrix` (renders as a heatmap).
 
+use crate::model::locate::{self, Located, Pick};
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
@@ -29,6 +30,9 @@ pub const LOAD_OPTIONS: &[OptSpec] = &[
     opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
     opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)"),
     opt("tgt_lang", "the checkpoint's forced_bos_token_id", "a translation model's target language (\"fra_Latn\", \"fr_XX\"): its code, forced first in translate and every translation analysis"),
+    opt("revision", "\"main\"", "a model id's revision in the Hugging Face cache: a branch, a tag or a commit hash"),
+    opt("gguf_file", "the only .gguf of the snapshot", "which .gguf of a cached GGUF repository holding several"),
+    opt_bool("allow_unknown_config", false, "load a config.json holding a key headscope does not read (or an unknown rope setting), with a warning, instead of refusing it"),
 ];
 pub const TRANSLATE_OPTIONS: &[OptSpec] = &[TGT_LANG];
 /// `tgt_lang` of one call (translate and every verb that reads a translation model's targets).
@@ -48,7 +52,9 @@ pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new
 /// `load_model`'s typed options from a map checked against [`LOAD_OPTIONS`].
 fn load_options_from(o: &Opts) -> ScriptResult<LoadOptions> {
     let device: DeviceChoice = o.string_or_default("device")?.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
-    LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))
+    let mut opts = LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
+    opts.allow_unknown_config = o.bool_or_default("allow_unknown_config")?;
+    Ok(opts)
 }
 
 impl Default for LoadOptions {
@@ -69,10 +75,34 @@ pub fn load(path: &str, opts: LoadOptions) -> Result<ScriptModel, String> {
 /// [`load`] with a target language (`tgt_lang`: a translation model's language code, forced
 /// first in every translation), checked against the tokenizer's codes.
 pub fn load_to(path: &str, opts: LoadOptions, tgt_lang: Option<&str>) -> Result<ScriptModel, String> {
-    let opts = opts.checked().map_err(|e| format!("load_model: {e}"))?;
+    load_picked(path, opts, tgt_lang, &Pick::default())
+}
+
+/// Where `path` names a model (docs/formats.md#locating-a-model): an existing directory or
+/// `.gguf` file (a Hugging Face cache repository or snapshot included), else a named asset,
+/// else a model id in the Hugging Face cache. A local directory wins over the cache.
+pub fn locate(path: &str, pick: &Pick) -> Result<Located, String> {
     let p = std::path::Path::new(path);
-    let dir = if p.exists() { p.to_path_buf() } else { crate::assets::asset_path(path).map_err(|e| format!("load_model: '{path}' is neither a directory nor a model asset ({e})"))? };
-    let mut model = Model::load(&dir, opts).map_err(|e| format!("load_model: {e}"))?;
+    if p.exists() {
+        return locate::existing(p, pick);
+    }
+    match crate::assets::asset_path(path) {
+        Ok(dir) => Ok(Located { path: dir, name: None }),
+        Err(e @ crate::assets::AssetError::Missing { .. }) => Err(format!("'{path}' is a model asset that is not set up ({e})")),
+        Err(e) if locate::is_model_id(path) => locate::in_cache(path, locate::hub_cache_root().as_deref(), pick).map_err(|c| format!("{c} (nor a model asset: {e})")),
+        Err(e) => Err(format!("'{path}' is neither a directory, a .gguf file nor a model asset ({e})")),
+    }
+}
+
+/// [`load_to`] with a cached repository's revision and `.gguf` file chosen.
+pub fn load_picked(path: &str, opts: LoadOptions, tgt_lang: Option<&str>, pick: &Pick) -> Result<ScriptModel, String> {
+    let opts = opts.checked().map_err(|e| format!("load_model: {e}"))?;
+    let found = locate(path, pick).map_err(|e| format!("load_model: {e}"))?;
+    let mut model = Model::load(&found.path, opts).map_err(|e| format!("load_model: {e}"))?;
+    model.id = found.name;
+    for w in &model.warnings {
+        crate::run::warn(&format!("load_model: {w}"));
+    }
     if let Some(code) = tgt_lang {
         model.set_target_language(code).map_err(|e| format!("load_model: {e}"))?;
     }
@@ -152,7 +182,9 @@ pub mod api {
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model_opts(path: &str, options: Map) -> ScriptResult<ScriptModel> {
         let o = Opts::new(&options, "load_model", LOAD_OPTIONS)?;
-        Ok(load_to(path, load_options_from(&o)?, o.string("tgt_lang")?.as_deref())?)
+        let (revision, gguf_file) = (o.string("revision")?, o.string("gguf_file")?);
+        let pick = Pick { revision: revision.as_deref(), gguf_file: gguf_file.as_deref() };
+        Ok(load_picked(path, load_options_from(&o)?, o.string("tgt_lang")?.as_deref(), &pick)?)
     }
 
     /// Loads a model on the default device in f32.
@@ -164,6 +196,31 @@ pub mod api {
     #[rhai_fn(name = "load_model", return_raw)]
     pub fn load_model(path: &str) -> ScriptResult<ScriptModel> {
         load_model_opts(path, Map::new())
+    }
+
+    /// The rotary settings the model's layers use, as loaded from either config shape
+    /// (transformers 4's `rope_theta` / `rope_scaling`, transformers 5's `rope_parameters`, flat or
+    /// per layer type): one line per group of layers sharing them.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gemma3", #{device: "cpu"});
+    /// assert(m.rope.contains("layer 0: rope_theta 50, rope_type default"));
+    /// assert(m.rope.contains("layer 1: rope_theta 500, rope_type linear (factor 2)"));
+    /// ```
+    #[rhai_fn(get = "rope", pure)]
+    pub fn rope(m: &mut ScriptModel) -> String {
+        m.model.rope()
+    }
+
+    /// The model's name: its directory's, or the model id it was loaded by from the Hugging
+    /// Face cache (`"org/name"`).
+    ///
+    /// ```rhai
+    /// assert(load_model("tests/fixtures/tiny_hf/llama", #{device: "cpu"}).name == "llama");
+    /// ```
+    #[rhai_fn(get = "name", pure)]
+    pub fn name(m: &mut ScriptModel) -> String {
+        m.model.name()
     }
 
     /// The checkpoint family: "bert" or "marian_bin".
