@@ -30,8 +30,6 @@ fn make_cache(root: &Path) {
         ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json")),
     ]);
     common::hf_cache_repo(root, "org/one-gguf", "main", HASH_GGUF, &[("model-f32.gguf", fx.join("qwen2_gguf/model.gguf")), ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json"))]);
-    // huggingface_hub ends a ref with no newline; one with a newline reads the same.
-    std::fs::write(root.join("models--org--tiny-llama/refs/v1"), format!("{HASH_V1}\n")).unwrap();
 }
 
 fn cpu() -> LoadOptions {
@@ -170,4 +168,37 @@ fn the_cache_is_found_under_each_of_its_three_roots() {
     }
     let out = std::process::Command::new(BIN).args(["-e", r#"print(load_model("org/tiny-llama", #{device: "cpu"}).family)"#]).env("HF_HUB_CACHE", &roots[0].1).current_dir(&local).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "qwen3", "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// huggingface_hub itself reads the test cache as headscope does: `hf_hub_download(...,
+/// local_files_only=True)` resolves each revision to the snapshot headscope loads, and
+/// `scan_cache_dir` finds the same repositories, refs and revisions without a warning
+/// (`tests/fixtures/hf_cache_reference.py`, huggingface_hub from the venv).
+#[test]
+fn huggingface_hub_resolves_the_test_cache_as_headscope_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("hub");
+    make_cache(&root);
+    let root_s = root.display().to_string();
+    let mut args = vec![root_s.as_str()];
+    let triples = [("org/tiny-llama", "main", "config.json"), ("org/tiny-llama", "v1", "model.safetensors"), ("org/tiny-llama", HASH_V1, "tokenizer.json"), ("org/tiny-gguf", "main", "qwen3-f32.gguf")];
+    for (repo, rev, file) in &triples {
+        args.extend([*repo, *rev, *file]);
+    }
+    let (ok, out) = common::run_fixture_script("hf_cache_reference.py", &args);
+    assert!(ok, "huggingface_hub could not read the test cache: {out}");
+    let j: serde_json::Value = serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    for (r, (repo, rev, file)) in j["resolved"].as_array().unwrap().iter().zip(&triples) {
+        let theirs = std::path::PathBuf::from(r["path"].as_str().unwrap());
+        let gguf = file.ends_with(".gguf");
+        let pick = Pick { revision: Some(rev), gguf_file: gguf.then_some(*file) };
+        let ours = locate::in_cache(repo, Some(&root), &pick).unwrap().path;
+        let ours = if gguf { ours } else { ours.join(file) };
+        assert_eq!(ours, theirs, "{repo}@{rev}/{file}");
+    }
+    let repos = &j["repos"];
+    assert_eq!(repos["org/tiny-llama"]["refs"], serde_json::json!(["main", "v1"]));
+    assert_eq!(repos["org/tiny-llama"]["revisions"], serde_json::json!([HASH_MAIN, HASH_V1]));
+    assert_eq!(repos["org/tiny-gguf"]["files"], serde_json::json!(["qwen2-f32.gguf", "qwen3-f32.gguf", "tokenizer.json"]));
+    assert_eq!(j["warnings"], serde_json::json!([]), "huggingface_hub finds the layout corrupt");
 }

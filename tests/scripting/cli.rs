@@ -304,13 +304,14 @@ fn bad_model_inputs_are_clear_errors() {
     std::fs::create_dir(d.join("empty")).unwrap();
 
     let cases: &[(&str, &str)] = &[
-        ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory nor a model asset (unknown asset 'no/such/dir'"),
-        ("load_model(\"empty\")", "is not a model directory headscope knows: expected config.json + model.safetensors (BERT), model.*.bin + tokenizer.json (Marian) or one *.gguf (llama, qwen2, qwen3, gemma, gemma2, gemma3; a tokenizer.json beside it is used before the GGUF's own)"),
+        ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory, a .gguf file nor a model asset (unknown asset 'no/such/dir'"),
+        ("load_model(\"no-org/no-such-model\")", "load_model: 'no-org/no-such-model' is not a directory or a named asset, and not in the Hugging Face cache (looked for "),
+        ("load_model(\"empty\")", "is not a model directory headscope knows: expected an HF checkpoint (config.json + model.safetensors, sharded safetensors or pytorch_model.bin; model_type bart, bert, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, m2m_100, marian, mbart, mistral, mt5, olmo2, phi3, qwen2, qwen3, roberta, t5)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"),
         ("load_model(\"enpt\", #{device: \"tpu\"})", "load_model: unknown device 'tpu' (expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\")"),
-        ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype, tgt_lang)"),
+        ("load_model(\"enpt\", #{colour: 1})", "load_model: unknown option 'colour' (valid options: device, dtype, tgt_lang, revision, gguf_file, allow_unknown_config)"),
         ("load_model(\"enpt\").head(\"enc\", 6, 0)", "layer 6 out of range: 'enc' has layers 0..5"),
         ("load_model(\"enpt\").head(\"enc\", 0, 8)", "head 8 out of range: 'enc' layers have heads 0..7"),
         ("load_model(\"enpt\").head(\"enc\", -1, 0)", "layer: expected a non-negative integer, got -1 (i64)"),
