@@ -92,7 +92,7 @@ fn any_model_runs_on_transformers_5_checkpoints_model_ids_and_gguf_paths() {
     runs.push("tiny-org/gemma3-tf5".into());
     runs.push(root.join("tests/fixtures/tiny_hf/qwen3_gguf/model.gguf").display().to_string());
     for d in runs {
-        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "6"]).env("HF_HUB_CACHE", cache.path()).current_dir(root).output().unwrap();
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "4"]).env("HF_HUB_CACHE", cache.path()).current_dir(root).output().unwrap();
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         for want in ["ablation sweep", "LRP (", "pruning: 4 steps", "kinds: ["] {
