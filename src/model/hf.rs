@@ -168,9 +168,8 @@ pub fn rope_settings(parameters: Option<&serde_json::Value>, old: Rope4, layer_t
             return Err(format!("{key} has rope_type '{kind}' but rope_scaling has '{old_kind}': remove one"));
         }
     }
+    // Unknown keys were refused (or dropped) by config_keys::vet before the family read the config.
     let scaling = if kind == "default" {
-        // Only the base and the rotary fraction: any other key would be ignored.
-        check_rope_keys(&entry, key, &kind)?;
         None
     } else {
         Some(serde_json::Value::Object(entry))
@@ -188,23 +187,6 @@ pub const ROPE_KEYS: &[(&str, &[&str])] = &[
     ("yarn", &["factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"]),
     ("longrope", &["short_factor", "long_factor", "factor", "original_max_position_embeddings", "attention_factor"]),
 ];
-
-/// An unknown key in a rope settings object is an error: it would change the computation in
-/// transformers and be ignored here.
-fn check_rope_keys(m: &serde_json::Map<String, serde_json::Value>, what: &str, kind: &str) -> Result<(), String> {
-    let kind = if kind == "su" { "longrope" } else { kind };
-    let Some((_, known)) = ROPE_KEYS.iter().find(|(k, _)| *k == kind) else { return Ok(()) };
-    for k in m.keys() {
-        if !["rope_type", "type", "rope_theta", "partial_rotary_factor"].contains(&k.as_str()) && !known.contains(&k.as_str()) {
-            return Err(format!(
-                "{what}.{k} is not a setting of rope_type '{kind}' (it reads: {}): headscope would ignore it and compute other numbers than transformers; \
-                 fix the config, or load with #{{allow_unknown_config: true}} to proceed anyway",
-                if known.is_empty() { "rope_theta, partial_rotary_factor".to_string() } else { known.join(", ") }
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// `rope_scaling` of a config (transformers' `rope_type`, or the older `type`;
 /// docs/methods.md#rope-scaling), checked:
@@ -242,7 +224,6 @@ fn scaling_of(label: &str, value: Option<&serde_json::Value>, max_position_embed
     let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let Some(m) = v.as_object() else { return Err(format!("{label} must be an object, got {v}")) };
     let kind = m.get("rope_type").or_else(|| m.get("type")).and_then(|t| t.as_str()).ok_or_else(|| format!("{label} has no rope_type"))?;
-    check_rope_keys(m, label, kind)?;
     let num = |key: &str| -> Result<Option<f64>, String> {
         match m.get(key) {
             None | Some(serde_json::Value::Null) => Ok(None),
