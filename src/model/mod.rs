@@ -398,19 +398,6 @@ pub struct KindAttention {
     pub layers: Vec<Option<Tensor>>,
 }
 
-#[cfg(test)]
-mod unknown_family_tests {
-    use super::*;
-
-    #[test]
-    fn the_unknown_directory_message_lists_every_family() {
-        let msg = ModelError::UnknownFamily("x".into()).to_string();
-        for f in HF_FAMILIES {
-            assert!(msg.contains(&f.to_string()), "{f} missing from: {msg}");
-        }
-    }
-}
-
 /// The families read from HF checkpoint directories, in the order errors list them.
 const HF_FAMILIES: [Family; 19] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta, Family::Mt5, Family::T5];
 
@@ -1185,5 +1172,18 @@ impl Model {
             device_name(self.device()),
             self.opts.dtype
         )
+    }
+}
+
+#[cfg(test)]
+mod unknown_family_tests {
+    use super::*;
+
+    #[test]
+    fn the_unknown_directory_message_lists_every_family() {
+        let msg = ModelError::UnknownFamily("x".into()).to_string();
+        for f in HF_FAMILIES {
+            assert!(msg.contains(&f.to_string()), "{f} missing from: {msg}");
+        }
     }
 }

@@ -72,6 +72,12 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
                     model.name(), a.n_heads, a.n_kv_heads
                 )));
             }
+            if a.qk_norm.as_ref().is_some_and(|n| !n.per_head) {
+                return Err(ModelError::Invalid(format!(
+                    "prune_heads: layer {l} of {} normalises the queries and keys of all its heads together (a q/k RMSNorm over all {} heads, as OLMo-2's); removing a head would rescale every other head, so it cannot equal masking: use with_gates",
+                    model.name(), a.n_heads
+                )));
+            }
             shrink(a, &keep);
         }
     }

@@ -129,7 +129,7 @@ fn an_encoder_without_an_output_head_is_refused() {
 #[test]
 fn cuda_equals_cpu() {
     if !tch::Cuda::is_available() {
-        println!("skipped: CUDA is not available");
+        common::skip("cuda", "CUDA is not available");
         return;
     }
     let d = pairs(20);

@@ -75,7 +75,7 @@ fn smollm2_equals_lxt() {
 fn cuda_equals_lxt() {
     let _heavy = common::heavy();
     if !tch::Cuda::is_available() {
-        println!("skipped: CUDA is not available");
+        common::skip("cuda", "CUDA is not available");
         return;
     }
     check("minilm", "assets/minilm", Seed::Norm, DeviceChoice::Cuda(0));

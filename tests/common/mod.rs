@@ -284,3 +284,28 @@ pub fn hf_cache_repo(root: &Path, id: &str, branch: &str, hash: &str, files: &[(
     std::fs::write(repo.join("refs").join(branch), hash).unwrap();
     repo
 }
+
+/// The tools and files a test may find missing, as `HEADSCOPE_REQUIRE` names them.
+pub const TOOLS: &[&str] = &["cuda", "chromium", "slurm", "afl", "assets"];
+
+/// Whether the environment asks for `tool`: `HEADSCOPE_REQUIRE` is a comma-separated list of
+/// [`TOOLS`] (or `all`). `.ci/run` sets what CI installs, so a test that would skip there fails.
+/// A name not in [`TOOLS`] fails every caller, so a misspelt requirement cannot pass silently.
+pub fn required(tool: &str) -> bool {
+    assert!(TOOLS.contains(&tool), "common::required: unknown tool '{tool}' (known: {})", TOOLS.join(", "));
+    let Ok(list) = std::env::var("HEADSCOPE_REQUIRE") else { return false };
+    let asked: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    for a in &asked {
+        assert!(*a == "all" || TOOLS.contains(a), "HEADSCOPE_REQUIRE names '{a}', which is not one of {} or all", TOOLS.join(", "));
+    }
+    asked.iter().any(|a| *a == "all" || *a == tool)
+}
+
+/// A test that cannot run because `tool` is missing (`why` says what is missing): prints
+/// `skipped (tool): why` so the log tells a skip from a pass, or fails when [`required`].
+pub fn skip(tool: &str, why: &str) {
+    if required(tool) {
+        panic!("HEADSCOPE_REQUIRE asks for {tool}, but {why}");
+    }
+    println!("skipped ({tool}): {why}");
+}

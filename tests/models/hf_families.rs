@@ -211,6 +211,19 @@ fn olmo2_with_post_sublayer_norms_equals_transformers() {
     check_against(&common::golden("tiny_hf/golden_2026.npz"), "olmo2", "olmo2");
 }
 
+/// OLMo-2 with as many key/value heads as query heads (OLMo-2-7B's shape,
+/// `tests/fixtures/make_tiny_olmo2_mha.py`): equal to transformers, and `prune_heads` refuses it
+/// in one line (its q/k norms span all heads, so removing one cannot equal masking it; this
+/// panicked inside libtorch at the next forward before).
+#[test]
+fn olmo2_without_gqa_equals_transformers_and_prune_heads_refuses_it() {
+    check_against(&common::golden("tiny_hf/golden_olmo2_mha.npz"), "olmo2_mha", "olmo2_mha");
+    let m = common::tiny_hf("olmo2_mha", "f32");
+    let head = headscope::model::HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 };
+    let err = headscope::prune::physical::prune_heads(&m, &[head], None).err().expect("prune_heads refused").to_string();
+    assert!(!err.contains('\n') && err.contains("layer 0") && err.contains("all its heads together") && err.contains("with_gates"), "{err}");
+}
+
 /// bfloat16 on the CPU: the tiny Llama's logits and attention differ from transformers'
 /// float32 ones by no more than 1.5 times what transformers' own bfloat16 run differs
 /// (`llama_bf16_*` in golden_2026.npz), and the analyses (confidence, the exact sweep, gradient

@@ -18,7 +18,7 @@ fn devices() -> Vec<Device> {
     if tch::Cuda::is_available() {
         vec![Device::Cpu, Device::Cuda(0)]
     } else {
-        eprintln!("CUDA not available: the CUDA half of the parity tests was skipped");
+        common::skip("cuda", "CUDA is not available: the CUDA half of the parity tests did not run");
         vec![Device::Cpu]
     }
 }

@@ -1,9 +1,11 @@
 //! The short fuzz run of CI: `scripts/fuzz --seconds 8` builds the AFL targets (fuzz/, its own
 //! target dir) and runs each for 8 seconds from its committed corpus; any crash or hang over
-//! 1 s fails. Without cargo-afl the script says "skipped: ..." and this test passes (the corpus
+//! 1 s fails. Without cargo-afl the script says "skipped: ..." and this test says so too, or fails when
+//! HEADSCOPE_REQUIRE names afl (the corpus
 //! and regression files are replayed without AFL by tests/readers/fuzz_corpus.rs either way). The long
 //! run, 1,000,000 executions per target, is `scripts/fuzz` (docs/fuzzing.md).
 
+use crate::common;
 use std::path::Path;
 use std::process::Command;
 
@@ -23,7 +25,8 @@ fn short_fuzz_run_finds_no_crash_or_hang() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}\n(scripts/fuzz --seconds 8 took {:.0} s, build included)", started.elapsed().as_secs_f64());
-    if stdout.starts_with("skipped:") {
+    if let Some(why) = stdout.strip_prefix("skipped: ") {
+        common::skip("afl", why.trim());
         return;
     }
     let tail: String = stderr.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");

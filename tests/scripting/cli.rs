@@ -47,7 +47,14 @@ type Case = (&'static str, &'static [&'static str], Option<&'static str>, i32, &
 
 const CASES: &[Case] = &[
     ("value of -e is printed", &["-e", "6 * 7"], None, 0, &["42"], &[]),
-    ("integers where floats are expected", &["-e", "heatmap([[1, 2]], #{vmin: 0, vmax: 3}).title"], None, 0, &[""], &[]),
+    (
+        "integers where floats are expected",
+        &["-e", "let p = heatmap([[1, 2]], #{vmin: 0, vmax: 3, title: \"ints\"}); `${p.title} ${p.to_svg().contains(\"<svg\")}`"],
+        None,
+        0,
+        &["ints true"],
+        &[],
+    ),
     (
         "runtime error: position, source line, caret",
         &["-e", "let a = 1;\nlet b = nope(a);"],

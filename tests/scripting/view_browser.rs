@@ -3,6 +3,7 @@
 //! pattern, so the lines the page draws for a head, a layer and a hovered token are checked
 //! exactly. Skipped when Chromium or chromedriver is missing (`scripts/setup-test` installs them).
 
+use crate::common;
 use headscope::view::{View, ViewKind};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +15,7 @@ fn which(name: &str) -> Option<PathBuf> {
 fn browser_available() -> bool {
     let found = which("chromedriver").is_some() && (which("chromium").is_some() || which("chromium-browser").is_some());
     if !found {
-        println!("skipped: chromium/chromedriver not installed (scripts/setup-test installs them)");
+        common::skip("chromium", "chromium/chromedriver not installed (scripts/setup-test installs them)");
     }
     found
 }
@@ -112,7 +113,6 @@ fn head_view_works_offline_in_a_browser() {
 #[test]
 fn a_real_models_page_works_offline_in_a_browser() {
     if !browser_available() {
-        println!("skipped: chromium/chromedriver not installed (scripts/setup-test installs them)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

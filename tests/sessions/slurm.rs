@@ -6,7 +6,7 @@
 //! the packages missing, a daemon that does not start); `scripts/slurm/test-local` runs it on
 //! demand with its output.
 
-use crate::common::root;
+use crate::common::{self, root};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -129,7 +129,7 @@ fn json_files(dir: &Path) -> Vec<String> {
 fn job_array_over_pud_merges_to_the_one_process_result() {
     let started = Instant::now();
     if let Some(why) = cannot_run() {
-        println!("skipped: {why}");
+        common::skip("slurm", &why);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -140,7 +140,7 @@ fn job_array_over_pud_merges_to_the_one_process_result() {
     up.arg("start").arg(&cluster.dir);
     let (ok, stdout, stderr) = run_logged(up, &logs, "local-cluster", Duration::from_secs(120));
     if !ok {
-        println!("skipped: the one-node Slurm cluster did not come up on this machine:\n{stderr}");
+        common::skip("slurm", &format!("the one-node Slurm cluster did not come up on this machine:\n{stderr}"));
         return;
     }
     print!("{stderr}");
