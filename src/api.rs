@@ -123,7 +123,11 @@ impl Model {
 
     /// A view with these heads masked (printed names); the weights are shared.
     pub fn with_mask(&self, heads: &[&str]) -> Result<Model> {
-        let ids = heads.iter().map(|h| self.0.head(h, "with_mask: ")).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| Error(e.to_string()))?;
+        let ids = heads
+            .iter()
+            .map(|h| self.0.head(h, "with_mask: "))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error(e.to_string()))?;
         Ok(Model(self.0.closing(&ids)))
     }
 

@@ -15,8 +15,16 @@ pub const ASSETS: &[Asset] = &[
     Asset { name: "enpt", path: "marian/enpt", what: "Firefox-Translations EN->PT (Marian)" },
     Asset { name: "pten", path: "marian/pten", what: "Firefox-Translations PT->EN (Marian)" },
     Asset { name: "smollm2", path: "smollm2", what: "SmolLM2-135M-Instruct (GGUF, Q4_1) + derived tokenizer.json" },
-    Asset { name: "gemma3", path: "gemma3-270m", what: "Gemma 3 270M base (GGUF, Q4_K_M; tokenizer from its metadata; Gemma Terms of Use)" },
-    Asset { name: "qwen25coder", path: "qwen25coder", what: "Qwen2.5-Coder-0.5B-Instruct (GGUF, Q4_K_M; tokenizer from its metadata)" },
+    Asset {
+        name: "gemma3",
+        path: "gemma3-270m",
+        what: "Gemma 3 270M base (GGUF, Q4_K_M; tokenizer from its metadata; Gemma Terms of Use)",
+    },
+    Asset {
+        name: "qwen25coder",
+        path: "qwen25coder",
+        what: "Qwen2.5-Coder-0.5B-Instruct (GGUF, Q4_K_M; tokenizer from its metadata)",
+    },
     Asset { name: "pud_en.conllu", path: "pud_en.conllu", what: "1000 English PUD sentences parsed by spaCy" },
     Asset { name: "pud_en.txt", path: "pud_en.txt", what: "the same sentences, one per line" },
     Asset { name: "brown.txt", path: "brown.txt", what: "Brown corpus as text (token frequencies)" },
@@ -45,10 +53,9 @@ pub enum AssetError {
 
 /// The path of a named asset, checked to exist.
 pub fn asset_path(name: &str) -> Result<PathBuf, AssetError> {
-    let a = ASSETS
-        .iter()
-        .find(|a| a.name == name)
-        .ok_or_else(|| AssetError::Unknown(name.into(), ASSETS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")))?;
+    let a = ASSETS.iter().find(|a| a.name == name).ok_or_else(|| {
+        AssetError::Unknown(name.into(), ASSETS.iter().map(|a| a.name).collect::<Vec<_>>().join(", "))
+    })?;
     let p = assets_dir().join(a.path);
     if p.exists() {
         Ok(p)

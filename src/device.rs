@@ -97,7 +97,9 @@ pub fn torch_info() -> TorchInfo {
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+        })
         .unwrap_or_default();
     TorchInfo {
         torch_version: env!("HEADSCOPE_TORCH_VERSION"),
@@ -114,8 +116,14 @@ impl fmt::Display for TorchInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "torch:   {} ({})", self.torch_version, self.torch_lib)?;
         if self.cuda_available {
-            let names = if self.gpu_names.is_empty() { String::new() } else { format!(": {}", self.gpu_names.join(", ")) };
-            writeln!(f, "CUDA:    available, {} device(s){names}; cuDNN {}", self.cuda_devices, if self.cudnn_available { "available" } else { "not available" })?;
+            let names =
+                if self.gpu_names.is_empty() { String::new() } else { format!(": {}", self.gpu_names.join(", ")) };
+            writeln!(
+                f,
+                "CUDA:    available, {} device(s){names}; cuDNN {}",
+                self.cuda_devices,
+                if self.cudnn_available { "available" } else { "not available" }
+            )?;
         } else {
             writeln!(f, "CUDA:    not available (computing on CPU)")?;
         }

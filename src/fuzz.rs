@@ -9,7 +9,18 @@ use crate::model::{gguf, marian_bin, safetensors, spm, torch_pickle};
 use crate::prune::checkpoint;
 
 /// Every target, by the name of its AFL binary and of its corpus folder.
-pub const TARGETS: &[&str] = &["conllu", "safetensors", "gguf", "gguf_model", "marian_bin", "torch_pickle", "tokenizer_json", "spm", "marian_vocab", "checkpoint"];
+pub const TARGETS: &[&str] = &[
+    "conllu",
+    "safetensors",
+    "gguf",
+    "gguf_model",
+    "marian_bin",
+    "torch_pickle",
+    "tokenizer_json",
+    "spm",
+    "marian_vocab",
+    "checkpoint",
+];
 
 /// A sentence every tokenizer target encodes once it has loaded (accents, digits, CJK,
 /// emoji, a control character), then decodes back.
@@ -61,7 +72,8 @@ pub fn run(target: &str, data: &[u8]) -> Result<(), String> {
         "spm" => {
             let m = spm::parse(data).map_err(|x| format!("fuzz.spm: {x}"))?;
             // Unigram models (Marian, T5), BPE ones (M2M100's sentencepiece.bpe.model).
-            let tok = if m.model_type == 2 { m.bpe_tokenizer("fuzz.spm") } else { m.tokenizer("fuzz.spm") }.map_err(|x| e(&x))?;
+            let tok = if m.model_type == 2 { m.bpe_tokenizer("fuzz.spm") } else { m.tokenizer("fuzz.spm") }
+                .map_err(|x| e(&x))?;
             tok.encode(TEXT).map_err(|x| e(&x))?;
             Ok(())
         }

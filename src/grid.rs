@@ -46,7 +46,12 @@ impl Grid {
         let mut all: Vec<(HeadId, f64)> = Vec::new();
         for (kind, m) in &self.kinds {
             for (l, row) in m.iter().enumerate() {
-                all.extend(row.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(h, &v)| (HeadId { kind: *kind, layer_idx: l, head: h }, v)));
+                all.extend(
+                    row.iter()
+                        .enumerate()
+                        .filter(|(_, v)| !v.is_nan())
+                        .map(|(h, &v)| (HeadId { kind: *kind, layer_idx: l, head: h }, v)),
+                );
             }
         }
         all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -56,10 +61,28 @@ impl Grid {
     /// The value of one head, or an error naming the head and the grid's shape.
     pub fn value(&self, id: HeadId) -> Result<f64, String> {
         let Some((_, m)) = self.kinds.iter().find(|(k, _)| *k == id.kind) else {
-            return Err(format!("this grid has no '{}' (it has: {})", id.kind, self.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ")));
+            return Err(format!(
+                "this grid has no '{}' (it has: {})",
+                id.kind,
+                self.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ")
+            ));
         };
-        let row = m.get(id.layer_idx).ok_or_else(|| format!("{id}: layer {} out of range: '{}' has layers 0..{}", id.layer_idx, id.kind, m.len().saturating_sub(1)))?;
-        row.get(id.head).copied().ok_or_else(|| format!("{id}: head {} out of range: layer {} has heads 0..{}", id.head, id.layer_idx, row.len().saturating_sub(1)))
+        let row = m.get(id.layer_idx).ok_or_else(|| {
+            format!(
+                "{id}: layer {} out of range: '{}' has layers 0..{}",
+                id.layer_idx,
+                id.kind,
+                m.len().saturating_sub(1)
+            )
+        })?;
+        row.get(id.head).copied().ok_or_else(|| {
+            format!(
+                "{id}: head {} out of range: layer {} has heads 0..{}",
+                id.head,
+                id.layer_idx,
+                row.len().saturating_sub(1)
+            )
+        })
     }
 
     /// The `k` heads at one end of the ranking as a table (head, value): the highest
@@ -129,7 +152,9 @@ impl Render for Grid {
 
 /// A matrix as a Rhai array of arrays.
 pub fn matrix(m: &[Vec<f64>]) -> Dynamic {
-    Dynamic::from(m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>())
+    Dynamic::from(
+        m.iter().map(|r| Dynamic::from(r.iter().map(|&v| Dynamic::from(v)).collect::<Array>())).collect::<Array>(),
+    )
 }
 
 /// Per-kind matrices as a Rhai map `kind -> [[...]]`.
@@ -141,7 +166,8 @@ pub fn kind_map(values: crate::model::KindGrids) -> Map {
 /// function in the error.
 pub fn write_json(path: &str, value: &serde_json::Value, func: &str) -> ScriptResult<()> {
     let s = serde_json::to_string_pretty(value).unwrap_or_default();
-    write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
+    write_atomic(std::path::Path::new(path), s.as_bytes())
+        .or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
 }
 
 /// The one CSV writer of results: a header line, then one line per row, written atomically.
@@ -151,7 +177,8 @@ pub fn write_csv(path: &str, header: &str, rows: impl IntoIterator<Item = String
         s += &r;
         s.push('\n');
     }
-    write_atomic(std::path::Path::new(path), s.as_bytes()).or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
+    write_atomic(std::path::Path::new(path), s.as_bytes())
+        .or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
 }
 
 pub mod script {
@@ -192,7 +219,10 @@ pub mod script {
             let k: Kind = key.parse().or_else(|e: String| err(e))?;
             match g.kinds.iter().find(|(x, _)| *x == k) {
                 Some((_, m)) => Ok(matrix(m)),
-                None => err(format!("this grid has no '{key}' (it has: {})", g.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", "))),
+                None => err(format!(
+                    "this grid has no '{key}' (it has: {})",
+                    g.kinds.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ")
+                )),
             }
         }
 
@@ -294,7 +324,11 @@ pub mod script {
         /// ```
         #[rhai_fn(name = "to_csv", return_raw, pure)]
         pub fn grid_to_csv(g: &mut Grid, path: &str) -> ScriptResult<()> {
-            let rows = g.kinds.iter().flat_map(|(k, m)| m.iter().enumerate().flat_map(move |(l, row)| row.iter().enumerate().map(move |(h, v)| format!("{k},{l},{h},{v}"))));
+            let rows = g.kinds.iter().flat_map(|(k, m)| {
+                m.iter()
+                    .enumerate()
+                    .flat_map(move |(l, row)| row.iter().enumerate().map(move |(h, v)| format!("{k},{l},{h},{v}")))
+            });
             write_csv(path, "kind,layer,head,value", rows, "to_csv")
         }
 
@@ -325,7 +359,8 @@ pub mod script {
         /// ```
         #[rhai_fn(return_raw, pure)]
         pub fn colour_by(v: &mut crate::view::View, grid: Grid) -> ScriptResult<crate::view::View> {
-            let scores: Vec<(String, Vec<Vec<f64>>)> = grid.kinds.iter().map(|(k, g)| (k.to_string(), g.clone())).collect();
+            let scores: Vec<(String, Vec<Vec<f64>>)> =
+                grid.kinds.iter().map(|(k, g)| (k.to_string(), g.clone())).collect();
             v.colour_by(&scores, &grid.stat).or_else(err)
         }
 

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "headscope", version, about = "Understand and prune the attention heads of Transformer models, in Rhai")]
+#[command(
+    name = "headscope",
+    version,
+    about = "Understand and prune the attention heads of Transformer models, in Rhai"
+)]
 struct Cli {
     /// Evaluate CODE, print its value, and exit.
     #[arg(short = 'e', long = "eval", value_name = "CODE", conflicts_with = "command")]
@@ -80,7 +84,9 @@ fn kernel_command(connection_file: Option<PathBuf>, action: Option<KernelAction>
         (None, Some(KernelAction::Install { user: _, prefix, sys_prefix, name })) => {
             let target = if sys_prefix {
                 let env = std::env::var_os("VIRTUAL_ENV").or_else(|| std::env::var_os("CONDA_PREFIX"));
-                InstallTarget::Prefix(env.map(PathBuf::from).ok_or("--sys-prefix: neither VIRTUAL_ENV nor CONDA_PREFIX is set")?)
+                InstallTarget::Prefix(
+                    env.map(PathBuf::from).ok_or("--sys-prefix: neither VIRTUAL_ENV nor CONDA_PREFIX is set")?,
+                )
             } else if let Some(p) = prefix {
                 InstallTarget::Prefix(p)
             } else {
@@ -176,7 +182,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let base = file.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
+            let base =
+                file.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
             let mut s = script_session(args, base);
             match s.eval(&file.display().to_string(), &code) {
                 Ok(_) => ExitCode::SUCCESS,

@@ -102,7 +102,6 @@ pub fn html_escape(s: &str) -> String {
     out
 }
 
-
 /// Options and counts echoed in a result, each keeping its type: numbers stay numbers, lists
 /// stay lists, in the order the function defines them (docs/methods.md lists them per analysis).
 pub type Echo = Vec<(String, serde_json::Value)>;
@@ -148,7 +147,12 @@ mod tests {
 
     #[test]
     fn evcxr_blocks_carry_each_representation_plain_text_last() {
-        let o = Output { text: "t".into(), html: Some("<b>t</b>".into()), png: Some(vec![1, 2, 3]), svg: Some("<svg/>".into()) };
+        let o = Output {
+            text: "t".into(),
+            html: Some("<b>t</b>".into()),
+            png: Some(vec![1, 2, 3]),
+            svg: Some("<svg/>".into()),
+        };
         assert_eq!(
             evcxr_content(&o),
             "EVCXR_BEGIN_CONTENT text/html\n<b>t</b>\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT image/png\nAQID\nEVCXR_END_CONTENT\n\

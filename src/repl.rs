@@ -10,7 +10,10 @@ use rustyline::highlight::Highlighter;
 use rustyline::hint::Hinter;
 use rustyline::history::DefaultHistory;
 use rustyline::validate::Validator;
-use rustyline::{Cmd, ConditionalEventHandler, Config, Context, Editor, EventContext, EventHandler, Helper, KeyCode, KeyEvent, Modifiers, RepeatCount};
+use rustyline::{
+    Cmd, ConditionalEventHandler, Config, Context, Editor, EventContext, EventHandler, Helper, KeyCode, KeyEvent,
+    Modifiers, RepeatCount,
+};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::rc::Rc;
@@ -50,7 +53,8 @@ struct Bar {
 }
 
 fn new_bar(total: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr_with_hz(10));
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr_with_hz(10));
     // The rate and time left (the prefix) only once measured (`run::Pace`).
     if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}{prefix}") {
         bar.set_style(style.progress_chars("=> "));
@@ -129,7 +133,10 @@ impl Completer for ReplHelper {
     fn complete(&self, line: &str, pos: usize, _: &Context<'_>) -> rustyline::Result<(usize, Vec<Pair>)> {
         let Ok(session) = self.session.try_borrow() else { return Ok((pos, vec![])) };
         let c = session.complete(line, pos);
-        Ok((c.start, c.candidates.into_iter().map(|c| Pair { display: c.display, replacement: c.replacement }).collect()))
+        Ok((
+            c.start,
+            c.candidates.into_iter().map(|c| Pair { display: c.display, replacement: c.replacement }).collect(),
+        ))
     }
 }
 
@@ -227,8 +234,15 @@ pub fn run() -> Result<bool, String> {
         return Ok(failed);
     }
 
-    let config = Config::builder().completion_type(rustyline::CompletionType::List).auto_add_history(false).history_ignore_space(true).max_history_size(10_000).map_err(|e| e.to_string())?.build();
-    let mut rl: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config).map_err(|e| format!("cannot start the line editor: {e}"))?;
+    let config = Config::builder()
+        .completion_type(rustyline::CompletionType::List)
+        .auto_add_history(false)
+        .history_ignore_space(true)
+        .max_history_size(10_000)
+        .map_err(|e| e.to_string())?
+        .build();
+    let mut rl: Editor<ReplHelper, DefaultHistory> =
+        Editor::with_config(config).map_err(|e| format!("cannot start the line editor: {e}"))?;
     rl.set_helper(Some(ReplHelper { session: session.clone() }));
     // After the editor: it installs a SIGINT handler of its own when created. While it reads,
     // the terminal is raw and Ctrl-C arrives as a key; while code runs, as this signal.
@@ -238,8 +252,14 @@ pub fn run() -> Result<bool, String> {
         let _ = rl.load_history(h);
     }
     let inspect = std::sync::Arc::new(std::sync::Mutex::new(None));
-    rl.bind_sequence(KeyEvent(KeyCode::BackTab, Modifiers::NONE), EventHandler::Conditional(Box::new(InspectKey(inspect.clone()))));
-    println!("headscope {} — Rhai for attention heads. :help for commands, Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
+    rl.bind_sequence(
+        KeyEvent(KeyCode::BackTab, Modifiers::NONE),
+        EventHandler::Conditional(Box::new(InspectKey(inspect.clone()))),
+    );
+    println!(
+        "headscope {} — Rhai for attention heads. :help for commands, Ctrl-D to leave.",
+        env!("CARGO_PKG_VERSION")
+    );
     let mut n = 0;
     // The input so far: lines join it until the parser says it is complete, each read after
     // the continuation prompt, so that unfinished input is visible as such.
@@ -285,7 +305,10 @@ pub fn run() -> Result<bool, String> {
                 buf.push_str(&line);
                 let pasted = crate::engine::pasted_inputs(&buf);
                 let last = pasted.as_ref().and_then(|p| p.last()).map_or(buf.as_str(), String::as_str);
-                if !(buf.trim_start().starts_with(':') || last.trim_start().starts_with(':') || session.borrow().is_complete(last)) {
+                if !(buf.trim_start().starts_with(':')
+                    || last.trim_start().starts_with(':')
+                    || session.borrow().is_complete(last))
+                {
                     continue;
                 }
                 let input = std::mem::take(&mut buf);

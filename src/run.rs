@@ -148,7 +148,11 @@ mod tests {
         let s = seen.clone();
         let i = Interrupt::default();
         {
-            let _g = enter(Context { interrupt: i.clone(), progress: Rc::new(move |_, d, _| s.set(d)), warn: Rc::new(|_| {}) });
+            let _g = enter(Context {
+                interrupt: i.clone(),
+                progress: Rc::new(move |_, d, _| s.set(d)),
+                warn: Rc::new(|_| {}),
+            });
             progress("x", 7, 9);
             assert_eq!(seen.get(), 7);
             i.trigger();

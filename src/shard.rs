@@ -30,7 +30,8 @@ impl std::str::FromStr for Shard {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || format!("shard '{s}' is not I/N with 0 <= I < N (e.g. \"0/4\")");
         let (i, n) = s.trim().split_once('/').ok_or_else(bad)?;
-        let (index, count): (usize, usize) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        let (index, count): (usize, usize) =
+            (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
         if count == 0 || index >= count {
             return Err(bad());
         }
@@ -91,14 +92,36 @@ impl Partial {
     /// Reads the `shard` entry of a result (`options.shard`); `source` names it in errors.
     pub fn from_json(v: &Value, source: &str) -> Result<Partial, String> {
         let field = |k: &str| v.get(k).ok_or_else(|| format!("{source}: the shard record has no '{k}'"));
-        let num = |k: &str| field(k)?.as_u64().map(|x| x as usize).ok_or_else(|| format!("{source}: shard field '{k}' is not a count: {}", v[k]));
-        let text = |k: &str| field(k)?.as_str().map(str::to_string).ok_or_else(|| format!("{source}: shard field '{k}' is not a string: {}", v[k]));
+        let num = |k: &str| {
+            field(k)?
+                .as_u64()
+                .map(|x| x as usize)
+                .ok_or_else(|| format!("{source}: shard field '{k}' is not a count: {}", v[k]))
+        };
+        let text = |k: &str| {
+            field(k)?
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("{source}: shard field '{k}' is not a string: {}", v[k]))
+        };
         let (index, count) = (num("index")?, num("count")?);
         if count == 0 || index >= count {
             return Err(format!("{source}: shard {index}/{count} is not a slice (0 <= index < count)"));
         }
-        let rows = field("rows")?.as_array().filter(|a| a.len() == 2).and_then(|a| Some(a[0].as_u64()? as usize..a[1].as_u64()? as usize)).ok_or_else(|| format!("{source}: shard field 'rows' is not [start, end]: {}", v["rows"]))?;
-        Ok(Partial { func: text("func")?, name: text("name")?, shard: Shard { index, count }, rows, total: num("total")?, identity: field("identity")?.clone(), acc: field("acc")?.clone() })
+        let rows = field("rows")?
+            .as_array()
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some(a[0].as_u64()? as usize..a[1].as_u64()? as usize))
+            .ok_or_else(|| format!("{source}: shard field 'rows' is not [start, end]: {}", v["rows"]))?;
+        Ok(Partial {
+            func: text("func")?,
+            name: text("name")?,
+            shard: Shard { index, count },
+            rows,
+            total: num("total")?,
+            identity: field("identity")?.clone(),
+            acc: field("acc")?.clone(),
+        })
     }
 
     /// The shard record of a result's JSON (`{"options": {"shard": ...}}`), if it has one.
@@ -129,29 +152,56 @@ pub fn merge(parts: &[(String, Partial)]) -> Result<Merged, String> {
     for (src, p) in parts {
         let what = format!("{} ({src})", p.name);
         if p.func != first.func {
-            return Err(format!("{what} comes from {}, {src0} from {}: shards of different functions", p.func, first.func));
+            return Err(format!(
+                "{what} comes from {}, {src0} from {}: shards of different functions",
+                p.func, first.func
+            ));
         }
         if p.shard.count != first.shard.count {
-            return Err(format!("{what} is shard {} but {src0} is shard {}: the shards split the data differently", p.shard, first.shard));
+            return Err(format!(
+                "{what} is shard {} but {src0} is shard {}: the shards split the data differently",
+                p.shard, first.shard
+            ));
         }
         if p.total != first.total {
-            return Err(format!("{what} is a shard of {} sentences, {src0} of {}: different data", p.total, first.total));
+            return Err(format!(
+                "{what} is a shard of {} sentences, {src0} of {}: different data",
+                p.total, first.total
+            ));
         }
         if let Some((path, mine, theirs)) = first_difference(&p.identity, &first.identity, "") {
             let show = |v: Option<&Value>| v.map_or("nothing".to_string(), short);
-            return Err(format!("{what} and {src0} differ in {}: {} vs {}", path.trim_start_matches('.'), show(mine), show(theirs)));
+            return Err(format!(
+                "{what} and {src0} differ in {}: {} vs {}",
+                path.trim_start_matches('.'),
+                show(mine),
+                show(theirs)
+            ));
         }
         let want = p.shard.rows(p.total);
         if p.rows != want {
-            return Err(format!("{what}: shard {} covers rows {}..{} but that slice is {}..{}", p.shard, p.rows.start, p.rows.end, want.start, want.end));
+            return Err(format!(
+                "{what}: shard {} covers rows {}..{} but that slice is {}..{}",
+                p.shard, p.rows.start, p.rows.end, want.start, want.end
+            ));
         }
         if let Some(other) = by_index.insert(p.shard.index, src) {
             return Err(format!("shard {} of {} is given twice: {other} and {src}", p.shard, p.name));
         }
     }
-    let missing: Vec<String> = (0..first.shard.count).filter(|i| !by_index.contains_key(i)).map(|i| format!("{i}/{}", first.shard.count)).collect();
+    let missing: Vec<String> = (0..first.shard.count)
+        .filter(|i| !by_index.contains_key(i))
+        .map(|i| format!("{i}/{}", first.shard.count))
+        .collect();
     if !missing.is_empty() {
-        return Err(format!("{} is missing shard{} {} (have {} of {})", first.name, if missing.len() > 1 { "s" } else { "" }, missing.join(", "), by_index.len(), first.shard.count));
+        return Err(format!(
+            "{} is missing shard{} {} (have {} of {})",
+            first.name,
+            if missing.len() > 1 { "s" } else { "" },
+            missing.join(", "),
+            by_index.len(),
+            first.shard.count
+        ));
     }
     // Add in shard order, so a merge does not depend on the order files are listed in.
     let mut sorted: Vec<&(String, Partial)> = parts.iter().collect();
@@ -160,7 +210,14 @@ pub fn merge(parts: &[(String, Partial)]) -> Result<Merged, String> {
     for (src, p) in &sorted[1..] {
         add(&mut acc, &p.acc, "", "").map_err(|e| format!("{} ({src}): accumulators do not fit: {e}", p.name))?;
     }
-    Ok(Merged { func: first.func.clone(), name: first.name.clone(), total: first.total, shards: first.shard.count, identity: first.identity.clone(), acc })
+    Ok(Merged {
+        func: first.func.clone(),
+        name: first.name.clone(),
+        total: first.total,
+        shards: first.shard.count,
+        identity: first.identity.clone(),
+        acc,
+    })
 }
 
 fn short(v: &Value) -> String {
@@ -183,7 +240,11 @@ fn pair(v: &Value) -> Option<(&str, &Value)> {
 /// The first place where `a` and `b` differ, with the two values there: its path
 /// (`.model.name`, `.frame.options.batch_tokens`: echoed `[key, value]` pairs by key; the
 /// model and the data are compared first, then the rest in key order).
-pub fn first_difference<'a>(a: &'a Value, b: &'a Value, path: &str) -> Option<(String, Option<&'a Value>, Option<&'a Value>)> {
+pub fn first_difference<'a>(
+    a: &'a Value,
+    b: &'a Value,
+    path: &str,
+) -> Option<(String, Option<&'a Value>, Option<&'a Value>)> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
@@ -194,10 +255,12 @@ pub fn first_difference<'a>(a: &'a Value, b: &'a Value, path: &str) -> Option<(S
                 (p, q) => Some((format!("{path}.{k}"), p, q)),
             })
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x.iter().zip(y).enumerate().find_map(|(i, (p, q))| match (pair(p), pair(q)) {
-            (Some((k, v)), Some((l, w))) if k == l => first_difference(v, w, &format!("{path}.{k}")),
-            _ => first_difference(p, q, &format!("{path}.[{i}]")),
-        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (p, q))| match (pair(p), pair(q)) {
+                (Some((k, v)), Some((l, w))) if k == l => first_difference(v, w, &format!("{path}.{k}")),
+                _ => first_difference(p, q, &format!("{path}.[{i}]")),
+            })
+        }
         _ if a == b => None,
         _ => Some((if path.is_empty() { ".".into() } else { path.to_string() }, Some(a), Some(b))),
     }
@@ -213,7 +276,9 @@ fn add(a: &mut Value, b: &Value, path: &str, key: &str) -> Result<(), String> {
                 _ => {
                     let (p, q) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
                     let v = if key.starts_with("max_") { p.max(q) } else { p + q };
-                    serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| format!("{path}: the sum is not finite"))?
+                    serde_json::Number::from_f64(v)
+                        .map(Value::Number)
+                        .ok_or_else(|| format!("{path}: the sum is not finite"))?
                 }
             };
             *a = sum;
@@ -312,7 +377,11 @@ pub fn read_partials(paths: &[PathBuf]) -> Result<(Groups, Vec<String>), String>
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let mut inside: Vec<PathBuf> = std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "json"))
+                .collect();
             inside.sort();
             files.extend(inside);
         } else if p.exists() {
@@ -351,7 +420,18 @@ mod tests {
 
     fn part(i: usize, n: usize, total: usize, acc: Value) -> (String, Partial) {
         let s = Shard { index: i, count: n };
-        (format!("s{i}.json"), Partial { func: "f".into(), name: "f-1".into(), shard: s, rows: s.rows(total), total, identity: json!({"model": "m", "options": {"metric": "loss"}}), acc })
+        (
+            format!("s{i}.json"),
+            Partial {
+                func: "f".into(),
+                name: "f-1".into(),
+                shard: s,
+                rows: s.rows(total),
+                total,
+                identity: json!({"model": "m", "options": {"metric": "loss"}}),
+                acc,
+            },
+        )
     }
 
     #[test]
@@ -397,9 +477,17 @@ mod tests {
         other.1.identity["options"]["metric"] = json!("kl");
         let e = merge(&[ok(0), other, ok(2)]).unwrap_err();
         assert!(e.contains("differ in options.metric: \"kl\" vs \"loss\""), "{e}");
-        let (path, _, _) = first_difference(&json!({"o": [["a", 1], ["b", 2]], "model": "x"}), &json!({"o": [["a", 1], ["b", 3]], "model": "y"}), "").unwrap();
+        let (path, _, _) = first_difference(
+            &json!({"o": [["a", 1], ["b", 2]], "model": "x"}),
+            &json!({"o": [["a", 1], ["b", 3]], "model": "y"}),
+            "",
+        )
+        .unwrap();
         assert_eq!(path, ".model");
-        assert_eq!(first_difference(&json!({"o": [["a", 1], ["b", 2]]}), &json!({"o": [["a", 1], ["b", 3]]}), "").unwrap().0, ".o.b");
+        assert_eq!(
+            first_difference(&json!({"o": [["a", 1], ["b", 2]]}), &json!({"o": [["a", 1], ["b", 3]]}), "").unwrap().0,
+            ".o.b"
+        );
         let mut four = part(1, 4, 9, json!({"n": 1}));
         four.0 = "x.json".into();
         let e = merge(&[ok(0), four]).unwrap_err();

@@ -31,7 +31,12 @@ fn distance(a: &str, b: &str) -> usize {
 /// at most 3), closest first; `word` itself is not suggested.
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     let limit = (word.chars().count() / 3).clamp(1, 3);
-    let mut found: Vec<(usize, &str)> = candidates.into_iter().filter(|c| *c != word).map(|c| (distance(word, c), c)).filter(|(d, _)| *d <= limit).collect();
+    let mut found: Vec<(usize, &str)> = candidates
+        .into_iter()
+        .filter(|c| *c != word)
+        .map(|c| (distance(word, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .collect();
     found.sort();
     found.dedup_by(|a, b| a.1 == b.1);
     found.into_iter().take(3).map(|(_, c)| c).collect()

@@ -79,7 +79,11 @@ impl Table {
         self.rows.sort_by(|a, b| {
             let (ka, kb) = (key(&a[i]), key(&b[i]));
             let ord = ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(ka.2.cmp(&kb.2));
-            if descending && ka.0 == kb.0 && ka.0 < 2 { ord.reverse() } else { ord }
+            if descending && ka.0 == kb.0 && ka.0 < 2 {
+                ord.reverse()
+            } else {
+                ord
+            }
         });
         Ok(())
     }
@@ -135,7 +139,11 @@ impl Table {
     /// RFC 4180 CSV; floats at full precision so that nothing is lost.
     pub fn to_csv(&self) -> String {
         fn field(s: &str) -> String {
-            if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+            if s.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", s.replace('"', "\"\""))
+            } else {
+                s.to_string()
+            }
         }
         let mut s = self.columns.iter().map(|c| field(c)).collect::<Vec<_>>().join(",") + "\n";
         for r in &self.rows {

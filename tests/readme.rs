@@ -188,7 +188,12 @@ fn timeless(text: &str) -> String {
         let (before, from) = rest.split_at(i);
         let n = from.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(from.len());
         let after = &from[n..];
-        let unit = ["s", "ms"].into_iter().find(|u| after.strip_prefix(' ').and_then(|a| a.strip_prefix(u)).is_some_and(|a| !a.starts_with(|c: char| c.is_alphanumeric())));
+        let unit = ["s", "ms"].into_iter().find(|u| {
+            after
+                .strip_prefix(' ')
+                .and_then(|a| a.strip_prefix(u))
+                .is_some_and(|a| !a.starts_with(|c: char| c.is_alphanumeric()))
+        });
         let starts_word = !before.ends_with(|c: char| c.is_alphanumeric() || c == '.');
         out.push_str(before);
         match unit {
@@ -252,12 +257,14 @@ fn every_readme_session_runs() {
                     Outcome::Quit => false,
                 })
             } else {
-                s.eval(&format!("README.md:{line}"), input).map(|o| {
-                    if let Some(o) = o {
-                        shown.borrow_mut().push(o.text);
-                    }
-                    true
-                }).map_err(|e| e.to_string())
+                s.eval(&format!("README.md:{line}"), input)
+                    .map(|o| {
+                        if let Some(o) = o {
+                            shown.borrow_mut().push(o.text);
+                        }
+                        true
+                    })
+                    .map_err(|e| e.to_string())
             };
             if let Err(e) = result {
                 failures.push(format!("README.md block at line {line}: {input}\n=> {e}"));
@@ -278,11 +285,19 @@ fn every_readme_session_runs() {
         // sessions before ran (as the sessions ran in theirs): the same lines, in order.
         let saved = replay.path().join(format!("session{k}.rhai"));
         commands::dispatch(&mut s, &format!(":save {}", saved.display())).unwrap_or_else(|e| panic!(":save: {e}"));
-        let run = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).arg("run").arg(&saved).current_dir(replay.path()).output().unwrap();
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_headscope"))
+            .arg("run")
+            .arg(&saved)
+            .current_dir(replay.path())
+            .output()
+            .unwrap();
         let out = String::from_utf8_lossy(&run.stdout);
         let script = std::fs::read_to_string(&saved).unwrap();
         if !run.status.success() {
-            failures.push(format!("README.md block at line {line}: its :save script fails under headscope run:\n{}\n{script}", String::from_utf8_lossy(&run.stderr)));
+            failures.push(format!(
+                "README.md block at line {line}: its :save script fails under headscope run:\n{}\n{script}",
+                String::from_utf8_lossy(&run.stderr)
+            ));
             continue;
         }
         let printed = timeless(&out);

@@ -12,8 +12,8 @@
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::{corpus_counts, BleuCounts};
-use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::fill::{FillSource, Resample};
+use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::Gates;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -101,20 +101,47 @@ pub struct Prepared {
 /// The stack's own heads (an encoder's, a language model's).
 pub fn resample_source(model: &Model, reference: &Dataset, seed: u64) -> Result<FillSource, AnalysisError> {
     if model.translates() {
-        return Err(AnalysisError::Input("resample ablation of translation models is not offered yet; use ablation \"mean\"".into()));
+        return Err(AnalysisError::Input(
+            "resample ablation of translation models is not offered yet; use ablation \"mean\"".into(),
+        ));
     }
-    let refs = model.tokenize_all(reference.texts()).map_err(|e| AnalysisError::Input(format!("the reference {}: {e}", reference.name)))?;
+    let refs = model
+        .tokenize_all(reference.texts())
+        .map_err(|e| AnalysisError::Input(format!("the reference {}: {e}", reference.name)))?;
     let kind = model.net.stack_kind;
-    let mean = mean_fill(model, reference, &[kind], crate::model::batch::DEFAULT_BATCH_TOKENS, &Gates::none(), &crate::run::interrupted)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("resample ablation: {} has no heads of kind {kind}", model.name())))?;
-    Ok(FillSource::Resample(Resample { refs: refs.into_iter().map(|e| e.ids).collect(), seed, mean, pad_id: model.tok.pad_id }))
+    let mean = mean_fill(
+        model,
+        reference,
+        &[kind],
+        crate::model::batch::DEFAULT_BATCH_TOKENS,
+        &Gates::none(),
+        &crate::run::interrupted,
+    )?
+    .of(kind)
+    .map(Tensor::shallow_clone)
+    .ok_or_else(|| AnalysisError::Input(format!("resample ablation: {} has no heads of kind {kind}", model.name())))?;
+    Ok(FillSource::Resample(Resample {
+        refs: refs.into_iter().map(|e| e.ids).collect(),
+        seed,
+        mean,
+        pad_id: model.tok.pad_id,
+    }))
 }
 
 /// Sets resample ablation on a prepared dataset ([`resample_source`]); returns the reference
 /// sentence each of its sentences draws, in the data's order.
-pub fn set_resample(model: &Model, p: &mut Prepared, data: &Dataset, reference: &Dataset, seed: u64) -> Result<Vec<usize>, AnalysisError> {
+pub fn set_resample(
+    model: &Model,
+    p: &mut Prepared,
+    data: &Dataset,
+    reference: &Dataset,
+    seed: u64,
+) -> Result<Vec<usize>, AnalysisError> {
     let src = resample_source(model, reference, seed)?;
     let draws = match &src {
-        FillSource::Resample(r) => model.tokenize_all(data.texts())?.iter().map(|e| r.draw(&e.ids)).collect::<Result<Vec<_>, _>>()?,
+        FillSource::Resample(r) => {
+            model.tokenize_all(data.texts())?.iter().map(|e| r.draw(&e.ids)).collect::<Result<Vec<_>, _>>()?
+        }
         FillSource::PerPosition { .. } => vec![],
     };
     p.source = Some(std::rc::Rc::new(src));
@@ -149,7 +176,14 @@ const LOGIT_BYTES: i64 = 16 << 20;
 
 impl Prepared {
     /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
-    fn log_probs(&self, model: &Model, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
+    fn log_probs(
+        &self,
+        model: &Model,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+    ) -> Result<Tensor, ModelError> {
         let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
         head.log_probs(&model.teacher_states(enc, mask, targets, gates)?)
     }
@@ -198,13 +232,20 @@ fn needs_decoder(model: &Model, metric: Metric) -> Result<(), AnalysisError> {
 }
 
 /// `base`: the gates of the model as given (a masked view), the reference of every metric.
-pub fn prepare(model: &Model, data: &Dataset, metric: Metric, batch_tokens: usize, base: Gates) -> Result<Prepared, AnalysisError> {
+pub fn prepare(
+    model: &Model,
+    data: &Dataset,
+    metric: Metric,
+    batch_tokens: usize,
+    base: Gates,
+) -> Result<Prepared, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     needs_decoder(model, metric)?;
     let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
-    let prepared = model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
+    let prepared =
+        model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
     let _g = tch::no_grad_guard();
     let out64 = match metric {
         Metric::Loss | Metric::Kl if model.net.output.is_some() => Some(model.output_head(DType::Double)?),
@@ -233,7 +274,8 @@ struct RowMetric<'a> {
 fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
     let e = enc.to_kind(DType::Double);
     let m = mask.to_kind(DType::Double).unsqueeze(-1);
-    let p = (e * &m).sum_dim_intlist([1i64].as_slice(), false, DType::Double) / m.sum_dim_intlist([1i64].as_slice(), false, DType::Double);
+    let p = (e * &m).sum_dim_intlist([1i64].as_slice(), false, DType::Double)
+        / m.sum_dim_intlist([1i64].as_slice(), false, DType::Double);
     let norm = p.norm_scalaropt_dim(2, [-1i64].as_slice(), true).clamp_min(1e-12);
     p / norm
 }
@@ -241,7 +283,9 @@ fn pooled(enc: &Tensor, mask: &Tensor) -> Tensor {
 impl RowMetric<'_> {
     fn new<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch) -> Result<RowMetric<'a>, ModelError> {
         let full = match p.metric {
-            Metric::Kl | Metric::Cosine => Self::reference(model, p, b, &model.net.encode(&b.ids, &b.mask, &p.base, None)?)?,
+            Metric::Kl | Metric::Cosine => {
+                Self::reference(model, p, b, &model.net.encode(&b.ids, &b.mask, &p.base, None)?)?
+            }
             Metric::Loss | Metric::Bleu => None,
         };
         Ok(RowMetric { model, p, b, metric: p.metric, full })
@@ -249,7 +293,12 @@ impl RowMetric<'_> {
 
     /// As [`RowMetric::new`], given the unmasked encoder output of the batch (the sweep's
     /// capture pass computes it anyway).
-    fn with_full<'a>(model: &'a Model, p: &'a Prepared, b: &'a PBatch, enc: &Tensor) -> Result<RowMetric<'a>, ModelError> {
+    fn with_full<'a>(
+        model: &'a Model,
+        p: &'a Prepared,
+        b: &'a PBatch,
+        enc: &Tensor,
+    ) -> Result<RowMetric<'a>, ModelError> {
         Ok(RowMetric { model, p, b, metric: p.metric, full: Self::reference(model, p, b, enc)? })
     }
 
@@ -277,7 +326,12 @@ impl RowMetric<'_> {
             }
             Metric::Loss | Metric::Kl => {
                 let (t, _) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-                let states = self.model.teacher_states(enc, &repeat_rows(&self.b.mask, groups), &repeat_rows(t, groups), gates)?;
+                let states = self.model.teacher_states(
+                    enc,
+                    &repeat_rows(&self.b.mask, groups),
+                    &repeat_rows(t, groups),
+                    gates,
+                )?;
                 return self.state_sums(&states, groups);
             }
             Metric::Bleu => return Ok(vec![]),
@@ -288,22 +342,30 @@ impl RowMetric<'_> {
     /// `sums` for loss and KL from the final decoder states `[groups x B, T, D]`.
     fn state_sums(&self, states: &Tensor, groups: i64) -> Result<Vec<f64>, ModelError> {
         let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let full = if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
+        let full =
+            if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
         let per_tok = self.p.token_values(states, &repeat_rows(t, groups), full)?;
-        let per_row = (per_tok * repeat_rows(tm, groups).to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double);
+        let per_row = (per_tok * repeat_rows(tm, groups).to_kind(DType::Double)).sum_dim_intlist(
+            [1i64].as_slice(),
+            false,
+            DType::Double,
+        );
         self.group_totals(&per_row, groups)
     }
 
     /// Per-row values `[groups x B]` summed over each group's B rows.
     fn group_totals(&self, per_row: &Tensor, groups: i64) -> Result<Vec<f64>, ModelError> {
         let bsz = self.b.ids.size()[0];
-        Ok(Vec::<f64>::try_from(per_row.view([groups, bsz]).sum_dim_intlist([1i64].as_slice(), false, DType::Double).to_device(Device::Cpu))?)
+        Ok(Vec::<f64>::try_from(
+            per_row.view([groups, bsz]).sum_dim_intlist([1i64].as_slice(), false, DType::Double).to_device(Device::Cpu),
+        )?)
     }
 
     /// Greedy outputs of each row (BLEU).
     fn generate(&self, enc: &Tensor, gates: &Gates, groups: i64) -> Result<Vec<Vec<i64>>, ModelError> {
         let mask = self.b.mask.repeat([groups, 1]);
-        let lens = Vec::<f32>::try_from(mask.sum_dim_intlist([1i64].as_slice(), false, DType::Float).to_device(Device::Cpu))?;
+        let lens =
+            Vec::<f32>::try_from(mask.sum_dim_intlist([1i64].as_slice(), false, DType::Float).to_device(Device::Cpu))?;
         let max_len: Vec<i64> = lens.iter().map(|&l| self.model.max_output_len(l as usize)).collect();
         self.model.net.greedy(enc, &mask, &max_len, gates)
     }
@@ -312,7 +374,12 @@ impl RowMetric<'_> {
 /// Normaliser of summed values: target tokens (loss, KL) or sentences (cosine).
 fn denominator(p: &Prepared) -> f64 {
     match p.metric {
-        Metric::Loss | Metric::Kl => p.batches.iter().filter_map(|b| b.targets.as_ref()).map(|(_, m)| m.sum(DType::Double).double_value(&[])).sum(),
+        Metric::Loss | Metric::Kl => p
+            .batches
+            .iter()
+            .filter_map(|b| b.targets.as_ref())
+            .map(|(_, m)| m.sum(DType::Double).double_value(&[]))
+            .sum(),
         _ => p.n_sentences as f64,
     }
 }
@@ -345,7 +412,12 @@ pub fn evaluate(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> b
 }
 
 /// [`evaluate`] in additive form.
-pub fn evaluate_acc(model: &Model, p: &Prepared, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<MetricAcc, AnalysisError> {
+pub fn evaluate_acc(
+    model: &Model,
+    p: &Prepared,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+) -> Result<MetricAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
     let mut total = 0.0;
     let mut hyps = vec![String::new(); p.n_sentences];
@@ -377,14 +449,23 @@ const SWEEP_ROWS: i64 = 2048;
 
 /// The metric with each head of `kinds` masked alone: per kind, `[layer][head]` (NaN for a
 /// head prune_heads removed).
-pub fn sweep(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<crate::model::KindGrids, AnalysisError> {
+pub fn sweep(
+    model: &Model,
+    p: &Prepared,
+    kinds: &[Kind],
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<crate::model::KindGrids, AnalysisError> {
     let accs = sweep_acc(model, p, kinds, stop, progress)?;
     Ok(accs
         .into_iter()
         .map(|(kind, grid)| {
             let g = grid.into_iter().enumerate().map(|(l, row)| {
                 let present = model.present(kind, l);
-                row.into_iter().enumerate().map(|(h, a)| if present.contains(&h) { a.value() } else { f64::NAN }).collect()
+                row.into_iter()
+                    .enumerate()
+                    .map(|(h, a)| if present.contains(&h) { a.value() } else { f64::NAN })
+                    .collect()
             });
             (kind, g.collect())
         })
@@ -396,14 +477,22 @@ pub type SweepAcc = Vec<(Kind, Vec<Vec<MetricAcc>>)>;
 
 /// [`sweep`] in additive form: per kind, `[layer][head]` accumulators (empty for a removed
 /// head).
-pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<SweepAcc, AnalysisError> {
+pub fn sweep_acc(
+    model: &Model,
+    p: &Prepared,
+    kinds: &[Kind],
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SweepAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
-    let mut hyps: Vec<Vec<Vec<Vec<String>>>> = shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
+    let mut hyps: Vec<Vec<Vec<Vec<String>>>> =
+        shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
     // Progress counts (sentence, head) pairs swept, reported after each chunk of heads: a
     // sweep over one or two batches still moves head by head; the label names the unit.
-    let n_heads: usize = shapes.iter().map(|s| (0..s.n_layers).map(|l| model.present(s.kind, l).len()).sum::<usize>()).sum();
+    let n_heads: usize =
+        shapes.iter().map(|s| (0..s.n_layers).map(|l| model.present(s.kind, l).len()).sum::<usize>()).sum();
     let total: usize = p.batches.iter().map(|b| b.ids.size()[0] as usize * n_heads).sum();
     let mut done = 0usize;
     progress(0, total);
@@ -445,7 +534,8 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
             // Heads are swept in physical order (`present[l][j]` is head j's original number):
             // a physically pruned model's layers differ in width.
             let present: Vec<Vec<usize>> = (0..s.n_layers).map(|l| model.present(s.kind, l)).collect();
-            let chunk_of = |h: i64| ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h.max(1));
+            let chunk_of =
+                |h: i64| ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h.max(1));
             match s.kind {
                 k if k == model.net.stack_kind => {
                     let bias = inputs.first().map(|x| model.net.self_bias(&b.mask, x.kind()));
@@ -454,14 +544,33 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         let (Some(bias), true) = (bias.as_ref(), h > 0) else { continue };
                         let chunk = chunk_of(h);
                         let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue }; // [B, T, D], [B, H, T, dh]
-                        // Masking head j = the stack resumed at this layer's `hook_z` with head j
-                        // zeroed: the attention itself (Q, K, softmax, AV) is not recomputed,
-                        // and the floats are those of the gated forward pass.
+                                                                                                     // Masking head j = the stack resumed at this layer's `hook_z` with head j
+                                                                                                     // zeroed: the attention itself (Q, K, softmax, AV) is not recomputed,
+                                                                                                     // and the floats are those of the gated forward pass.
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
-                            let enc = model.net.stack_from_z(l, &x.repeat([n, 1, 1]), &z, &bias.repeat([n, 1, 1, 1]), &base, &mut None)?;
-                            collect(p.metric, &rm, &enc, &base, &present[l][start as usize..(start + n) as usize], l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            let z =
+                                ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
+                            let enc = model.net.stack_from_z(
+                                l,
+                                &x.repeat([n, 1, 1]),
+                                &z,
+                                &bias.repeat([n, 1, 1, 1]),
+                                &base,
+                                &mut None,
+                            )?;
+                            collect(
+                                p.metric,
+                                &rm,
+                                &enc,
+                                &base,
+                                &present[l][start as usize..(start + n) as usize],
+                                l,
+                                &mut sums[ki],
+                                &mut hyps[ki],
+                                b,
+                                model,
+                            )?;
                             done += (n * bsz) as usize;
                             progress(done, total);
                         }
@@ -478,7 +587,8 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                     let (tgt, _) = b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
                     // By layer: a layer without heads (prune_heads) hands out no contexts; it
                     // has nothing to sweep.
-                    let mut ctx: Vec<(Option<Tensor>, Option<Tensor>)> = (0..s.n_layers).map(|_| (None, None)).collect();
+                    let mut ctx: Vec<(Option<Tensor>, Option<Tensor>)> =
+                        (0..s.n_layers).map(|_| (None, None)).collect();
                     let pass = {
                         let mut on = |at: At, t: &Tensor| {
                             let resume = net.decoder.get(at.layer).map(|l| l.cross_resume_point());
@@ -489,7 +599,11 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                             }
                             Ok(())
                         };
-                        let mut rec = Record { points: &[Point::Ln1, Point::ResidMid, Point::Z], kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
+                        let mut rec = Record {
+                            points: &[Point::Ln1, Point::ResidMid, Point::Z],
+                            kinds: &[Kind::Dec, Kind::Cross],
+                            on: &mut on,
+                        };
                         net.decode_teacher_pass(&full_enc, &b.mask, tgt, &base, Some(&mut rec))?
                     };
                     let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
@@ -499,9 +613,22 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                         let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = ablated_heads(c, start, n, present_fill(model, &base, Kind::Cross, l, &present[l]).as_ref());
+                            let z = ablated_heads(
+                                c,
+                                start,
+                                n,
+                                present_fill(model, &base, Kind::Cross, l, &present[l]).as_ref(),
+                            );
                             let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
-                            let y = net.decode_from_cross_z(l, &x1.repeat([n, 1, 1]), &z, &cross_n, &enc_bias.repeat([n, 1, 1, 1]), &base, &mut None)?;
+                            let y = net.decode_from_cross_z(
+                                l,
+                                &x1.repeat([n, 1, 1]),
+                                &z,
+                                &cross_n,
+                                &enc_bias.repeat([n, 1, 1, 1]),
+                                &base,
+                                &mut None,
+                            )?;
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;
                             }
@@ -525,11 +652,24 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
                                     g[((j * bsz as usize + r) * s.n_layers + l) * s.n_heads + head] = 0.0;
                                 }
                             }
-                            let gt = Tensor::from_slice(&g).view([n * bsz, s.n_layers as i64, s.n_heads as i64]).to_device(model.device());
+                            let gt = Tensor::from_slice(&g)
+                                .view([n * bsz, s.n_layers as i64, s.n_heads as i64])
+                                .to_device(model.device());
                             // On top of the view's own gates (soft gates too).
                             let mut gates = base.share();
                             gates.multiply(s.kind, gt);
-                            collect(p.metric, &rm, &enc.repeat([n, 1, 1]), &gates, heads, l, &mut sums[ki], &mut hyps[ki], b, model)?;
+                            collect(
+                                p.metric,
+                                &rm,
+                                &enc.repeat([n, 1, 1]),
+                                &gates,
+                                heads,
+                                l,
+                                &mut sums[ki],
+                                &mut hyps[ki],
+                                b,
+                                model,
+                            )?;
                             done += (n * bsz) as usize;
                             progress(done, total);
                         }
@@ -542,9 +682,20 @@ pub fn sweep_acc(model: &Model, p: &Prepared, kinds: &[Kind], stop: &dyn Fn() ->
     let mut out = Vec::new();
     for (ki, s) in shapes.iter().enumerate() {
         let grid: Vec<Vec<MetricAcc>> = if p.metric == Metric::Bleu {
-            hyps[ki].iter().map(|layer| layer.iter().map(|h| Ok(MetricAcc { sum: 0.0, denom: 0.0, bleu: Some(bleu_counts(p, h)?) })).collect::<Result<_, AnalysisError>>()).collect::<Result<_, _>>()?
+            hyps[ki]
+                .iter()
+                .map(|layer| {
+                    layer
+                        .iter()
+                        .map(|h| Ok(MetricAcc { sum: 0.0, denom: 0.0, bleu: Some(bleu_counts(p, h)?) }))
+                        .collect::<Result<_, AnalysisError>>()
+                })
+                .collect::<Result<_, _>>()?
         } else {
-            sums[ki].iter().map(|layer| layer.iter().map(|&v| MetricAcc { sum: v, denom, bleu: None }).collect()).collect()
+            sums[ki]
+                .iter()
+                .map(|layer| layer.iter().map(|&v| MetricAcc { sum: v, denom, bleu: None }).collect())
+                .collect()
         };
         out.push((s.kind, grid));
     }
@@ -616,11 +767,21 @@ pub fn head_list(heads: &[HeadId]) -> String {
 /// `kinds`, its context `hook_z` averaged over the non-padding tokens of `data` (decoder kinds:
 /// over the target tokens, teacher-forced as the task loss is), `[layers, heads, d_head]` per
 /// kind in the original head numbering, under the model as given (`base`: the view's own gates).
-pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: usize, base: &Gates, stop: &dyn Fn() -> bool) -> Result<crate::model::nn::Fills, AnalysisError> {
+pub fn mean_fill(
+    model: &Model,
+    data: &Dataset,
+    kinds: &[Kind],
+    batch_tokens: usize,
+    base: &Gates,
+    stop: &dyn Fn() -> bool,
+) -> Result<crate::model::nn::Fills, AnalysisError> {
     let needs_targets = kinds.iter().any(|k| model.in_decoder(*k));
     let metric = if needs_targets { Metric::Loss } else { Metric::Cosine };
     if needs_targets && !model.translates() {
-        return Err(AnalysisError::Input(format!("mean ablation of decoder heads needs a translation model; {} has none", model.name())));
+        return Err(AnalysisError::Input(format!(
+            "mean ablation of decoder heads needs a translation model; {} has none",
+            model.name()
+        )));
     }
     let p = prepare(model, data, metric, batch_tokens, base.share())?;
     let _g = tch::no_grad_guard();
@@ -635,13 +796,24 @@ pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
         let tm = b.targets.as_ref().map(|(_, m)| m.shallow_clone());
         let mut on = |at: At, z: &Tensor| -> Result<(), ModelError> {
             let Some(ki) = kinds.iter().position(|k| *k == at.kind) else { return Ok(()) };
-            let m = if model.in_decoder(at.kind) { tm.as_ref().ok_or(ModelError::NoOutputHead)?.shallow_clone() } else { b.mask.shallow_clone() };
+            let m = if model.in_decoder(at.kind) {
+                tm.as_ref().ok_or(ModelError::NoOutputHead)?.shallow_clone()
+            } else {
+                b.mask.shallow_clone()
+            };
             let m = m.f_to_kind(DType::Double)?;
             // [B, H, T, dh] x [B, 1, T, 1] summed over batch and positions -> [H, dh].
-            let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double)?;
-            let attn = model.attention(at.kind, at.layer).ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
+            let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist(
+                [0i64, 2].as_slice(),
+                false,
+                DType::Double,
+            )?;
+            let attn = model
+                .attention(at.kind, at.layer)
+                .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
             let full = Tensor::zeros([attn.width() as i64, s.size()[1]], (DType::Double, s.device()));
-            let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(s.device());
+            let idx =
+                Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(s.device());
             let full = full.f_index_add(0, &idx, &s)?;
             if let Some(slot) = sums.get_mut(ki).and_then(|v| v.get_mut(at.layer)) {
                 *slot = Some(match slot.take() {
@@ -658,14 +830,26 @@ pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
             model.net.decode_teacher_pass(&enc, &b.mask, targets, &p.base, Some(&mut rec))?;
         }
         for (ki, k) in kinds.iter().enumerate() {
-            let m = if model.in_decoder(*k) { tm.as_ref().map_or(0.0, |m| m.sum(DType::Double).double_value(&[])) } else { b.mask.sum(DType::Double).double_value(&[]) };
+            let m = if model.in_decoder(*k) {
+                tm.as_ref().map_or(0.0, |m| m.sum(DType::Double).double_value(&[]))
+            } else {
+                b.mask.sum(DType::Double).double_value(&[])
+            };
             counts[ki] += m;
         }
     }
     let mut fills = crate::model::nn::Fills::default();
     for (ki, s) in shapes.iter().enumerate() {
         let dh = model.attention(s.kind, 0).map_or(1, |a| a.head_dim);
-        let layers: Vec<Tensor> = sums[ki].iter().map(|t| t.as_ref().map_or_else(|| Tensor::zeros([s.n_heads as i64, dh], (DType::Double, model.device())), |t| t / counts[ki].max(1.0))).collect();
+        let layers: Vec<Tensor> = sums[ki]
+            .iter()
+            .map(|t| {
+                t.as_ref().map_or_else(
+                    || Tensor::zeros([s.n_heads as i64, dh], (DType::Double, model.device())),
+                    |t| t / counts[ki].max(1.0),
+                )
+            })
+            .collect();
         fills.set(s.kind, Tensor::stack(&layers, 0));
     }
     Ok(fills)
@@ -675,12 +859,22 @@ pub fn mean_fill(model: &Model, data: &Dataset, kinds: &[Kind], batch_tokens: us
 /// each head of the stack's own kind, its context at position `t` averaged over the sentences
 /// of `data` that have a position `t` (`[layers, heads, T_max, d_head]`), and past the longest
 /// its mean over every token. The stack's own heads (an encoder's, a language model's).
-pub fn position_means(model: &Model, data: &Dataset, batch_tokens: usize, stop: &dyn Fn() -> bool) -> Result<FillSource, AnalysisError> {
+pub fn position_means(
+    model: &Model,
+    data: &Dataset,
+    batch_tokens: usize,
+    stop: &dyn Fn() -> bool,
+) -> Result<FillSource, AnalysisError> {
     if model.translates() {
         return Err(AnalysisError::Input("per-position mean ablation of translation models is not offered yet; use ablation \"mean\" without per_position".into()));
     }
     let kind = model.net.stack_kind;
-    let overall = mean_fill(model, data, &[kind], batch_tokens, &Gates::none(), stop)?.of(kind).map(Tensor::shallow_clone).ok_or_else(|| AnalysisError::Input(format!("per-position mean ablation: {} has no heads of kind {kind}", model.name())))?;
+    let overall = mean_fill(model, data, &[kind], batch_tokens, &Gates::none(), stop)?
+        .of(kind)
+        .map(Tensor::shallow_clone)
+        .ok_or_else(|| {
+            AnalysisError::Input(format!("per-position mean ablation: {} has no heads of kind {kind}", model.name()))
+        })?;
     let p = prepare(model, data, Metric::Cosine, batch_tokens, Gates::none())?;
     let _g = tch::no_grad_guard();
     let t_max = p.batches.iter().map(|b| b.ids.size()[1]).max().unwrap_or(1);
@@ -702,9 +896,16 @@ pub fn position_means(model: &Model, data: &Dataset, batch_tokens: usize, stop: 
                 }
                 // [B, H, T, dh] x [B, 1, T, 1] summed over the batch -> [H, T, dh], placed in the
                 // original numbering.
-                let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist([0i64].as_slice(), false, DType::Double)?;
-                let attn = model.attention(at.kind, at.layer).ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
-                let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);
+                let s = z.f_to_kind(DType::Double)?.f_mul(&m.f_unsqueeze(1)?.f_unsqueeze(-1)?)?.f_sum_dim_intlist(
+                    [0i64].as_slice(),
+                    false,
+                    DType::Double,
+                )?;
+                let attn = model
+                    .attention(at.kind, at.layer)
+                    .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
+                let idx =
+                    Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);
                 let full = Tensor::zeros([width, t, dh], (DType::Double, dev)).f_index_add(0, &idx, &s)?;
                 if let Some(slot) = layers.get_mut(at.layer) {
                     *slot = Some(full);

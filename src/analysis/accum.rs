@@ -140,7 +140,9 @@ impl BatchTensors {
 impl Accumulator {
     /// `layer_heads[l]`: the heads layer `l` holds.
     pub fn new(layer_heads: &[usize], n_reldirs: usize, device: Device) -> Self {
-        let z = |shape: &dyn Fn(i64) -> Vec<i64>| layer_heads.iter().map(|&h| Tensor::zeros(shape(h as i64), (DType::Double, device))).collect::<Vec<_>>();
+        let z = |shape: &dyn Fn(i64) -> Vec<i64>| {
+            layer_heads.iter().map(|&h| Tensor::zeros(shape(h as i64), (DType::Double, device))).collect::<Vec<_>>()
+        };
         Accumulator {
             n_layers: layer_heads.len(),
             n_reldirs,
@@ -214,7 +216,9 @@ impl Accumulator {
     }
 
     fn matrix(t: &[Tensor], scale: f64) -> Result<Vec<Vec<f64>>, ModelError> {
-        t.iter().map(|x| Ok(Vec::<f64>::try_from(x.to_device(Device::Cpu))?.into_iter().map(|v| v / scale).collect())).collect()
+        t.iter()
+            .map(|x| Ok(Vec::<f64>::try_from(x.to_device(Device::Cpu))?.into_iter().map(|v| v / scale).collect()))
+            .collect()
     }
 
     /// Sums over real queries of the max non-excluded weight: `[layer][head]` (divided by

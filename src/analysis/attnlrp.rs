@@ -29,7 +29,15 @@ pub struct Relevance {
 /// One forward and one backward over `ids [R, T]` (`mask [R, T]`), seeding the positions where
 /// `seed_at [R, T]` is 1: `Logit`, the position's top-1 logit (or, with `target`, the logit of
 /// that token id); `Norm`, its final hidden units with relevance `h * h`.
-pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates, target: Option<i64>) -> Result<Relevance, ModelError> {
+pub fn relevance(
+    model: &Model,
+    ids: &Tensor,
+    mask: &Tensor,
+    seed_at: &Tensor,
+    seed: Seed,
+    gates: &Gates,
+    target: Option<i64>,
+) -> Result<Relevance, ModelError> {
     if !gates.fill.is_empty() {
         return Err(ModelError::Invalid("AttnLRP: this view mean-ablates its closed heads; the relevance rules propagate through gates that scale a context, not through a mean put in its place: run it on a zero-ablated view".into()));
     }
@@ -37,24 +45,42 @@ pub fn relevance(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, s
     tch::with_grad(|| relevance_with_grad(model, ids, mask, seed_at, seed, gates, target))
 }
 
-fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Tensor, seed: Seed, gates: &Gates, target: Option<i64>) -> Result<Relevance, ModelError> {
-    let mut leaves = Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.encoder.len()).map(|_| None).collect() };
+fn relevance_with_grad(
+    model: &Model,
+    ids: &Tensor,
+    mask: &Tensor,
+    seed_at: &Tensor,
+    seed: Seed,
+    gates: &Gates,
+    target: Option<i64>,
+) -> Result<Relevance, ModelError> {
+    let mut leaves =
+        Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.encoder.len()).map(|_| None).collect() };
     let h = model.net.encode(ids, mask, gates, Some(&mut leaves))?;
     let Leaves { tok, ctx, .. } = leaves;
-    let tok = tok.ok_or_else(|| ModelError::Invalid("AttnLRP: the forward passed no token embeddings (hook_embed)".into()))?;
+    let tok =
+        tok.ok_or_else(|| ModelError::Invalid("AttnLRP: the forward passed no token embeddings (hook_embed)".into()))?;
     let (per_position, top) = match seed {
         Seed::Logit => {
             let logits = model.net.logits_before_cap(&h)?;
             let top = logits.detach().argmax(-1, false);
             let width = logits.size().last().copied().unwrap_or(0);
             let per = match target {
-                Some(id) if !(0..width).contains(&id) => return Err(ModelError::Invalid(format!("target id {id} is outside the output head's {width} tokens"))),
+                Some(id) if !(0..width).contains(&id) => {
+                    return Err(ModelError::Invalid(format!(
+                        "target id {id} is outside the output head's {width} tokens"
+                    )))
+                }
                 Some(id) => logits.select(-1, id),
                 None => logits.amax([-1i64].as_slice(), false),
             };
             (per, Some(top))
         }
-        Seed::Norm if target.is_some() => return Err(ModelError::Invalid("a target token needs a language model's output head (seed \"logit\")".into())),
+        Seed::Norm if target.is_some() => {
+            return Err(ModelError::Invalid(
+                "a target token needs a language model's output head (seed \"logit\")".into(),
+            ))
+        }
         Seed::Norm => ((&h * h.detach()).sum_dim_intlist([-1i64].as_slice(), false, h.kind()), None),
     };
     let seeded = per_position * seed_at.to_kind(h.kind());
@@ -77,13 +103,24 @@ fn relevance_with_grad(model: &Model, ids: &Tensor, mask: &Tensor, seed_at: &Ten
 /// Head relevance of the self-attention stack over a dataset, as [`super::lrp::lrp`] reports it:
 /// per layer each head's share of the layer's `sum |R_h|`, per seed set, averaged over seed sets
 /// (`per_prediction`: one per seeded position, else one per sentence).
-pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<LrpResult, AnalysisError> {
+pub fn lrp(
+    model: &Model,
+    data: &Dataset,
+    opts: &LrpOptions,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<LrpResult, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     let seed = opts.seed_for(model);
     if seed == Seed::Logit && !model.is_lm() {
-        let why = if model.translates() { "AttnLRP runs on the self-attention stack; through a translation model's decoder use rule \"ab\" or \"zplus\", or seed \"norm\" for its encoder" } else { "it has no output head: use seed \"norm\"" };
+        let why = if model.translates() {
+            "AttnLRP runs on the self-attention stack; through a translation model's decoder use rule \"ab\" or \"zplus\", or seed \"norm\" for its encoder"
+        } else {
+            "it has no output head: use seed \"norm\""
+        };
         return Err(AnalysisError::Input(format!("seed \"logit\" with rule \"attnlrp\" on {}: {why}", model.name())));
     }
     let kind = model.net.stack_kind;
@@ -107,7 +144,11 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             }
             Seed::Norm => model.real_mask(&b.encoded, real.size()[1]),
         };
-        let (ids, mask, seed_at) = if opts.per_prediction { one_per_row(&b.ids, &b.mask, &seedable)? } else { (b.ids.shallow_clone(), b.mask.shallow_clone(), seedable) };
+        let (ids, mask, seed_at) = if opts.per_prediction {
+            one_per_row(&b.ids, &b.mask, &seedable)?
+        } else {
+            (b.ids.shallow_clone(), b.mask.shallow_clone(), seedable)
+        };
         if ids.size()[0] == 0 {
             continue;
         }
@@ -117,16 +158,31 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
         let rows = ids.size()[0];
         for start in (0..rows).step_by(chunk as usize) {
             let len = chunk.min(rows - start);
-            let r = relevance(model, &ids.narrow(0, start, len), &mask.narrow(0, start, len), &seed_at.narrow(0, start, len), seed, gates, None)?;
+            let r = relevance(
+                model,
+                &ids.narrow(0, start, len),
+                &mask.narrow(0, start, len),
+                &seed_at.narrow(0, start, len),
+                seed,
+                gates,
+                None,
+            )?;
             for (l, hr) in r.heads.iter().enumerate() {
                 let a = hr.abs().to_kind(DType::Double);
                 let share = &a / a.sum_dim_intlist([1i64].as_slice(), true, DType::Double).clamp_min(1e-30);
-                let v = Vec::<f64>::try_from(share.sum_dim_intlist([0i64].as_slice(), false, DType::Double).to_device(Device::Cpu)).map_err(ModelError::from)?;
+                let v = Vec::<f64>::try_from(
+                    share.sum_dim_intlist([0i64].as_slice(), false, DType::Double).to_device(Device::Cpu),
+                )
+                .map_err(ModelError::from)?;
                 for (s, x) in sums[l].iter_mut().zip(v) {
                     *s += x;
                 }
             }
-            let ratio = Vec::<f64>::try_from((r.input.sum_dim_intlist([1i64].as_slice(), false, DType::Double) / r.seed.to_kind(DType::Double)).to_device(Device::Cpu)).map_err(ModelError::from)?;
+            let ratio = Vec::<f64>::try_from(
+                (r.input.sum_dim_intlist([1i64].as_slice(), false, DType::Double) / r.seed.to_kind(DType::Double))
+                    .to_device(Device::Cpu),
+            )
+            .map_err(ModelError::from)?;
             worst = ratio.iter().fold(worst, |w, x| w.max((x - 1.0).abs()));
             sets += len as usize;
         }
@@ -134,7 +190,13 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     }
     let totals: Vec<Vec<f64>> = sums.into_iter().enumerate().map(|(l, row)| model.spread(kind, l, &row)).collect();
     let grid = totals.iter().map(|row| row.iter().map(|s| s / sets.max(1) as f64).collect()).collect();
-    Ok(LrpResult { kinds: vec![(kind, grid)], sums: vec![(kind, totals)], predictions: sets, max_conservation_error: worst, options: LrpOptions { seed: Some(seed), ..opts.clone() } })
+    Ok(LrpResult {
+        kinds: vec![(kind, grid)],
+        sums: vec![(kind, totals)],
+        predictions: sets,
+        max_conservation_error: worst,
+        options: LrpOptions { seed: Some(seed), ..opts.clone() },
+    })
 }
 
 /// Every seedable position of every row as a row of its own: `(ids, mask, seed_at)` with one

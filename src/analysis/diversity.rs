@@ -36,7 +36,13 @@ fn real_rows(x: &Tensor, mask: &Tensor) -> Tensor {
 impl LayerAcc {
     pub fn new(h: i64, dh: i64, device: Device) -> Self {
         let z = |s: &[i64]| Tensor::zeros(s, (DType::Double, device));
-        LayerAcc { gram_q: z(&[h, h, dh, dh]), gram_c: z(&[h, h, dh, dh]), cos_o: z(&[h, h]), var_a: z(&[h]), tokens: 0.0 }
+        LayerAcc {
+            gram_q: z(&[h, h, dh, dh]),
+            gram_c: z(&[h, h, dh, dh]),
+            cos_o: z(&[h, h]),
+            var_a: z(&[h]),
+            tokens: 0.0,
+        }
     }
 
     /// One batch: queries and contexts `[B, H, T, dh]`, per-head outputs `O_h = C_h W^O_h`
@@ -64,7 +70,8 @@ impl LayerAcc {
         let ad = a.to_kind(DType::Double);
         let nk = km.sum_dim_intlist([-1i64].as_slice(), true, DType::Double);
         let mean = (&ad * &km).sum_dim_intlist([-1i64].as_slice(), true, DType::Double) / &nk;
-        let var = ((&ad - &mean).pow_tensor_scalar(2) * &km).sum_dim_intlist([-1i64].as_slice(), true, DType::Double) / &nk; // [B, H, T, 1]
+        let var =
+            ((&ad - &mean).pow_tensor_scalar(2) * &km).sum_dim_intlist([-1i64].as_slice(), true, DType::Double) / &nk; // [B, H, T, 1]
         self.var_a += real_rows(&var, qmask).sum_dim_intlist([1i64, 2].as_slice(), false, DType::Double);
         self.tokens += n as f64;
     }
@@ -73,9 +80,16 @@ impl LayerAcc {
         let frob = |g: &Tensor| -> Result<Vec<Vec<f64>>, ModelError> {
             let norms = g.pow_tensor_scalar(2).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double).sqrt(); // ||G_ij||_F
             let h = norms.size()[0];
-            let self_norm: Vec<f64> = (0..h).map(|i| g.get(i).get(i).diagonal(0, 0, 1).sum(DType::Double).double_value(&[]).max(0.0).sqrt()).collect(); // ||Q_i||_F
+            let self_norm: Vec<f64> = (0..h)
+                .map(|i| g.get(i).get(i).diagonal(0, 0, 1).sum(DType::Double).double_value(&[]).max(0.0).sqrt())
+                .collect(); // ||Q_i||_F
             let m = Vec::<Vec<f64>>::try_from(norms.to_device(Device::Cpu))?;
-            Ok(m.into_iter().enumerate().map(|(i, row)| row.into_iter().enumerate().map(|(j, v)| v / (self_norm[i] * self_norm[j]).max(1e-300)).collect()).collect())
+            Ok(m.into_iter()
+                .enumerate()
+                .map(|(i, row)| {
+                    row.into_iter().enumerate().map(|(j, v)| v / (self_norm[i] * self_norm[j]).max(1e-300)).collect()
+                })
+                .collect())
         };
         let n = self.tokens.max(1.0);
         let cos: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(self.cos_o.to_device(Device::Cpu))?;
@@ -102,7 +116,11 @@ pub struct LayerDiversity {
 /// NaN entries (heads removed by `prune_heads`) are left out.
 pub fn off_diagonal_mean(m: &[Vec<f64>]) -> f64 {
     let h = m.len();
-    let vals: Vec<f64> = (0..h).flat_map(|i| (0..h).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| m[i][j]).filter(|v| !v.is_nan()).collect();
+    let vals: Vec<f64> = (0..h)
+        .flat_map(|i| (0..h).filter(move |&j| j != i).map(move |j| (i, j)))
+        .map(|(i, j)| m[i][j])
+        .filter(|v| !v.is_nan())
+        .collect();
     if vals.is_empty() {
         return f64::NAN;
     }
@@ -117,7 +135,13 @@ fn spread_layer(model: &Model, kind: Kind, l: usize, d: LayerDiversity) -> Layer
         let width = model.attention(kind, l).map_or(rows.len(), |a| a.width());
         model.spread_with(kind, l, rows, vec![f64::NAN; width])
     };
-    LayerDiversity { query: square(d.query), context: square(d.context), output: square(d.output), intra: model.spread(kind, l, &d.intra), tokens: d.tokens }
+    LayerDiversity {
+        query: square(d.query),
+        context: square(d.context),
+        output: square(d.output),
+        intra: model.spread(kind, l, &d.intra),
+        tokens: d.tokens,
+    }
 }
 
 pub struct Diversity {
@@ -126,17 +150,31 @@ pub struct Diversity {
     pub kinds: Vec<(Kind, Vec<LayerDiversity>)>,
 }
 
-pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, batch_tokens: usize, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Diversity, AnalysisError> {
+pub fn diversity(
+    model: &Model,
+    data: &Dataset,
+    kinds: &[Kind],
+    gates: &Gates,
+    batch_tokens: usize,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Diversity, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let stack = model.net.stack_kind;
-    let layer_of = |k: Kind, l: usize| model.attention(k, l).ok_or_else(|| AnalysisError::Input(format!("{} has no {k} layer {l}", model.name())));
+    let layer_of = |k: Kind, l: usize| {
+        model.attention(k, l).ok_or_else(|| AnalysisError::Input(format!("{} has no {k} layer {l}", model.name())))
+    };
     let mut accs: Vec<Vec<LayerAcc>> = shapes
         .iter()
-        .map(|s| (0..s.n_layers).map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_heads, a.head_dim, model.device()))).collect::<Result<Vec<_>, _>>())
+        .map(|s| {
+            (0..s.n_layers)
+                .map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_heads, a.head_dim, model.device())))
+                .collect::<Result<Vec<_>, _>>()
+        })
         .collect::<Result<_, _>>()?;
     let encoded = model.tokenize_all(data.texts())?;
     let batches: Vec<(Vec<usize>, Batch)> = model.batches(&encoded, batch_tokens).collect();
@@ -164,7 +202,12 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
             Ok(())
         };
         let mut rec = Record { points: &points, kinds: &wanted, on: &mut on };
-        let h = model.net.encode(&b.ids, &b.mask, gates, if wanted.contains(&stack) { Some(&mut rec as &mut dyn Hooks) } else { None })?;
+        let h = model.net.encode(
+            &b.ids,
+            &b.mask,
+            gates,
+            if wanted.contains(&stack) { Some(&mut rec as &mut dyn Hooks) } else { None },
+        )?;
         let mut dec_masks = None;
         if wanted.iter().any(|&k| k != stack) {
             let targets = model.greedy_targets(b, &h, gates)?;
@@ -174,7 +217,8 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
             // The decoder's self-attention keys are its inputs: the start token, then the
             // targets shifted right.
             let t = qmask.size()[1];
-            let dec_keys = Tensor::cat(&[qmask.ones_like().narrow(1, 0, 1.min(t)), qmask.narrow(1, 0, (t - 1).max(0))], 1);
+            let dec_keys =
+                Tensor::cat(&[qmask.ones_like().narrow(1, 0, 1.min(t)), qmask.narrow(1, 0, (t - 1).max(0))], 1);
             dec_masks = Some((qmask, dec_keys));
         }
         for (si, sh) in shapes.iter().enumerate() {
@@ -196,7 +240,16 @@ pub fn diversity(model: &Model, data: &Dataset, kinds: &[Kind], gates: &Gates, b
     let kinds = shapes
         .iter()
         .zip(&accs)
-        .map(|(s, layers)| Ok((s.kind, layers.iter().enumerate().map(|(l, a)| Ok(spread_layer(model, s.kind, l, a.finish()?))).collect::<Result<Vec<_>, ModelError>>()?)))
+        .map(|(s, layers)| {
+            Ok((
+                s.kind,
+                layers
+                    .iter()
+                    .enumerate()
+                    .map(|(l, a)| Ok(spread_layer(model, s.kind, l, a.finish()?)))
+                    .collect::<Result<Vec<_>, ModelError>>()?,
+            ))
+        })
         .collect::<Result<Vec<_>, ModelError>>()?;
     Ok(Diversity { model: model.name(), dataset: data.name.clone(), kinds })
 }
@@ -230,12 +283,19 @@ mod tests {
         let qmask = Tensor::from_slice(&[1f32, 1., 1., 0., 1., 0., 1., 1.]).view([b, t]);
         let kmask = Tensor::ones([b, t], (DType::Float, Device::Cpu));
         let o = c.matmul(&wo.view([d, h, dh]).permute([1, 2, 0])); // [B, H, T, D]
-        // Streamed in two halves of the batch equals one pass.
+                                                                   // Streamed in two halves of the batch equals one pass.
         let mut one = LayerAcc::new(h, dh, Device::Cpu);
         one.update(&q, &c, &o, &a, &qmask, &kmask);
         let mut two = LayerAcc::new(h, dh, Device::Cpu);
         for k in 0..2 {
-            two.update(&q.narrow(0, k, 1), &c.narrow(0, k, 1), &o.narrow(0, k, 1), &a.narrow(0, k, 1), &qmask.narrow(0, k, 1), &kmask.narrow(0, k, 1));
+            two.update(
+                &q.narrow(0, k, 1),
+                &c.narrow(0, k, 1),
+                &o.narrow(0, k, 1),
+                &a.narrow(0, k, 1),
+                &qmask.narrow(0, k, 1),
+                &kmask.narrow(0, k, 1),
+            );
         }
         let (r1, r2) = (one.finish().unwrap(), two.finish().unwrap());
         assert_eq!(r1.tokens, 6);
@@ -248,17 +308,19 @@ mod tests {
         // Naive loops over the real rows.
         let rows = |x: &Tensor| -> Vec<Vec<Vec<f64>>> {
             let m = Vec::<f32>::try_from(qmask.reshape([-1])).unwrap();
-            (0..h).map(|hh| {
-                let mut v = Vec::new();
-                for bb in 0..b {
-                    for tt in 0..t {
-                        if m[(bb * t + tt) as usize] > 0.5 {
-                            v.push(Vec::<f64>::try_from(x.get(bb).get(hh).get(tt).to_kind(DType::Double)).unwrap());
+            (0..h)
+                .map(|hh| {
+                    let mut v = Vec::new();
+                    for bb in 0..b {
+                        for tt in 0..t {
+                            if m[(bb * t + tt) as usize] > 0.5 {
+                                v.push(Vec::<f64>::try_from(x.get(bb).get(hh).get(tt).to_kind(DType::Double)).unwrap());
+                            }
                         }
                     }
-                }
-                v
-            }).collect()
+                    v
+                })
+                .collect()
         };
         let (qr, cr) = (rows(&q), rows(&c));
         for i in 0..3 {

@@ -50,7 +50,14 @@ pub struct Importance {
 
 /// The importance of every head of `opts.kinds` over `data`, on the model as given by `base`
 /// (a masked view's gates): a closed head gets NaN (it has no gradient to measure).
-pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &ImportanceOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Importance, AnalysisError> {
+pub fn head_importance(
+    model: &Model,
+    data: &Dataset,
+    base: &Gates,
+    opts: &ImportanceOptions,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Importance, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
@@ -61,7 +68,8 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
     let prepared = model.prepare(&data.texts(), references.as_deref(), true, opts.batch_tokens, base)?;
     let shapes: Vec<_> = opts.kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let dev = model.device();
-    let mut sums: Vec<Tensor> = shapes.iter().map(|s| Tensor::zeros([s.n_layers as i64, s.n_heads as i64], (DType::Double, dev))).collect();
+    let mut sums: Vec<Tensor> =
+        shapes.iter().map(|s| Tensor::zeros([s.n_layers as i64, s.n_heads as i64], (DType::Double, dev))).collect();
     let n_batches = prepared.batches.len();
     for (bi, b) in prepared.batches.iter().enumerate() {
         if stop() {
@@ -69,7 +77,12 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         }
         let rows = b.ids.size()[0];
         // One leaf of ones per kind and sentence; the gates used are base x leaf.
-        let leaves: Vec<Tensor> = shapes.iter().map(|s| Tensor::ones([rows, s.n_layers as i64, s.n_heads as i64], (DType::Float, dev)).set_requires_grad(true)).collect();
+        let leaves: Vec<Tensor> = shapes
+            .iter()
+            .map(|s| {
+                Tensor::ones([rows, s.n_layers as i64, s.n_heads as i64], (DType::Float, dev)).set_requires_grad(true)
+            })
+            .collect();
         let mut gates = base.share();
         for (s, leaf) in shapes.iter().zip(&leaves) {
             gates.multiply(s.kind, leaf.shallow_clone());
@@ -79,12 +92,16 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
         let logp = model.log_probs(&model.teacher_states(&enc, &b.mask, t, &gates)?, DType::Float)?;
         let labels = match opts.metric {
             ImportanceMetric::Loss => t.shallow_clone(),
-            ImportanceMetric::Fisher => sampled_targets(&logp, &b.rows.iter().map(|r| r + opts.row_offset).collect::<Vec<_>>(), opts.seed)?,
+            ImportanceMetric::Fisher => {
+                sampled_targets(&logp, &b.rows.iter().map(|r| r + opts.row_offset).collect::<Vec<_>>(), opts.seed)?
+            }
         };
         let nll = crate::model::loss::nll(&logp, &labels);
         // Each sentence's mean token loss; their sum's gradient in sentence s's gates is dL_s/dg.
-        let per_sentence = (nll * tm).sum_dim_intlist([1i64].as_slice(), false, DType::Float) / tm.sum_dim_intlist([1i64].as_slice(), false, DType::Float).clamp_min(1.0);
-        let grads = Tensor::f_run_backward(&[per_sentence.sum(DType::Float)], &leaves, false, false).map_err(ModelError::from)?;
+        let per_sentence = (nll * tm).sum_dim_intlist([1i64].as_slice(), false, DType::Float)
+            / tm.sum_dim_intlist([1i64].as_slice(), false, DType::Float).clamp_min(1.0);
+        let grads = Tensor::f_run_backward(&[per_sentence.sum(DType::Float)], &leaves, false, false)
+            .map_err(ModelError::from)?;
         for (sum, g) in sums.iter_mut().zip(grads) {
             let g = g.to_kind(DType::Double);
             let v = match opts.metric {
@@ -99,14 +116,30 @@ pub fn head_importance(model: &Model, data: &Dataset, base: &Gates, opts: &Impor
     for (s, sum) in shapes.iter().zip(sums) {
         let v = Vec::<f64>::try_from(sum.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
         let open = match base.of(s.kind) {
-            Some(g) => Vec::<f64>::try_from(g.to_device(Device::Cpu).to_kind(DType::Double).reshape([-1])).map_err(ModelError::from)?,
+            Some(g) => Vec::<f64>::try_from(g.to_device(Device::Cpu).to_kind(DType::Double).reshape([-1]))
+                .map_err(ModelError::from)?,
             None => vec![1.0; v.len()],
         };
         all_sums.push((s.kind, (0..s.n_layers).map(|l| v[l * s.n_heads..(l + 1) * s.n_heads].to_vec()).collect()));
-        valid.push((s.kind, (0..s.n_layers).map(|l| (0..s.n_heads).map(|h| open[l * s.n_heads + h] != 0.0 && model.present(s.kind, l).contains(&h)).collect()).collect()));
+        valid.push((
+            s.kind,
+            (0..s.n_layers)
+                .map(|l| {
+                    (0..s.n_heads)
+                        .map(|h| open[l * s.n_heads + h] != 0.0 && model.present(s.kind, l).contains(&h))
+                        .collect()
+                })
+                .collect(),
+        ));
     }
     let grids = finish(&all_sums, &valid, prepared.n_sentences, opts.normalize);
-    Ok(Importance { grids, sums: all_sums, valid, targets_from: prepared.targets_from, n_sentences: prepared.n_sentences })
+    Ok(Importance {
+        grids,
+        sums: all_sums,
+        valid,
+        targets_from: prepared.targets_from,
+        n_sentences: prepared.n_sentences,
+    })
 }
 
 /// Importances from their sums over `n` sentences: the mean, normalised per layer when asked

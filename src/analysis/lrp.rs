@@ -134,7 +134,16 @@ fn ab_split(r: &Tensor, zp: &Tensor, zn: &Tensor) -> (Tensor, Tensor) {
 enum LinearMap {
     /// `|x|`, `|W|`, the factors `(fp + fn) / 2` and `(fp - fn) / 2`, and the bias's share per
     /// input (all shaped like the activations, except the weights).
-    Ab { x: Tensor, x_abs: Tensor, w: Tensor, w_abs: Tensor, f_sum: Tensor, f_dif: Tensor, f_bias: Option<Tensor>, bias_in: Option<Tensor> },
+    Ab {
+        x: Tensor,
+        x_abs: Tensor,
+        w: Tensor,
+        w_abs: Tensor,
+        f_sum: Tensor,
+        f_dif: Tensor,
+        f_bias: Option<Tensor>,
+        bias_in: Option<Tensor>,
+    },
     /// `W+ = max(W, eps)` and `x W+`, stabilised.
     Zplus { x: Tensor, w_plus: Tensor, z: Tensor },
 }
@@ -148,7 +157,14 @@ impl LinearMap {
     /// `active`: 0/1 per input unit (`[G, 1, 1, in]`), the inputs that exist: W^O of a model
     /// with masked heads spreads its bias's share over the units of the heads left open only,
     /// so a masked head gets no relevance, as a head removed by `prune_heads` gets none.
-    fn with_inputs(rule: Rule, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: Option<&Tensor>, active: Option<&Tensor>) -> LinearMap {
+    fn with_inputs(
+        rule: Rule,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        y: Option<&Tensor>,
+        active: Option<&Tensor>,
+    ) -> LinearMap {
         match rule {
             Rule::Ab => {
                 let w_abs = w.abs();
@@ -165,7 +181,8 @@ impl LinearMap {
                 // both signs (the rule of real layers; checked with the same margin as
                 // `ab_factors`), the factors are 0.5 / (Z+ + eps) = 1 / (y + s + 2 eps) and
                 // 1 / (y - s - 2 eps).
-                let two_sided = s.numel() > 0 && (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
+                let two_sided =
+                    s.numel() > 0 && (&s * (1.0 - 2.0 * LINEAR_TOL) - y.abs()).min().double_value(&[]) > 2e-12;
                 let (fp, fn_) = if two_sided {
                     ((&y + &s + 2.0 * EPS).reciprocal(), (&y - &s - 2.0 * EPS).reciprocal())
                 } else {
@@ -176,7 +193,16 @@ impl LinearMap {
                 let n_in = if bias_in.is_some() { 1.0 } else { w.size()[1] as f64 };
                 let f_bias = b.map(|b| (&fp * b.clamp_min(0.0) + &fn_ * b.clamp_max(0.0)) / n_in);
                 let (f_sum, f_dif) = ((&fp + &fn_) * 0.5, (fp - fn_) * 0.5);
-                LinearMap::Ab { x: x.shallow_clone(), x_abs, w: w.shallow_clone(), w_abs, f_sum, f_dif, f_bias, bias_in }
+                LinearMap::Ab {
+                    x: x.shallow_clone(),
+                    x_abs,
+                    w: w.shallow_clone(),
+                    w_abs,
+                    f_sum,
+                    f_dif,
+                    f_bias,
+                    bias_in,
+                }
             }
             Rule::Zplus => {
                 let w_plus = w.clamp_min(EPS);
@@ -200,7 +226,9 @@ impl LinearMap {
                 f_bias: f_bias.as_ref().map(cut),
                 bias_in: bias_in.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { cut(t) }),
             },
-            LinearMap::Zplus { x, w_plus, z } => LinearMap::Zplus { x: cut(x), w_plus: w_plus.shallow_clone(), z: cut(z) },
+            LinearMap::Zplus { x, w_plus, z } => {
+                LinearMap::Zplus { x: cut(x), w_plus: w_plus.shallow_clone(), z: cut(z) }
+            }
         }
     }
 
@@ -254,7 +282,8 @@ fn rescale_to(r: &Tensor, total: &Tensor) -> Tensor {
 fn residual_rule(rule: Rule, a: &Tensor, b: &Tensor, r: &Tensor) -> (Tensor, Tensor) {
     let (ra, rb) = match rule {
         Rule::Ab => {
-            let (fp, fn_) = ab_factors(&(a.clamp_min(0.0) + b.clamp_min(0.0)), &(a.clamp_max(0.0) + b.clamp_max(0.0)), 0.0);
+            let (fp, fn_) =
+                ab_factors(&(a.clamp_min(0.0) + b.clamp_min(0.0)), &(a.clamp_max(0.0) + b.clamp_max(0.0)), 0.0);
             let part = |x: &Tensor| r * (x.clamp_min(0.0) * &fp + x.clamp_max(0.0) * &fn_);
             (part(a), part(b))
         }
@@ -314,7 +343,9 @@ fn norm_rule(rule: Rule, n: &Norm, x: &Tensor, r: &Tensor) -> Tensor {
     // `sp = R fp`, `sn = R fn`; the factors meet R (P predictions) only at the end.
     let to_pos = r * (&cp * &fp + &cn * &fn_); // what u_i >= 0 receives from each output o
     let to_neg = r * (&cn * &fp + &cp * &fn_);
-    let mut out = r * (a.clamp_min(0.0) * &fp + a.clamp_max(0.0) * &fn_) + &up * (total(&to_pos) - &to_pos) + &un * (total(&to_neg) - &to_neg);
+    let mut out = r * (a.clamp_min(0.0) * &fp + a.clamp_max(0.0) * &fn_)
+        + &up * (total(&to_pos) - &to_pos)
+        + &un * (total(&to_neg) - &to_neg);
     if let (Some(bp), Some(bn)) = (&bp, &bn) {
         out = out + total(&(r * (fp * bp + fn_ * bn))) / d as f64;
     }
@@ -358,12 +389,31 @@ struct Trace {
 }
 
 /// The points of one stack layer that the relevance pass reads.
-const TRACE_POINTS: [Point; 13] = [Point::ResidPre, Point::Ln1, Point::V, Point::Pattern, Point::Z, Point::AttnOut, Point::ResidMid, Point::Ln2, Point::MlpPre, Point::MlpPreLinear, Point::MlpPost, Point::MlpOut, Point::ResidPost];
+const TRACE_POINTS: [Point; 13] = [
+    Point::ResidPre,
+    Point::Ln1,
+    Point::V,
+    Point::Pattern,
+    Point::Z,
+    Point::AttnOut,
+    Point::ResidMid,
+    Point::Ln2,
+    Point::MlpPre,
+    Point::MlpPreLinear,
+    Point::MlpPost,
+    Point::MlpOut,
+    Point::ResidPost,
+];
 
 /// The stack's forward pass over a batch, recorded at its hook points (one `encode`, the
 /// model's own code): each layer's [`Trace`], the last layer's output before the final norm,
 /// and the stack's output.
-fn trace_stack(net: &Transformer, ids: &Tensor, mask: &Tensor, gates: &Gates) -> Result<(Vec<Trace>, Tensor, Tensor), ModelError> {
+fn trace_stack(
+    net: &Transformer,
+    ids: &Tensor,
+    mask: &Tensor,
+    gates: &Gates,
+) -> Result<(Vec<Trace>, Tensor, Tensor), ModelError> {
     let kind = net.stack_kind;
     let mut seen: HashMap<(usize, Point), Tensor> = HashMap::new();
     let y = {
@@ -387,10 +437,18 @@ fn trace_stack(net: &Transformer, ids: &Tensor, mask: &Tensor, gates: &Gates) ->
 
 /// Layer `l`'s [`Trace`] from its recorded hook points (taken out of `seen`), and the layer's
 /// output (post-norm layers end with their second norm).
-fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point), Tensor>, gate: Option<&Tensor>, like: &Tensor) -> Result<(Trace, Tensor), ModelError> {
+fn layer_trace(
+    layer: &EncoderLayer,
+    l: usize,
+    seen: &mut HashMap<(usize, Point), Tensor>,
+    gate: Option<&Tensor>,
+    like: &Tensor,
+) -> Result<(Trace, Tensor), ModelError> {
     let a: &Attention = &layer.attn;
     let mut take = |p: Point| seen.remove(&(l, p));
-    let need = |v: Option<Tensor>, what: &str| v.ok_or_else(|| ModelError::Invalid(format!("internal: layer {l} recorded no {what}")));
+    let need = |v: Option<Tensor>, what: &str| {
+        v.ok_or_else(|| ModelError::Invalid(format!("internal: layer {l} recorded no {what}")))
+    };
     let missing = || Tensor::zeros([0], (like.kind(), like.device()));
     let x = need(take(Point::ResidPre), "hook_resid_pre")?;
     let (bsz, t) = (x.size()[0], x.size()[1]);
@@ -403,7 +461,13 @@ fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point)
     let pre = layer.norm_position == NormPosition::Pre;
     let ln1 = take(Point::Ln1);
     let attn_in = if pre { need(ln1.as_ref().map(|t| t.shallow_clone()), "ln1")? } else { x.shallow_clone() };
-    let v = take(Point::V).map(|v| if a.n_kv_heads != a.n_heads && a.n_kv_heads > 0 { v.repeat_interleave_self_int(a.n_heads / a.n_kv_heads, Some(1), None) } else { v });
+    let v = take(Point::V).map(|v| {
+        if a.n_kv_heads != a.n_heads && a.n_kv_heads > 0 {
+            v.repeat_interleave_self_int(a.n_heads / a.n_kv_heads, Some(1), None)
+        } else {
+            v
+        }
+    });
     let ctx = take(Point::Z).map(|c| c.transpose(1, 2).reshape([bsz, t, a.n_heads * a.head_dim]));
     let s1 = need(take(Point::ResidMid), "hook_resid_mid")?;
     let ln2 = take(Point::Ln2);
@@ -413,7 +477,8 @@ fn layer_trace(layer: &EncoderLayer, l: usize, seen: &mut HashMap<(usize, Point)
         let n = need(ln1, "ln1")?;
         (n.shallow_clone(), n)
     };
-    let ffn_up = need(if layer.ffn.gate.is_some() { take(Point::MlpPreLinear) } else { take(Point::MlpPre) }, "mlp.hook_pre")?;
+    let ffn_up =
+        need(if layer.ffn.gate.is_some() { take(Point::MlpPreLinear) } else { take(Point::MlpPre) }, "mlp.hook_pre")?;
     let s2 = need(take(Point::ResidPost), "hook_resid_post")?;
     let out = if pre { s2.shallow_clone() } else { need(ln2, "ln2")? };
     let u = |t: Tensor| t.unsqueeze(1);
@@ -452,7 +517,17 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
     // The FFN block; its input relevance joins the residual's.
     let r_s1 = match layer.norm_position {
         NormPosition::Post => {
-            let r_h = relprop_ffn_block(rule, f, &layer.ffn_norm, &tr.h, &tr.ffn_up, &tr.ffn_hidden, &tr.ffn_out, &tr.s2, r_y);
+            let r_h = relprop_ffn_block(
+                rule,
+                f,
+                &layer.ffn_norm,
+                &tr.h,
+                &tr.ffn_up,
+                &tr.ffn_hidden,
+                &tr.ffn_out,
+                &tr.s2,
+                r_y,
+            );
             norm_rule(rule, &layer.attn_norm, &tr.s1, &r_h)
         }
         // Parallel and post-sublayer layers are refused by `layer_trace` before any relevance
@@ -471,13 +546,19 @@ fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> 
         let head_rel = Tensor::zeros([r_y.size()[0], r_y.size()[1], 0], (DType::Float, r_y.device()));
         return (rescale(&r_x_res, &[r_y]), head_rel);
     }
-    let r_ctx = LinearMap::with_inputs(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), Some(&tr.attn_out), tr.ctx_active.as_ref()).apply(&r_o); // [B, P, T, H*dh]
+    let r_ctx =
+        LinearMap::with_inputs(rule, &tr.ctx, &a.o.w, a.o.b.as_ref(), Some(&tr.attn_out), tr.ctx_active.as_ref())
+            .apply(&r_o); // [B, P, T, H*dh]
     let (bsz, p, t) = (r_ctx.size()[0], r_ctx.size()[1], r_ctx.size()[2]);
     let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let r_ctx = r_ctx.view([bsz, p, t, h, dh]).permute([0, 1, 3, 2, 4]); // [B, P, H, T, dh]
     let head_rel = r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind()); // [B, P, H]
     let r_v = attention_rule(rule, &tr.probs, &tr.v, &r_ctx); // [B, P, H, S, dh]
-    let r_v = if hk != h { r_v.view([bsz, p, hk, h / hk, t, dh]).sum_dim_intlist([3i64].as_slice(), false, r_v.kind()) } else { r_v };
+    let r_v = if hk != h {
+        r_v.view([bsz, p, hk, h / hk, t, dh]).sum_dim_intlist([3i64].as_slice(), false, r_v.kind())
+    } else {
+        r_v
+    };
     let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, hk * dh]);
     let r_v = rescale(&r_v, &[&r_ctx.permute([0, 1, 3, 2, 4]).reshape([bsz, p, t, h * dh])]);
     // The value projection's output, unless grouped-query heads repeat it.
@@ -517,7 +598,9 @@ impl DecTrace {
     fn new(tr: &DecLayer) -> Result<DecTrace, ModelError> {
         let (b, t) = (tr.x_in.size()[0], tr.x_in.size()[1]);
         let rows = |x: &Tensor| x.transpose(0, 1).reshape([t * b, 1, 1, -1]);
-        let (f, u, cells) = tr.ssru.as_ref().ok_or_else(|| ModelError::Invalid("internal: an SSRU decoder layer recorded no ssru.hook_forget".into()))?;
+        let (f, u, cells) = tr.ssru.as_ref().ok_or_else(|| {
+            ModelError::Invalid("internal: an SSRU decoder layer recorded no ssru.hook_forget".into())
+        })?;
         // The state each step starts from: the teacher-forced pass starts from zero.
         let c_prev = Tensor::f_cat(&[cells.zeros_like().narrow(1, 0, 1), cells.narrow(1, 0, t - 1)], 1)?;
         let (h, s) = (tr.cross_probs.size()[1], tr.cross_probs.size()[3]);
@@ -575,11 +658,33 @@ struct DecLayer {
 }
 
 /// The points of a decoder layer that the relevance pass reads.
-const DEC_POINTS: [Point; 15] = [Point::ResidPre, Point::AttnOut, Point::ResidMid, Point::Ln1, Point::MlpPre, Point::MlpPreLinear, Point::MlpPost, Point::MlpOut, Point::ResidPost, Point::Pattern, Point::V, Point::Z, Point::SsruForget, Point::SsruCandidate, Point::SsruCell];
+const DEC_POINTS: [Point; 15] = [
+    Point::ResidPre,
+    Point::AttnOut,
+    Point::ResidMid,
+    Point::Ln1,
+    Point::MlpPre,
+    Point::MlpPreLinear,
+    Point::MlpPost,
+    Point::MlpOut,
+    Point::ResidPost,
+    Point::Pattern,
+    Point::V,
+    Point::Z,
+    Point::SsruForget,
+    Point::SsruCandidate,
+    Point::SsruCell,
+];
 
 /// The one teacher-forced decoder pass (the model's own `decode_teacher_states`), recorded at
 /// its hook points: each layer's [`DecLayer`] and the final states `[B, T, D]`.
-fn trace_decoder(net: &Transformer, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<(Vec<DecLayer>, Tensor), ModelError> {
+fn trace_decoder(
+    net: &Transformer,
+    enc: &Tensor,
+    enc_mask: &Tensor,
+    targets: &Tensor,
+    gates: &Gates,
+) -> Result<(Vec<DecLayer>, Tensor), ModelError> {
     let mut seen: HashMap<At, Tensor> = HashMap::new();
     let states = {
         let mut on = |at: At, t: &Tensor| {
@@ -592,13 +697,25 @@ fn trace_decoder(net: &Transformer, enc: &Tensor, enc_mask: &Tensor, targets: &T
     let mut layers = Vec::with_capacity(net.decoder.len());
     for (l, layer) in net.decoder.iter().enumerate() {
         let mut opt = |kind: Kind, p: Point| seen.remove(&At::new(kind, l, p));
-        let mut take = |kind: Kind, p: Point| opt(kind, p).ok_or_else(|| ModelError::Invalid(format!("internal: the decoder pass recorded no {}", At::new(kind, l, p))));
-        let ffn_up = if layer.ffn.gate.is_some() { take(Kind::Dec, Point::MlpPreLinear)? } else { take(Kind::Dec, Point::MlpPre)? };
+        let mut take = |kind: Kind, p: Point| {
+            opt(kind, p).ok_or_else(|| {
+                ModelError::Invalid(format!("internal: the decoder pass recorded no {}", At::new(kind, l, p)))
+            })
+        };
+        let ffn_up = if layer.ffn.gate.is_some() {
+            take(Kind::Dec, Point::MlpPreLinear)?
+        } else {
+            take(Kind::Dec, Point::MlpPre)?
+        };
         let self_attn = match (take(Kind::Dec, Point::Pattern), take(Kind::Dec, Point::V), take(Kind::Dec, Point::Z)) {
             (Ok(p), Ok(v), Ok(z)) => Some((p, v, z)),
             _ => None,
         };
-        let ssru = match (take(Kind::Dec, Point::SsruForget), take(Kind::Dec, Point::SsruCandidate), take(Kind::Dec, Point::SsruCell)) {
+        let ssru = match (
+            take(Kind::Dec, Point::SsruForget),
+            take(Kind::Dec, Point::SsruCandidate),
+            take(Kind::Dec, Point::SsruCell),
+        ) {
             (Ok(f), Ok(u), Ok(c)) => Some((f, u, c)),
             _ => None,
         };
@@ -629,7 +746,17 @@ fn trace_decoder(net: &Transformer, enc: &Tensor, enc_mask: &Tensor, targets: &T
 /// merge of the two branches is rescaled to what entered the block, since relevance of
 /// opposite signs may cancel in the sum.
 #[allow(clippy::too_many_arguments)]
-fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &Tensor, up: &Tensor, hidden: &Tensor, out: &Tensor, s: &Tensor, r_y: &Tensor) -> Tensor {
+fn relprop_ffn_block(
+    rule: Rule,
+    ffn: &crate::model::nn::Ffn,
+    norm: &Norm,
+    x: &Tensor,
+    up: &Tensor,
+    hidden: &Tensor,
+    out: &Tensor,
+    s: &Tensor,
+    r_y: &Tensor,
+) -> Tensor {
     let r_s = norm_rule(rule, norm, s, r_y);
     let (r_res, r_f) = residual_rule(rule, x, out, &r_s);
     let r_hidden = linear_rule(rule, hidden, &ffn.down.w, ffn.down.b.as_ref(), Some(out), &r_f);
@@ -644,7 +771,16 @@ fn relprop_ffn_block(rule: Rule, ffn: &crate::model::nn::Ffn, norm: &Norm, x: &T
 /// conservation error over the decoder's layer boundaries, and the relevance left on the
 /// target side (the target embeddings) `[B, P]`. With `per_prediction` false, P = 1.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
-fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<DecoderRelevance, ModelError> {
+fn relprop_decoder(
+    rule: Rule,
+    model: &Model,
+    enc: &Tensor,
+    enc_mask: &Tensor,
+    targets: &Tensor,
+    weight: &Tensor,
+    gates: &Gates,
+    per_prediction: bool,
+) -> Result<DecoderRelevance, ModelError> {
     if model.net.decoder.iter().any(|l| l.self_attention().is_some()) {
         return relprop_decoder_attn(rule, model, enc, enc_mask, targets, weight, gates, per_prediction);
     }
@@ -660,7 +796,10 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let mut v_maps = Vec::new();
     let enc_in = enc.unsqueeze(1);
     for (l, layer) in net.decoder.iter().enumerate() {
-        let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
+        let (a, _) = layer
+            .cross
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_heads == 0 {
             return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
         }
@@ -683,18 +822,24 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     }
     drop(recorded);
     let finals = x.transpose(0, 1).reshape([tb, -1]); // [T * B, D]
-    // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
-    // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
-    // step) of a single step, while one op covers all steps. Only the SSRU state's path back
-    // in time runs step by step.
+                                                      // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
+                                                      // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
+                                                      // step) of a single step, while one op covers all steps. Only the SSRU state's path back
+                                                      // in time runs step by step.
     let p_len = if per_prediction { t_len } else { 1 };
     let opts = (enc.kind(), enc.device());
     // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.
-    let mut v_rel: Vec<Tensor> = net.decoder.iter().map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross.as_ref().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts)).collect();
+    let mut v_rel: Vec<Tensor> = net
+        .decoder
+        .iter()
+        .map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross.as_ref().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts))
+        .collect();
     let mut head_rel: Vec<Tensor> = Vec::with_capacity(n_layers);
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
-    let mut down_total: Vec<Tensor> = (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
-    let mut enc_from: Vec<Tensor> = (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
+    let mut down_total: Vec<Tensor> =
+        (0..=n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
+    let mut enc_from: Vec<Tensor> =
+        (0..n_layers).map(|_| Tensor::zeros([bsz, p_len], (enc.kind(), enc.device()))).collect();
     // Runs of at most `size` (at least 1) steps: (first step, steps).
     let chunks = |size: i64| {
         let size = size.clamp(1, t_len.max(1));
@@ -709,7 +854,10 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     let w_row = out.w.index_select(0, &top).view([tb, 1, 1, -1]);
     let b_top = out.b.as_ref().map(|b| b.index_select(0, &top).view([tb, 1, 1, 1]));
     let onehot = if per_prediction {
-        Tensor::eye(t_len, opts).view([t_len, 1, p_len, 1, 1]).expand([t_len, bsz, p_len, 1, 1], false).reshape([tb, p_len, 1, 1])
+        Tensor::eye(t_len, opts)
+            .view([t_len, 1, p_len, 1, 1])
+            .expand([t_len, bsz, p_len, 1, 1], false)
+            .reshape([tb, p_len, 1, 1])
     } else {
         weight.transpose(0, 1).reshape([tb, 1, 1, 1])
     };
@@ -727,15 +875,39 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         let (mut parts_ctx, mut parts_a, mut parts_res, mut parts_o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (start, n) in chunks((4i64 << 20) / (bsz * p_len * layer.ffn.up.w.size()[0]).max(1)) {
             let rows = |t: &Tensor| t.narrow(0, start * bsz, n * bsz);
-            let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &rows(&tr.x2), &rows(&tr.ffn_up), &rows(&tr.ffn_hidden), &rows(&tr.ffn_out), &rows(&tr.s_c), &rows(&r));
+            let r_x2 = relprop_ffn_block(
+                rule,
+                &layer.ffn,
+                &layer.ffn_norm,
+                &rows(&tr.x2),
+                &rows(&tr.ffn_up),
+                &rows(&tr.ffn_hidden),
+                &rows(&tr.ffn_out),
+                &rows(&tr.s_c),
+                &rows(&r),
+            );
             let r_sb = norm_rule(rule, cross_norm, &rows(&tr.s_b), &r_x2);
             let (r_x1, r_a) = residual_rule(rule, &rows(&tr.x1), &rows(&tr.a), &r_sb);
             let active = gates.layer(Kind::Cross, l).map(|g| {
                 let a = active_units(attn, &g.g);
                 // Rows are `t * B + b`: per-sentence gates repeat over the steps.
-                if a.size()[0] == 1 { a } else { a.repeat([n, 1, 1, 1]) }
+                if a.size()[0] == 1 {
+                    a
+                } else {
+                    a.repeat([n, 1, 1, 1])
+                }
             });
-            parts_ctx.push(LinearMap::with_inputs(rule, &rows(&tr.ctx), &attn.o.w, attn.o.b.as_ref(), Some(&rows(&tr.a)), active.as_ref()).apply(&r_a));
+            parts_ctx.push(
+                LinearMap::with_inputs(
+                    rule,
+                    &rows(&tr.ctx),
+                    &attn.o.w,
+                    attn.o.b.as_ref(),
+                    Some(&rows(&tr.a)),
+                    active.as_ref(),
+                )
+                .apply(&r_a),
+            );
             let r_sa = norm_rule(rule, &layer.self_norm, &rows(&tr.s_a), &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &rows(&tr.x_in), &rows(&tr.o), &r_sa);
             parts_a.push(r_a);
@@ -744,7 +916,9 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
         }
         let (r_a, r_xin_res, r_o) = (Tensor::cat(&parts_a, 0), Tensor::cat(&parts_res, 0), Tensor::cat(&parts_o, 0));
         let r_ctx = Tensor::cat(&parts_ctx, 0).view([tb, p_len, 1, h, dh]).permute([0, 1, 3, 2, 4]); // [T*B, P, H, 1, dh]
-        head_rel.push(over_steps(&r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind())).view([bsz, p_len, h]));
+        head_rel.push(
+            over_steps(&r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind())).view([bsz, p_len, h]),
+        );
         // What reaches the encoder states: the attention rule's output, rescaled to r_a.
         let src_total = abs_total(&r_a);
         // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
@@ -786,7 +960,8 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
             let r_v = attention_rule(rule, &rows(&tr.probs), &values, &rows(&r_ctx)); // [n*B, P, H, S, dh]
             let r_v = r_v.permute([0, 1, 3, 2, 4]).reshape([n * bsz, p_len, s_len, h * dh]);
             let r_v = rescale(&r_v, &[&rows(&r_a)]) * rows(&k).view([n * bsz, p_len, 1, 1]);
-            v_rel[l] = &v_rel[l] + r_v.view([n, bsz, p_len, s_len, h * dh]).sum_dim_intlist([0i64].as_slice(), false, r_v.kind());
+            v_rel[l] = &v_rel[l]
+                + r_v.view([n, bsz, p_len, s_len, h * dh]).sum_dim_intlist([0i64].as_slice(), false, r_v.kind());
         }
     }
     head_rel.reverse();
@@ -802,7 +977,11 @@ fn relprop_decoder(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, t
     // source from layers l and above (the initial SSRU states are 0 and take none).
     let seed = &down_total[n_layers];
     let mut worst = 0f64;
-    let w = if per_prediction { weight.shallow_clone() } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+    let w = if per_prediction {
+        weight.shallow_clone()
+    } else {
+        weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0)
+    };
     for l in 0..n_layers {
         let src: Tensor = enc_from[l..].iter().fold(Tensor::zeros_like(seed), |a, b| a + b);
         let err = ((&down_total[l] + src) / (seed + 1e-30) - 1.0).abs() * &w;
@@ -831,18 +1010,32 @@ struct DecoderRelevance {
 /// cross-attention share to the encoder output and the rest down, through the
 /// self-attention's value path, to the layer's input.
 #[allow(clippy::too_many_arguments)]
-fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tensor, targets: &Tensor, weight: &Tensor, gates: &Gates, per_prediction: bool) -> Result<DecoderRelevance, ModelError> {
+fn relprop_decoder_attn(
+    rule: Rule,
+    model: &Model,
+    enc: &Tensor,
+    enc_mask: &Tensor,
+    targets: &Tensor,
+    weight: &Tensor,
+    gates: &Gates,
+    per_prediction: bool,
+) -> Result<DecoderRelevance, ModelError> {
     let net = &model.net;
     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
     let (bsz, t_len) = (targets.size()[0], targets.size()[1]);
     let s_len = enc.size()[1];
     let n_layers = net.decoder.len();
     for (l, layer) in net.decoder.iter().enumerate() {
-        let (a, _) = layer.cross.as_ref().ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
+        let (a, _) = layer
+            .cross
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_heads == 0 {
             return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
         }
-        let s = layer.self_attention().ok_or_else(|| ModelError::Invalid("LRP: a decoder mixes SSRU and self-attention layers".into()))?;
+        let s = layer
+            .self_attention()
+            .ok_or_else(|| ModelError::Invalid("LRP: a decoder mixes SSRU and self-attention layers".into()))?;
         if a.n_kv_heads != a.n_heads || s.n_kv_heads != s.n_heads {
             return Err(ModelError::Invalid("LRP through grouped-query decoder attention is not supported".into()));
         }
@@ -864,16 +1057,22 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
     }
     let p_len = r.size()[1];
     let seed_total = abs_total(&r);
-    let w = if per_prediction { weight.shallow_clone() } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+    let w = if per_prediction {
+        weight.shallow_clone()
+    } else {
+        weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0)
+    };
     let u = |t: &Tensor| t.unsqueeze(1);
-    let missing = |what: &str, l: usize| ModelError::Invalid(format!("internal: decoder layer {l} handed out no {what}"));
+    let missing =
+        |what: &str, l: usize| ModelError::Invalid(format!("internal: decoder layer {l} handed out no {what}"));
     // Per-head relevance of one attention's contexts `[B, H, T, dh]` from the relevance of its
     // output `r_out [B, P, T, D]`: `[B, P, H, T, dh]`.
     let through_wo = |a: &Attention, kind: Kind, l: usize, ctx: &Tensor, out_act: &Tensor, r_out: &Tensor| {
         let (h, dh) = (a.n_heads, a.head_dim);
         let ctx_flat = ctx.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
         let active = gates.layer(kind, l).map(|g| active_units(a, &g.g));
-        let r_ctx = LinearMap::with_inputs(rule, &ctx_flat, &a.o.w, a.o.b.as_ref(), Some(&u(out_act)), active.as_ref()).apply(r_out);
+        let r_ctx = LinearMap::with_inputs(rule, &ctx_flat, &a.o.w, a.o.b.as_ref(), Some(&u(out_act)), active.as_ref())
+            .apply(r_out);
         r_ctx.view([bsz, p_len, t_len, h, dh]).permute([0, 1, 3, 2, 4])
     };
     let head_sums = |r_ctx: &Tensor| r_ctx.abs().sum_dim_intlist([3i64, 4].as_slice(), false, r_ctx.kind());
@@ -886,14 +1085,26 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
         let tr = &recorded[l];
         let (cattn, cnorm) = layer.cross.as_ref().ok_or_else(|| missing("cross-attention", l))?;
         let (a, s_b) = (&tr.a, &tr.s_b);
-        let r_x2 = relprop_ffn_block(rule, &layer.ffn, &layer.ffn_norm, &u(&tr.x2), &u(&tr.ffn_up), &u(&tr.ffn_hidden), &u(&tr.ffn_out), &u(&tr.s_c), &r);
+        let r_x2 = relprop_ffn_block(
+            rule,
+            &layer.ffn,
+            &layer.ffn_norm,
+            &u(&tr.x2),
+            &u(&tr.ffn_up),
+            &u(&tr.ffn_hidden),
+            &u(&tr.ffn_out),
+            &u(&tr.s_c),
+            &r,
+        );
         let r_sb = norm_rule(rule, cnorm, &u(s_b), &r_x2);
         let (r_x1, r_a) = residual_rule(rule, &u(&tr.x1), &u(a), &r_sb);
         // Source side: W^O, the attention's value path (steps summed), W^V on the encoder output.
         let r_ctx = through_wo(cattn, Kind::Cross, l, &tr.cross_ctx, a, &r_a);
         cross_rel.push(head_sums(&r_ctx));
         let (h, dh) = (cattn.n_heads, cattn.head_dim);
-        let r_v = attention_rule(rule, &u(&tr.cross_probs), &u(&tr.cross_v), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, s_len, h * dh]);
+        let r_v = attention_rule(rule, &u(&tr.cross_probs), &u(&tr.cross_v), &r_ctx)
+            .permute([0, 1, 3, 2, 4])
+            .reshape([bsz, p_len, s_len, h * dh]);
         let r_v = rescale(&r_v, &[&r_a]);
         let v_out = tr.cross_v.transpose(1, 2).reshape([bsz, s_len, h * dh]).unsqueeze(1);
         let r_src = LinearMap::new(rule, &enc.unsqueeze(1), &cattn.v.w, cattn.v.b.as_ref(), Some(&v_out)).apply(&r_v);
@@ -908,11 +1119,17 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
             dec_rel.push(Tensor::zeros([bsz, p_len, 0], opts));
             rescale(&r_xres, &[&r_x1])
         } else {
-            let (dp, dv, dc) = tr.self_attn.as_ref().ok_or_else(|| missing("self-attention pattern, values and contexts", l))?;
+            let (dp, dv, dc) =
+                tr.self_attn.as_ref().ok_or_else(|| missing("self-attention pattern, values and contexts", l))?;
             let (h, dh) = (sattn.n_heads, sattn.head_dim);
             let r_ctx = through_wo(sattn, Kind::Dec, l, dc, &tr.o, &r_o);
             dec_rel.push(head_sums(&r_ctx));
-            let r_v = attention_rule(rule, &u(dp), &u(dv), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([bsz, p_len, t_len, h * dh]);
+            let r_v = attention_rule(rule, &u(dp), &u(dv), &r_ctx).permute([0, 1, 3, 2, 4]).reshape([
+                bsz,
+                p_len,
+                t_len,
+                h * dh,
+            ]);
             let r_v = rescale(&r_v, &[&r_o]);
             let v_out = dv.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
             let r_in = linear_rule(rule, &u(&tr.x_in), &sattn.v.w, sattn.v.b.as_ref(), Some(&v_out), &r_v);
@@ -929,7 +1146,14 @@ fn relprop_decoder_attn(rule: Rule, model: &Model, enc: &Tensor, enc_mask: &Tens
 
 /// LRP head relevance of `model` over `data`: the self-attention stack, and for models with
 /// a decoder (seed "logit") the cross-attention heads too.
-pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<LrpResult, AnalysisError> {
+pub fn lrp(
+    model: &Model,
+    data: &Dataset,
+    opts: &LrpOptions,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<LrpResult, AnalysisError> {
     if !gates.fill.is_empty() {
         return Err(AnalysisError::Input("this view mean-ablates its closed heads; LRP's rules propagate through gates that scale a context, not through a mean put in its place: run it on a zero-ablated view".into()));
     }
@@ -946,7 +1170,10 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     };
     let net = &model.net;
     if seed == Seed::Logit && net.output.is_none() {
-        return Err(AnalysisError::Input(format!("seed \"logit\" needs an output head; {} has none: use seed \"norm\"", model.name())));
+        return Err(AnalysisError::Input(format!(
+            "seed \"logit\" needs an output head; {} has none: use seed \"norm\"",
+            model.name()
+        )));
     }
     let through_decoder = !net.decoder.is_empty() && seed == Seed::Logit;
     if through_decoder && net.decoder.iter().any(|l| l.norm_position == NormPosition::Pre) {
@@ -965,24 +1192,35 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     };
     // One tokenization: the prepared batches (with their targets) through a decoder, else the
     // sentences bucketed.
-    let plain: Vec<(Vec<usize>, Batch)> = if prep.is_some() { vec![] } else { model.batches(&model.tokenize_all(data.texts())?, opts.batch_tokens).collect() };
+    let plain: Vec<(Vec<usize>, Batch)> = if prep.is_some() {
+        vec![]
+    } else {
+        model.batches(&model.tokenize_all(data.texts())?, opts.batch_tokens).collect()
+    };
     let n_batches = prep.as_ref().map_or(plain.len(), |p| p.batches.len());
     // Per layer, one slot per head present (layers of a pruned model differ in width).
     let mut sums: Vec<Vec<f64>> = model.layer_heads(kind).into_iter().map(|h| vec![0f64; h]).collect();
-    let mut cross_sums: Vec<Vec<f64>> = if cross_heads > 0 { model.layer_heads(Kind::Cross).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
+    let mut cross_sums: Vec<Vec<f64>> = if cross_heads > 0 {
+        model.layer_heads(Kind::Cross).into_iter().map(|h| vec![0f64; h]).collect()
+    } else {
+        vec![]
+    };
     // Decoder self-attention heads (HF MarianMT, BART).
-    let dec_in_decoder = through_decoder && model.in_decoder(Kind::Dec) && model.kinds().iter().any(|k| k.kind == Kind::Dec);
-    let mut dec_sums: Vec<Vec<f64>> = if dec_in_decoder { model.layer_heads(Kind::Dec).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
+    let dec_in_decoder =
+        through_decoder && model.in_decoder(Kind::Dec) && model.kinds().iter().any(|k| k.kind == Kind::Dec);
+    let mut dec_sums: Vec<Vec<f64>> =
+        if dec_in_decoder { model.layer_heads(Kind::Dec).into_iter().map(|h| vec![0f64; h]).collect() } else { vec![] };
     let mut predictions = 0usize;
     let mut worst = 0f64;
-    let add_heads = |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
-        let norm = head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, head_rel.kind()) + 1e-30);
-        let per_head = (norm * weight.unsqueeze(-1)).sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
-        for (h, val) in Vec::<f64>::try_from(per_head.to_device(Device::Cpu))?.into_iter().enumerate() {
-            sums[l][h] += val;
-        }
-        Ok(())
-    };
+    let add_heads =
+        |sums: &mut Vec<Vec<f64>>, l: usize, head_rel: &Tensor, weight: &Tensor| -> Result<(), ModelError> {
+            let norm = head_rel / (head_rel.sum_dim_intlist([-1i64].as_slice(), true, head_rel.kind()) + 1e-30);
+            let per_head = (norm * weight.unsqueeze(-1)).sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
+            for (h, val) in Vec::<f64>::try_from(per_head.to_device(Device::Cpu))?.into_iter().enumerate() {
+                sums[l][h] += val;
+            }
+            Ok(())
+        };
     #[allow(clippy::needless_range_loop, reason = "gi indexes whichever of the two batch lists this run has")]
     for gi in 0..n_batches {
         if stop() {
@@ -1001,7 +1239,11 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             let weight = tm.to_kind(x.kind());
             let d = relprop_decoder(rule, model, &x, mask, tgt, &weight, gates, opts.per_prediction)?;
             worst = worst.max(d.worst);
-            let weight = if opts.per_prediction { weight } else { weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+            let weight = if opts.per_prediction {
+                weight
+            } else {
+                weight.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0)
+            };
             for (l, rel) in d.cross.iter().enumerate() {
                 add_heads(&mut cross_sums, l, rel, &weight)?;
             }
@@ -1013,13 +1255,19 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             (d.enc, weight, Some(d.target))
         } else {
             // Predictions: the real (non-special, non-padding) positions.
-            let real: Vec<f32> = plain[gi].1.encoded.iter().flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 })).collect();
+            let real: Vec<f32> = plain[gi]
+                .1
+                .encoded
+                .iter()
+                .flat_map(|e| (0..t as usize).map(move |i| if e.special.get(i) == Some(&false) { 1.0 } else { 0.0 }))
+                .collect();
             let real = Tensor::from_slice(&real).view([bsz, t]).to_device(x.device());
             let eye = Tensor::eye(t, (x.kind(), x.device())); // prediction p seeds position p
             let mut r = match seed {
                 Seed::Norm => {
                     let sq = y.pow_tensor_scalar(2);
-                    (&sq / sq.sum_dim_intlist([-1i64].as_slice(), true, sq.kind())).unsqueeze(1) * eye.view([1, t, t, 1])
+                    (&sq / sq.sum_dim_intlist([-1i64].as_slice(), true, sq.kind())).unsqueeze(1)
+                        * eye.view([1, t, t, 1])
                 }
                 Seed::Logit => {
                     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
@@ -1037,7 +1285,11 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
             if let Some(n) = &net.final_norm {
                 r = norm_rule(rule, n, &x.unsqueeze(1), &r);
             }
-            let weight = if opts.per_prediction { real } else { real.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0) };
+            let weight = if opts.per_prediction {
+                real
+            } else {
+                real.sum_dim_intlist([1i64].as_slice(), true, DType::Float).clamp_max(1.0)
+            };
             (r, weight, None)
         };
         // Seed total per prediction: what reached the stack's output, plus (for a decoder)
@@ -1063,7 +1315,8 @@ pub fn lrp(model: &Model, data: &Dataset, opts: &LrpOptions, gates: &Gates, stop
     if through_decoder {
         totals.push((Kind::Cross, model.spread_grid(Kind::Cross, cross_sums)));
     }
-    let kinds = totals.iter().map(|(k, g)| (*k, g.iter().map(|r| r.iter().map(|x| x / n).collect()).collect())).collect();
+    let kinds =
+        totals.iter().map(|(k, g)| (*k, g.iter().map(|r| r.iter().map(|x| x / n).collect()).collect())).collect();
     Ok(LrpResult { kinds, sums: totals, predictions, max_conservation_error: worst, options: opts.clone() })
 }
 
@@ -1155,7 +1408,10 @@ mod tests {
         let w = Tensor::randn([4, 6], opts).abs();
         let b = Tensor::zeros([4], opts);
         let r = Tensor::randn([1, 1, 2, 4], opts);
-        let err = (linear_rule(Rule::Ab, &x, &w, Some(&b), None, &r) - ab_by_definition(&x, &w, &b, &r)).abs().max().double_value(&[]);
+        let err = (linear_rule(Rule::Ab, &x, &w, Some(&b), None, &r) - ab_by_definition(&x, &w, &b, &r))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(err < 1e-9, "one-signed: {err}");
     }
 
@@ -1178,7 +1434,10 @@ mod tests {
                     let var = x.var_dim([-1i64].as_slice(), false, true);
                     (g.unsqueeze(1) * centre, &x / (var + 1e-5).sqrt())
                 }
-                NormKind::Rms => (Tensor::diag_embed(&g, 0, -2, -1), &x / (x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind()) + 1e-5).sqrt()),
+                NormKind::Rms => (
+                    Tensor::diag_embed(&g, 0, -2, -1),
+                    &x / (x.pow_tensor_scalar(2).mean_dim(-1, true, x.kind()) + 1e-5).sqrt(),
+                ),
             };
             let want = ab_by_definition(&u, &w, &beta, &r);
             let got = norm_rule(Rule::Ab, &n, &x, &r);
@@ -1241,19 +1500,38 @@ mod tests {
         let eye = || Tensor::eye(2, (DType::Float, Device::Cpu));
         let zeros = |s: &[i64]| Tensor::zeros(s, (DType::Float, Device::Cpu));
         let lin = |w: Tensor| Linear { w, b: None };
-        let norm = || Norm { kind: NormKind::Layer, weight: Tensor::ones([2], (DType::Float, Device::Cpu)), bias: Some(zeros(&[2])), eps: 1e-5 };
+        let norm = || Norm {
+            kind: NormKind::Layer,
+            weight: Tensor::ones([2], (DType::Float, Device::Cpu)),
+            bias: Some(zeros(&[2])),
+            eps: 1e-5,
+        };
         let layer = EncoderLayer {
-            attn: Attention { q: lin(zeros(&[2, 2])), k: lin(zeros(&[2, 2])), v: lin(eye()), o: lin(eye()), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None, score: Default::default() },
+            attn: Attention {
+                q: lin(zeros(&[2, 2])),
+                k: lin(zeros(&[2, 2])),
+                v: lin(eye()),
+                o: lin(eye()),
+                n_heads: 2,
+                n_kv_heads: 2,
+                head_dim: 1,
+                rotary: None,
+                slots: None,
+                qk_norm: None,
+                score: Default::default(),
+            },
             attn_norm: norm(),
             ffn: Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
             ffn_norm: norm(),
-            norm_position: NormPosition::Post, post_norms: None, window: None,
+            norm_position: NormPosition::Post,
+            post_norms: None,
+            window: None,
         };
         let x = t(&[1.0, 2.0, 3.0, 4.0], &[1, 2, 2]);
         let bias = zeros(&[1, 1, 1, 2]);
         // The layer's forward, recorded at its hook points.
         let mut seen = HashMap::new();
-            let mut on = |at: crate::model::hooks::At, t: &Tensor| {
+        let mut on = |at: crate::model::hooks::At, t: &Tensor| {
             seen.insert((at.layer, at.point), t.shallow_clone());
             Ok(())
         };
@@ -1265,7 +1543,12 @@ mod tests {
         let (r_x, heads) = relprop_layer(Rule::Zplus, &layer, &tr, &r_y);
         let got = host(&r_x);
         let (h0, h1) = (0.25 * 2.0 / 5.0, 0.75 * 3.0 / 7.0);
-        let want = [0.5 * 1.0 / 2.0 * h0, 0.5 * 2.0 / 3.0 * h1, 0.25 * 3.0 / 5.0 + 0.5 * 3.0 / 2.0 * h0, 0.75 * 4.0 / 7.0 + 0.5 * 4.0 / 3.0 * h1];
+        let want = [
+            0.5 * 1.0 / 2.0 * h0,
+            0.5 * 2.0 / 3.0 * h1,
+            0.25 * 3.0 / 5.0 + 0.5 * 3.0 / 2.0 * h0,
+            0.75 * 4.0 / 7.0 + 0.5 * 4.0 / 3.0 * h1,
+        ];
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-4, "{got:?} vs {want:?}");
         }

@@ -10,10 +10,10 @@ pub mod importance;
 pub mod lrp;
 pub mod options;
 pub mod patching;
-pub mod streaming;
-pub mod taxonomy;
 pub mod result;
 pub mod script;
+pub mod streaming;
+pub mod taxonomy;
 
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
@@ -63,7 +63,8 @@ pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<Fr
         FreqSource::Text(p) => (p, format!("text {}", p.display())),
         FreqSource::Counts(p) => (p, format!("counts {}", p.display())),
     };
-    let text = std::fs::read_to_string(path).map_err(|e| AnalysisError::Input(format!("frequency source {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| AnalysisError::Input(format!("frequency source {}: {e}", path.display())))?;
     match source {
         FreqSource::Text(_) => {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -80,7 +81,13 @@ pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<Fr
                 let bad = || AnalysisError::Input(format!("{}:{}: expected token<TAB>count", path.display(), n + 1));
                 let (tok, c) = line.rsplit_once('\t').ok_or_else(bad)?;
                 let c: u64 = c.trim().parse().map_err(|_| bad())?;
-                let id = model.tok.token_to_id(tok).ok_or_else(|| AnalysisError::Input(format!("{}:{}: '{tok}' is not a token of the model's vocabulary", path.display(), n + 1)))?;
+                let id = model.tok.token_to_id(tok).ok_or_else(|| {
+                    AnalysisError::Input(format!(
+                        "{}:{}: '{tok}' is not a token of the model's vocabulary",
+                        path.display(),
+                        n + 1
+                    ))
+                })?;
                 *counts.entry(id).or_default() += c;
             }
         }
@@ -97,12 +104,7 @@ pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<Fr
 /// Real queries and allowed keys of a tokenized sentence.
 fn sides(e: &Encoded, exclude: ExcludeKeys, eos_ids: &[i64]) -> (Vec<bool>, Vec<bool>) {
     let real: Vec<bool> = e.special.iter().map(|s| !s).collect();
-    let keys = e
-        .ids
-        .iter()
-        .zip(&e.special)
-        .map(|(&id, &sp)| !exclude.excludes(id, sp, eos_ids))
-        .collect();
+    let keys = e.ids.iter().zip(&e.special).map(|(&id, &sp)| !exclude.excludes(id, sp, eos_ids)).collect();
     (real, keys)
 }
 
@@ -122,7 +124,13 @@ fn rarest(e: &Encoded, freq: &FreqTable) -> Option<(usize, usize)> {
 
 /// Aligns treebank words with model tokens by character offsets; errors name the sentence
 /// and the word that no token covers.
-fn align(e: &Encoded, tree: &crate::data::conllu::Sentence, index: usize, reldirs: &HashMap<String, usize>, subtypes: bool) -> Result<Words, AnalysisError> {
+fn align(
+    e: &Encoded,
+    tree: &crate::data::conllu::Sentence,
+    index: usize,
+    reldirs: &HashMap<String, usize>,
+    subtypes: bool,
+) -> Result<Words, AnalysisError> {
     let spans = tree.word_spans();
     let words: Vec<&crate::data::conllu::Word> = tree.words().collect();
     let name = tree.sent_id().map(|s| format!("sentence {index} ({s})")).unwrap_or_else(|| format!("sentence {index}"));
@@ -144,7 +152,11 @@ fn align(e: &Encoded, tree: &crate::data::conllu::Sentence, index: usize, reldir
             return input(format!("{name}: word {} '{}' is not found in the sentence text", w + 1, words[w].form));
         }
         if !words_of_token.iter().any(|ws| ws.contains(&w)) {
-            return input(format!("{name}: word {} '{}' cannot be aligned: no model token covers it", w + 1, words[w].form));
+            return input(format!(
+                "{name}: word {} '{}' cannot be aligned: no model token covers it",
+                w + 1,
+                words[w].form
+            ));
         }
     }
     let mut edges = Vec::new();
@@ -207,7 +219,10 @@ pub fn accumulate(
     let mut rel_names: Vec<String> = Vec::new();
     if want_syn {
         if !data.items.iter().all(|i| i.tree.is_some()) {
-            return input(format!("the syntactic statistic needs a treebank: {} has no dependency trees (load it with treebank(path))", data.name));
+            return input(format!(
+                "the syntactic statistic needs a treebank: {} has no dependency trees (load it with treebank(path))",
+                data.name
+            ));
         }
         let mut seen: HashMap<String, usize> = HashMap::new();
         for it in data.items.iter() {
@@ -219,7 +234,11 @@ pub fn accumulate(
             if !seen.contains_key(r) {
                 let mut known: Vec<&String> = seen.keys().collect();
                 known.sort();
-                return input(format!("relation '{r}' does not occur in {} (relations there: {})", data.name, known.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")));
+                return input(format!(
+                    "relation '{r}' does not occur in {} (relations there: {})",
+                    data.name,
+                    known.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                ));
             }
             reldirs.insert(r.clone(), rel_names.len());
             rel_names.push(r.clone());
@@ -240,7 +259,17 @@ pub fn accumulate(
         let (real_query, key_ok) = sides(e, opts.exclude_keys, &eos_ids);
         let rare = if want_rare { freq.and_then(|f| rarest(e, f)) } else { None };
         let words = if want_syn {
-            let w = align(e, data.items[i].tree.as_ref().map(|t| t.as_ref()).ok_or_else(|| AnalysisError::Input(format!("sentence {} has no tree", first_row + i)))?, first_row + i, &reldirs, opts.subtypes)?;
+            let w = align(
+                e,
+                data.items[i]
+                    .tree
+                    .as_ref()
+                    .map(|t| t.as_ref())
+                    .ok_or_else(|| AnalysisError::Input(format!("sentence {} has no tree", first_row + i)))?,
+                first_row + i,
+                &reldirs,
+                opts.subtypes,
+            )?;
             for &(rd, q, t) in &w.edges {
                 *baseline[rd].entry(t as i64 - q as i64).or_default() += 1;
             }
@@ -272,7 +301,9 @@ pub fn accumulate(
         let mut enc_out: Option<Tensor> = None;
         if need_enc_capture {
             let bt = BatchTensors::new(&enc_meta, s, s, device, want_rare, want_syn);
-            let acc = accs.get_mut(&stack).ok_or_else(|| AnalysisError::Input("internal: no accumulator for the self-attention stack".into()))?;
+            let acc = accs
+                .get_mut(&stack)
+                .ok_or_else(|| AnalysisError::Input("internal: no accumulator for the self-attention stack".into()))?;
             acc.count_batch(&enc_meta);
             let mut on = |at: At, p: &Tensor| if at.kind == stack { acc.update(at.layer, p, &bt) } else { Ok(()) };
             let mut rec = Record::new(&[Point::Pattern], &mut on);
@@ -295,7 +326,8 @@ pub fn accumulate(
             let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1);
             let (tgt, _) = model.target_tensors(&targets);
             let n_layers = model.net.decoder.len();
-            let mut steps: HashMap<Kind, Vec<Vec<Tensor>>> = dec_kinds.iter().map(|&k| (k, (0..n_layers).map(|_| Vec::new()).collect())).collect();
+            let mut steps: HashMap<Kind, Vec<Vec<Tensor>>> =
+                dec_kinds.iter().map(|&k| (k, (0..n_layers).map(|_| Vec::new()).collect())).collect();
             let mut on = |at: At, p: &Tensor| {
                 if let Some(st) = steps.get_mut(&at.kind).and_then(|st| st.get_mut(at.layer)) {
                     st.push(p.shallow_clone());
@@ -305,7 +337,9 @@ pub fn accumulate(
             let mut rec = Record::new(&[Point::Pattern], &mut on);
             let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, gates, Some(&mut rec))?;
             for (kind, steps) in steps {
-                let acc = accs.get_mut(&kind).ok_or_else(|| AnalysisError::Input(format!("internal: no accumulator for {kind}")))?;
+                let acc = accs
+                    .get_mut(&kind)
+                    .ok_or_else(|| AnalysisError::Input(format!("internal: no accumulator for {kind}")))?;
                 // Queries are the target tokens. `cross` keys: the source's; `dec` keys: the
                 // decoder's inputs (the start token, then the targets shifted right), the
                 // rarest-token statistic only for `cross` (word frequencies are source-side).
@@ -349,10 +383,22 @@ pub fn accumulate(
     let mut kinds_acc = std::collections::BTreeMap::new();
     for s in &shapes {
         let acc = &accs[&s.kind];
-        let spread = |g: Vec<Vec<f64>>| -> Vec<Vec<f64>> { g.into_iter().enumerate().map(|(l, row)| model.spread_with(s.kind, l, row, 0.0)).collect() };
-        let hist = acc.offsets()?.into_iter().enumerate().map(|(l, rows)| model.spread_with(s.kind, l, rows, vec![0.0; accum::BINS as usize])).collect();
+        let spread = |g: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+            g.into_iter().enumerate().map(|(l, row)| model.spread_with(s.kind, l, row, 0.0)).collect()
+        };
+        let hist = acc
+            .offsets()?
+            .into_iter()
+            .enumerate()
+            .map(|(l, rows)| model.spread_with(s.kind, l, rows, vec![0.0; accum::BINS as usize]))
+            .collect();
         let (rare1, rare2) = acc.rare_hits()?;
-        let syn = acc.syntactic_correct()?.into_iter().enumerate().map(|(l, rds)| rds.into_iter().map(|row| model.spread_with(s.kind, l, row, 0.0)).collect()).collect();
+        let syn = acc
+            .syntactic_correct()?
+            .into_iter()
+            .enumerate()
+            .map(|(l, rds)| rds.into_iter().map(|row| model.spread_with(s.kind, l, row, 0.0)).collect())
+            .collect();
         kinds_acc.insert(
             s.kind.to_string(),
             KindAcc {
@@ -371,7 +417,15 @@ pub fn accumulate(
     let frame = Frame {
         model: model.name(),
         dataset: data.name.clone(),
-        kinds: shapes.iter().map(|s| FrameKind { kind: s.kind.to_string(), n_layers: s.n_layers, n_heads: s.n_heads, present: (0..s.n_layers).map(|l| model.present(s.kind, l)).collect() }).collect(),
+        kinds: shapes
+            .iter()
+            .map(|s| FrameKind {
+                kind: s.kind.to_string(),
+                n_layers: s.n_layers,
+                n_heads: s.n_heads,
+                present: (0..s.n_layers).map(|l| model.present(s.kind, l)).collect(),
+            })
+            .collect(),
         stack: stack.to_string(),
         confidence: opts.wants(Stat::Confidence),
         positional: opts.wants(Stat::Positional),
@@ -384,8 +438,18 @@ pub fn accumulate(
         margin: opts.margin,
         freq_source: freq.map(|f| f.source.clone()),
     };
-    let baseline = baseline.into_iter().map(|m| m.into_iter().map(|(o, n)| (o.to_string(), n as u64)).collect()).collect();
-    Ok((frame, AnalysisAcc { sentences: total as u64, tokens: tokens as u64, seconds: t0.elapsed().as_secs_f64(), baseline, kinds: kinds_acc }))
+    let baseline =
+        baseline.into_iter().map(|m| m.into_iter().map(|(o, n)| (o.to_string(), n as u64)).collect()).collect();
+    Ok((
+        frame,
+        AnalysisAcc {
+            sentences: total as u64,
+            tokens: tokens as u64,
+            seconds: t0.elapsed().as_secs_f64(),
+            baseline,
+            kinds: kinds_acc,
+        },
+    ))
 }
 
 /// What an analysis's results are read in besides its accumulators: the model's heads, the
@@ -454,35 +518,74 @@ pub fn finish(frame: &Frame, acc: &AnalysisAcc) -> Result<Analysis, AnalysisErro
     let mut kinds = Vec::new();
     for fk in &frame.kinds {
         let kind: Kind = fk.kind.parse().map_err(|e: String| AnalysisError::Input(e))?;
-        let a = acc.kinds.get(&fk.kind).ok_or_else(|| AnalysisError::Input(format!("the accumulators have no '{}' attention", fk.kind)))?;
+        let a = acc
+            .kinds
+            .get(&fk.kind)
+            .ok_or_else(|| AnalysisError::Input(format!("the accumulators have no '{}' attention", fk.kind)))?;
         let present = |l: usize, h: usize| fk.present.get(l).is_some_and(|p| p.contains(&h));
         // A removed head has no value.
-        let grid = |g: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> { (0..fk.n_layers).map(|l| (0..fk.n_heads).map(|h| if present(l, h) { g.get(l).and_then(|r| r.get(h)).copied().unwrap_or(0.0) / scale } else { f64::NAN }).collect()).collect() };
-        let mut kr = KindResult { kind, n_layers: fk.n_layers, n_heads: fk.n_heads, queries: a.queries as usize, confidence: None, positional: None, rare: None, syntactic: None };
+        let grid = |g: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> {
+            (0..fk.n_layers)
+                .map(|l| {
+                    (0..fk.n_heads)
+                        .map(|h| {
+                            if present(l, h) {
+                                g.get(l).and_then(|r| r.get(h)).copied().unwrap_or(0.0) / scale
+                            } else {
+                                f64::NAN
+                            }
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let mut kr = KindResult {
+            kind,
+            n_layers: fk.n_layers,
+            n_heads: fk.n_heads,
+            queries: a.queries as usize,
+            confidence: None,
+            positional: None,
+            rare: None,
+            syntactic: None,
+        };
         if frame.confidence {
             kr.confidence = Some(grid(&a.conf, a.queries.max(1) as f64));
         }
         if frame.positional {
-            kr.positional = Some(
-                (0..fk.n_layers)
-                    .map(|l| {
-                        (0..fk.n_heads)
-                            .map(|h| {
-                                let Some(bins) = a.hist.get(l).and_then(|r| r.get(h)).filter(|_| present(l, h)) else {
-                                    return PosHead { offset: 0, fraction: f64::NAN };
-                                };
-                                let total: f64 = bins.iter().sum();
-                                let (bin, count) = bins.iter().enumerate().fold((accum::MAX_OFFSET as usize, -1.0), |a, (i, &c)| if c > a.1 { (i, c) } else { a });
-                                PosHead { offset: bin as i64 - accum::MAX_OFFSET, fraction: if total > 0.0 { count / total } else { 0.0 } }
-                            })
-                            .collect()
-                    })
-                    .collect(),
-            );
+            kr.positional =
+                Some(
+                    (0..fk.n_layers)
+                        .map(|l| {
+                            (0..fk.n_heads)
+                                .map(|h| {
+                                    let Some(bins) = a.hist.get(l).and_then(|r| r.get(h)).filter(|_| present(l, h))
+                                    else {
+                                        return PosHead { offset: 0, fraction: f64::NAN };
+                                    };
+                                    let total: f64 = bins.iter().sum();
+                                    let (bin, count) = bins.iter().enumerate().fold(
+                                        (accum::MAX_OFFSET as usize, -1.0),
+                                        |a, (i, &c)| if c > a.1 { (i, c) } else { a },
+                                    );
+                                    PosHead {
+                                        offset: bin as i64 - accum::MAX_OFFSET,
+                                        fraction: if total > 0.0 { count / total } else { 0.0 },
+                                    }
+                                })
+                                .collect()
+                        })
+                        .collect(),
+                );
         }
         if frame.rare {
             let n = a.rare_queries.max(1) as f64;
-            kr.rare = Some(Rare { score: grid(&a.rare1, n), two: grid(&a.rare2, n), sentences: a.rare_sentences as usize, queries: a.rare_queries as usize });
+            kr.rare = Some(Rare {
+                score: grid(&a.rare1, n),
+                two: grid(&a.rare2, n),
+                sentences: a.rare_sentences as usize,
+                queries: a.rare_queries as usize,
+            });
         }
         if frame.syntactic && fk.kind == frame.stack {
             let mut rels = Vec::new();
@@ -491,11 +594,29 @@ pub fn finish(frame: &Frame, acc: &AnalysisAcc) -> Result<Analysis, AnalysisErro
                 for (dir, (direction, label)) in [("g->d", gd), ("d->g", dg)].into_iter().enumerate() {
                     let rd = 2 * ri + dir;
                     let edges = a.edges.get(rd).copied().unwrap_or(0) as usize;
-                    let counts: Vec<(i64, u64)> = acc.baseline.get(rd).map(|m| m.iter().filter_map(|(o, n)| Some((o.parse::<i64>().ok()?, *n))).collect()).unwrap_or_default();
-                    let (off, n) = counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(&a.0))).copied().unwrap_or((0, 0));
-                    let per_head: Vec<Vec<f64>> = (0..fk.n_layers).map(|l| a.syn.get(l).and_then(|r| r.get(rd)).cloned().unwrap_or_default()).collect();
+                    let counts: Vec<(i64, u64)> = acc
+                        .baseline
+                        .get(rd)
+                        .map(|m| m.iter().filter_map(|(o, n)| Some((o.parse::<i64>().ok()?, *n))).collect())
+                        .unwrap_or_default();
+                    let (off, n) = counts
+                        .iter()
+                        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.abs().cmp(&a.0.abs())).then(b.0.cmp(&a.0)))
+                        .copied()
+                        .unwrap_or((0, 0));
+                    let per_head: Vec<Vec<f64>> = (0..fk.n_layers)
+                        .map(|l| a.syn.get(l).and_then(|r| r.get(rd)).cloned().unwrap_or_default())
+                        .collect();
                     let accuracy = grid(&per_head, edges.max(1) as f64);
-                    rels.push(RelDir { relation: rel.clone(), direction: direction.to_string(), label, edges, baseline_offset: off, baseline: n as f64 / edges.max(1) as f64, accuracy });
+                    rels.push(RelDir {
+                        relation: rel.clone(),
+                        direction: direction.to_string(),
+                        label,
+                        edges,
+                        baseline_offset: off,
+                        baseline: n as f64 / edges.max(1) as f64,
+                        accuracy,
+                    });
                 }
             }
             kr.syntactic = Some(rels);

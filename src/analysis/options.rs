@@ -60,7 +60,13 @@ impl Options {
         if self.wants(Stat::Rare) {
             v.push(("rare_top_n".into(), json!(self.rare_top_n)));
             v.push(("rare_threshold".into(), json!(self.rare_threshold)));
-            v.push(("freq".into(), json!(match &self.freq { FreqSource::Text(p) => format!("text:{}", p.display()), FreqSource::Counts(p) => format!("counts:{}", p.display()) })));
+            v.push((
+                "freq".into(),
+                json!(match &self.freq {
+                    FreqSource::Text(p) => format!("text:{}", p.display()),
+                    FreqSource::Counts(p) => format!("counts:{}", p.display()),
+                }),
+            ));
         }
         if self.wants(Stat::Syntactic) {
             v.push(("relations".into(), echo_list(&self.relations)));
@@ -75,7 +81,11 @@ impl Options {
 /// `subtypes` is on.
 pub fn relation_of(deprel: &str, subtypes: bool) -> String {
     let base = if subtypes { deprel.split(':').next().unwrap_or(deprel) } else { deprel };
-    if base == "obj" { "dobj".into() } else { base.to_string() }
+    if base == "obj" {
+        "dobj".into()
+    } else {
+        base.to_string()
+    }
 }
 
 /// The paper's names of the two directions of a relation: (governor->dependent, dependent->governor).

@@ -200,14 +200,28 @@ fn last_logits(model: &Model, states: &Tensor) -> Result<Tensor, ModelError> {
 }
 
 /// The metric of each row: `logits [R, V]` against the pairs' answers (repeated per unit).
-fn metric(m: PatchMetric, logits: &Tensor, answer: &Tensor, wrong: &Tensor, clean_logp: &Tensor) -> Result<Tensor, ModelError> {
+fn metric(
+    m: PatchMetric,
+    logits: &Tensor,
+    answer: &Tensor,
+    wrong: &Tensor,
+    clean_logp: &Tensor,
+) -> Result<Tensor, ModelError> {
     Ok(match m {
-        PatchMetric::LogitDiff => logits.f_gather(1, answer, false)?.f_sub(&logits.f_gather(1, wrong, false)?)?.f_squeeze_dim(1)?,
+        PatchMetric::LogitDiff => {
+            logits.f_gather(1, answer, false)?.f_sub(&logits.f_gather(1, wrong, false)?)?.f_squeeze_dim(1)?
+        }
         PatchMetric::Prob => logits.f_softmax(1, DType::Double)?.f_gather(1, answer, false)?.f_squeeze_dim(1)?,
-        PatchMetric::Loss => logits.f_log_softmax(1, DType::Double)?.f_gather(1, answer, false)?.f_squeeze_dim(1)?.f_neg()?,
+        PatchMetric::Loss => {
+            logits.f_log_softmax(1, DType::Double)?.f_gather(1, answer, false)?.f_squeeze_dim(1)?.f_neg()?
+        }
         PatchMetric::Kl => {
             let logq = logits.f_log_softmax(1, DType::Double)?;
-            clean_logp.f_exp()?.f_mul(&clean_logp.f_sub(&logq)?)?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?
+            clean_logp.f_exp()?.f_mul(&clean_logp.f_sub(&logq)?)?.f_sum_dim_intlist(
+                [1i64].as_slice(),
+                false,
+                DType::Double,
+            )?
         }
     })
 }
@@ -222,7 +236,10 @@ type Buckets<'a> = Vec<(usize, Vec<&'a PairIds>)>;
 fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<Buckets<'a>, AnalysisError> {
     let net = &model.net;
     if !net.decoder.is_empty() || net.output.is_none() {
-        return Err(AnalysisError::Input(format!("patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack", model.name())));
+        return Err(AnalysisError::Input(format!(
+            "patch: {} is not a decoder-only language model; patching reads the next-token prediction of one stack",
+            model.name()
+        )));
     }
     if pairs.is_empty() {
         return Err(AnalysisError::Input("patch: no pairs".into()));
@@ -233,18 +250,28 @@ fn buckets<'a>(model: &Model, pairs: &'a [PairIds], spec: PatchSpec) -> Result<B
     let mut by_len: BTreeMap<usize, Vec<&PairIds>> = BTreeMap::new();
     for (i, p) in pairs.iter().enumerate() {
         if p.clean.len() != p.corrupted.len() || p.clean.is_empty() {
-            return Err(AnalysisError::Input(format!("patch: pair {i}: the clean prompt has {} tokens, the corrupted {}; they must be equal and not 0", p.clean.len(), p.corrupted.len())));
+            return Err(AnalysisError::Input(format!(
+                "patch: pair {i}: the clean prompt has {} tokens, the corrupted {}; they must be equal and not 0",
+                p.clean.len(),
+                p.corrupted.len()
+            )));
         }
         by_len.entry(p.clean.len()).or_default().push(p);
     }
     if spec.each_position && by_len.len() > 1 {
         let lens: Vec<String> = by_len.keys().map(|l| l.to_string()).collect();
-        return Err(AnalysisError::Input(format!("patch: per-position patching needs pairs of one token length; these have lengths {}", lens.join(", "))));
+        return Err(AnalysisError::Input(format!(
+            "patch: per-position patching needs pairs of one token length; these have lengths {}",
+            lens.join(", ")
+        )));
     }
-    Ok(by_len.into_iter().flat_map(|(len, group)| {
-        let per = (spec.batch_tokens / len.max(1)).max(1);
-        group.chunks(per).map(|c| (len, c.to_vec())).collect::<Vec<_>>()
-    }).collect())
+    Ok(by_len
+        .into_iter()
+        .flat_map(|(len, group)| {
+            let per = (spec.batch_tokens / len.max(1)).max(1);
+            group.chunks(per).map(|c| (len, c.to_vec())).collect::<Vec<_>>()
+        })
+        .collect())
 }
 
 /// One bucket's pairs as tensors on the model's device.
@@ -261,8 +288,14 @@ struct Bucket {
 impl Bucket {
     fn new(group: &[&PairIds], dev: tch::Device) -> Bucket {
         let (b, t) = (group.len() as i64, group[0].clean.len() as i64);
-        let ids = |f: &dyn Fn(&PairIds) -> &[i64]| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, t]).to_device(dev);
-        let col = |f: &dyn Fn(&PairIds) -> i64| Tensor::from_slice(&group.iter().map(|p| f(p)).collect::<Vec<i64>>()).view([b, 1]).to_device(dev);
+        let ids = |f: &dyn Fn(&PairIds) -> &[i64]| {
+            Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>())
+                .view([b, t])
+                .to_device(dev)
+        };
+        let col = |f: &dyn Fn(&PairIds) -> i64| {
+            Tensor::from_slice(&group.iter().map(|p| f(p)).collect::<Vec<i64>>()).view([b, 1]).to_device(dev)
+        };
         Bucket {
             b,
             t,
@@ -289,8 +322,15 @@ struct Runs {
 }
 
 impl Runs {
-    fn new(model: &Model, group: &[&PairIds], point: Point, spec: PatchSpec, gates: &Gates) -> Result<Runs, ModelError> {
-        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } = Bucket::new(group, model.device());
+    fn new(
+        model: &Model,
+        group: &[&PairIds],
+        point: Point,
+        spec: PatchSpec,
+        gates: &Gates,
+    ) -> Result<Runs, ModelError> {
+        let Bucket { b, t, clean: clean_ids, corrupted: corrupt_ids, answer, wrong, .. } =
+            Bucket::new(group, model.device());
         let clean = record(model, &clean_ids, point, gates)?;
         let corrupt = record(model, &corrupt_ids, point, gates)?;
         let clean_logp = clean.logits.f_log_softmax(1, DType::Double)?;
@@ -300,12 +340,22 @@ impl Runs {
     /// The metric of each of `reps` groups of the bucket's rows, from last-position logits
     /// `[reps x B, V]` (row `j * B + b`).
     fn metric(&self, logits: &Tensor, reps: i64) -> Result<Tensor, ModelError> {
-        metric(self.spec.metric, logits, &self.answer.repeat([reps, 1]), &self.wrong.repeat([reps, 1]), &self.clean_logp.repeat([reps, 1]))
+        metric(
+            self.spec.metric,
+            logits,
+            &self.answer.repeat([reps, 1]),
+            &self.wrong.repeat([reps, 1]),
+            &self.clean_logp.repeat([reps, 1]),
+        )
     }
 
     /// The metric summed over the bucket's pairs, per group of rows.
     fn sums(&self, logits: &Tensor, reps: i64) -> Result<Vec<f64>, ModelError> {
-        let v = self.metric(logits, reps)?.f_view([reps, self.b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+        let v = self.metric(logits, reps)?.f_view([reps, self.b])?.f_sum_dim_intlist(
+            [1i64].as_slice(),
+            false,
+            DType::Double,
+        )?;
         Vec::<f64>::try_from(&v).map_err(|e| ModelError::Invalid(e.to_string()))
     }
 
@@ -319,7 +369,11 @@ impl Runs {
         let t = states.size()[1];
         let ids = Tensor::f_cat(&[&self.answer, &self.wrong], 1)?.f_repeat([reps, 1])?;
         let l = model.net.logits_of(&states.f_select(1, t - 1)?, &ids)?.f_to_kind(DType::Double)?;
-        let v = l.f_select(1, 0)?.f_sub(&l.f_select(1, 1)?)?.f_view([reps, self.b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+        let v = l.f_select(1, 0)?.f_sub(&l.f_select(1, 1)?)?.f_view([reps, self.b])?.f_sum_dim_intlist(
+            [1i64].as_slice(),
+            false,
+            DType::Double,
+        )?;
         Vec::<f64>::try_from(&v).map_err(|e| ModelError::Invalid(e.to_string()))
     }
 
@@ -340,7 +394,14 @@ impl Runs {
 const PATCH_ROWS: i64 = 2048;
 
 /// Patches every unit of `spec.site` in every layer of the model's stack, over `pairs`.
-pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+pub fn patch(
+    model: &Model,
+    pairs: &[PairIds],
+    spec: PatchSpec,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, AnalysisError> {
     patch_only(model, pairs, spec, None, gates, stop, progress)
 }
 
@@ -348,7 +409,15 @@ pub fn patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, s
 pub type Unit = (usize, usize, usize);
 
 /// [`patch`] of the listed units only (`None`: every unit); the others are NaN.
-pub fn patch_only(model: &Model, pairs: &[PairIds], spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+pub fn patch_only(
+    model: &Model,
+    pairs: &[PairIds],
+    spec: PatchSpec,
+    only: Option<&[Unit]>,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, AnalysisError> {
     let _g = tch::no_grad_guard();
     let by_len = buckets(model, pairs, spec)?;
     Ok(run(model, &by_len, pairs.len(), spec, only, gates, stop, progress)?)
@@ -374,7 +443,16 @@ fn resume_tokens(model: &Model) -> i64 {
 /// layers together, a layer's rows joining the batch at that layer (so the layers above run
 /// on large batches). A patch that changes nothing is the base run, not run again.
 #[allow(clippy::too_many_arguments)]
-fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: Option<&[Unit]>, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+fn run(
+    model: &Model,
+    by_len: &Buckets,
+    n_pairs: usize,
+    spec: PatchSpec,
+    only: Option<&[Unit]>,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, ModelError> {
     let net = &model.net;
     if !net.causal {
         return Err(ModelError::Invalid(format!("patch: {}'s stack is not causal", model.name())));
@@ -423,7 +501,9 @@ fn run(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, only: O
             }
             let states = resume(model, spec, &pass, &plans, base, source, gates)?;
             for (group, states) in pass.iter().zip(states) {
-                for (&(l, r), v) in group.entries.iter().zip(runs.state_sums(model, &states, group.entries.len() as i64)?) {
+                for (&(l, r), v) in
+                    group.entries.iter().zip(runs.state_sums(model, &states, group.entries.len() as i64)?)
+                {
                     if let Some(plan) = plans.get(l).and_then(Option::as_ref) {
                         let (p, u) = plan.cell(r);
                         sums[l][p][u] += v;
@@ -488,7 +568,15 @@ fn passes(by_start: &BTreeMap<i64, Vec<(usize, i64)>>, b: i64, t: i64, budget: i
 /// flattened. Returns each group's final states `[rows x B, T - from or 1, D]`, rows in
 /// `entries` order.
 #[allow(clippy::too_many_arguments)]
-fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerPlan>], base: &Run, source: &Run, gates: &Gates) -> Result<Vec<Tensor>, ModelError> {
+fn resume(
+    model: &Model,
+    spec: PatchSpec,
+    pass: &[Group],
+    plans: &[Option<LayerPlan>],
+    base: &Run,
+    source: &Run,
+    gates: &Gates,
+) -> Result<Vec<Tensor>, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
@@ -498,7 +586,8 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
     let prefix = |l: usize, from: i64, reps: i64| -> Result<Option<KeysValues>, ModelError> {
         match (base.cache.get(l).and_then(Option::as_ref), net.encoder.get(l)) {
             (Some(kv), Some(layer)) if from > 0 && kv.k.dim() == 4 => {
-                let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }.grouped(layer.attn.n_kv_heads)?;
+                let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }
+                    .grouped(layer.attn.n_kv_heads)?;
                 Ok(Some(KeysValues { k: kv.k.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_repeat([reps, 1, 1, 1])? }))
             }
             _ => Ok(None),
@@ -522,7 +611,10 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
             let from = group.from;
             if let Some(x) = carry[gi].take() {
                 let reps = x.size()[0] / b;
-                pieces[gi].push(Piece::Half(push(&mut halves, net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?)));
+                pieces[gi].push(Piece::Half(push(
+                    &mut halves,
+                    net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?,
+                )));
             }
             let start = cursor[gi];
             while cursor[gi] < group.entries.len() && group.entries[cursor[gi]].0 == l {
@@ -532,7 +624,9 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
                 continue;
             }
             let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
-            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+            let (Some(bv), Some(sv)) =
+                (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref))
+            else {
                 return Err(missing(l));
             };
             let rows: Vec<i64> = group.entries[start..cursor[gi]].iter().map(|e| e.1).collect();
@@ -542,12 +636,30 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
             let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
             let piece = match point {
                 // What follows hook_z reads each position alone.
-                Point::Z if l == top => Piece::Half(push(&mut halves, net.layer_attention_from_z(l, &last(x)?, &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?, &mut None)?)),
+                Point::Z if l == top => Piece::Half(push(
+                    &mut halves,
+                    net.layer_attention_from_z(
+                        l,
+                        &last(x)?,
+                        &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?,
+                        &mut None,
+                    )?,
+                )),
                 Point::Z => Piece::Half(push(&mut halves, net.layer_attention_from_z(l, &x, &patched, &mut None)?)),
-                Point::ResidPre => Piece::Half(push(&mut halves, net.layer_attention(l, &patched, from, prefix(l, from, n)?, gates, &mut None, queries)?)),
+                Point::ResidPre => Piece::Half(push(
+                    &mut halves,
+                    net.layer_attention(l, &patched, from, prefix(l, from, n)?, gates, &mut None, queries)?,
+                )),
                 _ => {
                     let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
-                    let y = net.layer_cached(l, &x, from, prefix(l, from, n)?, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                    let y = net.layer_cached(
+                        l,
+                        &x,
+                        from,
+                        prefix(l, from, n)?,
+                        gates,
+                        &mut Some(&mut put as &mut dyn Hooks),
+                    )?;
                     Piece::Whole(if l == top { last(y)? } else { y })
                 }
             };
@@ -555,10 +667,13 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
         }
         let finished = finish_together(net, l, halves)?;
         for (gi, ps) in pieces.into_iter().enumerate() {
-            let parts: Vec<Tensor> = ps.into_iter().map(|p| match p {
-                Piece::Half(i) => finished[i].shallow_clone(),
-                Piece::Whole(y) => y,
-            }).collect();
+            let parts: Vec<Tensor> = ps
+                .into_iter()
+                .map(|p| match p {
+                    Piece::Half(i) => finished[i].shallow_clone(),
+                    Piece::Whole(y) => y,
+                })
+                .collect();
             carry[gi] = match parts.len() {
                 0 => None,
                 1 => parts.into_iter().next(),
@@ -566,7 +681,10 @@ fn resume(model: &Model, spec: PatchSpec, pass: &[Group], plans: &[Option<LayerP
             };
         }
     }
-    carry.into_iter().map(|c| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None)).collect()
+    carry
+        .into_iter()
+        .map(|c| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None))
+        .collect()
 }
 
 /// A group's part of a layer's output: an attention half (its index among the layer's
@@ -583,7 +701,11 @@ fn push(halves: &mut Vec<(Tensor, Tensor)>, half: (Tensor, Tensor)) -> usize {
 
 /// Layer `l` finished ([`Transformer::layer_finish`]) for every attention half of a pass as
 /// one batch: the halves flattened to positions and concatenated, finished, and split back.
-fn finish_together(net: &crate::model::transformer::Transformer, l: usize, halves: Vec<(Tensor, Tensor)>) -> Result<Vec<Tensor>, ModelError> {
+fn finish_together(
+    net: &crate::model::transformer::Transformer,
+    l: usize,
+    halves: Vec<(Tensor, Tensor)>,
+) -> Result<Vec<Tensor>, ModelError> {
     if halves.len() == 1 {
         let (x, a) = halves.into_iter().next().ok_or_else(|| ModelError::Invalid("patch: no half".into()))?;
         return Ok(vec![net.layer_finish(l, &x, a, &mut None)?]);
@@ -602,12 +724,15 @@ fn finish_together(net: &crate::model::transformer::Transformer, l: usize, halve
     drop((xs, as_));
     let y = net.layer_finish(l, &x, a, &mut None)?.f_squeeze_dim(0)?;
     let mut at = 0;
-    shapes.iter().map(|s| {
-        let n = s[..s.len() - 1].iter().product::<i64>();
-        let part = y.f_narrow(0, at, n)?.f_view(s.as_slice())?;
-        at += n;
-        Ok(part)
-    }).collect()
+    shapes
+        .iter()
+        .map(|s| {
+            let n = s[..s.len() - 1].iter().product::<i64>();
+            let part = y.f_narrow(0, at, n)?.f_view(s.as_slice())?;
+            at += n;
+            Ok(part)
+        })
+        .collect()
 }
 
 /// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
@@ -635,7 +760,15 @@ impl LayerPlan {
 /// (`[position or 0][unit]`) is shaped on first use (NaN for units outside `only`); a patch
 /// that changes nothing (a position before the first token where the prompts differ, in a
 /// causal model) gets `base_sum` and no row.
-fn plan_layer(spec: PatchSpec, bv: &Tensor, sv: &Tensor, l: usize, only: Option<&[Unit]>, base_sum: f64, sums: &mut Vec<Vec<f64>>) -> Result<LayerPlan, ModelError> {
+fn plan_layer(
+    spec: PatchSpec,
+    bv: &Tensor,
+    sv: &Tensor,
+    l: usize,
+    only: Option<&[Unit]>,
+    base_sum: f64,
+    sums: &mut Vec<Vec<f64>>,
+) -> Result<LayerPlan, ModelError> {
     let size = bv.size();
     let (units, pos_axis) = if spec.site.per_head() { (size[1], 2usize) } else { (1, 1usize) };
     let t = size[pos_axis];
@@ -648,8 +781,13 @@ fn plan_layer(spec: PatchSpec, bv: &Tensor, sv: &Tensor, l: usize, only: Option<
     // features: [units][P].
     let differs = {
         let ne = sv.f_ne_tensor(bv)?;
-        let per = if spec.site.per_head() { ne.f_any_dims([0i64, 3].as_slice(), false)? } else { ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)? };
-        Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?).map_err(|e| ModelError::Invalid(e.to_string()))?
+        let per = if spec.site.per_head() {
+            ne.f_any_dims([0i64, 3].as_slice(), false)?
+        } else {
+            ne.f_any_dims([0i64, 2].as_slice(), false)?.f_unsqueeze(0)?
+        };
+        Vec::<Vec<bool>>::try_from(&per.f_to_kind(DType::Int8)?.f_ne(0)?)
+            .map_err(|e| ModelError::Invalid(e.to_string()))?
     };
     // The first position row r's patch changes, if any.
     let first = |r: i64| -> Option<i64> {
@@ -663,7 +801,9 @@ fn plan_layer(spec: PatchSpec, bv: &Tensor, sv: &Tensor, l: usize, only: Option<
     };
     let wanted: Vec<i64> = match only {
         None => (0..units * n_pos).collect(),
-        Some(list) => (0..units * n_pos).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect(),
+        Some(list) => {
+            (0..units * n_pos).filter(|r| list.contains(&(l, (r / units) as usize, (r % units) as usize))).collect()
+        }
     };
     let mut rows = Vec::new();
     for r in wanted {
@@ -681,7 +821,13 @@ fn plan_layer(spec: PatchSpec, bv: &Tensor, sv: &Tensor, l: usize, only: Option<
 
 /// The site's values for `rows` of a plan: row `j * B + b` is the base value with row
 /// `rows[j]`'s unit (at its position) taken from the source.
-fn patched_rows(spec: PatchSpec, plan: &LayerPlan, rows: &[i64], bv: &Tensor, sv: &Tensor) -> Result<Tensor, ModelError> {
+fn patched_rows(
+    spec: PatchSpec,
+    plan: &LayerPlan,
+    rows: &[i64],
+    bv: &Tensor,
+    sv: &Tensor,
+) -> Result<Tensor, ModelError> {
     let size = bv.size();
     let (b, n, units, t) = (size[0], rows.len() as i64, plan.units, plan.t);
     // sel[j]: which entries row j takes from the source run.
@@ -712,7 +858,17 @@ fn patched_rows(spec: PatchSpec, plan: &LayerPlan, rows: &[i64], bv: &Tensor, sv
 /// `chunk` rows per `run_rows(patched, n)` call (which runs `n` rows of patched values, row
 /// `j * B + b`, and returns each row group's metric summed over the bucket).
 #[allow(clippy::too_many_arguments)]
-fn patch_layer(spec: PatchSpec, l: usize, bv: &Tensor, sv: &Tensor, chunk: i64, only: Option<&[Unit]>, base_sum: f64, sums: &mut Vec<Vec<f64>>, run_rows: &mut RunRows) -> Result<(), ModelError> {
+fn patch_layer(
+    spec: PatchSpec,
+    l: usize,
+    bv: &Tensor,
+    sv: &Tensor,
+    chunk: i64,
+    only: Option<&[Unit]>,
+    base_sum: f64,
+    sums: &mut Vec<Vec<f64>>,
+    run_rows: &mut RunRows,
+) -> Result<(), ModelError> {
     let plan = plan_layer(spec, bv, sv, l, only, base_sum, sums)?;
     let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
     for part in rows.chunks(chunk.max(1) as usize) {
@@ -752,21 +908,44 @@ pub enum Receiver {
 /// family puts after the attention); every other head and MLP reads the base run, and the
 /// receiver's changed output flows on as usual. `patched[l][0][h]` is sender `l.h`'s metric;
 /// layers at and above the receiver are NaN (they send nothing to it).
-pub fn path_patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, receiver: Receiver, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+pub fn path_patch(
+    model: &Model,
+    pairs: &[PairIds],
+    spec: PatchSpec,
+    receiver: Receiver,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, AnalysisError> {
     let _g = tch::no_grad_guard();
     if !matches!(spec.site, Site::Z | Site::Result) || spec.each_position {
-        return Err(AnalysisError::Input(format!("patch: path patching sends each head's whole output (site \"z\", all positions); got site \"{}\"{}", spec.site, if spec.each_position { " per position" } else { "" })));
+        return Err(AnalysisError::Input(format!(
+            "patch: path patching sends each head's whole output (site \"z\", all positions); got site \"{}\"{}",
+            spec.site,
+            if spec.each_position { " per position" } else { "" }
+        )));
     }
     let net = &model.net;
     let limit = match receiver {
         Receiver::Logits => net.encoder.len(),
         Receiver::Head { layer, head, .. } => {
-            let attn = model.attention(net.stack_kind, layer).ok_or_else(|| AnalysisError::Input(format!("patch: receiver layer {layer} out of range: the model has {} layers", net.encoder.len())))?;
+            let attn = model.attention(net.stack_kind, layer).ok_or_else(|| {
+                AnalysisError::Input(format!(
+                    "patch: receiver layer {layer} out of range: the model has {} layers",
+                    net.encoder.len()
+                ))
+            })?;
             if !attn.present().contains(&head) {
-                return Err(AnalysisError::Input(format!("patch: the receiver {}.{layer}.{head} is not a head of this model", net.stack_kind)));
+                return Err(AnalysisError::Input(format!(
+                    "patch: the receiver {}.{layer}.{head} is not a head of this model",
+                    net.stack_kind
+                )));
             }
             if layer == 0 {
-                return Err(AnalysisError::Input(format!("patch: the receiver {}.0.{head} is in the first layer; no head sends to it", net.stack_kind)));
+                return Err(AnalysisError::Input(format!(
+                    "patch: the receiver {}.0.{head} is in the first layer; no head sends to it",
+                    net.stack_kind
+                )));
             }
             layer
         }
@@ -779,7 +958,17 @@ pub fn path_patch(model: &Model, pairs: &[PairIds], spec: PatchSpec, receiver: R
 }
 
 #[allow(clippy::too_many_arguments)]
-fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, receiver: Receiver, limit: usize, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, ModelError> {
+fn path_runs(
+    model: &Model,
+    by_len: &Buckets,
+    n_pairs: usize,
+    spec: PatchSpec,
+    receiver: Receiver,
+    limit: usize,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, ModelError> {
     let net = &model.net;
     let n_layers = net.encoder.len();
     let positions = by_len.first().map_or(0, |b| b.0);
@@ -816,7 +1005,9 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
             if stop() {
                 return Err(ModelError::Interrupted);
             }
-            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) else {
+            let (Some(bv), Some(sv)) =
+                (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref))
+            else {
                 *slot = Vec::new();
                 continue;
             };
@@ -837,7 +1028,10 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
                 let a = layer.attn.output_from_z(&z, net.stack_kind, l, &mut None)?;
                 let delta = layer.attn_residual(&a).ok_or_else(|| missing(l))?.f_sub(&r_base.f_repeat([n, 1, 1])?)?;
                 let states = match &recv {
-                    None => net.finish_stack(base.last.as_ref().ok_or_else(|| missing(n_layers - 1))?.f_repeat([n, 1, 1])?.f_add(&delta)?, &mut None)?,
+                    None => net.finish_stack(
+                        base.last.as_ref().ok_or_else(|| missing(n_layers - 1))?.f_repeat([n, 1, 1])?.f_add(&delta)?,
+                        &mut None,
+                    )?,
                     Some((lr, point, unit, x, v)) => {
                         let xs = x.f_repeat([n, 1, 1])?;
                         // The receiver's input as the sender's path changes it, and the value
@@ -850,7 +1044,8 @@ fn path_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, r
                         let sel = Tensor::from_slice(&sel).view([1, -1, 1, 1]).to_device(dev);
                         let value = seen.f_where_self(&sel, &v.f_repeat([n, 1, 1, 1])?)?;
                         let mut put = Put { at: At::new(net.stack_kind, *lr, *point), value: &value };
-                        let mut y = net.layer_cached(*lr, &xs, 0, None, gates, &mut Some(&mut put as &mut dyn Hooks))?;
+                        let mut y =
+                            net.layer_cached(*lr, &xs, 0, None, gates, &mut Some(&mut put as &mut dyn Hooks))?;
                         for above in lr + 1..n_layers {
                             y = net.layer_cached(above, &y, 0, None, gates, &mut None)?;
                         }
@@ -933,12 +1128,25 @@ impl Direction {
 /// forward without gradients (the source run), and the base run's forward (which records its
 /// values) and one backward, per bucket of pairs. Returned like [`patch`]: `patched` holds `base metric + estimate`, so that the
 /// normalised effect reads as exact patching's.
-pub fn attribute(model: &Model, pairs: &[PairIds], spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
+pub fn attribute(
+    model: &Model,
+    pairs: &[PairIds],
+    spec: PatchSpec,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+) -> Result<Patched, AnalysisError> {
     let by_len = buckets(model, pairs, spec)?;
     Ok(attribute_runs(model, &by_len, pairs.len(), spec, gates, stop)?)
 }
 
-fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSpec, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, ModelError> {
+fn attribute_runs(
+    model: &Model,
+    by_len: &Buckets,
+    n_pairs: usize,
+    spec: PatchSpec,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+) -> Result<Patched, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
     let n_layers = net.encoder.len();
@@ -960,20 +1168,27 @@ fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSp
             record(model, source_ids, point, gates)?
         };
         // The base run, with gradients at the point of every layer (and its values kept).
-        let mut leaves = Leaves { kind: net.stack_kind, point, leaves: (0..n_layers).map(|_| None).collect(), values: (0..n_layers).map(|_| None).collect() };
-        let (grads, base_metric, clean_logp) = tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
-            let states = net.encode(base_ids, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
-            let logits = last_logits(model, &states)?;
-            // KL's reference: the clean run's distribution (the base run itself when noising).
-            let clean_logits = match spec.direction {
-                Direction::Denoise => source.logits.shallow_clone(),
-                Direction::Noise => logits.f_detach()?,
-            };
-            let clean_logp = clean_logits.f_log_softmax(1, DType::Double)?;
-            let m = metric(spec.metric, &logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
-            Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_logp))
-        })?;
-        let source_metric = metric(spec.metric, &source.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
+        let mut leaves = Leaves {
+            kind: net.stack_kind,
+            point,
+            leaves: (0..n_layers).map(|_| None).collect(),
+            values: (0..n_layers).map(|_| None).collect(),
+        };
+        let (grads, base_metric, clean_logp) =
+            tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
+                let states = net.encode(base_ids, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
+                let logits = last_logits(model, &states)?;
+                // KL's reference: the clean run's distribution (the base run itself when noising).
+                let clean_logits = match spec.direction {
+                    Direction::Denoise => source.logits.shallow_clone(),
+                    Direction::Noise => logits.f_detach()?,
+                };
+                let clean_logp = clean_logits.f_log_softmax(1, DType::Double)?;
+                let m = metric(spec.metric, &logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?;
+                Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_logp))
+            })?;
+        let source_metric =
+            metric(spec.metric, &source.logits, &answer, &wrong, &clean_logp)?.f_sum(DType::Double)?.double_value(&[]);
         let (c, k) = spec.direction.clean_corrupted(source_metric, base_metric);
         clean_sum += c;
         corrupt_sum += k;
@@ -986,9 +1201,20 @@ fn attribute_runs(model: &Model, by_len: &Buckets, n_pairs: usize, spec: PatchSp
 /// `(source - base) . grad` summed over the bucket's rows, the features and (for all positions)
 /// the positions, plus the bucket's base metric sum, so that the means read as exact
 /// patching's `patched`.
-fn add_estimates(sums: &mut [Vec<Vec<f64>>], grads: &[Option<Tensor>], base: &[Option<Tensor>], source: &[Option<Tensor>], spec: PatchSpec, base_metric: f64) -> Result<(), ModelError> {
+fn add_estimates(
+    sums: &mut [Vec<Vec<f64>>],
+    grads: &[Option<Tensor>],
+    base: &[Option<Tensor>],
+    source: &[Option<Tensor>],
+    spec: PatchSpec,
+    base_metric: f64,
+) -> Result<(), ModelError> {
     for (l, slot) in sums.iter_mut().enumerate() {
-        let (Some(g), Some(bv), Some(sv)) = (grads.get(l).and_then(|g| g.as_ref()), base.get(l).and_then(|v| v.as_ref()), source.get(l).and_then(|v| v.as_ref())) else {
+        let (Some(g), Some(bv), Some(sv)) = (
+            grads.get(l).and_then(|g| g.as_ref()),
+            base.get(l).and_then(|v| v.as_ref()),
+            source.get(l).and_then(|v| v.as_ref()),
+        ) else {
             *slot = Vec::new();
             continue;
         };
@@ -1002,7 +1228,8 @@ fn add_estimates(sums: &mut [Vec<Vec<f64>>], grads: &[Option<Tensor>], base: &[O
         };
         let per = if spec.each_position { per } else { per.f_sum_dim_intlist([1i64].as_slice(), true, DType::Double)? };
         // [units, P] -> [P][units]
-        let m: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&per.f_transpose(0, 1)?.f_contiguous()?).map_err(|e| ModelError::Invalid(e.to_string()))?;
+        let m: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&per.f_transpose(0, 1)?.f_contiguous()?)
+            .map_err(|e| ModelError::Invalid(e.to_string()))?;
         if slot.is_empty() {
             *slot = vec![vec![0.0; m.first().map_or(0, |r| r.len())]; m.len()];
         }
@@ -1033,7 +1260,15 @@ struct SeqRun {
     logp: Tensor,
 }
 
-fn seq_record(model: &Model, src: &Tensor, mask: &Tensor, tgt: &Tensor, kind: crate::model::Kind, point: Point, gates: &Gates) -> Result<SeqRun, ModelError> {
+fn seq_record(
+    model: &Model,
+    src: &Tensor,
+    mask: &Tensor,
+    tgt: &Tensor,
+    kind: crate::model::Kind,
+    point: Point,
+    gates: &Gates,
+) -> Result<SeqRun, ModelError> {
     let net = &model.net;
     let n = if kind == crate::model::Kind::Enc { net.encoder.len() } else { net.decoder.len() };
     let mut inputs = Vec::new();
@@ -1077,7 +1312,12 @@ fn seq_metric(m: PatchMetric, logp: &Tensor, tgt: &Tensor, clean: &Tensor) -> Re
 /// a pair share one length. With the positions a per-position grid has and the layers of `kind`.
 type SourceBuckets<'a> = BTreeMap<(usize, usize), Vec<&'a SourcePair>>;
 
-fn source_buckets<'a>(model: &Model, pairs: &'a [SourcePair], spec: PatchSpec, kind: crate::model::Kind) -> Result<(SourceBuckets<'a>, usize, usize), AnalysisError> {
+fn source_buckets<'a>(
+    model: &Model,
+    pairs: &'a [SourcePair],
+    spec: PatchSpec,
+    kind: crate::model::Kind,
+) -> Result<(SourceBuckets<'a>, usize, usize), AnalysisError> {
     use crate::model::Kind;
     let net = &model.net;
     if !model.translates() {
@@ -1087,7 +1327,10 @@ fn source_buckets<'a>(model: &Model, pairs: &'a [SourcePair], spec: PatchSpec, k
         return Err(AnalysisError::Input(format!("patch: metric \"{}\" reads an answer token; a translation model's patching reads \"loss\" or \"kl\" over the clean translation", spec.metric)));
     }
     if kind == Kind::Cross && !spec.site.per_head() {
-        return Err(AnalysisError::Input("patch: the residual stream belongs to the encoder (\"enc\") or the decoder (\"dec\"), not to \"cross\"".into()));
+        return Err(AnalysisError::Input(
+            "patch: the residual stream belongs to the encoder (\"enc\") or the decoder (\"dec\"), not to \"cross\""
+                .into(),
+        ));
     }
     if pairs.is_empty() {
         return Err(AnalysisError::Input("patch: no pairs".into()));
@@ -1100,7 +1343,9 @@ fn source_buckets<'a>(model: &Model, pairs: &'a [SourcePair], spec: PatchSpec, k
         by_len.entry((p.clean.len(), p.target.len())).or_default().push(p);
     }
     if spec.each_position && by_len.len() > 1 {
-        return Err(AnalysisError::Input("patch: per-position patching needs pairs of one source length and one target length".into()));
+        return Err(AnalysisError::Input(
+            "patch: per-position patching needs pairs of one source length and one target length".into(),
+        ));
     }
     let n_layers = if kind == Kind::Enc { net.encoder.len() } else { net.decoder.len() };
     let positions = by_len.keys().next().map_or(0, |&(s, t)| if kind == Kind::Enc { s } else { t });
@@ -1111,15 +1356,29 @@ fn source_buckets<'a>(model: &Model, pairs: &'a [SourcePair], spec: PatchSpec, k
 /// `[B, S]`, targets `[B, T]`, the source mask.
 fn source_tensors(group: &[&SourcePair], dev: tch::Device) -> (Tensor, Tensor, Tensor, Tensor) {
     let (b, s, t) = (group.len() as i64, group[0].clean.len() as i64, group[0].target.len() as i64);
-    let ids = |f: &dyn Fn(&SourcePair) -> &[i64], n: i64| Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, n]).to_device(dev);
-    (ids(&|p| &p.clean, s), ids(&|p| &p.corrupted, s), ids(&|p| &p.target, t), Tensor::ones([b, s], (DType::Float, dev)))
+    let ids = |f: &dyn Fn(&SourcePair) -> &[i64], n: i64| {
+        Tensor::from_slice(&group.iter().flat_map(|p| f(p).to_vec()).collect::<Vec<i64>>()).view([b, n]).to_device(dev)
+    };
+    (
+        ids(&|p| &p.clean, s),
+        ids(&|p| &p.corrupted, s),
+        ids(&|p| &p.target, t),
+        Tensor::ones([b, s], (DType::Float, dev)),
+    )
 }
 
 /// Attribution patching of a translation model's `kind` (docs/methods.md#attribution-patching):
 /// as [`attribute`], both sources teacher-forced on the clean translation, the metric (`loss`,
 /// `kl`) the mean over its tokens: one forward without gradients (the source run), the base
 /// run's forward through encoder and decoder and one backward, per bucket of pairs.
-pub fn attribute_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool) -> Result<Patched, AnalysisError> {
+pub fn attribute_translation(
+    model: &Model,
+    pairs: &[SourcePair],
+    spec: PatchSpec,
+    kind: crate::model::Kind,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+) -> Result<Patched, AnalysisError> {
     let net = &model.net;
     let (by_len, positions, n_layers) = source_buckets(model, pairs, spec, kind)?;
     let point = spec.site.point();
@@ -1139,20 +1398,28 @@ pub fn attribute_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpe
             let _g = tch::no_grad_guard();
             seq_record(model, source_src, &mask, &tgt, kind, point, gates)?
         };
-        let mut leaves = Leaves { kind, point, leaves: (0..n_layers).map(|_| None).collect(), values: (0..n_layers).map(|_| None).collect() };
-        let (grads, base_metric, clean_lp) = tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
-            let enc = net.encode(base_src, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
-            let states = net.decode_teacher_states(&enc, &mask, &tgt, gates, Some(&mut leaves as &mut dyn Hooks))?;
-            let logp = seq_log_probs(model, &states)?;
-            // KL's reference: the clean run's distribution (the base run itself when noising).
-            let clean_lp = match spec.direction {
-                Direction::Denoise => source.logp.shallow_clone(),
-                Direction::Noise => logp.f_detach()?,
-            };
-            let m = seq_metric(spec.metric, &logp, &tgt, &clean_lp)?.f_sum(DType::Double)?;
-            Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_lp))
-        })?;
-        let source_metric = seq_metric(spec.metric, &source.logp, &tgt, &clean_lp)?.f_sum(DType::Double)?.double_value(&[]);
+        let mut leaves = Leaves {
+            kind,
+            point,
+            leaves: (0..n_layers).map(|_| None).collect(),
+            values: (0..n_layers).map(|_| None).collect(),
+        };
+        let (grads, base_metric, clean_lp) =
+            tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
+                let enc = net.encode(base_src, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
+                let states =
+                    net.decode_teacher_states(&enc, &mask, &tgt, gates, Some(&mut leaves as &mut dyn Hooks))?;
+                let logp = seq_log_probs(model, &states)?;
+                // KL's reference: the clean run's distribution (the base run itself when noising).
+                let clean_lp = match spec.direction {
+                    Direction::Denoise => source.logp.shallow_clone(),
+                    Direction::Noise => logp.f_detach()?,
+                };
+                let m = seq_metric(spec.metric, &logp, &tgt, &clean_lp)?.f_sum(DType::Double)?;
+                Ok((leaves.gradients(&m)?, m.double_value(&[]), clean_lp))
+            })?;
+        let source_metric =
+            seq_metric(spec.metric, &source.logp, &tgt, &clean_lp)?.f_sum(DType::Double)?.double_value(&[]);
         let (c, k) = spec.direction.clean_corrupted(source_metric, base_metric);
         clean_sum += c;
         corrupt_sum += k;
@@ -1168,7 +1435,15 @@ pub fn attribute_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpe
 /// over the pairs. Encoder patches resume the encoder at the patched layer and run the decoder
 /// on every row; decoder-side patches run the decoder over the encoder output computed once.
 #[allow(clippy::too_many_arguments)]
-pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, kind: crate::model::Kind, gates: &Gates, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Patched, AnalysisError> {
+pub fn patch_translation(
+    model: &Model,
+    pairs: &[SourcePair],
+    spec: PatchSpec,
+    kind: crate::model::Kind,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Patched, AnalysisError> {
     use crate::model::Kind;
     let _g = tch::no_grad_guard();
     let net = &model.net;
@@ -1184,7 +1459,9 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
         let (src_c, src_k, tgt, mask) = source_tensors(group, dev);
         let clean = seq_record(model, &src_c, &mask, &tgt, kind, point, gates)?;
         let corrupt = seq_record(model, &src_k, &mask, &tgt, kind, point, gates)?;
-        let sum_of = |logp: &Tensor, reps: i64| -> Result<Tensor, ModelError> { seq_metric(spec.metric, logp, &tgt.repeat([reps, 1]), &clean.logp.repeat([reps, 1, 1])) };
+        let sum_of = |logp: &Tensor, reps: i64| -> Result<Tensor, ModelError> {
+            seq_metric(spec.metric, logp, &tgt.repeat([reps, 1]), &clean.logp.repeat([reps, 1, 1]))
+        };
         clean_sum += sum_of(&clean.logp, 1)?.f_sum(DType::Double)?.double_value(&[]);
         corrupt_sum += sum_of(&corrupt.logp, 1)?.f_sum(DType::Double)?.double_value(&[]);
         let (base, source) = match spec.direction {
@@ -1201,7 +1478,9 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
             if stop() {
                 return Err(ModelError::Interrupted.into());
             }
-            let (Some(bv), Some(sv)) = (base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref())) else {
+            let (Some(bv), Some(sv)) =
+                (base.values.get(l).and_then(|v| v.as_ref()), source.values.get(l).and_then(|v| v.as_ref()))
+            else {
                 *slot = Vec::new();
                 done += 1;
                 progress(done, total);
@@ -1213,7 +1492,11 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
                 let at = At::new(kind, l, point);
                 let mut put = Put { at, value: patched };
                 let states = if kind == Kind::Enc {
-                    let x = base.inputs.get(l).ok_or_else(|| ModelError::Invalid(format!("encoder layer {l}: no recorded input")))?.repeat([n, 1, 1]);
+                    let x = base
+                        .inputs
+                        .get(l)
+                        .ok_or_else(|| ModelError::Invalid(format!("encoder layer {l}: no recorded input")))?
+                        .repeat([n, 1, 1]);
                     let biases = bias.repeat([n, 1, 1, 1]);
                     let enc = match point {
                         Point::Z => net.stack_from_z(l, &x, patched, &biases, gates, &mut None)?,
@@ -1222,9 +1505,19 @@ pub fn patch_translation(model: &Model, pairs: &[SourcePair], spec: PatchSpec, k
                     };
                     net.decode_teacher_states(&enc, &masks, &tgts, gates, None)?
                 } else {
-                    net.decode_teacher_states(&base.enc.repeat([n, 1, 1]), &masks, &tgts, gates, Some(&mut put as &mut dyn Hooks))?
+                    net.decode_teacher_states(
+                        &base.enc.repeat([n, 1, 1]),
+                        &masks,
+                        &tgts,
+                        gates,
+                        Some(&mut put as &mut dyn Hooks),
+                    )?
                 };
-                let vals = sum_of(&seq_log_probs(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist([1i64].as_slice(), false, DType::Double)?;
+                let vals = sum_of(&seq_log_probs(model, &states)?, n)?.f_view([n, b])?.f_sum_dim_intlist(
+                    [1i64].as_slice(),
+                    false,
+                    DType::Double,
+                )?;
                 Vec::<f64>::try_from(&vals).map_err(|e| ModelError::Invalid(e.to_string()))
             };
             patch_layer(spec, l, bv, sv, chunk, None, base_sum, slot, &mut run_rows)?;

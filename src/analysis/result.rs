@@ -121,7 +121,12 @@ impl Analysis {
                     for rd in s {
                         let a = rd.accuracy[l][h];
                         if rd.edges > 0 && a >= rd.baseline + self.margin {
-                            f.push(Function::Syntactic { relation: rd.relation.clone(), label: rd.label.clone(), accuracy: a, baseline: rd.baseline });
+                            f.push(Function::Syntactic {
+                                relation: rd.relation.clone(),
+                                label: rd.label.clone(),
+                                accuracy: a,
+                                baseline: rd.baseline,
+                            });
                         }
                     }
                 }
@@ -144,8 +149,15 @@ impl Analysis {
             if f.is_empty() {
                 continue;
             }
-            let conf = self.kind(id.kind).and_then(|k| k.confidence.as_ref()).map_or(Cell::Empty, |c| Cell::Float(c[id.layer_idx][id.head]));
-            let _ = t.push_row(vec![Cell::Text(id.to_string()), Cell::Text(f.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")), conf]);
+            let conf = self
+                .kind(id.kind)
+                .and_then(|k| k.confidence.as_ref())
+                .map_or(Cell::Empty, |c| Cell::Float(c[id.layer_idx][id.head]));
+            let _ = t.push_row(vec![
+                Cell::Text(id.to_string()),
+                Cell::Text(f.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
+                conf,
+            ]);
         }
         t
     }
@@ -154,7 +166,10 @@ impl Analysis {
     pub fn syntactic_table(&self) -> Option<Table> {
         let k = self.kinds.iter().find(|k| k.syntactic.is_some())?;
         let mut t = Table::new(
-            ["relation", "direction", "edges", "best head", "accuracy", "baseline", "baseline offset", "+10 rule"].iter().map(|s| s.to_string()).collect(),
+            ["relation", "direction", "edges", "best head", "accuracy", "baseline", "baseline offset", "+10 rule"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         );
         t.title = Some(format!("Syntactic heads ({}): {} on {}", k.kind, self.model, self.dataset));
         for rd in k.syntactic.as_ref()? {
@@ -174,7 +189,8 @@ impl Analysis {
     }
 
     pub fn summary(&self) -> String {
-        let kinds: Vec<String> = self.kinds.iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
+        let kinds: Vec<String> =
+            self.kinds.iter().map(|k| format!("{} {}x{}", k.kind, k.n_layers, k.n_heads)).collect();
         let n_func = self.functions().iter().filter(|(_, f)| !f.is_empty()).count();
         format!(
             "<Analysis of {} on {}: {} sentences, {} tokens, kinds {}, {} heads with a function, {:.1} s>",

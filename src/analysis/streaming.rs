@@ -5,7 +5,7 @@
 //! key/value groups stream. Everything runs through the one forward of a view
 //! ([`crate::model::view::View`]): a split is `View::streaming`.
 
-use super::taxonomy::{Probes, ProbeOptions};
+use super::taxonomy::{ProbeOptions, Probes};
 use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
@@ -30,7 +30,8 @@ options_enum!(Scorer, "streaming scorer", {
     Duo = "duo",
 });
 
-pub const SCORERS: [Scorer; 6] = [Scorer::Echo, Scorer::Induction, Scorer::Razor, Scorer::Retrieval, Scorer::HeadKv, Scorer::Duo];
+pub const SCORERS: [Scorer; 6] =
+    [Scorer::Echo, Scorer::Induction, Scorer::Razor, Scorer::Retrieval, Scorer::HeadKv, Scorer::Duo];
 
 /// The probes' shape and kvpress's query length.
 #[derive(Debug, Clone)]
@@ -42,16 +43,26 @@ pub struct ScoreOptions {
 
 /// The taxonomy's seeded probes for this model, an error naming `func` instead of `head_types`.
 fn probes(model: &Model, o: &ProbeOptions, func: &str) -> Result<Probes, AnalysisError> {
-    Probes::generate(&super::taxonomy::token_pool(model), o).map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", func)))
+    Probes::generate(&super::taxonomy::token_pool(model), o)
+        .map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", func)))
 }
 
 /// Per layer `[layers][heads]` scores of the decoder-only stack's heads, in the original
 /// numbering (NaN where `prune_heads` removed a head): higher needs the whole context more.
 /// `data` feeds the duo scorer (kvpress: its mean queries and keys).
-pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions, stop: &dyn Fn() -> bool) -> Result<Vec<Vec<f64>>, AnalysisError> {
+pub fn scores(
+    v: &View,
+    scorer: Scorer,
+    data: Option<&Dataset>,
+    o: &ScoreOptions,
+    stop: &dyn Fn() -> bool,
+) -> Result<Vec<Vec<f64>>, AnalysisError> {
     let model = &v.model;
     if !model.decoder_only() {
-        return Err(AnalysisError::Input(format!("kv_scores: {} is not a decoder-only model: its heads keep no key/value cache to compress", model.name())));
+        return Err(AnalysisError::Input(format!(
+            "kv_scores: {} is not a decoder-only model: its heads keep no key/value cache to compress",
+            model.name()
+        )));
     }
     let gates = v.gates()?;
     let _g = tch::no_grad_guard();
@@ -72,8 +83,16 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
             super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, a, _| {
                 // Queries of the second half (i = len + i'): the echo key i', the induction key i' + 1.
                 let second = a.narrow(2, len, len);
-                let e = second.narrow(3, 0, len).diagonal(0, -2, -1).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / len as f64;
-                let ind = second.narrow(3, 1, len).diagonal(0, -2, -1).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / len as f64;
+                let e = second.narrow(3, 0, len).diagonal(0, -2, -1).sum_dim_intlist(
+                    [0i64, 2].as_slice(),
+                    false,
+                    DType::Double,
+                ) / len as f64;
+                let ind = second.narrow(3, 1, len).diagonal(0, -2, -1).sum_dim_intlist(
+                    [0i64, 2].as_slice(),
+                    false,
+                    DType::Double,
+                ) / len as f64;
                 add(&mut echo[l], &e)?;
                 add(&mut sums[l], &ind)
             })?;
@@ -99,12 +118,22 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
                     // Query second - 1 + q predicts needle token q.
                     let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64); // [H, needle, T]
                     if scorer == Scorer::HeadKv {
-                        let mass = rows.narrow(2, *at as i64, needle as i64).sum_dim_intlist([1i64, 2].as_slice(), false, DType::Double) / needle as f64;
+                        let mass = rows.narrow(2, *at as i64, needle as i64).sum_dim_intlist(
+                            [1i64, 2].as_slice(),
+                            false,
+                            DType::Double,
+                        ) / needle as f64;
                         return add(&mut sums[l], &mass);
                     }
                     let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
                     for (s, keys) in sums[l].iter_mut().zip(top.chunks(needle)) {
-                        let hits = keys.iter().enumerate().filter(|&(q, &j)| (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]).count();
+                        let hits = keys
+                            .iter()
+                            .enumerate()
+                            .filter(|&(q, &j)| {
+                                (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
+                            })
+                            .count();
                         *s += hits as f64 / needle as f64;
                     }
                     Ok(())
@@ -117,7 +146,11 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
             n = duo(model, data, &gates, o.q_len, stop, &mut sums)? as f64;
         }
     }
-    Ok(sums.iter().enumerate().map(|(l, row)| model.spread(Kind::Dec, l, &row.iter().map(|s| s / n).collect::<Vec<_>>())).collect())
+    Ok(sums
+        .iter()
+        .enumerate()
+        .map(|(l, row)| model.spread(Kind::Dec, l, &row.iter().map(|s| s / n).collect::<Vec<_>>()))
+        .collect())
 }
 
 /// kvpress's `duo_attention_on_the_fly`, added into `sums` per text of `data`: per layer, the
@@ -125,7 +158,14 @@ pub fn scores(v: &View, scorer: Scorer, data: Option<&Dataset>, o: &ScoreOptions
 /// each repeated `q_len` times and rotated to positions `0..q_len`; the last query's softmax
 /// over the keys (scaled by `1/sqrt(d_head)`), cumulated over the keys and averaged; then
 /// averaged over each key/value group's query heads. Returns the number of texts.
-fn duo(model: &Model, data: &Dataset, gates: &Gates, q_len: i64, stop: &dyn Fn() -> bool, sums: &mut [Vec<f64>]) -> Result<usize, AnalysisError> {
+fn duo(
+    model: &Model,
+    data: &Dataset,
+    gates: &Gates,
+    q_len: i64,
+    stop: &dyn Fn() -> bool,
+    sums: &mut [Vec<f64>],
+) -> Result<usize, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input("kv_scores: the duo scorer's data is empty".into()));
     }
@@ -159,7 +199,11 @@ fn duo(model: &Model, data: &Dataset, gates: &Gates, q_len: i64, stop: &dyn Fn()
             let w = w.softmax(-1, DType::Double).reshape([h, q_len]);
             let s = w.cumsum(1, DType::Double).mean_dim([1i64].as_slice(), false, DType::Double);
             let per = (h / hk.max(1)).max(1);
-            let s = s.view([h / per, per]).mean_dim([1i64].as_slice(), true, DType::Double).expand([h / per, per], false).reshape([h]);
+            let s = s
+                .view([h / per, per])
+                .mean_dim([1i64].as_slice(), true, DType::Double)
+                .expand([h / per, per], false)
+                .reshape([h]);
             for (x, y) in sums[l].iter_mut().zip(Vec::<f64>::try_from(s.to_device(Device::Cpu))?) {
                 *x += y;
             }
@@ -179,7 +223,11 @@ pub fn group_scores(v: &View, scores: &[Vec<f64>]) -> Vec<Vec<f64>> {
             row.chunks(per)
                 .map(|g| {
                     let kept: Vec<f64> = g.iter().copied().filter(|x| x.is_finite()).collect();
-                    if kept.is_empty() { f64::NAN } else { kept.iter().sum::<f64>() / kept.len() as f64 }
+                    if kept.is_empty() {
+                        f64::NAN
+                    } else {
+                        kept.iter().sum::<f64>() / kept.len() as f64
+                    }
                 })
                 .collect()
         })
@@ -203,7 +251,11 @@ pub struct KvCost {
 
 impl KvCost {
     pub fn fraction(&self) -> f64 {
-        if self.full_entries == 0 { 1.0 } else { self.entries as f64 / self.full_entries as f64 }
+        if self.full_entries == 0 {
+            1.0
+        } else {
+            self.entries as f64 / self.full_entries as f64
+        }
     }
 }
 
@@ -240,7 +292,10 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
             if !present {
                 continue;
             }
-            let streams = v.streaming.as_ref().is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
+            let streams = v
+                .streaming
+                .as_ref()
+                .is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
             let n = match (&v.streaming, streams) {
                 (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context, first),
                 _ => context,
@@ -272,10 +327,18 @@ pub struct Footprint {
 
 impl Footprint {
     pub fn fraction(&self) -> f64 {
-        if self.full_entry_steps == 0 { 1.0 } else { self.entry_steps as f64 / self.full_entry_steps as f64 }
+        if self.full_entry_steps == 0 {
+            1.0
+        } else {
+            self.entry_steps as f64 / self.full_entry_steps as f64
+        }
     }
     pub fn peak_fraction(&self) -> f64 {
-        if self.full_peak == 0 { 1.0 } else { self.peak as f64 / self.full_peak as f64 }
+        if self.full_peak == 0 {
+            1.0
+        } else {
+            self.peak as f64 / self.full_peak as f64
+        }
     }
 }
 
@@ -326,8 +389,15 @@ pub fn kv_footprint(v: &View, prompt: i64, decode: i64, chunk: i64) -> Footprint
             if !(g * per..(g + 1) * per).any(|h| a.physical(h).is_some()) {
                 continue;
             }
-            let streams = v.streaming.as_ref().is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
-            if streams { n_stream += 1 } else { n_full += 1 }
+            let streams = v
+                .streaming
+                .as_ref()
+                .is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
+            if streams {
+                n_stream += 1
+            } else {
+                n_full += 1
+            }
         }
     }
     let stream = v.streaming.as_ref().map(|s| {
@@ -342,7 +412,14 @@ pub fn kv_footprint(v: &View, prompt: i64, decode: i64, chunk: i64) -> Footprint
 
 /// The footprint of `n_full` full key/value groups and `n_stream` streaming ones (`stream`:
 /// sink, recent, regime and the prompt the decode regime reads in full).
-pub fn footprint(n_full: i64, n_stream: i64, stream: Option<(i64, i64, Regime, i64)>, prompt: i64, decode: i64, chunk: i64) -> Footprint {
+pub fn footprint(
+    n_full: i64,
+    n_stream: i64,
+    stream: Option<(i64, i64, Regime, i64)>,
+    prompt: i64,
+    decode: i64,
+    chunk: i64,
+) -> Footprint {
     let chunk = chunk.max(1);
     let full = group_steps(None, prompt, decode, chunk);
     let streaming = match (stream, n_stream) {
@@ -361,11 +438,26 @@ pub fn footprint(n_full: i64, n_stream: i64, stream: Option<(i64, i64, Regime, i
 
 /// The split keeping the `fraction` of key/value groups with the highest score full (rounded
 /// to whole groups) and streaming the rest (ties: earlier layer and group first to stream).
-pub fn split(v: &View, groups: &[Vec<f64>], fraction: f64, sink: i64, recent: i64, regime: Regime, func: &str) -> Result<View, ModelError> {
-    let mut all: Vec<(f64, usize, usize)> = groups.iter().enumerate().flat_map(|(l, r)| r.iter().enumerate().filter(|(_, s)| s.is_finite()).map(move |(g, &s)| (s, l, g))).collect();
+pub fn split(
+    v: &View,
+    groups: &[Vec<f64>],
+    fraction: f64,
+    sink: i64,
+    recent: i64,
+    regime: Regime,
+    func: &str,
+) -> Result<View, ModelError> {
+    let mut all: Vec<(f64, usize, usize)> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(l, r)| r.iter().enumerate().filter(|(_, s)| s.is_finite()).map(move |(g, &s)| (s, l, g)))
+        .collect();
     all.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
     let n_stream = ((1.0 - fraction) * all.len() as f64).round() as usize;
-    let heads: Vec<HeadId> = all[..n_stream.min(all.len())].iter().map(|&(_, l, g)| HeadId { kind: Kind::Dec, layer_idx: l, head: g * v.group_size(Kind::Dec, l) }).collect();
+    let heads: Vec<HeadId> = all[..n_stream.min(all.len())]
+        .iter()
+        .map(|&(_, l, g)| HeadId { kind: Kind::Dec, layer_idx: l, head: g * v.group_size(Kind::Dec, l) })
+        .collect();
     if heads.is_empty() {
         // Nothing streams: the view as given (its streaming setting echoed all the same).
         return v.streaming(&[], sink, recent, regime, func);
@@ -414,16 +506,37 @@ pub struct CurveOptions {
 
 /// The passkey probes: `n` sequences of `context` tokens, each a random haystack with a needle
 /// of `needle` random tokens at a seeded depth, and the needle again at the end.
-pub fn passkeys(model: &Model, n: usize, needle: usize, context: i64, seed: u64) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
-    let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| AnalysisError::Input(format!("kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}")))?;
+pub fn passkeys(
+    model: &Model,
+    n: usize,
+    needle: usize,
+    context: i64,
+    seed: u64,
+) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
+    let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
+        AnalysisError::Input(format!(
+            "kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}"
+        ))
+    })?;
     Ok(probes(model, &ProbeOptions { seed, n, len: 2, needle, haystack }, "kv_curve")?.needles)
 }
 
 /// Passkeys inside text: `n` sequences of `context` tokens, each the first `context - 2 needle`
 /// tokens of one of `texts` (in turn) with a needle of `needle` random distinct tokens inserted
 /// at a seeded depth, and the needle again at the end.
-pub fn passkeys_in(model: &Model, texts: &[Vec<i64>], n: usize, needle: usize, context: i64, seed: u64) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
-    let hay = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| AnalysisError::Input(format!("kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}")))?;
+pub fn passkeys_in(
+    model: &Model,
+    texts: &[Vec<i64>],
+    n: usize,
+    needle: usize,
+    context: i64,
+    seed: u64,
+) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
+    let hay = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
+        AnalysisError::Input(format!(
+            "kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}"
+        ))
+    })?;
     let needles = passkeys(model, n, needle, context, seed)?;
     Ok(needles
         .into_iter()
@@ -460,7 +573,11 @@ pub fn chunks(model: &Model, data: &Dataset, context: i64) -> Result<Vec<Vec<i64
     }
     let out: Vec<Vec<i64>> = stream.chunks_exact(context as usize).map(|c| c.to_vec()).collect();
     if out.is_empty() {
-        return Err(AnalysisError::Input(format!("kv_curve: {} has {} tokens, fewer than one context of {context}", data.name, stream.len())));
+        return Err(AnalysisError::Input(format!(
+            "kv_curve: {} has {} tokens, fewer than one context of {context}",
+            data.name,
+            stream.len()
+        )));
     }
     Ok(out)
 }
@@ -478,7 +595,10 @@ fn log_probs(v: &View, gates: &Gates, ids: &[i64], from: i64) -> Result<Tensor, 
 /// Mean loss of `targets` and KL(`full` || `logp`) over the positions.
 fn loss_kl(logp: &Tensor, full: &Tensor, targets: &Tensor) -> (f64, f64) {
     let loss = crate::model::loss::nll(logp, targets).mean(DType::Double).double_value(&[]);
-    let kl = (full.exp() * (full - logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double).mean(DType::Double).double_value(&[]);
+    let kl = (full.exp() * (full - logp))
+        .sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
+        .mean(DType::Double)
+        .double_value(&[]);
     (loss, kl)
 }
 
@@ -487,7 +607,14 @@ fn loss_kl(logp: &Tensor, full: &Tensor, targets: &Tensor) -> (f64, f64) {
 /// next-token loss and KL to the view without streaming on positions `measure_from..`, the
 /// induction loss and the passkey. The full model's log-probabilities are computed once per
 /// sequence for every scorer, and splits that stream the same groups are measured once.
-pub fn curve(v: &View, scorers: &[Vec<Vec<f64>>], chunks: &[Vec<i64>], o: &CurveOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<Vec<CurvePoint>>, AnalysisError> {
+pub fn curve(
+    v: &View,
+    scorers: &[Vec<Vec<f64>>],
+    chunks: &[Vec<i64>],
+    o: &CurveOptions,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Vec<CurvePoint>>, AnalysisError> {
     let _g = tch::no_grad_guard();
     let m = &v.model;
     // Every (scorer, fraction) names one of the distinct splits.
@@ -516,7 +643,8 @@ pub fn curve(v: &View, scorers: &[Vec<Vec<f64>>], chunks: &[Vec<i64>], o: &Curve
     let mut acc = vec![(0.0, 0.0, 0.0); views.len()];
     let repeated: Vec<Vec<i64>> = if o.induction > 0 {
         let half = (o.context / 2) as usize;
-        probes(m, &ProbeOptions { seed: o.seed, n: o.induction, len: half, needle: 1, haystack: 0 }, "kv_curve")?.repeated
+        probes(m, &ProbeOptions { seed: o.seed, n: o.induction, len: half, needle: 1, haystack: 0 }, "kv_curve")?
+            .repeated
     } else {
         vec![]
     };
@@ -544,7 +672,8 @@ pub fn curve(v: &View, scorers: &[Vec<Vec<f64>>], chunks: &[Vec<i64>], o: &Curve
         let targets = Tensor::from_slice(&ids[half as usize..]).view([1, -1]).to_device(m.device());
         for ((a, w), g) in acc.iter_mut().zip(&views).zip(&gates) {
             let logp = log_probs(w, g, ids, half)?;
-            a.2 += crate::model::loss::nll(&logp, &targets).mean(DType::Double).double_value(&[]) / repeated.len() as f64;
+            a.2 +=
+                crate::model::loss::nll(&logp, &targets).mean(DType::Double).double_value(&[]) / repeated.len() as f64;
         }
         progress(chunks.len() + i + 1, total);
     }

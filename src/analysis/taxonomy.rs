@@ -24,7 +24,8 @@ options_enum!(HeadType, "head type", {
     Retrieval = "retrieval",
 });
 
-pub const HEAD_TYPES: [HeadType; 5] = [HeadType::Sink, HeadType::PreviousToken, HeadType::DuplicateToken, HeadType::Induction, HeadType::Retrieval];
+pub const HEAD_TYPES: [HeadType; 5] =
+    [HeadType::Sink, HeadType::PreviousToken, HeadType::DuplicateToken, HeadType::Induction, HeadType::Retrieval];
 
 impl HeadType {
     /// The default label threshold: Gu et al.'s 0.3 for sinks, Wu et al.'s 0.1 for retrieval;
@@ -96,8 +97,15 @@ impl Probes {
                 let stream = 2 * s as u64 + 1;
                 let needle = draw(pool, o.needle, o.seed, stream);
                 let rest: Vec<i64> = pool.iter().copied().filter(|t| !needle.contains(t)).collect();
-                let hay: Vec<i64> = (0..o.haystack).map(|i| rest[(super::importance::uniform(o.seed ^ 0x5EED, stream, i as u64) * rest.len() as f64) as usize % rest.len()]).collect();
-                let at = (super::importance::uniform(o.seed ^ 0xA7, stream, 0) * (o.haystack + 1) as f64) as usize % (o.haystack + 1);
+                let hay: Vec<i64> = (0..o.haystack)
+                    .map(|i| {
+                        rest[(super::importance::uniform(o.seed ^ 0x5EED, stream, i as u64) * rest.len() as f64)
+                            as usize
+                            % rest.len()]
+                    })
+                    .collect();
+                let at = (super::importance::uniform(o.seed ^ 0xA7, stream, 0) * (o.haystack + 1) as f64) as usize
+                    % (o.haystack + 1);
                 let seq: Vec<i64> = hay[..at].iter().chain(&needle).chain(&hay[at..]).chain(&needle).copied().collect();
                 (seq, at)
             })
@@ -113,7 +121,8 @@ pub type TypeGrids = Vec<(HeadType, Vec<Vec<f64>>)>;
 /// duplicate token, induction (TransformerLens's `get_*_detection_pattern`).
 fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
     let t = seqs[0].len();
-    let (mut prev, mut dup, mut ind) = (vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t]);
+    let (mut prev, mut dup, mut ind) =
+        (vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t]);
     for (b, s) in seqs.iter().enumerate() {
         for i in 0..t {
             let at = |j: usize| b * t * t + i * t + j;
@@ -142,7 +151,13 @@ type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]) -> Result<
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
 /// layer's attention `[B, H, T, T]` with the batch's rows to `on`; the first error `on` returns
 /// ends the run.
-pub(crate) fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn Fn() -> bool, on: OnAttention) -> Result<(), AnalysisError> {
+pub(crate) fn attend(
+    model: &Model,
+    seqs: &[Vec<i64>],
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    on: OnAttention,
+) -> Result<(), AnalysisError> {
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
     let per_batch = (1024 / t).max(1);
@@ -166,12 +181,19 @@ pub(crate) fn attend(model: &Model, seqs: &[Vec<i64>], gates: &Gates, stop: &dyn
 /// induction are TransformerLens's `detect_head(..., exclude_bos=True)` (the first key's
 /// attention zeroed, each sequence's score divided by the attention that remains), and a
 /// retrieval head's top key is taken among the other keys (unless the needle starts there).
-pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dyn Fn() -> bool, exclude_sink: bool) -> Result<TypeGrids, AnalysisError> {
+pub fn head_type_scores(
+    model: &Model,
+    probes: &Probes,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    exclude_sink: bool,
+) -> Result<TypeGrids, AnalysisError> {
     let kind = model.net.stack_kind;
     let dev = model.device();
     // Per type, layer and head the layer holds (physical order; a pruned layer is narrower).
     let held = model.layer_heads(kind);
-    let mut sums: Vec<Vec<Vec<f64>>> = HEAD_TYPES.iter().map(|_| held.iter().map(|&h| vec![0.0; h]).collect()).collect();
+    let mut sums: Vec<Vec<Vec<f64>>> =
+        HEAD_TYPES.iter().map(|_| held.iter().map(|&h| vec![0.0; h]).collect()).collect();
     let add = |row: &mut Vec<f64>, v: &Tensor| -> Result<(), ModelError> {
         for (s, x) in row.iter_mut().zip(Vec::<f64>::try_from(v.to_device(Device::Cpu))?) {
             *s += x;
@@ -187,10 +209,18 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         // of it, t per sequence; without the first key, what the other keys hold), summed over
         // the batch's sequences.
         let kept = if exclude_sink { a.narrow(3, 1, a.size()[3] - 1) } else { a.shallow_clone() };
-        let counted = if exclude_sink { kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double).clamp_min(1e-300) } else { Tensor::full([1], t, (DType::Double, a.device())) };
+        let counted = if exclude_sink {
+            kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double).clamp_min(1e-300)
+        } else {
+            Tensor::full([1], t, (DType::Double, a.device()))
+        };
         let heads = |p: &Tensor| {
             let p = if exclude_sink { p.narrow(3, 1, p.size()[3] - 1) } else { p.shallow_clone() };
-            ((&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double) / &counted).sum_dim_intlist([0i64].as_slice(), false, DType::Double)
+            ((&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double) / &counted).sum_dim_intlist(
+                [0i64].as_slice(),
+                false,
+                DType::Double,
+            )
         };
         for (sum, v) in sums.iter_mut().zip([sink, heads(&prev), heads(&dup), heads(&ind)]) {
             add(&mut sum[l], &v)?;
@@ -205,10 +235,16 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
             // in the first needle and holds that token.
             let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64);
             // Without the sink: the first key can never be the top one (weights are >= 0).
-            let rows = if exclude_sink && *at > 0 { rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0) } else { rows };
+            let rows = if exclude_sink && *at > 0 {
+                rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0)
+            } else {
+                rows
+            };
             let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
             let copied = top.chunks(needle).map(|keys| {
-                let hits = keys.iter().enumerate().filter(|&(q, &j)| (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]);
+                let hits = keys.iter().enumerate().filter(|&(q, &j)| {
+                    (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
+                });
                 hits.count() as f64 / needle as f64
             });
             for (s, x) in sums[4][l].iter_mut().zip(copied) {
@@ -223,7 +259,11 @@ pub fn head_type_scores(model: &Model, probes: &Probes, gates: &Gates, stop: &dy
         .zip(sums)
         .map(|(ty, layers)| {
             let n = if *ty == HeadType::Retrieval { n_needle } else { n_rep };
-            let grid = layers.iter().enumerate().map(|(l, row)| model.spread(kind, l, &row.iter().map(|s| s / n).collect::<Vec<_>>())).collect();
+            let grid = layers
+                .iter()
+                .enumerate()
+                .map(|(l, row)| model.spread(kind, l, &row.iter().map(|s| s / n).collect::<Vec<_>>()))
+                .collect();
             (*ty, grid)
         })
         .collect())
@@ -235,7 +275,13 @@ pub fn labels(grids: &TypeGrids, thresholds: &[(HeadType, f64)]) -> Vec<((usize,
     let mut out = Vec::new();
     for (l, row) in first.iter().enumerate() {
         for h in 0..row.len() {
-            let types: Vec<HeadType> = grids.iter().filter(|(ty, g)| g[l][h] >= thresholds.iter().find(|(t, _)| t == ty).map_or(ty.default_threshold(), |(_, v)| *v)).map(|(ty, _)| *ty).collect();
+            let types: Vec<HeadType> = grids
+                .iter()
+                .filter(|(ty, g)| {
+                    g[l][h] >= thresholds.iter().find(|(t, _)| t == ty).map_or(ty.default_threshold(), |(_, v)| *v)
+                })
+                .map(|(ty, _)| *ty)
+                .collect();
             if !types.is_empty() {
                 out.push(((l, h), types));
             }

@@ -58,7 +58,13 @@ impl Sentence {
 
     fn comment(&self, key: &str) -> Option<&str> {
         self.lines.iter().find_map(|l| match l {
-            Line::Comment(c) => c.strip_prefix('#').map(str::trim_start).and_then(|c| c.strip_prefix(key)).map(str::trim_start).and_then(|c| c.strip_prefix('=')).map(str::trim),
+            Line::Comment(c) => c
+                .strip_prefix('#')
+                .map(str::trim_start)
+                .and_then(|c| c.strip_prefix(key))
+                .map(str::trim_start)
+                .and_then(|c| c.strip_prefix('='))
+                .map(str::trim),
             _ => None,
         })
     }
@@ -189,12 +195,17 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Sentence>, ConlluError> {
 fn check_heads(s: &Sentence, file: &str) -> Result<(), ConlluError> {
     let n = s.words().count();
     // Line of a word: block start + the lines before it in the block.
-    let line_of = |id: usize| s.line_no + s.lines.iter().position(|l| matches!(l, Line::Word(x) if x.id == id)).unwrap_or(0);
+    let line_of =
+        |id: usize| s.line_no + s.lines.iter().position(|l| matches!(l, Line::Word(x) if x.id == id)).unwrap_or(0);
     let heads: Vec<Option<usize>> = s.words().map(|w| w.head).collect();
     for w in s.words() {
         if let Some(h) = w.head {
             if h > n {
-                return Err(ConlluError { file: file.into(), line: line_of(w.id), msg: format!("HEAD {h} of word {} points past the sentence's {n} words", w.id) });
+                return Err(ConlluError {
+                    file: file.into(),
+                    line: line_of(w.id),
+                    msg: format!("HEAD {h} of word {} points past the sentence's {n} words", w.id),
+                });
             }
         }
     }
@@ -213,7 +224,11 @@ fn check_heads(s: &Sentence, file: &str) -> Result<(), ConlluError> {
             let mut cycle: Vec<String> = path[from..].iter().map(|p| p.to_string()).collect();
             cycle.push(at.to_string());
             let id = s.sent_id().map(|i| format!(" (sentence '{i}')")).unwrap_or_default();
-            return Err(ConlluError { file: file.into(), line: line_of(at), msg: format!("the heads of words {} form a cycle{id}; a dependency tree has none", cycle.join(" -> ")) });
+            return Err(ConlluError {
+                file: file.into(),
+                line: line_of(at),
+                msg: format!("the heads of words {} form a cycle{id}; a dependency tree has none", cycle.join(" -> ")),
+            });
         }
         for p in path {
             state[p] = 2;
@@ -233,7 +248,11 @@ pub fn write(sentences: &[Sentence]) -> String {
                 }
                 Line::Word(w) => {
                     let head = w.head.map_or("_".to_string(), |h| h.to_string());
-                    let _ = writeln!(s, "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}", w.id, w.form, w.lemma, w.upos, w.xpos, w.feats, head, w.deprel, w.deps, w.misc);
+                    let _ = writeln!(
+                        s,
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        w.id, w.form, w.lemma, w.upos, w.xpos, w.feats, head, w.deprel, w.deps, w.misc
+                    );
                 }
                 Line::Other(cols) => {
                     let _ = writeln!(s, "{}", cols.join("\t"));

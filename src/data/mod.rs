@@ -30,7 +30,9 @@ pub enum DataError {
     Line { file: String, line: usize, msg: String },
     #[error(transparent)]
     Conllu(#[from] conllu::ConlluError),
-    #[error("{src} has {n_src} sentences but {tgt} has {n_tgt}: a parallel corpus needs one target line per source line")]
+    #[error(
+        "{src} has {n_src} sentences but {tgt} has {n_tgt}: a parallel corpus needs one target line per source line"
+    )]
     Mismatch { src: String, n_src: usize, tgt: String, n_tgt: usize },
 }
 
@@ -63,7 +65,10 @@ impl Dataset {
     /// One sentence per line; blank lines are skipped.
     pub fn corpus(path: &Path) -> Result<Dataset, DataError> {
         let text = read(path)?;
-        Ok(Dataset::new(name_of(path), lines(&text).map(|(_, l)| Item { text: l.to_string(), target: None, tree: None }).collect()))
+        Ok(Dataset::new(
+            name_of(path),
+            lines(&text).map(|(_, l)| Item { text: l.to_string(), target: None, tree: None }).collect(),
+        ))
     }
 
     /// Two aligned files, line by line.
@@ -74,13 +79,22 @@ impl Dataset {
         let trim_end = |v: &[&str]| v.len() - v.iter().rev().take_while(|l| l.is_empty()).count();
         let (ns, nt) = (trim_end(&s), trim_end(&t));
         if ns != nt {
-            return Err(DataError::Mismatch { src: src.display().to_string(), n_src: ns, tgt: tgt.display().to_string(), n_tgt: nt });
+            return Err(DataError::Mismatch {
+                src: src.display().to_string(),
+                n_src: ns,
+                tgt: tgt.display().to_string(),
+                n_tgt: nt,
+            });
         }
         let mut items = Vec::with_capacity(ns);
         for i in 0..ns {
             if s[i].is_empty() != t[i].is_empty() {
                 let (file, which) = if s[i].is_empty() { (src, "source") } else { (tgt, "target") };
-                return Err(DataError::Line { file: file.display().to_string(), line: i + 1, msg: format!("empty {which} line opposite a non-empty one") });
+                return Err(DataError::Line {
+                    file: file.display().to_string(),
+                    line: i + 1,
+                    msg: format!("empty {which} line opposite a non-empty one"),
+                });
             }
             if !s[i].is_empty() {
                 items.push(Item { text: s[i].to_string(), target: Some(t[i].to_string()), tree: None });
@@ -95,7 +109,11 @@ impl Dataset {
         let mut items = Vec::new();
         for (n, l) in lines(&text) {
             let Some((s, t)) = l.split_once('\t') else {
-                return Err(DataError::Line { file: path.display().to_string(), line: n, msg: "expected source<TAB>target".into() });
+                return Err(DataError::Line {
+                    file: path.display().to_string(),
+                    line: n,
+                    msg: "expected source<TAB>target".into(),
+                });
             };
             items.push(Item { text: s.trim().to_string(), target: Some(t.trim().to_string()), tree: None });
         }
@@ -105,7 +123,10 @@ impl Dataset {
     pub fn treebank(path: &Path) -> Result<Dataset, DataError> {
         let text = read(path)?;
         let sents = conllu::parse(&text, &path.display().to_string())?;
-        Ok(Dataset::new(name_of(path), sents.into_iter().map(|s| Item { text: s.text(), target: None, tree: Some(Rc::new(s)) }).collect()))
+        Ok(Dataset::new(
+            name_of(path),
+            sents.into_iter().map(|s| Item { text: s.text(), target: None, tree: Some(Rc::new(s)) }).collect(),
+        ))
     }
 
     pub fn len(&self) -> usize {
@@ -132,12 +153,21 @@ impl Dataset {
             return Err(format!("{func}: option 'treebank': {} is not a treebank", tb.name));
         }
         if tb.len() != self.len() {
-            return Err(format!("{func}: the treebank {} has {} sentences but the dataset {} has {}", tb.name, tb.len(), self.name, self.len()));
+            return Err(format!(
+                "{func}: the treebank {} has {} sentences but the dataset {} has {}",
+                tb.name,
+                tb.len(),
+                self.name,
+                self.len()
+            ));
         }
         let mut items = Vec::with_capacity(self.len());
         for (i, (d, t)) in self.items.iter().zip(tb.items.iter()).enumerate() {
             if d.text != t.text {
-                return Err(format!("{func}: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}", tb.name, self.name, t.text, d.text));
+                return Err(format!(
+                    "{func}: sentence {i} of the treebank {} does not match the dataset {}: {:?} vs {:?}",
+                    tb.name, self.name, t.text, d.text
+                ));
             }
             items.push(Item { tree: t.tree.clone(), ..d.clone() });
         }
@@ -164,7 +194,10 @@ impl Dataset {
         }
         let mut chosen = idx[..k].to_vec();
         chosen.sort_unstable();
-        Dataset::new(format!("{}~sample({n}, seed {seed})", self.name), chosen.into_iter().map(|i| self.items[i].clone()).collect())
+        Dataset::new(
+            format!("{}~sample({n}, seed {seed})", self.name),
+            chosen.into_iter().map(|i| self.items[i].clone()).collect(),
+        )
     }
 
     pub fn texts(&self) -> Vec<&str> {
@@ -180,8 +213,11 @@ impl Dataset {
     /// A digest of every sentence, target and tree: shards of one dataset share it
     /// (`shard::digest`).
     pub fn digest(&self) -> String {
-        let trees: Vec<String> = self.items.iter().map(|i| i.tree.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
-        crate::shard::digest(self.items.iter().zip(&trees).flat_map(|(i, t)| [i.text.as_bytes(), i.target.as_deref().map_or(&[0xfe][..], str::as_bytes), t.as_bytes()]))
+        let trees: Vec<String> =
+            self.items.iter().map(|i| i.tree.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
+        crate::shard::digest(self.items.iter().zip(&trees).flat_map(|(i, t)| {
+            [i.text.as_bytes(), i.target.as_deref().map_or(&[0xfe][..], str::as_bytes), t.as_bytes()]
+        }))
     }
 }
 

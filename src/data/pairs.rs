@@ -58,16 +58,30 @@ impl Pairs {
             let cols: Vec<&str> = line.split('\t').collect();
             let bad = |msg: String| DataError::Line { file: file.clone(), line: i + 1, msg };
             if cols.len() != COLUMNS.len() && cols.len() != 2 {
-                return Err(bad(format!("{} columns, expected 4: {} (TAB-separated; 2 for a translation model's source pairs)", cols.len(), COLUMNS.join(", "))));
+                return Err(bad(format!(
+                    "{} columns, expected 4: {} (TAB-separated; 2 for a translation model's source pairs)",
+                    cols.len(),
+                    COLUMNS.join(", ")
+                )));
             }
             if let Some(k) = (0..cols.len()).find(|&k| cols[k].trim().is_empty()) {
                 return Err(bad(format!("the {} column is empty", COLUMNS[k])));
             }
             let col = |k: usize| cols.get(k).map_or(String::new(), |c| c.to_string());
-            items.push(Pair { clean: cols[0].trim().into(), corrupted: cols[1].trim().into(), answer: col(2), wrong: col(3), origin: format!("{file}:{}", i + 1), ids: None });
+            items.push(Pair {
+                clean: cols[0].trim().into(),
+                corrupted: cols[1].trim().into(),
+                answer: col(2),
+                wrong: col(3),
+                origin: format!("{file}:{}", i + 1),
+                ids: None,
+            });
         }
         if items.is_empty() {
-            return Err(DataError::Io(file, "holds no pairs (expected lines clean<TAB>corrupted<TAB>answer<TAB>wrong)".into()));
+            return Err(DataError::Io(
+                file,
+                "holds no pairs (expected lines clean<TAB>corrupted<TAB>answer<TAB>wrong)".into(),
+            ));
         }
         Ok(Pairs::new(name_of(path), items))
     }
@@ -84,8 +98,11 @@ impl Pairs {
 
     /// A digest of every pair (texts, answers and token ids): shards of one set share it.
     pub fn digest(&self) -> String {
-        let ids: Vec<String> = self.items.iter().map(|p| p.ids.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
-        crate::shard::digest(self.items.iter().zip(&ids).flat_map(|(p, t)| [p.clean.as_bytes(), p.corrupted.as_bytes(), p.answer.as_bytes(), p.wrong.as_bytes(), t.as_bytes()]))
+        let ids: Vec<String> =
+            self.items.iter().map(|p| p.ids.as_ref().map_or(String::new(), |t| format!("{t:?}"))).collect();
+        crate::shard::digest(self.items.iter().zip(&ids).flat_map(|(p, t)| {
+            [p.clean.as_bytes(), p.corrupted.as_bytes(), p.answer.as_bytes(), p.wrong.as_bytes(), t.as_bytes()]
+        }))
     }
 
     pub fn is_empty(&self) -> bool {

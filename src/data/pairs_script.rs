@@ -16,7 +16,10 @@ pub fn pairs_arg(v: &Dynamic, func: &str) -> ScriptResult<Pairs> {
             let a = v.clone().cast::<Array>();
             from_array(&a)
         }
-        None => err(format!("{func}: expected Pairs (pairs(file) or pairs([[clean, corrupted, answer, wrong], ...])), got {}", quote(v))),
+        None => err(format!(
+            "{func}: expected Pairs (pairs(file) or pairs([[clean, corrupted, answer, wrong], ...])), got {}",
+            quote(v)
+        )),
     }
 }
 
@@ -25,7 +28,10 @@ fn text_of(v: Option<&Dynamic>, i: usize, col: &str) -> ScriptResult<String> {
         Some(s) if s.is_string() && !s.to_string().trim().is_empty() => Ok(s.to_string()),
         Some(s) if s.is_string() => err(format!("pairs[{i}]: the {col} is empty")),
         Some(s) => err(format!("pairs[{i}]: the {col} must be a string, got {}", quote(s))),
-        None => err(format!("pairs[{i}]: the {col} is missing (a pair is [{}] or a map with those keys)", COLUMNS.join(", "))),
+        None => err(format!(
+            "pairs[{i}]: the {col} is missing (a pair is [{}] or a map with those keys)",
+            COLUMNS.join(", ")
+        )),
     }
 }
 
@@ -37,7 +43,11 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
     for (i, row) in a.iter().enumerate() {
         let cols: Vec<Option<Dynamic>> = if let Some(r) = row.read_lock::<Array>() {
             if r.len() != 4 && r.len() != 2 {
-                return err(format!("pairs[{i}]: {} values, expected 4: {} (2 for a translation model's source pairs)", r.len(), COLUMNS.join(", ")));
+                return err(format!(
+                    "pairs[{i}]: {} values, expected 4: {} (2 for a translation model's source pairs)",
+                    r.len(),
+                    COLUMNS.join(", ")
+                ));
             }
             let mut c: Vec<Option<Dynamic>> = r.iter().cloned().map(Some).collect();
             c.resize(4, None);
@@ -56,8 +66,16 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
         }
         let t = |k: usize| text_of(cols[k].as_ref(), i, COLUMNS[k]);
         // Answers may be left out together (a translation model's source pairs).
-        let (answer, wrong) = if cols[2].is_none() && cols[3].is_none() { (String::new(), String::new()) } else { (t(2)?, t(3)?) };
-        items.push(Pair { clean: t(0)?.trim().into(), corrupted: t(1)?.trim().into(), answer, wrong, origin: format!("pairs[{i}]"), ids: None });
+        let (answer, wrong) =
+            if cols[2].is_none() && cols[3].is_none() { (String::new(), String::new()) } else { (t(2)?, t(3)?) };
+        items.push(Pair {
+            clean: t(0)?.trim().into(),
+            corrupted: t(1)?.trim().into(),
+            answer,
+            wrong,
+            origin: format!("pairs[{i}]"),
+            ids: None,
+        });
     }
     Ok(Pairs::new("pairs", items))
 }
@@ -71,22 +89,53 @@ fn token_pair(cols: &[Option<Dynamic>], i: usize) -> ScriptResult<Pair> {
         if a.is_empty() {
             return err(format!("pairs[{i}]: the {} has no token ids", COLUMNS[k]));
         }
-        a.iter().map(|x| x.as_int().ok().filter(|&v| v >= 0).map_or_else(|| err(format!("pairs[{i}]: the {} holds {}, not a token id (an integer >= 0)", COLUMNS[k], quote(x))), Ok)).collect()
+        a.iter()
+            .map(|x| {
+                x.as_int().ok().filter(|&v| v >= 0).map_or_else(
+                    || {
+                        err(format!(
+                            "pairs[{i}]: the {} holds {}, not a token id (an integer >= 0)",
+                            COLUMNS[k],
+                            quote(x)
+                        ))
+                    },
+                    Ok,
+                )
+            })
+            .collect()
     };
     let one = |k: usize| -> ScriptResult<i64> {
         match cols[k].as_ref().map(|v| v.as_int()) {
             Some(Ok(v)) if v >= 0 => Ok(v),
-            _ => err(format!("pairs[{i}]: the {} must be one token id (an integer >= 0) when the prompts are ids", COLUMNS[k])),
+            _ => err(format!(
+                "pairs[{i}]: the {} must be one token id (an integer >= 0) when the prompts are ids",
+                COLUMNS[k]
+            )),
         }
     };
     let t = PairTokens { clean: ids(0)?, corrupted: ids(1)?, answer: one(2)?, wrong: one(3)? };
     let show = |v: &[i64]| format!("{v:?}");
-    Ok(Pair { clean: show(&t.clean), corrupted: show(&t.corrupted), answer: t.answer.to_string(), wrong: t.wrong.to_string(), origin: format!("pairs[{i}]"), ids: Some(t) })
+    Ok(Pair {
+        clean: show(&t.clean),
+        corrupted: show(&t.corrupted),
+        answer: t.answer.to_string(),
+        wrong: t.wrong.to_string(),
+        origin: format!("pairs[{i}]"),
+        ids: Some(t),
+    })
 }
 
 pub fn describe(p: &Pairs) -> String {
     match p.items.first() {
-        Some(first) => format!("<Pairs {}: {} pairs; first: {:?} / {:?} -> {:?} vs {:?}>", p.name, p.len(), first.clean, first.corrupted, first.answer, first.wrong),
+        Some(first) => format!(
+            "<Pairs {}: {} pairs; first: {:?} / {:?} -> {:?} vs {:?}>",
+            p.name,
+            p.len(),
+            first.clean,
+            first.corrupted,
+            first.answer,
+            first.wrong
+        ),
         None => format!("<Pairs {}: empty>", p.name),
     }
 }

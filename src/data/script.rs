@@ -32,13 +32,21 @@ fn text_item(v: &Dynamic, func: &str, item: Option<usize>) -> ScriptResult<Item>
         (t.to_string(), None)
     } else if let Some(m) = v.read_lock::<Map>() {
         let Some(t) = m.get("text").and_then(|t| t.read_lock::<rhai::ImmutableString>().map(|t| t.to_string())) else {
-            return err(format!("{func}: a dataset row needs a string `text`, got {}{at}", crate::script::convert::quote(v)));
+            return err(format!(
+                "{func}: a dataset row needs a string `text`, got {}{at}",
+                crate::script::convert::quote(v)
+            ));
         };
         let target = match m.get("target") {
             None => None,
             Some(g) => match g.read_lock::<rhai::ImmutableString>() {
                 Some(g) => Some(g.to_string()),
-                None => return err(format!("{func}: a dataset row's `target` must be a string, got {}{at}", crate::script::convert::quote(g))),
+                None => {
+                    return err(format!(
+                        "{func}: a dataset row's `target` must be a string, got {}{at}",
+                        crate::script::convert::quote(g)
+                    ))
+                }
             },
         };
         (t, target)
@@ -58,7 +66,13 @@ fn text_item(v: &Dynamic, func: &str, item: Option<usize>) -> ScriptResult<Item>
 /// path or ends in a data file's extension.
 fn looks_like_file(s: &str) -> bool {
     const EXTENSIONS: &[&str] = &["txt", "conllu", "tsv", "csv", "json", "jsonl", "src", "tgt", "tok", "gz"];
-    !s.is_empty() && !s.contains(char::is_whitespace) && (Path::new(s).is_file() || Path::new(s).extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())))
+    !s.is_empty()
+        && !s.contains(char::is_whitespace)
+        && (Path::new(s).is_file()
+            || Path::new(s)
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())))
 }
 
 /// The text of a string or of a dataset row (`#{text, ...}`), for functions that take one text.
@@ -87,7 +101,11 @@ impl IntoIterator for Dataset {
 }
 
 /// The `shard` option every dataset-consuming analysis accepts (docs/methods.md#shards).
-pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt("shard", "none (or the run's --shard)", "\"I/N\": run on slice I of N of the data and keep the accumulators for merge_results (docs/methods.md#shards)");
+pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt(
+    "shard",
+    "none (or the run's --shard)",
+    "\"I/N\": run on slice I of N of the data and keep the accumulators for merge_results (docs/methods.md#shards)",
+);
 
 /// How a dataset-consuming function runs: on the whole dataset, or on one shard of it
 /// (the function's `shard` option, else the run's `--shard`). The typed functions the script
@@ -138,7 +156,10 @@ impl Plan {
         let (shard, explicit) = Plan::shard_of(o, func)?;
         let plan = Plan::of_items(&p.name, p.len(), p.digest(), shard, explicit);
         if let (Some(s), true) = (plan.shard, plan.rows.is_empty()) {
-            return err(format!("{func}: shard {s} of {} ({} pairs) holds no pairs: use fewer shards than pairs", p.name, plan.total));
+            return err(format!(
+                "{func}: shard {s} of {} ({} pairs) holds no pairs: use fewer shards than pairs",
+                p.name, plan.total
+            ));
         }
         Ok(plan)
     }
@@ -146,7 +167,10 @@ impl Plan {
     /// Refuses a shard that holds no sentences.
     pub fn check(&self, d: &Dataset, func: &str) -> Result<(), String> {
         match self.shard {
-            Some(s) if self.rows.is_empty() => Err(format!("{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences", d.name, self.total)),
+            Some(s) if self.rows.is_empty() => Err(format!(
+                "{func}: shard {s} of {} ({} sentences) holds no sentences: use fewer shards than sentences",
+                d.name, self.total
+            )),
             _ => Ok(()),
         }
     }
@@ -164,10 +188,26 @@ impl Plan {
 
     /// Adds the shard record (function, slice, identity, accumulators) to a sharded result's
     /// echoed options, and in a `--shard` run writes the result to the shard directory.
-    pub fn seal<T>(&self, func: &str, identity: serde_json::Value, acc: serde_json::Value, mut result: T, echo: impl FnOnce(&mut T) -> &mut crate::output::Echo, json: impl Fn(&T) -> serde_json::Value) -> Result<T, String> {
+    pub fn seal<T>(
+        &self,
+        func: &str,
+        identity: serde_json::Value,
+        acc: serde_json::Value,
+        mut result: T,
+        echo: impl FnOnce(&mut T) -> &mut crate::output::Echo,
+        json: impl Fn(&T) -> serde_json::Value,
+    ) -> Result<T, String> {
         let Some(shard) = self.shard else { return Ok(result) };
         let name = if self.explicit { func.to_string() } else { crate::shard::next_name(func) };
-        let record = crate::shard::Partial { func: func.into(), name: name.clone(), shard, rows: self.rows.clone(), total: self.total, identity, acc };
+        let record = crate::shard::Partial {
+            func: func.into(),
+            name: name.clone(),
+            shard,
+            rows: self.rows.clone(),
+            total: self.total,
+            identity,
+            acc,
+        };
         echo(&mut result).push(("shard".into(), record.to_json()));
         if !self.explicit {
             crate::shard::write_run_result(&name, &json(&result)).map_err(|e| format!("{func}: {e}"))?;

@@ -36,9 +36,15 @@ pub const COMMANDS: &[Command] = &[
 pub fn dispatch(session: &mut Session, line: &str) -> Result<Outcome, String> {
     let body = line.trim().trim_start_matches(':');
     let (name, arg) = body.split_once(char::is_whitespace).unwrap_or((body, ""));
-    match COMMANDS.iter().find(|c| c.name == name || (name == "q" && c.name == "quit") || (name == "exit" && c.name == "quit")) {
+    match COMMANDS
+        .iter()
+        .find(|c| c.name == name || (name == "q" && c.name == "quit") || (name == "exit" && c.name == "quit"))
+    {
         Some(c) => (c.run)(session, arg.trim()),
-        None => Err(format!("unknown command ':{name}' (commands: {})", COMMANDS.iter().map(|c| format!(":{}", c.name)).collect::<Vec<_>>().join(", "))),
+        None => Err(format!(
+            "unknown command ':{name}' (commands: {})",
+            COMMANDS.iter().map(|c| format!(":{}", c.name)).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -80,7 +86,8 @@ fn help(session: &mut Session, arg: &str) -> Result<Outcome, String> {
         let mut topics = super::docs::function_names(session.engine());
         topics.extend(types.iter().cloned());
         topics.push("hooks".into());
-        let near = crate::suggest::did_you_mean(arg, topics.iter().map(String::as_str)).map_or(String::new(), |d| format!("{d} "));
+        let near = crate::suggest::did_you_mean(arg, topics.iter().map(String::as_str))
+            .map_or(String::new(), |d| format!("{d} "));
         return Err(format!("no documented function or type named '{arg}' ({near}:types lists the types)"));
     }
     Ok(Outcome::Show(Some(Output::text(super::complete::describe(&docs)))))
@@ -132,7 +139,9 @@ fn functions_help(session: &Session) -> Output {
 /// `:help MODULE`: a stdlib module's functions.
 fn module_help(session: &Session, module: &str) -> Output {
     let mut t = Table::new(vec!["function".into(), "what it does".into()]);
-    t.title = Some(format!("stdlib module {module}: import \"{module}\" as m; then m::NAME(...) (:help {module}::NAME for one)"));
+    t.title = Some(format!(
+        "stdlib module {module}: import \"{module}\" as m; then m::NAME(...) (:help {module}::NAME for one)"
+    ));
     let prefix = format!("{module}::");
     for d in super::docs::all_docs(session.engine()).iter().filter(|d| d.name.starts_with(&prefix)) {
         let _ = t.push_row(vec![Cell::Text(d.signature.clone()), Cell::Text(d.summary())]);
@@ -189,8 +198,12 @@ fn save(session: &mut Session, arg: &str) -> Result<Outcome, String> {
         return Err("usage: :save FILE".into());
     }
     let script = session.history_script();
-    crate::output::write_atomic(std::path::Path::new(arg), script.as_bytes()).map_err(|e| format!(":save: cannot write '{arg}': {e}"))?;
-    Ok(Outcome::Show(Some(Output::text(format!("saved {} inputs to {arg}; replay with `headscope run {arg}`", session.history.len())))))
+    crate::output::write_atomic(std::path::Path::new(arg), script.as_bytes())
+        .map_err(|e| format!(":save: cannot write '{arg}': {e}"))?;
+    Ok(Outcome::Show(Some(Output::text(format!(
+        "saved {} inputs to {arg}; replay with `headscope run {arg}`",
+        session.history.len()
+    )))))
 }
 
 fn vars(session: &mut Session, _: &str) -> Result<Outcome, String> {
@@ -219,16 +232,30 @@ fn vars(session: &mut Session, _: &str) -> Result<Outcome, String> {
                         if !counted.insert(at) {
                             total -= weights;
                         }
-                        let others: Vec<&str> = sharing.get(&at).into_iter().flatten().copied().filter(|n| *n != v.name).collect();
-                        if others.is_empty() { human(s.bytes) } else { format!("{} (weights shared with {})", human(s.bytes), others.join(", ")) }
+                        let others: Vec<&str> =
+                            sharing.get(&at).into_iter().flatten().copied().filter(|n| *n != v.name).collect();
+                        if others.is_empty() {
+                            human(s.bytes)
+                        } else {
+                            format!("{} (weights shared with {})", human(s.bytes), others.join(", "))
+                        }
                     }
                     None => human(s.bytes),
                 }
             }
         };
-        let _ = t.push_row(vec![Cell::Text(v.name.clone()), Cell::Text(v.type_name.clone()), Cell::Text(size), Cell::Text(v.preview.clone())]);
+        let _ = t.push_row(vec![
+            Cell::Text(v.name.clone()),
+            Cell::Text(v.type_name.clone()),
+            Cell::Text(size),
+            Cell::Text(v.preview.clone()),
+        ]);
     }
-    t.title = Some(format!("{} variables holding {} (the bytes of their tensors, numbers and text; shared weights counted once)", vars.len(), human(total)));
+    t.title = Some(format!(
+        "{} variables holding {} (the bytes of their tensors, numbers and text; shared weights counted once)",
+        vars.len(),
+        human(total)
+    ));
     Ok(Outcome::Show(Some(crate::output::Render::render(&t))))
 }
 
@@ -281,7 +308,11 @@ mod tests {
     #[test]
     fn help_on_a_mistyped_topic_suggests_the_near_one() {
         let mut s = Session::new(SessionOptions::default());
-        for (typed, near) in [(":help Modle", "did you mean 'Model'?"), (":help heatmapp", "did you mean 'heatmap'?"), (":help hoks", "'hooks'")] {
+        for (typed, near) in [
+            (":help Modle", "did you mean 'Model'?"),
+            (":help heatmapp", "did you mean 'heatmap'?"),
+            (":help hoks", "'hooks'"),
+        ] {
             let Err(e) = dispatch(&mut s, typed) else { panic!("{typed} found something") };
             assert!(e.contains(near), "{typed}: {e}");
         }
@@ -290,7 +321,9 @@ mod tests {
     #[test]
     fn help_hooks_lists_every_hook_point_with_its_axes() {
         let mut s = Session::new(SessionOptions::default());
-        let Ok(Outcome::Show(Some(out))) = dispatch(&mut s, ":help hooks") else { panic!(":help hooks showed nothing") };
+        let Ok(Outcome::Show(Some(out))) = dispatch(&mut s, ":help hooks") else {
+            panic!(":help hooks showed nothing")
+        };
         for p in crate::model::hooks::POINTS {
             let name = if p.per_layer { format!("KIND.blocks.L.{}", p.name) } else { format!("KIND.{}", p.name) };
             assert!(out.text.contains(&name), "{name} missing from:\n{}", out.text);

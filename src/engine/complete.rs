@@ -168,7 +168,12 @@ pub fn context(code: &str, pos: usize) -> (usize, Context<'_>) {
         }
     }
     // A plain word, with `module::` prefixes.
-    let wstart = before[..pos].char_indices().rev().take_while(|(_, c)| is_ident(*c) || *c == ':').last().map_or(pos, |(i, _)| i);
+    let wstart = before[..pos]
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| is_ident(*c) || *c == ':')
+        .last()
+        .map_or(pos, |(i, _)| i);
     (wstart, Context::Word(&before[wstart..]))
 }
 
@@ -219,14 +224,16 @@ impl Session {
                 }
                 c
             }
-            Context::OptionKey { func, method, partial, given } => match registry::options_of_call(func, method.then_some("")) {
-                Some(opts) => opts
-                    .iter()
-                    .filter(|o| o.name.starts_with(partial) && !given.contains(&o.name))
-                    .map(|o| Candidate { display: o.name.to_string(), replacement: format!("{}: ", o.name) })
-                    .collect(),
-                None => vec![],
-            },
+            Context::OptionKey { func, method, partial, given } => {
+                match registry::options_of_call(func, method.then_some("")) {
+                    Some(opts) => opts
+                        .iter()
+                        .filter(|o| o.name.starts_with(partial) && !given.contains(&o.name))
+                        .map(|o| Candidate { display: o.name.to_string(), replacement: format!("{}: ", o.name) })
+                        .collect(),
+                    None => vec![],
+                }
+            }
         };
         Completion { start, candidates }
     }
@@ -265,7 +272,8 @@ impl Session {
             Some(m) if !m.is_empty() => format!("{m}::{name}"),
             _ => name.to_string(),
         };
-        let receiver = code[..start].strip_suffix('.').map(|r| ident_before(r, r.len()).1).and_then(|r| self.type_of(r));
+        let receiver =
+            code[..start].strip_suffix('.').map(|r| ident_before(r, r.len()).1).and_then(|r| self.type_of(r));
         let mut found = self.docs(&full);
         if let Some(t) = &receiver {
             let on_type: Vec<_> = found.iter().filter(|d| d.receiver.as_deref() == Some(t.as_str())).cloned().collect();
@@ -305,7 +313,11 @@ pub fn describe(docs: &[docs::FnDoc]) -> String {
         }
     }
     for (name, opts) in &lists {
-        text += &if lists.len() == 1 { "\n\nOptions (name, default, meaning):".to_string() } else { format!("\n\nOptions of {name} (name, default, meaning):") };
+        text += &if lists.len() == 1 {
+            "\n\nOptions (name, default, meaning):".to_string()
+        } else {
+            format!("\n\nOptions of {name} (name, default, meaning):")
+        };
         for o in opts.iter() {
             let default = o.default.to_string();
             let default = if default.is_empty() { "-".to_string() } else { default };
@@ -329,9 +341,18 @@ mod tests {
         assert_eq!(ctx("let x = model."), (14, Context::Member { receiver: "model", partial: "" }));
         assert_eq!(ctx("r[\"e"), (3, Context::Index { receiver: "r", partial: "e" }));
         assert_eq!(ctx("print(r[\""), (9, Context::Index { receiver: "r", partial: "" }));
-        assert_eq!(ctx("m.analyze(d, #{st"), (15, Context::OptionKey { func: "analyze", method: true, partial: "st", given: vec![] }));
-        assert_eq!(ctx("m.analyze(d, #{stats: [\"rare\"], k"), (32, Context::OptionKey { func: "analyze", method: true, partial: "k", given: vec!["stats"] }));
-        assert_eq!(ctx("heatmap(x, #{"), (13, Context::OptionKey { func: "heatmap", method: false, partial: "", given: vec![] }));
+        assert_eq!(
+            ctx("m.analyze(d, #{st"),
+            (15, Context::OptionKey { func: "analyze", method: true, partial: "st", given: vec![] })
+        );
+        assert_eq!(
+            ctx("m.analyze(d, #{stats: [\"rare\"], k"),
+            (32, Context::OptionKey { func: "analyze", method: true, partial: "k", given: vec!["stats"] })
+        );
+        assert_eq!(
+            ctx("heatmap(x, #{"),
+            (13, Context::OptionKey { func: "heatmap", method: false, partial: "", given: vec![] })
+        );
         assert_eq!(ctx(":he"), (0, Context::Command(":he")));
         assert_eq!(ctx("let a = heat"), (8, Context::Word("heat")));
         assert_eq!(ctx("stats::me"), (0, Context::Word("stats::me")));

@@ -22,7 +22,10 @@ impl FnDoc {
     pub fn summary(&self) -> String {
         let first = self.doc.split("\n\n").next().unwrap_or_default().replace('\n', " ");
         // The first sentence: a period before a space, not one of an abbreviation.
-        let end = first.match_indices(". ").map(|(i, _)| i).find(|&i| !["et al", "e.g", "i.e", "cf", "vs"].iter().any(|a| first[..i].ends_with(a)));
+        let end = first
+            .match_indices(". ")
+            .map(|(i, _)| i)
+            .find(|&i| !["et al", "e.g", "i.e", "cf", "vs"].iter().any(|a| first[..i].ends_with(a)));
         let s = end.map_or(first.as_str(), |i| &first[..=i]);
         if s.chars().count() > 110 {
             format!("{}...", s.chars().take(107).collect::<String>())
@@ -86,14 +89,23 @@ pub fn all_docs(engine: &Engine) -> Vec<FnDoc> {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) {
             let types = custom_types(&v);
             for f in v["functions"].as_array().into_iter().flatten() {
-                let comments: Vec<String> =
-                    f["docComments"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(String::from)).collect();
+                let comments: Vec<String> = f["docComments"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect();
                 if comments.is_empty() {
                     continue;
                 }
                 let raw = f["name"].as_str().unwrap_or_default();
                 let name = raw.strip_prefix("get$").or_else(|| raw.strip_prefix("set$")).unwrap_or(raw).to_string();
-                out.push(FnDoc { name, signature: script_signature(f, &types), doc: join_doc(&comments), receiver: receiver(f, &types) });
+                out.push(FnDoc {
+                    name,
+                    signature: script_signature(f, &types),
+                    doc: join_doc(&comments),
+                    receiver: receiver(f, &types),
+                });
             }
         }
     }
@@ -174,7 +186,9 @@ fn custom_types(v: &serde_json::Value) -> HashMap<String, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|t| Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string())))
+        .filter_map(|t| {
+            Some((t["typeName"].as_str()?.rsplit("::").next()?.to_string(), t["displayName"].as_str()?.to_string()))
+        })
         .collect();
     for (alias, core) in ALIASES {
         if let Some(shown) = types.get(*core).cloned() {
@@ -213,7 +227,10 @@ pub fn members_by_type(engine: &Engine) -> std::collections::BTreeMap<String, Ve
         let Some(t) = receiver(f, &types) else { continue };
         let raw = f["name"].as_str().unwrap_or_default();
         let name = raw.strip_prefix("get$").unwrap_or(raw);
-        if name.contains('$') || !name.starts_with(|c: char| c.is_alphabetic() || c == '_') || matches!(name, "to_string" | "to_debug") {
+        if name.contains('$')
+            || !name.starts_with(|c: char| c.is_alphabetic() || c == '_')
+            || matches!(name, "to_string" | "to_debug")
+        {
             continue;
         }
         out.entry(t).or_default().push(name.to_string());
@@ -253,7 +270,8 @@ pub fn function_names(engine: &Engine) -> Vec<String> {
         .filter_map(|s| {
             let s = s.strip_prefix("fn ").unwrap_or(&s).to_string();
             let name = s.split('(').next()?.trim().to_string();
-            (!name.is_empty() && !name.starts_with(|c: char| !c.is_alphabetic() && c != '_') && !name.contains("$")).then_some(name)
+            (!name.is_empty() && !name.starts_with(|c: char| !c.is_alphabetic() && c != '_') && !name.contains("$"))
+                .then_some(name)
         })
         .collect();
     for (module, text) in STDLIB {
@@ -287,21 +305,41 @@ mod tests {
         let ex = d.examples();
         assert_eq!(ex.iter().map(|e| e.code.as_str()).collect::<Vec<_>>(), ["let x = 1;\nassert(x == 1);\n", "f();\n"]);
         assert!(!ex[0].must_fail);
-        let bad = FnDoc { name: "g".into(), signature: "g()".into(), receiver: None, doc: "```rhai,error\ng(1);\n```".into() };
+        let bad = FnDoc {
+            name: "g".into(),
+            signature: "g()".into(),
+            receiver: None,
+            doc: "```rhai,error\ng(1);\n```".into(),
+        };
         assert!(bad.examples()[0].must_fail);
     }
 
     #[test]
     fn signatures_are_written_as_scripts_call_them() {
-        let types: HashMap<String, String> = [("ScriptModel", "Model"), ("AnalysisObj", "Analysis"), ("Dataset", "Dataset")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let types: HashMap<String, String> =
+            [("ScriptModel", "Model"), ("AnalysisObj", "Analysis"), ("Dataset", "Dataset")]
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
         let f = |name: &str, params: &[(&str, &str)], ret: &str| {
-            let ps: Vec<serde_json::Value> = params.iter().map(|(n, t)| serde_json::json!({"name": n, "type": t})).collect();
+            let ps: Vec<serde_json::Value> =
+                params.iter().map(|(n, t)| serde_json::json!({"name": n, "type": t})).collect();
             script_signature(&serde_json::json!({"name": name, "params": ps, "returnType": ret}), &types)
         };
-        assert_eq!(f("analyze", &[("m", "&mut ScriptModel"), ("data", "Dynamic"), ("options", "Map")], "ScriptResult<AnalysisObj>"), "m.analyze(data, options) -> Analysis");
+        assert_eq!(
+            f(
+                "analyze",
+                &[("m", "&mut ScriptModel"), ("data", "Dynamic"), ("options", "Map")],
+                "ScriptResult<AnalysisObj>"
+            ),
+            "m.analyze(data, options) -> Analysis"
+        );
         assert_eq!(f("get$texts", &[("d", "&mut Dataset")], "Array"), "d.texts -> array");
         assert_eq!(f("index$get$", &[("d", "&mut Dataset"), ("i", "i64")], "ScriptResult<Map>"), "d[i] -> map");
-        assert_eq!(f("heatmap", &[("matrix", "Array"), ("options", "Map")], "Result<crate::plot::Plot, Box<EvalAltResult>>"), "heatmap(matrix, options) -> Plot");
+        assert_eq!(
+            f("heatmap", &[("matrix", "Array"), ("options", "Map")], "Result<crate::plot::Plot, Box<EvalAltResult>>"),
+            "heatmap(matrix, options) -> Plot"
+        );
         assert_eq!(f("save", &[("p", "&mut Plot"), ("path", "&str")], "ScriptResult<()>"), "p.save(path)");
     }
 

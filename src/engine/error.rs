@@ -60,13 +60,24 @@ impl ScriptError {
 
     pub fn from_parse(source: &str, e: &ParseError, sources: &Sources) -> Self {
         let message = e.err_type().to_string();
-        ScriptError { kind: ErrorKind::Syntax, message, location: loc(source, e.position()), source_line: None, notes: vec![] }
-            .with_line(sources)
+        ScriptError {
+            kind: ErrorKind::Syntax,
+            message,
+            location: loc(source, e.position()),
+            source_line: None,
+            notes: vec![],
+        }
+        .with_line(sources)
     }
 
     /// Unwraps nested call and module errors down to the innermost one, keeping the chain.
     /// `module_files` maps an import path ("tables") to its source name ("stdlib/tables.rhai").
-    pub fn from_eval(source: &str, e: EvalAltResult, sources: &Sources, module_files: &HashMap<String, String>) -> Self {
+    pub fn from_eval(
+        source: &str,
+        e: EvalAltResult,
+        sources: &Sources,
+        module_files: &HashMap<String, String>,
+    ) -> Self {
         let mut current = source.to_string();
         let mut notes = Vec::new();
         let mut e = e;
@@ -113,7 +124,13 @@ impl ScriptError {
                         EvalAltResult::ErrorRuntime(v, _) if v.is_string() => v.to_string(),
                         _ => other.to_string(),
                     };
-                    let err = ScriptError { kind: ErrorKind::Runtime, message, location: loc(&current, pos), source_line: None, notes };
+                    let err = ScriptError {
+                        kind: ErrorKind::Runtime,
+                        message,
+                        location: loc(&current, pos),
+                        source_line: None,
+                        notes,
+                    };
                     return err.with_line(sources);
                 }
             }
@@ -143,7 +160,8 @@ impl fmt::Display for ScriptError {
             let n = l.line.to_string();
             let pad = " ".repeat(n.len());
             // Caret under the column, counting characters (tabs kept so alignment holds).
-            let lead: String = line.chars().take(l.col.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+            let lead: String =
+                line.chars().take(l.col.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
             write!(f, "\n{pad} |\n{n} | {line}\n{pad} | {lead}^")?;
         }
         for note in &self.notes {

@@ -39,7 +39,14 @@ pub const FINISHERS: &[(&str, Finisher)] = &[
 
 /// The result of a complete, consistent set of shards.
 pub fn finish(m: &Merged) -> Result<(Dynamic, Value), String> {
-    let f = FINISHERS.iter().find(|(name, _)| *name == m.func).ok_or_else(|| format!("{}: no function '{}' runs sharded (those that do: {})", m.name, m.func, FINISHERS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")))?;
+    let f = FINISHERS.iter().find(|(name, _)| *name == m.func).ok_or_else(|| {
+        format!(
+            "{}: no function '{}' runs sharded (those that do: {})",
+            m.name,
+            m.func,
+            FINISHERS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        )
+    })?;
     (f.1)(m)
 }
 
@@ -55,11 +62,16 @@ fn record_of(v: &Dynamic, i: usize) -> ScriptResult<(String, Partial)> {
         crate::script::convert::dynamic_json(v)
     } else if v.is_string() {
         let path = v.to_string();
-        let text = std::fs::read_to_string(&path).or_else(|e| err(format!("merge_results: cannot read '{path}': {e}")))?;
+        let text =
+            std::fs::read_to_string(&path).or_else(|e| err(format!("merge_results: cannot read '{path}': {e}")))?;
         let json = serde_json::from_str(&text).or_else(|e| err(format!("merge_results: '{path}' is not JSON: {e}")))?;
         return match Partial::in_result(&json) {
-            Some(r) => Ok((path.clone(), Partial::from_json(r, &path).or_else(|e| err(format!("merge_results: {e}")))?)),
-            None => err(format!("merge_results: '{path}' holds no shard record (options.shard): was it computed with a shard?")),
+            Some(r) => {
+                Ok((path.clone(), Partial::from_json(r, &path).or_else(|e| err(format!("merge_results: {e}")))?))
+            }
+            None => err(format!(
+                "merge_results: '{path}' holds no shard record (options.shard): was it computed with a shard?"
+            )),
         };
     } else {
         return err(format!("merge_results: item {i} is not a sharded result or a file path: {}", quote(v)));
@@ -109,7 +121,11 @@ pub fn merge_files(paths: &[PathBuf], out: &Path) -> Result<Vec<String>, String>
     let (groups, skipped) = crate::shard::read_partials(paths)?;
     if groups.is_empty() {
         let looked: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        return Err(format!("no shard results in {} ({} JSON file(s) without a shard record)", looked.join(" "), skipped.len()));
+        return Err(format!(
+            "no shard results in {} ({} JSON file(s) without a shard record)",
+            looked.join(" "),
+            skipped.len()
+        ));
     }
     let mut done = Vec::new();
     for (name, parts) in &groups {
@@ -122,7 +138,8 @@ pub fn merge_files(paths: &[PathBuf], out: &Path) -> Result<Vec<String>, String>
     for (name, m, json) in done {
         let path = crate::shard::merged_path(out, &name);
         let text = serde_json::to_string_pretty(&json).map_err(|e| format!("{name}: {e}"))?;
-        crate::output::write_atomic(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::output::write_atomic(&path, text.as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         lines.push(format!("{name}: {} shards, {} sentences -> {}", m.shards, m.total, path.display()));
     }
     Ok(lines)

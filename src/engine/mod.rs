@@ -53,7 +53,11 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { sink: Box::new(|_| {}), args: vec![], base_dir: std::env::current_dir().unwrap_or_else(|_| ".".into()) }
+        SessionOptions {
+            sink: Box::new(|_| {}),
+            args: vec![],
+            base_dir: std::env::current_dir().unwrap_or_else(|_| ".".into()),
+        }
     }
 }
 
@@ -170,7 +174,8 @@ impl Session {
         let sources: Rc<RefCell<Sources>> = Rc::default();
         let resolver = Rc::new(Resolver::new(sources.clone(), opts.base_dir));
         let interrupt = Interrupt::default();
-        let temp_dir = Rc::new(std::env::temp_dir().join(format!("headscope-{}-{}", std::process::id(), next_session_id())));
+        let temp_dir =
+            Rc::new(std::env::temp_dir().join(format!("headscope-{}-{}", std::process::id(), next_session_id())));
 
         let mut engine = Engine::new();
         engine.set_module_resolver(SharedResolver(resolver.clone()));
@@ -200,7 +205,8 @@ impl Session {
             let Ok(mut r) = rb.try_borrow_mut() else { return Ok(true) };
             if r.active && r.early.contains(info.name()) {
                 let scope = ctx.scope_mut();
-                let last = (&*scope).into_iter().enumerate().filter(|(_, (n, _, _))| *n == info.name()).map(|(i, _)| i).last();
+                let last =
+                    (&*scope).into_iter().enumerate().filter(|(_, (n, _, _))| *n == info.name()).map(|(i, _)| i).last();
                 // Only a variable of an earlier input: this input's own entries are addressed
                 // by their offset from the end of the scope, which a removal below keeps.
                 if last.is_some_and(|i| i < r.base) {
@@ -224,7 +230,20 @@ impl Session {
         let mut scope = Scope::new();
         let args: rhai::Array = opts.args.into_iter().map(Dynamic::from).collect();
         scope.push_constant("ARGS", args);
-        Session { engine, scope, functions: AST::empty(), sources, resolver, interrupt, sink, temp_dir, inputs: 0, rebind, time: false, history: Vec::new() }
+        Session {
+            engine,
+            scope,
+            functions: AST::empty(),
+            sources,
+            resolver,
+            interrupt,
+            sink,
+            temp_dir,
+            inputs: 0,
+            rebind,
+            time: false,
+            history: Vec::new(),
+        }
     }
 
     pub fn interrupt_handle(&self) -> Interrupt {
@@ -240,12 +259,16 @@ impl Session {
     pub fn eval(&mut self, source: &str, code: &str) -> Result<Option<Output>, ScriptError> {
         self.inputs += 1;
         self.sources.borrow_mut().insert(source.to_string(), code.to_string());
-        let mut ast = self.engine.compile_with_scope(&self.scope, code).map_err(|e| ScriptError::from_parse(source, &e, &self.sources.borrow()))?;
+        let mut ast = self
+            .engine
+            .compile_with_scope(&self.scope, code)
+            .map_err(|e| ScriptError::from_parse(source, &e, &self.sources.borrow()))?;
         ast.set_source(source);
         let mut full = self.functions.merge(&ast);
         full.set_source(source);
         self.interrupt.reset();
-        *self.rebind.borrow_mut() = Rebind { active: true, base: self.scope.len(), early: early_lets(&ast), released: vec![] };
+        *self.rebind.borrow_mut() =
+            Rebind { active: true, base: self.scope.len(), early: early_lets(&ast), released: vec![] };
         let engine = &self.engine;
         let scope = &mut self.scope;
         let sink = self.sink.clone();
@@ -303,7 +326,12 @@ impl Session {
             Ok(Ok(v)) => v,
         };
         self.keep_imports(&ast, source);
-        self.history.push(Input { source: source.to_string(), code: code.to_string(), shown: !value.is_unit(), file: false });
+        self.history.push(Input {
+            source: source.to_string(),
+            code: code.to_string(),
+            shown: !value.is_unit(),
+            file: false,
+        });
         Ok(render_value(&value))
     }
 
@@ -369,7 +397,12 @@ impl Session {
             let mut docs = docs::lookup(&self.engine, &plain);
             // A method call's first argument is its object: its type's overloads; a plain
             // call: the plain functions (all overloads where neither matches).
-            let first = typed.split_once(" (").and_then(|(_, a)| a.split([',', ')']).next()).map(str::trim).unwrap_or_default().to_string();
+            let first = typed
+                .split_once(" (")
+                .and_then(|(_, a)| a.split([',', ')']).next())
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string();
             if docs.iter().any(|d| d.receiver.as_deref() == Some(first.as_str())) {
                 docs.retain(|d| d.receiver.as_deref() == Some(first.as_str()));
             } else if docs.iter().any(|d| d.receiver.is_none()) {
@@ -405,7 +438,11 @@ impl Session {
         let mut parser = Engine::new_raw();
         parser.set_optimization_level(rhai::OptimizationLevel::None);
         parser.set_max_expr_depths(256, 256);
-        let mut s = format!("// headscope {} session: {} inputs. Replay with `headscope run FILE`.\n", env!("CARGO_PKG_VERSION"), self.history.len());
+        let mut s = format!(
+            "// headscope {} session: {} inputs. Replay with `headscope run FILE`.\n",
+            env!("CARGO_PKG_VERSION"),
+            self.history.len()
+        );
         for input in &self.history {
             if input.file {
                 s += &format!("// :load {}\n", input.source);
@@ -443,7 +480,12 @@ impl Session {
     pub fn variables(&self) -> Vec<Variable> {
         (&self.scope)
             .into_iter()
-            .map(|(name, v, _)| Variable { name: name.to_string(), type_name: self.engine.map_type_name(v.type_name()).to_string(), preview: preview(v), size: size::of(v) })
+            .map(|(name, v, _)| Variable {
+                name: name.to_string(),
+                type_name: self.engine.map_type_name(v.type_name()).to_string(),
+                preview: preview(v),
+                size: size::of(v),
+            })
             .collect()
     }
 
@@ -498,7 +540,11 @@ fn preview(v: &Dynamic) -> String {
         text = o.text;
     }
     let line = text.lines().next().unwrap_or_default();
-    if line.chars().count() > PREVIEW_CHARS { format!("{}...", line.chars().take(PREVIEW_CHARS).collect::<String>()) } else { line.to_string() }
+    if line.chars().count() > PREVIEW_CHARS {
+        format!("{}...", line.chars().take(PREVIEW_CHARS).collect::<String>())
+    } else {
+        line.to_string()
+    }
 }
 
 /// Writes `v` as Rhai's `to_string` does (items of arrays and maps as their debug form), but
@@ -533,7 +579,11 @@ fn write_bounded(v: &Dynamic, debug: bool, out: &mut String) {
     } else if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
         // One more character than a preview shows, so that a longer text is still cut.
         let head: String = s.chars().take(PREVIEW_CHARS + 1).collect();
-        if debug { out.push_str(&format!("{head:?}")) } else { out.push_str(&head) }
+        if debug {
+            out.push_str(&format!("{head:?}"))
+        } else {
+            out.push_str(&head)
+        }
     } else if debug {
         out.push_str(&format!("{v:?}"));
     } else {
@@ -574,7 +624,11 @@ fn early_lets(ast: &AST) -> std::collections::HashSet<String> {
                 }
                 true
             });
-            if reads { late.insert(name.to_string()) } else { early.insert(name.to_string()) };
+            if reads {
+                late.insert(name.to_string())
+            } else {
+                early.insert(name.to_string())
+            };
         }
     }
     early.retain(|n| !late.contains(n));
@@ -662,7 +716,9 @@ fn display_last(parser: &Engine, code: &str) -> String {
     // Where an expression starts: an operator call starts at its left operand.
     fn start(e: &rhai::Expr) -> rhai::Position {
         match e {
-            rhai::Expr::FnCall(call, _) if call.is_operator_call() || !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') => {
+            rhai::Expr::FnCall(call, _)
+                if call.is_operator_call() || !call.name.starts_with(|c: char| c.is_alphabetic() || c == '_') =>
+            {
                 call.args.first().map_or(e.start_position(), start)
             }
             other => other.start_position(),
@@ -701,7 +757,9 @@ fn display_last(parser: &Engine, code: &str) -> String {
 pub fn pasted_inputs(input: &str) -> Option<Vec<String>> {
     fn after<'a>(line: &'a str, prompt: &str) -> Option<&'a str> {
         let l = line.trim_start();
-        l.strip_prefix(prompt).map(|rest| rest.strip_prefix(' ').unwrap_or(rest)).filter(|_| l.len() == prompt.len() || l[prompt.len()..].starts_with(' '))
+        l.strip_prefix(prompt)
+            .map(|rest| rest.strip_prefix(' ').unwrap_or(rest))
+            .filter(|_| l.len() == prompt.len() || l[prompt.len()..].starts_with(' '))
     }
     let first = input.lines().find(|l| !l.trim().is_empty())?;
     after(first, "hs>")?;
@@ -737,10 +795,11 @@ pub fn read_script(path: &Path) -> Result<String, String> {
 
 /// Every documented example, for tests and `headscope doctor --examples`.
 pub fn documented_examples(engine: &Engine) -> Vec<(String, docs::Example)> {
-    docs::all_docs(engine).into_iter().flat_map(|d| d.examples().into_iter().map(move |e| (d.signature.clone(), e))).collect()
+    docs::all_docs(engine)
+        .into_iter()
+        .flat_map(|d| d.examples().into_iter().map(move |e| (d.signature.clone(), e)))
+        .collect()
 }
-
-
 
 /// A `:` command typed without its colon (`help`, `quit`, `exit`, `vars`...) is a variable
 /// Rhai does not find: say how commands are written.
@@ -748,7 +807,8 @@ fn command_hint(code: &str, e: &ScriptError) -> Option<String> {
     let word = code.trim().trim_end_matches(';').trim().trim_end_matches("()");
     let is_command = commands::COMMANDS.iter().any(|c| c.name == word) || matches!(word, "exit" | "q");
     let command = if matches!(word, "exit" | "q") { "quit" } else { word };
-    (is_command && e.message.contains("not found")).then(|| format!("{word} is a session command: type :{command} (commands start with ':'; :help lists them)"))
+    (is_command && e.message.contains("not found"))
+        .then(|| format!("{word} is a session command: type :{command} (commands start with ':'; :help lists them)"))
 }
 
 #[cfg(test)]
@@ -758,11 +818,21 @@ mod tests {
     #[test]
     fn a_command_without_its_colon_says_how_commands_are_written() {
         let mut s = Session::new(SessionOptions::default());
-        for (typed, command) in [("help", ":help"), ("quit", ":quit"), ("exit", ":quit"), ("vars;", ":vars"), ("help()", ":help"), (" q ", ":quit")] {
+        for (typed, command) in [
+            ("help", ":help"),
+            ("quit", ":quit"),
+            ("exit", ":quit"),
+            ("vars;", ":vars"),
+            ("help()", ":help"),
+            (" q ", ":quit"),
+        ] {
             let e = s.eval("<input>", typed).expect_err(typed);
             let shown = e.to_string();
             assert!(shown.contains(&format!("is a session command: type {command}")), "{typed}: {shown}");
-            assert!(!shown.contains('\n') && !shown.contains("not found"), "{typed}: one line, no 'not found': {shown}");
+            assert!(
+                !shown.contains('\n') && !shown.contains("not found"),
+                "{typed}: one line, no 'not found': {shown}"
+            );
         }
         // A variable of that name is the user's own.
         s.eval("<input>", "let help = 3;").expect("let");
@@ -782,7 +852,11 @@ mod tests {
         // Wrong arguments: the script-facing signatures and :help, script type names.
         let e = s.eval("<input>", "heatmap(1, 2, 3)").expect_err("arity");
         assert!(e.message.contains("heatmap (int, int, int)"), "{}", e.message);
-        assert!(e.notes.iter().any(|n| n.contains("'heatmap' is called as: heatmap(") && n.contains("(:help heatmap)")), "{:?}", e.notes);
+        assert!(
+            e.notes.iter().any(|n| n.contains("'heatmap' is called as: heatmap(") && n.contains("(:help heatmap)")),
+            "{:?}",
+            e.notes
+        );
         // A near name for an unknown function, and for a variable.
         let e = s.eval("<input>", "heatmapp([[1]])").expect_err("typo");
         assert!(e.notes.iter().any(|n| n == "did you mean 'heatmap'?"), "{:?}", e.notes);
@@ -796,7 +870,14 @@ mod tests {
     /// What a session shows for each input, and what its `:save` script shows when run.
     #[test]
     fn a_saved_session_replays_and_shows_what_the_session_showed() {
-        let inputs = ["let x = 2; // two", "1+1", "import \"stats\" as st;", "st::mean([1, 2, 3])", "x * 10 // the last", "let y = x; y"];
+        let inputs = [
+            "let x = 2; // two",
+            "1+1",
+            "import \"stats\" as st;",
+            "st::mean([1, 2, 3])",
+            "x * 10 // the last",
+            "let y = x; y",
+        ];
         let mut s = Session::new(SessionOptions::default());
         let mut shown = Vec::new();
         for i in inputs {
@@ -867,7 +948,11 @@ mod tests {
             ("def f(x):", "invalid"),
             ("for h in xs:", "invalid"),
         ];
-        let wrong: Vec<String> = cases.iter().filter(|(code, want)| status(code) != *want).map(|(code, want)| format!("{code:?}: {} (want {want})", status(code))).collect();
+        let wrong: Vec<String> = cases
+            .iter()
+            .filter(|(code, want)| status(code) != *want)
+            .map(|(code, want)| format!("{code:?}: {} (want {want})", status(code)))
+            .collect();
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
@@ -895,7 +980,11 @@ mod tests {
             let value = s.scope.get_value::<Dynamic>(&v.name).unwrap();
             let shown = render_value(&value).map(|o| o.text).unwrap_or_default();
             let line = shown.lines().next().unwrap_or_default();
-            let want = if line.chars().count() > 60 { format!("{}...", line.chars().take(60).collect::<String>()) } else { line.to_string() };
+            let want = if line.chars().count() > 60 {
+                format!("{}...", line.chars().take(60).collect::<String>())
+            } else {
+                line.to_string()
+            };
             assert_eq!(v.preview, want, "{}", v.name);
         }
         let preview = |n: &str| vars.iter().find(|v| v.name == n).map(|v| v.preview.clone()).unwrap_or_default();
@@ -957,16 +1046,32 @@ mod tests {
     #[test]
     fn rebinding_a_name_keeps_a_model_another_variable_holds() {
         let mut s = Session::new(SessionOptions::default());
-        s.eval("a", r#"let m = load_model("minilm", #{device: "cpu"}); let view = m.with_mask(["enc.0.1"]); let same = m;"#).unwrap();
+        s.eval(
+            "a",
+            r#"let m = load_model("minilm", #{device: "cpu"}); let view = m.with_mask(["enc.0.1"]); let same = m;"#,
+        )
+        .unwrap();
         let vars = s.variables();
-        let model = |n: &str| vars.iter().find(|v| v.name == n).and_then(|v| v.size).unwrap_or_else(|| panic!("{n} has no size"));
+        let model = |n: &str| {
+            vars.iter().find(|v| v.name == n).and_then(|v| v.size).unwrap_or_else(|| panic!("{n} has no size"))
+        };
         let (m, view) = (model("m"), model("view"));
         assert!(m.bytes > 80_000_000 && m.bytes < 100_000_000, "MiniLM's f32 weights: {} bytes", m.bytes);
         assert_eq!(m.shared, view.shared, "a view shares its model's weights");
-        let shown = commands::dispatch(&mut s, ":vars").ok().and_then(|o| match o { commands::Outcome::Show(o) => o, _ => None }).map(|o| o.text).unwrap_or_default();
+        let shown = commands::dispatch(&mut s, ":vars")
+            .ok()
+            .and_then(|o| match o {
+                commands::Outcome::Show(o) => o,
+                _ => None,
+            })
+            .map(|o| o.text)
+            .unwrap_or_default();
         assert!(shown.contains("weights shared with view, same"), "{shown}");
         s.eval("b", "let m = 1;").unwrap();
         assert_eq!(value(&mut s, r#"[same.layers("enc"), view.layers("enc"), m]"#), "[6, 6, 1]");
-        assert_eq!(value(&mut s, r#"[same.forward(["The cat sat."]).sentences, view.forward(["A dog."]).sentences]"#), "[1, 1]");
+        assert_eq!(
+            value(&mut s, r#"[same.forward(["The cat sat."]).sentences, view.forward(["A dog."]).sentences]"#),
+            "[1, 1]"
+        );
     }
 }

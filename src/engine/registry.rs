@@ -1,15 +1,26 @@
 //! The flat registration list: every script type's API (each lives beside its type) and
 //! every renderer. Only the engine depends on all the types, so imports stay a DAG.
 
-use rhai::{Dynamic, Engine};
 use crate::output::Output;
 use crate::script::convert::OptSpec;
+use rhai::{Dynamic, Engine};
 
 /// Renders a script value into an output bundle, if it is of a type the renderer knows.
 pub type Renderer = fn(&Dynamic) -> Option<Output>;
 
 /// Every type-specific renderer; the session tries them in order.
-pub const RENDERERS: &[Renderer] = &[crate::table::script::render, crate::plot::script::render, crate::model::script::render, crate::model::script::hooks::render, crate::data::script::render, crate::data::pairs_script::render, crate::grid::script::render, crate::analysis::script::render, crate::prune::script::render, crate::view::script::render];
+pub const RENDERERS: &[Renderer] = &[
+    crate::table::script::render,
+    crate::plot::script::render,
+    crate::model::script::render,
+    crate::model::script::hooks::render,
+    crate::data::script::render,
+    crate::data::pairs_script::render,
+    crate::grid::script::render,
+    crate::analysis::script::render,
+    crate::prune::script::render,
+    crate::view::script::render,
+];
 
 /// Every function that takes an option map, with the options it accepts (each list lives
 /// beside its function): `Opts` checks maps against them and takes defaults from them,
@@ -47,7 +58,8 @@ pub fn options_of(func: &str) -> Option<&'static [OptSpec]> {
 pub fn options_of_call(func: &str, receiver: Option<&str>) -> Option<&'static [OptSpec]> {
     let all = || OPTION_FAMILIES.iter().flat_map(|f| f.iter());
     if let Some(ty) = receiver {
-        let own = all().find(|(name, _)| name.split_once('.').is_some_and(|(t, n)| n == func && (ty.is_empty() || t == ty)));
+        let own =
+            all().find(|(name, _)| name.split_once('.').is_some_and(|(t, n)| n == func && (ty.is_empty() || t == ty)));
         if let Some((_, o)) = own {
             return Some(*o);
         }

@@ -34,7 +34,12 @@ impl Resolver {
     }
 
     /// (cache key, source name, text) of an import path.
-    fn locate(&self, importer: Option<&str>, path: &str, pos: Position) -> Result<(String, String, String), Box<EvalAltResult>> {
+    fn locate(
+        &self,
+        importer: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<(String, String, String), Box<EvalAltResult>> {
         if let Some((_, text)) = STDLIB.iter().find(|(n, _)| *n == path || format!("{n}.rhai") == path) {
             let name = format!("stdlib/{}.rhai", path.trim_end_matches(".rhai"));
             return Ok((name.clone(), name, text.to_string()));
@@ -55,7 +60,12 @@ impl Resolver {
         let known: Vec<&str> = STDLIB.iter().map(|(n, _)| *n).collect();
         let text = std::fs::read_to_string(&p).map_err(|e| {
             Box::new(EvalAltResult::ErrorRuntime(
-                format!("module not found: '{path}' (no stdlib module of that name: {}; file {}: {e})", known.join(", "), p.display()).into(),
+                format!(
+                    "module not found: '{path}' (no stdlib module of that name: {}; file {}: {e})",
+                    known.join(", "),
+                    p.display()
+                )
+                .into(),
                 pos,
             ))
         })?;
@@ -63,7 +73,13 @@ impl Resolver {
         Ok((name.clone(), name, text))
     }
 
-    pub fn load(&self, engine: &Engine, importer: Option<&str>, path: &str, pos: Position) -> Result<SharedModule, Box<EvalAltResult>> {
+    pub fn load(
+        &self,
+        engine: &Engine,
+        importer: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<SharedModule, Box<EvalAltResult>> {
         let (key, name, text) = self.locate(importer, path, pos)?;
         self.files.borrow_mut().insert(path.to_string(), name.clone());
         if let Some(m) = self.cache.borrow().get(&key) {
@@ -85,7 +101,13 @@ impl Resolver {
 pub struct SharedResolver(pub Rc<Resolver>);
 
 impl ModuleResolver for SharedResolver {
-    fn resolve(&self, engine: &Engine, source: Option<&str>, path: &str, pos: Position) -> Result<SharedModule, Box<EvalAltResult>> {
+    fn resolve(
+        &self,
+        engine: &Engine,
+        source: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<SharedModule, Box<EvalAltResult>> {
         self.0.load(engine, source, path, pos)
     }
 }

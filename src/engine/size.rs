@@ -51,9 +51,15 @@ pub fn of(v: &Dynamic) -> Option<Size> {
     }
     if let Some(p) = v.read_lock::<crate::prune::script::PruneResult>() {
         let w = model_bytes(&p.model.model);
-        let trained: u64 = p.trained.as_ref().map_or(0, |(_, ts)| ts.iter().map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum());
+        let trained: u64 = p
+            .trained
+            .as_ref()
+            .map_or(0, |(_, ts)| ts.iter().map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum());
         let own = p.run.trained.as_ref().map_or(0, model_bytes);
-        return Some(Size { bytes: w + trained.max(own), shared: Some((std::rc::Rc::as_ptr(&p.model.model) as usize, w)) });
+        return Some(Size {
+            bytes: w + trained.max(own),
+            shared: Some((std::rc::Rc::as_ptr(&p.model.model) as usize, w)),
+        });
     }
     if let Some(c) = v.read_lock::<crate::model::script::hooks::Cache>() {
         return plain(c.entries.iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum());
@@ -66,7 +72,13 @@ pub fn of(v: &Dynamic) -> Option<Size> {
     }
     if let Some(d) = v.read_lock::<crate::analysis::script::DiversityObj>() {
         let layers = d.0.kinds.iter().flat_map(|(_, ls)| ls.iter());
-        return plain(layers.map(|l| grid_bytes(&l.query) + grid_bytes(&l.context) + grid_bytes(&l.output) + l.intra.len() as u64 * 8).sum());
+        return plain(
+            layers
+                .map(|l| {
+                    grid_bytes(&l.query) + grid_bytes(&l.context) + grid_bytes(&l.output) + l.intra.len() as u64 * 8
+                })
+                .sum(),
+        );
     }
     if let Some(a) = v.read_lock::<crate::analysis::script::AnalysisObj>() {
         // Its numbers, counted through the JSON form that holds every one of them.
@@ -86,7 +98,14 @@ pub fn of(v: &Dynamic) -> Option<Size> {
         return plain(grid_bytes(&m.0.weights) + tokens);
     }
     if let Some(t) = v.read_lock::<crate::table::Table>() {
-        let cells: u64 = t.rows.iter().flatten().map(|c| std::mem::size_of_val(c) as u64 + if let crate::table::Cell::Text(s) = c { text_bytes(s) } else { 0 }).sum();
+        let cells: u64 = t
+            .rows
+            .iter()
+            .flatten()
+            .map(|c| {
+                std::mem::size_of_val(c) as u64 + if let crate::table::Cell::Text(s) = c { text_bytes(s) } else { 0 }
+            })
+            .sum();
         return plain(cells + t.columns.iter().map(|c| text_bytes(c)).sum::<u64>());
     }
     if let Some(d) = v.read_lock::<crate::data::Dataset>() {
@@ -96,7 +115,9 @@ pub fn of(v: &Dynamic) -> Option<Size> {
         return Some(a.iter().fold(Size { bytes: a.len() as u64 * SLOT, shared: None }, |acc, x| add(acc, of(x))));
     }
     if let Some(m) = v.read_lock::<rhai::Map>() {
-        return Some(m.iter().fold(Size { bytes: m.len() as u64 * SLOT, shared: None }, |acc, (k, x)| add(Size { bytes: acc.bytes + text_bytes(k), ..acc }, of(x))));
+        return Some(m.iter().fold(Size { bytes: m.len() as u64 * SLOT, shared: None }, |acc, (k, x)| {
+            add(Size { bytes: acc.bytes + text_bytes(k), ..acc }, of(x))
+        }));
     }
     if let Some(b) = v.read_lock::<rhai::Blob>() {
         return plain(b.len() as u64);
@@ -125,7 +146,11 @@ pub fn human(bytes: u64) -> String {
         v /= 1000.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@
 //!
 //! Signatures, replays and JSON are checked above ZeroMQ (`wire`), on whole messages.
 
-use jupyter_protocol::ConnectionInfo;
 use jupyter_protocol::connection_info::Transport;
+use jupyter_protocol::ConnectionInfo;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -143,7 +143,11 @@ pub async fn expose(public: &ConnectionInfo, private: &Private) -> Result<(), St
     for (chan, port) in channels {
         let listener = match public.transport {
             // "*" (all interfaces, as libzmq spells it) is 0.0.0.0 to the OS.
-            Transport::TCP => tokio::net::TcpListener::bind((if public.ip == "*" { "0.0.0.0" } else { public.ip.as_str() }, port)).await.map(Listener::Tcp),
+            Transport::TCP => {
+                tokio::net::TcpListener::bind((if public.ip == "*" { "0.0.0.0" } else { public.ip.as_str() }, port))
+                    .await
+                    .map(Listener::Tcp)
+            }
             Transport::IPC => tokio::net::UnixListener::bind(format!("{}-{port}", public.ip)).map(Listener::Unix),
         }
         .map_err(|e| format!("cannot bind the {chan} socket on {}: {e}", public.ip))?;
@@ -196,7 +200,8 @@ async fn serve(listener: Listener, to: To, chan: &'static str) {
 /// before they are forwarded. Only a breach of the limits is an error (I/O errors are a peer
 /// going away).
 async fn pump(client: Box<dyn Io>, inner: &Path, stall: std::time::Duration) -> Result<(), String> {
-    let server = tokio::net::UnixStream::connect(inner).await.map_err(|e| format!("cannot reach the inner socket: {e}"))?;
+    let server =
+        tokio::net::UnixStream::connect(inner).await.map_err(|e| format!("cannot reach the inner socket: {e}"))?;
     let (mut client_rx, mut client_tx) = tokio::io::split(client);
     let (mut server_rx, mut server_tx) = server.into_split();
     let up = async move {
@@ -347,14 +352,20 @@ async fn heartbeat(client: Box<dyn Io>, stall: std::time::Duration) -> Result<()
         message_frames += 1;
         message_bytes = message_bytes.saturating_add(len);
         if message_bytes > MAX_MESSAGE_BYTES {
-            return Err(format!("a message over {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES; this frame declares {len})"));
+            return Err(format!(
+                "a message over {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES; this frame declares {len})"
+            ));
         }
         if message_frames > MAX_FRAMES {
             return Err(format!("a message of more than {MAX_FRAMES} frames (MAX_FRAMES)"));
         }
         // The echo: the same header, then the body as it arrives.
         let mut header = vec![flags];
-        if long { header.extend(len.to_be_bytes()) } else { header.push(len as u8) }
+        if long {
+            header.extend(len.to_be_bytes())
+        } else {
+            header.push(len as u8)
+        }
         send!(&header);
         let mut left = len;
         while left > 0 {
@@ -374,8 +385,18 @@ enum State {
     /// Bytes of the 64-byte ZMTP 3 greeting still to come.
     Greeting(usize),
     Flags,
-    Length { long: bool, more: bool, command: bool, have: usize, buf: [u8; 8] },
-    Body { left: u64, more: bool, command: bool },
+    Length {
+        long: bool,
+        more: bool,
+        command: bool,
+        have: usize,
+        buf: [u8; 8],
+    },
+    Body {
+        left: u64,
+        more: bool,
+        command: bool,
+    },
 }
 
 /// One direction of a ZMTP 3 connection, read as it passes: frame headers and the size of the
@@ -411,7 +432,13 @@ impl Zmtp {
                         return Err(format!("frame flags {first:#04x} set reserved bits"));
                     }
                     bytes = &bytes[1..];
-                    self.state = State::Length { long: first & 0b10 != 0, more: first & 0b1 != 0, command: first & 0b100 != 0, have: 0, buf: [0; 8] };
+                    self.state = State::Length {
+                        long: first & 0b10 != 0,
+                        more: first & 0b1 != 0,
+                        command: first & 0b100 != 0,
+                        have: 0,
+                        buf: [0; 8],
+                    };
                 }
                 State::Length { long, more, command, have, buf } => {
                     let need = if *long { 8 } else { 1 };
@@ -449,7 +476,9 @@ impl Zmtp {
         self.message_frames += 1;
         self.message_bytes = self.message_bytes.saturating_add(len);
         if self.message_bytes > MAX_MESSAGE_BYTES {
-            return Err(format!("a message over {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES; this frame declares {len})"));
+            return Err(format!(
+                "a message over {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES; this frame declares {len})"
+            ));
         }
         if self.message_frames > MAX_FRAMES {
             return Err(format!("a message of more than {MAX_FRAMES} frames (MAX_FRAMES)"));
@@ -510,13 +539,25 @@ mod tests {
     }
 
     /// Runs the heartbeat on one end of an in-memory stream of `capacity` bytes each way.
-    fn with_heartbeat<T>(capacity: usize, stall_ms: u64, client: impl AsyncFnOnce(tokio::io::DuplexStream) -> T) -> (T, Result<(), String>) {
+    fn with_heartbeat<T>(
+        capacity: usize,
+        stall_ms: u64,
+        client: impl AsyncFnOnce(tokio::io::DuplexStream) -> T,
+    ) -> (T, Result<(), String>) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let (ours, theirs) = tokio::io::duplex(capacity);
             let server = tokio::spawn(heartbeat(Box::new(theirs), std::time::Duration::from_millis(stall_ms)));
-            let t = tokio::time::timeout(std::time::Duration::from_secs(20), client(ours)).await.expect("the client side took over 20 s");
-            (t, tokio::time::timeout(std::time::Duration::from_secs(20), server).await.expect("the heartbeat took over 20 s").unwrap())
+            let t = tokio::time::timeout(std::time::Duration::from_secs(20), client(ours))
+                .await
+                .expect("the client side took over 20 s");
+            (
+                t,
+                tokio::time::timeout(std::time::Duration::from_secs(20), server)
+                    .await
+                    .expect("the heartbeat took over 20 s")
+                    .unwrap(),
+            )
         })
     }
 

@@ -22,12 +22,12 @@ pub mod wire;
 mod worker;
 
 use jupyter_protocol::{
-    CodeMirrorMode, CommInfoReply, ConnectionInfo, HelpLink, HistoryReply, InterruptReply, IoPubWelcome, JupyterMessage,
-    JupyterMessageContent, KernelInfoReply, LanguageInfo, ReplyStatus, ShutdownReply, Status,
+    CodeMirrorMode, CommInfoReply, ConnectionInfo, HelpLink, HistoryReply, InterruptReply, IoPubWelcome,
+    JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, ReplyStatus, ShutdownReply, Status,
 };
 use jupyter_zmq_client::{
-    create_kernel_control_connection, create_kernel_iopub_xpub_connection,
-    create_kernel_shell_connection, create_kernel_stdin_connection, RuntimeError, SubscriptionEvent,
+    create_kernel_control_connection, create_kernel_iopub_xpub_connection, create_kernel_shell_connection,
+    create_kernel_stdin_connection, RuntimeError, SubscriptionEvent,
 };
 use std::path::Path;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -39,7 +39,10 @@ pub fn read_connection_file(path: &Path) -> Result<ConnectionInfo, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("connection file {p}: {e}"))?;
     let mut info: ConnectionInfo = serde_json::from_str(&text).map_err(|e| format!("connection file {p}: {e}"))?;
     if info.signature_scheme != "hmac-sha256" && !info.key.is_empty() {
-        return Err(format!("connection file {p}: unsupported signature_scheme '{}' (only hmac-sha256)", info.signature_scheme));
+        return Err(format!(
+            "connection file {p}: unsupported signature_scheme '{}' (only hmac-sha256)",
+            info.signature_scheme
+        ));
     }
     if info.ip.trim().is_empty() {
         info.ip = "127.0.0.1".into();
@@ -89,7 +92,10 @@ fn log(msg: impl std::fmt::Display) {
 pub fn run(connection_file: &Path) -> Result<(), String> {
     let parent = std::os::unix::process::parent_id();
     let info = read_connection_file(connection_file)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("cannot start the kernel's runtime: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the kernel's runtime: {e}"))?;
     rt.block_on(serve(info, parent))
 }
 
@@ -157,7 +163,9 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
     tokio::spawn(async move {
         loop {
             match wire::read(&mut stdin, &in_replay).await {
-                Ok(wire::Incoming::Message(m) | wire::Incoming::Malformed(m, _)) => log(format!("stdin: ignoring {}", m.header.msg_type)),
+                Ok(wire::Incoming::Message(m) | wire::Incoming::Malformed(m, _)) => {
+                    log(format!("stdin: ignoring {}", m.header.msg_type))
+                }
                 Err(wire::Failure::Dropped(why)) => log(format!("stdin: dropped a message: {why}")),
                 Err(wire::Failure::Socket(e)) => {
                     log(format!("stdin socket failed: {e}"));
@@ -182,7 +190,9 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
                     interrupt.trigger();
                     Some(InterruptReply::new().into())
                 }
-                JupyterMessageContent::ShutdownRequest(r) => Some(ShutdownReply { restart: r.restart, status: ReplyStatus::Ok, error: None }.into()),
+                JupyterMessageContent::ShutdownRequest(r) => {
+                    Some(ShutdownReply { restart: r.restart, status: ReplyStatus::Ok, error: None }.into())
+                }
                 other => {
                     log(format!("control: ignoring {}", other.message_type()));
                     None
@@ -208,9 +218,15 @@ async fn serve(info: ConnectionInfo, parent: u32) -> Result<(), String> {
             let msg = next_message!(shell_rx, shell_tx, sh_replay, "shell", sh_stop, sh_pub);
             status(&sh_pub, &msg, true);
             let request = match &msg.content {
-                JupyterMessageContent::ExecuteRequest(r) => Some(Request::Execute { code: r.code.clone(), silent: r.silent }),
-                JupyterMessageContent::CompleteRequest(r) => Some(Request::Complete { code: r.code.clone(), cursor_pos: r.cursor_pos }),
-                JupyterMessageContent::InspectRequest(r) => Some(Request::Inspect { code: r.code.clone(), cursor_pos: r.cursor_pos }),
+                JupyterMessageContent::ExecuteRequest(r) => {
+                    Some(Request::Execute { code: r.code.clone(), silent: r.silent })
+                }
+                JupyterMessageContent::CompleteRequest(r) => {
+                    Some(Request::Complete { code: r.code.clone(), cursor_pos: r.cursor_pos })
+                }
+                JupyterMessageContent::InspectRequest(r) => {
+                    Some(Request::Inspect { code: r.code.clone(), cursor_pos: r.cursor_pos })
+                }
                 JupyterMessageContent::IsCompleteRequest(r) => Some(Request::IsComplete { code: r.code.clone() }),
                 _ => None,
             };

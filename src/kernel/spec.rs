@@ -16,7 +16,9 @@ pub enum InstallTarget {
 impl InstallTarget {
     pub fn kernels_dir(&self) -> Result<PathBuf, String> {
         match self {
-            InstallTarget::User => dirs::data_dir().map(|d| d.join("jupyter").join("kernels")).ok_or_else(|| "cannot find the user's data directory (is HOME set?)".to_string()),
+            InstallTarget::User => dirs::data_dir()
+                .map(|d| d.join("jupyter").join("kernels"))
+                .ok_or_else(|| "cannot find the user's data directory (is HOME set?)".to_string()),
             InstallTarget::Prefix(p) => Ok(p.join("share").join("jupyter").join("kernels")),
         }
     }

@@ -73,7 +73,10 @@ pub async fn read<S: SocketRecv>(conn: &mut Connection<S>, replay: &Mutex<Replay
     if conn.mac.is_some() {
         // Verified, so the signature is 64 hex digits; lowercased, so that a replay cannot
         // pass as new by changing the case of its digits.
-        let mut sig: [u8; 64] = sig.as_deref().and_then(|s| s.try_into().ok()).ok_or_else(|| Failure::Dropped("signature is not 64 hex digits".into()))?;
+        let mut sig: [u8; 64] = sig
+            .as_deref()
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| Failure::Dropped("signature is not 64 hex digits".into()))?;
         sig.make_ascii_lowercase();
         let fresh = replay.lock().unwrap_or_else(|p| p.into_inner()).first_time(sig);
         if !fresh {
@@ -98,7 +101,8 @@ fn framing_error(e: &RuntimeError) -> String {
 /// nothing to reply to); any other error becomes [`Incoming::Malformed`].
 fn parse(raw: RawMessage) -> Result<Incoming, Failure> {
     let j = &raw.jparts;
-    let header: Header = serde_json::from_slice(&j[0]).map_err(|e| Failure::Dropped(format!("unreadable header: {e}")))?;
+    let header: Header =
+        serde_json::from_slice(&j[0]).map_err(|e| Failure::Dropped(format!("unreadable header: {e}")))?;
     let parent_header = serde_json::from_slice(&j[1]).ok();
     let mut msg = JupyterMessage {
         zmq_identities: raw.zmq_identities.clone(),
@@ -113,7 +117,8 @@ fn parse(raw: RawMessage) -> Result<Incoming, Failure> {
         Ok(m) => m,
         Err(e) => return Ok(Incoming::Malformed(msg, format!("metadata: {e}"))),
     };
-    let content = serde_json::from_slice(&j[3]).and_then(|c| JupyterMessageContent::from_type_and_content(&msg.header.msg_type, c));
+    let content = serde_json::from_slice(&j[3])
+        .and_then(|c| JupyterMessageContent::from_type_and_content(&msg.header.msg_type, c));
     match content {
         Ok(c) => {
             msg.metadata = metadata;
@@ -162,14 +167,25 @@ mod tests {
     }
 
     fn raw(header: &str, content: &str) -> RawMessage {
-        RawMessage { zmq_identities: vec![], jparts: vec![header.as_bytes().to_vec().into(), b"{}".to_vec().into(), b"{}".to_vec().into(), content.as_bytes().to_vec().into()] }
+        RawMessage {
+            zmq_identities: vec![],
+            jparts: vec![
+                header.as_bytes().to_vec().into(),
+                b"{}".to_vec().into(),
+                b"{}".to_vec().into(),
+                content.as_bytes().to_vec().into(),
+            ],
+        }
     }
 
     const H: &str = r#"{"msg_id":"1","username":"u","session":"s","date":"2024-01-01T00:00:00Z","msg_type":"execute_request","version":"5.3"}"#;
 
     #[test]
     fn wrong_types_are_malformed_with_a_header_and_dropped_without() {
-        assert!(matches!(parse(raw(H, r#"{"code":"1","silent":false,"store_history":true,"user_expressions":{}}"#)), Ok(Incoming::Message(_))));
+        assert!(matches!(
+            parse(raw(H, r#"{"code":"1","silent":false,"store_history":true,"user_expressions":{}}"#)),
+            Ok(Incoming::Message(_))
+        ));
         for content in [r#"{"code":{},"silent":false}"#, r#"{"code":"1","silent":"yes"}"#, "not json", "[]"] {
             match parse(raw(H, content)) {
                 Ok(Incoming::Malformed(m, why)) => {
@@ -182,7 +198,10 @@ mod tests {
             }
         }
         for header in [r#"{"msg_type": 7}"#, &H.replace(r#""session":"s","#, ""), "{", "null"] {
-            assert!(matches!(parse(raw(header, "{}")), Err(Failure::Dropped(w)) if w.starts_with("unreadable header")), "{header}");
+            assert!(
+                matches!(parse(raw(header, "{}")), Err(Failure::Dropped(w)) if w.starts_with("unreadable header")),
+                "{header}"
+            );
         }
     }
 }

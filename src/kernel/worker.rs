@@ -213,7 +213,9 @@ impl Worker {
         let result: Result<Option<Output>, ScriptError> = if code.trim_start().starts_with(':') {
             match commands::dispatch(&mut self.session, code) {
                 Ok(Outcome::Show(o)) => Ok(o),
-                Ok(Outcome::Quit) => Ok(Some(Output::text("(:quit does not end a notebook's kernel; use Kernel > Shut Down)"))),
+                Ok(Outcome::Quit) => {
+                    Ok(Some(Output::text("(:quit does not end a notebook's kernel; use Kernel > Shut Down)")))
+                }
                 Err(e) => Err(ScriptError::new(ErrorKind::Runtime, e)),
             }
         } else {
@@ -224,13 +226,21 @@ impl Worker {
                 if let (Some(o), false) = (value, silent) {
                     publish(&self.out, ExecuteResult::new(count, media(&o)).into());
                 }
-                ExecuteReply { status: ReplyStatus::Ok, execution_count: count, user_expressions: Some(Default::default()), ..Default::default() }
+                ExecuteReply {
+                    status: ReplyStatus::Ok,
+                    execution_count: count,
+                    user_expressions: Some(Default::default()),
+                    ..Default::default()
+                }
             }
             Err(e) => {
                 let ename = error_name(e.kind).to_string();
                 let traceback: Vec<String> = e.to_string().lines().map(str::to_string).collect();
                 let evalue = e.message.clone();
-                publish(&self.out, ErrorOutput { ename: ename.clone(), evalue: evalue.clone(), traceback: traceback.clone() }.into());
+                publish(
+                    &self.out,
+                    ErrorOutput { ename: ename.clone(), evalue: evalue.clone(), traceback: traceback.clone() }.into(),
+                );
                 ExecuteReply {
                     status: ReplyStatus::Error,
                     execution_count: count,
@@ -241,7 +251,10 @@ impl Worker {
             }
         };
         if self.session.time && !silent {
-            publish(&self.out, StreamContent::stdout(&format!("(took {:.1} ms)\n", started.elapsed().as_secs_f64() * 1e3)).into());
+            publish(
+                &self.out,
+                StreamContent::stdout(&format!("(took {:.1} ms)\n", started.elapsed().as_secs_f64() * 1e3)).into(),
+            );
         }
         reply.into()
     }
@@ -264,7 +277,12 @@ mod tests {
 
     #[test]
     fn media_carries_every_form() {
-        let o = Output { text: "t".into(), html: Some("<b>t</b>".into()), png: Some(vec![1, 2, 3]), svg: Some("<svg/>".into()) };
+        let o = Output {
+            text: "t".into(),
+            html: Some("<b>t</b>".into()),
+            png: Some(vec![1, 2, 3]),
+            svg: Some("<svg/>".into()),
+        };
         let m = serde_json::to_value(media(&o)).unwrap();
         assert_eq!(m["text/plain"], "t");
         assert_eq!(m["text/html"], "<b>t</b>");

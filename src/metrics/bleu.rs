@@ -63,7 +63,15 @@ impl std::fmt::Display for Bleu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let p: Vec<String> = self.precisions.iter().map(|p| format!("{p:.1}")).collect();
         let ratio = if self.ref_len > 0 { self.sys_len as f64 / self.ref_len as f64 } else { 0.0 };
-        write!(f, "BLEU = {:.2} {} (BP = {:.3} ratio = {ratio:.3} hyp_len = {} ref_len = {})", self.score, p.join("/"), self.bp, self.sys_len, self.ref_len)
+        write!(
+            f,
+            "BLEU = {:.2} {} (BP = {:.3} ratio = {ratio:.3} hyp_len = {} ref_len = {})",
+            self.score,
+            p.join("/"),
+            self.bp,
+            self.sys_len,
+            self.ref_len
+        )
     }
 }
 
@@ -100,7 +108,15 @@ impl BleuCounts {
     pub fn bleu(&self) -> Bleu {
         let (correct, total) = (self.correct.map(|c| c as usize), self.total.map(|c| c as usize));
         let (sys_len, ref_len) = (self.sys_len as usize, self.ref_len as usize);
-        let bp = if sys_len < ref_len { if sys_len > 0 { (1.0 - ref_len as f64 / sys_len as f64).exp() } else { 0.0 } } else { 1.0 };
+        let bp = if sys_len < ref_len {
+            if sys_len > 0 {
+                (1.0 - ref_len as f64 / sys_len as f64).exp()
+            } else {
+                0.0
+            }
+        } else {
+            1.0
+        };
         let mut precisions = [0.0; MAX_ORDER];
         if correct.iter().all(|&c| c == 0) {
             return Bleu { score: 0.0, precisions, bp, sys_len, ref_len, correct, total };

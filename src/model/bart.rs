@@ -8,7 +8,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -44,11 +44,19 @@ struct Config {
 /// BART's naming (shared by M2M100 / NLLB and mBART, `m2m100.rs`): `{prefix}.weight` /
 /// `{prefix}.bias`; LayerNorm epsilon 1e-5 (nn.LayerNorm's default; HF does not store it).
 pub(super) fn linear(w: &mut Weights, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
-    Ok(Linear { w: w.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(w.get(&format!("{prefix}.bias"), &[out])?) })
+    Ok(Linear {
+        w: w.get(&format!("{prefix}.weight"), &[out, inp])?,
+        b: Some(w.get(&format!("{prefix}.bias"), &[out])?),
+    })
 }
 
 pub(super) fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelError> {
-    Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{prefix}.weight"), &[d])?, bias: Some(w.get(&format!("{prefix}.bias"), &[d])?), eps: 1e-5 })
+    Ok(Norm {
+        kind: NormKind::Layer,
+        weight: w.get(&format!("{prefix}.weight"), &[d])?,
+        bias: Some(w.get(&format!("{prefix}.bias"), &[d])?),
+        eps: 1e-5,
+    })
 }
 
 pub(super) fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
@@ -61,7 +69,9 @@ pub(super) fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result
         n_kv_heads: h,
         head_dim: d / h,
         rotary: None,
-        slots: None, qk_norm: None, score: Default::default(),
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
     })
 }
 
@@ -81,7 +91,10 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
     let marian = cfg.model_type == "marian";
     let d = cfg.d_model;
-    for (what, h) in [("encoder_attention_heads", cfg.encoder_attention_heads), ("decoder_attention_heads", cfg.decoder_attention_heads)] {
+    for (what, h) in [
+        ("encoder_attention_heads", cfg.encoder_attention_heads),
+        ("decoder_attention_heads", cfg.decoder_attention_heads),
+    ] {
         if h <= 0 || d % h != 0 {
             return Err(bad(format!("d_model {d} is not a multiple of {what} {h}")));
         }
@@ -94,7 +107,11 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         "gelu" => Activation::Gelu,
         "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
         "relu" => Activation::Relu,
-        other => return Err(bad(format!("activation_function '{other}' is not supported (swish, silu, gelu, gelu_new, relu)"))),
+        other => {
+            return Err(bad(format!(
+                "activation_function '{other}' is not supported (swish, silu, gelu, gelu_new, relu)"
+            )))
+        }
     };
     let (map, file) = hf::weights(dir)?;
     let mut w = Weights::new(map, file, opts, None);
@@ -102,7 +119,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let v_tgt = cfg.decoder_vocab_size.unwrap_or(v_src);
     // Token embeddings: `model.shared` (written once by safetensors exports), else each side's
     // own table (pytorch_model.bin holds all names; separate vocabularies have no `shared`).
-    let shared = if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v_src, d])?) } else { None };
+    let shared =
+        if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v_src, d])?) } else { None };
     let enc_tokens = match &shared {
         Some(t) => t.shallow_clone(),
         None => w.get("model.encoder.embed_tokens.weight", &[v_src, d])?,
@@ -134,9 +152,16 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         encoder.push(EncoderLayer {
             attn: attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             attn_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?, act, gate: None },
+            ffn: Ffn {
+                up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?,
+                down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?,
+                act,
+                gate: None,
+            },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
-            norm_position: NormPosition::Post, post_norms: None, window: None,
+            norm_position: NormPosition::Post,
+            post_norms: None,
+            window: None,
         });
     }
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
@@ -145,8 +170,16 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         decoder.push(DecoderLayer {
             self_block: SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
             self_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            cross: Some((attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?, norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?)),
-            ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?, act, gate: None },
+            cross: Some((
+                attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?,
+                norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?,
+            )),
+            ffn: Ffn {
+                up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?,
+                down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?,
+                act,
+                gate: None,
+            },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
             norm_position: NormPosition::Post,
             final_norm: None,
@@ -156,15 +189,32 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     // The output: `lm_head` where stored (untied exports), else the decoder's embeddings; plus
     // `final_logits_bias [1, V]`.
     let head = if w.shape("lm_head.weight").is_some() { w.get("lm_head.weight", &[v_tgt, d])? } else { dec_tokens };
-    let bias = if w.shape("final_logits_bias").is_some() { Some(w.get("final_logits_bias", &[1, v_tgt])?.view([v_tgt])) } else { None };
+    let bias = if w.shape("final_logits_bias").is_some() {
+        Some(w.get("final_logits_bias", &[1, v_tgt])?.view([v_tgt]))
+    } else {
+        None
+    };
     let start = cfg.decoder_start_token_id.unwrap_or(if marian { cfg.pad_token_id } else { cfg.eos_token_id });
     // Single-token bad words (MarianMT's `[[pad]]`), from config.json or generation_config.json.
-    let generation: Option<serde_json::Value> = std::fs::read_to_string(dir.join("generation_config.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
-    let from_generation = generation.as_ref().and_then(|g| g.get("bad_words_ids")).and_then(|v| serde_json::from_value::<Vec<Vec<i64>>>(v.clone()).ok());
-    let banned: Vec<i64> = cfg.bad_words_ids.or(from_generation).unwrap_or_default().into_iter().filter(|b| b.len() == 1).map(|b| b[0]).collect();
+    let generation: Option<serde_json::Value> =
+        std::fs::read_to_string(dir.join("generation_config.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let from_generation = generation
+        .as_ref()
+        .and_then(|g| g.get("bad_words_ids"))
+        .and_then(|v| serde_json::from_value::<Vec<Vec<i64>>>(v.clone()).ok());
+    let banned: Vec<i64> = cfg
+        .bad_words_ids
+        .or(from_generation)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|b| b.len() == 1)
+        .map(|b| b[0])
+        .collect();
     for &id in banned.iter().chain([start, cfg.eos_token_id].iter()) {
         if id < 0 || id >= v_tgt {
-            return Err(bad(format!("token id {id} (decoder start, EOS or a bad word) is outside the target vocabulary of {v_tgt}")));
+            return Err(bad(format!(
+                "token id {id} (decoder start, EOS or a bad word) is outside the target vocabulary of {v_tgt}"
+            )));
         }
     }
     Ok(Transformer {

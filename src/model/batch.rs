@@ -72,7 +72,14 @@ impl Model {
     /// Tokenizes `texts`, buckets them by length and, when `with_targets`, gives each batch
     /// its teacher-forcing targets: `references` when given, else the unmasked model's own
     /// greedy output under `gates` (the model as given). Needs no gradient.
-    pub fn prepare(&self, texts: &[&str], references: Option<&[&str]>, with_targets: bool, batch_tokens: usize, gates: &Gates) -> Result<Prepared, ModelError> {
+    pub fn prepare(
+        &self,
+        texts: &[&str],
+        references: Option<&[&str]>,
+        with_targets: bool,
+        batch_tokens: usize,
+        gates: &Gates,
+    ) -> Result<Prepared, ModelError> {
         let _g = tch::no_grad_guard();
         let encoded = self.tokenize_all(texts.iter().copied())?;
         let mut refs = vec![String::new(); texts.len()];
@@ -134,7 +141,11 @@ impl Model {
 
     /// The length-bucketed batches of tokenized sentences (see [`by_length`]): each comes with
     /// its rows (indices into `encoded`), on the model's device.
-    pub fn batches<'a>(&'a self, encoded: &'a [Encoded], max_tokens: usize) -> impl Iterator<Item = (Vec<usize>, Batch)> + 'a {
+    pub fn batches<'a>(
+        &'a self,
+        encoded: &'a [Encoded],
+        max_tokens: usize,
+    ) -> impl Iterator<Item = (Vec<usize>, Batch)> + 'a {
         let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
         by_length(&lengths, max_tokens.max(1)).into_iter().map(move |rows| {
             let b = self.batch_encoded(rows.iter().map(|&i| encoded[i].clone()).collect());
@@ -153,7 +164,12 @@ impl Model {
             .map(|r| {
                 let e = self.tok.encode_target(r)?;
                 let Some(forced) = self.net.forced_bos.get() else { return Ok(e) };
-                let mut out = Encoded { ids: vec![forced], tokens: vec![self.tok.id_to_token(forced)], offsets: vec![(0, 0)], special: vec![true] };
+                let mut out = Encoded {
+                    ids: vec![forced],
+                    tokens: vec![self.tok.id_to_token(forced)],
+                    offsets: vec![(0, 0)],
+                    special: vec![true],
+                };
                 for i in (0..e.ids.len()).filter(|&i| !e.special[i]) {
                     out.ids.push(e.ids[i]);
                     out.tokens.push(e.tokens[i].clone());
@@ -197,14 +213,24 @@ impl Model {
                 if self.net.forced_bos.get().is_some() && self.net.forced_bos.get() == ids.first().copied() {
                     special[0] = true;
                 }
-                Encoded { tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(), offsets: vec![(0, 0); n], special, ids }
+                Encoded {
+                    tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(),
+                    offsets: vec![(0, 0); n],
+                    special,
+                    ids,
+                }
             })
             .collect())
     }
 
     /// `[B, len]` float mask, 1 on the real (not special, not padding) tokens of `encoded`.
     pub fn real_mask(&self, encoded: &[Encoded], len: i64) -> Tensor {
-        let real: Vec<f32> = encoded.iter().flat_map(|e| e.special.iter().map(|&sp| if sp { 0.0 } else { 1.0 }).chain(std::iter::repeat(0.0)).take(len as usize)).collect();
+        let real: Vec<f32> = encoded
+            .iter()
+            .flat_map(|e| {
+                e.special.iter().map(|&sp| if sp { 0.0 } else { 1.0 }).chain(std::iter::repeat(0.0)).take(len as usize)
+            })
+            .collect();
         Tensor::from_slice(&real).view([encoded.len() as i64, len]).to_device(self.device())
     }
 
@@ -212,10 +238,19 @@ impl Model {
     /// the model's device; `T` is at least 1.
     pub fn target_tensors(&self, targets: &[Encoded]) -> (Tensor, Tensor) {
         let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1);
-        let ids: Vec<i64> = targets.iter().flat_map(|e| e.ids.iter().copied().chain(std::iter::repeat(self.tok.pad_id)).take(t)).collect();
-        let m: Vec<f32> = targets.iter().flat_map(|e| std::iter::repeat_n(1f32, e.ids.len()).chain(std::iter::repeat(0f32)).take(t)).collect();
+        let ids: Vec<i64> = targets
+            .iter()
+            .flat_map(|e| e.ids.iter().copied().chain(std::iter::repeat(self.tok.pad_id)).take(t))
+            .collect();
+        let m: Vec<f32> = targets
+            .iter()
+            .flat_map(|e| std::iter::repeat_n(1f32, e.ids.len()).chain(std::iter::repeat(0f32)).take(t))
+            .collect();
         let n = targets.len() as i64;
-        (Tensor::from_slice(&ids).view([n, t as i64]).to_device(self.device()), Tensor::from_slice(&m).view([n, t as i64]).to_device(self.device()))
+        (
+            Tensor::from_slice(&ids).view([n, t as i64]).to_device(self.device()),
+            Tensor::from_slice(&m).view([n, t as i64]).to_device(self.device()),
+        )
     }
 }
 

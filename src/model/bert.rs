@@ -3,7 +3,7 @@
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -37,10 +37,18 @@ trait BertNames {
 
 impl BertNames for Weights {
     fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
-        Ok(Linear { w: self.get(&format!("{prefix}.weight"), &[out, inp])?, b: Some(self.get(&format!("{prefix}.bias"), &[out])?) })
+        Ok(Linear {
+            w: self.get(&format!("{prefix}.weight"), &[out, inp])?,
+            b: Some(self.get(&format!("{prefix}.bias"), &[out])?),
+        })
     }
     fn norm(&mut self, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError> {
-        Ok(Norm { kind: NormKind::Layer, weight: self.get(&format!("{prefix}.weight"), &[d])?, bias: Some(self.get(&format!("{prefix}.bias"), &[d])?), eps })
+        Ok(Norm {
+            kind: NormKind::Layer,
+            weight: self.get(&format!("{prefix}.weight"), &[d])?,
+            bias: Some(self.get(&format!("{prefix}.bias"), &[d])?),
+            eps,
+        })
     }
 }
 
@@ -50,10 +58,21 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     let act = match cfg.hidden_act.as_str() {
         "gelu" => Activation::Gelu,
         "relu" => Activation::Relu,
-        other => return Err(ModelError::Config(cfg_path.display().to_string(), format!("hidden_act '{other}' is not supported (gelu, relu)"))),
+        other => {
+            return Err(ModelError::Config(
+                cfg_path.display().to_string(),
+                format!("hidden_act '{other}' is not supported (gelu, relu)"),
+            ))
+        }
     };
     if cfg.num_attention_heads <= 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
-        return Err(ModelError::Config(cfg_path.display().to_string(), format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads)));
+        return Err(ModelError::Config(
+            cfg_path.display().to_string(),
+            format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                cfg.hidden_size, cfg.num_attention_heads
+            ),
+        ));
     }
     let (map, file) = super::hf::weights(dir)?;
     let roberta = cfg.model_type == "roberta";
@@ -68,7 +87,10 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             // RoBERTa numbers positions from pad_token_id + 1: the rows before are never read.
             let offset = if roberta { cfg.pad_token_id.unwrap_or(1) + 1 } else { 0 };
             if offset >= cfg.max_position_embeddings {
-                return Err(ModelError::Config(cfg_path.display().to_string(), format!("pad_token_id {} leaves no position embeddings", offset - 1)));
+                return Err(ModelError::Config(
+                    cfg_path.display().to_string(),
+                    format!("pad_token_id {} leaves no position embeddings", offset - 1),
+                ));
             }
             table.narrow(0, offset, cfg.max_position_embeddings - offset)
         }),
@@ -89,15 +111,46 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
                 o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
                 n_heads: h,
                 n_kv_heads: h,
-                head_dim: d / h, rotary: None, slots: None, qk_norm: None, score: Default::default(),
+                head_dim: d / h,
+                rotary: None,
+                slots: None,
+                qk_norm: None,
+                score: Default::default(),
             },
             attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
-            ffn: Ffn { up: w.linear(&format!("{p}.intermediate.dense"), f, d)?, down: w.linear(&format!("{p}.output.dense"), d, f)?, act, gate: None },
+            ffn: Ffn {
+                up: w.linear(&format!("{p}.intermediate.dense"), f, d)?,
+                down: w.linear(&format!("{p}.output.dense"), d, f)?,
+                act,
+                gate: None,
+            },
             ffn_norm: w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
-            norm_position: NormPosition::Post, post_norms: None, window: None,
+            norm_position: NormPosition::Post,
+            post_norms: None,
+            window: None,
         });
     }
     // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
     let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
-    Ok((Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder: vec![], output: None, d_model: d, eos_id, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: Default::default(), rel_bias: None }, cfg))
+    Ok((
+        Transformer {
+            embed,
+            encoder,
+            stack_kind: Kind::Enc,
+            causal: false,
+            window: None,
+            final_norm: None,
+            decoder: vec![],
+            output: None,
+            d_model: d,
+            eos_id,
+            dec_embed: None,
+            dec_start: None,
+            banned: vec![],
+            logit_softcap: None,
+            forced_bos: Default::default(),
+            rel_bias: None,
+        },
+        cfg,
+    ))
 }

@@ -25,7 +25,10 @@ impl<'a> Cursor<'a> {
     pub fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], ModelError> {
         let left = (self.b.len() - self.pos) as u64;
         if n > left {
-            return Err(self.corrupt(format!("truncated while reading {what}: {n} bytes declared at byte {}, {left} left in the file", self.pos)));
+            return Err(self.corrupt(format!(
+                "truncated while reading {what}: {n} bytes declared at byte {}, {left} left in the file",
+                self.pos
+            )));
         }
         let s = &self.b[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -47,7 +50,8 @@ impl<'a> Cursor<'a> {
         let n = self.u64(what)?;
         let left = (self.b.len() - self.pos) as u64;
         if n.checked_mul(min_bytes.max(1)).is_none_or(|need| need > left) {
-            return Err(self.corrupt(format!("{what}: declares {n} items, more than the {left} bytes left in the file can hold")));
+            return Err(self
+                .corrupt(format!("{what}: declares {n} items, more than the {left} bytes left in the file can hold")));
         }
         Ok(n as usize)
     }
@@ -66,7 +70,10 @@ pub fn elements(dims: impl IntoIterator<Item = i128>, what: &str, file: &str) ->
         n = n.saturating_mul(d);
         nonzero = nonzero.saturating_mul(d.max(1));
         if n > i64::MAX as i128 || nonzero > i64::MAX as i128 {
-            return Err(ModelError::Corrupt { file: file.into(), why: format!("{what}: shape declares more than 2^63 elements") });
+            return Err(ModelError::Corrupt {
+                file: file.into(),
+                why: format!("{what}: shape declares more than 2^63 elements"),
+            });
         }
     }
     Ok(n as usize)
@@ -76,7 +83,10 @@ pub fn elements(dims: impl IntoIterator<Item = i128>, what: &str, file: &str) ->
 pub fn byte_len(count: usize, size: usize, left: usize, what: &str, file: &str) -> Result<usize, ModelError> {
     match count.checked_mul(size) {
         Some(n) if n <= left => Ok(n),
-        _ => Err(ModelError::Corrupt { file: file.into(), why: format!("{what}: {count} elements of {size} bytes do not fit in the {left} bytes the file has for it") }),
+        _ => Err(ModelError::Corrupt {
+            file: file.into(),
+            why: format!("{what}: {count} elements of {size} bytes do not fit in the {left} bytes the file has for it"),
+        }),
     }
 }
 
@@ -96,7 +106,10 @@ mod tests {
         assert!(elements([-1i128], "t", "f").unwrap_err().to_string().contains("negative"));
         assert_eq!(elements([3i128, 4], "t", "f").unwrap(), 12);
         assert_eq!(elements([3i128, 0], "t", "f").unwrap(), 0);
-        assert!(elements([1i128 << 40, 1 << 40, 0], "t", "f").unwrap_err().to_string().contains("2^63"), "a zero does not excuse the others");
+        assert!(
+            elements([1i128 << 40, 1 << 40, 0], "t", "f").unwrap_err().to_string().contains("2^63"),
+            "a zero does not excuse the others"
+        );
         assert!(byte_len(usize::MAX, 4, 100, "t", "f").is_err());
         assert_eq!(byte_len(3, 4, 12, "t", "f").unwrap(), 12);
     }

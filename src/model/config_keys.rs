@@ -45,7 +45,11 @@ pub const COMMON: &[(&str, When, &str)] = &[
     ("architectures", When::Always, BOOKKEEPING),
     ("transformers_version", When::Always, BOOKKEEPING),
     ("model_type", When::Always, "read to pick the family"),
-    ("dtype", When::Always, "the dtype the weights were saved in: headscope loads in the dtype asked (load_model's dtype)"),
+    (
+        "dtype",
+        When::Always,
+        "the dtype the weights were saved in: headscope loads in the dtype asked (load_model's dtype)",
+    ),
     ("torch_dtype", When::Always, "transformers 4's name of dtype"),
     ("id2label", When::Always, BOOKKEEPING),
     ("label2id", When::Always, BOOKKEEPING),
@@ -108,7 +112,11 @@ pub const COMMON: &[(&str, When, &str)] = &[
     ("hidden_dropout", When::Always, TRAINING),
     ("dropout", When::Always, TRAINING),
     ("activation_dropout", When::Always, TRAINING),
-    ("pretraining_tp", When::Always, "transformers no longer reads it (it split matmuls into slices, the same product)"),
+    (
+        "pretraining_tp",
+        When::Always,
+        "transformers no longer reads it (it split matmuls into slices, the same product)",
+    ),
 ];
 
 /// The rotary keys of the families with rotary positions (transformers 4 and 5 shapes).
@@ -221,8 +229,14 @@ fn verdict(keys: &Keys, key: &str, value: &Value) -> Result<(), String> {
 }
 
 /// The unknown rope settings of one rope object, dropped (under `allow`) or refused.
-fn vet_rope(obj: &mut serde_json::Map<String, Value>, label: &str, allow: bool, out: &mut Vec<String>) -> Result<(), String> {
-    let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default").to_string();
+fn vet_rope(
+    obj: &mut serde_json::Map<String, Value>,
+    label: &str,
+    allow: bool,
+    out: &mut Vec<String>,
+) -> Result<(), String> {
+    let kind =
+        obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default").to_string();
     let kind = if kind == "su" { "longrope".to_string() } else { kind };
     let Some((_, known)) = super::hf::ROPE_KEYS.iter().find(|(k, _)| *k == kind) else {
         let supported: Vec<&str> = super::hf::ROPE_KEYS.iter().map(|(k, _)| *k).collect();
@@ -234,9 +248,19 @@ fn vet_rope(obj: &mut serde_json::Map<String, Value>, label: &str, allow: bool, 
         obj.retain(|k, _| ["rope_theta", "partial_rotary_factor"].contains(&k.as_str()));
         return Ok(());
     };
-    let unknown: Vec<String> = obj.keys().filter(|k| !["rope_type", "type", "rope_theta", "partial_rotary_factor"].contains(&k.as_str()) && !known.contains(&k.as_str())).cloned().collect();
+    let unknown: Vec<String> = obj
+        .keys()
+        .filter(|k| {
+            !["rope_type", "type", "rope_theta", "partial_rotary_factor"].contains(&k.as_str())
+                && !known.contains(&k.as_str())
+        })
+        .cloned()
+        .collect();
     for k in unknown {
-        let msg = format!("{label}.{k} is not a setting of rope_type '{kind}' (it reads: {})", if known.is_empty() { "rope_theta, partial_rotary_factor".to_string() } else { known.join(", ") });
+        let msg = format!(
+            "{label}.{k} is not a setting of rope_type '{kind}' (it reads: {})",
+            if known.is_empty() { "rope_theta, partial_rotary_factor".to_string() } else { known.join(", ") }
+        );
         if !allow {
             return Err(msg);
         }
@@ -250,7 +274,8 @@ fn vet_rope(obj: &mut serde_json::Map<String, Value>, label: &str, allow: bool, 
 /// `Ok(warnings)` with the offending keys removed under `allow`, else the first offence as
 /// `Err` (one line: the file, the key, what to do).
 pub fn vet(cfg: &mut Value, file: &str, model_type: &str, allow: bool) -> Result<Vec<String>, String> {
-    let what_to_do = "fix the config, or load with #{allow_unknown_config: true} to proceed anyway (a warning is printed)";
+    let what_to_do =
+        "fix the config, or load with #{allow_unknown_config: true} to proceed anyway (a warning is printed)";
     let fail = |msg: String| format!("{file}: {msg}; {what_to_do}");
     let mut warnings = Vec::new();
     let Some(obj) = cfg.as_object_mut() else { return Ok(warnings) };
@@ -271,7 +296,8 @@ pub fn vet(cfg: &mut Value, file: &str, model_type: &str, allow: bool) -> Result
         vet_rope(s, "rope_scaling", allow, &mut rope_warnings).map_err(&fail)?;
     }
     if let Some(Value::Object(p)) = obj.get_mut("rope_parameters") {
-        let per_type = !p.is_empty() && p.iter().all(|(k, v)| super::hf::LAYER_TYPES.contains(&k.as_str()) && v.is_object());
+        let per_type =
+            !p.is_empty() && p.iter().all(|(k, v)| super::hf::LAYER_TYPES.contains(&k.as_str()) && v.is_object());
         if per_type {
             for (t, entry) in p.iter_mut() {
                 if let Value::Object(e) = entry {
@@ -295,7 +321,10 @@ mod tests {
     fn unknown_keys_are_refused_or_dropped_with_a_warning() {
         let mut c = json!({"model_type": "llama", "hidden_size": 8, "frobnicate": 3});
         let e = vet(&mut c.clone(), "c.json", "llama", false).unwrap_err();
-        assert!(e.starts_with("c.json: key 'frobnicate' is not read by headscope") && e.contains("allow_unknown_config"), "{e}");
+        assert!(
+            e.starts_with("c.json: key 'frobnicate' is not read by headscope") && e.contains("allow_unknown_config"),
+            "{e}"
+        );
         let w = vet(&mut c, "c.json", "llama", true).unwrap();
         assert_eq!(w.len(), 1);
         assert!(c.get("frobnicate").is_none());
@@ -312,12 +341,21 @@ mod tests {
 
     #[test]
     fn rope_settings_are_vetted_in_both_shapes() {
-        let e = vet(&mut json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "warp": 1}}), "c", "llama", false).unwrap_err();
+        let e = vet(
+            &mut json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "warp": 1}}),
+            "c",
+            "llama",
+            false,
+        )
+        .unwrap_err();
         assert!(e.contains("rope_parameters.warp is not a setting of rope_type 'linear'"), "{e}");
-        let e = vet(&mut json!({"rope_scaling": {"rope_type": "zigzag", "factor": 2.0}}), "c", "llama", false).unwrap_err();
+        let e =
+            vet(&mut json!({"rope_scaling": {"rope_type": "zigzag", "factor": 2.0}}), "c", "llama", false).unwrap_err();
         assert!(e.contains("rope_type 'zigzag' is not supported"), "{e}");
         let mut c = json!({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "odd": 1}}});
-        assert!(vet(&mut c.clone(), "c", "gemma3_text", false).unwrap_err().contains("rope_parameters.sliding_attention.odd"));
+        assert!(vet(&mut c.clone(), "c", "gemma3_text", false)
+            .unwrap_err()
+            .contains("rope_parameters.sliding_attention.odd"));
         assert_eq!(vet(&mut c, "c", "gemma3_text", true).unwrap().len(), 1);
         assert!(c["rope_parameters"]["sliding_attention"].get("odd").is_none());
     }

@@ -60,12 +60,16 @@ impl Resample {
     /// other ids (else among all with other ids), by [`resample_draw`] of its [`text_key`].
     pub fn draw(&self, ids: &[i64]) -> Result<usize, ModelError> {
         let other = |r: &Vec<i64>| r.as_slice() != ids;
-        let mut eligible: Vec<usize> = self.refs.iter().enumerate().filter(|(_, r)| r.len() >= ids.len() && other(r)).map(|(j, _)| j).collect();
+        let mut eligible: Vec<usize> =
+            self.refs.iter().enumerate().filter(|(_, r)| r.len() >= ids.len() && other(r)).map(|(j, _)| j).collect();
         if eligible.is_empty() {
             eligible = self.refs.iter().enumerate().filter(|(_, r)| other(r)).map(|(j, _)| j).collect();
         }
         if eligible.is_empty() {
-            return Err(ModelError::Invalid(format!("resample ablation: the reference has no sentence other than the one measured ({} tokens)", ids.len())));
+            return Err(ModelError::Invalid(format!(
+                "resample ablation: the reference has no sentence other than the one measured ({} tokens)",
+                ids.len()
+            )));
         }
         Ok(eligible[resample_draw(self.seed, text_key(ids), eligible.len())])
     }
@@ -94,13 +98,21 @@ impl FillSource {
         match self {
             FillSource::PerPosition { means, overall } => {
                 let tm = means.size()[2];
-                let m = if t <= tm { means.f_narrow(2, 0, t)? } else { Tensor::f_cat(&[means.shallow_clone(), overall.f_unsqueeze(2)?.f_expand([-1, -1, t - tm, -1], false)?], 2)? };
+                let m = if t <= tm {
+                    means.f_narrow(2, 0, t)?
+                } else {
+                    Tensor::f_cat(
+                        &[means.shallow_clone(), overall.f_unsqueeze(2)?.f_expand([-1, -1, t - tm, -1], false)?],
+                        2,
+                    )?
+                };
                 let s = m.size();
                 Ok(m.f_unsqueeze(1)?.f_expand([s[0], b, s[1], s[2], s[3]], false)?)
             }
             FillSource::Resample(r) => {
                 let rows = rows_of(ids, mask)?;
-                let picked: Vec<&Vec<i64>> = rows.iter().map(|row| r.draw(row).map(|j| &r.refs[j])).collect::<Result<_, _>>()?;
+                let picked: Vec<&Vec<i64>> =
+                    rows.iter().map(|row| r.draw(row).map(|j| &r.refs[j])).collect::<Result<_, _>>()?;
                 let tr = picked.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
                 let mut flat = Vec::with_capacity(picked.len() * tr);
                 let mut m = Vec::with_capacity(picked.len() * tr);
@@ -128,7 +140,9 @@ impl FillSource {
                 }
                 let lens: Vec<i64> = picked.iter().map(|p| p.len() as i64).collect();
                 // Positions a drawn sentence has: [B, 1, T, 1].
-                let valid = Tensor::arange(t, (DType::Int64, dev)).view([1, 1, t, 1]).f_lt_tensor(&Tensor::from_slice(&lens).to_device(dev).view([-1, 1, 1, 1]))?;
+                let valid = Tensor::arange(t, (DType::Int64, dev))
+                    .view([1, 1, t, 1])
+                    .f_lt_tensor(&Tensor::from_slice(&lens).to_device(dev).view([-1, 1, 1, 1]))?;
                 let keep = (tr as i64).min(t);
                 // The fill in the stack's own precision.
                 let dt = zs.iter().flatten().next().map_or(r.mean.kind(), |z| z.kind());
@@ -139,9 +153,20 @@ impl FillSource {
                     let full = Tensor::zeros([b, attn.width() as i64, t, attn.head_dim], (dt, dev));
                     let drawn = match z {
                         Some(z) => {
-                            let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);
+                            let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>())
+                                .to_device(dev);
                             let z = z.f_narrow(2, 0, keep)?.f_to_kind(dt)?;
-                            let z = if keep < t { Tensor::f_cat(&[z.shallow_clone(), z.f_zeros_like()?.f_narrow(2, 0, 1)?.f_expand([-1, -1, t - keep, -1], false)?], 2)? } else { z };
+                            let z = if keep < t {
+                                Tensor::f_cat(
+                                    &[
+                                        z.shallow_clone(),
+                                        z.f_zeros_like()?.f_narrow(2, 0, 1)?.f_expand([-1, -1, t - keep, -1], false)?,
+                                    ],
+                                    2,
+                                )?
+                            } else {
+                                z
+                            };
                             full.f_index_copy(1, &idx, &z)?
                         }
                         None => full,

@@ -13,7 +13,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
-use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -81,18 +81,32 @@ impl Config {
     /// settings.
     pub fn ropes(&self) -> Result<(hf::Rope, hf::Rope), String> {
         let version = if self.model_type.starts_with("gemma3") { 3 } else { 0 };
-        let old = hf::Rope4 { theta: self.rope_theta, scaling: self.rope_scaling.as_ref(), partial_rotary_factor: None };
+        let old =
+            hf::Rope4 { theta: self.rope_theta, scaling: self.rope_scaling.as_ref(), partial_rotary_factor: None };
         let global = hf::rope_settings(self.rope_parameters.as_ref(), old, "full_attention")?;
-        let per_type = self.rope_parameters.as_ref().and_then(|p| p.as_object()).is_some_and(|o| o.keys().any(|k| hf::LAYER_TYPES.contains(&k.as_str())));
+        let per_type = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.as_object())
+            .is_some_and(|o| o.keys().any(|k| hf::LAYER_TYPES.contains(&k.as_str())));
         let sliding = if per_type {
             hf::rope_settings(self.rope_parameters.as_ref(), old, "sliding_attention")?
         } else if version == 3 {
-            hf::Rope { theta: Some(self.rope_local_base_freq.unwrap_or(DEFAULT_THETA)), scaling: None, partial_rotary_factor: None, source: "rope_local_base_freq" }
+            hf::Rope {
+                theta: Some(self.rope_local_base_freq.unwrap_or(DEFAULT_THETA)),
+                scaling: None,
+                partial_rotary_factor: None,
+                source: "rope_local_base_freq",
+            }
         } else {
             global.clone()
         };
         if self.rope_local_base_freq.is_some() && per_type && sliding.theta != self.rope_local_base_freq {
-            return Err(format!("rope_local_base_freq is {} but rope_parameters.sliding_attention.rope_theta is {:?}: remove one", self.rope_local_base_freq.unwrap_or_default(), sliding.theta));
+            return Err(format!(
+                "rope_local_base_freq is {} but rope_parameters.sliding_attention.rope_theta is {:?}: remove one",
+                self.rope_local_base_freq.unwrap_or_default(),
+                sliding.theta
+            ));
         }
         // transformers' Gemma3TextConfig defaults the global base to 1e6 (4.57 and 5.x alike).
         let mut global = global;
@@ -131,7 +145,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
     if dh <= 0 || dh % 2 != 0 {
         return Err(bad(format!("head_dim {dh} must be a positive even number")));
     }
-    let act_name = cfg.hidden_activation.clone().or(cfg.hidden_act.clone()).unwrap_or_else(|| "gelu_pytorch_tanh".into());
+    let act_name =
+        cfg.hidden_activation.clone().or(cfg.hidden_act.clone()).unwrap_or_else(|| "gelu_pytorch_tanh".into());
     let act = match act_name.as_str() {
         "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
         "gelu" => Activation::Gelu,
@@ -148,7 +163,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
                 .map(|x| match x.as_str() {
                     "sliding_attention" => Ok(true),
                     "full_attention" => Ok(false),
-                    other => Err(bad(format!("layer_types: '{other}' is not a layer type (sliding_attention, full_attention)"))),
+                    other => Err(bad(format!(
+                        "layer_types: '{other}' is not a layer type (sliding_attention, full_attention)"
+                    ))),
                 })
                 .collect::<Result<_, _>>()?
         }
@@ -185,9 +202,28 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
             let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
             Ok(Linear { w: weight, b })
         };
-        let (base, scaling) = if is_sliding { (local.theta.unwrap_or(DEFAULT_THETA), local_scaling.clone()) } else { (global.theta.unwrap_or(DEFAULT_THETA), global_scaling.clone()) };
-        let qk_norm = if version == 3 { Some(QkNorm { q: norm(&mut w, format!("{p}.self_attn.q_norm.weight"), dh)?, k: norm(&mut w, format!("{p}.self_attn.k_norm.weight"), dh)?, per_head: true }) } else { None };
-        let post_norms = if version >= 2 { Some((norm(&mut w, format!("{p}.post_attention_layernorm.weight"), d)?, norm(&mut w, format!("{p}.post_feedforward_layernorm.weight"), d)?)) } else { None };
+        let (base, scaling) = if is_sliding {
+            (local.theta.unwrap_or(DEFAULT_THETA), local_scaling.clone())
+        } else {
+            (global.theta.unwrap_or(DEFAULT_THETA), global_scaling.clone())
+        };
+        let qk_norm = if version == 3 {
+            Some(QkNorm {
+                q: norm(&mut w, format!("{p}.self_attn.q_norm.weight"), dh)?,
+                k: norm(&mut w, format!("{p}.self_attn.k_norm.weight"), dh)?,
+                per_head: true,
+            })
+        } else {
+            None
+        };
+        let post_norms = if version >= 2 {
+            Some((
+                norm(&mut w, format!("{p}.post_attention_layernorm.weight"), d)?,
+                norm(&mut w, format!("{p}.post_feedforward_layernorm.weight"), d)?,
+            ))
+        } else {
+            None
+        };
         let ffn_norm_name = if version >= 2 { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
         layers.push(EncoderLayer {
             attn: Attention {
@@ -217,12 +253,22 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
         });
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() { tokens.shallow_clone() } else { w.get("lm_head.weight", &[cfg.vocab_size, d])? };
+    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {
+        tokens.shallow_clone()
+    } else {
+        w.get("lm_head.weight", &[cfg.vocab_size, d])?
+    };
     // As transformers: the multiplier sqrt(hidden_size) is taken in the model's precision.
     let scale = Tensor::from((d as f64).sqrt()).to_kind(opts.dtype).double_value(&[]);
     let embed = Embeddings { tokens, scale, positions: Positions::None, token_type: None, norm: None };
     let final_norm = norm(&mut w, "model.norm.weight".into(), d)?;
-    let mut net = Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(1));
+    let mut net = Transformer::decoder_only(
+        embed,
+        layers,
+        Some(final_norm),
+        output,
+        hf::first_id(&cfg.eos_token_id).unwrap_or(1),
+    );
     net.logit_softcap = if version == 2 { cfg.final_logit_softcapping } else { None };
     Ok(net)
 }

@@ -42,7 +42,11 @@ impl Value {
         }
     }
     pub fn as_str(&self) -> Option<&str> {
-        if let Value::Str(s) = self { Some(s) } else { None }
+        if let Value::Str(s) = self {
+            Some(s)
+        } else {
+            None
+        }
     }
 }
 
@@ -115,7 +119,12 @@ impl GgufValues for Cursor<'_> {
             10 => Value::U64(u64::from_le_bytes(num(8)?)),
             11 => Value::I64(i64::from_le_bytes(num(8)?)),
             12 => Value::F64(f64::from_le_bytes(num(8)?)),
-            other => return Err(ModelError::Corrupt { file: self.file.into(), why: format!("{what}: unknown value type {other}") }),
+            other => {
+                return Err(ModelError::Corrupt {
+                    file: self.file.into(),
+                    why: format!("{what}: unknown value type {other}"),
+                })
+            }
         })
     }
 }
@@ -251,11 +260,17 @@ impl Gguf {
         let (version, metadata, tensors, data_start) = {
             let mut c = Cursor::new((*map).as_ref(), &file);
             if c.take(4, "the magic")? != b"GGUF" {
-                return Err(ModelError::Corrupt { file: file.clone(), why: "not a GGUF file (magic is not 'GGUF')".into() });
+                return Err(ModelError::Corrupt {
+                    file: file.clone(),
+                    why: "not a GGUF file (magic is not 'GGUF')".into(),
+                });
             }
             let version = c.u32("the version")?;
             if version != 3 {
-                return Err(ModelError::Corrupt { file: file.clone(), why: format!("GGUF version {version} is not supported (3 is)") });
+                return Err(ModelError::Corrupt {
+                    file: file.clone(),
+                    why: format!("GGUF version {version} is not supported (3 is)"),
+                });
             }
             // A tensor entry is at least 24 bytes, a metadata entry at least 13.
             let n_tensors = c.count(24, "the tensor count")?;
@@ -272,7 +287,10 @@ impl Gguf {
                 let name = c.string(&format!("tensor name {i}"))?;
                 let nd = c.u32(&name)? as usize;
                 if nd > 8 {
-                    return Err(ModelError::Corrupt { file: file.clone(), why: format!("tensor '{name}' has {nd} dimensions") });
+                    return Err(ModelError::Corrupt {
+                        file: file.clone(),
+                        why: format!("tensor '{name}' has {nd} dimensions"),
+                    });
                 }
                 let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
                 super::bytes::elements(dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &file)?;
@@ -285,7 +303,8 @@ impl Gguf {
             let left = c.b.len().saturating_sub(data_start);
             for t in &tensors {
                 let Some((bytes, per, _)) = block(t.ggml_type) else { continue };
-                let n = super::bytes::elements(t.dims.iter().map(|&d| d as i128), &format!("tensor '{}'", t.name), &file)?;
+                let n =
+                    super::bytes::elements(t.dims.iter().map(|&d| d as i128), &format!("tensor '{}'", t.name), &file)?;
                 let len = (n / per).saturating_mul(bytes);
                 if t.offset.checked_add(len as u64).is_none_or(|end| end > left as u64) {
                     return Err(ModelError::Corrupt {
@@ -305,22 +324,33 @@ impl Gguf {
 
     /// A tensor dequantised to f32, in PyTorch order.
     pub fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
-        let info = self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
+        let info =
+            self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
         let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
         let n = super::bytes::elements(info.dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &self.file)?;
         if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
         }
-        let len = (n / per).checked_mul(bytes).ok_or_else(|| bad(format!("{n} elements of {tname} pass 2^64 bytes")))?;
+        let len =
+            (n / per).checked_mul(bytes).ok_or_else(|| bad(format!("{n} elements of {tname} pass 2^64 bytes")))?;
         let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(self.data_start));
         let data = start
             .and_then(|s| Some((s, s.checked_add(len)?)))
             .and_then(|(s, e)| (*self.map).as_ref().get(s..e))
-            .ok_or_else(|| bad(format!("data offset {} + {len} bytes lies past the end of the file ({} bytes)", info.offset, (*self.map).as_ref().len())))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "data offset {} + {len} bytes lies past the end of the file ({} bytes)",
+                    info.offset,
+                    (*self.map).as_ref().len()
+                ))
+            })?;
         let mut out = vec![0f32; n];
         match info.ggml_type {
-            0 => out.iter_mut().zip(data.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            0 => out
+                .iter_mut()
+                .zip(data.chunks_exact(4))
+                .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             1 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, c)| *o = half(c)),
             2 => {
                 for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(18)) {
@@ -368,7 +398,10 @@ impl Gguf {
                     dequant_k(info.ggml_type, blk, o);
                 }
             }
-            30 => out.iter_mut().zip(data.chunks_exact(2)).for_each(|(o, c)| *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
+            30 => out
+                .iter_mut()
+                .zip(data.chunks_exact(2))
+                .for_each(|(o, c)| *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
             _ => unreachable!("checked by block()"),
         }
         Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
@@ -395,10 +428,15 @@ mod tests {
             kv("f32", 6, &0.5f32.to_le_bytes()),
             kv("bool", 7, &[1]),
             kv("u64", 10, &11u64.to_le_bytes()),
-            kv("u16s", 9, &[&2u32.to_le_bytes()[..], &2u64.to_le_bytes(), &1u16.to_le_bytes(), &2u16.to_le_bytes()].concat()),
+            kv(
+                "u16s",
+                9,
+                &[&2u32.to_le_bytes()[..], &2u64.to_le_bytes(), &1u16.to_le_bytes(), &2u16.to_le_bytes()].concat(),
+            ),
             kv("last", 1, &[0xff]),
         ];
-        let mut b = [&b"GGUF"[..], &3u32.to_le_bytes(), &0u64.to_le_bytes(), &(kvs.len() as u64).to_le_bytes()].concat();
+        let mut b =
+            [&b"GGUF"[..], &3u32.to_le_bytes(), &0u64.to_le_bytes(), &(kvs.len() as u64).to_le_bytes()].concat();
         kvs.iter().for_each(|k| b.extend_from_slice(k));
         let g = Gguf::from_bytes(Box::new(b), "t.gguf".into()).unwrap();
         let m = &g.metadata;

@@ -24,13 +24,16 @@ use super::ModelError;
 use serde_json::{json, Value as Json};
 
 /// Qwen2's split regex (transformers' `Qwen2Converter`, llama.cpp's `qwen2` pre-tokenizer).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The bytes of a `tokenizer.json` equivalent to the GGUF's metadata tokenizer.
 pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
     let bad = |key: &str, why: String| ModelError::Tokenizer(format!("{}: metadata {key}: {why}", g.file));
     let meta = |key: &str| g.metadata.get(key);
-    let str_of = |key: &str| -> Result<&str, ModelError> { meta(key).and_then(Value::as_str).ok_or_else(|| bad(key, "missing or not a string".into())) };
+    let str_of = |key: &str| -> Result<&str, ModelError> {
+        meta(key).and_then(Value::as_str).ok_or_else(|| bad(key, "missing or not a string".into()))
+    };
     let array = |key: &str| -> Result<&Vec<Value>, ModelError> {
         match meta(key) {
             Some(Value::Array(a)) => Ok(a),
@@ -60,7 +63,11 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
             other => Ok(other),
         }
     };
-    let (bos, eos, unk) = (named("tokenizer.ggml.bos_token_id")?, named("tokenizer.ggml.eos_token_id")?, named("tokenizer.ggml.unknown_token_id")?);
+    let (bos, eos, unk) = (
+        named("tokenizer.ggml.bos_token_id")?,
+        named("tokenizer.ggml.eos_token_id")?,
+        named("tokenizer.ggml.unknown_token_id")?,
+    );
     // Pieces holding a plain space never match in sentencepiece (its normalizer writes spaces
     // as ▁ before user-defined pieces are looked for), so they are not added.
     let added = |kinds: &[u64]| -> Vec<Json> {
@@ -94,7 +101,10 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
         pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
         Ok(json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}))
     };
-    let post = frame(&[(flag("tokenizer.ggml.add_bos_token"), bos, "tokenizer.ggml.bos_token_id"), (flag("tokenizer.ggml.add_eos_token"), eos, "tokenizer.ggml.eos_token_id")])?;
+    let post = frame(&[
+        (flag("tokenizer.ggml.add_bos_token"), bos, "tokenizer.ggml.bos_token_id"),
+        (flag("tokenizer.ggml.add_eos_token"), eos, "tokenizer.ggml.eos_token_id"),
+    ])?;
     let doc = match model {
         "gpt2" => {
             let pre = meta("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
@@ -107,9 +117,14 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
             let merges: Vec<&str> = array("tokenizer.ggml.merges")?
                 .iter()
                 .enumerate()
-                .map(|(i, v)| v.as_str().filter(|m| m.contains(' ')).ok_or_else(|| bad("tokenizer.ggml.merges", format!("entry {i} is not two tokens separated by a space"))))
+                .map(|(i, v)| {
+                    v.as_str().filter(|m| m.contains(' ')).ok_or_else(|| {
+                        bad("tokenizer.ggml.merges", format!("entry {i} is not two tokens separated by a space"))
+                    })
+                })
                 .collect::<Result<_, _>>()?;
-            let vocab: serde_json::Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+            let vocab: serde_json::Map<String, Json> =
+                tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
             if vocab.len() != n {
                 return Err(bad("tokenizer.ggml.tokens", "holds a token twice".into()));
             }
@@ -127,14 +142,24 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Vec<u8>, ModelError> {
             if scores.len() != n {
                 return Err(bad("tokenizer.ggml.scores", format!("has {} scores for {n} tokens", scores.len())));
             }
-            let scores: Vec<f64> = scores.iter().enumerate().map(|(i, s)| s.as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))).collect::<Result<_, _>>()?;
+            let scores: Vec<f64> = scores
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    s.as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))
+                })
+                .collect::<Result<_, _>>()?;
             // llama.cpp's default for sentencepiece vocabularies is a dummy prefix (Llama 2);
             // Gemma's GGUFs say false.
             let prefix = !matches!(meta("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false)));
             let (vocab, merges) = spm_bpe(&tokens, &types, &scores);
             let unk = unk.map(|i| tokens[i]);
             let mut normalizer = vec![json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"})];
-            let mut decoders = vec![json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}), json!({"type": "ByteFallback"}), json!({"type": "Fuse"})];
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
             if prefix {
                 normalizer.insert(0, json!({"type": "Prepend", "prepend": "▁"}));
                 decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
@@ -187,7 +212,12 @@ pub(crate) fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_
         for (at, _) in t.char_indices().skip(1) {
             let (l, r) = (&t[..at], &t[at..]);
             if let (Some(&li), Some(&ri)) = (index.get(l), index.get(r)) {
-                merges.push(Merge { score: scores[i], lens: (l.chars().count(), r.chars().count()), ids: (i, li, ri), parts: (l, r) });
+                merges.push(Merge {
+                    score: scores[i],
+                    lens: (l.chars().count(), r.chars().count()),
+                    ids: (i, li, ri),
+                    parts: (l, r),
+                });
             }
         }
     }
@@ -226,17 +256,27 @@ pub fn spm_unigram(g: &Gguf) -> Result<Option<super::spm::SpmModel>, ModelError>
     };
     let mut pieces = Vec::with_capacity(n);
     for i in 0..n {
-        let piece = tokens[i].as_str().ok_or_else(|| bad("tokenizer.ggml.tokens", format!("entry {i} is not a string")))?.to_string();
-        let score = scores[i].as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))? as f32;
-        let kind = PieceType::from_proto(types[i]).ok_or_else(|| bad("tokenizer.ggml.token_type", format!("entry {i} is {}, not a token type (1..6)", types[i])))?;
+        let piece = tokens[i]
+            .as_str()
+            .ok_or_else(|| bad("tokenizer.ggml.tokens", format!("entry {i} is not a string")))?
+            .to_string();
+        let score =
+            scores[i].as_f64().ok_or_else(|| bad("tokenizer.ggml.scores", format!("entry {i} is not a number")))?
+                as f32;
+        let kind = PieceType::from_proto(types[i]).ok_or_else(|| {
+            bad("tokenizer.ggml.token_type", format!("entry {i} is {}, not a token type (1..6)", types[i]))
+        })?;
         pieces.push(Piece { piece, score, kind });
     }
     let charsmap: Vec<u8> = match g.metadata.get("tokenizer.ggml.precompiled_charsmap") {
-        Some(Value::Array(a)) => a.iter().map(|v| match v {
-            Value::U64(x) => Ok(*x as u8),
-            Value::I64(x) => Ok(*x as u8),
-            _ => Err(bad("tokenizer.ggml.precompiled_charsmap", "must be bytes".into())),
-        }).collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::U64(x) => Ok(*x as u8),
+                Value::I64(x) => Ok(*x as u8),
+                _ => Err(bad("tokenizer.ggml.precompiled_charsmap", "must be bytes".into())),
+            })
+            .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad("tokenizer.ggml.precompiled_charsmap", "must be an array of bytes".into())),
         None => vec![],
     };
@@ -248,5 +288,13 @@ pub fn spm_unigram(g: &Gguf) -> Result<Option<super::spm::SpmModel>, ModelError>
         remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces", true),
         escape_whitespaces: true,
     };
-    Ok(Some(SpmModel { pieces, model_type: 1, byte_fallback: false, treat_whitespace_as_suffix: false, unk_surface: " \u{2047} ".into(), normalizer, has_denormalizer: false }))
+    Ok(Some(SpmModel {
+        pieces,
+        model_type: 1,
+        byte_fallback: false,
+        treat_whitespace_as_suffix: false,
+        unk_surface: " \u{2047} ".into(),
+        normalizer,
+        has_denormalizer: false,
+    }))
 }

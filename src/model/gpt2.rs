@@ -4,7 +4,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{place, Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -43,11 +43,19 @@ fn conv1d(w: &mut Weights, prefix: &str, inp: i64, out: i64) -> Result<Linear, M
     if t.size() != [inp, out] {
         return Err(ModelError::BadShape { file: w.file.clone(), name, want: vec![inp, out], got: t.size() });
     }
-    Ok(Linear { w: place(t.tr().contiguous(), w.opts.device, w.opts.dtype), b: Some(w.get(&format!("{prefix}.bias"), &[out])?) })
+    Ok(Linear {
+        w: place(t.tr().contiguous(), w.opts.device, w.opts.dtype),
+        b: Some(w.get(&format!("{prefix}.bias"), &[out])?),
+    })
 }
 
 fn layer_norm(w: &mut Weights, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError> {
-    Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{prefix}.weight"), &[d])?, bias: Some(w.get(&format!("{prefix}.bias"), &[d])?), eps })
+    Ok(Norm {
+        kind: NormKind::Layer,
+        weight: w.get(&format!("{prefix}.weight"), &[d])?,
+        bias: Some(w.get(&format!("{prefix}.bias"), &[d])?),
+        eps,
+    })
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
@@ -61,7 +69,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
         "gelu" => Activation::Gelu,
         "relu" => Activation::Relu,
-        other => return Err(ModelError::Config(cfg_file, format!("activation_function '{other}' is not supported (gelu_new, gelu, relu)"))),
+        other => {
+            return Err(ModelError::Config(
+                cfg_file,
+                format!("activation_function '{other}' is not supported (gelu_new, gelu, relu)"),
+            ))
+        }
     };
     let ff = cfg.n_inner.unwrap_or(4 * d);
     let (map, file) = hf::weights(dir)?;
@@ -90,17 +103,32 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
                 n_kv_heads: h,
                 head_dim: d / h,
                 rotary: None,
-                slots: None, qk_norm: None, score: Default::default(),
+                slots: None,
+                qk_norm: None,
+                score: Default::default(),
             },
             attn_norm: layer_norm(&mut w, &format!("{p}.ln_1"), d, eps)?,
-            ffn: Ffn { up: conv1d(&mut w, &format!("{p}.mlp.c_fc"), d, ff)?, down: conv1d(&mut w, &format!("{p}.mlp.c_proj"), ff, d)?, act, gate: None },
+            ffn: Ffn {
+                up: conv1d(&mut w, &format!("{p}.mlp.c_fc"), d, ff)?,
+                down: conv1d(&mut w, &format!("{p}.mlp.c_proj"), ff, d)?,
+                act,
+                gate: None,
+            },
             ffn_norm: layer_norm(&mut w, &format!("{p}.ln_2"), d, eps)?,
-            norm_position: NormPosition::Pre, post_norms: None, window: None,
+            norm_position: NormPosition::Pre,
+            post_norms: None,
+            window: None,
         });
     }
     let tokens = w.get("wte.weight", &[cfg.vocab_size, d])?;
     let positions = w.get("wpe.weight", &[cfg.n_positions, d])?;
-    let embed = Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    let embed = Embeddings {
+        tokens: tokens.shallow_clone(),
+        scale: 1.0,
+        positions: Positions::Learned(positions),
+        token_type: None,
+        norm: None,
+    };
     let final_norm = layer_norm(&mut w, "ln_f", d, eps)?;
     Ok(Transformer::decoder_only(embed, layers, Some(final_norm), tokens, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))
 }

@@ -7,7 +7,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
-use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -89,7 +89,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
 }
 
 /// The model of `cfg` (read from `cfg_file`) over HF's tensor names in `w`.
-pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvRows) -> Result<Transformer, ModelError> {
+pub(crate) fn build(
+    cfg: &Config,
+    cfg_file: &str,
+    mut w: Weights,
+    qkv_rows: QkvRows,
+) -> Result<Transformer, ModelError> {
     let bad = |why: String| ModelError::Config(cfg_file.to_string(), why);
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
     if h <= 0 || d <= 0 || d % h != 0 {
@@ -109,10 +114,20 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
     // transformers 4 writes rotary_pct / rotary_emb_base (or partial_rotary_factor / rope_theta),
     // transformers 5 rope_parameters; two names of one setting must agree.
     let same = |what: &str, a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(x), Some(y)) if (x - y).abs() > 1e-12 * x.abs().max(y.abs()) => Err(bad(format!("{what} is given twice, as {x} and {y}: remove one"))),
+        (Some(x), Some(y)) if (x - y).abs() > 1e-12 * x.abs().max(y.abs()) => {
+            Err(bad(format!("{what} is given twice, as {x} and {y}: remove one")))
+        }
         _ => Ok(a.or(b)),
     };
-    let old = hf::Rope4 { theta: same("the rotary base (rotary_emb_base, rope_theta)", cfg.rotary_emb_base, cfg.rope_theta)?, scaling: cfg.rope_scaling.as_ref(), partial_rotary_factor: same("the rotary fraction (rotary_pct, partial_rotary_factor)", cfg.rotary_pct, cfg.partial_rotary_factor)? };
+    let old = hf::Rope4 {
+        theta: same("the rotary base (rotary_emb_base, rope_theta)", cfg.rotary_emb_base, cfg.rope_theta)?,
+        scaling: cfg.rope_scaling.as_ref(),
+        partial_rotary_factor: same(
+            "the rotary fraction (rotary_pct, partial_rotary_factor)",
+            cfg.rotary_pct,
+            cfg.partial_rotary_factor,
+        )?,
+    };
     let rope = hf::rope_settings(cfg.rope_parameters.as_ref(), old, "full_attention").map_err(bad)?;
     let pct = rope.partial_rotary_factor.unwrap_or(0.25);
     if !(0.0..=1.0).contains(&pct) {
@@ -127,7 +142,12 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
     let base = rope.theta.unwrap_or(10000.0);
     let eps = cfg.layer_norm_eps;
     let ln = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
-        Ok(Norm { kind: NormKind::Layer, weight: w.get(&format!("{name}.weight"), &[d])?, bias: Some(w.get(&format!("{name}.bias"), &[d])?), eps })
+        Ok(Norm {
+            kind: NormKind::Layer,
+            weight: w.get(&format!("{name}.weight"), &[d])?,
+            bias: Some(w.get(&format!("{name}.bias"), &[d])?),
+            eps,
+        })
     };
     let ff = cfg.intermediate_size;
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
@@ -152,7 +172,9 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
             flat.extend(&rest);
             Ok(t.f_view(shape.as_slice())?.f_select(1, i)?.f_reshape(flat.as_slice())?.contiguous())
         };
-        let split = |i: i64| -> Result<Linear, ModelError> { Ok(Linear { w: part(&qkv.w, i)?, b: qkv.b.as_ref().map(|b| part(b, i)).transpose()? }) };
+        let split = |i: i64| -> Result<Linear, ModelError> {
+            Ok(Linear { w: part(&qkv.w, i)?, b: qkv.b.as_ref().map(|b| part(b, i)).transpose()? })
+        };
         layers.push(EncoderLayer {
             attn: Attention {
                 q: split(0)?,
@@ -164,16 +186,28 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights, qkv_rows: QkvR
                 head_dim: dh,
                 rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() }),
                 slots: None,
-                qk_norm: None, score: Default::default(),
+                qk_norm: None,
+                score: Default::default(),
             },
             attn_norm: ln(&mut w, format!("{p}.input_layernorm"))?,
-            ffn: Ffn { up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?, down: proj(&mut w, "mlp.dense_4h_to_h", d, ff, true)?, act, gate: None },
+            ffn: Ffn {
+                up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?,
+                down: proj(&mut w, "mlp.dense_4h_to_h", d, ff, true)?,
+                act,
+                gate: None,
+            },
             ffn_norm: ln(&mut w, format!("{p}.post_attention_layernorm"))?,
-            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre }, post_norms: None, window: None,
+            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre },
+            post_norms: None,
+            window: None,
         });
     }
     let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() { tokens.shallow_clone() } else { w.get("embed_out.weight", &[cfg.vocab_size, d])? };
+    let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() {
+        tokens.shallow_clone()
+    } else {
+        w.get("embed_out.weight", &[cfg.vocab_size, d])?
+    };
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = ln(&mut w, "final_layer_norm".into())?;
     Ok(Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))

@@ -10,7 +10,10 @@ use std::path::Path;
 use tch::Tensor;
 
 pub fn is_hf_dir(dir: &Path) -> bool {
-    dir.join("config.json").is_file() && ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"].iter().any(|f| dir.join(f).is_file())
+    dir.join("config.json").is_file()
+        && ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
+            .iter()
+            .any(|f| dir.join(f).is_file())
 }
 
 /// `config.json` as JSON.
@@ -36,7 +39,8 @@ pub fn vetted_config(dir: &Path, allow: bool) -> Result<(serde_json::Value, Vec<
 /// `allow_unknown_config`) are not read.
 pub fn typed_config<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, ModelError> {
     let path = dir.join("config.json");
-    serde_json::from_value(vetted_config(dir, true)?.0).map_err(|e| ModelError::Config(path.display().to_string(), e.to_string()))
+    serde_json::from_value(vetted_config(dir, true)?.0)
+        .map_err(|e| ModelError::Config(path.display().to_string(), e.to_string()))
 }
 
 /// The `model_type` of an HF directory; old BERT configs without one are BERT.
@@ -81,7 +85,9 @@ pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelErr
     for f in files {
         let mut shard = super::safetensors::read(&dir.join(f))?;
         for name in &by_file[f] {
-            let t = shard.remove(name).ok_or_else(|| bad(format!("tensor '{name}' is listed in shard '{f}' but not there")))?;
+            let t = shard
+                .remove(name)
+                .ok_or_else(|| bad(format!("tensor '{name}' is listed in shard '{f}' but not there")))?;
             out.insert(name.clone(), t);
         }
     }
@@ -127,9 +133,18 @@ pub struct Rope4<'a> {
 /// The rotary settings of `layer_type` from `rope_parameters` (transformers 5) or, without it,
 /// from transformers 4's keys. A key given in both shapes must agree; `rope_parameters` keyed by
 /// layer types must have an entry for `layer_type`.
-pub fn rope_settings(parameters: Option<&serde_json::Value>, old: Rope4, layer_type: &'static str) -> Result<Rope, String> {
+pub fn rope_settings(
+    parameters: Option<&serde_json::Value>,
+    old: Rope4,
+    layer_type: &'static str,
+) -> Result<Rope, String> {
     let Some(p) = parameters.filter(|v| !v.is_null()) else {
-        return Ok(Rope { theta: old.theta, scaling: old.scaling.filter(|v| !v.is_null()).cloned(), partial_rotary_factor: old.partial_rotary_factor, source: "rope_scaling" });
+        return Ok(Rope {
+            theta: old.theta,
+            scaling: old.scaling.filter(|v| !v.is_null()).cloned(),
+            partial_rotary_factor: old.partial_rotary_factor,
+            source: "rope_scaling",
+        });
     };
     let Some(obj) = p.as_object() else { return Err(format!("rope_parameters must be an object, got {p}")) };
     let per_type = !obj.is_empty() && obj.iter().all(|(k, v)| LAYER_TYPES.contains(&k.as_str()) && v.is_object());
@@ -139,7 +154,12 @@ pub fn rope_settings(parameters: Option<&serde_json::Value>, old: Rope4, layer_t
             "chunked_attention" => "rope_parameters.chunked_attention",
             _ => "rope_parameters.full_attention",
         };
-        let e = obj.get(layer_type).ok_or_else(|| format!("rope_parameters has entries for {} but none for '{layer_type}'", obj.keys().cloned().collect::<Vec<_>>().join(", ")))?;
+        let e = obj.get(layer_type).ok_or_else(|| {
+            format!(
+                "rope_parameters has entries for {} but none for '{layer_type}'",
+                obj.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })?;
         (e.as_object().cloned().unwrap_or_default(), key, key)
     } else {
         (obj.clone(), "rope_parameters", "rope_parameters")
@@ -156,12 +176,15 @@ pub fn rope_settings(parameters: Option<&serde_json::Value>, old: Rope4, layer_t
     let old = if per_type && layer_type != "full_attention" { Rope4::default() } else { old };
     // transformers 5 keeps the old keys readable; a config giving both must not disagree.
     let agree = |what: &str, new: Option<f64>, old: Option<f64>| match (new, old) {
-        (Some(a), Some(b)) if (a - b).abs() > 1e-12 * a.abs().max(b.abs()) => Err(format!("{key}.{what} is {a} but the top-level {what} is {b}: remove one")),
+        (Some(a), Some(b)) if (a - b).abs() > 1e-12 * a.abs().max(b.abs()) => {
+            Err(format!("{key}.{what} is {a} but the top-level {what} is {b}: remove one"))
+        }
         _ => Ok(new.or(old)),
     };
     let theta = agree("rope_theta", theta, old.theta)?;
     let partial = agree("partial_rotary_factor", partial, old.partial_rotary_factor)?;
-    let kind = entry.get("rope_type").or_else(|| entry.get("type")).and_then(|t| t.as_str()).unwrap_or("default").to_string();
+    let kind =
+        entry.get("rope_type").or_else(|| entry.get("type")).and_then(|t| t.as_str()).unwrap_or("default").to_string();
     if let Some(s) = old.scaling.filter(|v| !v.is_null()) {
         let old_kind = s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
         if old_kind != kind && !per_type {
@@ -169,11 +192,7 @@ pub fn rope_settings(parameters: Option<&serde_json::Value>, old: Rope4, layer_t
         }
     }
     // Unknown keys were refused (or dropped) by config_keys::vet before the family read the config.
-    let scaling = if kind == "default" {
-        None
-    } else {
-        Some(serde_json::Value::Object(entry))
-    };
+    let scaling = if kind == "default" { None } else { Some(serde_json::Value::Object(entry)) };
     Ok(Rope { theta, scaling, partial_rotary_factor: partial, source })
 }
 
@@ -184,33 +203,67 @@ pub const ROPE_KEYS: &[(&str, &[&str])] = &[
     ("linear", &["factor"]),
     ("dynamic", &["factor", "original_max_position_embeddings"]),
     ("llama3", &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]),
-    ("yarn", &["factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"]),
+    (
+        "yarn",
+        &[
+            "factor",
+            "original_max_position_embeddings",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ],
+    ),
     ("longrope", &["short_factor", "long_factor", "factor", "original_max_position_embeddings", "attention_factor"]),
 ];
 
 /// `rope_scaling` of a config (transformers' `rope_type`, or the older `type`;
 /// docs/methods.md#rope-scaling), checked:
 /// a missing or non-numeric parameter, an unknown type, is an error naming it.
-pub fn rope_scaling(value: Option<&serde_json::Value>, max_position_embeddings: Option<i64>) -> Result<RopeScaling, String> {
+pub fn rope_scaling(
+    value: Option<&serde_json::Value>,
+    max_position_embeddings: Option<i64>,
+) -> Result<RopeScaling, String> {
     rope_scaling_for(value, max_position_embeddings, None, 0)
 }
 
 /// [`rope_scaling`] for a model with `dim` rotary dimensions (LongRoPE's factors are one per
 /// pair) and, as Phi-3 configs carry it, a top-level `original_max_position_embeddings`.
-pub fn rope_scaling_for(value: Option<&serde_json::Value>, max_position_embeddings: Option<i64>, original_max: Option<i64>, dim: i64) -> Result<RopeScaling, String> {
+pub fn rope_scaling_for(
+    value: Option<&serde_json::Value>,
+    max_position_embeddings: Option<i64>,
+    original_max: Option<i64>,
+    dim: i64,
+) -> Result<RopeScaling, String> {
     scaling_of("rope_scaling", value, max_position_embeddings, original_max, dim)
 }
 
 impl Rope {
     /// The scaling these settings give ([`rope_scaling_for`]), errors naming where they came from.
-    pub fn scaling_for(&self, max_position_embeddings: Option<i64>, original_max: Option<i64>, dim: i64) -> Result<RopeScaling, String> {
+    pub fn scaling_for(
+        &self,
+        max_position_embeddings: Option<i64>,
+        original_max: Option<i64>,
+        dim: i64,
+    ) -> Result<RopeScaling, String> {
         scaling_of(self.source, self.scaling.as_ref(), max_position_embeddings, original_max, dim)
     }
 
     /// One line for `print(m)`: base, scaling and rotary fraction, and the key they came from.
     pub fn describe(&self, default_theta: f64) -> String {
-        let kind = self.scaling.as_ref().and_then(|s| s.get("rope_type").or_else(|| s.get("type"))).and_then(|t| t.as_str()).unwrap_or("default");
-        let mut s = format!("rope_theta {}{}, rope_type {kind}", self.theta.unwrap_or(default_theta), if self.theta.is_none() { " (the family's default)" } else { "" });
+        let kind = self
+            .scaling
+            .as_ref()
+            .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+            .and_then(|t| t.as_str())
+            .unwrap_or("default");
+        let mut s = format!(
+            "rope_theta {}{}, rope_type {kind}",
+            self.theta.unwrap_or(default_theta),
+            if self.theta.is_none() { " (the family's default)" } else { "" }
+        );
         if let Some(f) = self.partial_rotary_factor {
             s += &format!(", partial_rotary_factor {f}");
         }
@@ -220,17 +273,28 @@ impl Rope {
     }
 }
 
-fn scaling_of(label: &str, value: Option<&serde_json::Value>, max_position_embeddings: Option<i64>, original_max: Option<i64>, dim: i64) -> Result<RopeScaling, String> {
+fn scaling_of(
+    label: &str,
+    value: Option<&serde_json::Value>,
+    max_position_embeddings: Option<i64>,
+    original_max: Option<i64>,
+    dim: i64,
+) -> Result<RopeScaling, String> {
     let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let Some(m) = v.as_object() else { return Err(format!("{label} must be an object, got {v}")) };
-    let kind = m.get("rope_type").or_else(|| m.get("type")).and_then(|t| t.as_str()).ok_or_else(|| format!("{label} has no rope_type"))?;
+    let kind = m
+        .get("rope_type")
+        .or_else(|| m.get("type"))
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| format!("{label} has no rope_type"))?;
     let num = |key: &str| -> Result<Option<f64>, String> {
         match m.get(key) {
             None | Some(serde_json::Value::Null) => Ok(None),
             Some(x) => x.as_f64().map(Some).ok_or_else(|| format!("{label}.{key} must be a number, got {x}")),
         }
     };
-    let need = |key: &str| -> Result<f64, String> { num(key)?.ok_or_else(|| format!("{label} of type '{kind}' needs {key}")) };
+    let need =
+        |key: &str| -> Result<f64, String> { num(key)?.ok_or_else(|| format!("{label} of type '{kind}' needs {key}")) };
     let factor = || -> Result<f64, String> {
         let f = need("factor")?;
         if f < 1.0 {
@@ -238,7 +302,11 @@ fn scaling_of(label: &str, value: Option<&serde_json::Value>, max_position_embed
         }
         Ok(f)
     };
-    let max_positions = || -> Result<f64, String> { max_position_embeddings.map(|x| x as f64).ok_or_else(|| format!("{label} of type '{kind}' needs max_position_embeddings")) };
+    let max_positions = || -> Result<f64, String> {
+        max_position_embeddings
+            .map(|x| x as f64)
+            .ok_or_else(|| format!("{label} of type '{kind}' needs max_position_embeddings"))
+    };
     Ok(match kind {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: factor()? },

@@ -105,7 +105,15 @@ pub struct PointSpec {
     pub doc: &'static str,
 }
 
-const fn spec(point: Point, name: &'static str, layout: Layout, per_layer: bool, attention: bool, axes: &'static str, doc: &'static str) -> PointSpec {
+const fn spec(
+    point: Point,
+    name: &'static str,
+    layout: Layout,
+    per_layer: bool,
+    attention: bool,
+    axes: &'static str,
+    doc: &'static str,
+) -> PointSpec {
     PointSpec { point, name, layout, per_layer, attention, axes, doc }
 }
 
@@ -177,7 +185,9 @@ impl fmt::Display for At {
 /// Parses a hook name. `default_kind` is used when the name has no kind prefix
 /// (`blocks.0.attn.hook_z` on a decoder-only model, as TransformerLens writes it).
 pub fn parse_name(name: &str, default_kind: Option<Kind>) -> Result<At, String> {
-    let bad = |why: &str| format!("'{name}' is not a hook name ({why}); names look like \"enc.blocks.0.attn.hook_pattern\", \"dec.hook_embed\" (`:help hooks` lists them)");
+    let bad = |why: &str| {
+        format!("'{name}' is not a hook name ({why}); names look like \"enc.blocks.0.attn.hook_pattern\", \"dec.hook_embed\" (`:help hooks` lists them)")
+    };
     let (kind, rest) = match name.split_once('.') {
         Some((k, rest)) if matches!(k, "enc" | "dec" | "cross") => (k.parse::<Kind>().map_err(|e| bad(&e))?, rest),
         _ => (default_kind.ok_or_else(|| bad("no attention kind in front: enc., dec. or cross."))?, name),
@@ -191,7 +201,8 @@ pub fn parse_name(name: &str, default_kind: Option<Kind>) -> Result<At, String> 
     };
     let Some(spec) = POINTS.iter().find(|s| s.name == point_name) else {
         let names: Vec<&str> = POINTS.iter().map(|s| s.name).collect();
-        let near = crate::suggest::did_you_mean(point_name, names.iter().copied()).map_or(String::new(), |d| format!(" ({d})"));
+        let near = crate::suggest::did_you_mean(point_name, names.iter().copied())
+            .map_or(String::new(), |d| format!(" ({d})"));
         return Err(bad(&format!("unknown point '{point_name}'{near}; the points are {}", names.join(", "))));
     };
     match (spec.per_layer, layer) {
@@ -258,8 +269,16 @@ pub fn replaced(h: &mut HookSlot, at: At, x: &Tensor) -> Result<Option<Tensor>, 
     }
     match h.visit(at, x)? {
         None => Ok(None),
-        Some(v) if v.size() == x.size() => Ok(Some(if v.kind() == x.kind() && v.device() == x.device() { v } else { v.f_to_device(x.device())?.f_to_kind(x.kind())? })),
-        Some(v) => Err(ModelError::Invalid(format!("hook {at}: the replacement has shape {:?}, the value there has {:?}", v.size(), x.size()))),
+        Some(v) if v.size() == x.size() => Ok(Some(if v.kind() == x.kind() && v.device() == x.device() {
+            v
+        } else {
+            v.f_to_device(x.device())?.f_to_kind(x.kind())?
+        })),
+        Some(v) => Err(ModelError::Invalid(format!(
+            "hook {at}: the replacement has shape {:?}, the value there has {:?}",
+            v.size(),
+            x.size()
+        ))),
     }
 }
 
@@ -279,7 +298,8 @@ impl<'a> Record<'a> {
 
 impl Hooks for Record<'_> {
     fn wants(&self, at: At) -> bool {
-        (self.points.is_empty() || self.points.contains(&at.point)) && (self.kinds.is_empty() || self.kinds.contains(&at.kind))
+        (self.points.is_empty() || self.points.contains(&at.point))
+            && (self.kinds.is_empty() || self.kinds.contains(&at.kind))
     }
     fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
         (self.on)(at, x)?;
@@ -367,7 +387,10 @@ impl Intervention {
             let Some(idx) = idx else { return Ok(None) };
             let n = size[axis];
             if let Some(bad) = idx.iter().find(|&&i| i < 0 || i >= n) {
-                return Err(ModelError::Invalid(format!("intervention at {name}: {what} {bad} out of range 0..{}", n - 1)));
+                return Err(ModelError::Invalid(format!(
+                    "intervention at {name}: {what} {bad} out of range 0..{}",
+                    n - 1
+                )));
             }
             let mut m = vec![false; n as usize];
             for &i in idx {
@@ -378,11 +401,19 @@ impl Intervention {
             Ok(Some(Tensor::from_slice(&m).view(shape.as_slice()).to_device(dev)))
         };
         let mut sel: Option<Tensor> = None;
-        let parts = [pick(0, &self.rows, "batch row")?, match head_axis {
-            Some(a) => pick(a, &self.heads, "head")?,
-            None if self.heads.is_some() => return Err(ModelError::Invalid(format!("intervention at {name}: the point has no heads; give heads only at attn.* points"))),
-            None => None,
-        }, pick(pos_axis, &self.positions, "position")?];
+        let parts = [
+            pick(0, &self.rows, "batch row")?,
+            match head_axis {
+                Some(a) => pick(a, &self.heads, "head")?,
+                None if self.heads.is_some() => {
+                    return Err(ModelError::Invalid(format!(
+                        "intervention at {name}: the point has no heads; give heads only at attn.* points"
+                    )))
+                }
+                None => None,
+            },
+            pick(pos_axis, &self.positions, "position")?,
+        ];
         for p in parts.into_iter().flatten() {
             sel = Some(match sel {
                 None => p,
@@ -465,7 +496,13 @@ mod tests {
         // [B=2, H=3, T=4, dh=2]
         let x = Tensor::arange(48, (DType::Double, Device::Cpu)).view([2, 3, 4, 2]);
         let at = At::new(Kind::Enc, 0, Point::Z);
-        let i = Intervention { at, op: Op::Replace(Tensor::zeros([1], (DType::Double, Device::Cpu))), heads: Some(vec![1]), positions: Some(vec![2, 3]), rows: Some(vec![1]) };
+        let i = Intervention {
+            at,
+            op: Op::Replace(Tensor::zeros([1], (DType::Double, Device::Cpu))),
+            heads: Some(vec![1]),
+            positions: Some(vec![2, 3]),
+            rows: Some(vec![1]),
+        };
         let y = i.apply(&x).unwrap();
         let changed = x.ne_tensor(&y).sum(DType::Int64).int64_value(&[]);
         assert_eq!(changed, 2 * 2, "row 1, head 1, positions 2 and 3, both dims (value 0 at none of them)");
@@ -473,12 +510,26 @@ mod tests {
         assert_eq!(y.double_value(&[0, 1, 2, 0]), x.double_value(&[0, 1, 2, 0]));
         // A [pos, head, d_head] value is read in TransformerLens's axes.
         let v = Tensor::arange(24, (DType::Double, Device::Cpu)).view([4, 3, 2]);
-        let y = Intervention { at, op: Op::Add(v.shallow_clone()), heads: None, positions: None, rows: None }.apply(&x).unwrap();
+        let y = Intervention { at, op: Op::Add(v.shallow_clone()), heads: None, positions: None, rows: None }
+            .apply(&x)
+            .unwrap();
         assert_eq!(y.double_value(&[0, 2, 1, 1]) - x.double_value(&[0, 2, 1, 1]), v.double_value(&[1, 2, 1]));
         // Out of range and misfit values are errors naming the point.
-        let e = Intervention { at, op: Op::Scale(0.0), heads: Some(vec![3]), positions: None, rows: None }.apply(&x).unwrap_err().to_string();
+        let e = Intervention { at, op: Op::Scale(0.0), heads: Some(vec![3]), positions: None, rows: None }
+            .apply(&x)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("enc.blocks.0.attn.hook_z") && e.contains("head 3 out of range 0..2"), "{e}");
-        let e = Intervention { at, op: Op::Add(Tensor::zeros([5], (DType::Double, Device::Cpu))), heads: None, positions: None, rows: None }.apply(&x).unwrap_err().to_string();
+        let e = Intervention {
+            at,
+            op: Op::Add(Tensor::zeros([5], (DType::Double, Device::Cpu))),
+            heads: None,
+            positions: None,
+            rows: None,
+        }
+        .apply(&x)
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("does not fit") && e.contains("[4, 3, 2]"), "{e}");
     }
 }

@@ -17,7 +17,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary};
-use super::transformer::{EncoderLayer, Embeddings, Positions, Transformer};
+use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -90,7 +90,15 @@ pub const DEFAULT_THETA: f64 = 10000.0;
 impl Config {
     /// The rotary settings in use, from either config shape.
     pub fn rope(&self) -> Result<hf::Rope, String> {
-        hf::rope_settings(self.rope_parameters.as_ref(), hf::Rope4 { theta: self.rope_theta, scaling: self.rope_scaling.as_ref(), partial_rotary_factor: self.partial_rotary_factor }, "full_attention")
+        hf::rope_settings(
+            self.rope_parameters.as_ref(),
+            hf::Rope4 {
+                theta: self.rope_theta,
+                scaling: self.rope_scaling.as_ref(),
+                partial_rotary_factor: self.partial_rotary_factor,
+            },
+            "full_attention",
+        )
     }
 }
 
@@ -120,7 +128,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     }
     let dh = cfg.head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
     if dh <= 0 || dh % 2 != 0 {
-        return Err(bad(format!("head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number")));
+        return Err(bad(format!(
+            "head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number"
+        )));
     }
     let rope = cfg.rope().map_err(bad)?;
     let rope_dim = match (cfg.rope_dim, rope.partial_rotary_factor) {
@@ -130,24 +140,34 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         (None, None) => dh,
     };
     if rope_dim % 2 != 0 {
-        return Err(bad(format!("{rope_dim} rotary dimensions per head (partial_rotary_factor of head size {dh}) is not an even number")));
+        return Err(bad(format!(
+            "{rope_dim} rotary dimensions per head (partial_rotary_factor of head size {dh}) is not an even number"
+        )));
     }
-    let scaling = rope.scaling_for(cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
+    let scaling =
+        rope.scaling_for(cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
     let theta = rope.theta.unwrap_or(DEFAULT_THETA);
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
         "mistral" | "phi3" => cfg.sliding_window,
-        "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => return Err(bad("use_sliding_window (per-layer windows) is not supported".into())),
+        "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => {
+            return Err(bad("use_sliding_window (per-layer windows) is not supported".into()))
+        }
         _ => None,
     };
     if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| *t != "full_attention")) {
-        return Err(bad(format!("layer_types holds '{t}': only full-attention layers are supported in model_type '{}'", cfg.model_type)));
+        return Err(bad(format!(
+            "layer_types holds '{t}': only full-attention layers are supported in model_type '{}'",
+            cfg.model_type
+        )));
     }
     let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
     let olmo2 = cfg.model_type == "olmo2";
     let qk_norm = cfg.model_type == "qwen3" || olmo2;
     let eps = cfg.rms_norm_eps;
-    let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps }) };
+    let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
+        Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps })
+    };
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
@@ -165,20 +185,35 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 n_heads: h,
                 n_kv_heads: hk,
                 head_dim: dh,
-                rotary: Some(Rotary { base: theta, dim: rope_dim, half: rows == RotaryRows::RotateHalf, scaling: scaling.clone() }),
+                rotary: Some(Rotary {
+                    base: theta,
+                    dim: rope_dim,
+                    half: rows == RotaryRows::RotateHalf,
+                    scaling: scaling.clone(),
+                }),
                 slots: None,
                 qk_norm: if qk_norm {
                     // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.
                     let per_head = !olmo2;
                     let width = |n: i64| if per_head { dh } else { n * dh };
-                    let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> { Ok(Norm { kind: NormKind::Rms, weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?, bias: None, eps }) };
+                    let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
+                        Ok(Norm {
+                            kind: NormKind::Rms,
+                            weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?,
+                            bias: None,
+                            eps,
+                        })
+                    };
                     Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
                 } else {
                     None
                 },
                 score: Default::default(),
             },
-            attn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
+            attn_norm: rms(
+                &mut w,
+                format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }),
+            )?,
             ffn: Ffn {
                 up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
                 down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)?,
@@ -187,16 +222,30 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             },
             // OLMo-2 norms each sublayer's output (post_attention_layernorm after the
             // attention, post_feedforward_layernorm after the MLP) and not their inputs.
-            ffn_norm: rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }))?,
-            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre }, post_norms: None, window: None,
+            ffn_norm: rms(
+                &mut w,
+                format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }),
+            )?,
+            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
+            post_norms: None,
+            window: None,
         });
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() { tokens.shallow_clone() } else { w.get("lm_head.weight", &[cfg.vocab_size, d])? };
+    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {
+        tokens.shallow_clone()
+    } else {
+        w.get("lm_head.weight", &[cfg.vocab_size, d])?
+    };
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = rms(&mut w, "model.norm.weight".into())?;
-    let mut net = Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(0));
+    let mut net = Transformer::decoder_only(
+        embed,
+        layers,
+        Some(final_norm),
+        output,
+        hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+    );
     net.window = window;
     Ok(net)
 }
-

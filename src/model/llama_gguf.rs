@@ -30,7 +30,11 @@ pub fn gguf_of(path: &Path) -> Option<PathBuf> {
 }
 
 pub fn find_gguf(dir: &Path) -> Option<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "gguf")).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
     (v.len() == 1).then(|| v.remove(0))
 }
 
@@ -74,7 +78,8 @@ fn hf_name(arch: &str, name: &str) -> String {
 /// same code as HF llama checkpoints (`llama::build`); the Q/K rows are already in adjacent
 /// pairs.
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
-    let path = gguf_of(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single *.gguf in the directory".into()))?;
+    let path = gguf_of(dir)
+        .ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single *.gguf in the directory".into()))?;
     let g = Gguf::open(&path)?;
     build_from(&g, &path.display().to_string(), opts)
 }
@@ -95,10 +100,18 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let key = |k: &str| meta.key(k);
     let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
     if let Some(t) = scaling.filter(|t| !(*t == "linear" && arch.starts_with("gemma"))) {
-        return Err(bad(format!("metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet", key("rope.scaling.type"))));
+        return Err(bad(format!(
+            "metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet",
+            key("rope.scaling.type")
+        )));
     }
     let int = |k: &str| meta.int(k);
-    let (n_layers, d, ff, h) = (int("block_count")? as usize, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
+    let (n_layers, d, ff, h) = (
+        int("block_count")? as usize,
+        int("embedding_length")?,
+        int("feed_forward_length")?,
+        int("attention.head_count")?,
+    );
     let hk = int("attention.head_count_kv").unwrap_or(h);
     // Qwen3's and Gemma's heads are wider than d / h: the key length says.
     let key_length = int("attention.key_length").ok();
@@ -106,7 +119,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         return Err(bad(format!("{h} heads and {hk} key/value heads do not fit a model of size {d}")));
     }
     let float = |k: &str| meta.float(k);
-    let eps = float("attention.layer_norm_rms_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
+    let eps = float("attention.layer_norm_rms_epsilon")
+        .ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_rms_epsilon"))))?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let gemma = arch.starts_with("gemma");
     let map: std::collections::HashMap<String, tch::Tensor> = g
@@ -119,14 +133,19 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             Ok((hf_name(&arch, &t.name), x))
         })
         .collect::<Result<_, ModelError>>()?;
-    let vocab = map.get("model.embed_tokens.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
+    let vocab = map
+        .get("model.embed_tokens.weight")
+        .map(|t| t.size()[0])
+        .ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
     let head_dim = key_length.unwrap_or(d / h);
     if gemma {
         // llama.cpp's fixed Gemma settings: the 27B models (62 layers for Gemma 3, 46 for
         // Gemma 2) scale scores by (hidden / heads)^-1/2, the others by head_dim^-1/2.
         let big = (arch == "gemma3" && n_layers == 62) || (arch == "gemma2" && n_layers == 46);
         let rope_scaling = match scaling {
-            Some(_) => Some(serde_json::json!({"rope_type": "linear", "factor": float("rope.scaling.factor").ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?})),
+            Some(_) => Some(
+                serde_json::json!({"rope_type": "linear", "factor": float("rope.scaling.factor").ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?}),
+            ),
             None => None,
         };
         let cfg = super::gemma::Config {
@@ -165,7 +184,12 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let (mut rope_scaling, mut sliding_window) = (None, None);
     if arch == "phi3" {
         let mut factors = |name: &str| -> Result<Option<Vec<f64>>, ModelError> {
-            map.remove(name).map(|t| Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).map_err(|e| bad(format!("tensor {name}: {e}")))).transpose()
+            map.remove(name)
+                .map(|t| {
+                    Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1]))
+                        .map_err(|e| bad(format!("tensor {name}: {e}")))
+                })
+                .transpose()
         };
         match (factors("rope_factors_short.weight")?, factors("rope_factors_long.weight")?) {
             (Some(short), Some(long)) => {
@@ -228,7 +252,12 @@ impl Meta<'_> {
         ModelError::Config(self.file.to_string(), why)
     }
     fn int(&self, k: &str) -> Result<i64, ModelError> {
-        self.g.metadata.get(&self.key(k)).and_then(Value::as_u64).map(|v| v as i64).ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
+        self.g
+            .metadata
+            .get(&self.key(k))
+            .and_then(Value::as_u64)
+            .map(|v| v as i64)
+            .ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
     }
     fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
@@ -236,7 +265,10 @@ impl Meta<'_> {
 }
 
 /// Every tensor of `g`, dequantised, under the name `rename` gives its GGUF name.
-fn renamed(g: &Gguf, rename: impl Fn(&str) -> String) -> Result<std::collections::HashMap<String, tch::Tensor>, ModelError> {
+fn renamed(
+    g: &Gguf,
+    rename: impl Fn(&str) -> String,
+) -> Result<std::collections::HashMap<String, tch::Tensor>, ModelError> {
     g.tensors.iter().map(|t| Ok((rename(&t.name), g.tensor(&t.name)?))).collect()
 }
 
@@ -250,33 +282,41 @@ const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptne
 /// is HF's exact GELU (llama.cpp computes the tanh approximation).
 fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let meta = Meta { g, arch: "gptneox", file };
-    let (bad, key, int, float) = (|why: String| meta.bad(why), |k: &str| meta.key(k), |k: &str| meta.int(k), |k: &str| meta.float(k));
+    let (bad, key, int, float) =
+        (|why: String| meta.bad(why), |k: &str| meta.key(k), |k: &str| meta.int(k), |k: &str| meta.float(k));
     let (d, h) = (int("embedding_length")?, int("attention.head_count")?);
     if h <= 0 || d <= 0 || d % h != 0 {
-        return Err(bad(format!("{} {d} is not a positive multiple of {} {h}", key("embedding_length"), key("attention.head_count"))));
+        return Err(bad(format!(
+            "{} {d} is not a positive multiple of {} {h}",
+            key("embedding_length"),
+            key("attention.head_count")
+        )));
     }
     let map = renamed(g, |name| match name {
-            "token_embd.weight" => "gpt_neox.embed_in.weight".to_string(),
-            "output.weight" => "embed_out.weight".to_string(),
-            n if n.starts_with("output_norm.") => format!("gpt_neox.final_layer_norm.{}", &n["output_norm.".len()..]),
-            n => match n.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-                Some((l, part)) => {
-                    let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
-                    let hf = match module {
-                        "attn_norm" => "input_layernorm",
-                        "attn_qkv" => "attention.query_key_value",
-                        "attn_output" => "attention.dense",
-                        "ffn_norm" => "post_attention_layernorm",
-                        "ffn_up" => "mlp.dense_h_to_4h",
-                        "ffn_down" => "mlp.dense_4h_to_h",
-                        _ => module,
-                    };
-                    format!("gpt_neox.layers.{l}.{hf}.{suffix}")
-                }
-                None => n.to_string(),
-            },
+        "token_embd.weight" => "gpt_neox.embed_in.weight".to_string(),
+        "output.weight" => "embed_out.weight".to_string(),
+        n if n.starts_with("output_norm.") => format!("gpt_neox.final_layer_norm.{}", &n["output_norm.".len()..]),
+        n => match n.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+            Some((l, part)) => {
+                let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
+                let hf = match module {
+                    "attn_norm" => "input_layernorm",
+                    "attn_qkv" => "attention.query_key_value",
+                    "attn_output" => "attention.dense",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "ffn_up" => "mlp.dense_h_to_4h",
+                    "ffn_down" => "mlp.dense_4h_to_h",
+                    _ => module,
+                };
+                format!("gpt_neox.layers.{l}.{hf}.{suffix}")
+            }
+            None => n.to_string(),
+        },
     })?;
-    let vocab = map.get("gpt_neox.embed_in.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let vocab = map
+        .get("gpt_neox.embed_in.weight")
+        .map(|t| t.size()[0])
+        .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
     let rope_dim = int("rope.dimension_count")?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let cfg = super::gpt_neox::Config {
@@ -294,14 +334,20 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         rope_parameters: None,
         max_position_embeddings: int("context_length").ok(),
         head_dim: None,
-        layer_norm_eps: float("attention.layer_norm_epsilon").ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_epsilon"))))?,
+        layer_norm_eps: float("attention.layer_norm_epsilon")
+            .ok_or_else(|| bad(format!("metadata {} is missing", key("attention.layer_norm_epsilon"))))?,
         use_parallel_residual: g.metadata.get(&key("use_parallel_residual")).and_then(Value::as_bool).unwrap_or(true),
         attention_bias: map.contains_key("gpt_neox.layers.0.attention.query_key_value.bias"),
         tie_word_embeddings: !map.contains_key("embed_out.weight"),
         eos_token_id: Some(eos.into()),
         rotary_dims: Some(rope_dim),
     };
-    super::gpt_neox::build(&cfg, file, Weights::new(map, file.to_string(), opts, Some("gpt_neox.")), super::gpt_neox::QkvRows::Stacked)
+    super::gpt_neox::build(
+        &cfg,
+        file,
+        Weights::new(map, file.to_string(), opts, Some("gpt_neox.")),
+        super::gpt_neox::QkvRows::Stacked,
+    )
 }
 
 /// T5 / Flan-T5 / mT5 as llama.cpp writes them (`enc.blk.N.*`, `dec.blk.N.*`, the relative
@@ -315,39 +361,47 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
     let meta = Meta { g, arch: "t5", file };
     let (int, float) = (|k: &str| meta.int(k), |k: &str| meta.float(k));
     let mut map = renamed(g, |name| match name {
-            "token_embd.weight" => "shared.weight".to_string(),
-            "output.weight" => "lm_head.weight".to_string(),
-            "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),
-            "dec.output_norm.weight" => "decoder.final_layer_norm.weight".to_string(),
-            n => {
-                let stack = n.strip_prefix("enc.blk.").map(|r| ("encoder", r)).or_else(|| n.strip_prefix("dec.blk.").map(|r| ("decoder", r)));
-                match stack.and_then(|(side, rest)| rest.split_once('.').map(|(l, part)| (side, l, part))) {
-                    Some((side, l, part)) => {
-                        let module = part.strip_suffix(".weight").unwrap_or(part);
-                        let ffn = if side == "encoder" { "1" } else { "2" };
-                        let hf = match module {
-                            "attn_norm" => "0.layer_norm".to_string(),
-                            "attn_q" | "attn_k" | "attn_v" | "attn_o" => format!("0.SelfAttention.{}", &module[5..]),
-                            "attn_rel_b" => "0.SelfAttention.relative_attention_bias".to_string(),
-                            "cross_attn_norm" => "1.layer_norm".to_string(),
-                            "cross_attn_q" | "cross_attn_k" | "cross_attn_v" | "cross_attn_o" => format!("1.EncDecAttention.{}", &module[11..]),
-                            "ffn_norm" => format!("{ffn}.layer_norm"),
-                            "ffn_gate" => format!("{ffn}.DenseReluDense.wi_0"),
-                            "ffn_up" => format!("{ffn}.DenseReluDense.UP"),
-                            "ffn_down" => format!("{ffn}.DenseReluDense.wo"),
-                            _ => module.to_string(),
-                        };
-                        format!("{side}.block.{l}.layer.{hf}.weight")
-                    }
-                    None => n.to_string(),
+        "token_embd.weight" => "shared.weight".to_string(),
+        "output.weight" => "lm_head.weight".to_string(),
+        "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),
+        "dec.output_norm.weight" => "decoder.final_layer_norm.weight".to_string(),
+        n => {
+            let stack = n
+                .strip_prefix("enc.blk.")
+                .map(|r| ("encoder", r))
+                .or_else(|| n.strip_prefix("dec.blk.").map(|r| ("decoder", r)));
+            match stack.and_then(|(side, rest)| rest.split_once('.').map(|(l, part)| (side, l, part))) {
+                Some((side, l, part)) => {
+                    let module = part.strip_suffix(".weight").unwrap_or(part);
+                    let ffn = if side == "encoder" { "1" } else { "2" };
+                    let hf = match module {
+                        "attn_norm" => "0.layer_norm".to_string(),
+                        "attn_q" | "attn_k" | "attn_v" | "attn_o" => format!("0.SelfAttention.{}", &module[5..]),
+                        "attn_rel_b" => "0.SelfAttention.relative_attention_bias".to_string(),
+                        "cross_attn_norm" => "1.layer_norm".to_string(),
+                        "cross_attn_q" | "cross_attn_k" | "cross_attn_v" | "cross_attn_o" => {
+                            format!("1.EncDecAttention.{}", &module[11..])
+                        }
+                        "ffn_norm" => format!("{ffn}.layer_norm"),
+                        "ffn_gate" => format!("{ffn}.DenseReluDense.wi_0"),
+                        "ffn_up" => format!("{ffn}.DenseReluDense.UP"),
+                        "ffn_down" => format!("{ffn}.DenseReluDense.wo"),
+                        _ => module.to_string(),
+                    };
+                    format!("{side}.block.{l}.layer.{hf}.weight")
                 }
+                None => n.to_string(),
             }
+        }
     })?;
     // The up projection is `wi` in plain FFNs, `wi_1` beside the gate `wi_0`.
     let gated = map.keys().any(|k| k.ends_with("DenseReluDense.wi_0.weight"));
     let up = if gated { "wi_1" } else { "wi" };
     map = map.into_iter().map(|(k, v)| (k.replace("DenseReluDense.UP", &format!("DenseReluDense.{up}")), v)).collect();
-    let vocab = map.get("shared.weight").map(|t| t.size()[0]).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let vocab = map
+        .get("shared.weight")
+        .map(|t| t.size()[0])
+        .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
     let id = |k: &str| g.metadata.get(k).and_then(Value::as_u64).map(|v| v as i64);
     let cfg = super::t5::Config {
         model_type: "t5".into(),

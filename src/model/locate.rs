@@ -28,14 +28,22 @@ pub struct Pick<'a> {
 /// The Hugging Face cache's root, as `huggingface_hub` resolves it.
 pub fn hub_cache_root() -> Option<PathBuf> {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    env("HF_HUB_CACHE").or_else(|| env("HF_HOME").map(|h| h.join("hub"))).or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))
+    env("HF_HUB_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))
 }
 
 /// Whether `spec` reads as a hub model id: `name` or `org/name`, of the characters the hub
 /// allows (letters, digits, `-`, `_`, `.`), not `.` or `..`.
 pub fn is_model_id(spec: &str) -> bool {
     let parts: Vec<&str> = spec.split('/').collect();
-    (1..=2).contains(&parts.len()) && parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".." && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+    (1..=2).contains(&parts.len())
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && *p != "."
+                && *p != ".."
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
 }
 
 /// The cache directory of a model id: `models--org--name`.
@@ -58,7 +66,10 @@ fn is_repo_dir(dir: &Path) -> bool {
 pub fn existing(path: &Path, pick: &Pick) -> Result<Located, String> {
     if path.is_file() {
         return match path.extension().and_then(|e| e.to_str()) {
-            Some("gguf") => Ok(Located { path: path.to_path_buf(), name: path.file_stem().map(|s| s.to_string_lossy().into_owned()) }),
+            Some("gguf") => Ok(Located {
+                path: path.to_path_buf(),
+                name: path.file_stem().map(|s| s.to_string_lossy().into_owned()),
+            }),
             _ => Err(format!("'{}' is a file, not a model: give its directory, or a .gguf file", path.display())),
         };
     }
@@ -104,13 +115,19 @@ fn snapshot(repo: &Path, id: &str, pick: &Pick) -> Result<Located, String> {
         let text = std::fs::read_to_string(&refs).map_err(|e| format!("{}: {e}", refs.display()))?;
         let hash = text.trim().to_string();
         if hash.len() != 40 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(format!("{}: broken ref: expected a 40-digit commit hash, found {:?}", refs.display(), text.chars().take(60).collect::<String>()));
+            return Err(format!(
+                "{}: broken ref: expected a 40-digit commit hash, found {:?}",
+                refs.display(),
+                text.chars().take(60).collect::<String>()
+            ));
         }
         hash
     } else if repo.join("snapshots").join(revision).is_dir() {
         revision.to_string()
     } else {
-        let mut have: Vec<String> = std::fs::read_dir(repo.join("refs")).map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        let mut have: Vec<String> = std::fs::read_dir(repo.join("refs"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
         have.sort();
         return Err(format!(
             "'{id}' has no revision '{revision}' in the Hugging Face cache ({}: refs {}; or give a commit hash of its snapshots)",
@@ -120,7 +137,11 @@ fn snapshot(repo: &Path, id: &str, pick: &Pick) -> Result<Located, String> {
     };
     let snap = repo.join("snapshots").join(&hash);
     if !snap.is_dir() {
-        return Err(format!("{}: points at snapshot {hash}, which is missing from {} (an interrupted download?)", refs.display(), repo.join("snapshots").display()));
+        return Err(format!(
+            "{}: points at snapshot {hash}, which is missing from {} (an interrupted download?)",
+            refs.display(),
+            repo.join("snapshots").display()
+        ));
     }
     check_links(&snap)?;
     pick_gguf(&snap, Some(id.to_string()), pick)
@@ -133,7 +154,10 @@ fn check_links(snap: &Path) -> Result<(), String> {
         let p = e.path();
         if p.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) && std::fs::metadata(&p).is_err() {
             let target = std::fs::read_link(&p).map(|t| t.display().to_string()).unwrap_or_default();
-            return Err(format!("{}: dangling symlink to '{target}' (its blob is missing: re-download the snapshot)", p.display()));
+            return Err(format!(
+                "{}: dangling symlink to '{target}' (its blob is missing: re-download the snapshot)",
+                p.display()
+            ));
         }
     }
     Ok(())
@@ -143,12 +167,21 @@ fn check_links(snap: &Path) -> Result<(), String> {
 /// directory itself.
 fn pick_gguf(dir: &Path, name: Option<String>, pick: &Pick) -> Result<Located, String> {
     let mut ggufs: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".gguf")).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".gguf"))
+                .collect()
+        })
         .unwrap_or_default();
     ggufs.sort();
     if let Some(f) = pick.gguf_file {
         if !ggufs.iter().any(|g| g == f) {
-            return Err(format!("gguf_file '{f}' is not in {} (it holds: {})", dir.display(), if ggufs.is_empty() { "no .gguf".into() } else { ggufs.join(", ") }));
+            return Err(format!(
+                "gguf_file '{f}' is not in {} (it holds: {})",
+                dir.display(),
+                if ggufs.is_empty() { "no .gguf".into() } else { ggufs.join(", ") }
+            ));
         }
         return Ok(Located { path: dir.join(f), name });
     }
@@ -158,7 +191,12 @@ fn pick_gguf(dir: &Path, name: Option<String>, pick: &Pick) -> Result<Located, S
     if ggufs.len() == 1 {
         return Ok(Located { path: dir.join(&ggufs[0]), name });
     }
-    Err(format!("{} holds {} .gguf files ({}): choose one with the option gguf_file", dir.display(), ggufs.len(), ggufs.join(", ")))
+    Err(format!(
+        "{} holds {} .gguf files ({}): choose one with the option gguf_file",
+        dir.display(),
+        ggufs.len(),
+        ggufs.join(", ")
+    ))
 }
 
 #[cfg(test)]

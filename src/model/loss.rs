@@ -19,7 +19,8 @@ pub struct OutputHead {
 impl OutputHead {
     /// Log-probabilities `[.., V]` of the final states `[.., D]`, in the head's precision.
     pub fn log_probs(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        let logits = super::nn::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
+        let logits =
+            super::nn::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
         Ok(logits.log_softmax(-1, self.dtype))
     }
 
@@ -33,7 +34,11 @@ impl Model {
     /// The output head in `dtype` (shared with the model's when it is already in `dtype`).
     pub fn output_head(&self, dtype: DType) -> Result<OutputHead, ModelError> {
         let out = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let (w, b) = if out.w.kind() == dtype { (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone())) } else { (out.w.f_to_kind(dtype)?, out.b.as_ref().map(|b| b.f_to_kind(dtype)).transpose()?) };
+        let (w, b) = if out.w.kind() == dtype {
+            (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone()))
+        } else {
+            (out.w.f_to_kind(dtype)?, out.b.as_ref().map(|b| b.f_to_kind(dtype)).transpose()?)
+        };
         Ok(OutputHead { w, b, dtype, softcap: self.net.logit_softcap })
     }
 
@@ -50,7 +55,14 @@ impl Model {
     /// The task loss of one batch under `gates`: the mean over its target tokens (mask `tm`) of
     /// `-log p(y_t | context)`, float32, differentiable in the gates and weights. `enc` is the
     /// stack's output of the batch (`ids` with key mask `mask`), `targets` its targets.
-    pub fn task_loss(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, tm: &Tensor, gates: &super::nn::Gates) -> Result<Tensor, ModelError> {
+    pub fn task_loss(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        tm: &Tensor,
+        gates: &super::nn::Gates,
+    ) -> Result<Tensor, ModelError> {
         let logp = self.log_probs(&self.teacher_states(enc, mask, targets, gates)?, DType::Float)?;
         let tm = tm.to_kind(DType::Float);
         Ok((nll(&logp, targets) * &tm).sum(DType::Float) / tm.sum(DType::Float))
@@ -113,7 +125,14 @@ impl Model {
     /// The task loss over many sentences (docs/methods.md#task-loss): the mean over all their
     /// target tokens, with the targets `Model::prepare` chooses (next tokens, references, else
     /// the model's greedy output); returns the loss, the target tokens and where they came from.
-    pub fn dataset_loss(&self, texts: &[&str], references: Option<&[&str]>, batch_tokens: usize, gates: &super::nn::Gates, stop: &dyn Fn() -> bool) -> Result<(f64, f64, &'static str), ModelError> {
+    pub fn dataset_loss(
+        &self,
+        texts: &[&str],
+        references: Option<&[&str]>,
+        batch_tokens: usize,
+        gates: &super::nn::Gates,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(f64, f64, &'static str), ModelError> {
         if !self.has_task_loss() {
             return Err(ModelError::NoOutputHead);
         }

@@ -14,7 +14,7 @@
 use super::bart::{attention, linear, norm};
 use super::hf;
 use super::nn::{Activation, Ffn, Linear, NormPosition};
-use super::transformer::{place, DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -64,7 +64,8 @@ fn m2m100_sinusoids(first: i64, n: i64, d: i64, device: Device, dtype: DType) ->
     let half = d / 2;
     let step = 10000f64.ln() / (half - 1) as f64;
     let freq = (Tensor::arange(half, (DType::Int64, Device::Cpu)).to_kind(DType::Float) * -step).exp();
-    let ang = Tensor::arange_start(first, first + n, (DType::Int64, Device::Cpu)).to_kind(DType::Float).unsqueeze(1) * freq.unsqueeze(0);
+    let ang = Tensor::arange_start(first, first + n, (DType::Int64, Device::Cpu)).to_kind(DType::Float).unsqueeze(1)
+        * freq.unsqueeze(0);
     let mut table = Tensor::cat(&[ang.sin(), ang.cos()], 1);
     if d % 2 == 1 {
         table = Tensor::cat(&[table, Tensor::zeros([n, 1], (DType::Float, Device::Cpu))], 1);
@@ -78,7 +79,10 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
     let m2m = cfg.model_type == "m2m_100";
     let d = cfg.d_model;
-    for (what, h) in [("encoder_attention_heads", cfg.encoder_attention_heads), ("decoder_attention_heads", cfg.decoder_attention_heads)] {
+    for (what, h) in [
+        ("encoder_attention_heads", cfg.encoder_attention_heads),
+        ("decoder_attention_heads", cfg.decoder_attention_heads),
+    ] {
         if h <= 0 || d % h != 0 {
             return Err(bad(format!("d_model {d} is not a multiple of {what} {h}")));
         }
@@ -97,14 +101,19 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         "gelu" => Activation::Gelu,
         "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
         "swish" | "silu" => Activation::Silu,
-        other => return Err(bad(format!("activation_function '{other}' is not supported (relu, gelu, gelu_new, swish, silu)"))),
+        other => {
+            return Err(bad(format!(
+                "activation_function '{other}' is not supported (relu, gelu, gelu_new, swish, silu)"
+            )))
+        }
     };
     let (map, file) = hf::weights(dir)?;
     let mut w = Weights::new(map, file, opts, None);
     let v = cfg.vocab_size;
     // Token embeddings: `model.shared` (safetensors exports write the tied table once), else
     // each side's own name.
-    let shared = if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v, d])?) } else { None };
+    let shared =
+        if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v, d])?) } else { None };
     let tokens = |w: &mut Weights, side: &str| -> Result<Tensor, ModelError> {
         match &shared {
             Some(t) => Ok(t.shallow_clone()),
@@ -124,7 +133,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             // mBART numbers positions from 2 (the first two rows are never read).
             let table = w.get(&format!("model.{side}.embed_positions.weight"), &[max + 2, d])?;
             let norm = Some(norm(w, &format!("model.{side}.layernorm_embedding"), d)?);
-            Ok(Embeddings { tokens, scale, positions: Positions::Learned(table.narrow(0, 2, max)), token_type: None, norm })
+            Ok(Embeddings {
+                tokens,
+                scale,
+                positions: Positions::Learned(table.narrow(0, 2, max)),
+                token_type: None,
+                norm,
+            })
         }
     };
     let embed = side(&mut w, enc_tokens, "encoder")?;
@@ -136,7 +151,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         encoder.push(EncoderLayer {
             attn: attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             attn_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?, act, gate: None },
+            ffn: Ffn {
+                up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?,
+                down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?,
+                act,
+                gate: None,
+            },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
             norm_position: NormPosition::Pre,
             post_norms: None,
@@ -150,8 +170,16 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         decoder.push(DecoderLayer {
             self_block: SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
             self_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            cross: Some((attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?, norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?)),
-            ffn: Ffn { up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?, down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?, act, gate: None },
+            cross: Some((
+                attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?,
+                norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?,
+            )),
+            ffn: Ffn {
+                up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?,
+                down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?,
+                act,
+                gate: None,
+            },
             ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
             norm_position: NormPosition::Pre,
             final_norm: None,
@@ -167,15 +195,28 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     // The output: `lm_head` where stored (untied exports), else the shared embeddings; mBART's
     // `final_logits_bias [1, V]`.
     let head = if w.shape("lm_head.weight").is_some() { w.get("lm_head.weight", &[v, d])? } else { dec_tokens };
-    let bias = if w.shape("final_logits_bias").is_some() { Some(w.get("final_logits_bias", &[1, v])?.view([v])) } else { None };
+    let bias = if w.shape("final_logits_bias").is_some() {
+        Some(w.get("final_logits_bias", &[1, v])?.view([v]))
+    } else {
+        None
+    };
     let generation: Generation = match std::fs::read_to_string(dir.join("generation_config.json")) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Config(dir.join("generation_config.json").display().to_string(), e.to_string()))?,
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config(dir.join("generation_config.json").display().to_string(), e.to_string()))?,
         Err(_) => Generation::default(),
     };
     // transformers' fallback for a missing decoder start is the BOS.
-    let start = cfg.decoder_start_token_id.or(generation.decoder_start_token_id).or(cfg.bos_token_id).unwrap_or(cfg.eos_token_id);
+    let start = cfg
+        .decoder_start_token_id
+        .or(generation.decoder_start_token_id)
+        .or(cfg.bos_token_id)
+        .unwrap_or(cfg.eos_token_id);
     let forced = cfg.forced_bos_token_id.or(generation.forced_bos_token_id);
-    for (what, id) in [("decoder_start_token_id", Some(start)), ("eos_token_id", Some(cfg.eos_token_id)), ("forced_bos_token_id", forced)] {
+    for (what, id) in [
+        ("decoder_start_token_id", Some(start)),
+        ("eos_token_id", Some(cfg.eos_token_id)),
+        ("forced_bos_token_id", forced),
+    ] {
         if let Some(id) = id.filter(|&i| i < 0 || i >= v) {
             return Err(bad(format!("{what} {id} is outside the vocabulary of {v}")));
         }

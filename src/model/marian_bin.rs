@@ -2,9 +2,9 @@
 //! format (docs/formats.md), int8 dequantisation, and the architecture
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
-use super::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
 use super::bytes::Cursor;
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
+use super::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
@@ -21,7 +21,10 @@ pub fn find_bin(dir: &Path) -> Option<PathBuf> {
     let mut bins: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "bin") && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("model.")))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "bin")
+                && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("model."))
+        })
         .collect();
     (bins.len() == 1).then(|| bins.remove(0))
 }
@@ -82,7 +85,11 @@ pub fn read_bin_bytes(bytes: &[u8], file: &str) -> Result<(HashMap<String, Tenso
                 }
                 let t = Tensor::f_from_data_size(&data[..4 * count as usize], &[count], tch::Kind::Float)?;
                 // Row vectors [1, n] become [n].
-                if shape.len() == 2 && shape[0] == 1 { t } else { t.f_view(shape.as_slice())? }
+                if shape.len() == 2 && shape[0] == 1 {
+                    t
+                } else {
+                    t.f_view(shape.as_slice())?
+                }
             }
             INT8 => {
                 if shape.len() != 2 || data.len() < count as usize + 4 {
@@ -93,10 +100,15 @@ pub fn read_bin_bytes(bytes: &[u8], file: &str) -> Result<(HashMap<String, Tenso
                     return Err(bad(format!("quantisation multiplier {m}")));
                 }
                 // Dequantised inside libtorch (vectorised): float = int8 / m.
-                let mut t = Tensor::f_from_data_size(&data[..count as usize], &[count], tch::Kind::Int8)?.to_kind(tch::Kind::Float);
+                let mut t = Tensor::f_from_data_size(&data[..count as usize], &[count], tch::Kind::Int8)?
+                    .to_kind(tch::Kind::Float);
                 let _ = t.f_mul_scalar_(1.0 / m as f64)?;
                 // Stored transposed except Wemb: the raw [cols, rows] is PyTorch's [out, in].
-                if name == "Wemb" { t.f_view([shape[0], shape[1]])? } else { t.f_view([shape[1], shape[0]])? }
+                if name == "Wemb" {
+                    t.f_view([shape[0], shape[1]])?
+                } else {
+                    t.f_view([shape[1], shape[0]])?
+                }
             }
             other => return Err(bad(format!("unknown tensor type {other:#x}"))),
         };
@@ -127,7 +139,12 @@ impl MarianNames for Weights {
         Ok(Linear { w, b })
     }
     fn norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError> {
-        Ok(Norm { kind: NormKind::Layer, weight: self.get(&format!("{p}_scale"), &[d])?, bias: Some(self.get(&format!("{p}_bias"), &[d])?), eps: EPS })
+        Ok(Norm {
+            kind: NormKind::Layer,
+            weight: self.get(&format!("{p}_scale"), &[d])?,
+            bias: Some(self.get(&format!("{p}_bias"), &[d])?),
+            eps: EPS,
+        })
     }
     fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError> {
         Ok(Attention {
@@ -137,11 +154,20 @@ impl MarianNames for Weights {
             o: self.linear(p, "o", d, d, true)?,
             n_heads: heads,
             n_kv_heads: heads,
-            head_dim: d / heads, rotary: None, slots: None, qk_norm: None, score: Default::default(),
+            head_dim: d / heads,
+            rotary: None,
+            slots: None,
+            qk_norm: None,
+            score: Default::default(),
         })
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
-        Ok(Ffn { up: self.linear(p, "1", f, d, true)?, down: self.linear(p, "2", d, f, true)?, act: Activation::Relu, gate: None })
+        Ok(Ffn {
+            up: self.linear(p, "1", f, d, true)?,
+            down: self.linear(p, "2", d, f, true)?,
+            act: Activation::Relu,
+            gate: None,
+        })
     }
     fn count_layers(&self, prefix: &str) -> usize {
         (1..).take_while(|l| self.map.keys().any(|k| k.starts_with(&format!("{prefix}{l}_")))).count()
@@ -149,15 +175,22 @@ impl MarianNames for Weights {
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
-    let bin = find_bin(dir).ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single model.*.bin in the directory".into()))?;
+    let bin = find_bin(dir)
+        .ok_or_else(|| ModelError::Io(dir.display().to_string(), "no single model.*.bin in the directory".into()))?;
     let (map, yml) = read_bin(&bin)?;
     let mut w = Weights::new(map, bin.display().to_string(), opts, None);
-    let wemb = w.map.get("Wemb").ok_or_else(|| ModelError::MissingTensor { file: w.file.clone(), name: "Wemb".into() })?;
+    let wemb =
+        w.map.get("Wemb").ok_or_else(|| ModelError::MissingTensor { file: w.file.clone(), name: "Wemb".into() })?;
     let (vocab, d) = (wemb.size()[0], wemb.size()[1]);
-    let heads = yml_int(&yml, "transformer-heads")
-        .ok_or_else(|| ModelError::Corrupt { file: w.file.clone(), why: "special:model.yml has no transformer-heads".into() })?;
+    let heads = yml_int(&yml, "transformer-heads").ok_or_else(|| ModelError::Corrupt {
+        file: w.file.clone(),
+        why: "special:model.yml has no transformer-heads".into(),
+    })?;
     if heads <= 0 || d % heads != 0 {
-        return Err(ModelError::Corrupt { file: w.file.clone(), why: format!("transformer-heads {heads} does not divide the model size {d}") });
+        return Err(ModelError::Corrupt {
+            file: w.file.clone(),
+            why: format!("transformer-heads {heads} does not divide the model size {d}"),
+        });
     }
     let f = w.map.get("encoder_l1_ffn_W1").map(|t| t.size()[0]).unwrap_or(4 * d);
     let n_enc = w.count_layers("encoder_l");
@@ -170,13 +203,18 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             attn_norm: w.norm(&format!("{p}self_Wo_ln"), d)?,
             ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
             ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
-            norm_position: NormPosition::Post, post_norms: None, window: None,
+            norm_position: NormPosition::Post,
+            post_norms: None,
+            window: None,
         });
     }
     let mut decoder = Vec::with_capacity(n_dec);
     for l in 1..=n_dec {
         let p = format!("decoder_l{l}_");
-        let cell = Ssru { w: w.linear(&format!("{p}rnn_"), "", d, d, false)?, wf: w.linear(&format!("{p}rnn_"), "f", d, d, true)? };
+        let cell = Ssru {
+            w: w.linear(&format!("{p}rnn_"), "", d, d, false)?,
+            wf: w.linear(&format!("{p}rnn_"), "f", d, d, true)?,
+        };
         decoder.push(DecoderLayer {
             self_block: SelfBlock::Ssru(cell),
             self_norm: w.norm(&format!("{p}rnn_ffn_ln"), d)?,
@@ -190,6 +228,24 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };
-    let embed = Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
-    Ok(Transformer { embed, encoder, stack_kind: Kind::Enc, causal: false, window: None, final_norm: None, decoder, output: Some(output), d_model: d, eos_id: EOS, dec_embed: None, dec_start: None, banned: vec![], logit_softcap: None, forced_bos: Default::default(), rel_bias: None })
+    let embed =
+        Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
+    Ok(Transformer {
+        embed,
+        encoder,
+        stack_kind: Kind::Enc,
+        causal: false,
+        window: None,
+        final_norm: None,
+        decoder,
+        output: Some(output),
+        d_model: d,
+        eos_id: EOS,
+        dec_embed: None,
+        dec_start: None,
+        banned: vec![],
+        logit_softcap: None,
+        forced_bos: Default::default(),
+        rel_bias: None,
+    })
 }

@@ -18,11 +18,11 @@ pub mod hooks;
 pub mod llama;
 pub mod llama_gguf;
 pub mod locate;
-pub mod m2m100;
 pub mod loss;
+pub mod m2m100;
 pub mod marian_bin;
-pub mod phi3;
 pub mod nn;
+pub mod phi3;
 pub mod safetensors;
 pub mod script;
 pub mod spm;
@@ -100,7 +100,9 @@ impl FromStr for HeadId {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || format!("'{s}' is not a head name (expected KIND.LAYER.HEAD, e.g. \"enc.5.5\")");
         let mut parts = s.trim().split('.');
-        let (Some(k), Some(l), Some(h), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else { return Err(bad()) };
+        let (Some(k), Some(l), Some(h), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
         let kind: Kind = k.parse().map_err(|e: String| format!("{}: {e}", bad()))?;
         let layer_idx = l.parse::<usize>().map_err(|_| bad())?;
         let head = h.parse::<usize>().map_err(|_| bad())?;
@@ -237,7 +239,11 @@ impl LoadOptions {
             "f64" | "float64" => DType::Double,
             "bf16" | "bfloat16" => DType::BFloat16,
             "f16" | "float16" => DType::Half,
-            other => return Err(ModelError::Invalid(format!("unknown dtype '{other}' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"))),
+            other => {
+                return Err(ModelError::Invalid(format!(
+                    "unknown dtype '{other}' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"
+                )))
+            }
         };
         LoadOptions { device, dtype, allow_unknown_config: false }.checked()
     }
@@ -252,15 +258,24 @@ impl LoadOptions {
             Device::Cuda(i) => {
                 DeviceChoice::Cuda(i).resolve()?;
             }
-            other => return Err(ModelError::Invalid(format!("unsupported device {other:?} (expected the CPU or a CUDA device)"))),
+            other => {
+                return Err(ModelError::Invalid(format!(
+                    "unsupported device {other:?} (expected the CPU or a CUDA device)"
+                )))
+            }
         }
         if !matches!(self.dtype, DType::Float | DType::Double | DType::BFloat16 | DType::Half) {
-            return Err(ModelError::Invalid(format!("unsupported dtype {:?} (expected f32, f64, bf16 or f16)", self.dtype)));
+            return Err(ModelError::Invalid(format!(
+                "unsupported dtype {:?} (expected f32, f64, bf16 or f16)",
+                self.dtype
+            )));
         }
         // bf16 runs on the CPU (libtorch's bf16 kernels; AVX-512 BF16 where the CPU has it):
         // a 7B checkpoint fits in 14 GB. float16 CPU kernels are slow or missing.
         if self.dtype == DType::Half && self.device == Device::Cpu {
-            return Err(ModelError::Invalid("dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU".into()));
+            return Err(ModelError::Invalid(
+                "dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU".into(),
+            ));
         }
         Ok(self)
     }
@@ -362,11 +377,14 @@ impl ExcludeKeys {
         }
     }
 
-
     /// The default for a model: `special` for a decoder-only model (its beginning-of-sequence
     /// token is an attention sink), `eos` otherwise (docs/methods.md#attention-sinks).
     pub fn default_for(decoder_only: bool) -> ExcludeKeys {
-        if decoder_only { ExcludeKeys::Special } else { ExcludeKeys::Eos }
+        if decoder_only {
+            ExcludeKeys::Special
+        } else {
+            ExcludeKeys::Eos
+        }
     }
 }
 
@@ -379,7 +397,12 @@ impl AttentionMap {
     /// The map whose text listing takes each query's top key among the keys `exclude` keeps
     /// (the weights are unchanged).
     pub fn listing_without(mut self, exclude: ExcludeKeys) -> AttentionMap {
-        self.key_excluded = self.key_ids.iter().zip(&self.key_special).map(|(&id, &sp)| exclude.excludes(id, sp, &self.eos_ids)).collect();
+        self.key_excluded = self
+            .key_ids
+            .iter()
+            .zip(&self.key_special)
+            .map(|(&id, &sp)| exclude.excludes(id, sp, &self.eos_ids))
+            .collect();
         self.exclude_keys = exclude;
         self
     }
@@ -399,7 +422,27 @@ pub struct KindAttention {
 }
 
 /// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 19] = [Family::Bart, Family::Bert, Family::Gemma, Family::Gemma2, Family::Gemma3Text, Family::Gpt2, Family::GptNeox, Family::Llama, Family::M2m100, Family::Marian, Family::Mbart, Family::Mistral, Family::Olmo2, Family::Phi3, Family::Qwen2, Family::Qwen3, Family::Roberta, Family::Mt5, Family::T5];
+const HF_FAMILIES: [Family; 19] = [
+    Family::Bart,
+    Family::Bert,
+    Family::Gemma,
+    Family::Gemma2,
+    Family::Gemma3Text,
+    Family::Gpt2,
+    Family::GptNeox,
+    Family::Llama,
+    Family::M2m100,
+    Family::Marian,
+    Family::Mbart,
+    Family::Mistral,
+    Family::Olmo2,
+    Family::Phi3,
+    Family::Qwen2,
+    Family::Qwen3,
+    Family::Roberta,
+    Family::Mt5,
+    Family::T5,
+];
 
 /// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
 /// is an error listing the supported ones.
@@ -412,7 +455,10 @@ pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
             None => {
                 let mut names: Vec<String> = HF_FAMILIES.iter().map(|f| f.to_string()).collect();
                 names.sort();
-                Err(ModelError::Config(dir.join("config.json").display().to_string(), format!("model_type '{t}' is not supported (supported: {})", names.join(", "))))
+                Err(ModelError::Config(
+                    dir.join("config.json").display().to_string(),
+                    format!("model_type '{t}' is not supported (supported: {})", names.join(", ")),
+                ))
             }
         };
     }
@@ -435,10 +481,18 @@ impl Model {
         }
         let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         // Every key of config.json is read or known harmless (docs/formats.md#config-keys).
-        let warnings = if path.is_dir() && hf::is_hf_dir(path) { hf::vetted_config(path, opts.allow_unknown_config)?.1 } else { vec![] };
+        let warnings = if path.is_dir() && hf::is_hf_dir(path) {
+            hf::vetted_config(path, opts.allow_unknown_config)?.1
+        } else {
+            vec![]
+        };
         let t0 = std::time::Instant::now();
         // Only the Firefox-Translations tokenizers leave the EOS to the model.
-        let framing = if family == Family::MarianBin { tokenizer::Framing::AppendEos(marian_bin::EOS) } else { tokenizer::Framing::Tokenizer };
+        let framing = if family == Family::MarianBin {
+            tokenizer::Framing::AppendEos(marian_bin::EOS)
+        } else {
+            tokenizer::Framing::Tokenizer
+        };
         // A `.gguf` file's tokenizer.json lies beside it.
         let tok_path = if path.is_file() { path.with_file_name("tokenizer.json") } else { path.join("tokenizer.json") };
         // Weights, then the tokenizer: on two cores a parallel tokenizer thread only competes
@@ -454,7 +508,9 @@ impl Model {
                 Family::GptNeox => gpt_neox::load(path, opts),
                 Family::Phi3 => phi3::load(path, opts),
                 Family::Gemma | Family::Gemma2 | Family::Gemma3Text => gemma::load(path, opts),
-                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => llama::load(path, opts),
+                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => {
+                    llama::load(path, opts)
+                }
                 Family::Marian | Family::Bart => bart::load(path, opts),
                 Family::M2m100 | Family::Mbart => m2m100::load(path, opts),
                 Family::T5 | Family::Mt5 => t5::load(path, opts),
@@ -466,17 +522,43 @@ impl Model {
         // A GGUF without a tokenizer.json beside it brings its own in its metadata.
         let tok = if family == Family::Marian && !tok_path.is_file() {
             Tok::marian(path)
-        } else if family == Family::M2m100 && !tok_path.is_file() && path.join("sentencepiece.bpe.model").is_file() && path.join("vocab.json").is_file() {
+        } else if family == Family::M2m100
+            && !tok_path.is_file()
+            && path.join("sentencepiece.bpe.model").is_file()
+            && path.join("vocab.json").is_file()
+        {
             // M2M100's own checkpoints ship sentencepiece.bpe.model and vocab.json.
             Tok::m2m100(path)
         } else if family == Family::LlamaGguf && !tok_path.is_file() {
-            llama_gguf::gguf_of(path).ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into())).and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
+            llama_gguf::gguf_of(path)
+                .ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into()))
+                .and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
         } else {
             Tok::from_file(&tok_path, framing)
         };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(family, Family::LlamaGguf | Family::Gpt2 | Family::GptNeox | Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Phi3 | Family::Olmo2 | Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Marian | Family::Bart | Family::M2m100 | Family::Mbart | Family::T5 | Family::Mt5) {
+        if matches!(
+            family,
+            Family::LlamaGguf
+                | Family::Gpt2
+                | Family::GptNeox
+                | Family::Llama
+                | Family::Qwen2
+                | Family::Qwen3
+                | Family::Mistral
+                | Family::Phi3
+                | Family::Olmo2
+                | Family::Gemma
+                | Family::Gemma2
+                | Family::Gemma3Text
+                | Family::Marian
+                | Family::Bart
+                | Family::M2m100
+                | Family::Mbart
+                | Family::T5
+                | Family::Mt5
+        ) {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -489,7 +571,18 @@ impl Model {
             )));
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
-        let mut m = Model { load_times, family, path: path.to_path_buf(), id: None, warnings, net, tok, opts, n_params: 0, removed: vec![] };
+        let mut m = Model {
+            load_times,
+            family,
+            path: path.to_path_buf(),
+            id: None,
+            warnings,
+            net,
+            tok,
+            opts,
+            n_params: 0,
+            removed: vec![],
+        };
         m.n_params = m.count_params();
         Ok(m)
     }
@@ -502,7 +595,9 @@ impl Model {
         let n = |t: &Tensor| t.numel() as i64;
         let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
         let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
-        let attn = |a: &nn::Attention| lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |n| norm(&n.q) + norm(&n.k));
+        let attn = |a: &nn::Attention| {
+            lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |n| norm(&n.q) + norm(&n.k))
+        };
         let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
         let e = &self.net.embed;
         let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
@@ -512,7 +607,11 @@ impl Model {
             total += n(t);
         }
         for l in &self.net.encoder {
-            total += attn(&l.attn) + norm(&l.attn_norm) + ffn(&l.ffn) + norm(&l.ffn_norm) + l.post_norms.as_ref().map_or(0, |(a, f)| norm(a) + norm(f));
+            total += attn(&l.attn)
+                + norm(&l.attn_norm)
+                + ffn(&l.ffn)
+                + norm(&l.ffn_norm)
+                + l.post_norms.as_ref().map_or(0, |(a, f)| norm(a) + norm(f));
         }
         if let Some(d) = &self.net.dec_embed {
             // A token table shared with the encoder is counted once.
@@ -542,7 +641,10 @@ impl Model {
         total += tables.iter().map(|t| n(t)).sum::<i64>();
         if let Some(o) = &self.net.output {
             // A tied output shares an embedding matrix (counted above); an untied one is new.
-            let tied = [Some(&e.tokens), self.net.dec_embed.as_ref().map(|d| &d.tokens)].into_iter().flatten().any(|t| t.data_ptr() == o.w.data_ptr());
+            let tied = [Some(&e.tokens), self.net.dec_embed.as_ref().map(|d| &d.tokens)]
+                .into_iter()
+                .flatten()
+                .any(|t| t.data_ptr() == o.w.data_ptr());
             if !tied {
                 total += n(&o.w);
             }
@@ -559,7 +661,10 @@ impl Model {
         if let Some(id) = &self.id {
             return id.clone();
         }
-        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| self.path.display().to_string())
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.display().to_string())
     }
 
     pub fn device(&self) -> Device {
@@ -610,7 +715,13 @@ impl Model {
     /// The final states `[B, T, D]` whose logits predict `targets [B, T]`: a language model's
     /// stack output at positions `0..T` (the targets are the next tokens), else the teacher-forced
     /// decoder pass over `enc`.
-    pub fn teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
+    pub fn teacher_states(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+    ) -> Result<Tensor, ModelError> {
         if self.is_lm() {
             return Ok(enc.f_narrow(1, 0, targets.size()[1])?);
         }
@@ -680,10 +791,20 @@ impl Model {
     pub fn check_head(&self, h: HeadId) -> Result<(), ModelError> {
         let s = self.kind_shape(h.kind)?;
         if h.layer_idx >= s.n_layers {
-            return Err(ModelError::Invalid(format!("layer {} out of range: '{}' has layers 0..{}", h.layer_idx, h.kind, s.n_layers - 1)));
+            return Err(ModelError::Invalid(format!(
+                "layer {} out of range: '{}' has layers 0..{}",
+                h.layer_idx,
+                h.kind,
+                s.n_layers - 1
+            )));
         }
         if h.head >= s.n_heads {
-            return Err(ModelError::Invalid(format!("head {} out of range: '{}' layers have heads 0..{}", h.head, h.kind, s.n_heads - 1)));
+            return Err(ModelError::Invalid(format!(
+                "head {} out of range: '{}' layers have heads 0..{}",
+                h.head,
+                h.kind,
+                s.n_heads - 1
+            )));
         }
         if self.attention(h.kind, h.layer_idx).and_then(|a| a.physical(h.head)).is_none() {
             return Err(ModelError::Invalid(format!("head {h} was removed from {} by prune_heads", self.name())));
@@ -813,7 +934,9 @@ impl Model {
             v.push(At::new(Kind::Dec, l, P::ResidPre));
             match layer.self_attention() {
                 Some(a) => attn(&mut v, Kind::Dec, l, a),
-                None => v.extend([P::SsruForget, P::SsruCandidate, P::SsruCell, P::AttnOut].map(|p| At::new(Kind::Dec, l, p))),
+                None => v.extend(
+                    [P::SsruForget, P::SsruCandidate, P::SsruCell, P::AttnOut].map(|p| At::new(Kind::Dec, l, p)),
+                ),
             }
             v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
             if let Some((a, _)) = &layer.cross {
@@ -840,7 +963,12 @@ impl Model {
             format!("{} has no '{}' point", self.name(), at.point.spec().name)
         } else if !same_point.iter().any(|a| a.kind == at.kind) {
             let kinds: std::collections::BTreeSet<String> = same_point.iter().map(|a| a.kind.to_string()).collect();
-            format!("{} has '{}' for {} only", self.name(), at.point.spec().name, kinds.into_iter().collect::<Vec<_>>().join(", "))
+            format!(
+                "{} has '{}' for {} only",
+                self.name(),
+                at.point.spec().name,
+                kinds.into_iter().collect::<Vec<_>>().join(", ")
+            )
         } else {
             let n = same_point.iter().filter(|a| a.kind == at.kind).map(|a| a.layer).max().unwrap_or(0);
             format!("layer {} out of range: {} has {} layers 0..{n}", at.layer, self.name(), at.kind)
@@ -893,7 +1021,9 @@ impl Model {
         let known = match codes.len() {
             0 => "its tokenizer has none".to_string(),
             n if n <= 8 => codes.iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", "),
-            n => format!("{}, ... ({n} in all)", codes[..8].iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", ")),
+            n => {
+                format!("{}, ... ({n} in all)", codes[..8].iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", "))
+            }
         };
         Err(ModelError::Invalid(format!("tgt_lang '{code}' is not a language code of {} ({known})", self.name())))
     }
@@ -912,7 +1042,13 @@ impl Model {
 
     /// [`Model::translate`] with `forced` as every translation's first token (the target
     /// language), or none.
-    pub fn translate_forced(&self, texts: &[&str], gates: &Gates, max_tokens: usize, forced: Option<i64>) -> Result<Vec<Vec<i64>>, ModelError> {
+    pub fn translate_forced(
+        &self,
+        texts: &[&str],
+        gates: &Gates,
+        max_tokens: usize,
+        forced: Option<i64>,
+    ) -> Result<Vec<Vec<i64>>, ModelError> {
         if self.net.output.is_none() || self.net.decoder.is_empty() {
             return Err(ModelError::Invalid(format!("{} cannot translate: it has no decoder", self.name())));
         }
@@ -973,7 +1109,13 @@ impl Model {
 
     /// [`Model::generate`] and the key/value cache it leaves (under a streaming view, packed:
     /// [`transformer::Packed`]); the cache is empty with `cached: false`.
-    pub fn generate_run(&self, text: &str, n: usize, gates: &Gates, cached: bool) -> Result<(Vec<i64>, transformer::StackCache), ModelError> {
+    pub fn generate_run(
+        &self,
+        text: &str,
+        n: usize,
+        gates: &Gates,
+        cached: bool,
+    ) -> Result<(Vec<i64>, transformer::StackCache), ModelError> {
         if self.net.stack_kind != Kind::Dec || self.net.output.is_none() {
             return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
         }
@@ -1015,7 +1157,13 @@ impl Model {
     /// recorded values are the changed ones). Translation models: the decoder reads the
     /// model's own greedy output (under the same interventions), teacher-forced. Per-head
     /// tensors hold the heads a layer has (after `prune_heads`, those present, in order).
-    pub fn run_with_cache(&self, text: &str, gates: &Gates, keep: &dyn Fn(hooks::At) -> bool, change: Option<&mut dyn hooks::Hooks>) -> Result<Vec<(hooks::At, Tensor)>, ModelError> {
+    pub fn run_with_cache(
+        &self,
+        text: &str,
+        gates: &Gates,
+        keep: &dyn Fn(hooks::At) -> bool,
+        change: Option<&mut dyn hooks::Hooks>,
+    ) -> Result<Vec<(hooks::At, Tensor)>, ModelError> {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
         struct Keep<'a> {
@@ -1056,7 +1204,18 @@ impl Model {
         let b = self.batch(&[text])?;
         let src_tokens = b.encoded[0].tokens.clone();
         let src_keys = (b.encoded[0].ids.clone(), b.encoded[0].special.clone());
-        let mut maps: Vec<KindAttention> = self.kinds().iter().map(|s| KindAttention { kind: s.kind, query_tokens: vec![], key_tokens: vec![], key_ids: vec![], key_special: vec![], layers: (0..s.n_layers).map(|_| None).collect() }).collect();
+        let mut maps: Vec<KindAttention> = self
+            .kinds()
+            .iter()
+            .map(|s| KindAttention {
+                kind: s.kind,
+                query_tokens: vec![],
+                key_tokens: vec![],
+                key_ids: vec![],
+                key_special: vec![],
+                layers: (0..s.n_layers).map(|_| None).collect(),
+            })
+            .collect();
         // By layer: a layer without heads (prune_heads) hands out no attention.
         let mut on = |at: hooks::At, p: &Tensor| -> Result<(), ModelError> {
             if let Some(slot) = maps.iter_mut().find(|m| m.kind == at.kind).and_then(|m| m.layers.get_mut(at.layer)) {
@@ -1087,7 +1246,10 @@ impl Model {
                 Kind::Cross => (out.clone(), src_tokens.clone()),
                 _ => {
                     let start = self.net.dec_start.map_or_else(|| "<start>".to_string(), |id| self.tok.id_to_token(id));
-                    (out.clone(), std::iter::once(start).chain(out.iter().take(out.len().saturating_sub(1)).cloned()).collect())
+                    (
+                        out.clone(),
+                        std::iter::once(start).chain(out.iter().take(out.len().saturating_sub(1)).cloned()).collect(),
+                    )
                 }
             };
         }
@@ -1098,19 +1260,41 @@ impl Model {
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
         self.check_head(head)?;
         // The head's place among the heads its layer holds (after prune_heads, not its number).
-        let phys = self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
+        let phys =
+            self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
         let maps = self.attention_maps(text, gates)?;
-        let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind)))?;
-        let a = m.layers.get(head.layer_idx).and_then(|a| a.as_ref()).ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?.get(phys);
-        let weights: Vec<Vec<f64>> = (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
+        let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| {
+            ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))
+        })?;
+        let a = m
+            .layers
+            .get(head.layer_idx)
+            .and_then(|a| a.as_ref())
+            .ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?
+            .get(phys);
+        let weights: Vec<Vec<f64>> =
+            (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
         let key_excluded = vec![false; m.key_tokens.len()];
-        Ok(AttentionMap { head, query_tokens: m.query_tokens, key_tokens: m.key_tokens, weights, key_ids: m.key_ids, key_special: m.key_special, key_excluded, exclude_keys: ExcludeKeys::Nothing, eos_ids: self.tok.eos_id.into_iter().collect() })
+        Ok(AttentionMap {
+            head,
+            query_tokens: m.query_tokens,
+            key_tokens: m.key_tokens,
+            weights,
+            key_ids: m.key_ids,
+            key_special: m.key_special,
+            key_excluded,
+            exclude_keys: ExcludeKeys::Nothing,
+            eos_ids: self.tok.eos_id.into_iter().collect(),
+        })
     }
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).
     pub fn to_device(&self, device: DeviceChoice) -> Result<Model, ModelError> {
         if !self.removed.is_empty() {
-            return Err(ModelError::Invalid(format!("{} had heads removed by prune_heads; move the original model, then prune it there", self.name())));
+            return Err(ModelError::Invalid(format!(
+                "{} had heads removed by prune_heads; move the original model, then prune it there",
+                self.name()
+            )));
         }
         let opts = LoadOptions { device: device.resolve()?, ..self.opts };
         let mut m = Model::load(&self.path, opts)?;
@@ -1123,10 +1307,13 @@ impl Model {
     /// `none` for a model without rotary positions.
     pub fn rope(&self) -> String {
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
-        let layers = self.net.encoder.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(|l| match &l.self_block {
-            transformer::SelfBlock::Attention(a) => Some(a),
-            transformer::SelfBlock::Ssru(_) => None,
-        }));
+        let layers =
+            self.net.encoder.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(
+                |l| match &l.self_block {
+                    transformer::SelfBlock::Attention(a) => Some(a),
+                    transformer::SelfBlock::Ssru(_) => None,
+                },
+            ));
         for (i, a) in layers.enumerate() {
             let Some(r) = &a.rotary else { continue };
             let scaling = match &r.scaling {
@@ -1146,7 +1333,11 @@ impl Model {
         if groups.is_empty() {
             return "none (no rotary positions)".into();
         }
-        groups.into_iter().map(|(line, ls)| format!("layer{} {}: {line}", if ls.len() > 1 { "s" } else { "" }, ls.join(", "))).collect::<Vec<_>>().join("\n")
+        groups
+            .into_iter()
+            .map(|(line, ls)| format!("layer{} {}: {line}", if ls.len() > 1 { "s" } else { "" }, ls.join(", ")))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub fn describe(&self) -> String {
@@ -1157,7 +1348,11 @@ impl Model {
             .map(|k| {
                 let gone = self.removed.iter().filter(|h| h.kind == k.kind).count();
                 let shape = format!("{} {}x{}", k.kind, k.n_layers, k.n_heads);
-                if gone == 0 { shape } else { format!("{shape} ({} kept)", k.n_layers * k.n_heads - gone) }
+                if gone == 0 {
+                    shape
+                } else {
+                    format!("{shape} ({} kept)", k.n_layers * k.n_heads - gone)
+                }
             })
             .collect();
         if !self.removed.is_empty() {

@@ -153,12 +153,22 @@ impl Ffn {
     /// The up projection's output, the hidden units (after the activation or gate) and the
     /// block's output, with the MLP's hook points (`mlp.hook_pre`, `hook_pre_linear`,
     /// `hook_post`, `hook_mlp_out`) of layer `layer_idx` of `kind`.
-    pub fn forward_hooked(&self, x: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Tensor, Tensor), ModelError> {
+    pub fn forward_hooked(
+        &self,
+        x: &Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<(Tensor, Tensor, Tensor), ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
         let attn_lrp = hooks::rules(h) == GradRules::AttnLrp;
         let act = |z: &Tensor| {
             let a = self.act.apply(z);
-            if attn_lrp { identity_rule(&a, z) } else { a }
+            if attn_lrp {
+                identity_rule(&a, z)
+            } else {
+                a
+            }
         };
         let (up, hidden) = match &self.gate {
             Some(g) => {
@@ -238,21 +248,43 @@ pub struct Rotary {
 pub enum RopeScaling {
     None,
     /// Position interpolation: `inv_i / factor`.
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// Dynamic NTK: for a sequence of `n > max_positions` positions the base becomes
     /// `base * (factor n / max_positions - (factor - 1))^(dim / (dim - 2))`; at most
     /// `max_positions` positions, the plain frequencies.
-    Dynamic { factor: f64, max_positions: f64 },
+    Dynamic {
+        factor: f64,
+        max_positions: f64,
+    },
     /// Llama 3.1: wavelengths `2 pi / inv_i` above `original / low_freq_factor` divided by
     /// `factor`, below `original / high_freq_factor` kept, between them interpolated.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original: f64 },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original: f64,
+    },
     /// YaRN: frequencies blended between `inv_i / factor` and `inv_i` by a linear ramp over the
     /// dimensions `[low, high]` found from `beta_fast`, `beta_slow` and the original context;
     /// cos and sin times `attention_factor`.
-    Yarn { factor: f64, original: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64, truncate: bool },
+    Yarn {
+        factor: f64,
+        original: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
     /// LongRoPE (Phi-3): `inv_i / short_i` for a sequence of at most `original` positions,
     /// `inv_i / long_i` beyond; cos and sin times `attention_factor`.
-    LongRope { short: std::sync::Arc<[f64]>, long: std::sync::Arc<[f64]>, original: f64, attention_factor: f64 },
+    LongRope {
+        short: std::sync::Arc<[f64]>,
+        long: std::sync::Arc<[f64]>,
+        original: f64,
+        attention_factor: f64,
+    },
 }
 
 impl Rotary {
@@ -286,13 +318,16 @@ impl Rotary {
                 let (low_wl, high_wl) = (original / low_freq_factor, original / high_freq_factor);
                 let long = wavelen.gt(low_wl);
                 let scaled = inv.where_self(&long.logical_not(), &(&inv / factor));
-                let smooth = ((wavelen.reciprocal() * original) - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                let smooth =
+                    ((wavelen.reciprocal() * original) - low_freq_factor) / (high_freq_factor - low_freq_factor);
                 let smoothed = (smooth.ones_like() - &smooth) * &scaled / factor + &smooth * &scaled;
                 let medium = wavelen.lt(high_wl).logical_not().logical_and(&long.logical_not());
                 (smoothed.where_self(&medium, &scaled), 1.0)
             }
             RopeScaling::Yarn { factor, original, beta_fast, beta_slow, attention_factor, truncate } => {
-                let correction = |rotations: f64| dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * self.base.ln());
+                let correction = |rotations: f64| {
+                    dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * self.base.ln())
+                };
                 let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
                 if truncate {
                     (low, high) = (low.floor(), high.ceil());
@@ -337,8 +372,16 @@ impl Rotary {
         };
         let ra = &a * &cos - &b * &sin;
         let rb = &a * &sin + &b * &cos;
-        let out = if self.half { Tensor::cat(&[ra, rb], 3) } else { Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim]) };
-        if self.dim < dh { Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3) } else { out }
+        let out = if self.half {
+            Tensor::cat(&[ra, rb], 3)
+        } else {
+            Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim])
+        };
+        if self.dim < dh {
+            Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3)
+        } else {
+            out
+        }
     }
 
     /// The two halves (or the even and odd dimensions) of `x`'s first `dim` dimensions.
@@ -437,7 +480,10 @@ impl DuoLayer {
 
 /// Query positions `start..start + tq` as `[tq, 1]` and key positions `0..tk` as `[1, tk]`.
 fn positions(tq: i64, start: i64, tk: i64, device: tch::Device) -> (Tensor, Tensor) {
-    (Tensor::arange_start(start, start + tq, (DType::Int64, device)).view([tq, 1]), Tensor::arange(tk, (DType::Int64, device)).view([1, tk]))
+    (
+        Tensor::arange_start(start, start + tq, (DType::Int64, device)).view([tq, 1]),
+        Tensor::arange(tk, (DType::Int64, device)).view([1, tk]),
+    )
 }
 
 /// Which keys a streaming head's queries see (regime always): the first `sink` and the last
@@ -494,10 +540,22 @@ impl Streaming {
     /// `prune_heads`) hiding from layer `layer_idx`'s streaming heads the keys they do not see,
     /// for queries at positions `past..past + T`; `None` when no head of the layer streams.
     #[allow(clippy::too_many_arguments)]
-    pub fn bias(&self, layer_idx: usize, slots: Option<&HeadSlots>, n_heads: i64, t: i64, past: i64, prompt: i64, dtype: DType, device: tch::Device) -> Option<Tensor> {
+    pub fn bias(
+        &self,
+        layer_idx: usize,
+        slots: Option<&HeadSlots>,
+        n_heads: i64,
+        t: i64,
+        past: i64,
+        prompt: i64,
+        dtype: DType,
+        device: tch::Device,
+    ) -> Option<Tensor> {
         let row = self.heads.get(layer_idx)?;
         let own: Vec<f32> = match slots {
-            None => (0..n_heads as usize).map(|h| if row.get(h).copied().unwrap_or(false) { 1.0 } else { 0.0 }).collect(),
+            None => {
+                (0..n_heads as usize).map(|h| if row.get(h).copied().unwrap_or(false) { 1.0 } else { 0.0 }).collect()
+            }
             Some(s) => s.index.iter().map(|&o| if row.get(o).copied().unwrap_or(false) { 1.0 } else { 0.0 }).collect(),
         };
         if !own.iter().any(|&v| v > 0.0) {
@@ -566,17 +624,25 @@ impl Gates {
     /// The gates of one layer, if the kind is gated.
     pub fn layer(&self, kind: Kind, layer_idx: usize) -> Option<LayerGate> {
         let duo = match (&self.duo, kind) {
-            (Some(d), Kind::Dec) => Some(DuoLayer { alpha: d.alpha.select(0, layer_idx as i64), sink: d.sink, recent: d.recent }),
+            (Some(d), Kind::Dec) => {
+                Some(DuoLayer { alpha: d.alpha.select(0, layer_idx as i64), sink: d.sink, recent: d.recent })
+            }
             _ => None,
         };
-        let bypass = self.bypass.as_ref().and_then(|b| b.iter().find(|b| b.kind == kind && b.layer_idx == layer_idx).copied());
+        let bypass =
+            self.bypass.as_ref().and_then(|b| b.iter().find(|b| b.kind == kind && b.layer_idx == layer_idx).copied());
         let g = match (self.of(kind), &duo, &bypass) {
             (Some(g), _, _) => g.select(1, layer_idx as i64),
             (None, Some(d), _) => d.alpha.detach().ones_like().unsqueeze(0),
             (None, None, Some(b)) => Tensor::ones([1, b.width as i64], (DType::Float, tch::Device::Cpu)),
             (None, None, None) => return None,
         };
-        Some(LayerGate { g, fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)), duo, bypass: bypass.map(|b| b.alpha) })
+        Some(LayerGate {
+            g,
+            fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)),
+            duo,
+            bypass: bypass.map(|b| b.alpha),
+        })
     }
     /// The fill of one layer of `kind` `[heads, d_head]`, if the kind has one.
     pub fn fill_of(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
@@ -607,13 +673,33 @@ impl Gates {
     /// The same gates (the tensors shared).
     pub fn share(&self) -> Gates {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone(), source: self.source.clone() }
+        Gates {
+            enc: pick(&self.enc),
+            dec: pick(&self.dec),
+            cross: pick(&self.cross),
+            fill: self.fill.share(),
+            stream: self.stream.clone(),
+            duo: self.duo.clone(),
+            bypass: self.bypass.clone(),
+            source: self.source.clone(),
+        }
     }
 
     /// The gates of batch rows `index` (for a batch split into pieces); one shared mask stays.
     pub fn rows(&self, index: &Tensor) -> Gates {
-        let pick = |g: &Option<Tensor>| g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) });
-        Gates { enc: pick(&self.enc), dec: pick(&self.dec), cross: pick(&self.cross), fill: self.fill.share(), stream: self.stream.clone(), duo: self.duo.clone(), bypass: self.bypass.clone(), source: self.source.clone() }
+        let pick = |g: &Option<Tensor>| {
+            g.as_ref().map(|t| if t.size()[0] == 1 { t.shallow_clone() } else { t.index_select(0, index) })
+        };
+        Gates {
+            enc: pick(&self.enc),
+            dec: pick(&self.dec),
+            cross: pick(&self.cross),
+            fill: self.fill.share(),
+            stream: self.stream.clone(),
+            duo: self.duo.clone(),
+            bypass: self.bypass.clone(),
+            source: self.source.clone(),
+        }
     }
 }
 
@@ -743,7 +829,16 @@ impl Attention {
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     /// Positions (rotary) start at 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, xq: &Tensor, xkv: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward(
+        &self,
+        xq: &Tensor,
+        xkv: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         // Nothing keeps these keys and values: per key/value head, as the attention reads them.
         let kv = self.keys_values_grouped(xkv, 0, kind, layer_idx, h)?;
         self.attend(xq, &kv, bias, gate, 0, kind, layer_idx, h)
@@ -753,13 +848,27 @@ impl Attention {
     /// (rotary positions applied, grouped heads repeated): what a decoder computes once per
     /// source sentence for its cross-attention, or caches step by step. Hook points `hook_k`,
     /// `hook_rot_k` and `hook_v` (per key/value head).
-    pub fn keys_values(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
+    pub fn keys_values(
+        &self,
+        xkv: &Tensor,
+        start: i64,
+        kind: Kind,
+        layer_idx: usize,
+        hk_slot: &mut HookSlot,
+    ) -> Result<KeysValues, ModelError> {
         self.keys_values_grouped(xkv, start, kind, layer_idx, hk_slot)?.per_query_head(self.n_heads)
     }
 
     /// [`Attention::keys_values`] per key/value head `[B, Hkv, Tk, dh]` (grouped-query
     /// attention's heads not repeated): what [`Attention::attend`] reads without a copy.
-    pub fn keys_values_grouped(&self, xkv: &Tensor, start: i64, kind: Kind, layer_idx: usize, hk_slot: &mut HookSlot) -> Result<KeysValues, ModelError> {
+    pub fn keys_values_grouped(
+        &self,
+        xkv: &Tensor,
+        start: i64,
+        kind: Kind,
+        layer_idx: usize,
+        hk_slot: &mut HookSlot,
+    ) -> Result<KeysValues, ModelError> {
         if self.n_heads == 0 {
             return Ok(KeysValues::empty());
         }
@@ -784,7 +893,17 @@ impl Attention {
     /// `hook_q`, `hook_rot_q`, `hook_attn_scores`, `hook_pattern`, `hook_z`, `hook_result` and
     /// `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend(&self, xq: &Tensor, kv: &KeysValues, bias: &Tensor, gate: Option<&LayerGate>, start: i64, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn attend(
+        &self,
+        xq: &Tensor,
+        kv: &KeysValues,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        start: i64,
+        kind: Kind,
+        layer_idx: usize,
+        hs: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
         let (b, tq) = (xq.size()[0], xq.size()[1]);
         let (h, dh) = (self.n_heads, self.head_dim);
@@ -829,7 +948,10 @@ impl Attention {
         };
         // The fused kernel reads grouped keys and values itself (without autograd: its
         // backward is left to the repeated form); every other path reads them per query head.
-        let fused = gate.and_then(|g| g.bypass).is_none() && !(hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern)) || self.score.softcap.is_some());
+        let fused = gate.and_then(|g| g.bypass).is_none()
+            && !(hooks::wants(hs, at(Point::Scores))
+                || hooks::wants(hs, at(Point::Pattern))
+                || self.score.softcap.is_some());
         let grouped = k.dim() == 4 && k.size()[1] != h;
         let gqa = grouped && fused && !(q.requires_grad() || k.requires_grad() || v.requires_grad());
         let per_head;
@@ -850,7 +972,13 @@ impl Attention {
             }
             None => None,
         };
-        let softmax = |s: &Tensor| if low_precision(s.kind()) { s.softmax(-1, DType::Float).to_kind(s.kind()) } else { s.softmax(-1, s.kind()) };
+        let softmax = |s: &Tensor| {
+            if low_precision(s.kind()) {
+                s.softmax(-1, DType::Float).to_kind(s.kind())
+            } else {
+                s.softmax(-1, s.kind())
+            }
+        };
         let mut ctx = if let Some(alpha) = gate.and_then(|g| g.bypass) {
             // HARP: no scores; each query's own value (the last `tq` of the keys' positions).
             let tk = v.size()[2];
@@ -871,7 +999,11 @@ impl Attention {
             // The fused kernel (forward and backward) when nobody looks at the weights.
             let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, gqa)?;
             match &duo {
-                Some((a, streaming)) => &full * a + Tensor::f_scaled_dot_product_attention(&q, k, v, Some(streaming), 0.0, false, scale, gqa)? * (a.ones_like() - a),
+                Some((a, streaming)) => {
+                    &full * a
+                        + Tensor::f_scaled_dot_product_attention(&q, k, v, Some(streaming), 0.0, false, scale, gqa)?
+                            * (a.ones_like() - a)
+                }
                 None => full,
             }
         }; // [B, H, Tq, dh]
@@ -885,7 +1017,13 @@ impl Attention {
     /// The attention's output from its per-head contexts `z [B, H, T, dh]` (the value at
     /// `hook_z`): `hook_result` and `hook_attn_out`. The forward resumes here when only the
     /// contexts change (a head's ablation or patch: the attention itself is not recomputed).
-    pub fn output_from_z(&self, ctx: &Tensor, kind: Kind, layer_idx: usize, hs: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn output_from_z(
+        &self,
+        ctx: &Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        hs: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
         let (b, h, tq, dh) = (ctx.size()[0], self.n_heads, ctx.size()[2], self.head_dim);
         let mut out = None;
@@ -931,7 +1069,10 @@ impl KeysValues {
             return Ok(self);
         }
         let group = n_heads / self.k.size()[1];
-        Ok(KeysValues { k: self.k.f_repeat_interleave_self_int(group, Some(1), None)?, v: self.v.f_repeat_interleave_self_int(group, Some(1), None)? })
+        Ok(KeysValues {
+            k: self.k.f_repeat_interleave_self_int(group, Some(1), None)?,
+            v: self.v.f_repeat_interleave_self_int(group, Some(1), None)?,
+        })
     }
 
     /// Per key/value head (`n_kv` of them) from per query head: each group's first head (the
@@ -967,7 +1108,13 @@ impl Ssru {
     /// `ssru.hook_candidate` (`x W`), both read by the recurrence after any change, and
     /// `ssru.hook_cell` (the states c after the recurrence: a change reaches the output and the
     /// state carried to the next call, not the later steps of the same call).
-    pub fn scan(&self, x: &Tensor, c0: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, Tensor), ModelError> {
+    pub fn scan(
+        &self,
+        x: &Tensor,
+        c0: &Tensor,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let at = |p| At::new(Kind::Dec, layer_idx, p);
         let t_len = x.size()[1];
         let f = hooks::at(h, at(Point::SsruForget), self.wf.forward(x).sigmoid())?;
@@ -1038,22 +1185,64 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention { q: lin(&eye, 2, 2), k: lin(&eye, 2, 2), v: lin(&eye, 2, 2), o: lin(&eye, 2, 2), n_heads: 2, n_kv_heads: 2, head_dim: 1, rotary: None, slots: None, qk_norm: None, score: Default::default() };
+        let a = Attention {
+            q: lin(&eye, 2, 2),
+            k: lin(&eye, 2, 2),
+            v: lin(&eye, 2, 2),
+            o: lin(&eye, 2, 2),
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 1,
+            rotary: None,
+            slots: None,
+            qk_norm: None,
+            score: Default::default(),
+        };
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;
         let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none).unwrap();
         let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));
-        let same = a.forward(&x, &x, &bias, Some(&LayerGate { g: ones, fill: None, duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
+        let same = a
+            .forward(
+                &x,
+                &x,
+                &bias,
+                Some(&LayerGate { g: ones, fill: None, duo: None, bypass: None }),
+                Kind::Enc,
+                0,
+                &mut none,
+            )
+            .unwrap();
         assert!(full.equal(&same), "all-one gates must give exactly the ungated output");
         let g = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-        let masked = a.forward(&x, &x, &bias, Some(&LayerGate { g: g.shallow_clone(), fill: None, duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
+        let masked = a
+            .forward(
+                &x,
+                &x,
+                &bias,
+                Some(&LayerGate { g: g.shallow_clone(), fill: None, duo: None, bypass: None }),
+                Kind::Enc,
+                0,
+                &mut none,
+            )
+            .unwrap();
         // Output dim 0 comes from head 0 only (unchanged); dim 1 from head 1 (zeroed).
         assert!(masked.select(2, 0).equal(&full.select(2, 0)));
         assert_eq!(masked.select(2, 1).abs().sum(DType::Float).double_value(&[]), 0.0);
         // Under mean ablation a closed head carries its fill: head 1's context becomes 7.
         let fill = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1]);
-        let mean = a.forward(&x, &x, &bias, Some(&LayerGate { g, fill: Some(fill), duo: None, bypass: None }), Kind::Enc, 0, &mut none).unwrap();
+        let mean = a
+            .forward(
+                &x,
+                &x,
+                &bias,
+                Some(&LayerGate { g, fill: Some(fill), duo: None, bypass: None }),
+                Kind::Enc,
+                0,
+                &mut none,
+            )
+            .unwrap();
         assert!(mean.select(2, 0).equal(&full.select(2, 0)), "an open head ignores its fill");
         assert_eq!(Vec::<f32>::try_from(&mean.select(2, 1).flatten(0, -1)).unwrap(), vec![7.0, 7.0]);
     }

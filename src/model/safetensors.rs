@@ -28,7 +28,8 @@ pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Model
         return Err(bad(format!("header length {n} (bytes 0..8) passes the end of the file ({} bytes)", m.len())));
     }
     let n = n as usize;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&m[8..8 + n]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&m[8..8 + n]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
     let data = &m[8 + n..];
     let mut out = HashMap::with_capacity(header.len());
     for (name, info) in header {
@@ -50,14 +51,18 @@ pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Model
             return Err(bad(format!("tensor '{name}': shape {} is not a list of integers", info["shape"])));
         };
         let count = super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor '{name}'"), file)?;
-        let offs: Vec<u64> = info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
+        let offs: Vec<u64> =
+            info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let [begin, end] = offs[..] else { return Err(bad(format!("tensor '{name}' has no data_offsets"))) };
         let elem = dtype.elt_size_in_bytes();
         if count.checked_mul(elem).is_none_or(|need| need > data.len()) {
             return Err(bad(format!("tensor '{name}': shape {shape:?} declares {count} elements of {elem} bytes, more than the data area of {} bytes holds", data.len())));
         }
         if begin > end || end > data.len() as u64 || count.checked_mul(elem) != Some((end - begin) as usize) {
-            return Err(bad(format!("tensor '{name}': data_offsets {begin}..{end} do not match shape {shape:?} in a data area of {} bytes", data.len())));
+            return Err(bad(format!(
+                "tensor '{name}': data_offsets {begin}..{end} do not match shape {shape:?} in a data area of {} bytes",
+                data.len()
+            )));
         }
         let t = Tensor::f_from_data_size(&data[begin as usize..end as usize], &shape, dtype)?;
         out.insert(name, t);

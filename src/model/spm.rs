@@ -74,7 +74,13 @@ pub struct NormalizerSpec {
 
 impl Default for NormalizerSpec {
     fn default() -> Self {
-        NormalizerSpec { name: String::new(), precompiled_charsmap: vec![], add_dummy_prefix: true, remove_extra_whitespaces: true, escape_whitespaces: true }
+        NormalizerSpec {
+            name: String::new(),
+            precompiled_charsmap: vec![],
+            add_dummy_prefix: true,
+            remove_extra_whitespaces: true,
+            escape_whitespaces: true,
+        }
     }
 }
 
@@ -130,7 +136,9 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| format!("field of {n} bytes at byte {} runs past the end ({} bytes)", self.pos, self.buf.len()))?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+            format!("field of {n} bytes at byte {} runs past the end ({} bytes)", self.pos, self.buf.len())
+        })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -236,7 +244,10 @@ pub fn parse(bytes: &[u8]) -> Result<SpmModel, String> {
                 while let Some((field, v)) = t.field()? {
                     match field {
                         3 => m.model_type = want_varint(v, "trainer_spec.model_type")?,
-                        24 => m.treat_whitespace_as_suffix = want_varint(v, "trainer_spec.treat_whitespace_as_suffix")? != 0,
+                        24 => {
+                            m.treat_whitespace_as_suffix =
+                                want_varint(v, "trainer_spec.treat_whitespace_as_suffix")? != 0
+                        }
                         35 => m.byte_fallback = want_varint(v, "trainer_spec.byte_fallback")? != 0,
                         44 => m.unk_surface = want_string(v, "trainer_spec.unk_surface")?,
                         _ => {}
@@ -248,10 +259,18 @@ pub fn parse(bytes: &[u8]) -> Result<SpmModel, String> {
                 while let Some((field, v)) = n.field()? {
                     match field {
                         1 => m.normalizer.name = want_string(v, "normalizer_spec.name")?,
-                        2 => m.normalizer.precompiled_charsmap = want_bytes(v, "normalizer_spec.precompiled_charsmap")?.to_vec(),
+                        2 => {
+                            m.normalizer.precompiled_charsmap =
+                                want_bytes(v, "normalizer_spec.precompiled_charsmap")?.to_vec()
+                        }
                         3 => m.normalizer.add_dummy_prefix = want_varint(v, "normalizer_spec.add_dummy_prefix")? != 0,
-                        4 => m.normalizer.remove_extra_whitespaces = want_varint(v, "normalizer_spec.remove_extra_whitespaces")? != 0,
-                        5 => m.normalizer.escape_whitespaces = want_varint(v, "normalizer_spec.escape_whitespaces")? != 0,
+                        4 => {
+                            m.normalizer.remove_extra_whitespaces =
+                                want_varint(v, "normalizer_spec.remove_extra_whitespaces")? != 0
+                        }
+                        5 => {
+                            m.normalizer.escape_whitespaces = want_varint(v, "normalizer_spec.escape_whitespaces")? != 0
+                        }
                         _ => {}
                     }
                 }
@@ -288,7 +307,8 @@ pub fn parse(bytes: &[u8]) -> Result<SpmModel, String> {
 /// Reads and parses a `.spm` file.
 pub fn load(path: &Path) -> Result<SpmModel, ModelError> {
     let bytes = std::fs::read(path).map_err(|e| ModelError::Io(path.display().to_string(), e.to_string()))?;
-    parse(&bytes).map_err(|why| ModelError::Config(path.display().to_string(), format!("corrupt sentencepiece model: {why}")))
+    parse(&bytes)
+        .map_err(|why| ModelError::Config(path.display().to_string(), format!("corrupt sentencepiece model: {why}")))
 }
 
 /// Checks a precompiled charsmap (`u32` trie size, a darts-clone double array, the NUL-separated
@@ -304,7 +324,8 @@ fn check_charsmap(map: &[u8]) -> Result<(), String> {
     if trie_bytes == 0 || !trie_bytes.is_multiple_of(4) || trie_bytes > map.len() - 4 {
         return bad(&format!("trie size {trie_bytes} does not fit in {} bytes", map.len()));
     }
-    let array: Vec<usize> = map[4..4 + trie_bytes].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+    let array: Vec<usize> =
+        map[4..4 + trie_bytes].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
     let Ok(normalized) = std::str::from_utf8(&map[4 + trie_bytes..]) else {
         return bad("replacement strings are not valid UTF-8");
     };
@@ -382,12 +403,14 @@ impl SpmNormalizer {
         let map = &spec.precompiled_charsmap;
         let (trie, replacements) = if map.len() >= 4 {
             let n = (u32::from_le_bytes([map[0], map[1], map[2], map[3]]) as usize).min(map.len() - 4) / 4 * 4;
-            let trie = map[4..4 + n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+            let trie =
+                map[4..4 + n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
             (trie, String::from_utf8_lossy(&map[4 + n..]).into_owned())
         } else {
             (vec![], String::new())
         };
-        let user_defined: HashSet<String> = pieces.iter().filter(|p| p.kind == PieceType::UserDefined).map(|p| p.piece.clone()).collect();
+        let user_defined: HashSet<String> =
+            pieces.iter().filter(|p| p.kind == PieceType::UserDefined).map(|p| p.piece.clone()).collect();
         let user_defined_max = user_defined.iter().map(String::len).max().unwrap_or(0);
         SpmNormalizer {
             trie,
@@ -428,7 +451,9 @@ impl SpmNormalizer {
     /// `NormalizePrefix`: what the start of `input` becomes, and how many bytes it consumes.
     fn prefix<'a>(&'a self, input: &'a str) -> (&'a str, usize) {
         if self.user_defined_max > 0 {
-            let longest = (1..=self.user_defined_max.min(input.len())).rev().find(|&n| input.is_char_boundary(n) && self.user_defined.contains(&input[..n]));
+            let longest = (1..=self.user_defined_max.min(input.len()))
+                .rev()
+                .find(|&n| input.is_char_boundary(n) && self.user_defined.contains(&input[..n]));
             if let Some(n) = longest {
                 return (&input[..n], n);
             }
@@ -522,13 +547,20 @@ impl SpmTokenizer {
 }
 
 /// [`SpmTokenizer::encode`] on its parts.
-pub fn encode_with(normalizer: &SpmNormalizer, model: &tokenizers::Tokenizer, text: &str) -> Result<Vec<SpmToken>, ModelError> {
+pub fn encode_with(
+    normalizer: &SpmNormalizer,
+    model: &tokenizers::Tokenizer,
+    text: &str,
+) -> Result<Vec<SpmToken>, ModelError> {
     use tokenizers::Model;
     let (normalized, align) = normalizer.normalize(text);
     if normalized.is_empty() {
         return Ok(vec![]);
     }
-    let tokens = model.get_model().tokenize(&normalized).map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
+    let tokens = model
+        .get_model()
+        .tokenize(&normalized)
+        .map_err(|e| ModelError::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
     Ok(tokens
         .into_iter()
         .map(|t| {
@@ -549,7 +581,10 @@ impl SpmModel {
     pub fn bpe_tokenizer(&self, file: &str) -> Result<SpmTokenizer, ModelError> {
         let unsupported = |why: String| ModelError::Config(file.to_string(), why);
         if self.model_type != 2 {
-            return Err(unsupported(format!("a BPE sentencepiece model was expected, this one is of type {}", self.model_type)));
+            return Err(unsupported(format!(
+                "a BPE sentencepiece model was expected, this one is of type {}",
+                self.model_type
+            )));
         }
         if self.byte_fallback || self.treat_whitespace_as_suffix || !self.normalizer.escape_whitespaces {
             return Err(unsupported("sentencepiece byte_fallback, treat_whitespace_as_suffix and models without escape_whitespaces are not supported".into()));
@@ -566,7 +601,9 @@ impl SpmModel {
             "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null, "end_of_word_suffix": null,
                       "fuse_unk": true, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges}
         });
-        let model = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&doc).map_err(|e| unsupported(e.to_string()))?).map_err(|e| unsupported(format!("cannot build the BPE model: {e}")))?;
+        let model =
+            tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&doc).map_err(|e| unsupported(e.to_string()))?)
+                .map_err(|e| unsupported(format!("cannot build the BPE model: {e}")))?;
         Ok(SpmTokenizer { normalizer: SpmNormalizer::new(&self.normalizer, &self.pieces), model })
     }
 
@@ -615,7 +652,8 @@ impl SpmModel {
                 PieceType::Control | PieceType::Unused | PieceType::Byte => (unmatchable(id, &p.piece), min),
             })
             .collect();
-        let model = Unigram::from(vocab, unk_id, false).map_err(|e| unsupported(format!("cannot build the unigram model: {e}")))?;
+        let model = Unigram::from(vocab, unk_id, false)
+            .map_err(|e| unsupported(format!("cannot build the unigram model: {e}")))?;
         let mut tok = tokenizers::Tokenizer::new(model);
         tok.with_decoder(Some(Metaspace::new(SPACE, PrependScheme::Always, true)));
         Ok(SpmTokenizer { normalizer: SpmNormalizer::new(&self.normalizer, &self.pieces), model: tok })

@@ -12,7 +12,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Score};
-use super::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, RelativeBias, SelfBlock, Transformer};
+use super::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, RelativeBias, SelfBlock, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -99,7 +99,9 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
             return Err(bad(format!("{what} {x} must be positive")));
         }
     }
-    let buckets = cfg.relative_attention_num_buckets.ok_or_else(|| bad("relative_attention_num_buckets is missing: T5's relative position bias needs it".into()))?;
+    let buckets = cfg
+        .relative_attention_num_buckets
+        .ok_or_else(|| bad("relative_attention_num_buckets is missing: T5's relative position bias needs it".into()))?;
     let max_distance = cfg.relative_attention_max_distance.unwrap_or(128);
     // The encoder's buckets split between the two directions, half of each exact: the
     // logarithmic half needs a distance beyond the exact ones.
@@ -111,7 +113,11 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
     let (gated, act_name) = match proj.split_once('-') {
         Some(("gated", a)) => (true, a),
         None => (false, proj.as_str()),
-        Some(_) => return Err(bad(format!("feed_forward_proj '{proj}' is not supported (an activation, or gated-ACTIVATION)"))),
+        Some(_) => {
+            return Err(bad(format!(
+                "feed_forward_proj '{proj}' is not supported (an activation, or gated-ACTIVATION)"
+            )))
+        }
     };
     // transformers: "gated-gelu" runs gelu_new (tanh, written out); a plain "gelu" the exact one.
     let act = match (act_name, gated) {
@@ -120,13 +126,18 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         ("gelu_pytorch_tanh", _) => Activation::GeluTanh,
         ("gelu", false) => Activation::Gelu,
         ("silu", _) | ("swish", _) => Activation::Silu,
-        (other, _) => return Err(bad(format!("feed_forward_proj '{proj}': activation '{other}' is not supported (relu, gelu, gelu_new, silu)"))),
+        (other, _) => {
+            return Err(bad(format!(
+                "feed_forward_proj '{proj}': activation '{other}' is not supported (relu, gelu, gelu_new, silu)"
+            )))
+        }
     };
     // transformers 4: tie_word_embeddings ties the output to the shared embeddings and scales the
     // decoder's output; transformers 5 (docs/formats.md#transformers-5-configs): the output is
     // tied when the checkpoint holds no lm_head.weight, and scale_decoder_outputs scales (T5;
     // mT5 never scales).
-    let tf5 = cfg.scale_decoder_outputs.is_some() || cfg.transformers_version.as_deref().is_some_and(|v| v.starts_with('5'));
+    let tf5 =
+        cfg.scale_decoder_outputs.is_some() || cfg.transformers_version.as_deref().is_some_and(|v| v.starts_with('5'));
     let (tied, scaled) = if tf5 {
         (w.shape("lm_head.weight").is_none(), cfg.model_type == "t5" && cfg.scale_decoder_outputs.unwrap_or(true))
     } else {
@@ -134,16 +145,31 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         (t, t)
     };
     let eos = hf::first_id(&cfg.eos_token_id).unwrap_or(1);
-    let tokens = if w.shape("shared.weight").is_some() { w.get("shared.weight", &[v, d])? } else { w.get("encoder.embed_tokens.weight", &[v, d])? };
+    let tokens = if w.shape("shared.weight").is_some() {
+        w.get("shared.weight", &[v, d])?
+    } else {
+        w.get("encoder.embed_tokens.weight", &[v, d])?
+    };
     let ffn = |w: &mut Weights, p: &str| -> Result<Ffn, ModelError> {
         Ok(if gated {
-            Ffn { gate: Some(linear(w, &format!("{p}.wi_0.weight"), cfg.d_ff, d)?), up: linear(w, &format!("{p}.wi_1.weight"), cfg.d_ff, d)?, down: linear(w, &format!("{p}.wo.weight"), d, cfg.d_ff)?, act }
+            Ffn {
+                gate: Some(linear(w, &format!("{p}.wi_0.weight"), cfg.d_ff, d)?),
+                up: linear(w, &format!("{p}.wi_1.weight"), cfg.d_ff, d)?,
+                down: linear(w, &format!("{p}.wo.weight"), d, cfg.d_ff)?,
+                act,
+            }
         } else {
-            Ffn { gate: None, up: linear(w, &format!("{p}.wi.weight"), cfg.d_ff, d)?, down: linear(w, &format!("{p}.wo.weight"), d, cfg.d_ff)?, act }
+            Ffn {
+                gate: None,
+                up: linear(w, &format!("{p}.wi.weight"), cfg.d_ff, d)?,
+                down: linear(w, &format!("{p}.wo.weight"), d, cfg.d_ff)?,
+                act,
+            }
         })
     };
     let rel = |w: &mut Weights, side: &str, bidirectional: bool| -> Result<RelativeBias, ModelError> {
-        let table = w.get(&format!("{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), &[buckets, h])?;
+        let table =
+            w.get(&format!("{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), &[buckets, h])?;
         Ok(RelativeBias { table, bidirectional, num_buckets: buckets, max_distance })
     };
     let enc_rel = rel(&mut w, "encoder", true)?;
@@ -168,7 +194,10 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         decoder.push(DecoderLayer {
             self_block: SelfBlock::Attention(attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?),
             self_norm: rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
-            cross: Some((attention(&mut w, &format!("{p}.1.EncDecAttention"), d, h, dkv)?, rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?)),
+            cross: Some((
+                attention(&mut w, &format!("{p}.1.EncDecAttention"), d, h, dkv)?,
+                rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?,
+            )),
             ffn: ffn(&mut w, &format!("{p}.2.DenseReluDense"))?,
             ffn_norm: rms(&mut w, &format!("{p}.2.layer_norm.weight"), d, eps)?,
             norm_position: NormPosition::Pre,
@@ -192,7 +221,13 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
             return Err(bad(format!("{what} {id} is outside the vocabulary of {v}")));
         }
     }
-    let embed = Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::None, token_type: None, norm: None };
+    let embed = Embeddings {
+        tokens: tokens.shallow_clone(),
+        scale: 1.0,
+        positions: Positions::None,
+        token_type: None,
+        norm: None,
+    };
     Ok(Transformer {
         embed,
         encoder,

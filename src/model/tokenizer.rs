@@ -30,9 +30,12 @@ pub enum Framing {
 /// M2M100's language codes (transformers' `FAIRSEQ_LANGUAGE_CODES`), by `tokenizer_config.json`'s
 /// `language_codes`: token `__{code}__` has id `len(vocab.json) + i`.
 const M2M100_CODES: &[&str] = &[
-    "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de", "el", "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr", "ht", "hu", "hy", "id", "ig",
-    "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo", "lt", "lv", "mg", "mk", "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps", "pt", "ro", "ru", "sd", "si", "sk",
-    "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn", "tr", "uk", "ur", "uz", "vi", "wo", "xh", "yi", "yo", "zh", "zu",
+    "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de", "el", "en",
+    "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr", "ht", "hu", "hy", "id",
+    "ig", "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo", "lt", "lv", "mg", "mk",
+    "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps", "pt", "ro", "ru", "sd", "si",
+    "sk", "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn", "tr", "uk", "ur", "uz", "vi", "wo",
+    "xh", "yi", "yo", "zh", "zu",
 ];
 const WMT21_CODES: &[&str] = &["en", "ha", "is", "ja", "cs", "ru", "zh", "de"];
 
@@ -73,12 +76,30 @@ impl Marian {
     /// pieces to the model's ids, `specials` are split out of texts whole and skipped when
     /// decoding, `codes` are the target-language tokens.
     #[allow(clippy::too_many_arguments)]
-    fn one_model(model: &spm::SpmModel, tok: &spm::SpmTokenizer, specials: Vec<(String, i64)>, vocab: HashMap<String, i64>, pieces: HashMap<i64, String>, unk_id: i64, codes: Vec<(String, i64)>) -> Marian {
+    fn one_model(
+        model: &spm::SpmModel,
+        tok: &spm::SpmTokenizer,
+        specials: Vec<(String, i64)>,
+        vocab: HashMap<String, i64>,
+        pieces: HashMap<i64, String>,
+        unk_id: i64,
+        codes: Vec<(String, i64)>,
+    ) -> Marian {
         Marian {
             normalizer: tok.normalizer.clone(),
             specials,
-            target_control: model.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
-            target_unk: model.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default(),
+            target_control: model
+                .pieces
+                .iter()
+                .filter(|p| p.kind == spm::PieceType::Control)
+                .map(|p| p.piece.clone())
+                .collect(),
+            target_unk: model
+                .pieces
+                .iter()
+                .find(|p| p.kind == spm::PieceType::Unknown)
+                .map(|p| p.piece.clone())
+                .unwrap_or_default(),
             unk_surface: model.unk_surface.clone(),
             target: tok.clone(),
             vocab,
@@ -103,8 +124,10 @@ pub struct MarianVocab {
 impl MarianVocab {
     /// Parses the bytes of a `vocab.json`; `file` names it in errors.
     pub fn parse(bytes: &[u8], file: &str) -> Result<MarianVocab, ModelError> {
-        let vocab: HashMap<String, i64> = serde_json::from_slice(bytes).map_err(|e| ModelError::Config(file.into(), format!("not a piece -> id map: {e}")))?;
-        let id_of = |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(file.into(), format!("has no {t}")));
+        let vocab: HashMap<String, i64> = serde_json::from_slice(bytes)
+            .map_err(|e| ModelError::Config(file.into(), format!("not a piece -> id map: {e}")))?;
+        let id_of =
+            |t: &str| vocab.get(t).copied().ok_or_else(|| ModelError::Config(file.into(), format!("has no {t}")));
         let (eos, unk_id, pad_id) = (id_of("</s>")?, id_of("<unk>")?, id_of("<pad>")?);
         let mut pieces = HashMap::with_capacity(vocab.len());
         for (piece, &id) in &vocab {
@@ -124,7 +147,9 @@ impl Tok {
 
     /// A tokenizer from the bytes of a `tokenizer.json`; `file` names it in errors.
     pub fn from_bytes(bytes: &[u8], file: &str, framing: Framing) -> Result<Self, ModelError> {
-        let mut inner = guarded(&format!("{file}: "), || tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}"))))?;
+        let mut inner = guarded(&format!("{file}: "), || {
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))
+        })?;
         // all-MiniLM's tokenizer.json pads to 128 and truncates: headscope batches itself.
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| ModelError::Tokenizer(format!("{file}: {e}")))?;
@@ -163,11 +188,21 @@ impl Tok {
         let target_path = dir.join("target.spm");
         let target = spm::load(&target_path)?;
         let target_tok = target.tokenizer(&target_path.display().to_string())?;
-        let target_unk = target.pieces.iter().find(|p| p.kind == spm::PieceType::Unknown).map(|p| p.piece.clone()).unwrap_or_default();
+        let target_unk = target
+            .pieces
+            .iter()
+            .find(|p| p.kind == spm::PieceType::Unknown)
+            .map(|p| p.piece.clone())
+            .unwrap_or_default();
         let marian = Marian {
             normalizer: source.normalizer,
             specials: vec![("</s>".into(), eos), ("<unk>".into(), unk_id), ("<pad>".into(), pad_id)],
-            target_control: target.pieces.iter().filter(|p| p.kind == spm::PieceType::Control).map(|p| p.piece.clone()).collect(),
+            target_control: target
+                .pieces
+                .iter()
+                .filter(|p| p.kind == spm::PieceType::Control)
+                .map(|p| p.piece.clone())
+                .collect(),
             target_unk,
             unk_surface: target.unk_surface,
             target: target_tok,
@@ -177,7 +212,13 @@ impl Tok {
             opus_codes: true,
             codes: vec![],
         };
-        Ok(Tok { inner: source.model, framing: Framing::AppendEos(eos), pad_id, eos_id: Some(eos), marian: Some(Box::new(marian)) })
+        Ok(Tok {
+            inner: source.model,
+            framing: Framing::AppendEos(eos),
+            pad_id,
+            eos_id: Some(eos),
+            marian: Some(Box::new(marian)),
+        })
     }
 
     /// A sentencepiece unigram model whose ids are the model's (T5's GGUF tokenizer,
@@ -186,17 +227,35 @@ impl Tok {
     /// the metadata's `add_eos_token` says (T5: `</s>`).
     fn spm_ids(model: spm::SpmModel, file: &str, g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
         let tok = model.tokenizer(file)?;
-        let id = |key: &str| g.metadata.get(key).and_then(super::gguf::Value::as_u64).map(|v| v as i64).filter(|&v| (v as usize) < model.pieces.len());
-        let vocab: HashMap<String, i64> = model.pieces.iter().enumerate().rev().map(|(i, p)| (p.piece.clone(), i as i64)).collect();
-        let pieces: HashMap<i64, String> = model.pieces.iter().enumerate().map(|(i, p)| (i as i64, p.piece.clone())).collect();
-        let kind_ids = |k: spm::PieceType| model.pieces.iter().enumerate().filter(move |(_, p)| p.kind == k).map(|(i, p)| (p.piece.clone(), i as i64));
-        let specials: Vec<(String, i64)> = kind_ids(spm::PieceType::Control).chain(kind_ids(spm::PieceType::Unknown)).collect();
-        let unk_id = id("tokenizer.ggml.unknown_token_id").or_else(|| kind_ids(spm::PieceType::Unknown).next().map(|p| p.1)).unwrap_or(0);
+        let id = |key: &str| {
+            g.metadata
+                .get(key)
+                .and_then(super::gguf::Value::as_u64)
+                .map(|v| v as i64)
+                .filter(|&v| (v as usize) < model.pieces.len())
+        };
+        let vocab: HashMap<String, i64> =
+            model.pieces.iter().enumerate().rev().map(|(i, p)| (p.piece.clone(), i as i64)).collect();
+        let pieces: HashMap<i64, String> =
+            model.pieces.iter().enumerate().map(|(i, p)| (i as i64, p.piece.clone())).collect();
+        let kind_ids = |k: spm::PieceType| {
+            model.pieces.iter().enumerate().filter(move |(_, p)| p.kind == k).map(|(i, p)| (p.piece.clone(), i as i64))
+        };
+        let specials: Vec<(String, i64)> =
+            kind_ids(spm::PieceType::Control).chain(kind_ids(spm::PieceType::Unknown)).collect();
+        let unk_id = id("tokenizer.ggml.unknown_token_id")
+            .or_else(|| kind_ids(spm::PieceType::Unknown).next().map(|p| p.1))
+            .unwrap_or(0);
         let eos = id("tokenizer.ggml.eos_token_id");
-        let add_eos = g.metadata.get("tokenizer.ggml.add_eos_token").and_then(super::gguf::Value::as_bool).unwrap_or(false);
+        let add_eos =
+            g.metadata.get("tokenizer.ggml.add_eos_token").and_then(super::gguf::Value::as_bool).unwrap_or(false);
         let framing = match (add_eos, eos) {
             (true, Some(e)) => Framing::AppendEos(e),
-            (true, None) => return Err(ModelError::Tokenizer(format!("{file}: metadata tokenizer.ggml.eos_token_id is missing, but the metadata asks for the token"))),
+            (true, None) => {
+                return Err(ModelError::Tokenizer(format!(
+                    "{file}: metadata tokenizer.ggml.eos_token_id is missing, but the metadata asks for the token"
+                )))
+            }
             (false, _) => Framing::Tokenizer,
         };
         let pad_id = id("tokenizer.ggml.padding_token_id").unwrap_or(0);
@@ -218,13 +277,19 @@ impl Tok {
         let MarianVocab { mut vocab, mut pieces, eos, unk_id, pad_id } = MarianVocab::parse(&bytes, &vocab_file)?;
         let config_path = dir.join("tokenizer_config.json");
         let config: serde_json::Value = match std::fs::read(&config_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| ModelError::Config(config_path.display().to_string(), e.to_string()))?,
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| ModelError::Config(config_path.display().to_string(), e.to_string()))?,
             Err(_) => serde_json::Value::Null,
         };
         let codes = match config.get("language_codes").and_then(|v| v.as_str()).unwrap_or("m2m100") {
             "m2m100" => M2M100_CODES,
             "wmt21" => WMT21_CODES,
-            other => return Err(ModelError::Config(config_path.display().to_string(), format!("language_codes '{other}' is not known (m2m100, wmt21)"))),
+            other => {
+                return Err(ModelError::Config(
+                    config_path.display().to_string(),
+                    format!("language_codes '{other}' is not known (m2m100, wmt21)"),
+                ))
+            }
         };
         let first = pieces.keys().max().map_or(0, |m| m + 1).max(vocab.len() as i64);
         let mut lang = Vec::new();
@@ -235,14 +300,28 @@ impl Tok {
             lang.push((token, id));
         }
         let src = config.get("src_lang").and_then(|v| v.as_str()).unwrap_or("en");
-        let prefix = vocab.get(&format!("__{src}__")).copied().ok_or_else(|| ModelError::Config(config_path.display().to_string(), format!("src_lang '{src}' is not one of the language codes")))?;
+        let prefix = vocab.get(&format!("__{src}__")).copied().ok_or_else(|| {
+            ModelError::Config(
+                config_path.display().to_string(),
+                format!("src_lang '{src}' is not one of the language codes"),
+            )
+        })?;
         let spm_path = dir.join("sentencepiece.bpe.model");
         let model = spm::load(&spm_path)?;
         let tok = model.bpe_tokenizer(&spm_path.display().to_string())?;
-        let mut specials: Vec<(String, i64)> = ["<s>", "<pad>", "</s>", "<unk>"].iter().filter_map(|t| vocab.get(*t).map(|&id| (t.to_string(), id))).collect();
+        let mut specials: Vec<(String, i64)> = ["<s>", "<pad>", "</s>", "<unk>"]
+            .iter()
+            .filter_map(|t| vocab.get(*t).map(|&id| (t.to_string(), id)))
+            .collect();
         specials.extend(lang.iter().cloned());
         let m = Marian::one_model(&model, &tok, specials, vocab, pieces, unk_id, lang);
-        Ok(Tok { inner: tok.model, framing: Framing::Fairseq { prefix, eos }, pad_id, eos_id: Some(eos), marian: Some(Box::new(m)) })
+        Ok(Tok {
+            inner: tok.model,
+            framing: Framing::Fairseq { prefix, eos },
+            pad_id,
+            eos_id: Some(eos),
+            marian: Some(Box::new(m)),
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -259,11 +338,17 @@ impl Tok {
         }
         let add_special = self.framing == Framing::Tokenizer;
         let what = format!("cannot tokenize {text:?}: ");
-        let enc = guarded(&what, || self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("{what}{e}"))))?;
+        let enc = guarded(&what, || {
+            self.inner.encode(text, add_special).map_err(|e| ModelError::Tokenizer(format!("{what}{e}")))
+        })?;
         let mut out = Encoded {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             tokens: enc.get_tokens().to_vec(),
-            offsets: enc.get_offsets().iter().map(|&(a, b)| (char_of_byte[a.min(text.len())], char_of_byte[b.min(text.len())])).collect(),
+            offsets: enc
+                .get_offsets()
+                .iter()
+                .map(|&(a, b)| (char_of_byte[a.min(text.len())], char_of_byte[b.min(text.len())]))
+                .collect(),
             special: enc.get_special_tokens_mask().iter().map(|&m| m == 1).collect(),
         };
         if let Framing::AppendEos(eos) = self.framing {
@@ -278,7 +363,14 @@ impl Tok {
     /// `MarianTokenizer`'s encoding: the text split around literal special tokens, a leading
     /// `>>xx<<` language code kept whole, the rest through the source model, pieces to ids
     /// through vocab.json (the unknown id for pieces it lacks), then `</s>`.
-    fn encode_marian(&self, m: &Marian, normalizer: &spm::SpmNormalizer, model: &tokenizers::Tokenizer, text: &str, char_of_byte: &[usize]) -> Result<Encoded, ModelError> {
+    fn encode_marian(
+        &self,
+        m: &Marian,
+        normalizer: &spm::SpmNormalizer,
+        model: &tokenizers::Tokenizer,
+        text: &str,
+        char_of_byte: &[usize],
+    ) -> Result<Encoded, ModelError> {
         let mut out = Encoded { ids: vec![], tokens: vec![], offsets: vec![], special: vec![] };
         let push = |out: &mut Encoded, id: i64, span: (usize, usize), special: bool| {
             out.ids.push(id);
@@ -292,7 +384,12 @@ impl Tok {
         let mut at = 0;
         while at < text.len() {
             // The leftmost literal special token, the longest there.
-            let next = m.specials.iter().filter_map(|(t, id)| text[at..].find(t.as_str()).map(|i| (at + i, std::cmp::Reverse(t.len()), *id))).min().map(|(i, l, id)| (i, l.0, id));
+            let next = m
+                .specials
+                .iter()
+                .filter_map(|(t, id)| text[at..].find(t.as_str()).map(|i| (at + i, std::cmp::Reverse(t.len()), *id)))
+                .min()
+                .map(|(i, l, id)| (i, l.0, id));
             let end = next.map_or(text.len(), |(i, _, _)| i);
             let mut start = at;
             let chunk = &text[at..end];
@@ -338,7 +435,9 @@ impl Tok {
             return Ok(decode_marian(m, ids));
         }
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        guarded("cannot decode: ", || self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}"))))
+        guarded("cannot decode: ", || {
+            self.inner.decode(&ids, true).map_err(|e| ModelError::Tokenizer(format!("cannot decode: {e}")))
+        })
     }
 
     pub fn id_to_token(&self, id: i64) -> String {
@@ -355,7 +454,13 @@ impl Tok {
         if let Some(m) = &self.marian {
             return m.codes.clone();
         }
-        let mut codes: Vec<(String, i64)> = self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special && !(t.content.starts_with('<') && t.content.ends_with('>'))).map(|(id, t)| (t.content, id as i64)).collect();
+        let mut codes: Vec<(String, i64)> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !(t.content.starts_with('<') && t.content.ends_with('>')))
+            .map(|(id, t)| (t.content, id as i64))
+            .collect();
         codes.sort_by_key(|c| c.1);
         codes
     }
@@ -375,8 +480,15 @@ impl Tok {
 /// found by the tokenizer_json fuzz target (fuzz/regressions/tokenizer_json/).
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-        Err(ModelError::Tokenizer(format!("{what}the tokenizers library failed: {}", msg.lines().next().unwrap_or_default())))
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(ModelError::Tokenizer(format!(
+            "{what}the tokenizers library failed: {}",
+            msg.lines().next().unwrap_or_default()
+        )))
     })
 }
 

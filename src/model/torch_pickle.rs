@@ -45,14 +45,21 @@ pub fn read_bytes(map: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Mod
     let file = file.to_string();
     let entries = zip_entries(map, &file)?;
     let corrupt = |why: String| ModelError::Corrupt { file: file.clone(), why };
-    let pickles: Vec<&String> = entries.keys().filter(|n| n.strip_suffix("/data.pkl").is_some_and(|d| !d.contains('/'))).collect();
+    let pickles: Vec<&String> =
+        entries.keys().filter(|n| n.strip_suffix("/data.pkl").is_some_and(|d| !d.contains('/'))).collect();
     let [pkl] = pickles[..] else {
-        return Err(corrupt(format!("expected one <folder>/data.pkl in the zip, found {} (is this a torch.save file?)", pickles.len())));
+        return Err(corrupt(format!(
+            "expected one <folder>/data.pkl in the zip, found {} (is this a torch.save file?)",
+            pickles.len()
+        )));
     };
     let prefix = pkl.strip_suffix("data.pkl").unwrap_or_default();
     if let Some(order) = entries.get(&format!("{prefix}byteorder")) {
         if *order != b"little" {
-            return Err(corrupt(format!("byte order '{}' is not supported (only little-endian is)", String::from_utf8_lossy(order))));
+            return Err(corrupt(format!(
+                "byte order '{}' is not supported (only little-endian is)",
+                String::from_utf8_lossy(order)
+            )));
         }
     }
     let bytes = entries.get(pkl).copied().unwrap_or_default();
@@ -71,7 +78,9 @@ pub fn read_bytes(map: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Mod
     let top = u.run()?;
     let mut out = HashMap::new();
     match &top {
-        Value::Obj(i) if matches!(u.objs.get(*i), Some(Obj::Dict(_))) => u.collect(&top, "", 0, &mut HashSet::new(), &mut out)?,
+        Value::Obj(i) if matches!(u.objs.get(*i), Some(Obj::Dict(_))) => {
+            u.collect(&top, "", 0, &mut HashSet::new(), &mut out)?
+        }
         other => return Err(corrupt(format!("data.pkl holds {}, not a dict of tensors", other.kind()))),
     }
     Ok(out)
@@ -80,12 +89,21 @@ pub fn read_bytes(map: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Mod
 /// The entries of a zip archive, name -> data; only stored (uncompressed) entries.
 fn zip_entries<'a>(b: &'a [u8], file: &'a str) -> Result<HashMap<String, &'a [u8]>, ModelError> {
     let mut c = Cursor::new(b, file);
-    let not_zip = || c_err(file, "not a zip archive (no end-of-central-directory record); torch.save files before torch 1.6 are not supported".into());
+    let not_zip = || {
+        c_err(file, "not a zip archive (no end-of-central-directory record); torch.save files before torch 1.6 are not supported".into())
+    };
     // The end record (22 bytes, then a comment of up to 64 KiB) is the last "PK\5\6".
     let lo = b.len().saturating_sub(22 + 0xFFFF);
-    let eocd = (lo..=b.len().saturating_sub(22)).rev().find(|&i| b.get(i..i + 4) == Some(b"PK\x05\x06")).ok_or_else(not_zip)?;
+    let eocd = (lo..=b.len().saturating_sub(22))
+        .rev()
+        .find(|&i| b.get(i..i + 4) == Some(b"PK\x05\x06"))
+        .ok_or_else(not_zip)?;
     c.pos = eocd + 10;
-    let (mut count, mut cd_size, mut cd_off) = (u64::from(u16s(&mut c, "zip entry count")?), u64::from(c.u32("zip directory size")?), u64::from(c.u32("zip directory offset")?));
+    let (mut count, mut cd_size, mut cd_off) = (
+        u64::from(u16s(&mut c, "zip entry count")?),
+        u64::from(c.u32("zip directory size")?),
+        u64::from(c.u32("zip directory offset")?),
+    );
     if count == 0xFFFF || cd_size == 0xFFFF_FFFF || cd_off == 0xFFFF_FFFF {
         // ZIP64: a locator just before the end record points at the ZIP64 end record.
         c.pos = eocd.checked_sub(20).ok_or_else(|| c_err(file, "zip64 end record locator is missing".into()))?;
@@ -97,10 +115,17 @@ fn zip_entries<'a>(b: &'a [u8], file: &'a str) -> Result<HashMap<String, &'a [u8
             .ok_or_else(|| c_err(file, "zip64 end record offset passes the end of the file".into()))?;
         magic(&mut c, b"PK\x06\x06", "zip64 end record")?;
         c.take(28, "zip64 end record")?;
-        (count, cd_size, cd_off) = (c.u64("zip64 entry count")?, c.u64("zip64 directory size")?, c.u64("zip64 directory offset")?);
+        (count, cd_size, cd_off) =
+            (c.u64("zip64 entry count")?, c.u64("zip64 directory size")?, c.u64("zip64 directory offset")?);
     }
-    let cd = cd_off.checked_add(cd_size).and_then(|end| b.get(usize::try_from(cd_off).ok()?..usize::try_from(end).ok()?));
-    let cd = cd.ok_or_else(|| c_err(file, format!("zip directory ({cd_size} bytes at {cd_off}) passes the end of the file ({} bytes)", b.len())))?;
+    let cd =
+        cd_off.checked_add(cd_size).and_then(|end| b.get(usize::try_from(cd_off).ok()?..usize::try_from(end).ok()?));
+    let cd = cd.ok_or_else(|| {
+        c_err(
+            file,
+            format!("zip directory ({cd_size} bytes at {cd_off}) passes the end of the file ({} bytes)", b.len()),
+        )
+    })?;
     let mut d = Cursor::new(cd, file);
     let mut out = HashMap::new();
     for _ in 0..count {
@@ -109,10 +134,12 @@ fn zip_entries<'a>(b: &'a [u8], file: &'a str) -> Result<HashMap<String, &'a [u8
         let (flags, method) = (u16s(&mut d, "zip flags")?, u16s(&mut d, "zip method")?);
         d.take(8, "zip directory entry")?;
         let (mut csize, mut size) = (u64::from(d.u32("zip entry size")?), u64::from(d.u32("zip entry size")?));
-        let (name_len, extra_len, comment_len) = (u16s(&mut d, "zip name length")?, u16s(&mut d, "zip extra length")?, u16s(&mut d, "zip comment length")?);
+        let (name_len, extra_len, comment_len) =
+            (u16s(&mut d, "zip name length")?, u16s(&mut d, "zip extra length")?, u16s(&mut d, "zip comment length")?);
         d.take(8, "zip directory entry")?;
         let mut offset = u64::from(d.u32("zip entry offset")?);
-        let name = std::str::from_utf8(d.take(name_len.into(), "zip entry name")?).map_err(|_| c_err(file, "a zip entry name is not UTF-8".into()))?;
+        let name = std::str::from_utf8(d.take(name_len.into(), "zip entry name")?)
+            .map_err(|_| c_err(file, "a zip entry name is not UTF-8".into()))?;
         let mut x = Cursor::new(d.take(extra_len.into(), "zip extra field")?, file);
         while x.pos < x.b.len() {
             let (id, len) = (u16s(&mut x, "zip extra field")?, u16s(&mut x, "zip extra field")?);
@@ -128,10 +155,16 @@ fn zip_entries<'a>(b: &'a [u8], file: &'a str) -> Result<HashMap<String, &'a [u8
         }
         d.take(comment_len.into(), "zip entry comment")?;
         if flags & 1 != 0 || method != 0 || csize != size {
-            return Err(c_err(file, format!("zip entry '{}' is compressed or encrypted (torch writes stored entries)", shown(name))));
+            return Err(c_err(
+                file,
+                format!("zip entry '{}' is compressed or encrypted (torch writes stored entries)", shown(name)),
+            ));
         }
         let mut l = Cursor::new(b, file);
-        l.pos = usize::try_from(offset).ok().filter(|&p| p <= b.len()).ok_or_else(|| c_err(file, format!("zip entry '{}' starts past the end of the file", shown(name))))?;
+        l.pos = usize::try_from(offset)
+            .ok()
+            .filter(|&p| p <= b.len())
+            .ok_or_else(|| c_err(file, format!("zip entry '{}' starts past the end of the file", shown(name))))?;
         magic(&mut l, b"PK\x03\x04", "zip local header")?;
         l.take(22, "zip local header")?;
         let skip = u64::from(u16s(&mut l, "zip local header")?) + u64::from(u16s(&mut l, "zip local header")?);
@@ -300,8 +333,11 @@ impl<'a> Unpickler<'a> {
 
     fn string(&mut self, n: u64, utf8: bool) -> Result<Value, ModelError> {
         let b = self.take(n, "a string")?;
-        let s: Rc<str> =
-            if utf8 { std::str::from_utf8(b).map_err(|_| self.bad("string is not UTF-8"))?.into() } else { b.iter().map(|&x| char::from(x)).collect::<String>().into() };
+        let s: Rc<str> = if utf8 {
+            std::str::from_utf8(b).map_err(|_| self.bad("string is not UTF-8"))?.into()
+        } else {
+            b.iter().map(|&x| char::from(x)).collect::<String>().into()
+        };
         Ok(Value::Str(s))
     }
 
@@ -314,7 +350,14 @@ impl<'a> Unpickler<'a> {
 
     fn global(&self, module: &str, name: &str) -> Result<Value, ModelError> {
         allowed(module, name).map(Value::Global).ok_or_else(|| {
-            ModelError::Io(self.file.into(), format!("refused pickle global '{}.{}' (only torch's tensor-rebuilding globals are allowed)", shown(module), shown(name)))
+            ModelError::Io(
+                self.file.into(),
+                format!(
+                    "refused pickle global '{}.{}' (only torch's tensor-rebuilding globals are allowed)",
+                    shown(module),
+                    shown(name)
+                ),
+            )
         })
     }
 
@@ -342,7 +385,9 @@ impl<'a> Unpickler<'a> {
 
     /// `('storage', storage_type, key, location, numel)` -> the record `data/<key>`.
     fn persistent_load(&mut self, pid: &Value) -> Result<Rc<Storage>, ModelError> {
-        let [Value::Str(tag), Value::Global(Global::Dtype(dtype)), Value::Str(key), _, Value::Int(numel)] = self.items(pid, "persistent id")? else {
+        let [Value::Str(tag), Value::Global(Global::Dtype(dtype)), Value::Str(key), _, Value::Int(numel)] =
+            self.items(pid, "persistent id")?
+        else {
             return Err(self.bad("persistent id is not ('storage', type, key, location, numel)"));
         };
         let (tag, dtype, key, numel) = (tag.clone(), *dtype, key.clone(), *numel);
@@ -356,10 +401,17 @@ impl<'a> Unpickler<'a> {
             return Ok(s.clone());
         }
         let name = format!("{}data/{key}", self.prefix);
-        let bytes = *self.entries.get(&name).ok_or_else(|| self.bad(format!("storage record '{}' is missing from the zip", shown(&name))))?;
+        let bytes = *self
+            .entries
+            .get(&name)
+            .ok_or_else(|| self.bad(format!("storage record '{}' is missing from the zip", shown(&name))))?;
         let need = u64::try_from(numel).ok().and_then(|n| n.checked_mul(dtype.elt_size_in_bytes() as u64));
         if need != Some(bytes.len() as u64) {
-            return Err(self.bad(format!("storage '{}' has {} bytes, not the {numel} elements of {dtype:?} it declares", shown(&name), bytes.len())));
+            return Err(self.bad(format!(
+                "storage '{}' has {} bytes, not the {numel} elements of {dtype:?} it declares",
+                shown(&name),
+                bytes.len()
+            )));
         }
         // A bool is one byte that must be 0 or 1.
         let fixed: Vec<u8>;
@@ -379,7 +431,8 @@ impl<'a> Unpickler<'a> {
         let [Value::Storage(s), offset, size, stride, ..] = args else {
             return Err(self.bad("tensor rebuild without (storage, offset, size, stride)"));
         };
-        let (offset, size, stride) = (self.int(offset, "storage offset")?, self.ints(size, "tensor size")?, self.ints(stride, "tensor stride")?);
+        let (offset, size, stride) =
+            (self.int(offset, "storage offset")?, self.ints(size, "tensor size")?, self.ints(stride, "tensor stride")?);
         if size.len() != stride.len() || size.len() > 64 || offset < 0 || size.iter().chain(&stride).any(|&x| x < 0) {
             return Err(self.bad(format!("bad tensor geometry: size {size:?}, stride {stride:?}, offset {offset}")));
         }
@@ -387,7 +440,8 @@ impl<'a> Unpickler<'a> {
         let extent = if size.contains(&0) {
             Some(offset)
         } else {
-            let last = size.iter().zip(&stride).try_fold(offset, |acc, (&n, &st)| acc.checked_add((n - 1).checked_mul(st)?));
+            let last =
+                size.iter().zip(&stride).try_fold(offset, |acc, (&n, &st)| acc.checked_add((n - 1).checked_mul(st)?));
             last.and_then(|l| l.checked_add(1))
         };
         if extent.is_none_or(|e| e > s.numel) {
@@ -495,7 +549,8 @@ impl<'a> Unpickler<'a> {
                     let n = match op {
                         b'X' => u64::from(u32::from_le_bytes(self.bytes("BINUNICODE length")?)),
                         0x8d => u64::from_le_bytes(self.bytes("BINUNICODE8 length")?),
-                        b'T' => u64::try_from(i32::from_le_bytes(self.bytes("BINSTRING length")?)).map_err(|_| self.bad("negative string length"))?,
+                        b'T' => u64::try_from(i32::from_le_bytes(self.bytes("BINSTRING length")?))
+                            .map_err(|_| self.bad("negative string length"))?,
                         _ => u64::from(self.bytes::<1>("string length")?[0]),
                     };
                     let v = self.string(n, !matches!(op, b'T' | b'U'))?;
@@ -541,8 +596,16 @@ impl<'a> Unpickler<'a> {
                     self.memo.insert(i, v);
                 }
                 b'h' | b'j' => {
-                    let i = if op == b'h' { u32::from(self.bytes::<1>("BINGET")?[0]) } else { u32::from_le_bytes(self.bytes("LONG_BINGET")?) };
-                    let v = self.memo.get(&i).cloned().ok_or_else(|| self.bad(format!("memo entry {i} was never stored")))?;
+                    let i = if op == b'h' {
+                        u32::from(self.bytes::<1>("BINGET")?[0])
+                    } else {
+                        u32::from_le_bytes(self.bytes("LONG_BINGET")?)
+                    };
+                    let v = self
+                        .memo
+                        .get(&i)
+                        .cloned()
+                        .ok_or_else(|| self.bad(format!("memo entry {i} was never stored")))?;
                     self.stack.push(v);
                 }
                 b's' => {
@@ -569,7 +632,8 @@ impl<'a> Unpickler<'a> {
                 // BUILD on a dict is a state_dict's `_metadata` attribute: not needed, dropped.
                 b'b' => {
                     self.pop()?;
-                    if !matches!(self.stack.last(), Some(Value::Obj(i)) if matches!(self.objs.get(*i), Some(Obj::Dict(_)))) {
+                    if !matches!(self.stack.last(), Some(Value::Obj(i)) if matches!(self.objs.get(*i), Some(Obj::Dict(_))))
+                    {
                         return Err(self.bad("BUILD on something other than a dict"));
                     }
                 }
@@ -581,11 +645,24 @@ impl<'a> Unpickler<'a> {
 
     /// The tensors of dict `v`, names prefixed by `prefix`, into `out`. A dict is visited once
     /// (`seen`): a cycle or a sub-dict shared n times would otherwise multiply the names.
-    fn collect(&self, v: &Value, prefix: &str, depth: usize, seen: &mut HashSet<usize>, out: &mut HashMap<String, Tensor>) -> Result<(), ModelError> {
+    fn collect(
+        &self,
+        v: &Value,
+        prefix: &str,
+        depth: usize,
+        seen: &mut HashSet<usize>,
+        out: &mut HashMap<String, Tensor>,
+    ) -> Result<(), ModelError> {
         let Value::Obj(i) = v else { return Ok(()) };
         let Some(Obj::Dict(items)) = self.objs.get(*i) else { return Ok(()) };
         if !seen.insert(*i) {
-            return Err(c_err(self.file, format!("dict '{}' is reached twice (a cycle or a shared sub-dict)", shown(prefix.trim_end_matches('.')))));
+            return Err(c_err(
+                self.file,
+                format!(
+                    "dict '{}' is reached twice (a cycle or a shared sub-dict)",
+                    shown(prefix.trim_end_matches('.'))
+                ),
+            ));
         }
         if depth >= MAX_DEPTH {
             return Err(c_err(self.file, format!("dicts nested deeper than {MAX_DEPTH} levels")));
@@ -600,7 +677,10 @@ impl<'a> Unpickler<'a> {
                 _ => continue,
             };
             if name.len() > MAX_NAME {
-                return Err(c_err(self.file, format!("tensor name '{}...' is longer than {MAX_NAME} bytes", shown(&name))));
+                return Err(c_err(
+                    self.file,
+                    format!("tensor name '{}...' is longer than {MAX_NAME} bytes", shown(&name)),
+                ));
             }
             match v {
                 Value::Tensor(t) => {

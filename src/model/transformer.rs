@@ -33,7 +33,15 @@ impl Embeddings {
 
     /// Token ids `[B, T]` at positions `start..start+T`; `None` ids mean a zero embedding
     /// (Marian's decoder start). Hook points `KIND.hook_embed`, `KIND.hook_pos_embed`.
-    pub fn forward(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64, kind: Kind, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward(
+        &self,
+        ids: Option<&Tensor>,
+        batch: i64,
+        start: i64,
+        len: i64,
+        kind: Kind,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let tok = match ids {
             Some(ids) => self.lookup(ids)?,
             None => Tensor::zeros([batch, len, self.tokens.size()[1]], (self.tokens.kind(), self.tokens.device())),
@@ -65,7 +73,11 @@ impl Embeddings {
             Positions::None => None,
         };
         if let Some(pos) = pos {
-            let pos = if hooks::wants(h, At::new(kind, 0, Point::PosEmbed)) { hooks::at(h, At::new(kind, 0, Point::PosEmbed), pos.expand_as(&x))? } else { pos };
+            let pos = if hooks::wants(h, At::new(kind, 0, Point::PosEmbed)) {
+                hooks::at(h, At::new(kind, 0, Point::PosEmbed), pos.expand_as(&x))?
+            } else {
+                pos
+            };
             x = x + pos;
         }
         if let Some(tt) = &self.token_type {
@@ -104,14 +116,31 @@ impl EncoderLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
     /// Hook points: every per-layer point of `KIND.blocks.L`.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         self.forward_cached(x, bias, gate, kind, layer_idx, h, None)
     }
 
     /// [`EncoderLayer::forward`] continuing a causal stack from the keys and values of earlier
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_cached(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>) -> Result<Tensor, ModelError> {
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+        cache: Option<&mut Option<KeysValues>>,
+    ) -> Result<Tensor, ModelError> {
         self.forward_queries(x, bias, gate, kind, layer_idx, h, cache, Queries::All, true)
     }
 
@@ -120,7 +149,18 @@ impl EncoderLayer {
     /// keys and values see the last position only). `keep`: the cache is kept (per query head,
     /// as [`StackCache`] holds it); otherwise it is left per key/value head.
     #[allow(clippy::too_many_arguments)]
-    fn forward_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries, keep: bool) -> Result<Tensor, ModelError> {
+    fn forward_queries(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+        cache: Option<&mut Option<KeysValues>>,
+        queries: Queries,
+        keep: bool,
+    ) -> Result<Tensor, ModelError> {
         let (x, a) = self.attention_queries(x, bias, gate, kind, layer_idx, h, cache, queries, keep)?;
         self.finish_hooked(&x, a, kind, layer_idx, h)
     }
@@ -129,13 +169,28 @@ impl EncoderLayer {
     /// query positions and the attention's output there, which [`EncoderLayer::finish_hooked`]
     /// takes (reading each position alone).
     #[allow(clippy::too_many_arguments)]
-    fn attention_queries(&self, x: &Tensor, bias: &Tensor, gate: Option<&LayerGate>, kind: Kind, layer_idx: usize, h: &mut HookSlot, cache: Option<&mut Option<KeysValues>>, queries: Queries, keep: bool) -> Result<(Tensor, Tensor), ModelError> {
+    fn attention_queries(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+        cache: Option<&mut Option<KeysValues>>,
+        queries: Queries,
+        keep: bool,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
         let bias = match self.window {
             Some(w) => {
-                let past = cache.as_ref().and_then(|c| c.as_ref()).map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
+                let past =
+                    cache
+                        .as_ref()
+                        .and_then(|c| c.as_ref())
+                        .map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
                 windowed = bias + window_bias(x.size()[1], past, w, x.kind(), x.device());
                 &windowed
             }
@@ -144,7 +199,9 @@ impl EncoderLayer {
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
             NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
-            NormPosition::Pre | NormPosition::Parallel => hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?,
+            NormPosition::Pre | NormPosition::Parallel => {
+                hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?
+            }
         };
         let mut none = None;
         let a = match (cache, queries) {
@@ -152,7 +209,11 @@ impl EncoderLayer {
             (slot, _) => {
                 let slot = slot.unwrap_or(&mut none);
                 let past = slot.as_ref().map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
-                let fresh = if keep { self.attn.keys_values(&attn_in, past, kind, layer_idx, h)? } else { self.attn.keys_values_grouped(&attn_in, past, kind, layer_idx, h)? };
+                let fresh = if keep {
+                    self.attn.keys_values(&attn_in, past, kind, layer_idx, h)?
+                } else {
+                    self.attn.keys_values_grouped(&attn_in, past, kind, layer_idx, h)?
+                };
                 let kv = match slot.take() {
                     Some(p) if past > 0 => {
                         let p = if fresh.k.dim() == 4 { p.grouped(fresh.k.size()[1])? } else { p };
@@ -164,8 +225,21 @@ impl EncoderLayer {
                     Queries::All => self.attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?,
                     Queries::Last => {
                         let t = attn_in.size()[1];
-                        let bias = if bias.dim() == 4 && bias.size()[2] == t { bias.f_narrow(2, t - 1, 1)? } else { bias.shallow_clone() };
-                        self.attn.attend(&attn_in.f_narrow(1, t - 1, 1)?, &kv, &bias, gate, past + t - 1, kind, layer_idx, h)?
+                        let bias = if bias.dim() == 4 && bias.size()[2] == t {
+                            bias.f_narrow(2, t - 1, 1)?
+                        } else {
+                            bias.shallow_clone()
+                        };
+                        self.attn.attend(
+                            &attn_in.f_narrow(1, t - 1, 1)?,
+                            &kv,
+                            &bias,
+                            gate,
+                            past + t - 1,
+                            kind,
+                            layer_idx,
+                            h,
+                        )?
                     }
                 };
                 *slot = Some(kv);
@@ -181,7 +255,14 @@ impl EncoderLayer {
     /// The layer resumed at its attention's `hook_z`: `x` is the layer's input, `z` the
     /// per-head contexts (rows may be ablations or patches of one pass's contexts).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_from_z(&self, x: &Tensor, z: &Tensor, kind: Kind, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward_from_z(
+        &self,
+        x: &Tensor,
+        z: &Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         check_interrupt()?;
         let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
         self.finish_hooked(x, a, kind, layer_idx, h)
@@ -196,13 +277,22 @@ impl EncoderLayer {
             (NormPosition::Post, _) => None,
             (NormPosition::PostSublayer, _) => Some(self.attn_norm.forward(a)),
             (NormPosition::Pre, Some((post_attn, _))) => Some(post_attn.forward(a)),
-            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => Some(a.shallow_clone()),
+            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => {
+                Some(a.shallow_clone())
+            }
         }
     }
 
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
     /// `hook_resid_post`).
-    fn finish_hooked(&self, x: &Tensor, a_out: Tensor, kind: Kind, layer_idx: usize, hk: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn finish_hooked(
+        &self,
+        x: &Tensor,
+        a_out: Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        hk: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let a = &a_out;
         let rules = hooks::rules(hk);
         let at = |p| At::new(kind, layer_idx, p);
@@ -289,7 +379,9 @@ impl RelativeBias {
             (Tensor::zeros([1, 1], (DType::Int64, device)), -rel.clamp_max(0))
         };
         let max_exact = (n / 2).max(1);
-        let large = (rel.to_kind(DType::Float) / max_exact as f64).log() / (self.max_distance as f64 / max_exact as f64).ln() * (n - max_exact) as f64;
+        let large = (rel.to_kind(DType::Float) / max_exact as f64).log()
+            / (self.max_distance as f64 / max_exact as f64).ln()
+            * (n - max_exact) as f64;
         let large = (large.to_kind(DType::Int64) + max_exact).clamp_max(n - 1);
         let buckets = offset + rel.where_self(&rel.lt(max_exact), &large);
         let h = self.table.size()[1];
@@ -298,7 +390,10 @@ impl RelativeBias {
 }
 
 /// The self-block of a decoder layer.
-#[allow(clippy::large_enum_variant, reason = "one per decoder layer, built once at load: boxing saves nothing that matters")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per decoder layer, built once at load: boxing saves nothing that matters"
+)]
 pub enum SelfBlock {
     /// Marian's SSRU recurrence (Firefox-Translations models): no heads.
     Ssru(Ssru),
@@ -367,7 +462,16 @@ impl DecoderLayer {
     /// `cross.blocks.L` (`hook_resid_mid` there is the stream after the cross-attention, `ln1`
     /// its norm).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, x: &Tensor, state: &SelfState, cross: Option<&KeysValues>, enc_bias: &Tensor, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, SelfState), ModelError> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        state: &SelfState,
+        cross: Option<&KeysValues>,
+        enc_bias: &Tensor,
+        gates: &Gates,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<(Tensor, SelfState), ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
@@ -401,7 +505,14 @@ impl DecoderLayer {
     }
 
     /// The self-block over `x [B, T, D]` from `state`: its output and the state after it.
-    fn self_forward(&self, x: &Tensor, state: &SelfState, gates: &Gates, layer_idx: usize, h: &mut HookSlot) -> Result<(Tensor, SelfState), ModelError> {
+    fn self_forward(
+        &self,
+        x: &Tensor,
+        state: &SelfState,
+        gates: &Gates,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<(Tensor, SelfState), ModelError> {
         match (&self.self_block, state) {
             (SelfBlock::Ssru(ssru), state) => {
                 // A cell from the previous step; a state of the other kind starts from zero.
@@ -423,7 +534,9 @@ impl DecoderLayer {
                 let p_len = past.map_or(0, |p| p.k.size()[2]);
                 let fresh = a.keys_values(x, p_len, Kind::Dec, layer_idx, h)?;
                 let kv = match (past, a.n_heads > 0) {
-                    (Some(p), true) => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
+                    (Some(p), true) => {
+                        KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? }
+                    }
                     _ => fresh,
                 };
                 let mut bias = cached_causal_bias(t, p_len, x.kind(), x.device());
@@ -441,22 +554,41 @@ impl DecoderLayer {
     /// cross-attention's output is added to (post-norm: `dec.blocks.L.ln1.hook_normalized`,
     /// pre-norm: `dec.blocks.L.hook_resid_mid`).
     pub fn cross_resume_point(&self) -> Point {
-        if self.norm_position == NormPosition::Pre { Point::ResidMid } else { Point::Ln1 }
+        if self.norm_position == NormPosition::Pre {
+            Point::ResidMid
+        } else {
+            Point::Ln1
+        }
     }
 
     /// The layer resumed at its cross-attention's `hook_z`: `x1` is the stream the
     /// cross-attention's output is added to (at [`DecoderLayer::cross_resume_point`]), `z` its
     /// per-head contexts.
-    pub fn forward_from_cross_z(&self, x1: &Tensor, z: &Tensor, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn forward_from_cross_z(
+        &self,
+        x1: &Tensor,
+        z: &Tensor,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         check_interrupt()?;
-        let (attn, _) = self.cross.as_ref().ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
+        let (attn, _) = self
+            .cross
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer_idx} has no cross-attention")))?;
         let a = attn.output_from_z(z, Kind::Cross, layer_idx, h)?;
         self.finish_hooked(x1, Some(&a), layer_idx, h)
     }
 
     /// The layer after its self-block and cross-attention: `x1` the self-block's normed
     /// stream, `a` the cross-attention's output.
-    fn finish_hooked(&self, x1: &Tensor, a: Option<&Tensor>, layer_idx: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn finish_hooked(
+        &self,
+        x1: &Tensor,
+        a: Option<&Tensor>,
+        layer_idx: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(h);
         let at = |k, p| At::new(k, layer_idx, p);
         let y = if self.norm_position == NormPosition::Pre {
@@ -571,7 +703,13 @@ impl Transformer {
     /// A decoder-only language model: the causal stack `layers` over `embed`, a final norm and
     /// the output projection `output` (no bias), everything else off (the families set a
     /// window or a logit cap on the result).
-    pub fn decoder_only(embed: Embeddings, layers: Vec<EncoderLayer>, final_norm: Option<Norm>, output: Tensor, eos_id: i64) -> Transformer {
+    pub fn decoder_only(
+        embed: Embeddings,
+        layers: Vec<EncoderLayer>,
+        final_norm: Option<Norm>,
+        output: Tensor,
+        eos_id: i64,
+    ) -> Transformer {
         let d_model = embed.tokens.size()[1];
         Transformer {
             embed,
@@ -661,7 +799,14 @@ impl Transformer {
 
     /// The stack's layers `from..` over `x` (the input of layer `from`), then the final norm
     /// (also when no layer is left to run).
-    pub fn stack_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn stack_from(
+        &self,
+        from: usize,
+        x: &Tensor,
+        bias: &Tensor,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         Self::no_source(gates, "resuming the stack at a layer")?;
         let kind = self.stack_kind;
         let mut x = x.shallow_clone();
@@ -676,7 +821,15 @@ impl Transformer {
 
     /// The stack resumed at `hook_z` of layer `layer`: `x` is that layer's input, `z` its
     /// per-head contexts; the layers above run as usual, then the final norm.
-    pub fn stack_from_z(&self, layer: usize, x: &Tensor, z: &Tensor, bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn stack_from_z(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        z: &Tensor,
+        bias: &Tensor,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let l = self.stack_layer(layer)?;
         let y = l.forward_from_z(x, z, self.stack_kind, layer, h)?;
         self.stack_from(layer + 1, &y, bias, gates, h)
@@ -687,8 +840,22 @@ impl Transformer {
     /// holds each layer's cross-attention keys and values, `enc_bias` the source mask. Returns
     /// the final decoder states.
     #[allow(clippy::too_many_arguments)]
-    pub fn decode_from_cross_z(&self, layer: usize, x1: &Tensor, z: &Tensor, cross: &[Option<KeysValues>], enc_bias: &Tensor, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let l = self.decoder.get(layer).ok_or_else(|| ModelError::Invalid(format!("decoder layer {layer} out of range: the decoder has {} layers", self.decoder.len())))?;
+    pub fn decode_from_cross_z(
+        &self,
+        layer: usize,
+        x1: &Tensor,
+        z: &Tensor,
+        cross: &[Option<KeysValues>],
+        enc_bias: &Tensor,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
+        let l = self.decoder.get(layer).ok_or_else(|| {
+            ModelError::Invalid(format!(
+                "decoder layer {layer} out of range: the decoder has {} layers",
+                self.decoder.len()
+            ))
+        })?;
         let mut y = l.forward_from_cross_z(x1, z, layer, h)?;
         let starts = self.initial_states(x1.size()[0]);
         for (k, above) in self.decoder.iter().enumerate().skip(layer + 1) {
@@ -699,7 +866,9 @@ impl Transformer {
 
     /// Layer `l` of the self-attention stack, or an error naming it.
     fn stack_layer(&self, l: usize) -> Result<&EncoderLayer, ModelError> {
-        self.encoder.get(l).ok_or_else(|| ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len())))
+        self.encoder.get(l).ok_or_else(|| {
+            ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len()))
+        })
     }
 
     /// Layer `l` of a causal stack over `x [B, T, D]` at positions `past..`, its queries also
@@ -707,7 +876,15 @@ impl Transformer {
     /// as [`StackCache`] holds them; `None` when `past` is 0 or the layer has no heads).
     /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
     /// its rows here, so that the positions before a patch are not run again).
-    pub fn layer_cached(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub fn layer_cached(
+        &self,
+        l: usize,
+        x: &Tensor,
+        past: i64,
+        prefix: Option<KeysValues>,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let (x, a) = self.layer_attention(l, x, past, prefix, gates, h, Queries::All)?;
         self.layer_finish(l, &x, a, h)
     }
@@ -719,7 +896,16 @@ impl Transformer {
     /// completes the layer reading each position alone, so that the halves of several calls
     /// (other rows, other positions) may finish as one batch, flattened.
     #[allow(clippy::too_many_arguments)]
-    pub fn layer_attention(&self, l: usize, x: &Tensor, past: i64, prefix: Option<KeysValues>, gates: &Gates, h: &mut HookSlot, queries: Queries) -> Result<(Tensor, Tensor), ModelError> {
+    pub fn layer_attention(
+        &self,
+        l: usize,
+        x: &Tensor,
+        past: i64,
+        prefix: Option<KeysValues>,
+        gates: &Gates,
+        h: &mut HookSlot,
+        queries: Queries,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         Self::no_source(gates, "resuming a layer over cached keys and values")?;
         let layer = self.stack_layer(l)?;
         if !self.causal {
@@ -744,7 +930,13 @@ impl Transformer {
     /// positions), its attention half: `(x, a)` with `a` the attention's output from the
     /// contexts, for [`Transformer::layer_finish`] (what follows `hook_z` reads each position
     /// alone).
-    pub fn layer_attention_from_z(&self, l: usize, x: &Tensor, z: &Tensor, h: &mut HookSlot) -> Result<(Tensor, Tensor), ModelError> {
+    pub fn layer_attention_from_z(
+        &self,
+        l: usize,
+        x: &Tensor,
+        z: &Tensor,
+        h: &mut HookSlot,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let layer = self.stack_layer(l)?;
         check_interrupt()?;
         Ok((x.shallow_clone(), layer.attn.output_from_z(z, self.stack_kind, l, h)?))
@@ -769,7 +961,13 @@ impl Transformer {
     /// A causal stack continued from cached keys and values: `ids [B, T]` at positions
     /// `cache.len()..`, returning the final states `[B, T, D]` and extending the cache. Equal to
     /// running the whole prefix again (`tests`: generation with and without the cache).
-    pub fn stack_cached(&self, ids: &Tensor, cache: &mut StackCache, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
+    pub fn stack_cached(
+        &self,
+        ids: &Tensor,
+        cache: &mut StackCache,
+        gates: &Gates,
+        mut h: HookSlot,
+    ) -> Result<Tensor, ModelError> {
         Self::no_source(gates, "generation")?;
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
@@ -789,7 +987,8 @@ impl Transformer {
             cache.packed = (0..self.encoder.len()).map(|_| None).collect();
         }
         let StackCache { layers, packed, prompt, compress, .. } = cache;
-        for (((l, layer), slot), pack) in self.encoder.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()) {
+        for (((l, layer), slot), pack) in self.encoder.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut())
+        {
             let g = gates.layer(kind, l);
             let streamed = self.streamed(gates, l, &bias, t, past, *prompt);
             // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
@@ -799,12 +998,22 @@ impl Transformer {
             if let (Some(_), Some(p)) = (&grouping, pack.take()) {
                 *slot = Some(p.unpack(past)?);
             }
-            x = layer.forward_cached(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, &mut h, Some(slot))?;
+            x = layer.forward_cached(
+                &x,
+                streamed.as_ref().unwrap_or(&bias),
+                g.as_ref(),
+                kind,
+                l,
+                &mut h,
+                Some(slot),
+            )?;
             if let Some(gr) = grouping {
                 if let Some(kv) = slot.take() {
                     let end = past + t;
                     let keep: Vec<i64> = match &gates.stream {
-                        Some(st) if !gr.streaming.is_empty() => (0..end).filter(|&j| st.keeps(j, end, *prompt)).collect(),
+                        Some(st) if !gr.streaming.is_empty() => {
+                            (0..end).filter(|&j| st.keeps(j, end, *prompt)).collect()
+                        }
                         _ => vec![],
                     };
                     *pack = Some(Packed::pack(&kv, gr, &keep)?);
@@ -819,7 +1028,15 @@ impl Transformer {
     /// (docs/methods.md#streaming-heads), for `t` queries after `past` positions; `None` when no
     /// head of the layer streams. `first`: the positions of a cache's first call (the prompt of
     /// a generation).
-    fn streamed(&self, gates: &Gates, l: usize, bias: &Tensor, t: i64, past: i64, first: Option<i64>) -> Option<Tensor> {
+    fn streamed(
+        &self,
+        gates: &Gates,
+        l: usize,
+        bias: &Tensor,
+        t: i64,
+        past: i64,
+        first: Option<i64>,
+    ) -> Option<Tensor> {
         let s = gates.stream.as_ref()?;
         let attn = &self.encoder.get(l)?.attn;
         let prompt = s.prompt(past + t, first);
@@ -831,7 +1048,11 @@ impl Transformer {
     /// a relative position bias (T5; then per head, `[B, H, S, S]`).
     pub fn self_bias(&self, mask: &Tensor, dtype: tch::Kind) -> Tensor {
         let bias = key_bias(mask, dtype);
-        let bias = if self.causal { bias + super::nn::causal_bias(mask.size()[1], self.window, dtype, mask.device()) } else { bias };
+        let bias = if self.causal {
+            bias + super::nn::causal_bias(mask.size()[1], self.window, dtype, mask.device())
+        } else {
+            bias
+        };
         match &self.rel_bias {
             Some(rb) => {
                 let s = mask.size()[1];
@@ -862,7 +1083,14 @@ impl Transformer {
 
     /// The decoder's input embeddings of `ids [B, T]` at positions `start..`, or of the start
     /// token when `ids` is `None` (`T = 1`).
-    fn dec_inputs(&self, ids: Option<&Tensor>, batch: i64, start: i64, len: i64, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn dec_inputs(
+        &self,
+        ids: Option<&Tensor>,
+        batch: i64,
+        start: i64,
+        len: i64,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let e = self.dec_embeddings();
         match (ids, self.dec_start) {
             (None, Some(id)) => {
@@ -919,7 +1147,11 @@ impl Transformer {
     /// cross-attention.
     /// (hook points `cross.blocks.L.attn.hook_k`, `hook_v`).
     pub fn cross_keys_values(&self, enc: &Tensor, h: &mut HookSlot) -> Result<Vec<Option<KeysValues>>, ModelError> {
-        self.decoder.iter().enumerate().map(|(l, layer)| layer.cross.as_ref().map(|(a, _)| a.keys_values(enc, 0, Kind::Cross, l, h)).transpose()).collect()
+        self.decoder
+            .iter()
+            .enumerate()
+            .map(|(l, layer)| layer.cross.as_ref().map(|(a, _)| a.keys_values(enc, 0, Kind::Cross, l, h)).transpose())
+            .collect()
     }
 
     /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (the start
@@ -934,21 +1166,39 @@ impl Transformer {
         let e = self.dec_embeddings();
         let shifted = targets.narrow(1, 0, t - 1);
         let tok = match self.dec_start {
-            Some(id) => e.lookup(&Tensor::cat(&[Tensor::full([b, 1], id, (DType::Int64, self.device())), shifted], 1))?,
-            None => Tensor::cat(&[Tensor::zeros([b, 1, e.tokens.size()[1]], (e.tokens.kind(), e.tokens.device())), e.lookup(&shifted)?], 1),
+            Some(id) => {
+                e.lookup(&Tensor::cat(&[Tensor::full([b, 1], id, (DType::Int64, self.device())), shifted], 1))?
+            }
+            None => Tensor::cat(
+                &[Tensor::zeros([b, 1, e.tokens.size()[1]], (e.tokens.kind(), e.tokens.device())), e.lookup(&shifted)?],
+                1,
+            ),
         };
         e.finish(&tok, 0, Kind::Dec, h)
     }
 
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens. The model's
     /// forced first token (`forced_bos`), where it has one, is the first token of every row.
-    pub fn greedy(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates) -> Result<Vec<Vec<i64>>, ModelError> {
+    pub fn greedy(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        max_len: &[i64],
+        gates: &Gates,
+    ) -> Result<Vec<Vec<i64>>, ModelError> {
         self.greedy_forced(enc, mask, max_len, gates, self.forced_bos.get())
     }
 
     /// [`Transformer::greedy`] with `forced` as the first token (as transformers'
     /// `ForcedBOSTokenLogitsProcessor`; it counts towards `max_len`), or none.
-    pub fn greedy_forced(&self, enc: &Tensor, mask: &Tensor, max_len: &[i64], gates: &Gates, forced: Option<i64>) -> Result<Vec<Vec<i64>>, ModelError> {
+    pub fn greedy_forced(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        max_len: &[i64],
+        gates: &Gates,
+        forced: Option<i64>,
+    ) -> Result<Vec<Vec<i64>>, ModelError> {
         let b = enc.size()[0] as usize;
         let bias = key_bias(mask, enc.kind());
         let mut state = self.start_state(b as i64);
@@ -987,7 +1237,14 @@ impl Transformer {
 
     /// Teacher-forced decoding: the decoder reads `targets [B, T]` shifted right (start =
     /// zero embedding) and returns logits `[B, T, V]` for predicting each target.
-    pub fn decode_teacher(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
+    pub fn decode_teacher(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+        h: HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let states = self.decode_teacher_states(enc, mask, targets, gates, h)?;
         let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
         Ok(out.forward(&states))
@@ -996,7 +1253,14 @@ impl Transformer {
     /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
     /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
     /// attention capture reports `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer.
-    pub fn decode_teacher_states(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, h: HookSlot) -> Result<Tensor, ModelError> {
+    pub fn decode_teacher_states(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+        h: HookSlot,
+    ) -> Result<Tensor, ModelError> {
         Ok(self.decode_teacher_pass(enc, mask, targets, gates, h)?.states)
     }
 
@@ -1004,7 +1268,14 @@ impl Transformer {
     /// and the cross-head sweep, LRP through the decoder, gate training) runs the decoder
     /// through here; what they need of its inside they record at its hook points. The
     /// cross-attention keys and values come back with the states.
-    pub fn decode_teacher_pass(&self, enc: &Tensor, mask: &Tensor, targets: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<TeacherPass, ModelError> {
+    pub fn decode_teacher_pass(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+        mut h: HookSlot,
+    ) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
         let cross = self.cross_keys_values(enc, &mut h)?;
         let starts = self.initial_states(targets.size()[0]);
@@ -1040,7 +1311,8 @@ impl StackCache {
     pub fn bytes(&self) -> i64 {
         let t = |x: &Tensor| if x.defined() { x.numel() as i64 * x.kind().elt_size_in_bytes() as i64 } else { 0 };
         let dense: i64 = self.layers.iter().flatten().map(|kv| t(&kv.k) + t(&kv.v)).sum();
-        let packed: i64 = self.packed.iter().flatten().map(|p| t(&p.full_k) + t(&p.full_v) + t(&p.stream_k) + t(&p.stream_v)).sum();
+        let packed: i64 =
+            self.packed.iter().flatten().map(|p| t(&p.full_k) + t(&p.full_v) + t(&p.stream_k) + t(&p.stream_v)).sum();
         dense + packed
     }
 }
@@ -1067,7 +1339,8 @@ impl Grouping {
         let groups = attn.n_kv_heads.max(1);
         let per = attn.n_heads / groups;
         let row = st.and_then(|s| s.heads.get(l));
-        let (streaming, full): (Vec<i64>, Vec<i64>) = (0..groups).partition(|&g| row.and_then(|r| r.get((g * per) as usize)).copied().unwrap_or(false));
+        let (streaming, full): (Vec<i64>, Vec<i64>) =
+            (0..groups).partition(|&g| row.and_then(|r| r.get((g * per) as usize)).copied().unwrap_or(false));
         if streaming.is_empty() && per == 1 {
             return None;
         }
@@ -1096,9 +1369,20 @@ impl Packed {
         let first: Vec<i64> = (0..gr.groups).map(|g| g * gr.per).collect();
         let one = |x: &Tensor| x.f_index_select(1, &idx(&first));
         let (k, v) = (one(&kv.k)?, one(&kv.v)?);
-        let pick = |x: &Tensor, groups: &[i64]| -> Result<Tensor, ModelError> { Ok(x.f_index_select(1, &idx(groups))?) };
-        let (sk, sv) = (pick(&k, &gr.streaming)?.f_index_select(2, &idx(keep))?, pick(&v, &gr.streaming)?.f_index_select(2, &idx(keep))?);
-        Ok(Packed { full_k: pick(&k, &gr.full)?, full_v: pick(&v, &gr.full)?, stream_k: sk, stream_v: sv, kept: keep.to_vec(), grouping: gr })
+        let pick =
+            |x: &Tensor, groups: &[i64]| -> Result<Tensor, ModelError> { Ok(x.f_index_select(1, &idx(groups))?) };
+        let (sk, sv) = (
+            pick(&k, &gr.streaming)?.f_index_select(2, &idx(keep))?,
+            pick(&v, &gr.streaming)?.f_index_select(2, &idx(keep))?,
+        );
+        Ok(Packed {
+            full_k: pick(&k, &gr.full)?,
+            full_v: pick(&v, &gr.full)?,
+            stream_k: sk,
+            stream_v: sv,
+            kept: keep.to_vec(),
+            grouping: gr,
+        })
     }
 
     /// The layer's keys and values `[B, H, len, dh]` again, zeros where a streaming group let
@@ -1144,7 +1428,11 @@ pub fn window_bias(t: i64, past: i64, window: i64, dtype: DType, device: Device)
 
 /// Float tensors of a checkpoint are converted to the model's dtype and device here.
 pub fn place(t: Tensor, device: Device, dtype: DType) -> Tensor {
-    if t.is_floating_point() { t.to_device(device).to_kind(dtype) } else { t.to_device(device) }
+    if t.is_floating_point() {
+        t.to_device(device).to_kind(dtype)
+    } else {
+        t.to_device(device)
+    }
 }
 
 fn lin_params(l: &mut Linear) -> Vec<&mut Tensor> {

@@ -97,10 +97,21 @@ impl View {
     /// naming one query head of a group streams the whole group, whose keys and values the
     /// cache holds once. One setting (`sink`, `recent`, `regime`) per view; errors start with
     /// `func`.
-    pub fn streaming(&self, heads: &[HeadId], sink: i64, recent: i64, regime: Regime, func: &str) -> Result<View, ModelError> {
+    pub fn streaming(
+        &self,
+        heads: &[HeadId],
+        sink: i64,
+        recent: i64,
+        regime: Regime,
+        func: &str,
+    ) -> Result<View, ModelError> {
         let m = &self.model;
         if !m.decoder_only() {
-            let what = if m.net.decoder.is_empty() { "an encoder: it reads every token at once and keeps no key/value cache" } else { "an encoder-decoder: streaming heads are offered for decoder-only models" };
+            let what = if m.net.decoder.is_empty() {
+                "an encoder: it reads every token at once and keeps no key/value cache"
+            } else {
+                "an encoder-decoder: streaming heads are offered for decoder-only models"
+            };
             return Err(ModelError::Invalid(format!("{func}: {} is {what}", m.name())));
         }
         if sink < 0 {
@@ -117,7 +128,12 @@ impl View {
         let shape = m.kind_shape(super::Kind::Dec)?;
         let mut rows = match &self.streaming {
             Some(s) if (s.sink, s.recent, s.regime) != (sink, recent, regime) => {
-                return Err(ModelError::Invalid(format!("{func}: this view streams with sink {}, recent {}, regime {} already: one setting per view", s.sink, s.recent, regime_name(s.regime))));
+                return Err(ModelError::Invalid(format!(
+                    "{func}: this view streams with sink {}, recent {}, regime {} already: one setting per view",
+                    s.sink,
+                    s.recent,
+                    regime_name(s.regime)
+                )));
             }
             Some(s) => s.heads.clone(),
             None => vec![vec![false; shape.n_heads]; shape.n_layers],
@@ -128,7 +144,10 @@ impl View {
                 rows[h.layer_idx][q] = true;
             }
         }
-        Ok(View { streaming: Some(std::sync::Arc::new(Streaming { heads: rows, sink, recent, regime })), ..self.clone() })
+        Ok(View {
+            streaming: Some(std::sync::Arc::new(Streaming { heads: rows, sink, recent, regime })),
+            ..self.clone()
+        })
     }
 
     /// The query heads sharing `h`'s keys and values (`h` alone without grouped-query attention),
@@ -152,7 +171,9 @@ impl View {
             let per = self.group_size(super::Kind::Dec, l);
             for g in 0..row.len() / per {
                 if row[g * per] {
-                    let heads = (g * per..(g + 1) * per).map(|h| HeadId { kind: super::Kind::Dec, layer_idx: l, head: h }).collect();
+                    let heads = (g * per..(g + 1) * per)
+                        .map(|h| HeadId { kind: super::Kind::Dec, layer_idx: l, head: h })
+                        .collect();
                     out.push((format!("dec.{l}.kv{g}"), heads));
                 }
             }
@@ -183,10 +204,18 @@ impl View {
         let soft = self.soft.is_some();
         let streaming = self.streaming.is_some();
         match needs {
-            Needs::NoClosed if closed => Err(ModelError::Invalid(format!("{func}: run it on the unmasked model (this view masks heads already)"))),
-            Needs::NoSoft if soft => Err(ModelError::Invalid(format!("{func}: train gates on a model without continuous gates (this view has them)"))),
-            Needs::Unmasked if closed || soft => Err(ModelError::Invalid(format!("{func}: run it on the unmasked model (this view masks heads already)"))),
-            Needs::Unmasked | Needs::NoStreaming if streaming => Err(ModelError::Invalid(format!("{func}: not on a view with streaming heads; run it on the model without `with_streaming`"))),
+            Needs::NoClosed if closed => Err(ModelError::Invalid(format!(
+                "{func}: run it on the unmasked model (this view masks heads already)"
+            ))),
+            Needs::NoSoft if soft => Err(ModelError::Invalid(format!(
+                "{func}: train gates on a model without continuous gates (this view has them)"
+            ))),
+            Needs::Unmasked if closed || soft => Err(ModelError::Invalid(format!(
+                "{func}: run it on the unmasked model (this view masks heads already)"
+            ))),
+            Needs::Unmasked | Needs::NoStreaming if streaming => Err(ModelError::Invalid(format!(
+                "{func}: not on a view with streaming heads; run it on the model without `with_streaming`"
+            ))),
             _ => Ok(()),
         }
     }
@@ -214,7 +243,14 @@ impl View {
         }
         if let Some(st) = &self.streaming {
             let groups: Vec<String> = self.streaming_groups().into_iter().map(|(g, _)| g).collect();
-            d = format!("{}, streaming ({} sink, {} recent, {}): {}>", d.trim_end_matches('>'), st.sink, st.recent, regime_name(st.regime), groups.join(" "));
+            d = format!(
+                "{}, streaming ({} sink, {} recent, {}): {}>",
+                d.trim_end_matches('>'),
+                st.sink,
+                st.recent,
+                regime_name(st.regime),
+                groups.join(" ")
+            );
         }
         if self.closed.is_empty() {
             d

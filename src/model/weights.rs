@@ -32,9 +32,15 @@ impl Weights {
 
     /// A tensor checked for shape, on the model's device and dtype.
     pub fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
-        let t = self.take(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
+        let t =
+            self.take(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         if t.size() != shape {
-            return Err(ModelError::BadShape { file: self.file.clone(), name: name.into(), want: shape.to_vec(), got: t.size() });
+            return Err(ModelError::BadShape {
+                file: self.file.clone(),
+                name: name.into(),
+                want: shape.to_vec(),
+                got: t.size(),
+            });
         }
         Ok(place(t, self.opts.device, self.opts.dtype))
     }

@@ -37,7 +37,13 @@ pub fn fmt_value(v: f64) -> String {
         return "–".into();
     }
     let a = v.abs();
-    if a != 0.0 && !(1e-2..1e4).contains(&a) { format!("{v:.1e}") } else if a >= 100.0 { format!("{v:.0}") } else { format!("{v:.2}") }
+    if a != 0.0 && !(1e-2..1e4).contains(&a) {
+        format!("{v:.1e}")
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 /// A heatmap cell's value in fixed notation, as tables print numbers: three decimals below 1
@@ -143,7 +149,10 @@ fn heatmap<DB: DrawingBackend>(
             let y = rows - 1 - r as i32;
             row.iter().enumerate().map(move |(c, &v)| {
                 let c = c as i32;
-                Rectangle::new([(edge(c, cols), edge(y, rows)), (edge(c + 1, cols), edge(y + 1, rows))], cell_color(v).filled())
+                Rectangle::new(
+                    [(edge(c, cols), edge(y, rows)), (edge(c + 1, cols), edge(y + 1, rows))],
+                    cell_color(v).filled(),
+                )
             })
         }))
         .map_err(e)?;
@@ -155,7 +164,8 @@ fn heatmap<DB: DrawingBackend>(
                 row.iter().enumerate().map(move |(c, &v)| {
                     let dark_cell = !v.is_finite() || norm(v) < 0.6;
                     let color = if dark_cell && v.is_finite() { WHITE } else { BLACK };
-                    let style = ("sans-serif", font_px).into_font().color(&color).pos(Pos::new(HPos::Center, VPos::Center));
+                    let style =
+                        ("sans-serif", font_px).into_font().color(&color).pos(Pos::new(HPos::Center, VPos::Center));
                     Text::new(fmt_cell(v), (SegmentValue::CenterOf(c as i32), SegmentValue::CenterOf(y)), style)
                 })
             }))
@@ -263,7 +273,8 @@ fn line<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, series: 
         .map_err(e)?;
     for (i, s) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let pts: Vec<(f64, f64)> = s.x.iter().zip(&s.y).filter(|(x, y)| x.is_finite() && y.is_finite()).map(|(x, y)| (*x, *y)).collect();
+        let pts: Vec<(f64, f64)> =
+            s.x.iter().zip(&s.y).filter(|(x, y)| x.is_finite() && y.is_finite()).map(|(x, y)| (*x, *y)).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(e)?
@@ -297,8 +308,15 @@ mod tests {
 
     #[test]
     fn heatmap_cells_print_in_fixed_notation() {
-        let cells: Vec<String> = [0.216, 0.0021, 0.0004, -0.0004, 0.0, 1.0, 0.99996, 2.5, 12.34, 1234.5, -0.5, f64::NAN].iter().map(|&v| fmt_cell(v)).collect();
-        assert_eq!(cells, ["0.216", "0.002", "<0.001", ">-0.001", "0", "1.00", "1.00", "2.50", "12.3", "1234", "-0.500", "–"]);
+        let cells: Vec<String> =
+            [0.216, 0.0021, 0.0004, -0.0004, 0.0, 1.0, 0.99996, 2.5, 12.34, 1234.5, -0.5, f64::NAN]
+                .iter()
+                .map(|&v| fmt_cell(v))
+                .collect();
+        assert_eq!(
+            cells,
+            ["0.216", "0.002", "<0.001", ">-0.001", "0", "1.00", "1.00", "2.50", "12.3", "1234", "-0.500", "–"]
+        );
         for v in [1e-9, 3.3e-5, 0.00123, 7e-3, 123456.0] {
             assert!(!fmt_cell(v).contains('e'), "{v} printed as {}", fmt_cell(v));
         }

@@ -3,8 +3,8 @@
 //! Drawing is in [`draw`], the script API in [`script`].
 
 mod draw;
-pub mod text;
 pub mod script;
+pub mod text;
 
 use crate::output::{Output, Render};
 
@@ -22,8 +22,13 @@ pub enum PlotKind {
         vmin: Option<f64>,
         vmax: Option<f64>,
     },
-    Bar { labels: Vec<String>, values: Vec<f64> },
-    Line { series: Vec<Series> },
+    Bar {
+        labels: Vec<String>,
+        values: Vec<f64>,
+    },
+    Line {
+        series: Vec<Series>,
+    },
 }
 
 /// One line of a line chart.
@@ -133,7 +138,11 @@ impl Plot {
                 }
                 // NaN marks a missing cell (drawn grey); a matrix with nothing else, or with an
                 // infinity, has no colour scale.
-                if let Some((r, c, v)) = values.iter().enumerate().find_map(|(r, row)| row.iter().position(|v| v.is_infinite()).map(|c| (r, c, row[c]))) {
+                if let Some((r, c, v)) = values
+                    .iter()
+                    .enumerate()
+                    .find_map(|(r, row)| row.iter().position(|v| v.is_infinite()).map(|c| (r, c, row[c])))
+                {
                     return bad(format!("heatmap: the value at row {r}, column {c} is {v}; a colour scale needs finite values (NaN marks a missing cell)"));
                 }
                 if !values.iter().flatten().any(|v| v.is_finite()) {
@@ -165,7 +174,12 @@ impl Plot {
                 }
                 for s in series {
                     if s.x.len() != s.y.len() {
-                        return bad(format!("line: series '{}' has {} x values and {} y values", s.name, s.x.len(), s.y.len()));
+                        return bad(format!(
+                            "line: series '{}' has {} x values and {} y values",
+                            s.name,
+                            s.x.len(),
+                            s.y.len()
+                        ));
                     }
                     if s.y.is_empty() {
                         return bad(format!("line: series '{}' is empty", s.name));
@@ -231,9 +245,14 @@ impl Render for Plot {
             (None, None)
         };
         let text = match &self.kind {
-            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => {
-                text::heatmap(&self.describe(), values, &reader_labels(row_labels), &reader_labels(col_labels), *vmin, *vmax)
-            }
+            PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => text::heatmap(
+                &self.describe(),
+                values,
+                &reader_labels(row_labels),
+                &reader_labels(col_labels),
+                *vmin,
+                *vmax,
+            ),
             _ => self.describe(),
         };
         Output { text, html: None, png, svg }
@@ -266,7 +285,11 @@ pub fn reader_labels(labels: &[String]) -> Vec<String> {
     };
     let shown: Vec<String> = labels.iter().map(|l| plain(l)).collect();
     let alike = |i: usize| labels.iter().zip(&shown).any(|(l, s)| *s == shown[i] && *l != labels[i]);
-    labels.iter().enumerate().map(|(i, l)| if l.starts_with(SPACE) && alike(i) { full(l) } else { shown[i].clone() }).collect()
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| if l.starts_with(SPACE) && alike(i) { full(l) } else { shown[i].clone() })
+        .collect()
 }
 
 /// Viridis colour map, `t` in [0, 1].
@@ -301,7 +324,10 @@ mod tests {
 
     #[test]
     fn token_labels_lose_their_tokenizer_markers() {
-        assert_eq!(labels(&["<s>", "ĠHarry", "ĠPotter", "'s", "Ċ", "Ġ", "ĠĠ", "layer 0"]), ["<s>", "Harry", "Potter", "'s", "↵", "␣", "␣␣", "layer 0"]);
+        assert_eq!(
+            labels(&["<s>", "ĠHarry", "ĠPotter", "'s", "Ċ", "Ġ", "ĠĠ", "layer 0"]),
+            ["<s>", "Harry", "Potter", "'s", "↵", "␣", "␣␣", "layer 0"]
+        );
         assert_eq!(labels(&["▁el", "▁gato", "s", "enc.0", "h1", "##ing"]), ["el", "gato", "s", "enc.0", "h1", "##ing"]);
         // Two tokens that would read alike keep the space that tells them apart.
         assert_eq!(labels(&["ĠPotter", "Potter", "ĠPotter", "Ġthe"]), ["␣Potter", "Potter", "␣Potter", "the"]);
@@ -323,14 +349,25 @@ mod tests {
         )
         .unwrap();
         let svg = p.to_svg().unwrap();
-        let texts: Vec<&str> = svg.split("<text").skip(1).filter_map(|t| t.split_once('>')).map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim()).collect();
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>'))
+            .map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim())
+            .collect();
         for shown in ["Potter", "gato", "0.216", "&lt;0.001", "0.002", "1.00"] {
             assert!(texts.contains(&shown), "the SVG lacks {shown}: {texts:?}");
         }
         assert!(!svg.contains('Ġ') && !svg.contains('▁'), "tokenizer markers left in the SVG");
-        assert!(!svg.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'e' && w[2] == b'-'), "a number in scientific notation in the SVG");
+        assert!(
+            !svg.as_bytes().windows(3).any(|w| w[0].is_ascii_digit() && w[1] == b'e' && w[2] == b'-'),
+            "a number in scientific notation in the SVG"
+        );
         let text = p.render().text;
-        assert!(text.contains("Potter") && text.contains("gato") && !text.contains('Ġ') && !text.contains('▁'), "{text}");
+        assert!(
+            text.contains("Potter") && text.contains("gato") && !text.contains('Ġ') && !text.contains('▁'),
+            "{text}"
+        );
     }
 
     #[test]

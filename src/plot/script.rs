@@ -51,7 +51,8 @@ pub const HEATMAP_OPTIONS: &[OptSpec] = plot_options![
 ];
 pub const BAR_OPTIONS: &[OptSpec] = plot_options![];
 pub const LINE_OPTIONS: &[OptSpec] = plot_options![opt("x", "0, 1, ...", "x values shared by every series")];
-const SERIES_OPTIONS: &[OptSpec] = &[opt("x", "the shared x", "this series' x values"), opt("y", "", "this series' y values")];
+const SERIES_OPTIONS: &[OptSpec] =
+    &[opt("x", "the shared x", "this series' x values"), opt("y", "", "this series' y values")];
 
 #[export_module]
 pub mod api {
@@ -78,7 +79,14 @@ pub mod api {
         let row_labels = o.labels("rows")?.unwrap_or_else(|| (0..rows).map(|i| i.to_string()).collect());
         let col_labels = o.labels("cols")?.unwrap_or_else(|| (0..cols).map(|i| i.to_string()).collect());
         let show_values = o.bool("values")?.unwrap_or(rows * cols <= 400);
-        let kind = PlotKind::Heatmap { values, row_labels, col_labels, show_values, vmin: o.f64("vmin")?, vmax: o.f64("vmax")? };
+        let kind = PlotKind::Heatmap {
+            values,
+            row_labels,
+            col_labels,
+            show_values,
+            vmin: o.f64("vmin")?,
+            vmax: o.f64("vmax")?,
+        };
         let mut p = build(kind)?;
         common(&mut p, &o)?;
         Ok(p)
@@ -144,10 +152,14 @@ pub mod api {
             } else if let Some(m) = v.clone().try_cast::<Map>() {
                 let so = Opts::new(&m, "line", SERIES_OPTIONS)?;
                 let Some(y) = so.numbers("y")? else { return err(format!("{what}: map needs 'y'")) };
-                let x = so.numbers("x")?.or(shared_x.clone()).unwrap_or_else(|| (0..y.len()).map(|i| i as f64).collect());
+                let x =
+                    so.numbers("x")?.or(shared_x.clone()).unwrap_or_else(|| (0..y.len()).map(|i| i as f64).collect());
                 (x, y)
             } else {
-                return err(format!("{what}: expected an array of y values or #{{x: [...], y: [...]}}, got {}", quote(v)));
+                return err(format!(
+                    "{what}: expected an array of y values or #{{x: [...], y: [...]}}, got {}",
+                    quote(v)
+                ));
             };
             out.push(Series { name: name.to_string(), x, y });
         }

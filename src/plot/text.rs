@@ -7,7 +7,14 @@ pub const SHADES: [char; 5] = ['·', '░', '▒', '▓', '█'];
 
 /// Draws `values` (row 0 at the top) over `[vmin, vmax]` (the finite values' range where
 /// not given). A NaN cell (a removed head) is blank.
-pub fn heatmap(title: &str, values: &[Vec<f64>], rows: &[String], cols: &[String], vmin: Option<f64>, vmax: Option<f64>) -> String {
+pub fn heatmap(
+    title: &str,
+    values: &[Vec<f64>],
+    rows: &[String],
+    cols: &[String],
+    vmin: Option<f64>,
+    vmax: Option<f64>,
+) -> String {
     let finite = values.iter().flatten().copied().filter(|v| v.is_finite());
     let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
     let (lo, hi) = (vmin.unwrap_or(lo), vmax.unwrap_or(hi));
@@ -15,7 +22,9 @@ pub fn heatmap(title: &str, values: &[Vec<f64>], rows: &[String], cols: &[String
         return format!("{title}\n(no finite values to draw)");
     }
     let span = if hi > lo { hi - lo } else { 1.0 };
-    let level = |v: f64| -> Option<usize> { v.is_finite().then(|| (((v - lo) / span * SHADES.len() as f64).floor().max(0.0) as usize).min(SHADES.len() - 1)) };
+    let level = |v: f64| -> Option<usize> {
+        v.is_finite().then(|| (((v - lo) / span * SHADES.len() as f64).floor().max(0.0) as usize).min(SHADES.len() - 1))
+    };
     let w = cols.iter().map(|c| c.chars().count()).max().unwrap_or(2).clamp(2, 4);
     let lw = rows.iter().map(|r| r.chars().count()).max().unwrap_or(0).min(16);
     let fit = |s: &str, n: usize| -> String {
@@ -30,11 +39,16 @@ pub fn heatmap(title: &str, values: &[Vec<f64>], rows: &[String], cols: &[String
     out += &format!("{} {}\n", " ".repeat(lw), cols.iter().map(|c| fit(c, w)).collect::<Vec<_>>().join(" "));
     for (r, row) in values.iter().enumerate() {
         let label = rows.get(r).map_or(String::new(), |l| fit(l, lw));
-        let cells: Vec<String> = row.iter().map(|&v| level(v).map_or(" ".repeat(w), |i| SHADES[i].to_string().repeat(w))).collect();
+        let cells: Vec<String> =
+            row.iter().map(|&v| level(v).map_or(" ".repeat(w), |i| SHADES[i].to_string().repeat(w))).collect();
         out += &format!("{label} {}\n", cells.join(" "));
     }
     let step = span / SHADES.len() as f64;
-    let legend: Vec<String> = SHADES.iter().enumerate().map(|(i, s)| format!("{s} {}..{}", num(lo + step * i as f64), num(lo + step * (i + 1) as f64))).collect();
+    let legend: Vec<String> = SHADES
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("{s} {}..{}", num(lo + step * i as f64), num(lo + step * (i + 1) as f64)))
+        .collect();
     out += &format!("legend: {}", legend.join("  "));
     if values.iter().flatten().any(|v| !v.is_finite()) {
         out += "  (blank: no value)";
@@ -47,7 +61,11 @@ fn num(x: f64) -> String {
     if x == 0.0 || (1e-3..1e4).contains(&x.abs()) {
         let s = format!("{x:.3}");
         let s = s.trim_end_matches('0').trim_end_matches('.');
-        if s == "-0" { "0".into() } else { s.to_string() }
+        if s == "-0" {
+            "0".into()
+        } else {
+            s.to_string()
+        }
     } else {
         format!("{x:.2e}")
     }
@@ -67,7 +85,11 @@ mod tests {
         assert_eq!(lines[1], "      h0 h1 h2");
         assert_eq!(lines[2], "enc.0 ·· ▒▒ ██");
         assert_eq!(lines[3], "enc.1    ██ ░░");
-        assert!(lines[4].starts_with("legend: · 0..0.2  ░ 0.2..0.4") && lines[4].ends_with("(blank: no value)"), "{}", lines[4]);
+        assert!(
+            lines[4].starts_with("legend: · 0..0.2  ░ 0.2..0.4") && lines[4].ends_with("(blank: no value)"),
+            "{}",
+            lines[4]
+        );
     }
 
     #[test]

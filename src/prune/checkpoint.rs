@@ -47,7 +47,13 @@ impl Checkpoint {
     /// Prepares `dir` (created if missing) and checks it can be written. A directory that
     /// already holds a run is only accepted with `resume: true`: a new run never overwrites
     /// an old one.
-    pub fn open(dir: &Path, model: &Model, data: &Dataset, opts: &PruneOptions, layout: &Layout) -> Result<Checkpoint, String> {
+    pub fn open(
+        dir: &Path,
+        model: &Model,
+        data: &Dataset,
+        opts: &PruneOptions,
+        layout: &Layout,
+    ) -> Result<Checkpoint, String> {
         Checkpoint::open_run(dir, PRUNE, identity(model, data, opts, layout), layout.len(), opts.resume)
     }
 
@@ -72,7 +78,8 @@ impl Checkpoint {
             return Ok(None);
         }
         let f = self.file.display();
-        let bytes = std::fs::read(&self.file).map_err(|e| format!("{}: cannot read checkpoint {f}: {e}", self.run.who))?;
+        let bytes =
+            std::fs::read(&self.file).map_err(|e| format!("{}: cannot read checkpoint {f}: {e}", self.run.who))?;
         parse_run(self.run, &bytes, &f.to_string(), &self.identity, self.heads).map(Some)
     }
 
@@ -88,7 +95,8 @@ impl Checkpoint {
             "curve": s.curve.iter().map(|p| json!({"step": p.step, "loss": p.loss, "penalty": p.penalty, "expected_open": p.expected_open, "open": p.open, "eval": p.eval})).collect::<Vec<_>>(),
         });
         let bytes = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
-        write_atomic(&self.file, &bytes).map_err(|e| format!("{}: cannot write checkpoint {}: {e}", self.run.who, self.file.display()))?;
+        write_atomic(&self.file, &bytes)
+            .map_err(|e| format!("{}: cannot write checkpoint {}: {e}", self.run.who, self.file.display()))?;
         // The JSON names the step; weights of other steps (joint training) are now stale.
         let keep = self.weights_file(s.step);
         if let Some(dir) = self.file.parent() {
@@ -124,17 +132,29 @@ impl Checkpoint {
     }
 
     /// Restores what [`save_weights`](Self::save_weights) wrote for `step`.
-    pub fn load_weights(&self, step: usize, model: &mut Model, m: &mut [Tensor], v: &mut [Tensor]) -> Result<(), String> {
+    pub fn load_weights(
+        &self,
+        step: usize,
+        model: &mut Model,
+        m: &mut [Tensor],
+        v: &mut [Tensor],
+    ) -> Result<(), String> {
         let file = self.weights_file(step);
         let f = file.display();
         let loaded = Tensor::load_multi(&file).map_err(|e| format!("prune: joint checkpoint {f}: {e}"))?;
         let map: std::collections::HashMap<String, Tensor> = loaded.into_iter().collect();
         let _g = tch::no_grad_guard();
         for (i, p) in model.net.params_mut().into_iter().enumerate() {
-            let get = |k: String| map.get(&k).ok_or_else(|| format!("prune: joint checkpoint {f} lacks tensor {k} (from another model?)"));
+            let get = |k: String| {
+                map.get(&k).ok_or_else(|| format!("prune: joint checkpoint {f} lacks tensor {k} (from another model?)"))
+            };
             let (sp, sm, sv) = (get(format!("p{i}"))?, get(format!("m{i}"))?, get(format!("v{i}"))?);
             if sp.size() != p.size() {
-                return Err(format!("prune: joint checkpoint {f}: tensor p{i} has shape {:?}, the model's has {:?}", sp.size(), p.size()));
+                return Err(format!(
+                    "prune: joint checkpoint {f}: tensor p{i} has shape {:?}, the model's has {:?}",
+                    sp.size(),
+                    p.size()
+                ));
             }
             p.f_copy_(sp).map_err(|e| e.to_string())?;
             m[i] = sm.shallow_clone();
@@ -153,7 +173,8 @@ pub fn parse_state(bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Res
 /// [`parse_state`] for the training `run` names.
 pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize) -> Result<TrainState, String> {
     let (who, param) = (run.who, run.param);
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("{who}: checkpoint {f} is not valid JSON: {e}"))?;
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("{who}: checkpoint {f} is not valid JSON: {e}"))?;
     if v["format"] != run.format {
         return Err(format!("{who}: {f} is not a headscope {who} checkpoint (format {})", v["format"]));
     }
@@ -161,13 +182,19 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
     for key in ["model", "family", "gated", "dataset", "sentences"] {
         if have[key] != identity[key] {
             let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
-            return Err(format!("{who}: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}", have[key], identity[key]));
+            return Err(format!(
+                "{who}: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}",
+                have[key], identity[key]
+            ));
         }
     }
     if let Some(opts) = identity["options"].as_object() {
         for (k, want) in opts {
             if &have["options"][k] != want {
-                return Err(format!("{who}: checkpoint {f} was made with {k} = {}, this run has {k} = {want}", have["options"][k]));
+                return Err(format!(
+                    "{who}: checkpoint {f} was made with {k} = {}, this run has {k} = {want}",
+                    have["options"][k]
+                ));
             }
         }
         // Options echoed only when set (a target, a view's ablation): the checkpoint's must not
@@ -179,7 +206,14 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
         }
     }
     let floats = |key: &str| -> Result<Vec<f32>, String> {
-        v[key].as_array().ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' is missing"))?.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' holds a non-number"))).collect()
+        v[key]
+            .as_array()
+            .ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' is missing"))?
+            .iter()
+            .map(|x| {
+                x.as_f64().map(|x| x as f32).ok_or_else(|| format!("{who}: checkpoint {f}: '{key}' holds a non-number"))
+            })
+            .collect()
     };
     let curve = v["curve"]
         .as_array()
@@ -207,7 +241,9 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
         return Err(format!("{who}: checkpoint {f} is damaged: parameter vectors differ in length"));
     }
     if n != heads {
-        return Err(format!("{who}: checkpoint {f} is damaged: '{param}' holds {n} values, this run gates {heads} heads"));
+        return Err(format!(
+            "{who}: checkpoint {f} is damaged: '{param}' holds {n} values, this run gates {heads} heads"
+        ));
     }
     Ok(state)
 }

@@ -116,7 +116,10 @@ impl DuoOptions {
             return Err(format!("{f}: needle must be at least 2 tokens, got {}", self.needle));
         }
         if self.sink < 0 || self.recent < 1 {
-            return Err(format!("{f}: sink must be 0 or more and recent 1 or more, got sink {} and recent {}", self.sink, self.recent));
+            return Err(format!(
+                "{f}: sink must be 0 or more and recent 1 or more, got sink {} and recent {}",
+                self.sink, self.recent
+            ));
         }
         if self.sink + self.recent >= self.context {
             return Err(format!("{f}: sink + recent ({} + {}) must be less than the context ({}): a streaming head would see every token", self.sink, self.recent, self.context));
@@ -141,7 +144,13 @@ pub struct DuoRun {
 impl DuoRun {
     /// The gates per layer and query head (a group's gate on each of its heads).
     pub fn per_head(&self) -> Vec<Vec<f64>> {
-        (0..self.layers).map(|l| (0..self.groups * self.per).map(|h| self.state.log_alpha[l * self.groups + h / self.per] as f64).collect()).collect()
+        (0..self.layers)
+            .map(|l| {
+                (0..self.groups * self.per)
+                    .map(|h| self.state.log_alpha[l * self.groups + h / self.per] as f64)
+                    .collect()
+            })
+            .collect()
     }
 }
 
@@ -154,10 +163,15 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         return Err(AnalysisError::Input(format!("{f}: {} is not a decoder-only model: DuoAttention's gates mix the attention of a decoder that keeps a key/value cache", m.name())));
     }
     if v.streaming.is_some() {
-        return Err(AnalysisError::Input(format!("{f}: this view has streaming heads already; train the gates on the model without them")));
+        return Err(AnalysisError::Input(format!(
+            "{f}: this view has streaming heads already; train the gates on the model without them"
+        )));
     }
     if !m.removed.is_empty() {
-        return Err(AnalysisError::Input(format!("{f}: {} had heads removed by prune_heads; train on the original", m.name())));
+        return Err(AnalysisError::Input(format!(
+            "{f}: {} had heads removed by prune_heads; train on the original",
+            m.name()
+        )));
     }
     let shape = m.kind_shape(Kind::Dec)?;
     let (layers, heads) = (shape.n_layers, shape.n_heads);
@@ -169,13 +183,17 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
     let n = layers * groups;
     // The training set: passkeys in the data's text (kv_curve's construction).
     if o.context <= 2 * o.needle as i64 {
-        return Err(AnalysisError::Input(format!("{f}: a passkey of {} tokens, twice, does not fit a context of {}", o.needle, o.context)));
+        return Err(AnalysisError::Input(format!(
+            "{f}: a passkey of {} tokens, twice, does not fit a context of {}",
+            o.needle, o.context
+        )));
     }
     let texts = chunks(m, data, o.context).map_err(|e| match e {
         AnalysisError::Input(s) => AnalysisError::Input(s.replacen("kv_curve", f, 1)),
         e => e,
     })?;
-    let seqs: Vec<Vec<i64>> = passkeys_in(m, &texts, o.samples, o.needle, o.context, o.seed)?.into_iter().map(|(s, _)| s).collect();
+    let seqs: Vec<Vec<i64>> =
+        passkeys_in(m, &texts, o.samples, o.needle, o.context, o.seed)?.into_iter().map(|(s, _)| s).collect();
     let dev = m.device();
     let base = v.gates()?;
     let t = o.context;
@@ -204,7 +222,14 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
     // Every group starts full: DuoAttention's gates at 1, PruLong's log_alpha at 3 (P(g != 0)
     // about 0.99).
     let init = if o.method == Method::Duo { 1.0 } else { 3.0 };
-    let mut state = resumed.unwrap_or_else(|| TrainState { step: 0, log_alpha: vec![init; n], adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] });
+    let mut state = resumed.unwrap_or_else(|| TrainState {
+        step: 0,
+        log_alpha: vec![init; n],
+        adam_m: vec![0.0; n],
+        adam_v: vec![0.0; n],
+        curve: vec![],
+        lagrange: [0.0; 2],
+    });
     if let Some(c) = &ckpt {
         if state.step == 0 {
             c.save(&state).map_err(AnalysisError::Input)?;
@@ -226,7 +251,8 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
                 let _g = tch::no_grad_guard();
                 let ids = Tensor::from_slice(&seqs[r]).view([1, t]).to_device(dev);
                 let mask = Tensor::ones([1, t], (DType::Float, dev));
-                targets[r] = Some(m.net.encode(&ids, &mask, &base, None)?.narrow(1, t - answer, answer).to_kind(DType::Float));
+                targets[r] =
+                    Some(m.net.encode(&ids, &mask, &base, None)?.narrow(1, t - answer, answer).to_kind(DType::Float));
             }
         }
         let flat: Vec<i64> = rows.iter().flat_map(|&r| seqs[r].iter().copied()).collect();
@@ -239,11 +265,16 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             Method::Duo => alpha.shallow_clone(),
             Method::PruLong { concrete, .. } => {
                 tch::manual_seed(super::mix(o.seed, step as u64) as i64);
-                let u = Tensor::rand([n as i64], (DType::Float, tch::Device::Cpu)).to_device(dev) * (1.0 - 2.0 * concrete.eps) + concrete.eps;
+                let u = Tensor::rand([n as i64], (DType::Float, tch::Device::Cpu)).to_device(dev)
+                    * (1.0 - 2.0 * concrete.eps)
+                    + concrete.eps;
                 concrete.sample(&alpha, &u)
             }
         };
-        let per_head = gate.view([layers as i64, groups as i64, 1]).expand([layers as i64, groups as i64, per as i64], false).reshape([layers as i64, heads as i64]);
+        let per_head = gate
+            .view([layers as i64, groups as i64, 1])
+            .expand([layers as i64, groups as i64, per as i64], false)
+            .reshape([layers as i64, heads as i64]);
         let mut gates = base.share();
         gates.duo = Some(std::rc::Rc::new(Duo { alpha: per_head, sink: o.sink, recent: o.recent }));
         let states = match m.net.encode(&ids, &mask, &gates, None) {
@@ -257,7 +288,13 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         };
         let (loss, penalty, total) = match o.method {
             Method::Duo => {
-                let want = Tensor::cat(&rows.iter().map(|&r| targets[r].as_ref().map_or_else(Tensor::new, |x| x.shallow_clone())).collect::<Vec<_>>(), 0);
+                let want = Tensor::cat(
+                    &rows
+                        .iter()
+                        .map(|&r| targets[r].as_ref().map_or_else(Tensor::new, |x| x.shallow_clone()))
+                        .collect::<Vec<_>>(),
+                    0,
+                );
                 let got = states.narrow(1, t - answer, answer).to_kind(DType::Float);
                 let loss = (&got - &want).pow_tensor_scalar(2).mean(DType::Float);
                 let penalty = alpha.abs().mean(DType::Float);
@@ -267,7 +304,8 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             Method::PruLong { target, concrete } => {
                 // The next-token loss of the answer's tokens after its first.
                 let logp = m.log_probs(&states.narrow(1, t - answer, answer - 1), DType::Float)?;
-                let loss = crate::model::loss::nll(&logp, &ids.narrow(1, t - answer + 1, answer - 1)).mean(DType::Float);
+                let loss =
+                    crate::model::loss::nll(&logp, &ids.narrow(1, t - answer + 1, answer - 1)).mean(DType::Float);
                 let frac = concrete.p_open(&alpha).mean(DType::Float);
                 let penalty = match target {
                     None => &frac * o.lambda,
@@ -294,10 +332,22 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         // DuoAttention: the sum of the gates and those >= 0.5; PruLong: the expected number of
         // full groups and those whose evaluation mask is 1 (log_alpha > 0).
         let (sum, open) = match o.method {
-            Method::Duo => (state.log_alpha.iter().map(|&a| a as f64).sum(), state.log_alpha.iter().filter(|&&a| a >= 0.5).count()),
-            Method::PruLong { concrete, .. } => (concrete.p_open(&Tensor::from_slice(&state.log_alpha)).sum(DType::Double).double_value(&[]), state.log_alpha.iter().filter(|&&a| a > 0.0).count()),
+            Method::Duo => {
+                (state.log_alpha.iter().map(|&a| a as f64).sum(), state.log_alpha.iter().filter(|&&a| a >= 0.5).count())
+            }
+            Method::PruLong { concrete, .. } => (
+                concrete.p_open(&Tensor::from_slice(&state.log_alpha)).sum(DType::Double).double_value(&[]),
+                state.log_alpha.iter().filter(|&&a| a > 0.0).count(),
+            ),
         };
-        let point = CurvePoint { step: state.step, loss: loss.double_value(&[]), penalty: penalty.double_value(&[]), expected_open: sum, open, eval: None };
+        let point = CurvePoint {
+            step: state.step,
+            loss: loss.double_value(&[]),
+            penalty: penalty.double_value(&[]),
+            expected_open: sum,
+            open,
+            eval: None,
+        };
         (hooks.progress)(&point, o.steps);
         state.curve.push(point);
         if state.step % o.save_every == 0 || state.step == o.steps {

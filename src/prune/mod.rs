@@ -10,10 +10,10 @@
 
 pub mod checkpoint;
 pub mod duo;
-pub mod script_duo;
-pub mod strategies;
 pub mod physical;
 pub mod script;
+pub mod script_duo;
+pub mod strategies;
 
 use crate::analysis::ablation::{self, Metric, Prepared};
 use crate::analysis::AnalysisError;
@@ -256,7 +256,8 @@ impl Layout {
         for k in kinds {
             model.kind_shape(*k)?;
         }
-        let mut held: Vec<HeadId> = model.removed.iter().chain(masked).filter(|h| kinds.contains(&h.kind)).copied().collect();
+        let mut held: Vec<HeadId> =
+            model.removed.iter().chain(masked).filter(|h| kinds.contains(&h.kind)).copied().collect();
         held.sort();
         held.dedup();
         Ok(Layout { kinds: v, held })
@@ -368,7 +369,8 @@ impl PruneRun {
         self.layout.split(&self.state.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>())
     }
     pub fn eval_gates(&self) -> Vec<f64> {
-        let g = self.options.concrete.eval(&self.tensor(&self.state.log_alpha), self.options.eval_gates) * self.tensor(&self.layout.keep());
+        let g = self.options.concrete.eval(&self.tensor(&self.state.log_alpha), self.options.eval_gates)
+            * self.tensor(&self.layout.keep());
         Vec::<f64>::try_from(g.to_kind(DType::Double)).unwrap_or_default()
     }
     pub fn p_open(&self) -> Vec<f64> {
@@ -432,7 +434,14 @@ impl TrainData {
 }
 
 /// The task loss of one batch under `gates` (differentiable in the gates).
-fn task_loss(model: &Model, original: &Model, td: &mut TrainData, bi: usize, gates: &Gates, distill: Distill) -> Result<Tensor, ModelError> {
+fn task_loss(
+    model: &Model,
+    original: &Model,
+    td: &mut TrainData,
+    bi: usize,
+    gates: &Gates,
+    distill: Distill,
+) -> Result<Tensor, ModelError> {
     let b = &td.prep.batches[bi];
     let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
     if let Some((t, tm)) = &b.targets {
@@ -523,7 +532,13 @@ pub const ADAM: (f64, f64, f64) = (0.9, 0.999, 1e-8);
 ///
 /// `masked`: heads of the model held closed throughout (a masked view being pruned further);
 /// heads removed by `prune_heads` are held closed too.
-pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+pub fn train(
+    model: &Model,
+    masked: &[HeadId],
+    data: &Dataset,
+    opts: &PruneOptions,
+    hooks: Hooks,
+) -> Result<PruneRun, AnalysisError> {
     train_ablated(model, masked, &Gates::none(), data, opts, hooks)
 }
 
@@ -531,7 +546,14 @@ pub fn train(model: &Model, masked: &[HeadId], data: &Dataset, opts: &PruneOptio
 /// (mean, per-position mean or resample ablation of a `with_mask` view,
 /// docs/methods.md#mean-ablation): in the training's gates, the evaluation's and the base the
 /// metrics are taken under.
-pub fn train_ablated(model: &Model, masked: &[HeadId], ablation: &Gates, data: &Dataset, opts: &PruneOptions, hooks: Hooks) -> Result<PruneRun, AnalysisError> {
+pub fn train_ablated(
+    model: &Model,
+    masked: &[HeadId],
+    ablation: &Gates,
+    data: &Dataset,
+    opts: &PruneOptions,
+    hooks: Hooks,
+) -> Result<PruneRun, AnalysisError> {
     let carry = |mut g: Gates| {
         g.fill = ablation.fill.share();
         g.source = ablation.source.clone();
@@ -565,21 +587,35 @@ pub fn train_ablated(model: &Model, masked: &[HeadId], ablation: &Gates, data: &
                 Init::Uniform => Tensor::rand([n as i64], (DType::Float, Device::Cpu)) * 1.22 - 0.61,
                 Init::Constant(c) => Tensor::full([n as i64], c, (DType::Float, Device::Cpu)),
             };
-            TrainState { step: 0, log_alpha: host32(&la)?, adam_m: vec![0.0; n], adam_v: vec![0.0; n], curve: vec![], lagrange: [0.0; 2] }
+            TrainState {
+                step: 0,
+                log_alpha: host32(&la)?,
+                adam_m: vec![0.0; n],
+                adam_v: vec![0.0; n],
+                curve: vec![],
+                lagrange: [0.0; 2],
+            }
         }
     };
     let mut td = TrainData::new(model, data, opts.batch_tokens, carry(model.gates_closing(masked)?))?;
     let eval_prep = match &opts.eval_data {
-        Some(e) => Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, carry(model.gates_closing(masked)?))?),
+        Some(e) => {
+            Some(ablation::prepare(model, e, td.prep.metric, opts.batch_tokens, carry(model.gates_closing(masked)?))?)
+        }
         None => None,
     };
-    let objective = if td.prep.metric == Metric::Cosine { format!("distill ({})", opts.distill) } else { td.prep.targets_from.to_string() };
-    let save = |c: &checkpoint::Checkpoint, state: &TrainState, joint: &mut Option<Joint>| -> Result<(), AnalysisError> {
-        if let Some(j) = joint.as_mut() {
-            c.save_weights(state.step, &mut j.model, &j.m, &j.v).map_err(AnalysisError::Input)?;
-        }
-        c.save(state).map_err(AnalysisError::Input)
+    let objective = if td.prep.metric == Metric::Cosine {
+        format!("distill ({})", opts.distill)
+    } else {
+        td.prep.targets_from.to_string()
     };
+    let save =
+        |c: &checkpoint::Checkpoint, state: &TrainState, joint: &mut Option<Joint>| -> Result<(), AnalysisError> {
+            if let Some(j) = joint.as_mut() {
+                c.save_weights(state.step, &mut j.model, &j.m, &j.v).map_err(AnalysisError::Input)?;
+            }
+            c.save(state).map_err(AnalysisError::Input)
+        };
     if let Some(c) = &ckpt {
         if state.step == 0 {
             save(c, &state, &mut joint)?;
@@ -752,7 +788,8 @@ mod tests {
         // Finite differences agree.
         let f = |a: f32, b: f32| {
             let la = t(&[a, b]);
-            ((c.sample(&la, &u) * t(&[2.0, -1.0])).sum(DType::Float) + c.p_open(&la).sum(DType::Float)).double_value(&[])
+            ((c.sample(&la, &u) * t(&[2.0, -1.0])).sum(DType::Float) + c.p_open(&la).sum(DType::Float))
+                .double_value(&[])
         };
         let h = 1e-3f32;
         let fd0 = (f(0.3 + h, -0.2) - f(0.3 - h, -0.2)) / (2.0 * h as f64);
@@ -768,6 +805,9 @@ mod tests {
             assert_eq!(seen, (0..n).collect::<Vec<_>>());
         }
         assert_eq!(batch_at(5, 10, n), batch_at(5, 10, n));
-        assert_ne!((0..n).map(|i| batch_at(5, i, n)).collect::<Vec<_>>(), (0..n).map(|i| batch_at(6, i, n)).collect::<Vec<_>>());
+        assert_ne!(
+            (0..n).map(|i| batch_at(5, i, n)).collect::<Vec<_>>(),
+            (0..n).map(|i| batch_at(6, i, n)).collect::<Vec<_>>()
+        );
     }
 }

@@ -25,7 +25,10 @@ fn shrink(a: &mut Attention, keep: &[i64]) {
 /// jointly trained ones, in `params_mut` order) without the heads `closed`.
 pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>) -> Result<Model, ModelError> {
     if !model.removed.is_empty() {
-        return Err(ModelError::Invalid(format!("{} was already pruned physically; prune the original model", model.name())));
+        return Err(ModelError::Invalid(format!(
+            "{} was already pruned physically; prune the original model",
+            model.name()
+        )));
     }
     for h in closed {
         model.check_head(*h)?;
@@ -38,7 +41,11 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
         let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());
         let params = net.params_mut();
         if params.len() != w.len() {
-            return Err(ModelError::Invalid(format!("prune_heads: {} weight tensors given, the model has {}", w.len(), params.len())));
+            return Err(ModelError::Invalid(format!(
+                "prune_heads: {} weight tensors given, the model has {}",
+                w.len(),
+                params.len()
+            )));
         }
         for (dst, src) in params.into_iter().zip(w) {
             *dst = src.shallow_clone();
@@ -51,7 +58,8 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
     }
     for s in m.kinds() {
         for l in 0..s.n_layers {
-            let gone: Vec<usize> = closed.iter().filter(|h| h.kind == s.kind && h.layer_idx == l).map(|h| h.head).collect();
+            let gone: Vec<usize> =
+                closed.iter().filter(|h| h.kind == s.kind && h.layer_idx == l).map(|h| h.head).collect();
             if gone.is_empty() {
                 continue;
             }

@@ -1,9 +1,9 @@
 //! The script API of pruning: `m.prune(data, options)`, the `PruneResult` object,
 //! `m.with_gates(result)` and `m.prune_heads(result)`.
 
-use crate::model::view::Needs;
 use super::{train_ablated, CurvePoint, EvalGates, Hooks, Init, PruneOptions, PruneRun};
 use crate::model::script::{Head, ScriptModel};
+use crate::model::view::Needs;
 use crate::model::{HeadId, Kind};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind, Series};
@@ -51,7 +51,9 @@ pub const OPTIONS: &[OptSpec] = &[
 pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
     let f = o.func();
     let init = match o.value("init") {
-        Some(v) if !v.is_string() => Init::Constant(crate::script::convert::to_f64(v, &format!("{f}: option 'init' (\"uniform\" or a number)"))?),
+        Some(v) if !v.is_string() => {
+            Init::Constant(crate::script::convert::to_f64(v, &format!("{f}: option 'init' (\"uniform\" or a number)"))?)
+        }
         _ => match o.string_or_default("init")?.as_str() {
             "uniform" => Init::Uniform,
             other => return err(format!("{f}: option 'init' must be \"uniform\" or a number, got \"{other}\"")),
@@ -96,14 +98,17 @@ impl PruneOptions {
     /// What `m.prune(data)` runs with: an empty option map parsed as a script's is (every
     /// kind of `m` gated, the rest from the option list).
     pub fn defaults(m: &ScriptModel) -> Self {
-        parse_options(m, &Map::new()).unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
+        parse_options(m, &Map::new())
+            .unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
     }
 }
 
 /// `prune`'s options with every default of [`OPTIONS`] (the Rust API's `PruneOptions::new`).
 pub fn options_with_defaults(kinds: Vec<Kind>) -> PruneOptions {
     let empty = Map::new();
-    Opts::new(&empty, "prune", OPTIONS).and_then(|o| options_from(&o, kinds)).unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
+    Opts::new(&empty, "prune", OPTIONS)
+        .and_then(|o| options_from(&o, kinds))
+        .unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
 }
 
 fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<PruneOptions> {
@@ -140,9 +145,7 @@ pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> 
     }
     opts.validate()?;
     let label = format!("prune (lambda {})", opts.lambda);
-    let mut progress = |p: &CurvePoint, total: usize| {
-        crate::run::progress(&progress_line(&label, p), p.step, total)
-    };
+    let mut progress = |p: &CurvePoint, total: usize| crate::run::progress(&progress_line(&label, p), p.step, total);
     // A view's mean, per-position mean or resample ablation holds in training and evaluation.
     let mut ablation = crate::model::nn::Gates::none();
     let mut opts = opts.clone();
@@ -152,7 +155,15 @@ pub fn prune(m: &ScriptModel, d: &crate::data::Dataset, opts: &PruneOptions) -> 
         opts.ablation = Some(format!("{} of {} ({})", a.mode, a.reference, a.digest));
     }
     let opts = &opts;
-    let mut run = train_ablated(&m.model, &m.closed, &ablation, d, opts, Hooks { stop: &crate::run::interrupted, progress: &mut progress }).map_err(|e| format!("prune: {e}"))?;
+    let mut run = train_ablated(
+        &m.model,
+        &m.closed,
+        &ablation,
+        d,
+        opts,
+        Hooks { stop: &crate::run::interrupted, progress: &mut progress },
+    )
+    .map_err(|e| format!("prune: {e}"))?;
     let trained = run.trained.take().map(|mut t| {
         let w: Vec<tch::Tensor> = t.net.params_mut().into_iter().map(|p| p.shallow_clone()).collect();
         (Rc::new(t), Rc::new(w))
@@ -184,7 +195,13 @@ impl PruneResult {
         cols.extend((0..n_heads).map(|h| format!("h{h}")));
         cols.push("open".into());
         let mut t = Table::new(cols);
-        t.title = Some(format!("{}: {} gates, {} of {} heads open", self.title(), r.options.eval_gates, r.retained().len(), r.layout.len()));
+        t.title = Some(format!(
+            "{}: {} gates, {} of {} heads open",
+            self.title(),
+            r.options.eval_gates,
+            r.retained().len(),
+            r.layout.len()
+        ));
         t.digits = 2;
         for (k, m) in self.gates() {
             for (l, row) in m.iter().enumerate() {
@@ -200,12 +217,20 @@ impl PruneResult {
     /// The evaluation gates as a [`Grid`].
     fn gates_grid(&self) -> Grid {
         let r = &self.run;
-        Grid { stat: "gates".into(), model: r.model.clone(), dataset: r.dataset.clone(), kinds: self.gates(), options: r.options.echo() }
+        Grid {
+            stat: "gates".into(),
+            model: r.model.clone(),
+            dataset: r.dataset.clone(),
+            kinds: self.gates(),
+            options: r.options.echo(),
+        }
     }
 
     fn heatmap(&self, kind: Option<Kind>) -> ScriptResult<Plot> {
         let g = self.gates_grid();
-        let Some(k) = kind.or_else(|| g.kinds.first().map(|(k, _)| *k)) else { return err("heatmap: this run gated no heads") };
+        let Some(k) = kind.or_else(|| g.kinds.first().map(|(k, _)| *k)) else {
+            return err("heatmap: this run gated no heads");
+        };
         if !g.kinds.iter().any(|(x, _)| *x == k) {
             let have: Vec<String> = self.run.layout.kinds.iter().map(|(k, _, _)| k.to_string()).collect();
             return err(format!("heatmap: this run gated only {}", have.join(", ")));
@@ -220,21 +245,32 @@ impl PruneResult {
         let x: Vec<f64> = c.iter().map(|p| p.step as f64).collect();
         let mut series = vec![
             Series { name: "loss".into(), x: x.clone(), y: c.iter().map(|p| p.loss).collect() },
-            Series { name: "expected open heads / total".into(), x: x.clone(), y: c.iter().map(|p| p.expected_open / self.run.layout.len() as f64).collect() },
+            Series {
+                name: "expected open heads / total".into(),
+                x: x.clone(),
+                y: c.iter().map(|p| p.expected_open / self.run.layout.len() as f64).collect(),
+            },
         ];
         let evals: Vec<&CurvePoint> = c.iter().filter(|p| p.eval.is_some()).collect();
         if !evals.is_empty() {
             let name = format!("eval {}", self.run.eval_metric.clone().unwrap_or_default());
-            series.push(Series { name, x: evals.iter().map(|p| p.step as f64).collect(), y: evals.iter().map(|p| p.eval.unwrap_or(f64::NAN)).collect() });
+            series.push(Series {
+                name,
+                x: evals.iter().map(|p| p.step as f64).collect(),
+                y: evals.iter().map(|p| p.eval.unwrap_or(f64::NAN)).collect(),
+            });
         }
-        let mut p = Plot::new(PlotKind::Line { series }, format!("training curve: {}", self.title())).or_else(|e| err(e.to_string()))?;
+        let mut p = Plot::new(PlotKind::Line { series }, format!("training curve: {}", self.title()))
+            .or_else(|e| err(e.to_string()))?;
         p.x_label = "step".into();
         Ok(p)
     }
 
     fn to_json(&self) -> serde_json::Value {
         let r = &self.run;
-        let km = |v: crate::model::KindGrids| v.into_iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>();
+        let km = |v: crate::model::KindGrids| {
+            v.into_iter().map(|(k, m)| (k.to_string(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>()
+        };
         serde_json::json!({
             "model": r.model,
             "dataset": r.dataset,
@@ -303,7 +339,10 @@ pub fn compare_options(o: &Opts, options: &Map, kinds: Vec<Kind>) -> ScriptResul
     let po = Opts::new(&sub, f, OPTIONS).and_then(|p| options_from(&p, kinds))?;
     let strategies = match o.strings("strategies")? {
         None => STRATEGIES.to_vec(),
-        Some(v) => v.iter().map(|s| s.parse::<Strategy>().or_else(|e: String| err(format!("{f}: {e}")))).collect::<ScriptResult<_>>()?,
+        Some(v) => v
+            .iter()
+            .map(|s| s.parse::<Strategy>().or_else(|e: String| err(format!("{f}: {e}"))))
+            .collect::<ScriptResult<_>>()?,
     };
     let c = super::strategies::CompareOptions {
         fractions: o.numbers("fractions")?.unwrap_or_else(|| vec![0.1, 0.25, 0.5]),
@@ -321,8 +360,25 @@ pub fn compare_options(o: &Opts, options: &Map, kinds: Vec<Kind>) -> ScriptResul
 pub fn compare_table(c: &super::strategies::Comparison, model: &str, data: &str, eval: &str) -> Table {
     let metric = c.metric.to_string();
     let n = (c.n_layers * c.n_heads) as f64;
-    let mut t = Table::new(vec!["strategy".into(), "fraction".into(), "heads_removed".into(), "layers_removed".into(), "heads_kept".into(), metric.clone(), "sd".into(), "min".into(), "max".into(), "seconds".into()]);
-    t.title = Some(format!("prune_compare: {model} ({} x {} {} heads), chosen on {data}, {metric} on {eval} (full model {})", c.n_layers, c.n_heads, c.kind, crate::output::fixed(c.full, 4)));
+    let mut t = Table::new(vec![
+        "strategy".into(),
+        "fraction".into(),
+        "heads_removed".into(),
+        "layers_removed".into(),
+        "heads_kept".into(),
+        metric.clone(),
+        "sd".into(),
+        "min".into(),
+        "max".into(),
+        "seconds".into(),
+    ]);
+    t.title = Some(format!(
+        "prune_compare: {model} ({} x {} {} heads), chosen on {data}, {metric} on {eval} (full model {})",
+        c.n_layers,
+        c.n_heads,
+        c.kind,
+        crate::output::fixed(c.full, 4)
+    ));
     t.digits = 4;
     let opt = |x: Option<f64>| x.map_or(Cell::Empty, Cell::Float);
     for r in &c.rows {
@@ -395,15 +451,20 @@ pub mod api {
         let d = crate::data::script::dataset_arg(&data, f)?;
         let eval = match o.value("eval_data") {
             Some(v) => crate::data::script::dataset_arg(v, &format!("{f}: option 'eval_data'"))?,
-            None => return err(format!("{f}: eval_data is required: held-out texts every strategy's result is evaluated on")),
+            None => {
+                return err(format!(
+                    "{f}: eval_data is required: held-out texts every strategy's result is evaluated on"
+                ))
+            }
         };
         let kind = if m.model.decoder_only() { Kind::Dec } else { Kind::Enc };
         let c = compare_options(&o, &options, vec![kind])?;
         let mut progress = |s: &str, done: usize, total: usize| crate::run::progress(&format!("{f}: {s}"), done, total);
-        let r = super::super::strategies::compare(&m.model, &d, &eval, &c, &crate::run::interrupted, &mut progress).or_else(|e| {
-            let s = e.to_string();
-            err(if s.starts_with(f) { s } else { format!("{f}: {s}") })
-        })?;
+        let r = super::super::strategies::compare(&m.model, &d, &eval, &c, &crate::run::interrupted, &mut progress)
+            .or_else(|e| {
+                let s = e.to_string();
+                err(if s.starts_with(f) { s } else { format!("{f}: {s}") })
+            })?;
         Ok(compare_table(&r, &m.model.name(), &d.name, &eval.name))
     }
 
@@ -419,7 +480,10 @@ pub mod api {
     #[rhai_fn(return_raw)]
     pub fn prune_plot(t: Table) -> ScriptResult<Plot> {
         let f = "prune_plot";
-        let col = |name: &str| t.column_index(name).or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a prune_compare table")));
+        let col = |name: &str| {
+            t.column_index(name)
+                .or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a prune_compare table")))
+        };
         let metric = if t.column_index("loss").is_ok() { "loss" } else { "cosine" };
         let series = Series::by(&t, col("strategy")?, col("heads_kept")?, col(metric)?);
         let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;
@@ -454,7 +518,10 @@ pub mod api {
     #[rhai_fn(return_raw, pure)]
     pub fn with_gates(m: &mut ScriptModel, result: PruneResult) -> ScriptResult<ScriptModel> {
         if !Rc::ptr_eq(&m.model, &result.model.model) {
-            return err(format!("with_gates: this result was trained on {}, not on this model object", result.run.model));
+            return err(format!(
+                "with_gates: this result was trained on {}, not on this model object",
+                result.run.model
+            ));
         }
         // Joint training changed the weights: the gates go with the trained model.
         let model = result.trained.as_ref().map_or_else(|| m.model.clone(), |(t, _)| t.clone());
@@ -495,7 +562,8 @@ pub mod api {
     pub fn prune_heads_named(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
         let ids = crate::model::script::head_ids(m, &heads, "prune_heads")?;
         m.require("prune_heads", Needs::Unmasked)?;
-        let pruned = super::super::physical::prune_heads(&m.model, &ids, None).or_else(|e| err(format!("prune_heads: {e}")))?;
+        let pruned =
+            super::super::physical::prune_heads(&m.model, &ids, None).or_else(|e| err(format!("prune_heads: {e}")))?;
         Ok(ScriptModel::new(pruned))
     }
 
@@ -517,13 +585,17 @@ pub mod api {
     #[rhai_fn(return_raw, pure)]
     pub fn prune_heads(m: &mut ScriptModel, result: PruneResult) -> ScriptResult<ScriptModel> {
         if !Rc::ptr_eq(&m.model, &result.model.model) {
-            return err(format!("prune_heads: this result was trained on {}, not on this model object", result.run.model));
+            return err(format!(
+                "prune_heads: this result was trained on {}, not on this model object",
+                result.run.model
+            ));
         }
         if result.run.options.eval_gates == EvalGates::Continuous {
             return err("prune_heads: the result has continuous gates; removing heads needs binary ones (eval_gates: \"binary\")");
         }
         let weights = result.trained.as_ref().map(|(_, w)| w.as_slice());
-        let pruned = super::super::physical::prune_heads(&m.model, &result.run.closed(), weights).or_else(|e| err(format!("prune_heads: {e}")))?;
+        let pruned = super::super::physical::prune_heads(&m.model, &result.run.closed(), weights)
+            .or_else(|e| err(format!("prune_heads: {e}")))?;
         Ok(ScriptModel::new(pruned))
     }
 
@@ -768,7 +840,10 @@ mod tests {
     #[test]
     fn the_progress_line_shows_the_deterministic_open_count() {
         let p = CurvePoint { step: 7, loss: 2.5, penalty: 13.04, expected_open: 13.04, open: 0, eval: None };
-        assert_eq!(progress_line("prune (lambda 0.1)", &p), "prune (lambda 0.1): loss 2.500, penalty 13.04, open 0 (expected 13.0)");
+        assert_eq!(
+            progress_line("prune (lambda 0.1)", &p),
+            "prune (lambda 0.1): loss 2.500, penalty 13.04, open 0 (expected 13.0)"
+        );
         let p = CurvePoint { open: 12, ..p };
         assert!(progress_line("x", &p).contains("open 12 (expected 13.0)"));
     }

@@ -29,7 +29,11 @@ pub const LEARN_DUO_OPTIONS: &[OptSpec] = &[
 pub const LEARN_PRULONG_OPTIONS: &[OptSpec] = &[
     opt_int("steps", 200, "Adam steps"),
     opt_f64("lr", 0.1, "Adam's learning rate of log_alpha (and the multipliers' ascent)"),
-    opt("target", "0.5", "the fraction of key/value groups kept full the Lagrangian holds the run to (none: lambda instead)"),
+    opt(
+        "target",
+        "0.5",
+        "the fraction of key/value groups kept full the Lagrangian holds the run to (none: lambda instead)",
+    ),
     opt_f64("lambda", 0.05, "without a target: weight of the expected fraction of full groups"),
     opt_f64("beta", 0.33, "Hard Concrete temperature"),
     opt_int("sink", 4, "the first tokens the streaming attention keeps seeing"),
@@ -60,10 +64,16 @@ fn learn_gates(m: &ScriptModel, data: Dynamic, options: Map, prulong: bool) -> S
     let method = if prulong {
         let target = match o.value("target") {
             Some(v) if v.is_string() && v.clone().cast::<rhai::ImmutableString>() == "none" => None,
-            Some(v) => Some(crate::script::convert::to_f64(v, &format!("{f}: option 'target' (a fraction in (0, 1], or \"none\")"))?),
+            Some(v) => Some(crate::script::convert::to_f64(
+                v,
+                &format!("{f}: option 'target' (a fraction in (0, 1], or \"none\")"),
+            )?),
             None => Some(0.5),
         };
-        Method::PruLong { target, concrete: crate::prune::Concrete { beta: o.f64_or_default("beta")?, ..Default::default() } }
+        Method::PruLong {
+            target,
+            concrete: crate::prune::Concrete { beta: o.f64_or_default("beta")?, ..Default::default() },
+        }
     } else {
         Method::Duo
     };
@@ -85,7 +95,13 @@ fn learn_gates(m: &ScriptModel, data: Dynamic, options: Map, prulong: bool) -> S
     };
     opts.validate()?;
     let label = format!("{f} (lambda {})", opts.lambda);
-    let mut progress = |p: &crate::prune::CurvePoint, total: usize| crate::run::progress(&format!("{label}: loss {:.4}, full groups {} (expected {:.1})", p.loss, p.open, p.expected_open), p.step, total);
+    let mut progress = |p: &crate::prune::CurvePoint, total: usize| {
+        crate::run::progress(
+            &format!("{label}: loss {:.4}, full groups {} (expected {:.1})", p.loss, p.open, p.expected_open),
+            p.step,
+            total,
+        )
+    };
     let hooks = crate::prune::Hooks { stop: &crate::run::interrupted, progress: &mut progress };
     let run = crate::prune::duo::train(m, &d, &opts, hooks).or_else(|e| {
         let s = e.to_string();
@@ -102,10 +118,22 @@ fn learn_gates(m: &ScriptModel, data: Dynamic, options: Map, prulong: bool) -> S
         echo.push(("mean_gate".into(), json!(run.state.log_alpha.iter().map(|&a| a as f64).sum::<f64>() / n)));
     }
     echo.push(("resumed_from".into(), json!(run.resumed_from)));
-    echo.push(("step_seconds".into(), json!(run.step_seconds.iter().sum::<f64>() / run.step_seconds.len().max(1) as f64)));
-    echo.push(("curve".into(), json!(run.state.curve.iter().map(|p| json!([p.step, p.loss, p.expected_open / n])).collect::<Vec<_>>())));
+    echo.push((
+        "step_seconds".into(),
+        json!(run.step_seconds.iter().sum::<f64>() / run.step_seconds.len().max(1) as f64),
+    ));
+    echo.push((
+        "curve".into(),
+        json!(run.state.curve.iter().map(|p| json!([p.step, p.loss, p.expected_open / n])).collect::<Vec<_>>()),
+    ));
     let stat = if prulong { "prulong log_alpha" } else { "duo gate" };
-    Ok(Grid { stat: stat.into(), model: m.model.name(), dataset: d.name.clone(), kinds: vec![(Kind::Dec, run.per_head())], options: echo })
+    Ok(Grid {
+        stat: stat.into(),
+        model: m.model.name(),
+        dataset: d.name.clone(),
+        kinds: vec![(Kind::Dec, run.per_head())],
+        options: echo,
+    })
 }
 
 #[export_module]
@@ -147,7 +175,6 @@ pub mod api {
     pub fn learn_prulong(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         learn_gates(m, data, options, true)
     }
-
 }
 
 pub fn register(engine: &mut Engine) {

@@ -33,7 +33,15 @@ options_enum!(Strategy, "strategy", {
 });
 
 /// Every strategy, in the order a table lists them.
-pub const STRATEGIES: [Strategy; 7] = [Strategy::HardConcrete, Strategy::TargetedL0, Strategy::Michel, Strategy::Importance, Strategy::Harp, Strategy::SublayerCosine, Strategy::Random];
+pub const STRATEGIES: [Strategy; 7] = [
+    Strategy::HardConcrete,
+    Strategy::TargetedL0,
+    Strategy::Michel,
+    Strategy::Importance,
+    Strategy::Harp,
+    Strategy::SublayerCosine,
+    Strategy::Random,
+];
 
 impl Strategy {
     /// Whether the strategy removes whole attention sublayers (a fraction of layers).
@@ -137,7 +145,10 @@ impl Ctx<'_> {
         ((f * self.layers as f64).round() as usize).min(self.layers)
     }
     fn layer_heads(&self, layers: &[usize]) -> Vec<HeadId> {
-        layers.iter().flat_map(|&l| (0..self.heads).map(move |h| HeadId { kind: self.kind, layer_idx: l, head: h })).collect()
+        layers
+            .iter()
+            .flat_map(|&l| (0..self.heads).map(move |h| HeadId { kind: self.kind, layer_idx: l, head: h }))
+            .collect()
     }
 }
 
@@ -163,7 +174,13 @@ fn ascending(score: &[f64]) -> Vec<usize> {
 /// Michel et al.'s importance of every head of `kind` over the training batches, with the
 /// heads of `closed` held closed: per sentence `|d L / d g_h|` summed, `L` the batch's task
 /// loss (a language model's next-token loss, an encoder's cosine distillation).
-fn importance(model: &Model, kind: Kind, td: &mut TrainData, closed: &[HeadId], stop: &dyn Fn() -> bool) -> Result<Vec<f64>, AnalysisError> {
+fn importance(
+    model: &Model,
+    kind: Kind,
+    td: &mut TrainData,
+    closed: &[HeadId],
+    stop: &dyn Fn() -> bool,
+) -> Result<Vec<f64>, AnalysisError> {
     let s = model.kind_shape(kind)?;
     let (l, h) = (s.n_layers as i64, s.n_heads as i64);
     let dev = model.device();
@@ -187,19 +204,35 @@ fn importance(model: &Model, kind: Kind, td: &mut TrainData, closed: &[HeadId], 
     }
     let v = Vec::<f64>::try_from(sum.to_device(Device::Cpu).reshape([-1])).map_err(ModelError::from)?;
     // Closed heads have no importance left: NaN, so they sort last and are never chosen again.
-    Ok(v.into_iter().enumerate().map(|(i, x)| if closed.contains(&HeadId { kind, layer_idx: i / s.n_heads, head: i % s.n_heads }) { f64::NAN } else { x }).collect())
+    Ok(v.into_iter()
+        .enumerate()
+        .map(|(i, x)| {
+            if closed.contains(&HeadId { kind, layer_idx: i / s.n_heads, head: i % s.n_heads }) {
+                f64::NAN
+            } else {
+                x
+            }
+        })
+        .collect())
 }
 
 /// He et al.'s similarity of each attention sublayer's input and output: the mean over real
 /// tokens of `cos(resid_pre, resid_mid)` (the residual stream before and after the attention
 /// block) over the training batches. A parallel-residual layer (GPT-NeoX, Phi) has no
 /// `resid_mid` on its path; its attention sublayer's output is `resid_pre + attn_out`.
-fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn Fn() -> bool) -> Result<Vec<f64>, AnalysisError> {
+fn sublayer_similarity(
+    model: &Model,
+    td: &TrainData,
+    layers: usize,
+    stop: &dyn Fn() -> bool,
+) -> Result<Vec<f64>, AnalysisError> {
     let mut sums = vec![0f64; layers];
     let mut count = 0f64;
     let _g = tch::no_grad_guard();
     let parallel: Vec<bool> = model.net.encoder.iter().map(|l| l.norm_position == NormPosition::Parallel).collect();
-    let cosine = |p: &Tensor, a: &Tensor| Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8);
+    let cosine = |p: &Tensor, a: &Tensor| {
+        Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8)
+    };
     for b in &td.prep.batches {
         if stop() {
             return Err(ModelError::Interrupted.into());
@@ -228,7 +261,9 @@ fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn 
         let m = b.mask.to_kind(DType::Double);
         count += m.sum(DType::Double).double_value(&[]);
         for (l, c) in cos.iter().enumerate() {
-            let c = c.as_ref().ok_or_else(|| ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid hook point")))?;
+            let c = c
+                .as_ref()
+                .ok_or_else(|| ModelError::Invalid(format!("prune_compare: layer {l} has no resid_mid hook point")))?;
             sums[l] += (c * &m).sum(DType::Double).double_value(&[]);
         }
     }
@@ -238,13 +273,21 @@ fn sublayer_similarity(model: &Model, td: &TrainData, layers: usize, stop: &dyn 
 /// The gates of HARP's bypassed layers.
 fn harp_gates(kind: Kind, width: usize, chosen: &[(usize, f64)]) -> Gates {
     let mut g = Gates::none();
-    g.bypass = Some(Arc::new(chosen.iter().map(|&(layer_idx, alpha)| Bypass { kind, layer_idx, alpha, width }).collect()));
+    g.bypass =
+        Some(Arc::new(chosen.iter().map(|&(layer_idx, alpha)| Bypass { kind, layer_idx, alpha, width }).collect()));
     g
 }
 
 /// Runs every strategy of `o` on `model`'s self-attention heads: chosen on `data`, evaluated on
 /// `eval`. `progress(done, total)` after each evaluation.
-pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions, stop: &dyn Fn() -> bool, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Comparison, AnalysisError> {
+pub fn compare(
+    model: &Model,
+    data: &Dataset,
+    eval: &Dataset,
+    o: &CompareOptions,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Result<Comparison, AnalysisError> {
     let f = "prune_compare";
     o.validate().map_err(AnalysisError::Input)?;
     let kind = if model.decoder_only() {
@@ -255,7 +298,10 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
         return Err(AnalysisError::Input(format!("{f}: {} is an encoder-decoder; the strategies compare the self-attention heads of decoder-only and encoder-only models", model.name())));
     };
     if !model.removed.is_empty() {
-        return Err(AnalysisError::Input(format!("{f}: {} had heads removed by prune_heads; compare on the original", model.name())));
+        return Err(AnalysisError::Input(format!(
+            "{f}: {} had heads removed by prune_heads; compare on the original",
+            model.name()
+        )));
     }
     let shape = model.kind_shape(kind)?;
     let metric = if model.has_task_loss() { Metric::Loss } else { Metric::Cosine };
@@ -274,14 +320,32 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
         progress(&row.strategy.to_string(), done, total);
         rows.push(row);
     };
-    let row = |strategy, fraction, removed: Vec<HeadId>, value, seconds| Row { strategy, fraction, heads_removed: removed.len(), layers_removed: None, value, spread: None, removed, harp: vec![], seconds };
+    let row = |strategy, fraction, removed: Vec<HeadId>, value, seconds| Row {
+        strategy,
+        fraction,
+        heads_removed: removed.len(),
+        layers_removed: None,
+        value,
+        spread: None,
+        removed,
+        harp: vec![],
+        seconds,
+    };
     for &s in &o.strategies {
         let started = std::time::Instant::now();
         match s {
             Strategy::HardConcrete | Strategy::Importance => {
                 let score = match s {
                     Strategy::HardConcrete => {
-                        let po = PruneOptions { kinds: vec![kind], checkpoint: None, resume: false, eval_data: None, joint: false, target: None, ..o.prune.clone() };
+                        let po = PruneOptions {
+                            kinds: vec![kind],
+                            checkpoint: None,
+                            resume: false,
+                            eval_data: None,
+                            joint: false,
+                            target: None,
+                            ..o.prune.clone()
+                        };
                         let mut quiet = |_: &super::CurvePoint, _: usize| {};
                         let run = train(model, &[], data, &po, Hooks { stop, progress: &mut quiet })?;
                         run.state.log_alpha.iter().map(|&x| x as f64).collect::<Vec<_>>()
@@ -301,7 +365,15 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
                 for &x in &fr {
                     let t0 = std::time::Instant::now();
                     let k = cx.count(x);
-                    let po = PruneOptions { kinds: vec![kind], checkpoint: None, resume: false, eval_data: None, joint: false, target: Some((cx.n() - k) as f64), ..o.prune.clone() };
+                    let po = PruneOptions {
+                        kinds: vec![kind],
+                        checkpoint: None,
+                        resume: false,
+                        eval_data: None,
+                        joint: false,
+                        target: Some((cx.n() - k) as f64),
+                        ..o.prune.clone()
+                    };
                     let mut quiet = |_: &super::CurvePoint, _: usize| {};
                     let run = train(model, &[], data, &po, Hooks { stop, progress: &mut quiet })?;
                     let score: Vec<f64> = run.state.log_alpha.iter().map(|&x| x as f64).collect();
@@ -319,7 +391,8 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
                     while closed.len() < k {
                         let score = importance(model, kind, &mut td, &closed, stop)?;
                         let take = step.min(k - closed.len());
-                        let next: Vec<HeadId> = lowest(&ascending(&score), take).into_iter().map(|i| cx.head(i)).collect();
+                        let next: Vec<HeadId> =
+                            lowest(&ascending(&score), take).into_iter().map(|i| cx.head(i)).collect();
                         closed.extend(next);
                     }
                     let v = cx.closing(&closed)?;
@@ -395,8 +468,13 @@ pub fn compare(model: &Model, data: &Dataset, eval: &Dataset, o: &CompareOptions
                         }
                     }
                     let mean = values.iter().sum::<f64>() / values.len() as f64;
-                    let sd = if values.len() > 1 { (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt() } else { 0.0 };
-                    let (lo, hi) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+                    let sd = if values.len() > 1 {
+                        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt()
+                    } else {
+                        0.0
+                    };
+                    let (lo, hi) =
+                        values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
                     let mut r = row(s, x, first, mean, t0.elapsed().as_secs_f64());
                     r.heads_removed = k;
                     r.spread = Some((sd, lo, hi));

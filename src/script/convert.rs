@@ -61,7 +61,9 @@ pub fn to_matrix(a: &Array, what: &str) -> ScriptResult<Vec<Vec<f64>>> {
 
 /// Strings from an array; numbers and other values are shown with their display form.
 pub fn to_labels(a: &Array) -> Vec<String> {
-    a.iter().map(|v| if v.is_string() { v.clone().cast::<rhai::ImmutableString>().to_string() } else { v.to_string() }).collect()
+    a.iter()
+        .map(|v| if v.is_string() { v.clone().cast::<rhai::ImmutableString>().to_string() } else { v.to_string() })
+        .collect()
 }
 
 /// A JSON value as a script value of the same type: integers stay `int`, other numbers
@@ -141,7 +143,9 @@ impl std::fmt::Display for OptDefault {
             OptDefault::Bool(b) => write!(f, "{b}"),
             OptDefault::Str(s) => write!(f, "{s:?}"),
             OptDefault::Strs(a) => write!(f, "[{}]", a.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ")),
-            OptDefault::IntBy(by, pairs) => write!(f, "{}", pairs.iter().map(|(v, i)| format!("{i} ({by} {v:?})")).collect::<Vec<_>>().join(", ")),
+            OptDefault::IntBy(by, pairs) => {
+                write!(f, "{}", pairs.iter().map(|(v, i)| format!("{i} ({by} {v:?})")).collect::<Vec<_>>().join(", "))
+            }
             OptDefault::Text(t) => write!(f, "{t}"),
             OptDefault::Shown(g) => write!(f, "{}", g()),
         }
@@ -202,7 +206,12 @@ pub const fn opt_shown(name: &'static str, shown: fn() -> String, help: &'static
     OptSpec { name, default: OptDefault::Shown(shown), help }
 }
 /// An integer option whose default depends on the string value of option `by`.
-pub const fn opt_int_by(name: &'static str, by: &'static str, defaults: &'static [(&'static str, i64)], help: &'static str) -> OptSpec {
+pub const fn opt_int_by(
+    name: &'static str,
+    by: &'static str,
+    defaults: &'static [(&'static str, i64)],
+    help: &'static str,
+) -> OptSpec {
     OptSpec { name, default: OptDefault::IntBy(by, defaults), help }
 }
 
@@ -278,10 +287,18 @@ impl<'a> Opts<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
-                let Some(a) = v.clone().try_cast::<Array>() else { return err(format!("{}: option '{key}' must be an array of strings, got {}", self.func, quote(v))) };
+                let Some(a) = v.clone().try_cast::<Array>() else {
+                    return err(format!("{}: option '{key}' must be an array of strings, got {}", self.func, quote(v)));
+                };
                 a.iter()
                     .enumerate()
-                    .map(|(i, x)| if x.is_string() { Ok(x.clone().cast::<rhai::ImmutableString>().to_string()) } else { err(format!("{}: option '{key}'[{i}] must be a string, got {}", self.func, quote(x))) })
+                    .map(|(i, x)| {
+                        if x.is_string() {
+                            Ok(x.clone().cast::<rhai::ImmutableString>().to_string())
+                        } else {
+                            err(format!("{}: option '{key}'[{i}] must be a string, got {}", self.func, quote(x)))
+                        }
+                    })
                     .collect::<ScriptResult<_>>()
                     .map(Some)
             }
@@ -439,13 +456,28 @@ mod tests {
         let o = Opts::new(&m, "f", SPECS).unwrap();
         assert_eq!(o.usize_or_default("batch_tokens").unwrap(), 7);
         assert_eq!(o.usize_or_default("bt").unwrap(), 256);
-        assert_eq!(msg(o.strings_or_default("relations").unwrap_err()), "Runtime error: f: option 'relations'[1] must be a string, got 3 (i64)");
+        assert_eq!(
+            msg(o.strings_or_default("relations").unwrap_err()),
+            "Runtime error: f: option 'relations'[1] must be a string, got 3 (i64)"
+        );
     }
 
     #[test]
     fn defaults_show_as_a_person_reads_them() {
         let shown: Vec<String> = SPECS.iter().map(|o| o.default.to_string()).collect();
-        assert_eq!(shown, ["1024", "0.1", "false", "\"loss\"", "[\"nsubj\", \"dobj\"]", "\"each\"", "64 (seeds \"each\"), 256 (seeds \"summed\")", "every kind"]);
+        assert_eq!(
+            shown,
+            [
+                "1024",
+                "0.1",
+                "false",
+                "\"loss\"",
+                "[\"nsubj\", \"dobj\"]",
+                "\"each\"",
+                "64 (seeds \"each\"), 256 (seeds \"summed\")",
+                "every kind"
+            ]
+        );
         assert_eq!(SPECS[3].default.json(), Some(serde_json::json!("loss")));
         assert_eq!(SPECS[7].default.json(), None);
     }

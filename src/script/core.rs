@@ -18,7 +18,11 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "assert", return_raw)]
     pub fn assert1(condition: bool) -> ScriptResult<()> {
-        if condition { Ok(()) } else { err("assertion failed") }
+        if condition {
+            Ok(())
+        } else {
+            err("assertion failed")
+        }
     }
 
     /// Fails the script with `message` when `condition` is false.
@@ -28,7 +32,11 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "assert", return_raw)]
     pub fn assert2(condition: bool, message: &str) -> ScriptResult<()> {
-        if condition { Ok(()) } else { err(format!("assertion failed: {message}")) }
+        if condition {
+            Ok(())
+        } else {
+            err(format!("assertion failed: {message}"))
+        }
     }
 
     /// The whole content of a UTF-8 text file.
@@ -41,7 +49,12 @@ pub mod api {
     #[rhai_fn(return_raw)]
     pub fn read_text(path: &str) -> ScriptResult<String> {
         match std::fs::read(path) {
-            Ok(b) => String::from_utf8(b).or_else(|e| err(format!("read_text: '{path}' is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))),
+            Ok(b) => String::from_utf8(b).or_else(|e| {
+                err(format!(
+                    "read_text: '{path}' is not UTF-8 text (invalid byte at offset {})",
+                    e.utf8_error().valid_up_to()
+                ))
+            }),
             Err(e) => err(format!("read_text: cannot read '{path}': {e}")),
         }
     }
@@ -79,7 +92,8 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw)]
     pub fn write_text(path: &str, text: &str) -> ScriptResult<()> {
-        crate::output::write_atomic(std::path::Path::new(path), text.as_bytes()).or_else(|e| err(format!("write_text: cannot write '{path}': {e}")))
+        crate::output::write_atomic(std::path::Path::new(path), text.as_bytes())
+            .or_else(|e| err(format!("write_text: cannot write '{path}': {e}")))
     }
 
     /// Size of a file in bytes.
@@ -149,7 +163,8 @@ pub fn register(engine: &mut Engine, display: DisplayFn, temp_dir: Rc<PathBuf>) 
             if name.is_empty() || name.contains('/') || name == ".." {
                 return err(format!("temp_path: '{name}' must be a plain file name"));
             }
-            std::fs::create_dir_all(&*temp_dir).or_else(|e| err(format!("temp_path: cannot create {}: {e}", temp_dir.display())))?;
+            std::fs::create_dir_all(&*temp_dir)
+                .or_else(|e| err(format!("temp_path: cannot create {}: {e}", temp_dir.display())))?;
             Ok(temp_dir.join(name).display().to_string())
         });
 }

@@ -34,7 +34,10 @@ fn row_cells(t: &Table, row: &Dynamic, i: usize) -> ScriptResult<Vec<Cell>> {
     if let Some(m) = row.clone().try_cast::<Map>() {
         for k in m.keys() {
             if !t.columns.iter().any(|c| c == k.as_str()) {
-                return err(format!("table: row {i} has key '{k}' that is not a column (columns: {})", t.columns.join(", ")));
+                return err(format!(
+                    "table: row {i} has key '{k}' that is not a column (columns: {})",
+                    t.columns.join(", ")
+                ));
             }
         }
         return Ok(t.columns.iter().map(|c| m.get(c.as_str()).map(cell).unwrap_or(Cell::Empty)).collect());
@@ -74,7 +77,9 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "table", return_raw)]
     pub fn table_maps(rows: Array) -> ScriptResult<Table> {
-        let Some(first) = rows.first() else { return err("table: no rows given; use table(columns, []) for an empty table") };
+        let Some(first) = rows.first() else {
+            return err("table: no rows given; use table(columns, []) for an empty table");
+        };
         let Some(m) = first.clone().try_cast::<Map>() else {
             return err(format!("table: with one argument the rows must be maps, got {}", quote(first)));
         };
@@ -199,7 +204,12 @@ pub mod api {
             match keep.as_bool() {
                 Ok(true) => out.rows.push(cells.clone()),
                 Ok(false) => {}
-                Err(_) => return err(format!("filter: the function must return true or false, got {} for row {i}", crate::script::convert::quote(&keep))),
+                Err(_) => {
+                    return err(format!(
+                        "filter: the function must return true or false, got {} for row {i}",
+                        crate::script::convert::quote(&keep)
+                    ))
+                }
             }
         }
         Ok(out)

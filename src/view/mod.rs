@@ -46,10 +46,17 @@ impl ViewKind {
     fn check(&self) -> Result<(), String> {
         let name = &self.name;
         if self.n_layers == 0 || self.n_heads == 0 {
-            return Err(format!("head view: kind '{name}' needs at least one layer and one head ({} x {})", self.n_layers, self.n_heads));
+            return Err(format!(
+                "head view: kind '{name}' needs at least one layer and one head ({} x {})",
+                self.n_layers, self.n_heads
+            ));
         }
         if self.query_tokens.is_empty() || self.key_tokens.is_empty() {
-            return Err(format!("head view: kind '{name}' has no tokens ({} queries, {} keys)", self.query_tokens.len(), self.key_tokens.len()));
+            return Err(format!(
+                "head view: kind '{name}' has no tokens ({} queries, {} keys)",
+                self.query_tokens.len(),
+                self.key_tokens.len()
+            ));
         }
         let (tq, tk) = (self.query_tokens.len(), self.key_tokens.len());
         let expected = [self.n_heads, tq, tk].iter().try_fold(self.n_layers, |a, &b| a.checked_mul(b));
@@ -77,7 +84,13 @@ impl ViewKind {
     fn json(&self) -> String {
         let attn: Vec<String> = self.attn.iter().map(|&w| weight(w)).collect();
         let scores = match &self.scores {
-            Some(v) => format!(r#","scores":[{}]"#, v.iter().map(|&x| if x.is_finite() { format!("{}", (x * 1e4).round() / 1e4) } else { "null".into() }).collect::<Vec<_>>().join(",")),
+            Some(v) => format!(
+                r#","scores":[{}]"#,
+                v.iter()
+                    .map(|&x| if x.is_finite() { format!("{}", (x * 1e4).round() / 1e4) } else { "null".into() })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             None => String::new(),
         };
         format!(
@@ -108,7 +121,11 @@ fn weight(w: f32) -> String {
 /// JSON safe inside a `<script>`: `<`, `>` and `&` only occur in strings, where their
 /// `\u` escapes mean the same, so no token can close the script or open a comment.
 fn json<T: serde::Serialize + ?Sized>(v: &T) -> String {
-    serde_json::to_string(v).expect("strings serialise").replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026")
+    serde_json::to_string(v)
+        .expect("strings serialise")
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
 }
 
 /// An element id unique across the views of a notebook (several kernels and runs included).
@@ -146,7 +163,13 @@ impl View {
             let Some((_, grid)) = scores.iter().find(|(n, _)| *n == k.name) else { continue };
             let heads = grid.iter().map(Vec::len).max().unwrap_or(0);
             if grid.len() != k.n_layers || heads > k.n_heads {
-                return Err(format!("colour_by: the grid's '{}' is {} layers x {heads} heads, the view's {} x {}", k.name, grid.len(), k.n_layers, k.n_heads));
+                return Err(format!(
+                    "colour_by: the grid's '{}' is {} layers x {heads} heads, the view's {} x {}",
+                    k.name,
+                    grid.len(),
+                    k.n_layers,
+                    k.n_heads
+                ));
             }
             let mut flat = vec![f64::NAN; k.n_layers * k.n_heads];
             for (l, row) in grid.iter().enumerate() {
@@ -196,8 +219,11 @@ impl View {
 
     /// A plain-text summary, e.g. `head view: enc 6 layers x 12 heads, 9 tokens (...)`.
     pub fn text(&self) -> String {
-        let kinds: Vec<String> =
-            self.kinds.iter().map(|k| format!("{} {} layers x {} heads, {}", k.name, k.n_layers, k.n_heads, k.tokens_text())).collect();
+        let kinds: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|k| format!("{} {} layers x {} heads, {}", k.name, k.n_layers, k.n_heads, k.tokens_text()))
+            .collect();
         let title = if self.title.is_empty() { String::new() } else { format!(" \"{}\"", self.title) };
         let coloured = self.scores_label.as_ref().map_or(String::new(), |l| format!(", heads coloured by {l}"));
         format!("head view{title}: {}{coloured} (open .to_html(path) or show in Jupyter)", kinds.join("; "))
@@ -217,7 +243,15 @@ mod tests {
     fn kind(name: &str, layers: usize, heads: usize, tokens: &[&str]) -> ViewKind {
         let t = tokens.len();
         let tokens: Vec<String> = tokens.iter().map(|s| s.to_string()).collect();
-        ViewKind { name: name.into(), n_layers: layers, n_heads: heads, query_tokens: tokens.clone(), key_tokens: tokens, attn: vec![1.0 / t as f32; layers * heads * t * t], scores: None }
+        ViewKind {
+            name: name.into(),
+            n_layers: layers,
+            n_heads: heads,
+            query_tokens: tokens.clone(),
+            key_tokens: tokens,
+            attn: vec![1.0 / t as f32; layers * heads * t * t],
+            scores: None,
+        }
     }
 
     #[test]
@@ -230,7 +264,9 @@ mod tests {
         k.key_tokens.clear();
         assert!(View::new("t", vec![k]).unwrap_err().contains("'cross' has no tokens"));
         assert!(View::new("t", vec![]).is_err());
-        assert!(View::new("t", vec![kind("enc", 1, 1, &["a"]), kind("enc", 1, 1, &["a"])]).unwrap_err().contains("twice"));
+        assert!(View::new("t", vec![kind("enc", 1, 1, &["a"]), kind("enc", 1, 1, &["a"])])
+            .unwrap_err()
+            .contains("twice"));
         assert!(View::new("t", vec![kind("enc", 0, 1, &["a"])]).is_err());
     }
 
@@ -258,7 +294,9 @@ mod tests {
             assert!(!html.contains(bad), "page contains {bad}");
         }
         assert!(html.starts_with("<!DOCTYPE html>") && html.contains("class=\"hs-view\""));
-        assert!(v.text().starts_with("head view \"The cat\": enc 2 layers x 3 heads, 2 tokens; dec 1 layers x 2 heads, 1 tokens"));
+        assert!(v
+            .text()
+            .starts_with("head view \"The cat\": enc 2 layers x 3 heads, 2 tokens; dec 1 layers x 2 heads, 1 tokens"));
     }
 
     #[test]
@@ -267,7 +305,9 @@ mod tests {
         k.attn[0] = f32::NAN;
         let v = View::new("<i>title</i>", vec![k]).unwrap();
         let html = v.html();
-        assert!(!html.contains("</script><b>") && !html.contains("<b>") && !html.contains("<!--") && !html.contains("<i>"));
+        assert!(
+            !html.contains("</script><b>") && !html.contains("<b>") && !html.contains("<!--") && !html.contains("<i>")
+        );
         assert_eq!(html.matches("</script>").count(), 1);
         assert!(html.contains(r#""\u003c/script\u003e\u003cb\u003e""#));
         assert!(html.contains("[null,0.3333,"));

@@ -21,7 +21,8 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn to_html(v: &mut View, path: &str) -> ScriptResult<String> {
-        write_atomic(std::path::Path::new(path), v.html().as_bytes()).or_else(|e| err(format!("to_html: cannot write '{path}': {e}")))?;
+        write_atomic(std::path::Path::new(path), v.html().as_bytes())
+            .or_else(|e| err(format!("to_html: cannot write '{path}': {e}")))?;
         Ok(path.to_string())
     }
 

@@ -14,7 +14,14 @@ fn data(n: usize) -> Dataset {
 }
 
 /// `abs_floor`: an absolute tolerance added to the 1e-5 relative one (0 for most metrics).
-fn check(model: &Model, metric: Metric, kinds: &[Kind], n: usize, only: Option<&[(Kind, usize, usize)]>, abs_floor: f64) {
+fn check(
+    model: &Model,
+    metric: Metric,
+    kinds: &[Kind],
+    n: usize,
+    only: Option<&[(Kind, usize, usize)]>,
+    abs_floor: f64,
+) {
     let p = prepare(model, &data(n), metric, 128, headscope::model::nn::Gates::none()).unwrap();
     assert!(p.batches.len() >= 2, "use several batches");
     let grids = sweep(model, &p, kinds, &|| false, &mut |_, _| {}).unwrap();
@@ -88,7 +95,8 @@ fn sweep_progress_counts_sentences_times_heads() {
     let p = prepare(&m, &data(6), Metric::Loss, 128, Gates::none()).unwrap();
     let mut seen: Vec<(usize, usize)> = Vec::new();
     sweep(&m, &p, &[Kind::Enc, Kind::Cross], &|| false, &mut |d, t| seen.push((d, t))).unwrap();
-    let heads: usize = [Kind::Enc, Kind::Cross].iter().map(|&k| m.kind_shape(k).map(|s| s.n_layers * s.n_heads).unwrap()).sum();
+    let heads: usize =
+        [Kind::Enc, Kind::Cross].iter().map(|&k| m.kind_shape(k).map(|s| s.n_layers * s.n_heads).unwrap()).sum();
     let want = p.n_sentences * heads;
     assert_eq!(seen.first(), Some(&(0, want)), "the first report is 0 of the whole");
     assert_eq!(seen.last(), Some(&(want, want)), "{seen:?}");

@@ -19,7 +19,9 @@ fn bleu_equals_sacrebleu() {
     let pairs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(pairs.len() >= 8);
     for p in &pairs {
-        let strings = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>();
+        let strings = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
         let hyps = strings(&p["hyps"]);
         let refs: Vec<Vec<String>> = p["refs"].as_array().unwrap().iter().map(strings).collect();
         let ours = corpus_bleu(&hyps, &refs).unwrap().score;

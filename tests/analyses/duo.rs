@@ -16,7 +16,8 @@ use std::cell::Cell;
 
 use tch::{Kind as DType, Tensor};
 
-const TEXT: &str = "the cat and the dog sat on the mat in the park all day while a dog ran in the park today and we like green tea";
+const TEXT: &str =
+    "the cat and the dog sat on the mat in the park all day while a dog ran in the park today and we like green tea";
 
 /// Layer patterns and logits of one sequence under `gates`.
 fn run(v: &View, gates: &headscope::model::nn::Gates, ids: &[i64]) -> (Vec<Tensor>, Tensor) {
@@ -51,10 +52,13 @@ fn the_mix_blends_full_and_streaming_attention() {
         let (plain_p, plain) = run(&v, &v.gates().unwrap(), &ids);
         let (_, ones) = run(&v, &duo(&v, Tensor::ones([l, h], (DType::Double, tch::Device::Cpu)), sink, recent), &ids);
         assert_eq!(common::max_diff(&plain, &ones), 0.0, "{name}: gate 1 everywhere is the model");
-        let every: Vec<HeadId> = (0..l as usize).flat_map(|layer| (0..h as usize).map(move |head| HeadId { kind: Kind::Dec, layer_idx: layer, head })).collect();
+        let every: Vec<HeadId> = (0..l as usize)
+            .flat_map(|layer| (0..h as usize).map(move |head| HeadId { kind: Kind::Dec, layer_idx: layer, head }))
+            .collect();
         let s = v.streaming(&every, sink, recent, Regime::Always, "test").unwrap();
         let (stream_p, streamed) = run(&s, &s.gates().unwrap(), &ids);
-        let (_, zeros) = run(&v, &duo(&v, Tensor::zeros([l, h], (DType::Double, tch::Device::Cpu)), sink, recent), &ids);
+        let (_, zeros) =
+            run(&v, &duo(&v, Tensor::zeros([l, h], (DType::Double, tch::Device::Cpu)), sink, recent), &ids);
         let d0 = common::max_diff(&streamed, &zeros);
         assert!(d0 < 1e-12, "{name}: gate 0 everywhere is the streaming view ({d0:e})");
         assert!(common::max_diff(&plain, &streamed) > 1e-3, "{name}: the window changes the model");
@@ -71,7 +75,22 @@ fn the_mix_blends_full_and_streaming_attention() {
 }
 
 fn options(steps: usize) -> DuoOptions {
-    DuoOptions { steps, lr: 0.05, lambda: 0.05, sink: 2, recent: 8, context: 40, samples: 3, needle: 6, batch: 1, seed: 4, checkpoint: None, resume: false, save_every: 2, method: Method::Duo }
+    DuoOptions {
+        steps,
+        lr: 0.05,
+        lambda: 0.05,
+        sink: 2,
+        recent: 8,
+        context: 40,
+        samples: 3,
+        needle: 6,
+        batch: 1,
+        seed: 4,
+        checkpoint: None,
+        resume: false,
+        save_every: 2,
+        method: Method::Duo,
+    }
 }
 
 fn pud(n: usize) -> Dataset {
@@ -100,7 +119,8 @@ fn a_resumed_run_ends_with_identical_gates() {
     let e = train(&v, &data, &o, quiet(&stop, &mut |_, _| {})).err().expect("the run stops");
     assert!(e.to_string().contains("interrupt"), "{e}");
     // A second run without resume refuses the directory.
-    let again = train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).err().expect("a directory holding a run is refused");
+    let again =
+        train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).err().expect("a directory holding a run is refused");
     assert!(again.to_string().contains("already holds a run"), "{again}");
     o.resume = true;
     let resumed = train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).unwrap();
@@ -109,7 +129,10 @@ fn a_resumed_run_ends_with_identical_gates() {
     // The curve comes back through the checkpoint's JSON: its losses within a rounding.
     assert_eq!(resumed.state.curve.len(), whole.state.curve.len());
     for (a, b) in resumed.state.curve.iter().zip(&whole.state.curve) {
-        assert!(a.step == b.step && (a.loss - b.loss).abs() <= 1e-15 * (1.0 + b.loss.abs()) && a.open == b.open, "{a:?} vs {b:?}");
+        assert!(
+            a.step == b.step && (a.loss - b.loss).abs() <= 1e-15 * (1.0 + b.loss.abs()) && a.open == b.open,
+            "{a:?} vs {b:?}"
+        );
     }
     assert!(whole.state.log_alpha.iter().any(|&a| a < 1.0), "the gates moved: {:?}", whole.state.log_alpha);
     // Another option is refused on resume, naming it.
@@ -126,7 +149,22 @@ fn learned_gates_keep_the_planted_copy_head_alone() {
     let (v, _dir) = crate::streaming::planted::model();
     // Texts of the planted vocabulary: random words, 200 of them.
     let data = words();
-    let o = DuoOptions { steps: 60, lr: 0.05, lambda: 0.01, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10, method: Method::Duo };
+    let o = DuoOptions {
+        steps: 60,
+        lr: 0.05,
+        lambda: 0.01,
+        sink: 2,
+        recent: 8,
+        context: 48,
+        samples: 4,
+        needle: 6,
+        batch: 2,
+        seed: 1,
+        checkpoint: None,
+        resume: false,
+        save_every: 10,
+        method: Method::Duo,
+    };
     let r = train(&v, &data, &o, quiet(&|| false, &mut |_, _| {})).unwrap();
     let g = r.per_head();
     eprintln!("planted duo gates {g:?}; loss {:?}", r.state.curve.last().map(|p| p.loss));
@@ -191,7 +229,22 @@ fn words() -> Dataset {
 fn prulong_masks_keep_the_planted_copy_head() {
     let (v, _dir) = crate::streaming::planted::model_with(0, 1.0);
     let method = Method::PruLong { target: Some(1.0 / 8.0), concrete: Concrete::default() };
-    let o = DuoOptions { steps: 150, lr: 0.1, lambda: 0.0, sink: 2, recent: 8, context: 48, samples: 4, needle: 6, batch: 2, seed: 1, checkpoint: None, resume: false, save_every: 10, method };
+    let o = DuoOptions {
+        steps: 150,
+        lr: 0.1,
+        lambda: 0.0,
+        sink: 2,
+        recent: 8,
+        context: 48,
+        samples: 4,
+        needle: 6,
+        batch: 2,
+        seed: 1,
+        checkpoint: None,
+        resume: false,
+        save_every: 10,
+        method,
+    };
     let r = train(&v, &words(), &o, quiet(&|| false, &mut |_, _| {})).unwrap();
     let g = r.per_head();
     eprintln!("planted prulong log_alpha {g:?}; last {:?}", r.state.curve.last());

@@ -16,7 +16,12 @@ use headscope::model::{HeadId, Kind, KindGrids, Model};
 const REL: f64 = 1e-4;
 
 fn lines() -> Vec<String> {
-    std::fs::read_to_string(root().join("assets/pud_en.txt")).expect("assets/pud_en.txt (scripts/setup)").lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+    std::fs::read_to_string(root().join("assets/pud_en.txt"))
+        .expect("assets/pud_en.txt (scripts/setup)")
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 fn corpus(n: usize) -> Dataset {
@@ -26,11 +31,21 @@ fn corpus(n: usize) -> Dataset {
 /// Source i = PUD line i, reference = line i + 1, as the reference script pairs them.
 fn pairs(n: usize) -> Dataset {
     let l = lines();
-    Dataset::new("pud pairs", (0..n).map(|i| Item { text: l[i].clone(), target: Some(l[i + 1].clone()), tree: None }).collect())
+    Dataset::new(
+        "pud pairs",
+        (0..n).map(|i| Item { text: l[i].clone(), target: Some(l[i + 1].clone()), tree: None }).collect(),
+    )
 }
 
 fn opts(kinds: &[Kind], metric: ImportanceMetric, batch_tokens: usize) -> ImportanceOptions {
-    ImportanceOptions { metric, normalize: Normalize::None, kinds: kinds.to_vec(), batch_tokens, seed: 3, row_offset: 0 }
+    ImportanceOptions {
+        metric,
+        normalize: Normalize::None,
+        kinds: kinds.to_vec(),
+        batch_tokens,
+        seed: 3,
+        row_offset: 0,
+    }
 }
 
 fn run(m: &Model, d: &Dataset, o: &ImportanceOptions, base: &Gates) -> KindGrids {
@@ -122,7 +137,16 @@ fn layer_normalisation_gives_unit_rows_and_closed_heads_are_nan() {
 #[test]
 fn an_encoder_without_an_output_head_is_refused() {
     let m = common::load(&root().join("assets/minilm"), "f32");
-    let err = head_importance(&m, &corpus(2), &Gates::none(), &opts(&[Kind::Enc], ImportanceMetric::Loss, 512), &|| false, &mut |_, _| {}).err().expect("refused");
+    let err = head_importance(
+        &m,
+        &corpus(2),
+        &Gates::none(),
+        &opts(&[Kind::Enc], ImportanceMetric::Loss, 512),
+        &|| false,
+        &mut |_, _| {},
+    )
+    .err()
+    .expect("refused");
     assert!(err.to_string().contains("task loss"), "{err}");
 }
 
@@ -135,7 +159,12 @@ fn cuda_equals_cpu() {
     let d = pairs(20);
     let kinds = [Kind::Enc, Kind::Dec, Kind::Cross];
     let cpu = run(&common::tiny_hf("marian", "f32"), &d, &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
-    let gpu = run(&common::load_on(&common::tiny_hf_dir().join("marian"), DeviceChoice::Cuda(0), "f32"), &d, &opts(&kinds, ImportanceMetric::Loss, 512), &Gates::none());
+    let gpu = run(
+        &common::load_on(&common::tiny_hf_dir().join("marian"), DeviceChoice::Cuda(0), "f32"),
+        &d,
+        &opts(&kinds, ImportanceMetric::Loss, 512),
+        &Gates::none(),
+    );
     let worst = assert_close("cuda vs cpu", &gpu, |k, l, h| cpu.iter().find(|(k2, _)| *k2 == k).unwrap().1[l][h], 1e-3);
     println!("marian on CUDA vs CPU: {worst:.2e}");
 }
@@ -153,7 +182,13 @@ fn language_model_loss_equals_transformers_and_the_sweep_equals_ablate() {
     let small = prepare(&m, &corpus(12), Metric::Loss, 256, Gates::none()).unwrap();
     let grid = sweep(&m, &small, &[Kind::Dec], &|| false, &mut |_, _| {}).unwrap();
     for (l, h) in [(0, 1), (1, 3)] {
-        let one = evaluate(&m, &small, &m.gates_closing(&[HeadId { kind: Kind::Dec, layer_idx: l, head: h }]).unwrap(), &|| false).unwrap();
+        let one = evaluate(
+            &m,
+            &small,
+            &m.gates_closing(&[HeadId { kind: Kind::Dec, layer_idx: l, head: h }]).unwrap(),
+            &|| false,
+        )
+        .unwrap();
         let s = grid[0].1[l][h];
         assert!((s - one).abs() / one < 1e-5, "dec.{l}.{h}: sweep {s}, ablate {one}");
     }

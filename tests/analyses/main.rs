@@ -7,12 +7,12 @@
 mod common;
 
 mod ablation;
+mod bleu;
+mod duo;
 mod importance;
 mod patching;
 mod planted_heads;
-mod taxonomy;
-mod bleu;
 mod sinks;
-mod streaming;
-mod duo;
 mod strategies;
+mod streaming;
+mod taxonomy;

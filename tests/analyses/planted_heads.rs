@@ -11,7 +11,7 @@ use headscope::analysis::result::Function;
 use headscope::analysis::{analyze, freq_table};
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, NormPosition};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
 use headscope::model::{Family, HeadId, Kind, Model};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -59,22 +59,45 @@ fn planted_attention() -> Attention {
         o: lin(eye, zeros(&[D])),
         n_heads: H,
         n_kv_heads: H,
-        head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default(),
+        head_dim: DH,
+        rotary: None,
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
     }
 }
 
 fn uniform_attention() -> Attention {
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention { q: lin(zeros(&[D, D]), zeros(&[D])), k: lin(zeros(&[D, D]), zeros(&[D])), v: lin(eye.copy(), zeros(&[D])), o: lin(eye, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() }
+    Attention {
+        q: lin(zeros(&[D, D]), zeros(&[D])),
+        k: lin(zeros(&[D, D]), zeros(&[D])),
+        v: lin(eye.copy(), zeros(&[D])),
+        o: lin(eye, zeros(&[D])),
+        n_heads: H,
+        n_kv_heads: H,
+        head_dim: DH,
+        rotary: None,
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
+    }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
     EncoderLayer {
         attn,
         attn_norm: common::layer_norm(D),
-        ffn: Ffn { up: lin(zeros(&[8, D]), zeros(&[8])), down: lin(zeros(&[D, 8]), zeros(&[D])), act: Activation::Gelu, gate: None },
+        ffn: Ffn {
+            up: lin(zeros(&[8, D]), zeros(&[8])),
+            down: lin(zeros(&[D, 8]), zeros(&[D])),
+            act: Activation::Gelu,
+            gate: None,
+        },
         ffn_norm: common::layer_norm(D),
-        norm_position: NormPosition::Post, post_norms: None, window: None,
+        norm_position: NormPosition::Post,
+        post_norms: None,
+        window: None,
     }
 }
 
@@ -84,8 +107,16 @@ fn planted_model(dir: &std::path::Path) -> Model {
     for p in 0..P {
         let _ = positions.get(p).get(V + p).fill_(1.0);
     }
-    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
-    common::hand_built(dir, &WORDS, embed, vec![layer(planted_attention()), layer(uniform_attention())], Kind::Enc, Family::Bert)
+    let embed =
+        Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    common::hand_built(
+        dir,
+        &WORDS,
+        embed,
+        vec![layer(planted_attention()), layer(uniform_attention())],
+        Kind::Enc,
+        Family::Bert,
+    )
 }
 
 fn write_counts(dir: &std::path::Path) -> std::path::PathBuf {
@@ -122,7 +153,11 @@ fn classifications_find_exactly_the_planted_heads() {
     let found: Vec<(HeadId, Vec<Function>)> = a.functions().into_iter().filter(|(_, f)| !f.is_empty()).collect();
     assert_eq!(
         found,
-        vec![(head(0, 0), vec![Function::Positional(-1)]), (head(0, 1), vec![Function::Positional(1)]), (head(0, 2), vec![Function::Rare(1.0)])],
+        vec![
+            (head(0, 0), vec![Function::Positional(-1)]),
+            (head(0, 1), vec![Function::Positional(1)]),
+            (head(0, 2), vec![Function::Rare(1.0)])
+        ],
         "functions found: {found:?}"
     );
     let k = a.kind(Kind::Enc).unwrap();
@@ -192,20 +227,28 @@ fn syntactic_accuracy_and_baselines_equal_a_hand_count() {
     // Hand counts. Head enc.0.0 answers "previous word", enc.0.1 "next word".
     // (relation, direction, edges, acc of prev head, acc of next head, baseline offset, baseline)
     let want: &[(&str, &str, usize, f64, f64, i64, f64)] = &[
-        ("nsubj", "g->d", 2, 1.0, 0.0, -1, 1.0),  // offsets -1, -1
-        ("nsubj", "d->g", 2, 0.0, 1.0, 1, 1.0),   // +1, +1
-        ("dobj", "g->d", 2, 0.0, 0.5, 1, 0.5),    // +2, +1 (obj counts as dobj); tie -> smaller |offset| first
-        ("dobj", "d->g", 2, 0.5, 0.0, -1, 0.5),   // -2, -1
+        ("nsubj", "g->d", 2, 1.0, 0.0, -1, 1.0),                  // offsets -1, -1
+        ("nsubj", "d->g", 2, 0.0, 1.0, 1, 1.0),                   // +1, +1
+        ("dobj", "g->d", 2, 0.0, 0.5, 1, 0.5), // +2, +1 (obj counts as dobj); tie -> smaller |offset| first
+        ("dobj", "d->g", 2, 0.5, 0.0, -1, 0.5), // -2, -1
         ("amod", "g->d", 3, 2.0 / 3.0, 1.0 / 3.0, -1, 2.0 / 3.0), // -1, -1, +1
-        ("amod", "d->g", 3, 1.0 / 3.0, 2.0 / 3.0, 1, 2.0 / 3.0),  // +1, +1, -1
-        ("advmod", "g->d", 1, 0.0, 0.0, 3, 1.0),  // +3
+        ("amod", "d->g", 3, 1.0 / 3.0, 2.0 / 3.0, 1, 2.0 / 3.0), // +1, +1, -1
+        ("advmod", "g->d", 1, 0.0, 0.0, 3, 1.0), // +3
         ("advmod", "d->g", 1, 0.0, 0.0, -3, 1.0), // -3
     ];
     for &(rel, d, edges, prev, next, off, base) in want {
         let r = get(rel, d);
         assert_eq!(r.edges, edges, "{rel} {d} edges");
-        assert!((r.accuracy[0][0] - prev).abs() < 1e-9, "{rel} {d}: previous-word head accuracy {} != {prev}", r.accuracy[0][0]);
-        assert!((r.accuracy[0][1] - next).abs() < 1e-9, "{rel} {d}: next-word head accuracy {} != {next}", r.accuracy[0][1]);
+        assert!(
+            (r.accuracy[0][0] - prev).abs() < 1e-9,
+            "{rel} {d}: previous-word head accuracy {} != {prev}",
+            r.accuracy[0][0]
+        );
+        assert!(
+            (r.accuracy[0][1] - next).abs() < 1e-9,
+            "{rel} {d}: next-word head accuracy {} != {next}",
+            r.accuracy[0][1]
+        );
         assert_eq!(r.baseline_offset, off, "{rel} {d} baseline offset");
         assert!((r.baseline - base).abs() < 1e-9, "{rel} {d} baseline {} != {base}", r.baseline);
     }

@@ -10,7 +10,15 @@ fn session(model: &str) -> Session {
     let mut s = Session::new(SessionOptions::default());
     let m = root().join("tests/fixtures/tiny_hf").join(model);
     let d = root().join("tests/fixtures/lrp_tiny/text.txt");
-    s.eval("setup", &format!("let m = load_model({:?}, #{{device: \"cpu\"}}); let d = corpus({:?}).take(3);", m.display().to_string(), d.display().to_string())).unwrap_or_else(|e| panic!("{e}"));
+    s.eval(
+        "setup",
+        &format!(
+            "let m = load_model({:?}, #{{device: \"cpu\"}}); let d = corpus({:?}).take(3);",
+            m.display().to_string(),
+            d.display().to_string()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     s
 }
 
@@ -74,10 +82,16 @@ fn decoder_only_head_types_keep_the_sink_apart_by_default() {
     let o = "n: 3, len: 8, haystack: 10, thresholds: #{sink: 0.0}";
     assert_eq!(eval(&mut s, &format!("m.head_types(#{{{o}}}).options.exclude_sink")), "true");
     let labels = |s: &mut Session, extra: &str| eval(s, &format!("m.head_types(#{{{o}{extra}}}).labels.to_string()"));
-    let scores = |s: &mut Session, extra: &str| json(s, &format!("#{{v: m.head_types(#{{{o}{extra}}})[\"induction\"][\"dec\"]}}.to_json()"));
+    let scores = |s: &mut Session, extra: &str| {
+        json(s, &format!("#{{v: m.head_types(#{{{o}{extra}}})[\"induction\"][\"dec\"]}}.to_json()"))
+    };
     assert_eq!(labels(&mut s, ""), labels(&mut s, ", exclude_sink: true"));
     assert_eq!(scores(&mut s, ""), scores(&mut s, ", exclude_sink: true"));
-    assert_ne!(scores(&mut s, ""), scores(&mut s, ", exclude_sink: false"), "excluding the first key changes the induction scores");
+    assert_ne!(
+        scores(&mut s, ""),
+        scores(&mut s, ", exclude_sink: false"),
+        "excluding the first key changes the induction scores"
+    );
     // A sink threshold of 0 makes every head a sink: apart by default, labels with the old option.
     let heads = eval(&mut s, "m.heads(\"dec\").len()");
     assert_eq!(eval(&mut s, &format!("m.head_types(#{{{o}}}).sinks.len()")), heads);
@@ -135,5 +149,8 @@ fn a_long_texts_attention_listing_stops_after_40_queries() {
     let text = eval(&mut s, "a.to_string()");
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(rows.len(), 41, "{text}");
-    assert_eq!(rows[40].trim(), format!("... {} more queries (every weight: a.values[query][key], a.heatmap())", n - 40));
+    assert_eq!(
+        rows[40].trim(),
+        format!("... {} more queries (every weight: a.values[query][key], a.heatmap())", n - 40)
+    );
 }

@@ -62,28 +62,58 @@ fn repeats(n: usize, seed: u64) -> Dataset {
 fn every_strategy_but_random_removes_only_the_heads_that_write_nothing() {
     let (v, _dir) = crate::streaming::planted::model_with(1, 1.0);
     let m = &v.model;
-    let o = CompareOptions { fractions: vec![0.3, 10.0 / 12.0], strategies: STRATEGIES.to_vec(), seeds: 5, prune: prune_options(Kind::Dec), michel_step: 0.1, harp_alphas: vec![0.0, 0.5, 1.0] };
+    let o = CompareOptions {
+        fractions: vec![0.3, 10.0 / 12.0],
+        strategies: STRATEGIES.to_vec(),
+        seeds: 5,
+        prune: prune_options(Kind::Dec),
+        michel_step: 0.1,
+        harp_alphas: vec![0.0, 0.5, 1.0],
+    };
     let c = compare(m, &repeats(8, 3), &repeats(8, 11), &o, &|| false, &mut |_, _, _| {}).unwrap();
     assert!(c.full < 2.0, "the planted model predicts the repeats: loss {}", c.full);
     let useful = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 0 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 0 }];
     for r in &c.rows {
-        eprintln!("{:16} {:.3}: removed {:2} loss {:.6} (full {:.6}) {:?}", r.strategy.to_string(), r.fraction, r.heads_removed, r.value, c.full, r.spread);
+        eprintln!(
+            "{:16} {:.3}: removed {:2} loss {:.6} (full {:.6}) {:?}",
+            r.strategy.to_string(),
+            r.fraction,
+            r.heads_removed,
+            r.value,
+            c.full,
+            r.spread
+        );
         match r.strategy {
             Strategy::Random => {
                 if r.heads_removed == 10 {
-                    assert!((r.value - c.full).abs() > 0.5, "removing 10 of 12 heads at random changes the model: {} vs {}", r.value, c.full);
+                    assert!(
+                        (r.value - c.full).abs() > 0.5,
+                        "removing 10 of 12 heads at random changes the model: {} vs {}",
+                        r.value,
+                        c.full
+                    );
                     assert!(r.spread.is_some());
                 }
             }
             Strategy::Harp | Strategy::SublayerCosine if r.fraction < 0.5 => {
                 assert_eq!(r.layers_removed, Some(1));
-                assert!(r.removed.iter().all(|h| h.layer_idx == 2), "{}: the silent layer goes first: {:?}", r.strategy, r.removed);
+                assert!(
+                    r.removed.iter().all(|h| h.layer_idx == 2),
+                    "{}: the silent layer goes first: {:?}",
+                    r.strategy,
+                    r.removed
+                );
                 assert_eq!(r.value, c.full, "{}: dropping the silent layer changes nothing", r.strategy);
             }
             Strategy::Harp | Strategy::SublayerCosine => assert_eq!(r.layers_removed, Some(3)),
             s => {
                 assert_eq!(r.heads_removed, if r.fraction < 0.5 { 4 } else { 10 });
-                assert!(!r.removed.iter().any(|h| useful.contains(h)), "{s} at {}: removed a head that writes: {:?}", r.fraction, r.removed);
+                assert!(
+                    !r.removed.iter().any(|h| useful.contains(h)),
+                    "{s} at {}: removed a head that writes: {:?}",
+                    r.fraction,
+                    r.removed
+                );
                 assert_eq!(r.value, c.full, "{s}: removing heads that write nothing changes nothing");
             }
         }
@@ -117,7 +147,11 @@ fn harp_bypass_is_the_value_path_scaled() {
         let (x, got) = (ln1.unwrap(), out.unwrap());
         let (bsz, t) = (x.size()[0], x.size()[1]);
         let (h, hk, dh) = (a.n_heads, a.n_kv_heads, a.head_dim);
-        let v = a.v.forward(&x).view([bsz, t, hk, dh]).repeat_interleave_self_int(h / hk, Some(2), None).reshape([bsz, t, h * dh]);
+        let v = a.v.forward(&x).view([bsz, t, hk, dh]).repeat_interleave_self_int(h / hk, Some(2), None).reshape([
+            bsz,
+            t,
+            h * dh,
+        ]);
         let want = a.o.forward(&(v * alpha));
         let d = common::max_diff(&got, &want);
         assert!(d < 1e-12, "{name}: bypassed layer {l} within {d:e} of alpha (ln1 W_V) W_O");
@@ -141,7 +175,11 @@ fn targeted_l0_holds_the_expected_open_heads_to_the_target() {
         // mean over the second half.
         let tail = &r.state.curve[r.state.curve.len() / 2..];
         let open = tail.iter().map(|p| p.expected_open).sum::<f64>() / tail.len() as f64;
-        eprintln!("target {target}: expected open heads {open:.3} (last step {:.3}), multipliers {:?}", r.state.curve.last().unwrap().expected_open, r.state.lagrange);
+        eprintln!(
+            "target {target}: expected open heads {open:.3} (last step {:.3}), multipliers {:?}",
+            r.state.curve.last().unwrap().expected_open,
+            r.state.lagrange
+        );
         assert!((open - target).abs() < 0.6, "target {target}: expected open {open}");
     }
 }
@@ -151,7 +189,14 @@ fn targeted_l0_holds_the_expected_open_heads_to_the_target() {
 fn bad_compare_input_is_a_one_line_error() {
     let m = common::tiny_hf("gpt2", "f32");
     let d = Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(4);
-    let base = CompareOptions { fractions: vec![0.5], strategies: vec![Strategy::Random], seeds: 2, prune: prune_options(Kind::Dec), michel_step: 0.1, harp_alphas: vec![1.0] };
+    let base = CompareOptions {
+        fractions: vec![0.5],
+        strategies: vec![Strategy::Random],
+        seeds: 2,
+        prune: prune_options(Kind::Dec),
+        michel_step: 0.1,
+        harp_alphas: vec![1.0],
+    };
     let cases: Vec<(CompareOptions, &str)> = vec![
         (CompareOptions { fractions: vec![0.0], ..base.clone() }, "fractions must be numbers in (0, 1)"),
         (CompareOptions { fractions: vec![1.0], ..base.clone() }, "fractions must be numbers in (0, 1)"),
@@ -167,7 +212,10 @@ fn bad_compare_input_is_a_one_line_error() {
     let mt = common::tiny_hf("marian", "f32");
     let e = compare(&mt, &d, &d, &base, &|| false, &mut |_, _, _| {}).err().unwrap().to_string();
     assert!(e.contains("encoder-decoder"), "{e}");
-    assert!("bogus".parse::<Strategy>().unwrap_err().contains("hard_concrete"), "an unknown strategy lists the known ones");
+    assert!(
+        "bogus".parse::<Strategy>().unwrap_err().contains("hard_concrete"),
+        "an unknown strategy lists the known ones"
+    );
 }
 
 /// A parallel-residual model (tiny Pythia: GPT-NeoX, no `resid_mid` on its path) runs every
@@ -201,7 +249,14 @@ fn every_strategy_runs_on_a_parallel_residual_model() {
     eprintln!("pythia: cos(resid_pre, resid_pre + attn_out) per layer {sim:?}");
     assert!((sim[0] - sim[1]).abs() > 1e-6, "the layers differ: {sim:?}");
     let most = if sim[0] > sim[1] { 0 } else { 1 };
-    let o = CompareOptions { fractions: vec![0.5], strategies: STRATEGIES.to_vec(), seeds: 2, prune: PruneOptions { steps: 3, ..prune_options(Kind::Dec) }, michel_step: 0.25, harp_alphas: vec![0.0, 1.0] };
+    let o = CompareOptions {
+        fractions: vec![0.5],
+        strategies: STRATEGIES.to_vec(),
+        seeds: 2,
+        prune: PruneOptions { steps: 3, ..prune_options(Kind::Dec) },
+        michel_step: 0.25,
+        harp_alphas: vec![0.0, 1.0],
+    };
     let c = compare(&m, &data, &data, &o, &|| false, &mut |_, _, _| {}).unwrap();
     for s in STRATEGIES {
         assert!(c.rows.iter().any(|r| r.strategy == s && r.value.is_finite()), "{s} ran on pythia");

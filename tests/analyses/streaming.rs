@@ -10,7 +10,11 @@ use headscope::model::{HeadId, Kind, ModelError};
 use std::collections::HashMap;
 use tch::{Kind as DType, Tensor};
 
-const SENTENCES: [&str; 3] = ["the cat and the dog sat on the mat in the park all day", "a dog ran in the park today and we like green tea", "it is raining"];
+const SENTENCES: [&str; 3] = [
+    "the cat and the dog sat on the mat in the park all day",
+    "a dog ran in the park today and we like green tea",
+    "it is raining",
+];
 
 fn golden() -> HashMap<String, Tensor> {
     Tensor::read_npz(common::fixtures().join("streaming_golden.npz")).unwrap().into_iter().collect()
@@ -41,7 +45,11 @@ fn streaming_heads_equal_transformers_with_the_same_mask() {
         let m = View::new(common::tiny_hf(name, "f64"));
         for (s, text) in SENTENCES.iter().enumerate() {
             let ids: Vec<i64> = m.model.tokenize(text).unwrap().ids.clone();
-            assert_eq!(ids, Vec::<i64>::try_from(&g[&format!("{name}/{s}/ids")]).unwrap(), "{name}: sentence {s} tokenized as transformers does");
+            assert_eq!(
+                ids,
+                Vec::<i64>::try_from(&g[&format!("{name}/{s}/ids")]).unwrap(),
+                "{name}: sentence {s} tokenized as transformers does"
+            );
         }
         let ids: Vec<HeadId> = heads.iter().map(|&(l, h)| HeadId { kind: Kind::Dec, layer_idx: l, head: h }).collect();
         let (_, full, _) = run(&m);
@@ -76,16 +84,20 @@ fn streaming_heads_equal_transformers_with_the_same_mask() {
 fn streaming_generation_equals_the_whole_text_run() {
     for name in ["llama", "gpt2"] {
         let m = View::new(common::tiny_hf(name, "f64"));
-        let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }];
+        let heads =
+            [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }];
         let prompt = "the cat and the dog sat on the mat";
         let n_prompt = m.model.tokenize(prompt).unwrap().ids.len() as i64;
         for regime in [Regime::Always, Regime::Decode { prompt: None }] {
             let v = m.streaming(&heads, 2, 3, regime, "test").unwrap();
             let new = v.model.generate(prompt, 8, &v.gates().unwrap()).unwrap();
-            let out: Vec<i64> = m.model.tokenize(prompt).unwrap().ids.iter().copied().chain(new.iter().copied()).collect();
+            let out: Vec<i64> =
+                m.model.tokenize(prompt).unwrap().ids.iter().copied().chain(new.iter().copied()).collect();
             // The same ids run whole: each generated token is the argmax at its position.
             let fixed = match regime {
-                Regime::Decode { .. } => m.streaming(&heads, 2, 3, Regime::Decode { prompt: Some(n_prompt) }, "test").unwrap(),
+                Regime::Decode { .. } => {
+                    m.streaming(&heads, 2, 3, Regime::Decode { prompt: Some(n_prompt) }, "test").unwrap()
+                }
                 Regime::Always => v.clone(),
             };
             let ids = Tensor::from_slice(&out).view([1, -1]);
@@ -109,7 +121,9 @@ pub(crate) mod planted {
     //! occurrence), dec.1.1 an echo head (attention on the current token's previous occurrence),
     //! dec.1.2 and dec.1.3 uniform over every token.
     use crate::common::{self, zeros};
-    use headscope::analysis::streaming::{group_scores, kv_cost, passkey_accuracy, passkeys, scores, split, ScoreOptions, Scorer, SCORERS};
+    use headscope::analysis::streaming::{
+        group_scores, kv_cost, passkey_accuracy, passkeys, scores, split, ScoreOptions, Scorer, SCORERS,
+    };
     use headscope::analysis::taxonomy::ProbeOptions;
     use headscope::data::{Dataset, Item};
     use headscope::model::nn::{Activation, Attention, Ffn, Linear, NormPosition, Regime};
@@ -126,7 +140,12 @@ pub(crate) mod planted {
     const CONTEXT: i64 = 48;
     const NEEDLE: usize = 6;
 
-    fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, i64, i64, f64)], o: &[(i64, i64, i64, f64)]) -> Attention {
+    fn attention(
+        q: &[(i64, i64, i64, f64)],
+        k: &[(i64, i64, i64, f64)],
+        v: &[(i64, i64, i64, f64)],
+        o: &[(i64, i64, i64, f64)],
+    ) -> Attention {
         let fill = |entries: &[(i64, i64, i64, f64)]| {
             let w = zeros(&[H * D, D]);
             for &(h, d, i, x) in entries {
@@ -138,11 +157,36 @@ pub(crate) mod planted {
         for &(h, d, out, x) in o {
             let _ = wo.get(out).get(h * D + d).fill_(x);
         }
-        Attention { q: Linear { w: fill(q), b: None }, k: Linear { w: fill(k), b: None }, v: Linear { w: fill(v), b: None }, o: Linear { w: wo, b: None }, n_heads: H, n_kv_heads: H, head_dim: D, rotary: None, slots: None, qk_norm: None, score: Default::default() }
+        Attention {
+            q: Linear { w: fill(q), b: None },
+            k: Linear { w: fill(k), b: None },
+            v: Linear { w: fill(v), b: None },
+            o: Linear { w: wo, b: None },
+            n_heads: H,
+            n_kv_heads: H,
+            head_dim: D,
+            rotary: None,
+            slots: None,
+            qk_norm: None,
+            score: Default::default(),
+        }
     }
 
     fn layer(attn: Attention, window: Option<i64>) -> EncoderLayer {
-        EncoderLayer { attn, attn_norm: common::rms_norm(D), ffn: Ffn { up: Linear { w: zeros(&[8, D]), b: None }, down: Linear { w: zeros(&[D, 8]), b: None }, act: Activation::Gelu, gate: None }, ffn_norm: common::rms_norm(D), norm_position: NormPosition::Pre, post_norms: None, window }
+        EncoderLayer {
+            attn,
+            attn_norm: common::rms_norm(D),
+            ffn: Ffn {
+                up: Linear { w: zeros(&[8, D]), b: None },
+                down: Linear { w: zeros(&[D, 8]), b: None },
+                act: Activation::Gelu,
+                gate: None,
+            },
+            ffn_norm: common::rms_norm(D),
+            norm_position: NormPosition::Pre,
+            post_norms: None,
+            window,
+        }
     }
 
     pub fn model() -> (View, tempfile::TempDir) {
@@ -194,8 +238,19 @@ pub(crate) mod planted {
         for p in 0..P {
             let _ = positions.get(p).get(posv + p).fill_(1.0);
         }
-        let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
-        let mut m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0, Some(4)), layer(l1, None)].into_iter().chain((0..silent).map(|_| layer(attention(&[], &[], &[], &[]), None))).collect(), Kind::Dec, Family::Gpt2);
+        let embed =
+            Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+        let mut m = common::hand_built(
+            dir.path(),
+            &refs,
+            embed,
+            vec![layer(l0, Some(4)), layer(l1, None)]
+                .into_iter()
+                .chain((0..silent).map(|_| layer(attention(&[], &[], &[], &[]), None)))
+                .collect(),
+            Kind::Dec,
+            Family::Gpt2,
+        );
         let out = zeros(&[V, D]);
         for t in 0..V {
             let _ = out.get(t).get(ansv + t).fill_(out_weight);
@@ -225,9 +280,15 @@ pub(crate) mod planted {
         let (v, _dir) = model();
         for scorer in SCORERS {
             let g = scores(&v, scorer, Some(&words(&v)), &probes(), &|| false).unwrap();
-            eprintln!("{scorer:10} {:?}", g.iter().map(|r| r.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>());
+            eprintln!(
+                "{scorer:10} {:?}",
+                g.iter().map(|r| r.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>()
+            );
             let low = g[0][0];
-            assert!(g.iter().flatten().all(|&x| low <= x), "{scorer}: dec.0.0 (attending to the last 4 tokens only) scores lowest");
+            assert!(
+                g.iter().flatten().all(|&x| low <= x),
+                "{scorer}: dec.0.0 (attending to the last 4 tokens only) scores lowest"
+            );
             // Keeping one group in eight full streams the windowed head.
             let one = split(&v, &group_scores(&v, &g), 1.0 / 8.0, 0, 4, Regime::Always, "test").unwrap();
             assert!(one.streaming.as_ref().unwrap().heads[0][0], "{scorer}: dec.0.0 streams");
@@ -255,7 +316,8 @@ pub(crate) mod planted {
         let keys = passkeys(&v.model, 4, NEEDLE, CONTEXT, 3).unwrap();
         let run = |w: &View, ids: &[i64]| {
             let x = Tensor::from_slice(ids).view([1, -1]);
-            let states = w.model.net.encode(&x, &x.ones_like().to_kind(DType::Float), &w.gates().unwrap(), None).unwrap();
+            let states =
+                w.model.net.encode(&x, &x.ones_like().to_kind(DType::Float), &w.gates().unwrap(), None).unwrap();
             w.model.net.logits(&states).unwrap()
         };
         let layer0: Vec<HeadId> = (0..4).map(|h| head(0, h)).collect();
@@ -263,15 +325,26 @@ pub(crate) mod planted {
             let s = v.streaming(&layer0, sink, recent, Regime::Always, "test").unwrap();
             for (seq, _) in &keys {
                 let d = common::max_diff(&run(&v, seq), &run(&s, seq));
-                assert_eq!(d, 0.0, "sink {sink}, recent {recent}: streaming the windowed layer changed the logits by {d:e}");
+                assert_eq!(
+                    d, 0.0,
+                    "sink {sink}, recent {recent}: streaming the windowed layer changed the logits by {d:e}"
+                );
             }
         }
-        let full: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&v, &v.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
+        let full: f64 =
+            keys.iter().map(|(s, _)| passkey_accuracy(&v, &v.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>()
+                / keys.len() as f64;
         let copy = v.streaming(&[head(1, 0)], 2, 8, Regime::Always, "test").unwrap();
-        let broken: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&copy, &copy.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
+        let broken: f64 =
+            keys.iter().map(|(s, _)| passkey_accuracy(&copy, &copy.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>()
+                / keys.len() as f64;
         let echo = v.streaming(&[head(1, 1), head(1, 2), head(1, 3)], 2, 8, Regime::Always, "test").unwrap();
-        let others: f64 = keys.iter().map(|(s, _)| passkey_accuracy(&echo, &echo.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>() / keys.len() as f64;
-        eprintln!("passkey accuracy: full {full}, copy head streaming {broken}, the other layer-1 heads streaming {others}");
+        let others: f64 =
+            keys.iter().map(|(s, _)| passkey_accuracy(&echo, &echo.gates().unwrap(), s, NEEDLE).unwrap()).sum::<f64>()
+                / keys.len() as f64;
+        eprintln!(
+            "passkey accuracy: full {full}, copy head streaming {broken}, the other layer-1 heads streaming {others}"
+        );
         assert_eq!(full, 1.0, "the planted model retrieves every passkey");
         assert_eq!(others, 1.0, "streaming the heads that do not copy keeps the passkey");
         assert!(broken < 0.2, "streaming the copy head breaks the passkey: {broken}");
@@ -290,18 +363,37 @@ fn the_packed_cache_holds_the_bytes_counted_from_shapes() {
     use headscope::analysis::streaming::kv_cost;
     for name in ["llama", "gpt2"] {
         let m = View::new(common::tiny_hf(name, "f32"));
-        let heads = [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }];
+        let heads =
+            [HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }];
         let prompt = "the cat and the dog sat on the mat in the park";
         for regime in [Regime::Always, Regime::Decode { prompt: None }] {
-            for (v, what) in [(m.streaming(&heads, 2, 3, regime, "test").unwrap(), "streaming"), (m.streaming(&[], 2, 3, regime, "test").unwrap(), "none streaming"), (m.clone(), "plain")] {
+            for (v, what) in [
+                (m.streaming(&heads, 2, 3, regime, "test").unwrap(), "streaming"),
+                (m.streaming(&[], 2, 3, regime, "test").unwrap(), "none streaming"),
+                (m.clone(), "plain"),
+            ] {
                 let (new, cache) = v.model.generate_run(prompt, 12, &v.gates().unwrap(), true).unwrap();
                 let counted = kv_cost(&v, cache.len, cache.prompt);
-                eprintln!("{name} {regime:?} {what}: {} tokens generated, context {}: cache {} bytes, counted {} of {} full", new.len(), cache.len, cache.bytes(), counted.bytes, counted.full_bytes);
-                assert_eq!(cache.bytes(), counted.bytes, "{name} {regime:?} {what}: the cache's tensors hold what kv_cost counts");
+                eprintln!(
+                    "{name} {regime:?} {what}: {} tokens generated, context {}: cache {} bytes, counted {} of {} full",
+                    new.len(),
+                    cache.len,
+                    cache.bytes(),
+                    counted.bytes,
+                    counted.full_bytes
+                );
+                assert_eq!(
+                    cache.bytes(),
+                    counted.bytes,
+                    "{name} {regime:?} {what}: the cache's tensors hold what kv_cost counts"
+                );
                 if what == "streaming" {
                     assert!(counted.bytes < counted.full_bytes, "{name} {regime:?}: streaming keeps less");
                 } else {
-                    assert_eq!(counted.bytes, counted.full_bytes, "{name}: {what} keeps the full cache, one key and value per group");
+                    assert_eq!(
+                        counted.bytes, counted.full_bytes,
+                        "{name}: {what} keeps the full cache, one key and value per group"
+                    );
                 }
             }
         }
@@ -323,7 +415,8 @@ fn the_kv_footprint_equals_a_simulation_of_the_cache() {
     assert!(cases.len() >= 9);
     for c in cases {
         let n = |k: &str| c[k].as_i64().unwrap();
-        let (groups, stream, sink, recent, prompt, decode, chunk) = (n("groups"), n("streaming"), n("sink"), n("recent"), n("prompt"), n("decode"), n("chunk"));
+        let (groups, stream, sink, recent, prompt, decode, chunk) =
+            (n("groups"), n("streaming"), n("sink"), n("recent"), n("prompt"), n("decode"), n("chunk"));
         let rp = c["regime_prompt"].as_i64();
         let regime = if c["regime"] == "always" { Regime::Always } else { Regime::Decode { prompt: rp } };
         let p_regime = rp.unwrap_or(prompt);
@@ -343,7 +436,13 @@ fn the_kv_footprint_equals_a_simulation_of_the_cache() {
         if let Some(v) = view {
             let per = v.group_size(Kind::Dec, 0);
             let per_layer = (v.model.attention(Kind::Dec, 0).unwrap().width() / per) as i64;
-            let heads: Vec<HeadId> = (0..stream).map(|i| HeadId { kind: Kind::Dec, layer_idx: (i / per_layer) as usize, head: (i % per_layer) as usize * per }).collect();
+            let heads: Vec<HeadId> = (0..stream)
+                .map(|i| HeadId {
+                    kind: Kind::Dec,
+                    layer_idx: (i / per_layer) as usize,
+                    head: (i % per_layer) as usize * per,
+                })
+                .collect();
             let w = v.streaming(&heads, sink, recent, regime, "test").unwrap();
             let got = kv_footprint(&w, prompt, decode, chunk);
             assert_eq!((got.entry_steps, got.full_entry_steps, got.peak, got.full_peak), want, "through a view: {c}");
@@ -390,7 +489,8 @@ fn decode_regime_equals_kvpress_duo_attention_on_smollm2() {
     };
     let plain = loss(&m);
     let streamed = loss(&m.streaming(&heads, sink, recent, Regime::Decode { prompt: Some(p) }, "test").unwrap());
-    let (want_plain, want) = (g["plain"]["loss"].as_f64().unwrap(), g["cases"]["streaming"]["one_call"]["loss"].as_f64().unwrap());
+    let (want_plain, want) =
+        (g["plain"]["loss"].as_f64().unwrap(), g["cases"]["streaming"]["one_call"]["loss"].as_f64().unwrap());
     eprintln!("SmolLM2 decode regime, 45 of 90 groups streaming: loss {streamed:.9} (kvpress {want:.9}); plain {plain:.9} (transformers {want_plain:.9})");
     assert!((plain - want_plain).abs() < 1e-4, "plain loss {plain} vs {want_plain}");
     assert!((streamed - want).abs() < 1e-4, "streaming loss {streamed} vs kvpress {want}");
@@ -404,7 +504,15 @@ fn bad_streaming_input_is_a_one_line_error() {
     use headscope::engine::{Session, SessionOptions};
     let mut s = Session::new(SessionOptions::default());
     let tiny = |n: &str| common::root().join("tests/fixtures/tiny_hf").join(n).display().to_string();
-    s.eval("setup", &format!("let m = load_model({:?}); let b = load_model({:?}); let d = corpus(asset(\"pud_en.txt\")).take(20);", tiny("llama"), tiny("bart"))).unwrap();
+    s.eval(
+        "setup",
+        &format!(
+            "let m = load_model({:?}); let b = load_model({:?}); let d = corpus(asset(\"pud_en.txt\")).take(20);",
+            tiny("llama"),
+            tiny("bart")
+        ),
+    )
+    .unwrap();
     let cases: &[(&str, &str)] = &[
         ("load_model(\"minilm\").with_streaming([\"enc.0.1\"])", "with_streaming: minilm is an encoder: it reads every token at once and keeps no key/value cache"),
         ("b.with_streaming([\"dec.0.1\"])", "streaming heads are offered for decoder-only models"),

@@ -11,7 +11,7 @@ use crate::common::{root, zeros};
 
 use headscope::analysis::taxonomy::{head_type_scores, labels, token_pool, HeadType, ProbeOptions, Probes};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
 use headscope::model::{Family, Kind, Model};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -24,7 +24,13 @@ const S: f64 = 30.0;
 const COPY: f64 = 0.06;
 
 /// q, k, v, o of one layer from (head, head dim, input dim, value) entries.
-fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, i64, i64, f64)], o: &[(i64, i64, i64, f64)], q_bias: &[(i64, i64, f64)]) -> Attention {
+fn attention(
+    q: &[(i64, i64, i64, f64)],
+    k: &[(i64, i64, i64, f64)],
+    v: &[(i64, i64, i64, f64)],
+    o: &[(i64, i64, i64, f64)],
+    q_bias: &[(i64, i64, f64)],
+) -> Attention {
     let fill = |entries: &[(i64, i64, i64, f64)], out_major: bool| {
         let w = zeros(&[H * DH, D]);
         for &(h, d, i, x) in entries {
@@ -44,11 +50,36 @@ fn attention(q: &[(i64, i64, i64, f64)], k: &[(i64, i64, i64, f64)], v: &[(i64, 
         let _ = bq.get(h * DH + d).fill_(x);
     }
     let lin = |w: Tensor, b: Tensor| Linear { w, b: Some(b) };
-    Attention { q: lin(fill(q, true), bq), k: lin(fill(k, true), zeros(&[H * DH])), v: lin(fill(v, true), zeros(&[H * DH])), o: lin(wo, zeros(&[D])), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() }
+    Attention {
+        q: lin(fill(q, true), bq),
+        k: lin(fill(k, true), zeros(&[H * DH])),
+        v: lin(fill(v, true), zeros(&[H * DH])),
+        o: lin(wo, zeros(&[D])),
+        n_heads: H,
+        n_kv_heads: H,
+        head_dim: DH,
+        rotary: None,
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
+    }
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer { attn, attn_norm: common::rms_norm(D), ffn: Ffn { up: Linear { w: zeros(&[8, D]), b: None }, down: Linear { w: zeros(&[D, 8]), b: None }, act: Activation::Gelu, gate: None }, ffn_norm: common::rms_norm(D), norm_position: NormPosition::Pre, post_norms: None, window: None }
+    EncoderLayer {
+        attn,
+        attn_norm: common::rms_norm(D),
+        ffn: Ffn {
+            up: Linear { w: zeros(&[8, D]), b: None },
+            down: Linear { w: zeros(&[D, 8]), b: None },
+            act: Activation::Gelu,
+            gate: None,
+        },
+        ffn_norm: common::rms_norm(D),
+        norm_position: NormPosition::Pre,
+        post_norms: None,
+        window: None,
+    }
 }
 
 fn planted() -> (Model, tempfile::TempDir) {
@@ -92,7 +123,8 @@ fn planted() -> (Model, tempfile::TempDir) {
     for p in 0..P {
         let _ = positions.get(p).get(posv + p).fill_(1.0);
     }
-    let embed = Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
+    let embed =
+        Embeddings { tokens, scale: 1.0, positions: Positions::Learned(positions), token_type: None, norm: None };
     let m = common::hand_built(dir.path(), &refs, embed, vec![layer(l0), layer(l1)], Kind::Dec, Family::Gpt2);
     (m, dir)
 }
@@ -100,10 +132,14 @@ fn planted() -> (Model, tempfile::TempDir) {
 #[test]
 fn planted_heads_are_found_exactly_and_no_others() {
     let (m, _dir) = planted();
-    let probes = Probes::generate(&token_pool(&m), &ProbeOptions { seed: 0, n: 8, len: 10, needle: 6, haystack: 14 }).unwrap();
+    let probes =
+        Probes::generate(&token_pool(&m), &ProbeOptions { seed: 0, n: 8, len: 10, needle: 6, haystack: 14 }).unwrap();
     let grids = head_type_scores(&m, &probes, &Gates::none(), &|| false, false).unwrap();
     for (ty, g) in &grids {
-        println!("{ty:16} {:?}", g.iter().map(|r| r.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>());
+        println!(
+            "{ty:16} {:?}",
+            g.iter().map(|r| r.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>()).collect::<Vec<_>>()
+        );
     }
     let found: Vec<((usize, usize), Vec<HeadType>)> = labels(&grids, &[]);
     let want = vec![
@@ -132,13 +168,23 @@ fn detector_scores_without_the_sink_equal_transformer_lens_exclude_bos() {
 fn detector_scores_against_transformer_lens(exclude_sink: bool) {
     let dir = root().join("tests/fixtures/tiny_hf/gpt2");
     let m = common::load(&dir, "f32");
-    let probes = Probes::generate(&token_pool(&m), &ProbeOptions { seed: 5, n: 6, len: 12, needle: 4, haystack: 10 }).unwrap();
+    let probes =
+        Probes::generate(&token_pool(&m), &ProbeOptions { seed: 5, n: 6, len: 12, needle: 4, haystack: 10 }).unwrap();
     let ours = head_type_scores(&m, &probes, &Gates::none(), &|| false, exclude_sink).unwrap();
     if exclude_sink {
         let with = head_type_scores(&m, &probes, &Gates::none(), &|| false, false).unwrap();
-        let moved = ours.iter().zip(&with).filter(|((t, _), _)| *t == HeadType::Induction).flat_map(|((_, a), (_, b))| a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).collect::<Vec<_>>()).fold(0.0, f64::max);
+        let moved = ours
+            .iter()
+            .zip(&with)
+            .filter(|((t, _), _)| *t == HeadType::Induction)
+            .flat_map(|((_, a), (_, b))| {
+                a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).collect::<Vec<_>>()
+            })
+            .fold(0.0, f64::max);
         assert!(moved > 1e-3, "excluding the first key changed no induction score ({moved})");
-        let sink = |g: &headscope::analysis::taxonomy::TypeGrids| g.iter().find(|(t, _)| *t == HeadType::Sink).unwrap().1.clone();
+        let sink = |g: &headscope::analysis::taxonomy::TypeGrids| {
+            g.iter().find(|(t, _)| *t == HeadType::Sink).unwrap().1.clone()
+        };
         assert_eq!(sink(&ours), sink(&with), "the sink score itself is the same either way");
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -150,11 +196,20 @@ fn detector_scores_against_transformer_lens(exclude_sink: bool) {
         cmd.arg("--exclude-bos");
     }
     let run = cmd.output().expect(".venv/bin/python (scripts/setup)");
-    assert!(run.status.success(), "taxonomy_reference.py failed:\n{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "taxonomy_reference.py failed:\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
     let tl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     println!("TransformerLens {}", tl["tl_version"]);
     let mut worst: f64 = 0.0;
-    for (ty, key) in [(HeadType::PreviousToken, "previous_token"), (HeadType::DuplicateToken, "duplicate_token"), (HeadType::Induction, "induction")] {
+    for (ty, key) in [
+        (HeadType::PreviousToken, "previous_token"),
+        (HeadType::DuplicateToken, "duplicate_token"),
+        (HeadType::Induction, "induction"),
+    ] {
         let g = &ours.iter().find(|(t, _)| *t == ty).unwrap().1;
         for (l, row) in g.iter().enumerate() {
             for (h, v) in row.iter().enumerate() {

@@ -43,16 +43,28 @@ fn check(model: &str, dir: &str, seed: Seed, device: DeviceChoice) -> f64 {
         let ids = Tensor::from_slice(&ids).view([1, t]).to_device(dev);
         let mask = Tensor::ones([1, t], (DType::Float, dev));
         let seed_at = match seed {
-            Seed::Logit => Tensor::zeros([1, t], (DType::Float, dev)).index_fill(1, &Tensor::from_slice(&[t - 1]).to_device(dev), 1.0),
+            Seed::Logit => Tensor::zeros([1, t], (DType::Float, dev)).index_fill(
+                1,
+                &Tensor::from_slice(&[t - 1]).to_device(dev),
+                1.0,
+            ),
             Seed::Norm => mask.shallow_clone(),
         };
         let r = relevance(&m, &ids, &mask, &seed_at, seed, &Gates::none(), None).unwrap();
         let want_seed = s["seed"].as_f64().unwrap();
         let got_seed = vec1(&r.seed)[0];
-        assert!((got_seed - want_seed).abs() <= 1e-4 * want_seed.abs(), "{model} sentence {i}: seed {got_seed} vs {want_seed}");
+        assert!(
+            (got_seed - want_seed).abs() <= 1e-4 * want_seed.abs(),
+            "{model} sentence {i}: seed {got_seed} vs {want_seed}"
+        );
         let want_in: Vec<f64> = s["input_relevance"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         worst = worst.max(close(&format!("{model} sentence {i} input"), &vec1(&r.input), &want_in));
-        let want_heads: Vec<f64> = s["head_relevance"].as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+        let want_heads: Vec<f64> = s["head_relevance"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|l| l.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+            .collect();
         let got_heads: Vec<f64> = r.heads.iter().flat_map(vec1).collect();
         worst = worst.max(close(&format!("{model} sentence {i} heads"), &got_heads, &want_heads));
     }
@@ -94,18 +106,29 @@ fn a_target_token_is_seeded_with_its_own_logit_and_named() {
     let dev = m.device();
     let ids = Tensor::from_slice(&e.ids).view([1, t]).to_device(dev);
     let mask = Tensor::ones([1, t], (DType::Float, dev));
-    let seed_at = Tensor::zeros([1, t], (DType::Float, dev)).index_fill(1, &Tensor::from_slice(&[t - 1]).to_device(dev), 1.0);
+    let seed_at =
+        Tensor::zeros([1, t], (DType::Float, dev)).index_fill(1, &Tensor::from_slice(&[t - 1]).to_device(dev), 1.0);
     // A plain forward's logits at the last position, outside the relevance code.
-    let logits = tch::no_grad(|| m.net.logits_before_cap(&m.net.encode(&ids, &mask, &Gates::none(), None).unwrap()).unwrap());
+    let logits =
+        tch::no_grad(|| m.net.logits_before_cap(&m.net.encode(&ids, &mask, &Gates::none(), None).unwrap()).unwrap());
     let last = vec1(&logits.get(0).get(t - 1));
     let top = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as i64;
     let other = (0..last.len()).min_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as i64;
     let plain = relevance(&m, &ids, &mask, &seed_at, Seed::Logit, &Gates::none(), None).unwrap();
-    assert_eq!(plain.top.as_ref().unwrap().get(0).int64_value(&[t - 1]), top, "the token a plain seed explains is the top-1");
+    assert_eq!(
+        plain.top.as_ref().unwrap().get(0).int64_value(&[t - 1]),
+        top,
+        "the token a plain seed explains is the top-1"
+    );
     let by_id = relevance(&m, &ids, &mask, &seed_at, Seed::Logit, &Gates::none(), Some(top)).unwrap();
     assert_eq!(vec1(&by_id.input), vec1(&plain.input), "the top-1 as target is the default");
     let low = relevance(&m, &ids, &mask, &seed_at, Seed::Logit, &Gates::none(), Some(other)).unwrap();
-    assert!((vec1(&low.seed)[0] - last[other as usize]).abs() <= 1e-5 * last[other as usize].abs().max(1.0), "seed {} vs logit {}", vec1(&low.seed)[0], last[other as usize]);
+    assert!(
+        (vec1(&low.seed)[0] - last[other as usize]).abs() <= 1e-5 * last[other as usize].abs().max(1.0),
+        "seed {} vs logit {}",
+        vec1(&low.seed)[0],
+        last[other as usize]
+    );
     assert_ne!(vec1(&low.input), vec1(&plain.input));
     assert!(relevance(&m, &ids, &mask, &seed_at, Seed::Logit, &Gates::none(), Some(last.len() as i64)).is_err());
 
@@ -113,21 +136,39 @@ fn a_target_token_is_seeded_with_its_own_logit_and_named() {
     let mut s = Session::new(SessionOptions::default());
     let dir = root().join("tests/fixtures/tiny_hf/llama").display().to_string();
     s.eval("setup", &format!("let m = load_model({dir:?}, #{{device: \"cpu\"}});")).unwrap();
-    let text = |s: &mut Session, code: &str| s.eval("case", code).unwrap_or_else(|e| panic!("{code}: {e}")).unwrap().text;
+    let text =
+        |s: &mut Session, code: &str| s.eval("case", code).unwrap_or_else(|e| panic!("{code}: {e}")).unwrap().text;
     let piece = m.tok.id_to_token(top);
     let title = text(&mut s, "m.token_relevance(\"the cat sat on the mat\").title");
-    assert!(title.contains(&format!("explains {piece:?} (id {top}, text ")) && title.contains("the top-1 next token"), "{title}");
+    assert!(
+        title.contains(&format!("explains {piece:?} (id {top}, text ")) && title.contains("the top-1 next token"),
+        "{title}"
+    );
     let title = text(&mut s, &format!("m.token_relevance(\"the cat sat on the mat\", {other}).title"));
     assert!(title.contains(&format!("(id {other}, text ")) && title.contains("the given target"), "{title}");
-    let by_piece = text(&mut s, &format!("m.token_relevance(\"the cat sat on the mat\", {:?}).to_string()", m.tok.id_to_token(other)));
-    assert_eq!(by_piece, text(&mut s, &format!("m.token_relevance(\"the cat sat on the mat\", {other}).to_string()")), "a piece and its id are the same target");
-    let error = |s: &mut Session, code: &str| s.eval("case", code).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{code}: no error"));
+    let by_piece = text(
+        &mut s,
+        &format!("m.token_relevance(\"the cat sat on the mat\", {:?}).to_string()", m.tok.id_to_token(other)),
+    );
+    assert_eq!(
+        by_piece,
+        text(&mut s, &format!("m.token_relevance(\"the cat sat on the mat\", {other}).to_string()")),
+        "a piece and its id are the same target"
+    );
+    let error = |s: &mut Session, code: &str| {
+        s.eval("case", code).err().map(|e| e.to_string()).unwrap_or_else(|| panic!("{code}: no error"))
+    };
     let v = m.tok.vocab_size();
     let e = error(&mut s, &format!("m.token_relevance(\"the cat\", {v})"));
     assert!(e.contains(&format!("token_relevance: target id {v} is outside the vocabulary (0 to {})", v - 1)), "{e}");
     let e = error(&mut s, "m.token_relevance(\"the cat\", \"the cat sat\")");
     let n = m.tokenize("the cat sat").unwrap().special.iter().filter(|&&sp| !sp).count();
-    assert!(n > 1 && e.contains(&format!("token_relevance: target \"the cat sat\" is {n} tokens (")) && e.lines().next().unwrap().ends_with("not one; give one token (its text or id)"), "{e}");
+    assert!(
+        n > 1
+            && e.contains(&format!("token_relevance: target \"the cat sat\" is {n} tokens ("))
+            && e.lines().next().unwrap().ends_with("not one; give one token (its text or id)"),
+        "{e}"
+    );
     let e = error(&mut s, "m.token_relevance(\"the cat\", \"\")");
     assert!(e.contains("token_relevance: target is empty"), "{e}");
 }

@@ -13,10 +13,21 @@ fn sentences(n: usize) -> Dataset {
     Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(n)
 }
 
-fn check(model: &Model, data: &Dataset, rule: Rule, seed: Seed, per_prediction: bool) -> headscope::analysis::lrp::LrpResult {
+fn check(
+    model: &Model,
+    data: &Dataset,
+    rule: Rule,
+    seed: Seed,
+    per_prediction: bool,
+) -> headscope::analysis::lrp::LrpResult {
     let opts = LrpOptions { rule: rule.into(), seed: Some(seed), per_prediction, batch_tokens: 256 };
     let r = lrp(model, data, &opts, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
-    println!("{} {rule} {seed} each={per_prediction}: {} predictions, max conservation error {:.2e}", model.name(), r.predictions, r.max_conservation_error);
+    println!(
+        "{} {rule} {seed} each={per_prediction}: {} predictions, max conservation error {:.2e}",
+        model.name(),
+        r.predictions,
+        r.max_conservation_error
+    );
     assert!(r.max_conservation_error < 1e-3, "relevance not conserved: {}", r.max_conservation_error);
     assert!(r.predictions > 0);
     for (kind, heads) in &r.kinds {

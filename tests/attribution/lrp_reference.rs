@@ -47,7 +47,11 @@ fn check_in(name: &str, data: &Dataset, seed: Seed, dtype: &str, tol_ab: f64, to
             let o = LrpOptions { rule: rule.into(), seed: Some(seed), per_prediction, batch_tokens: 64 };
             let got = lrp(&model, data, &o, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
             assert_eq!(got.predictions as u64, want["P"].as_u64().unwrap(), "{name} {rule_name} {seeds}: predictions");
-            assert!(got.max_conservation_error < 1e-3, "{name} {rule_name} {seeds}: conservation error {}", got.max_conservation_error);
+            assert!(
+                got.max_conservation_error < 1e-3,
+                "{name} {rule_name} {seeds}: conservation error {}",
+                got.max_conservation_error
+            );
             let kinds = want["grids"].as_object().unwrap();
             assert_eq!(got.kinds.len(), kinds.len(), "{name} {rule_name} {seeds}: kinds");
             for (kind, grid) in &got.kinds {
@@ -57,7 +61,10 @@ fn check_in(name: &str, data: &Dataset, seed: Seed, dtype: &str, tol_ab: f64, to
                         let r = w[l][h].as_f64().unwrap();
                         let d = (v - r).abs();
                         worst = worst.max(d);
-                        assert!(d <= tol, "{name} ({dtype}) {rule_name} {seeds} {kind}.{l}.{h}: headscope {v}, reference {r}");
+                        assert!(
+                            d <= tol,
+                            "{name} ({dtype}) {rule_name} {seeds} {kind}.{l}.{h}: headscope {v}, reference {r}"
+                        );
                     }
                 }
             }

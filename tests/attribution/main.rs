@@ -6,7 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod lrp;
-mod lrp_reference;
 mod attnlrp;
 mod attnlrp_seeds;
+mod lrp;
+mod lrp_reference;

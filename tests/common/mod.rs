@@ -98,7 +98,10 @@ pub fn asset(name: &str, dtype: &str) -> Model {
 /// The largest absolute difference of two tensors of one shape, in float64 on the CPU.
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shape mismatch");
-    (a.to_device(Device::Cpu).to_kind(DType::Double) - b.to_device(Device::Cpu).to_kind(DType::Double)).abs().max().double_value(&[])
+    (a.to_device(Device::Cpu).to_kind(DType::Double) - b.to_device(Device::Cpu).to_kind(DType::Double))
+        .abs()
+        .max()
+        .double_value(&[])
 }
 
 /// float32's unit roundoff, `u = 2^-24`.
@@ -156,7 +159,12 @@ pub fn lin(w: Tensor, b: Tensor) -> Linear {
 /// LayerNorm over `d` features as initialised (weight 1, bias 0, eps 1e-5): the identity on
 /// normalised inputs.
 pub fn layer_norm(d: i64) -> Norm {
-    Norm { kind: NormKind::Layer, weight: Tensor::ones([d], (DType::Float, Device::Cpu)), bias: Some(zeros(&[d])), eps: 1e-5 }
+    Norm {
+        kind: NormKind::Layer,
+        weight: Tensor::ones([d], (DType::Float, Device::Cpu)),
+        bias: Some(zeros(&[d])),
+        eps: 1e-5,
+    }
 }
 
 /// RMSNorm over `d` features, weight 1, eps 1e-6.
@@ -185,8 +193,13 @@ pub fn rng() -> MutexGuard<'static, ()> {
 /// A word-level tokenizer.json: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3, then `words` from id 4, with
 /// BERT's `[CLS] ... [SEP]` framing.
 pub fn word_level_tokenizer(words: &[&str]) -> String {
-    let special = |id: u32, t: &str| format!(r#"{{"id":{id},"content":"{t}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#);
-    let mut vocab = vec![r#""[PAD]":0"#.to_string(), r#""[CLS]":1"#.into(), r#""[SEP]":2"#.into(), r#""[UNK]":3"#.into()];
+    let special = |id: u32, t: &str| {
+        format!(
+            r#"{{"id":{id},"content":"{t}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}"#
+        )
+    };
+    let mut vocab =
+        vec![r#""[PAD]":0"#.to_string(), r#""[CLS]":1"#.into(), r#""[SEP]":2"#.into(), r#""[UNK]":3"#.into()];
     vocab.extend(words.iter().enumerate().map(|(i, w)| format!(r#""{w}":{}"#, i + 4)));
     format!(
         r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{},{},{},{}],"normalizer":null,
@@ -204,11 +217,17 @@ pub fn word_level_tokenizer(words: &[&str]) -> String {
     )
 }
 
-
 /// A model built by hand: the self-attention stack `layers` over `embed`, with the word-level
 /// tokenizer of `words` written to `dir`; no output head, float32 on the CPU. A `Dec` stack is
 /// causal (decoder-only), an `Enc` stack bidirectional.
-pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model::transformer::Embeddings, layers: Vec<headscope::model::transformer::EncoderLayer>, stack_kind: headscope::model::Kind, family: headscope::model::Family) -> headscope::model::Model {
+pub fn hand_built(
+    dir: &std::path::Path,
+    words: &[&str],
+    embed: headscope::model::transformer::Embeddings,
+    layers: Vec<headscope::model::transformer::EncoderLayer>,
+    stack_kind: headscope::model::Kind,
+    family: headscope::model::Family,
+) -> headscope::model::Model {
     use headscope::model::tokenizer::{Framing, Tok};
     use headscope::model::{transformer::Transformer, Kind, LoadOptions, LoadTimes, Model};
     std::fs::write(dir.join("tokenizer.json"), word_level_tokenizer(words)).unwrap();
@@ -233,12 +252,26 @@ pub fn hand_built(dir: &std::path::Path, words: &[&str], embed: headscope::model
         rel_bias: None,
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false };
-    Model { load_times: LoadTimes::default(), family, path: dir.to_path_buf(), id: None, warnings: vec![], net, tok, opts, n_params: 0, removed: vec![] }
+    Model {
+        load_times: LoadTimes::default(),
+        family,
+        path: dir.to_path_buf(),
+        id: None,
+        warnings: vec![],
+        net,
+        tok,
+        opts,
+        n_params: 0,
+        removed: vec![],
+    }
 }
 
 /// One pass of `run` recording `points` through the trace: `(hook point, value)` in the order
 /// the forward met them, and what `run` returned.
-pub fn recorded<T>(points: &[headscope::model::hooks::Point], run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> T) -> (Vec<(headscope::model::hooks::At, tch::Tensor)>, T) {
+pub fn recorded<T>(
+    points: &[headscope::model::hooks::Point],
+    run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> T,
+) -> (Vec<(headscope::model::hooks::At, tch::Tensor)>, T) {
     let mut seen = Vec::new();
     let mut on = |at: headscope::model::hooks::At, t: &tch::Tensor| {
         seen.push((at, t.shallow_clone()));
@@ -250,14 +283,19 @@ pub fn recorded<T>(points: &[headscope::model::hooks::Point], run: impl FnOnce(&
 }
 
 /// The values recorded at `point`, in order.
-pub fn at_point(seen: &[(headscope::model::hooks::At, tch::Tensor)], point: headscope::model::hooks::Point) -> Vec<tch::Tensor> {
+pub fn at_point(
+    seen: &[(headscope::model::hooks::At, tch::Tensor)],
+    point: headscope::model::hooks::Point,
+) -> Vec<tch::Tensor> {
     seen.iter().filter(|(a, _)| a.point == point).map(|(_, t)| t.shallow_clone()).collect()
 }
 
 /// HF's `output_hidden_states` of one sentence (each layer's input, then the stack's output,
 /// batch row 0) and each layer's attention, recorded at `hook_resid_pre` and `hook_pattern` of
 /// one pass `run` that returns the stack's output.
-pub fn hidden_and_attention(run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> tch::Tensor) -> (Vec<tch::Tensor>, Vec<tch::Tensor>) {
+pub fn hidden_and_attention(
+    run: impl FnOnce(&mut dyn headscope::model::hooks::Hooks) -> tch::Tensor,
+) -> (Vec<tch::Tensor>, Vec<tch::Tensor>) {
     use headscope::model::hooks::Point;
     let (seen, out) = recorded(&[Point::ResidPre, Point::Pattern], run);
     let mut hidden: Vec<tch::Tensor> = at_point(&seen, Point::ResidPre).iter().map(|h| h.get(0)).collect();
@@ -296,7 +334,11 @@ pub fn required(tool: &str) -> bool {
     let Ok(list) = std::env::var("HEADSCOPE_REQUIRE") else { return false };
     let asked: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     for a in &asked {
-        assert!(*a == "all" || TOOLS.contains(a), "HEADSCOPE_REQUIRE names '{a}', which is not one of {} or all", TOOLS.join(", "));
+        assert!(
+            *a == "all" || TOOLS.contains(a),
+            "HEADSCOPE_REQUIRE names '{a}', which is not one of {} or all",
+            TOOLS.join(", ")
+        );
     }
     asked.iter().any(|a| *a == "all" || *a == tool)
 }

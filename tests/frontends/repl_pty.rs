@@ -86,7 +86,8 @@ fn repl_in_a_terminal() {
     p.exp_string("did you mean 'heatmap'?").unwrap();
     p.exp_string(PROMPT).unwrap();
     p.send_line("heatmap()").unwrap();
-    p.exp_string("'heatmap' is called as: heatmap(matrix) -> Plot; heatmap(matrix, options) -> Plot (:help heatmap)").unwrap();
+    p.exp_string("'heatmap' is called as: heatmap(matrix) -> Plot; heatmap(matrix, options) -> Plot (:help heatmap)")
+        .unwrap();
     p.exp_string(PROMPT).unwrap();
     p.send_line("help").unwrap();
     p.exp_string("type :help").unwrap();
@@ -196,7 +197,9 @@ fn run_line(p: &mut PtySession, screen: &mut Screen, line: &str) {
 
 /// Waits for `what`, keeping what came before it (and it) on the screen.
 fn expect(p: &mut PtySession, screen: &mut Screen, what: &str) {
-    let before = p.exp_string(what).unwrap_or_else(|e| panic!("waiting for {what:?}: {e}\nscreen so far:\n{}", screen.contents()));
+    let before = p
+        .exp_string(what)
+        .unwrap_or_else(|e| panic!("waiting for {what:?}: {e}\nscreen so far:\n{}", screen.contents()));
     screen.feed(&before);
     screen.feed(what);
 }
@@ -220,9 +223,12 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let screen = s.contents();
     let listing = &screen[screen.rfind("hs> m.").unwrap_or(0)..];
-    assert!(!listing.contains("load_model") && !listing.contains("corpus"), "a free function offered after `m.`:\n{screen}");
+    assert!(
+        !listing.contains("load_model") && !listing.contains("corpus"),
+        "a free function offered after `m.`:\n{screen}"
+    );
     p.send_control('u').unwrap(); // clear the line
-    // A unique method completes in place: `m.heads_p<TAB>` -> `m.heads_per_layer`.
+                                  // A unique method completes in place: `m.heads_p<TAB>` -> `m.heads_per_layer`.
     p.send("m.heads_p").unwrap();
     p.send("\t").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -233,7 +239,11 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     // A sweep-sized analysis draws a progress bar (its rate and ETA once measured) that is gone
     // when it ends.
     run_line(&mut p, &mut s, "let r = m.confidence(d);");
-    assert!(s.raw.contains("confidence ["), "no progress bar was drawn:\n{:?}", &s.raw[s.raw.len().saturating_sub(600)..]);
+    assert!(
+        s.raw.contains("confidence ["),
+        "no progress bar was drawn:\n{:?}",
+        &s.raw[s.raw.len().saturating_sub(600)..]
+    );
     let screen = s.contents();
     assert!(!screen.contains("confidence [") && !screen.contains("[=="), "a progress bar stayed on screen:\n{screen}");
     // And after a single-head sweep.
@@ -242,7 +252,10 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     expect(&mut p, &mut s, PROMPT);
     assert!(s.raw.contains("ablation sweep (sentence x head) ["), "no sweep progress bar was drawn");
     let screen = s.contents();
-    assert!(!screen.contains("ablation sweep") && !screen.contains("[=="), "the sweep's bar stayed on screen:\n{screen}");
+    assert!(
+        !screen.contains("ablation sweep") && !screen.contains("[=="),
+        "the sweep's bar stayed on screen:\n{screen}"
+    );
 
     // `r["` Tab offers the result's kinds: MiniLM has one, so it completes to `r["enc"]`.
     p.send("r[\"").unwrap();
@@ -278,7 +291,8 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     p.exp_eof().unwrap();
 
     let screen_text = s.text().replace("\r\n", "\n");
-    let value_line = screen_text.lines().find(|l| l.starts_with("value ")).expect("the printed value").trim().to_string();
+    let value_line =
+        screen_text.lines().find(|l| l.starts_with("value ")).expect("the printed value").trim().to_string();
     let ablate_value = screen_text
         .lines()
         .skip_while(|l| !l.contains("x.value"))
@@ -293,5 +307,8 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
     let replay = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "replay failed: {}\n{saved}", String::from_utf8_lossy(&out.stderr));
     assert!(replay.lines().any(|l| l.trim() == value_line), "replay lacks {value_line:?}:\n{replay}");
-    assert!(replay.lines().any(|l| l.trim() == ablate_value), "replay lacks the ablate value {ablate_value:?}:\n{replay}");
+    assert!(
+        replay.lines().any(|l| l.trim() == ablate_value),
+        "replay lacks the ablate value {ablate_value:?}:\n{replay}"
+    );
 }

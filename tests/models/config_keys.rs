@@ -39,7 +39,11 @@ const ALIASES: &[(&str, &str, &str)] = &[
     ("gpt2", "max_position_embeddings", "alias of n_positions"),
     ("gpt2", "num_attention_heads", "alias of n_head"),
     ("gpt2", "num_hidden_layers", "alias of n_layer"),
-    ("gemma3_text", "image_token_id", "the multimodal Gemma 3 (model_type gemma3), whose modeling file gemma3_text shares"),
+    (
+        "gemma3_text",
+        "image_token_id",
+        "the multimodal Gemma 3 (model_type gemma3), whose modeling file gemma3_text shares",
+    ),
     ("gemma3_text", "mm_tokens_per_image", "the multimodal Gemma 3"),
     ("gemma3_text", "text_config", "the multimodal Gemma 3"),
     ("gemma3_text", "vision_config", "the multimodal Gemma 3"),
@@ -64,14 +68,22 @@ fn every_key_transformers_reads_is_read_or_harmless() {
             }
         }
         // Every key of a default config as transformers 5 saves it is known.
-        for k in f["saved_keys"].as_array().map(|a| a.iter().filter_map(|k| k.as_str()).collect::<Vec<_>>()).unwrap_or_default() {
+        for k in f["saved_keys"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|k| k.as_str()).collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
             if !(keys.reads.contains(&k) || keys.harmless.iter().chain(COMMON).any(|(h, _, _)| *h == k)) {
                 missing.push(format!("{model_type}: '{k}' of transformers' saved default config"));
             }
         }
     }
     assert!(n > 100, "only {n} keys listed");
-    assert!(missing.is_empty(), "keys transformers 5 reads that headscope neither reads nor lists harmless:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "keys transformers 5 reads that headscope neither reads nor lists harmless:\n{}",
+        missing.join("\n")
+    );
 }
 
 fn edited(name: &str, edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDir {
@@ -80,7 +92,10 @@ fn edited(name: &str, edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDi
     for f in ["model.safetensors", "tokenizer.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
-    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(common::fixtures().join("tiny_hf_tf5").join(name).join("config.json")).unwrap()).unwrap();
+    let mut c: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::fixtures().join("tiny_hf_tf5").join(name).join("config.json")).unwrap(),
+    )
+    .unwrap();
     edit(&mut c);
     std::fs::write(dir.path().join("config.json"), serde_json::to_string_pretty(&c).unwrap()).unwrap();
     dir
@@ -94,16 +109,37 @@ fn load(dir: &std::path::Path, allow: bool) -> Result<headscope::model::script::
 #[test]
 fn unknown_rope_settings_and_unread_keys_are_refused_unless_allowed() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (edited("llama_linear", |c| c["rope_parameters"]["warp_factor"] = 3.into()), "rope_parameters.warp_factor is not a setting of rope_type 'linear'"),
-        (edited("llama_linear", |c| c["rope_parameters"]["rope_type"] = "spiral".into()), "rope_parameters: rope_type 'spiral' is not supported"),
-        (edited("gemma3", |c| c["rope_parameters"]["sliding_attention"]["factor"] = 4.into()), "rope_parameters.sliding_attention.factor is not a setting of rope_type 'default'"),
+        (
+            edited("llama_linear", |c| c["rope_parameters"]["warp_factor"] = 3.into()),
+            "rope_parameters.warp_factor is not a setting of rope_type 'linear'",
+        ),
+        (
+            edited("llama_linear", |c| c["rope_parameters"]["rope_type"] = "spiral".into()),
+            "rope_parameters: rope_type 'spiral' is not supported",
+        ),
+        (
+            edited("gemma3", |c| c["rope_parameters"]["sliding_attention"]["factor"] = 4.into()),
+            "rope_parameters.sliding_attention.factor is not a setting of rope_type 'default'",
+        ),
         // A key Llama's modeling file reads in some versions that headscope does not.
-        (edited("llama", |c| c["attn_temperature_tuning"] = true.into()), "key 'attn_temperature_tuning' is not read by headscope"),
-        (edited("gpt2", |c| c["scale_attn_by_inverse_layer_idx"] = true.into()), "key 'scale_attn_by_inverse_layer_idx' is true"),
+        (
+            edited("llama", |c| c["attn_temperature_tuning"] = true.into()),
+            "key 'attn_temperature_tuning' is not read by headscope",
+        ),
+        (
+            edited("gpt2", |c| c["scale_attn_by_inverse_layer_idx"] = true.into()),
+            "key 'scale_attn_by_inverse_layer_idx' is true",
+        ),
     ];
     for (dir, want) in &cases {
         let e = load(dir.path(), false).err().unwrap_or_else(|| panic!("loaded although {want}"));
-        assert!(e.contains(want) && e.contains("config.json") && e.contains("allow_unknown_config: true") && !e.contains('\n'), "{e}");
+        assert!(
+            e.contains(want)
+                && e.contains("config.json")
+                && e.contains("allow_unknown_config: true")
+                && !e.contains('\n'),
+            "{e}"
+        );
         let m = load(dir.path(), true).unwrap_or_else(|e| panic!("allow_unknown_config: {e}"));
         assert_eq!(m.model.warnings.len(), 1, "{:?}", m.model.warnings);
         assert!(m.model.warnings[0].contains("as allow_unknown_config asked"), "{:?}", m.model.warnings);
@@ -111,9 +147,21 @@ fn unknown_rope_settings_and_unread_keys_are_refused_unless_allowed() {
     // The warning reaches the session once, as a printed line.
     let dir = &cases[0].0;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_headscope"))
-        .args(["-e", &format!(r#"let m = load_model("{}", #{{device: "cpu", allow_unknown_config: true}}); print(m.rope)"#, dir.path().display())])
+        .args([
+            "-e",
+            &format!(
+                r#"let m = load_model("{}", #{{device: "cpu", allow_unknown_config: true}}); print(m.rope)"#,
+                dir.path().display()
+            ),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.matches("warning: load_model:").count() == 1 && text.contains("rope_type linear (factor 2)"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success()
+            && text.matches("warning: load_model:").count() == 1
+            && text.contains("rope_type linear (factor 2)"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

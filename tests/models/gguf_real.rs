@@ -31,7 +31,10 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
                 ("model.layers.0.mlp.down_proj.weight", l0.ffn.down.w.shallow_clone()),
                 ("model.layers.0.self_attn.v_proj.weight", l0.attn.v.w.shallow_clone()),
                 ("model.layers.0.self_attn.q_norm.weight", minus_one(&l0.attn.qk_norm.as_ref().unwrap().q.weight)),
-                ("model.layers.0.post_feedforward_layernorm.weight", minus_one(&l0.post_norms.as_ref().unwrap().1.weight)),
+                (
+                    "model.layers.0.post_feedforward_layernorm.weight",
+                    minus_one(&l0.post_norms.as_ref().unwrap().1.weight),
+                ),
             ],
             _ => vec![
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),
@@ -45,9 +48,13 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
         };
         for (name, t) in &weights {
             let (s, q) = sum_and_squares(t);
-            let (ws, wq) = (g[&format!("{key}_wsum_{name}")].double_value(&[]), g[&format!("{key}_wsq_{name}")].double_value(&[]));
+            let (ws, wq) =
+                (g[&format!("{key}_wsum_{name}")].double_value(&[]), g[&format!("{key}_wsq_{name}")].double_value(&[]));
             assert!((q - wq).abs() <= 1e-6 * wq, "{key} {name}: sum of squares {q} vs transformers' {wq}");
-            assert!((s - ws).abs() <= 1e-6 * wq.sqrt() * (t.numel() as f64).sqrt(), "{key} {name}: sum {s} vs transformers' {ws}");
+            assert!(
+                (s - ws).abs() <= 1e-6 * wq.sqrt() * (t.numel() as f64).sqrt(),
+                "{key} {name}: sum {s} vs transformers' {ws}"
+            );
         }
         let cols = g[&format!("{key}_cols")].shallow_clone();
         let mut worst: f64 = 0.0;
@@ -66,12 +73,25 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
             worst = worst.max(d);
             assert!(d < 1e-3, "{key}, sentence {i}: last-position logits differ by {d:e} of the largest");
             let (norm, want_norm) = (last.norm().double_value(&[]), g[&format!("{key}_norm_{i}")].double_value(&[]));
-            assert!((norm - want_norm).abs() < 1e-3 * want_norm, "{key}, sentence {i}: logit norm {norm} vs {want_norm}");
-            assert_eq!(last.argmax(0, false).int64_value(&[]), g[&format!("{key}_argmax_{i}")].int64_value(&[]), "{key}, sentence {i}: argmax");
+            assert!(
+                (norm - want_norm).abs() < 1e-3 * want_norm,
+                "{key}, sentence {i}: logit norm {norm} vs {want_norm}"
+            );
+            assert_eq!(
+                last.argmax(0, false).int64_value(&[]),
+                g[&format!("{key}_argmax_{i}")].int64_value(&[]),
+                "{key}, sentence {i}: argmax"
+            );
         }
         let text = toks["texts"][0].as_str().unwrap();
-        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{key}_gen")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect();
+        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{key}_gen")])
+            .unwrap()
+            .into_iter()
+            .take_while(|&t| t != m.net.eos_id)
+            .collect();
         assert_eq!(m.generate(text, 8, &Gates::none()).unwrap(), want_gen, "{key}: greedy continuation");
-        println!("{key}: weights equal, last-position logits within {worst:.1e} of the largest, greedy continuation equal");
+        println!(
+            "{key}: weights equal, last-position logits within {worst:.1e} of the largest, greedy continuation equal"
+        );
     }
 }

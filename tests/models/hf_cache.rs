@@ -21,15 +21,32 @@ const HASH_GGUF: &str = "fedcba9876543210fedcba9876543210fedcba98";
 /// (main: one GGUF and its tokenizer.json).
 fn make_cache(root: &Path) {
     let fx = common::tiny_hf_dir();
-    let files = |dir: &str| -> Vec<(&'static str, PathBuf)> { ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|f| (f, fx.join(dir).join(f))).collect() };
+    let files = |dir: &str| -> Vec<(&'static str, PathBuf)> {
+        ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|f| (f, fx.join(dir).join(f))).collect()
+    };
     common::hf_cache_repo(root, "org/tiny-llama", "main", HASH_MAIN, &files("llama"));
     common::hf_cache_repo(root, "org/tiny-llama", "v1", HASH_V1, &files("llama_linear"));
-    common::hf_cache_repo(root, "org/tiny-gguf", "main", HASH_GGUF, &[
-        ("qwen2-f32.gguf", fx.join("qwen2_gguf/model.gguf")),
-        ("qwen3-f32.gguf", fx.join("qwen3_gguf/model.gguf")),
-        ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json")),
-    ]);
-    common::hf_cache_repo(root, "org/one-gguf", "main", HASH_GGUF, &[("model-f32.gguf", fx.join("qwen2_gguf/model.gguf")), ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json"))]);
+    common::hf_cache_repo(
+        root,
+        "org/tiny-gguf",
+        "main",
+        HASH_GGUF,
+        &[
+            ("qwen2-f32.gguf", fx.join("qwen2_gguf/model.gguf")),
+            ("qwen3-f32.gguf", fx.join("qwen3_gguf/model.gguf")),
+            ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json")),
+        ],
+    );
+    common::hf_cache_repo(
+        root,
+        "org/one-gguf",
+        "main",
+        HASH_GGUF,
+        &[
+            ("model-f32.gguf", fx.join("qwen2_gguf/model.gguf")),
+            ("tokenizer.json", fx.join("qwen2_gguf/tokenizer.json")),
+        ],
+    );
 }
 
 fn cpu() -> LoadOptions {
@@ -81,10 +98,14 @@ fn gguf_repositories_pick_their_file() {
     let root = tmp.path().join("hub");
     make_cache(&root);
     let e = locate::in_cache("org/tiny-gguf", Some(&root), &Pick::default()).unwrap_err();
-    assert!(e.contains("holds 2 .gguf files (qwen2-f32.gguf, qwen3-f32.gguf): choose one with the option gguf_file"), "{e}");
+    assert!(
+        e.contains("holds 2 .gguf files (qwen2-f32.gguf, qwen3-f32.gguf): choose one with the option gguf_file"),
+        "{e}"
+    );
     let q3 = load_id(&root, "org/tiny-gguf", &Pick { revision: None, gguf_file: Some("qwen3-f32.gguf") }).unwrap();
     assert_eq!(continuation(&q3), generated(&common::tiny_hf("qwen3_gguf", "f32")));
-    let e = locate::in_cache("org/tiny-gguf", Some(&root), &Pick { revision: None, gguf_file: Some("q8.gguf") }).unwrap_err();
+    let e = locate::in_cache("org/tiny-gguf", Some(&root), &Pick { revision: None, gguf_file: Some("q8.gguf") })
+        .unwrap_err();
     assert!(e.contains("gguf_file 'q8.gguf' is not in") && e.contains("qwen2-f32.gguf, qwen3-f32.gguf"), "{e}");
     // The only .gguf of a repository.
     let one = load_id(&root, "org/one-gguf", &Pick::default()).unwrap();
@@ -98,7 +119,14 @@ fn a_gguf_file_path_loads_directly() {
     let m = load_picked(&path.display().to_string(), cpu(), None, &Pick::default()).unwrap();
     assert_eq!(continuation(&m), generated(&common::tiny_hf("qwen2_gguf", "f32")), "the tokenizer.json beside it");
     assert_eq!(m.model.name(), "model");
-    let e = load_picked(&common::tiny_hf_dir().join("llama/config.json").display().to_string(), cpu(), None, &Pick::default()).err().unwrap();
+    let e = load_picked(
+        &common::tiny_hf_dir().join("llama/config.json").display().to_string(),
+        cpu(),
+        None,
+        &Pick::default(),
+    )
+    .err()
+    .unwrap();
     assert!(e.contains("is a file, not a model: give its directory, or a .gguf file"), "{e}");
 }
 
@@ -108,8 +136,14 @@ fn misses_broken_refs_and_dangling_links_are_one_line_errors() {
     let root = tmp.path().join("hub");
     make_cache(&root);
     let e = locate::in_cache("org/absent", Some(&root), &Pick::default()).unwrap_err();
-    assert!(e.contains(&format!("looked for {}", root.join("models--org--absent").display())) && e.contains("huggingface-cli download org/absent") && e.contains("downloads nothing"), "{e}");
-    let e = locate::in_cache("org/tiny-llama", Some(&root), &Pick { revision: Some("dev"), gguf_file: None }).unwrap_err();
+    assert!(
+        e.contains(&format!("looked for {}", root.join("models--org--absent").display()))
+            && e.contains("huggingface-cli download org/absent")
+            && e.contains("downloads nothing"),
+        "{e}"
+    );
+    let e =
+        locate::in_cache("org/tiny-llama", Some(&root), &Pick { revision: Some("dev"), gguf_file: None }).unwrap_err();
     assert!(e.contains("has no revision 'dev'") && e.contains("refs main, v1"), "{e}");
     let repo = root.join("models--org--tiny-llama");
     std::fs::write(repo.join("refs/main"), "not a hash").unwrap();
@@ -122,7 +156,8 @@ fn misses_broken_refs_and_dangling_links_are_one_line_errors() {
     let link = repo.join("snapshots").join(HASH_V1).join("model.safetensors");
     let blob = repo.join("snapshots").join(HASH_V1).join(std::fs::read_link(&link).unwrap());
     std::fs::remove_file(blob).unwrap();
-    let e = locate::in_cache("org/tiny-llama", Some(&root), &Pick { revision: Some("v1"), gguf_file: None }).unwrap_err();
+    let e =
+        locate::in_cache("org/tiny-llama", Some(&root), &Pick { revision: Some("v1"), gguf_file: None }).unwrap_err();
     assert!(e.contains("model.safetensors: dangling symlink to '../../blobs/") && e.contains("re-download"), "{e}");
     assert!(!e.contains('\n'), "one line: {e}");
 }
@@ -141,7 +176,8 @@ fn run_with(env: &[(&str, &Path)], code: &str) -> (bool, String) {
 #[test]
 fn the_cache_is_found_under_each_of_its_three_roots() {
     let tmp = tempfile::tempdir().unwrap();
-    let code = r#"let m = load_model("org/tiny-llama", #{device: "cpu", revision: "v1"}); print(m.name); print(m.rope)"#;
+    let code =
+        r#"let m = load_model("org/tiny-llama", #{device: "cpu", revision: "v1"}); print(m.name); print(m.rope)"#;
     let roots: [(&str, PathBuf, PathBuf); 3] = [
         ("HF_HUB_CACHE", tmp.path().join("a/hub-cache"), tmp.path().join("a/hub-cache")),
         ("HF_HOME", tmp.path().join("b/hf-home"), tmp.path().join("b/hf-home/hub")),
@@ -164,7 +200,12 @@ fn the_cache_is_found_under_each_of_its_three_roots() {
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         std::fs::copy(fx.join(f), dst.join(f)).unwrap();
     }
-    let out = std::process::Command::new(BIN).args(["-e", r#"print(load_model("org/tiny-llama", #{device: "cpu"}).family)"#]).env("HF_HUB_CACHE", &roots[0].1).current_dir(&local).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["-e", r#"print(load_model("org/tiny-llama", #{device: "cpu"}).family)"#])
+        .env("HF_HUB_CACHE", &roots[0].1)
+        .current_dir(&local)
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "qwen3", "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -179,13 +220,19 @@ fn huggingface_hub_resolves_the_test_cache_as_headscope_does() {
     make_cache(&root);
     let root_s = root.display().to_string();
     let mut args = vec![root_s.as_str()];
-    let triples = [("org/tiny-llama", "main", "config.json"), ("org/tiny-llama", "v1", "model.safetensors"), ("org/tiny-llama", HASH_V1, "tokenizer.json"), ("org/tiny-gguf", "main", "qwen3-f32.gguf")];
+    let triples = [
+        ("org/tiny-llama", "main", "config.json"),
+        ("org/tiny-llama", "v1", "model.safetensors"),
+        ("org/tiny-llama", HASH_V1, "tokenizer.json"),
+        ("org/tiny-gguf", "main", "qwen3-f32.gguf"),
+    ];
     for (repo, rev, file) in &triples {
         args.extend([*repo, *rev, *file]);
     }
     let (ok, out) = common::run_fixture_script("hf_cache_reference.py", &args);
     assert!(ok, "huggingface_hub could not read the test cache: {out}");
-    let j: serde_json::Value = serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let j: serde_json::Value = serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
     for (r, (repo, rev, file)) in j["resolved"].as_array().unwrap().iter().zip(&triples) {
         let theirs = std::path::PathBuf::from(r["path"].as_str().unwrap());
         let gguf = file.ends_with(".gguf");
@@ -197,6 +244,9 @@ fn huggingface_hub_resolves_the_test_cache_as_headscope_does() {
     let repos = &j["repos"];
     assert_eq!(repos["org/tiny-llama"]["refs"], serde_json::json!(["main", "v1"]));
     assert_eq!(repos["org/tiny-llama"]["revisions"], serde_json::json!([HASH_MAIN, HASH_V1]));
-    assert_eq!(repos["org/tiny-gguf"]["files"], serde_json::json!(["qwen2-f32.gguf", "qwen3-f32.gguf", "tokenizer.json"]));
+    assert_eq!(
+        repos["org/tiny-gguf"]["files"],
+        serde_json::json!(["qwen2-f32.gguf", "qwen3-f32.gguf", "tokenizer.json"])
+    );
     assert_eq!(j["warnings"], serde_json::json!([]), "huggingface_hub finds the layout corrupt");
 }

@@ -55,7 +55,8 @@ pub(crate) fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name:
             let (l, a) = forward(&m, &got, &Gates::none());
             let depth = common::depth(&m, got.len());
             worst_logit = worst_logit.max(max_diff(&l, logits) / common::f32_bound(common::scale(logits), depth));
-            worst_attn = worst_attn.max(max_diff(&a, &g[&format!("{family}_attn_{i}")]) / common::f32_bound(1.0, depth));
+            worst_attn =
+                worst_attn.max(max_diff(&a, &g[&format!("{family}_attn_{i}")]) / common::f32_bound(1.0, depth));
             if let Some(masked) = g.get(&format!("{family}_masked_{i}")) {
                 let gates = Gates { dec: Some(Tensor::from_slice(&MASK.concat()).view([1, 2, 4])), ..Gates::none() };
                 let (lm, _) = forward(&m, &got, &gates);
@@ -63,12 +64,19 @@ pub(crate) fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name:
                 assert!(d <= 1.0, "{dir_name}: gated logits differ from head_mask's by {d:.3} of the float32 bound");
             }
         }
-        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{family}_gen_{i}")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect();
+        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{family}_gen_{i}")])
+            .unwrap()
+            .into_iter()
+            .take_while(|&t| t != m.net.eos_id)
+            .collect();
         let gen = m.generate(text, 8, &Gates::none()).unwrap();
         assert_eq!(gen, want_gen, "{dir_name}: greedy continuation of sentence {i}");
     }
     println!("{dir_name}: {n} sentences, largest logit difference {worst_logit:.3} of the float32 bound, attention {worst_attn:.3}");
-    assert!(worst_logit <= 1.0 && worst_attn <= 1.0, "{dir_name}: logits {worst_logit:.3}, attention {worst_attn:.3} of the float32 bound");
+    assert!(
+        worst_logit <= 1.0 && worst_attn <= 1.0,
+        "{dir_name}: logits {worst_logit:.3}, attention {worst_attn:.3} of the float32 bound"
+    );
     check_float64(g, family, dir_name, texts[0].as_str());
 }
 
@@ -79,21 +87,34 @@ pub(crate) fn check_against(g: &HashMap<String, Tensor>, family: &str, dir_name:
 /// Gemma logits are 7e-5 from its float64 ones), hence TOL above.
 fn check_float64(g: &HashMap<String, Tensor>, family: &str, dir_name: &str, text: &str) {
     let Some((dl, da, dm)) = float64_diffs(g, family, dir_name, text) else { return };
-    assert!(dl < TOL64 && da < TOL64 && dm < TOL64, "{dir_name} in float64: logits {dl:e}, attention {da:e}, gated {dm:e}");
+    assert!(
+        dl < TOL64 && da < TOL64 && dm < TOL64,
+        "{dir_name} in float64: logits {dl:e}, attention {da:e}, gated {dm:e}"
+    );
 }
 
 /// headscope's float64 run against transformers' (`{family}_logits64_0` etc.): the largest
 /// differences of the logits, the attention and the logits with MASK's heads closed; `None`
 /// where the goldens hold no float64 run.
-pub(crate) fn float64_diffs(g: &HashMap<String, Tensor>, family: &str, dir_name: &str, text: &str) -> Option<(f64, f64, f64)> {
+pub(crate) fn float64_diffs(
+    g: &HashMap<String, Tensor>,
+    family: &str,
+    dir_name: &str,
+    text: &str,
+) -> Option<(f64, f64, f64)> {
     let want = g.get(&format!("{family}_logits64_0"))?;
     let m = common::tiny_hf(dir_name, "f64");
     let ids = m.tokenize(text).unwrap().ids;
     let (l, a) = forward(&m, &ids, &Gates::none());
     let (dl, da) = (max_diff(&l, want), max_diff(&a, &g[&format!("{family}_attn64_0")]));
-    let gates = Gates { dec: Some(Tensor::from_slice(&MASK.concat()).view([1, 2, 4]).to_kind(tch::Kind::Double)), ..Gates::none() };
+    let gates = Gates {
+        dec: Some(Tensor::from_slice(&MASK.concat()).view([1, 2, 4]).to_kind(tch::Kind::Double)),
+        ..Gates::none()
+    };
     let dm = max_diff(&forward(&m, &ids, &gates).0, &g[&format!("{family}_masked64_0")]);
-    println!("{dir_name} in float64: logits {dl:.2e}, attention {da:.2e}, heads closed at the output projection {dm:.2e}");
+    println!(
+        "{dir_name} in float64: logits {dl:.2e}, attention {da:.2e}, heads closed at the output projection {dm:.2e}"
+    );
     Some((dl, da, dm))
 }
 
@@ -185,7 +206,15 @@ fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
 fn lrp_refuses_and_attnlrp_runs(name: &str, why: &str) {
     let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
-    s.eval("setup", &format!("let m = load_model({:?}); let d = corpus({:?}).take(2);", dir().join(name).display().to_string(), text.display().to_string())).unwrap();
+    s.eval(
+        "setup",
+        &format!(
+            "let m = load_model({:?}); let d = corpus({:?}).take(2);",
+            dir().join(name).display().to_string(),
+            text.display().to_string()
+        ),
+    )
+    .unwrap();
     let Err(e) = s.eval("lrp", "m.lrp(d)") else { panic!("{name}: lrp ran") };
     assert!(e.message.contains(why) && e.message.lines().count() == 1, "{name}: {}", e.message);
     let a = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})");
@@ -220,8 +249,15 @@ fn olmo2_without_gqa_equals_transformers_and_prune_heads_refuses_it() {
     check_against(&common::golden("tiny_hf/golden_olmo2_mha.npz"), "olmo2_mha", "olmo2_mha");
     let m = common::tiny_hf("olmo2_mha", "f32");
     let head = headscope::model::HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 };
-    let err = headscope::prune::physical::prune_heads(&m, &[head], None).err().expect("prune_heads refused").to_string();
-    assert!(!err.contains('\n') && err.contains("layer 0") && err.contains("all its heads together") && err.contains("with_gates"), "{err}");
+    let err =
+        headscope::prune::physical::prune_heads(&m, &[head], None).err().expect("prune_heads refused").to_string();
+    assert!(
+        !err.contains('\n')
+            && err.contains("layer 0")
+            && err.contains("all its heads together")
+            && err.contains("with_gates"),
+        "{err}"
+    );
 }
 
 /// bfloat16 on the CPU: the tiny Llama's logits and attention differ from transformers'
@@ -232,7 +268,8 @@ fn olmo2_without_gqa_equals_transformers_and_prune_heads_refuses_it() {
 fn bf16_runs_on_the_cpu_within_its_precision() {
     let g = common::golden("tiny_hf/golden.npz");
     let g26 = common::golden("tiny_hf/golden_2026.npz");
-    let m = Model::load(&dir().join("llama"), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "bf16").unwrap()).unwrap();
+    let m = Model::load(&dir().join("llama"), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "bf16").unwrap())
+        .unwrap();
     assert_eq!(m.opts.dtype, tch::Kind::BFloat16);
     for i in 0..2 {
         let ids = Vec::<i64>::try_from(&g[&format!("llama_ids_{i}")]).unwrap();
@@ -256,7 +293,17 @@ fn bf16_runs_on_the_cpu_within_its_precision() {
         ("importance", "X.head_importance(d)[\"dec\"]", 0.05),
     ] {
         let v = |x: &str, s: &mut headscope::engine::Session| -> Vec<f64> {
-            let out = s.eval("q", &format!("let g = {}; let v = []; for r in g {{ for x in r {{ v.push(x); }} }} v", code.replace('X', x))).unwrap().unwrap().text;
+            let out = s
+                .eval(
+                    "q",
+                    &format!(
+                        "let g = {}; let v = []; for r in g {{ for x in r {{ v.push(x); }} }} v",
+                        code.replace('X', x)
+                    ),
+                )
+                .unwrap()
+                .unwrap()
+                .text;
             out.trim_matches(|c| c == '[' || c == ']').split(',').map(|x| x.trim().parse::<f64>().unwrap()).collect()
         };
         let (bv, fv) = (v("b", &mut s), v("f", &mut s));
@@ -275,7 +322,8 @@ fn bf16_runs_on_the_cpu_within_its_precision() {
 #[test]
 fn phi3_and_gpt_neox_gguf_files_equal_their_safetensors_twins() {
     let g = common::golden("tiny_hf/golden_2026.npz");
-    for (family, dir_name) in [("phi3", "phi3_gguf"), ("phi3_partial", "phi3_partial_gguf"), ("pythia", "pythia_gguf")] {
+    for (family, dir_name) in [("phi3", "phi3_gguf"), ("phi3_partial", "phi3_partial_gguf"), ("pythia", "pythia_gguf")]
+    {
         check_against(&g, family, dir_name);
         let alone = tempfile::tempdir().unwrap();
         std::fs::copy(dir().join(dir_name).join("model.gguf"), alone.path().join("model.gguf")).unwrap();
@@ -343,7 +391,11 @@ fn gemma3_with_local_rotary_and_qk_norms_equals_transformers() {
 fn gemma2_lists_its_post_norms_and_caps_the_loss() {
     let m = common::tiny_hf("gemma2", "f32");
     let names: Vec<String> = m.hook_points().iter().map(|a| a.to_string()).collect();
-    for want in ["dec.blocks.1.ln1_post.hook_normalized", "dec.blocks.1.ln2_post.hook_normalized", "dec.blocks.1.ln2.hook_normalized"] {
+    for want in [
+        "dec.blocks.1.ln1_post.hook_normalized",
+        "dec.blocks.1.ln2_post.hook_normalized",
+        "dec.blocks.1.ln2.hook_normalized",
+    ] {
         assert!(names.contains(&want.to_string()), "{want} missing: {names:?}");
     }
     assert_eq!(m.net.logit_softcap, Some(3.0));
@@ -351,7 +403,9 @@ fn gemma2_lists_its_post_norms_and_caps_the_loss() {
     let ids = Vec::<i64>::try_from(&g["gemma2_ids_0"]).unwrap();
     let t = Tensor::from_slice(&ids).view([1, -1]);
     let mask = Tensor::ones([1, ids.len() as i64], (tch::Kind::Float, tch::Device::Cpu));
-    let logp = tch::no_grad(|| m.log_probs(&m.net.encode(&t, &mask, &Gates::none(), None).unwrap(), tch::Kind::Double).unwrap());
+    let logp = tch::no_grad(|| {
+        m.log_probs(&m.net.encode(&t, &mask, &Gates::none(), None).unwrap(), tch::Kind::Double).unwrap()
+    });
     let want = g["gemma2_logits_0"].to_kind(tch::Kind::Double).unsqueeze(0).log_softmax(-1, tch::Kind::Double);
     let d = max_diff(&logp, &want);
     assert!(d < 1e-4, "log-probabilities under the cap differ from transformers' by {d}");
@@ -458,7 +512,9 @@ fn zero_or_non_dividing_heads_are_one_line_errors() {
         let cfg = d.path().join("config.json").display().to_string();
         match std::panic::catch_unwind(|| load_err(d.path())) {
             Err(_) => wrong.push(format!("{cfg}: panicked (want {want:?})")),
-            Ok(e) if !e.starts_with(&format!("{cfg}: {want}")) || e.lines().count() != 1 => wrong.push(format!("{cfg}: want {want:?}, got {e:?}")),
+            Ok(e) if !e.starts_with(&format!("{cfg}: {want}")) || e.lines().count() != 1 => {
+                wrong.push(format!("{cfg}: want {want:?}, got {e:?}"))
+            }
             Ok(_) => {}
         }
     }
@@ -479,11 +535,17 @@ fn smollm2_from_gguf_equals_its_hf_export() {
         .output()
         .unwrap();
     assert!(r.status.success(), "export failed: {}", String::from_utf8_lossy(&r.stderr));
-    let gguf = Model::load(&headscope::assets::asset_path("smollm2").unwrap(), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap();
+    let gguf = Model::load(
+        &headscope::assets::asset_path("smollm2").unwrap(),
+        LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap(),
+    )
+    .unwrap();
     let hf = Model::load(out.path(), LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap();
     assert_eq!(hf.family.to_string(), "llama");
     let mut worst = 0f64;
-    for text in ["The cat is sleeping on the sofa.", "Researchers ask which heads matter, and how many can go.", "Hello."] {
+    for text in
+        ["The cat is sleeping on the sofa.", "Researchers ask which heads matter, and how many can go.", "Hello."]
+    {
         let ids = gguf.tokenize(text).unwrap().ids;
         assert_eq!(ids, hf.tokenize(text).unwrap().ids);
         let (la, aa) = forward(&gguf, &ids, &Gates::none());
@@ -535,7 +597,8 @@ pub(crate) fn roberta_against(golden: &str, dir_name: &str) {
         let depth = common::depth(&m, v.len());
         let want = &g[&format!("roberta_hidden_{i}")];
         wh = wh.max(max_diff(&h.get(i as i64).narrow(0, 0, t), want) / common::f32_bound(common::scale(want), depth));
-        let a = Tensor::stack(&attn.iter().map(|x| x.get(i as i64).narrow(1, 0, t).narrow(2, 0, t)).collect::<Vec<_>>(), 0);
+        let a =
+            Tensor::stack(&attn.iter().map(|x| x.get(i as i64).narrow(1, 0, t).narrow(2, 0, t)).collect::<Vec<_>>(), 0);
         wa = wa.max(max_diff(&a, &g[&format!("roberta_attn_{i}")]) / common::f32_bound(1.0, depth));
     }
     println!("roberta: largest hidden-state difference {wh:.3} of the float32 bound, attention {wa:.3}");

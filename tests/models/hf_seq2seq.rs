@@ -51,13 +51,22 @@ fn check(name: &str, dir_name: &str) {
 pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
     let g = common::golden(golden);
     let m = common::tiny_hf(dir_name, "f32");
-    assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{dir_name}: kinds");
+    assert_eq!(
+        m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(),
+        vec![Kind::Enc, Kind::Dec, Kind::Cross],
+        "{dir_name}: kinds"
+    );
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
     assert!(n >= 20, "{name}: {n} sentences in {golden}");
     let texts = common::short_pud_sentences(n);
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let mut detailed = 0;
-    let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
+    let gates = Gates {
+        enc: Some(mask(&MASK_ENC)),
+        dec: Some(mask(&MASK_DEC)),
+        cross: Some(mask(&MASK_CROSS)),
+        ..Gates::none()
+    };
     for (i, text) in texts.iter().enumerate() {
         let want_ids = Vec::<i64>::try_from(&g[&format!("{name}_ids_{i}")]).unwrap();
         let src = m.tokenize(text).unwrap().ids;
@@ -73,7 +82,10 @@ pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
         };
         let want_tokens: Vec<i64> = want_gen.iter().copied().take_while(|&t| t != m.net.eos_id).collect();
         assert_eq!(got_gen, want_tokens, "{dir_name}: greedy translation of sentence {i}");
-        assert!(!got_gen.contains(&m.tok.pad_id) || m.net.banned.is_empty(), "{dir_name}: a banned token was generated");
+        assert!(
+            !got_gen.contains(&m.tok.pad_id) || m.net.banned.is_empty(),
+            "{dir_name}: a banned token was generated"
+        );
         if let Some(logits) = g.get(&format!("{name}_logits_{i}")) {
             let t = logits.size()[0] as usize;
             let targets: Vec<i64> = want_gen[..t].to_vec();
@@ -81,11 +93,13 @@ pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
             let depth = common::depth(&m, src.len().max(t));
             worst_logit = worst_logit.max(max_diff(&l, logits) / common::f32_bound(common::scale(logits), depth));
             for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
-                worst_attn = worst_attn.max(max_diff(&a[&kind], &g[&format!("{name}_{kind}_{i}")]) / common::f32_bound(1.0, depth));
+                worst_attn = worst_attn
+                    .max(max_diff(&a[&kind], &g[&format!("{name}_{kind}_{i}")]) / common::f32_bound(1.0, depth));
             }
             let (lm, _) = forward(&m, &src, &targets, &gates);
             let want_masked = &g[&format!("{name}_masked_{i}")];
-            worst_masked = worst_masked.max(max_diff(&lm, want_masked) / common::f32_bound(common::scale(want_masked), depth));
+            worst_masked =
+                worst_masked.max(max_diff(&lm, want_masked) / common::f32_bound(common::scale(want_masked), depth));
             // The masks matter: the comparison would catch gates that did nothing.
             assert!(max_diff(&l, want_masked) > 1e-2, "{dir_name}: closing heads did not change the logits");
             detailed += 1;
@@ -95,7 +109,10 @@ pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
     eprintln!("{dir_name}: {n} sentences, {detailed} teacher-forced; logits within {worst_logit:.3} of the float32 bound, attention {worst_attn:.3}, gated logits {worst_masked:.3} (of head masks)");
     assert!(worst_logit <= 1.0, "{dir_name}: logits differ by {worst_logit:.3} of the float32 bound");
     assert!(worst_attn <= 1.0, "{dir_name}: attention differs by {worst_attn:.3} of the float32 bound");
-    assert!(worst_masked <= 1.0, "{dir_name}: gated logits differ from head masks' by {worst_masked:.3} of the float32 bound");
+    assert!(
+        worst_masked <= 1.0,
+        "{dir_name}: gated logits differ from head masks' by {worst_masked:.3} of the float32 bound"
+    );
 }
 
 #[test]
@@ -121,7 +138,10 @@ fn pruned_decoder_self_attention_equals_masking() {
     use headscope::model::HeadId;
     let m = common::tiny_hf("marian", "f32");
     let mut closed: Vec<HeadId> = (0..4).map(|head| HeadId { kind: Kind::Dec, layer_idx: 1, head }).collect();
-    closed.extend([HeadId { kind: Kind::Dec, layer_idx: 0, head: 2 }, HeadId { kind: Kind::Cross, layer_idx: 0, head: 1 }]);
+    closed.extend([
+        HeadId { kind: Kind::Dec, layer_idx: 0, head: 2 },
+        HeadId { kind: Kind::Cross, layer_idx: 0, head: 1 },
+    ]);
     let pruned = headscope::prune::physical::prune_heads(&m, &closed, None).unwrap();
     assert_eq!(pruned.present(Kind::Dec, 1), Vec::<usize>::new(), "dec layer 1 emptied");
     assert_eq!(pruned.present(Kind::Dec, 0), vec![0, 1, 3]);

@@ -31,7 +31,10 @@ fn mask(m: &[[f32; 4]; 2]) -> Tensor {
 }
 
 fn ids(v: &[i64]) -> (Tensor, Tensor) {
-    (Tensor::from_slice(v).view([1, v.len() as i64]), Tensor::ones([1, v.len() as i64], (tch::Kind::Float, tch::Device::Cpu)))
+    (
+        Tensor::from_slice(v).view([1, v.len() as i64]),
+        Tensor::ones([1, v.len() as i64], (tch::Kind::Float, tch::Device::Cpu)),
+    )
 }
 
 /// Teacher-forced logits `[T, V]` and each kind's attention `[L, H, Tq, Tk]`.
@@ -67,16 +70,29 @@ fn check(name: &str) {
 pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
     let g = common::golden(golden);
     let m = common::tiny_hf(dir_name, "f32");
-    assert_eq!(m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(), vec![Kind::Enc, Kind::Dec, Kind::Cross], "{name}: kinds");
+    assert_eq!(
+        m.kinds().iter().map(|k| k.kind).collect::<Vec<_>>(),
+        vec![Kind::Enc, Kind::Dec, Kind::Cross],
+        "{name}: kinds"
+    );
     let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
     assert!(n >= 20, "{name}: {n} sentences in {golden}");
     let texts = common::short_pud_sentences(n);
     // M2M100 and mBART force a target language (T5 does not).
     let forced = m.net.forced_bos.get();
-    assert_eq!(forced.is_some(), g.contains_key(&format!("{name}_tgt2_id")), "{name}: the checkpoint's forced_bos_token_id");
+    assert_eq!(
+        forced.is_some(),
+        g.contains_key(&format!("{name}_tgt2_id")),
+        "{name}: the checkpoint's forced_bos_token_id"
+    );
     let (mut worst_logit, mut worst_attn, mut worst_masked) = (0f64, 0f64, 0f64);
     let (mut detailed, mut compared) = (0, 0);
-    let gates = Gates { enc: Some(mask(&MASK_ENC)), dec: Some(mask(&MASK_DEC)), cross: Some(mask(&MASK_CROSS)), ..Gates::none() };
+    let gates = Gates {
+        enc: Some(mask(&MASK_ENC)),
+        dec: Some(mask(&MASK_DEC)),
+        cross: Some(mask(&MASK_CROSS)),
+        ..Gates::none()
+    };
     let mut want_all = Vec::new();
     for (i, text) in texts.iter().enumerate() {
         let want_ids = Vec::<i64>::try_from(&g[&format!("{name}_ids_{i}")]).unwrap();
@@ -100,11 +116,13 @@ pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
             let depth = common::depth(&m, src.len().max(t));
             worst_logit = worst_logit.max(max_diff(&l, logits) / common::f32_bound(common::scale(logits), depth));
             for kind in [Kind::Enc, Kind::Dec, Kind::Cross] {
-                worst_attn = worst_attn.max(max_diff(&a[&kind], &g[&format!("{name}_{kind}_{i}")]) / common::f32_bound(1.0, depth));
+                worst_attn = worst_attn
+                    .max(max_diff(&a[&kind], &g[&format!("{name}_{kind}_{i}")]) / common::f32_bound(1.0, depth));
             }
             let (lm, _) = forward(&m, &src, &targets, &gates);
             let want_masked = &g[&format!("{name}_masked_{i}")];
-            worst_masked = worst_masked.max(max_diff(&lm, want_masked) / common::f32_bound(common::scale(want_masked), depth));
+            worst_masked =
+                worst_masked.max(max_diff(&lm, want_masked) / common::f32_bound(common::scale(want_masked), depth));
             assert!(max_diff(&l, want_masked) > 1e-2, "{name}: closing heads did not change the logits");
             detailed += 1;
         }
@@ -117,17 +135,32 @@ pub(crate) fn check_in(golden: &str, name: &str, dir_name: &str) {
     eprintln!("{name}: {n} sentences ({compared} greedy tokens{}), {detailed} teacher-forced; logits within {worst_logit:.3} of the float32 bound, attention {worst_attn:.3}, gated logits {worst_masked:.3} (of head masks)", if forced.is_some() { ", forced language first" } else { "" });
     assert!(worst_logit <= 1.0, "{name}: logits differ by {worst_logit:.3} of the float32 bound");
     assert!(worst_attn <= 1.0, "{name}: attention differs by {worst_attn:.3} of the float32 bound");
-    assert!(worst_masked <= 1.0, "{name}: gated logits differ from head masks' by {worst_masked:.3} of the float32 bound");
+    assert!(
+        worst_masked <= 1.0,
+        "{name}: gated logits differ from head masks' by {worst_masked:.3} of the float32 bound"
+    );
     // Another target language (`tgt_lang`): its code forced first, as transformers' generate
     // with that forced_bos_token_id.
     let Some(tgt2) = g.get(&format!("{name}_tgt2_id")).map(|t| t.int64_value(&[])) else { return };
     let code = m.tok.id_to_token(tgt2);
     let mut m2 = common::tiny_hf(dir_name, "f32");
     m2.set_target_language(&code).unwrap();
-    let want2: Vec<Vec<i64>> = (0..n).map(|i| Vec::<i64>::try_from(&g[&format!("{name}_gen2_{i}")]).unwrap().into_iter().take_while(|&t| t != m.net.eos_id).collect()).collect();
+    let want2: Vec<Vec<i64>> = (0..n)
+        .map(|i| {
+            Vec::<i64>::try_from(&g[&format!("{name}_gen2_{i}")])
+                .unwrap()
+                .into_iter()
+                .take_while(|&t| t != m.net.eos_id)
+                .collect()
+        })
+        .collect();
     assert_ne!(want2, want_all, "{name}: the two target languages translate alike");
     assert_eq!(m2.translate(&refs, &Gates::none(), 200).unwrap(), want2, "{name}: translations into {code}");
-    assert_eq!(m.translate_forced(&refs, &Gates::none(), 200, Some(tgt2)).unwrap(), want2, "{name}: translate's own tgt_lang {code}");
+    assert_eq!(
+        m.translate_forced(&refs, &Gates::none(), 200, Some(tgt2)).unwrap(),
+        want2,
+        "{name}: translate's own tgt_lang {code}"
+    );
 }
 
 #[test]
@@ -203,7 +236,8 @@ fn prenorm_sweep_equals_one_at_a_time() {
     use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
     for name in ["m2m100", "t5"] {
         let m = common::tiny_hf(name, "f32");
-        let data = headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
+        let data =
+            headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap().take(6);
         let p = prepare(&m, &data, Metric::Loss, 128, Gates::none()).unwrap();
         let grids = sweep(&m, &p, &[Kind::Enc, Kind::Dec, Kind::Cross], &|| false, &mut |_, _| {}).unwrap();
         let base = evaluate(&m, &p, &Gates::none(), &|| false).unwrap();
@@ -214,7 +248,10 @@ fn prenorm_sweep_equals_one_at_a_time() {
                     let id = HeadId { kind: *kind, layer_idx: l, head: h };
                     let one = evaluate(&m, &p, &m.gates_closing(&[id]).unwrap(), &|| false).unwrap();
                     worst = worst.max((v - one).abs() / one.abs().max(1e-12));
-                    assert!((v - one).abs() <= 1e-5 * one.abs().max(1e-12), "{id}: sweep {v} vs one at a time {one} (base {base})");
+                    assert!(
+                        (v - one).abs() <= 1e-5 * one.abs().max(1e-12),
+                        "{id}: sweep {v} vs one at a time {one} (base {base})"
+                    );
                     checked += 1;
                     differs += usize::from((one - base).abs() > 1e-9);
                 }
@@ -243,7 +280,11 @@ fn prenorm_bad_input_is_one_line() {
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg.as_object_mut().unwrap().remove("relative_attention_num_buckets");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let opts = headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false };
+    let opts = headscope::model::LoadOptions {
+        device: tch::Device::Cpu,
+        dtype: tch::Kind::Float,
+        allow_unknown_config: false,
+    };
     let e = Model::load(dir.path(), opts).err().expect("a T5 without buckets loaded").to_string();
     assert!(e.contains("config.json") && e.contains("relative_attention_num_buckets") && !e.contains('\n'), "{e}");
 
@@ -253,7 +294,11 @@ fn prenorm_bad_input_is_one_line() {
     let e = common::tiny_hf("roberta", "f32").target_language("fra_Latn").unwrap_err().to_string();
     assert!(e.contains("does not translate") && !e.contains('\n'), "{e}");
     let src = common::tiny_hf_dir().join("mbart");
-    for (key, value, want) in [("d_model", serde_json::json!(48), "model.shared.weight"), ("forced_bos_token_id", serde_json::json!(100000), "forced_bos_token_id"), ("encoder_attention_heads", serde_json::json!(5), "encoder_attention_heads")] {
+    for (key, value, want) in [
+        ("d_model", serde_json::json!(48), "model.shared.weight"),
+        ("forced_bos_token_id", serde_json::json!(100000), "forced_bos_token_id"),
+        ("encoder_attention_heads", serde_json::json!(5), "encoder_attention_heads"),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         for f in std::fs::read_dir(&src).unwrap() {
             let f = f.unwrap().path();
@@ -263,7 +308,11 @@ fn prenorm_bad_input_is_one_line() {
         let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
         cfg[key] = value;
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-        let opts = headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false };
+        let opts = headscope::model::LoadOptions {
+            device: tch::Device::Cpu,
+            dtype: tch::Kind::Float,
+            allow_unknown_config: false,
+        };
         let e = Model::load(dir.path(), opts).err().unwrap_or_else(|| panic!("{key}: loaded")).to_string();
         assert!(e.contains(want) && !e.contains('\n'), "{key}: {e}");
         assert!(e.contains("config.json") || e.contains("model.safetensors"), "{key}: names no file: {e}");
@@ -296,7 +345,11 @@ fn prenorm_reference_targets_start_with_the_target_language() {
         }
     }
     let t5 = common::tiny_hf("t5", "f32");
-    assert_eq!(t5.reference_targets(&["The cat."]).unwrap()[0].ids, t5.tokenize("The cat.").unwrap().ids, "t5: the tokenizer's own framing");
+    assert_eq!(
+        t5.reference_targets(&["The cat."]).unwrap()[0].ids,
+        t5.tokenize("The cat.").unwrap().ids,
+        "t5: the tokenizer's own framing"
+    );
 }
 
 /// `prune_heads` on T5 (heads of every kind, one encoder layer and one decoder self-attention
@@ -308,7 +361,12 @@ fn t5_pruned_equals_masking() {
     let m = common::tiny_hf("t5", "f32");
     let mut closed: Vec<HeadId> = (0..4).map(|head| HeadId { kind: Kind::Enc, layer_idx: 1, head }).collect();
     closed.extend((0..4).map(|head| HeadId { kind: Kind::Dec, layer_idx: 0, head }));
-    closed.extend([HeadId { kind: Kind::Enc, layer_idx: 0, head: 2 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 0 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }, HeadId { kind: Kind::Cross, layer_idx: 1, head: 1 }]);
+    closed.extend([
+        HeadId { kind: Kind::Enc, layer_idx: 0, head: 2 },
+        HeadId { kind: Kind::Dec, layer_idx: 1, head: 0 },
+        HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 },
+        HeadId { kind: Kind::Cross, layer_idx: 1, head: 1 },
+    ]);
     let pruned = headscope::prune::physical::prune_heads(&m, &closed, None).unwrap();
     assert_eq!(pruned.present(Kind::Enc, 0), vec![0, 1, 3]);
     assert_eq!(pruned.present(Kind::Dec, 1), vec![1, 2]);
@@ -324,7 +382,11 @@ fn t5_pruned_equals_masking() {
     assert!(d < 1e-5, "pruned vs masked logits differ by {d:e}");
     assert!(max_diff(&open, &want) > 1e-3, "closing the heads must change the logits");
     let refs = ["The cat sat on the mat.", "A dog barked twice at the postman."];
-    assert_eq!(pruned.translate(&refs, &Gates::none(), 200).unwrap(), m.translate(&refs, &gates, 200).unwrap(), "t5: pruned vs masked translations");
+    assert_eq!(
+        pruned.translate(&refs, &Gates::none(), 200).unwrap(),
+        m.translate(&refs, &gates, 200).unwrap(),
+        "t5: pruned vs masked translations"
+    );
 }
 
 /// T5 as llama.cpp's converter writes it (`make_tiny_gguf_2026.py`: `enc.blk.N.*`,
@@ -368,7 +430,9 @@ fn t5_gguf_file_equals_its_safetensors_twin() {
                 }
             }
         }
-        println!("t5_gguf ({dtype}): {compared} greedy tokens identical, largest logit or attention difference {worst:.2e}");
+        println!(
+            "t5_gguf ({dtype}): {compared} greedy tokens identical, largest logit or attention difference {worst:.2e}"
+        );
         assert!(worst < 1e-10, "t5_gguf: {worst:e}");
         assert!(compared >= 160);
     }

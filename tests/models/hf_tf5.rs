@@ -18,7 +18,12 @@ fn tf5_dir() -> PathBuf {
 
 /// The checkpoint directories of `tiny_hf_tf5/`, sorted.
 fn checkpoints() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(tf5_dir()).unwrap().filter_map(|e| e.ok()).filter(|e| e.path().join("config.json").is_file()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(tf5_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -30,7 +35,8 @@ fn every_tf5_checkpoint_was_written_by_transformers_5_and_matches_its_twin() {
     let text = &common::short_pud_sentences(1)[0];
     for name in &names {
         let dir = tf5_dir().join(name);
-        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         let version = cfg["transformers_version"].as_str().unwrap_or_default();
         assert!(version.starts_with('5'), "{name}: transformers_version {version}");
         let m5 = common::load(&dir, "f32");
@@ -38,14 +44,21 @@ fn every_tf5_checkpoint_was_written_by_transformers_5_and_matches_its_twin() {
         if !twin.is_dir() {
             continue; // a shape transformers 4.57 cannot write
         }
-        assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), std::fs::read(twin.join("model.safetensors")).unwrap(), "{name}: the weight files differ");
+        assert_eq!(
+            std::fs::read(dir.join("model.safetensors")).unwrap(),
+            std::fs::read(twin.join("model.safetensors")).unwrap(),
+            "{name}: the weight files differ"
+        );
         let m4 = common::load(&twin, "f32");
         assert_eq!(m5.rope(), m4.rope(), "{name}: the two config shapes give other rotary settings");
         if m5.decoder_only() {
             let (a, b) = (m5.predictions(text, &Gates::none()).unwrap(), m4.predictions(text, &Gates::none()).unwrap());
             assert_eq!(common::max_diff(&a.logits, &b.logits), 0.0, "{name}: the twins' logits differ");
         }
-        println!("{name}: transformers {version}, weights byte-identical to the 4.57 twin, rotary {}", m5.rope().replace('\n', "; "));
+        println!(
+            "{name}: transformers {version}, weights byte-identical to the 4.57 twin, rotary {}",
+            m5.rope().replace('\n', "; ")
+        );
     }
 }
 
@@ -70,13 +83,28 @@ fn decoder_only_tf5_checkpoints_equal_transformers_5() {
     let text = &common::short_pud_sentences(1)[0];
     let mut exact = 0;
     for name in checked.iter().filter(|n| *n != "llama_dynamic") {
-        if let Some((dl, da, dm)) = crate::hf_families::float64_diffs(&g, name, &format!("../tiny_hf_tf5/{name}"), text) {
-            assert!(dl < 1e-10 && da < 1e-10 && dm < 1e-10, "{name} in float64: logits {dl:e}, attention {da:e}, gated {dm:e}");
+        if let Some((dl, da, dm)) = crate::hf_families::float64_diffs(&g, name, &format!("../tiny_hf_tf5/{name}"), text)
+        {
+            assert!(
+                dl < 1e-10 && da < 1e-10 && dm < 1e-10,
+                "{name} in float64: logits {dl:e}, attention {da:e}, gated {dm:e}"
+            );
             exact += 1;
         }
     }
     assert!(exact >= 12, "only {exact} float64 goldens");
-    for want in ["llama", "llama3", "llama_linear", "llama_dynamic", "llama_yarn", "qwen3", "pythia", "phi3", "phi3_partial", "gemma3"] {
+    for want in [
+        "llama",
+        "llama3",
+        "llama_linear",
+        "llama_dynamic",
+        "llama_yarn",
+        "qwen3",
+        "pythia",
+        "phi3",
+        "phi3_partial",
+        "gemma3",
+    ] {
         assert!(checked.iter().any(|c| c == want), "{want} was not checked against transformers 5");
     }
 }

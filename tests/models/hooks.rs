@@ -18,12 +18,21 @@ const MODELS: [&str; 4] = ["gpt2", "llama", "marian", "bert"];
 
 /// The tiny checkpoint of `name` in `dtype` (bert: the LRP fixtures' BERT).
 fn checkpoint(name: &str, dtype: &str) -> Model {
-    common::load(&if name == "bert" { fixtures().join("lrp_tiny/bert") } else { common::tiny_hf_dir().join(name) }, dtype)
+    common::load(
+        &if name == "bert" { fixtures().join("lrp_tiny/bert") } else { common::tiny_hf_dir().join(name) },
+        dtype,
+    )
 }
 
 /// One pass over the golden's ids (and targets, teacher-forced) with `hooks`: the model's
 /// output (logits `[T, V]`, or an encoder's last hidden state `[T, D]`).
-fn run(m: &Model, g: &HashMap<String, Tensor>, name: &str, gates: &Gates, hooks: &mut dyn headscope::model::hooks::Hooks) -> Tensor {
+fn run(
+    m: &Model,
+    g: &HashMap<String, Tensor>,
+    name: &str,
+    gates: &Gates,
+    hooks: &mut dyn headscope::model::hooks::Hooks,
+) -> Tensor {
     let _g = tch::no_grad_guard();
     let ids = g[&format!("{name}/ids")].view([1, -1]);
     let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
@@ -59,13 +68,22 @@ fn every_hook_point_equals_transformers_at_its_place() {
                 continue;
             }
             let got = ours.get(hook).unwrap_or_else(|| panic!("{name}: {hook} was not recorded"));
-            assert_eq!(got.size(), want.size(), "{name}: {hook} has shape {:?}, transformers {:?}", got.size(), want.size());
+            assert_eq!(
+                got.size(),
+                want.size(),
+                "{name}: {hook} has shape {:?}, transformers {:?}",
+                got.size(),
+                want.size()
+            );
             // Scores: only where the mask lets a key through (the golden holds NaN elsewhere).
             let keep = want.isnan().logical_not();
             let (a, b) = (got.masked_select(&keep), want.masked_select(&keep));
             let scale = b.abs().max().double_value(&[]).max(1.0);
             let d = max_diff(&a, &b) / scale;
-            assert!(d < 1e-5, "{name}: {hook} differs from transformers by {d:e} (relative to its largest value {scale})");
+            assert!(
+                d < 1e-5,
+                "{name}: {hook} differs from transformers by {d:e} (relative to its largest value {scale})"
+            );
             if d > worst.0 {
                 worst = (d, hook.to_string());
             }
@@ -73,7 +91,10 @@ fn every_hook_point_equals_transformers_at_its_place() {
         }
         let want_points = if name == "marian" { 50 } else { 20 };
         assert!(compared >= want_points, "{name}: only {compared} hook points compared");
-        eprintln!("{name}: {compared} hook points equal transformers; largest difference {:.1e} at {}", worst.0, worst.1);
+        eprintln!(
+            "{name}: {compared} hook points equal transformers; largest difference {:.1e} at {}",
+            worst.0, worst.1
+        );
     }
 }
 
@@ -87,7 +108,15 @@ fn adding_at_resid_pre_equals_a_forward_pre_hook_in_float64() {
         for (key, want) in &g {
             let Some(hook) = key.strip_prefix(&format!("{name}/add_out/")) else { continue };
             let at = m.hook_point(hook).unwrap();
-            let mut iv = Interventions { list: vec![Intervention { at, op: Op::Add(vec.shallow_clone()), heads: None, positions: None, rows: None }] };
+            let mut iv = Interventions {
+                list: vec![Intervention {
+                    at,
+                    op: Op::Add(vec.shallow_clone()),
+                    heads: None,
+                    positions: None,
+                    rows: None,
+                }],
+            };
             let got = run(&m, &g, name, &Gates::none(), &mut iv);
             let plain = run(&m, &g, name, &Gates::none(), &mut Interventions::default());
             let d = max_diff(&got, want);
@@ -109,10 +138,22 @@ fn zeroing_a_heads_z_equals_masking_it_exactly() {
             let head = HeadId { kind: s.kind, layer_idx: s.n_layers - 1, head: 1 };
             let masked = run(&m, &g, name, &m.gates_closing(&[head]).unwrap(), &mut Interventions::default());
             let at = At::new(s.kind, head.layer_idx, Point::Z);
-            let mut iv = Interventions { list: vec![Intervention { at, op: Op::Replace(Tensor::from(0.0)), heads: Some(vec![1]), positions: None, rows: None }] };
+            let mut iv = Interventions {
+                list: vec![Intervention {
+                    at,
+                    op: Op::Replace(Tensor::from(0.0)),
+                    heads: Some(vec![1]),
+                    positions: None,
+                    rows: None,
+                }],
+            };
             let zeroed = run(&m, &g, name, &Gates::none(), &mut iv);
             let plain = run(&m, &g, name, &Gates::none(), &mut Interventions::default());
-            assert!(zeroed.equal(&masked), "{name}: zeroing {at} for head 1 differs from masking {head} by {:e}", max_diff(&zeroed, &masked));
+            assert!(
+                zeroed.equal(&masked),
+                "{name}: zeroing {at} for head 1 differs from masking {head} by {:e}",
+                max_diff(&zeroed, &masked)
+            );
             assert!(!plain.equal(&masked), "{name}: masking {head} must change the output");
         }
     }
@@ -122,7 +163,8 @@ fn zeroing_a_heads_z_equals_masking_it_exactly() {
 fn generation_with_the_key_value_cache_equals_generation_without_it() {
     let _heavy = common::heavy();
     let tiny = fixtures().join("tiny_hf");
-    let mut cases: Vec<(PathBuf, usize)> = ["gpt2", "llama", "qwen2", "mistral"].iter().map(|n| (tiny.join(n), 24)).collect();
+    let mut cases: Vec<(PathBuf, usize)> =
+        ["gpt2", "llama", "qwen2", "mistral"].iter().map(|n| (tiny.join(n), 24)).collect();
     cases.push((headscope::assets::asset_path("smollm2").unwrap(), 12));
     for (dir, n) in cases {
         let m = Model::load(&dir, LoadOptions::new(headscope::device::DeviceChoice::Cpu, "f32").unwrap()).unwrap();
@@ -135,7 +177,10 @@ fn generation_with_the_key_value_cache_equals_generation_without_it() {
         // Under a mask too.
         let head = HeadId { kind: Kind::Dec, layer_idx: 0, head: 0 };
         let gates = m.gates_closing(&[head]).unwrap();
-        assert_eq!(m.generate_with("Where is", n, &gates, true).unwrap(), m.generate_with("Where is", n, &gates, false).unwrap());
+        assert_eq!(
+            m.generate_with("Where is", n, &gates, true).unwrap(),
+            m.generate_with("Where is", n, &gates, false).unwrap()
+        );
     }
 }
 
@@ -193,7 +238,11 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
     for (name, kind) in [("bert", Kind::Enc), ("gpt2", Kind::Dec), ("marian", Kind::Dec)] {
         let m = checkpoint(name, "f32");
         let interrupt = Interrupt::default();
-        let _ctx = enter(Context { interrupt: interrupt.clone(), progress: std::rc::Rc::new(|_, _, _| {}), warn: std::rc::Rc::new(|_| {}) });
+        let _ctx = enter(Context {
+            interrupt: interrupt.clone(),
+            progress: std::rc::Rc::new(|_, _, _| {}),
+            warn: std::rc::Rc::new(|_| {}),
+        });
         let mut layers = Vec::new();
         let trigger = interrupt.clone();
         let mut on = |at: At, _: &Tensor| {
@@ -218,10 +267,16 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
             m.net.encode(&ids, &mask, &Gates::none(), Some(hooks)).err()
         };
         assert!(matches!(err, Some(ModelError::Interrupted)), "{name}: {err:?}");
-        assert!(m.net.encoder.len().max(m.net.decoder.len()) >= 2, "{name}: the fixture has too few layers for this test");
+        assert!(
+            m.net.encoder.len().max(m.net.decoder.len()) >= 2,
+            "{name}: the fixture has too few layers for this test"
+        );
         assert_eq!(layers, vec![0, 0], "{name}: layer 0's resid_pre and resid_mid, then nothing");
         interrupt.reset();
-        assert!(m.net.encode(&ids, &mask, &Gates::none(), None).is_ok(), "{name}: a reset interrupt still stops the pass");
+        assert!(
+            m.net.encode(&ids, &mask, &Gates::none(), None).is_ok(),
+            "{name}: a reset interrupt still stops the pass"
+        );
     }
     // Outside a run, nothing is interrupted.
     let m = checkpoint("bert", "f32");
@@ -251,10 +306,19 @@ fn ssru_hook_points_are_the_recurrence_and_can_be_written() {
     for (at, _) in &seen {
         assert!(all.contains(at), "{at} was recorded but is not in hook_points()");
     }
-    let get = |l: usize, p: Point| seen.iter().find(|(a, _)| *a == At::new(Kind::Dec, l, p)).unwrap_or_else(|| panic!("dec layer {l}: {p:?} not recorded")).1.shallow_clone();
+    let get = |l: usize, p: Point| {
+        seen.iter()
+            .find(|(a, _)| *a == At::new(Kind::Dec, l, p))
+            .unwrap_or_else(|| panic!("dec layer {l}: {p:?} not recorded"))
+            .1
+            .shallow_clone()
+    };
     for l in 0..m.net.decoder.len() {
         let (f, u, c) = (get(l, Point::SsruForget), get(l, Point::SsruCandidate), get(l, Point::SsruCell));
-        assert!(f.min().double_value(&[]) > 0.0 && f.max().double_value(&[]) < 1.0, "layer {l}: the forget gate is a sigmoid");
+        assert!(
+            f.min().double_value(&[]) > 0.0 && f.max().double_value(&[]) < 1.0,
+            "layer {l}: the forget gate is a sigmoid"
+        );
         let mut prev = c.select(1, 0).zeros_like();
         for t in 0..c.size()[1] {
             let want = f.select(1, t) * &prev + (f.select(1, t).ones_like() - f.select(1, t)) * u.select(1, t);
@@ -264,7 +328,9 @@ fn ssru_hook_points_are_the_recurrence_and_can_be_written() {
         assert!(get(l, Point::AttnOut).equal(&c.relu()), "layer {l}: hook_attn_out is relu(hook_cell)");
     }
     let at = At::new(Kind::Dec, 0, Point::SsruCandidate);
-    let mut iv = Interventions { list: vec![Intervention { at, op: Op::Replace(Tensor::from(0.0)), heads: None, positions: None, rows: None }] };
+    let mut iv = Interventions {
+        list: vec![Intervention { at, op: Op::Replace(Tensor::from(0.0)), heads: None, positions: None, rows: None }],
+    };
     let (seen0, zeroed) = common::recorded(&[Point::SsruCell], |r| {
         let mut both = headscope::model::hooks::Both(&mut iv, r);
         teach(&mut both)

@@ -7,14 +7,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod parity;
-mod hf_families;
-mod hf_cache;
 mod config_keys;
-mod hf_tf5;
 mod gguf_real;
+mod hf_cache;
+mod hf_families;
 mod hf_seq2seq;
 mod hf_seq2seq_2026;
+mod hf_tf5;
 mod hooks;
 mod masking;
 mod param_count;
+mod parity;

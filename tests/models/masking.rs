@@ -7,7 +7,7 @@ use crate::common;
 
 use headscope::model::hooks::{At, Point};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, LayerGate, Linear, NormPosition, Ssru};
-use headscope::model::transformer::{DecoderLayer, EncoderLayer, Embeddings, Positions, SelfBlock, Transformer};
+use headscope::model::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
 use headscope::model::Kind;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -15,10 +15,25 @@ const D: i64 = 8;
 const H: i64 = 2;
 
 fn lin(out: i64, inp: i64) -> Linear {
-    Linear { w: Tensor::randn([out, inp], (DType::Float, Device::Cpu)) * 0.3, b: Some(Tensor::randn([out], (DType::Float, Device::Cpu)) * 0.1) }
+    Linear {
+        w: Tensor::randn([out, inp], (DType::Float, Device::Cpu)) * 0.3,
+        b: Some(Tensor::randn([out], (DType::Float, Device::Cpu)) * 0.1),
+    }
 }
 fn attn() -> Attention {
-    Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: D / H, rotary: None, slots: None, qk_norm: None, score: Default::default() }
+    Attention {
+        q: lin(D, D),
+        k: lin(D, D),
+        v: lin(D, D),
+        o: lin(D, D),
+        n_heads: H,
+        n_kv_heads: H,
+        head_dim: D / H,
+        rotary: None,
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
+    }
 }
 
 fn tiny() -> Transformer {
@@ -26,12 +41,27 @@ fn tiny() -> Transformer {
     let vocab = 11;
     let tokens = Tensor::randn([vocab, D], (DType::Float, Device::Cpu));
     Transformer {
-        embed: Embeddings { tokens: tokens.shallow_clone(), scale: 1.0, positions: Positions::Sinusoidal, token_type: None, norm: None },
+        embed: Embeddings {
+            tokens: tokens.shallow_clone(),
+            scale: 1.0,
+            positions: Positions::Sinusoidal,
+            token_type: None,
+            norm: None,
+        },
         encoder: (0..2)
-            .map(|_| EncoderLayer { attn: attn(), attn_norm: common::layer_norm(D), ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None }, ffn_norm: common::layer_norm(D), norm_position: NormPosition::Post, post_norms: None, window: None })
+            .map(|_| EncoderLayer {
+                attn: attn(),
+                attn_norm: common::layer_norm(D),
+                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
+                ffn_norm: common::layer_norm(D),
+                norm_position: NormPosition::Post,
+                post_norms: None,
+                window: None,
+            })
             .collect(),
         stack_kind: Kind::Enc,
-        causal: false, window: None,
+        causal: false,
+        window: None,
         final_norm: None,
         decoder: (0..2)
             .map(|_| DecoderLayer {
@@ -66,7 +96,8 @@ fn inputs() -> (Tensor, Tensor) {
 /// Hidden states after each layer and attention of each layer.
 fn run(t: &Transformer, gates: &Gates) -> (Vec<Tensor>, Vec<Tensor>, Tensor) {
     let (ids, mask) = inputs();
-    let (seen, out) = common::recorded(&[Point::ResidPre, Point::Pattern], |r| t.encode(&ids, &mask, gates, Some(r)).unwrap());
+    let (seen, out) =
+        common::recorded(&[Point::ResidPre, Point::Pattern], |r| t.encode(&ids, &mask, gates, Some(r)).unwrap());
     let mut hidden = common::at_point(&seen, Point::ResidPre);
     hidden.push(out.shallow_clone());
     (hidden, common::at_point(&seen, Point::Pattern), out)
@@ -111,11 +142,14 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let bias = headscope::model::nn::key_bias(&mask, DType::Float);
     let x = &h0[1]; // input of layer 1
     let a = &t.encoder[1].attn;
-    let (seen, plain) = common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
+    let (seen, plain) =
+        common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
     let ctx = common::at_point(&seen, Point::Z);
     let mut none = None;
     let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
-    let masked = a.forward(x, x, &bias, Some(&LayerGate { g, fill: None, duo: None, bypass: None }), Kind::Enc, 1, &mut none).unwrap();
+    let masked = a
+        .forward(x, x, &bias, Some(&LayerGate { g, fill: None, duo: None, bypass: None }), Kind::Enc, 1, &mut none)
+        .unwrap();
     let head0 = ctx[0].select(1, 0); // [B, T, dh]
     let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
     assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");
@@ -140,7 +174,8 @@ fn per_row_gates_equal_separate_runs() {
 fn weights_are_unchanged_after_a_masked_forward() {
     let _rng = common::rng();
     let t = tiny();
-    let before: Vec<Tensor> = t.encoder.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
+    let before: Vec<Tensor> =
+        t.encoder.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
     let _ = run(&t, &enc_gates(&[0.0; 4], 1));
     let after: Vec<&Tensor> = t.encoder.iter().flat_map(|l| [&l.attn.q.w, &l.attn.v.w, &l.attn.o.w]).collect();
     for (a, b) in before.iter().zip(after) {
@@ -164,7 +199,10 @@ fn teacher_forcing_equals_decoding_step_by_step() {
     let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
     let targets = Tensor::from_slice(&[5i64, 6, 3, 7, 1, 4, 2, 9]).view([2, 4]);
     let bias = headscope::model::nn::key_bias(&mask, DType::Float);
-    for gates in [Gates::none(), Gates { cross: Some(Tensor::from_slice(&[1f32, 0.0, 0.5, 1.0]).view([1, 2, H])), ..Gates::none() }] {
+    for gates in [
+        Gates::none(),
+        Gates { cross: Some(Tensor::from_slice(&[1f32, 0.0, 0.5, 1.0]).view([1, 2, H])), ..Gates::none() },
+    ] {
         let teacher = t.decode_teacher(&enc, &mask, &targets, &gates, None).unwrap(); // [B, T, V]
         let mut state = t.start_state(2);
         let mut none = None;
@@ -188,15 +226,26 @@ fn per_head_outputs_sum_to_the_attention_output() {
     let x = t.embed.forward(Some(&ids), 2, 0, 5, Kind::Enc, &mut None).unwrap();
     let bias = t.self_bias(&mask, DType::Float);
     let layer = &t.encoder[0];
-    for gate in [None, Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None })] {
-        let (seen, out) = common::recorded(&[], |r| layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap());
+    for gate in [
+        None,
+        Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None }),
+    ] {
+        let (seen, out) = common::recorded(&[], |r| {
+            layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap()
+        });
         let names: Vec<String> = seen.iter().map(|(at, _)| at.to_string()).collect();
         let parts = common::at_point(&seen, Point::Result).pop();
         let parts = parts.expect("hook_result was handed out"); // [B, H, T, D]
         let sum = parts.sum_dim_intlist([1i64].as_slice(), false, DType::Float) + layer.attn.o.b.as_ref().unwrap();
         let d = (sum - &out).abs().max().double_value(&[]);
         assert!(d < 1e-5, "sum of hook_result + b^O differs from the attention output by {d:e}");
-        for want in ["enc.blocks.0.attn.hook_q", "enc.blocks.0.attn.hook_pattern", "enc.blocks.0.attn.hook_v", "enc.blocks.0.attn.hook_z", "enc.blocks.0.attn.hook_result"] {
+        for want in [
+            "enc.blocks.0.attn.hook_q",
+            "enc.blocks.0.attn.hook_pattern",
+            "enc.blocks.0.attn.hook_v",
+            "enc.blocks.0.attn.hook_z",
+            "enc.blocks.0.attn.hook_result",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
     }

@@ -18,7 +18,13 @@ fn parameter_counts_equal_transformers() {
         let m = common::load(&common::root().join(g["path"].as_str().unwrap()), "f32");
         let want = g["parameters"].as_i64().unwrap() - g["unread"].as_i64().unwrap();
         if m.n_params != want {
-            wrong.push(format!("{name} ({}): headscope {} vs transformers {want} ({} less {} unread)", g["class"].as_str().unwrap(), m.n_params, g["parameters"], g["unread"]));
+            wrong.push(format!(
+                "{name} ({}): headscope {} vs transformers {want} ({} less {} unread)",
+                g["class"].as_str().unwrap(),
+                m.n_params,
+                g["parameters"],
+                g["unread"]
+            ));
         }
     }
     assert!(wrong.is_empty(), "parameter counts differ:\n{}", wrong.join("\n"));

@@ -31,7 +31,11 @@ fn minilm_forward(m: &Model, text: &str) -> (Vec<i64>, Tensor, Tensor) {
 }
 
 fn check_minilm_npz(npz: &Path, device: Device) -> usize {
-    let m = Model::load(&asset_path("minilm").unwrap(), LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false }).unwrap();
+    let m = Model::load(
+        &asset_path("minilm").unwrap(),
+        LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false },
+    )
+    .unwrap();
     let z = common::npz(npz);
     let n = z.keys().filter(|k| k.starts_with("ids")).count();
     assert!(n > 0, "{}: no sentences", npz.display());
@@ -43,8 +47,14 @@ fn check_minilm_npz(npz: &Path, device: Device) -> usize {
         let want = &z[&format!("hidden{i}")];
         let dh = common::max_diff(&hidden, want) / common::f32_bound(common::scale(want), depth);
         let da = common::max_diff(&attn, &z[&format!("attn{i}")]) / common::f32_bound(1.0, depth);
-        assert!(dh <= 1.0, "{device:?} sentence {i}: hidden states differ by {dh:.3} of the float32 bound from HF ({text:?})");
-        assert!(da <= 1.0, "{device:?} sentence {i}: attention differs by {da:.3} of the float32 bound from HF ({text:?})");
+        assert!(
+            dh <= 1.0,
+            "{device:?} sentence {i}: hidden states differ by {dh:.3} of the float32 bound from HF ({text:?})"
+        );
+        assert!(
+            da <= 1.0,
+            "{device:?} sentence {i}: attention differs by {da:.3} of the float32 bound from HF ({text:?})"
+        );
     }
     n
 }
@@ -84,12 +94,17 @@ struct MarianCase {
 
 #[test]
 fn marian_enpt_matches_numpy_reference() {
-    let cases: Vec<MarianCase> = serde_json::from_str(&std::fs::read_to_string(fixtures().join("marian_enpt_golden.json")).unwrap()).unwrap();
+    let cases: Vec<MarianCase> =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("marian_enpt_golden.json")).unwrap()).unwrap();
     assert_eq!(cases.len(), 21);
     assert_eq!(cases[0].output, "O gato está dormindo no sofá.");
     let attn = common::npz(&fixtures().join("marian_enpt_attn.npz"));
     for device in devices() {
-        let m = Model::load(&asset_path("enpt").unwrap(), LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false }).unwrap();
+        let m = Model::load(
+            &asset_path("enpt").unwrap(),
+            LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false },
+        )
+        .unwrap();
         let sources: Vec<&str> = cases.iter().map(|c| c.source.as_str()).collect();
         // Batched by length, as scripts translate.
         let outs = m.translate(&sources, &Gates::none(), 4096).unwrap();
@@ -127,19 +142,31 @@ fn smollm2_matches_hf_transformers() {
     assert!(st.success(), "HF reference script failed");
     let z = common::npz(&npz);
     for device in devices() {
-        let m = Model::load(&asset_path("smollm2").unwrap(), LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false }).unwrap();
+        let m = Model::load(
+            &asset_path("smollm2").unwrap(),
+            LoadOptions { device, dtype: tch::Kind::Float, allow_unknown_config: false },
+        )
+        .unwrap();
         for i in 0..3 {
             let text = String::from_utf8(Vec::<u8>::try_from(&z[&format!("text{i}")]).unwrap()).unwrap();
             let b = m.batch(&[text.as_str()]).unwrap();
-            assert_eq!(b.encoded[0].ids, Vec::<i64>::try_from(&z[&format!("ids{i}")]).unwrap(), "token ids of {text:?}");
+            assert_eq!(
+                b.encoded[0].ids,
+                Vec::<i64>::try_from(&z[&format!("ids{i}")]).unwrap(),
+                "token ids of {text:?}"
+            );
             let (hidden, _) = common::hidden_and_attention(|r| m.encode(&b, &Gates::none(), Some(r)).unwrap());
             let ours = Tensor::stack(&hidden, 0);
             let want = &z[&format!("hidden{i}")];
             assert_eq!(ours.size(), want.size());
             let depth = common::depth(&m, b.encoded[0].ids.len());
             for l in 0..ours.size()[0] {
-                let d = common::max_diff(&ours.get(l), &want.get(l)) / common::f32_bound(common::scale(&want.get(l)), depth);
-                assert!(d <= 1.0, "{device:?} sentence {i} layer {l}: hidden states differ by {d:.3} of the float32 bound");
+                let d = common::max_diff(&ours.get(l), &want.get(l))
+                    / common::f32_bound(common::scale(&want.get(l)), depth);
+                assert!(
+                    d <= 1.0,
+                    "{device:?} sentence {i} layer {l}: hidden states differ by {d:.3} of the float32 bound"
+                );
             }
         }
         let prompt = String::from_utf8(Vec::<u8>::try_from(&z["gen_prompt"]).unwrap()).unwrap();
@@ -158,18 +185,32 @@ fn logits_top_tokens_and_loss_match_hf_transformers() {
     let _heavy = common::heavy();
     let out = tempfile::tempdir().unwrap();
     let npz = out.path().join("outputs.npz");
-    let st = std::process::Command::new(python()).arg(fixtures().join("outputs_reference.py")).arg(asset_path("smollm2").unwrap()).arg(&npz).status().expect("run the HF reference");
+    let st = std::process::Command::new(python())
+        .arg(fixtures().join("outputs_reference.py"))
+        .arg(asset_path("smollm2").unwrap())
+        .arg(&npz)
+        .status()
+        .expect("run the HF reference");
     assert!(st.success(), "HF reference script failed");
     let z = common::npz(&npz);
     let tiny = ["a b c d e", "the cat sat"];
     let smol = ["The capital of France is", "The cat sat on the mat. It was"];
     for (name, texts) in [("gpt2", tiny), ("llama", tiny), ("qwen2", tiny), ("smollm2", smol)] {
-        let dir = if name == "smollm2" { asset_path("smollm2").unwrap() } else { fixtures().join("tiny_hf").join(name) };
-        let m = Model::load(&dir, LoadOptions { device: Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false }).unwrap();
+        let dir =
+            if name == "smollm2" { asset_path("smollm2").unwrap() } else { fixtures().join("tiny_hf").join(name) };
+        let m = Model::load(
+            &dir,
+            LoadOptions { device: Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false },
+        )
+        .unwrap();
         let mut loss_bound = 0f64;
         for (i, text) in texts.iter().enumerate() {
             let p = m.predictions(text, &Gates::none()).unwrap();
-            assert_eq!(p.encoded.ids, Vec::<i64>::try_from(&z[&format!("{name}/ids/{i}")]).unwrap(), "{name}: token ids of {text:?}");
+            assert_eq!(
+                p.encoded.ids,
+                Vec::<i64>::try_from(&z[&format!("{name}/ids/{i}")]).unwrap(),
+                "{name}: token ids of {text:?}"
+            );
             let t = p.logits.size()[0];
             let (ours, want) = match z.get(&format!("{name}/logits/{i}")) {
                 Some(all) => (p.logits.shallow_clone(), all.shallow_clone()),
@@ -179,20 +220,31 @@ fn logits_top_tokens_and_loss_match_hf_transformers() {
             let d = common::max_diff(&ours, &want) / common::f32_bound(common::scale(&want), depth);
             assert!(d <= 1.0, "{name} {text:?}: logits differ by {d:.3} of the float32 bound");
             let top: Vec<i64> = Vec::<i64>::try_from(&p.logits.get(t - 1).topk(5, -1, true, true).1).unwrap();
-            assert_eq!(top, Vec::<i64>::try_from(&z[&format!("{name}/top5/{i}")]).unwrap(), "{name} {text:?}: the five most likely next tokens");
+            assert_eq!(
+                top,
+                Vec::<i64>::try_from(&z[&format!("{name}/top5/{i}")]).unwrap(),
+                "{name} {text:?}: the five most likely next tokens"
+            );
             let losses = p.next_token_losses().unwrap();
             let want = Vec::<f64>::try_from(&z[&format!("{name}/losses/{i}")].to_kind(tch::Kind::Double)).unwrap();
             // A loss is a log-softmax of the logits: its error is the logits' (their scale's bound).
             let bound = common::f32_bound(common::scale(&p.logits), common::depth(&m, t as usize));
             let d = losses.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(losses.len() == want.len() && d <= 2.0 * bound, "{name} {text:?}: next-token losses differ by {d:e} (bound {:e})", 2.0 * bound);
+            assert!(
+                losses.len() == want.len() && d <= 2.0 * bound,
+                "{name} {text:?}: next-token losses differ by {d:e} (bound {:e})",
+                2.0 * bound
+            );
             loss_bound = loss_bound.max(2.0 * bound);
         }
         let (mean, count, from) = m.dataset_loss(&texts, None, 1024, &Gates::none(), &|| false).unwrap();
         let want = z[&format!("{name}/mean")].double_value(&[]);
         assert_eq!(from, "next tokens");
         // A mean of per-token losses errs at most as much as the worst of them.
-        assert!((mean - want).abs() <= loss_bound, "{name}: mean loss {mean} vs transformers {want} over {count} tokens (bound {loss_bound:e})");
+        assert!(
+            (mean - want).abs() <= loss_bound,
+            "{name}: mean loss {mean} vs transformers {want} over {count} tokens (bound {loss_bound:e})"
+        );
         eprintln!("{name}: logits, top 5, losses and mean loss ({mean:.6} vs {want:.6}) agree with transformers");
     }
 }

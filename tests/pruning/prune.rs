@@ -6,7 +6,7 @@ use crate::common;
 
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
-use headscope::model::transformer::{EncoderLayer, Embeddings, Positions};
+use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
 use headscope::model::{Family, HeadId, Kind, LoadOptions, Model};
 use headscope::prune::{train, Hooks, PruneOptions};
 use std::collections::BTreeSet;
@@ -29,19 +29,45 @@ fn lin(out: i64, inp: i64) -> Linear {
 }
 
 fn layer() -> EncoderLayer {
-    let mut attn = Attention { q: lin(D, D), k: lin(D, D), v: lin(D, D), o: lin(D, D), n_heads: H, n_kv_heads: H, head_dim: DH, rotary: None, slots: None, qk_norm: None, score: Default::default() };
+    let mut attn = Attention {
+        q: lin(D, D),
+        k: lin(D, D),
+        v: lin(D, D),
+        o: lin(D, D),
+        n_heads: H,
+        n_kv_heads: H,
+        head_dim: DH,
+        rotary: None,
+        slots: None,
+        qk_norm: None,
+        score: Default::default(),
+    };
     let _ = attn.q.w.g_mul_scalar_(3.0); // sharper attention, so heads differ
     for h in USELESS {
         let _ = attn.v.w.narrow(0, h * DH, DH).fill_(0.0);
         let _ = attn.v.b.as_ref().unwrap().narrow(0, h * DH, DH).fill_(0.0);
     }
-    EncoderLayer { attn, attn_norm: common::layer_norm(D), ffn: Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None }, ffn_norm: common::layer_norm(D), norm_position: NormPosition::Post, post_norms: None, window: None }
+    EncoderLayer {
+        attn,
+        attn_norm: common::layer_norm(D),
+        ffn: Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None },
+        ffn_norm: common::layer_norm(D),
+        norm_position: NormPosition::Post,
+        post_norms: None,
+        window: None,
+    }
 }
 
 fn tiny_model(dir: &Path) -> Model {
     tch::manual_seed(11);
     let v = WORDS.len() as i64 + 4;
-    let embed = Embeddings { tokens: randn(&[v, D], 1.0), scale: 1.0, positions: Positions::Learned(randn(&[32, D], 1.0)), token_type: None, norm: None };
+    let embed = Embeddings {
+        tokens: randn(&[v, D], 1.0),
+        scale: 1.0,
+        positions: Positions::Learned(randn(&[32, D], 1.0)),
+        token_type: None,
+        norm: None,
+    };
     common::hand_built(dir, &WORDS, embed, vec![layer(), layer()], Kind::Enc, Family::Bert)
 }
 
@@ -51,7 +77,8 @@ fn corpus(dir: &Path) -> Dataset {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (state >> 33) as usize
     };
-    let lines: Vec<String> = (0..40).map(|_| (0..10).map(|_| WORDS[next() % WORDS.len()]).collect::<Vec<_>>().join(" ")).collect();
+    let lines: Vec<String> =
+        (0..40).map(|_| (0..10).map(|_| WORDS[next() % WORDS.len()]).collect::<Vec<_>>().join(" ")).collect();
     let p = dir.join("train.txt");
     std::fs::write(&p, lines.join("\n")).unwrap();
     Dataset::corpus(&p).unwrap()
@@ -72,7 +99,8 @@ fn planted_useless_heads_are_pruned_first() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let data = corpus(dir.path());
-    let useless: BTreeSet<(usize, usize)> = (0..2).flat_map(|l| USELESS.iter().map(move |&h| (l, h as usize))).collect();
+    let useless: BTreeSet<(usize, usize)> =
+        (0..2).flat_map(|l| USELESS.iter().map(move |&h| (l, h as usize))).collect();
     // A moderate lambda: the useless heads close and the useful ones stay.
     let mut seen_all = false;
     for steps in [10, 20, 40, 60, 80, 100] {
@@ -88,7 +116,10 @@ fn planted_useless_heads_are_pruned_first() {
     for steps in [10, 20, 30, 40, 60, 80, 120] {
         let closed = closed_after(&model, &data, 2.0, steps);
         if closed.iter().any(|h| !useless.contains(h)) {
-            assert!(useless.is_subset(&closed), "after {steps} steps a useful head closed before every useless one: {closed:?}");
+            assert!(
+                useless.is_subset(&closed),
+                "after {steps} steps a useful head closed before every useless one: {closed:?}"
+            );
         }
         last = closed;
     }
@@ -110,7 +141,10 @@ fn stronger_penalty_leaves_fewer_heads_open_on_minilm() {
         expected.push((p.expected_open, p.open));
     }
     assert!(expected[0].0 > expected[1].0 && expected[1].0 > expected[2].0, "{expected:?}");
-    assert!(expected[0].1 >= expected[1].1 && expected[1].1 >= expected[2].1 && expected[0].1 > expected[2].1, "{expected:?}");
+    assert!(
+        expected[0].1 >= expected[1].1 && expected[1].1 >= expected[2].1 && expected[0].1 > expected[2].1,
+        "{expected:?}"
+    );
 }
 
 fn gates_of(json: &Path) -> serde_json::Value {
@@ -132,7 +166,9 @@ r.to_json(ARGS[1]);
     )
     .unwrap();
     let bin = env!("CARGO_BIN_EXE_headscope");
-    let run = |ck: &Path, out: &Path| std::process::Command::new(bin).arg("run").arg(&script).arg(ck).arg(out).output().unwrap();
+    let run = |ck: &Path, out: &Path| {
+        std::process::Command::new(bin).arg("run").arg(&script).arg(ck).arg(out).output().unwrap()
+    };
     let (ck_a, out_a) = (dir.path().join("a"), dir.path().join("a.json"));
     let r = run(&ck_a, &out_a);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -160,7 +196,10 @@ r.to_json(ARGS[1]);
 
     let (a, b) = (gates_of(&out_a), gates_of(&out_b));
     let from = b["resumed_from"].as_u64().expect("the second run resumed");
-    assert!(from >= killed_at && from < 60 && from % 10 == 0, "resumed from {from}, killed after checkpoint {killed_at}");
+    assert!(
+        from >= killed_at && from < 60 && from % 10 == 0,
+        "resumed from {from}, killed after checkpoint {killed_at}"
+    );
     assert_eq!(a["resumed_from"], serde_json::Value::Null);
     assert_eq!(a["log_alpha"], b["log_alpha"], "resumed gates differ from the uninterrupted run's");
     assert_eq!(a["curve"], b["curve"]);
@@ -175,7 +214,13 @@ fn physically_pruned_model_equals_the_masked_model() {
     let h = |kind, layer_idx, head| HeadId { kind, layer_idx, head };
     // A whole encoder layer, scattered heads, and cross-attention heads.
     let mut closed: Vec<HeadId> = (0..8).map(|i| h(Kind::Enc, 2, i)).collect();
-    closed.extend([h(Kind::Enc, 0, 1), h(Kind::Enc, 0, 6), h(Kind::Enc, 5, 3), h(Kind::Cross, 0, 2), h(Kind::Cross, 1, 7)]);
+    closed.extend([
+        h(Kind::Enc, 0, 1),
+        h(Kind::Enc, 0, 6),
+        h(Kind::Enc, 5, 3),
+        h(Kind::Cross, 0, 2),
+        h(Kind::Cross, 1, 7),
+    ]);
     let pruned = headscope::prune::physical::prune_heads(&model, &closed, None).unwrap();
     assert!(pruned.n_params < model.n_params);
     assert_eq!(pruned.net.encoder[2].attn.n_heads, 0);
@@ -228,7 +273,14 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     assert!(resumed.resumed_from.is_some_and(|s| s > 0 && s < 6), "{:?}", resumed.resumed_from);
     assert_eq!(full.state.log_alpha, resumed.state.log_alpha);
     let (a, b) = (trained, resumed.trained.as_ref().unwrap());
-    assert_eq!(a.net.encoder[3].ffn.up.w.dist(&b.net.encoder[3].ffn.up.w).double_value(&[]), 0.0, "resumed weights differ");
-    let files: Vec<String> = std::fs::read_dir(dir.path().join("ck")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        a.net.encoder[3].ffn.up.w.dist(&b.net.encoder[3].ffn.up.w).double_value(&[]),
+        0.0,
+        "resumed weights differ"
+    );
+    let files: Vec<String> = std::fs::read_dir(dir.path().join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     assert_eq!(files.iter().filter(|f| f.starts_with("weights-")).count(), 1, "stale weight files: {files:?}");
 }

@@ -5,7 +5,7 @@
 use crate::common;
 
 use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
-use headscope::analysis::lrp::{lrp, LrpOptions, Rule, Seed, RuleSet};
+use headscope::analysis::lrp::{lrp, LrpOptions, Rule, RuleSet, Seed};
 use headscope::analysis::options::{Options, Stat};
 use headscope::analysis::{analyze, freq_table};
 use headscope::assets::asset_path;
@@ -55,7 +55,11 @@ fn check_model(name: &str, metric: Metric) {
     let pruned = prune_heads(&model, &closed, None).unwrap();
     let stack = model.net.stack_kind;
     assert_eq!(pruned.net.encoder[2].attn.n_heads, 0, "layer 2 is emptied");
-    assert_eq!(pruned.kind_shape(stack).unwrap().n_heads, model.kind_shape(stack).unwrap().n_heads, "grids keep the original width");
+    assert_eq!(
+        pruned.kind_shape(stack).unwrap().n_heads,
+        model.kind_shape(stack).unwrap().n_heads,
+        "grids keep the original width"
+    );
     let gates = model.gates_closing(&closed).unwrap();
     let kinds: Vec<Kind> = model.kinds().iter().map(|k| k.kind).collect();
     let never = || false;
@@ -67,17 +71,41 @@ fn check_model(name: &str, metric: Metric) {
 
     // analyze: every statistic, every kind.
     let tb = Dataset::treebank(&asset_path("pud_en.conllu").unwrap()).unwrap().take(12);
-    let opts = Options::new(vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic], kinds.clone(), asset_path("brown.txt").unwrap());
+    let opts = Options::new(
+        vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
+        kinds.clone(),
+        asset_path("brown.txt").unwrap(),
+    );
     let freq = freq_table(&model, &opts.freq, opts.rare_top_n).unwrap();
     let a = analyze(&model, &tb, &opts, Some(&freq), &gates, &never, quiet).unwrap();
     let b = analyze(&pruned, &tb, &opts, Some(&freq), &Gates::none(), &never, quiet).unwrap();
     for (ka, kb) in a.kinds.iter().zip(&b.kinds) {
         let k = ka.kind;
         same_grid("confidence", k, ka.confidence.as_ref().unwrap(), kb.confidence.as_ref().unwrap(), &closed, TOL);
-        let frac = |r: &Vec<Vec<headscope::analysis::result::PosHead>>| r.iter().map(|l| l.iter().map(|p| p.fraction).collect()).collect::<HeadGrid>();
-        let off = |r: &Vec<Vec<headscope::analysis::result::PosHead>>| r.iter().map(|l| l.iter().map(|p| if p.fraction.is_nan() { f64::NAN } else { p.offset as f64 }).collect()).collect::<HeadGrid>();
-        same_grid("positional fraction", k, &frac(ka.positional.as_ref().unwrap()), &frac(kb.positional.as_ref().unwrap()), &closed, TOL);
-        same_grid("positional offset", k, &off(ka.positional.as_ref().unwrap()), &off(kb.positional.as_ref().unwrap()), &closed, 0.0);
+        let frac = |r: &Vec<Vec<headscope::analysis::result::PosHead>>| {
+            r.iter().map(|l| l.iter().map(|p| p.fraction).collect()).collect::<HeadGrid>()
+        };
+        let off = |r: &Vec<Vec<headscope::analysis::result::PosHead>>| {
+            r.iter()
+                .map(|l| l.iter().map(|p| if p.fraction.is_nan() { f64::NAN } else { p.offset as f64 }).collect())
+                .collect::<HeadGrid>()
+        };
+        same_grid(
+            "positional fraction",
+            k,
+            &frac(ka.positional.as_ref().unwrap()),
+            &frac(kb.positional.as_ref().unwrap()),
+            &closed,
+            TOL,
+        );
+        same_grid(
+            "positional offset",
+            k,
+            &off(ka.positional.as_ref().unwrap()),
+            &off(kb.positional.as_ref().unwrap()),
+            &closed,
+            0.0,
+        );
         let (ra, rb) = (ka.rare.as_ref().unwrap(), kb.rare.as_ref().unwrap());
         same_grid("rare", k, &ra.score, &rb.score, &closed, TOL);
         if let (Some(sa), Some(sb)) = (&ka.syntactic, &kb.syntactic) {
@@ -119,7 +147,12 @@ fn check_model(name: &str, metric: Metric) {
     let pruned64 = prune_heads(&model64, &closed, None).unwrap();
     let gates64 = model64.gates_closing(&closed).unwrap();
     for (rule, m, p, g) in [(Rule::Ab, &model, &pruned, &gates), (Rule::Zplus, &model64, &pruned64, &gates64)] {
-        let o = LrpOptions { rule: rule.into(), seed: Some(if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }), per_prediction: false, batch_tokens: 256 };
+        let o = LrpOptions {
+            rule: rule.into(),
+            seed: Some(if model.net.decoder.is_empty() { Seed::Norm } else { Seed::Logit }),
+            per_prediction: false,
+            batch_tokens: 256,
+        };
         let a = lrp(m, &data, &o, g, &never, quiet).unwrap();
         let b = lrp(p, &data, &o, &Gates::none(), &never, quiet).unwrap();
         assert_eq!(a.kinds.len(), b.kinds.len());
@@ -165,8 +198,19 @@ fn check_model(name: &str, metric: Metric) {
     let ra = train(&model, &closed, &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
     let rb = train(&pruned, &[], &data, &o, Hooks { stop: &never, progress: &mut |_, _| {} }).unwrap();
     for (x, y) in ra.state.curve.iter().zip(&rb.state.curve) {
-        assert!((x.loss - y.loss).abs() <= TOL * x.loss.abs().max(1.0), "prune loss at step {}: {} vs {}", x.step, x.loss, y.loss);
-        assert!((x.expected_open - y.expected_open).abs() <= TOL * x.expected_open.max(1.0), "expected open: {} vs {}", x.expected_open, y.expected_open);
+        assert!(
+            (x.loss - y.loss).abs() <= TOL * x.loss.abs().max(1.0),
+            "prune loss at step {}: {} vs {}",
+            x.step,
+            x.loss,
+            y.loss
+        );
+        assert!(
+            (x.expected_open - y.expected_open).abs() <= TOL * x.expected_open.max(1.0),
+            "expected open: {} vs {}",
+            x.expected_open,
+            y.expected_open
+        );
         assert_eq!(x.open, y.open);
     }
     for (x, y) in ra.p_open().iter().zip(rb.p_open()) {

@@ -55,18 +55,39 @@ fn parse_grid(text: &str) -> Vec<Vec<f64>> {
 
 fn max_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| if x.is_nan() && y.is_nan() { 0.0 } else { (x - y).abs() }).fold(0.0, f64::max)
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| if x.is_nan() && y.is_nan() { 0.0 } else { (x - y).abs() })
+        .fold(0.0, f64::max)
 }
 
 fn check(model: &str, key: impl Fn(usize) -> String, by_rows: bool) {
-    let dir = if model == "bert" { root().join("tests/fixtures/lrp_tiny/bert") } else { root().join("tests/fixtures/tiny_hf").join(model) };
+    let dir = if model == "bert" {
+        root().join("tests/fixtures/lrp_tiny/bert")
+    } else {
+        root().join("tests/fixtures/tiny_hf").join(model)
+    };
     let text = root().join("tests/fixtures/lrp_tiny/text.txt");
     let mut s = Session::new(SessionOptions::default());
     eval(&mut s, JS);
-    eval(&mut s, &format!(r#"let m = load_model({:?}, #{{device: "cpu", dtype: "f64"}}); let d = corpus({:?}).take(4);"#, dir.display().to_string(), text.display().to_string()));
+    eval(
+        &mut s,
+        &format!(
+            r#"let m = load_model({:?}, #{{device: "cpu", dtype: "f64"}}); let d = corpus({:?}).take(4);"#,
+            dir.display().to_string(),
+            text.display().to_string()
+        ),
+    );
     // Gates that differ from head to head, none 0 or 1.
-    eval(&mut s, r#"let r = m.prune(d, #{steps: 6, lr: 0.15, init: 0.3, lambda: 0.1, eval_gates: "continuous", batch_tokens: 400}); let v = m.with_gates(r);"#);
-    let gates = parse_grid(&eval(&mut s, r#"js(r.gates["KIND"])"#.replace("KIND", if model == "bert" { "enc" } else { "dec" }).as_str()));
+    eval(
+        &mut s,
+        r#"let r = m.prune(d, #{steps: 6, lr: 0.15, init: 0.3, lambda: 0.1, eval_gates: "continuous", batch_tokens: 400}); let v = m.with_gates(r);"#,
+    );
+    let gates = parse_grid(&eval(
+        &mut s,
+        r#"js(r.gates["KIND"])"#.replace("KIND", if model == "bert" { "enc" } else { "dec" }).as_str(),
+    ));
     let flat: Vec<f64> = gates.iter().flatten().copied().collect();
     assert!(flat.iter().all(|&g| g > 0.05 && g < 0.999), "{model}: gates {flat:?}");
     assert!(flat.iter().any(|&g| (g - flat[0]).abs() > 1e-3), "{model}: all gates equal {flat:?}");
@@ -74,7 +95,10 @@ fn check(model: &str, key: impl Fn(usize) -> String, by_rows: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let by_hand = tmp.path().join(model);
     scaled_copy(&dir, &by_hand, &gates, key, by_rows);
-    eval(&mut s, &format!(r#"let h = load_model({:?}, #{{device: "cpu", dtype: "f64"}});"#, by_hand.display().to_string()));
+    eval(
+        &mut s,
+        &format!(r#"let h = load_model({:?}, #{{device: "cpu", dtype: "f64"}});"#, by_hand.display().to_string()),
+    );
 
     let kind = if model == "bert" { "enc" } else { "dec" };
     let grid = |s: &mut Session, code: &str| parse_grid(&eval(s, &format!("js({code})")));
@@ -87,9 +111,16 @@ fn check(model: &str, key: impl Fn(usize) -> String, by_rows: bool) {
         ("ablation_sweep base", "[[X.ablation_sweep(d).options.base]]"),
     ] {
         let code = code.replace('K', kind);
-        let (view, hand, plain) = (grid(&mut s, &code.replace('X', "v")), grid(&mut s, &code.replace('X', "h")), grid(&mut s, &code.replace('X', "m")));
+        let (view, hand, plain) = (
+            grid(&mut s, &code.replace('X', "v")),
+            grid(&mut s, &code.replace('X', "h")),
+            grid(&mut s, &code.replace('X', "m")),
+        );
         let diff = max_diff(&view, &hand);
-        assert!(diff < 1e-9, "{model} {what}: the view and the gates applied by hand differ by {diff:e}\nview {view:?}\nhand {hand:?}");
+        assert!(
+            diff < 1e-9,
+            "{model} {what}: the view and the gates applied by hand differ by {diff:e}\nview {view:?}\nhand {hand:?}"
+        );
         compared.push((what, max_diff(&view, &plain)));
     }
     // The gates change every number compared (layer 1's queries through layer 0's gates), so

@@ -29,11 +29,15 @@ fn short_fuzz_run_finds_no_crash_or_hang() {
         common::skip("afl", why.trim());
         return;
     }
-    let tail: String = stderr.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    let tail: String =
+        stderr.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
     assert!(out.status.success(), "scripts/fuzz failed:\n{stdout}\n{tail}");
     // One line per target: name, executions, crashes, hangs, execs/s, seconds.
     for target in headscope::fuzz::TARGETS {
-        let line = stdout.lines().find(|l| l.split_whitespace().next() == Some(target)).unwrap_or_else(|| panic!("no result for {target}:\n{stdout}"));
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(target))
+            .unwrap_or_else(|| panic!("no result for {target}:\n{stdout}"));
         let f: Vec<&str> = line.split_whitespace().collect();
         let execs: u64 = f[1].parse().unwrap_or_else(|_| panic!("{line}"));
         assert!(execs >= 1000, "{target}: only {execs} executions in 8 s: {line}");

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect()).unwrap_or_default();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect())
+        .unwrap_or_default();
     v.sort();
     v
 }
@@ -60,7 +62,8 @@ fn seeds_are_read_as_expected() {
     ok("conllu", "multiword_empty_crlf.conllu");
     assert!(err("conllu", "cycle.conllu").contains("form a cycle"));
     ok("safetensors", "small.safetensors");
-    assert!(err("safetensors", "huge_shape.safetensors").contains("tensor 'w': shape [262144, 1048576] declares 274877906944 elements"));
+    assert!(err("safetensors", "huge_shape.safetensors")
+        .contains("tensor 'w': shape [262144, 1048576] declares 274877906944 elements"));
     assert!(err("safetensors", "huge_header.safetensors").contains("header length 1099511627776"));
     ok("gguf", "types.gguf");
     // The tokenizers in GGUF metadata (the gguf target builds them where a file has one).
@@ -74,7 +77,8 @@ fn seeds_are_read_as_expected() {
         ok("gguf_model", f);
     }
     assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5 are)");
-    assert!(err("gguf_model", "phi3_one_factor.gguf").contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
+    assert!(err("gguf_model", "phi3_one_factor.gguf")
+        .contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
     ok("marian_bin", "small.bin");
     assert!(err("marian_bin", "huge_count.bin").contains("the tensor count: declares 1099511627776 items"));
     let e = err("marian_bin", "huge_shape.bin");
@@ -93,10 +97,16 @@ fn seeds_are_read_as_expected() {
     assert!(err("checkpoint", "other_model.json").contains("is from another model: its model is \"other\""));
     assert!(err("checkpoint", "short.json").contains("parameter vectors differ in length"));
     // Regressions: inputs that once panicked, now errors naming what failed.
-    let reg = |t: &str, f: &str| replay(t, &fuzz_dir("regressions", t).join(f)).expect_err(&format!("{t}/{f} was accepted"));
+    let reg =
+        |t: &str, f: &str| replay(t, &fuzz_dir("regressions", t).join(f)).expect_err(&format!("{t}/{f} was accepted"));
     let e = reg("gguf", "zero_dim_overflowing_shape.gguf");
-    assert!(e.contains("fuzz.gguf: corrupt checkpoint: tensor '") && e.ends_with("': shape declares more than 2^63 elements"), "{e}");
+    assert!(
+        e.contains("fuzz.gguf: corrupt checkpoint: tensor '")
+            && e.ends_with("': shape declares more than 2^63 elements"),
+        "{e}"
+    );
     assert!(reg("tokenizer_json", "template_special_missing.json").contains("cannot tokenize"));
-    assert!(reg("tokenizer_json", "decoder_not_json.json").starts_with("tokenizer: tokenizer.json: the tokenizers library failed: Helper"));
+    assert!(reg("tokenizer_json", "decoder_not_json.json")
+        .starts_with("tokenizer: tokenizer.json: the tokenizers library failed: Helper"));
     assert!(run("no_such_target", b"").unwrap_err().contains("unknown fuzz target 'no_such_target'"));
 }

@@ -11,7 +11,8 @@ use headscope::model::tokenizer::Tok;
 
 fn asset_gguf(name: &str) -> Gguf {
     let dir = headscope::assets::asset_path(name).unwrap();
-    let file = headscope::model::llama_gguf::find_gguf(&dir).unwrap_or_else(|| panic!("{}: no .gguf (run scripts/setup)", dir.display()));
+    let file = headscope::model::llama_gguf::find_gguf(&dir)
+        .unwrap_or_else(|| panic!("{}: no .gguf (run scripts/setup)", dir.display()));
     Gguf::open(&file).unwrap()
 }
 
@@ -103,7 +104,15 @@ enum Meta {
 #[test]
 fn metadata_tokenizers_read_small_vocabularies_and_refuse_the_rest_in_one_line() {
     use Meta::*;
-    let bpe = |pre: &'static str| vec![("general.architecture", Str("qwen2")), ("tokenizer.ggml.model", Str("gpt2")), ("tokenizer.ggml.pre", Str(pre)), ("tokenizer.ggml.tokens", Strs(vec!["a", "b", "ab", "Ġ", "Ġab"])), ("tokenizer.ggml.merges", Strs(vec!["a b", "Ġ ab"]))];
+    let bpe = |pre: &'static str| {
+        vec![
+            ("general.architecture", Str("qwen2")),
+            ("tokenizer.ggml.model", Str("gpt2")),
+            ("tokenizer.ggml.pre", Str(pre)),
+            ("tokenizer.ggml.tokens", Strs(vec!["a", "b", "ab", "Ġ", "Ġab"])),
+            ("tokenizer.ggml.merges", Strs(vec!["a b", "Ġ ab"])),
+        ]
+    };
     let tok = Tok::from_gguf(&gguf_with(&bpe("qwen2"))).unwrap();
     assert_eq!(tok.encode("ab ab").unwrap().ids, vec![2, 4]);
     // sentencepiece BPE: "▁ab" wins over "▁a" + "b" by its score; byte fallback for "c".
@@ -119,7 +128,10 @@ fn metadata_tokenizers_read_small_vocabularies_and_refuse_the_rest_in_one_line()
     let tok = Tok::from_gguf(&gguf_with(&spm(vec![0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]))).unwrap();
     assert_eq!(tok.encode("ab c").unwrap().ids, vec![6, 2, 1], "{:?}", tok.encode("ab c").unwrap().tokens);
     let cases: Vec<(Vec<(&str, Meta)>, &str)> = vec![
-        (vec![("tokenizer.ggml.model", Str("rwkv"))], "tokenizer.ggml.model: tokenizer model 'rwkv' is not read (gpt2, llama, t5 are)"),
+        (
+            vec![("tokenizer.ggml.model", Str("rwkv"))],
+            "tokenizer.ggml.model: tokenizer model 'rwkv' is not read (gpt2, llama, t5 are)",
+        ),
         (vec![("tokenizer.ggml.model", Str("t5"))], "tokenizer.ggml.tokens: missing or not an array"),
         (bpe("falcon"), "tokenizer.ggml.pre: pre-tokenizer 'falcon' is not read"),
         (vec![("tokenizer.ggml.tokens", Strs(vec!["a"]))], "tokenizer.ggml.model: missing"),
@@ -148,7 +160,8 @@ fn metadata_tokenizers_read_small_vocabularies_and_refuse_the_rest_in_one_line()
 #[test]
 fn t5_gguf_tokenizer_equals_sentencepiece() {
     let dir = crate::common::tiny_hf_dir().join("t5_tokenizer_gguf");
-    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let gguf = headscope::model::gguf::Gguf::open(&dir.join("tokenizer.gguf")).unwrap();
     let tok = headscope::model::tokenizer::Tok::from_gguf(&gguf).unwrap();
     let (unk, eos) = (g["unk"].as_i64().unwrap(), g["eos"].as_i64().unwrap());

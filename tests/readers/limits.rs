@@ -175,11 +175,20 @@ fn hostile_sizes_fail_fast_without_allocating() {
     write(&d.join("gg_kv"), "model.gguf", &gguf(1 << 40, &[], &[]));
     write(&d.join("gg_kv"), "tokenizer.json", &llama_tok);
     // GGUF: a string array of 2^40 entries.
-    let array = [gguf_str("tokenizer.ggml.tokens"), 9u32.to_le_bytes().to_vec(), 8u32.to_le_bytes().to_vec(), (1u64 << 40).to_le_bytes().to_vec()].concat();
+    let array = [
+        gguf_str("tokenizer.ggml.tokens"),
+        9u32.to_le_bytes().to_vec(),
+        8u32.to_le_bytes().to_vec(),
+        (1u64 << 40).to_le_bytes().to_vec(),
+    ]
+    .concat();
     write(&d.join("gg_array"), "model.gguf", &gguf(1, &array, &[]));
     write(&d.join("gg_array"), "tokenizer.json", &llama_tok);
     // safetensors: a 1 TB tensor whose offsets claim the terabyte; a 2^40-byte header.
-    let header = format!(r#"{{"embeddings.word_embeddings.weight":{{"dtype":"F32","shape":[262144,1048576],"data_offsets":[0,{}]}}}}"#, 1u64 << 40);
+    let header = format!(
+        r#"{{"embeddings.word_embeddings.weight":{{"dtype":"F32","shape":[262144,1048576],"data_offsets":[0,{}]}}}}"#,
+        1u64 << 40
+    );
     write(&d.join("st_tensor"), "model.safetensors", &safetensors(&header, 64));
     write(&d.join("st_tensor"), "config.json", &bert_config);
     let mut st = (1u64 << 40).to_le_bytes().to_vec();
@@ -188,7 +197,13 @@ fn hostile_sizes_fail_fast_without_allocating() {
     write(&d.join("st_header"), "config.json", &bert_config);
     // pytorch_model.bin: a storage of 2^38 floats (4 bytes stored), and a 2^38-long view of a
     // one-float storage.
-    let pt = |numel: u64, size: u64| zip(&[("archive/data.pkl", &pickle("embeddings.word_embeddings.weight", numel, size)), ("archive/byteorder", b"little"), ("archive/data/0", &[0u8; 4])]);
+    let pt = |numel: u64, size: u64| {
+        zip(&[
+            ("archive/data.pkl", &pickle("embeddings.word_embeddings.weight", numel, size)),
+            ("archive/byteorder", b"little"),
+            ("archive/data/0", &[0u8; 4]),
+        ])
+    };
     write(&d.join("pt_storage"), "pytorch_model.bin", &pt(TB_ELEMENTS, TB_ELEMENTS));
     write(&d.join("pt_storage"), "config.json", &bert_config);
     write(&d.join("pt_shape"), "pytorch_model.bin", &pt(1, TB_ELEMENTS));
@@ -201,7 +216,11 @@ fn hostile_sizes_fail_fast_without_allocating() {
     let mut cfg: serde_json::Value = serde_json::from_slice(&bert_config).unwrap();
     cfg["num_hidden_layers"] = serde_json::json!(1u64 << 40);
     write(&d.join("cfg_layers"), "config.json", cfg.to_string().as_bytes());
-    write(&d.join("cfg_layers"), "model.safetensors", &std::fs::read(fixture("lrp_tiny/bert/model.safetensors")).unwrap());
+    write(
+        &d.join("cfg_layers"),
+        "model.safetensors",
+        &std::fs::read(fixture("lrp_tiny/bert/model.safetensors")).unwrap(),
+    );
     write(&d.join("cfg_layers"), "tokenizer.json", &std::fs::read(fixture("lrp_tiny/bert/tokenizer.json")).unwrap());
 
     let cases: &[(&str, String)] = &[
@@ -223,15 +242,28 @@ fn hostile_sizes_fail_fast_without_allocating() {
     for (dir, want) in cases {
         let r = run(d, &format!("load_model(\"{dir}\")"));
         let first = r.stderr.lines().next().unwrap_or_default();
-        println!("{dir:>10}: peak {} MB (+{} MB), {:.2} s, exit {}: {first}", r.peak / MB, (r.peak - base.peak) / MB, r.took.as_secs_f64(), r.code);
+        println!(
+            "{dir:>10}: peak {} MB (+{} MB), {:.2} s, exit {}: {first}",
+            r.peak / MB,
+            (r.peak - base.peak) / MB,
+            r.took.as_secs_f64(),
+            r.code
+        );
         if r.code != 1 || !first.contains(want.as_str()) {
-            failures.push(format!("{dir}: exit {} and first line '{first}', expected exit 1 and '{want}'\n{}", r.code, r.stderr));
+            failures.push(format!(
+                "{dir}: exit {} and first line '{first}', expected exit 1 and '{want}'\n{}",
+                r.code, r.stderr
+            ));
         }
         if r.took > Duration::from_secs(5) {
             failures.push(format!("{dir}: took {:.1} s", r.took.as_secs_f64()));
         }
         if r.peak > base.peak + 100 * MB {
-            failures.push(format!("{dir}: peak {} MB, more than 100 MB above the {} MB of -e '1'", r.peak / MB, base.peak / MB));
+            failures.push(format!(
+                "{dir}: peak {} MB, more than 100 MB above the {} MB of -e '1'",
+                r.peak / MB,
+                base.peak / MB
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -62,5 +62,9 @@ fn m2m100_without_tokenizer_json_equals_transformers() {
         let got = m.translate(&[text], &Gates::none(), 4096).unwrap().remove(0);
         assert_eq!(got, want, "translation of {text:?}");
     }
-    println!("m2m100_spm: {} texts encoded, {decoded} decoded, {} translations as transformers", cases.len(), g["translate"].as_array().unwrap().len());
+    println!(
+        "m2m100_spm: {} texts encoded, {decoded} decoded, {} translations as transformers",
+        cases.len(),
+        g["translate"].as_array().unwrap().len()
+    );
 }

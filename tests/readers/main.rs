@@ -7,11 +7,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod gguf;
-mod gguf_tokenizer;
-mod torch_pickle;
-mod marian_tokenizer;
-mod m2m100_tokenizer;
 mod fuzz;
 mod fuzz_corpus;
+mod gguf;
+mod gguf_tokenizer;
 mod limits;
+mod m2m100_tokenizer;
+mod marian_tokenizer;
+mod torch_pickle;

@@ -59,7 +59,8 @@ fn decodes_like_marian_tokenizer() {
 #[test]
 fn vocabulary_and_framing_come_from_vocab_json() {
     let tok = Tok::marian(&fixture()).unwrap();
-    let vocab: serde_json::Map<String, Value> = serde_json::from_str(&std::fs::read_to_string(fixture().join("vocab.json")).unwrap()).unwrap();
+    let vocab: serde_json::Map<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("vocab.json")).unwrap()).unwrap();
     assert_eq!(tok.vocab_size(), vocab.len());
     assert_eq!(tok.token_to_id("</s>"), Some(0));
     assert_eq!(tok.token_to_id("<unk>"), Some(1));

@@ -38,7 +38,8 @@ fn kind_of(torch_name: &str) -> Kind {
 
 fn check_against_golden(file: &str) {
     let got = read(&fixture(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let gold: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("state.json")).unwrap()).unwrap();
+    let gold: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("state.json")).unwrap()).unwrap();
     let want = gold["tensors"].as_object().unwrap();
     let mut names: Vec<&String> = got.keys().collect();
     names.sort();

@@ -43,7 +43,14 @@ fn assert_no_panic_trace(r: &Run) {
 }
 
 /// (name, args, stdin, exit code, substrings of stdout, substrings of stderr)
-type Case = (&'static str, &'static [&'static str], Option<&'static str>, i32, &'static [&'static str], &'static [&'static str]);
+type Case = (
+    &'static str,
+    &'static [&'static str],
+    Option<&'static str>,
+    i32,
+    &'static [&'static str],
+    &'static [&'static str],
+);
 
 const CASES: &[Case] = &[
     ("value of -e is printed", &["-e", "6 * 7"], None, 0, &["42"], &[]),
@@ -180,10 +187,18 @@ fn colon_commands_in_a_piped_session() {
     std::fs::write(dir.path().join("lib.rhai"), "let loaded = 41;\nfn bump(x) { x + 1 }\n").unwrap();
     let r = run_in(dir.path(), &[], Some(":load lib.rhai\nbump(loaded)\n:time on\n1 + 1\n:time off\n:device\n:help heatmap\n:help analyze\n:help\n:help nosuchfn\n:quit\n7 * 7\n"));
     assert!(r.stdout.contains("42"), "{}", r.stdout);
-    assert!(r.stdout.contains("timing on") && r.stdout.contains("(took ") && r.stdout.contains("timing off"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("timing on") && r.stdout.contains("(took ") && r.stdout.contains("timing off"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("torch:   2.11.0") && r.stdout.contains("threads: "), "{}", r.stdout);
     assert!(r.stdout.contains("heatmap(matrix, options) -> Plot") && r.stdout.contains("```rhai"), "{}", r.stdout);
-    assert!(r.stdout.contains("m.analyze(data, options) -> Analysis") && !r.stdout.contains("ScriptModel"), ":help shows script-facing signatures: {}", r.stdout);
+    assert!(
+        r.stdout.contains("m.analyze(data, options) -> Analysis") && !r.stdout.contains("ScriptModel"),
+        ":help shows script-facing signatures: {}",
+        r.stdout
+    );
     assert!(r.stdout.contains(":load FILE") && r.stdout.contains(":quit"), "{}", r.stdout);
     assert!(r.stderr.contains("no documented function or type named 'nosuchfn'"), "{}", r.stderr);
     assert!(!r.stdout.contains("49"), ":quit must end the session: {}", r.stdout);
@@ -304,7 +319,8 @@ fn bad_model_inputs_are_clear_errors() {
     std::fs::copy(enpt.join("tokenizer.json"), d.join("trunc/tokenizer.json")).unwrap();
     // A BERT directory whose safetensors header lies.
     std::fs::create_dir(d.join("badst")).unwrap();
-    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("badst/config.json")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("badst/config.json"))
+        .unwrap();
     let mut st = 1000u64.to_le_bytes().to_vec();
     st.extend_from_slice(b"{}");
     std::fs::write(d.join("badst/model.safetensors"), st).unwrap();
@@ -332,9 +348,17 @@ fn bad_model_inputs_are_clear_errors() {
     ];
     if !tch::Cuda::is_available() {
         let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cuda\"})"], None);
-        assert!(r.stderr.contains("load_model: device 'cuda:0' asked for, but CUDA is not available on this machine"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("load_model: device 'cuda:0' asked for, but CUDA is not available on this machine"),
+            "{}",
+            r.stderr
+        );
         let r = run_in(d, &["-e", "load_model(\"enpt\", #{device: \"cpu\", dtype: \"f16\"})"], None);
-        assert!(r.stderr.contains("load_model: dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("load_model: dtype 'f16' is only supported on CUDA; use bf16, f32 or f64 on the CPU"),
+            "{}",
+            r.stderr
+        );
     }
     expect_errors(d, cases);
 }
@@ -354,15 +378,35 @@ fn prenorm_translation_bad_inputs_are_one_line_errors() {
         let f = f.unwrap().path();
         std::fs::copy(&f, d.join("wide").join(f.file_name().unwrap())).unwrap();
     }
-    let cfg = std::fs::read_to_string(d.join("wide/config.json")).unwrap().replace("\"d_model\": 32", "\"d_model\": 48");
+    let cfg =
+        std::fs::read_to_string(d.join("wide/config.json")).unwrap().replace("\"d_model\": 32", "\"d_model\": 48");
     std::fs::write(d.join("wide/config.json"), cfg).unwrap();
     let cases: Vec<(String, String)> = vec![
-        (format!("load_model({m2m:?}, #{{tgt_lang: \"xx_Yyyy\"}})"), "load_model: tgt_lang 'xx_Yyyy' is not a language code of m2m100 (eng_Latn, fra_Latn, deu_Latn, por_Latn)".into()),
-        (format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: \"fr\"}})"), "translate: tgt_lang 'fr' is not a language code of m2m100".into()),
-        (format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: 3}})"), "translate: option 'tgt_lang' must be a string, got 3".into()),
-        ("load_model(\"enpt\", #{tgt_lang: \"fra_Latn\"})".into(), "load_model: tgt_lang 'fra_Latn' is not a language code of enpt (its tokenizer has none)".into()),
-        ("load_model(\"minilm\", #{tgt_lang: \"fra_Latn\"})".into(), "load_model: tgt_lang 'fra_Latn': minilm does not translate".into()),
-        ("load_model(\"wide\")".into(), "wide/model.safetensors: tensor 'model.shared.weight' has shape [304, 32], expected [304, 48]".into()),
+        (
+            format!("load_model({m2m:?}, #{{tgt_lang: \"xx_Yyyy\"}})"),
+            "load_model: tgt_lang 'xx_Yyyy' is not a language code of m2m100 (eng_Latn, fra_Latn, deu_Latn, por_Latn)"
+                .into(),
+        ),
+        (
+            format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: \"fr\"}})"),
+            "translate: tgt_lang 'fr' is not a language code of m2m100".into(),
+        ),
+        (
+            format!("load_model({m2m:?}).translate(\"Hi\", #{{tgt_lang: 3}})"),
+            "translate: option 'tgt_lang' must be a string, got 3".into(),
+        ),
+        (
+            "load_model(\"enpt\", #{tgt_lang: \"fra_Latn\"})".into(),
+            "load_model: tgt_lang 'fra_Latn' is not a language code of enpt (its tokenizer has none)".into(),
+        ),
+        (
+            "load_model(\"minilm\", #{tgt_lang: \"fra_Latn\"})".into(),
+            "load_model: tgt_lang 'fra_Latn': minilm does not translate".into(),
+        ),
+        (
+            "load_model(\"wide\")".into(),
+            "wide/model.safetensors: tensor 'model.shared.weight' has shape [304, 32], expected [304, 48]".into(),
+        ),
     ];
     let refs: Vec<(&str, &str)> = cases.iter().map(|(c, w)| (c.as_str(), w.as_str())).collect();
     expect_errors(d, &refs);
@@ -375,17 +419,23 @@ fn engine_core_bad_inputs_are_one_line_errors_and_the_session_survives() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let row = |id: u32, head: u32| format!("{id}\tw{id}\t_\tX\t_\t_\t{head}\tdep\t_\t_\n");
-    std::fs::write(d.join("cyc.conllu"), format!("# sent_id = s1\n# text = w1 w2 w3\n{}{}{}\n", row(1, 0), row(2, 3), row(3, 2))).unwrap();
+    std::fs::write(
+        d.join("cyc.conllu"),
+        format!("# sent_id = s1\n# text = w1 w2 w3\n{}{}{}\n", row(1, 0), row(2, 3), row(3, 2)),
+    )
+    .unwrap();
     std::fs::write(d.join("empty.conllu"), "").unwrap();
     std::fs::write(d.join("blank.txt"), "\n\n").unwrap();
     // Headers whose lengths pass the end of the file, or 2^63.
     std::fs::create_dir(d.join("st")).unwrap();
-    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st/config.json")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st/config.json"))
+        .unwrap();
     let mut st = ((1u64 << 63) + 5).to_le_bytes().to_vec();
     st.extend_from_slice(b"{}");
     std::fs::write(d.join("st/model.safetensors"), st).unwrap();
     std::fs::create_dir(d.join("st2")).unwrap();
-    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st2/config.json")).unwrap();
+    std::fs::copy(headscope::assets::asset_path("minilm").unwrap().join("config.json"), d.join("st2/config.json"))
+        .unwrap();
     let header = br#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#;
     let mut st2 = (header.len() as u64).to_le_bytes().to_vec();
     st2.extend_from_slice(header);
@@ -430,7 +480,11 @@ fn engine_core_bad_inputs_are_one_line_errors_and_the_session_survives() {
     // The message is the error's first line (the source line and a caret follow).
     for (code, want) in cases {
         let r = run_in(d, &["-e", code], None);
-        assert!(r.stderr.lines().next().unwrap_or_default().contains(want), "{code}: the message is not on the first line: {}", r.stderr);
+        assert!(
+            r.stderr.lines().next().unwrap_or_default().contains(want),
+            "{code}: the message is not on the first line: {}",
+            r.stderr
+        );
     }
     // One session through all of them, alive at the end.
     let mut input: String = cases.iter().map(|(c, _)| format!("{c}\n")).collect();

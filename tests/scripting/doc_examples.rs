@@ -29,12 +29,14 @@ fn every_documented_example_runs() {
 fn every_headscope_function_has_an_example() {
     let s = Session::new(SessionOptions::default());
     let json: serde_json::Value = serde_json::from_str(&s.engine().gen_fn_metadata_to_json(false).unwrap()).unwrap();
-    let documented: std::collections::HashSet<String> = docs::all_docs(s.engine()).into_iter().filter(|d| !d.examples().is_empty()).map(|d| d.name).collect();
+    let documented: std::collections::HashSet<String> =
+        docs::all_docs(s.engine()).into_iter().filter(|d| !d.examples().is_empty()).map(|d| d.name).collect();
     let mut missing = Vec::new();
     for f in json["functions"].as_array().unwrap() {
         let name = f["name"].as_str().unwrap();
         // Property setters share the getter's doc; conversions are used by print and `${}`.
-        let exempt = name.starts_with("set$") || name.starts_with("index$") || name == "to_string" || name == "to_debug";
+        let exempt =
+            name.starts_with("set$") || name.starts_with("index$") || name == "to_string" || name == "to_debug";
         let shown = name.strip_prefix("get$").unwrap_or(name);
         if !exempt && !documented.contains(shown) && !documented.contains(name) {
             missing.push(f["signature"].as_str().unwrap_or(name).to_string());

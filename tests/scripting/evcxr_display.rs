@@ -35,7 +35,9 @@ fn every_type_writes_its_mime_types() {
     let _rng = common::rng();
     let m = Model::load("minilm").unwrap();
     let d = corpus("assets/pud_en.txt").unwrap().take(3);
-    let a = m.analyze(&d, &AnalyzeOptions { stats: vec![Stat::Confidence, Stat::Positional], ..m.analyze_options(&d) }).unwrap();
+    let a = m
+        .analyze(&d, &AnalyzeOptions { stats: vec![Stat::Confidence, Stat::Positional], ..m.analyze_options(&d) })
+        .unwrap();
     let g = a.stat("confidence").unwrap();
     let t = g.table();
     let p = g.heatmap(headscope::api::Kind::Enc).unwrap();

@@ -42,27 +42,55 @@ fn every_example_runs() {
 fn any_model_runs_on_every_family() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let tiny = root.join("tests/fixtures/tiny_hf");
-    let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"].iter().map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]")).collect();
+    let mut dirs: Vec<(String, &str)> = ["gpt2", "llama", "llama_sharded", "qwen2", "mistral"]
+        .iter()
+        .map(|d| (tiny.join(d).display().to_string(), "kinds: [\"dec\"]"))
+        .collect();
     dirs.push((tiny.join("roberta").display().to_string(), "kinds: [\"enc\"]"));
     for d in ["marian", "marian_torchbin", "bart", "m2m100", "mbart", "t5", "flan_t5", "mt5", "t5_gguf"] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"enc\", \"dec\", \"cross\"]"));
     }
     // The 2026 families (tests/fixtures/make_tiny_hf_2026.py) and GGUFs of some of them
     // (make_tiny_gguf_2026.py).
-    for d in ["llama3", "qwen3", "qwen3_gguf", "phi3", "phi3_gguf", "neox_sequential", "pythia", "pythia_gguf", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_gguf"] {
+    for d in [
+        "llama3",
+        "qwen3",
+        "qwen3_gguf",
+        "phi3",
+        "phi3_gguf",
+        "neox_sequential",
+        "pythia",
+        "pythia_gguf",
+        "olmo2",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_gguf",
+    ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
     dirs.push(("minilm".into(), "kinds: [\"enc\"]"));
     dirs.push(("enpt".into(), "kinds: [\"enc\", \"cross\"]"));
     for (d, kinds) in dirs {
-        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "12"]).current_dir(root).output().unwrap();
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope"))
+            .args(["run", "examples/any_model.rhai", &d, "12"])
+            .current_dir(root)
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         // LRP's rules cover sequential two-norm layers; the others say why and run AttnLRP,
         // or, through a pre-norm translation decoder, LRP on the encoder alone.
         let prenorm_decoder = ["m2m100", "mbart", "t5", "flan_t5", "mt5", "t5_gguf"].iter().any(|f| d.ends_with(f));
-        let own_rules = !prenorm_decoder && !["pythia", "pythia_gguf", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
-        let lrp = if prenorm_decoder { "LRP (ab, seed norm)" } else if own_rules { "LRP (ab" } else { "LRP (attnlrp" };
+        let own_rules = !prenorm_decoder
+            && !["pythia", "pythia_gguf", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
+        let lrp = if prenorm_decoder {
+            "LRP (ab, seed norm)"
+        } else if own_rules {
+            "LRP (ab"
+        } else {
+            "LRP (attnlrp"
+        };
         for want in ["ablation sweep", lrp, "pruning: 4 steps", kinds] {
             assert!(stdout.contains(want), "any_model.rhai {d}: no {want:?} in\n{stdout}");
         }
@@ -78,21 +106,37 @@ fn any_model_runs_on_every_family() {
 fn any_model_runs_on_transformers_5_checkpoints_model_ids_and_gguf_paths() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let tf5 = root.join("tests/fixtures/tiny_hf_tf5");
-    let mut names: Vec<String> = std::fs::read_dir(&tf5).unwrap().filter_map(|e| e.ok()).filter(|e| e.path().join("config.json").is_file()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&tf5)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     assert!(names.len() >= 18, "{names:?}");
     let cache = tempfile::tempdir().unwrap();
     let g3 = tf5.join("gemma3");
-    common::hf_cache_repo(cache.path(), "tiny-org/gemma3-tf5", "main", "00112233445566778899aabbccddeeff00112233", &[
-        ("config.json", g3.join("config.json")),
-        ("model.safetensors", g3.join("model.safetensors")),
-        ("tokenizer.json", g3.join("tokenizer.json")),
-    ]);
+    common::hf_cache_repo(
+        cache.path(),
+        "tiny-org/gemma3-tf5",
+        "main",
+        "00112233445566778899aabbccddeeff00112233",
+        &[
+            ("config.json", g3.join("config.json")),
+            ("model.safetensors", g3.join("model.safetensors")),
+            ("tokenizer.json", g3.join("tokenizer.json")),
+        ],
+    );
     let mut runs: Vec<String> = names.iter().map(|n| tf5.join(n).display().to_string()).collect();
     runs.push("tiny-org/gemma3-tf5".into());
     runs.push(root.join("tests/fixtures/tiny_hf/qwen3_gguf/model.gguf").display().to_string());
     for d in runs {
-        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["run", "examples/any_model.rhai", &d, "4"]).env("HF_HUB_CACHE", cache.path()).current_dir(root).output().unwrap();
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_headscope"))
+            .args(["run", "examples/any_model.rhai", &d, "4"])
+            .env("HF_HUB_CACHE", cache.path())
+            .current_dir(root)
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(r.status.success(), "any_model.rhai {d} failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.stderr));
         for want in ["ablation sweep", "LRP (", "pruning: 4 steps", "kinds: ["] {

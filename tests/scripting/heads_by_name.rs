@@ -50,7 +50,8 @@ fn check(model: &str, want: usize) {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("names.rhai");
     std::fs::write(&script, SCRIPT).unwrap();
-    let out = Command::new(BIN).arg("run").arg(&script).arg(model).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    let out =
+        Command::new(BIN).arg("run").arg(&script).arg(model).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{model}: {}{stdout}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("ok {want} names")), "{model}: {stdout}");

@@ -12,7 +12,7 @@ mod doc_examples;
 mod evcxr_display;
 mod examples;
 mod heads_by_name;
+mod module_graph;
 mod options;
 mod texts;
 mod view_browser;
-mod module_graph;

@@ -181,7 +181,10 @@ fn code(text: &str) -> String {
                 }
             }
             out.push(' ');
-        } else if c[i] == 'r' && (at(i + 1) == '"' || at(i + 1) == '#') && (!ident(prev) || prev == 'b' && !ident(prev2)) {
+        } else if c[i] == 'r'
+            && (at(i + 1) == '"' || at(i + 1) == '#')
+            && (!ident(prev) || prev == 'b' && !ident(prev2))
+        {
             // A raw string r"..." / r#"..."# (or br...); `r#ident` is a raw identifier.
             let mut j = i + 1;
             while at(j) == '#' {
@@ -398,7 +401,9 @@ fn file_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         let t = tokens(&code(&text));
         let mut found: Vec<(Vec<String>, Vec<String>)> = vec![]; // (module the path is written in, path)
         let (mut depth, mut inline): (usize, Vec<(String, usize)>) = (0, vec![]);
-        let here = |inline: &[(String, usize)]| module.iter().cloned().chain(inline.iter().map(|(m, _)| m.clone())).collect::<Vec<_>>();
+        let here = |inline: &[(String, usize)]| {
+            module.iter().cloned().chain(inline.iter().map(|(m, _)| m.clone())).collect::<Vec<_>>()
+        };
         let mut i = 0;
         while i < t.len() {
             match &t[i] {
@@ -427,7 +432,9 @@ fn file_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                     }
                 }
                 // `rhai::...` anywhere, `::rhai::...` included: no module of the crate is named rhai.
-                Tok::Ident(w) if w == "rhai" && t.get(i + 1) == Some(&Tok::Sep) => found.push((here(&inline), vec![w.clone()])),
+                Tok::Ident(w) if w == "rhai" && t.get(i + 1) == Some(&Tok::Sep) => {
+                    found.push((here(&inline), vec![w.clone()]))
+                }
                 Tok::Ident(w) if t.get(i + 1) == Some(&Tok::Sep) && (i == 0 || t[i - 1] != Tok::Sep) => {
                     let mut p = vec![w.clone()];
                     let mut j = i + 1;
@@ -489,13 +496,17 @@ fn resolve(files: &BTreeMap<Vec<String>, String>, at: &[String], path: &[String]
 /// The numeric core: every file under `model/`, `analysis/` and `prune/` but their script
 /// submodules.
 fn is_numeric(file: &str) -> bool {
-    ["model/", "analysis/", "prune/"].iter().any(|d| file.starts_with(d)) && !file.split('/').any(|c| c.starts_with("script"))
+    ["model/", "analysis/", "prune/"].iter().any(|d| file.starts_with(d))
+        && !file.split('/').any(|c| c.starts_with("script"))
 }
 
 /// Rhai and the script layer: `rhai`, `engine/`, and any module named `script*`
 /// (`script/`, `model/script/`, `data/script.rs`, ...).
 fn is_script_layer(node: &str) -> bool {
-    node == "rhai" || node.starts_with("engine/") || node == "engine.rs" || node.split('/').any(|c| c.starts_with("script"))
+    node == "rhai"
+        || node.starts_with("engine/")
+        || node == "engine.rs"
+        || node.split('/').any(|c| c.starts_with("script"))
 }
 
 /// One line per numeric file that reaches Rhai or the script layer: the file and the shortest
@@ -578,7 +589,9 @@ fn a_planted_edge_into_rhai_is_found() {
     write("output.rs", "use rhai::Dynamic;\npub fn fixed(x: f64) -> String { Dynamic::from(x).to_string() }\n");
     let found = check_numeric_core(src);
     assert!(
-        found.iter().any(|l| l.starts_with("model/gguf.rs reaches rhai") && l.contains("model/gguf.rs -> output.rs -> rhai")),
+        found
+            .iter()
+            .any(|l| l.starts_with("model/gguf.rs reaches rhai") && l.contains("model/gguf.rs -> output.rs -> rhai")),
         "the planted edge was not found: {found:?}"
     );
 }
@@ -620,7 +633,10 @@ fn a_planted_use_of_rhai_in_the_model_is_reported() {
     let found = check_numeric_core(dir.path());
     assert!(found.contains(&"model/bytes.rs reaches rhai: model/bytes.rs -> rhai".to_string()), "{found:#?}");
     // The readers that use the cursor reach Rhai through it.
-    assert!(found.contains(&"model/gguf.rs reaches rhai: model/gguf.rs -> model/bytes.rs -> rhai".to_string()), "{found:#?}");
+    assert!(
+        found.contains(&"model/gguf.rs reaches rhai: model/gguf.rs -> model/bytes.rs -> rhai".to_string()),
+        "{found:#?}"
+    );
     assert!(found.iter().all(|l| l.ends_with("-> rhai")), "{found:#?}");
     // A leading `::` and a path in an expression are edges too.
     let dir = planted("model/loss.rs", "fn planted() -> ::rhai::INT { 0 }");
@@ -635,9 +651,17 @@ fn a_planted_edge_to_a_file_that_uses_rhai_is_reported() {
     let found = check_numeric_core(dir.path());
     // grid.rs uses rhai and the script layer (a grid is indexed by a script `Head`): the
     // shortest path to either is reported.
-    assert!(found.iter().any(|l| l.starts_with("model/hooks.rs reaches ") && l.contains(": model/hooks.rs -> grid.rs -> ")), "{found:#?}");
+    assert!(
+        found.iter().any(|l| l.starts_with("model/hooks.rs reaches ") && l.contains(": model/hooks.rs -> grid.rs -> ")),
+        "{found:#?}"
+    );
     // Every numeric file that uses the trace reaches it through hooks.rs, the transformer among them.
-    assert!(found.iter().any(|l| l.starts_with("model/transformer.rs reaches ") && l.contains("model/hooks.rs -> grid.rs -> ")), "{found:#?}");
+    assert!(
+        found
+            .iter()
+            .any(|l| l.starts_with("model/transformer.rs reaches ") && l.contains("model/hooks.rs -> grid.rs -> ")),
+        "{found:#?}"
+    );
 }
 
 #[test]
@@ -645,7 +669,10 @@ fn a_script_import_reached_through_another_file_is_reported() {
     // shard.rs is no numeric file, but data/mod.rs (which the analyses use) uses it.
     let dir = planted("shard.rs", "use crate::script::convert::Opts;");
     let found = check_numeric_core(dir.path());
-    let line = found.iter().find(|l| l.starts_with("analysis/ablation.rs ")).unwrap_or_else(|| panic!("analysis/ablation.rs not reported: {found:#?}"));
+    let line = found
+        .iter()
+        .find(|l| l.starts_with("analysis/ablation.rs "))
+        .unwrap_or_else(|| panic!("analysis/ablation.rs not reported: {found:#?}"));
     assert!(line.ends_with("-> data/mod.rs -> shard.rs -> script/convert.rs"), "{line}");
     // A test module may use anything.
     let dir = planted("model/bytes.rs", "#[cfg(test)]\nmod planted_tests {\n    use rhai::Dynamic;\n}");
@@ -654,7 +681,10 @@ fn a_script_import_reached_through_another_file_is_reported() {
 
 #[test]
 fn use_trees_and_relative_paths_resolve_to_files() {
-    let files: BTreeMap<Vec<String>, String> = ["lib.rs", "a/mod.rs", "a/b.rs", "a/c/mod.rs", "a/c/d.rs", "e.rs"].iter().map(|f| (module_of(f), f.to_string())).collect();
+    let files: BTreeMap<Vec<String>, String> = ["lib.rs", "a/mod.rs", "a/b.rs", "a/c/mod.rs", "a/c/d.rs", "e.rs"]
+        .iter()
+        .map(|f| (module_of(f), f.to_string()))
+        .collect();
     let at = |m: &str| if m.is_empty() { vec![] } else { m.split("::").map(String::from).collect::<Vec<_>>() };
     let mut paths = vec![];
     let t = tokens(&code("use crate::{a::{self, b::X}, e::{f as g, *}}; // crate::nothing\n"));
@@ -667,5 +697,11 @@ fn use_trees_and_relative_paths_resolve_to_files() {
     assert_eq!(resolve(&files, &at("a::c"), &p("tch::Tensor")), None);
     assert_eq!(resolve(&files, &at("a"), &p("rhai::Map")), Some("rhai".into()));
     // Comments and strings hold no paths.
-    assert_eq!(tokens(&code("/* crate::x */ let s = \"crate::y\"; let r = r#\"rhai::Z\"#; let c = '{';")).iter().filter(|t| matches!(t, Tok::Sep)).count(), 0);
+    assert_eq!(
+        tokens(&code("/* crate::x */ let s = \"crate::y\"; let r = r#\"rhai::Z\"#; let c = '{';"))
+            .iter()
+            .filter(|t| matches!(t, Tok::Sep))
+            .count(),
+        0
+    );
 }

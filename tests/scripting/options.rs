@@ -15,7 +15,15 @@ fn session(model: &str) -> Session {
     let mut s = Session::new(SessionOptions::default());
     let m = root().join("tests/fixtures/tiny_hf").join(model);
     let d = root().join("tests/fixtures/lrp_tiny/text.txt");
-    s.eval("setup", &format!("let m = load_model({:?}, #{{device: \"cpu\"}}); let d = corpus({:?}).take(3);", m.display().to_string(), d.display().to_string())).unwrap_or_else(|e| panic!("{e}"));
+    s.eval(
+        "setup",
+        &format!(
+            "let m = load_model({:?}, #{{device: \"cpu\"}}); let d = corpus({:?}).take(3);",
+            m.display().to_string(),
+            d.display().to_string()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     s
 }
 
@@ -43,7 +51,10 @@ fn a_bad_kinds_option_names_the_function_called() {
     let bad: &[(&str, &str)] = &[
         ("#{kinds: \"dec\"}", "option 'kinds' must be an array of strings, got \"dec\" (string)"),
         ("#{kinds: [1]}", "option 'kinds'[0] must be a string, got 1 (i64)"),
-        ("#{kinds: [\"encoder\"]}", "option 'kinds': unknown attention kind 'encoder' (expected \"enc\", \"dec\" or \"cross\")"),
+        (
+            "#{kinds: [\"encoder\"]}",
+            "option 'kinds': unknown attention kind 'encoder' (expected \"enc\", \"dec\" or \"cross\")",
+        ),
         ("#{kinds: [\"cross\"]}", "gpt2 has no 'cross' attention (it has: dec)"),
     ];
     let mut wrong = Vec::new();
@@ -73,11 +84,22 @@ fn the_two_bleu_forms_have_their_own_options() {
     assert_eq!(options_of_call("bleu", Some("")).map(names), Some(names(method)), "a method call of unknown type");
     let mut s = session("gpt2");
     // The free form refuses the method's batch_tokens; each lists its own options.
-    assert_eq!(error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{batch_tokens: 64})"), "bleu: unknown option 'batch_tokens' (valid options: shard)");
-    assert_eq!(error_of(&mut s, "m.bleu(d, #{lines: 2})"), "bleu: unknown option 'lines' (valid options: batch_tokens, shard, tgt_lang)");
-    assert_eq!(error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{lines: 2})"), "bleu: unknown option 'lines' (valid options: shard)");
+    assert_eq!(
+        error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{batch_tokens: 64})"),
+        "bleu: unknown option 'batch_tokens' (valid options: shard)"
+    );
+    assert_eq!(
+        error_of(&mut s, "m.bleu(d, #{lines: 2})"),
+        "bleu: unknown option 'lines' (valid options: batch_tokens, shard, tgt_lang)"
+    );
+    assert_eq!(
+        error_of(&mut s, "bleu([\"a b c\"], [\"a b c\"], #{lines: 2})"),
+        "bleu: unknown option 'lines' (valid options: shard)"
+    );
     // Completion offers each form's list.
-    let offered = |s: &Session, code: &str| s.complete(code, code.len()).candidates.into_iter().map(|c| c.display).collect::<Vec<_>>();
+    let offered = |s: &Session, code: &str| {
+        s.complete(code, code.len()).candidates.into_iter().map(|c| c.display).collect::<Vec<_>>()
+    };
     assert_eq!(offered(&s, "bleu(h, r, #{"), ["shard"]);
     assert_eq!(offered(&s, "m.bleu(d, #{"), ["batch_tokens", "shard", "tgt_lang"]);
     // `:help bleu` (Shift-Tab) shows the two lists, each under the form it belongs to.
@@ -99,13 +121,49 @@ fn echoed_options_are_the_defaults_of_the_option_list() {
     // the options that must be compared)
     type Case<'a> = (&'a str, &'a str, Option<&'a str>, String, &'a [&'a str]);
     let cases: Vec<Case> = vec![
-        ("gpt2", "analyze", Some("Model"), format!("m.analyze(d, #{{freq: {freq:?}}}).meta.to_json()"), &["batch_tokens", "positional_threshold", "rare_top_n", "rare_threshold"]),
+        (
+            "gpt2",
+            "analyze",
+            Some("Model"),
+            format!("m.analyze(d, #{{freq: {freq:?}}}).meta.to_json()"),
+            &["batch_tokens", "positional_threshold", "rare_top_n", "rare_threshold"],
+        ),
         ("gpt2", "ablate", Some("Model"), "m.ablate(d, []).to_json()".into(), &["batch_tokens"]),
         ("gpt2", "ablation_sweep", Some("Model"), "m.ablation_sweep(d).options.to_json()".into(), &["batch_tokens"]),
-        ("gpt2", "head_importance", Some("Model"), "m.head_importance(d).options.to_json()".into(), &["metric", "normalize", "batch_tokens"]),
+        (
+            "gpt2",
+            "head_importance",
+            Some("Model"),
+            "m.head_importance(d).options.to_json()".into(),
+            &["metric", "normalize", "batch_tokens"],
+        ),
         ("gpt2", "lrp", Some("Model"), "m.lrp(d).options.to_json()".into(), &["rule", "seeds"]),
-        ("gpt2", "head_types", Some("Model"), "m.head_types().probe.to_json()".into(), &["seed", "n", "len", "needle", "haystack"]),
-        ("gpt2", "prune", Some("Model"), "m.prune(d, #{steps: 1}).options.to_json()".into(), &["lambda", "lr", "model_lr", "batch_tokens", "joint", "seed", "eval_every", "beta", "penalty_scale", "distill", "eval_gates"]),
+        (
+            "gpt2",
+            "head_types",
+            Some("Model"),
+            "m.head_types().probe.to_json()".into(),
+            &["seed", "n", "len", "needle", "haystack"],
+        ),
+        (
+            "gpt2",
+            "prune",
+            Some("Model"),
+            "m.prune(d, #{steps: 1}).options.to_json()".into(),
+            &[
+                "lambda",
+                "lr",
+                "model_lr",
+                "batch_tokens",
+                "joint",
+                "seed",
+                "eval_every",
+                "beta",
+                "penalty_scale",
+                "distill",
+                "eval_gates",
+            ],
+        ),
     ];
     let mut wrong = Vec::new();
     for (model, func, receiver, code, must) in &cases {
@@ -147,7 +205,12 @@ fn dependent_defaults_and_the_rust_api_follow_the_lists() {
     let echo: serde_json::Map<String, serde_json::Value> = o.echo().into_iter().collect();
     for spec in options_of("analyze").unwrap() {
         if let (Some(want), Some(got)) = (spec.default.json(), echo.get(spec.name)) {
-            assert_eq!(want.as_f64().map_or(want.clone(), |x| serde_json::json!(x)), got.as_f64().map_or(got.clone(), |x| serde_json::json!(x)), "analyze: '{}'", spec.name);
+            assert_eq!(
+                want.as_f64().map_or(want.clone(), |x| serde_json::json!(x)),
+                got.as_f64().map_or(got.clone(), |x| serde_json::json!(x)),
+                "analyze: '{}'",
+                spec.name
+            );
         }
     }
     assert!(echo.contains_key("relations") && echo.contains_key("margin") && echo.contains_key("subtypes"));
@@ -157,7 +220,12 @@ fn dependent_defaults_and_the_rust_api_follow_the_lists() {
     // `init` echoes the distribution it draws from ("uniform(-0.61, 0.61)"), not its name.
     for spec in options_of("prune").unwrap().iter().filter(|o| o.name != "init") {
         if let (Some(want), Some(got)) = (spec.default.json(), echo.get(spec.name)) {
-            assert_eq!(want.as_f64().map_or(want.clone(), |x| serde_json::json!(x)), got.as_f64().map_or(got.clone(), |x| serde_json::json!(x)), "prune: '{}'", spec.name);
+            assert_eq!(
+                want.as_f64().map_or(want.clone(), |x| serde_json::json!(x)),
+                got.as_f64().map_or(got.clone(), |x| serde_json::json!(x)),
+                "prune: '{}'",
+                spec.name
+            );
             compared += 1;
         }
     }
@@ -178,7 +246,11 @@ fn the_rust_api_defaults_are_a_scripts() {
     let freq = text.display().to_string();
     let mut s = session("gpt2");
     // The script's model is loaded on the CPU (`session`); so is the API's.
-    let m = api::Model::load_with(&dir.display().to_string(), &api::LoadOptions { device: api::Device::Cpu, ..Default::default() }).unwrap();
+    let m = api::Model::load_with(
+        &dir.display().to_string(),
+        &api::LoadOptions { device: api::Device::Cpu, ..Default::default() },
+    )
+    .unwrap();
     let d = api::corpus(&text).unwrap().take(3);
     // Numbers compared as numbers (a script's map writes `1.0` where Rust echoes `1`).
     fn norm(v: serde_json::Value) -> serde_json::Value {
@@ -196,12 +268,18 @@ fn the_rust_api_defaults_are_a_scripts() {
             other => panic!("{code}: not a map: {other}"),
         }
     };
-    let rust = |echo: &headscope::output::Echo| echo.iter().map(|(k, v)| (k.clone(), norm(v.clone()))).collect::<serde_json::Map<_, _>>();
+    let rust = |echo: &headscope::output::Echo| {
+        echo.iter().map(|(k, v)| (k.clone(), norm(v.clone()))).collect::<serde_json::Map<_, _>>()
+    };
 
     let lrp = m.lrp(&d, &LrpOptions::default()).unwrap();
     assert_eq!(script(&mut s, "m.lrp(d).options.to_json()"), rust(&lrp.options), "lrp");
     let summed = m.lrp(&d, &LrpOptions::summed()).unwrap();
-    assert_eq!(script(&mut s, "m.lrp(d, #{seeds: \"summed\"}).options.to_json()"), rust(&summed.options), "lrp, seeds summed");
+    assert_eq!(
+        script(&mut s, "m.lrp(d, #{seeds: \"summed\"}).options.to_json()"),
+        rust(&summed.options),
+        "lrp, seeds summed"
+    );
 
     let sweep = m.ablation_sweep(&d, &SweepOptions::default()).unwrap();
     assert_eq!(script(&mut s, "m.ablation_sweep(d).options.to_json()"), rust(&sweep.options), "ablation_sweep");
@@ -218,7 +296,8 @@ fn the_rust_api_defaults_are_a_scripts() {
     assert_eq!(script(&mut s, "m.prune(d, #{steps: 1}).options.to_json()"), rust(&p.run.options.echo()), "prune");
 
     // `load_model(dir)` without options: the same device and precision as `LoadOptions::default()`.
-    let out = s.eval("case", &format!("load_model({:?}).to_string()", dir.display().to_string())).unwrap().unwrap().text;
+    let out =
+        s.eval("case", &format!("load_model({:?}).to_string()", dir.display().to_string())).unwrap().unwrap().text;
     assert_eq!(out, api::Model::load(&dir.display().to_string()).unwrap().to_string());
 }
 
@@ -231,7 +310,11 @@ fn tgt_lang_chooses_the_target_language_of_one_call() {
     let _rng = common::rng();
     let mut s = session("m2m100");
     let dir = root().join("tests/fixtures/tiny_hf/m2m100").display().to_string();
-    s.eval("setup", &format!("let de = load_model({dir:?}, #{{device: \"cpu\", tgt_lang: \"deu_Latn\"}}); let own = m.loss(d);")).unwrap();
+    s.eval(
+        "setup",
+        &format!("let de = load_model({dir:?}, #{{device: \"cpu\", tgt_lang: \"deu_Latn\"}}); let own = m.loss(d);"),
+    )
+    .unwrap();
     let calls: &[(&str, &str)] = &[
         ("loss", "M.loss(d, #{OPTS})"),
         ("ablation_sweep", "M.ablation_sweep(d, #{OPTS}).top(24).to_text()"),
@@ -246,7 +329,9 @@ fn tgt_lang_chooses_the_target_language_of_one_call() {
         let per_call = call.replace('M', "m").replace("OPTS", "tgt_lang: \"deu_Latn\"");
         let loaded = call.replace('M', "de").replace("OPTS", "");
         let own = call.replace('M', "m").replace("OPTS", "");
-        let value = |s: &mut Session, code: &str| s.eval("case", code).map(|o| o.map(|o| o.text).unwrap_or_default()).map_err(|e| e.message);
+        let value = |s: &mut Session, code: &str| {
+            s.eval("case", code).map(|o| o.map(|o| o.text).unwrap_or_default()).map_err(|e| e.message)
+        };
         match (value(&mut s, &per_call), value(&mut s, &loaded), value(&mut s, &own)) {
             (Ok(a), Ok(b), Ok(c)) => {
                 if a != b {
@@ -265,7 +350,10 @@ fn tgt_lang_chooses_the_target_language_of_one_call() {
     }
     let e = error_of(&mut s, "m.loss(d, #{tgt_lang: \"xx_Yyyy\"})");
     assert_eq!(e, "loss: tgt_lang 'xx_Yyyy' is not a language code of m2m100 (eng_Latn, fra_Latn, deu_Latn, por_Latn)");
-    assert_eq!(error_of(&mut s, "load_model(\"minilm\").loss(d, #{tgt_lang: \"deu_Latn\"})").split(':').next(), Some("loss"));
+    assert_eq!(
+        error_of(&mut s, "load_model(\"minilm\").loss(d, #{tgt_lang: \"deu_Latn\"})").split(':').next(),
+        Some("loss")
+    );
     assert_eq!(s.eval("case", "m.loss(d) == own").unwrap().map(|o| o.text).as_deref(), Some("true"));
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

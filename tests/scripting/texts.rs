@@ -65,10 +65,15 @@ fn mistakes_with_texts_are_one_line_errors() {
         ("m.head(\"dec\", 0, 0).attention(#{words: 1})", "attention: a dataset row needs a string `text`"),
     ];
     let mut s = session(dir.path());
-    s.eval("setup", &format!("let m = load_model(\"{}/tests/fixtures/tiny_hf/gpt2\");", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    s.eval("setup", &format!("let m = load_model(\"{}/tests/fixtures/tiny_hf/gpt2\");", env!("CARGO_MANIFEST_DIR")))
+        .unwrap();
     for (code, want) in cases {
         let e = s.eval("case", code).err().unwrap_or_else(|| panic!("{code} should fail")).to_string();
         assert!(e.contains(want), "{code}:\n  got  {e}\n  want {want}");
-        assert_eq!(e.trim_end().lines().next().map(|l| l.contains(want)), Some(true), "{code}: the message is not on the first line: {e}");
+        assert_eq!(
+            e.trim_end().lines().next().map(|l| l.contains(want)),
+            Some(true),
+            "{code}: the message is not on the first line: {e}"
+        );
     }
 }

@@ -42,12 +42,28 @@ fn planted() -> ViewKind {
             }
         }
     }
-    ViewKind { name: "enc".into(), n_layers: layers, n_heads: heads, query_tokens: tokens("The cat </script><b> on mats"), key_tokens: tokens("The cat </script><b> on mats"), attn, scores: None }
+    ViewKind {
+        name: "enc".into(),
+        n_layers: layers,
+        n_heads: heads,
+        query_tokens: tokens("The cat </script><b> on mats"),
+        key_tokens: tokens("The cat </script><b> on mats"),
+        attn,
+        scores: None,
+    }
 }
 
 /// A cross kind: 4 queries, each attending uniformly to 5 keys.
 fn cross() -> ViewKind {
-    ViewKind { name: "cross".into(), n_layers: 2, n_heads: 3, query_tokens: tokens("O gato em tapetes"), key_tokens: tokens("The cat </script><b> on mats"), attn: vec![0.2; 2 * 3 * 4 * 5], scores: None }
+    ViewKind {
+        name: "cross".into(),
+        n_layers: 2,
+        n_heads: 3,
+        query_tokens: tokens("O gato em tapetes"),
+        key_tokens: tokens("The cat </script><b> on mats"),
+        attn: vec![0.2; 2 * 3 * 4 * 5],
+        scores: None,
+    }
 }
 
 fn run_page(view: &View, dir: &Path, args: &[&str]) -> serde_json::Value {
@@ -65,7 +81,16 @@ fn run_page(view: &View, dir: &Path, args: &[&str]) -> serde_json::Value {
 /// The lines seen in one state as (query, key, head, opacity).
 fn lines(seen: &serde_json::Value, state: &str) -> Vec<(usize, usize, usize, f64)> {
     let rows = seen[state].as_array().unwrap_or_else(|| panic!("no {state} in {seen}"));
-    rows.iter().map(|r| (r[0].as_u64().unwrap() as usize, r[1].as_u64().unwrap() as usize, r[2].as_u64().unwrap() as usize, r[3].as_f64().unwrap())).collect()
+    rows.iter()
+        .map(|r| {
+            (
+                r[0].as_u64().unwrap() as usize,
+                r[1].as_u64().unwrap() as usize,
+                r[2].as_u64().unwrap() as usize,
+                r[3].as_f64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// The lines head `h` of layer `l` should draw for queries `qs`, sorted as the script sorts.
@@ -91,7 +116,8 @@ fn head_view_works_offline_in_a_browser() {
     let dir = tempfile::tempdir().unwrap();
     // Coloured by a grid of the encoder's heads (layer 1's head 2 has no value).
     let grid = vec![("enc".to_string(), vec![vec![0.5, -1.0, 0.0], vec![0.25, 2.0, f64::NAN]])];
-    let view = View::new("planted heads", vec![planted(), cross()]).unwrap().colour_by(&grid, "planted effect").unwrap();
+    let view =
+        View::new("planted heads", vec![planted(), cross()]).unwrap().colour_by(&grid, "planted effect").unwrap();
     let seen = run_page(&view, dir.path(), &["--layers", "2", "--heads", "3", "--tokens", "5", "--kinds", "2"]);
     let all = [0, 1, 2, 3, 4];
     assert_eq!(lines(&seen, "layer0_head0"), expected(0, 0, &all));
@@ -99,7 +125,11 @@ fn head_view_works_offline_in_a_browser() {
     assert_eq!(lines(&seen, "layer1_head1"), expected(1, 1, &all));
     assert_eq!(lines(&seen, "all_heads").len(), 5 + 10 + 10);
     assert_eq!(seen["scores_layer0"], serde_json::json!(["0.5", "-1", "0"]), "layer 0's score boxes");
-    assert_eq!(seen["scores_layer1"], serde_json::json!(["0.25", "2", ""]), "layer 1's score boxes follow the layer picker");
+    assert_eq!(
+        seen["scores_layer1"],
+        serde_json::json!(["0.25", "2", ""]),
+        "layer 1's score boxes follow the layer picker"
+    );
     // Layer 1, every head (head 2 removed), hovering query 1.
     let mut hover: Vec<_> = [expected(1, 0, &[1]), expected(1, 1, &[1])].concat();
     hover.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -117,17 +147,34 @@ fn a_real_models_page_works_offline_in_a_browser() {
     }
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("enpt.html");
-    let code = format!(r#"let v = load_model("enpt").view("The quick brown fox jumps over the lazy dog."); v.to_html("{}"); print(v);"#, page.display());
+    let code = format!(
+        r#"let v = load_model("enpt").view("The quick brown fox jumps over the lazy dog."); v.to_html("{}"); print(v);"#,
+        page.display()
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_headscope")).args(["-e", &code]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     // "enc 6 layers x 8 heads, N tokens; cross ..."
-    let n: usize = text.split("8 heads, ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("token count in {text}"));
+    let n: usize = text
+        .split("8 heads, ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("token count in {text}"));
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(!html.contains("http://") && !html.contains("https://") && !html.contains("<link"), "the page refers to the network");
+    assert!(
+        !html.contains("http://") && !html.contains("https://") && !html.contains("<link"),
+        "the page refers to the network"
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/view_browser.py");
     let png = dir.path().join("enpt.png");
-    let out = Command::new("/usr/bin/python3").arg(script).arg(&page).args(["--layers", "6", "--heads", "8", "--tokens", &n.to_string(), "--kinds", "2", "--screenshot"]).arg(&png).output().unwrap();
+    let out = Command::new("/usr/bin/python3")
+        .arg(script)
+        .arg(&page)
+        .args(["--layers", "6", "--heads", "8", "--tokens", &n.to_string(), "--kinds", "2", "--screenshot"])
+        .arg(&png)
+        .output()
+        .unwrap();
     let seen = String::from_utf8_lossy(&out.stdout);
     println!("{seen}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the browser checks failed (see above)");

@@ -37,7 +37,12 @@ fn repl(dir: &std::path::Path, input: &str) -> (String, i64) {
 
 /// The rows of `:vars` whose name is `name`.
 fn rows_named(vars: &str, name: &str) -> Vec<String> {
-    vars.lines().filter(|l| l.split('┆').next().is_some_and(|c| c.trim_matches(|c: char| c == '│' || c.is_whitespace()) == name)).map(str::to_string).collect()
+    vars.lines()
+        .filter(|l| {
+            l.split('┆').next().is_some_and(|c| c.trim_matches(|c: char| c == '│' || c.is_whitespace()) == name)
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
@@ -53,11 +58,25 @@ fn ten_reruns_of_a_model_load_peak_as_one_and_list_the_variable_once() {
     input += ":vars\n";
     let (ten_out, ten) = repl(dir.path(), &input);
     let mb = |b: i64| b as f64 / 1e6;
-    println!("peak RSS: one load {:.0} MB, ten loads {:.0} MB ({:+.1}%)", mb(one), mb(ten), 100.0 * (ten - one) as f64 / one as f64);
-    assert!((ten as f64) <= one as f64 * 1.10, "ten re-runs peak at {:.0} MB, one run at {:.0} MB: more than 10% apart", mb(ten), mb(one));
+    println!(
+        "peak RSS: one load {:.0} MB, ten loads {:.0} MB ({:+.1}%)",
+        mb(one),
+        mb(ten),
+        100.0 * (ten - one) as f64 / one as f64
+    );
+    assert!(
+        (ten as f64) <= one as f64 * 1.10,
+        "ten re-runs peak at {:.0} MB, one run at {:.0} MB: more than 10% apart",
+        mb(ten),
+        mb(one)
+    );
     for out in [&one_out, &ten_out] {
         let m = rows_named(out, "m");
         assert_eq!(m.len(), 1, ":vars lists m {} times:\n{out}", m.len());
-        assert!(m[0].contains("Model") && m[0].contains("90.3 MB"), "m's row gives its type and its weights' size: {}", m[0]);
+        assert!(
+            m[0].contains("Model") && m[0].contains("90.3 MB"),
+            "m's row gives its type and its weights' size: {}",
+            m[0]
+        );
     }
 }

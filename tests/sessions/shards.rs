@@ -48,8 +48,17 @@ fn run_script_after(prelude: &str, body: &str) -> PathBuf {
     let dir = tempfile::tempdir().unwrap().keep();
     let script = dir.join("case.rhai");
     std::fs::write(&script, format!("{prelude}\n{body}")).unwrap();
-    let out = Command::new(BIN).args(["run", script.to_str().unwrap(), dir.to_str().unwrap(), root().to_str().unwrap()]).current_dir(&dir).output().unwrap();
-    assert!(out.status.success(), "script failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["run", script.to_str().unwrap(), dir.to_str().unwrap(), root().to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "script failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     dir
 }
 
@@ -58,8 +67,18 @@ fn run_script_after(prelude: &str, body: &str) -> PathBuf {
 fn compare(a: &Value, b: &Value, path: &str, rel: f64) -> usize {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).filter(|k| *k != "seconds").collect();
-            keys.into_iter().map(|k| compare(x.get(k).unwrap_or_else(|| panic!("{path}.{k}: only in the merge")), y.get(k).unwrap_or_else(|| panic!("{path}.{k}: missing from the merge")), &format!("{path}.{k}"), rel)).sum()
+            let keys: std::collections::BTreeSet<&String> =
+                x.keys().chain(y.keys()).filter(|k| *k != "seconds").collect();
+            keys.into_iter()
+                .map(|k| {
+                    compare(
+                        x.get(k).unwrap_or_else(|| panic!("{path}.{k}: only in the merge")),
+                        y.get(k).unwrap_or_else(|| panic!("{path}.{k}: missing from the merge")),
+                        &format!("{path}.{k}"),
+                        rel,
+                    )
+                })
+                .sum()
         }
         (Value::Array(x), Value::Array(y)) => {
             assert_eq!(x.len(), y.len(), "{path}: lengths differ");
@@ -89,7 +108,9 @@ fn compare(a: &Value, b: &Value, path: &str, rel: f64) -> usize {
 }
 
 fn check(dir: &Path, name: &str) {
-    let read = |f: String| -> Value { serde_json::from_str(&std::fs::read_to_string(dir.join(&f)).unwrap_or_else(|e| panic!("{f}: {e}"))).unwrap() };
+    let read = |f: String| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(&f)).unwrap_or_else(|e| panic!("{f}: {e}"))).unwrap()
+    };
     let one = read(format!("{name}-one.json"));
     for n in [1, 3, 7] {
         let merged = read(format!("{name}-{n}.json"));
@@ -209,7 +230,11 @@ fn bleu_merges_exactly() {
 
 fn headscope(dir: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).current_dir(dir).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn one_line_error(stderr: &str, wants: &[&str]) {
@@ -242,7 +267,8 @@ fn run_shard_and_headscope_merge_on_the_command_line() {
     let (code, _, err) = headscope(d, &["run", "conf.rhai", "one", "512"]);
     assert_eq!(code, 0, "{err}");
     for i in 0..3 {
-        let (code, _, err) = headscope(d, &["run", "--shard", &format!("{i}/3"), "--shard-dir", "parts", "conf.rhai", "-", "512"]);
+        let (code, _, err) =
+            headscope(d, &["run", "--shard", &format!("{i}/3"), "--shard-dir", "parts", "conf.rhai", "-", "512"]);
         assert_eq!(code, 0, "{err}");
     }
     let (code, out, err) = headscope(d, &["merge", "-o", "merged", "parts"]);
@@ -251,7 +277,12 @@ fn run_shard_and_headscope_merge_on_the_command_line() {
     assert!(out.contains("ablation_sweep-1: 3 shards, 3 sentences"), "{out}");
     for name in ["analyze-1", "ablation_sweep-1"] {
         let read = |p: PathBuf| -> Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
-        compare(&read(d.join("one").join(format!("{name}.json"))), &read(d.join("merged").join(format!("{name}.json"))), name, 1e-9);
+        compare(
+            &read(d.join("one").join(format!("{name}.json"))),
+            &read(d.join("merged").join(format!("{name}.json"))),
+            name,
+            1e-9,
+        );
     }
 
     // A missing shard.
@@ -270,7 +301,12 @@ fn run_shard_and_headscope_merge_on_the_command_line() {
     std::fs::create_dir(d.join("three")).unwrap();
     let (code, _, err) = headscope(d, &["run", "--shard", "1/3", "--shard-dir", "three", "conf.rhai", "-", "256"]);
     assert_eq!(code, 0, "{err}");
-    for f in ["analyze-1.shard-0-of-3.json", "analyze-1.shard-2-of-3.json", "ablation_sweep-1.shard-0-of-3.json", "ablation_sweep-1.shard-2-of-3.json"] {
+    for f in [
+        "analyze-1.shard-0-of-3.json",
+        "analyze-1.shard-2-of-3.json",
+        "ablation_sweep-1.shard-0-of-3.json",
+        "ablation_sweep-1.shard-2-of-3.json",
+    ] {
         std::fs::copy(d.join("parts").join(f), d.join("three").join(f)).unwrap();
     }
     let (code, _, err) = headscope(d, &["merge", "-o", "bad", "three"]);

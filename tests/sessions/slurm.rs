@@ -40,14 +40,26 @@ impl Drop for Cluster {
 fn cannot_run() -> Option<String> {
     let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref().ok() != Some("0") {
-        return Some("not root (slurmd runs each job as its submitting user, so the one-node cluster needs root)".into());
+        return Some(
+            "not root (slurmd runs each job as its submitting user, so the one-node cluster needs root)".into(),
+        );
     }
     let missing: Vec<&str> = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol"]
         .into_iter()
-        .filter(|c| !Command::new("sh").arg("-c").arg(format!("command -v {c}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success()))
+        .filter(|c| {
+            !Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {c}"))
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
         .collect();
     if !missing.is_empty() {
-        return Some(format!("{} not installed (scripts/setup-test installs slurm-wlm and munge with apt-get as root)", missing.join(", ")));
+        return Some(format!(
+            "{} not installed (scripts/setup-test installs slurm-wlm and munge with apt-get as root)",
+            missing.join(", ")
+        ));
     }
     None
 }
@@ -56,7 +68,12 @@ fn cannot_run() -> Option<String> {
 /// killing it after `limit`; returns (success, stdout, stderr).
 fn run_logged(mut cmd: Command, logs: &Path, name: &str, limit: Duration) -> (bool, String, String) {
     let (out, err) = (logs.join(format!("{name}.stdout")), logs.join(format!("{name}.stderr")));
-    let mut child = cmd.stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     let ok = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -97,14 +114,19 @@ fn compare(a: &Value, b: &Value, path: &str, rel: f64) -> Result<f64, String> {
             if x.len() != y.len() {
                 return Err(format!("{path}: {} vs {} elements", x.len(), y.len()));
             }
-            x.iter().zip(y).enumerate().try_fold(0.0, |w: f64, (i, (x, y))| Ok(w.max(compare(x, y, &format!("{path}[{i}]"), rel)?)))
+            x.iter()
+                .zip(y)
+                .enumerate()
+                .try_fold(0.0, |w: f64, (i, (x, y))| Ok(w.max(compare(x, y, &format!("{path}[{i}]"), rel)?)))
         }
         (Value::Object(x), Value::Object(y)) => {
             let (kx, ky): (Vec<_>, Vec<_>) = (x.keys().collect(), y.keys().collect());
             if kx != ky {
                 return Err(format!("{path}: keys {kx:?} vs {ky:?}"));
             }
-            x.iter().filter(|(k, _)| !UNCOMPARED.contains(&k.as_str())).try_fold(0.0, |w: f64, (k, v)| Ok(w.max(compare(v, &y[k], &format!("{path}.{k}"), rel)?)))
+            x.iter()
+                .filter(|(k, _)| !UNCOMPARED.contains(&k.as_str()))
+                .try_fold(0.0, |w: f64, (k, v)| Ok(w.max(compare(v, &y[k], &format!("{path}.{k}"), rel)?)))
         }
         _ if a == b => Ok(0.0),
         _ => Err(format!("{path}: {a} vs {b}")),
@@ -112,7 +134,8 @@ fn compare(a: &Value, b: &Value, path: &str, rel: f64) -> Result<f64, String> {
 }
 
 fn read_json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn json_files(dir: &Path) -> Vec<String> {
@@ -144,7 +167,12 @@ fn job_array_over_pud_merges_to_the_one_process_result() {
         return;
     }
     print!("{stderr}");
-    let conf = stdout.lines().last().and_then(|l| l.strip_prefix("export SLURM_CONF=")).unwrap_or_else(|| panic!("no SLURM_CONF line in\n{stdout}")).to_string();
+    let conf = stdout
+        .lines()
+        .last()
+        .and_then(|l| l.strip_prefix("export SLURM_CONF="))
+        .unwrap_or_else(|| panic!("no SLURM_CONF line in\n{stdout}"))
+        .to_string();
     assert_eq!(Path::new(&conf), cluster.dir.join("slurm.conf"));
     println!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -153,7 +181,13 @@ fn job_array_over_pud_merges_to_the_one_process_result() {
     let out = tmp.path().join("run");
     let t = Instant::now();
     let mut submit = Command::new(root().join("scripts/slurm/submit"));
-    submit.arg(&script).arg(SHARDS.to_string()).arg("--out").arg(&out).args(["--arg", "-", "--arg", "f64"]).arg("--wait");
+    submit
+        .arg(&script)
+        .arg(SHARDS.to_string())
+        .arg("--out")
+        .arg(&out)
+        .args(["--arg", "-", "--arg", "f64"])
+        .arg("--wait");
     submit.env("SLURM_CONF", &conf).env("HEADSCOPE", env!("CARGO_BIN_EXE_headscope")).current_dir(root());
     let (ok, stdout, stderr) = run_logged(submit, &logs, "submit", TIMEOUT);
     print!("{stdout}");
@@ -164,7 +198,12 @@ fn job_array_over_pud_merges_to_the_one_process_result() {
     // Every task wrote its shard of every dataset-consuming call, and the merge one file each.
     let shards = json_files(&out.join("shards"));
     let merged = json_files(&out.join("merged"));
-    assert_eq!(merged, ["ablation_sweep-1.json", "analyze-1.json"], "what the merge wrote to {}", out.join("merged").display());
+    assert_eq!(
+        merged,
+        ["ablation_sweep-1.json", "analyze-1.json"],
+        "what the merge wrote to {}",
+        out.join("merged").display()
+    );
     for name in &merged {
         let stem = name.strip_suffix(".json").unwrap();
         let want: Vec<String> = (0..SHARDS).map(|i| format!("{stem}.shard-{i}-of-{SHARDS}.json")).collect();
@@ -173,7 +212,10 @@ fn job_array_over_pud_merges_to_the_one_process_result() {
     }
     assert_eq!(shards.len(), merged.len() * SHARDS, "shards {shards:?} vs merged {merged:?}");
     for i in 0..SHARDS {
-        let log = std::fs::read_dir(out.join("logs")).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().ends_with(&format!("_{i}.out")));
+        let log = std::fs::read_dir(out.join("logs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().ends_with(&format!("_{i}.out")));
         let log = std::fs::read_to_string(log.unwrap_or_else(|| panic!("no log of task {i}"))).unwrap();
         assert!(log.contains(&format!("headscope shard {i}/{SHARDS}")), "task {i}'s log:\n{log}");
     }

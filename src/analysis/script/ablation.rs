@@ -1,17 +1,17 @@
 //! Ablation on a model: `m.ablate(data, heads, #{...})` and `m.ablation_sweep(data, #{...})`
 //! (docs/methods.md#masking-and-ablation).
 
-use crate::model::view::Needs;
-use crate::model::script::kinds_option;
-use crate::grid::Grid;
-use crate::model::script::ScriptModel;
-use crate::model::Kind;
-use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
-use rhai::plugin::*;
 use super::sharded::{echo_of, grid_from, present_heads, valid_heads};
 use crate::analysis::ablation::{Ablation, Metric, MetricAcc, SweepOptions};
 use crate::data::script::Plan;
 use crate::data::Dataset;
+use crate::grid::Grid;
+use crate::model::script::kinds_option;
+use crate::model::script::ScriptModel;
+use crate::model::view::Needs;
+use crate::model::Kind;
+use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
+use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 use serde_json::json;
 
@@ -19,7 +19,11 @@ use serde_json::json;
 pub const SWEEP_PROGRESS: &str = "ablation sweep (sentence x head)";
 
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
-    opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
+    opt(
+        "metric",
+        "\"loss\" for language and translation models, else \"cosine\"",
+        "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)",
+    ),
     opt("kinds", "every kind", "the attention kinds taking part"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
     ABLATION_OPTION,
@@ -30,13 +34,32 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
 ];
 /// How a closed head is ablated (docs/methods.md#mean-ablation, #resample-ablation).
 pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
-pub const REFERENCE_OPTION: OptSpec = opt("reference", "the data being measured", "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences");
+pub const REFERENCE_OPTION: OptSpec = opt(
+    "reference",
+    "the data being measured",
+    "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences",
+);
 /// Resample ablation's seed.
-pub const SEED_OPTION: OptSpec = opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
+pub const SEED_OPTION: OptSpec =
+    opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
 /// Per-position mean ablation.
 pub const PER_POSITION_OPTION: OptSpec = crate::script::convert::opt_bool("per_position", false, "mean ablation: a closed head takes its mean at the same position over the reference's sentences long enough (past the longest, its mean over every token)");
 /// `with_mask`'s options.
-pub const WITH_MASK_OPTIONS: &[OptSpec] = &[ABLATION_OPTION, opt("reference", "none: required with ablation \"mean\" or \"resample\"", "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences"), opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch when the means are computed"), SEED_OPTION, PER_POSITION_OPTION];
+pub const WITH_MASK_OPTIONS: &[OptSpec] = &[
+    ABLATION_OPTION,
+    opt(
+        "reference",
+        "none: required with ablation \"mean\" or \"resample\"",
+        "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences",
+    ),
+    opt_int(
+        "batch_tokens",
+        crate::model::batch::DEFAULT_BATCH_TOKENS as i64,
+        "tokens per batch when the means are computed",
+    ),
+    SEED_OPTION,
+    PER_POSITION_OPTION,
+];
 
 /// Why a reference dataset was refused: it gives mean ablation's means.
 fn reference_needs_mean(func: &str) -> String {
@@ -84,7 +107,13 @@ fn mean_batch_tokens(o: &Opts) -> ScriptResult<usize> {
 /// view whose closed heads carry their means over `reference` (else `data`), per position with
 /// `per_position`; for "resample" their contexts on a sentence of `reference` (else `data`)
 /// drawn for each sentence measured; with the options this echoes. Errors start with `func`.
-pub fn ablated_view(m: &ScriptModel, func: &str, a: &AblationArgs, data: Option<&Dataset>, batch_tokens: usize) -> Result<(ScriptModel, crate::output::Echo), String> {
+pub fn ablated_view(
+    m: &ScriptModel,
+    func: &str,
+    a: &AblationArgs,
+    data: Option<&Dataset>,
+    batch_tokens: usize,
+) -> Result<(ScriptModel, crate::output::Echo), String> {
     if a.mode == Ablation::Zero {
         if a.reference.is_some() {
             return Err(reference_needs_mean(func));
@@ -97,34 +126,83 @@ pub fn ablated_view(m: &ScriptModel, func: &str, a: &AblationArgs, data: Option<
             r
         }
         (None, Some(d)) => d,
-        (None, None) => return Err(format!("{func}: ablation \"{}\" needs a reference dataset: #{{ablation: \"{}\", reference: corpus(...)}}", a.mode, a.mode)),
+        (None, None) => {
+            return Err(format!(
+                "{func}: ablation \"{}\" needs a reference dataset: #{{ablation: \"{}\", reference: corpus(...)}}",
+                a.mode, a.mode
+            ))
+        }
     };
     let stop = crate::run::interrupted;
     let mut v = m.clone();
     let (fills, source, mode, mut echo) = if a.mode == Ablation::Resample {
-        let src = crate::analysis::ablation::resample_source(&m.model, reference, a.seed).map_err(|e| format!("{func}: {e}"))?;
-        (crate::model::nn::Fills::default(), Some(std::rc::Rc::new(src)), format!("resample (seed {})", a.seed), vec![("ablation".into(), json!("resample")), ("reference".into(), json!(reference.name)), ("seed".into(), json!(a.seed))])
+        let src = crate::analysis::ablation::resample_source(&m.model, reference, a.seed)
+            .map_err(|e| format!("{func}: {e}"))?;
+        (
+            crate::model::nn::Fills::default(),
+            Some(std::rc::Rc::new(src)),
+            format!("resample (seed {})", a.seed),
+            vec![
+                ("ablation".into(), json!("resample")),
+                ("reference".into(), json!(reference.name)),
+                ("seed".into(), json!(a.seed)),
+            ],
+        )
     } else {
         let kinds: Vec<Kind> = m.model.kinds().iter().map(|s| s.kind).collect();
-        let fills = crate::analysis::ablation::mean_fill(&m.model, reference, &kinds, batch_tokens, &crate::model::nn::Gates::none(), &stop).map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
-        let source = if a.per_position { Some(std::rc::Rc::new(crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop).map_err(|e| format!("{func}: {e}"))?)) } else { None };
+        let fills = crate::analysis::ablation::mean_fill(
+            &m.model,
+            reference,
+            &kinds,
+            batch_tokens,
+            &crate::model::nn::Gates::none(),
+            &stop,
+        )
+        .map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
+        let source = if a.per_position {
+            Some(std::rc::Rc::new(
+                crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop)
+                    .map_err(|e| format!("{func}: {e}"))?,
+            ))
+        } else {
+            None
+        };
         let mode = if a.per_position { "mean per position" } else { "mean" };
-        (fills, source, mode.to_string(), vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))])
+        (
+            fills,
+            source,
+            mode.to_string(),
+            vec![("ablation".into(), json!("mean")), ("reference".into(), json!(reference.name))],
+        )
     };
     if a.per_position {
         echo.push(("per_position".into(), json!(true)));
     }
-    v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation { fills, source, mode, reference: reference.name.clone(), digest: reference.digest() }));
+    v.ablation = Some(std::rc::Rc::new(crate::model::script::MeanAblation {
+        fills,
+        source,
+        mode,
+        reference: reference.name.clone(),
+        digest: reference.digest(),
+    }));
     Ok((v, echo))
 }
 
 /// The view `m` under the ablation options of `o` (see [`ablated_view`]).
-pub fn ablation_view(m: &ScriptModel, o: &Opts, data: Option<&Dataset>) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
+pub fn ablation_view(
+    m: &ScriptModel,
+    o: &Opts,
+    data: Option<&Dataset>,
+) -> ScriptResult<(ScriptModel, crate::output::Echo)> {
     let a = ablation_options(o)?;
     Ok(ablated_view(m, o.func(), &a, data, mean_batch_tokens(o)?)?)
 }
 pub const SWEEP_OPTIONS: &[OptSpec] = &[
-    opt("metric", "\"loss\" for language and translation models, else \"cosine\"", "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)"),
+    opt(
+        "metric",
+        "\"loss\" for language and translation models, else \"cosine\"",
+        "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)",
+    ),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
     opt_int("batch_tokens", 256, "tokens per batch; the masks of a layer are stacked on it"),
     crate::data::script::SHARD_OPTION,
@@ -136,7 +214,11 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
 ];
 /// The options of the method `m.bleu(data, #{...})` (the free `bleu(hyps, refs, #{...})` has
 /// its own list, `metrics::bleu::script::BLEU_OPTIONS`).
-pub const BLEU_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"), crate::data::script::SHARD_OPTION, crate::model::script::TGT_LANG];
+pub const BLEU_OPTIONS: &[OptSpec] = &[
+    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
+    crate::data::script::SHARD_OPTION,
+    crate::model::script::TGT_LANG,
+];
 
 /// The `metric` option: the one given, else `None` (the model's default).
 fn metric_option(o: &Opts) -> ScriptResult<Option<Metric>> {
@@ -146,11 +228,22 @@ fn metric_option(o: &Opts) -> ScriptResult<Option<Metric>> {
 
 /// What `ablate` and `ablation_sweep` share: the data prepared for `metric` (else the model's
 /// default) and the options echoed.
-fn prepared(m: &ScriptModel, d: &Dataset, func: &str, metric: Option<Metric>, batch_tokens: usize) -> Result<(crate::analysis::ablation::Prepared, crate::output::Echo), String> {
+fn prepared(
+    m: &ScriptModel,
+    d: &Dataset,
+    func: &str,
+    metric: Option<Metric>,
+    batch_tokens: usize,
+) -> Result<(crate::analysis::ablation::Prepared, crate::output::Echo), String> {
     let metric = metric.unwrap_or_else(|| Metric::default_for(&m.model));
     let gates = m.gates().map_err(|e| e.to_string())?;
-    let p = crate::analysis::ablation::prepare(&m.model, d, metric, batch_tokens, gates).map_err(|e| format!("{func}: {e}"))?;
-    let echo = vec![("metric".to_string(), serde_json::json!(metric.to_string())), ("targets".into(), serde_json::json!(p.targets_from.to_string())), ("batch_tokens".into(), serde_json::json!(batch_tokens))];
+    let p = crate::analysis::ablation::prepare(&m.model, d, metric, batch_tokens, gates)
+        .map_err(|e| format!("{func}: {e}"))?;
+    let echo = vec![
+        ("metric".to_string(), serde_json::json!(metric.to_string())),
+        ("targets".into(), serde_json::json!(p.targets_from.to_string())),
+        ("batch_tokens".into(), serde_json::json!(batch_tokens)),
+    ];
     Ok((p, echo))
 }
 
@@ -161,7 +254,16 @@ fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOp
     let a = ablation_options(o)?;
     let metric = metric_option(o)?;
     let kinds = m.map(|m| kinds_option(m, o)).transpose()?;
-    Ok(SweepOptions { metric, kinds, batch_tokens: o.usize_or_default("batch_tokens")?, ablation: a.mode, reference: a.reference, mean_batch_tokens: mean_batch_tokens(o)?, seed: a.seed, per_position: a.per_position })
+    Ok(SweepOptions {
+        metric,
+        kinds,
+        batch_tokens: o.usize_or_default("batch_tokens")?,
+        ablation: a.mode,
+        reference: a.reference,
+        mean_batch_tokens: mean_batch_tokens(o)?,
+        seed: a.seed,
+        per_position: a.per_position,
+    })
 }
 
 impl Default for SweepOptions {
@@ -169,7 +271,9 @@ impl Default for SweepOptions {
     /// and kinds left to the model, batch_tokens 256, ablation "zero").
     fn default() -> Self {
         let empty = Map::new();
-        Opts::new(&empty, "ablation_sweep", SWEEP_OPTIONS).and_then(|o| sweep_options_from(&o, None)).unwrap_or_else(|e| unreachable!("ablation_sweep's option list gives every default a value of its type: {e}"))
+        Opts::new(&empty, "ablation_sweep", SWEEP_OPTIONS).and_then(|o| sweep_options_from(&o, None)).unwrap_or_else(
+            |e| unreachable!("ablation_sweep's option list gives every default a value of its type: {e}"),
+        )
     }
 }
 
@@ -190,16 +294,23 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
     };
     // Mean ablation's means, and resample ablation's sentences, come from the whole reference
     // (not one shard's part of it); a sentence draws by its own ids, as it does unsharded.
-    let args = AblationArgs { mode: opts.ablation, reference: opts.reference.clone(), seed: opts.seed, per_position: opts.per_position };
+    let args = AblationArgs {
+        mode: opts.ablation,
+        reference: opts.reference.clone(),
+        seed: opts.seed,
+        per_position: opts.per_position,
+    };
     let (mv, ablation) = ablated_view(m, f, &args, Some(d), opts.mean_batch_tokens)?;
     let m = &mv;
     let part = plan.data(d, f)?;
     let (p, mut echo) = prepared(m, &part, f, opts.metric, opts.batch_tokens)?;
     echo.extend(ablation);
     let stop = crate::run::interrupted;
-    let base = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
+    let base =
+        crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
     let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
-    let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress).map_err(|e| format!("{f}: {e}"))?;
+    let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress)
+        .map_err(|e| format!("{f}: {e}"))?;
     let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
     let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
     let g = finish_sweep(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
@@ -218,16 +329,25 @@ fn metric_acc(v: &serde_json::Value, what: &str) -> Result<MetricAcc, String> {
 /// The sweep's grid from its accumulators (one process's, or merged shards').
 pub fn finish_sweep(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
     let mut echo = echo_of(&identity["options"]);
-    let metric = echo.iter().find(|(k, _)| k == "metric").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    let metric =
+        echo.iter().find(|(k, _)| k == "metric").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
     let base = metric_acc(&acc["base"], "the unmasked model")?.value();
-    let kinds = grid_from(identity, |k, l, h| Ok(metric_acc(&acc["kinds"][k][l][h], &format!("{k}.{l}.{h}"))?.value()))?;
+    let kinds =
+        grid_from(identity, |k, l, h| Ok(metric_acc(&acc["kinds"][k][l][h], &format!("{k}.{l}.{h}"))?.value()))?;
     echo.push(("base".into(), crate::script::convert::json_f64(base)));
-    Ok(Grid { stat: format!("{metric} with the head masked (base {})", crate::output::fixed(base, 4)), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
+    Ok(Grid {
+        stat: format!("{metric} with the head masked (base {})", crate::output::fixed(base, 4)),
+        model: identity["model"]["name"].as_str().unwrap_or_default().into(),
+        dataset: identity["data"]["name"].as_str().unwrap_or_default().into(),
+        kinds,
+        options: echo,
+    })
 }
 
 /// `m.bleu(data)` from its accumulators.
 pub fn finish_bleu(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
-    let counts: crate::metrics::bleu::BleuCounts = serde_json::from_value(acc["counts"].clone()).map_err(|e| format!("the BLEU counts: {e}"))?;
+    let counts: crate::metrics::bleu::BleuCounts =
+        serde_json::from_value(acc["counts"].clone()).map_err(|e| format!("the BLEU counts: {e}"))?;
     let mut r = crate::metrics::bleu::script::bleu_map(&counts.bleu());
     r.insert("model".into(), Dynamic::from(identity["model"]["name"].as_str().unwrap_or_default().to_string()));
     r.insert("dataset".into(), Dynamic::from(identity["data"]["name"].as_str().unwrap_or_default().to_string()));
@@ -280,8 +400,10 @@ pub mod api {
         let gates = m.closing(&ids).gates()?;
         let base_gates = m.gates()?;
         let stop = crate::run::interrupted;
-        let base = crate::analysis::ablation::evaluate(&m.model, &p, &base_gates, &stop).or_else(|e| err(format!("ablate: {e}")))?;
-        let value = crate::analysis::ablation::evaluate(&m.model, &p, &gates, &stop).or_else(|e| err(format!("ablate: {e}")))?;
+        let base = crate::analysis::ablation::evaluate(&m.model, &p, &base_gates, &stop)
+            .or_else(|e| err(format!("ablate: {e}")))?;
+        let value = crate::analysis::ablation::evaluate(&m.model, &p, &gates, &stop)
+            .or_else(|e| err(format!("ablate: {e}")))?;
         let mut r = Map::new();
         r.extend(crate::script::convert::echo_map(&echo));
         r.insert("value".into(), Dynamic::from(value));
@@ -376,17 +498,29 @@ pub mod api {
         let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         if d.items.iter().any(|i| i.target.is_none()) {
-            return err(format!("bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)", d.name));
+            return err(format!(
+                "bleu: the dataset {} has no references (load a parallel corpus: parallel(src, tgt) or a TSV)",
+                d.name
+            ));
         }
         let plan = Plan::new(&d, &o, f)?;
         let bt = o.usize_or_default("batch_tokens")?;
-        let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?).or_else(|e| err(format!("{f}: {e}")))?;
-        let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
+        let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?)
+            .or_else(|e| err(format!("{f}: {e}")))?;
+        let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted)
+            .or_else(|e| err(format!("{f}: {e}")))?;
         let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": {"batch_tokens": bt}});
         let acc = json!({"counts": a.bleu, "sentences": p.n_sentences});
         let r = finish_bleu(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
         // A sharded result's options hold its shard record, as for the grid functions.
-        let echo = plan.seal(f, identity, acc, Vec::new(), |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}))?;
+        let echo = plan.seal(
+            f,
+            identity,
+            acc,
+            Vec::new(),
+            |e| e,
+            |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}),
+        )?;
         let mut r = r;
         if !echo.is_empty() {
             r.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));

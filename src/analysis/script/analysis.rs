@@ -6,9 +6,9 @@ use crate::analysis::result::Analysis;
 use crate::analysis::{accumulate, finish, freq_table, FreqTable};
 use crate::data::script::Plan;
 use crate::data::Dataset;
-use crate::model::view::View;
 use crate::grid::{matrix, Grid};
 use crate::model::script::ScriptModel;
+use crate::model::view::View;
 use crate::model::Kind;
 use crate::output::{Output, Render};
 use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_strs, OptSpec, Opts, ScriptResult};
@@ -46,7 +46,9 @@ impl AnalysisObj {
     /// The positional grid (`a.positional`): the fraction of queries at each head's most
     /// frequent offset.
     pub fn positional_grid(&self) -> Result<Grid, String> {
-        self.grid("positional fraction", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.fraction).collect()).collect()))
+        self.grid("positional fraction", |k| {
+            k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.fraction).collect()).collect())
+        })
     }
 
     /// The rare-word grid (`a.rare`).
@@ -54,12 +56,29 @@ impl AnalysisObj {
         self.grid("rare-word score", |k| k.rare.as_ref().map(|r| r.score.clone()))
     }
 
-    fn grid(&self, stat: &str, f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>) -> Result<Grid, String> {
+    fn grid(
+        &self,
+        stat: &str,
+        f: impl Fn(&crate::analysis::result::KindResult) -> Option<Vec<Vec<f64>>>,
+    ) -> Result<Grid, String> {
         let kinds: crate::model::KindGrids = self.0.kinds.iter().filter_map(|k| f(k).map(|m| (k.kind, m))).collect();
         if kinds.is_empty() {
-            return Err(format!("this analysis did not compute '{stat}' (stats: {})", self.0.options.iter().find(|(k, _)| k == "stats").map_or(String::new(), |(_, v)| crate::output::echo_text(v))));
+            return Err(format!(
+                "this analysis did not compute '{stat}' (stats: {})",
+                self.0
+                    .options
+                    .iter()
+                    .find(|(k, _)| k == "stats")
+                    .map_or(String::new(), |(_, v)| crate::output::echo_text(v))
+            ));
         }
-        Ok(Grid { stat: stat.into(), model: self.0.model.clone(), dataset: self.0.dataset.clone(), kinds, options: self.0.options.clone() })
+        Ok(Grid {
+            stat: stat.into(),
+            model: self.0.model.clone(),
+            dataset: self.0.dataset.clone(),
+            kinds,
+            options: self.0.options.clone(),
+        })
     }
 }
 
@@ -82,10 +101,18 @@ impl Render for AnalysisObj {
 }
 
 pub const OPTIONS: &[OptSpec] = &[
-    opt("stats", "[\"confidence\", \"positional\", \"rare\"] (+ \"syntactic\" on a treebank)", "which statistics to compute"),
+    opt(
+        "stats",
+        "[\"confidence\", \"positional\", \"rare\"] (+ \"syntactic\" on a treebank)",
+        "which statistics to compute",
+    ),
     opt("kinds", "every kind", "the attention kinds analysed"),
     opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
-    opt("exclude_keys", "\"special\" for a decoder-only model (its BOS sink), else \"eos\"", "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\""),
+    opt(
+        "exclude_keys",
+        "\"special\" for a decoder-only model (its BOS sink), else \"eos\"",
+        "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\"",
+    ),
     opt_f64("positional_threshold", 0.9, "a head is positional when it attends to one offset this often"),
     opt_int("rare_top_n", 500, "tokens this frequent or more are not rare"),
     opt_f64("rare_threshold", 0.5, "a head is rare-word when it attends to the rarest token this often"),
@@ -102,11 +129,21 @@ pub const OPTIONS: &[OptSpec] = &[
 /// The typed options of `analyze` from an option map checked against [`OPTIONS`]: what the
 /// map gives, else the defaults of the list. `stats` and `kinds` are the caller's (they depend
 /// on the model and the data); `brown` is the default frequency corpus.
-pub fn options_from(o: &Opts, stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf, decoder_only: bool) -> ScriptResult<Options> {
+pub fn options_from(
+    o: &Opts,
+    stats: Vec<Stat>,
+    kinds: Vec<Kind>,
+    brown: std::path::PathBuf,
+    decoder_only: bool,
+) -> ScriptResult<Options> {
     let f = o.func();
     let frac = |name: &str| -> ScriptResult<f64> { Ok(fraction(f, name, o.f64_or_default(name)?)?) };
     let freq = match (o.string("freq")?, o.string("freq_counts")?) {
-        (Some(_), Some(_)) => return err(format!("{f}: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both")),
+        (Some(_), Some(_)) => {
+            return err(format!(
+                "{f}: give either 'freq' (a text file) or 'freq_counts' (token<TAB>count lines), not both"
+            ))
+        }
         (Some(p), None) => FreqSource::Text(p.into()),
         (None, Some(p)) => FreqSource::Counts(p.into()),
         (None, None) => FreqSource::Text(brown),
@@ -159,7 +196,9 @@ impl Options {
     /// as a script's is (the statistics for this dataset, every kind of the model, the Brown
     /// corpus for rarity, the rest from [`OPTIONS`]).
     pub fn defaults(m: &View, data: &Dataset) -> Self {
-        parse_options(m, data, &Map::new(), "analyze").map(|(o, _)| o).unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
+        parse_options(m, data, &Map::new(), "analyze")
+            .map(|(o, _)| o)
+            .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
     }
 
     /// What parsing checks, for options built in Rust (the library API): the kinds are the
@@ -183,11 +222,18 @@ pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::pat
         .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
 }
 
-fn parse_options(m: &ScriptModel, data: &Dataset, options: &Map, func: &'static str) -> ScriptResult<(Options, Dataset)> {
+fn parse_options(
+    m: &ScriptModel,
+    data: &Dataset,
+    options: &Map,
+    func: &'static str,
+) -> ScriptResult<(Options, Dataset)> {
     let o = Opts::new(options, func, OPTIONS)?;
     let is_tb = data.items.iter().all(|i| i.tree.is_some());
     let stats: Vec<Stat> = match o.strings("stats")? {
-        Some(v) => v.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?,
+        Some(v) => {
+            v.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?
+        }
         None if is_tb || o.has("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
         None => vec![Stat::Confidence, Stat::Positional, Stat::Rare],
     };
@@ -196,7 +242,9 @@ fn parse_options(m: &ScriptModel, data: &Dataset, options: &Map, func: &'static 
     let opts = options_from(&o, stats, kinds, brown, m.model.decoder_only())?;
     // A treebank given beside a corpus must match it sentence by sentence.
     let data = match o.value("treebank") {
-        Some(tb) => data.with_trees(&crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?, func)?,
+        Some(tb) => {
+            data.with_trees(&crate::data::script::dataset_arg(tb, &format!("{func}: option 'treebank'"))?, func)?
+        }
         None => data.clone(),
     };
     Ok((opts, data))
@@ -219,7 +267,13 @@ fn freq_for(m: &View, opts: &Options, func: &str) -> Result<Option<Rc<FreqTable>
 /// `analyze` (or `confidence`, `func`: the name errors and progress give) on `data` under
 /// typed options, on the rows of `plan`: what the script functions and the library API run.
 /// A shard's record is an analysis whichever function made it.
-pub fn analyze_planned(m: &View, d: &Dataset, opts: &Options, plan: &Plan, func: &'static str) -> Result<AnalysisObj, String> {
+pub fn analyze_planned(
+    m: &View,
+    d: &Dataset,
+    opts: &Options,
+    plan: &Plan,
+    func: &'static str,
+) -> Result<AnalysisObj, String> {
     d.require_sentences(func)?;
     opts.check(m, func)?;
     // Parsing raises a batch of 0 tokens to 1; options built in Rust get the same.
@@ -235,7 +289,17 @@ pub fn analyze_planned(m: &View, d: &Dataset, opts: &Options, plan: &Plan, func:
     let mut progress = |done: usize, total: usize| crate::run::progress(func, done, total);
     // The whole dataset goes in (relations are checked against all of it); `rows` is the slice.
     plan.check(d, func)?;
-    let (frame, acc) = accumulate(&m.model, d, plan.rows.clone(), opts, freq.as_deref(), &gates, &crate::run::interrupted, &mut progress).map_err(|e| format!("{func}: {e}"))?;
+    let (frame, acc) = accumulate(
+        &m.model,
+        d,
+        plan.rows.clone(),
+        opts,
+        freq.as_deref(),
+        &gates,
+        &crate::run::interrupted,
+        &mut progress,
+    )
+    .map_err(|e| format!("{func}: {e}"))?;
     let a = finish(&frame, &acc).map_err(|e| format!("{func}: {e}"))?;
     let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
     let acc = serde_json::to_value(&acc).map_err(|e| format!("{func}: {e}"))?;
@@ -268,8 +332,10 @@ fn run(m: &ScriptModel, data: Dynamic, options: Map, func: &'static str) -> Scri
 
 /// The analysis of merged shard accumulators (`merge_results`, `headscope merge`).
 pub fn finish_merged(m: &crate::shard::Merged) -> Result<(Dynamic, serde_json::Value), String> {
-    let frame: crate::analysis::Frame = serde_json::from_value(m.identity["frame"].clone()).map_err(|e| format!("{}: the shard record's frame: {e}", m.name))?;
-    let acc: crate::analysis::AnalysisAcc = serde_json::from_value(m.acc.clone()).map_err(|e| format!("{}: the shard record's accumulators: {e}", m.name))?;
+    let frame: crate::analysis::Frame = serde_json::from_value(m.identity["frame"].clone())
+        .map_err(|e| format!("{}: the shard record's frame: {e}", m.name))?;
+    let acc: crate::analysis::AnalysisAcc = serde_json::from_value(m.acc.clone())
+        .map_err(|e| format!("{}: the shard record's accumulators: {e}", m.name))?;
     let a = finish(&frame, &acc).map_err(|e| format!("{}: {e}", m.name))?;
     let json = a.to_json();
     Ok((Dynamic::from(AnalysisObj(Rc::new(a))), json))
@@ -339,7 +405,9 @@ pub mod api {
     #[rhai_fn(name = "confidence", return_raw, pure)]
     pub fn confidence_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         if options.contains_key("stats") {
-            return err("confidence: option 'stats' is confidence's own; use analyze(data, #{stats: [...]}) for others");
+            return err(
+                "confidence: option 'stats' is confidence's own; use analyze(data, #{stats: [...]}) for others",
+            );
         }
         let mut o = options;
         o.insert("stats".into(), Dynamic::from(vec![Dynamic::from("confidence")]));
@@ -386,7 +454,9 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "offsets", return_raw, pure)]
     pub fn get_offsets(a: &mut AnalysisObj) -> ScriptResult<Grid> {
-        Ok(a.grid("most frequent offset", |k| k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect()).collect()))?)
+        Ok(a.grid("most frequent offset", |k| {
+            k.positional.as_ref().map(|p| p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect()).collect())
+        })?)
     }
 
     /// Rare-word grid: the fraction of queries whose argmax is the sentence's rarest token.
@@ -412,12 +482,18 @@ pub mod api {
         let k = a.0.kinds.iter().find(|k| k.syntactic.is_some());
         let Some(k) = k else { return err("syntactic: this analysis has no syntactic statistic") };
         let rels = k.syntactic.as_deref().unwrap_or_default();
-        let Some(rd) = rels.iter().find(|r| r.relation == relation && (r.label == direction || r.direction == direction)) else {
+        let Some(rd) =
+            rels.iter().find(|r| r.relation == relation && (r.label == direction || r.direction == direction))
+        else {
             let have: Vec<String> = rels.iter().map(|r| format!("{} {}", r.relation, r.label)).collect();
             return err(format!("syntactic: no '{relation}' '{direction}' (have: {})", have.join(", ")));
         };
         Ok(Grid {
-            stat: format!("syntactic accuracy {relation} {} (baseline {})", rd.label, crate::output::fixed(rd.baseline, 3)),
+            stat: format!(
+                "syntactic accuracy {relation} {} (baseline {})",
+                rd.label,
+                crate::output::fixed(rd.baseline, 3)
+            ),
             model: a.0.model.clone(),
             dataset: a.0.dataset.clone(),
             kinds: vec![(k.kind, rd.accuracy.clone())],
@@ -434,7 +510,8 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn syntactic_table(a: &mut AnalysisObj) -> ScriptResult<Table> {
-        a.0.syntactic_table().ok_or_else(|| err::<()>("syntactic_table: this analysis has no syntactic statistic").unwrap_err())
+        a.0.syntactic_table()
+            .ok_or_else(|| err::<()>("syntactic_table: this analysis has no syntactic statistic").unwrap_err())
     }
 
     /// Heads with a function (the paper's Figure 1c): positional +-d, syntactic relation and
@@ -463,7 +540,10 @@ pub mod api {
             .map(|(id, f)| {
                 let mut m = Map::new();
                 m.insert("head".into(), Dynamic::from(id.to_string()));
-                m.insert("functions".into(), Dynamic::from(f.iter().map(|x| Dynamic::from(x.to_string())).collect::<Array>()));
+                m.insert(
+                    "functions".into(),
+                    Dynamic::from(f.iter().map(|x| Dynamic::from(x.to_string())).collect::<Array>()),
+                );
                 Dynamic::from(m)
             })
             .collect()
@@ -484,8 +564,14 @@ pub mod api {
             m.insert("confidence".into(), matrix(c));
         }
         if let Some(p) = &r.positional {
-            m.insert("positional".into(), matrix(&p.iter().map(|r| r.iter().map(|x| x.fraction).collect::<Vec<_>>()).collect::<Vec<_>>()));
-            m.insert("offsets".into(), matrix(&p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect::<Vec<_>>()).collect::<Vec<_>>()));
+            m.insert(
+                "positional".into(),
+                matrix(&p.iter().map(|r| r.iter().map(|x| x.fraction).collect::<Vec<_>>()).collect::<Vec<_>>()),
+            );
+            m.insert(
+                "offsets".into(),
+                matrix(&p.iter().map(|r| r.iter().map(|x| x.offset as f64).collect::<Vec<_>>()).collect::<Vec<_>>()),
+            );
         }
         if let Some(x) = &r.rare {
             m.insert("rare".into(), matrix(&x.score));

@@ -1,8 +1,8 @@
 //! The `Diversity` type: `m.diversity(data, #{...})` (docs/methods.md#head-diversity).
 
-use crate::model::view::Needs;
 use crate::grid::matrix;
 use crate::model::script::ScriptModel;
+use crate::model::view::Needs;
 use crate::model::Kind;
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
@@ -28,13 +28,24 @@ impl DiversityObj {
     fn summary(&self) -> Table {
         use crate::analysis::diversity::off_diagonal_mean;
         let mut t = Table::new(
-            ["layer", "query orthogonality", "context non-orthogonality", "output dissimilarity", "intra-head variance", "tokens"].iter().map(|s| s.to_string()).collect(),
+            [
+                "layer",
+                "query orthogonality",
+                "context non-orthogonality",
+                "output dissimilarity",
+                "intra-head variance",
+                "tokens",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         );
         t.title = Some(format!("Head diversity (off-diagonal means): {} on {}", self.0.model, self.0.dataset));
         for (k, layers) in &self.0.kinds {
             for (l, d) in layers.iter().enumerate() {
                 let present: Vec<f64> = d.intra.iter().copied().filter(|v| !v.is_nan()).collect();
-                let intra = if present.is_empty() { f64::NAN } else { present.iter().sum::<f64>() / present.len() as f64 };
+                let intra =
+                    if present.is_empty() { f64::NAN } else { present.iter().sum::<f64>() / present.len() as f64 };
                 let _ = t.push_row(vec![
                     Cell::Text(format!("{k}.{l}")),
                     Cell::Float(off_diagonal_mean(&d.query)),
@@ -50,7 +61,9 @@ impl DiversityObj {
 
     fn layer(&self, kind: &str, layer: i64) -> ScriptResult<&crate::analysis::diversity::LayerDiversity> {
         let k: Kind = kind.parse().or_else(|e: String| err(e))?;
-        let Some((_, layers)) = self.0.kinds.iter().find(|(x, _)| *x == k) else { return err(format!("diversity: no '{kind}' in this result")) };
+        let Some((_, layers)) = self.0.kinds.iter().find(|(x, _)| *x == k) else {
+            return err(format!("diversity: no '{kind}' in this result"));
+        };
         if layer < 0 || layer as usize >= layers.len() {
             return err(format!("diversity: layer {layer} out of range: '{kind}' has layers 0..{}", layers.len() - 1));
         }
@@ -64,7 +77,9 @@ impl DiversityObj {
             "context" => d.context.clone(),
             "output" => d.output.clone(),
             "intra" => vec![d.intra.clone()],
-            other => return err(format!("diversity: unknown metric '{other}' (expected {})", DIVERSITY_METRICS.join(", "))),
+            other => {
+                return err(format!("diversity: unknown metric '{other}' (expected {})", DIVERSITY_METRICS.join(", ")))
+            }
         })
     }
 }
@@ -99,8 +114,16 @@ pub mod api {
         m.require("diversity", Needs::NoClosed)?;
         let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
         let gates = m.gates()?;
-        let r = crate::analysis::diversity::diversity(&m.model, &d, &kinds, &gates, o.usize_or_default("batch_tokens")?, &crate::run::interrupted, &mut progress)
-            .or_else(|e| err(format!("diversity: {e}")))?;
+        let r = crate::analysis::diversity::diversity(
+            &m.model,
+            &d,
+            &kinds,
+            &gates,
+            o.usize_or_default("batch_tokens")?,
+            &crate::run::interrupted,
+            &mut progress,
+        )
+        .or_else(|e| err(format!("diversity: {e}")))?;
         Ok(DiversityObj(Rc::new(r)))
     }
 
@@ -148,8 +171,18 @@ pub mod api {
         let m = d.matrix(metric, kind, layer)?;
         let labels: Vec<String> = (0..m[0].len()).map(|h| format!("h{h}")).collect();
         let rows = if m.len() == 1 { vec![format!("{kind}.{layer}")] } else { labels.clone() };
-        Plot::new(PlotKind::Heatmap { values: m, row_labels: rows, col_labels: labels, show_values: true, vmin: None, vmax: None }, format!("{metric} diversity, {kind}.{layer}: {} on {}", d.0.model, d.0.dataset))
-            .or_else(|e| err(e.to_string()))
+        Plot::new(
+            PlotKind::Heatmap {
+                values: m,
+                row_labels: rows,
+                col_labels: labels,
+                show_values: true,
+                vmin: None,
+                vmax: None,
+            },
+            format!("{metric} diversity, {kind}.{layer}: {} on {}", d.0.model, d.0.dataset),
+        )
+        .or_else(|e| err(e.to_string()))
     }
 
     /// Writes every matrix as JSON, atomically.

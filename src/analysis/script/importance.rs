@@ -1,13 +1,15 @@
 //! Gradient head importance on a model: `m.head_importance(data, #{...})` and the agreement of
 //! two per-head grids, `agreement(a, b)` (docs/methods.md#gradient-head-importance).
 
-use crate::model::view::Needs;
-use crate::model::script::kinds_option;
-use crate::analysis::ablation::{self, Metric};
 use super::sharded::{echo_of, number, valid_heads, valid_of};
-use crate::analysis::importance::{bottom_k_overlap, finish, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize};
+use crate::analysis::ablation::{self, Metric};
+use crate::analysis::importance::{
+    bottom_k_overlap, finish, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize,
+};
 use crate::grid::Grid;
+use crate::model::script::kinds_option;
 use crate::model::script::ScriptModel;
+use crate::model::view::Needs;
 use crate::script::convert::{err, json_f64, opt, opt_bool, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -42,9 +44,21 @@ fn agreements(a: &Grid, b: &Grid, k: usize) -> Vec<Agreement> {
         .iter()
         .filter_map(|(kind, ga)| {
             let (_, gb) = b.kinds.iter().find(|(k2, _)| k2 == kind)?;
-            let (va, vb): (Vec<f64>, Vec<f64>) = ga.iter().flatten().zip(gb.iter().flatten()).filter(|(x, y)| !x.is_nan() && !y.is_nan()).map(|(x, y)| (*x, *y)).unzip();
+            let (va, vb): (Vec<f64>, Vec<f64>) = ga
+                .iter()
+                .flatten()
+                .zip(gb.iter().flatten())
+                .filter(|(x, y)| !x.is_nan() && !y.is_nan())
+                .map(|(x, y)| (*x, *y))
+                .unzip();
             let k = k.min(va.len());
-            Some(Agreement { kind: *kind, heads: va.len(), spearman: spearman(&va, &vb), k, overlap: bottom_k_overlap(&va, &vb, k) })
+            Some(Agreement {
+                kind: *kind,
+                heads: va.len(),
+                spearman: spearman(&va, &vb),
+                k,
+                overlap: bottom_k_overlap(&va, &vb, k),
+            })
         })
         .collect()
 }
@@ -54,7 +68,13 @@ fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
     t.title = Some(format!("agreement: {} vs {}", a.stat, b.stat));
     t.digits = 3;
     for g in agreements(a, b, k) {
-        let _ = t.push_row(vec![Cell::Text(g.kind.to_string()), Cell::Int(g.heads as i64), Cell::Float(g.spearman), Cell::Int(g.k as i64), Cell::Int(g.overlap as i64)]);
+        let _ = t.push_row(vec![
+            Cell::Text(g.kind.to_string()),
+            Cell::Int(g.heads as i64),
+            Cell::Float(g.spearman),
+            Cell::Int(g.k as i64),
+            Cell::Int(g.overlap as i64),
+        ]);
     }
     t
 }
@@ -63,11 +83,28 @@ fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
 pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
     let n = acc["sentences"].as_u64().ok_or("the accumulators have no sentence count")? as usize;
     let mut echo = echo_of(&identity["options"]);
-    let find = |k: &str| echo.iter().find(|(key, _)| key == k).and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    let find = |k: &str| {
+        echo.iter().find(|(key, _)| key == k).and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default()
+    };
     let metric: ImportanceMetric = find("metric").parse()?;
     let normalize: Normalize = find("normalize").parse()?;
     let valid = valid_of(identity)?;
-    let sums = valid.iter().map(|(k, v)| Ok((*k, v.iter().enumerate().map(|(l, row)| (0..row.len()).map(|h| number(&acc["sums"], &k.to_string(), l, h)).collect::<Result<Vec<f64>, String>>()).collect::<Result<_, _>>()?))).collect::<Result<crate::model::KindGrids, String>>()?;
+    let sums = valid
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                *k,
+                v.iter()
+                    .enumerate()
+                    .map(|(l, row)| {
+                        (0..row.len())
+                            .map(|h| number(&acc["sums"], &k.to_string(), l, h))
+                            .collect::<Result<Vec<f64>, String>>()
+                    })
+                    .collect::<Result<_, _>>()?,
+            ))
+        })
+        .collect::<Result<crate::model::KindGrids, String>>()?;
     let kinds = finish(&sums, &valid, n, normalize);
     let at = echo.iter().position(|(k, _)| k == "seed").unwrap_or(echo.len());
     echo.splice(at..at, [("sentences".to_string(), json!(n)), ("seconds".into(), acc["seconds"].clone())]);
@@ -75,7 +112,13 @@ pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) 
         ImportanceMetric::Loss => "gradient importance |dL/dg|",
         ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
     };
-    Ok(Grid { stat: stat.into(), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options: echo })
+    Ok(Grid {
+        stat: stat.into(),
+        model: identity["model"]["name"].as_str().unwrap_or_default().into(),
+        dataset: identity["data"]["name"].as_str().unwrap_or_default().into(),
+        kinds,
+        options: echo,
+    })
 }
 
 #[export_module]
@@ -114,7 +157,11 @@ pub mod api {
         };
         let exact = o.bool_or_default("exact")?;
         if exact {
-            m.require(f, Needs::NoClosed).or_else(|_| err(format!("{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`")))?;
+            m.require(f, Needs::NoClosed).or_else(|_| {
+                err(format!(
+                    "{f}: the exact sweep runs on the unmasked model (this view masks heads already): drop `exact`"
+                ))
+            })?;
         }
         let plan = crate::data::script::Plan::new(&d, &o, f)?;
         if exact && plan.shard.is_some() {
@@ -124,14 +171,22 @@ pub mod api {
         let base = m.gates()?;
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
         let started = std::time::Instant::now();
-        let r = head_importance(&m.model, &plan.data(&d, f)?, &base, &opts, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let r = head_importance(&m.model, &plan.data(&d, f)?, &base, &opts, &crate::run::interrupted, &mut progress)
+            .or_else(|e| err(format!("{f}: {e}")))?;
         let seconds = started.elapsed().as_secs_f64();
-        let mut echo = vec![json!(["metric", opts.metric.to_string()]), json!(["normalize", opts.normalize.to_string()]), json!(["kinds", opts.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>()]), json!(["batch_tokens", opts.batch_tokens]), json!(["targets", r.targets_from])];
+        let mut echo = vec![
+            json!(["metric", opts.metric.to_string()]),
+            json!(["normalize", opts.normalize.to_string()]),
+            json!(["kinds", opts.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>()]),
+            json!(["batch_tokens", opts.batch_tokens]),
+            json!(["targets", r.targets_from]),
+        ];
         if opts.metric == ImportanceMetric::Fisher {
             echo.push(json!(["seed", opts.seed]));
         }
         let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&r.valid)});
-        let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), json!(g))).collect();
+        let sums: serde_json::Map<String, serde_json::Value> =
+            r.sums.iter().map(|(k, g)| (k.to_string(), json!(g))).collect();
         let acc = json!({"sums": sums, "sentences": r.n_sentences, "seconds": seconds});
         let mut g = finish_importance(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
         let mut echo = std::mem::take(&mut g.options);
@@ -141,14 +196,38 @@ pub mod api {
             let p = ablation::prepare(&m.model, &d, metric, 256, base).or_else(|e| err(format!("{f}: {e}")))?;
             let stop = crate::run::interrupted;
             let base_value = ablation::evaluate(&m.model, &p, &p.base, &stop).or_else(|e| err(format!("{f}: {e}")))?;
-            let mut progress = |done: usize, total: usize| crate::run::progress("exact sweep (sentence x head)", done, total);
-            let grids = ablation::sweep(&m.model, &p, &opts.kinds, &stop, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+            let mut progress =
+                |done: usize, total: usize| crate::run::progress("exact sweep (sentence x head)", done, total);
+            let grids = ablation::sweep(&m.model, &p, &opts.kinds, &stop, &mut progress)
+                .or_else(|e| err(format!("{f}: {e}")))?;
             let exact_seconds = started.elapsed().as_secs_f64();
-            let effect = grids.into_iter().map(|(k, rows)| (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())).collect();
-            let exact = Grid { stat: format!("{metric} increase with the head masked"), model: g.model.clone(), dataset: g.dataset.clone(), kinds: effect, options: vec![] };
+            let effect = grids
+                .into_iter()
+                .map(|(k, rows)| {
+                    (k, rows.into_iter().map(|r| r.into_iter().map(|v| v - base_value).collect()).collect())
+                })
+                .collect();
+            let exact = Grid {
+                stat: format!("{metric} increase with the head masked"),
+                model: g.model.clone(),
+                dataset: g.dataset.clone(),
+                kinds: effect,
+                options: vec![],
+            };
             let k = o.usize_or_default("k")?;
-            let per_kind = agreements(&g, &exact, k).into_iter().map(|a| (a.kind.to_string(), json!({"heads": a.heads, "spearman": json_f64(a.spearman), "k": a.k, "overlap": a.overlap}))).collect();
-            echo.push(("exact".into(), json!({"metric": metric.to_string(), "base": json_f64(base_value), "seconds": json_f64(exact_seconds)})));
+            let per_kind = agreements(&g, &exact, k)
+                .into_iter()
+                .map(|a| {
+                    (
+                        a.kind.to_string(),
+                        json!({"heads": a.heads, "spearman": json_f64(a.spearman), "k": a.k, "overlap": a.overlap}),
+                    )
+                })
+                .collect();
+            echo.push((
+                "exact".into(),
+                json!({"metric": metric.to_string(), "base": json_f64(base_value), "seconds": json_f64(exact_seconds)}),
+            ));
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
         }
         g.options = echo;

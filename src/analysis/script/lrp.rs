@@ -9,7 +9,11 @@ use crate::model::view::View;
 use crate::script::convert::{err, opt, opt_int_by, opt_str, OptSpec, Opts, ScriptResult};
 
 pub const LRP_OPTIONS: &[OptSpec] = &[
-    opt_str("rule", "ab", "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)"),
+    opt_str(
+        "rule",
+        "ab",
+        "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)",
+    ),
     opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
     opt_str("seeds", "each", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
     opt_int_by("batch_tokens", "seeds", &[("each", 64), ("summed", 256)], "tokens per batch"),
@@ -24,10 +28,17 @@ pub fn finish_lrp(identity: &serde_json::Value, acc: &serde_json::Value) -> Resu
     let n = predictions.max(1) as f64;
     let kinds = grid_from(identity, |k, l, h| Ok(number(&acc["sums"], k, l, h)? / n))?;
     let mut options = echo_of(&identity["options"]);
-    let rule = options.iter().find(|(k, _)| k == "rule").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
+    let rule =
+        options.iter().find(|(k, _)| k == "rule").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
     options.push(("predictions".into(), serde_json::json!(predictions)));
     options.push(("max_conservation_error".into(), acc["max_conservation_error"].clone()));
-    Ok(Grid { stat: format!("lrp ({rule})"), model: identity["model"]["name"].as_str().unwrap_or_default().into(), dataset: identity["data"]["name"].as_str().unwrap_or_default().into(), kinds, options })
+    Ok(Grid {
+        stat: format!("lrp ({rule})"),
+        model: identity["model"]["name"].as_str().unwrap_or_default().into(),
+        dataset: identity["data"]["name"].as_str().unwrap_or_default().into(),
+        kinds,
+        options,
+    })
 }
 /// `lrp`'s typed options from a map checked against [`LRP_OPTIONS`]: what it gives, else the
 /// list's defaults; a seed not given is left to the model (`LrpOptions::seed_for`).
@@ -48,7 +59,9 @@ fn options_from(o: &Opts) -> ScriptResult<LrpOptions> {
 
 /// `lrp`'s options from an option map written in Rust (the defaults below).
 fn options_of(map: &Map) -> LrpOptions {
-    Opts::new(map, "lrp", LRP_OPTIONS).and_then(|o| options_from(&o)).unwrap_or_else(|e| unreachable!("lrp's option list gives every default a value of its type: {e}"))
+    Opts::new(map, "lrp", LRP_OPTIONS)
+        .and_then(|o| options_from(&o))
+        .unwrap_or_else(|e| unreachable!("lrp's option list gives every default a value of its type: {e}"))
 }
 
 impl Default for LrpOptions {
@@ -75,7 +88,9 @@ pub fn lrp_planned(m: &View, d: &Dataset, opts: &LrpOptions, plan: &Plan) -> Res
     m.require(f, crate::model::view::Needs::NoStreaming).map_err(|e| e.to_string())?;
     let gates = m.gates().map_err(|e| e.to_string())?;
     let mut progress = |done: usize, total: usize| crate::run::progress("lrp", done, total);
-    let r = crate::analysis::lrp::lrp(&m.model, &plan.data(d, f)?, opts, &gates, &crate::run::interrupted, &mut progress).map_err(|e| format!("lrp: {e}"))?;
+    let r =
+        crate::analysis::lrp::lrp(&m.model, &plan.data(d, f)?, opts, &gates, &crate::run::interrupted, &mut progress)
+            .map_err(|e| format!("lrp: {e}"))?;
     let kinds: Vec<crate::model::Kind> = r.sums.iter().map(|(k, _)| *k).collect();
     let echo = serde_json::json!([
         ["rule", r.options.rule.to_string()],
@@ -85,7 +100,19 @@ pub fn lrp_planned(m: &View, d: &Dataset, opts: &LrpOptions, plan: &Plan) -> Res
     ]);
     let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": crate::analysis::script::sharded::valid_heads(&crate::analysis::script::sharded::present_heads(&m.model, &kinds))});
     // Removed heads hold NaN in the sums; the record keeps 0 (the identity says which heads count).
-    let sums: serde_json::Map<String, serde_json::Value> = r.sums.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>()).collect::<Vec<_>>()))).collect();
+    let sums: serde_json::Map<String, serde_json::Value> = r
+        .sums
+        .iter()
+        .map(|(k, g)| {
+            (
+                k.to_string(),
+                serde_json::json!(g
+                    .iter()
+                    .map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>())
+                    .collect::<Vec<_>>()),
+            )
+        })
+        .collect();
     let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
     let g = finish_lrp(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
     plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
@@ -112,7 +139,10 @@ fn target_id(m: &ScriptModel, target: &Dynamic) -> Result<i64, String> {
         return Ok(id);
     }
     let Some(text) = target.clone().try_cast::<rhai::ImmutableString>() else {
-        return Err(format!("{f}: target must be a token id or a one-token text, got {}", crate::script::convert::quote(target)));
+        return Err(format!(
+            "{f}: target must be a token id or a one-token text, got {}",
+            crate::script::convert::quote(target)
+        ));
     };
     if text.is_empty() {
         return Err(format!("{f}: target is empty; give one token (its text or id)"));
@@ -121,11 +151,17 @@ fn target_id(m: &ScriptModel, target: &Dynamic) -> Result<i64, String> {
         return Ok(id);
     }
     let enc = tok.encode(&text).map_err(|e| format!("{f}: target: {e}"))?;
-    let pieces: Vec<(i64, &String)> = enc.ids.iter().zip(&enc.tokens).zip(&enc.special).filter(|(_, &sp)| !sp).map(|((&id, t), _)| (id, t)).collect();
+    let pieces: Vec<(i64, &String)> =
+        enc.ids.iter().zip(&enc.tokens).zip(&enc.special).filter(|(_, &sp)| !sp).map(|((&id, t), _)| (id, t)).collect();
     match pieces.as_slice() {
         [(id, _)] => Ok(*id),
         [] => Err(format!("{f}: target {:?} is no token of {}'s vocabulary", text.as_str(), m.model.name())),
-        many => Err(format!("{f}: target {:?} is {} tokens ({}), not one; give one token (its text or id)", text.as_str(), many.len(), many.iter().map(|(id, t)| format!("{t:?} {id}")).collect::<Vec<_>>().join(", "))),
+        many => Err(format!(
+            "{f}: target {:?} is {} tokens ({}), not one; give one token (its text or id)",
+            text.as_str(),
+            many.len(),
+            many.iter().map(|(id, t)| format!("{t:?} {id}")).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -135,22 +171,41 @@ fn token_relevance_of(m: &ScriptModel, text: &str, target: Option<i64>) -> Resul
     use crate::table::{Cell, Table};
     let f = |e: crate::model::ModelError| format!("token_relevance: {e}");
     if target.is_some() && !m.model.is_lm() {
-        return Err(format!("token_relevance: a target token needs a language model; {} has no next-token output head", m.model.name()));
+        return Err(format!(
+            "token_relevance: a target token needs a language model; {} has no next-token output head",
+            m.model.name()
+        ));
     }
     let b = m.model.batch(&[text]).map_err(f)?;
     let t = b.ids.size()[1];
     let seed = if m.model.is_lm() { Seed::Logit } else { Seed::Norm };
     let seed_at = match seed {
-        Seed::Logit => tch::Tensor::zeros([1, t], (tch::Kind::Float, m.model.device())).index_fill(1, &tch::Tensor::from_slice(&[t - 1]).to_device(m.model.device()), 1.0),
+        Seed::Logit => tch::Tensor::zeros([1, t], (tch::Kind::Float, m.model.device())).index_fill(
+            1,
+            &tch::Tensor::from_slice(&[t - 1]).to_device(m.model.device()),
+            1.0,
+        ),
         Seed::Norm => b.mask.to_kind(tch::Kind::Float),
     };
-    let r = crate::analysis::attnlrp::relevance(&m.model, &b.ids, &b.mask, &seed_at, seed, &m.gates().map_err(|e| e.to_string())?, target).map_err(f)?;
-    let rel = Vec::<f64>::try_from(r.input.get(0).to_kind(tch::Kind::Double).to_device(tch::Device::Cpu)).map_err(|e| f(e.into()))?;
+    let r = crate::analysis::attnlrp::relevance(
+        &m.model,
+        &b.ids,
+        &b.mask,
+        &seed_at,
+        seed,
+        &m.gates().map_err(|e| e.to_string())?,
+        target,
+    )
+    .map_err(f)?;
+    let rel = Vec::<f64>::try_from(r.input.get(0).to_kind(tch::Kind::Double).to_device(tch::Device::Cpu))
+        .map_err(|e| f(e.into()))?;
     let total: f64 = rel.iter().map(|x| x.abs()).sum::<f64>().max(1e-30);
     let mut table = Table::new(vec!["token".into(), "relevance".into(), "share".into()]);
     // The token explained: the target, else the top-1 prediction after the text.
     let top = r.top.as_ref().map(|top| top.get(0).int64_value(&[t - 1]));
-    let name = |id: i64| format!("{:?} (id {id}, text {:?})", m.model.tok.id_to_token(id), m.model.tok.decode(&[id]).unwrap_or_default());
+    let name = |id: i64| {
+        format!("{:?} (id {id}, text {:?})", m.model.tok.id_to_token(id), m.model.tok.decode(&[id]).unwrap_or_default())
+    };
     let explains = match (target, top) {
         (Some(id), Some(top)) => format!("explains {} (the given target; the top-1 is {})", name(id), name(top)),
         (None, Some(top)) => format!("explains {} (the top-1 next token)", name(top)),
@@ -236,7 +291,11 @@ pub mod api {
     /// load_model("smollm2").token_relevance("The capital of France is", " Parisian pastry")
     /// ```
     #[rhai_fn(name = "token_relevance", return_raw, pure)]
-    pub fn token_relevance_target(m: &mut ScriptModel, text: &str, target: Dynamic) -> ScriptResult<crate::table::Table> {
+    pub fn token_relevance_target(
+        m: &mut ScriptModel,
+        text: &str,
+        target: Dynamic,
+    ) -> ScriptResult<crate::table::Table> {
         let id = target_id(m, &target)?;
         Ok(token_relevance_of(m, text, Some(id))?)
     }

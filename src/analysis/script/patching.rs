@@ -1,12 +1,15 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
-use crate::analysis::patching::{attribute, attribute_translation, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit};
-use crate::model::Kind;
+use crate::analysis::patching::{
+    attribute, attribute_translation, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric,
+    PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit,
+};
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
 use crate::data::script::Plan;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
+use crate::model::Kind;
 use crate::model::Model;
 use crate::script::convert::{err, opt, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
@@ -37,11 +40,16 @@ options_enum!(Method, "patching method", {
 /// The one token of an answer (special tokens such as a BOS the tokenizer adds left out).
 fn answer_id(model: &Model, text: &str, what: &str, origin: &str) -> ScriptResult<i64> {
     let e = model.tokenize(text).or_else(|e| err(format!("patch: {origin}: the {what} {text:?}: {e}")))?;
-    let toks: Vec<(i64, &String)> = e.ids.iter().zip(&e.tokens).zip(&e.special).filter(|(_, s)| !**s).map(|((i, t), _)| (*i, t)).collect();
+    let toks: Vec<(i64, &String)> =
+        e.ids.iter().zip(&e.tokens).zip(&e.special).filter(|(_, s)| !**s).map(|((i, t), _)| (*i, t)).collect();
     match toks.as_slice() {
         [(id, _)] => Ok(*id),
         [] => err(format!("patch: {origin}: the {what} {text:?} has no tokens")),
-        many => err(format!("patch: {origin}: the {what} {text:?} is {} tokens ({}), not one; patching reads one next token", many.len(), many.iter().map(|(_, t)| format!("{t:?}")).collect::<Vec<_>>().join(", "))),
+        many => err(format!(
+            "patch: {origin}: the {what} {text:?} is {} tokens ({}), not one; patching reads one next token",
+            many.len(),
+            many.iter().map(|(_, t)| format!("{t:?}")).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -56,7 +64,11 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
         }
         if let Some(t) = &p.ids {
             if let Some(bad) = t.clean.iter().chain(&t.corrupted).chain([&t.answer, &t.wrong]).find(|&&v| v >= vocab) {
-                return err(format!("patch: {}: token id {bad} out of range: the vocabulary has ids 0..{}", p.origin, vocab - 1));
+                return err(format!(
+                    "patch: {}: token id {bad} out of range: the vocabulary has ids 0..{}",
+                    p.origin,
+                    vocab - 1
+                ));
             }
             if t.clean.len() != t.corrupted.len() {
                 return err(format!("patch: {}: the clean prompt is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, t.clean.len(), t.corrupted.len()));
@@ -64,10 +76,17 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
             if first_tokens.is_empty() {
                 first_tokens = t.clean.iter().map(|&i| model.tok.id_to_token(i)).collect();
             }
-            out.push(PairIds { clean: t.clean.clone(), corrupted: t.corrupted.clone(), answer: t.answer, wrong: Some(t.wrong) });
+            out.push(PairIds {
+                clean: t.clean.clone(),
+                corrupted: t.corrupted.clone(),
+                answer: t.answer,
+                wrong: Some(t.wrong),
+            });
             continue;
         }
-        let tok = |t: &str, what: &str| model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} prompt: {e}", p.origin)));
+        let tok = |t: &str, what: &str| {
+            model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} prompt: {e}", p.origin)))
+        };
         let (c, k) = (tok(&p.clean, "clean")?, tok(&p.corrupted, "corrupted")?);
         if c.ids.len() != k.ids.len() {
             return err(format!("patch: {}: the clean prompt is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, c.ids.len(), k.ids.len()));
@@ -75,7 +94,12 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
         if first_tokens.is_empty() {
             first_tokens = c.tokens.clone();
         }
-        out.push(PairIds { clean: c.ids, corrupted: k.ids, answer: answer_id(model, &p.answer, "answer", &p.origin)?, wrong: Some(answer_id(model, &p.wrong, "wrong answer", &p.origin)?) });
+        out.push(PairIds {
+            clean: c.ids,
+            corrupted: k.ids,
+            answer: answer_id(model, &p.answer, "answer", &p.origin)?,
+            wrong: Some(answer_id(model, &p.wrong, "wrong answer", &p.origin)?),
+        });
     }
     Ok((out, first_tokens))
 }
@@ -83,8 +107,23 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
 /// The result map of a patching run: per kind its grid (`rs`: the kinds patched, each over
 /// the same clean and corrupted runs).
 #[allow(clippy::too_many_arguments)]
-fn result(model: &str, pairs: &str, n_pairs: usize, spec: PatchSpec, rs: &[(Kind, Patched)], tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
-    let what = format!("{how}{} patching of {} ({}, {})", spec.direction, spec.site, spec.metric, if spec.each_position { "per position" } else { "all positions" });
+fn result(
+    model: &str,
+    pairs: &str,
+    n_pairs: usize,
+    spec: PatchSpec,
+    rs: &[(Kind, Patched)],
+    tokens: &[String],
+    echo: crate::output::Echo,
+    how: &str,
+) -> ScriptResult<Map> {
+    let what = format!(
+        "{how}{} patching of {} ({}, {})",
+        spec.direction,
+        spec.site,
+        spec.metric,
+        if spec.each_position { "per position" } else { "all positions" }
+    );
     let Some((_, first)) = rs.first() else { return err("patch: nothing was patched") };
     let mut out = Map::new();
     let pos_label = |p: usize| format!("{p}:{}", tokens.get(p).map_or("", |t| t.as_str()));
@@ -95,12 +134,35 @@ fn result(model: &str, pairs: &str, n_pairs: usize, spec: PatchSpec, rs: &[(Kind
         let by_pos = |f: &dyn Fn(&Patched, f64) -> f64, stat: &str| -> Dynamic {
             let grids: Vec<Grid> = (0..n_pos)
                 .map(|p| {
-                    let kinds = rs.iter().map(|(k, r)| (*k, r.patched.iter().map(|l| l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(r, v)).collect())).collect())).collect();
+                    let kinds = rs
+                        .iter()
+                        .map(|(k, r)| {
+                            (
+                                *k,
+                                r.patched
+                                    .iter()
+                                    .map(|l| {
+                                        l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(r, v)).collect())
+                                    })
+                                    .collect(),
+                            )
+                        })
+                        .collect();
                     let at = if spec.each_position { format!(" at position {}", pos_label(p)) } else { String::new() };
-                    Grid { stat: format!("{stat} of {what}{at}"), model: model.to_string(), dataset: pairs.to_string(), kinds, options: echo.clone() }
+                    Grid {
+                        stat: format!("{stat} of {what}{at}"),
+                        model: model.to_string(),
+                        dataset: pairs.to_string(),
+                        kinds,
+                        options: echo.clone(),
+                    }
                 })
                 .collect();
-            if spec.each_position { Dynamic::from(grids.into_iter().map(Dynamic::from).collect::<Array>()) } else { grids.into_iter().next().map_or(Dynamic::UNIT, Dynamic::from) }
+            if spec.each_position {
+                Dynamic::from(grids.into_iter().map(Dynamic::from).collect::<Array>())
+            } else {
+                grids.into_iter().next().map_or(Dynamic::UNIT, Dynamic::from)
+            }
         };
         out.insert("effect".into(), by_pos(&normalised, "normalised effect"));
         out.insert("patched".into(), by_pos(&raw, &spec.metric.to_string()));
@@ -135,7 +197,11 @@ fn result(model: &str, pairs: &str, n_pairs: usize, spec: PatchSpec, rs: &[(Kind
 
 /// A translation model's pairs: the sources tokenized (one length per pair), each scored on
 /// the clean source's greedy translation (EOS appended); the tokens shown per position.
-fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> ScriptResult<(Vec<SourcePair>, Vec<String>)> {
+fn source_pairs(
+    m: &ScriptModel,
+    pairs: &Pairs,
+    kind_each: Option<Kind>,
+) -> ScriptResult<(Vec<SourcePair>, Vec<String>)> {
     let model = &m.model;
     // The sources tokenized and checked first, so that bad input is refused before any run.
     let mut sources = Vec::with_capacity(pairs.len());
@@ -143,7 +209,9 @@ fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> Scri
         if p.ids.is_some() || !p.answer.is_empty() {
             return err(format!("patch: {}: a translation model's pair is two source sentences [clean, corrupted] (its metric is read over the clean translation), not a prompt with answers", p.origin));
         }
-        let tok = |t: &str, what: &str| model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} source: {e}", p.origin)));
+        let tok = |t: &str, what: &str| {
+            model.tokenize(t).or_else(|e| err(format!("patch: {}: the {what} source: {e}", p.origin)))
+        };
         let (c, k) = (tok(&p.clean, "clean")?, tok(&p.corrupted, "corrupted")?);
         if c.ids.len() != k.ids.len() {
             return err(format!("patch: {}: the clean source is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, c.ids.len(), k.ids.len()));
@@ -152,7 +220,9 @@ fn source_pairs(m: &ScriptModel, pairs: &Pairs, kind_each: Option<Kind>) -> Scri
     }
     // Every clean source translated at once (batched by length), EOS appended.
     let cleans: Vec<&str> = pairs.items.iter().map(|p| p.clean.as_str()).collect();
-    let translations = model.translate(&cleans, &m.gates()?, crate::model::batch::DEFAULT_BATCH_TOKENS).or_else(|e| err(format!("patch: translating the clean sources: {e}")))?;
+    let translations = model
+        .translate(&cleans, &m.gates()?, crate::model::batch::DEFAULT_BATCH_TOKENS)
+        .or_else(|e| err(format!("patch: translating the clean sources: {e}")))?;
     let tokens = match (kind_each, sources.first(), translations.first()) {
         (Some(Kind::Enc) | None, Some((c, _)), _) => c.tokens.clone(),
         (Some(_), _, Some(t)) => t.iter().chain([&model.net.eos_id]).map(|&i| model.tok.id_to_token(i)).collect(),
@@ -185,15 +255,27 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
     let verify = match o.value("verify").map(|v| v.as_int()) {
         None => 0,
         Some(Ok(k)) if k >= -1 => k,
-        Some(_) => return err(format!("patch: verify must be an integer k >= 0 (or -1: every unit), got {}", crate::script::convert::quote(&options["verify"]))),
+        Some(_) => {
+            return err(format!(
+                "patch: verify must be an integer k >= 0 (or -1: every unit), got {}",
+                crate::script::convert::quote(&options["verify"])
+            ))
+        }
     };
     if verify != 0 && method != Method::Attribution {
-        return err("patch: verify checks attribution patching against exact patching; give it with method: \"attribution\"");
+        return err(
+            "patch: verify checks attribution patching against exact patching; give it with method: \"attribution\"",
+        );
     }
     let receiver = match o.value("receiver") {
         None => None,
         Some(v) => {
-            let name = v.clone().into_string().or_else(|_| err(format!("patch: receiver must be a head name (\"dec.5.3\") or \"logits\", got {}", crate::script::convert::quote(v))))?;
+            let name = v.clone().into_string().or_else(|_| {
+                err(format!(
+                    "patch: receiver must be a head name (\"dec.5.3\") or \"logits\", got {}",
+                    crate::script::convert::quote(v)
+                ))
+            })?;
             if method != Method::Exact || verify != 0 {
                 return err("patch: path patching (receiver) is exact; leave out method and verify");
             }
@@ -202,12 +284,18 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             }
             Some(if name == "logits" {
                 if o.has("receiver_input") {
-                    return err("patch: receiver_input names a receiver head's input; the receiver \"logits\" has none");
+                    return err(
+                        "patch: receiver_input names a receiver head's input; the receiver \"logits\" has none",
+                    );
                 }
                 Receiver::Logits
             } else {
                 let id = m.head(&name, "patch: receiver: ").or_else(|e| err(e.to_string()))?;
-                Receiver::Head { layer: id.layer_idx, head: id.head, input: o.parsed_or_default::<PathInput>("receiver_input")? }
+                Receiver::Head {
+                    layer: id.layer_idx,
+                    head: id.head,
+                    input: o.parsed_or_default::<PathInput>("receiver_input")?,
+                }
             })
         }
     };
@@ -230,9 +318,15 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             return err("patch: verify (attribution's top units patched exactly) is offered for language models; for a translation model run method \"exact\" beside method \"attribution\"");
         }
         let metric = if o.has("metric") { metric } else { PatchMetric::Loss };
-        let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
+        let spec = PatchSpec {
+            batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
+            ..PatchSpec::new(site, each, direction, metric)
+        };
         let kinds: Vec<Kind> = match o.labels("kinds")? {
-            Some(names) => names.iter().map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}")))).collect::<ScriptResult<_>>()?,
+            Some(names) => names
+                .iter()
+                .map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}"))))
+                .collect::<ScriptResult<_>>()?,
             None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
             None => vec![Kind::Enc, Kind::Dec],
         };
@@ -245,9 +339,13 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let gates = m.gates()?;
         let mut rs = Vec::new();
         for (i, &k) in kinds.iter().enumerate() {
-            let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", i * total + done, kinds.len() * total);
+            let mut progress = |done: usize, total: usize| {
+                crate::run::progress("patching (layers)", i * total + done, kinds.len() * total)
+            };
             let r = match method {
-                Method::Exact => patch_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted, &mut progress),
+                Method::Exact => {
+                    patch_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted, &mut progress)
+                }
                 Method::Attribution => attribute_translation(&m.model, &sp, spec, k, &gates, &crate::run::interrupted),
             };
             rs.push((k, r.or_else(|e| err(format!("{F}: {e}")))?));
@@ -261,16 +359,30 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             ("kinds".into(), json!(kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())),
             ("targets".into(), json!("the clean source's greedy translation")),
         ];
-        return finish_run(m, &part, &plan, spec, rs, &tokens, echo, if method == Method::Attribution { "attribution " } else { "" });
+        return finish_run(
+            m,
+            &part,
+            &plan,
+            spec,
+            rs,
+            &tokens,
+            echo,
+            if method == Method::Attribution { "attribution " } else { "" },
+        );
     }
     let (ids, tokens) = token_ids(m, &part)?;
     let tokens = if plan.rows.start > 0 { token_ids(m, &pairs.slice(0..1))?.1 } else { tokens };
-    let spec = PatchSpec { batch_tokens: o.usize_or_default("batch_tokens")?.max(1), ..PatchSpec::new(site, each, direction, metric) };
+    let spec = PatchSpec {
+        batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
+        ..PatchSpec::new(site, each, direction, metric)
+    };
     let gates = m.gates()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
     let r = match (method, receiver) {
         (_, Some(to)) => path_patch(&m.model, &ids, spec, to, &gates, &crate::run::interrupted, &mut progress),
-        (Method::Exact, None) => patch_only(&m.model, &ids, spec, None, &gates, &crate::run::interrupted, &mut progress),
+        (Method::Exact, None) => {
+            patch_only(&m.model, &ids, spec, None, &gates, &crate::run::interrupted, &mut progress)
+        }
         (Method::Attribution, None) => attribute(&m.model, &ids, spec, &gates, &crate::run::interrupted),
     }
     .or_else(|e| err(format!("{F}: {e}")))?;
@@ -300,19 +412,32 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
     }
     echo.push(("clean".into(), crate::script::convert::json_f64(r.clean)));
     echo.push(("corrupted".into(), crate::script::convert::json_f64(r.corrupted)));
-    let mut out = result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, r.clone())], &tokens, echo.clone(), &how)?;
+    let mut out =
+        result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, r.clone())], &tokens, echo.clone(), &how)?;
     {
         // The units of largest estimated |effect|, patched exactly.
         let base = match direction {
             Direction::Denoise => r.corrupted,
             Direction::Noise => r.clean,
         };
-        let mut all: Vec<(Unit, f64)> = r.patched.iter().enumerate().flat_map(|(l, layer)| layer.iter().enumerate().flat_map(move |(p, row)| row.iter().enumerate().map(move |(u, &v)| ((l, p, u), (v - base).abs())))).filter(|(_, v)| !v.is_nan()).collect();
+        let mut all: Vec<(Unit, f64)> =
+            r.patched
+                .iter()
+                .enumerate()
+                .flat_map(|(l, layer)| {
+                    layer.iter().enumerate().flat_map(move |(p, row)| {
+                        row.iter().enumerate().map(move |(u, &v)| ((l, p, u), (v - base).abs()))
+                    })
+                })
+                .filter(|(_, v)| !v.is_nan())
+                .collect();
         all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let k = if verify < 0 { all.len() } else { (verify as usize).min(all.len()) };
         let chosen: Vec<Unit> = all[..k].iter().map(|(u, _)| *u).collect();
-        let exact = patch_only(&m.model, &ids, spec, Some(&chosen), &gates, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{F}: {e}")))?;
-        let ex = result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, exact.clone())], &tokens, echo, "exact ")?;
+        let exact = patch_only(&m.model, &ids, spec, Some(&chosen), &gates, &crate::run::interrupted, &mut progress)
+            .or_else(|e| err(format!("{F}: {e}")))?;
+        let ex =
+            result(&m.model.name(), &pairs.name, pairs.len(), spec, &[(kind, exact.clone())], &tokens, echo, "exact ")?;
         out.insert("exact".into(), ex["effect"].clone());
         out.insert("agreement".into(), Dynamic::from(agreement(&r, &exact, &chosen, k == all.len(), base)?));
     }
@@ -323,7 +448,16 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
 /// shard the shard's own result with its record (accumulators: the pairs' metric sums), which
 /// `merge_results` turns into the whole's (docs/methods.md#shards).
 #[allow(clippy::too_many_arguments)]
-fn finish_run(m: &ScriptModel, part: &Pairs, plan: &Plan, spec: PatchSpec, rs: Vec<(Kind, Patched)>, tokens: &[String], echo: crate::output::Echo, how: &str) -> ScriptResult<Map> {
+fn finish_run(
+    m: &ScriptModel,
+    part: &Pairs,
+    plan: &Plan,
+    spec: PatchSpec,
+    rs: Vec<(Kind, Patched)>,
+    tokens: &[String],
+    echo: crate::output::Echo,
+    how: &str,
+) -> ScriptResult<Map> {
     let n = part.len() as f64;
     let num = |v: f64| if v.is_finite() { json!(v) } else { serde_json::Value::Null };
     let acc = json!({
@@ -348,8 +482,18 @@ fn finish_run(m: &ScriptModel, part: &Pairs, plan: &Plan, spec: PatchSpec, rs: V
     }
     let mut out = finish_patch(&identity, &acc).or_else(|e| err(format!("patch: {e}")))?;
     let options = out.get("options").and_then(|o| o.clone().try_cast::<Map>()).unwrap_or_default();
-    let echo: crate::output::Echo = options.iter().map(|(k, v)| (k.to_string(), crate::script::convert::dynamic_json(v))).collect();
-    let echo = plan.seal("patch", identity, acc, echo, |e| e, |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()})).or_else(err)?;
+    let echo: crate::output::Echo =
+        options.iter().map(|(k, v)| (k.to_string(), crate::script::convert::dynamic_json(v))).collect();
+    let echo = plan
+        .seal(
+            "patch",
+            identity,
+            acc,
+            echo,
+            |e| e,
+            |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}),
+        )
+        .or_else(err)?;
     out.insert("options".into(), Dynamic::from(crate::script::convert::echo_map(&echo)));
     Ok(out)
 }
@@ -358,8 +502,14 @@ fn finish_run(m: &ScriptModel, part: &Pairs, plan: &Plan, spec: PatchSpec, rs: V
 /// means over every pair, then the grids or tables as one run gives them.
 pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
     let sp = &identity["spec"];
-    let text = |k: &str| sp[k].as_str().map(str::to_string).ok_or_else(|| format!("the shard record's spec has no {k}"));
-    let spec = PatchSpec::new(text("site")?.parse()?, sp["each"].as_bool().unwrap_or(false), text("direction")?.parse()?, text("metric")?.parse()?);
+    let text =
+        |k: &str| sp[k].as_str().map(str::to_string).ok_or_else(|| format!("the shard record's spec has no {k}"));
+    let spec = PatchSpec::new(
+        text("site")?.parse()?,
+        sp["each"].as_bool().unwrap_or(false),
+        text("direction")?.parse()?,
+        text("metric")?.parse()?,
+    );
     let n = acc["pairs"].as_u64().ok_or("the accumulators count no pairs")? as usize;
     let kinds = identity["kinds"].as_array().ok_or("the shard record names no kinds")?;
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
@@ -367,7 +517,16 @@ pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
     for k in kinds {
         let name = k.as_str().ok_or("a kind without a name")?;
         let a = &acc["kinds"][name];
-        let sums: Vec<Vec<Vec<f64>>> = a["patched"].as_array().ok_or_else(|| format!("no patched sums for {name}"))?.iter().map(|l| l.as_array().map_or_else(Vec::new, |l| l.iter().map(|p| p.as_array().map_or_else(Vec::new, |p| p.iter().map(f).collect())).collect())).collect();
+        let sums: Vec<Vec<Vec<f64>>> = a["patched"]
+            .as_array()
+            .ok_or_else(|| format!("no patched sums for {name}"))?
+            .iter()
+            .map(|l| {
+                l.as_array().map_or_else(Vec::new, |l| {
+                    l.iter().map(|p| p.as_array().map_or_else(Vec::new, |p| p.iter().map(f).collect())).collect()
+                })
+            })
+            .collect();
         let positions = sums.first().map_or(0, |l| l.len());
         rs.push((name.parse::<Kind>()?, Patched::mean_of(sums, f(&a["clean"]), f(&a["corrupted"]), n, positions)));
     }
@@ -375,10 +534,13 @@ pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
     let mut echo = super::sharded::echo_of(&identity["options"]);
     echo.push(("clean".into(), crate::script::convert::json_f64(clean)));
     echo.push(("corrupted".into(), crate::script::convert::json_f64(corrupted)));
-    let tokens: Vec<String> = identity["tokens"].as_array().map_or_else(Vec::new, |t| t.iter().filter_map(|x| x.as_str().map(str::to_string)).collect());
+    let tokens: Vec<String> = identity["tokens"]
+        .as_array()
+        .map_or_else(Vec::new, |t| t.iter().filter_map(|x| x.as_str().map(str::to_string)).collect());
     let model = identity["model"]["name"].as_str().unwrap_or_default();
     let pairs = identity["data"]["name"].as_str().unwrap_or_default();
-    result(model, pairs, n, spec, &rs, &tokens, echo, identity["how"].as_str().unwrap_or_default()).map_err(|e| e.to_string())
+    result(model, pairs, n, spec, &rs, &tokens, echo, identity["how"].as_str().unwrap_or_default())
+        .map_err(|e| e.to_string())
 }
 
 /// How attribution agrees with exact patching on the verified units: Spearman's rho of the
@@ -393,7 +555,13 @@ fn agreement(attr: &Patched, exact: &Patched, units: &[Unit], every: bool, base:
     let top = if every { 10.min(units.len()) } else { 0 };
     let neg_abs = |v: &[f64]| v.iter().map(|x| -x.abs()).collect::<Vec<f64>>();
     let overlap = crate::analysis::importance::bottom_k_overlap(&neg_abs(&a), &neg_abs(&e), top);
-    t.push_row(vec![Cell::Int(units.len() as i64), Cell::Float(crate::analysis::importance::spearman(&a, &e)), Cell::Int(top as i64), if every { Cell::Int(overlap as i64) } else { Cell::Empty }]).or_else(|e| err(e.to_string()))?;
+    t.push_row(vec![
+        Cell::Int(units.len() as i64),
+        Cell::Float(crate::analysis::importance::spearman(&a, &e)),
+        Cell::Int(top as i64),
+        if every { Cell::Int(overlap as i64) } else { Cell::Empty },
+    ])
+    .or_else(|e| err(e.to_string()))?;
     Ok(t)
 }
 

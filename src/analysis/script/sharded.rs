@@ -33,7 +33,15 @@ pub fn valid_of(identity: &Value) -> Result<HeadMask, String> {
         .map(|k| {
             let name = k["kind"].as_str().ok_or("a kind without a name in the shard record")?;
             let rows = k["valid"].as_array().ok_or_else(|| format!("kind {name} without heads in the shard record"))?;
-            let grid = rows.iter().enumerate().map(|(l, row)| row.as_array().map(|r| r.iter().map(|v| v.as_bool() == Some(true)).collect()).ok_or_else(|| format!("kind {name} layer {l}: not a list of heads"))).collect::<Result<_, String>>()?;
+            let grid = rows
+                .iter()
+                .enumerate()
+                .map(|(l, row)| {
+                    row.as_array()
+                        .map(|r| r.iter().map(|v| v.as_bool() == Some(true)).collect())
+                        .ok_or_else(|| format!("kind {name} layer {l}: not a list of heads"))
+                })
+                .collect::<Result<_, String>>()?;
             Ok((name.parse::<Kind>()?, grid))
         })
         .collect()
@@ -41,12 +49,24 @@ pub fn valid_of(identity: &Value) -> Result<HeadMask, String> {
 
 /// The grids of a finished computation: `value(kind, layer, head)` for each valid head of
 /// `identity.heads`, NaN for the others.
-pub fn grid_from(identity: &Value, value: impl Fn(&str, usize, usize) -> Result<f64, String>) -> Result<KindGrids, String> {
+pub fn grid_from(
+    identity: &Value,
+    value: impl Fn(&str, usize, usize) -> Result<f64, String>,
+) -> Result<KindGrids, String> {
     valid_of(identity)?
         .into_iter()
         .map(|(kind, valid)| {
             let name = kind.to_string();
-            let grid = valid.iter().enumerate().map(|(l, row)| row.iter().enumerate().map(|(h, &ok)| if ok { value(&name, l, h) } else { Ok(f64::NAN) }).collect::<Result<Vec<f64>, String>>()).collect::<Result<_, _>>()?;
+            let grid = valid
+                .iter()
+                .enumerate()
+                .map(|(l, row)| {
+                    row.iter()
+                        .enumerate()
+                        .map(|(h, &ok)| if ok { value(&name, l, h) } else { Ok(f64::NAN) })
+                        .collect::<Result<Vec<f64>, String>>()
+                })
+                .collect::<Result<_, _>>()?;
             Ok((kind, grid))
         })
         .collect()
@@ -54,7 +74,9 @@ pub fn grid_from(identity: &Value, value: impl Fn(&str, usize, usize) -> Result<
 
 /// An echo (options in order) from its JSON form, `[[key, value], ...]`.
 pub fn echo_of(v: &Value) -> crate::output::Echo {
-    v.as_array().map(|a| a.iter().filter_map(|p| Some((p.get(0)?.as_str()?.to_string(), p.get(1)?.clone()))).collect()).unwrap_or_default()
+    v.as_array()
+        .map(|a| a.iter().filter_map(|p| Some((p.get(0)?.as_str()?.to_string(), p.get(1)?.clone()))).collect())
+        .unwrap_or_default()
 }
 
 /// `acc[kind][layer][head]` as a number.

@@ -1,7 +1,7 @@
 //! Streaming heads on a model (docs/methods.md#streaming-heads): `m.with_streaming(heads,
 //! #{sink, recent, regime, prompt})`, the view every analysis, ablation and generation runs on.
 
-use crate::analysis::streaming::{chunks, curve, group_scores, scores, CurveOptions, KvCost, Scorer, ScoreOptions};
+use crate::analysis::streaming::{chunks, curve, group_scores, scores, CurveOptions, KvCost, ScoreOptions, Scorer};
 use crate::analysis::taxonomy::ProbeOptions;
 use crate::grid::Grid;
 use crate::model::nn::Regime;
@@ -16,7 +16,11 @@ use rhai::{Dynamic, Map};
 use serde_json::json;
 
 pub const KV_SCORES_OPTIONS: &[OptSpec] = &[
-    opt("data", "none (required by \"duo\")", "the texts whose mean queries and keys the duo scorer reads (kvpress: 50 BookSum chapters)"),
+    opt(
+        "data",
+        "none (required by \"duo\")",
+        "the texts whose mean queries and keys the duo scorer reads (kvpress: 50 BookSum chapters)",
+    ),
     opt_int("seed", 0, "seed of the probe sequences (echo, induction, razor, retrieval, headkv)"),
     opt_int("n", 20, "sequences per probe"),
     opt_int("len", 50, "length of the random segment the repeated-token probe repeats"),
@@ -71,11 +75,20 @@ pub fn streaming_options(o: &Opts) -> ScriptResult<(i64, i64, Regime)> {
         None => None,
         Some(v) => match v.as_int() {
             Ok(p) => Some(p),
-            Err(_) => return err(format!("{func}: prompt must be a number of tokens, got {}", crate::script::convert::quote(v))),
+            Err(_) => {
+                return err(format!(
+                    "{func}: prompt must be a number of tokens, got {}",
+                    crate::script::convert::quote(v)
+                ))
+            }
         },
     };
     let regime = match o.parsed_or_default::<RegimeName>("regime")? {
-        RegimeName::Always if prompt.is_some() => return err(format!("{func}: 'prompt' is the part the decode regime reads in full; it needs regime: \"decode\"")),
+        RegimeName::Always if prompt.is_some() => {
+            return err(format!(
+                "{func}: 'prompt' is the part the decode regime reads in full; it needs regime: \"decode\""
+            ))
+        }
         RegimeName::Always => Regime::Always,
         RegimeName::Decode => Regime::Decode { prompt },
     };
@@ -104,10 +117,19 @@ fn cost_map(c: &KvCost, context: i64) -> Map {
 /// Per layer `[layers][heads]` scores from a Grid's `dec` kind, checked against the model.
 fn grid_scores(m: &View, g: &Grid, what: &str) -> ScriptResult<Vec<Vec<f64>>> {
     let f = "kv_curve";
-    let Some((_, rows)) = g.kinds.iter().find(|(k, _)| *k == Kind::Dec) else { return err(format!("{f}: {what} has no 'dec' heads: scores of a decoder-only model's heads are needed")) };
+    let Some((_, rows)) = g.kinds.iter().find(|(k, _)| *k == Kind::Dec) else {
+        return err(format!("{f}: {what} has no 'dec' heads: scores of a decoder-only model's heads are needed"));
+    };
     let s = m.model.kind_shape(Kind::Dec)?;
     if rows.len() != s.n_layers || rows.iter().any(|r| r.len() != s.n_heads) {
-        return err(format!("{f}: {what} is {} layers x {} heads; {} has {} x {}", rows.len(), rows.first().map_or(0, |r| r.len()), m.model.name(), s.n_layers, s.n_heads));
+        return err(format!(
+            "{f}: {what} is {} layers x {} heads; {} has {} x {}",
+            rows.len(),
+            rows.first().map_or(0, |r| r.len()),
+            m.model.name(),
+            s.n_layers,
+            s.n_heads
+        ));
     }
     Ok(rows.clone())
 }
@@ -156,7 +178,13 @@ pub mod api {
         let o = Opts::new(&options, f, KV_SCORES_OPTIONS)?;
         let scorer: Scorer = scorer.parse().or_else(|e: String| err(format!("{f}: {e}")))?;
         let so = ScoreOptions {
-            probes: ProbeOptions { seed: o.usize_or_default("seed")? as u64, n: o.usize_or_default("n")?, len: o.usize_or_default("len")?, needle: o.usize_or_default("needle")?, haystack: o.usize_or_default("haystack")? },
+            probes: ProbeOptions {
+                seed: o.usize_or_default("seed")? as u64,
+                n: o.usize_or_default("n")?,
+                len: o.usize_or_default("len")?,
+                needle: o.usize_or_default("needle")?,
+                haystack: o.usize_or_default("haystack")?,
+            },
             q_len: o.usize_or_default("q_len")?.max(1) as i64,
         };
         let data = match o.value("data") {
@@ -166,12 +194,26 @@ pub mod api {
         if data.is_some() && scorer != Scorer::Duo {
             return err(format!("{f}: 'data' feeds the duo scorer; \"{scorer}\" runs on its seeded probes"));
         }
-        let g = scores(m, scorer, data.as_ref(), &so, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
+        let g =
+            scores(m, scorer, data.as_ref(), &so, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
         let (dataset, echo) = match (&data, scorer) {
-            (Some(d), _) => (d.name.clone(), vec![("scorer".into(), json!(scorer.to_string())), ("q_len".into(), json!(so.q_len))]),
+            (Some(d), _) => {
+                (d.name.clone(), vec![("scorer".into(), json!(scorer.to_string())), ("q_len".into(), json!(so.q_len))])
+            }
             (None, _) => (
-                format!("{} probe (seed {})", if matches!(scorer, Scorer::Retrieval | Scorer::HeadKv) { "needle" } else { "repeated tokens" }, so.probes.seed),
-                vec![("scorer".into(), json!(scorer.to_string())), ("seed".into(), json!(so.probes.seed)), ("n".into(), json!(so.probes.n)), ("len".into(), json!(so.probes.len)), ("needle".into(), json!(so.probes.needle)), ("haystack".into(), json!(so.probes.haystack))],
+                format!(
+                    "{} probe (seed {})",
+                    if matches!(scorer, Scorer::Retrieval | Scorer::HeadKv) { "needle" } else { "repeated tokens" },
+                    so.probes.seed
+                ),
+                vec![
+                    ("scorer".into(), json!(scorer.to_string())),
+                    ("seed".into(), json!(so.probes.seed)),
+                    ("n".into(), json!(so.probes.n)),
+                    ("len".into(), json!(so.probes.len)),
+                    ("needle".into(), json!(so.probes.needle)),
+                    ("haystack".into(), json!(so.probes.haystack)),
+                ],
             ),
         };
         Ok(score_grid(m, scorer, g, dataset, echo))
@@ -205,7 +247,10 @@ pub mod api {
             return err(format!("kv_cost: context must be 1 or more tokens, got {context}"));
         }
         if !m.model.decoder_only() {
-            return err(format!("kv_cost: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
+            return err(format!(
+                "kv_cost: {} is not a decoder-only model: it keeps no key/value cache",
+                m.model.name()
+            ));
         }
         Ok(cost_map(&crate::analysis::streaming::kv_cost(m, context, None), context))
     }
@@ -286,7 +331,8 @@ pub mod api {
         if !m.model.decoder_only() {
             return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
         }
-        let (_, cache) = m.model.generate_run(text, n as usize, &m.gates()?, true).or_else(|e| err(format!("{f}: {e}")))?;
+        let (_, cache) =
+            m.model.generate_run(text, n as usize, &m.gates()?, true).or_else(|e| err(format!("{f}: {e}")))?;
         let counted = crate::analysis::streaming::kv_cost(m, cache.len, cache.prompt);
         let mut out = Map::new();
         out.insert("context".into(), Dynamic::from(cache.len));
@@ -327,11 +373,17 @@ pub mod api {
             map.iter()
                 .map(|(k, v)| match v.clone().try_cast::<Grid>() {
                     Some(g) => Ok((k.to_string(), g)),
-                    None => err(format!("{f}: scores.{k} must be a Grid of per-head scores, got {}", crate::script::convert::quote(v))),
+                    None => err(format!(
+                        "{f}: scores.{k} must be a Grid of per-head scores, got {}",
+                        crate::script::convert::quote(v)
+                    )),
                 })
                 .collect::<ScriptResult<_>>()?
         } else {
-            return err(format!("{f}: scores must be a Grid or a map of Grids, got {}", crate::script::convert::quote(&scores)));
+            return err(format!(
+                "{f}: scores must be a Grid or a map of Grids, got {}",
+                crate::script::convert::quote(&scores)
+            ));
         };
         let fractions = o.numbers("fractions")?.unwrap_or_else(|| vec![0.25, 0.5, 0.75, 0.875]);
         if let Some(bad) = fractions.iter().find(|x| !(**x > 0.0 && **x <= 1.0)) {
@@ -343,7 +395,10 @@ pub mod api {
             None => context / 2,
         };
         if prompt < 1 || prompt >= context {
-            return err(format!("{f}: prompt must lie in 1..{} (the positions measured start there), got {prompt}", context - 1));
+            return err(format!(
+                "{f}: prompt must lie in 1..{} (the positions measured start there), got {prompt}",
+                context - 1
+            ));
         }
         let sink = o.usize_or_default("sink")? as i64;
         let recent = o.usize_or_default("recent")? as i64;
@@ -351,7 +406,10 @@ pub mod api {
             return err(format!("{f}: recent must be 1 or more, got {recent}"));
         }
         if sink + recent >= context {
-            return err(format!("{f}: sink + recent = {} covers the whole context of {context}: nothing would stream", sink + recent));
+            return err(format!(
+                "{f}: sink + recent = {} covers the whole context of {context}: nothing would stream",
+                sink + recent
+            ));
         }
         let regime = match o.parsed_or_default::<RegimeName>("regime")? {
             RegimeName::Always => Regime::Always,
@@ -364,18 +422,65 @@ pub mod api {
         if chunk < 1 {
             return err(format!("{f}: chunk must be 1 or more tokens, got {chunk}"));
         }
-        let co = CurveOptions { fractions: fractions.clone(), context, measure_from: prompt, sink, recent, regime, chunk, induction: o.usize_or_default("induction")?, seed: o.usize_or_default("seed")? as u64, passkey: o.usize_or_default("passkey")?, needle: o.usize_or_default("needle")? };
+        let co = CurveOptions {
+            fractions: fractions.clone(),
+            context,
+            measure_from: prompt,
+            sink,
+            recent,
+            regime,
+            chunk,
+            induction: o.usize_or_default("induction")?,
+            seed: o.usize_or_default("seed")? as u64,
+            passkey: o.usize_or_default("passkey")?,
+            needle: o.usize_or_default("needle")?,
+        };
         if co.passkey > 0 && (co.needle < 2 || 2 * co.needle as i64 >= context) {
-            return err(format!("{f}: a passkey of {} tokens must have 2 or more and fit twice in the context of {context}", co.needle));
+            return err(format!(
+                "{f}: a passkey of {} tokens must have 2 or more and fit twice in the context of {context}",
+                co.needle
+            ));
         }
-        let mut t = Table::new(["scorer", "groups_full", "kv_kept", "kv_bytes", "footprint", "peak", "loss", "kl", "induction_loss", "passkey"].iter().map(|s| s.to_string()).collect());
+        let mut t = Table::new(
+            [
+                "scorer",
+                "groups_full",
+                "kv_kept",
+                "kv_bytes",
+                "footprint",
+                "peak",
+                "loss",
+                "kl",
+                "induction_loss",
+                "passkey",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
         t.title = Some(format!("kv_curve: {} on {} ({} sequences of {context}, measured from {prompt}, footprint chunk {}; sink {sink}, recent {recent}, regime {})", m.model.name(), d.name, seqs.len(), co.chunk, regime_name(regime)));
-        let groups: Vec<Vec<Vec<f64>>> = named.iter().map(|(name, g)| Ok(group_scores(m, &grid_scores(m, g, &format!("scores '{name}'"))?))).collect::<ScriptResult<_>>()?;
+        let groups: Vec<Vec<Vec<f64>>> = named
+            .iter()
+            .map(|(name, g)| Ok(group_scores(m, &grid_scores(m, g, &format!("scores '{name}'"))?)))
+            .collect::<ScriptResult<_>>()?;
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
-        let curves = curve(m, &groups, &seqs, &co, &crate::run::interrupted, &mut progress).or_else(|e| err(format!("{f}: {e}")))?;
+        let curves = curve(m, &groups, &seqs, &co, &crate::run::interrupted, &mut progress)
+            .or_else(|e| err(format!("{f}: {e}")))?;
         for ((name, _), points) in named.iter().zip(curves) {
             for p in points {
-                t.push_row(vec![Cell::Text(name.clone()), Cell::Float(p.fraction), Cell::Float(p.cost.fraction()), Cell::Int(p.cost.bytes), Cell::Float(p.footprint.fraction()), Cell::Float(p.footprint.peak_fraction()), Cell::Float(p.loss), Cell::Float(p.kl), if p.induction_loss.is_finite() { Cell::Float(p.induction_loss) } else { Cell::Empty }, if p.passkey.is_finite() { Cell::Float(p.passkey) } else { Cell::Empty }]).or_else(|e| err(format!("{f}: {e}")))?;
+                t.push_row(vec![
+                    Cell::Text(name.clone()),
+                    Cell::Float(p.fraction),
+                    Cell::Float(p.cost.fraction()),
+                    Cell::Int(p.cost.bytes),
+                    Cell::Float(p.footprint.fraction()),
+                    Cell::Float(p.footprint.peak_fraction()),
+                    Cell::Float(p.loss),
+                    Cell::Float(p.kl),
+                    if p.induction_loss.is_finite() { Cell::Float(p.induction_loss) } else { Cell::Empty },
+                    if p.passkey.is_finite() { Cell::Float(p.passkey) } else { Cell::Empty },
+                ])
+                .or_else(|e| err(format!("{f}: {e}")))?;
             }
         }
         Ok(t)
@@ -411,9 +516,14 @@ pub mod api {
             "peak" => "peak key/value entries",
             other => return err(format!("{f}: x must be \"kv_kept\", \"footprint\" or \"peak\", got {other:?}")),
         };
-        let col = |name: &str| t.column_index(name).or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a kv_curve table")));
+        let col = |name: &str| {
+            t.column_index(name)
+                .or_else(|_| err(format!("{f}: the table has no '{name}' column: pass a kv_curve table")))
+        };
         if !["kl", "loss", "induction_loss", "passkey"].contains(&metric) {
-            return err(format!("{f}: metric must be \"kl\", \"loss\", \"induction_loss\" or \"passkey\", got {metric:?}"));
+            return err(format!(
+                "{f}: metric must be \"kl\", \"loss\", \"induction_loss\" or \"passkey\", got {metric:?}"
+            ));
         }
         let series = Series::by(&t, col("scorer")?, col(x)?, col(metric)?);
         let mut p = Plot::new(PlotKind::Line { series }, "").or_else(|e| err(format!("{f}: {e}")))?;

@@ -1,7 +1,9 @@
 //! The head taxonomy on a model: `m.head_types(#{...})` and its result type `HeadTypes`
 //! (docs/methods.md#head-taxonomy).
 
-use crate::analysis::taxonomy::{head_type_scores, labels, token_pool, HeadType, ProbeOptions, Probes, TypeGrids, HEAD_TYPES};
+use crate::analysis::taxonomy::{
+    head_type_scores, labels, token_pool, HeadType, ProbeOptions, Probes, TypeGrids, HEAD_TYPES,
+};
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::HeadId;
@@ -52,7 +54,10 @@ impl HeadTypes {
         });
         t.digits = 3;
         for (id, types) in &self.labels {
-            let mut row = vec![Cell::Text(id.to_string()), Cell::Text(types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "))];
+            let mut row = vec![
+                Cell::Text(id.to_string()),
+                Cell::Text(types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" ")),
+            ];
             row.extend(self.grids.iter().map(|(_, g)| Cell::Float(g.kinds[0].1[id.layer_idx][id.head])));
             let _ = t.push_row(row);
         }
@@ -104,7 +109,12 @@ pub mod api {
         };
         let mut thresholds: Vec<(HeadType, f64)> = HEAD_TYPES.iter().map(|t| (*t, t.default_threshold())).collect();
         if let Some(v) = o.value("thresholds") {
-            let Some(map) = v.clone().try_cast::<Map>() else { return err(format!("{f}: thresholds must be a map such as #{{induction: 0.3}}, got {}", crate::script::convert::quote(v))) };
+            let Some(map) = v.clone().try_cast::<Map>() else {
+                return err(format!(
+                    "{f}: thresholds must be a map such as #{{induction: 0.3}}, got {}",
+                    crate::script::convert::quote(v)
+                ));
+            };
             for (k, x) in map {
                 let ty: HeadType = k.parse().or_else(|e: String| err(format!("{f}: thresholds: {e}")))?;
                 let x = crate::script::convert::to_f64(&x, &format!("{f}: thresholds.{k}"))?;
@@ -113,7 +123,8 @@ pub mod api {
         }
         let exclude_sink = o.bool("exclude_sink")?.unwrap_or_else(|| m.model.decoder_only());
         let probes = Probes::generate(&token_pool(&m.model), &po).or_else(|e| err(format!("{f}: {e}")))?;
-        let grids = head_type_scores(&m.model, &probes, &m.gates()?, &crate::run::interrupted, exclude_sink).or_else(|e| err(format!("{f}: {e}")))?;
+        let grids = head_type_scores(&m.model, &probes, &m.gates()?, &crate::run::interrupted, exclude_sink)
+            .or_else(|e| err(format!("{f}: {e}")))?;
         let kind = m.model.net.stack_kind;
         let id = |(l, h): (usize, usize)| HeadId { kind, layer_idx: l, head: h };
         let (found, sinks) = if exclude_sink {
@@ -129,15 +140,37 @@ pub mod api {
             ("len".into(), json!(po.len)),
             ("needle".into(), json!(po.needle)),
             ("haystack".into(), json!(po.haystack)),
-            ("thresholds".into(), serde_json::Value::Object(thresholds.iter().map(|(t, v)| (t.to_string(), json!(v))).collect())),
+            (
+                "thresholds".into(),
+                serde_json::Value::Object(thresholds.iter().map(|(t, v)| (t.to_string(), json!(v))).collect()),
+            ),
             ("exclude_sink".into(), json!(exclude_sink)),
             ("repeated".into(), json!(probes.repeated)),
-            ("needles".into(), json!(probes.needles.iter().map(|(s, at)| json!({"ids": s, "needle_at": at})).collect::<Vec<_>>())),
+            (
+                "needles".into(),
+                json!(probes.needles.iter().map(|(s, at)| json!({"ids": s, "needle_at": at})).collect::<Vec<_>>()),
+            ),
         ];
-        let summary: Echo = probe.iter().filter(|(k, _)| !matches!(k.as_str(), "repeated" | "needles")).cloned().collect();
+        let summary: Echo =
+            probe.iter().filter(|(k, _)| !matches!(k.as_str(), "repeated" | "needles")).cloned().collect();
         let grids = grids
             .into_iter()
-            .map(|(ty, g)| (ty, Grid { stat: format!("{ty} score"), model: m.model.name(), dataset: format!("{} probe (seed {})", if ty == HeadType::Retrieval { "needle" } else { "repeated tokens" }, po.seed), kinds: vec![(kind, g)], options: summary.clone() }))
+            .map(|(ty, g)| {
+                (
+                    ty,
+                    Grid {
+                        stat: format!("{ty} score"),
+                        model: m.model.name(),
+                        dataset: format!(
+                            "{} probe (seed {})",
+                            if ty == HeadType::Retrieval { "needle" } else { "repeated tokens" },
+                            po.seed
+                        ),
+                        kinds: vec![(kind, g)],
+                        options: summary.clone(),
+                    },
+                )
+            })
             .collect();
         Ok(HeadTypes { grids, labels: found, sinks, probe, model: m.model.name() })
     }
@@ -208,7 +241,8 @@ pub mod api {
     /// ```
     #[rhai_fn(get = "options", pure)]
     pub fn options(r: &mut HeadTypes) -> Map {
-        let summary: Echo = r.probe.iter().filter(|(k, _)| !matches!(k.as_str(), "repeated" | "needles")).cloned().collect();
+        let summary: Echo =
+            r.probe.iter().filter(|(k, _)| !matches!(k.as_str(), "repeated" | "needles")).cloned().collect();
         crate::script::convert::echo_map(&summary)
     }
 

@@ -7,11 +7,22 @@ use rhai::{Array, Dynamic, Engine, Map};
 
 /// The options of the free `bleu(hyps, refs, #{...})` (the method `m.bleu(data, #{...})`
 /// translates first and has its own list, `Model.bleu` in the registry).
-pub const BLEU_OPTIONS: &[OptSpec] = &[opt("shard", "none", "\"I/N\": score slice I of N of the lines and keep BLEU's counts (docs/methods.md#shards)")];
+pub const BLEU_OPTIONS: &[OptSpec] =
+    &[opt("shard", "none", "\"I/N\": score slice I of N of the lines and keep BLEU's counts (docs/methods.md#shards)")];
 
 fn lines(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
     if let Some(a) = v.clone().try_cast::<Array>() {
-        return a.iter().enumerate().map(|(i, s)| if s.is_string() { Ok(s.to_string()) } else { err(format!("bleu: {what}[{i}] is not a string: {}", quote(s))) }).collect();
+        return a
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if s.is_string() {
+                    Ok(s.to_string())
+                } else {
+                    err(format!("bleu: {what}[{i}] is not a string: {}", quote(s)))
+                }
+            })
+            .collect();
     }
     err(format!("bleu: {what} must be an array of strings, got {}", quote(v)))
 }
@@ -77,7 +88,10 @@ pub mod api {
             h = h[rows.clone()].to_vec();
             for st in streams.iter_mut() {
                 if st.len() != total {
-                    return err(format!("bleu: reference stream has {} segments but there are {total} hypotheses", st.len()));
+                    return err(format!(
+                        "bleu: reference stream has {} segments but there are {total} hypotheses",
+                        st.len()
+                    ));
                 }
                 *st = st[rows.clone()].to_vec();
             }

@@ -63,15 +63,30 @@ fn text_listing(m: &AttentionMap) -> String {
     let excluded = m.key_excluded.iter().any(|&x| x);
     let mut text = format!("<attention of {}: {} queries x {} keys", m.head, m.query_tokens.len(), m.key_tokens.len());
     if excluded {
-        text += &format!("; top keys without {} keys (exclude_keys {:?})", if m.exclude_keys == crate::model::ExcludeKeys::Eos { "EOS" } else { "special" }, m.exclude_keys.to_string());
+        text += &format!(
+            "; top keys without {} keys (exclude_keys {:?})",
+            if m.exclude_keys == crate::model::ExcludeKeys::Eos { "EOS" } else { "special" },
+            m.exclude_keys.to_string()
+        );
     }
     text += ">";
-    let top = |row: &[f64], keep: &dyn Fn(usize) -> bool| row.iter().enumerate().filter(|(i, _)| keep(*i)).fold(None, |a: Option<(usize, f64)>, (i, &w)| if a.is_none_or(|a| w > a.1) { Some((i, w)) } else { a });
+    let top = |row: &[f64], keep: &dyn Fn(usize) -> bool| {
+        row.iter().enumerate().filter(|(i, _)| keep(*i)).fold(None, |a: Option<(usize, f64)>, (i, &w)| {
+            if a.is_none_or(|a| w > a.1) {
+                Some((i, w))
+            } else {
+                a
+            }
+        })
+    };
     // Tokens as a reader writes them (no tokenizer markers), as the heatmap labels them.
     let (queries, keys) = (crate::plot::reader_labels(&m.query_tokens), crate::plot::reader_labels(&m.key_tokens));
     for (n, (q, row)) in queries.iter().zip(&m.weights).enumerate() {
         if n == LISTED_QUERIES && queries.len() > LISTED_QUERIES + 1 {
-            text += &format!("\n  ... {} more queries (every weight: a.values[query][key], a.heatmap())", queries.len() - n);
+            text += &format!(
+                "\n  ... {} more queries (every weight: a.values[query][key], a.heatmap())",
+                queries.len() - n
+            );
             break;
         }
         let is_out = |i: usize| m.key_excluded.get(i).copied().unwrap_or(false);
@@ -102,7 +117,8 @@ pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<He
         err(format!("{func}: {at}expected a Head or a head name like \"enc.5.5\", got {}", quote(item)))
     };
     if let Some(t) = v.clone().try_cast::<crate::table::Table>() {
-        let c = t.column_index("head").or_else(|e| err(format!("{func}: a table of heads needs a 'head' column: {e}")))?;
+        let c =
+            t.column_index("head").or_else(|e| err(format!("{func}: a table of heads needs a 'head' column: {e}")))?;
         return t.rows.iter().enumerate().map(|(i, r)| one(&cell_value(&r[c]), &format!("row {i}: "))).collect();
     }
     if let Some(a) = v.clone().try_cast::<Array>() {
@@ -238,7 +254,8 @@ pub mod api {
             let mut attn = Vec::with_capacity(k.layers.len() * width * tq * tk);
             for (l, a) in k.layers.iter().enumerate() {
                 let flat = match a {
-                    Some(a) => Vec::<f32>::try_from(a.to_kind(tch::Kind::Float).reshape([-1])).or_else(|e| err(format!("view: {e}")))?,
+                    Some(a) => Vec::<f32>::try_from(a.to_kind(tch::Kind::Float).reshape([-1]))
+                        .or_else(|e| err(format!("view: {e}")))?,
                     None => vec![],
                 };
                 let heads: Vec<Vec<f32>> = flat.chunks(tq * tk).map(|c| c.to_vec()).collect();
@@ -246,7 +263,15 @@ pub mod api {
                     attn.extend(head);
                 }
             }
-            kinds.push(crate::view::ViewKind { name: k.kind.to_string(), n_layers: k.layers.len(), n_heads: width, query_tokens: k.query_tokens, key_tokens: k.key_tokens, attn, scores: None });
+            kinds.push(crate::view::ViewKind {
+                name: k.kind.to_string(),
+                n_layers: k.layers.len(),
+                n_heads: width,
+                query_tokens: k.query_tokens,
+                key_tokens: k.key_tokens,
+                attn,
+                scores: None,
+            });
         }
         crate::view::View::new(format!("{}: {text}", m.model.name()), kinds).or_else(|e| err(format!("view: {e}")))
     }

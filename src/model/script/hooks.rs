@@ -32,7 +32,12 @@ impl Selection {
 }
 
 fn point_named(name: &str) -> Option<Point> {
-    POINTS.iter().find(|s| s.name == name || s.name.rsplit_once('.').is_some_and(|(_, last)| last == name) && !name.contains('.')).map(|s| s.point)
+    POINTS
+        .iter()
+        .find(|s| {
+            s.name == name || s.name.rsplit_once('.').is_some_and(|(_, last)| last == name) && !name.contains('.')
+        })
+        .map(|s| s.point)
 }
 
 fn selection(model: &Model, func: &str, names: &[String]) -> ScriptResult<Selection> {
@@ -54,7 +59,11 @@ fn value_tensor(v: &Dynamic, what: &str) -> ScriptResult<Tensor> {
             if shape.len() == depth {
                 shape.push(a.len() as i64);
             } else if shape[depth] != a.len() as i64 {
-                return err(format!("{what}: ragged nested arrays (lengths {} and {} at depth {depth})", shape[depth], a.len()));
+                return err(format!(
+                    "{what}: ragged nested arrays (lengths {} and {} at depth {depth})",
+                    shape[depth],
+                    a.len()
+                ));
             }
             for x in a.iter() {
                 walk(x, depth + 1, shape, flat, what)?;
@@ -62,7 +71,9 @@ fn value_tensor(v: &Dynamic, what: &str) -> ScriptResult<Tensor> {
             return Ok(());
         }
         if depth < shape.len() {
-            return err(format!("{what}: ragged nested arrays (a number where an array was expected at depth {depth})"));
+            return err(format!(
+                "{what}: ragged nested arrays (a number where an array was expected at depth {depth})"
+            ));
         }
         flat.push(crate::script::convert::to_f64(v, what)?);
         Ok(())
@@ -94,14 +105,18 @@ pub fn interventions(model: &Model, func: &str, specs: &Dynamic) -> ScriptResult
     let mut out = Interventions::default();
     for (i, spec) in list.iter().enumerate() {
         let what = format!("{func}: intervention {i}");
-        let Some(m) = spec.read_lock::<Map>() else { return err(format!("{what}: expected a map #{{hook, replace | add | scale, ...}}, got {}", quote(spec))) };
+        let Some(m) = spec.read_lock::<Map>() else {
+            return err(format!("{what}: expected a map #{{hook, replace | add | scale, ...}}, got {}", quote(spec)));
+        };
         if let Some(k) = m.keys().find(|k| !INTERVENTION_KEYS.contains(&k.as_str())) {
             return err(format!("{what}: unknown key '{k}' (valid keys: {})", INTERVENTION_KEYS.join(", ")));
         }
         let hook = match m.get("hook") {
             Some(h) if h.is_string() => h.to_string(),
             Some(h) => return err(format!("{what}: 'hook' must be a hook name, got {}", quote(h))),
-            None => return err(format!("{what}: 'hook' is missing (the hook name, e.g. \"enc.blocks.0.attn.hook_z\")")),
+            None => {
+                return err(format!("{what}: 'hook' is missing (the hook name, e.g. \"enc.blocks.0.attn.hook_z\")"))
+            }
         };
         let at = model.hook_point(&hook).or_else(|e| err(format!("{what}: {e}")))?;
         let ops: Vec<&str> = ["replace", "add", "scale"].into_iter().filter(|k| m.contains_key(*k)).collect();
@@ -152,7 +167,8 @@ impl Cache {
             return Ok(t);
         }
         let names: Vec<String> = self.entries.iter().map(|(a, _)| a.to_string()).collect();
-        let near = crate::suggest::did_you_mean(&at.to_string(), names.iter().map(String::as_str)).map_or(String::new(), |d| format!("{d} "));
+        let near = crate::suggest::did_you_mean(&at.to_string(), names.iter().map(String::as_str))
+            .map_or(String::new(), |d| format!("{d} "));
         err(format!("cache: no value at '{at}' ({near}the cache holds {} hook points: c.keys() lists them; run_with_cache(text, names) records only the names given)", names.len()))
     }
 
@@ -167,8 +183,18 @@ impl Cache {
             }
         }
         let layers: Vec<String> = layers.iter().map(|(k, n)| format!("{k} {n} layers")).collect();
-        let example = self.entries.iter().find(|(a, _)| a.point == Point::Pattern).or(self.entries.first()).map_or(String::new(), |(a, t)| format!("; c[\"{a}\"] is {:?} {}", t.size(), a.point.spec().axes));
-        format!("<cache: {} hook points, {} tokens, {}{example}; c.keys(), c.shape(name), c.to_map()>", self.entries.len(), self.tokens, layers.join(", "))
+        let example = self
+            .entries
+            .iter()
+            .find(|(a, _)| a.point == Point::Pattern)
+            .or(self.entries.first())
+            .map_or(String::new(), |(a, t)| format!("; c[\"{a}\"] is {:?} {}", t.size(), a.point.spec().axes));
+        format!(
+            "<cache: {} hook points, {} tokens, {}{example}; c.keys(), c.shape(name), c.to_map()>",
+            self.entries.len(),
+            self.tokens,
+            layers.join(", ")
+        )
     }
 }
 
@@ -191,7 +217,10 @@ pub fn run_with_cache(m: &ScriptModel, text: &str, names: &[String], change: Opt
     };
     let gates = m.gates()?;
     let keep = |at: At| sel.keeps(at);
-    let cache = m.model.run_with_cache(text, &gates, &keep, iv.as_mut().map(|i| i as &mut dyn crate::model::hooks::Hooks)).or_else(|e| err(format!("{F}: {e}")))?;
+    let cache = m
+        .model
+        .run_with_cache(text, &gates, &keep, iv.as_mut().map(|i| i as &mut dyn crate::model::hooks::Hooks))
+        .or_else(|e| err(format!("{F}: {e}")))?;
     Ok(Cache::new(&m.model, cache))
 }
 
@@ -319,7 +348,16 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
     pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Cache> {
-        let names: Vec<String> = names.iter().map(|n| if n.is_string() { Ok(n.to_string()) } else { err(format!("run_with_cache: names must be strings, got {}", quote(n))) }).collect::<ScriptResult<_>>()?;
+        let names: Vec<String> = names
+            .iter()
+            .map(|n| {
+                if n.is_string() {
+                    Ok(n.to_string())
+                } else {
+                    err(format!("run_with_cache: names must be strings, got {}", quote(n)))
+                }
+            })
+            .collect::<ScriptResult<_>>()?;
         run_with_cache(m, text, &names, None)
     }
 
@@ -358,7 +396,8 @@ pub mod api {
         let mut t = Table::new(vec!["name".into(), "axes".into(), "value".into()]);
         for at in m.model.hook_points() {
             let s = at.point.spec();
-            t.push_row(vec![Cell::Text(at.to_string()), Cell::Text(s.axes.into()), Cell::Text(s.doc.into())]).or_else(|e| err(e.to_string()))?;
+            t.push_row(vec![Cell::Text(at.to_string()), Cell::Text(s.axes.into()), Cell::Text(s.doc.into())])
+                .or_else(|e| err(e.to_string()))?;
         }
         Ok(t)
     }

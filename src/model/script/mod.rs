@@ -1,9 +1,9 @@
 //! The script API of models and heads: `load_model`, `Model` (a view that may carry a head
 //! mask, sharing the weights), `Head`, and `AttentionMatrix` (renders as a heatmap).
 
+use crate::device::DeviceChoice;
 use crate::model::locate::{self, Located, Pick};
 use crate::model::{HeadId, Kind, LoadOptions, Model};
-use crate::device::DeviceChoice;
 use crate::output::{Output, Render};
 use crate::script::convert::{err, opt, opt_bool, opt_int, opt_str, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
@@ -46,13 +46,19 @@ pub fn call_language(m: &ScriptModel, o: &Opts) -> ScriptResult<Option<crate::mo
         Some(code) => m.call_language(&code).map(Some).or_else(|e| err(format!("{}: {e}", o.func()))),
     }
 }
-pub const FORWARD_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
-pub const GENERATE_OPTIONS: &[OptSpec] = &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
+pub const FORWARD_OPTIONS: &[OptSpec] =
+    &[opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included")];
+pub const GENERATE_OPTIONS: &[OptSpec] =
+    &[opt_bool("cache", true, "run each new token over the key/value cache (false: the whole prefix again)")];
 
 /// `load_model`'s typed options from a map checked against [`LOAD_OPTIONS`].
 fn load_options_from(o: &Opts) -> ScriptResult<LoadOptions> {
-    let device: DeviceChoice = o.string_or_default("device")?.parse().or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
-    let mut opts = LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
+    let device: DeviceChoice = o
+        .string_or_default("device")?
+        .parse()
+        .or_else(|e: crate::device::DeviceError| err(format!("load_model: {e}")))?;
+    let mut opts =
+        LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
     opts.allow_unknown_config = o.bool_or_default("allow_unknown_config")?;
     Ok(opts)
 }
@@ -62,7 +68,9 @@ impl Default for LoadOptions {
     /// available, resolved now), dtype "f32".
     fn default() -> Self {
         let empty = Map::new();
-        Opts::new(&empty, "load_model", LOAD_OPTIONS).and_then(|o| load_options_from(&o)).unwrap_or_else(|e| unreachable!("load_model's option list gives every default a value of its type: {e}"))
+        Opts::new(&empty, "load_model", LOAD_OPTIONS)
+            .and_then(|o| load_options_from(&o))
+            .unwrap_or_else(|e| unreachable!("load_model's option list gives every default a value of its type: {e}"))
     }
 }
 
@@ -88,8 +96,11 @@ pub fn locate(path: &str, pick: &Pick) -> Result<Located, String> {
     }
     match crate::assets::asset_path(path) {
         Ok(dir) => Ok(Located { path: dir, name: None }),
-        Err(e @ crate::assets::AssetError::Missing { .. }) => Err(format!("'{path}' is a model asset that is not set up ({e})")),
-        Err(e) if locate::is_model_id(path) => locate::in_cache(path, locate::hub_cache_root().as_deref(), pick).map_err(|c| format!("{c} (nor a model asset: {e})")),
+        Err(e @ crate::assets::AssetError::Missing { .. }) => {
+            Err(format!("'{path}' is a model asset that is not set up ({e})"))
+        }
+        Err(e) if locate::is_model_id(path) => locate::in_cache(path, locate::hub_cache_root().as_deref(), pick)
+            .map_err(|c| format!("{c} (nor a model asset: {e})")),
         Err(e) => Err(format!("'{path}' is neither a directory, a .gguf file nor a model asset ({e})")),
     }
 }
@@ -148,13 +159,18 @@ pub fn dataset_texts(v: &Dynamic, what: &str) -> ScriptResult<Vec<String>> {
 /// A tensor as nested arrays of floats (a scalar for a 0-dimensional one).
 pub(crate) fn tensor_value(t: &tch::Tensor) -> ScriptResult<Dynamic> {
     let shape = t.size();
-    let flat: Vec<f64> = Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).or_else(|e| err(e.to_string()))?;
+    let flat: Vec<f64> =
+        Vec::<f64>::try_from(t.to_kind(tch::Kind::Double).reshape([-1])).or_else(|e| err(e.to_string()))?;
     fn nest(flat: &[f64], shape: &[i64]) -> Dynamic {
         match shape.split_first() {
             None => Dynamic::from(flat.first().copied().unwrap_or(f64::NAN)),
             Some((&n, rest)) => {
                 let step: usize = rest.iter().product::<i64>().max(0) as usize;
-                Dynamic::from((0..n as usize).map(|i| nest(&flat[(i * step).min(flat.len())..((i + 1) * step).min(flat.len())], rest)).collect::<Array>())
+                Dynamic::from(
+                    (0..n as usize)
+                        .map(|i| nest(&flat[(i * step).min(flat.len())..((i + 1) * step).min(flat.len())], rest))
+                        .collect::<Array>(),
+                )
             }
         }
     }
@@ -309,7 +325,13 @@ pub mod api {
     pub fn to_device(m: &mut ScriptModel, device: &str) -> ScriptResult<ScriptModel> {
         let d: DeviceChoice = device.parse().or_else(|e: crate::device::DeviceError| err(format!("to: {e}")))?;
         let model = m.model.to_device(d).or_else(|e| err(format!("to: {e}")))?;
-        Ok(ScriptModel { model: Rc::new(model), closed: m.closed.clone(), soft: m.soft.clone(), ablation: None, streaming: m.streaming.clone() })
+        Ok(ScriptModel {
+            model: Rc::new(model),
+            closed: m.closed.clone(),
+            soft: m.soft.clone(),
+            ablation: None,
+            streaming: m.streaming.clone(),
+        })
     }
 
     /// The model's tokens for a text (special tokens included).
@@ -369,8 +391,16 @@ pub mod api {
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
         let ids = m.model.translate_forced(&refs, &gates, 4096, forced).or_else(|e| err(format!("translate: {e}")))?;
-        let outs = ids.iter().map(|i| m.model.detokenize(i)).collect::<Result<Vec<_>, _>>().or_else(|e| err(format!("translate: {e}")))?;
-        Ok(if input.is_string() || input.is_map() { Dynamic::from(outs.into_iter().next().unwrap_or_default()) } else { Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>()) })
+        let outs = ids
+            .iter()
+            .map(|i| m.model.detokenize(i))
+            .collect::<Result<Vec<_>, _>>()
+            .or_else(|e| err(format!("translate: {e}")))?;
+        Ok(if input.is_string() || input.is_map() {
+            Dynamic::from(outs.into_iter().next().unwrap_or_default())
+        } else {
+            Dynamic::from(outs.into_iter().map(Dynamic::from).collect::<Array>())
+        })
     }
 
     /// Runs the encoder over a dataset (or an array of sentences) in length buckets and reports
@@ -391,7 +421,10 @@ pub mod api {
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
         let gates = m.gates()?;
         let t0 = std::time::Instant::now();
-        let stats = m.model.encode_stream(&refs, batch_tokens, &gates, &crate::run::interrupted, &mut |_, _| Ok(())).or_else(|e| err(format!("forward: {e}")))?;
+        let stats = m
+            .model
+            .encode_stream(&refs, batch_tokens, &gates, &crate::run::interrupted, &mut |_, _| Ok(()))
+            .or_else(|e| err(format!("forward: {e}")))?;
         let secs = t0.elapsed().as_secs_f64();
         let mut r = Map::new();
         r.insert("sentences".into(), Dynamic::from(stats.sentences as i64));
@@ -454,7 +487,10 @@ pub mod api {
             return err(format!("generate: n must be between 1 and 4096, got {n}"));
         }
         let gates = m.gates()?;
-        let ids = m.model.generate_with(text, n as usize, &gates, o.bool_or_default("cache")?).or_else(|e| err(format!("generate: {e}")))?;
+        let ids = m
+            .model
+            .generate_with(text, n as usize, &gates, o.bool_or_default("cache")?)
+            .or_else(|e| err(format!("generate: {e}")))?;
         m.model.detokenize(&ids).or_else(|e| err(format!("generate: {e}")))
     }
 
@@ -551,7 +587,13 @@ pub mod api {
                 .map(|l| {
                     Dynamic::from(
                         (0..s.n_heads)
-                            .map(|h| Dynamic::from(if m.closed.contains(&HeadId { kind: s.kind, layer_idx: l, head: h }) { 0.0 } else { 1.0 }))
+                            .map(|h| {
+                                Dynamic::from(if m.closed.contains(&HeadId { kind: s.kind, layer_idx: l, head: h }) {
+                                    0.0
+                                } else {
+                                    1.0
+                                })
+                            })
                             .collect::<Array>(),
                     )
                 })

@@ -8,10 +8,21 @@ use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
 
-pub const LOGITS_OPTIONS: &[OptSpec] = &[opt_str("positions", "last", "\"last\" (the next-token logits after the whole text) or \"all\" (every position: [pos][vocab])"), crate::model::script::TGT_LANG];
+pub const LOGITS_OPTIONS: &[OptSpec] = &[
+    opt_str(
+        "positions",
+        "last",
+        "\"last\" (the next-token logits after the whole text) or \"all\" (every position: [pos][vocab])",
+    ),
+    crate::model::script::TGT_LANG,
+];
 pub const LOSS_OPTIONS: &[OptSpec] = &[
     opt_bool("per_token", false, "a table of every predicted token's loss (one text) instead of the mean"),
-    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included (many sentences)"),
+    opt_int(
+        "batch_tokens",
+        crate::model::batch::DEFAULT_BATCH_TOKENS as i64,
+        "tokens per batch, padding included (many sentences)",
+    ),
     crate::model::script::TGT_LANG,
 ];
 
@@ -52,7 +63,11 @@ pub mod api {
         };
         let p = predictions(m, text, "logits")?;
         let t = p.logits.size()[0];
-        if all { tensor_value(&p.logits) } else { tensor_value(&p.logits.get(t - 1)) }
+        if all {
+            tensor_value(&p.logits)
+        } else {
+            tensor_value(&p.logits.get(t - 1))
+        }
     }
 
     /// `logits` at the last position.
@@ -88,7 +103,15 @@ pub mod api {
         table.digits = 4;
         for r in 0..k {
             let id = idx.int64_value(&[r]);
-            table.push_row(vec![Cell::Int(r + 1), Cell::Text(m.model.tok.id_to_token(id)), Cell::Int(id), Cell::Float(probs.double_value(&[id])), Cell::Float(vals.double_value(&[r]))]).or_else(|e| err(e.to_string()))?;
+            table
+                .push_row(vec![
+                    Cell::Int(r + 1),
+                    Cell::Text(m.model.tok.id_to_token(id)),
+                    Cell::Int(id),
+                    Cell::Float(probs.double_value(&[id])),
+                    Cell::Float(vals.double_value(&[r])),
+                ])
+                .or_else(|e| err(e.to_string()))?;
         }
         Ok(table)
     }
@@ -119,12 +142,20 @@ pub mod api {
             t.title = Some(format!("next-token loss of {:?}: {}", text.as_str(), m.model.name()));
             t.digits = 4;
             for (i, l) in losses.iter().enumerate() {
-                t.push_row(vec![Cell::Int(i as i64), Cell::Text(p.encoded.tokens[i].clone()), Cell::Text(p.encoded.tokens[i + 1].clone()), Cell::Float(*l)]).or_else(|e| err(e.to_string()))?;
+                t.push_row(vec![
+                    Cell::Int(i as i64),
+                    Cell::Text(p.encoded.tokens[i].clone()),
+                    Cell::Text(p.encoded.tokens[i + 1].clone()),
+                    Cell::Float(*l),
+                ])
+                .or_else(|e| err(e.to_string()))?;
             }
             return Ok(Dynamic::from(t));
         }
         let (texts, refs): (Vec<String>, Option<Vec<String>>) = match data.clone().try_cast::<crate::data::Dataset>() {
-            Some(d) if !d.is_empty() => (d.items.iter().map(|i| i.text.clone()).collect(), d.items.iter().map(|i| i.target.clone()).collect()),
+            Some(d) if !d.is_empty() => {
+                (d.items.iter().map(|i| i.text.clone()).collect(), d.items.iter().map(|i| i.target.clone()).collect())
+            }
             _ => (dataset_texts(&data, "loss")?, None),
         };
         if let Some(i) = texts.iter().position(|t| t.trim().is_empty()) {
@@ -133,7 +164,10 @@ pub mod api {
         let tr: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
         let rr: Option<Vec<&str>> = refs.as_ref().map(|r| r.iter().map(|s| s.as_str()).collect());
         let bt = o.usize_or_default("batch_tokens")?.max(1);
-        let (loss, _, _) = m.model.dataset_loss(&tr, rr.as_deref(), bt, &m.gates()?, &crate::run::interrupted).or_else(|e| err(format!("loss: {e}")))?;
+        let (loss, _, _) = m
+            .model
+            .dataset_loss(&tr, rr.as_deref(), bt, &m.gates()?, &crate::run::interrupted)
+            .or_else(|e| err(format!("loss: {e}")))?;
         Ok(Dynamic::from(loss))
     }
 
