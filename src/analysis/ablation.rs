@@ -185,7 +185,7 @@ impl Prepared {
         gates: &Gates,
     ) -> Result<Tensor, ModelError> {
         let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
-        head.log_probs(&model.teacher_states(enc, mask, targets, gates)?)
+        head.log_probs(&model.teacher_states(enc, mask, targets, gates)?, &mut None)
     }
 
     /// Per target token `[N, T]` of the teacher-forced final decoder states `[N, T, D]`: the
@@ -208,7 +208,7 @@ impl Prepared {
         while start < n * t {
             // A slice never wraps around the full distribution's rows.
             let len = slice.min(n * t - start).min(period - start % period);
-            let logp = head.log_probs(&states.narrow(0, start, len))?;
+            let logp = head.log_probs(&states.narrow(0, start, len), &mut None)?;
             parts.push(match &full {
                 None => crate::model::loss::nll(&logp, &flat_targets.narrow(0, start, len).squeeze_dim(-1)),
                 Some(f) => {
@@ -543,10 +543,11 @@ pub fn sweep_acc(
                         let h = present[l].len() as i64;
                         let (Some(bias), true) = (bias.as_ref(), h > 0) else { continue };
                         let chunk = chunk_of(h);
-                        let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue }; // [B, T, D], [B, H, T, dh]
-                                                                                                     // Masking head j = the stack resumed at this layer's `hook_z` with head j
-                                                                                                     // zeroed: the attention itself (Q, K, softmax, AV) is not recomputed,
-                                                                                                     // and the floats are those of the gated forward pass.
+                        // x [B, T, D], c [B, H, T, dh]. Masking head j = the stack resumed at
+                        // this layer's `hook_z` with head j zeroed: the attention itself (Q, K,
+                        // softmax, AV) is not recomputed, and the floats are those of the gated
+                        // forward pass.
+                        let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue };
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
                             let z =

@@ -283,7 +283,8 @@ mod tests {
         let qmask = Tensor::from_slice(&[1f32, 1., 1., 0., 1., 0., 1., 1.]).view([b, t]);
         let kmask = Tensor::ones([b, t], (DType::Float, Device::Cpu));
         let o = c.matmul(&wo.view([d, h, dh]).permute([1, 2, 0])); // [B, H, T, D]
-                                                                   // Streamed in two halves of the batch equals one pass.
+
+        // Streamed in two halves of the batch equals one pass.
         let mut one = LayerAcc::new(h, dh, Device::Cpu);
         one.update(&q, &c, &o, &a, &qmask, &kmask);
         let mut two = LayerAcc::new(h, dh, Device::Cpu);

@@ -822,10 +822,11 @@ fn relprop_decoder(
     }
     drop(recorded);
     let finals = x.transpose(0, 1).reshape([tb, -1]); // [T * B, D]
-                                                      // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
-                                                      // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
-                                                      // step) of a single step, while one op covers all steps. Only the SSRU state's path back
-                                                      // in time runs step by step.
+
+    // The steps go into the batch dimension for the relevance pass: row `t * B + b` is
+    // sentence b at step t, so every rule sees the shapes (and rescales per prediction and
+    // step) of a single step, while one op covers all steps. Only the SSRU state's path back
+    // in time runs step by step.
     let p_len = if per_prediction { t_len } else { 1 };
     let opts = (enc.kind(), enc.device());
     // Relevance on each layer's cross-attention values `[B, P, S, D]`, summed over the steps.

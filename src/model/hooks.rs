@@ -77,6 +77,9 @@ pub enum Point {
     ResidPost,
     /// The stack's final norm (`ln_final.hook_normalized`).
     LnFinal,
+    /// The logits `[B, T, V]`: the output projection, soft-capped where the model says so
+    /// (`hook_logits`; the one unembedding, `model::unembed`).
+    Logits,
 }
 
 /// The layout of a hook point's value (batch first).
@@ -146,6 +149,7 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::Ln2Post, "ln2_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of mlp_out added to the residual"),
     spec(Point::ResidPost, "hook_resid_post", Layout::Seq, true, false, "[pos, d_model]", "resid_mid + mlp_out (before a post-norm layer's last norm)"),
     spec(Point::LnFinal, "ln_final.hook_normalized", Layout::Seq, false, false, "[pos, d_model]", "the stack's final norm (pre-norm models)"),
+    spec(Point::Logits, "hook_logits", Layout::Seq, false, false, "[pos, d_vocab]", "the logits: output projection, then the final soft-cap where the model has one (Gemma 2)"),
 ];
 
 impl Point {

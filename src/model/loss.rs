@@ -3,43 +3,15 @@
 //! targets (next tokens, references, the model's own greedy output) is decided once, by
 //! `Model::prepare` (`model::batch`).
 
+pub use super::unembed::OutputHead;
 use super::{Model, ModelError};
 use tch::{Kind as DType, Tensor};
 
-/// The model's output head in one precision, converted once: loops that take log-probabilities
-/// of many slices (the ablation metrics in float64) hold one instead of converting the
-/// `[V, D]` matrix at every call.
-pub struct OutputHead {
-    w: Tensor,
-    b: Option<Tensor>,
-    dtype: DType,
-    softcap: Option<f64>,
-}
-
-impl OutputHead {
-    /// Log-probabilities `[.., V]` of the final states `[.., D]`, in the head's precision.
-    pub fn log_probs(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        let logits =
-            super::nn::softcap(states.f_to_kind(self.dtype)?.f_linear(&self.w, self.b.as_ref())?, self.softcap);
-        Ok(logits.log_softmax(-1, self.dtype))
-    }
-
-    /// The vocabulary size.
-    pub fn vocab(&self) -> i64 {
-        self.w.size()[0]
-    }
-}
-
 impl Model {
-    /// The output head in `dtype` (shared with the model's when it is already in `dtype`).
+    /// The output head in `dtype` (shared with the model's when it is already in `dtype`):
+    /// the one unembedding ([`super::unembed`]).
     pub fn output_head(&self, dtype: DType) -> Result<OutputHead, ModelError> {
-        let out = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let (w, b) = if out.w.kind() == dtype {
-            (out.w.shallow_clone(), out.b.as_ref().map(|b| b.shallow_clone()))
-        } else {
-            (out.w.f_to_kind(dtype)?, out.b.as_ref().map(|b| b.f_to_kind(dtype)).transpose()?)
-        };
-        Ok(OutputHead { w, b, dtype, softcap: self.net.logit_softcap })
+        self.net.output_head(Some(dtype))
     }
 
     /// Log-probabilities `[.., V]` of the final states `[.., D]` in `dtype`. The projection runs
@@ -48,7 +20,7 @@ impl Model {
     /// differently with each batch's composition, and sharded merges must equal one run).
     pub fn log_probs(&self, states: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
         let work = if states.kind() == DType::Double { DType::Double } else { dtype };
-        let logp = self.output_head(work)?.log_probs(states)?;
+        let logp = self.output_head(work)?.log_probs(states, &mut None)?;
         Ok(if work == dtype { logp } else { logp.f_to_kind(dtype)? })
     }
 

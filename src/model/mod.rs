@@ -30,6 +30,7 @@ pub mod t5;
 pub mod tokenizer;
 pub mod torch_pickle;
 pub mod transformer;
+pub mod unembed;
 pub mod view;
 pub mod weights;
 
@@ -946,6 +947,9 @@ impl Model {
             mlp(&mut v, Kind::Dec, l, &layer.ffn);
             v.extend([P::ResidPost, P::Ln2].map(|p| At::new(Kind::Dec, l, p)));
         }
+        if net.output.is_some() {
+            v.push(net.logits_at());
+        }
         v
     }
 
@@ -1119,7 +1123,7 @@ impl Model {
         if self.net.stack_kind != Kind::Dec || self.net.output.is_none() {
             return Err(ModelError::Invalid(format!("{} is not a decoder-only model: use translate", self.name())));
         }
-        let out_proj = self.net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let head = self.net.output_head(None)?;
         let _guard = tch::no_grad_guard();
         let mut ids = self.tokenize_all([text])?.remove(0).ids;
         let mut out = Vec::new();
@@ -1134,8 +1138,8 @@ impl Model {
                 let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, self.device()));
                 self.net.encode(&t, &mask, gates, None)?
             };
-            let last = h.select(1, h.size()[1] - 1);
-            let next = nn::top1(&out_proj.forward(&last)).int64_value(&[0]);
+            let last = h.f_narrow(1, h.size()[1] - 1, 1)?;
+            let next = nn::top1(&head.logits(&last, &mut None)?.f_select(1, 0)?).int64_value(&[0]);
             if next == self.net.eos_id {
                 break;
             }
@@ -1187,10 +1191,15 @@ impl Model {
         };
         let mut both = hooks::Both(change, &mut rec);
         let h = self.net.encode(&b.ids, &b.mask, gates, Some(&mut both))?;
-        if !self.net.decoder.is_empty() {
+        let last = if self.net.decoder.is_empty() {
+            h
+        } else {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
-            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut both))?;
+            self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut both))?
+        };
+        if self.net.output.is_some() && hooks::Hooks::wants(&both, self.net.logits_at()) {
+            let _ = self.net.logits_hooked(&last, &mut Some(&mut both))?;
         }
         Ok(rec.cache)
     }

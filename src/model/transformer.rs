@@ -735,36 +735,6 @@ impl Transformer {
         self.embed.tokens.device()
     }
 
-    /// Logits `[.., V]` of final states `[.., D]`: the output projection, soft-capped where the
-    /// model says so (Gemma 2's `final_logit_softcapping`; greedy choices do not change).
-    pub fn logits(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(super::nn::softcap(out.forward(states), self.logit_softcap))
-    }
-
-    /// The logits of the vocabulary entries `ids [R, k]` alone for final states `[R, D]`:
-    /// `[R, k]`, what [`Transformer::logits`] gives in those columns (soft-capped likewise), at
-    /// `k` of its `V` products per row (a metric that reads two logits, as patching's logit
-    /// difference, needs no more).
-    pub fn logits_of(&self, states: &Tensor, ids: &Tensor) -> Result<Tensor, ModelError> {
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        let (r, k) = (ids.size()[0], ids.size()[1]);
-        let rows = out.w.f_index_select(0, &ids.f_reshape([-1])?)?.f_view([r, k, -1])?;
-        let l = rows.f_matmul(&states.f_unsqueeze(2)?)?.f_squeeze_dim(2)?;
-        let l = match &out.b {
-            Some(b) => l.f_add(&b.f_index_select(0, &ids.f_reshape([-1])?)?.f_view([r, k])?)?,
-            None => l,
-        };
-        Ok(super::nn::softcap(l, self.logit_softcap))
-    }
-
-    /// The logits before a final soft cap (Gemma 2; the same as [`Transformer::logits`]
-    /// elsewhere): AttnLRP's seed (docs/methods.md#attnlrp).
-    pub fn logits_before_cap(&self, states: &Tensor) -> Result<Tensor, ModelError> {
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(out.forward(states))
-    }
-
     /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
     /// the final norm where the model has one). `h` sees every hook point of the stack.
     pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
@@ -1062,11 +1032,6 @@ impl Transformer {
         }
     }
 
-    /// Encoder layers `from..` applied to `x` (the input of layer `from`), then the final norm.
-    pub fn encode_from(&self, from: usize, x: &Tensor, bias: &Tensor, gates: &Gates) -> Result<Tensor, ModelError> {
-        self.stack_from(from, x, bias, gates, &mut None)
-    }
-
     pub fn start_state(&self, batch: i64) -> DecoderState {
         DecoderState { selfs: self.initial_states(batch), cross: Vec::new(), step: 0 }
     }
@@ -1102,8 +1067,8 @@ impl Transformer {
     }
 
     /// One decoder step: `prev [B]` is the previous token (`None` at the start), `enc [B, S, D]`
-    /// the encoder output with its mask. Returns logits `[B, V]`. Cross-attention capture
-    /// reports `[B, H, 1, S]` per layer and step.
+    /// the encoder output with its mask. Returns logits `[B, V]` (`hook_logits` sees them as
+    /// `[B, 1, V]`). Cross-attention capture reports `[B, H, 1, S]` per layer and step.
     pub fn decode_step(
         &self,
         prev: Option<&Tensor>,
@@ -1114,8 +1079,7 @@ impl Transformer {
         h: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
         let x = self.decode_step_state(prev, state, enc, enc_bias, gates, h)?;
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(out.forward(&x))
+        Ok(self.logits_hooked(&x.f_unsqueeze(1)?, h)?.f_squeeze_dim(1)?)
     }
 
     /// One decoder step up to the final state `[B, D]` (before the output projection).
@@ -1243,11 +1207,10 @@ impl Transformer {
         mask: &Tensor,
         targets: &Tensor,
         gates: &Gates,
-        h: HookSlot,
+        mut h: HookSlot,
     ) -> Result<Tensor, ModelError> {
-        let states = self.decode_teacher_states(enc, mask, targets, gates, h)?;
-        let out = self.output.as_ref().ok_or(ModelError::NoOutputHead)?;
-        Ok(out.forward(&states))
+        let states = self.teacher_pass(enc, mask, targets, gates, &mut h)?.states;
+        self.logits_hooked(&states, &mut h)
     }
 
     /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
@@ -1276,14 +1239,25 @@ impl Transformer {
         gates: &Gates,
         mut h: HookSlot,
     ) -> Result<TeacherPass, ModelError> {
+        self.teacher_pass(enc, mask, targets, gates, &mut h)
+    }
+
+    fn teacher_pass(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<TeacherPass, ModelError> {
         let bias = key_bias(mask, enc.kind());
-        let cross = self.cross_keys_values(enc, &mut h)?;
+        let cross = self.cross_keys_values(enc, h)?;
         let starts = self.initial_states(targets.size()[0]);
         // Layer by layer over every step at once (self-attention under a causal mask); only
         // the SSRU recurrence goes step by step.
-        let mut x = self.teacher_inputs(targets, &mut h)?;
+        let mut x = self.teacher_inputs(targets, h)?;
         for (l, layer) in self.decoder.iter().enumerate() {
-            x = layer.forward(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, &mut h)?.0;
+            x = layer.forward(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, h)?.0;
         }
         Ok(TeacherPass { states: x, cross, enc_bias: bias })
     }

@@ -228,7 +228,8 @@ fn typed_completion_help_text_heatmap_progress_and_save() {
         "a free function offered after `m.`:\n{screen}"
     );
     p.send_control('u').unwrap(); // clear the line
-                                  // A unique method completes in place: `m.heads_p<TAB>` -> `m.heads_per_layer`.
+
+    // A unique method completes in place: `m.heads_p<TAB>` -> `m.heads_per_layer`.
     p.send("m.heads_p").unwrap();
     p.send("\t").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));

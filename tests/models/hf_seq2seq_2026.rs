@@ -184,7 +184,7 @@ fn t5_flan_t5_mt5_equal_transformers() {
 }
 
 /// The hook points a pre-norm encoder-decoder lists (`Model::hook_points`) are exactly those
-/// one encode and one teacher-forced decoder pass meet, the decoder's final
+/// one encode, one teacher-forced decoder pass and the unembedding meet, the decoder's final
 /// norm (`dec.ln_final.hook_normalized`) included and equal to the states the logits read.
 #[test]
 fn prenorm_hook_points_are_those_the_forward_meets() {
@@ -214,7 +214,9 @@ fn prenorm_hook_points_are_those_the_forward_meets() {
             };
             let mut rec = Record { points: &points, kinds: &[Kind::Enc, Kind::Dec, Kind::Cross], on: &mut on };
             let enc = m.net.encode(&x, &mask, &Gates::none(), Some(&mut rec)).unwrap();
-            m.net.decode_teacher_states(&enc, &mask, &tgt, &Gates::none(), Some(&mut rec)).unwrap()
+            let states = m.net.decode_teacher_states(&enc, &mask, &tgt, &Gates::none(), Some(&mut rec)).unwrap();
+            let _ = m.net.logits_hooked(&states, &mut Some(&mut rec)).unwrap();
+            states
         };
         // The listing is in TransformerLens's order (q, k, v); the forward computes keys and
         // values first (cross-attention's from the encoder output, once): compared as sets.

@@ -42,7 +42,7 @@ fn run(
         return m.net.decode_teacher(&enc, &mask, &targets, gates, Some(hooks)).unwrap().get(0);
     }
     match &m.net.output {
-        Some(o) => o.forward(&enc).get(0),
+        Some(_) => m.net.logits_hooked(&enc, &mut Some(hooks)).unwrap().get(0),
         None => enc.get(0),
     }
 }
@@ -338,4 +338,103 @@ fn ssru_hook_points_are_the_recurrence_and_can_be_written() {
     let cell0 = &seen0.iter().find(|(a, _)| a.layer == 0).unwrap().1;
     assert_eq!(cell0.abs().max().double_value(&[]), 0.0, "a zero candidate leaves every cell of layer 0 at 0");
     assert!(!zeroed.equal(&plain), "zeroing layer 0's candidate must change the logits");
+}
+
+/// Every model directory of the tests' fixtures (tiny checkpoints of every family, transformers 5
+/// layouts, GGUF files, the LRP fixtures' BERT and Marian `.bin`) and the small assets.
+fn every_fixture_model() -> Vec<PathBuf> {
+    let mut dirs = vec![];
+    for parent in [common::tiny_hf_dir(), fixtures().join("tiny_hf_tf5"), fixtures().join("lrp_tiny")] {
+        for e in std::fs::read_dir(&parent).unwrap() {
+            let p = e.unwrap().path();
+            let holds_model = std::fs::read_dir(&p).is_ok_and(|r| {
+                r.flatten().any(|f| {
+                    let n = f.file_name().to_string_lossy().into_owned();
+                    n == "config.json" || n.ends_with(".gguf") || n.ends_with(".npz") || n == "decoder.yml"
+                })
+            });
+            // Tokenizer fixtures, not models: t5_tokenizer_gguf; nllb_spm, whose NllbTokenizer
+            // without tokenizer.json is not read yet (fixtures/M2M100_SPM_NOTES.md).
+            if p.is_dir() && holds_model && !p.ends_with("t5_tokenizer_gguf") && !p.ends_with("nllb_spm") {
+                dirs.push(p);
+            }
+        }
+    }
+    dirs.sort();
+    for a in ["minilm", "enpt", "smollm2"] {
+        dirs.push(headscope::assets::asset_path(a).unwrap());
+    }
+    dirs
+}
+
+/// `Model::hook_points` is exactly what one run visits (run_with_cache: the stack, a decoder
+/// teacher-forced, the logits), each point once, on every model of the tests.
+#[test]
+fn hook_points_are_what_one_run_visits_on_every_family() {
+    let (mut checked, mut failed) = (0, vec![]);
+    for dir in every_fixture_model() {
+        let m = match Model::load(&dir, LoadOptions::default()) {
+            Ok(m) => m,
+            Err(e) => {
+                failed.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+        };
+        let listed = m.hook_points();
+        let seen: Vec<At> = m
+            .run_with_cache("The cat sat on the mat.", &Gates::none(), &|_| true, None)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .into_iter()
+            .map(|(at, _)| at)
+            .collect();
+        let name = dir.display();
+        let mut unique = seen.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), seen.len(), "{name}: a point was visited twice");
+        let mut want = listed.clone();
+        want.sort();
+        assert_eq!(want.len(), listed.len(), "{name}: hook_points() lists a point twice");
+        let missing: Vec<String> = want.iter().filter(|a| !unique.contains(a)).map(|a| a.to_string()).collect();
+        let extra: Vec<String> = unique.iter().filter(|a| !want.contains(a)).map(|a| a.to_string()).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{name}: listed, never visited {missing:?}; visited, not listed {extra:?}"
+        );
+        assert!(m.net.output.is_none() || seen.last() == Some(&m.net.logits_at()), "{name}: the logits come last");
+        checked += 1;
+    }
+    println!("{checked} models: hook_points() is what one run visits");
+    assert!(failed.is_empty(), "did not load:\n{}", failed.join("\n"));
+    assert!(checked >= 60, "only {checked} models checked");
+}
+
+/// `hook_logits` is the one unembedding: what a run records there is what `logits` returns,
+/// soft-capped once on Gemma 2 (final cap 3: every recorded logit within it), and equal to
+/// transformers' logits; a replacement written there is what the run returns.
+#[test]
+fn hook_logits_is_the_soft_capped_unembedding() {
+    let g = common::golden("tiny_hf/golden_2026.npz");
+    let m = common::tiny_hf("gemma2", "f32");
+    let text = common::short_pud_sentences(1).remove(0);
+    let at = m.hook_point("hook_logits").unwrap();
+    assert_eq!(at, m.net.logits_at());
+    let seen = m.run_with_cache(&text, &Gates::none(), &|a| a == at, None).unwrap();
+    assert_eq!(seen.len(), 1);
+    let recorded = &seen[0].1;
+    let want = &g["gemma2_logits_0"];
+    let depth = common::depth(&m, recorded.size()[0] as usize);
+    let d = max_diff(recorded, want) / common::f32_bound(common::scale(want), depth);
+    assert!(d <= 1.0, "hook_logits is {d:.3} of the float32 bound from transformers' logits");
+    assert!(recorded.abs().max().double_value(&[]) <= 3.0, "the final soft-cap (3) was not applied");
+    let ids = Tensor::from_slice(&m.tokenize(&text).unwrap().ids).view([1, -1]);
+    let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+    let _g = tch::no_grad_guard();
+    let states = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
+    assert_eq!(max_diff(&m.net.logits(&states).unwrap().get(0), recorded), 0.0, "logits() differs from the trace");
+    // Written: the run returns the replacement.
+    let mut zero = Interventions::default();
+    zero.list.push(Intervention { at, op: Op::Scale(0.0), heads: None, positions: None, rows: None });
+    let out = m.net.logits_hooked(&states, &mut Some(&mut zero)).unwrap();
+    assert_eq!(out.abs().max().double_value(&[]), 0.0, "the replacement at hook_logits was not returned");
 }
