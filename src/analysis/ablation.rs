@@ -15,6 +15,7 @@ use crate::metrics::bleu::{corpus_counts, BleuCounts};
 use crate::model::fill::{FillSource, Resample};
 use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::Gates;
+use crate::model::transformer::{Start, Stop};
 use crate::model::{HeadId, Kind, Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -552,11 +553,10 @@ pub fn sweep_acc(
                             let n = chunk.min(h - start);
                             let z =
                                 ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
-                            let enc = model.net.stack_from_z(
-                                l,
-                                &x.repeat([n, 1, 1]),
-                                &z,
-                                &bias.repeat([n, 1, 1, 1]),
+                            let (x, bias) = (x.repeat([n, 1, 1]), bias.repeat([n, 1, 1, 1]));
+                            let enc = model.net.run(
+                                Start::Z { layer: l, x: &x, z: &z, bias: &bias },
+                                Stop::FinalNorm,
                                 &base,
                                 &mut None,
                             )?;

@@ -5,15 +5,15 @@
 //! noising corrupted values into the clean run; the metric is read at the last position.
 //!
 //! Batched as the ablation sweep is: both runs record every layer's input and the patched point
-//! once; each layer's patches are rows of one batch resumed at that layer (`stack_from_z` for
-//! `hook_z`, `stack_from` with the point's value replaced otherwise), so the layers below a
+//! once; each layer's patches are rows of one batch resumed at that layer (`Transformer::run`
+//! from `Start::Z` for `hook_z`, from `Start::Layer` with the point's value replaced otherwise), so the layers below a
 //! patch run once per pair, not once per patch. Pairs of the same token length share a batch.
 //! Numeric core: no Rhai, no printing.
 
 use super::AnalysisError;
 use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::{Gates, KeysValues};
-use crate::model::transformer::{Queries, StackCache};
+use crate::model::transformer::{Queries, StackCache, Start, Stop};
 use crate::model::{Model, ModelError};
 use std::collections::BTreeMap;
 use tch::{Kind as DType, Tensor};
@@ -683,7 +683,11 @@ fn resume(
     }
     carry
         .into_iter()
-        .map(|c| net.finish_stack(c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?, &mut None))
+        .map(|c| {
+            let x = c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?;
+            let bias = net.unpadded_bias(&x)?;
+            net.run(Start::Layer { layer: net.encoder.len(), x: &x, bias: &bias }, Stop::FinalNorm, gates, &mut None)
+        })
         .collect()
 }
 
@@ -1015,23 +1019,34 @@ fn path_runs(
                 *slot = vec![vec![f64::NAN; bv.size()[1] as usize]];
                 continue;
             }
-            let layer = net.encoder.get(l).ok_or_else(|| missing(l))?;
             let plan = plan_layer(spec, bv, sv, l, None, base_sum, slot)?;
             let rows: Vec<i64> = plan.rows.iter().map(|r| r.0).collect();
             let chunk = (resume_tokens(model) / (b * t)).max(1) as usize;
             // What the layer's attention adds to the residual in the base run.
-            let a_base = layer.attn.output_from_z(bv, net.stack_kind, l, &mut None)?;
-            let r_base = layer.attn_residual(&a_base).ok_or_else(|| missing(l))?;
+            let r_base = net.attn_added_from_z(l, bv, &mut None)?.ok_or_else(|| missing(l))?;
             for part in rows.chunks(chunk) {
                 let n = part.len() as i64;
                 let z = patched_rows(spec, &plan, part, bv, sv)?;
-                let a = layer.attn.output_from_z(&z, net.stack_kind, l, &mut None)?;
-                let delta = layer.attn_residual(&a).ok_or_else(|| missing(l))?.f_sub(&r_base.f_repeat([n, 1, 1])?)?;
+                let delta = net
+                    .attn_added_from_z(l, &z, &mut None)?
+                    .ok_or_else(|| missing(l))?
+                    .f_sub(&r_base.f_repeat([n, 1, 1])?)?;
                 let states = match &recv {
-                    None => net.finish_stack(
-                        base.last.as_ref().ok_or_else(|| missing(n_layers - 1))?.f_repeat([n, 1, 1])?.f_add(&delta)?,
-                        &mut None,
-                    )?,
+                    None => {
+                        let x = base
+                            .last
+                            .as_ref()
+                            .ok_or_else(|| missing(n_layers - 1))?
+                            .f_repeat([n, 1, 1])?
+                            .f_add(&delta)?;
+                        let bias = net.unpadded_bias(&x)?;
+                        net.run(
+                            Start::Layer { layer: n_layers, x: &x, bias: &bias },
+                            Stop::FinalNorm,
+                            gates,
+                            &mut None,
+                        )?
+                    }
                     Some((lr, point, unit, x, v)) => {
                         let xs = x.f_repeat([n, 1, 1])?;
                         // The receiver's input as the sender's path changes it, and the value
@@ -1044,12 +1059,13 @@ fn path_runs(
                         let sel = Tensor::from_slice(&sel).view([1, -1, 1, 1]).to_device(dev);
                         let value = seen.f_where_self(&sel, &v.f_repeat([n, 1, 1, 1])?)?;
                         let mut put = Put { at: At::new(net.stack_kind, *lr, *point), value: &value };
-                        let mut y =
-                            net.layer_cached(*lr, &xs, 0, None, gates, &mut Some(&mut put as &mut dyn Hooks))?;
-                        for above in lr + 1..n_layers {
-                            y = net.layer_cached(above, &y, 0, None, gates, &mut None)?;
-                        }
-                        net.finish_stack(y, &mut None)?
+                        let bias = net.unpadded_bias(&xs)?;
+                        net.run(
+                            Start::Layer { layer: *lr, x: &xs, bias: &bias },
+                            Stop::FinalNorm,
+                            gates,
+                            &mut Some(&mut put as &mut dyn Hooks),
+                        )?
                     }
                 };
                 for (&r, v) in part.iter().zip(runs.state_sums(model, &states, n)?) {
@@ -1499,9 +1515,24 @@ pub fn patch_translation(
                         .repeat([n, 1, 1]);
                     let biases = bias.repeat([n, 1, 1, 1]);
                     let enc = match point {
-                        Point::Z => net.stack_from_z(l, &x, patched, &biases, gates, &mut None)?,
-                        Point::ResidPre => net.stack_from(l, patched, &biases, gates, &mut None)?,
-                        _ => net.stack_from(l, &x, &biases, gates, &mut Some(&mut put as &mut dyn Hooks))?,
+                        Point::Z => net.run(
+                            Start::Z { layer: l, x: &x, z: patched, bias: &biases },
+                            Stop::FinalNorm,
+                            gates,
+                            &mut None,
+                        )?,
+                        Point::ResidPre => net.run(
+                            Start::Layer { layer: l, x: patched, bias: &biases },
+                            Stop::FinalNorm,
+                            gates,
+                            &mut None,
+                        )?,
+                        _ => net.run(
+                            Start::Layer { layer: l, x: &x, bias: &biases },
+                            Stop::FinalNorm,
+                            gates,
+                            &mut Some(&mut put as &mut dyn Hooks),
+                        )?,
                     };
                     net.decode_teacher_states(&enc, &masks, &tgts, gates, None)?
                 } else {

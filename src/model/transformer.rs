@@ -252,35 +252,31 @@ impl EncoderLayer {
         }
     }
 
-    /// The layer resumed at its attention's `hook_z`: `x` is the layer's input, `z` the
-    /// per-head contexts (rows may be ablations or patches of one pass's contexts).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_from_z(
-        &self,
-        x: &Tensor,
-        z: &Tensor,
-        kind: Kind,
-        layer_idx: usize,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        check_interrupt()?;
-        let a = self.attn.output_from_z(z, kind, layer_idx, h)?;
-        self.finish_hooked(x, a, kind, layer_idx, h)
-    }
-
     /// What the attention sublayer adds to the residual stream for its output `a`
     /// (`hook_attn_out`): `a` itself, or `a` through the norm a family puts after the
-    /// attention (Gemma 2/3's `ln1_post`, OLMo-2's); `None` in a post-norm layer (BERT,
-    /// Marian), where the residual stream is normed after the sum and no sublayer adds alone.
-    pub fn attn_residual(&self, a: &Tensor) -> Option<Tensor> {
-        match (self.norm_position, &self.post_norms) {
+    /// attention (Gemma 2/3's `ln1_post`, OLMo-2's `ln1`; the hooks see it there); `None` in a
+    /// post-norm layer (BERT, Marian), where the residual stream is normed after the sum and no
+    /// sublayer adds alone. The forward adds exactly this ([`EncoderLayer::finish_hooked`]);
+    /// path patching reads it ([`Transformer::attn_added_from_z`]).
+    fn attn_added(
+        &self,
+        a: Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        hk: &mut HookSlot,
+    ) -> Result<Option<Tensor>, ModelError> {
+        let rules = hooks::rules(hk);
+        let at = |p| At::new(kind, layer_idx, p);
+        Ok(match (self.norm_position, &self.post_norms) {
             (NormPosition::Post, _) => None,
-            (NormPosition::PostSublayer, _) => Some(self.attn_norm.forward(a)),
-            (NormPosition::Pre, Some((post_attn, _))) => Some(post_attn.forward(a)),
-            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => {
-                Some(a.shallow_clone())
+            (NormPosition::PostSublayer, _) => {
+                Some(hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(&a, rules))?)
             }
-        }
+            (NormPosition::Pre, Some((post_attn, _))) => {
+                Some(hooks::at(hk, at(Point::Ln1Post), post_attn.forward_with(&a, rules))?)
+            }
+            (NormPosition::Pre | NormPosition::Parallel, None) | (NormPosition::Parallel, Some(_)) => Some(a),
+        })
     }
 
     /// The rest of the layer with its hook points (`hook_resid_mid`, the norms, the MLP's,
@@ -293,35 +289,35 @@ impl EncoderLayer {
         layer_idx: usize,
         hk: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
-        let a = &a_out;
         let rules = hooks::rules(hk);
         let at = |p| At::new(kind, layer_idx, p);
         if self.norm_position == NormPosition::Parallel {
             // The MLP reads the layer's input, beside the attention: no resid_mid on the path.
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(x, rules))?;
             let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let a = self.attn_added(a_out, kind, layer_idx, hk)?.ok_or_else(|| no_sum(layer_idx))?;
             let s1 = x + a;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
             return Ok(s2);
         }
+        let added = match self.norm_position {
+            NormPosition::Post => a_out, // the sum is normed below
+            _ => self.attn_added(a_out, kind, layer_idx, hk)?.ok_or_else(|| no_sum(layer_idx))?,
+        };
+        let s1 = hooks::at(hk, at(Point::ResidMid), sum_into(added, x, hk)?)?;
         if self.norm_position == NormPosition::PostSublayer {
-            let a_n = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(a, rules))?;
-            let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
             let (_, _, ffn_out) = self.ffn.forward_hooked(&s1, kind, layer_idx, hk)?;
             let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
         }
-        if let (NormPosition::Pre, Some((post_attn, post_ffn))) = (self.norm_position, &self.post_norms) {
-            let a_n = hooks::at(hk, at(Point::Ln1Post), post_attn.forward_with(a, rules))?;
-            let s1 = hooks::at(hk, at(Point::ResidMid), x + &a_n)?;
+        if let (NormPosition::Pre, Some((_, post_ffn))) = (self.norm_position, &self.post_norms) {
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s1, rules))?;
             let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
             let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
         }
-        let s1 = hooks::at(hk, at(Point::ResidMid), sum_into(a_out, x, hk)?)?;
         let (h, ffn_in) = match self.norm_position {
             NormPosition::Post => {
                 let h = hooks::at(hk, at(Point::Ln1), self.attn_norm.forward_with(&s1, rules))?;
@@ -340,6 +336,12 @@ impl EncoderLayer {
         };
         Ok(y)
     }
+}
+
+/// A layer whose attention should add to the residual stream and did not (a broken invariant
+/// of [`EncoderLayer::attn_added`], reported rather than panicking).
+fn no_sum(layer_idx: usize) -> ModelError {
+    ModelError::Invalid(format!("layer {layer_idx}: its attention adds nothing to the residual stream"))
 }
 
 /// `fresh + x`: into `fresh` (a sublayer's output just computed) where nobody else sees it
@@ -637,6 +639,31 @@ pub struct DecoderState {
     pub step: i64,
 }
 
+/// Where a [`Transformer::run`] of the stack starts.
+#[derive(Clone, Copy)]
+pub enum Start<'a> {
+    /// Token ids `[B, T]` with their key mask `[B, T]` (1 = real): the embeddings first.
+    Tokens { ids: &'a Tensor, mask: &'a Tensor },
+    /// The input of layer `layer` (`hook_resid_pre`) `[B, T, D]`, with the stack's attention
+    /// bias ([`Transformer::self_bias`]); `layer` may be the number of layers (the final norm
+    /// alone is left).
+    Layer { layer: usize, x: &'a Tensor, bias: &'a Tensor },
+    /// Layer `layer` resumed at its attention's `hook_z`: `x` the layer's input, `z` the
+    /// per-head contexts `[B, H, T, dh]` (rows may be ablations or patches of one pass's).
+    Z { layer: usize, x: &'a Tensor, z: &'a Tensor, bias: &'a Tensor },
+}
+
+/// Where a [`Transformer::run`] of the stack stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// After layer `l` (its `hook_resid_post`, or a post-norm layer's last norm).
+    After(usize),
+    /// The stack's output: the final norm where the model has one (`ln_final.hook_normalized`).
+    FinalNorm,
+    /// The logits (`hook_logits`, [`super::unembed`]).
+    Logits,
+}
+
 pub struct Transformer {
     pub embed: Embeddings,
     /// The self-attention stack: an encoder, or (causal) a decoder-only model's layers.
@@ -735,16 +762,79 @@ impl Transformer {
         self.embed.tokens.device()
     }
 
-    /// Encoder over `ids [B, S]` with key mask `[B, S]` (1 = real): the stack's output (after
-    /// the final norm where the model has one). `h` sees every hook point of the stack.
+    /// The stack over `ids [B, S]` with key mask `[B, S]` (1 = real), to its output (after the
+    /// final norm where the model has one): [`Transformer::run`] from [`Start::Tokens`] to
+    /// [`Stop::FinalNorm`]. `h` sees every hook point of the stack.
     pub fn encode(&self, ids: &Tensor, mask: &Tensor, gates: &Gates, mut h: HookSlot) -> Result<Tensor, ModelError> {
-        if let Some(g) = self.resolved(ids, mask, gates)? {
-            return self.encode(ids, mask, &g, h);
-        }
+        self.run(Start::Tokens { ids, mask }, Stop::FinalNorm, gates, &mut h)
+    }
+
+    /// The one driver of the self-attention stack (an encoder, or a decoder-only model's
+    /// layers): from `start` (tokens, a layer's input, or a layer's `hook_z`) to `stop` (after a
+    /// layer, the final norm, or the logits through the one unembedding), under `gates`, every
+    /// hook point on the way seen by `h`. Resuming at a layer runs exactly the arithmetic of
+    /// the whole run from there: the floats equal the whole run's where the inputs do.
+    pub fn run(&self, start: Start, stop: Stop, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        let (from, x, bias, z) = match start {
+            Start::Tokens { ids, mask } => {
+                if let Some(g) = self.resolved(ids, mask, gates)? {
+                    return self.run(start, stop, &g, h);
+                }
+                let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
+                let bias = self.self_bias(mask, x.kind());
+                (0, x, bias, None)
+            }
+            Start::Layer { layer, x, bias } => {
+                Self::no_source(gates, "resuming the stack at a layer")?;
+                if layer > self.encoder.len() {
+                    return Err(ModelError::Invalid(format!(
+                        "layer {layer} out of range: the stack has {} layers",
+                        self.encoder.len()
+                    )));
+                }
+                (layer, x.shallow_clone(), bias.shallow_clone(), None)
+            }
+            Start::Z { layer, x, z, bias } => {
+                Self::no_source(gates, "resuming the stack at a layer")?;
+                self.stack_layer(layer)?;
+                (layer, x.shallow_clone(), bias.shallow_clone(), Some(z))
+            }
+        };
+        let last = match stop {
+            Stop::After(l) => {
+                self.stack_layer(l)?;
+                if l < from {
+                    return Err(ModelError::Invalid(format!("a run from layer {from} cannot stop after layer {l}")));
+                }
+                l + 1
+            }
+            Stop::FinalNorm | Stop::Logits => self.encoder.len(),
+        };
         let kind = self.stack_kind;
-        let x = self.embed.finish(&self.embed.lookup(ids)?, 0, kind, &mut h)?;
-        let bias = self.self_bias(mask, x.kind());
-        self.stack_from(0, &x, &bias, gates, &mut h)
+        let t = x.size()[1];
+        let mut x = x;
+        for (l, layer) in self.encoder.iter().enumerate().take(last).skip(from) {
+            x = match z {
+                Some(z) if l == from => {
+                    check_interrupt()?;
+                    let a = layer.attn.output_from_z(z, kind, l, h)?;
+                    layer.finish_hooked(&x, a, kind, l, h)?
+                }
+                _ => {
+                    let g = gates.layer(kind, l);
+                    let streamed = self.streamed(gates, l, &bias, t, 0, None);
+                    layer.forward(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, h)?
+                }
+            };
+        }
+        match stop {
+            Stop::After(_) => Ok(x),
+            Stop::FinalNorm => self.final_norm(x, h),
+            Stop::Logits => {
+                let y = self.final_norm(x, h)?;
+                self.logits_hooked(&y, h)
+            }
+        }
     }
 
     /// `gates` with their per-batch fill (resample or per-position mean ablation,
@@ -765,44 +855,6 @@ impl Transformer {
             Some(_) => Err(ModelError::Invalid(format!("{what} is not offered under resample or per-position mean ablation (their fills are computed for each sentence measured); use ablation \"mean\" or \"zero\""))),
             None => Ok(()),
         }
-    }
-
-    /// The stack's layers `from..` over `x` (the input of layer `from`), then the final norm
-    /// (also when no layer is left to run).
-    pub fn stack_from(
-        &self,
-        from: usize,
-        x: &Tensor,
-        bias: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        Self::no_source(gates, "resuming the stack at a layer")?;
-        let kind = self.stack_kind;
-        let mut x = x.shallow_clone();
-        let t = x.size()[1];
-        for (l, layer) in self.encoder.iter().enumerate().skip(from) {
-            let g = gates.layer(kind, l);
-            let streamed = self.streamed(gates, l, bias, t, 0, None);
-            x = layer.forward(&x, streamed.as_ref().unwrap_or(bias), g.as_ref(), kind, l, h)?;
-        }
-        self.final_norm(x, h)
-    }
-
-    /// The stack resumed at `hook_z` of layer `layer`: `x` is that layer's input, `z` its
-    /// per-head contexts; the layers above run as usual, then the final norm.
-    pub fn stack_from_z(
-        &self,
-        layer: usize,
-        x: &Tensor,
-        z: &Tensor,
-        bias: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let l = self.stack_layer(layer)?;
-        let y = l.forward_from_z(x, z, self.stack_kind, layer, h)?;
-        self.stack_from(layer + 1, &y, bias, gates, h)
     }
 
     /// The decoder resumed at the cross-attention's `hook_z` of layer `layer` (teacher forcing,
@@ -832,6 +884,23 @@ impl Transformer {
             y = above.forward(&y, &starts[k], cross.get(k).and_then(|c| c.as_ref()), enc_bias, gates, k, h)?.0;
         }
         Ok(y)
+    }
+
+    /// What layer `l`'s attention adds to the residual stream when its `hook_z` holds `z`
+    /// (`[B, H, T, dh]`): the attention's output from the contexts, through the norm the family
+    /// puts after the attention (`EncoderLayer::attn_added`, the forward's own); `None` for a
+    /// post-norm layer, where no sublayer adds alone. Path patching's sender effect.
+    pub fn attn_added_from_z(&self, l: usize, z: &Tensor, h: &mut HookSlot) -> Result<Option<Tensor>, ModelError> {
+        let layer = self.stack_layer(l)?;
+        let a = layer.attn.output_from_z(z, self.stack_kind, l, h)?;
+        layer.attn_added(a, self.stack_kind, l, h)
+    }
+
+    /// The stack's attention bias for rows `x [B, T, ..]` without padding (every key real):
+    /// what [`Start::Layer`] and [`Start::Z`] take when the rows are whole sentences.
+    pub fn unpadded_bias(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let mask = Tensor::f_ones([x.size()[0], x.size()[1]], (x.kind(), x.device()))?;
+        Ok(self.self_bias(&mask, x.kind()))
     }
 
     /// Layer `l` of the self-attention stack, or an error naming it.
@@ -910,11 +979,6 @@ impl Transformer {
         let layer = self.stack_layer(l)?;
         check_interrupt()?;
         Ok((x.shallow_clone(), layer.attn.output_from_z(z, self.stack_kind, l, h)?))
-    }
-
-    /// The stack's output from its last layer's output: the final norm, where it has one.
-    pub fn finish_stack(&self, x: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        self.final_norm(x, h)
     }
 
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.

@@ -8,6 +8,7 @@ use crate::common::{self, fixtures};
 
 use headscope::analysis::patching::{attribute, patch, Direction, PairIds, PatchMetric, PatchSpec, Patched, Site};
 use headscope::model::nn::Gates;
+use headscope::model::transformer::{Start, Stop};
 use headscope::model::Model;
 use std::collections::HashMap;
 use tch::Tensor;
@@ -548,7 +549,7 @@ fn path_patching_equals_transformers_with_hooks() {
 /// layer's whole residual stream from the clean run is the clean run, and each head's `z`
 /// patch, at all positions and at each position alone (per position: the passes that pack
 /// several start positions, their attention apart and the rest flattened), equals the whole
-/// stack run from that layer over every position (`stack_from_z`).
+/// stack run from that layer over every position (`Transformer::run` from `Start::Z`).
 #[test]
 fn resumed_patches_equal_whole_runs_in_every_family() {
     use headscope::model::hooks::Point;
@@ -607,7 +608,15 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
         let bias = m.net.self_bias(&mask, tch::Kind::Double);
         let mut worst = 0.0f64;
         let whole = |l: usize, patched: &Tensor| {
-            let states = m.net.stack_from_z(l, &xk[l], patched, &bias, &Gates::none(), &mut None).unwrap();
+            let states = m
+                .net
+                .run(
+                    Start::Z { layer: l, x: &xk[l], z: patched, bias: &bias },
+                    Stop::FinalNorm,
+                    &Gates::none(),
+                    &mut None,
+                )
+                .unwrap();
             let logits = m.net.logits(&states.select(1, 7)).unwrap().to_kind(tch::Kind::Double);
             logits.double_value(&[0, 33]) - logits.double_value(&[0, 44])
         };
