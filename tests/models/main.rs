@@ -18,3 +18,4 @@ mod hooks;
 mod masking;
 mod param_count;
 mod parity;
+mod run;

@@ -1,0 +1,75 @@
+//! The run API (`Transformer::run`): every start and stop on the families' layer shapes, each
+//! resumption equal to the whole run bit for bit, and bad starts and stops refused in one line.
+
+use crate::common;
+use headscope::model::hooks::{At, Point};
+use headscope::model::nn::Gates;
+use headscope::model::transformer::{Start, Stop};
+use headscope::model::Model;
+use tch::{Kind as DType, Tensor};
+
+/// Pre-norm (llama), parallel (pythia), post-sublayer norms (olmo2), four norms with soft-caps
+/// (gemma2), GPT-2's learned positions, and a post-norm encoder (the LRP fixtures' BERT).
+fn models() -> Vec<(String, Model)> {
+    let mut v: Vec<(String, Model)> = ["llama", "pythia", "olmo2", "gemma2", "gpt2"]
+        .iter()
+        .map(|n| (n.to_string(), common::tiny_hf(n, "f32")))
+        .collect();
+    v.push(("bert".into(), common::load(&common::fixtures().join("lrp_tiny/bert"), "f32")));
+    v
+}
+
+#[test]
+fn every_start_and_stop_equals_the_whole_run() {
+    let _g = tch::no_grad_guard();
+    for (name, m) in models() {
+        let ids = Tensor::from_slice(&m.tokenize("The cat sat on the mat.").unwrap().ids).view([1, -1]);
+        let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+        let gates = Gates::none();
+        let n = m.net.encoder.len();
+        // The whole run, with every layer's input and hook_z recorded.
+        let (seen, whole) = common::recorded(&[Point::ResidPre, Point::Z], |h| {
+            m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::FinalNorm, &gates, &mut Some(h)).unwrap()
+        });
+        assert_eq!(common::max_diff(&whole, &m.net.encode(&ids, &mask, &gates, None).unwrap()), 0.0, "{name}: encode");
+        let kind = m.net.stack_kind;
+        let value =
+            |l: usize, p: Point| seen.iter().find(|(a, _)| *a == At::new(kind, l, p)).unwrap().1.shallow_clone();
+        let bias = m.net.self_bias(&mask, DType::Float);
+        for l in 0..n {
+            // To after layer l, then on from layer l + 1: the whole run.
+            let upto = m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::After(l), &gates, &mut None).unwrap();
+            let next = if l + 1 < n { value(l + 1, Point::ResidPre) } else { upto.shallow_clone() };
+            assert_eq!(common::max_diff(&upto, &next), 0.0, "{name}: stop after layer {l}");
+            let rest =
+                m.net.run(Start::Layer { layer: l + 1, x: &upto, bias: &bias }, Stop::FinalNorm, &gates, &mut None);
+            assert_eq!(common::max_diff(&rest.unwrap(), &whole), 0.0, "{name}: resumed at layer {}", l + 1);
+            // Resumed at layer l's hook_z.
+            let x = value(l, Point::ResidPre);
+            let z = value(l, Point::Z);
+            let from_z =
+                m.net.run(Start::Z { layer: l, x: &x, z: &z, bias: &bias }, Stop::FinalNorm, &gates, &mut None);
+            assert_eq!(common::max_diff(&from_z.unwrap(), &whole), 0.0, "{name}: resumed at layer {l}'s hook_z");
+        }
+        // The logits: the unembedding of the final norm.
+        if m.net.output.is_some() {
+            let l = m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::Logits, &gates, &mut None).unwrap();
+            assert_eq!(common::max_diff(&l, &m.net.logits(&whole).unwrap()), 0.0, "{name}: Stop::Logits");
+        }
+        // Bad starts and stops: one line naming the layer.
+        let x = value(0, Point::ResidPre);
+        let e = m
+            .net
+            .run(Start::Layer { layer: n + 1, x: &x, bias: &bias }, Stop::FinalNorm, &gates, &mut None)
+            .unwrap_err();
+        assert!(e.to_string().contains(&format!("layer {} out of range", n + 1)), "{name}: {e}");
+        let e =
+            m.net.run(Start::Layer { layer: 1, x: &x, bias: &bias }, Stop::After(0), &gates, &mut None).unwrap_err();
+        assert!(e.to_string().contains("cannot stop after layer 0"), "{name}: {e}");
+        let e = m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::After(n), &gates, &mut None).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("layer {n} out of range")) && !e.to_string().contains('\n'),
+            "{name}: {e}"
+        );
+    }
+}
