@@ -23,10 +23,7 @@ fn torch_lib_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(lib).join("lib"));
     }
     let out = Command::new(python())
-        .args([
-            "-c",
-            "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
-        ])
+        .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -59,7 +56,9 @@ fn main() {
     println!("cargo:rustc-env=HEADSCOPE_TORCH_LIB={lib}");
     let version = std::fs::read_to_string(format!("{lib}/../version.py"))
         .ok()
-        .and_then(|v| v.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|s| s.trim_matches(['\'', '"']).to_string())))
+        .and_then(|v| {
+            v.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|s| s.trim_matches(['\'', '"']).to_string()))
+        })
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=HEADSCOPE_TORCH_VERSION={version}");
 }

@@ -1507,27 +1507,13 @@ mod tests {
             bias: Some(zeros(&[2])),
             eps: 1e-5,
         };
-        let layer = EncoderLayer {
-            attn: Attention {
-                q: lin(zeros(&[2, 2])),
-                k: lin(zeros(&[2, 2])),
-                v: lin(eye()),
-                o: lin(eye()),
-                n_heads: 2,
-                n_kv_heads: 2,
-                head_dim: 1,
-                rotary: None,
-                slots: None,
-                qk_norm: None,
-                score: Default::default(),
-            },
-            attn_norm: norm(),
-            ffn: Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
-            ffn_norm: norm(),
-            norm_position: NormPosition::Post,
-            post_norms: None,
-            window: None,
-        };
+        let layer = EncoderLayer::new(
+            Attention::new(lin(zeros(&[2, 2])), lin(zeros(&[2, 2])), lin(eye()), lin(eye()), 2, 2, 1),
+            norm(),
+            Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },
+            norm(),
+            NormPosition::Post,
+        );
         let x = t(&[1.0, 2.0, 3.0, 4.0], &[1, 2, 2]);
         let bias = zeros(&[1, 1, 1, 2]);
         // The layer's forward, recorded at its hook points.

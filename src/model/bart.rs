@@ -60,19 +60,15 @@ pub(super) fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelE
 }
 
 pub(super) fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
-    Ok(Attention {
-        q: linear(w, &format!("{prefix}.q_proj"), d, d)?,
-        k: linear(w, &format!("{prefix}.k_proj"), d, d)?,
-        v: linear(w, &format!("{prefix}.v_proj"), d, d)?,
-        o: linear(w, &format!("{prefix}.out_proj"), d, d)?,
-        n_heads: h,
-        n_kv_heads: h,
-        head_dim: d / h,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    })
+    Ok(Attention::new(
+        linear(w, &format!("{prefix}.q_proj"), d, d)?,
+        linear(w, &format!("{prefix}.k_proj"), d, d)?,
+        linear(w, &format!("{prefix}.v_proj"), d, d)?,
+        linear(w, &format!("{prefix}.out_proj"), d, d)?,
+        h,
+        h,
+        d / h,
+    ))
 }
 
 /// MarianMT's sinusoids `[n, d]` as HF computes them (float64, then the model's dtype):
@@ -149,20 +145,18 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
         let p = format!("model.encoder.layers.{l}");
-        encoder.push(EncoderLayer {
-            attn: attention(&mut w, &format!("{p}.self_attn"), d, he)?,
-            attn_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            ffn: Ffn {
+        encoder.push(EncoderLayer::new(
+            attention(&mut w, &format!("{p}.self_attn"), d, he)?,
+            norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
+            Ffn {
                 up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?,
                 down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?,
                 act,
                 gate: None,
             },
-            ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
-            norm_position: NormPosition::Post,
-            post_norms: None,
-            window: None,
-        });
+            norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
+            NormPosition::Post,
+        ));
     }
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.decoder_layers {

@@ -103,32 +103,26 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("encoder.layer.{l}");
-        encoder.push(EncoderLayer {
-            attn: Attention {
-                q: w.linear(&format!("{p}.attention.self.query"), d, d)?,
-                k: w.linear(&format!("{p}.attention.self.key"), d, d)?,
-                v: w.linear(&format!("{p}.attention.self.value"), d, d)?,
-                o: w.linear(&format!("{p}.attention.output.dense"), d, d)?,
-                n_heads: h,
-                n_kv_heads: h,
-                head_dim: d / h,
-                rotary: None,
-                slots: None,
-                qk_norm: None,
-                score: Default::default(),
-            },
-            attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
-            ffn: Ffn {
+        encoder.push(EncoderLayer::new(
+            Attention::new(
+                w.linear(&format!("{p}.attention.self.query"), d, d)?,
+                w.linear(&format!("{p}.attention.self.key"), d, d)?,
+                w.linear(&format!("{p}.attention.self.value"), d, d)?,
+                w.linear(&format!("{p}.attention.output.dense"), d, d)?,
+                h,
+                h,
+                d / h,
+            ),
+            w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
+            Ffn {
                 up: w.linear(&format!("{p}.intermediate.dense"), f, d)?,
                 down: w.linear(&format!("{p}.output.dense"), d, f)?,
                 act,
                 gate: None,
             },
-            ffn_norm: w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
-            norm_position: NormPosition::Post,
-            post_norms: None,
-            window: None,
-        });
+            w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
+            NormPosition::Post,
+        ));
     }
     // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
     let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);

@@ -225,32 +225,33 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
             None
         };
         let ffn_norm_name = if version >= 2 { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
-        layers.push(EncoderLayer {
-            attn: Attention {
-                q: proj(&mut w, "self_attn.q_proj", h * dh, d, cfg.attention_bias)?,
-                k: proj(&mut w, "self_attn.k_proj", hk * dh, d, cfg.attention_bias)?,
-                v: proj(&mut w, "self_attn.v_proj", hk * dh, d, cfg.attention_bias)?,
-                o: proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
-                n_heads: h,
-                n_kv_heads: hk,
-                head_dim: dh,
-                rotary: Some(Rotary { base, dim: dh, half: true, scaling }),
-                slots: None,
-                qk_norm,
-                score,
-            },
-            attn_norm: norm(&mut w, format!("{p}.input_layernorm.weight"), d)?,
-            ffn: Ffn {
-                up: proj(&mut w, "mlp.up_proj", ff, d, false)?,
-                down: proj(&mut w, "mlp.down_proj", d, ff, false)?,
-                act,
-                gate: Some(proj(&mut w, "mlp.gate_proj", ff, d, false)?),
-            },
-            ffn_norm: norm(&mut w, format!("{p}.{ffn_norm_name}.weight"), d)?,
-            norm_position: NormPosition::Pre,
-            post_norms,
-            window: if is_sliding { cfg.sliding_window } else { None },
-        });
+        layers.push(
+            EncoderLayer::new(
+                Attention::new(
+                    proj(&mut w, "self_attn.q_proj", h * dh, d, cfg.attention_bias)?,
+                    proj(&mut w, "self_attn.k_proj", hk * dh, d, cfg.attention_bias)?,
+                    proj(&mut w, "self_attn.v_proj", hk * dh, d, cfg.attention_bias)?,
+                    proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
+                    h,
+                    hk,
+                    dh,
+                )
+                .with_rotary(Some(Rotary { base, dim: dh, half: true, scaling }))
+                .with_qk_norm(qk_norm)
+                .with_score(score),
+                norm(&mut w, format!("{p}.input_layernorm.weight"), d)?,
+                Ffn {
+                    up: proj(&mut w, "mlp.up_proj", ff, d, false)?,
+                    down: proj(&mut w, "mlp.down_proj", d, ff, false)?,
+                    act,
+                    gate: Some(proj(&mut w, "mlp.gate_proj", ff, d, false)?),
+                },
+                norm(&mut w, format!("{p}.{ffn_norm_name}.weight"), d)?,
+                NormPosition::Pre,
+            )
+            .with_post_norms(post_norms)
+            .with_window(if is_sliding { cfg.sliding_window } else { None }),
+        );
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {

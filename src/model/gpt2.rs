@@ -93,32 +93,26 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             Some((q, k, v)) => (Some(q), Some(k), Some(v)),
             None => (None, None, None),
         };
-        layers.push(EncoderLayer {
-            attn: Attention {
-                q: lin(0, bq),
-                k: lin(1, bk),
-                v: lin(2, bv),
-                o: conv1d(&mut w, &format!("{p}.attn.c_proj"), d, d)?,
-                n_heads: h,
-                n_kv_heads: h,
-                head_dim: d / h,
-                rotary: None,
-                slots: None,
-                qk_norm: None,
-                score: Default::default(),
-            },
-            attn_norm: layer_norm(&mut w, &format!("{p}.ln_1"), d, eps)?,
-            ffn: Ffn {
+        layers.push(EncoderLayer::new(
+            Attention::new(
+                lin(0, bq),
+                lin(1, bk),
+                lin(2, bv),
+                conv1d(&mut w, &format!("{p}.attn.c_proj"), d, d)?,
+                h,
+                h,
+                d / h,
+            ),
+            layer_norm(&mut w, &format!("{p}.ln_1"), d, eps)?,
+            Ffn {
                 up: conv1d(&mut w, &format!("{p}.mlp.c_fc"), d, ff)?,
                 down: conv1d(&mut w, &format!("{p}.mlp.c_proj"), ff, d)?,
                 act,
                 gate: None,
             },
-            ffn_norm: layer_norm(&mut w, &format!("{p}.ln_2"), d, eps)?,
-            norm_position: NormPosition::Pre,
-            post_norms: None,
-            window: None,
-        });
+            layer_norm(&mut w, &format!("{p}.ln_2"), d, eps)?,
+            NormPosition::Pre,
+        ));
     }
     let tokens = w.get("wte.weight", &[cfg.vocab_size, d])?;
     let positions = w.get("wpe.weight", &[cfg.n_positions, d])?;

@@ -175,32 +175,27 @@ pub(crate) fn build(
         let split = |i: i64| -> Result<Linear, ModelError> {
             Ok(Linear { w: part(&qkv.w, i)?, b: qkv.b.as_ref().map(|b| part(b, i)).transpose()? })
         };
-        layers.push(EncoderLayer {
-            attn: Attention {
-                q: split(0)?,
-                k: split(1)?,
-                v: split(2)?,
-                o: proj(&mut w, "attention.dense", d, d, cfg.attention_bias)?,
-                n_heads: h,
-                n_kv_heads: h,
-                head_dim: dh,
-                rotary: Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() }),
-                slots: None,
-                qk_norm: None,
-                score: Default::default(),
-            },
-            attn_norm: ln(&mut w, format!("{p}.input_layernorm"))?,
-            ffn: Ffn {
+        layers.push(EncoderLayer::new(
+            Attention::new(
+                split(0)?,
+                split(1)?,
+                split(2)?,
+                proj(&mut w, "attention.dense", d, d, cfg.attention_bias)?,
+                h,
+                h,
+                dh,
+            )
+            .with_rotary(Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() })),
+            ln(&mut w, format!("{p}.input_layernorm"))?,
+            Ffn {
                 up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?,
                 down: proj(&mut w, "mlp.dense_4h_to_h", d, ff, true)?,
                 act,
                 gate: None,
             },
-            ffn_norm: ln(&mut w, format!("{p}.post_attention_layernorm"))?,
-            norm_position: if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre },
-            post_norms: None,
-            window: None,
-        });
+            ln(&mut w, format!("{p}.post_attention_layernorm"))?,
+            if cfg.use_parallel_residual { NormPosition::Parallel } else { NormPosition::Pre },
+        ));
     }
     let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() {

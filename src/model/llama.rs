@@ -176,60 +176,53 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
             Ok(Linear { w: weight, b })
         };
-        layers.push(EncoderLayer {
-            attn: Attention {
-                q: proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
-                k: proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
-                v: proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
-                o: proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
-                n_heads: h,
-                n_kv_heads: hk,
-                head_dim: dh,
-                rotary: Some(Rotary {
-                    base: theta,
-                    dim: rope_dim,
-                    half: rows == RotaryRows::RotateHalf,
-                    scaling: scaling.clone(),
-                }),
-                slots: None,
-                qk_norm: if qk_norm {
-                    // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.
-                    let per_head = !olmo2;
-                    let width = |n: i64| if per_head { dh } else { n * dh };
-                    let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
-                        Ok(Norm {
-                            kind: NormKind::Rms,
-                            weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?,
-                            bias: None,
-                            eps,
-                        })
-                    };
-                    Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
-                } else {
-                    None
-                },
-                score: Default::default(),
-            },
-            attn_norm: rms(
-                &mut w,
-                format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }),
-            )?,
-            ffn: Ffn {
+        // OLMo-2 norms each sublayer's output (post_attention_layernorm after the attention,
+        // post_feedforward_layernorm after the MLP) and not their inputs.
+        layers.push(EncoderLayer::new(
+            Attention::new(
+                proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
+                proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
+                proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
+                proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
+                h,
+                hk,
+                dh,
+            )
+            .with_rotary(Some(Rotary {
+                base: theta,
+                dim: rope_dim,
+                half: rows == RotaryRows::RotateHalf,
+                scaling: scaling.clone(),
+            }))
+            .with_qk_norm(if qk_norm {
+                // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.
+                let per_head = !olmo2;
+                let width = |n: i64| if per_head { dh } else { n * dh };
+                let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
+                    Ok(Norm {
+                        kind: NormKind::Rms,
+                        weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?,
+                        bias: None,
+                        eps,
+                    })
+                };
+                Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
+            } else {
+                None
+            }),
+            rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
+            Ffn {
                 up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
                 down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)?,
                 act: Activation::Silu,
                 gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)?),
             },
-            // OLMo-2 norms each sublayer's output (post_attention_layernorm after the
-            // attention, post_feedforward_layernorm after the MLP) and not their inputs.
-            ffn_norm: rms(
+            rms(
                 &mut w,
                 format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }),
             )?,
-            norm_position: if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
-            post_norms: None,
-            window: None,
-        });
+            if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
+        ));
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
     let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {

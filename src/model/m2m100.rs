@@ -148,20 +148,18 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
         let p = format!("model.encoder.layers.{l}");
-        encoder.push(EncoderLayer {
-            attn: attention(&mut w, &format!("{p}.self_attn"), d, he)?,
-            attn_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            ffn: Ffn {
+        encoder.push(EncoderLayer::new(
+            attention(&mut w, &format!("{p}.self_attn"), d, he)?,
+            norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
+            Ffn {
                 up: linear(&mut w, &format!("{p}.fc1"), cfg.encoder_ffn_dim, d)?,
                 down: linear(&mut w, &format!("{p}.fc2"), d, cfg.encoder_ffn_dim)?,
                 act,
                 gate: None,
             },
-            ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
-            norm_position: NormPosition::Pre,
-            post_norms: None,
-            window: None,
-        });
+            norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
+            NormPosition::Pre,
+        ));
     }
     let enc_final = norm(&mut w, "model.encoder.layer_norm", d)?;
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it

@@ -147,19 +147,15 @@ impl MarianNames for Weights {
         })
     }
     fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError> {
-        Ok(Attention {
-            q: self.linear(p, "q", d, d, true)?,
-            k: self.linear(p, "k", d, d, true)?,
-            v: self.linear(p, "v", d, d, true)?,
-            o: self.linear(p, "o", d, d, true)?,
-            n_heads: heads,
-            n_kv_heads: heads,
-            head_dim: d / heads,
-            rotary: None,
-            slots: None,
-            qk_norm: None,
-            score: Default::default(),
-        })
+        Ok(Attention::new(
+            self.linear(p, "q", d, d, true)?,
+            self.linear(p, "k", d, d, true)?,
+            self.linear(p, "v", d, d, true)?,
+            self.linear(p, "o", d, d, true)?,
+            heads,
+            heads,
+            d / heads,
+        ))
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
         Ok(Ffn {
@@ -198,15 +194,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut encoder = Vec::with_capacity(n_enc);
     for l in 1..=n_enc {
         let p = format!("encoder_l{l}_");
-        encoder.push(EncoderLayer {
-            attn: w.attention(&format!("{p}self_"), d, heads)?,
-            attn_norm: w.norm(&format!("{p}self_Wo_ln"), d)?,
-            ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
-            ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
-            norm_position: NormPosition::Post,
-            post_norms: None,
-            window: None,
-        });
+        encoder.push(EncoderLayer::new(
+            w.attention(&format!("{p}self_"), d, heads)?,
+            w.norm(&format!("{p}self_Wo_ln"), d)?,
+            w.ffn(&format!("{p}ffn_"), d, f)?,
+            w.norm(&format!("{p}ffn_ffn_ln"), d)?,
+            NormPosition::Post,
+        ));
     }
     let mut decoder = Vec::with_capacity(n_dec);
     for l in 1..=n_dec {

@@ -722,6 +722,46 @@ pub struct Attention {
     pub score: Score,
 }
 
+impl Attention {
+    /// An attention block of `n_heads` query heads sharing `n_kv_heads` key/value heads of
+    /// `head_dim`, from its four projections: no rotary, no q/k norms, the default score
+    /// (`1/sqrt(head_dim)`, no cap), the heads as loaded. The `with_` methods add the rest, so
+    /// a new field gets its default here and no builder elsewhere changes.
+    pub fn new(q: Linear, k: Linear, v: Linear, o: Linear, n_heads: i64, n_kv_heads: i64, head_dim: i64) -> Attention {
+        Attention {
+            q,
+            k,
+            v,
+            o,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rotary: None,
+            slots: None,
+            qk_norm: None,
+            score: Score::default(),
+        }
+    }
+
+    /// Rotary positions on queries and keys.
+    pub fn with_rotary(mut self, rotary: Option<Rotary>) -> Attention {
+        self.rotary = rotary;
+        self
+    }
+
+    /// Norms of the queries and keys before rotary.
+    pub fn with_qk_norm(mut self, qk_norm: Option<QkNorm>) -> Attention {
+        self.qk_norm = qk_norm;
+        self
+    }
+
+    /// The scores' scale and soft-cap.
+    pub fn with_score(mut self, score: Score) -> Attention {
+        self.score = score;
+        self
+    }
+}
+
 /// The attention scores' scale and soft-cap.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Score {
@@ -1185,19 +1225,7 @@ mod tests {
     fn gates_scale_only_their_head() {
         // Two heads of dim 1, identity projections: context of head h is its own value.
         let eye = [1.0f32, 0.0, 0.0, 1.0];
-        let a = Attention {
-            q: lin(&eye, 2, 2),
-            k: lin(&eye, 2, 2),
-            v: lin(&eye, 2, 2),
-            o: lin(&eye, 2, 2),
-            n_heads: 2,
-            n_kv_heads: 2,
-            head_dim: 1,
-            rotary: None,
-            slots: None,
-            qk_norm: None,
-            score: Default::default(),
-        };
+        let a = Attention::new(lin(&eye, 2, 2), lin(&eye, 2, 2), lin(&eye, 2, 2), lin(&eye, 2, 2), 2, 2, 1);
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
         let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
         let mut none = None;

@@ -68,19 +68,16 @@ fn rms(w: &mut Weights, name: &str, d: i64, eps: f64) -> Result<Norm, ModelError
 /// `{prefix}.q`, `.k`, `.v`, `.o` without bias; scores unscaled.
 fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64, dkv: i64) -> Result<Attention, ModelError> {
     let inner = h * dkv;
-    Ok(Attention {
-        q: linear(w, &format!("{prefix}.q.weight"), inner, d)?,
-        k: linear(w, &format!("{prefix}.k.weight"), inner, d)?,
-        v: linear(w, &format!("{prefix}.v.weight"), inner, d)?,
-        o: linear(w, &format!("{prefix}.o.weight"), d, inner)?,
-        n_heads: h,
-        n_kv_heads: h,
-        head_dim: dkv,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Score { scale: Some(1.0), softcap: None },
-    })
+    Ok(Attention::new(
+        linear(w, &format!("{prefix}.q.weight"), inner, d)?,
+        linear(w, &format!("{prefix}.k.weight"), inner, d)?,
+        linear(w, &format!("{prefix}.v.weight"), inner, d)?,
+        linear(w, &format!("{prefix}.o.weight"), d, inner)?,
+        h,
+        h,
+        dkv,
+    )
+    .with_score(Score { scale: Some(1.0), softcap: None }))
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
@@ -176,15 +173,13 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_layers {
         let p = format!("encoder.block.{l}.layer");
-        encoder.push(EncoderLayer {
-            attn: attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?,
-            attn_norm: rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
-            ffn: ffn(&mut w, &format!("{p}.1.DenseReluDense"))?,
-            ffn_norm: rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?,
-            norm_position: NormPosition::Pre,
-            post_norms: None,
-            window: None,
-        });
+        encoder.push(EncoderLayer::new(
+            attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?,
+            rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
+            ffn(&mut w, &format!("{p}.1.DenseReluDense"))?,
+            rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?,
+            NormPosition::Pre,
+        ));
     }
     let enc_final = rms(&mut w, "encoder.final_layer_norm.weight", d, eps)?;
     let dec_rel = rel(&mut w, "decoder", false)?;

@@ -104,6 +104,33 @@ pub struct EncoderLayer {
     pub window: Option<i64>,
 }
 
+impl EncoderLayer {
+    /// A layer of the self-attention stack: its attention and MLP with their norms, placed as
+    /// `norm_position` says; no post-sublayer norms and no window of its own (the `with_`
+    /// methods add them).
+    pub fn new(
+        attn: Attention,
+        attn_norm: Norm,
+        ffn: Ffn,
+        ffn_norm: Norm,
+        norm_position: NormPosition,
+    ) -> EncoderLayer {
+        EncoderLayer { attn, attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
+    }
+
+    /// Norms of the attention's and the MLP's outputs before their residuals (Gemma 2/3).
+    pub fn with_post_norms(mut self, post_norms: Option<(Norm, Norm)>) -> EncoderLayer {
+        self.post_norms = post_norms;
+        self
+    }
+
+    /// The layer's own sliding window.
+    pub fn with_window(mut self, window: Option<i64>) -> EncoderLayer {
+        self.window = window;
+        self
+    }
+}
+
 /// Which positions' outputs a layer computes: all, or the last alone (a stack's top layer
 /// when only the last position's logits are read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,53 +52,43 @@ fn planted_attention() -> Attention {
         set(&mut wk, 2 * DH, special, s * -20.0);
     }
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention {
-        q: lin(Tensor::from_slice(&wq).view([D, D]), Tensor::from_slice(&bq)),
-        k: lin(Tensor::from_slice(&wk).view([D, D]), zeros(&[D])),
-        v: lin(eye.copy(), zeros(&[D])),
-        o: lin(eye, zeros(&[D])),
-        n_heads: H,
-        n_kv_heads: H,
-        head_dim: DH,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    }
+    Attention::new(
+        lin(Tensor::from_slice(&wq).view([D, D]), Tensor::from_slice(&bq)),
+        lin(Tensor::from_slice(&wk).view([D, D]), zeros(&[D])),
+        lin(eye.copy(), zeros(&[D])),
+        lin(eye, zeros(&[D])),
+        H,
+        H,
+        DH,
+    )
 }
 
 fn uniform_attention() -> Attention {
     let eye = Tensor::eye(D, (DType::Float, Device::Cpu));
-    Attention {
-        q: lin(zeros(&[D, D]), zeros(&[D])),
-        k: lin(zeros(&[D, D]), zeros(&[D])),
-        v: lin(eye.copy(), zeros(&[D])),
-        o: lin(eye, zeros(&[D])),
-        n_heads: H,
-        n_kv_heads: H,
-        head_dim: DH,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    }
+    Attention::new(
+        lin(zeros(&[D, D]), zeros(&[D])),
+        lin(zeros(&[D, D]), zeros(&[D])),
+        lin(eye.copy(), zeros(&[D])),
+        lin(eye, zeros(&[D])),
+        H,
+        H,
+        DH,
+    )
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer {
+    EncoderLayer::new(
         attn,
-        attn_norm: common::layer_norm(D),
-        ffn: Ffn {
+        common::layer_norm(D),
+        Ffn {
             up: lin(zeros(&[8, D]), zeros(&[8])),
             down: lin(zeros(&[D, 8]), zeros(&[D])),
             act: Activation::Gelu,
             gate: None,
         },
-        ffn_norm: common::layer_norm(D),
-        norm_position: NormPosition::Post,
-        post_norms: None,
-        window: None,
-    }
+        common::layer_norm(D),
+        NormPosition::Post,
+    )
 }
 
 fn planted_model(dir: &std::path::Path) -> Model {

@@ -157,36 +157,31 @@ pub(crate) mod planted {
         for &(h, d, out, x) in o {
             let _ = wo.get(out).get(h * D + d).fill_(x);
         }
-        Attention {
-            q: Linear { w: fill(q), b: None },
-            k: Linear { w: fill(k), b: None },
-            v: Linear { w: fill(v), b: None },
-            o: Linear { w: wo, b: None },
-            n_heads: H,
-            n_kv_heads: H,
-            head_dim: D,
-            rotary: None,
-            slots: None,
-            qk_norm: None,
-            score: Default::default(),
-        }
+        Attention::new(
+            Linear { w: fill(q), b: None },
+            Linear { w: fill(k), b: None },
+            Linear { w: fill(v), b: None },
+            Linear { w: wo, b: None },
+            H,
+            H,
+            D,
+        )
     }
 
     fn layer(attn: Attention, window: Option<i64>) -> EncoderLayer {
-        EncoderLayer {
+        EncoderLayer::new(
             attn,
-            attn_norm: common::rms_norm(D),
-            ffn: Ffn {
+            common::rms_norm(D),
+            Ffn {
                 up: Linear { w: zeros(&[8, D]), b: None },
                 down: Linear { w: zeros(&[D, 8]), b: None },
                 act: Activation::Gelu,
                 gate: None,
             },
-            ffn_norm: common::rms_norm(D),
-            norm_position: NormPosition::Pre,
-            post_norms: None,
-            window,
-        }
+            common::rms_norm(D),
+            NormPosition::Pre,
+        )
+        .with_window(window)
     }
 
     pub fn model() -> (View, tempfile::TempDir) {

@@ -50,36 +50,30 @@ fn attention(
         let _ = bq.get(h * DH + d).fill_(x);
     }
     let lin = |w: Tensor, b: Tensor| Linear { w, b: Some(b) };
-    Attention {
-        q: lin(fill(q, true), bq),
-        k: lin(fill(k, true), zeros(&[H * DH])),
-        v: lin(fill(v, true), zeros(&[H * DH])),
-        o: lin(wo, zeros(&[D])),
-        n_heads: H,
-        n_kv_heads: H,
-        head_dim: DH,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    }
+    Attention::new(
+        lin(fill(q, true), bq),
+        lin(fill(k, true), zeros(&[H * DH])),
+        lin(fill(v, true), zeros(&[H * DH])),
+        lin(wo, zeros(&[D])),
+        H,
+        H,
+        DH,
+    )
 }
 
 fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer {
+    EncoderLayer::new(
         attn,
-        attn_norm: common::rms_norm(D),
-        ffn: Ffn {
+        common::rms_norm(D),
+        Ffn {
             up: Linear { w: zeros(&[8, D]), b: None },
             down: Linear { w: zeros(&[D, 8]), b: None },
             act: Activation::Gelu,
             gate: None,
         },
-        ffn_norm: common::rms_norm(D),
-        norm_position: NormPosition::Pre,
-        post_norms: None,
-        window: None,
-    }
+        common::rms_norm(D),
+        NormPosition::Pre,
+    )
 }
 
 fn planted() -> (Model, tempfile::TempDir) {

@@ -21,19 +21,7 @@ fn lin(out: i64, inp: i64) -> Linear {
     }
 }
 fn attn() -> Attention {
-    Attention {
-        q: lin(D, D),
-        k: lin(D, D),
-        v: lin(D, D),
-        o: lin(D, D),
-        n_heads: H,
-        n_kv_heads: H,
-        head_dim: D / H,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    }
+    Attention::new(lin(D, D), lin(D, D), lin(D, D), lin(D, D), H, H, D / H)
 }
 
 fn tiny() -> Transformer {
@@ -49,14 +37,14 @@ fn tiny() -> Transformer {
             norm: None,
         },
         encoder: (0..2)
-            .map(|_| EncoderLayer {
-                attn: attn(),
-                attn_norm: common::layer_norm(D),
-                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
-                ffn_norm: common::layer_norm(D),
-                norm_position: NormPosition::Post,
-                post_norms: None,
-                window: None,
+            .map(|_| {
+                EncoderLayer::new(
+                    attn(),
+                    common::layer_norm(D),
+                    Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
+                    common::layer_norm(D),
+                    NormPosition::Post,
+                )
             })
             .collect(),
         stack_kind: Kind::Enc,

@@ -29,33 +29,19 @@ fn lin(out: i64, inp: i64) -> Linear {
 }
 
 fn layer() -> EncoderLayer {
-    let mut attn = Attention {
-        q: lin(D, D),
-        k: lin(D, D),
-        v: lin(D, D),
-        o: lin(D, D),
-        n_heads: H,
-        n_kv_heads: H,
-        head_dim: DH,
-        rotary: None,
-        slots: None,
-        qk_norm: None,
-        score: Default::default(),
-    };
+    let mut attn = Attention::new(lin(D, D), lin(D, D), lin(D, D), lin(D, D), H, H, DH);
     let _ = attn.q.w.g_mul_scalar_(3.0); // sharper attention, so heads differ
     for h in USELESS {
         let _ = attn.v.w.narrow(0, h * DH, DH).fill_(0.0);
         let _ = attn.v.b.as_ref().unwrap().narrow(0, h * DH, DH).fill_(0.0);
     }
-    EncoderLayer {
+    EncoderLayer::new(
         attn,
-        attn_norm: common::layer_norm(D),
-        ffn: Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None },
-        ffn_norm: common::layer_norm(D),
-        norm_position: NormPosition::Post,
-        post_norms: None,
-        window: None,
-    }
+        common::layer_norm(D),
+        Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None },
+        common::layer_norm(D),
+        NormPosition::Post,
+    )
 }
 
 fn tiny_model(dir: &Path) -> Model {
