@@ -138,6 +138,11 @@ fn install_panic_hook() {
                     .or_else(|| info.payload().downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 let at = info.location().map(|l| format!(" (at {}:{})", l.file(), l.line())).unwrap_or_default();
+                if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+                    eprintln!("panic, in full: {msg}{at}\n{}", std::backtrace::Backtrace::force_capture());
+                }
+                // One line for the person: a libtorch message loses its C++ trace.
+                let msg = crate::model::one_line(&msg);
                 LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{at}")));
             } else {
                 default(info);

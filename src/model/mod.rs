@@ -137,8 +137,25 @@ pub enum ModelError {
     Invalid(String),
     #[error("interrupted")]
     Interrupted,
-    #[error("torch: {0}")]
+    #[error("torch: {}", one_line(&.0.to_string()))]
     Torch(#[from] tch::TchError),
+}
+
+/// A libtorch message without its C++ trace: libtorch appends `Exception raised from ...` and
+/// `frame #N: ...` lines (in a panic's message, `\n`-escaped inside the error's Debug form);
+/// a person sees the first line, saying the trace was left out. `RUST_BACKTRACE=1` prints the
+/// whole message of a panic on stderr (`engine::install_panic_hook`).
+pub fn one_line(msg: &str) -> String {
+    let cuts = ["\nException raised from", "\\nException raised from", "\nframe #", "\\nframe #", "\n"];
+    let cut = cuts.iter().filter_map(|c| msg.find(c)).min();
+    match cut {
+        Some(i) => {
+            let head = msg[..i].trim_end();
+            let head = head.strip_suffix('.').unwrap_or(head);
+            format!("{head} (libtorch's C++ trace left out)")
+        }
+        None => msg.to_string(),
+    }
 }
 
 /// Stops a forward pass between layers when the run on this thread was interrupted (Ctrl-C,
@@ -1382,6 +1399,18 @@ impl Model {
 #[cfg(test)]
 mod unknown_family_tests {
     use super::*;
+
+    #[test]
+    fn a_torch_error_prints_one_line() {
+        let e = ModelError::from(tch::TchError::Torch(
+            "shape '[2, 3]' is invalid for input of size 5\nException raised from infer_size_impl at x.cpp:1\nframe #0: f".into(),
+        ));
+        assert_eq!(
+            e.to_string(),
+            "torch: Internal torch error: shape '[2, 3]' is invalid for input of size 5 (libtorch's C++ trace left out)"
+        );
+        assert_eq!(one_line("plain"), "plain");
+    }
 
     #[test]
     fn the_unknown_directory_message_lists_every_family() {

@@ -557,3 +557,37 @@ fn bad_pruning_inputs_are_clear_errors() {
     let refs: Vec<(&str, &str)> = cases.iter().map(|(c, w)| (c.as_str(), *w)).collect();
     expect_errors(d, &refs);
 }
+
+/// A panic carrying a libtorch message (as an `unwrap()` on a tensor op would) prints one line:
+/// libtorch's C++ trace is left out, unless RUST_BACKTRACE asks for it (then on stderr in full).
+#[test]
+fn a_libtorch_trace_never_reaches_the_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let torch = r#"called `Result::unwrap()` on an `Err` value: Torch(\"The size of tensor a (48) must match the size of tensor b (64) at non-singleton dimension 2\\nException raised from infer_size_impl at /pytorch/aten/src/ATen/ExpandUtils.cpp:31 (most recent call first):\\nframe #0: c10::Error::Error\")"#;
+    let code = format!("debug_panic(\"{torch}\")");
+    let run = |backtrace: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_headscope"));
+        c.args(["-e", &code]).current_dir(dir.path()).env_remove("RUST_BACKTRACE");
+        if backtrace {
+            c.env("RUST_BACKTRACE", "1");
+        }
+        let out = c.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = run(false);
+    assert_eq!(code, Some(1), "{stderr}");
+    let line = stderr.lines().find(|l| l.contains("panicked")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.contains(
+            "must match the size of tensor b (64) at non-singleton dimension 2 (libtorch's C++ trace left out)"
+        ),
+        "{line}"
+    );
+    assert!(!stderr.contains("frame #0") && !stderr.contains("Exception raised from"), "{stderr}");
+    // Asked for: the whole message on stderr, the error line still one line.
+    let (_, stderr) = run(true);
+    assert!(
+        stderr.contains("frame #0: c10::Error::Error") && stderr.contains("(libtorch's C++ trace left out)"),
+        "{stderr}"
+    );
+}
