@@ -146,7 +146,7 @@ pub enum ModelError {
 /// a person sees the first line, saying the trace was left out. `RUST_BACKTRACE=1` prints the
 /// whole message of a panic on stderr (`engine::install_panic_hook`).
 pub fn one_line(msg: &str) -> String {
-    let cuts = ["\nException raised from", "\\nException raised from", "\nframe #", "\\nframe #", "\n"];
+    let cuts = ["\nException raised from", "\\nException raised from", "\nframe #", "\\nframe #"];
     let cut = cuts.iter().filter_map(|c| msg.find(c)).min();
     match cut {
         Some(i) => {
@@ -1410,6 +1410,7 @@ mod unknown_family_tests {
             "torch: Internal torch error: shape '[2, 3]' is invalid for input of size 5 (libtorch's C++ trace left out)"
         );
         assert_eq!(one_line("plain"), "plain");
+        assert_eq!(one_line("left: 1\nright: 2"), "left: 1\nright: 2", "only libtorch's trace is cut");
     }
 
     #[test]

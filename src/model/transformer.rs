@@ -374,7 +374,7 @@ fn no_sum(layer_idx: usize) -> ModelError {
 /// `fresh + x`: into `fresh` (a sublayer's output just computed) where nobody else sees it
 /// ([`super::nn::unseen`]), else a new tensor. The same floats either way.
 fn sum_into(mut fresh: Tensor, x: &Tensor, h: &HookSlot) -> Result<Tensor, ModelError> {
-    if super::nn::unseen(h, &fresh) && !x.requires_grad() && fresh.size() == x.size() {
+    if super::nn::unseen(h, &fresh) && !x.requires_grad() && fresh.size() == x.size() && fresh.kind() == x.kind() {
         return Ok(fresh.f_add_(x)?);
     }
     Ok(x.f_add(&fresh)?)
@@ -924,9 +924,10 @@ impl Transformer {
     }
 
     /// The stack's attention bias for rows `x [B, T, ..]` without padding (every key real):
-    /// what [`Start::Layer`] and [`Start::Z`] take when the rows are whole sentences.
+    /// what [`Start::Layer`] and [`Start::Z`] take when the rows are whole sentences. One row
+    /// `[1, .., T, T]`, broadcast over the batch (as a key/value cache's causal bias is).
     pub fn unpadded_bias(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let mask = Tensor::f_ones([x.size()[0], x.size()[1]], (x.kind(), x.device()))?;
+        let mask = Tensor::f_ones([1, x.size()[1]], (x.kind(), x.device()))?;
         Ok(self.self_bias(&mask, x.kind()))
     }
 

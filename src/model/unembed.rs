@@ -3,8 +3,9 @@
 //! Final states `[.., D]` go through the output projection and, where the model says so, the
 //! final soft-cap (Gemma 2's `final_logit_softcapping`: `c * tanh(l / c)`), once; the result is
 //! the hook point `hook_logits` (of `dec` on decoders, of the stack's kind otherwise). Generation,
-//! `m.logits`, the task loss, patching's metric and LRP's seeds all take their logits here, so a
-//! hook on `hook_logits` sees (and may replace) what every one of them reads.
+//! `m.logits`, the task loss, patching's metric and LRP's seeds all take their logits here (one
+//! arithmetic, one soft-cap). Hooks see `hook_logits` where a run hands them over:
+//! `run_with_cache`, teacher-forced decoding and `Transformer::run` to `Stop::Logits`.
 
 use super::hooks::{self, At, HookSlot, Point};
 use super::transformer::Transformer;
@@ -91,7 +92,8 @@ impl Transformer {
     }
 
     /// Logits `[.., V]` of final states `[.., D]` with no hooks: the output projection,
-    /// soft-capped where the model says so (greedy choices do not change).
+    /// soft-capped where the model says so (as transformers caps before its argmax: where the
+    /// cap saturates, ties go to the first index).
     pub fn logits(&self, states: &Tensor) -> Result<Tensor, ModelError> {
         self.logits_hooked(states, &mut None)
     }

@@ -432,6 +432,10 @@ fn hook_logits_is_the_soft_capped_unembedding() {
     let _g = tch::no_grad_guard();
     let states = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
     assert_eq!(max_diff(&m.net.logits(&states).unwrap().get(0), recorded), 0.0, "logits() differs from the trace");
+    // The cap bites on this sentence, and is applied once: 3 tanh(l / 3) of the projection.
+    let raw = m.net.logits_before_cap(&states).unwrap().get(0);
+    assert!(raw.abs().max().double_value(&[]) > 3.5, "no logit beyond the cap: the test would not see it");
+    assert!(max_diff(&((&raw / 3.0).tanh() * 3.0), recorded) < 1e-6, "hook_logits is not 3 tanh(l / 3)");
     // Written: the run returns the replacement.
     let mut zero = Interventions::default();
     zero.list.push(Intervention { at, op: Op::Scale(0.0), heads: None, positions: None, rows: None });
