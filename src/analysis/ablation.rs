@@ -555,7 +555,7 @@ pub fn sweep_acc(
                                 ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
                             let (x, bias) = (x.repeat([n, 1, 1]), bias.repeat([n, 1, 1, 1]));
                             let enc = model.net.run(
-                                Start::Z { layer: l, x: &x, z: &z, bias: &bias },
+                                Start::Z { layer: l, x: &x, z: &z, bias: Some(&bias) },
                                 Stop::FinalNorm,
                                 &base,
                                 &mut None,

@@ -685,8 +685,7 @@ fn resume(
         .into_iter()
         .map(|c| {
             let x = c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?;
-            let bias = net.unpadded_bias(&x)?;
-            net.run(Start::Layer { layer: net.encoder.len(), x: &x, bias: &bias }, Stop::FinalNorm, gates, &mut None)
+            net.run(Start::Layer { layer: net.encoder.len(), x: &x, bias: None }, Stop::FinalNorm, gates, &mut None)
         })
         .collect()
 }
@@ -1039,13 +1038,7 @@ fn path_runs(
                             .ok_or_else(|| missing(n_layers - 1))?
                             .f_repeat([n, 1, 1])?
                             .f_add(&delta)?;
-                        let bias = net.unpadded_bias(&x)?;
-                        net.run(
-                            Start::Layer { layer: n_layers, x: &x, bias: &bias },
-                            Stop::FinalNorm,
-                            gates,
-                            &mut None,
-                        )?
+                        net.run(Start::Layer { layer: n_layers, x: &x, bias: None }, Stop::FinalNorm, gates, &mut None)?
                     }
                     Some((lr, point, unit, x, v)) => {
                         let xs = x.f_repeat([n, 1, 1])?;
@@ -1059,9 +1052,8 @@ fn path_runs(
                         let sel = Tensor::from_slice(&sel).view([1, -1, 1, 1]).to_device(dev);
                         let value = seen.f_where_self(&sel, &v.f_repeat([n, 1, 1, 1])?)?;
                         let mut put = Put { at: At::new(net.stack_kind, *lr, *point), value: &value };
-                        let bias = net.unpadded_bias(&xs)?;
                         net.run(
-                            Start::Layer { layer: *lr, x: &xs, bias: &bias },
+                            Start::Layer { layer: *lr, x: &xs, bias: None },
                             Stop::FinalNorm,
                             gates,
                             &mut Some(&mut put as &mut dyn Hooks),
@@ -1516,19 +1508,19 @@ pub fn patch_translation(
                     let biases = bias.repeat([n, 1, 1, 1]);
                     let enc = match point {
                         Point::Z => net.run(
-                            Start::Z { layer: l, x: &x, z: patched, bias: &biases },
+                            Start::Z { layer: l, x: &x, z: patched, bias: Some(&biases) },
                             Stop::FinalNorm,
                             gates,
                             &mut None,
                         )?,
                         Point::ResidPre => net.run(
-                            Start::Layer { layer: l, x: patched, bias: &biases },
+                            Start::Layer { layer: l, x: patched, bias: Some(&biases) },
                             Stop::FinalNorm,
                             gates,
                             &mut None,
                         )?,
                         _ => net.run(
-                            Start::Layer { layer: l, x: &x, bias: &biases },
+                            Start::Layer { layer: l, x: &x, bias: Some(&biases) },
                             Stop::FinalNorm,
                             gates,
                             &mut Some(&mut put as &mut dyn Hooks),

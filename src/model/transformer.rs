@@ -672,12 +672,13 @@ pub enum Start<'a> {
     /// Token ids `[B, T]` with their key mask `[B, T]` (1 = real): the embeddings first.
     Tokens { ids: &'a Tensor, mask: &'a Tensor },
     /// The input of layer `layer` (`hook_resid_pre`) `[B, T, D]`, with the stack's attention
-    /// bias ([`Transformer::self_bias`]); `layer` may be the number of layers (the final norm
-    /// alone is left).
-    Layer { layer: usize, x: &'a Tensor, bias: &'a Tensor },
+    /// bias ([`Transformer::self_bias`]; `None`: rows without padding, the bias made here only
+    /// if a layer runs); `layer` may be the number of layers (the final norm alone is left).
+    Layer { layer: usize, x: &'a Tensor, bias: Option<&'a Tensor> },
     /// Layer `layer` resumed at its attention's `hook_z`: `x` the layer's input, `z` the
-    /// per-head contexts `[B, H, T, dh]` (rows may be ablations or patches of one pass's).
-    Z { layer: usize, x: &'a Tensor, z: &'a Tensor, bias: &'a Tensor },
+    /// per-head contexts `[B, H, T, dh]` (rows may be ablations or patches of one pass's); the
+    /// bias as for [`Start::Layer`].
+    Z { layer: usize, x: &'a Tensor, z: &'a Tensor, bias: Option<&'a Tensor> },
 }
 
 /// Where a [`Transformer::run`] of the stack stops.
@@ -809,7 +810,7 @@ impl Transformer {
                 }
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
                 let bias = self.self_bias(mask, x.kind());
-                (0, x, bias, None)
+                (0, x, Some(bias), None)
             }
             Start::Layer { layer, x, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
@@ -819,12 +820,12 @@ impl Transformer {
                         self.encoder.len()
                     )));
                 }
-                (layer, x.shallow_clone(), bias.shallow_clone(), None)
+                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), None)
             }
             Start::Z { layer, x, z, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
                 self.stack_layer(layer)?;
-                (layer, x.shallow_clone(), bias.shallow_clone(), Some(z))
+                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), Some(z))
             }
         };
         let last = match stop {
@@ -840,19 +841,25 @@ impl Transformer {
         let kind = self.stack_kind;
         let t = x.size()[1];
         let mut x = x;
-        for (l, layer) in self.encoder.iter().enumerate().take(last).skip(from) {
-            x = match z {
-                Some(z) if l == from => {
-                    check_interrupt()?;
-                    let a = layer.attn.output_from_z(z, kind, l, h)?;
-                    layer.finish_hooked(&x, a, kind, l, h)?
-                }
-                _ => {
-                    let g = gates.layer(kind, l);
-                    let streamed = self.streamed(gates, l, &bias, t, 0, None);
-                    layer.forward(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, h)?
-                }
+        if from < last {
+            let bias = match bias {
+                Some(b) => b,
+                None => self.unpadded_bias(&x)?,
             };
+            for (l, layer) in self.encoder.iter().enumerate().take(last).skip(from) {
+                x = match z {
+                    Some(z) if l == from => {
+                        check_interrupt()?;
+                        let a = layer.attn.output_from_z(z, kind, l, h)?;
+                        layer.finish_hooked(&x, a, kind, l, h)?
+                    }
+                    _ => {
+                        let g = gates.layer(kind, l);
+                        let streamed = self.streamed(gates, l, &bias, t, 0, None);
+                        layer.forward(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, h)?
+                    }
+                };
+            }
         }
         match stop {
             Stop::After(_) => Ok(x),
@@ -923,10 +930,10 @@ impl Transformer {
         layer.attn_added(a, self.stack_kind, l, h)
     }
 
-    /// The stack's attention bias for rows `x [B, T, ..]` without padding (every key real):
-    /// what [`Start::Layer`] and [`Start::Z`] take when the rows are whole sentences. One row
-    /// `[1, .., T, T]`, broadcast over the batch (as a key/value cache's causal bias is).
-    pub fn unpadded_bias(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+    /// The stack's attention bias for rows `x [B, T, ..]` without padding (every key real), a
+    /// run's when [`Start::Layer`] or [`Start::Z`] gives none: one row `[1, .., T, T]`,
+    /// broadcast over the batch (as a key/value cache's causal bias is).
+    fn unpadded_bias(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let mask = Tensor::f_ones([1, x.size()[1]], (x.kind(), x.device()))?;
         Ok(self.self_bias(&mask, x.kind()))
     }

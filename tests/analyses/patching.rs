@@ -611,7 +611,7 @@ fn resumed_patches_equal_whole_runs_in_every_family() {
             let states = m
                 .net
                 .run(
-                    Start::Z { layer: l, x: &xk[l], z: patched, bias: &bias },
+                    Start::Z { layer: l, x: &xk[l], z: patched, bias: Some(&bias) },
                     Stop::FinalNorm,
                     &Gates::none(),
                     &mut None,

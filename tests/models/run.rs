@@ -41,14 +41,27 @@ fn every_start_and_stop_equals_the_whole_run() {
             let upto = m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::After(l), &gates, &mut None).unwrap();
             let next = if l + 1 < n { value(l + 1, Point::ResidPre) } else { upto.shallow_clone() };
             assert_eq!(common::max_diff(&upto, &next), 0.0, "{name}: stop after layer {l}");
-            let rest =
-                m.net.run(Start::Layer { layer: l + 1, x: &upto, bias: &bias }, Stop::FinalNorm, &gates, &mut None);
+            let rest = m.net.run(
+                Start::Layer { layer: l + 1, x: &upto, bias: Some(&bias) },
+                Stop::FinalNorm,
+                &gates,
+                &mut None,
+            );
             assert_eq!(common::max_diff(&rest.unwrap(), &whole), 0.0, "{name}: resumed at layer {}", l + 1);
+            // No bias given: the rows are unpadded, and the run makes the same bias itself.
+            let rest =
+                m.net.run(Start::Layer { layer: l + 1, x: &upto, bias: None }, Stop::FinalNorm, &gates, &mut None);
+            assert_eq!(
+                common::max_diff(&rest.unwrap(), &whole),
+                0.0,
+                "{name}: resumed at layer {} without a bias",
+                l + 1
+            );
             // Resumed at layer l's hook_z.
             let x = value(l, Point::ResidPre);
             let z = value(l, Point::Z);
             let from_z =
-                m.net.run(Start::Z { layer: l, x: &x, z: &z, bias: &bias }, Stop::FinalNorm, &gates, &mut None);
+                m.net.run(Start::Z { layer: l, x: &x, z: &z, bias: Some(&bias) }, Stop::FinalNorm, &gates, &mut None);
             assert_eq!(common::max_diff(&from_z.unwrap(), &whole), 0.0, "{name}: resumed at layer {l}'s hook_z");
         }
         // The logits: the unembedding of the final norm.
@@ -60,11 +73,13 @@ fn every_start_and_stop_equals_the_whole_run() {
         let x = value(0, Point::ResidPre);
         let e = m
             .net
-            .run(Start::Layer { layer: n + 1, x: &x, bias: &bias }, Stop::FinalNorm, &gates, &mut None)
+            .run(Start::Layer { layer: n + 1, x: &x, bias: Some(&bias) }, Stop::FinalNorm, &gates, &mut None)
             .unwrap_err();
         assert!(e.to_string().contains(&format!("layer {} out of range", n + 1)), "{name}: {e}");
-        let e =
-            m.net.run(Start::Layer { layer: 1, x: &x, bias: &bias }, Stop::After(0), &gates, &mut None).unwrap_err();
+        let e = m
+            .net
+            .run(Start::Layer { layer: 1, x: &x, bias: Some(&bias) }, Stop::After(0), &gates, &mut None)
+            .unwrap_err();
         assert!(e.to_string().contains("cannot stop after layer 0"), "{name}: {e}");
         let e = m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::After(n), &gates, &mut None).unwrap_err();
         assert!(
