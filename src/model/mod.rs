@@ -609,70 +609,20 @@ impl Model {
     /// model.parameters())` counts them: a tied matrix once, buffers (HF seq2seq's
     /// `final_logits_bias`) not; learned position rows no input reads (RoBERTa's before
     /// `padding_idx + 1`, BART's offset 2) are not kept, so not counted (tests/models/param_count.rs).
-    pub fn count_params(&self) -> i64 {
-        let n = |t: &Tensor| t.numel() as i64;
-        let lin = |l: &nn::Linear| n(&l.w) + l.b.as_ref().map_or(0, n);
-        let norm = |x: &nn::Norm| n(&x.weight) + x.bias.as_ref().map_or(0, n);
-        let attn = |a: &nn::Attention| {
-            lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o) + a.qk_norm.as_ref().map_or(0, |n| norm(&n.q) + norm(&n.k))
+    ///
+    /// The count walks the blocks' own parameter lists ([`transformer::Transformer::named_params_mut`],
+    /// each tensor once however many places share it), less what transformers holds as
+    /// buffers: M2M100's sinusoid tables (MarianMT's are frozen parameters), and the output
+    /// bias of HF BART, mBART and MarianMT (`final_logits_bias`; Marian's `.bin` learns its
+    /// own). It needs the walker's `&mut` only to reach the tensors.
+    pub fn count_params(&mut self) -> i64 {
+        let family = self.family;
+        let buffer = |name: &str| match family {
+            Family::M2m100 => name.ends_with("pos_embed.W_pos"),
+            Family::Bart | Family::Marian | Family::Mbart => name == "unembed.b_U",
+            _ => false,
         };
-        let ffn = |f: &nn::Ffn| lin(&f.up) + lin(&f.down) + f.gate.as_ref().map_or(0, lin);
-        let e = &self.net.embed;
-        let mut total = n(&e.tokens) + e.token_type.as_ref().map_or(0, n) + e.norm.as_ref().map_or(0, norm);
-        // M2M100's sinusoids are a buffer in transformers (MarianMT's a frozen parameter).
-        let positions_are_parameters = self.family != Family::M2m100;
-        if let (transformer::Positions::Learned(t), true) = (&e.positions, positions_are_parameters) {
-            total += n(t);
-        }
-        for l in &self.net.encoder {
-            total += attn(&l.attn)
-                + norm(&l.attn_norm)
-                + ffn(&l.ffn)
-                + norm(&l.ffn_norm)
-                + l.post_norms.as_ref().map_or(0, |(a, f)| norm(a) + norm(f));
-        }
-        if let Some(d) = &self.net.dec_embed {
-            // A token table shared with the encoder is counted once.
-            if d.tokens.data_ptr() != e.tokens.data_ptr() {
-                total += n(&d.tokens);
-            }
-            total += d.norm.as_ref().map_or(0, norm);
-            if let (transformer::Positions::Learned(t), true) = (&d.positions, positions_are_parameters) {
-                total += n(t);
-            }
-        }
-        for l in &self.net.decoder {
-            total += match &l.self_block {
-                transformer::SelfBlock::Ssru(c) => lin(&c.w) + lin(&c.wf),
-                transformer::SelfBlock::Attention(a) => attn(a),
-            };
-            total += norm(&l.self_norm) + ffn(&l.ffn) + norm(&l.ffn_norm) + l.final_norm.as_ref().map_or(0, norm);
-            if let Some((a, nm)) = &l.cross {
-                total += attn(a) + norm(nm);
-            }
-        }
-        total += self.net.final_norm.as_ref().map_or(0, norm);
-        // T5's relative position biases: one table per stack, shared by its layers.
-        let mut tables: Vec<&Tensor> = self.net.rel_bias.iter().map(|r| &r.table).collect();
-        tables.extend(self.net.decoder.iter().filter_map(|l| l.rel_bias.as_ref().map(|r| &r.table)));
-        tables.dedup_by_key(|t| t.data_ptr() as usize);
-        total += tables.iter().map(|t| n(t)).sum::<i64>();
-        if let Some(o) = &self.net.output {
-            // A tied output shares an embedding matrix (counted above); an untied one is new.
-            let tied = [Some(&e.tokens), self.net.dec_embed.as_ref().map(|d| &d.tokens)]
-                .into_iter()
-                .flatten()
-                .any(|t| t.data_ptr() == o.w.data_ptr());
-            if !tied {
-                total += n(&o.w);
-            }
-            // HF BART and MarianMT hold `final_logits_bias` as a buffer, not a parameter (as
-            // transformers counts); Marian's `.bin` learns its output bias.
-            if !matches!(self.family, Family::Bart | Family::Marian | Family::Mbart) {
-                total += o.b.as_ref().map_or(0, n);
-            }
-        }
-        total
+        self.net.named_params_mut().iter().filter(|(name, _)| !buffer(name)).map(|(_, t)| t.numel() as i64).sum()
     }
 
     pub fn name(&self) -> String {
@@ -855,119 +805,10 @@ impl Model {
         Ok(g)
     }
 
-    /// Every hook point this model's forward meets, in order (docs/methods.md#hook-points).
+    /// Every hook point this model's forward meets, in order (docs/methods.md#hook-points):
+    /// what its blocks say they visit ([`transformer::Transformer::hook_points`]).
     pub fn hook_points(&self) -> Vec<hooks::At> {
-        use hooks::{At, Point as P};
-        let net = &self.net;
-        let mut v = Vec::new();
-        let embeds = |v: &mut Vec<At>, kind: Kind, e: &transformer::Embeddings| {
-            v.push(At::new(kind, 0, P::Embed));
-            if !matches!(e.positions, transformer::Positions::None) {
-                v.push(At::new(kind, 0, P::PosEmbed));
-            }
-        };
-        let attn = |v: &mut Vec<At>, kind: Kind, l: usize, a: &nn::Attention| {
-            let rot = a.rotary.is_some();
-            for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::Z, P::Result] {
-                if rot || !matches!(p, P::RotQ | P::RotK) {
-                    v.push(At::new(kind, l, p));
-                }
-            }
-            v.push(At::new(kind, l, P::AttnOut));
-        };
-        let mlp = |v: &mut Vec<At>, kind: Kind, l: usize, f: &nn::Ffn| {
-            v.push(At::new(kind, l, P::MlpPre));
-            if f.gate.is_some() {
-                v.push(At::new(kind, l, P::MlpPreLinear));
-            }
-            v.extend([P::MlpPost, P::MlpOut].map(|p| At::new(kind, l, p)));
-        };
-        let stack = net.stack_kind;
-        if !net.encoder.is_empty() {
-            embeds(&mut v, stack, &net.embed);
-        }
-        for (l, layer) in net.encoder.iter().enumerate() {
-            if layer.norm_position == nn::NormPosition::PostSublayer {
-                // Each sublayer's output normed: ln1 after the attention, ln2 after the MLP.
-                v.push(At::new(stack, l, P::ResidPre));
-                attn(&mut v, stack, l, &layer.attn);
-                v.extend([P::Ln1, P::ResidMid].map(|p| At::new(stack, l, p)));
-                mlp(&mut v, stack, l, &layer.ffn);
-                v.extend([P::Ln2, P::ResidPost].map(|p| At::new(stack, l, p)));
-                continue;
-            }
-            if layer.post_norms.is_some() {
-                // Four norms (Gemma): ln1 before the attention, ln1_post after it, ln2 before
-                // the MLP, ln2_post after it.
-                v.extend([P::ResidPre, P::Ln1].map(|p| At::new(stack, l, p)));
-                attn(&mut v, stack, l, &layer.attn);
-                v.extend([P::Ln1Post, P::ResidMid, P::Ln2].map(|p| At::new(stack, l, p)));
-                mlp(&mut v, stack, l, &layer.ffn);
-                v.extend([P::Ln2Post, P::ResidPost].map(|p| At::new(stack, l, p)));
-                continue;
-            }
-            let pre = layer.norm_position != nn::NormPosition::Post;
-            v.push(At::new(stack, l, P::ResidPre));
-            if pre {
-                v.push(At::new(stack, l, P::Ln1));
-            }
-            attn(&mut v, stack, l, &layer.attn);
-            if layer.norm_position != nn::NormPosition::Parallel {
-                v.push(At::new(stack, l, P::ResidMid));
-            }
-            v.push(At::new(stack, l, if pre { P::Ln2 } else { P::Ln1 }));
-            mlp(&mut v, stack, l, &layer.ffn);
-            v.push(At::new(stack, l, P::ResidPost));
-            if !pre {
-                v.push(At::new(stack, l, P::Ln2));
-            }
-        }
-        if net.final_norm.is_some() {
-            v.push(At::new(stack, 0, P::LnFinal));
-        }
-        if !net.decoder.is_empty() {
-            embeds(&mut v, Kind::Dec, net.dec_embeddings());
-        }
-        for (l, layer) in net.decoder.iter().enumerate() {
-            if layer.norm_position == nn::NormPosition::Pre {
-                // Each sublayer reads its norm of the stream: ln1 (self), cross ln1, ln2 (MLP).
-                v.extend([P::ResidPre, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
-                if let Some(a) = layer.self_attention() {
-                    attn(&mut v, Kind::Dec, l, a);
-                }
-                v.push(At::new(Kind::Dec, l, P::ResidMid));
-                if let Some((a, _)) = &layer.cross {
-                    v.push(At::new(Kind::Cross, l, P::Ln1));
-                    attn(&mut v, Kind::Cross, l, a);
-                    v.push(At::new(Kind::Cross, l, P::ResidMid));
-                }
-                v.push(At::new(Kind::Dec, l, P::Ln2));
-                mlp(&mut v, Kind::Dec, l, &layer.ffn);
-                v.push(At::new(Kind::Dec, l, P::ResidPost));
-                if layer.final_norm.is_some() {
-                    v.push(At::new(Kind::Dec, 0, P::LnFinal));
-                }
-                continue;
-            }
-            v.push(At::new(Kind::Dec, l, P::ResidPre));
-            match layer.self_attention() {
-                Some(a) => attn(&mut v, Kind::Dec, l, a),
-                None => v.extend(
-                    [P::SsruForget, P::SsruCandidate, P::SsruCell, P::AttnOut].map(|p| At::new(Kind::Dec, l, p)),
-                ),
-            }
-            v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Dec, l, p)));
-            if let Some((a, _)) = &layer.cross {
-                attn(&mut v, Kind::Cross, l, a);
-                v.extend([P::ResidMid, P::Ln1].map(|p| At::new(Kind::Cross, l, p)));
-            }
-            mlp(&mut v, Kind::Dec, l, &layer.ffn);
-            v.extend([P::ResidPost, P::Ln2].map(|p| At::new(Kind::Dec, l, p)));
-        }
-        if net.output.is_some() {
-            v.push(net.logits_at());
-        }
-        v
+        self.net.hook_points()
     }
 
     /// The hook point named `name` (`blocks.L.…` without a kind on a model with one stack), or

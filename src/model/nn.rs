@@ -1212,6 +1212,95 @@ pub fn sinusoidal(start: i64, n: i64, d: i64, device: tch::Device, kind: DType) 
     Tensor::cat(&[ang.sin(), ang.cos()], 1)
 }
 
+/// A block's weights with their names, in a fixed order: what parameter counts, joint
+/// training and its checkpoints, and physical pruning walk ([`super::Transformer::params_mut`]).
+/// Names follow TransformerLens (`blocks.L.attn.W_Q`, `mlp.W_in`, `ln1.w`) under the prefix
+/// the caller gives. Each block's walker sits beside its forward: a new block kind lists its
+/// own weights and nothing else changes.
+pub type Params<'a> = Vec<(String, &'a mut Tensor)>;
+
+impl Linear {
+    /// `{prefix}W_{name}` and `{prefix}b_{name}`.
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, name: &str, out: &mut Params<'a>) {
+        out.push((format!("{prefix}W_{name}"), &mut self.w));
+        if let Some(b) = self.b.as_mut() {
+            out.push((format!("{prefix}b_{name}"), b));
+        }
+    }
+}
+
+impl Norm {
+    /// `{prefix}w` and `{prefix}b`.
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        out.push((format!("{prefix}w"), &mut self.weight));
+        if let Some(b) = self.bias.as_mut() {
+            out.push((format!("{prefix}b"), b));
+        }
+    }
+}
+
+impl Attention {
+    /// The hook points [`Attention::forward`] visits at `(kind, layer)`, in order, through
+    /// `hook_attn_out` (the rotated queries and keys only where the block has rotary).
+    pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        use Point as P;
+        let rot = self.rotary.is_some();
+        for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::Z, P::Result, P::AttnOut] {
+            if rot || !matches!(p, P::RotQ | P::RotK) {
+                out.push(At::new(kind, layer, p));
+            }
+        }
+    }
+
+    /// `W_Q`, `W_K`, `W_V`, `W_O` (and biases), then the q/k norms (`q_norm.w`, `k_norm.w`).
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.q.params_mut(prefix, "Q", out);
+        self.k.params_mut(prefix, "K", out);
+        self.v.params_mut(prefix, "V", out);
+        self.o.params_mut(prefix, "O", out);
+        if let Some(n) = self.qk_norm.as_mut() {
+            n.q.params_mut(&format!("{prefix}q_norm."), out);
+            n.k.params_mut(&format!("{prefix}k_norm."), out);
+        }
+    }
+}
+
+impl Ffn {
+    /// The hook points [`Ffn::forward_hooked`] visits, in order.
+    pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        out.push(At::new(kind, layer, Point::MlpPre));
+        if self.gate.is_some() {
+            out.push(At::new(kind, layer, Point::MlpPreLinear));
+        }
+        out.extend([Point::MlpPost, Point::MlpOut].map(|p| At::new(kind, layer, p)));
+    }
+
+    /// `W_in`, `W_out`, then the gate's `W_gate` (and biases).
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.up.params_mut(prefix, "in", out);
+        self.down.params_mut(prefix, "out", out);
+        if let Some(g) = self.gate.as_mut() {
+            g.params_mut(prefix, "gate", out);
+        }
+    }
+}
+
+impl Ssru {
+    /// The hook points [`Ssru::scan`] and its layer visit, in order.
+    pub fn points(&self, layer: usize, out: &mut Vec<At>) {
+        out.extend(
+            [Point::SsruForget, Point::SsruCandidate, Point::SsruCell, Point::AttnOut]
+                .map(|p| At::new(Kind::Dec, layer, p)),
+        );
+    }
+
+    /// `W_cand` (the candidate) and `W_f` (the forget gate).
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.w.params_mut(prefix, "cand", out);
+        self.wf.params_mut(prefix, "f", out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

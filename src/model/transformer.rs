@@ -3,7 +3,9 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
-use super::nn::{key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Ssru};
+use super::nn::{
+    key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params, Ssru,
+};
 use super::{check_interrupt, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -1508,103 +1510,215 @@ pub fn place(t: Tensor, device: Device, dtype: DType) -> Tensor {
     }
 }
 
-fn lin_params(l: &mut Linear) -> Vec<&mut Tensor> {
-    let mut v = vec![&mut l.w];
-    v.extend(l.b.as_mut());
-    v
-}
+// What each part of the stack says about itself: the hook points its forward visits, in
+// order, and its weights (`nn::Params`). `Model::hook_points` and the parameter count are
+// these walks; tests/models/hooks.rs checks the points against a recording run on every
+// family, tests/models/param_count.rs the counts against transformers.
 
-fn norm_params(n: &mut Norm) -> Vec<&mut Tensor> {
-    let mut v = vec![&mut n.weight];
-    v.extend(n.bias.as_mut());
-    v
-}
-
-fn attn_params(a: &mut Attention) -> Vec<&mut Tensor> {
-    let mut v = lin_params(&mut a.q);
-    v.extend(lin_params(&mut a.k));
-    v.extend(lin_params(&mut a.v));
-    v.extend(lin_params(&mut a.o));
-    if let Some(n) = a.qk_norm.as_mut() {
-        v.extend(norm_params(&mut n.q));
-        v.extend(norm_params(&mut n.k));
+impl Embeddings {
+    /// `KIND.hook_embed`, then `KIND.hook_pos_embed` where positions are added at the input.
+    pub fn points(&self, kind: Kind, out: &mut Vec<At>) {
+        out.push(At::new(kind, 0, Point::Embed));
+        if !matches!(self.positions, Positions::None) {
+            out.push(At::new(kind, 0, Point::PosEmbed));
+        }
     }
-    v
+
+    /// `W_E`, a learned `W_pos`, the token-type table `W_token_type`, the embedding norm.
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        out.push((format!("{prefix}embed.W_E"), &mut self.tokens));
+        if let Positions::Learned(t) = &mut self.positions {
+            out.push((format!("{prefix}pos_embed.W_pos"), t));
+        }
+        if let Some(t) = self.token_type.as_mut() {
+            out.push((format!("{prefix}embed.W_token_type"), t));
+        }
+        if let Some(n) = self.norm.as_mut() {
+            n.params_mut(&format!("{prefix}embed.ln."), out);
+        }
+    }
 }
 
-fn ffn_params(f: &mut Ffn) -> Vec<&mut Tensor> {
-    let mut v = lin_params(&mut f.up);
-    v.extend(lin_params(&mut f.down));
-    if let Some(g) = f.gate.as_mut() {
-        v.extend(lin_params(g));
+impl EncoderLayer {
+    /// The hook points [`EncoderLayer::forward`] visits as layer `layer` of `kind`, in order:
+    /// where the norms sit follows `norm_position` and the post-sublayer norms.
+    pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        use Point as P;
+        let push = |ps: &[P], out: &mut Vec<At>| out.extend(ps.iter().map(|&p| At::new(kind, layer, p)));
+        if self.norm_position == NormPosition::PostSublayer {
+            // Each sublayer's output normed: ln1 after the attention, ln2 after the MLP.
+            push(&[P::ResidPre], out);
+            self.attn.points(kind, layer, out);
+            push(&[P::Ln1, P::ResidMid], out);
+            self.ffn.points(kind, layer, out);
+            push(&[P::Ln2, P::ResidPost], out);
+            return;
+        }
+        if self.post_norms.is_some() {
+            // Four norms (Gemma): ln1 before the attention, ln1_post after it, ln2 before the
+            // MLP, ln2_post after it.
+            push(&[P::ResidPre, P::Ln1], out);
+            self.attn.points(kind, layer, out);
+            push(&[P::Ln1Post, P::ResidMid, P::Ln2], out);
+            self.ffn.points(kind, layer, out);
+            push(&[P::Ln2Post, P::ResidPost], out);
+            return;
+        }
+        let pre = self.norm_position != NormPosition::Post;
+        push(&[P::ResidPre], out);
+        if pre {
+            push(&[P::Ln1], out);
+        }
+        self.attn.points(kind, layer, out);
+        if self.norm_position != NormPosition::Parallel {
+            push(&[P::ResidMid], out);
+        }
+        push(&[if pre { P::Ln2 } else { P::Ln1 }], out);
+        self.ffn.points(kind, layer, out);
+        push(&[P::ResidPost], out);
+        if !pre {
+            push(&[P::Ln2], out);
+        }
     }
-    v
+
+    /// The attention, its norm (`ln1`), the MLP, its norm (`ln2`), Gemma's post-sublayer
+    /// norms (`ln1_post`, `ln2_post`).
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.attn.params_mut(&format!("{prefix}attn."), out);
+        self.attn_norm.params_mut(&format!("{prefix}ln1."), out);
+        self.ffn.params_mut(&format!("{prefix}mlp."), out);
+        self.ffn_norm.params_mut(&format!("{prefix}ln2."), out);
+        if let Some((a, f)) = self.post_norms.as_mut() {
+            a.params_mut(&format!("{prefix}ln1_post."), out);
+            f.params_mut(&format!("{prefix}ln2_post."), out);
+        }
+    }
+}
+
+impl DecoderLayer {
+    /// The hook points [`DecoderLayer::forward`] visits as decoder layer `layer`, in order
+    /// (the cross-attention's under kind `cross`).
+    pub fn points(&self, layer: usize, out: &mut Vec<At>) {
+        use Point as P;
+        let dec = |ps: &[P], out: &mut Vec<At>| out.extend(ps.iter().map(|&p| At::new(Kind::Dec, layer, p)));
+        let cross = |ps: &[P], out: &mut Vec<At>| out.extend(ps.iter().map(|&p| At::new(Kind::Cross, layer, p)));
+        if self.norm_position == NormPosition::Pre {
+            // Each sublayer reads its norm of the stream: ln1 (self), cross ln1, ln2 (MLP).
+            dec(&[P::ResidPre, P::Ln1], out);
+            if let Some(a) = self.self_attention() {
+                a.points(Kind::Dec, layer, out);
+            }
+            dec(&[P::ResidMid], out);
+            if let Some((a, _)) = &self.cross {
+                cross(&[P::Ln1], out);
+                a.points(Kind::Cross, layer, out);
+                cross(&[P::ResidMid], out);
+            }
+            dec(&[P::Ln2], out);
+            self.ffn.points(Kind::Dec, layer, out);
+            dec(&[P::ResidPost], out);
+            if self.final_norm.is_some() {
+                out.push(At::new(Kind::Dec, 0, P::LnFinal));
+            }
+            return;
+        }
+        dec(&[P::ResidPre], out);
+        match &self.self_block {
+            SelfBlock::Attention(a) => a.points(Kind::Dec, layer, out),
+            SelfBlock::Ssru(c) => c.points(layer, out),
+        }
+        dec(&[P::ResidMid, P::Ln1], out);
+        if let Some((a, _)) = &self.cross {
+            a.points(Kind::Cross, layer, out);
+            cross(&[P::ResidMid, P::Ln1], out);
+        }
+        self.ffn.points(Kind::Dec, layer, out);
+        dec(&[P::ResidPost, P::Ln2], out);
+    }
+
+    /// The self-block (`attn.` or `ssru.`), its norm, the cross-attention and its norm, the
+    /// MLP and its norm, the final norm, T5's relative bias table.
+    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        match &mut self.self_block {
+            SelfBlock::Ssru(c) => c.params_mut(&format!("{prefix}ssru."), out),
+            SelfBlock::Attention(a) => a.params_mut(&format!("{prefix}attn."), out),
+        }
+        self.self_norm.params_mut(&format!("{prefix}ln1."), out);
+        if let Some((a, n)) = self.cross.as_mut() {
+            a.params_mut(&format!("{prefix}cross_attn."), out);
+            n.params_mut(&format!("{prefix}cross_ln."), out);
+        }
+        self.ffn.params_mut(&format!("{prefix}mlp."), out);
+        self.ffn_norm.params_mut(&format!("{prefix}ln2."), out);
+        if let Some(n) = self.final_norm.as_mut() {
+            n.params_mut("dec.ln_final.", out);
+        }
+        if let Some(rb) = self.rel_bias.as_mut() {
+            out.push(("dec.rel_bias.table".into(), &mut rb.table));
+        }
+    }
 }
 
 impl Transformer {
-    /// Every weight tensor, in a fixed order (for joint training and copying weights). A
-    /// tensor shared by two places (tied output embeddings) appears once.
-    pub fn params_mut(&mut self) -> Vec<&mut Tensor> {
-        let mut v: Vec<&mut Tensor> = vec![&mut self.embed.tokens];
-        if let Positions::Learned(t) = &mut self.embed.positions {
-            v.push(t);
+    /// Every hook point the forward meets, in order (docs/methods.md#hook-points): each part's
+    /// own list ([`EncoderLayer::points`], [`DecoderLayer::points`], ...), then `hook_logits`.
+    pub fn hook_points(&self) -> Vec<At> {
+        let mut v = Vec::new();
+        let stack = self.stack_kind;
+        if !self.encoder.is_empty() {
+            self.embed.points(stack, &mut v);
         }
-        v.extend(self.embed.token_type.as_mut());
-        if let Some(n) = self.embed.norm.as_mut() {
-            v.extend(norm_params(n));
+        for (l, layer) in self.encoder.iter().enumerate() {
+            layer.points(stack, l, &mut v);
         }
-        for l in &mut self.encoder {
-            v.extend(attn_params(&mut l.attn));
-            v.extend(norm_params(&mut l.attn_norm));
-            v.extend(ffn_params(&mut l.ffn));
-            v.extend(norm_params(&mut l.ffn_norm));
-            if let Some((a, f)) = l.post_norms.as_mut() {
-                v.extend(norm_params(a));
-                v.extend(norm_params(f));
-            }
+        if self.final_norm.is_some() {
+            v.push(At::new(stack, 0, Point::LnFinal));
+        }
+        if !self.decoder.is_empty() {
+            self.dec_embeddings().points(Kind::Dec, &mut v);
+        }
+        for (l, layer) in self.decoder.iter().enumerate() {
+            layer.points(l, &mut v);
+        }
+        if self.output.is_some() {
+            v.push(self.logits_at());
+        }
+        v
+    }
+
+    /// Every weight tensor with its name, in a fixed order (joint training and its
+    /// checkpoints, copying weights, the parameter count). A tensor shared by two places
+    /// (tied output embeddings, T5's one bias table per stack) appears once, under its first
+    /// name.
+    pub fn named_params_mut(&mut self) -> Params<'_> {
+        let mut v = Vec::new();
+        let stack = self.stack_kind;
+        self.embed.params_mut(&format!("{stack}."), &mut v);
+        for (l, layer) in self.encoder.iter_mut().enumerate() {
+            layer.params_mut(&format!("{stack}.blocks.{l}."), &mut v);
         }
         if let Some(n) = self.final_norm.as_mut() {
-            v.extend(norm_params(n));
+            n.params_mut(&format!("{stack}.ln_final."), &mut v);
         }
         if let Some(rb) = self.rel_bias.as_mut() {
-            v.push(&mut rb.table);
+            v.push((format!("{stack}.rel_bias.table"), &mut rb.table));
         }
         if let Some(e) = self.dec_embed.as_mut() {
-            v.push(&mut e.tokens);
-            if let Positions::Learned(t) = &mut e.positions {
-                v.push(t);
-            }
-            if let Some(n) = e.norm.as_mut() {
-                v.extend(norm_params(n));
-            }
+            e.params_mut("dec.", &mut v);
         }
-        for l in &mut self.decoder {
-            match &mut l.self_block {
-                SelfBlock::Ssru(c) => {
-                    v.extend(lin_params(&mut c.w));
-                    v.extend(lin_params(&mut c.wf));
-                }
-                SelfBlock::Attention(a) => v.extend(attn_params(a)),
-            }
-            v.extend(norm_params(&mut l.self_norm));
-            if let Some((a, n)) = l.cross.as_mut() {
-                v.extend(attn_params(a));
-                v.extend(norm_params(n));
-            }
-            v.extend(ffn_params(&mut l.ffn));
-            v.extend(norm_params(&mut l.ffn_norm));
-            if let Some(n) = l.final_norm.as_mut() {
-                v.extend(norm_params(n));
-            }
-            if let Some(rb) = l.rel_bias.as_mut() {
-                v.push(&mut rb.table);
-            }
+        for (l, layer) in self.decoder.iter_mut().enumerate() {
+            layer.params_mut(&format!("dec.blocks.{l}."), &mut v);
         }
         if let Some(o) = self.output.as_mut() {
-            v.extend(lin_params(o));
+            o.params_mut("unembed.", "U", &mut v);
         }
         let mut seen = std::collections::HashSet::new();
-        v.retain(|t| seen.insert(t.data_ptr() as usize));
+        v.retain(|(_, t)| seen.insert(t.data_ptr() as usize));
         v
+    }
+
+    /// [`Transformer::named_params_mut`] without the names.
+    pub fn params_mut(&mut self) -> Vec<&mut Tensor> {
+        self.named_params_mut().into_iter().map(|(_, t)| t).collect()
     }
 }
