@@ -551,8 +551,9 @@ pub fn sweep_acc(
                         let (Some(x), Some(c)) = (inputs.get(l), ctx[l].as_ref()) else { continue };
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z =
-                                ablated_heads(c, start, n, present_fill(model, &base, s.kind, l, &present[l]).as_ref());
+                            let heads = &present[l][start as usize..(start + n) as usize];
+                            let attn = model.attention(s.kind, l).ok_or_else(|| no_attention(s.kind, l))?;
+                            let z = attn.ablated_rows(c, heads, base.fill_of(s.kind, l))?;
                             let (x, bias) = (x.repeat([n, 1, 1]), bias.repeat([n, 1, 1, 1]));
                             let enc = model.net.run(
                                 Start::Z { layer: l, x: &x, z: &z, bias: Some(&bias) },
@@ -614,12 +615,9 @@ pub fn sweep_acc(
                         let chunk = chunk_of(h);
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
-                            let z = ablated_heads(
-                                c,
-                                start,
-                                n,
-                                present_fill(model, &base, Kind::Cross, l, &present[l]).as_ref(),
-                            );
+                            let heads = &present[l][start as usize..(start + n) as usize];
+                            let attn = model.attention(Kind::Cross, l).ok_or_else(|| no_attention(Kind::Cross, l))?;
+                            let z = attn.ablated_rows(c, heads, base.fill_of(Kind::Cross, l))?;
                             let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
                             let y = net.decode_from_cross_z(
                                 l,
@@ -703,32 +701,9 @@ pub fn sweep_acc(
     Ok(out)
 }
 
-/// Per-head contexts `[B, H, T, dh]` with each of heads `start..start + n` ablated in turn
-/// (zeroed, or set to its fill `[H, dh]` under mean ablation), stacked `[n * B, H, T, dh]`
-/// (row `j * B + b`): the value at `hook_z` that masks head `start + j` (the floats of the
-/// gated forward pass).
-fn ablated_heads(ctx: &Tensor, start: i64, n: i64, fill: Option<&Tensor>) -> Tensor {
-    let (bsz, h, t, dh) = (ctx.size()[0], ctx.size()[1], ctx.size()[2], ctx.size()[3]);
-    let keep = Tensor::ones([n, 1, h, 1, 1], (ctx.kind(), ctx.device()));
-    for j in 0..n {
-        let _ = keep.get(j).get(0).get(start + j).fill_(0.0);
-    }
-    let z = ctx.unsqueeze(0) * &keep;
-    let z = match fill {
-        // Per row and position (resample ablation): [B, H, T, dh].
-        Some(f) if f.dim() == 4 => z + (keep.ones_like() - &keep) * f.to_kind(ctx.kind()).narrow(2, 0, t).unsqueeze(0),
-        Some(f) => z + (keep.ones_like() - &keep) * f.to_kind(ctx.kind()).view([1, 1, h, 1, dh]),
-        None => z,
-    };
-    z.reshape([n * bsz, h, t, dh])
-}
-
-/// The fill of layer `l` of `kind` for its heads present (physical order), if any.
-fn present_fill(model: &Model, gates: &Gates, kind: Kind, l: usize, present: &[usize]) -> Option<Tensor> {
-    let f = gates.fill_of(kind, l)?;
-    let idx = Tensor::from_slice(&present.iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(model.device());
-    // The head axis: 0 of a mean's [H, dh], 1 of a resample's [B, H, T, dh].
-    Some(f.index_select(if f.dim() == 4 { 1 } else { 0 }, &idx))
+/// A layer the sweep found heads in has no attention block (a broken invariant, reported).
+fn no_attention(kind: Kind, l: usize) -> ModelError {
+    ModelError::Invalid(format!("sweep: layer {l} of '{kind}' has no attention"))
 }
 
 #[allow(clippy::too_many_arguments)]

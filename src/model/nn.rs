@@ -865,6 +865,27 @@ impl Attention {
         }
     }
 
+    /// `z [B, H, T, dh]` (this block's `hook_z` in a run) with each of `heads` (original
+    /// numbers) ablated in turn, stacked `[n * B, H, T, dh]`: row `j * B + b` is row `b` with
+    /// head `heads[j]` set to `fill` (`None`: zero; `[width, dh]`: a mean; `[B, width, T, dh]`:
+    /// row `b`'s resample), by the arithmetic of [`Attention::gated`]. Where a sweep resumes
+    /// (`Start::Z`): the floats of a gated forward closing that head.
+    pub fn ablated_rows(&self, z: &Tensor, heads: &[usize], fill: Option<Tensor>) -> Result<Tensor, ModelError> {
+        let (bsz, width, n) = (z.size()[0], self.width(), heads.len());
+        let mut g = vec![1f32; n * bsz as usize * width];
+        for (j, &head) in heads.iter().enumerate() {
+            if head >= width || self.physical(head).is_none() {
+                return Err(ModelError::Invalid(format!("head {head} is not in this layer (width {width})")));
+            }
+            for b in 0..bsz as usize {
+                g[(j * bsz as usize + b) * width + head] = 0.0;
+            }
+        }
+        let g = Tensor::f_from_slice(&g)?.f_view([n as i64 * bsz, width as i64])?.f_to_device(z.device())?;
+        let lg = LayerGate { g, fill, duo: None, bypass: None };
+        Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg))
+    }
+
     /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     /// Positions (rotary) start at 0.
