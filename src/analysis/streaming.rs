@@ -156,7 +156,9 @@ pub fn scores(
 /// kvpress's `duo_attention_on_the_fly`, added into `sums` per text of `data`: per layer, the
 /// mean query and the mean key over the text's tokens (after the q/k norms, before rotary),
 /// each repeated `q_len` times and rotated to positions `0..q_len`; the last query's softmax
-/// over the keys (scaled by `1/sqrt(d_head)`), cumulated over the keys and averaged; then
+/// over the keys (scored by the model's attention, [`crate::model::nn::Attention::scores_of`]: kvpress's
+/// `1/sqrt(d_head)` unless the family scales or caps its own), cumulated over the keys and
+/// averaged; then
 /// averaged over each key/value group's query heads. Returns the number of texts.
 fn duo(
     model: &Model,
@@ -188,14 +190,11 @@ fn duo(
         for (l, (q, k)) in means.into_iter().enumerate() {
             let (Some(q), Some(k), Some(attn)) = (q, k, model.attention(Kind::Dec, l)) else { continue };
             let (h, hk, dh) = (q.size()[0], k.size()[0], q.size()[2]);
-            let mut q = q.expand([h, q_len, dh], false).unsqueeze(0);
-            let mut k = k.expand([hk, q_len, dh], false).unsqueeze(0);
-            if let Some(r) = &attn.rotary {
-                q = r.apply_from(&q.contiguous(), 0);
-                k = r.apply_from(&k.contiguous(), 0);
-            }
-            let k = k.repeat_interleave_self_int(h / hk.max(1), Some(1), None);
-            let w = q.narrow(2, q_len - 1, 1).matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt();
+            // The last of `q_len` queries (at position q_len - 1) over `q_len` keys, scored as
+            // the model's attention scores.
+            let q = q.unsqueeze(0);
+            let k = k.expand([hk, q_len, dh], false).unsqueeze(0);
+            let w = attn.scores_of(&q, q_len - 1, &k)?;
             let w = w.softmax(-1, DType::Double).reshape([h, q_len]);
             let s = w.cumsum(1, DType::Double).mean_dim([1i64].as_slice(), false, DType::Double);
             let per = (h / hk.max(1)).max(1);

@@ -886,6 +886,25 @@ impl Attention {
         Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg))
     }
 
+    /// Scores `[B, H, Tq, Tk]` of queries `q [B, H, Tq, dh]` at positions `q_start..` over
+    /// keys `k [B, Hk, Tk, dh]` at positions `0..`, as this block scores them: `q` and `k` as
+    /// at `hook_q` / `hook_k` (after any q/k norms, before rotary); rotary applied, grouped keys
+    /// repeated per query head, the score scale and soft-cap; no mask. For scorers that weigh
+    /// queries and keys of their own (DuoAttention's on-the-fly scores).
+    pub fn scores_of(&self, q: &Tensor, q_start: i64, k: &Tensor) -> Result<Tensor, ModelError> {
+        let (h, hk) = (q.size()[1], k.size()[1]);
+        if hk == 0 || h % hk != 0 {
+            return Err(ModelError::Invalid(format!("scores: {h} query heads over {hk} key heads")));
+        }
+        let (q, k) = match &self.rotary {
+            Some(r) => (r.apply_from(&q.f_contiguous()?, q_start), r.apply_from(&k.f_contiguous()?, 0)),
+            None => (q.shallow_clone(), k.shallow_clone()),
+        };
+        let k = k.f_repeat_interleave_self_int(h / hk, Some(1), None)?;
+        let scale = self.score.scale.unwrap_or(1.0 / (self.head_dim as f64).sqrt());
+        Ok(softcap(q.f_matmul(&k.f_transpose(-2, -1)?)? * scale, self.score.softcap))
+    }
+
     /// `xq [B, Tq, D]` attends over `xkv [B, Tk, D]`; `bias` is additive `[B, 1, Tq|1, Tk]`
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     /// Positions (rotary) start at 0.
