@@ -932,6 +932,20 @@ impl Transformer {
         layer.attn_added(a, self.stack_kind, l, h)
     }
 
+    /// The residual stream after layer `l`'s attention sublayer alone, from the layer's input
+    /// `x` (`hook_resid_pre`) and the attention's output `a` (`hook_attn_out`): `x` plus what
+    /// the attention adds ([`EncoderLayer::attn_added`], the forward's own). In a pre-norm
+    /// layer it is `hook_resid_mid`'s value; in a parallel-residual layer (GPT-NeoX, Phi),
+    /// which has no `resid_mid`, the stream the attention alone would leave. `None` for a
+    /// post-norm layer, where no sublayer adds alone.
+    pub fn after_attention(&self, l: usize, x: &Tensor, a: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        let layer = self.stack_layer(l)?;
+        match layer.attn_added(a.shallow_clone(), self.stack_kind, l, &mut None)? {
+            Some(added) => Ok(Some(x.f_add(&added)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The stack's attention bias for rows `x [B, T, ..]` without padding (every key real), a
     /// run's when [`Start::Layer`] or [`Start::Z`] gives none: one row `[1, .., T, T]`,
     /// broadcast over the batch (as a key/value cache's causal bias is).

@@ -219,7 +219,8 @@ fn importance(
 /// He et al.'s similarity of each attention sublayer's input and output: the mean over real
 /// tokens of `cos(resid_pre, resid_mid)` (the residual stream before and after the attention
 /// block) over the training batches. A parallel-residual layer (GPT-NeoX, Phi) has no
-/// `resid_mid` on its path; its attention sublayer's output is `resid_pre + attn_out`.
+/// `resid_mid` on its path; the model says what its attention alone leaves
+/// (`Transformer::after_attention`).
 fn sublayer_similarity(
     model: &Model,
     td: &TrainData,
@@ -244,7 +245,9 @@ fn sublayer_similarity(
                 Point::ResidPre => pre[at.layer] = Some(a.shallow_clone()),
                 Point::AttnOut if parallel.get(at.layer).copied().unwrap_or(false) => {
                     if let Some(p) = pre[at.layer].take() {
-                        cos[at.layer] = Some(cosine(&p, &(&p + a)));
+                        if let Some(after) = model.net.after_attention(at.layer, &p, a)? {
+                            cos[at.layer] = Some(cosine(&p, &after));
+                        }
                     }
                 }
                 Point::ResidMid => {
