@@ -492,6 +492,54 @@ fn decode_regime_equals_kvpress_duo_attention_on_smollm2() {
     assert!((streamed - plain).abs() > 1e-2, "the case must change the loss");
 }
 
+/// The duo scorer (kvpress's `duo_attention_on_the_fly`, docs/methods.md#streaming-heads) on
+/// SmolLM2 over three texts, `q_len` 50, against `fixtures/duo_scores_reference.py`: the mean
+/// queries and keys captured from transformers, rotated and scored in float64 there (kvpress's
+/// own float32 code agrees with it to 4.3e-8, asserted by the script). Each text alone and
+/// the mean of the three, every layer and head.
+#[test]
+fn duo_scores_equal_kvpress_on_the_fly_on_smollm2() {
+    use headscope::analysis::streaming::{scores, ScoreOptions, Scorer};
+    use headscope::analysis::taxonomy::ProbeOptions;
+    let _heavy = common::heavy();
+    let g = common::golden_json("duo_scores_golden.json");
+    let v = View::new(common::asset("smollm2", "f32"));
+    let texts: Vec<String> = g["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let corpus = headscope::data::Dataset::corpus(&headscope::assets::asset_path("pud_en.txt").unwrap()).unwrap();
+    let data = corpus.take(texts.len());
+    for (i, (item, want)) in data.items.iter().zip(&texts).enumerate() {
+        assert_eq!(&item.text, want, "text {i} is the reference's");
+        let ids = v.model.tokenize(&item.text).unwrap().ids;
+        assert_eq!(serde_json::json!(ids), g["ids"][i], "text {i} tokenized as the reference");
+    }
+    let o = ScoreOptions {
+        probes: ProbeOptions { seed: 1, n: 1, len: 8, needle: 2, haystack: 8 },
+        q_len: g["q_len"].as_i64().unwrap(),
+    };
+    let check = |got: &[Vec<f64>], want: &serde_json::Value, what: &str| {
+        let mut worst = 0f64;
+        for (l, row) in got.iter().enumerate() {
+            for (h, x) in row.iter().enumerate() {
+                let w = want[l][h].as_f64().unwrap();
+                worst = worst.max((x - w).abs());
+                assert!((x - w).abs() < 1e-6, "{what} dec.{l}.{h}: headscope {x} vs reference {w}");
+            }
+        }
+        eprintln!("duo scores, {what}: within {worst:.1e} of the reference");
+    };
+    let all = scores(&v, Scorer::Duo, Some(&data), &o, &|| false).unwrap();
+    assert_eq!((all.len(), all[0].len()), (30, 9));
+    check(&all, &g["scores"], "three texts");
+    for i in 0..texts.len() {
+        let one = data.slice(i..i + 1);
+        check(&scores(&v, Scorer::Duo, Some(&one), &o, &|| false).unwrap(), &g["per_text"][i], &format!("text {i}"));
+    }
+    // The scores tell heads apart (a constant would pass a loose check).
+    let flat: Vec<f64> = all.iter().flatten().copied().collect();
+    let (lo, hi) = flat.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    assert!(hi - lo > 0.1, "scores span {lo}..{hi}");
+}
+
 /// Bad input to the streaming functions: one-line errors naming the argument; the session
 /// keeps its variables.
 #[test]
