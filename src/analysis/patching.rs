@@ -11,9 +11,10 @@
 //! Numeric core: no Rhai, no printing.
 
 use super::AnalysisError;
-use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::hooks::{At, Hooks, Point, Put, Record};
 use crate::model::nn::{Gates, KeysValues};
-use crate::model::transformer::{Queries, StackCache, Start, Stop};
+use crate::model::resume::Entry;
+use crate::model::transformer::{StackCache, Start, Stop};
 use crate::model::{Model, ModelError};
 use std::collections::BTreeMap;
 use tch::{Kind as DType, Tensor};
@@ -136,21 +137,6 @@ impl Patched {
     /// (denoising), 0 = it changes nothing; NaN when clean and corrupted agree.
     pub fn normalized(&self, v: f64) -> f64 {
         (v - self.corrupted) / (self.clean - self.corrupted)
-    }
-}
-
-/// A hook replacing one point's value (the rows' patched values).
-struct Put<'a> {
-    at: At,
-    value: &'a Tensor,
-}
-
-impl Hooks for Put<'_> {
-    fn wants(&self, at: At) -> bool {
-        at == self.at
-    }
-    fn visit(&mut self, _: At, _: &Tensor) -> Result<Option<Tensor>, ModelError> {
-        Ok(Some(self.value.shallow_clone()))
     }
 }
 
@@ -561,12 +547,12 @@ fn passes(by_start: &BTreeMap<i64, Vec<(usize, i64)>>, b: i64, t: i64, budget: i
     out
 }
 
-/// One pass of groups of patched rows ([`Group`]): each layer's rows enter at their layer,
-/// the rows already running go through it over positions `from..` with the base run's keys
-/// and values of the positions before. A layer's attention runs per group and per kind of
-/// entry; what follows it (norms, MLP: each position alone) runs once for the whole pass,
-/// flattened. Returns each group's final states `[rows x B, T - from or 1, D]`, rows in
-/// `entries` order.
+/// One pass of groups of patched rows ([`Group`]), resumed by the model
+/// ([`crate::model::transformer::Transformer::resume_pass`]): each layer's rows enter at their
+/// layer over positions `from..` (the base run's keys and values before), as `hook_z` values
+/// (the attention not recomputed), a replaced layer input, or the layer run with the point's
+/// value replaced. Returns each group's final states `[rows x B, 1, D]`, rows in `entries`
+/// order.
 #[allow(clippy::too_many_arguments)]
 fn resume(
     model: &Model,
@@ -581,161 +567,38 @@ fn resume(
     let point = spec.site.point();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
     let b = base.logits.size()[0];
-    // The base run's keys and values at positions before `from`, for `reps` copies of the batch
-    // (per key/value head, as the layers resumed read them).
-    let prefix = |l: usize, from: i64, reps: i64| -> Result<Option<KeysValues>, ModelError> {
-        match (base.cache.get(l).and_then(Option::as_ref), net.encoder.get(l)) {
-            (Some(kv), Some(layer)) if from > 0 && kv.k.dim() == 4 => {
-                let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }
-                    .grouped(layer.attn.n_kv_heads)?;
-                Ok(Some(KeysValues { k: kv.k.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_repeat([reps, 1, 1, 1])? }))
-            }
-            _ => Ok(None),
-        }
-    };
     let n_layers = net.encoder.len();
-    let top = n_layers.saturating_sub(1);
     let first = pass.iter().filter_map(|g| g.entries.first().map(|e| e.0)).min().unwrap_or(n_layers);
-    // Only the last position's logits are read: the top layer computes that position's output
-    // alone (every position's keys and values still enter its attention).
-    let last = |y: Tensor| -> Result<Tensor, ModelError> { Ok(y.f_narrow(1, y.size()[1] - 1, 1)?) };
-    let mut carry: Vec<Option<Tensor>> = pass.iter().map(|_| None).collect();
+    let from: Vec<i64> = pass.iter().map(|g| g.from).collect();
     let mut cursor = vec![0usize; pass.len()];
-    for l in first..n_layers {
-        let queries = if l == top { Queries::Last } else { Queries::All };
-        // Per group, its pieces in row order: attention halves (finished together below) or
-        // whole layer outputs.
-        let mut halves: Vec<(Tensor, Tensor)> = Vec::new();
-        let mut pieces: Vec<Vec<Piece>> = pass.iter().map(|_| Vec::new()).collect();
-        for (gi, group) in pass.iter().enumerate() {
-            let from = group.from;
-            if let Some(x) = carry[gi].take() {
-                let reps = x.size()[0] / b;
-                pieces[gi].push(Piece::Half(push(
-                    &mut halves,
-                    net.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut None, queries)?,
-                )));
-            }
-            let start = cursor[gi];
-            while cursor[gi] < group.entries.len() && group.entries[cursor[gi]].0 == l {
-                cursor[gi] += 1;
-            }
-            if cursor[gi] == start {
-                continue;
-            }
-            let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
-            let (Some(bv), Some(sv)) =
-                (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref))
-            else {
-                return Err(missing(l));
-            };
-            let rows: Vec<i64> = group.entries[start..cursor[gi]].iter().map(|e| e.1).collect();
-            let n = rows.len() as i64;
-            let len = plan.t - from;
-            let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, from, len)?;
-            let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, from, len)?.f_repeat([n, 1, 1])?;
-            let piece = match point {
-                // What follows hook_z reads each position alone.
-                Point::Z if l == top => Piece::Half(push(
-                    &mut halves,
-                    net.layer_attention_from_z(
-                        l,
-                        &last(x)?,
-                        &patched.f_narrow(plan.pos_axis as i64, len - 1, 1)?,
-                        &mut None,
-                    )?,
-                )),
-                Point::Z => Piece::Half(push(&mut halves, net.layer_attention_from_z(l, &x, &patched, &mut None)?)),
-                Point::ResidPre => Piece::Half(push(
-                    &mut halves,
-                    net.layer_attention(l, &patched, from, prefix(l, from, n)?, gates, &mut None, queries)?,
-                )),
-                _ => {
-                    let mut put = Put { at: At::new(net.stack_kind, l, point), value: &patched };
-                    let y = net.layer_cached(
-                        l,
-                        &x,
-                        from,
-                        prefix(l, from, n)?,
-                        gates,
-                        &mut Some(&mut put as &mut dyn Hooks),
-                    )?;
-                    Piece::Whole(if l == top { last(y)? } else { y })
-                }
-            };
-            pieces[gi].push(piece);
+    // Group `gi`'s rows that enter at layer `l` (its entries are in ascending layer order).
+    let mut entries = |gi: usize, l: usize| -> Result<Option<Entry>, ModelError> {
+        let group = &pass[gi];
+        let start = cursor[gi];
+        while cursor[gi] < group.entries.len() && group.entries[cursor[gi]].0 == l {
+            cursor[gi] += 1;
         }
-        let finished = finish_together(net, l, halves)?;
-        for (gi, ps) in pieces.into_iter().enumerate() {
-            let parts: Vec<Tensor> = ps
-                .into_iter()
-                .map(|p| match p {
-                    Piece::Half(i) => finished[i].shallow_clone(),
-                    Piece::Whole(y) => y,
-                })
-                .collect();
-            carry[gi] = match parts.len() {
-                0 => None,
-                1 => parts.into_iter().next(),
-                _ => Some(Tensor::f_cat(&parts, 0)?),
-            };
+        if cursor[gi] == start {
+            return Ok(None);
         }
-    }
-    carry
-        .into_iter()
-        .map(|c| {
-            let x = c.ok_or_else(|| ModelError::Invalid("patch: an empty pass".into()))?;
-            net.run(Start::Layer { layer: net.encoder.len(), x: &x, bias: None }, Stop::FinalNorm, gates, &mut None)
-        })
-        .collect()
-}
-
-/// A group's part of a layer's output: an attention half (its index among the layer's
-/// halves) or a whole layer's output.
-enum Piece {
-    Half(usize),
-    Whole(Tensor),
-}
-
-fn push(halves: &mut Vec<(Tensor, Tensor)>, half: (Tensor, Tensor)) -> usize {
-    halves.push(half);
-    halves.len() - 1
-}
-
-/// Layer `l` finished ([`Transformer::layer_finish`]) for every attention half of a pass as
-/// one batch: the halves flattened to positions and concatenated, finished, and split back.
-fn finish_together(
-    net: &crate::model::transformer::Transformer,
-    l: usize,
-    halves: Vec<(Tensor, Tensor)>,
-) -> Result<Vec<Tensor>, ModelError> {
-    if halves.len() == 1 {
-        let (x, a) = halves.into_iter().next().ok_or_else(|| ModelError::Invalid("patch: no half".into()))?;
-        return Ok(vec![net.layer_finish(l, &x, a, &mut None)?]);
-    }
-    if halves.is_empty() {
-        return Ok(Vec::new());
-    }
-    let shapes: Vec<Vec<i64>> = halves.iter().map(|(x, _)| x.size()).collect();
-    let d = shapes[0].last().copied().unwrap_or(0);
-    let flat = |t: &Tensor| t.f_reshape([-1, d]);
-    let xs = halves.iter().map(|(x, _)| flat(x)).collect::<Result<Vec<_>, _>>()?;
-    let as_ = halves.iter().map(|(_, a)| flat(a)).collect::<Result<Vec<_>, _>>()?;
-    drop(halves);
-    let x = Tensor::f_cat(&xs, 0)?.f_unsqueeze(0)?;
-    let a = Tensor::f_cat(&as_, 0)?.f_unsqueeze(0)?;
-    drop((xs, as_));
-    let y = net.layer_finish(l, &x, a, &mut None)?.f_squeeze_dim(0)?;
-    let mut at = 0;
-    shapes
-        .iter()
-        .map(|s| {
-            let n = s[..s.len() - 1].iter().product::<i64>();
-            let part = y.f_narrow(0, at, n)?.f_view(s.as_slice())?;
-            at += n;
-            Ok(part)
-        })
-        .collect()
+        let plan = plans.get(l).and_then(Option::as_ref).ok_or_else(|| missing(l))?;
+        let (Some(bv), Some(sv)) =
+            (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref))
+        else {
+            return Err(missing(l));
+        };
+        let rows: Vec<i64> = group.entries[start..cursor[gi]].iter().map(|e| e.1).collect();
+        let n = rows.len() as i64;
+        let len = plan.t - group.from;
+        let patched = patched_rows(spec, plan, &rows, bv, sv)?.f_narrow(plan.pos_axis as i64, group.from, len)?;
+        let x = base.inputs.get(l).ok_or_else(|| missing(l))?.f_narrow(1, group.from, len)?.f_repeat([n, 1, 1])?;
+        Ok(Some(match point {
+            Point::Z => Entry::Z { x, z: patched },
+            Point::ResidPre => Entry::Input(patched),
+            _ => Entry::Put { x, point, value: patched },
+        }))
+    };
+    net.resume_pass(&from, first, &base.cache, b, &mut entries, gates)
 }
 
 /// Runs `n` rows of patched values and returns each row group's metric summed over its pairs.
@@ -1082,7 +945,12 @@ fn layer_value(model: &Model, l: usize, x: &Tensor, point: Point, gates: &Gates)
     };
     let points = [point];
     let mut rec = Record::new(&points, &mut on);
-    let _output = model.net.layer_cached(l, x, 0, None, gates, &mut Some(&mut rec as &mut dyn Hooks))?;
+    let _output = model.net.run(
+        Start::Layer { layer: l, x, bias: None },
+        Stop::After(l),
+        gates,
+        &mut Some(&mut rec as &mut dyn Hooks),
+    )?;
     seen.ok_or_else(|| ModelError::Invalid(format!("patch: layer {l} has no {point:?} value")))
 }
 

@@ -467,6 +467,21 @@ impl Hooks for Interventions {
     }
 }
 
+/// A hook replacing one point's value (a patch, a resumed row's changed value).
+pub struct Put<'a> {
+    pub at: At,
+    pub value: &'a Tensor,
+}
+
+impl Hooks for Put<'_> {
+    fn wants(&self, at: At) -> bool {
+        at == self.at
+    }
+    fn visit(&mut self, _: At, _: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(Some(self.value.shallow_clone()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,7 @@ pub mod m2m100;
 pub mod marian_bin;
 pub mod nn;
 pub mod phi3;
+pub mod resume;
 pub mod safetensors;
 pub mod script;
 pub mod spm;

@@ -1306,6 +1306,11 @@ impl Attention {
 }
 
 impl Ffn {
+    /// A dense MLP reads each position alone.
+    pub fn position_wise(&self) -> bool {
+        true
+    }
+
     /// The hook points [`Ffn::forward_hooked`] visits, in order.
     pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
         out.push(At::new(kind, layer, Point::MlpPre));

@@ -131,6 +131,13 @@ impl EncoderLayer {
         self.window = window;
         self
     }
+
+    /// Whether what follows the attention reads each position alone (norms, a dense MLP), so
+    /// that rows at different positions may run it as one flattened batch (resumed passes,
+    /// `super::resume`). A mixture of experts with capacity limits would say no.
+    pub fn position_wise(&self) -> bool {
+        self.ffn.position_wise()
+    }
 }
 
 /// Which positions' outputs a layer computes: all, or the last alone (a stack's top layer
@@ -961,32 +968,16 @@ impl Transformer {
         })
     }
 
-    /// Layer `l` of a causal stack over `x [B, T, D]` at positions `past..`, its queries also
-    /// attending to the earlier positions' keys and values `prefix` (`[B, H, past, d_head]`,
-    /// as [`StackCache`] holds them; `None` when `past` is 0 or the layer has no heads).
-    /// Equal to running the whole sequence and keeping positions `past..` (patching resumes
-    /// its rows here, so that the positions before a patch are not run again).
-    pub fn layer_cached(
-        &self,
-        l: usize,
-        x: &Tensor,
-        past: i64,
-        prefix: Option<KeysValues>,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let (x, a) = self.layer_attention(l, x, past, prefix, gates, h, Queries::All)?;
-        self.layer_finish(l, &x, a, h)
-    }
-
-    /// The attention half of [`Transformer::layer_cached`] at `queries` (with
+    /// Layer `l` of a causal stack over `x [B, T, D]` at positions `past..`, its attention
+    /// half, its queries also attending to the earlier positions' keys and values `prefix`
+    /// (`[B, H, past, d_head]`; `None` when `past` is 0 or the layer has no heads), at `queries` (with
     /// [`Queries::Last`], the last position alone, its keys and values still from every
     /// position: patching's top layer, whose other positions no logit reads): `(x, a)`, the
     /// residual stream at the query positions and the attention's output there. [`Transformer::layer_finish`]
     /// completes the layer reading each position alone, so that the halves of several calls
     /// (other rows, other positions) may finish as one batch, flattened.
     #[allow(clippy::too_many_arguments)]
-    pub fn layer_attention(
+    pub(super) fn layer_attention(
         &self,
         l: usize,
         x: &Tensor,
@@ -1011,7 +1002,7 @@ impl Transformer {
     /// The half of layer `l` after its attention ([`Transformer::layer_attention`]), from the
     /// residual stream `x` and the attention's output `a` (both `[.., D]`, of one shape; each
     /// position is read alone).
-    pub fn layer_finish(&self, l: usize, x: &Tensor, a: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub(super) fn layer_finish(&self, l: usize, x: &Tensor, a: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let layer = self.stack_layer(l)?;
         layer.finish_hooked(x, a, self.stack_kind, l, h)
     }
@@ -1020,7 +1011,7 @@ impl Transformer {
     /// positions), its attention half: `(x, a)` with `a` the attention's output from the
     /// contexts, for [`Transformer::layer_finish`] (what follows `hook_z` reads each position
     /// alone).
-    pub fn layer_attention_from_z(
+    pub(super) fn layer_attention_from_z(
         &self,
         l: usize,
         x: &Tensor,

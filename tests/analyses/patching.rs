@@ -543,7 +543,7 @@ fn path_patching_equals_transformers_with_hooks() {
 }
 
 /// Exact patching resumes a causal stack at the first position a patch changes, over the base
-/// run's keys and values of the positions before (`Transformer::layer_cached`). In every
+/// run's keys and values of the positions before (`Transformer::resume_pass`). In every
 /// decoder-only family (rotary variants, sliding windows of 5 over 8 tokens, Gemma's alternating
 /// windows and soft-capping, parallel residuals, post-norms, q/k norms), float64: patching a
 /// layer's whole residual stream from the clean run is the clean run, and each head's `z`
