@@ -713,6 +713,19 @@ impl Model {
         }
     }
 
+    /// The attention block of layer `layer_idx` of `kind`, to change (`prune_heads`).
+    pub fn attention_mut(&mut self, kind: Kind, layer_idx: usize) -> Option<&mut nn::Attention> {
+        match kind {
+            Kind::Cross => self.net.decoder.get_mut(layer_idx)?.cross.as_mut().map(|(a, _)| a),
+            k if k == self.net.stack_kind => self.net.encoder.get_mut(layer_idx).map(|l| &mut l.attn),
+            Kind::Dec => match &mut self.net.decoder.get_mut(layer_idx)?.self_block {
+                transformer::SelfBlock::Attention(a) => Some(a),
+                transformer::SelfBlock::Ssru(_) => None,
+            },
+            _ => None,
+        }
+    }
+
     /// The heads of one layer that are present, by original number, in physical order (all
     /// of them unless `prune_heads` removed some).
     pub fn present(&self, kind: Kind, layer_idx: usize) -> Vec<usize> {

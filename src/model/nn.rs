@@ -829,6 +829,44 @@ impl Attention {
         }
     }
 
+    /// Removes every head but `keep` (original numbers, ascending) from the weights: their
+    /// Q/K/V row blocks and W^O column blocks kept, the rest dropped; the heads keep their
+    /// numbers (`slots`). Computes what masking the others computes, so it refuses, naming
+    /// why, where it could not: heads sharing keys and values (grouped-query attention), and
+    /// q/k norms over all heads at once (OLMo-2's: removing a head would rescale the others).
+    pub fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String> {
+        if self.n_kv_heads != self.n_heads {
+            return Err(format!(
+                "it uses grouped-query attention ({} query heads share {} key/value heads); removing single heads is not supported there",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.qk_norm.as_ref().is_some_and(|n| !n.per_head) {
+            return Err(format!(
+                "it normalises the queries and keys of all its heads together (a q/k RMSNorm over all {} heads, as OLMo-2's); removing a head would rescale every other head, so it cannot equal masking",
+                self.n_heads
+            ));
+        }
+        let width = self.width();
+        if let Some(&h) = keep.iter().find(|&&h| h >= width || self.physical(h).is_none()) {
+            return Err(format!("head {h} is not in this layer"));
+        }
+        let dh = self.head_dim;
+        // Physical row blocks of the heads kept.
+        let rows: Vec<i64> =
+            keep.iter().filter_map(|&h| self.physical(h)).flat_map(|p| p as i64 * dh..(p as i64 + 1) * dh).collect();
+        let idx = Tensor::from_slice(&rows).to_device(self.q.w.device());
+        for lin in [&mut self.q, &mut self.k, &mut self.v] {
+            lin.w = lin.w.index_select(0, &idx);
+            lin.b = lin.b.as_ref().map(|b| b.index_select(0, &idx));
+        }
+        self.o.w = self.o.w.index_select(1, &idx);
+        self.n_heads = keep.len() as i64;
+        self.n_kv_heads = keep.len() as i64;
+        self.slots = Some(HeadSlots::new(width, keep.to_vec(), idx.device()));
+        Ok(())
+    }
+
     /// Gates `[G, width]` in the original numbering -> `[G, n_heads]` for the heads present.
     pub fn own_gates(&self, g: &Tensor) -> Tensor {
         match &self.slots {

@@ -258,6 +258,11 @@ fn olmo2_without_gqa_equals_transformers_and_prune_heads_refuses_it() {
             && err.contains("with_gates"),
         "{err}"
     );
+    // Heads sharing keys and values (grouped-query attention) are refused too, naming why.
+    let gqa = common::tiny_hf("llama", "f32");
+    let err =
+        headscope::prune::physical::prune_heads(&gqa, &[head], None).err().expect("prune_heads refused").to_string();
+    assert!(!err.contains('\n') && err.contains("grouped-query") && err.contains("with_gates"), "{err}");
 }
 
 /// bfloat16 on the CPU: the tiny Llama's logits and attention differ from transformers'
