@@ -84,6 +84,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     build_from(&g, &path.display().to_string(), opts)
 }
 
+/// The `general.architecture` of the GGUF at `path` (a file, or a directory holding one), if
+/// it opens.
+pub fn architecture(path: &Path) -> Option<String> {
+    let g = Gguf::open(&gguf_of(path)?).ok()?;
+    g.metadata.get("general.architecture").and_then(Value::as_str).map(str::to_string)
+}
+
 /// The model a parsed GGUF (read from `file`) holds, by its `general.architecture`.
 pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let file = file.to_string();
@@ -273,7 +280,7 @@ fn renamed(
 }
 
 /// The architectures read.
-const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5";
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row

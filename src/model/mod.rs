@@ -7,6 +7,7 @@ pub mod batch;
 pub mod bert;
 pub mod bytes;
 pub mod config_keys;
+pub mod family;
 pub mod fill;
 pub mod gemma;
 pub mod gguf;
@@ -36,6 +37,7 @@ pub mod view;
 pub mod weights;
 
 use crate::device::{device_name, DeviceChoice, DeviceError};
+pub use family::Family;
 use nn::Gates;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -130,7 +132,7 @@ pub enum ModelError {
     TooLong { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
-    #[error("'{0}' is not a model directory headscope knows: expected an HF checkpoint (config.json + model.safetensors, sharded safetensors or pytorch_model.bin; model_type bart, bert, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, m2m_100, marian, mbart, mistral, mt5, olmo2, phi3, qwen2, qwen3, roberta, t5), a Firefox-Translations Marian model (model.*.bin + tokenizer.json), or one *.gguf (architectures llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5; a tokenizer.json beside it is used before the GGUF's own); a Hugging Face model id is looked up in the local cache")]
+    #[error("{}", family::unknown(.0))]
     UnknownFamily(String),
     #[error("{0}")]
     Device(#[from] DeviceError),
@@ -169,71 +171,6 @@ pub fn check_interrupt() -> Result<(), ModelError> {
         return Err(ModelError::Interrupted);
     }
     Ok(())
-}
-
-/// Checkpoint families, detected from the files.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Family {
-    Bert,
-    MarianBin,
-    /// Decoder-only llama architecture in GGUF.
-    LlamaGguf,
-    /// HF RoBERTa (the BERT code, positions after the padding index).
-    Roberta,
-    /// HF GPT-2.
-    Gpt2,
-    /// HF GPT-NeoX (Pythia).
-    GptNeox,
-    /// HF Llama, Qwen2, Qwen3, Mistral (one file, `llama.rs`).
-    Llama,
-    Qwen2,
-    Qwen3,
-    Mistral,
-    /// HF Phi-3 / Phi-4 (fused projections split at load, then the llama code).
-    Phi3,
-    /// HF OLMo-2 (the llama code: norms after each sublayer, q/k norms over all heads).
-    Olmo2,
-    /// HF Gemma, Gemma 2, Gemma 3 text (`gemma.rs`).
-    Gemma,
-    Gemma2,
-    Gemma3Text,
-    /// HF MarianMT (opus-mt) and BART (one file, `bart.rs`).
-    Marian,
-    Bart,
-    /// HF M2M100 / NLLB-200 and mBART: pre-norm encoder-decoders (one file, `m2m100.rs`).
-    M2m100,
-    Mbart,
-    /// HF T5 / Flan-T5 and mT5 (`t5.rs`).
-    T5,
-    Mt5,
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Family::Bert => "bert",
-            Family::MarianBin => "marian_bin",
-            Family::LlamaGguf => "llama_gguf",
-            Family::Roberta => "roberta",
-            Family::Gpt2 => "gpt2",
-            Family::GptNeox => "gpt_neox",
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Qwen3 => "qwen3",
-            Family::Phi3 => "phi3",
-            Family::Olmo2 => "olmo2",
-            Family::Gemma => "gemma",
-            Family::Gemma2 => "gemma2",
-            Family::Gemma3Text => "gemma3_text",
-            Family::Mistral => "mistral",
-            Family::Marian => "marian",
-            Family::Bart => "bart",
-            Family::M2m100 => "m2m_100",
-            Family::Mbart => "mbart",
-            Family::T5 => "t5",
-            Family::Mt5 => "mt5",
-        })
-    }
 }
 
 /// Where and in what precision a model is loaded. `Default` (beside `load_model`'s option
@@ -321,6 +258,9 @@ pub struct LoadTimes {
 pub struct Model {
     pub load_times: LoadTimes,
     pub family: Family,
+    /// What the file says it holds where the family covers several: a GGUF's
+    /// `general.architecture` (`Model::family_name`).
+    pub architecture: Option<String>,
     pub path: PathBuf,
     /// The name the user gave where the path does not say it: a model id resolved through the
     /// Hugging Face cache (`org/name`, not its snapshot's hash).
@@ -440,65 +380,12 @@ pub struct KindAttention {
     pub layers: Vec<Option<Tensor>>,
 }
 
-/// The families read from HF checkpoint directories, in the order errors list them.
-const HF_FAMILIES: [Family; 19] = [
-    Family::Bart,
-    Family::Bert,
-    Family::Gemma,
-    Family::Gemma2,
-    Family::Gemma3Text,
-    Family::Gpt2,
-    Family::GptNeox,
-    Family::Llama,
-    Family::M2m100,
-    Family::Marian,
-    Family::Mbart,
-    Family::Mistral,
-    Family::Olmo2,
-    Family::Phi3,
-    Family::Qwen2,
-    Family::Qwen3,
-    Family::Roberta,
-    Family::Mt5,
-    Family::T5,
-];
-
-/// The family of a checkpoint directory; an HF directory whose `model_type` is not supported
-/// is an error listing the supported ones.
-pub fn detect_family(dir: &Path) -> Result<Option<Family>, ModelError> {
-    if hf::is_hf_dir(dir) {
-        // A family's name is its HF `model_type`.
-        let t = hf::model_type(dir)?;
-        return match HF_FAMILIES.iter().find(|f| f.to_string() == t) {
-            Some(f) => Ok(Some(*f)),
-            None => {
-                let mut names: Vec<String> = HF_FAMILIES.iter().map(|f| f.to_string()).collect();
-                names.sort();
-                Err(ModelError::Config(
-                    dir.join("config.json").display().to_string(),
-                    format!("model_type '{t}' is not supported (supported: {})", names.join(", ")),
-                ))
-            }
-        };
-    }
-    if dir.is_file() {
-        return Ok(llama_gguf::gguf_of(dir).map(|_| Family::LlamaGguf));
-    }
-    Ok(if marian_bin::find_bin(dir).is_some() && dir.join("tokenizer.json").is_file() {
-        Some(Family::MarianBin)
-    } else if llama_gguf::find_gguf(dir).is_some() {
-        Some(Family::LlamaGguf)
-    } else {
-        None
-    })
-}
-
 impl Model {
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, ModelError> {
         if !path.exists() {
             return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
         }
-        let family = detect_family(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
+        let family = family::detect(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         // Every key of config.json is read or known harmless (docs/formats.md#config-keys).
         let warnings = if path.is_dir() && hf::is_hf_dir(path) {
             hf::vetted_config(path, opts.allow_unknown_config)?.1
@@ -506,8 +393,9 @@ impl Model {
             vec![]
         };
         let t0 = std::time::Instant::now();
+        let row = family.row();
         // Only the Firefox-Translations tokenizers leave the EOS to the model.
-        let framing = if family == Family::MarianBin {
+        let framing = if row.tokenizer == family::TokenizerSource::JsonAppendEos {
             tokenizer::Framing::AppendEos(marian_bin::EOS)
         } else {
             tokenizer::Framing::Tokenizer
@@ -519,36 +407,23 @@ impl Model {
         let t = std::time::Instant::now();
         let net = {
             let _guard = tch::no_grad_guard();
-            match family {
-                Family::Bert | Family::Roberta => bert::load(path, opts).map(|(n, _cfg)| n),
-                Family::MarianBin => marian_bin::load(path, opts),
-                Family::LlamaGguf => llama_gguf::load(path, opts),
-                Family::Gpt2 => gpt2::load(path, opts),
-                Family::GptNeox => gpt_neox::load(path, opts),
-                Family::Phi3 => phi3::load(path, opts),
-                Family::Gemma | Family::Gemma2 | Family::Gemma3Text => gemma::load(path, opts),
-                Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Mistral | Family::Olmo2 => {
-                    llama::load(path, opts)
-                }
-                Family::Marian | Family::Bart => bart::load(path, opts),
-                Family::M2m100 | Family::Mbart => m2m100::load(path, opts),
-                Family::T5 | Family::Mt5 => t5::load(path, opts),
-            }?
+            (row.load)(path, opts)?
         };
         let net = Ok::<_, ModelError>((net, t.elapsed().as_secs_f64()));
         let t = std::time::Instant::now();
         // MarianMT ships sentencepiece models and vocab.json instead of tokenizer.json.
         // A GGUF without a tokenizer.json beside it brings its own in its metadata.
-        let tok = if family == Family::Marian && !tok_path.is_file() {
+        use family::TokenizerSource as Ts;
+        let tok = if row.tokenizer == Ts::JsonOrMarianSpm && !tok_path.is_file() {
             Tok::marian(path)
-        } else if family == Family::M2m100
+        } else if row.tokenizer == Ts::JsonOrM2m100Spm
             && !tok_path.is_file()
             && path.join("sentencepiece.bpe.model").is_file()
             && path.join("vocab.json").is_file()
         {
             // M2M100's own checkpoints ship sentencepiece.bpe.model and vocab.json.
             Tok::m2m100(path)
-        } else if family == Family::LlamaGguf && !tok_path.is_file() {
+        } else if row.tokenizer == Ts::JsonOrGguf && !tok_path.is_file() {
             llama_gguf::gguf_of(path)
                 .ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into()))
                 .and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
@@ -557,27 +432,7 @@ impl Model {
         };
         let tok = tok.map(|tok| (tok, t.elapsed().as_secs_f64()));
         let ((net, weights), (mut tok, tokenizer)) = (net?, tok?);
-        if matches!(
-            family,
-            Family::LlamaGguf
-                | Family::Gpt2
-                | Family::GptNeox
-                | Family::Llama
-                | Family::Qwen2
-                | Family::Qwen3
-                | Family::Mistral
-                | Family::Phi3
-                | Family::Olmo2
-                | Family::Gemma
-                | Family::Gemma2
-                | Family::Gemma3Text
-                | Family::Marian
-                | Family::Bart
-                | Family::M2m100
-                | Family::Mbart
-                | Family::T5
-                | Family::Mt5
-        ) {
+        if row.eos_from_model {
             tok.eos_id = Some(net.eos_id);
         }
         // Every id the tokenizer can produce must have an embedding row.
@@ -590,9 +445,14 @@ impl Model {
             )));
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
+        let architecture = match row.source {
+            family::Source::Gguf => llama_gguf::architecture(path),
+            _ => None,
+        };
         let mut m = Model {
             load_times,
             family,
+            architecture,
             path: path.to_path_buf(),
             id: None,
             warnings,
@@ -612,18 +472,23 @@ impl Model {
     /// `padding_idx + 1`, BART's offset 2) are not kept, so not counted (tests/models/param_count.rs).
     ///
     /// The count walks the blocks' own parameter lists ([`transformer::Transformer::named_params_mut`],
-    /// each tensor once however many places share it), less what transformers holds as
-    /// buffers: M2M100's sinusoid tables (MarianMT's are frozen parameters), and the output
-    /// bias of HF BART, mBART and MarianMT (`final_logits_bias`; Marian's `.bin` learns its
-    /// own). It needs the walker's `&mut` only to reach the tensors.
+    /// each tensor once however many places share it), less what the family's row lists as
+    /// transformers' buffers ([`family::Row::buffers`]: M2M100's sinusoid tables, the output
+    /// bias of HF BART, mBART and MarianMT). It needs the walker's `&mut` only to reach the
+    /// tensors.
     pub fn count_params(&mut self) -> i64 {
-        let family = self.family;
-        let buffer = |name: &str| match family {
-            Family::M2m100 => name.ends_with("pos_embed.W_pos"),
-            Family::Bart | Family::Marian | Family::Mbart => name == "unembed.b_U",
-            _ => false,
-        };
+        let buffers = self.family.row().buffers;
+        let buffer = |name: &str| buffers.iter().any(|b| name.ends_with(b));
         self.net.named_params_mut().iter().filter(|(name, _)| !buffer(name)).map(|(_, t)| t.numel() as i64).sum()
+    }
+
+    /// The family a person reads: the architecture of a GGUF file (`gemma3 (gguf)`), else the
+    /// family's name (its HF `model_type`, `marian_bin`).
+    pub fn family_name(&self) -> String {
+        match &self.architecture {
+            Some(a) => format!("{a} ({})", self.family),
+            None => self.family.to_string(),
+        }
     }
 
     pub fn name(&self) -> String {
@@ -1242,7 +1107,7 @@ impl Model {
         format!(
             "<Model {} ({}), {:.1}M parameters, heads: {}, on {} as {:?}>",
             self.name(),
-            self.family,
+            self.family_name(),
             self.n_params as f64 / 1e6,
             kinds.join(", "),
             device_name(self.device()),
@@ -1252,7 +1117,7 @@ impl Model {
 }
 
 #[cfg(test)]
-mod unknown_family_tests {
+mod error_tests {
     use super::*;
 
     #[test]
@@ -1266,13 +1131,5 @@ mod unknown_family_tests {
         );
         assert_eq!(one_line("plain"), "plain");
         assert_eq!(one_line("left: 1\nright: 2"), "left: 1\nright: 2", "only libtorch's trace is cut");
-    }
-
-    #[test]
-    fn the_unknown_directory_message_lists_every_family() {
-        let msg = ModelError::UnknownFamily("x".into()).to_string();
-        for f in HF_FAMILIES {
-            assert!(msg.contains(&f.to_string()), "{f} missing from: {msg}");
-        }
     }
 }

@@ -180,7 +180,9 @@ pub fn parse_run(run: Run, bytes: &[u8], f: &str, identity: &Value, heads: usize
     }
     let have = &v["identity"];
     for key in ["model", "family", "gated", "dataset", "sentences"] {
-        if have[key] != identity[key] {
+        // GGUF checkpoints' family was named `llama_gguf` before the family table.
+        let legacy = key == "family" && have[key] == "llama_gguf" && identity[key] == "gguf";
+        if have[key] != identity[key] && !legacy {
             let what = if matches!(key, "dataset" | "sentences") { "data" } else { "model" };
             return Err(format!(
                 "{who}: checkpoint {f} is from another {what}: its {key} is {}, this run's is {}",

@@ -255,6 +255,7 @@ pub fn hand_built(
     Model {
         load_times: LoadTimes::default(),
         family,
+        architecture: None,
         path: dir.to_path_buf(),
         id: None,
         warnings: vec![],

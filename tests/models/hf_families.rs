@@ -356,7 +356,7 @@ fn gemma2_gguf_file_equals_its_safetensors_twin() {
 fn gemma3_gguf_file_equals_its_safetensors_twin() {
     check_against(&common::golden("tiny_hf/golden_gguf.npz"), "gemma3_gguf", "gemma3_gguf");
     let m = common::tiny_hf("gemma3_gguf", "f32");
-    assert_eq!(m.family.to_string(), "llama_gguf");
+    assert_eq!((m.family.to_string(), m.family_name()), ("gguf".to_string(), "gemma3 (gguf)".to_string()));
     let windows: Vec<Option<i64>> = m.net.encoder.iter().map(|l| l.window).collect();
     assert_eq!(windows, [vec![Some(5); 5], vec![None]].concat());
 }
@@ -367,7 +367,7 @@ fn gemma3_gguf_file_equals_its_safetensors_twin() {
 fn qwen2_and_qwen3_gguf_files_equal_transformers() {
     check_against(&common::golden("tiny_hf/golden.npz"), "qwen2", "qwen2_gguf");
     check_against(&common::golden("tiny_hf/golden_2026.npz"), "qwen3", "qwen3_gguf");
-    assert_eq!(common::tiny_hf("qwen3_gguf", "f32").family.to_string(), "llama_gguf");
+    assert_eq!(common::tiny_hf("qwen3_gguf", "f32").family_name(), "qwen3 (gguf)");
 }
 
 /// Gemma: embeddings times sqrt(d), (1 + w) RMSNorms, GeGLU, head_dim 16 with hidden 32 / 4 heads.

@@ -239,14 +239,15 @@ pub mod api {
         m.model.name()
     }
 
-    /// The checkpoint family: "bert" or "marian_bin".
+    /// The checkpoint family: its HF `model_type` ("bert", "llama", ...), "marian_bin", or a
+    /// GGUF file's architecture ("llama (gguf)"); src/model/family.rs lists them.
     ///
     /// ```rhai
     /// assert(load_model("enpt").family == "marian_bin");
     /// ```
     #[rhai_fn(get = "family", pure)]
     pub fn family(m: &mut ScriptModel) -> String {
-        m.model.family.to_string()
+        m.model.family_name()
     }
 
     /// The attention kinds the model has ("enc", "dec", "cross").
