@@ -44,19 +44,11 @@ struct Config {
 /// BART's naming (shared by M2M100 / NLLB and mBART, `m2m100.rs`): `{prefix}.weight` /
 /// `{prefix}.bias`; LayerNorm epsilon 1e-5 (nn.LayerNorm's default; HF does not store it).
 pub(super) fn linear(w: &mut Weights, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
-    Ok(Linear {
-        w: w.get(&format!("{prefix}.weight"), &[out, inp])?,
-        b: Some(w.get(&format!("{prefix}.bias"), &[out])?),
-    })
+    w.linear(prefix, out, inp, true)
 }
 
 pub(super) fn norm(w: &mut Weights, prefix: &str, d: i64) -> Result<Norm, ModelError> {
-    Ok(Norm {
-        kind: NormKind::Layer,
-        weight: w.get(&format!("{prefix}.weight"), &[d])?,
-        bias: Some(w.get(&format!("{prefix}.bias"), &[d])?),
-        eps: 1e-5,
-    })
+    w.norm(NormKind::Layer, prefix, d, true, 1e-5)
 }
 
 pub(super) fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64) -> Result<Attention, ModelError> {
@@ -182,7 +174,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     // The output: `lm_head` where stored (untied exports), else the decoder's embeddings; plus
     // `final_logits_bias [1, V]`.
-    let head = if w.shape("lm_head.weight").is_some() { w.get("lm_head.weight", &[v_tgt, d])? } else { dec_tokens };
+    let head = w.output_or_tied("lm_head.weight", &dec_tokens, true)?;
     let bias = if w.shape("final_logits_bias").is_some() {
         Some(w.get("final_logits_bias", &[1, v_tgt])?.view([v_tgt]))
     } else {

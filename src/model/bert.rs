@@ -2,7 +2,7 @@
 //! RoBERTa is the same code with `roberta.` names and positions after the padding index.
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use super::nn::{Activation, Attention, Ffn, NormKind, NormPosition};
 use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
@@ -27,29 +27,6 @@ pub struct Config {
     pub pad_token_id: Option<i64>,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
-}
-
-/// BERT's naming: `{prefix}.weight` / `{prefix}.bias`.
-trait BertNames {
-    fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError>;
-    fn norm(&mut self, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError>;
-}
-
-impl BertNames for Weights {
-    fn linear(&mut self, prefix: &str, out: i64, inp: i64) -> Result<Linear, ModelError> {
-        Ok(Linear {
-            w: self.get(&format!("{prefix}.weight"), &[out, inp])?,
-            b: Some(self.get(&format!("{prefix}.bias"), &[out])?),
-        })
-    }
-    fn norm(&mut self, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError> {
-        Ok(Norm {
-            kind: NormKind::Layer,
-            weight: self.get(&format!("{prefix}.weight"), &[d])?,
-            bias: Some(self.get(&format!("{prefix}.bias"), &[d])?),
-            eps,
-        })
-    }
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), ModelError> {
@@ -98,29 +75,29 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             let n = w.shape("embeddings.token_type_embeddings.weight").map_or(2, |s| s[0]);
             w.get("embeddings.token_type_embeddings.weight", &[n, d])?
         }),
-        norm: Some(w.norm("embeddings.LayerNorm", d, eps)?),
+        norm: Some(w.norm(NormKind::Layer, "embeddings.LayerNorm", d, true, eps)?),
     };
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("encoder.layer.{l}");
         encoder.push(EncoderLayer::new(
             Attention::new(
-                w.linear(&format!("{p}.attention.self.query"), d, d)?,
-                w.linear(&format!("{p}.attention.self.key"), d, d)?,
-                w.linear(&format!("{p}.attention.self.value"), d, d)?,
-                w.linear(&format!("{p}.attention.output.dense"), d, d)?,
+                w.linear(&format!("{p}.attention.self.query"), d, d, true)?,
+                w.linear(&format!("{p}.attention.self.key"), d, d, true)?,
+                w.linear(&format!("{p}.attention.self.value"), d, d, true)?,
+                w.linear(&format!("{p}.attention.output.dense"), d, d, true)?,
                 h,
                 h,
                 d / h,
             ),
-            w.norm(&format!("{p}.attention.output.LayerNorm"), d, eps)?,
+            w.norm(NormKind::Layer, &format!("{p}.attention.output.LayerNorm"), d, true, eps)?,
             Ffn {
-                up: w.linear(&format!("{p}.intermediate.dense"), f, d)?,
-                down: w.linear(&format!("{p}.output.dense"), d, f)?,
+                up: w.linear(&format!("{p}.intermediate.dense"), f, d, true)?,
+                down: w.linear(&format!("{p}.output.dense"), d, f, true)?,
                 act,
                 gate: None,
             },
-            w.norm(&format!("{p}.output.LayerNorm"), d, eps)?,
+            w.norm(NormKind::Layer, &format!("{p}.output.LayerNorm"), d, true, eps)?,
             NormPosition::Post,
         ));
     }

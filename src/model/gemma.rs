@@ -12,7 +12,7 @@
 //! are kind `dec`.
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
+use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
 use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
@@ -197,11 +197,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for (l, &is_sliding) in sliding.iter().enumerate() {
         let p = format!("model.layers.{l}");
-        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| -> Result<Linear, ModelError> {
-            let weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
-            let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-            Ok(Linear { w: weight, b })
-        };
+        let proj =
+            |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
         let (base, scaling) = if is_sliding {
             (local.theta.unwrap_or(DEFAULT_THETA), local_scaling.clone())
         } else {
@@ -254,11 +251,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
         );
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {
-        tokens.shallow_clone()
-    } else {
-        w.get("lm_head.weight", &[cfg.vocab_size, d])?
-    };
+    let output = w.output_or_tied("lm_head.weight", &tokens, cfg.tie_word_embeddings)?;
     // As transformers: the multiplier sqrt(hidden_size) is taken in the model's precision.
     let scale = Tensor::from((d as f64).sqrt()).to_kind(opts.dtype).double_value(&[]);
     let embed = Embeddings { tokens, scale, positions: Positions::None, token_type: None, norm: None };

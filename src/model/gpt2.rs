@@ -50,12 +50,7 @@ fn conv1d(w: &mut Weights, prefix: &str, inp: i64, out: i64) -> Result<Linear, M
 }
 
 fn layer_norm(w: &mut Weights, prefix: &str, d: i64, eps: f64) -> Result<Norm, ModelError> {
-    Ok(Norm {
-        kind: NormKind::Layer,
-        weight: w.get(&format!("{prefix}.weight"), &[d])?,
-        bias: Some(w.get(&format!("{prefix}.bias"), &[d])?),
-        eps,
-    })
+    w.norm(NormKind::Layer, prefix, d, true, eps)
 }
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {

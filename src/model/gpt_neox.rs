@@ -6,7 +6,7 @@
 //! head `h`), a GELU MLP, a final norm and an untied `embed_out`. Its heads are kind `dec`.
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Rotary};
+use super::nn::{Activation, Attention, Ffn, Linear, NormKind, NormPosition, Rotary};
 use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
@@ -141,23 +141,13 @@ pub(crate) fn build(
     let scaling = rope.scaling_for(cfg.max_position_embeddings, None, 0).map_err(bad)?;
     let base = rope.theta.unwrap_or(10000.0);
     let eps = cfg.layer_norm_eps;
-    let ln = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
-        Ok(Norm {
-            kind: NormKind::Layer,
-            weight: w.get(&format!("{name}.weight"), &[d])?,
-            bias: Some(w.get(&format!("{name}.bias"), &[d])?),
-            eps,
-        })
-    };
+    let ln = |w: &mut Weights, name: String| w.norm(NormKind::Layer, &name, d, true, eps);
     let ff = cfg.intermediate_size;
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("layers.{l}");
-        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| -> Result<Linear, ModelError> {
-            let weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
-            let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-            Ok(Linear { w: weight, b })
-        };
+        let proj =
+            |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
         // query_key_value: [3D, D] rows as [H, 3, dh] (head h's query, key and value rows), or
         // stacked as [3, D].
         let qkv = proj(&mut w, "attention.query_key_value", 3 * d, d, cfg.attention_bias)?;
@@ -198,11 +188,7 @@ pub(crate) fn build(
         ));
     }
     let tokens = w.get("embed_in.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("embed_out.weight").is_none() {
-        tokens.shallow_clone()
-    } else {
-        w.get("embed_out.weight", &[cfg.vocab_size, d])?
-    };
+    let output = w.output_or_tied("embed_out.weight", &tokens, cfg.tie_word_embeddings)?;
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = ln(&mut w, "final_layer_norm".into())?;
     Ok(Transformer::decoder_only(embed, layers, Some(final_norm), output, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))

@@ -16,7 +16,7 @@
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
 use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, Rotary};
+use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
 use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
@@ -171,11 +171,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        let proj = |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| -> Result<Linear, ModelError> {
-            let weight = w.get(&format!("{p}.{name}.weight"), &[out, inp])?;
-            let b = if bias { Some(w.get(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-            Ok(Linear { w: weight, b })
-        };
+        let proj =
+            |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
         // OLMo-2 norms each sublayer's output (post_attention_layernorm after the attention,
         // post_feedforward_layernorm after the MLP) and not their inputs.
         layers.push(EncoderLayer::new(
@@ -225,11 +222,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         ));
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-    let output = if cfg.tie_word_embeddings && w.shape("lm_head.weight").is_none() {
-        tokens.shallow_clone()
-    } else {
-        w.get("lm_head.weight", &[cfg.vocab_size, d])?
-    };
+    let output = w.output_or_tied("lm_head.weight", &tokens, cfg.tie_word_embeddings)?;
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = rms(&mut w, "model.norm.weight".into())?;
     let mut net = Transformer::decoder_only(

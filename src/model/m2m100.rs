@@ -192,7 +192,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     // The output: `lm_head` where stored (untied exports), else the shared embeddings; mBART's
     // `final_logits_bias [1, V]`.
-    let head = if w.shape("lm_head.weight").is_some() { w.get("lm_head.weight", &[v, d])? } else { dec_tokens };
+    let head = w.output_or_tied("lm_head.weight", &dec_tokens, true)?;
     let bias = if w.shape("final_logits_bias").is_some() {
         Some(w.get("final_logits_bias", &[1, v])?.view([v]))
     } else {

@@ -122,10 +122,11 @@ fn yml_int(yml: &str, key: &str) -> Option<i64> {
     yml.lines().find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
 
-/// Marian's naming: `{p}W{s}` / `{p}b{s}`, `{p}_scale` / `{p}_bias`.
+/// Marian's naming: `{p}W{s}` / `{p}b{s}`, `{p}_scale` / `{p}_bias` (not `Weights::linear`'s
+/// `.weight` / `.bias`).
 trait MarianNames {
-    fn linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError>;
-    fn norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError>;
+    fn marian_linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError>;
+    fn marian_norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError>;
     fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError>;
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError>;
     fn count_layers(&self, prefix: &str) -> usize;
@@ -133,12 +134,12 @@ trait MarianNames {
 
 impl MarianNames for Weights {
     /// `{p}W{s}` / `{p}b{s}` as a Linear of `[out, in]`.
-    fn linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError> {
+    fn marian_linear(&mut self, p: &str, s: &str, out: i64, inp: i64, bias: bool) -> Result<Linear, ModelError> {
         let w = self.get(&format!("{p}W{s}"), &[out, inp])?;
         let b = if bias { Some(self.get(&format!("{p}b{s}"), &[out])?) } else { None };
         Ok(Linear { w, b })
     }
-    fn norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError> {
+    fn marian_norm(&mut self, p: &str, d: i64) -> Result<Norm, ModelError> {
         Ok(Norm {
             kind: NormKind::Layer,
             weight: self.get(&format!("{p}_scale"), &[d])?,
@@ -148,10 +149,10 @@ impl MarianNames for Weights {
     }
     fn attention(&mut self, p: &str, d: i64, heads: i64) -> Result<Attention, ModelError> {
         Ok(Attention::new(
-            self.linear(p, "q", d, d, true)?,
-            self.linear(p, "k", d, d, true)?,
-            self.linear(p, "v", d, d, true)?,
-            self.linear(p, "o", d, d, true)?,
+            self.marian_linear(p, "q", d, d, true)?,
+            self.marian_linear(p, "k", d, d, true)?,
+            self.marian_linear(p, "v", d, d, true)?,
+            self.marian_linear(p, "o", d, d, true)?,
             heads,
             heads,
             d / heads,
@@ -159,8 +160,8 @@ impl MarianNames for Weights {
     }
     fn ffn(&mut self, p: &str, d: i64, f: i64) -> Result<Ffn, ModelError> {
         Ok(Ffn {
-            up: self.linear(p, "1", f, d, true)?,
-            down: self.linear(p, "2", d, f, true)?,
+            up: self.marian_linear(p, "1", f, d, true)?,
+            down: self.marian_linear(p, "2", d, f, true)?,
             act: Activation::Relu,
             gate: None,
         })
@@ -196,9 +197,9 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         let p = format!("encoder_l{l}_");
         encoder.push(EncoderLayer::new(
             w.attention(&format!("{p}self_"), d, heads)?,
-            w.norm(&format!("{p}self_Wo_ln"), d)?,
+            w.marian_norm(&format!("{p}self_Wo_ln"), d)?,
             w.ffn(&format!("{p}ffn_"), d, f)?,
-            w.norm(&format!("{p}ffn_ffn_ln"), d)?,
+            w.marian_norm(&format!("{p}ffn_ffn_ln"), d)?,
             NormPosition::Post,
         ));
     }
@@ -206,15 +207,18 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     for l in 1..=n_dec {
         let p = format!("decoder_l{l}_");
         let cell = Ssru {
-            w: w.linear(&format!("{p}rnn_"), "", d, d, false)?,
-            wf: w.linear(&format!("{p}rnn_"), "f", d, d, true)?,
+            w: w.marian_linear(&format!("{p}rnn_"), "", d, d, false)?,
+            wf: w.marian_linear(&format!("{p}rnn_"), "f", d, d, true)?,
         };
         decoder.push(DecoderLayer {
             self_block: SelfBlock::Ssru(cell),
-            self_norm: w.norm(&format!("{p}rnn_ffn_ln"), d)?,
-            cross: Some((w.attention(&format!("{p}context_"), d, heads)?, w.norm(&format!("{p}context_Wo_ln"), d)?)),
+            self_norm: w.marian_norm(&format!("{p}rnn_ffn_ln"), d)?,
+            cross: Some((
+                w.attention(&format!("{p}context_"), d, heads)?,
+                w.marian_norm(&format!("{p}context_Wo_ln"), d)?,
+            )),
             ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
-            ffn_norm: w.norm(&format!("{p}ffn_ffn_ln"), d)?,
+            ffn_norm: w.marian_norm(&format!("{p}ffn_ffn_ln"), d)?,
             norm_position: NormPosition::Post,
             final_norm: None,
             rel_bias: None,

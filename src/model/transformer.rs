@@ -1726,4 +1726,27 @@ impl Transformer {
     pub fn params_mut(&mut self) -> Vec<&mut Tensor> {
         self.named_params_mut().into_iter().map(|(_, t)| t).collect()
     }
+
+    /// Replaces every weight tensor `p` (the `i`-th of [`Transformer::params_mut`]) by
+    /// `f(i, p)`, keeping a tied output projection tied: the token table it shares is replaced
+    /// once, and the output is that same tensor again.
+    pub fn map_params(&mut self, mut f: impl FnMut(usize, &Tensor) -> Tensor) {
+        let same = |a: &Tensor, b: &Tensor| a.data_ptr() == b.data_ptr() && a.size() == b.size();
+        // Which token table the output is (the decoder's own, or the stack's), if any.
+        let tied = self
+            .output
+            .as_ref()
+            .map(|o| (self.dec_embed.as_ref().is_some_and(|d| same(&o.w, &d.tokens)), same(&o.w, &self.embed.tokens)));
+        for (i, p) in self.params_mut().into_iter().enumerate() {
+            *p = f(i, p);
+        }
+        let table = match tied {
+            Some((true, _)) => self.dec_embed.as_ref().map(|d| d.tokens.shallow_clone()),
+            Some((false, true)) => Some(self.embed.tokens.shallow_clone()),
+            _ => None,
+        };
+        if let (Some(o), Some(t)) = (self.output.as_mut(), table) {
+            o.w = t;
+        }
+    }
 }

@@ -472,15 +472,7 @@ impl Joint {
     fn new(original: &Model) -> Result<Joint, ModelError> {
         let mut model = Model::load(&original.path, original.opts)?;
         let net = &mut model.net;
-        let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());
-        for p in net.params_mut() {
-            *p = p.detach().copy().set_requires_grad(true);
-        }
-        if tied {
-            if let Some(o) = net.output.as_mut() {
-                o.w = net.embed.tokens.shallow_clone();
-            }
-        }
+        net.map_params(|_, p| p.detach().copy().set_requires_grad(true));
         let params = net.params_mut();
         let m = params.iter().map(|p| p.zeros_like()).collect();
         let v = params.iter().map(|p| p.zeros_like()).collect();
@@ -507,15 +499,7 @@ impl Joint {
 
     /// The trained model, frozen.
     fn finish(mut self) -> Model {
-        for p in self.model.net.params_mut() {
-            *p = p.detach();
-        }
-        let net = &mut self.model.net;
-        if let Some(o) = net.output.as_mut() {
-            if o.w.data_ptr() == net.embed.tokens.data_ptr() {
-                o.w = net.embed.tokens.shallow_clone();
-            }
-        }
+        self.model.net.map_params(|_, p| p.detach());
         self.model
     }
 }

@@ -20,24 +20,14 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
     m.id = model.id.clone();
     m.net.forced_bos.set(model.net.forced_bos.get()); // a target language chosen at load (`tgt_lang`)
     if let Some(w) = weights {
-        let net = &mut m.net;
-        let tied = net.output.as_ref().is_some_and(|o| o.w.data_ptr() == net.embed.tokens.data_ptr());
-        let params = net.params_mut();
-        if params.len() != w.len() {
+        let n = m.net.params_mut().len();
+        if n != w.len() {
             return Err(ModelError::Invalid(format!(
-                "prune_heads: {} weight tensors given, the model has {}",
-                w.len(),
-                params.len()
+                "prune_heads: {} weight tensors given, the model has {n}",
+                w.len()
             )));
         }
-        for (dst, src) in params.into_iter().zip(w) {
-            *dst = src.shallow_clone();
-        }
-        if tied {
-            if let Some(o) = net.output.as_mut() {
-                o.w = net.embed.tokens.shallow_clone();
-            }
-        }
+        m.net.map_params(|i, _| w[i].shallow_clone());
     }
     for s in m.kinds() {
         for l in 0..s.n_layers {
