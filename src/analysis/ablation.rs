@@ -513,7 +513,7 @@ pub fn sweep_acc(
         // and per-head contexts.
         let mut inputs = Vec::new();
         // By layer: a layer without heads (prune_heads) hands out no contexts.
-        let mut ctx: Vec<Option<Tensor>> = (0..model.net.encoder.len()).map(|_| None).collect();
+        let mut ctx: Vec<Option<Tensor>> = (0..model.net.stack.len()).map(|_| None).collect();
         let full_enc = {
             let mut on = |at: At, x: &Tensor| {
                 match at.point {

@@ -55,7 +55,7 @@ fn relevance_with_grad(
     target: Option<i64>,
 ) -> Result<Relevance, ModelError> {
     let mut leaves =
-        Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.encoder.len()).map(|_| None).collect() };
+        Leaves { kind: model.net.stack_kind, tok: None, ctx: (0..model.net.stack.len()).map(|_| None).collect() };
     let h = model.net.encode(ids, mask, gates, Some(&mut leaves))?;
     let Leaves { tok, ctx, .. } = leaves;
     let tok =

@@ -24,7 +24,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::{Attention, Gates, Norm, NormKind, NormPosition};
-use crate::model::transformer::{EncoderLayer, Transformer};
+use crate::model::transformer::{StackLayer, Transformer};
 use crate::model::{Batch, Kind, Model, ModelError};
 use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
@@ -424,9 +424,9 @@ fn trace_stack(
         let mut rec = Record { points: &TRACE_POINTS, kinds: &[kind], on: &mut on };
         net.encode(ids, mask, gates, Some(&mut rec))?
     };
-    let mut traces = Vec::with_capacity(net.encoder.len());
+    let mut traces = Vec::with_capacity(net.stack.len());
     let mut last = None;
-    for (l, layer) in net.encoder.iter().enumerate() {
+    for (l, layer) in net.stack.iter().enumerate() {
         let (tr, out) = layer_trace(layer, l, &mut seen, gates.layer(kind, l).map(|lg| lg.g).as_ref(), &y)?;
         traces.push(tr);
         last = Some(out);
@@ -438,7 +438,7 @@ fn trace_stack(
 /// Layer `l`'s [`Trace`] from its recorded hook points (taken out of `seen`), and the layer's
 /// output (post-norm layers end with their second norm).
 fn layer_trace(
-    layer: &EncoderLayer,
+    layer: &StackLayer,
     l: usize,
     seen: &mut HashMap<(usize, Point), Tensor>,
     gate: Option<&Tensor>,
@@ -511,7 +511,7 @@ fn active_units(a: &Attention, g: &Tensor) -> Tensor {
 
 /// Relevance of the layer's output `r_y [B, P, T, D]` down to its input; also returns the
 /// relevance of each head's context `[B, P, H]` (sum of |R| over positions and dims).
-fn relprop_layer(rule: Rule, layer: &EncoderLayer, tr: &Trace, r_y: &Tensor) -> (Tensor, Tensor) {
+fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (Tensor, Tensor) {
     let f = &layer.ffn;
     let a = &layer.attn;
     // The FFN block; its input relevance joins the residual's.
@@ -1181,7 +1181,7 @@ pub fn lrp(
         return Err(AnalysisError::Input(format!("LRP's decoder rules are derived for post-norm decoder layers (docs/methods.md#lrp-head-relevance); {}'s decoder norms each sublayer's input (M2M100, mBART, T5): use seed \"norm\" for its encoder, or gradient importance", model.name())));
     }
     let kind = net.stack_kind;
-    let n_layers = net.encoder.len();
+    let n_layers = net.stack.len();
     let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.width());
     let _g = tch::no_grad_guard();
     // Batches: for a decoder, teacher-forced targets come along (references, else greedy).
@@ -1298,7 +1298,7 @@ pub fn lrp(
         let target_total = target_part.unwrap_or_else(|| Tensor::zeros([1], (x.kind(), x.device())));
         let seed_total = abs_total(&r) + &target_total;
         for l in (0..n_layers).rev() {
-            let (r_in, head_rel) = relprop_layer(rule, &net.encoder[l], &traces[l], &r);
+            let (r_in, head_rel) = relprop_layer(rule, &net.stack[l], &traces[l], &r);
             r = r_in;
             let total = abs_total(&r) + &target_total;
             let err = ((&total / (&seed_total + 1e-30)) - 1.0).abs() * &weight;
@@ -1507,7 +1507,7 @@ mod tests {
             bias: Some(zeros(&[2])),
             eps: 1e-5,
         };
-        let layer = EncoderLayer::new(
+        let layer = StackLayer::new(
             Attention::new(lin(zeros(&[2, 2])), lin(zeros(&[2, 2])), lin(eye()), lin(eye()), 2, 2, 1),
             norm(),
             Ffn { up: lin(zeros(&[2, 2])), down: lin(zeros(&[2, 2])), act: Activation::Relu, gate: None },

@@ -153,7 +153,7 @@ struct Run {
 }
 
 fn record(model: &Model, ids: &Tensor, point: Point, gates: &Gates) -> Result<Run, ModelError> {
-    let n = model.net.encoder.len();
+    let n = model.net.stack.len();
     let mut inputs = Vec::with_capacity(n);
     let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
     let mut cache = StackCache::default();
@@ -417,8 +417,8 @@ pub fn patch_only(
 /// 8192 tokens.
 fn resume_tokens(model: &Model) -> i64 {
     let net = &model.net;
-    let width = net.encoder.iter().map(|l| l.ffn.up.w.size()[0].max(l.ffn.down.w.size()[0])).max().unwrap_or(1).max(1);
-    let bytes = net.encoder.first().map_or(4, |l| l.ffn.up.w.kind().elt_size_in_bytes() as i64);
+    let width = net.stack.iter().map(|l| l.ffn.up.w.size()[0].max(l.ffn.down.w.size()[0])).max().unwrap_or(1).max(1);
+    let bytes = net.stack.first().map_or(4, |l| l.ffn.up.w.kind().elt_size_in_bytes() as i64);
     ((12 << 20) / (width * bytes)).clamp(256, 8192)
 }
 
@@ -444,7 +444,7 @@ fn run(
         return Err(ModelError::Invalid(format!("patch: {}'s stack is not causal", model.name())));
     }
     let point = spec.site.point();
-    let n_layers = net.encoder.len();
+    let n_layers = net.stack.len();
     let positions = by_len.first().map_or(0, |b| b.0);
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     // Per layer, per position (or one), per unit: the sum over pairs.
@@ -567,7 +567,7 @@ fn resume(
     let point = spec.site.point();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
     let b = base.logits.size()[0];
-    let n_layers = net.encoder.len();
+    let n_layers = net.stack.len();
     let first = pass.iter().filter_map(|g| g.entries.first().map(|e| e.0)).min().unwrap_or(n_layers);
     let from: Vec<i64> = pass.iter().map(|g| g.from).collect();
     let mut cursor = vec![0usize; pass.len()];
@@ -793,12 +793,12 @@ pub fn path_patch(
     }
     let net = &model.net;
     let limit = match receiver {
-        Receiver::Logits => net.encoder.len(),
+        Receiver::Logits => net.stack.len(),
         Receiver::Head { layer, head, .. } => {
             let attn = model.attention(net.stack_kind, layer).ok_or_else(|| {
                 AnalysisError::Input(format!(
                     "patch: receiver layer {layer} out of range: the model has {} layers",
-                    net.encoder.len()
+                    net.stack.len()
                 ))
             })?;
             if !attn.present().contains(&head) {
@@ -816,7 +816,7 @@ pub fn path_patch(
             layer
         }
     };
-    if let Some(l) = net.encoder.iter().position(|l| l.norm_position == crate::model::nn::NormPosition::Post) {
+    if let Some(l) = net.stack.iter().position(|l| l.norm_position == crate::model::nn::NormPosition::Post) {
         return Err(AnalysisError::Input(format!("patch: path patching needs each attention to add its output to the residual stream; layer {l} norms after the sum (a post-norm layer)")));
     }
     let by_len = buckets(model, pairs, spec)?;
@@ -836,7 +836,7 @@ fn path_runs(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Patched, ModelError> {
     let net = &model.net;
-    let n_layers = net.encoder.len();
+    let n_layers = net.stack.len();
     let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let missing = |l: usize| ModelError::Invalid(format!("patch: layer {l} was not recorded"));
@@ -1025,7 +1025,7 @@ fn attribute_runs(
 ) -> Result<Patched, ModelError> {
     let net = &model.net;
     let point = spec.site.point();
-    let n_layers = net.encoder.len();
+    let n_layers = net.stack.len();
     let positions = by_len.first().map_or(0, |b| b.0);
     let dev = model.device();
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
@@ -1146,7 +1146,7 @@ fn seq_record(
     gates: &Gates,
 ) -> Result<SeqRun, ModelError> {
     let net = &model.net;
-    let n = if kind == crate::model::Kind::Enc { net.encoder.len() } else { net.decoder.len() };
+    let n = if kind == crate::model::Kind::Enc { net.stack.len() } else { net.decoder.len() };
     let mut inputs = Vec::new();
     let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
     let mut on = |at: At, x: &Tensor| {
@@ -1223,7 +1223,7 @@ fn source_buckets<'a>(
             "patch: per-position patching needs pairs of one source length and one target length".into(),
         ));
     }
-    let n_layers = if kind == Kind::Enc { net.encoder.len() } else { net.decoder.len() };
+    let n_layers = if kind == Kind::Enc { net.stack.len() } else { net.decoder.len() };
     let positions = by_len.keys().next().map_or(0, |&(s, t)| if kind == Kind::Enc { s } else { t });
     Ok((by_len, positions, n_layers))
 }

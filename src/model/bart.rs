@@ -8,7 +8,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -111,7 +111,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v_src, d])?) } else { None };
     let enc_tokens = match &shared {
         Some(t) => t.shallow_clone(),
-        None => w.get("model.encoder.embed_tokens.weight", &[v_src, d])?,
+        None => w.get("model.stack.embed_tokens.weight", &[v_src, d])?,
     };
     let dec_tokens = match (&shared, v_tgt == v_src) {
         (Some(t), true) => t.shallow_clone(),
@@ -136,8 +136,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let (he, hd) = (cfg.encoder_attention_heads, cfg.decoder_attention_heads);
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
-        let p = format!("model.encoder.layers.{l}");
-        encoder.push(EncoderLayer::new(
+        let p = format!("model.stack.layers.{l}");
+        encoder.push(StackLayer::new(
             attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
             Ffn {
@@ -205,7 +205,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     Ok(Transformer {
         embed,
-        encoder,
+        stack: encoder,
         stack_kind: Kind::Enc,
         causal: false,
         window: None,

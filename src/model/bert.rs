@@ -3,7 +3,7 @@
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
 use super::nn::{Activation, Attention, Ffn, NormKind, NormPosition};
-use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
+use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -80,7 +80,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
         let p = format!("encoder.layer.{l}");
-        encoder.push(EncoderLayer::new(
+        encoder.push(StackLayer::new(
             Attention::new(
                 w.linear(&format!("{p}.attention.self.query"), d, d, true)?,
                 w.linear(&format!("{p}.attention.self.key"), d, d, true)?,
@@ -106,7 +106,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
     Ok((
         Transformer {
             embed,
-            encoder,
+            stack: encoder,
             stack_kind: Kind::Enc,
             causal: false,
             window: None,

@@ -124,7 +124,7 @@ impl FillSource {
                 let rids = Tensor::from_slice(&flat).view([b, tr as i64]).to_device(dev);
                 let rmask = Tensor::from_slice(&m).view([b, tr as i64]).to_device(dev);
                 let kind = net.stack_kind;
-                let n_layers = net.encoder.len();
+                let n_layers = net.stack.len();
                 let mut zs: Vec<Option<Tensor>> = (0..n_layers).map(|_| None).collect();
                 {
                     let mut on = |at: At, z: &Tensor| {
@@ -148,7 +148,7 @@ impl FillSource {
                 let dt = zs.iter().flatten().next().map_or(r.mean.kind(), |z| z.kind());
                 let mut layers = Vec::with_capacity(n_layers);
                 for (l, z) in zs.iter().enumerate() {
-                    let attn = &net.encoder[l].attn;
+                    let attn = &net.stack[l].attn;
                     let mean = r.mean.f_select(0, l as i64)?.f_to_kind(dt)?;
                     let full = Tensor::zeros([b, attn.width() as i64, t, attn.head_dim], (dt, dev));
                     let drawn = match z {

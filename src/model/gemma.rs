@@ -13,7 +13,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
-use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
+use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -223,7 +223,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
         };
         let ffn_norm_name = if version >= 2 { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
         layers.push(
-            EncoderLayer::new(
+            StackLayer::new(
                 Attention::new(
                     proj(&mut w, "self_attn.q_proj", h * dh, d, cfg.attention_bias)?,
                     proj(&mut w, "self_attn.k_proj", hk * dh, d, cfg.attention_bias)?,

@@ -4,7 +4,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, Embeddings, EncoderLayer, Positions, Transformer};
+use super::transformer::{place, Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -88,7 +88,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             Some((q, k, v)) => (Some(q), Some(k), Some(v)),
             None => (None, None, None),
         };
-        layers.push(EncoderLayer::new(
+        layers.push(StackLayer::new(
             Attention::new(
                 lin(0, bq),
                 lin(1, bk),

@@ -7,7 +7,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, NormKind, NormPosition, Rotary};
-use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
+use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -165,7 +165,7 @@ pub(crate) fn build(
         let split = |i: i64| -> Result<Linear, ModelError> {
             Ok(Linear { w: part(&qkv.w, i)?, b: qkv.b.as_ref().map(|b| part(b, i)).transpose()? })
         };
-        layers.push(EncoderLayer::new(
+        layers.push(StackLayer::new(
             Attention::new(
                 split(0)?,
                 split(1)?,

@@ -17,7 +17,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
-use super::transformer::{Embeddings, EncoderLayer, Positions, Transformer};
+use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{LoadOptions, ModelError};
 use serde::Deserialize;
@@ -175,7 +175,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
         // OLMo-2 norms each sublayer's output (post_attention_layernorm after the attention,
         // post_feedforward_layernorm after the MLP) and not their inputs.
-        layers.push(EncoderLayer::new(
+        layers.push(StackLayer::new(
             Attention::new(
                 proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
                 proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,

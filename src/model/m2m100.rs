@@ -14,7 +14,7 @@
 use super::bart::{attention, linear, norm};
 use super::hf;
 use super::nn::{Activation, Ffn, Linear, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -147,8 +147,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let (he, hd) = (cfg.encoder_attention_heads, cfg.decoder_attention_heads);
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
-        let p = format!("model.encoder.layers.{l}");
-        encoder.push(EncoderLayer::new(
+        let p = format!("model.stack.layers.{l}");
+        encoder.push(StackLayer::new(
             attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
             Ffn {
@@ -161,7 +161,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             NormPosition::Pre,
         ));
     }
-    let enc_final = norm(&mut w, "model.encoder.layer_norm", d)?;
+    let enc_final = norm(&mut w, "model.stack.layer_norm", d)?;
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
@@ -221,7 +221,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     }
     Ok(Transformer {
         embed,
-        encoder,
+        stack: encoder,
         stack_kind: Kind::Enc,
         causal: false,
         window: None,

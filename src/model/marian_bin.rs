@@ -4,7 +4,7 @@
 
 use super::bytes::Cursor;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
-use super::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
+use super::transformer::{DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
@@ -195,7 +195,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut encoder = Vec::with_capacity(n_enc);
     for l in 1..=n_enc {
         let p = format!("encoder_l{l}_");
-        encoder.push(EncoderLayer::new(
+        encoder.push(StackLayer::new(
             w.attention(&format!("{p}self_"), d, heads)?,
             w.marian_norm(&format!("{p}self_Wo_ln"), d)?,
             w.ffn(&format!("{p}ffn_"), d, f)?,
@@ -230,7 +230,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         Embeddings { tokens, scale: (d as f64).sqrt(), positions: Positions::Sinusoidal, token_type: None, norm: None };
     Ok(Transformer {
         embed,
-        encoder,
+        stack: encoder,
         stack_kind: Kind::Enc,
         causal: false,
         window: None,

@@ -517,8 +517,8 @@ impl Model {
     /// layers hold fewer heads ([`Model::present`]).
     pub fn kinds(&self) -> Vec<KindShape> {
         let mut v = Vec::new();
-        if let Some(l) = self.net.encoder.first() {
-            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.encoder.len(), n_heads: l.attn.width() });
+        if let Some(l) = self.net.stack.first() {
+            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads: l.attn.width() });
         }
         if let Some(a) = self.net.decoder.first().and_then(|l| l.self_attention()) {
             v.push(KindShape { kind: Kind::Dec, n_layers: self.net.decoder.len(), n_heads: a.width() });
@@ -572,7 +572,7 @@ impl Model {
     pub fn attention(&self, kind: Kind, layer_idx: usize) -> Option<&nn::Attention> {
         match kind {
             Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a),
-            k if k == self.net.stack_kind => self.net.encoder.get(layer_idx).map(|l| &l.attn),
+            k if k == self.net.stack_kind => self.net.stack.get(layer_idx).map(|l| &l.attn),
             Kind::Dec => self.net.decoder.get(layer_idx)?.self_attention(),
             _ => None,
         }
@@ -582,7 +582,7 @@ impl Model {
     pub fn attention_mut(&mut self, kind: Kind, layer_idx: usize) -> Option<&mut nn::Attention> {
         match kind {
             Kind::Cross => self.net.decoder.get_mut(layer_idx)?.cross.as_mut().map(|(a, _)| a),
-            k if k == self.net.stack_kind => self.net.encoder.get_mut(layer_idx).map(|l| &mut l.attn),
+            k if k == self.net.stack_kind => self.net.stack.get_mut(layer_idx).map(|l| &mut l.attn),
             Kind::Dec => match &mut self.net.decoder.get_mut(layer_idx)?.self_block {
                 transformer::SelfBlock::Attention(a) => Some(a),
                 transformer::SelfBlock::Ssru(_) => None,
@@ -1054,12 +1054,10 @@ impl Model {
     pub fn rope(&self) -> String {
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
         let layers =
-            self.net.encoder.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(
-                |l| match &l.self_block {
-                    transformer::SelfBlock::Attention(a) => Some(a),
-                    transformer::SelfBlock::Ssru(_) => None,
-                },
-            ));
+            self.net.stack.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(|l| match &l.self_block {
+                transformer::SelfBlock::Attention(a) => Some(a),
+                transformer::SelfBlock::Ssru(_) => None,
+            }));
         for (i, a) in layers.enumerate() {
             let Some(r) = &a.rotary else { continue };
             let scaling = match &r.scaling {

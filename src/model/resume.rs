@@ -3,7 +3,7 @@
 //! passes). The model drives the layers; the caller says, per group and layer, which rows enter
 //! and from what ([`Entry`]). What follows a layer's attention runs once for every group of the
 //! pass, flattened to positions, where the layer reads each position alone
-//! ([`super::transformer::EncoderLayer::position_wise`]); elsewhere each group runs apart.
+//! ([`super::transformer::StackLayer::position_wise`]); elsewhere each group runs apart.
 
 use super::hooks::{At, Hooks, Point, Put};
 use super::nn::{Gates, KeysValues};
@@ -55,7 +55,7 @@ impl Transformer {
         // The base run's keys and values at positions before `from`, for `reps` copies of the
         // batch (per key/value head, as the layers resumed read them).
         let prefix = |l: usize, from: i64, reps: i64| -> Result<Option<KeysValues>, ModelError> {
-            match (base.get(l).and_then(Option::as_ref), self.encoder.get(l)) {
+            match (base.get(l).and_then(Option::as_ref), self.stack.get(l)) {
                 (Some(kv), Some(layer)) if from > 0 && kv.k.dim() == 4 => {
                     let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }
                         .grouped(layer.attn.n_kv_heads)?;
@@ -64,7 +64,7 @@ impl Transformer {
                 _ => Ok(None),
             }
         };
-        let n_layers = self.encoder.len();
+        let n_layers = self.stack.len();
         let top = n_layers.saturating_sub(1);
         let last = |y: Tensor| -> Result<Tensor, ModelError> { Ok(y.f_narrow(1, y.size()[1] - 1, 1)?) };
         let mut carry: Vec<Option<Tensor>> = from.iter().map(|_| None).collect();
@@ -143,7 +143,7 @@ impl Transformer {
     /// where the layer reads each position alone, as one batch (the halves flattened to
     /// positions, concatenated, finished, and split back); otherwise each half apart.
     fn finish_together(&self, l: usize, halves: Vec<(Tensor, Tensor)>) -> Result<Vec<Tensor>, ModelError> {
-        let position_wise = self.encoder.get(l).is_some_and(|layer| layer.position_wise());
+        let position_wise = self.stack.get(l).is_some_and(|layer| layer.position_wise());
         if halves.len() <= 1 || !position_wise {
             return halves.into_iter().map(|(x, a)| self.layer_finish(l, &x, a, &mut None)).collect();
         }

@@ -12,7 +12,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Score};
-use super::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, RelativeBias, SelfBlock, Transformer};
+use super::transformer::{DecoderLayer, Embeddings, Positions, RelativeBias, SelfBlock, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -173,7 +173,7 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_layers {
         let p = format!("encoder.block.{l}.layer");
-        encoder.push(EncoderLayer::new(
+        encoder.push(StackLayer::new(
             attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?,
             rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
             ffn(&mut w, &format!("{p}.1.DenseReluDense"))?,
@@ -225,7 +225,7 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
     };
     Ok(Transformer {
         embed,
-        encoder,
+        stack: encoder,
         stack_kind: Kind::Enc,
         causal: false,
         window: None,

@@ -92,7 +92,7 @@ impl Embeddings {
     }
 }
 
-pub struct EncoderLayer {
+pub struct StackLayer {
     pub attn: Attention,
     pub attn_norm: Norm,
     pub ffn: Ffn,
@@ -106,28 +106,22 @@ pub struct EncoderLayer {
     pub window: Option<i64>,
 }
 
-impl EncoderLayer {
+impl StackLayer {
     /// A layer of the self-attention stack: its attention and MLP with their norms, placed as
     /// `norm_position` says; no post-sublayer norms and no window of its own (the `with_`
     /// methods add them).
-    pub fn new(
-        attn: Attention,
-        attn_norm: Norm,
-        ffn: Ffn,
-        ffn_norm: Norm,
-        norm_position: NormPosition,
-    ) -> EncoderLayer {
-        EncoderLayer { attn, attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
+    pub fn new(attn: Attention, attn_norm: Norm, ffn: Ffn, ffn_norm: Norm, norm_position: NormPosition) -> StackLayer {
+        StackLayer { attn, attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
     }
 
     /// Norms of the attention's and the MLP's outputs before their residuals (Gemma 2/3).
-    pub fn with_post_norms(mut self, post_norms: Option<(Norm, Norm)>) -> EncoderLayer {
+    pub fn with_post_norms(mut self, post_norms: Option<(Norm, Norm)>) -> StackLayer {
         self.post_norms = post_norms;
         self
     }
 
     /// The layer's own sliding window.
-    pub fn with_window(mut self, window: Option<i64>) -> EncoderLayer {
+    pub fn with_window(mut self, window: Option<i64>) -> StackLayer {
         self.window = window;
         self
     }
@@ -148,7 +142,7 @@ pub enum Queries {
     Last,
 }
 
-impl EncoderLayer {
+impl StackLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
     /// Hook points: every per-layer point of `KIND.blocks.L`.
     #[allow(clippy::too_many_arguments)]
@@ -164,7 +158,7 @@ impl EncoderLayer {
         self.forward_cached(x, bias, gate, kind, layer_idx, h, None)
     }
 
-    /// [`EncoderLayer::forward`] continuing a causal stack from the keys and values of earlier
+    /// [`StackLayer::forward`] continuing a causal stack from the keys and values of earlier
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_cached(
@@ -180,7 +174,7 @@ impl EncoderLayer {
         self.forward_queries(x, bias, gate, kind, layer_idx, h, cache, Queries::All, true)
     }
 
-    /// [`EncoderLayer::forward_cached`] with `queries`: every position's output, or the last
+    /// [`StackLayer::forward_cached`] with `queries`: every position's output, or the last
     /// position's alone (its keys and values still from every position; hook points past the
     /// keys and values see the last position only). `keep`: the cache is kept (per query head,
     /// as [`StackCache`] holds it); otherwise it is left per key/value head.
@@ -201,8 +195,8 @@ impl EncoderLayer {
         self.finish_hooked(&x, a, kind, layer_idx, h)
     }
 
-    /// The attention half of [`EncoderLayer::forward_queries`]: the residual stream at the
-    /// query positions and the attention's output there, which [`EncoderLayer::finish_hooked`]
+    /// The attention half of [`StackLayer::forward_queries`]: the residual stream at the
+    /// query positions and the attention's output there, which [`StackLayer::finish_hooked`]
     /// takes (reading each position alone).
     #[allow(clippy::too_many_arguments)]
     fn attention_queries(
@@ -292,7 +286,7 @@ impl EncoderLayer {
     /// (`hook_attn_out`): `a` itself, or `a` through the norm a family puts after the
     /// attention (Gemma 2/3's `ln1_post`, OLMo-2's `ln1`; the hooks see it there); `None` in a
     /// post-norm layer (BERT, Marian), where the residual stream is normed after the sum and no
-    /// sublayer adds alone. The forward adds exactly this ([`EncoderLayer::finish_hooked`]);
+    /// sublayer adds alone. The forward adds exactly this ([`StackLayer::finish_hooked`]);
     /// path patching reads it ([`Transformer::attn_added_from_z`]).
     fn attn_added(
         &self,
@@ -375,7 +369,7 @@ impl EncoderLayer {
 }
 
 /// A layer whose attention should add to the residual stream and did not (a broken invariant
-/// of [`EncoderLayer::attn_added`], reported rather than panicking).
+/// of [`StackLayer::attn_added`], reported rather than panicking).
 fn no_sum(layer_idx: usize) -> ModelError {
     ModelError::Invalid(format!("layer {layer_idx}: its attention adds nothing to the residual stream"))
 }
@@ -703,8 +697,9 @@ pub enum Stop {
 
 pub struct Transformer {
     pub embed: Embeddings,
-    /// The self-attention stack: an encoder, or (causal) a decoder-only model's layers.
-    pub encoder: Vec<EncoderLayer>,
+    /// The self-attention stack: an encoder's layers, or (causal) a decoder-only model's (the
+    /// stack a translation model's decoder reads is its encoder).
+    pub stack: Vec<StackLayer>,
     /// `Enc` for encoders, `Dec` for a causal decoder-only stack.
     pub stack_kind: Kind,
     /// Final-logit soft-capping (Gemma 2): logits `c * tanh(logits / c)`.
@@ -769,7 +764,7 @@ impl Transformer {
     /// window or a logit cap on the result).
     pub fn decoder_only(
         embed: Embeddings,
-        layers: Vec<EncoderLayer>,
+        layers: Vec<StackLayer>,
         final_norm: Option<Norm>,
         output: Tensor,
         eos_id: i64,
@@ -777,7 +772,7 @@ impl Transformer {
         let d_model = embed.tokens.size()[1];
         Transformer {
             embed,
-            encoder: layers,
+            stack: layers,
             stack_kind: Kind::Dec,
             logit_softcap: None,
             causal: true,
@@ -823,10 +818,10 @@ impl Transformer {
             }
             Start::Layer { layer, x, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
-                if layer > self.encoder.len() {
+                if layer > self.stack.len() {
                     return Err(ModelError::Invalid(format!(
                         "layer {layer} out of range: the stack has {} layers",
-                        self.encoder.len()
+                        self.stack.len()
                     )));
                 }
                 (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), None)
@@ -845,7 +840,7 @@ impl Transformer {
                 }
                 l + 1
             }
-            Stop::FinalNorm | Stop::Logits => self.encoder.len(),
+            Stop::FinalNorm | Stop::Logits => self.stack.len(),
         };
         let kind = self.stack_kind;
         let t = x.size()[1];
@@ -855,7 +850,7 @@ impl Transformer {
                 Some(b) => b,
                 None => self.unpadded_bias(&x)?,
             };
-            for (l, layer) in self.encoder.iter().enumerate().take(last).skip(from) {
+            for (l, layer) in self.stack.iter().enumerate().take(last).skip(from) {
                 x = match z {
                     Some(z) if l == from => {
                         check_interrupt()?;
@@ -931,7 +926,7 @@ impl Transformer {
 
     /// What layer `l`'s attention adds to the residual stream when its `hook_z` holds `z`
     /// (`[B, H, T, dh]`): the attention's output from the contexts, through the norm the family
-    /// puts after the attention (`EncoderLayer::attn_added`, the forward's own); `None` for a
+    /// puts after the attention (`StackLayer::attn_added`, the forward's own); `None` for a
     /// post-norm layer, where no sublayer adds alone. Path patching's sender effect.
     pub fn attn_added_from_z(&self, l: usize, z: &Tensor, h: &mut HookSlot) -> Result<Option<Tensor>, ModelError> {
         let layer = self.stack_layer(l)?;
@@ -941,7 +936,7 @@ impl Transformer {
 
     /// The residual stream after layer `l`'s attention sublayer alone, from the layer's input
     /// `x` (`hook_resid_pre`) and the attention's output `a` (`hook_attn_out`): `x` plus what
-    /// the attention adds ([`EncoderLayer::attn_added`], the forward's own). In a pre-norm
+    /// the attention adds ([`StackLayer::attn_added`], the forward's own). In a pre-norm
     /// layer it is `hook_resid_mid`'s value; in a parallel-residual layer (GPT-NeoX, Phi),
     /// which has no `resid_mid`, the stream the attention alone would leave. `None` for a
     /// post-norm layer, where no sublayer adds alone.
@@ -962,9 +957,9 @@ impl Transformer {
     }
 
     /// Layer `l` of the self-attention stack, or an error naming it.
-    fn stack_layer(&self, l: usize) -> Result<&EncoderLayer, ModelError> {
-        self.encoder.get(l).ok_or_else(|| {
-            ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.encoder.len()))
+    fn stack_layer(&self, l: usize) -> Result<&StackLayer, ModelError> {
+        self.stack.get(l).ok_or_else(|| {
+            ModelError::Invalid(format!("layer {l} out of range: the stack has {} layers", self.stack.len()))
         })
     }
 
@@ -1053,18 +1048,17 @@ impl Transformer {
         let past = cache.len;
         let mut x = self.embed.forward(Some(ids), b, past, t, kind, &mut h)?;
         let bias = cached_window_bias(t, past, self.window, x.kind(), x.device());
-        if cache.layers.len() != self.encoder.len() {
-            cache.layers = (0..self.encoder.len()).map(|_| None).collect();
+        if cache.layers.len() != self.stack.len() {
+            cache.layers = (0..self.stack.len()).map(|_| None).collect();
         }
         if past == 0 {
             cache.prompt = Some(t);
         }
-        if cache.packed.len() != self.encoder.len() {
-            cache.packed = (0..self.encoder.len()).map(|_| None).collect();
+        if cache.packed.len() != self.stack.len() {
+            cache.packed = (0..self.stack.len()).map(|_| None).collect();
         }
         let StackCache { layers, packed, prompt, compress, .. } = cache;
-        for (((l, layer), slot), pack) in self.encoder.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut())
-        {
+        for (((l, layer), slot), pack) in self.stack.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()) {
             let g = gates.layer(kind, l);
             let streamed = self.streamed(gates, l, &bias, t, past, *prompt);
             // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
@@ -1114,7 +1108,7 @@ impl Transformer {
         first: Option<i64>,
     ) -> Option<Tensor> {
         let s = gates.stream.as_ref()?;
-        let attn = &self.encoder.get(l)?.attn;
+        let attn = &self.stack.get(l)?.attn;
         let prompt = s.prompt(past + t, first);
         let extra = s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, bias.kind(), bias.device())?;
         Some(bias + extra)
@@ -1544,8 +1538,8 @@ impl Embeddings {
     }
 }
 
-impl EncoderLayer {
-    /// The hook points [`EncoderLayer::forward`] visits as layer `layer` of `kind`, in order:
+impl StackLayer {
+    /// The hook points [`StackLayer::forward`] visits as layer `layer` of `kind`, in order:
     /// where the norms sit follows `norm_position` and the post-sublayer norms.
     pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
         use Point as P;
@@ -1666,14 +1660,14 @@ impl DecoderLayer {
 
 impl Transformer {
     /// Every hook point the forward meets, in order (docs/methods.md#hook-points): each part's
-    /// own list ([`EncoderLayer::points`], [`DecoderLayer::points`], ...), then `hook_logits`.
+    /// own list ([`StackLayer::points`], [`DecoderLayer::points`], ...), then `hook_logits`.
     pub fn hook_points(&self) -> Vec<At> {
         let mut v = Vec::new();
         let stack = self.stack_kind;
-        if !self.encoder.is_empty() {
+        if !self.stack.is_empty() {
             self.embed.points(stack, &mut v);
         }
-        for (l, layer) in self.encoder.iter().enumerate() {
+        for (l, layer) in self.stack.iter().enumerate() {
             layer.points(stack, l, &mut v);
         }
         if self.final_norm.is_some() {
@@ -1699,7 +1693,7 @@ impl Transformer {
         let mut v = Vec::new();
         let stack = self.stack_kind;
         self.embed.params_mut(&format!("{stack}."), &mut v);
-        for (l, layer) in self.encoder.iter_mut().enumerate() {
+        for (l, layer) in self.stack.iter_mut().enumerate() {
             layer.params_mut(&format!("{stack}.blocks.{l}."), &mut v);
         }
         if let Some(n) = self.final_norm.as_mut() {

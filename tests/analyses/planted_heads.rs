@@ -11,7 +11,7 @@ use headscope::analysis::result::Function;
 use headscope::analysis::{analyze, freq_table};
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, NormPosition};
-use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
+use headscope::model::transformer::{Embeddings, Positions, StackLayer};
 use headscope::model::{Family, HeadId, Kind, Model};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -76,8 +76,8 @@ fn uniform_attention() -> Attention {
     )
 }
 
-fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer::new(
+fn layer(attn: Attention) -> StackLayer {
+    StackLayer::new(
         attn,
         common::layer_norm(D),
         Ffn {

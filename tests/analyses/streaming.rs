@@ -127,7 +127,7 @@ pub(crate) mod planted {
     use headscope::analysis::taxonomy::ProbeOptions;
     use headscope::data::{Dataset, Item};
     use headscope::model::nn::{Activation, Attention, Ffn, Linear, NormPosition, Regime};
-    use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
+    use headscope::model::transformer::{Embeddings, Positions, StackLayer};
     use headscope::model::view::View;
     use headscope::model::{Family, HeadId, Kind};
     use tch::{Device, Kind as DType, Tensor};
@@ -168,8 +168,8 @@ pub(crate) mod planted {
         )
     }
 
-    fn layer(attn: Attention, window: Option<i64>) -> EncoderLayer {
-        EncoderLayer::new(
+    fn layer(attn: Attention, window: Option<i64>) -> StackLayer {
+        StackLayer::new(
             attn,
             common::rms_norm(D),
             Ffn {

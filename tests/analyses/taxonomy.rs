@@ -11,7 +11,7 @@ use crate::common::{root, zeros};
 
 use headscope::analysis::taxonomy::{head_type_scores, labels, token_pool, HeadType, ProbeOptions, Probes};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
-use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
+use headscope::model::transformer::{Embeddings, Positions, StackLayer};
 use headscope::model::{Family, Kind, Model};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -61,8 +61,8 @@ fn attention(
     )
 }
 
-fn layer(attn: Attention) -> EncoderLayer {
-    EncoderLayer::new(
+fn layer(attn: Attention) -> StackLayer {
+    StackLayer::new(
         attn,
         common::rms_norm(D),
         Ffn {

@@ -136,7 +136,7 @@ pub fn f32_bound(scale: f64, depth: f64) -> f64 {
 pub fn depth(m: &Model, t: usize) -> f64 {
     let width = |w: &Tensor| w.size().first().copied().unwrap_or(0) as f64;
     let d = m.net.embed.tokens.size()[1] as f64;
-    let enc: f64 = m.net.encoder.iter().map(|l| d + width(&l.ffn.up.w) + t as f64).sum();
+    let enc: f64 = m.net.stack.iter().map(|l| d + width(&l.ffn.up.w) + t as f64).sum();
     let dec: f64 = m.net.decoder.iter().map(|l| 2.0 * d + width(&l.ffn.up.w) + 2.0 * t as f64).sum();
     enc + dec
 }
@@ -224,7 +224,7 @@ pub fn hand_built(
     dir: &std::path::Path,
     words: &[&str],
     embed: headscope::model::transformer::Embeddings,
-    layers: Vec<headscope::model::transformer::EncoderLayer>,
+    layers: Vec<headscope::model::transformer::StackLayer>,
     stack_kind: headscope::model::Kind,
     family: headscope::model::Family,
 ) -> headscope::model::Model {
@@ -235,7 +235,7 @@ pub fn hand_built(
     let d_model = embed.tokens.size()[1];
     let net = Transformer {
         embed,
-        encoder: layers,
+        stack: layers,
         stack_kind,
         causal: stack_kind == Kind::Dec,
         window: None,

@@ -20,7 +20,7 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
     let toks = common::golden_json("gguf_tokenizer_golden.json");
     for (key, asset) in [("gemma3", "gemma3"), ("qwen2", "qwen25coder")] {
         let m = common::asset(asset, "f32");
-        let (l0, l3) = (&m.net.encoder[0], &m.net.encoder[3]);
+        let (l0, l3) = (&m.net.stack[0], &m.net.stack[3]);
         // The model holds Gemma's norms as 1 + w; transformers holds w.
         let minus_one = |t: &Tensor| t - 1.0;
         let weights: Vec<(&str, Tensor)> = match key {

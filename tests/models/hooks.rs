@@ -268,7 +268,7 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
         };
         assert!(matches!(err, Some(ModelError::Interrupted)), "{name}: {err:?}");
         assert!(
-            m.net.encoder.len().max(m.net.decoder.len()) >= 2,
+            m.net.stack.len().max(m.net.decoder.len()) >= 2,
             "{name}: the fixture has too few layers for this test"
         );
         assert_eq!(layers, vec![0, 0], "{name}: layer 0's resid_pre and resid_mid, then nothing");

@@ -7,7 +7,7 @@ use crate::common;
 
 use headscope::model::hooks::{At, Point};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, LayerGate, Linear, NormPosition, Ssru};
-use headscope::model::transformer::{DecoderLayer, Embeddings, EncoderLayer, Positions, SelfBlock, Transformer};
+use headscope::model::transformer::{DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
 use headscope::model::Kind;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -36,9 +36,9 @@ fn tiny() -> Transformer {
             token_type: None,
             norm: None,
         },
-        encoder: (0..2)
+        stack: (0..2)
             .map(|_| {
-                EncoderLayer::new(
+                StackLayer::new(
                     attn(),
                     common::layer_norm(D),
                     Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
@@ -129,7 +129,7 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let (_, mask) = inputs();
     let bias = headscope::model::nn::key_bias(&mask, DType::Float);
     let x = &h0[1]; // input of layer 1
-    let a = &t.encoder[1].attn;
+    let a = &t.stack[1].attn;
     let (seen, plain) =
         common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
     let ctx = common::at_point(&seen, Point::Z);
@@ -163,9 +163,9 @@ fn weights_are_unchanged_after_a_masked_forward() {
     let _rng = common::rng();
     let t = tiny();
     let before: Vec<Tensor> =
-        t.encoder.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
+        t.stack.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
     let _ = run(&t, &enc_gates(&[0.0; 4], 1));
-    let after: Vec<&Tensor> = t.encoder.iter().flat_map(|l| [&l.attn.q.w, &l.attn.v.w, &l.attn.o.w]).collect();
+    let after: Vec<&Tensor> = t.stack.iter().flat_map(|l| [&l.attn.q.w, &l.attn.v.w, &l.attn.o.w]).collect();
     for (a, b) in before.iter().zip(after) {
         assert!(a.equal(b));
     }
@@ -213,7 +213,7 @@ fn per_head_outputs_sum_to_the_attention_output() {
     let (ids, mask) = inputs();
     let x = t.embed.forward(Some(&ids), 2, 0, 5, Kind::Enc, &mut None).unwrap();
     let bias = t.self_bias(&mask, DType::Float);
-    let layer = &t.encoder[0];
+    let layer = &t.stack[0];
     for gate in [
         None,
         Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None }),

@@ -26,7 +26,7 @@ fn every_start_and_stop_equals_the_whole_run() {
         let ids = Tensor::from_slice(&m.tokenize("The cat sat on the mat.").unwrap().ids).view([1, -1]);
         let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
         let gates = Gates::none();
-        let n = m.net.encoder.len();
+        let n = m.net.stack.len();
         // The whole run, with every layer's input and hook_z recorded.
         let (seen, whole) = common::recorded(&[Point::ResidPre, Point::Z], |h| {
             m.net.run(Start::Tokens { ids: &ids, mask: &mask }, Stop::FinalNorm, &gates, &mut Some(h)).unwrap()

@@ -6,7 +6,7 @@ use crate::common;
 
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
-use headscope::model::transformer::{Embeddings, EncoderLayer, Positions};
+use headscope::model::transformer::{Embeddings, Positions, StackLayer};
 use headscope::model::{Family, HeadId, Kind, LoadOptions, Model};
 use headscope::prune::{train, Hooks, PruneOptions};
 use std::collections::BTreeSet;
@@ -28,14 +28,14 @@ fn lin(out: i64, inp: i64) -> Linear {
     Linear { w: randn(&[out, inp], 1.0 / (inp as f64).sqrt()), b: Some(randn(&[out], 0.1)) }
 }
 
-fn layer() -> EncoderLayer {
+fn layer() -> StackLayer {
     let mut attn = Attention::new(lin(D, D), lin(D, D), lin(D, D), lin(D, D), H, H, DH);
     let _ = attn.q.w.g_mul_scalar_(3.0); // sharper attention, so heads differ
     for h in USELESS {
         let _ = attn.v.w.narrow(0, h * DH, DH).fill_(0.0);
         let _ = attn.v.b.as_ref().unwrap().narrow(0, h * DH, DH).fill_(0.0);
     }
-    EncoderLayer::new(
+    StackLayer::new(
         attn,
         common::layer_norm(D),
         Ffn { up: lin(32, D), down: lin(D, 32), act: Activation::Gelu, gate: None },
@@ -209,8 +209,8 @@ fn physically_pruned_model_equals_the_masked_model() {
     ]);
     let pruned = headscope::prune::physical::prune_heads(&model, &closed, None).unwrap();
     assert!(pruned.n_params < model.n_params);
-    assert_eq!(pruned.net.encoder[2].attn.n_heads, 0);
-    assert_eq!(pruned.net.encoder[0].attn.q.w.size(), vec![6 * 32, 256]);
+    assert_eq!(pruned.net.stack[2].attn.n_heads, 0);
+    assert_eq!(pruned.net.stack[0].attn.q.w.size(), vec![6 * 32, 256]);
     let gates = model.gates_closing(&closed).unwrap();
     let texts = ["The cat sat on the mat.", "Researchers ask which heads matter, and how many can go.", "Hello."];
     let batch = model.batch(&texts).unwrap();
@@ -237,7 +237,7 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = PruneOptions::new(vec![Kind::Enc]);
     (o.steps, o.batch_tokens, o.joint, o.model_lr, o.eval_every, o.seed) = (6, 300, true, 1e-3, 2, 5);
-    let before = model.net.encoder[0].attn.q.w.copy();
+    let before = model.net.stack[0].attn.q.w.copy();
     let quiet = |stop_at: usize| {
         let n = std::cell::Cell::new(0usize);
         move || {
@@ -247,8 +247,8 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     };
     let full = train(&model, &[], &data, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
     let trained = full.trained.as_ref().expect("joint training returns the trained model");
-    assert!(trained.net.encoder[0].attn.q.w.dist(&before).double_value(&[]) > 1e-4, "the weights did not move");
-    assert_eq!(model.net.encoder[0].attn.q.w.dist(&before).double_value(&[]), 0.0, "the original model was edited");
+    assert!(trained.net.stack[0].attn.q.w.dist(&before).double_value(&[]) > 1e-4, "the weights did not move");
+    assert_eq!(model.net.stack[0].attn.q.w.dist(&before).double_value(&[]), 0.0, "the original model was edited");
 
     // Interrupted after step 3 (its checkpoint is at step 2 or the stop), then resumed.
     o.checkpoint = Some(dir.path().join("ck"));
@@ -259,11 +259,7 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     assert!(resumed.resumed_from.is_some_and(|s| s > 0 && s < 6), "{:?}", resumed.resumed_from);
     assert_eq!(full.state.log_alpha, resumed.state.log_alpha);
     let (a, b) = (trained, resumed.trained.as_ref().unwrap());
-    assert_eq!(
-        a.net.encoder[3].ffn.up.w.dist(&b.net.encoder[3].ffn.up.w).double_value(&[]),
-        0.0,
-        "resumed weights differ"
-    );
+    assert_eq!(a.net.stack[3].ffn.up.w.dist(&b.net.stack[3].ffn.up.w).double_value(&[]), 0.0, "resumed weights differ");
     let files: Vec<String> = std::fs::read_dir(dir.path().join("ck"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
