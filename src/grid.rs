@@ -358,7 +358,7 @@ pub mod script {
         /// assert(v.html.contains("\"scores\":[") && v.to_string().contains("coloured by normalised effect"));
         /// ```
         #[rhai_fn(return_raw, pure)]
-        pub fn colour_by(v: &mut crate::view::View, grid: Grid) -> ScriptResult<crate::view::View> {
+        pub fn colour_by(v: &mut crate::view::HeadView, grid: Grid) -> ScriptResult<crate::view::HeadView> {
             let scores: Vec<(String, Vec<Vec<f64>>)> =
                 grid.kinds.iter().map(|(k, g)| (k.to_string(), g.clone())).collect();
             v.colour_by(&scores, &grid.stat).or_else(err)

@@ -26,13 +26,13 @@ pub struct ViewKind {
     /// `n_layers * n_heads * Tq * Tk`; NaN for a removed head.
     pub attn: Vec<f32>,
     /// A value per head `[layer][head]` the head boxes are coloured by (a patching effect, a
-    /// confidence: [`View::colour_by`]); NaN where there is none.
+    /// confidence: [`HeadView::colour_by`]); NaN where there is none.
     pub scores: Option<Vec<f64>>,
 }
 
 /// A head view of one or more kinds of attention over one sentence (pair).
 #[derive(Debug, Clone, PartialEq)]
-pub struct View {
+pub struct HeadView {
     pub title: String,
     pub kinds: Vec<ViewKind>,
     /// What the scores are (a grid's statistic), when the view is coloured by one.
@@ -135,10 +135,10 @@ fn fresh_id() -> String {
     format!("hs-view-{:x}-{nanos:x}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-impl View {
+impl HeadView {
     /// A view of `kinds`, checked: every kind has layers, heads and tokens, a weight per
     /// (layer, head, query, key), and a name of its own.
-    pub fn new(title: impl Into<String>, kinds: Vec<ViewKind>) -> Result<View, String> {
+    pub fn new(title: impl Into<String>, kinds: Vec<ViewKind>) -> Result<HeadView, String> {
         if kinds.is_empty() {
             return Err("head view: no kinds of attention to show".into());
         }
@@ -148,14 +148,14 @@ impl View {
                 return Err(format!("head view: kind '{}' given twice", k.name));
             }
         }
-        Ok(View { title: title.into(), kinds, scores_label: None })
+        Ok(HeadView { title: title.into(), kinds, scores_label: None })
     }
 
     /// The view with its head boxes coloured by `scores`: per kind name, `[layer][head]`
     /// (a grid's values; NaN where a head has none), and what they are (`label`). A kind of
     /// the view the scores lack stays uncoloured; a kind of another shape is refused, naming
     /// it and both shapes.
-    pub fn colour_by(&self, scores: &[(String, Vec<Vec<f64>>)], label: &str) -> Result<View, String> {
+    pub fn colour_by(&self, scores: &[(String, Vec<Vec<f64>>)], label: &str) -> Result<HeadView, String> {
         let mut v = self.clone();
         let mut any = false;
         for k in v.kinds.iter_mut() {
@@ -230,7 +230,7 @@ impl View {
     }
 }
 
-impl Render for View {
+impl Render for HeadView {
     fn render(&self) -> Output {
         Output { text: self.text(), html: Some(self.fragment()), ..Default::default() }
     }
@@ -258,21 +258,21 @@ mod tests {
     fn wrong_lengths_and_empty_tokens_are_refused_by_kind() {
         let mut k = kind("enc", 2, 3, &["a", "b"]);
         k.attn.pop();
-        let e = View::new("t", vec![k]).unwrap_err();
+        let e = HeadView::new("t", vec![k]).unwrap_err();
         assert!(e.contains("'enc'") && e.contains("23 attention weights, expected 24"), "{e}");
         let mut k = kind("cross", 1, 1, &["a"]);
         k.key_tokens.clear();
-        assert!(View::new("t", vec![k]).unwrap_err().contains("'cross' has no tokens"));
-        assert!(View::new("t", vec![]).is_err());
-        assert!(View::new("t", vec![kind("enc", 1, 1, &["a"]), kind("enc", 1, 1, &["a"])])
+        assert!(HeadView::new("t", vec![k]).unwrap_err().contains("'cross' has no tokens"));
+        assert!(HeadView::new("t", vec![]).is_err());
+        assert!(HeadView::new("t", vec![kind("enc", 1, 1, &["a"]), kind("enc", 1, 1, &["a"])])
             .unwrap_err()
             .contains("twice"));
-        assert!(View::new("t", vec![kind("enc", 0, 1, &["a"])]).is_err());
+        assert!(HeadView::new("t", vec![kind("enc", 0, 1, &["a"])]).is_err());
     }
 
     #[test]
     fn colour_by_puts_each_heads_value_in_the_page_and_refuses_other_shapes() {
-        let v = View::new("t", vec![kind("enc", 2, 3, &["a", "b"]), kind("cross", 1, 2, &["a"])]).unwrap();
+        let v = HeadView::new("t", vec![kind("enc", 2, 3, &["a", "b"]), kind("cross", 1, 2, &["a"])]).unwrap();
         let grid = vec![("enc".to_string(), vec![vec![0.5, -0.25, f64::NAN], vec![1.0, 0.0, 0.125]])];
         let c = v.colour_by(&grid, "effect of x").unwrap();
         let html = c.html();
@@ -288,7 +288,7 @@ mod tests {
 
     #[test]
     fn page_is_self_contained() {
-        let v = View::new("The cat", vec![kind("enc", 2, 3, &["the", "cat"]), kind("dec", 1, 2, &["a"])]).unwrap();
+        let v = HeadView::new("The cat", vec![kind("enc", 2, 3, &["the", "cat"]), kind("dec", 1, 2, &["a"])]).unwrap();
         let html = v.html();
         for bad in ["http://", "https://", "<link", "src=", "@import", "url("] {
             assert!(!html.contains(bad), "page contains {bad}");
@@ -303,7 +303,7 @@ mod tests {
     fn hostile_tokens_stay_inside_their_strings() {
         let mut k = kind("enc", 1, 1, &["</script><b>", "<!--", "&amp;"]);
         k.attn[0] = f32::NAN;
-        let v = View::new("<i>title</i>", vec![k]).unwrap();
+        let v = HeadView::new("<i>title</i>", vec![k]).unwrap();
         let html = v.html();
         assert!(
             !html.contains("</script><b>") && !html.contains("<b>") && !html.contains("<!--") && !html.contains("<i>")
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn fragments_have_distinct_ids() {
-        let v = View::new("", vec![kind("enc", 1, 1, &["a"])]).unwrap();
+        let v = HeadView::new("", vec![kind("enc", 1, 1, &["a"])]).unwrap();
         let id = |s: String| s.split("id=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
         assert_ne!(id(v.fragment()), id(v.fragment()));
     }

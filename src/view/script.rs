@@ -1,7 +1,7 @@
-//! The script API of [`View`], registered as `HeadView`: the page as a file or a string, and
+//! The script API of [`HeadView`] (its script name too): the page as a file or a string, and
 //! the renderer (plain-text summary, the interactive fragment in Jupyter).
 
-use super::View;
+use super::HeadView;
 use crate::output::{write_atomic, Output, Render};
 use crate::script::convert::{err, ScriptResult};
 use rhai::plugin::*;
@@ -20,7 +20,7 @@ pub mod api {
     /// assert(file_size(path) > 1000);
     /// ```
     #[rhai_fn(return_raw, pure)]
-    pub fn to_html(v: &mut View, path: &str) -> ScriptResult<String> {
+    pub fn to_html(v: &mut HeadView, path: &str) -> ScriptResult<String> {
         write_atomic(std::path::Path::new(path), v.html().as_bytes())
             .or_else(|e| err(format!("to_html: cannot write '{path}': {e}")))?;
         Ok(path.to_string())
@@ -33,26 +33,26 @@ pub mod api {
     /// assert(v.html.starts_with("<!DOCTYPE html>") && v.html.contains("hs-view"));
     /// ```
     #[rhai_fn(get = "html", pure)]
-    pub fn html(v: &mut View) -> String {
+    pub fn html(v: &mut HeadView) -> String {
         v.html()
     }
 
     #[rhai_fn(name = "to_string", pure)]
-    pub fn to_string(v: &mut View) -> String {
+    pub fn to_string(v: &mut HeadView) -> String {
         v.text()
     }
 
     #[rhai_fn(name = "to_debug", pure)]
-    pub fn to_debug(v: &mut View) -> String {
+    pub fn to_debug(v: &mut HeadView) -> String {
         v.text()
     }
 }
 
 pub fn register(engine: &mut Engine) {
-    engine.register_type_with_name::<View>("HeadView");
+    engine.register_type_with_name::<HeadView>("HeadView");
     engine.register_global_module(exported_module!(api).into());
 }
 
 pub fn render(v: &Dynamic) -> Option<Output> {
-    v.clone().try_cast::<View>().map(|v| v.render())
+    v.clone().try_cast::<HeadView>().map(|v| v.render())
 }

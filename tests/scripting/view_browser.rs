@@ -4,7 +4,7 @@
 //! exactly. Skipped when Chromium or chromedriver is missing (`scripts/setup-test` installs them).
 
 use crate::common;
-use headscope::view::{View, ViewKind};
+use headscope::view::{HeadView, ViewKind};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,7 +66,7 @@ fn cross() -> ViewKind {
     }
 }
 
-fn run_page(view: &View, dir: &Path, args: &[&str]) -> serde_json::Value {
+fn run_page(view: &HeadView, dir: &Path, args: &[&str]) -> serde_json::Value {
     let page = dir.join("view.html");
     std::fs::write(&page, view.html()).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/view_browser.py");
@@ -117,7 +117,7 @@ fn head_view_works_offline_in_a_browser() {
     // Coloured by a grid of the encoder's heads (layer 1's head 2 has no value).
     let grid = vec![("enc".to_string(), vec![vec![0.5, -1.0, 0.0], vec![0.25, 2.0, f64::NAN]])];
     let view =
-        View::new("planted heads", vec![planted(), cross()]).unwrap().colour_by(&grid, "planted effect").unwrap();
+        HeadView::new("planted heads", vec![planted(), cross()]).unwrap().colour_by(&grid, "planted effect").unwrap();
     let seen = run_page(&view, dir.path(), &["--layers", "2", "--heads", "3", "--tokens", "5", "--kinds", "2"]);
     let all = [0, 1, 2, 3, 4];
     assert_eq!(lines(&seen, "layer0_head0"), expected(0, 0, &all));

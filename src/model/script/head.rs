@@ -244,7 +244,7 @@ pub mod api {
     /// assert(v.to_string().contains("enc 6 layers x 8 heads") && v.to_string().contains("cross"));
     /// ```
     #[rhai_fn(name = "view", return_raw, pure)]
-    pub fn view(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::view::View> {
+    pub fn view(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::view::HeadView> {
         let gates = m.gates()?;
         let maps = m.model.attention_maps(text, &gates).or_else(|e| err(format!("view: {e}")))?;
         let mut kinds = Vec::new();
@@ -273,7 +273,7 @@ pub mod api {
                 scores: None,
             });
         }
-        crate::view::View::new(format!("{}: {text}", m.model.name()), kinds).or_else(|e| err(format!("view: {e}")))
+        crate::view::HeadView::new(format!("{}: {text}", m.model.name()), kinds).or_else(|e| err(format!("view: {e}")))
     }
 
     /// The weights, one row per query token; each row sums to 1.
