@@ -111,7 +111,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         if w.shape("model.shared.weight").is_some() { Some(w.get("model.shared.weight", &[v_src, d])?) } else { None };
     let enc_tokens = match &shared {
         Some(t) => t.shallow_clone(),
-        None => w.get("model.stack.embed_tokens.weight", &[v_src, d])?,
+        None => w.get("model.encoder.embed_tokens.weight", &[v_src, d])?,
     };
     let dec_tokens = match (&shared, v_tgt == v_src) {
         (Some(t), true) => t.shallow_clone(),
@@ -136,7 +136,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let (he, hd) = (cfg.encoder_attention_heads, cfg.decoder_attention_heads);
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
-        let p = format!("model.stack.layers.{l}");
+        let p = format!("model.encoder.layers.{l}");
         encoder.push(StackLayer::new(
             attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,

@@ -147,7 +147,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let (he, hd) = (cfg.encoder_attention_heads, cfg.decoder_attention_heads);
     let mut encoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.encoder_layers {
-        let p = format!("model.stack.layers.{l}");
+        let p = format!("model.encoder.layers.{l}");
         encoder.push(StackLayer::new(
             attention(&mut w, &format!("{p}.self_attn"), d, he)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
@@ -161,7 +161,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             NormPosition::Pre,
         ));
     }
-    let enc_final = norm(&mut w, "model.stack.layer_norm", d)?;
+    let enc_final = norm(&mut w, "model.encoder.layer_norm", d)?;
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
