@@ -135,7 +135,7 @@ impl Model {
     /// (syntactic too on a treebank), every kind of the model, the rest from `analyze`'s
     /// option list. Change fields with struct update syntax.
     pub fn analyze_options(&self, data: &Dataset) -> AnalyzeOptions {
-        AnalyzeOptions::defaults(&self.0, data)
+        crate::analysis::script::default_options(&self.0, data)
     }
 
     /// Every analysis of docs/methods.md in one pass (confidence, positional, rare-word,
@@ -196,7 +196,7 @@ impl Model {
     /// The options `m.prune(data)` runs with in a script: every kind of the model gated, the
     /// rest from `prune`'s option list.
     pub fn prune_options(&self) -> PruneOptions {
-        PruneOptions::defaults(&self.0)
+        crate::prune::script::default_options(&self.0)
     }
 
     /// Hard Concrete gates trained with an L0 penalty, as `m.prune(data, #{...})`.
@@ -247,24 +247,7 @@ impl PruneResult {
     }
 }
 
-/// Shows a value in an evcxr notebook: `EVCXR_BEGIN_CONTENT` blocks for each representation
-/// its output bundle has (text/plain always; text/html, image/png, image/svg+xml when it has
-/// them). A cell ending in the value calls it.
-macro_rules! evcxr {
-    ($($t:ty),* $(,)?) => {$(
-        impl $t {
-            /// Shows the value in an evcxr notebook (HTML or an image, with a text fallback).
-            pub fn evcxr_display(&self) {
-                print!("{}", self.evcxr_content());
-            }
-            /// What `evcxr_display` writes: the value's output bundle in evcxr's markers.
-            pub fn evcxr_content(&self) -> String {
-                crate::output::evcxr_content(&crate::output::Render::render(self))
-            }
-        }
-    )*};
-}
-evcxr!(Table, Plot, Grid, Analysis, AttentionMatrix, PruneResult);
+evcxr_display!(Grid, Analysis, AttentionMatrix, PruneResult);
 
 impl Model {
     /// Shows the model's description in an evcxr notebook.

@@ -1,67 +1,68 @@
 //! headscope: understand and prune the attention heads of Transformer models from Rhai.
-//! See ARCHITECTURE.md for the map of the code.
+//! The numeric core is the `headscope-core` crate (no Rhai); this crate is the script layer
+//! (each type's script API), the engine and its frontends. See ARCHITECTURE.md.
 
 // `t += u` on a tch Tensor is the in-place `add_`: it writes through shallow clones and breaks
 // autograd (the gates' graph in pruning). Tensors are combined out of place, `t = t + u`.
 #![allow(clippy::assign_op_pattern)]
 
-/// A typed option: an enum parsed once at the edge from its script name (with a one-line
-/// error listing the accepted names) and printed back by the same name.
-macro_rules! options_enum {
-    ($(#[$attr:meta])* $name:ident, $what:literal, { $($(#[$vattr:meta])* $v:ident = $s:literal),* $(,)? }) => {
-        $(#[$attr])*
-        #[derive(Debug, Clone, Copy, PartialEq)]
-        pub enum $name { $($(#[$vattr])* $v),* }
-        impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($s => Ok($name::$v),)*
-                    other => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), other, $crate::one_of(&[$($s),*]))),
-                }
-            }
-        }
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(match self { $($name::$v => $s),* })
-            }
-        }
-    };
-}
+#[macro_use]
+extern crate headscope_core;
 
-/// The accepted names of an option, quoted, for error messages: `"a", "b" or "c"`.
-pub fn one_of(names: &[&str]) -> String {
-    let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
-    match quoted.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        Some((last, _)) => last.clone(),
-        None => String::new(),
+#[doc(hidden)]
+pub use headscope_core::fuzz;
+pub use headscope_core::{one_of, output, run, shard, suggest};
+
+/// The core's modules, each with its script API beside it (`model::script`, ...).
+pub mod analysis {
+    pub use headscope_core::analysis::*;
+    pub mod script;
+}
+pub mod data {
+    pub use headscope_core::data::*;
+    pub mod pairs_script;
+    pub mod script;
+}
+pub mod device {
+    pub use headscope_core::device::*;
+    pub mod script;
+}
+/// Evaluation metrics.
+pub mod metrics {
+    pub mod bleu {
+        pub use headscope_core::metrics::bleu::*;
+        pub mod script;
     }
 }
+pub mod model {
+    pub use headscope_core::model::*;
+    pub mod script;
+}
+pub mod plot {
+    pub use headscope_core::plot::*;
+    pub mod script;
+}
+pub mod prune {
+    pub use headscope_core::prune::*;
+    pub mod script;
+    pub mod script_duo;
+}
+pub mod table {
+    pub use headscope_core::table::*;
+    pub mod script;
+}
+pub mod view {
+    pub use headscope_core::view::*;
+    pub mod script;
+}
 
-pub mod analysis;
 pub mod api;
 pub mod assets;
-pub mod data;
-pub mod device;
 pub mod engine;
-#[doc(hidden)]
-pub mod fuzz;
 pub mod grid;
 pub mod kernel;
-pub mod metrics;
-pub mod model;
-pub mod output;
-pub mod plot;
-pub mod prune;
 pub mod repl;
-pub mod run;
 pub mod script;
-pub mod shard;
-pub mod suggest;
-pub mod table;
-pub mod view;
-
 /// Routes Ctrl-C to the running evaluation's interrupt (installed once per process). A
 /// second Ctrl-C while the first is still pending ends the process (exit 130), for native
 /// code that never checks the flag.

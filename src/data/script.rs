@@ -90,16 +90,6 @@ fn texts_dataset(v: &Dynamic, func: &str) -> ScriptResult<Dataset> {
     Ok(Dataset::new(format!("texts[{}]", items.len()), items))
 }
 
-/// Iterating a dataset in a script yields one map per sentence (see `api::get`).
-impl IntoIterator for Dataset {
-    type Item = Result<Dynamic, Box<rhai::EvalAltResult>>;
-    type IntoIter = std::vec::IntoIter<Self::Item>;
-    fn into_iter(self) -> Self::IntoIter {
-        let mut d = self;
-        (0..d.len() as i64).map(|i| api::get(&mut d, i).map(Dynamic::from)).collect::<Vec<_>>().into_iter()
-    }
-}
-
 /// The `shard` option every dataset-consuming analysis accepts (docs/methods.md#shards).
 pub const SHARD_OPTION: crate::script::convert::OptSpec = crate::script::convert::opt(
     "shard",
@@ -426,7 +416,14 @@ pub fn describe(d: &Dataset) -> String {
 
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Dataset>("Dataset");
-    engine.register_iterator_result::<Dataset, Dynamic>();
+    // Iterating a dataset in a script yields one map per sentence (see `api::get`).
+    let mut iter = rhai::Module::new();
+    iter.set_iter_result(std::any::TypeId::of::<Dataset>(), |d: Dynamic| {
+        let mut d = d.cast::<Dataset>();
+        let items: Vec<_> = (0..d.len() as i64).map(|i| api::get(&mut d, i).map(Dynamic::from)).collect();
+        Box::new(items.into_iter())
+    });
+    engine.register_global_module(iter.into());
     engine.register_global_module(exported_module!(api).into());
 }
 

@@ -7,7 +7,8 @@ use crate::model::view::Needs;
 use crate::model::{HeadId, Kind};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind, Series};
-use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_str, OptSpec, Opts, ScriptResult};
+use crate::script::convert::ScriptErr;
+use crate::script::convert::{err, opt, opt_f64, opt_int, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
@@ -24,24 +25,24 @@ pub struct PruneResult {
 }
 
 pub const OPTIONS: &[OptSpec] = &[
-    opt_f64("lambda", 0.05, "weight of the L0 penalty"),
-    opt_int("steps", 500, "training steps"),
-    opt_f64("lr", 0.01, "Adam's learning rate for the gates"),
-    opt_f64("model_lr", 1e-5, "Adam's learning rate for the weights (joint: true)"),
-    opt_int("batch_tokens", 2000, "tokens per training batch"),
+    super::LAMBDA_OPTION,
+    super::STEPS_OPTION,
+    super::LR_OPTION,
+    super::MODEL_LR_OPTION,
+    super::BATCH_TOKENS_OPTION,
     opt("kinds", "every kind", "the attention kinds gated"),
-    opt_bool("joint", false, "train the model's weights too, on a copy"),
-    opt_int("seed", 1, "seed of the batches and the gates' noise"),
+    super::JOINT_OPTION,
+    super::SEED_OPTION,
     opt("eval", "", "the same as eval_data"),
     opt("eval_data", "", "a dataset evaluated every eval_every steps"),
-    opt_int("eval_every", 50, "steps between evaluations"),
+    super::EVAL_EVERY_OPTION,
     opt("checkpoint", "", "a directory for checkpoints, written atomically"),
-    opt_bool("resume", false, "resume the run in 'checkpoint'"),
-    opt_f64("beta", 0.33, "Hard Concrete temperature"),
-    opt_str("init", "uniform", "initial log_alpha: \"uniform\" or a number"),
-    opt_str("penalty_scale", "per_head", "\"per_head\" or \"per_layer\""),
-    opt_str("distill", "cosine", "encoders' objective: \"cosine\" or \"mse\""),
-    opt_str("eval_gates", "binary", "\"binary\" or \"continuous\" gates after training"),
+    super::RESUME_OPTION,
+    super::BETA_OPTION,
+    super::INIT_OPTION,
+    super::PENALTY_SCALE_OPTION,
+    super::DISTILL_OPTION,
+    super::EVAL_GATES_OPTION,
     opt("target", "none", "heads to keep open: targeted L0 (Sheared-LLaMA's Lagrangian instead of lambda)"),
     crate::model::script::TGT_LANG,
 ];
@@ -87,28 +88,10 @@ pub fn options_from(o: &Opts, kinds: Vec<Kind>) -> ScriptResult<PruneOptions> {
     })
 }
 
-impl PruneOptions {
-    /// Every option at the default of `prune`'s option list (its `OptSpec`s, the one place
-    /// the defaults are written), gating these kinds. (Here, beside the list: the numeric
-    /// core does not read the script layer, `tests/scripting/module_graph.rs`.)
-    pub fn new(kinds: Vec<Kind>) -> Self {
-        options_with_defaults(kinds)
-    }
-
-    /// What `m.prune(data)` runs with: an empty option map parsed as a script's is (every
-    /// kind of `m` gated, the rest from the option list).
-    pub fn defaults(m: &ScriptModel) -> Self {
-        parse_options(m, &Map::new())
-            .unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
-    }
-}
-
-/// `prune`'s options with every default of [`OPTIONS`] (the Rust API's `PruneOptions::new`).
-pub fn options_with_defaults(kinds: Vec<Kind>) -> PruneOptions {
-    let empty = Map::new();
-    Opts::new(&empty, "prune", OPTIONS)
-        .and_then(|o| options_from(&o, kinds))
-        .unwrap_or_else(|e| unreachable!("prune's option list gives every default a value of its type: {e}"))
+/// What `m.prune(data)` runs with given no options (the library API's `prune_options`):
+/// every kind of `m` gated, the rest at [`PruneOptions::new`]'s defaults.
+pub fn default_options(m: &ScriptModel) -> PruneOptions {
+    PruneOptions::new(m.model.kinds().iter().map(|k| k.kind).collect())
 }
 
 fn parse_options(m: &ScriptModel, options: &Map) -> ScriptResult<PruneOptions> {
@@ -421,7 +404,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "prune", return_raw, pure)]
     pub fn prune_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<PruneResult> {
-        m.require("prune", Needs::NoSoft)?;
+        m.require("prune", Needs::NoSoft).script()?;
         let d = crate::data::script::dataset_arg(&data, "prune")?;
         let opts = parse_options(m, &options)?;
         let _lang = crate::model::script::call_language(m, &Opts::new(&options, "prune", OPTIONS)?)?;
@@ -445,7 +428,7 @@ pub mod api {
     #[rhai_fn(return_raw, pure)]
     pub fn prune_compare(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Table> {
         let f = "prune_compare";
-        m.require(f, Needs::Unmasked)?;
+        m.require(f, Needs::Unmasked).script()?;
         let o = Opts::new(&options, f, COMPARE_OPTIONS)?;
         let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, f)?;
@@ -561,7 +544,7 @@ pub mod api {
     #[rhai_fn(name = "prune_heads", return_raw, pure)]
     pub fn prune_heads_named(m: &mut ScriptModel, heads: Dynamic) -> ScriptResult<ScriptModel> {
         let ids = crate::model::script::head_ids(m, &heads, "prune_heads")?;
-        m.require("prune_heads", Needs::Unmasked)?;
+        m.require("prune_heads", Needs::Unmasked).script()?;
         let pruned =
             super::super::physical::prune_heads(&m.model, &ids, None).or_else(|e| err(format!("prune_heads: {e}")))?;
         Ok(ScriptModel::new(pruned))

@@ -116,104 +116,20 @@ pub fn json_f64(x: f64) -> serde_json::Value {
     serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
-/// The default of an option, in one place: typed where the value is fixed (the getters
-/// `*_or_default` read it, `:help` shows it, results echo it), as text where it is worked out
-/// when the function runs (from the model, the data or another option).
-#[derive(Debug, Clone, Copy)]
-pub enum OptDefault {
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    Str(&'static str),
-    Strs(&'static [&'static str]),
-    /// An integer chosen by the string value of another option: `(option, [(value, default)])`,
-    /// the first pair when that option is not given.
-    IntBy(&'static str, &'static [(&'static str, i64)]),
-    /// Worked out when the function runs; the text says how ("" for none).
-    Text(&'static str),
-    /// Kept beside another type (thresholds per head type): shown by this function.
-    Shown(fn() -> String),
+/// A core error as a script error (its message already names what is at fault): `.script()?`
+/// where a script function meets a `ModelError` (the core does not know the script's error type).
+pub trait ScriptErr<T> {
+    fn script(self) -> ScriptResult<T>;
 }
-
-impl std::fmt::Display for OptDefault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OptDefault::Int(i) => write!(f, "{i}"),
-            OptDefault::Float(x) => write!(f, "{x}"),
-            OptDefault::Bool(b) => write!(f, "{b}"),
-            OptDefault::Str(s) => write!(f, "{s:?}"),
-            OptDefault::Strs(a) => write!(f, "[{}]", a.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ")),
-            OptDefault::IntBy(by, pairs) => {
-                write!(f, "{}", pairs.iter().map(|(v, i)| format!("{i} ({by} {v:?})")).collect::<Vec<_>>().join(", "))
-            }
-            OptDefault::Text(t) => write!(f, "{t}"),
-            OptDefault::Shown(g) => write!(f, "{}", g()),
-        }
+impl<T, E: std::fmt::Display> ScriptErr<T> for Result<T, E> {
+    fn script(self) -> ScriptResult<T> {
+        self.or_else(|e| err(e.to_string()))
     }
 }
 
-impl OptDefault {
-    /// The value as results echo it, where it is fixed.
-    pub fn json(&self) -> Option<serde_json::Value> {
-        use serde_json::json;
-        match self {
-            OptDefault::Int(i) => Some(json!(i)),
-            OptDefault::Float(x) => Some(json!(x)),
-            OptDefault::Bool(b) => Some(json!(b)),
-            OptDefault::Str(s) => Some(json!(s)),
-            OptDefault::Strs(a) => Some(json!(a)),
-            OptDefault::IntBy(..) | OptDefault::Text(_) | OptDefault::Shown(_) => None,
-        }
-    }
-}
-
-/// One option a script function accepts: its name, its default, and what it does. The lists
-/// beside each function drive the check of option maps, the defaults the getters fall back
-/// on, `:help` and completion inside `#{...}` (one list, so they cannot disagree).
-#[derive(Debug, Clone, Copy)]
-pub struct OptSpec {
-    pub name: &'static str,
-    pub default: OptDefault,
-    pub help: &'static str,
-}
-
-/// An option whose default is worked out when the function runs (`default` says how).
-pub const fn opt(name: &'static str, default: &'static str, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Text(default), help }
-}
-/// An option with an integer default.
-pub const fn opt_int(name: &'static str, default: i64, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Int(default), help }
-}
-/// An option with a number default.
-pub const fn opt_f64(name: &'static str, default: f64, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Float(default), help }
-}
-/// An option with a boolean default.
-pub const fn opt_bool(name: &'static str, default: bool, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Bool(default), help }
-}
-/// An option with a string default.
-pub const fn opt_str(name: &'static str, default: &'static str, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Str(default), help }
-}
-/// An option with a default array of strings.
-pub const fn opt_strs(name: &'static str, default: &'static [&'static str], help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Strs(default), help }
-}
-/// An option with a default shown by `shown` (kept beside another type).
-pub const fn opt_shown(name: &'static str, shown: fn() -> String, help: &'static str) -> OptSpec {
-    OptSpec { name, default: OptDefault::Shown(shown), help }
-}
-/// An integer option whose default depends on the string value of option `by`.
-pub const fn opt_int_by(
-    name: &'static str,
-    by: &'static str,
-    defaults: &'static [(&'static str, i64)],
-    help: &'static str,
-) -> OptSpec {
-    OptSpec { name, default: OptDefault::IntBy(by, defaults), help }
-}
+// An option's spec (name, typed default, help) is the core's (`headscope_core::optspec`): the
+// option structs' defaults read the same constants this layer checks maps against.
+pub use headscope_core::optspec::*;
 
 /// An option map checked against the keys a function accepts; getters convert types once,
 /// and the `*_or_default` getters fall back on the default in the function's `OptSpec`.

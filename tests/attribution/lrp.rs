@@ -1,6 +1,6 @@
 //! LRP on the real models: relevance is conserved at every layer boundary (within 1e-3 of the
 //! seed total, for every prediction), and each layer's head relevances sum to 1. The rules
-//! themselves are checked against hand computations in src/analysis/lrp.rs.
+//! themselves are checked against hand computations in crates/core/src/analysis/lrp.rs.
 
 use crate::common;
 

@@ -1,4 +1,4 @@
-//! The tokenizer a GGUF file carries in its metadata (`src/model/gguf_tokenizer.rs`), on the two
+//! The tokenizer a GGUF file carries in its metadata (`crates/core/src/model/gguf_tokenizer.rs`), on the two
 //! real GGUF assets (scripts/setup) against independent references
 //! (`tests/fixtures/gguf_tokenizer_reference.py`): Gemma 3's sentencepiece BPE against the
 //! `sentencepiece` package on a model written from the same metadata, Qwen2.5's byte-level BPE

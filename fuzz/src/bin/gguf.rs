@@ -1,6 +1,6 @@
-//! AFL target: `headscope::fuzz::run("gguf", bytes)` (see src/fuzz.rs).
+//! AFL target: `headscope_core::fuzz::run("gguf", bytes)` (see crates/core/src/fuzz.rs).
 fn main() {
     afl::fuzz_nohook!(|data: &[u8]| {
-        let _ = headscope::fuzz::run("gguf", data);
+        let _ = headscope_core::fuzz::run("gguf", data);
     });
 }

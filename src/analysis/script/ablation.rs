@@ -10,6 +10,7 @@ use crate::model::script::kinds_option;
 use crate::model::script::ScriptModel;
 use crate::model::view::Needs;
 use crate::model::Kind;
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Dynamic, Map};
@@ -32,18 +33,7 @@ pub const ABLATE_OPTIONS: &[OptSpec] = &[
     PER_POSITION_OPTION,
     crate::model::script::TGT_LANG,
 ];
-/// How a closed head is ablated (docs/methods.md#mean-ablation, #resample-ablation).
-pub const ABLATION_OPTION: OptSpec = crate::script::convert::opt_str("ablation", "zero", "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
-pub const REFERENCE_OPTION: OptSpec = opt(
-    "reference",
-    "the data being measured",
-    "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences",
-);
-/// Resample ablation's seed.
-pub const SEED_OPTION: OptSpec =
-    opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
-/// Per-position mean ablation.
-pub const PER_POSITION_OPTION: OptSpec = crate::script::convert::opt_bool("per_position", false, "mean ablation: a closed head takes its mean at the same position over the reference's sentences long enough (past the longest, its mean over every token)");
+pub use crate::analysis::ablation::{ABLATION_OPTION, PER_POSITION_OPTION, REFERENCE_OPTION, SEED_OPTION};
 /// `with_mask`'s options.
 pub const WITH_MASK_OPTIONS: &[OptSpec] = &[
     ABLATION_OPTION,
@@ -204,7 +194,7 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
         "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)",
     ),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
-    opt_int("batch_tokens", 256, "tokens per batch; the masks of a layer are stacked on it"),
+    crate::analysis::ablation::SWEEP_BATCH_TOKENS_OPTION,
     crate::data::script::SHARD_OPTION,
     ABLATION_OPTION,
     REFERENCE_OPTION,
@@ -264,17 +254,6 @@ fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOp
         seed: a.seed,
         per_position: a.per_position,
     })
-}
-
-impl Default for SweepOptions {
-    /// What `m.ablation_sweep(data)` runs with: the defaults of [`SWEEP_OPTIONS`] (metric
-    /// and kinds left to the model, batch_tokens 256, ablation "zero").
-    fn default() -> Self {
-        let empty = Map::new();
-        Opts::new(&empty, "ablation_sweep", SWEEP_OPTIONS).and_then(|o| sweep_options_from(&o, None)).unwrap_or_else(
-            |e| unreachable!("ablation_sweep's option list gives every default a value of its type: {e}"),
-        )
-    }
 }
 
 /// Every head masked alone, on the rows of `plan`, under typed options: what
@@ -397,8 +376,8 @@ pub mod api {
         let (p, mut echo) = prepared(&m, &d, "ablate", metric, o.usize_or_default("batch_tokens")?)?;
         echo.extend(ablation);
         // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
-        let gates = m.closing(&ids).gates()?;
-        let base_gates = m.gates()?;
+        let gates = m.closing(&ids).gates().script()?;
+        let base_gates = m.gates().script()?;
         let stop = crate::run::interrupted;
         let base = crate::analysis::ablation::evaluate(&m.model, &p, &base_gates, &stop)
             .or_else(|e| err(format!("ablate: {e}")))?;
@@ -467,7 +446,7 @@ pub mod api {
     #[rhai_fn(name = "ablation_sweep", return_raw, pure)]
     pub fn ablation_sweep_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {
         let f = "ablation_sweep";
-        m.require(f, Needs::NoClosed)?;
+        m.require(f, Needs::NoClosed).script()?;
         let d = crate::data::script::dataset_arg(&data, f)?;
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
         let _lang = crate::model::script::call_language(m, &o)?;
@@ -505,7 +484,7 @@ pub mod api {
         }
         let plan = Plan::new(&d, &o, f)?;
         let bt = o.usize_or_default("batch_tokens")?;
-        let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates()?)
+        let p = crate::analysis::ablation::prepare(&m.model, &plan.data(&d, f)?, Metric::Bleu, bt, m.gates().script()?)
             .or_else(|e| err(format!("{f}: {e}")))?;
         let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted)
             .or_else(|e| err(format!("{f}: {e}")))?;

@@ -1,7 +1,9 @@
 //! The `Analysis` type and the functions that make it: `m.analyze(data, #{...})` (the
 //! analyses of docs/methods.md in one pass) and `m.confidence(data)`.
 
-use crate::analysis::options::{ExcludeKeys, FreqSource, Options, Stat};
+use crate::analysis::options::{
+    self, default_stats, fraction, no_empty_relations, ExcludeKeys, FreqSource, Options, Stat,
+};
 use crate::analysis::result::Analysis;
 use crate::analysis::{accumulate, finish, freq_table, FreqTable};
 use crate::data::script::Plan;
@@ -11,7 +13,7 @@ use crate::model::script::ScriptModel;
 use crate::model::view::View;
 use crate::model::Kind;
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt, opt_bool, opt_f64, opt_int, opt_strs, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, opt, OptSpec, Opts, ScriptResult};
 use crate::table::Table;
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Map};
@@ -107,20 +109,20 @@ pub const OPTIONS: &[OptSpec] = &[
         "which statistics to compute",
     ),
     opt("kinds", "every kind", "the attention kinds analysed"),
-    opt_int("batch_tokens", crate::model::batch::DEFAULT_BATCH_TOKENS as i64, "tokens per batch, padding included"),
+    options::BATCH_TOKENS_OPTION,
     opt(
         "exclude_keys",
         "\"special\" for a decoder-only model (its BOS sink), else \"eos\"",
         "keys left out of argmax and confidence: \"eos\", \"special\" or \"none\"",
     ),
-    opt_f64("positional_threshold", 0.9, "a head is positional when it attends to one offset this often"),
-    opt_int("rare_top_n", 500, "tokens this frequent or more are not rare"),
-    opt_f64("rare_threshold", 0.5, "a head is rare-word when it attends to the rarest token this often"),
+    options::POSITIONAL_THRESHOLD_OPTION,
+    options::RARE_TOP_N_OPTION,
+    options::RARE_THRESHOLD_OPTION,
     opt("freq", "the Brown corpus", "a text file whose token counts define rarity"),
     opt("freq_counts", "", "token<TAB>count lines instead of 'freq'"),
-    opt_strs("relations", &["nsubj", "dobj", "amod", "advmod"], "dependency relations scored"),
-    opt_bool("subtypes", false, "count relation subtypes (nsubj:pass) as their base relation"),
-    opt_f64("margin", 0.1, "syntactic when accuracy >= baseline + margin"),
+    options::RELATIONS_OPTION,
+    options::SUBTYPES_OPTION,
+    options::MARGIN_OPTION,
     opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
     crate::data::script::SHARD_OPTION,
     crate::model::script::TGT_LANG,
@@ -168,58 +170,15 @@ pub fn options_from(
     })
 }
 
-/// An option that is a share of queries: between 0 and 1.
-fn fraction(func: &str, name: &str, x: f64) -> Result<f64, String> {
-    if !(0.0..=1.0).contains(&x) {
-        return Err(format!("{func}: option '{name}' must be between 0 and 1, got {x}"));
-    }
-    Ok(x)
+/// The options `m.analyze(data)` runs with when given none (the library API's
+/// `analyze_options`): [`Options::for_model`] with the Brown corpus for rarity.
+pub fn default_options(m: &View, data: &Dataset) -> Options {
+    Options::for_model(m, data, brown_path())
 }
 
-fn no_empty_relations(func: &str, relations: &[String]) -> Result<(), String> {
-    if relations.is_empty() {
-        return Err(format!("{func}: option 'relations' is empty"));
-    }
-    Ok(())
-}
-
-impl Options {
-    /// Every option at the default of `analyze`'s option list ([`OPTIONS`], the one place the
-    /// defaults are written), with these statistics, kinds and default frequency corpus, for
-    /// an encoder or a translation model (`exclude_keys` "eos"; [`Options::defaults`] picks
-    /// it for a model).
-    pub fn new(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Self {
-        options_with_defaults(stats, kinds, brown)
-    }
-
-    /// The options `m.analyze(data)` runs with when given none: an empty option map parsed
-    /// as a script's is (the statistics for this dataset, every kind of the model, the Brown
-    /// corpus for rarity, the rest from [`OPTIONS`]).
-    pub fn defaults(m: &View, data: &Dataset) -> Self {
-        parse_options(m, data, &Map::new(), "analyze")
-            .map(|(o, _)| o)
-            .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
-    }
-
-    /// What parsing checks, for options built in Rust (the library API): the kinds are the
-    /// model's, shares are between 0 and 1, some relation is scored.
-    fn check(&self, m: &View, func: &str) -> Result<(), String> {
-        for k in &self.kinds {
-            m.model.kind_shape(*k).map_err(|e| format!("{func}: {e}"))?;
-        }
-        fraction(func, "positional_threshold", self.positional_threshold)?;
-        fraction(func, "rare_threshold", self.rare_threshold)?;
-        fraction(func, "margin", self.margin)?;
-        no_empty_relations(func, &self.relations)
-    }
-}
-
-/// `analyze`'s options with every default of [`OPTIONS`] (the Rust API's `Options::new`).
-pub fn options_with_defaults(stats: Vec<Stat>, kinds: Vec<Kind>, brown: std::path::PathBuf) -> Options {
-    let empty = Map::new();
-    Opts::new(&empty, "analyze", OPTIONS)
-        .and_then(|o| options_from(&o, stats, kinds, brown, false))
-        .unwrap_or_else(|e| unreachable!("analyze's option list gives every default a value of its type: {e}"))
+/// The default frequency corpus: the Brown corpus among the assets.
+fn brown_path() -> std::path::PathBuf {
+    crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into())
 }
 
 fn parse_options(
@@ -234,12 +193,10 @@ fn parse_options(
         Some(v) => {
             v.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?
         }
-        None if is_tb || o.has("treebank") => vec![Stat::Confidence, Stat::Positional, Stat::Rare, Stat::Syntactic],
-        None => vec![Stat::Confidence, Stat::Positional, Stat::Rare],
+        None => default_stats(is_tb || o.has("treebank")),
     };
     let kinds = crate::model::script::kinds_option(m, &o)?;
-    let brown = crate::assets::asset_path("brown.txt").unwrap_or_else(|_| "assets/brown.txt".into());
-    let opts = options_from(&o, stats, kinds, brown, m.model.decoder_only())?;
+    let opts = options_from(&o, stats, kinds, brown_path(), m.model.decoder_only())?;
     // A treebank given beside a corpus must match it sentence by sentence.
     let data = match o.value("treebank") {
         Some(tb) => {

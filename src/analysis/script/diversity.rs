@@ -6,6 +6,7 @@ use crate::model::view::Needs;
 use crate::model::Kind;
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 
 pub const DIVERSITY_OPTIONS: &[OptSpec] = &[
@@ -111,9 +112,9 @@ pub mod api {
         let _lang = crate::model::script::call_language(m, &o)?;
         let d = crate::data::script::dataset_arg(&data, "diversity")?;
         let kinds = crate::model::script::kinds_option(m, &o)?;
-        m.require("diversity", Needs::NoClosed)?;
+        m.require("diversity", Needs::NoClosed).script()?;
         let mut progress = |done: usize, total: usize| crate::run::progress("diversity", done, total);
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let r = crate::analysis::diversity::diversity(
             &m.model,
             &d,

@@ -10,6 +10,7 @@ use crate::grid::Grid;
 use crate::model::script::kinds_option;
 use crate::model::script::ScriptModel;
 use crate::model::view::Needs;
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, json_f64, opt, opt_bool, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -168,7 +169,7 @@ pub mod api {
             return err(format!("{f}: `exact` compares rankings, which do not add over shards: merge the shards, run ablation_sweep sharded, and compare with agreement(a, b)"));
         }
         let opts = ImportanceOptions { row_offset: plan.rows.start, ..opts };
-        let base = m.gates()?;
+        let base = m.gates().script()?;
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
         let started = std::time::Instant::now();
         let r = head_importance(&m.model, &plan.data(&d, f)?, &base, &opts, &crate::run::interrupted, &mut progress)

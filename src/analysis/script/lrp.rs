@@ -1,22 +1,18 @@
 //! LRP head relevance on a model: `m.lrp(data, #{...})` (docs/methods.md#lrp-head-relevance).
 
-use crate::analysis::lrp::{LrpOptions, RuleSet};
+use crate::analysis::lrp::{self, LrpOptions, RuleSet};
 use crate::data::script::Plan;
 use crate::data::Dataset;
 use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::view::View;
-use crate::script::convert::{err, opt, opt_int_by, opt_str, OptSpec, Opts, ScriptResult};
+use crate::script::convert::{err, OptSpec, Opts, ScriptResult};
 
 pub const LRP_OPTIONS: &[OptSpec] = &[
-    opt_str(
-        "rule",
-        "ab",
-        "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)",
-    ),
-    opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from"),
-    opt_str("seeds", "each", "\"each\" prediction rescaled alone, or \"summed\" per sentence"),
-    opt_int_by("batch_tokens", "seeds", &[("each", 64), ("summed", 256)], "tokens per batch"),
+    lrp::RULE_OPTION,
+    lrp::SEED_OPTION,
+    lrp::SEEDS_OPTION,
+    lrp::BATCH_TOKENS_OPTION,
     crate::data::script::SHARD_OPTION,
     crate::model::script::TGT_LANG,
 ];
@@ -55,29 +51,6 @@ fn options_from(o: &Opts) -> ScriptResult<LrpOptions> {
         per_prediction,
         batch_tokens: o.usize_or_default("batch_tokens")?,
     })
-}
-
-/// `lrp`'s options from an option map written in Rust (the defaults below).
-fn options_of(map: &Map) -> LrpOptions {
-    Opts::new(map, "lrp", LRP_OPTIONS)
-        .and_then(|o| options_from(&o))
-        .unwrap_or_else(|e| unreachable!("lrp's option list gives every default a value of its type: {e}"))
-}
-
-impl Default for LrpOptions {
-    /// What `m.lrp(data)` runs with: the defaults of [`LRP_OPTIONS`] (rule "ab", seeds
-    /// "each" with its batch_tokens, 64), the seed left to the model.
-    fn default() -> Self {
-        options_of(&Map::new())
-    }
-}
-
-impl LrpOptions {
-    /// What `m.lrp(data, #{seeds: "summed"})` runs with: a sentence's seeds propagated
-    /// together, with that choice's batch_tokens default (256) from [`LRP_OPTIONS`].
-    pub fn summed() -> Self {
-        options_of(&Map::from_iter([("seeds".into(), Dynamic::from("summed"))]))
-    }
 }
 
 /// LRP head relevance on the rows of `plan` under typed options: what `m.lrp(data, #{...})`

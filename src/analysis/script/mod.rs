@@ -43,9 +43,7 @@ pub fn index_keys(v: &Dynamic) -> Option<Vec<String>> {
 
 pub use ablation::{ablation_sweep, ablation_sweep_planned, finish_bleu, finish_sweep};
 pub use analysis::finish_merged as finish_analysis;
-pub use analysis::{
-    analyze, analyze_planned, confidence, options_with_defaults, AnalysisObj, OPTIONS as ANALYZE_OPTIONS,
-};
+pub use analysis::{analyze, analyze_planned, confidence, default_options, AnalysisObj, OPTIONS as ANALYZE_OPTIONS};
 pub use diversity::DiversityObj;
 pub use importance::finish_importance;
 pub use lrp::{finish_lrp, lrp, lrp_planned};

@@ -11,6 +11,7 @@ use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::Kind;
 use crate::model::Model;
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -221,7 +222,7 @@ fn source_pairs(
     // Every clean source translated at once (batched by length), EOS appended.
     let cleans: Vec<&str> = pairs.items.iter().map(|p| p.clean.as_str()).collect();
     let translations = model
-        .translate(&cleans, &m.gates()?, crate::model::batch::DEFAULT_BATCH_TOKENS)
+        .translate(&cleans, &m.gates().script()?, crate::model::batch::DEFAULT_BATCH_TOKENS)
         .or_else(|e| err(format!("patch: translating the clean sources: {e}")))?;
     let tokens = match (kind_each, sources.first(), translations.first()) {
         (Some(Kind::Enc) | None, Some((c, _)), _) => c.tokens.clone(),
@@ -336,7 +337,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let kind_each = if each { kinds.first().copied() } else { None };
         let (sp, tokens) = source_pairs(m, &part, kind_each)?;
         let tokens = if plan.rows.start > 0 { source_pairs(m, &pairs.slice(0..1), kind_each)?.1 } else { tokens };
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let mut rs = Vec::new();
         for (i, &k) in kinds.iter().enumerate() {
             let mut progress = |done: usize, total: usize| {
@@ -376,7 +377,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
         ..PatchSpec::new(site, each, direction, metric)
     };
-    let gates = m.gates()?;
+    let gates = m.gates().script()?;
     let mut progress = |done: usize, total: usize| crate::run::progress("patching (layers)", done, total);
     let r = match (method, receiver) {
         (_, Some(to)) => path_patch(&m.model, &ids, spec, to, &gates, &crate::run::interrupted, &mut progress),

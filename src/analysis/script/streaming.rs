@@ -9,6 +9,7 @@ use crate::model::script::ScriptModel;
 use crate::model::view::{regime_name, View};
 use crate::model::Kind;
 use crate::plot::{Plot, PlotKind, Series};
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -120,7 +121,7 @@ fn grid_scores(m: &View, g: &Grid, what: &str) -> ScriptResult<Vec<Vec<f64>>> {
     let Some((_, rows)) = g.kinds.iter().find(|(k, _)| *k == Kind::Dec) else {
         return err(format!("{f}: {what} has no 'dec' heads: scores of a decoder-only model's heads are needed"));
     };
-    let s = m.model.kind_shape(Kind::Dec)?;
+    let s = m.model.kind_shape(Kind::Dec).script()?;
     if rows.len() != s.n_layers || rows.iter().any(|r| r.len() != s.n_heads) {
         return err(format!(
             "{f}: {what} is {} layers x {} heads; {} has {} x {}",
@@ -156,7 +157,7 @@ pub mod api {
         let o = Opts::new(&options, f, WITH_STREAMING_OPTIONS)?;
         let (sink, recent, regime) = streaming_options(&o)?;
         let ids = crate::model::script::head_ids(m, &heads, f)?;
-        Ok(m.streaming(&ids, sink, recent, regime, f)?)
+        m.streaming(&ids, sink, recent, regime, f).script()
     }
 
     /// How much each head of a decoder-only model needs the whole context, by one scorer
@@ -332,7 +333,7 @@ pub mod api {
             return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
         }
         let (_, cache) =
-            m.model.generate_run(text, n as usize, &m.gates()?, true).or_else(|e| err(format!("{f}: {e}")))?;
+            m.model.generate_run(text, n as usize, &m.gates().script()?, true).or_else(|e| err(format!("{f}: {e}")))?;
         let counted = crate::analysis::streaming::kv_cost(m, cache.len, cache.prompt);
         let mut out = Map::new();
         out.insert("context".into(), Dynamic::from(cache.len));
@@ -363,7 +364,7 @@ pub mod api {
     pub fn kv_curve(m: &mut ScriptModel, scores: Dynamic, data: Dynamic, options: Map) -> ScriptResult<Table> {
         let f = "kv_curve";
         let o = Opts::new(&options, f, KV_CURVE_OPTIONS)?;
-        m.require(f, crate::model::view::Needs::NoStreaming)?;
+        m.require(f, crate::model::view::Needs::NoStreaming).script()?;
         if !m.model.decoder_only() {
             return err(format!("{f}: {} is not a decoder-only model: it keeps no key/value cache", m.model.name()));
         }

@@ -8,6 +8,7 @@ use crate::grid::Grid;
 use crate::model::script::ScriptModel;
 use crate::model::HeadId;
 use crate::output::{Echo, Output, Render};
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, opt_shown, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -123,7 +124,7 @@ pub mod api {
         }
         let exclude_sink = o.bool("exclude_sink")?.unwrap_or_else(|| m.model.decoder_only());
         let probes = Probes::generate(&token_pool(&m.model), &po).or_else(|e| err(format!("{f}: {e}")))?;
-        let grids = head_type_scores(&m.model, &probes, &m.gates()?, &crate::run::interrupted, exclude_sink)
+        let grids = head_type_scores(&m.model, &probes, &m.gates().script()?, &crate::run::interrupted, exclude_sink)
             .or_else(|e| err(format!("{f}: {e}")))?;
         let kind = m.model.net.stack_kind;
         let id = |(l, h): (usize, usize)| HeadId { kind, layer_idx: l, head: h };

@@ -5,6 +5,7 @@ use super::ScriptModel;
 use crate::model::{AttentionMap, ExcludeKeys, HeadId};
 use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, quote, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Map};
@@ -112,7 +113,7 @@ pub fn head_ids(m: &ScriptModel, v: &Dynamic, func: &str) -> ScriptResult<Vec<He
             return Ok(h.id);
         }
         if item.is_string() {
-            return Ok(m.head(&item.to_string(), &format!("{func}: {at}"))?);
+            return m.head(&item.to_string(), &format!("{func}: {at}")).script();
         }
         err(format!("{func}: {at}expected a Head or a head name like \"enc.5.5\", got {}", quote(item)))
     };
@@ -245,7 +246,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "view", return_raw, pure)]
     pub fn view(m: &mut ScriptModel, text: &str) -> ScriptResult<crate::view::HeadView> {
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let maps = m.model.attention_maps(text, &gates).or_else(|e| err(format!("view: {e}")))?;
         let mut kinds = Vec::new();
         for k in maps {

@@ -6,6 +6,7 @@ use super::{tensor_value, ScriptModel};
 use crate::model::hooks::{to_tl_axes, At, Intervention, Interventions, Op, Point, POINTS};
 use crate::model::{Kind, Model};
 use crate::output::Output;
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, quote, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -215,7 +216,7 @@ pub fn run_with_cache(m: &ScriptModel, text: &str, names: &[String], change: Opt
         Some(c) => Some(interventions(&m.model, F, c)?),
         None => None,
     };
-    let gates = m.gates()?;
+    let gates = m.gates().script()?;
     let keep = |at: At| sel.keeps(at);
     let cache = m
         .model

@@ -5,7 +5,8 @@ use crate::device::DeviceChoice;
 use crate::model::locate::{self, Located, Pick};
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::output::{Output, Render};
-use crate::script::convert::{err, opt, opt_bool, opt_int, opt_str, to_usize, OptSpec, Opts, ScriptResult};
+use crate::script::convert::ScriptErr;
+use crate::script::convert::{err, opt, opt_bool, opt_int, to_usize, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::rc::Rc;
@@ -15,24 +16,17 @@ use std::rc::Rc;
 pub type ScriptModel = crate::model::view::View;
 pub use crate::model::view::MeanAblation;
 
-/// A model error as a script error (its message already names what is at fault).
-impl From<crate::model::ModelError> for Box<rhai::EvalAltResult> {
-    fn from(e: crate::model::ModelError) -> Self {
-        Box::new(rhai::EvalAltResult::ErrorRuntime(Dynamic::from(e.to_string()), rhai::Position::NONE))
-    }
-}
-
 mod head;
 pub mod hooks;
 pub mod outputs;
 
 pub const LOAD_OPTIONS: &[OptSpec] = &[
-    opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\""),
-    opt_str("dtype", "f32", "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)"),
+    crate::model::DEVICE_OPTION,
+    crate::model::DTYPE_OPTION,
     opt("tgt_lang", "the checkpoint's forced_bos_token_id", "a translation model's target language (\"fra_Latn\", \"fr_XX\"): its code, forced first in translate and every translation analysis"),
     opt("revision", "\"main\"", "a model id's revision in the Hugging Face cache: a branch, a tag or a commit hash"),
     opt("gguf_file", "the only .gguf of the snapshot", "which .gguf of a cached GGUF repository holding several"),
-    opt_bool("allow_unknown_config", false, "load a config.json holding a key headscope does not read (or an unknown rope setting), with a warning, instead of refusing it"),
+    crate::model::ALLOW_UNKNOWN_CONFIG_OPTION,
 ];
 pub const TRANSLATE_OPTIONS: &[OptSpec] = &[TGT_LANG];
 /// `tgt_lang` of one call (translate and every verb that reads a translation model's targets).
@@ -61,17 +55,6 @@ fn load_options_from(o: &Opts) -> ScriptResult<LoadOptions> {
         LoadOptions::new(device, &o.string_or_default("dtype")?).or_else(|e| err(format!("load_model: {e}")))?;
     opts.allow_unknown_config = o.bool_or_default("allow_unknown_config")?;
     Ok(opts)
-}
-
-impl Default for LoadOptions {
-    /// `load_model`'s defaults, read from [`LOAD_OPTIONS`]: device "auto" (CUDA when
-    /// available, resolved now), dtype "f32".
-    fn default() -> Self {
-        let empty = Map::new();
-        Opts::new(&empty, "load_model", LOAD_OPTIONS)
-            .and_then(|o| load_options_from(&o))
-            .unwrap_or_else(|e| unreachable!("load_model's option list gives every default a value of its type: {e}"))
-    }
 }
 
 /// Loads a model from a directory or a named asset under typed options: what `load_model`
@@ -240,7 +223,7 @@ pub mod api {
     }
 
     /// The checkpoint family: its HF `model_type` ("bert", "llama", ...), "marian_bin", or a
-    /// GGUF file's architecture ("llama (gguf)"); src/model/family.rs lists them.
+    /// GGUF file's architecture ("llama (gguf)"); crates/core/src/model/family.rs lists them.
     ///
     /// ```rhai
     /// assert(load_model("enpt").family == "marian_bin");
@@ -390,7 +373,7 @@ pub mod api {
         };
         let list = dataset_texts(&input, "translate")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let ids = m.model.translate_forced(&refs, &gates, 4096, forced).or_else(|e| err(format!("translate: {e}")))?;
         let outs = ids
             .iter()
@@ -420,7 +403,7 @@ pub mod api {
         let batch_tokens = o.usize_or_default("batch_tokens")?.max(1);
         let list = dataset_texts(&data, "forward")?;
         let refs: Vec<&str> = list.iter().map(|s| s.as_str()).collect();
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let t0 = std::time::Instant::now();
         let stats = m
             .model
@@ -487,7 +470,7 @@ pub mod api {
         if !(1..=4096).contains(&n) {
             return err(format!("generate: n must be between 1 and 4096, got {n}"));
         }
-        let gates = m.gates()?;
+        let gates = m.gates().script()?;
         let ids = m
             .model
             .generate_with(text, n as usize, &gates, o.bool_or_default("cache")?)

@@ -3,6 +3,7 @@
 //! (masked heads, continuous gates, mean ablation).
 
 use super::{dataset_texts, tensor_value, ScriptModel};
+use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt_bool, opt_int, opt_str, OptSpec, Opts, ScriptResult};
 use crate::table::{Cell, Table};
 use rhai::plugin::*;
@@ -35,7 +36,7 @@ fn text_arg(text: &str, func: &str) -> ScriptResult<()> {
 
 fn predictions(m: &ScriptModel, text: &str, func: &str) -> ScriptResult<crate::model::loss::TextPredictions> {
     text_arg(text, func)?;
-    m.model.predictions(text, &m.gates()?).or_else(|e| err(format!("{func}: {e}")))
+    m.model.predictions(text, &m.gates().script()?).or_else(|e| err(format!("{func}: {e}")))
 }
 
 #[export_module]
@@ -166,7 +167,7 @@ pub mod api {
         let bt = o.usize_or_default("batch_tokens")?.max(1);
         let (loss, _, _) = m
             .model
-            .dataset_loss(&tr, rr.as_deref(), bt, &m.gates()?, &crate::run::interrupted)
+            .dataset_loss(&tr, rr.as_deref(), bt, &m.gates().script()?, &crate::run::interrupted)
             .or_else(|e| err(format!("loss: {e}")))?;
         Ok(Dynamic::from(loss))
     }

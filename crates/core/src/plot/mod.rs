@@ -3,7 +3,6 @@
 //! Drawing is in [`draw`], the script API in [`script`].
 
 mod draw;
-pub mod script;
 pub mod text;
 
 use crate::output::{Output, Render};
@@ -94,7 +93,7 @@ pub enum PlotError {
 /// Registers the embedded DejaVu Sans for every style plotters asks for (once per process).
 fn ensure_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    static FONT: &[u8] = include_bytes!("../../fonts/DejaVuSans.ttf");
+    static FONT: &[u8] = include_bytes!("../../../../fonts/DejaVuSans.ttf");
     ONCE.call_once(|| {
         use plotters::style::FontStyle;
         for style in [FontStyle::Normal, FontStyle::Bold, FontStyle::Italic, FontStyle::Oblique] {
@@ -124,7 +123,7 @@ impl Plot {
         Ok(p)
     }
 
-    fn validate(&self) -> Result<(), PlotError> {
+    pub fn validate(&self) -> Result<(), PlotError> {
         let bad = |m: String| Err(PlotError::Invalid(m));
         match &self.kind {
             PlotKind::Heatmap { values, row_labels, col_labels, vmin, vmax, .. } => {

@@ -7,8 +7,6 @@
 //! `.hs-head` and the squares `.hs-headbox`; tokens are `.hs-tok-left` / `.hs-tok-right`,
 //! lines `.hs-line` (with `data-q`, `data-k`, `data-h`). `tests/scripting/view_browser.rs` drives it.
 
-pub mod script;
-
 use crate::output::{html_escape, Output, Render};
 use std::sync::atomic::{AtomicU64, Ordering};
 

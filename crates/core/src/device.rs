@@ -131,9 +131,6 @@ impl fmt::Display for TorchInfo {
     }
 }
 
-/// Script API for devices.
-pub mod script;
-
 #[cfg(test)]
 mod tests {
     use super::*;

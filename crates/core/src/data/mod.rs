@@ -3,7 +3,6 @@
 
 pub mod conllu;
 pub mod pairs;
-pub mod pairs_script;
 
 use conllu::Sentence;
 use std::path::Path;
@@ -228,8 +227,6 @@ fn splitmix64(state: &mut u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
-
-pub mod script;
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,6 @@
 pub mod checkpoint;
 pub mod duo;
 pub mod physical;
-pub mod script;
-pub mod script_duo;
 pub mod strategies;
 
 use crate::analysis::ablation::{self, Metric, Prepared};
@@ -20,6 +18,7 @@ use crate::analysis::AnalysisError;
 use crate::data::Dataset;
 use crate::model::nn::Gates;
 use crate::model::{HeadId, Kind, Model, ModelError};
+use crate::optspec::{opt_bool, opt_f64, opt_int, opt_str, OptSpec};
 use std::path::PathBuf;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -36,7 +35,8 @@ pub struct Concrete {
 
 impl Default for Concrete {
     fn default() -> Self {
-        Concrete { beta: 0.33, l: -0.1, r: 1.1, eps: 1e-6 }
+        const BETA: f64 = BETA_OPTION.default.float();
+        Concrete { beta: BETA, l: -0.1, r: 1.1, eps: 1e-6 }
     }
 }
 
@@ -94,8 +94,30 @@ impl std::fmt::Display for Init {
     }
 }
 
-/// Pruning's options, typed. `PruneOptions::new(kinds)` and `PruneOptions::defaults(view)`
-/// (beside `prune`'s option list, in the script layer) give the list's defaults.
+/// `prune`'s options with a fixed default, declared once: its script option list holds them,
+/// and [`PruneOptions::new`] (and [`Concrete`]'s `Default`) read them.
+pub const LAMBDA_OPTION: OptSpec = opt_f64("lambda", 0.05, "weight of the L0 penalty");
+pub const STEPS_OPTION: OptSpec = opt_int("steps", 500, "training steps");
+pub const LR_OPTION: OptSpec = opt_f64("lr", 0.01, "Adam's learning rate for the gates");
+pub const MODEL_LR_OPTION: OptSpec = opt_f64("model_lr", 1e-5, "Adam's learning rate for the weights (joint: true)");
+pub const BATCH_TOKENS_OPTION: OptSpec = opt_int("batch_tokens", 2000, "tokens per training batch");
+pub const JOINT_OPTION: OptSpec = opt_bool("joint", false, "train the model's weights too, on a copy");
+pub const SEED_OPTION: OptSpec = opt_int("seed", 1, "seed of the batches and the gates' noise");
+pub const EVAL_EVERY_OPTION: OptSpec = opt_int("eval_every", 50, "steps between evaluations");
+pub const RESUME_OPTION: OptSpec = opt_bool("resume", false, "resume the run in 'checkpoint'");
+pub const BETA_OPTION: OptSpec = opt_f64("beta", 0.33, "Hard Concrete temperature");
+pub const INIT_OPTION: OptSpec = opt_str("init", "uniform", "initial log_alpha: \"uniform\" or a number");
+pub const DEFAULT_PENALTY_SCALE: PenaltyScale = PenaltyScale::PerHead;
+pub const PENALTY_SCALE_OPTION: OptSpec =
+    opt_str("penalty_scale", DEFAULT_PENALTY_SCALE.name(), "\"per_head\" or \"per_layer\"");
+pub const DEFAULT_DISTILL: Distill = Distill::Cosine;
+pub const DISTILL_OPTION: OptSpec =
+    opt_str("distill", DEFAULT_DISTILL.name(), "encoders' objective: \"cosine\" or \"mse\"");
+pub const DEFAULT_EVAL_GATES: EvalGates = EvalGates::Binary;
+pub const EVAL_GATES_OPTION: OptSpec =
+    opt_str("eval_gates", DEFAULT_EVAL_GATES.name(), "\"binary\" or \"continuous\" gates after training");
+
+/// Pruning's options, typed. [`PruneOptions::new`] gives the defaults above.
 #[derive(Debug, Clone)]
 pub struct PruneOptions {
     pub lambda: f64,
@@ -128,6 +150,43 @@ pub struct PruneOptions {
 }
 
 impl PruneOptions {
+    /// Every option at its default (the constants above), gating these kinds: what
+    /// `m.prune(data)` runs with on a model whose kinds these are.
+    pub fn new(kinds: Vec<Kind>) -> Self {
+        const LAMBDA: f64 = LAMBDA_OPTION.default.float();
+        const STEPS: i64 = STEPS_OPTION.default.int();
+        const LR: f64 = LR_OPTION.default.float();
+        const MODEL_LR: f64 = MODEL_LR_OPTION.default.float();
+        const BATCH: i64 = BATCH_TOKENS_OPTION.default.int();
+        const JOINT: bool = JOINT_OPTION.default.bool();
+        const SEED: i64 = SEED_OPTION.default.int();
+        const EVAL_EVERY: i64 = EVAL_EVERY_OPTION.default.int();
+        const RESUME: bool = RESUME_OPTION.default.bool();
+        const UNIFORM: bool = crate::optspec::str_eq(INIT_OPTION.default.str(), "uniform");
+        const _: () = assert!(UNIFORM, "prune's init default is \"uniform\"");
+        PruneOptions {
+            lambda: LAMBDA,
+            steps: STEPS as usize,
+            lr: LR,
+            batch_tokens: BATCH as usize,
+            kinds,
+            joint: JOINT,
+            model_lr: MODEL_LR,
+            seed: SEED as u64,
+            eval_data: None,
+            eval_every: EVAL_EVERY as usize,
+            checkpoint: None,
+            resume: RESUME,
+            concrete: Concrete::default(),
+            init: Init::Uniform,
+            penalty_scale: DEFAULT_PENALTY_SCALE,
+            distill: DEFAULT_DISTILL,
+            eval_gates: DEFAULT_EVAL_GATES,
+            target: None,
+            ablation: None,
+        }
+    }
+
     pub fn echo(&self) -> crate::output::Echo {
         use serde_json::json;
         let mut v: crate::output::Echo = vec![

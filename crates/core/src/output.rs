@@ -202,3 +202,23 @@ mod tests {
         assert_eq!(html_escape("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
     }
 }
+
+/// Shows a value in an evcxr notebook: `EVCXR_BEGIN_CONTENT` blocks for each representation
+/// its output bundle has (text/plain always; text/html, image/png, image/svg+xml when it has
+/// them). A cell ending in the value calls it. For types that [`Render`].
+#[macro_export]
+macro_rules! evcxr_display {
+    ($($t:ty),* $(,)?) => {$(
+        impl $t {
+            /// Shows the value in an evcxr notebook (HTML or an image, with a text fallback).
+            pub fn evcxr_display(&self) {
+                print!("{}", self.evcxr_content());
+            }
+            /// What `evcxr_display` writes: the value's output bundle in evcxr's markers.
+            pub fn evcxr_content(&self) -> String {
+                $crate::output::evcxr_content(&$crate::output::Render::render(self))
+            }
+        }
+    )*};
+}
+evcxr_display!(crate::table::Table, crate::plot::Plot);

@@ -166,9 +166,6 @@ impl Render for Table {
     }
 }
 
-/// The script API of [`Table`].
-pub mod script;
-
 #[cfg(test)]
 mod tests {
     use super::*;

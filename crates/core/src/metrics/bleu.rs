@@ -189,8 +189,6 @@ pub fn corpus_counts<S: AsRef<str>, R: AsRef<str>>(hyps: &[S], refs: &[Vec<R>]) 
     Ok(c)
 }
 
-pub mod script;
-
 #[cfg(test)]
 mod tests {
     use super::*;

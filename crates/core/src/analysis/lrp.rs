@@ -26,6 +26,7 @@ use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::{Attention, Gates, Norm, NormKind, NormPosition};
 use crate::model::transformer::{StackLayer, Transformer};
 use crate::model::{Batch, Kind, Model, ModelError};
+use crate::optspec::{opt, opt_int_by, opt_str, str_eq, OptSpec};
 use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -54,8 +55,23 @@ impl From<Rule> for RuleSet {
 // squared activation) or `logit` (the top-1 logit of each output position).
 options_enum!(Seed, "LRP seed", { Norm = "norm", Logit = "logit" });
 
-/// LRP's options, typed. `Default` (beside `lrp`'s option list, in the script layer) gives
-/// what a script gets with no options.
+/// The rule `lrp` runs without a `rule` option.
+pub const DEFAULT_RULE: RuleSet = RuleSet::Ab;
+/// `lrp`'s options with a fixed default, declared once: the script's option list holds them,
+/// and [`LrpOptions`]'s `Default` and [`LrpOptions::summed`] read their defaults.
+pub const RULE_OPTION: OptSpec = opt_str(
+    "rule",
+    DEFAULT_RULE.name(),
+    "\"ab\", \"zplus\" (docs/methods.md#lrp-head-relevance) or \"attnlrp\" (docs/methods.md#attnlrp)",
+);
+pub const SEED_OPTION: OptSpec =
+    opt("seed", "\"logit\" for models with an output layer, else \"norm\"", "what the relevance starts from");
+pub const SEEDS_OPTION: OptSpec =
+    opt_str("seeds", "each", "\"each\" prediction rescaled alone, or \"summed\" per sentence");
+pub const BATCH_TOKENS_OPTION: OptSpec =
+    opt_int_by("batch_tokens", "seeds", &[("each", 64), ("summed", 256)], "tokens per batch");
+
+/// LRP's options, typed. `Default` gives what a script gets with no options.
 #[derive(Debug, Clone)]
 pub struct LrpOptions {
     pub rule: RuleSet,
@@ -67,7 +83,24 @@ pub struct LrpOptions {
     pub batch_tokens: usize,
 }
 
+impl Default for LrpOptions {
+    /// What `m.lrp(data)` runs with: rule "ab", seeds "each" with its batch_tokens (64), the
+    /// seed left to the model ([`RULE_OPTION`], [`SEEDS_OPTION`], [`BATCH_TOKENS_OPTION`]).
+    fn default() -> Self {
+        const EACH: bool = str_eq(SEEDS_OPTION.default.str(), "each");
+        const BATCH: i64 = BATCH_TOKENS_OPTION.default.int_by(if EACH { "each" } else { "summed" });
+        LrpOptions { rule: DEFAULT_RULE, seed: None, per_prediction: EACH, batch_tokens: BATCH as usize }
+    }
+}
+
 impl LrpOptions {
+    /// What `m.lrp(data, #{seeds: "summed"})` runs with: a sentence's seeds propagated
+    /// together, with that choice's batch_tokens default (256, [`BATCH_TOKENS_OPTION`]).
+    pub fn summed() -> Self {
+        const BATCH: i64 = BATCH_TOKENS_OPTION.default.int_by("summed");
+        LrpOptions { per_prediction: false, batch_tokens: BATCH as usize, ..LrpOptions::default() }
+    }
+
     /// The seed a run on `model` starts from: the one chosen, else "logit" for models with an
     /// output head and "norm" for the others; AttnLRP runs on the self-attention stack, so
     /// under rule "attnlrp" only a language model's default is "logit" (`lrp`'s option list

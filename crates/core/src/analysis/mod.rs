@@ -11,7 +11,6 @@ pub mod lrp;
 pub mod options;
 pub mod patching;
 pub mod result;
-pub mod script;
 pub mod streaming;
 pub mod taxonomy;
 

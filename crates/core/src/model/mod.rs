@@ -26,7 +26,6 @@ pub mod nn;
 pub mod phi3;
 pub mod resume;
 pub mod safetensors;
-pub mod script;
 pub mod spm;
 pub mod t5;
 pub mod tokenizer;
@@ -173,8 +172,19 @@ pub fn check_interrupt() -> Result<(), ModelError> {
     Ok(())
 }
 
-/// Where and in what precision a model is loaded. `Default` (beside `load_model`'s option
-/// list, in the script layer) gives what a script gets with no options.
+/// `load_model`'s options with a fixed default, declared once: its script option list holds
+/// them and [`LoadOptions`]'s `Default` reads them.
+pub const DEVICE_OPTION: crate::optspec::OptSpec =
+    crate::optspec::opt_str("device", "auto", "\"auto\" (CUDA when available), \"cpu\", \"cuda\", \"cuda:N\"");
+pub const DTYPE_OPTION: crate::optspec::OptSpec = crate::optspec::opt_str(
+    "dtype",
+    "f32",
+    "\"f32\", \"f64\" (for checking numerics), \"bf16\" (half the memory; CPU or CUDA) or \"f16\" (CUDA)",
+);
+pub const ALLOW_UNKNOWN_CONFIG_OPTION: crate::optspec::OptSpec = crate::optspec::opt_bool("allow_unknown_config", false, "load a config.json holding a key headscope does not read (or an unknown rope setting), with a warning, instead of refusing it");
+
+/// Where and in what precision a model is loaded. `Default` gives what a script gets with no
+/// options.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub device: Device,
@@ -182,6 +192,20 @@ pub struct LoadOptions {
     /// Load a config holding a key headscope does not read (docs/formats.md#config-keys),
     /// warning once, instead of refusing it.
     pub allow_unknown_config: bool,
+}
+
+impl Default for LoadOptions {
+    /// `load_model`'s defaults ([`DEVICE_OPTION`], [`DTYPE_OPTION`],
+    /// [`ALLOW_UNKNOWN_CONFIG_OPTION`]): device "auto" (CUDA when available, resolved now),
+    /// dtype "f32".
+    fn default() -> Self {
+        const AUTO: bool = crate::optspec::str_eq(DEVICE_OPTION.default.str(), "auto");
+        const F32: bool = crate::optspec::str_eq(DTYPE_OPTION.default.str(), "f32");
+        const _: () = assert!(AUTO && F32, "load_model's defaults are device \"auto\" and dtype \"f32\"");
+        const ALLOW: bool = ALLOW_UNKNOWN_CONFIG_OPTION.default.bool();
+        let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
+        LoadOptions { device, dtype: DType::Float, allow_unknown_config: ALLOW }
+    }
 }
 
 impl LoadOptions {

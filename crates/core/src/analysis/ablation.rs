@@ -17,6 +17,7 @@ use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::Gates;
 use crate::model::transformer::{Start, Stop};
 use crate::model::{HeadId, Kind, Model, ModelError};
+use crate::optspec::{opt, opt_bool, opt_int, opt_str, OptSpec};
 use tch::{Device, Kind as DType, Tensor};
 
 options_enum!(Metric, "metric", {
@@ -57,8 +58,28 @@ options_enum!(
     }
 );
 
-/// The options of the single-head sweep (`ablation_sweep`), typed. `Default` (beside the
-/// sweep's option list, in the script layer) gives what a script gets with no options.
+/// How a closed head is ablated when no `ablation` option is given.
+pub const DEFAULT_ABLATION: Ablation = Ablation::Zero;
+/// The ablation options shared by `ablate`, `with_mask` and `ablation_sweep`, declared once:
+/// the script's option lists hold them and [`SweepOptions`]'s `Default` reads them.
+pub const ABLATION_OPTION: OptSpec = opt_str("ablation", DEFAULT_ABLATION.name(), "\"zero\" (the head's context is 0), \"mean\" (its mean over the reference dataset's tokens) or \"resample\" (its context on another sentence of the reference dataset, drawn by the seed)");
+pub const REFERENCE_OPTION: OptSpec = opt(
+    "reference",
+    "the data being measured",
+    "the Dataset whose tokens give mean ablation's means, or resample ablation's sentences",
+);
+/// Resample ablation's seed.
+pub const SEED_OPTION: OptSpec =
+    opt_int("seed", 0, "resample ablation: the seed of each sentence's draw (docs/methods.md#resample-ablation)");
+/// Per-position mean ablation.
+pub const PER_POSITION_OPTION: OptSpec = opt_bool("per_position", false, "mean ablation: a closed head takes its mean at the same position over the reference's sentences long enough (past the longest, its mean over every token)");
+/// The sweep's batch size (its masks are stacked on each batch, so it is smaller than the
+/// other functions' [`DEFAULT_BATCH_TOKENS`](crate::model::batch::DEFAULT_BATCH_TOKENS)).
+pub const SWEEP_BATCH_TOKENS_OPTION: OptSpec =
+    opt_int("batch_tokens", 256, "tokens per batch; the masks of a layer are stacked on it");
+
+/// The options of the single-head sweep (`ablation_sweep`), typed. `Default` gives what a
+/// script gets with no options.
 #[derive(Debug, Clone)]
 pub struct SweepOptions {
     /// `None`: [`Metric::default_for`] the model.
@@ -76,6 +97,26 @@ pub struct SweepOptions {
     pub seed: u64,
     /// Mean ablation per position.
     pub per_position: bool,
+}
+
+impl Default for SweepOptions {
+    /// What `m.ablation_sweep(data)` runs with: metric and kinds left to the model,
+    /// batch_tokens 256, ablation "zero" (the constants above).
+    fn default() -> Self {
+        const BATCH: i64 = SWEEP_BATCH_TOKENS_OPTION.default.int();
+        const SEED: i64 = SEED_OPTION.default.int();
+        const PER_POSITION: bool = PER_POSITION_OPTION.default.bool();
+        SweepOptions {
+            metric: None,
+            kinds: None,
+            batch_tokens: BATCH as usize,
+            ablation: DEFAULT_ABLATION,
+            reference: None,
+            mean_batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS,
+            seed: SEED as u64,
+            per_position: PER_POSITION,
+        }
+    }
 }
 
 pub use crate::model::batch::PBatch;
