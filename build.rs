@@ -37,7 +37,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_LIB");
-    println!("cargo:rerun-if-changed=build.rs");
+    // No rerun-if-changed for this file: cargo reruns a build script whose source changed, and
+    // this one builds both crates (crates/core names it `../../build.rs`), where a relative path
+    // to it would name a missing file and rebuild the crate on every cargo command.
     let Some(lib) = torch_lib_dir() else {
         println!("cargo:warning=headscope: could not locate torch's lib dir; run scripts/setup first");
         println!("cargo:rustc-env=HEADSCOPE_TORCH_LIB=");
