@@ -238,12 +238,11 @@ fn prepared(
 }
 
 /// The sweep's typed options from a map checked against [`SWEEP_OPTIONS`]: what it gives,
-/// else the list's defaults. `kinds` is checked against `m`'s (every kind when not given);
-/// without a model it is left to the run (`None`).
-fn sweep_options_from(o: &Opts, m: Option<&ScriptModel>) -> ScriptResult<SweepOptions> {
+/// else the list's defaults. `kinds` is checked against `m`'s (every kind when not given).
+fn sweep_options_from(o: &Opts, m: &ScriptModel) -> ScriptResult<SweepOptions> {
     let a = ablation_options(o)?;
     let metric = metric_option(o)?;
-    let kinds = m.map(|m| kinds_option(m, o)).transpose()?;
+    let kinds = Some(kinds_option(m, o)?);
     Ok(SweepOptions {
         metric,
         kinds,
@@ -451,7 +450,7 @@ pub mod api {
         let o = Opts::new(&options, f, SWEEP_OPTIONS)?;
         let _lang = crate::model::script::call_language(m, &o)?;
         let plan = Plan::new(&d, &o, f)?;
-        let opts = sweep_options_from(&o, Some(m))?;
+        let opts = sweep_options_from(&o, m)?;
         Ok(ablation_sweep_planned(m, &d, &opts, &plan)?)
     }
 
