@@ -26,11 +26,14 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
         let weights: Vec<(&str, Tensor)> = match key {
             "gemma3" => vec![
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),
-                ("model.layers.0.self_attn.q_proj.weight", l0.attn.q.w.shallow_clone()),
-                ("model.layers.0.self_attn.o_proj.weight", l0.attn.o.w.shallow_clone()),
+                ("model.layers.0.self_attn.q_proj.weight", l0.attention().unwrap().q.w.shallow_clone()),
+                ("model.layers.0.self_attn.o_proj.weight", l0.attention().unwrap().o.w.shallow_clone()),
                 ("model.layers.0.mlp.down_proj.weight", l0.ffn.down.w.shallow_clone()),
-                ("model.layers.0.self_attn.v_proj.weight", l0.attn.v.w.shallow_clone()),
-                ("model.layers.0.self_attn.q_norm.weight", minus_one(&l0.attn.qk_norm.as_ref().unwrap().q.weight)),
+                ("model.layers.0.self_attn.v_proj.weight", l0.attention().unwrap().v.w.shallow_clone()),
+                (
+                    "model.layers.0.self_attn.q_norm.weight",
+                    minus_one(&l0.attention().unwrap().qk_norm.as_ref().unwrap().q.weight),
+                ),
                 (
                     "model.layers.0.post_feedforward_layernorm.weight",
                     minus_one(&l0.post_norms.as_ref().unwrap().1.weight),
@@ -39,10 +42,10 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
             _ => vec![
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),
                 ("lm_head.weight", m.net.output.as_ref().unwrap().w.shallow_clone()),
-                ("model.layers.0.self_attn.q_proj.weight", l0.attn.q.w.shallow_clone()),
+                ("model.layers.0.self_attn.q_proj.weight", l0.attention().unwrap().q.w.shallow_clone()),
                 ("model.layers.0.mlp.down_proj.weight", l0.ffn.down.w.shallow_clone()),
-                ("model.layers.0.self_attn.v_proj.weight", l0.attn.v.w.shallow_clone()),
-                ("model.layers.0.self_attn.k_proj.bias", l0.attn.k.b.as_ref().unwrap().shallow_clone()),
+                ("model.layers.0.self_attn.v_proj.weight", l0.attention().unwrap().v.w.shallow_clone()),
+                ("model.layers.0.self_attn.k_proj.bias", l0.attention().unwrap().k.b.as_ref().unwrap().shallow_clone()),
                 ("model.layers.3.mlp.up_proj.weight", l3.ffn.up.w.shallow_clone()),
             ],
         };

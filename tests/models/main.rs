@@ -19,3 +19,4 @@ mod masking;
 mod param_count;
 mod parity;
 mod run;
+mod toy_mixer;

@@ -129,7 +129,7 @@ fn masking_a_head_changes_only_what_is_downstream() {
     let (_, mask) = inputs();
     let bias = headscope::model::nn::key_bias(&mask, DType::Float);
     let x = &h0[1]; // input of layer 1
-    let a = &t.stack[1].attn;
+    let a = t.stack[1].attention().unwrap();
     let (seen, plain) =
         common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
     let ctx = common::at_point(&seen, Point::Z);
@@ -162,10 +162,19 @@ fn per_row_gates_equal_separate_runs() {
 fn weights_are_unchanged_after_a_masked_forward() {
     let _rng = common::rng();
     let t = tiny();
-    let before: Vec<Tensor> =
-        t.stack.iter().flat_map(|l| [l.attn.q.w.copy(), l.attn.v.w.copy(), l.attn.o.w.copy()]).collect();
+    let before: Vec<Tensor> = t
+        .stack
+        .iter()
+        .flat_map(|l| {
+            [l.attention().unwrap().q.w.copy(), l.attention().unwrap().v.w.copy(), l.attention().unwrap().o.w.copy()]
+        })
+        .collect();
     let _ = run(&t, &enc_gates(&[0.0; 4], 1));
-    let after: Vec<&Tensor> = t.stack.iter().flat_map(|l| [&l.attn.q.w, &l.attn.v.w, &l.attn.o.w]).collect();
+    let after: Vec<&Tensor> = t
+        .stack
+        .iter()
+        .flat_map(|l| [&l.attention().unwrap().q.w, &l.attention().unwrap().v.w, &l.attention().unwrap().o.w])
+        .collect();
     for (a, b) in before.iter().zip(after) {
         assert!(a.equal(b));
     }
@@ -219,12 +228,13 @@ fn per_head_outputs_sum_to_the_attention_output() {
         Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None }),
     ] {
         let (seen, out) = common::recorded(&[], |r| {
-            layer.attn.forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap()
+            layer.attention().unwrap().forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap()
         });
         let names: Vec<String> = seen.iter().map(|(at, _)| at.to_string()).collect();
         let parts = common::at_point(&seen, Point::Result).pop();
         let parts = parts.expect("hook_result was handed out"); // [B, H, T, D]
-        let sum = parts.sum_dim_intlist([1i64].as_slice(), false, DType::Float) + layer.attn.o.b.as_ref().unwrap();
+        let sum = parts.sum_dim_intlist([1i64].as_slice(), false, DType::Float)
+            + layer.attention().unwrap().o.b.as_ref().unwrap();
         let d = (sum - &out).abs().max().double_value(&[]);
         assert!(d < 1e-5, "sum of hook_result + b^O differs from the attention output by {d:e}");
         for want in [

@@ -209,8 +209,8 @@ fn physically_pruned_model_equals_the_masked_model() {
     ]);
     let pruned = headscope::prune::physical::prune_heads(&model, &closed, None).unwrap();
     assert!(pruned.n_params < model.n_params);
-    assert_eq!(pruned.net.stack[2].attn.n_heads, 0);
-    assert_eq!(pruned.net.stack[0].attn.q.w.size(), vec![6 * 32, 256]);
+    assert_eq!(pruned.net.stack[2].attention().unwrap().n_heads, 0);
+    assert_eq!(pruned.net.stack[0].attention().unwrap().q.w.size(), vec![6 * 32, 256]);
     let gates = model.gates_closing(&closed).unwrap();
     let texts = ["The cat sat on the mat.", "Researchers ask which heads matter, and how many can go.", "Hello."];
     let batch = model.batch(&texts).unwrap();
@@ -237,7 +237,7 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = PruneOptions::new(vec![Kind::Enc]);
     (o.steps, o.batch_tokens, o.joint, o.model_lr, o.eval_every, o.seed) = (6, 300, true, 1e-3, 2, 5);
-    let before = model.net.stack[0].attn.q.w.copy();
+    let before = model.net.stack[0].attention().unwrap().q.w.copy();
     let quiet = |stop_at: usize| {
         let n = std::cell::Cell::new(0usize);
         move || {
@@ -247,8 +247,15 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     };
     let full = train(&model, &[], &data, &o, Hooks { stop: &quiet(usize::MAX), progress: &mut |_, _| {} }).unwrap();
     let trained = full.trained.as_ref().expect("joint training returns the trained model");
-    assert!(trained.net.stack[0].attn.q.w.dist(&before).double_value(&[]) > 1e-4, "the weights did not move");
-    assert_eq!(model.net.stack[0].attn.q.w.dist(&before).double_value(&[]), 0.0, "the original model was edited");
+    assert!(
+        trained.net.stack[0].attention().unwrap().q.w.dist(&before).double_value(&[]) > 1e-4,
+        "the weights did not move"
+    );
+    assert_eq!(
+        model.net.stack[0].attention().unwrap().q.w.dist(&before).double_value(&[]),
+        0.0,
+        "the original model was edited"
+    );
 
     // Interrupted after step 3 (its checkpoint is at step 2 or the stop), then resumed.
     o.checkpoint = Some(dir.path().join("ck"));

@@ -54,7 +54,7 @@ fn check_model(name: &str, metric: Metric) {
     let closed = uneven(&model);
     let pruned = prune_heads(&model, &closed, None).unwrap();
     let stack = model.net.stack_kind;
-    assert_eq!(pruned.net.stack[2].attn.n_heads, 0, "layer 2 is emptied");
+    assert_eq!(pruned.net.stack[2].attention().unwrap().n_heads, 0, "layer 2 is emptied");
     assert_eq!(
         pruned.kind_shape(stack).unwrap().n_heads,
         model.kind_shape(stack).unwrap().n_heads,

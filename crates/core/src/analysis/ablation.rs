@@ -593,7 +593,7 @@ pub fn sweep_acc(
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
                             let heads = &present[l][start as usize..(start + n) as usize];
-                            let attn = model.attention(s.kind, l).ok_or_else(|| no_attention(s.kind, l))?;
+                            let attn = model.mixer(s.kind, l).ok_or_else(|| no_attention(s.kind, l))?;
                             let z = attn.ablated_rows(c, heads, base.fill_of(s.kind, l))?;
                             let (x, bias) = (x.repeat([n, 1, 1]), bias.repeat([n, 1, 1, 1]));
                             let enc = model.net.run(
@@ -657,7 +657,7 @@ pub fn sweep_acc(
                         for start in (0..h).step_by(chunk as usize) {
                             let n = chunk.min(h - start);
                             let heads = &present[l][start as usize..(start + n) as usize];
-                            let attn = model.attention(Kind::Cross, l).ok_or_else(|| no_attention(Kind::Cross, l))?;
+                            let attn = model.mixer(Kind::Cross, l).ok_or_else(|| no_attention(Kind::Cross, l))?;
                             let z = attn.ablated_rows(c, heads, base.fill_of(Kind::Cross, l))?;
                             let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
                             let y = net.decode_from_cross_z(
@@ -826,7 +826,7 @@ pub fn mean_fill(
                 DType::Double,
             )?;
             let attn = model
-                .attention(at.kind, at.layer)
+                .mixer(at.kind, at.layer)
                 .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
             let full = Tensor::zeros([attn.width() as i64, s.size()[1]], (DType::Double, s.device()));
             let idx =
@@ -857,7 +857,7 @@ pub fn mean_fill(
     }
     let mut fills = crate::model::nn::Fills::default();
     for (ki, s) in shapes.iter().enumerate() {
-        let dh = model.attention(s.kind, 0).map_or(1, |a| a.head_dim);
+        let dh = model.mixer(s.kind, 0).map_or(1, |a| a.head_dim());
         let layers: Vec<Tensor> = sums[ki]
             .iter()
             .map(|t| {
@@ -919,7 +919,7 @@ pub fn position_means(
                     DType::Double,
                 )?;
                 let attn = model
-                    .attention(at.kind, at.layer)
+                    .mixer(at.kind, at.layer)
                     .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
                 let idx =
                     Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);

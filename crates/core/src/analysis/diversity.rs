@@ -132,7 +132,7 @@ pub fn off_diagonal_mean(m: &[Vec<f64>]) -> f64 {
 fn spread_layer(model: &Model, kind: Kind, l: usize, d: LayerDiversity) -> LayerDiversity {
     let square = |m: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
         let rows: Vec<Vec<f64>> = m.into_iter().map(|r| model.spread(kind, l, &r)).collect();
-        let width = model.attention(kind, l).map_or(rows.len(), |a| a.width());
+        let width = model.mixer(kind, l).map_or(rows.len(), |a| a.width());
         model.spread_with(kind, l, rows, vec![f64::NAN; width])
     };
     LayerDiversity {
@@ -166,13 +166,13 @@ pub fn diversity(
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let stack = model.net.stack_kind;
     let layer_of = |k: Kind, l: usize| {
-        model.attention(k, l).ok_or_else(|| AnalysisError::Input(format!("{} has no {k} layer {l}", model.name())))
+        model.mixer(k, l).ok_or_else(|| AnalysisError::Input(format!("{} has no {k} layer {l}", model.name())))
     };
     let mut accs: Vec<Vec<LayerAcc>> = shapes
         .iter()
         .map(|s| {
             (0..s.n_layers)
-                .map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_heads, a.head_dim, model.device())))
+                .map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_present() as i64, a.head_dim(), model.device())))
                 .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<_, _>>()?;

@@ -460,7 +460,7 @@ fn trace_stack(
     let mut traces = Vec::with_capacity(net.stack.len());
     let mut last = None;
     for (l, layer) in net.stack.iter().enumerate() {
-        let (tr, out) = layer_trace(layer, l, &mut seen, gates.layer(kind, l).map(|lg| lg.g).as_ref(), &y)?;
+        let (tr, out) = layer_trace(layer, kind, l, &mut seen, gates.layer(kind, l).map(|lg| lg.g).as_ref(), &y)?;
         traces.push(tr);
         last = Some(out);
     }
@@ -472,12 +472,13 @@ fn trace_stack(
 /// output (post-norm layers end with their second norm).
 fn layer_trace(
     layer: &StackLayer,
+    kind: Kind,
     l: usize,
     seen: &mut HashMap<(usize, Point), Tensor>,
     gate: Option<&Tensor>,
     like: &Tensor,
 ) -> Result<(Trace, Tensor), ModelError> {
-    let a: &Attention = &layer.attn;
+    let a: &Attention = layer.mixer().attention_for("LRP's rules (docs/methods.md#lrp-head-relevance)", kind, l)?;
     let mut take = |p: Point| seen.remove(&(l, p));
     let need = |v: Option<Tensor>, what: &str| {
         v.ok_or_else(|| ModelError::Invalid(format!("internal: layer {l} recorded no {what}")))
@@ -546,7 +547,10 @@ fn active_units(a: &Attention, g: &Tensor) -> Tensor {
 /// relevance of each head's context `[B, P, H]` (sum of |R| over positions and dims).
 fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (Tensor, Tensor) {
     let f = &layer.ffn;
-    let a = &layer.attn;
+    // layer_trace refused a layer whose mixer is not attention before any relevance ran.
+    let Some(a) = layer.attention() else {
+        return (r_y.zeros_like(), Tensor::zeros([0], (r_y.kind(), r_y.device())));
+    };
     // The FFN block; its input relevance joins the residual's.
     let r_s1 = match layer.norm_position {
         NormPosition::Post => {
@@ -1557,7 +1561,7 @@ mod tests {
         };
         let mut rec = crate::model::hooks::Record::new(&TRACE_POINTS, &mut on);
         let y = layer.forward(&x, &bias, None, Kind::Enc, 0, &mut Some(&mut rec)).unwrap();
-        let (tr, out) = layer_trace(&layer, 0, &mut seen, None, &y).unwrap();
+        let (tr, out) = layer_trace(&layer, Kind::Enc, 0, &mut seen, None, &y).unwrap();
         assert!(out.equal(&y));
         let r_y = t(&[0.0, 0.0, 0.25, 0.75], &[1, 1, 2, 2]);
         let (r_x, heads) = relprop_layer(Rule::Zplus, &layer, &tr, &r_y);

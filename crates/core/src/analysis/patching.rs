@@ -175,7 +175,19 @@ fn record(model: &Model, ids: &Tensor, point: Point, gates: &Gates) -> Result<Ru
         };
         let points = [Point::ResidPre, point, Point::ResidPost];
         let mut rec = Record::new(&points, &mut on);
-        model.net.stack_cached(ids, &mut cache, gates, Some(&mut rec as &mut dyn Hooks))?
+        if model.net.caches_keys() {
+            model.net.stack_cached(ids, &mut cache, gates, Some(&mut rec as &mut dyn Hooks))?
+        } else {
+            // A mixer without keys and values to keep: patched rows resume from the first
+            // position ([`run`]), so the plain run records all they read.
+            let mask = ids.f_ones_like()?;
+            model.net.run(
+                Start::Tokens { ids, mask: &mask },
+                Stop::FinalNorm,
+                gates,
+                &mut Some(&mut rec as &mut dyn Hooks),
+            )?
+        }
     };
     Ok(Run { inputs, values, cache: cache.layers, last, logits: last_logits(model, &states)? })
 }
@@ -466,7 +478,12 @@ fn run(
         for (l, slot) in sums.iter_mut().enumerate() {
             match (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) {
                 (Some(bv), Some(sv)) => {
-                    let plan = plan_layer(spec, bv, sv, l, only, base_sum, slot)?;
+                    let mut plan = plan_layer(spec, bv, sv, l, only, base_sum, slot)?;
+                    if !net.caches_keys() {
+                        // No keys and values of earlier positions to attend to: every row
+                        // resumes from the first position.
+                        plan.rows.iter_mut().for_each(|r| r.1 = 0);
+                    }
                     for &(r, from) in &plan.rows {
                         by_start.entry(from).or_default().push((l, r));
                     }

@@ -282,10 +282,13 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
     let (mut entries, mut full, mut bytes, mut full_bytes, mut groups, mut streaming) = (0, 0, 0, 0, 0, 0);
     let per_layer = m.layer_heads(Kind::Dec).len();
     for l in 0..per_layer {
-        let Some(a) = m.attention(Kind::Dec, l) else { continue };
+        let Some(a) = m.mixer(Kind::Dec, l) else { continue };
         let per = v.group_size(Kind::Dec, l);
         let width = a.width();
-        let dh = a.head_dim;
+        // Each entry of a group: a key and a value for attention (`2 x d_head`); a mixer whose
+        // state does not grow holds a constant number of entries ([`crate::model::mixer`]).
+        let numbers = a.numbers_per_entry();
+        let whole = a.entries(context);
         for g in 0..(width / per) {
             let present = (g * per..(g + 1) * per).any(|h| a.physical(h).is_some());
             if !present {
@@ -297,14 +300,14 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
                 .is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
             let n = match (&v.streaming, streams) {
                 (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context, first),
-                _ => context,
+                _ => whole,
             };
             groups += 1;
             streaming += streams as i64;
             entries += n;
-            full += context;
-            bytes += n * 2 * dh * elem;
-            full_bytes += context * 2 * dh * elem;
+            full += whole;
+            bytes += n * numbers * elem;
+            full_bytes += whole * numbers * elem;
         }
     }
     KvCost { entries, full_entries: full, bytes, full_bytes, groups, streaming }
@@ -382,7 +385,7 @@ pub fn kv_footprint(v: &View, prompt: i64, decode: i64, chunk: i64) -> Footprint
     let m = &v.model;
     let (mut n_full, mut n_stream) = (0i64, 0i64);
     for l in 0..m.layer_heads(Kind::Dec).len() {
-        let Some(a) = m.attention(Kind::Dec, l) else { continue };
+        let Some(a) = m.mixer(Kind::Dec, l) else { continue };
         let per = v.group_size(Kind::Dec, l);
         for g in 0..(a.width() / per) {
             if !(g * per..(g + 1) * per).any(|h| a.physical(h).is_some()) {

@@ -148,9 +148,9 @@ impl FillSource {
                 let dt = zs.iter().flatten().next().map_or(r.mean.kind(), |z| z.kind());
                 let mut layers = Vec::with_capacity(n_layers);
                 for (l, z) in zs.iter().enumerate() {
-                    let attn = &net.stack[l].attn;
+                    let attn = net.stack[l].mixer();
                     let mean = r.mean.f_select(0, l as i64)?.f_to_kind(dt)?;
-                    let full = Tensor::zeros([b, attn.width() as i64, t, attn.head_dim], (dt, dev));
+                    let full = Tensor::zeros([b, attn.width() as i64, t, attn.head_dim()], (dt, dev));
                     let drawn = match z {
                         Some(z) => {
                             let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>())

@@ -22,6 +22,7 @@ pub mod locate;
 pub mod loss;
 pub mod m2m100;
 pub mod marian_bin;
+pub mod mixer;
 pub mod nn;
 pub mod phi3;
 pub mod resume;
@@ -542,7 +543,7 @@ impl Model {
     pub fn kinds(&self) -> Vec<KindShape> {
         let mut v = Vec::new();
         if let Some(l) = self.net.stack.first() {
-            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads: l.attn.width() });
+            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads: l.mixer().width() });
         }
         if let Some(a) = self.net.decoder.first().and_then(|l| l.self_attention()) {
             v.push(KindShape { kind: Kind::Dec, n_layers: self.net.decoder.len(), n_heads: a.width() });
@@ -592,33 +593,39 @@ impl Model {
         kind != self.net.stack_kind && !self.net.decoder.is_empty()
     }
 
-    /// The attention block of layer `layer_idx` of `kind`.
-    pub fn attention(&self, kind: Kind, layer_idx: usize) -> Option<&nn::Attention> {
+    /// The token mixer of layer `layer_idx` of `kind` (its heads, through the one interface
+    /// of [`mixer::Mixer`]): the stack's mixer, a decoder's self-attention or cross-attention.
+    pub fn mixer(&self, kind: Kind, layer_idx: usize) -> Option<&dyn mixer::Mixer> {
         match kind {
-            Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a),
-            k if k == self.net.stack_kind => self.net.stack.get(layer_idx).map(|l| &l.attn),
-            Kind::Dec => self.net.decoder.get(layer_idx)?.self_attention(),
+            Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a as &dyn mixer::Mixer),
+            k if k == self.net.stack_kind => self.net.stack.get(layer_idx).map(|l| l.mixer()),
+            Kind::Dec => self.net.decoder.get(layer_idx)?.self_attention().map(|a| a as &dyn mixer::Mixer),
             _ => None,
         }
     }
 
-    /// The attention block of layer `layer_idx` of `kind`, to change (`prune_heads`).
-    pub fn attention_mut(&mut self, kind: Kind, layer_idx: usize) -> Option<&mut nn::Attention> {
+    /// The token mixer of layer `layer_idx` of `kind`, to change (`prune_heads`).
+    pub fn mixer_mut(&mut self, kind: Kind, layer_idx: usize) -> Option<&mut dyn mixer::Mixer> {
         match kind {
-            Kind::Cross => self.net.decoder.get_mut(layer_idx)?.cross.as_mut().map(|(a, _)| a),
-            k if k == self.net.stack_kind => self.net.stack.get_mut(layer_idx).map(|l| &mut l.attn),
+            Kind::Cross => self.net.decoder.get_mut(layer_idx)?.cross.as_mut().map(|(a, _)| a as &mut dyn mixer::Mixer),
+            k if k == self.net.stack_kind => self.net.stack.get_mut(layer_idx).map(|l| l.mixer_mut()),
             Kind::Dec => match &mut self.net.decoder.get_mut(layer_idx)?.self_block {
-                transformer::SelfBlock::Attention(a) => Some(a),
+                transformer::SelfBlock::Attention(a) => Some(a as &mut dyn mixer::Mixer),
                 transformer::SelfBlock::Ssru(_) => None,
             },
             _ => None,
         }
     }
 
+    /// The attention block of layer `layer_idx` of `kind`, where its mixer is attention.
+    pub fn attention(&self, kind: Kind, layer_idx: usize) -> Option<&nn::Attention> {
+        self.mixer(kind, layer_idx)?.as_attention()
+    }
+
     /// The heads of one layer that are present, by original number, in physical order (all
     /// of them unless `prune_heads` removed some).
     pub fn present(&self, kind: Kind, layer_idx: usize) -> Vec<usize> {
-        self.attention(kind, layer_idx).map(|a| a.present()).unwrap_or_default()
+        self.mixer(kind, layer_idx).map(|a| a.present()).unwrap_or_default()
     }
 
     /// Per-physical-head values of one layer -> a row of the original width, NaN where a head
@@ -629,8 +636,8 @@ impl Model {
 
     /// [`Model::spread`] for any per-head value, `fill` where a head was removed.
     pub fn spread_with<T: Clone>(&self, kind: Kind, layer_idx: usize, values: Vec<T>, fill: T) -> Vec<T> {
-        let Some(a) = self.attention(kind, layer_idx) else { return values };
-        if a.slots.is_none() {
+        let Some(a) = self.mixer(kind, layer_idx) else { return values };
+        if a.n_present() == a.width() {
             return values;
         }
         let mut row = vec![fill; a.width()];
@@ -648,7 +655,7 @@ impl Model {
     /// Heads present in each layer of `kind` (physical counts).
     pub fn layer_heads(&self, kind: Kind) -> Vec<usize> {
         let n = self.kind_shape(kind).map_or(0, |s| s.n_layers);
-        (0..n).map(|l| self.attention(kind, l).map_or(0, |a| a.n_heads as usize)).collect()
+        (0..n).map(|l| self.mixer(kind, l).map_or(0, |a| a.n_present())).collect()
     }
 
     pub fn kind_shape(&self, kind: Kind) -> Result<KindShape, ModelError> {
@@ -677,7 +684,7 @@ impl Model {
                 s.n_heads - 1
             )));
         }
-        if self.attention(h.kind, h.layer_idx).and_then(|a| a.physical(h.head)).is_none() {
+        if self.mixer(h.kind, h.layer_idx).and_then(|a| a.physical(h.head)).is_none() {
             return Err(ModelError::Invalid(format!("head {h} was removed from {} by prune_heads", self.name())));
         }
         Ok(())
@@ -1031,7 +1038,7 @@ impl Model {
         self.check_head(head)?;
         // The head's place among the heads its layer holds (after prune_heads, not its number).
         let phys =
-            self.attention(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
+            self.mixer(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
         let maps = self.attention_maps(text, gates)?;
         let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| {
             ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))
@@ -1078,9 +1085,11 @@ impl Model {
     pub fn rope(&self) -> String {
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
         let layers =
-            self.net.stack.iter().map(|l| &l.attn).chain(self.net.decoder.iter().filter_map(|l| match &l.self_block {
-                transformer::SelfBlock::Attention(a) => Some(a),
-                transformer::SelfBlock::Ssru(_) => None,
+            self.net.stack.iter().filter_map(|l| l.attention()).chain(self.net.decoder.iter().filter_map(|l| {
+                match &l.self_block {
+                    transformer::SelfBlock::Attention(a) => Some(a),
+                    transformer::SelfBlock::Ssru(_) => None,
+                }
             }));
         for (i, a) in layers.enumerate() {
             let Some(r) = &a.rotary else { continue };

@@ -903,27 +903,6 @@ impl Attention {
         }
     }
 
-    /// `z [B, H, T, dh]` (this block's `hook_z` in a run) with each of `heads` (original
-    /// numbers) ablated in turn, stacked `[n * B, H, T, dh]`: row `j * B + b` is row `b` with
-    /// head `heads[j]` set to `fill` (`None`: zero; `[width, dh]`: a mean; `[B, width, T, dh]`:
-    /// row `b`'s resample), by the arithmetic of [`Attention::gated`]. Where a sweep resumes
-    /// (`Start::Z`): the floats of a gated forward closing that head.
-    pub fn ablated_rows(&self, z: &Tensor, heads: &[usize], fill: Option<Tensor>) -> Result<Tensor, ModelError> {
-        let (bsz, width, n) = (z.size()[0], self.width(), heads.len());
-        let mut g = vec![1f32; n * bsz as usize * width];
-        for (j, &head) in heads.iter().enumerate() {
-            if head >= width || self.physical(head).is_none() {
-                return Err(ModelError::Invalid(format!("head {head} is not in this layer (width {width})")));
-            }
-            for b in 0..bsz as usize {
-                g[(j * bsz as usize + b) * width + head] = 0.0;
-            }
-        }
-        let g = Tensor::f_from_slice(&g)?.f_view([n as i64 * bsz, width as i64])?.f_to_device(z.device())?;
-        let lg = LayerGate { g, fill, duo: None, bypass: None };
-        Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg))
-    }
-
     /// Scores `[B, H, Tq, Tk]` of queries `q [B, H, Tq, dh]` at positions `q_start..` over
     /// keys `k [B, Hk, Tk, dh]` at positions `0..`, as this block scores them: `q` and `k` as
     /// at `hook_q` / `hook_k` (after any q/k norms, before rotary); rotary applied, grouped keys
@@ -1340,6 +1319,61 @@ impl Attention {
             n.q.params_mut(&format!("{prefix}q_norm."), out);
             n.k.params_mut(&format!("{prefix}k_norm."), out);
         }
+    }
+}
+
+impl super::mixer::Mixer for Attention {
+    fn kind(&self) -> &'static str {
+        "attention"
+    }
+    fn width(&self) -> usize {
+        Attention::width(self)
+    }
+    fn present(&self) -> Vec<usize> {
+        Attention::present(self)
+    }
+    fn physical(&self, head: usize) -> Option<usize> {
+        Attention::physical(self, head)
+    }
+    fn head_dim(&self) -> i64 {
+        self.head_dim
+    }
+    /// Query heads per key/value head (grouped-query attention); a thinned layer
+    /// (`prune_heads`, which refuses grouped layers) keeps one per head.
+    fn heads_per_group(&self) -> usize {
+        match &self.slots {
+            Some(_) => 1,
+            None => (self.n_heads / self.n_kv_heads.max(1)).max(1) as usize,
+        }
+    }
+    fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String> {
+        Attention::keep_heads(self, keep)
+    }
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
+        Attention::forward(self, x, x, bias, gate, kind, layer, h)
+    }
+    fn gated(&self, z: &Tensor, gate: &LayerGate) -> Tensor {
+        Attention::gated(self, z, gate)
+    }
+    fn output_from_z(&self, z: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+        Attention::output_from_z(self, z, kind, layer, h)
+    }
+    fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        Attention::points(self, kind, layer, out)
+    }
+    fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        Attention::params_mut(self, prefix, out)
+    }
+    fn as_attention(&self) -> Option<&Attention> {
+        Some(self)
     }
 }
 

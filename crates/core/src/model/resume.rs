@@ -58,7 +58,7 @@ impl Transformer {
             match (base.get(l).and_then(Option::as_ref), self.stack.get(l)) {
                 (Some(kv), Some(layer)) if from > 0 && kv.k.dim() == 4 => {
                     let kv = KeysValues { k: kv.k.f_narrow(2, 0, from)?, v: kv.v.f_narrow(2, 0, from)? }
-                        .grouped(layer.attn.n_kv_heads)?;
+                        .grouped(layer.attention().map_or(1, |a| a.n_kv_heads))?;
                     Ok(Some(KeysValues { k: kv.k.f_repeat([reps, 1, 1, 1])?, v: kv.v.f_repeat([reps, 1, 1, 1])? }))
                 }
                 _ => Ok(None),

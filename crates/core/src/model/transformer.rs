@@ -3,6 +3,7 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
+use super::mixer::Mixer;
 use super::nn::{
     key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params, Ssru,
 };
@@ -93,7 +94,8 @@ impl Embeddings {
 }
 
 pub struct StackLayer {
-    pub attn: Attention,
+    /// The token mixer (attention, or another kind: [`super::mixer`]).
+    mixer: Box<dyn Mixer>,
     pub attn_norm: Norm,
     pub ffn: Ffn,
     pub ffn_norm: Norm,
@@ -110,8 +112,29 @@ impl StackLayer {
     /// A layer of the self-attention stack: its attention and MLP with their norms, placed as
     /// `norm_position` says; no post-sublayer norms and no window of its own (the `with_`
     /// methods add them).
-    pub fn new(attn: Attention, attn_norm: Norm, ffn: Ffn, ffn_norm: Norm, norm_position: NormPosition) -> StackLayer {
-        StackLayer { attn, attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
+    pub fn new(
+        mixer: impl Mixer + 'static,
+        attn_norm: Norm,
+        ffn: Ffn,
+        ffn_norm: Norm,
+        norm_position: NormPosition,
+    ) -> StackLayer {
+        StackLayer { mixer: Box::new(mixer), attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
+    }
+
+    /// The layer's token mixer, through its one interface.
+    pub fn mixer(&self) -> &dyn Mixer {
+        self.mixer.as_ref()
+    }
+
+    /// The layer's token mixer, to change (`prune_heads`).
+    pub fn mixer_mut(&mut self) -> &mut dyn Mixer {
+        self.mixer.as_mut()
+    }
+
+    /// The layer's mixer where it is multi-head attention (every loaded family's).
+    pub fn attention(&self) -> Option<&Attention> {
+        self.mixer.as_attention()
     }
 
     /// Norms of the attention's and the MLP's outputs before their residuals (Gemma 2/3).
@@ -234,15 +257,37 @@ impl StackLayer {
             }
         };
         let mut none = None;
-        let a = match (cache, queries) {
-            (None, Queries::All) => self.attn.forward(&attn_in, &attn_in, bias, gate, kind, layer_idx, h)?,
-            (slot, _) => {
+        let a = match (cache, queries, self.mixer.as_attention()) {
+            (None, Queries::All, _) => self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?,
+            (None, Queries::Last, None) => {
+                // A mixer without a key/value cache: every position's output, the last kept
+                // (the hook points see every position).
+                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?;
+                a.f_narrow(1, a.size()[1] - 1, 1)?
+            }
+            (Some(slot), _, None) => {
+                // A mixer without a key/value cache runs over every position (a resumed pass
+                // from the first position, [`Transformer::caches_keys`]); a prefix it cannot
+                // read is refused.
+                if slot.is_some() {
+                    return Err(ModelError::Invalid(format!(
+                        "{kind} layer {layer_idx}: its token mixer '{}' keeps no key/value cache, so it cannot continue from earlier positions",
+                        self.mixer.kind()
+                    )));
+                }
+                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?;
+                match queries {
+                    Queries::All => a,
+                    Queries::Last => a.f_narrow(1, a.size()[1] - 1, 1)?,
+                }
+            }
+            (slot, _, Some(attn)) => {
                 let slot = slot.unwrap_or(&mut none);
                 let past = slot.as_ref().map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
                 let fresh = if keep {
-                    self.attn.keys_values(&attn_in, past, kind, layer_idx, h)?
+                    attn.keys_values(&attn_in, past, kind, layer_idx, h)?
                 } else {
-                    self.attn.keys_values_grouped(&attn_in, past, kind, layer_idx, h)?
+                    attn.keys_values_grouped(&attn_in, past, kind, layer_idx, h)?
                 };
                 let kv = match slot.take() {
                     Some(p) if past > 0 => {
@@ -252,7 +297,7 @@ impl StackLayer {
                     _ => fresh,
                 };
                 let out = match queries {
-                    Queries::All => self.attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?,
+                    Queries::All => attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?,
                     Queries::Last => {
                         let t = attn_in.size()[1];
                         let bias = if bias.dim() == 4 && bias.size()[2] == t {
@@ -260,7 +305,7 @@ impl StackLayer {
                         } else {
                             bias.shallow_clone()
                         };
-                        self.attn.attend(
+                        attn.attend(
                             &attn_in.f_narrow(1, t - 1, 1)?,
                             &kv,
                             &bias,
@@ -854,7 +899,7 @@ impl Transformer {
                 x = match z {
                     Some(z) if l == from => {
                         check_interrupt()?;
-                        let a = layer.attn.output_from_z(z, kind, l, h)?;
+                        let a = layer.mixer.output_from_z(z, kind, l, h)?;
                         layer.finish_hooked(&x, a, kind, l, h)?
                     }
                     _ => {
@@ -930,7 +975,7 @@ impl Transformer {
     /// post-norm layer, where no sublayer adds alone. Path patching's sender effect.
     pub fn attn_added_from_z(&self, l: usize, z: &Tensor, h: &mut HookSlot) -> Result<Option<Tensor>, ModelError> {
         let layer = self.stack_layer(l)?;
-        let a = layer.attn.output_from_z(z, self.stack_kind, l, h)?;
+        let a = layer.mixer.output_from_z(z, self.stack_kind, l, h)?;
         layer.attn_added(a, self.stack_kind, l, h)
     }
 
@@ -1015,7 +1060,7 @@ impl Transformer {
     ) -> Result<(Tensor, Tensor), ModelError> {
         let layer = self.stack_layer(l)?;
         check_interrupt()?;
-        Ok((x.shallow_clone(), layer.attn.output_from_z(z, self.stack_kind, l, h)?))
+        Ok((x.shallow_clone(), layer.mixer.output_from_z(z, self.stack_kind, l, h)?))
     }
 
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.
@@ -1043,6 +1088,12 @@ impl Transformer {
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }
+        if let Some((l, layer)) = self.stack.iter().enumerate().find(|(_, l)| l.attention().is_none()) {
+            return Err(ModelError::Invalid(format!(
+                "a key/value cache needs attention in every layer; layer {l}'s token mixer is '{}' (docs/methods.md#mixers)",
+                layer.mixer().kind()
+            )));
+        }
         let (b, t) = (ids.size()[0], ids.size()[1]);
         let kind = self.stack_kind;
         let past = cache.len;
@@ -1064,7 +1115,10 @@ impl Transformer {
             // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
             // value per key/value group, a streaming group's only at the positions a later
             // query can still see; the attention reads them unpacked.
-            let grouping = if *compress { Grouping::of(gates.stream.as_deref(), l, &layer.attn) } else { None };
+            let grouping = match (*compress, layer.attention()) {
+                (true, Some(attn)) => Grouping::of(gates.stream.as_deref(), l, attn),
+                _ => None,
+            };
             if let (Some(_), Some(p)) = (&grouping, pack.take()) {
                 *slot = Some(p.unpack(past)?);
             }
@@ -1108,10 +1162,17 @@ impl Transformer {
         first: Option<i64>,
     ) -> Option<Tensor> {
         let s = gates.stream.as_ref()?;
-        let attn = &self.stack.get(l)?.attn;
+        let attn = self.stack.get(l)?.attention()?;
         let prompt = s.prompt(past + t, first);
         let extra = s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, bias.kind(), bias.device())?;
         Some(bias + extra)
+    }
+
+    /// Whether every layer of the stack keeps keys and values a later position can read (every
+    /// mixer is attention): generation and resumed passes from a later position need it; a
+    /// stack with another kind of mixer resumes from the first position.
+    pub fn caches_keys(&self) -> bool {
+        self.stack.iter().all(|l| l.attention().is_some())
     }
 
     /// The stack's attention bias: padding, plus the causal mask for a decoder-only model, plus
@@ -1547,7 +1608,7 @@ impl StackLayer {
         if self.norm_position == NormPosition::PostSublayer {
             // Each sublayer's output normed: ln1 after the attention, ln2 after the MLP.
             push(&[P::ResidPre], out);
-            self.attn.points(kind, layer, out);
+            self.mixer.points(kind, layer, out);
             push(&[P::Ln1, P::ResidMid], out);
             self.ffn.points(kind, layer, out);
             push(&[P::Ln2, P::ResidPost], out);
@@ -1557,7 +1618,7 @@ impl StackLayer {
             // Four norms (Gemma): ln1 before the attention, ln1_post after it, ln2 before the
             // MLP, ln2_post after it.
             push(&[P::ResidPre, P::Ln1], out);
-            self.attn.points(kind, layer, out);
+            self.mixer.points(kind, layer, out);
             push(&[P::Ln1Post, P::ResidMid, P::Ln2], out);
             self.ffn.points(kind, layer, out);
             push(&[P::Ln2Post, P::ResidPost], out);
@@ -1568,7 +1629,7 @@ impl StackLayer {
         if pre {
             push(&[P::Ln1], out);
         }
-        self.attn.points(kind, layer, out);
+        self.mixer.points(kind, layer, out);
         if self.norm_position != NormPosition::Parallel {
             push(&[P::ResidMid], out);
         }
@@ -1583,7 +1644,7 @@ impl StackLayer {
     /// The attention, its norm (`ln1`), the MLP, its norm (`ln2`), Gemma's post-sublayer
     /// norms (`ln1_post`, `ln2_post`).
     pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
-        self.attn.params_mut(&format!("{prefix}attn."), out);
+        self.mixer.params_mut(&format!("{prefix}attn."), out);
         self.attn_norm.params_mut(&format!("{prefix}ln1."), out);
         self.ffn.params_mut(&format!("{prefix}mlp."), out);
         self.ffn_norm.params_mut(&format!("{prefix}ln2."), out);

@@ -160,7 +160,7 @@ impl View {
 
     /// Query heads per key/value group in a layer (1 without grouped-query attention).
     pub fn group_size(&self, kind: super::Kind, layer_idx: usize) -> usize {
-        self.model.attention(kind, layer_idx).map_or(1, |a| (a.width() / (a.n_kv_heads.max(1) as usize)).max(1))
+        self.model.mixer(kind, layer_idx).map_or(1, |a| a.heads_per_group())
     }
 
     /// The streaming key/value groups, each named `dec.L.kvG` with its query heads.

@@ -29,6 +29,18 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
         }
         m.net.map_params(|i, _| w[i].shallow_clone());
     }
+    remove_heads(&mut m, closed, &model.name())?;
+    Ok(m)
+}
+
+/// Removes the heads `closed` from `m`'s weights in place, each layer through its mixer's
+/// [`crate::model::mixer::Mixer::keep_heads`] (which refuses, saying why, where removing
+/// cannot equal masking); `name` names the model in errors. What [`prune_heads`] does to its
+/// fresh copy.
+pub fn remove_heads(m: &mut Model, closed: &[HeadId], name: &str) -> Result<(), ModelError> {
+    for h in closed {
+        m.check_head(*h)?;
+    }
     for s in m.kinds() {
         for l in 0..s.n_layers {
             let gone: Vec<usize> =
@@ -37,8 +49,7 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
                 continue;
             }
             let keep: Vec<usize> = (0..s.n_heads).filter(|h| !gone.contains(h)).collect();
-            let name = model.name();
-            let Some(a) = m.attention_mut(s.kind, l) else { continue };
+            let Some(a) = m.mixer_mut(s.kind, l) else { continue };
             a.keep_heads(&keep).map_err(|why| {
                 ModelError::Invalid(format!("prune_heads: layer {l} of {name}: {why}; use with_gates"))
             })?;
@@ -49,5 +60,5 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
     removed.dedup();
     m.removed = removed;
     m.n_params = m.count_params();
-    Ok(m)
+    Ok(())
 }

@@ -1,0 +1,142 @@
+//! The token mixer of a stack layer: the part of a layer that moves information between
+//! positions. Every kind sits behind one interface, [`Mixer`]: its forward with the hook points
+//! it visits, its parameters, and its **head layout** (what a head is: the unit gates, result
+//! grids, `prune_heads`, key/value accounting and patching address). Multi-head attention
+//! ([`super::nn::Attention`]) is the kind every family loads today; latent attention,
+//! linear-attention and state-space heads are the kinds to come.
+//!
+//! Adding a kind is a file that implements [`Mixer`] and its name in [`KINDS`]: the stack
+//! layer, the run API (`Transformer::run`, resumes at `hook_z`), gates, `prune_heads`, the
+//! derived hook-point list, the parameter walkers and the key/value accounting read a layer's
+//! mixer through this trait alone (`tests/models/toy_mixer.rs` adds one this way).
+//!
+//! A head's contexts are `z [B, H, T, d_head]` at the mixer's `hook_z` (physical heads in
+//! order); the mixer's output is `[B, T, D]` at `hook_attn_out`. What the rest of the layer
+//! does with it (norms, residual sums, the MLP) belongs to the layer, not the mixer.
+
+use super::hooks::{At, HookSlot};
+use super::nn::{Attention, LayerGate, Params};
+use super::{Kind, ModelError};
+use tch::Tensor;
+
+/// The mixer kinds headscope knows, by the name [`Mixer::kind`] reports: a new kind adds its
+/// name here (and `describe`, errors and `:help` list them from here).
+pub const KINDS: &[&str] = &["attention"];
+
+/// One layer's token mixer. Heads are numbered as loaded (`0..width`); after `prune_heads` a
+/// layer holds fewer (`present`), and gates and grids keep the original numbering.
+pub trait Mixer: Send {
+    /// The kind's name, one of [`KINDS`] (or a test's own).
+    fn kind(&self) -> &'static str;
+
+    /// Heads per layer in the original numbering (the width of gates and result grids).
+    fn width(&self) -> usize;
+
+    /// The original number of each head present, in physical order.
+    fn present(&self) -> Vec<usize>;
+
+    /// The physical position of original head `head`, if it is present.
+    fn physical(&self, head: usize) -> Option<usize> {
+        self.present().iter().position(|&h| h == head)
+    }
+
+    /// The width of one head's contexts at `hook_z` (`d_head`).
+    fn head_dim(&self) -> i64;
+
+    /// Heads sharing one cache group (grouped-query attention's query heads per key/value
+    /// head); 1 where each head keeps its own.
+    fn heads_per_group(&self) -> usize {
+        1
+    }
+
+    /// The numbers one cache group keeps per entry (attention: a key and a value, `2 d_head`).
+    fn numbers_per_entry(&self) -> i64 {
+        2 * self.head_dim()
+    }
+
+    /// The entries one cache group holds after `context` tokens: every position for
+    /// attention; a constant for a mixer whose state does not grow (a recurrent or
+    /// state-space head).
+    fn entries(&self, context: i64) -> i64 {
+        context
+    }
+
+    /// Removes every head but `keep` (original numbers, ascending) from the weights, computing
+    /// what masking the others computes; refuses, saying why, where it cannot.
+    fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String>;
+
+    /// The mixer over `x [B, T, D]` (its queries and keys both `x`), `bias` additive over keys
+    /// (`[B|1, 1|H, T, T]`), under one layer's gates: `[B, T, D]`, every hook point of
+    /// [`Mixer::points`] seen by `h`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError>;
+
+    /// Contexts `z [B, H, T, dh]` (physical heads) under one layer's gates: `g z`, or
+    /// `g z + (1 - g) fill` (docs/methods.md#head-masking); the gates are `[G, width]` in the
+    /// original numbering.
+    fn gated(&self, z: &Tensor, gate: &LayerGate) -> Tensor;
+
+    /// The mixer's output from its contexts `z` (the value at `hook_z`), with the hook points
+    /// after `hook_z`: where a run resumes when only the contexts change.
+    fn output_from_z(&self, z: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot) -> Result<Tensor, ModelError>;
+
+    /// The hook points [`Mixer::forward`] visits at `(kind, layer)`, in order, through
+    /// `hook_attn_out`.
+    fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>);
+
+    /// The mixer's parameters under `prefix`, in a fixed order (TransformerLens's names).
+    fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>);
+
+    /// The mixer as multi-head attention, where it is one: key/value caches (generation,
+    /// patching's resumed passes), streaming heads, score-based scorers and LRP's rules read
+    /// attention's own parts, and refuse other kinds by name.
+    fn as_attention(&self) -> Option<&Attention> {
+        None
+    }
+}
+
+impl dyn Mixer + '_ {
+    /// `z [B, H, T, dh]` (this mixer's `hook_z` in a run) with each of `heads` (original
+    /// numbers) ablated in turn, stacked `[n * B, H, T, dh]`: row `j * B + b` is row `b` with
+    /// head `heads[j]` set to `fill` (`None`: zero; `[width, dh]`: a mean; `[B, width, T, dh]`:
+    /// row `b`'s resample), by the arithmetic of [`Mixer::gated`]. Where a sweep resumes
+    /// (`Start::Z`): the floats of a gated forward closing that head.
+    pub fn ablated_rows(&self, z: &Tensor, heads: &[usize], fill: Option<Tensor>) -> Result<Tensor, ModelError> {
+        let (bsz, width, n) = (z.size()[0], self.width(), heads.len());
+        let mut g = vec![1f32; n * bsz as usize * width];
+        for (j, &head) in heads.iter().enumerate() {
+            if head >= width || self.physical(head).is_none() {
+                return Err(ModelError::Invalid(format!("head {head} is not in this layer (width {width})")));
+            }
+            for b in 0..bsz as usize {
+                g[(j * bsz as usize + b) * width + head] = 0.0;
+            }
+        }
+        let g = Tensor::f_from_slice(&g)?.f_view([n as i64 * bsz, width as i64])?.f_to_device(z.device())?;
+        let lg = LayerGate { g, fill, duo: None, bypass: None };
+        Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg))
+    }
+
+    /// The physical heads present (after `prune_heads`, fewer than [`Mixer::width`]).
+    pub fn n_present(&self) -> usize {
+        self.present().len()
+    }
+
+    /// The mixer as attention, or an error naming the layer, the kind and what needed it.
+    pub fn attention_for(&self, what: &str, kind: Kind, layer: usize) -> Result<&Attention, ModelError> {
+        self.as_attention().ok_or_else(|| {
+            ModelError::Invalid(format!(
+                "{what} needs attention, and {kind} layer {layer}'s token mixer is '{}' (docs/methods.md#mixers)",
+                self.kind()
+            ))
+        })
+    }
+}
