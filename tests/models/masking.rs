@@ -6,7 +6,7 @@
 use crate::common;
 
 use headscope::model::hooks::{At, Point};
-use headscope::model::nn::{Activation, Attention, Ffn, Gates, LayerGate, Linear, NormPosition, Ssru};
+use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition, Ssru};
 use headscope::model::transformer::{DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
 use headscope::model::Kind;
 use tch::{Device, Kind as DType, Tensor};
@@ -125,19 +125,17 @@ fn masking_a_head_changes_only_what_is_downstream() {
     // The layer's output changes.
     assert!(!out1.equal(&out0));
     // At the attention block of layer 1 the gate removes exactly head 0's contribution:
-    // plain - masked = context_0 W^O[:, head 0 slice]^T, for every token.
-    let (_, mask) = inputs();
-    let bias = headscope::model::nn::key_bias(&mask, DType::Float);
-    let x = &h0[1]; // input of layer 1
+    // plain - masked = context_0 W^O[:, head 0 slice]^T, for every token (layer 1's
+    // `hook_attn_out` in the plain and the masked run).
+    let (ids, mask) = inputs();
+    let points = [Point::Z, Point::AttnOut];
+    let (seen, _) = common::recorded(&points, |r| t.encode(&ids, &mask, &Gates::none(), Some(r)).unwrap());
+    let gates = enc_gates(&[1.0, 1.0, 0.0, 1.0], 1);
+    let (seen_masked, _) = common::recorded(&points, |r| t.encode(&ids, &mask, &gates, Some(r)).unwrap());
+    let plain = &common::at_point(&seen, Point::AttnOut)[1];
+    let masked = &common::at_point(&seen_masked, Point::AttnOut)[1];
+    let ctx = &common::at_point(&seen, Point::Z)[1..];
     let a = t.stack[1].attention().unwrap();
-    let (seen, plain) =
-        common::recorded(&[Point::Z], |r| a.forward(x, x, &bias, None, Kind::Enc, 1, &mut Some(r)).unwrap());
-    let ctx = common::at_point(&seen, Point::Z);
-    let mut none = None;
-    let g = Tensor::from_slice(&[0.0f32, 1.0]).view([1, H]);
-    let masked = a
-        .forward(x, x, &bias, Some(&LayerGate { g, fill: None, duo: None, bypass: None }), Kind::Enc, 1, &mut none)
-        .unwrap();
     let head0 = ctx[0].select(1, 0); // [B, T, dh]
     let contribution = head0.matmul(&a.o.w.narrow(1, 0, D / H).tr());
     assert!(contribution.abs().max().double_value(&[]) > 1e-3, "head 0 contributes something");
@@ -220,16 +218,11 @@ fn per_head_outputs_sum_to_the_attention_output() {
     let _rng = common::rng();
     let t = tiny();
     let (ids, mask) = inputs();
-    let x = t.embed.forward(Some(&ids), 2, 0, 5, Kind::Enc, &mut None).unwrap();
-    let bias = t.self_bias(&mask, DType::Float);
     let layer = &t.stack[0];
-    for gate in [
-        None,
-        Some(LayerGate { g: Tensor::from_slice(&[0f32, 1.0]).view([1, H]), fill: None, duo: None, bypass: None }),
-    ] {
-        let (seen, out) = common::recorded(&[], |r| {
-            layer.attention().unwrap().forward(&x, &x, &bias, gate.as_ref(), Kind::Enc, 0, &mut Some(r)).unwrap()
-        });
+    for gates in [Gates::none(), enc_gates(&[0.0, 1.0, 1.0, 1.0], 1)] {
+        let (seen, _) = common::recorded(&[], |r| t.encode(&ids, &mask, &gates, Some(r)).unwrap());
+        let seen: Vec<_> = seen.into_iter().filter(|(at, _)| at.layer == 0).collect();
+        let out = common::at_point(&seen, Point::AttnOut).pop().expect("hook_attn_out");
         let names: Vec<String> = seen.iter().map(|(at, _)| at.to_string()).collect();
         let parts = common::at_point(&seen, Point::Result).pop();
         let parts = parts.expect("hook_result was handed out"); // [B, H, T, D]

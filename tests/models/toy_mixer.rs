@@ -13,7 +13,7 @@ use headscope::analysis::patching::{patch, Direction, PairIds, PatchMetric, Patc
 use headscope::analysis::streaming::kv_cost;
 use headscope::data::Dataset;
 use headscope::model::hooks::{self, At, GradRules, HookSlot, Hooks, Point};
-use headscope::model::mixer::Mixer;
+use headscope::model::mixer::{Inside, Mixer};
 use headscope::model::nn::{Activation, Ffn, Gates, LayerGate, Linear, NormPosition, Params};
 use headscope::model::transformer::{Embeddings, Positions, StackLayer, Start, Stop};
 use headscope::model::view::View;
@@ -102,6 +102,7 @@ impl Mixer for ToyEma {
         kind: Kind,
         layer: usize,
         h: &mut HookSlot,
+        inside: Inside,
     ) -> Result<Tensor, ModelError> {
         let (b, t, n) = (x.size()[0], x.size()[1], self.present.len() as i64);
         let v = hooks::at(h, At::new(kind, layer, Point::V), self.v.forward(x).view([b, t, n, DH]).transpose(1, 2))?;
@@ -110,12 +111,12 @@ impl Mixer for ToyEma {
         let weights = (self.decay.view([1, n, 1, 1]) * dist.view([1, 1, t, t]) + bias).softmax(-1, DType::Float);
         let mut z = weights.matmul(&v);
         if let Some(g) = gate {
-            z = self.gated(&z, g);
+            z = self.gated(&z, g, inside);
         }
         let z = hooks::at(h, At::new(kind, layer, Point::Z), z)?;
-        self.output_from_z(&z, kind, layer, h)
+        self.output_from_z(&z, kind, layer, h, inside)
     }
-    fn gated(&self, z: &Tensor, lg: &LayerGate) -> Tensor {
+    fn gated(&self, z: &Tensor, lg: &LayerGate, _: Inside) -> Tensor {
         let n = self.present.len() as i64;
         let g = lg.g.index_select(1, &self.index()).view([-1, n, 1, 1]);
         match &lg.fill {
@@ -126,7 +127,14 @@ impl Mixer for ToyEma {
             }
         }
     }
-    fn output_from_z(&self, z: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn output_from_z(
+        &self,
+        z: &Tensor,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        _: Inside,
+    ) -> Result<Tensor, ModelError> {
         let (b, n, t) = (z.size()[0], z.size()[1], z.size()[2]);
         let out = self.o.forward(&z.transpose(1, 2).reshape([b, t, n * DH]));
         hooks::at(h, At::new(kind, layer, Point::AttnOut), out)

@@ -538,7 +538,8 @@ fn layer_trace(
 /// Gates `[G, width]` -> 0/1 per context unit `[G, 1, 1, n_heads * dh]`: the units of the heads
 /// left open.
 fn active_units(a: &Attention, g: &Tensor) -> Tensor {
-    let g = a.own_gates(g).ne(0.0).to_kind(DType::Float);
+    let present: Vec<i64> = a.present().iter().map(|&h| h as i64).collect();
+    let g = g.index_select(1, &Tensor::from_slice(&present).to_device(g.device())).ne(0.0).to_kind(DType::Float);
     let rows = g.size()[0];
     g.unsqueeze(-1).expand([rows, a.n_heads, a.head_dim], false).reshape([rows, 1, 1, a.n_heads * a.head_dim])
 }
@@ -1560,11 +1561,23 @@ mod tests {
             Ok(())
         };
         let mut rec = crate::model::hooks::Record::new(&TRACE_POINTS, &mut on);
-        let y = layer.forward(&x, &bias, None, Kind::Enc, 0, &mut Some(&mut rec)).unwrap();
-        let (tr, out) = layer_trace(&layer, Kind::Enc, 0, &mut seen, None, &y).unwrap();
+        let embed = crate::model::transformer::Embeddings {
+            tokens: zeros(&[3, 2]),
+            scale: 1.0,
+            positions: crate::model::transformer::Positions::None,
+            token_type: None,
+            norm: None,
+        };
+        let mut net = Transformer::decoder_only(embed, vec![layer], None, zeros(&[3, 2]), 0);
+        (net.stack_kind, net.causal) = (Kind::Enc, false);
+        let start = crate::model::transformer::Start::Layer { layer: 0, x: &x, bias: Some(&bias) };
+        let stop = crate::model::transformer::Stop::After(0);
+        let y = net.run(start, stop, &Gates::none(), &mut Some(&mut rec)).unwrap();
+        let layer = &net.stack[0];
+        let (tr, out) = layer_trace(layer, Kind::Enc, 0, &mut seen, None, &y).unwrap();
         assert!(out.equal(&y));
         let r_y = t(&[0.0, 0.0, 0.25, 0.75], &[1, 1, 2, 2]);
-        let (r_x, heads) = relprop_layer(Rule::Zplus, &layer, &tr, &r_y);
+        let (r_x, heads) = relprop_layer(Rule::Zplus, layer, &tr, &r_y);
         let got = host(&r_x);
         let (h0, h1) = (0.25 * 2.0 / 5.0, 0.75 * 3.0 / 7.0);
         let want = [

@@ -19,6 +19,13 @@ use super::nn::{Attention, LayerGate, Params};
 use super::{Kind, ModelError};
 use tch::Tensor;
 
+/// The permission to run a mixer's arithmetic: only the model module makes one, so an analysis
+/// holding a [`Mixer`] reads its heads and calls the model's services ([`Mixer::ablated_rows`],
+/// `Transformer::run`) but cannot compute a piece of the forward itself (the compiler refuses:
+/// the field is private). A kind implemented elsewhere receives it and passes it on.
+#[derive(Clone, Copy)]
+pub struct Inside(pub(in crate::model) ());
+
 /// The mixer kinds headscope knows, by the name [`Mixer::kind`] reports: a new kind adds its
 /// name here (and `describe`, errors and `:help` list them from here).
 pub const KINDS: &[&str] = &["attention"];
@@ -77,16 +84,24 @@ pub trait Mixer: Send {
         kind: Kind,
         layer: usize,
         h: &mut HookSlot,
+        inside: Inside,
     ) -> Result<Tensor, ModelError>;
 
     /// Contexts `z [B, H, T, dh]` (physical heads) under one layer's gates: `g z`, or
     /// `g z + (1 - g) fill` (docs/methods.md#head-masking); the gates are `[G, width]` in the
     /// original numbering.
-    fn gated(&self, z: &Tensor, gate: &LayerGate) -> Tensor;
+    fn gated(&self, z: &Tensor, gate: &LayerGate, inside: Inside) -> Tensor;
 
     /// The mixer's output from its contexts `z` (the value at `hook_z`), with the hook points
     /// after `hook_z`: where a run resumes when only the contexts change.
-    fn output_from_z(&self, z: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot) -> Result<Tensor, ModelError>;
+    fn output_from_z(
+        &self,
+        z: &Tensor,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        inside: Inside,
+    ) -> Result<Tensor, ModelError>;
 
     /// The hook points [`Mixer::forward`] visits at `(kind, layer)`, in order, through
     /// `hook_attn_out`.
@@ -122,7 +137,7 @@ impl dyn Mixer + '_ {
         }
         let g = Tensor::f_from_slice(&g)?.f_view([n as i64 * bsz, width as i64])?.f_to_device(z.device())?;
         let lg = LayerGate { g, fill, duo: None, bypass: None };
-        Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg))
+        Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg, Inside(())))
     }
 
     /// The physical heads present (after `prune_heads`, fewer than [`Mixer::width`]).

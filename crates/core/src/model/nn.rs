@@ -3,6 +3,7 @@
 //! after loading; masks enter through [`Gates`].
 
 use super::hooks::{self, At, GradRules, HookSlot, Point};
+use super::mixer::{Inside, Mixer};
 use super::{Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -153,7 +154,7 @@ impl Ffn {
     /// The up projection's output, the hidden units (after the activation or gate) and the
     /// block's output, with the MLP's hook points (`mlp.hook_pre`, `hook_pre_linear`,
     /// `hook_post`, `hook_mlp_out`) of layer `layer_idx` of `kind`.
-    pub fn forward_hooked(
+    pub(in crate::model) fn forward_hooked(
         &self,
         x: &Tensor,
         kind: Kind,
@@ -868,7 +869,7 @@ impl Attention {
     }
 
     /// Gates `[G, width]` in the original numbering -> `[G, n_heads]` for the heads present.
-    pub fn own_gates(&self, g: &Tensor) -> Tensor {
+    pub(in crate::model) fn own_gates(&self, g: &Tensor) -> Tensor {
         match &self.slots {
             None => g.shallow_clone(),
             Some(s) => g.index_select(1, &s.index_t),
@@ -876,7 +877,7 @@ impl Attention {
     }
 
     /// Contexts `[B, H, T, dh]` under one layer's gates: `g z`, or `g z + (1 - g) fill`.
-    pub fn gated(&self, ctx: &Tensor, lg: &LayerGate) -> Tensor {
+    pub(in crate::model) fn gated(&self, ctx: &Tensor, lg: &LayerGate) -> Tensor {
         let g = self.own_gates(&lg.g.to_device(ctx.device())).to_kind(ctx.kind());
         let g = g.view([g.size()[0], self.n_heads, 1, 1]);
         match &lg.fill {
@@ -926,7 +927,7 @@ impl Attention {
     /// (0 or a large negative for masked keys). Gates `[G, H]` scale each head's context.
     /// Positions (rotary) start at 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    pub(in crate::model) fn forward(
         &self,
         xq: &Tensor,
         xkv: &Tensor,
@@ -945,7 +946,7 @@ impl Attention {
     /// (rotary positions applied, grouped heads repeated): what a decoder computes once per
     /// source sentence for its cross-attention, or caches step by step. Hook points `hook_k`,
     /// `hook_rot_k` and `hook_v` (per key/value head).
-    pub fn keys_values(
+    pub(in crate::model) fn keys_values(
         &self,
         xkv: &Tensor,
         start: i64,
@@ -958,7 +959,7 @@ impl Attention {
 
     /// [`Attention::keys_values`] per key/value head `[B, Hkv, Tk, dh]` (grouped-query
     /// attention's heads not repeated): what [`Attention::attend`] reads without a copy.
-    pub fn keys_values_grouped(
+    pub(in crate::model) fn keys_values_grouped(
         &self,
         xkv: &Tensor,
         start: i64,
@@ -990,7 +991,7 @@ impl Attention {
     /// `hook_q`, `hook_rot_q`, `hook_attn_scores`, `hook_pattern`, `hook_z`, `hook_result` and
     /// `hook_attn_out`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend(
+    pub(in crate::model) fn attend(
         &self,
         xq: &Tensor,
         kv: &KeysValues,
@@ -1114,7 +1115,7 @@ impl Attention {
     /// The attention's output from its per-head contexts `z [B, H, T, dh]` (the value at
     /// `hook_z`): `hook_result` and `hook_attn_out`. The forward resumes here when only the
     /// contexts change (a head's ablation or patch: the attention itself is not recomputed).
-    pub fn output_from_z(
+    pub(in crate::model) fn output_from_z(
         &self,
         ctx: &Tensor,
         kind: Kind,
@@ -1205,7 +1206,7 @@ impl Ssru {
     /// `ssru.hook_candidate` (`x W`), both read by the recurrence after any change, and
     /// `ssru.hook_cell` (the states c after the recurrence: a change reaches the output and the
     /// state carried to the next call, not the later steps of the same call).
-    pub fn scan(
+    pub(in crate::model) fn scan(
         &self,
         x: &Tensor,
         c0: &Tensor,
@@ -1322,7 +1323,7 @@ impl Attention {
     }
 }
 
-impl super::mixer::Mixer for Attention {
+impl Mixer for Attention {
     fn kind(&self) -> &'static str {
         "attention"
     }
@@ -1357,13 +1358,21 @@ impl super::mixer::Mixer for Attention {
         kind: Kind,
         layer: usize,
         h: &mut HookSlot,
+        _: Inside,
     ) -> Result<Tensor, ModelError> {
         Attention::forward(self, x, x, bias, gate, kind, layer, h)
     }
-    fn gated(&self, z: &Tensor, gate: &LayerGate) -> Tensor {
+    fn gated(&self, z: &Tensor, gate: &LayerGate, _: Inside) -> Tensor {
         Attention::gated(self, z, gate)
     }
-    fn output_from_z(&self, z: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn output_from_z(
+        &self,
+        z: &Tensor,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        _: Inside,
+    ) -> Result<Tensor, ModelError> {
         Attention::output_from_z(self, z, kind, layer, h)
     }
     fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {

@@ -3,7 +3,7 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
-use super::mixer::Mixer;
+use super::mixer::{Inside, Mixer};
 use super::nn::{
     key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params, Ssru,
 };
@@ -36,7 +36,7 @@ impl Embeddings {
 
     /// Token ids `[B, T]` at positions `start..start+T`; `None` ids mean a zero embedding
     /// (Marian's decoder start). Hook points `KIND.hook_embed`, `KIND.hook_pos_embed`.
-    pub fn forward(
+    pub(in crate::model) fn forward(
         &self,
         ids: Option<&Tensor>,
         batch: i64,
@@ -53,13 +53,19 @@ impl Embeddings {
     }
 
     /// The token embeddings `[B, T, D]` of `ids` (the table's rows, before scale and positions).
-    pub fn lookup(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+    pub(in crate::model) fn lookup(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
         Ok(Tensor::f_embedding(&self.tokens, ids, -1, false, false)?)
     }
 
     /// Token embeddings `tok [B, T, D]` at positions `start..` -> the stack's input (scale,
     /// positions, token type, norm).
-    pub fn finish(&self, tok: &Tensor, start: i64, kind: Kind, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub(in crate::model) fn finish(
+        &self,
+        tok: &Tensor,
+        start: i64,
+        kind: Kind,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let (len, d) = (tok.size()[1], tok.size()[2]);
         let device = self.tokens.device();
         let tok = hooks::at(h, At::new(kind, 0, Point::Embed), tok.shallow_clone())?;
@@ -169,7 +175,7 @@ impl StackLayer {
     /// `kind`: how this stack's heads are reported (`Enc`, or `Dec` in a decoder-only model).
     /// Hook points: every per-layer point of `KIND.blocks.L`.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    pub(in crate::model) fn forward(
         &self,
         x: &Tensor,
         bias: &Tensor,
@@ -184,7 +190,7 @@ impl StackLayer {
     /// [`StackLayer::forward`] continuing a causal stack from the keys and values of earlier
     /// positions (`cache`, extended in place; `x` is at positions `cached..`).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_cached(
+    pub(in crate::model) fn forward_cached(
         &self,
         x: &Tensor,
         bias: &Tensor,
@@ -258,11 +264,11 @@ impl StackLayer {
         };
         let mut none = None;
         let a = match (cache, queries, self.mixer.as_attention()) {
-            (None, Queries::All, _) => self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?,
+            (None, Queries::All, _) => self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?,
             (None, Queries::Last, None) => {
                 // A mixer without a key/value cache: every position's output, the last kept
                 // (the hook points see every position).
-                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?;
+                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?;
                 a.f_narrow(1, a.size()[1] - 1, 1)?
             }
             (Some(slot), _, None) => {
@@ -275,7 +281,7 @@ impl StackLayer {
                         self.mixer.kind()
                     )));
                 }
-                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h)?;
+                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?;
                 match queries {
                     Queries::All => a,
                     Queries::Last => a.f_narrow(1, a.size()[1] - 1, 1)?,
@@ -539,7 +545,7 @@ impl DecoderLayer {
     /// `cross.blocks.L` (`hook_resid_mid` there is the stream after the cross-attention, `ln1`
     /// its norm).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    pub(in crate::model) fn forward(
         &self,
         x: &Tensor,
         state: &SelfState,
@@ -641,7 +647,7 @@ impl DecoderLayer {
     /// The layer resumed at its cross-attention's `hook_z`: `x1` is the stream the
     /// cross-attention's output is added to (at [`DecoderLayer::cross_resume_point`]), `z` its
     /// per-head contexts.
-    pub fn forward_from_cross_z(
+    pub(in crate::model) fn forward_from_cross_z(
         &self,
         x1: &Tensor,
         z: &Tensor,
@@ -899,7 +905,7 @@ impl Transformer {
                 x = match z {
                     Some(z) if l == from => {
                         check_interrupt()?;
-                        let a = layer.mixer.output_from_z(z, kind, l, h)?;
+                        let a = layer.mixer.output_from_z(z, kind, l, h, Inside(()))?;
                         layer.finish_hooked(&x, a, kind, l, h)?
                     }
                     _ => {
@@ -975,7 +981,7 @@ impl Transformer {
     /// post-norm layer, where no sublayer adds alone. Path patching's sender effect.
     pub fn attn_added_from_z(&self, l: usize, z: &Tensor, h: &mut HookSlot) -> Result<Option<Tensor>, ModelError> {
         let layer = self.stack_layer(l)?;
-        let a = layer.mixer.output_from_z(z, self.stack_kind, l, h)?;
+        let a = layer.mixer.output_from_z(z, self.stack_kind, l, h, Inside(()))?;
         layer.attn_added(a, self.stack_kind, l, h)
     }
 
@@ -1060,7 +1066,7 @@ impl Transformer {
     ) -> Result<(Tensor, Tensor), ModelError> {
         let layer = self.stack_layer(l)?;
         check_interrupt()?;
-        Ok((x.shallow_clone(), layer.mixer.output_from_z(z, self.stack_kind, l, h)?))
+        Ok((x.shallow_clone(), layer.mixer.output_from_z(z, self.stack_kind, l, h, Inside(()))?))
     }
 
     /// The stack's final norm (`ln_final.hook_normalized`), where the model has one.
