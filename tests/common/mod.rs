@@ -136,7 +136,8 @@ pub fn f32_bound(scale: f64, depth: f64) -> f64 {
 pub fn depth(m: &Model, t: usize) -> f64 {
     let width = |w: &Tensor| w.size().first().copied().unwrap_or(0) as f64;
     let d = m.net.embed.tokens.size()[1] as f64;
-    let enc: f64 = m.net.stack.iter().map(|l| d + width(&l.ffn.up.w) + t as f64).sum();
+    let enc: f64 =
+        m.net.stack.iter().map(|l| d + l.dense().map_or(l.mlp().width() as f64, |f| width(&f.up.w)) + t as f64).sum();
     let dec: f64 = m.net.decoder.iter().map(|l| 2.0 * d + width(&l.ffn.up.w) + 2.0 * t as f64).sum();
     enc + dec
 }

@@ -28,7 +28,7 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),
                 ("model.layers.0.self_attn.q_proj.weight", l0.attention().unwrap().q.w.shallow_clone()),
                 ("model.layers.0.self_attn.o_proj.weight", l0.attention().unwrap().o.w.shallow_clone()),
-                ("model.layers.0.mlp.down_proj.weight", l0.ffn.down.w.shallow_clone()),
+                ("model.layers.0.mlp.down_proj.weight", l0.dense().unwrap().down.w.shallow_clone()),
                 ("model.layers.0.self_attn.v_proj.weight", l0.attention().unwrap().v.w.shallow_clone()),
                 (
                     "model.layers.0.self_attn.q_norm.weight",
@@ -43,10 +43,10 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),
                 ("lm_head.weight", m.net.output.as_ref().unwrap().w.shallow_clone()),
                 ("model.layers.0.self_attn.q_proj.weight", l0.attention().unwrap().q.w.shallow_clone()),
-                ("model.layers.0.mlp.down_proj.weight", l0.ffn.down.w.shallow_clone()),
+                ("model.layers.0.mlp.down_proj.weight", l0.dense().unwrap().down.w.shallow_clone()),
                 ("model.layers.0.self_attn.v_proj.weight", l0.attention().unwrap().v.w.shallow_clone()),
                 ("model.layers.0.self_attn.k_proj.bias", l0.attention().unwrap().k.b.as_ref().unwrap().shallow_clone()),
-                ("model.layers.3.mlp.up_proj.weight", l3.ffn.up.w.shallow_clone()),
+                ("model.layers.3.mlp.up_proj.weight", l3.dense().unwrap().up.w.shallow_clone()),
             ],
         };
         for (name, t) in &weights {

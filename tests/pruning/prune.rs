@@ -266,7 +266,11 @@ fn joint_training_trains_a_copy_and_resumes_exactly() {
     assert!(resumed.resumed_from.is_some_and(|s| s > 0 && s < 6), "{:?}", resumed.resumed_from);
     assert_eq!(full.state.log_alpha, resumed.state.log_alpha);
     let (a, b) = (trained, resumed.trained.as_ref().unwrap());
-    assert_eq!(a.net.stack[3].ffn.up.w.dist(&b.net.stack[3].ffn.up.w).double_value(&[]), 0.0, "resumed weights differ");
+    assert_eq!(
+        a.net.stack[3].dense().unwrap().up.w.dist(&b.net.stack[3].dense().unwrap().up.w).double_value(&[]),
+        0.0,
+        "resumed weights differ"
+    );
     let files: Vec<String> = std::fs::read_dir(dir.path().join("ck"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

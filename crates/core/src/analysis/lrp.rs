@@ -479,6 +479,12 @@ fn layer_trace(
     like: &Tensor,
 ) -> Result<(Trace, Tensor), ModelError> {
     let a: &Attention = layer.mixer().attention_for("LRP's rules (docs/methods.md#lrp-head-relevance)", kind, l)?;
+    let f = layer.dense().ok_or_else(|| {
+        ModelError::Invalid(format!(
+            "LRP's rules (docs/methods.md#lrp-head-relevance) need a dense MLP, and {kind} layer {l}'s MLP is '{}'",
+            layer.mlp().kind()
+        ))
+    })?;
     let mut take = |p: Point| seen.remove(&(l, p));
     let need = |v: Option<Tensor>, what: &str| {
         v.ok_or_else(|| ModelError::Invalid(format!("internal: layer {l} recorded no {what}")))
@@ -511,8 +517,7 @@ fn layer_trace(
         let n = need(ln1, "ln1")?;
         (n.shallow_clone(), n)
     };
-    let ffn_up =
-        need(if layer.ffn.gate.is_some() { take(Point::MlpPreLinear) } else { take(Point::MlpPre) }, "mlp.hook_pre")?;
+    let ffn_up = need(if f.gate.is_some() { take(Point::MlpPreLinear) } else { take(Point::MlpPre) }, "mlp.hook_pre")?;
     let s2 = need(take(Point::ResidPost), "hook_resid_post")?;
     let out = if pre { s2.shallow_clone() } else { need(ln2, "ln2")? };
     let u = |t: Tensor| t.unsqueeze(1);
@@ -547,9 +552,9 @@ fn active_units(a: &Attention, g: &Tensor) -> Tensor {
 /// Relevance of the layer's output `r_y [B, P, T, D]` down to its input; also returns the
 /// relevance of each head's context `[B, P, H]` (sum of |R| over positions and dims).
 fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (Tensor, Tensor) {
-    let f = &layer.ffn;
-    // layer_trace refused a layer whose mixer is not attention before any relevance ran.
-    let Some(a) = layer.attention() else {
+    // layer_trace refused a layer whose mixer is not attention, or whose MLP is not dense,
+    // before any relevance ran.
+    let (Some(a), Some(f)) = (layer.attention(), layer.dense()) else {
         return (r_y.zeros_like(), Tensor::zeros([0], (r_y.kind(), r_y.device())));
     };
     // The FFN block; its input relevance joins the residual's.

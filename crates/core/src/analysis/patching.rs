@@ -429,8 +429,8 @@ pub fn patch_only(
 /// 8192 tokens.
 fn resume_tokens(model: &Model) -> i64 {
     let net = &model.net;
-    let width = net.stack.iter().map(|l| l.ffn.up.w.size()[0].max(l.ffn.down.w.size()[0])).max().unwrap_or(1).max(1);
-    let bytes = net.stack.first().map_or(4, |l| l.ffn.up.w.kind().elt_size_in_bytes() as i64);
+    let width = net.stack.iter().map(|l| l.mlp().width()).max().unwrap_or(1).max(1);
+    let bytes = model.opts.dtype.elt_size_in_bytes() as i64;
     ((12 << 20) / (width * bytes)).clamp(256, 8192)
 }
 

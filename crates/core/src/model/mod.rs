@@ -23,6 +23,7 @@ pub mod loss;
 pub mod m2m100;
 pub mod marian_bin;
 pub mod mixer;
+pub mod mlp;
 pub mod nn;
 pub mod phi3;
 pub mod resume;

@@ -4,6 +4,7 @@
 
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Inside, Mixer};
+use super::mlp::Mlp;
 use super::nn::{
     key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params, Ssru,
 };
@@ -103,7 +104,8 @@ pub struct StackLayer {
     /// The token mixer (attention, or another kind: [`super::mixer`]).
     mixer: Box<dyn Mixer>,
     pub attn_norm: Norm,
-    pub ffn: Ffn,
+    /// The MLP (a dense one, or another kind: [`super::mlp`]).
+    ffn: Box<dyn Mlp>,
     pub ffn_norm: Norm,
     pub norm_position: NormPosition,
     /// Norms of the attention's and the MLP's outputs before their residuals, in a pre-norm
@@ -121,11 +123,29 @@ impl StackLayer {
     pub fn new(
         mixer: impl Mixer + 'static,
         attn_norm: Norm,
-        ffn: Ffn,
+        ffn: impl Mlp + 'static,
         ffn_norm: Norm,
         norm_position: NormPosition,
     ) -> StackLayer {
-        StackLayer { mixer: Box::new(mixer), attn_norm, ffn, ffn_norm, norm_position, post_norms: None, window: None }
+        StackLayer {
+            mixer: Box::new(mixer),
+            attn_norm,
+            ffn: Box::new(ffn),
+            ffn_norm,
+            norm_position,
+            post_norms: None,
+            window: None,
+        }
+    }
+
+    /// The layer's MLP, through its one interface.
+    pub fn mlp(&self) -> &dyn Mlp {
+        self.ffn.as_ref()
+    }
+
+    /// The layer's MLP where it is a dense one (every loaded family's).
+    pub fn dense(&self) -> Option<&Ffn> {
+        self.ffn.as_dense()
     }
 
     /// The layer's token mixer, through its one interface.
@@ -375,7 +395,7 @@ impl StackLayer {
         if self.norm_position == NormPosition::Parallel {
             // The MLP reads the layer's input, beside the attention: no resid_mid on the path.
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(x, rules))?;
-            let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
             let a = self.attn_added(a_out, kind, layer_idx, hk)?.ok_or_else(|| no_sum(layer_idx))?;
             let s1 = x + a;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
@@ -387,14 +407,14 @@ impl StackLayer {
         };
         let s1 = hooks::at(hk, at(Point::ResidMid), sum_into(added, x, hk)?)?;
         if self.norm_position == NormPosition::PostSublayer {
-            let (_, _, ffn_out) = self.ffn.forward_hooked(&s1, kind, layer_idx, hk)?;
+            let ffn_out = self.ffn.forward(&s1, kind, layer_idx, hk, Inside(()))?;
             let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
         }
         if let (NormPosition::Pre, Some((_, post_ffn))) = (self.norm_position, &self.post_norms) {
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s1, rules))?;
-            let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+            let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
             let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
@@ -409,7 +429,7 @@ impl StackLayer {
                 (s1, n)
             }
         };
-        let (_, _, ffn_out) = self.ffn.forward_hooked(&ffn_in, kind, layer_idx, hk)?;
+        let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
         let s2 = hooks::at(hk, at(Point::ResidPost), sum_into(ffn_out, &h, hk)?)?;
         let y = match self.norm_position {
             NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s2, rules))?,
