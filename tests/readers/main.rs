@@ -14,4 +14,5 @@ mod gguf_tokenizer;
 mod limits;
 mod m2m100_tokenizer;
 mod marian_tokenizer;
+mod token_counts;
 mod torch_pickle;

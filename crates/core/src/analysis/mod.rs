@@ -66,14 +66,8 @@ pub fn freq_table(model: &Model, source: &FreqSource, top_n: usize) -> Result<Fr
         .map_err(|e| AnalysisError::Input(format!("frequency source {}: {e}", path.display())))?;
     match source {
         FreqSource::Text(_) => {
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let e = model.tokenize(line)?;
-                for (id, sp) in e.ids.iter().zip(&e.special) {
-                    if !sp {
-                        *counts.entry(*id).or_default() += 1;
-                    }
-                }
-            }
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            model.tok.count_ids(&lines, &mut counts)?;
         }
         FreqSource::Counts(_) => {
             for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
