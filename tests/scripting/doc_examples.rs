@@ -12,7 +12,9 @@ fn every_documented_example_runs() {
     let examples = documented_examples(probe.engine());
     assert!(examples.len() >= 40, "only {} examples found", examples.len());
     let mut failures = Vec::new();
+    let mut took = Vec::new();
     for (sig, ex) in &examples {
+        let t = std::time::Instant::now();
         let mut s = Session::new(SessionOptions::default());
         match (s.eval("example", &ex.code), ex.must_fail) {
             (Err(e), false) => failures.push(format!("{sig}:\n{}\n=> {e}", ex.code)),
@@ -21,6 +23,12 @@ fn every_documented_example_runs() {
         }
         // The session survives whatever the example did.
         assert_eq!(s.eval("after", "40 + 2").unwrap().unwrap().text, "42");
+        took.push((t.elapsed().as_secs_f64(), sig));
+    }
+    // The slowest examples, for whoever keeps the suite's time down (`--nocapture`).
+    took.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (secs, sig) in took.iter().take(15) {
+        eprintln!("doc example {secs:7.2} s  {sig}");
     }
     assert!(failures.is_empty(), "{} failing examples:\n\n{}", failures.len(), failures.join("\n\n"));
 }
