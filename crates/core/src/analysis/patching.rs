@@ -457,6 +457,8 @@ fn run(
     }
     let point = spec.site.point();
     let n_layers = net.stack.len();
+    // Whether patched rows may resume at a later position over the base run's keys and values.
+    let cached = net.caches_keys();
     let positions = by_len.first().map_or(0, |b| b.0);
     let (mut clean_sum, mut corrupt_sum) = (0.0, 0.0);
     // Per layer, per position (or one), per unit: the sum over pairs.
@@ -479,7 +481,7 @@ fn run(
             match (base.values.get(l).and_then(Option::as_ref), source.values.get(l).and_then(Option::as_ref)) {
                 (Some(bv), Some(sv)) => {
                     let mut plan = plan_layer(spec, bv, sv, l, only, base_sum, slot)?;
-                    if !net.caches_keys() {
+                    if !cached {
                         // No keys and values of earlier positions to attend to: every row
                         // resumes from the first position.
                         plan.rows.iter_mut().for_each(|r| r.1 = 0);

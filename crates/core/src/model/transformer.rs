@@ -285,17 +285,12 @@ impl StackLayer {
         let mut none = None;
         let a = match (cache, queries, self.mixer.as_attention()) {
             (None, Queries::All, _) => self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?,
-            (None, Queries::Last, None) => {
-                // A mixer without a key/value cache: every position's output, the last kept
-                // (the hook points see every position).
-                let a = self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?;
-                a.f_narrow(1, a.size()[1] - 1, 1)?
-            }
-            (Some(slot), _, None) => {
+            (slot, _, None) => {
                 // A mixer without a key/value cache runs over every position (a resumed pass
-                // from the first position, [`Transformer::caches_keys`]); a prefix it cannot
+                // from the first position, [`Transformer::caches_keys`]), the last kept for
+                // `Queries::Last` (the hook points see every position); a prefix it cannot
                 // read is refused.
-                if slot.is_some() {
+                if slot.as_ref().is_some_and(|s| s.is_some()) {
                     return Err(ModelError::Invalid(format!(
                         "{kind} layer {layer_idx}: its token mixer '{}' keeps no key/value cache, so it cannot continue from earlier positions",
                         self.mixer.kind()
