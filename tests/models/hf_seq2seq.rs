@@ -11,6 +11,7 @@ use crate::common::max_diff;
 
 use headscope::model::hooks::Point;
 use headscope::model::nn::Gates;
+use headscope::model::transformer::Stop;
 use headscope::model::{Kind, Model};
 use std::collections::HashMap;
 use tch::Tensor;
@@ -32,7 +33,7 @@ fn forward(m: &Model, src: &[i64], targets: &[i64], gates: &Gates) -> (Tensor, H
     let _g = tch::no_grad_guard();
     let (seen, logits) = common::recorded(&[Point::Pattern], |r| {
         let enc = m.net.encode(&ids, &mask, gates, Some(&mut *r)).unwrap();
-        m.net.decode_teacher(&enc, &mask, &tgt, gates, Some(r)).unwrap().get(0)
+        m.net.teacher(&enc, &mask, &tgt, Stop::Logits, gates, Some(r)).unwrap().get(0)
     });
     let mut attn: HashMap<Kind, Vec<Tensor>> = HashMap::new();
     for (at, a) in seen {

@@ -16,6 +16,7 @@ use crate::common::max_diff;
 
 use headscope::model::hooks::{At, Point, Record};
 use headscope::model::nn::Gates;
+use headscope::model::transformer::Stop;
 use headscope::model::{HeadId, Kind, Model};
 use std::collections::HashMap;
 use tch::Tensor;
@@ -44,7 +45,7 @@ fn forward(m: &Model, src: &[i64], targets: &[i64], gates: &Gates) -> (Tensor, H
     let _g = tch::no_grad_guard();
     let (seen, logits) = common::recorded(&[Point::Pattern], |r| {
         let enc = m.net.encode(&x, &mask, gates, Some(&mut *r)).unwrap();
-        m.net.decode_teacher(&enc, &mask, &tgt, gates, Some(r)).unwrap().get(0)
+        m.net.teacher(&enc, &mask, &tgt, Stop::Logits, gates, Some(r)).unwrap().get(0)
     });
     let mut attn: HashMap<Kind, Vec<Tensor>> = HashMap::new();
     for (at, a) in seen {
@@ -214,7 +215,7 @@ fn prenorm_hook_points_are_those_the_forward_meets() {
             };
             let mut rec = Record { points: &points, kinds: &[Kind::Enc, Kind::Dec, Kind::Cross], on: &mut on };
             let enc = m.net.encode(&x, &mask, &Gates::none(), Some(&mut rec)).unwrap();
-            let states = m.net.decode_teacher_states(&enc, &mask, &tgt, &Gates::none(), Some(&mut rec)).unwrap();
+            let states = m.net.teacher(&enc, &mask, &tgt, Stop::FinalNorm, &Gates::none(), Some(&mut rec)).unwrap();
             let _ = m.net.logits_hooked(&states, &mut Some(&mut rec)).unwrap();
             states
         };

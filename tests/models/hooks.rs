@@ -9,6 +9,7 @@ use crate::common::{fixtures, max_diff};
 
 use headscope::model::hooks::{to_tl_axes, At, Intervention, Interventions, Op, Point};
 use headscope::model::nn::Gates;
+use headscope::model::transformer::Stop;
 use headscope::model::{HeadId, Kind, LoadOptions, Model};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ fn run(
     let enc = m.net.encode(&ids, &mask, gates, Some(&mut *hooks)).unwrap();
     if m.translates() {
         let targets = g[&format!("{name}/targets")].view([1, -1]);
-        return m.net.decode_teacher(&enc, &mask, &targets, gates, Some(hooks)).unwrap().get(0);
+        return m.net.teacher(&enc, &mask, &targets, Stop::Logits, gates, Some(hooks)).unwrap().get(0);
     }
     match &m.net.output {
         Some(_) => m.net.logits_hooked(&enc, &mut Some(hooks)).unwrap().get(0),
@@ -262,7 +263,7 @@ fn an_interrupt_stops_the_forward_at_the_next_layer() {
         let err = if m.translates() {
             let enc = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
             let targets = g[&format!("{name}/targets")].view([1, -1]);
-            m.net.decode_teacher(&enc, &mask, &targets, &Gates::none(), Some(hooks)).err()
+            m.net.teacher(&enc, &mask, &targets, Stop::Logits, &Gates::none(), Some(hooks)).err()
         } else {
             m.net.encode(&ids, &mask, &Gates::none(), Some(hooks)).err()
         };
@@ -299,7 +300,7 @@ fn ssru_hook_points_are_the_recurrence_and_can_be_written() {
     let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
     let teach = |hooks: &mut dyn headscope::model::hooks::Hooks| {
         let enc = m.net.encode(&ids, &mask, &Gates::none(), None).unwrap();
-        m.net.decode_teacher(&enc, &mask, &targets, &Gates::none(), Some(hooks)).unwrap()
+        m.net.teacher(&enc, &mask, &targets, Stop::Logits, &Gates::none(), Some(hooks)).unwrap()
     };
     let (seen, plain) = common::recorded(&[], teach);
     let all = m.hook_points();

@@ -7,7 +7,9 @@ use crate::common;
 
 use headscope::model::hooks::{At, Point};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition, Ssru};
-use headscope::model::transformer::{DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
+use headscope::model::transformer::{
+    DecStart, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Stop, Transformer,
+};
 use headscope::model::Kind;
 use tch::{Device, Kind as DType, Tensor};
 
@@ -105,9 +107,9 @@ fn all_one_gates_give_exactly_the_unmasked_outputs() {
     let (ids, mask) = inputs();
     let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
     let targets = Tensor::from_slice(&[5i64, 6, 0, 7, 0, 0]).view([2, 3]);
-    let a = t.decode_teacher(&enc, &mask, &targets, &Gates::none(), None).unwrap();
+    let a = t.teacher(&enc, &mask, &targets, Stop::Logits, &Gates::none(), None).unwrap();
     let cross_ones = Gates { cross: Some(Tensor::ones([1, 2, H], (DType::Float, Device::Cpu))), ..Gates::none() };
-    let b = t.decode_teacher(&enc, &mask, &targets, &cross_ones, None).unwrap();
+    let b = t.teacher(&enc, &mask, &targets, Stop::Logits, &cross_ones, None).unwrap();
     assert!(a.equal(&b));
 }
 
@@ -193,17 +195,18 @@ fn teacher_forcing_equals_decoding_step_by_step() {
     let (ids, mask) = inputs();
     let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
     let targets = Tensor::from_slice(&[5i64, 6, 3, 7, 1, 4, 2, 9]).view([2, 4]);
-    let bias = headscope::model::nn::key_bias(&mask, DType::Float);
+    let src = t.source(&enc, &mask, &mut None).unwrap();
     for gates in [
         Gates::none(),
         Gates { cross: Some(Tensor::from_slice(&[1f32, 0.0, 0.5, 1.0]).view([1, 2, H])), ..Gates::none() },
     ] {
-        let teacher = t.decode_teacher(&enc, &mask, &targets, &gates, None).unwrap(); // [B, T, V]
+        let teacher = t.teacher(&enc, &mask, &targets, Stop::Logits, &gates, None).unwrap(); // [B, T, V]
         let mut state = t.start_state(2);
         let mut none = None;
         for step in 0..4 {
             let prev = (step > 0).then(|| targets.select(1, step - 1));
-            let logits = t.decode_step(prev.as_ref(), &mut state, &enc, &bias, &gates, &mut none).unwrap(); // [B, V]
+            let step_run = DecStart::Step { prev: prev.as_ref(), state: &mut state };
+            let logits = t.decode(step_run, Stop::Logits, &src, &gates, &mut none).unwrap().squeeze_dim(1); // [B, V]
             let d = (logits - teacher.select(1, step)).abs().max().double_value(&[]);
             assert!(d < 1e-5, "step {step}: step-by-step logits differ from teacher forcing by {d:e}");
         }

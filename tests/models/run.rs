@@ -1,10 +1,11 @@
-//! The run API (`Transformer::run`): every start and stop on the families' layer shapes, each
-//! resumption equal to the whole run bit for bit, and bad starts and stops refused in one line.
+//! The run API (`Transformer::run` for the stack, `Transformer::decode` for a translation
+//! model's decoder): every start and stop on the families' layer shapes, each resumption equal to
+//! the whole run bit for bit, and bad starts and stops refused in one line.
 
 use crate::common;
 use headscope::model::hooks::{At, Point};
 use headscope::model::nn::Gates;
-use headscope::model::transformer::{Start, Stop};
+use headscope::model::transformer::{DecStart, Start, Stop};
 use headscope::model::Model;
 use tch::{Kind as DType, Tensor};
 
@@ -86,5 +87,75 @@ fn every_start_and_stop_equals_the_whole_run() {
             e.to_string().contains(&format!("layer {n} out of range")) && !e.to_string().contains('\n'),
             "{name}: {e}"
         );
+    }
+}
+
+/// The decoder's run: teacher forcing to each stop, a resume at every layer's cross-attention
+/// `hook_z` (post-norm Marian, pre-norm M2M100 with a final decoder norm, T5's relative bias)
+/// equal to the whole run bit for bit, a repeated source equal to the source of repeated rows,
+/// and bad starts and stops one line each.
+#[test]
+fn every_decoder_start_and_stop_equals_the_whole_run() {
+    let _g = tch::no_grad_guard();
+    for name in ["marian", "m2m100", "t5"] {
+        let m = common::tiny_hf(name, "f32");
+        let ids = Tensor::from_slice(&m.tokenize("The cat sat on the mat.").unwrap().ids).view([1, -1]);
+        let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+        let tgt = Tensor::from_slice(&[5i64, 9, 7, 3]).view([1, 4]);
+        let gates = Gates::none();
+        let enc = m.net.encode(&ids, &mask, &gates, None).unwrap();
+        let src = m.net.source(&enc, &mask, &mut None).unwrap();
+        let n = m.net.decoder.len();
+        let (seen, whole) = common::recorded(&[Point::ResidPre, Point::Ln1, Point::ResidMid, Point::Z], |h| {
+            m.net.decode(DecStart::Targets(&tgt), Stop::FinalNorm, &src, &gates, &mut Some(h)).unwrap()
+        });
+        let teacher = m.net.teacher(&enc, &mask, &tgt, Stop::FinalNorm, &gates, None).unwrap();
+        assert_eq!(common::max_diff(&teacher, &whole), 0.0, "{name}: teacher");
+        let logits = m.net.teacher(&enc, &mask, &tgt, Stop::Logits, &gates, None).unwrap();
+        assert_eq!(common::max_diff(&logits, &m.net.logits(&whole).unwrap()), 0.0, "{name}: Stop::Logits");
+        let last = m.net.decode(DecStart::Targets(&tgt), Stop::After(n - 1), &src, &gates, &mut None).unwrap();
+        assert_eq!(common::max_diff(&last, &whole), 0.0, "{name}: stop after the last layer");
+        let value = |at: At| seen.iter().find(|(a, _)| *a == at).map(|(_, v)| v.shallow_clone());
+        let twice = src.repeat(2);
+        for l in 0..n {
+            let x = value(At::new(headscope::model::Kind::Dec, l, m.net.decoder[l].cross_resume_point())).unwrap();
+            let z = value(At::new(headscope::model::Kind::Cross, l, Point::Z)).unwrap();
+            let from_z =
+                m.net.decode(DecStart::CrossZ { layer: l, x: &x, z: &z }, Stop::FinalNorm, &src, &gates, &mut None);
+            assert_eq!(common::max_diff(&from_z.unwrap(), &whole), 0.0, "{name}: resumed at layer {l}'s cross hook_z");
+            // Two rows of the same resume over the repeated source: each the whole run.
+            let rows = m
+                .net
+                .decode(
+                    DecStart::CrossZ { layer: l, x: &x.repeat([2, 1, 1]), z: &z.repeat([2, 1, 1, 1]) },
+                    Stop::FinalNorm,
+                    &twice,
+                    &gates,
+                    &mut None,
+                )
+                .unwrap();
+            for r in 0..2 {
+                assert_eq!(common::max_diff(&rows.narrow(0, r, 1), &whole), 0.0, "{name}: row {r} of layer {l}");
+            }
+            if l + 1 < n {
+                // Stopping after layer l, then on: the stream a resume above would read.
+                let upto = m.net.decode(DecStart::Targets(&tgt), Stop::After(l), &src, &gates, &mut None).unwrap();
+                let next = value(At::new(headscope::model::Kind::Dec, l + 1, Point::ResidPre)).unwrap();
+                assert_eq!(common::max_diff(&upto, &next), 0.0, "{name}: stop after layer {l}");
+            }
+        }
+        // Bad starts and stops: one line naming the layer.
+        let x = value(At::new(headscope::model::Kind::Dec, 0, m.net.decoder[0].cross_resume_point())).unwrap();
+        let z = value(At::new(headscope::model::Kind::Cross, 0, Point::Z)).unwrap();
+        let e = m.net.decode(DecStart::CrossZ { layer: n, x: &x, z: &z }, Stop::FinalNorm, &src, &gates, &mut None);
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains(&format!("decoder layer {n} out of range")) && !e.contains('\n'), "{name}: {e}");
+        let e = m.net.decode(DecStart::Targets(&tgt), Stop::After(n), &src, &gates, &mut None).unwrap_err();
+        assert!(e.to_string().contains(&format!("decoder layer {n} out of range")), "{name}: {e}");
+        if n > 1 {
+            let resume = DecStart::CrossZ { layer: 1, x: &x, z: &z };
+            let e = m.net.decode(resume, Stop::After(0), &src, &gates, &mut None).unwrap_err();
+            assert!(e.to_string().contains("cannot stop after layer 0"), "{name}: {e}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use crate::common;
 
 use headscope::data::Dataset;
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
-use headscope::model::transformer::{Embeddings, Positions, StackLayer};
+use headscope::model::transformer::{Embeddings, Positions, StackLayer, Stop};
 use headscope::model::{Family, HeadId, Kind, LoadOptions, Model};
 use headscope::prune::{train, Hooks, PruneOptions};
 use std::collections::BTreeSet;
@@ -220,8 +220,8 @@ fn physically_pruned_model_equals_the_masked_model() {
     let rel = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) / a.abs().max().double_value(&[]);
     assert!(rel(&enc_masked, &enc_pruned) < 1e-5, "encoder outputs differ: {}", rel(&enc_masked, &enc_pruned));
     let targets = Tensor::from_slice(&[5i64, 17, 230, 8, 2, 44, 9, 3, 120]).view([3, 3]);
-    let l_masked = model.net.decode_teacher(&enc_masked, &batch.mask, &targets, &gates, None).unwrap();
-    let l_pruned = pruned.net.decode_teacher(&enc_pruned, &batch.mask, &targets, &Gates::none(), None).unwrap();
+    let l_masked = model.net.teacher(&enc_masked, &batch.mask, &targets, Stop::Logits, &gates, None).unwrap();
+    let l_pruned = pruned.net.teacher(&enc_pruned, &batch.mask, &targets, Stop::Logits, &Gates::none(), None).unwrap();
     assert!(rel(&l_masked, &l_pruned) < 1e-5, "decoder logits differ: {}", rel(&l_masked, &l_pruned));
     let t_masked = model.translate(&texts, &gates, 64).unwrap();
     let t_pruned = pruned.translate(&texts, &Gates::none(), 64).unwrap();

@@ -13,9 +13,9 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::metrics::bleu::{corpus_counts, BleuCounts};
 use crate::model::fill::{FillSource, Resample};
-use crate::model::hooks::{At, Hooks, Point, Record};
+use crate::model::hooks::{At, HookSlot, Hooks, Point, Record};
 use crate::model::nn::Gates;
-use crate::model::transformer::{Start, Stop};
+use crate::model::transformer::{DecStart, Start, Stop};
 use crate::model::{HeadId, Kind, Model, ModelError};
 use crate::optspec::{opt, opt_bool, opt_int, opt_str, OptSpec};
 use tch::{Device, Kind as DType, Tensor};
@@ -632,7 +632,7 @@ pub fn sweep_acc(
                     // has nothing to sweep.
                     let mut ctx: Vec<(Option<Tensor>, Option<Tensor>)> =
                         (0..s.n_layers).map(|_| (None, None)).collect();
-                    let pass = {
+                    let src = {
                         let mut on = |at: At, t: &Tensor| {
                             let resume = net.decoder.get(at.layer).map(|l| l.cross_resume_point());
                             match (at.kind, at.point, ctx.get_mut(at.layer)) {
@@ -647,9 +647,11 @@ pub fn sweep_acc(
                             kinds: &[Kind::Dec, Kind::Cross],
                             on: &mut on,
                         };
-                        net.decode_teacher_pass(&full_enc, &b.mask, tgt, &base, Some(&mut rec))?
+                        let mut h: HookSlot = Some(&mut rec);
+                        let src = net.source(&full_enc, &b.mask, &mut h)?;
+                        let _ = net.decode(DecStart::Targets(tgt), Stop::FinalNorm, &src, &base, &mut h)?;
+                        src
                     };
-                    let (cross, enc_bias) = (&pass.cross, &pass.enc_bias);
                     for (l, slot) in ctx.iter().enumerate() {
                         let (Some(x1), Some(c)) = slot else { continue };
                         let h = present[l].len() as i64;
@@ -659,16 +661,8 @@ pub fn sweep_acc(
                             let heads = &present[l][start as usize..(start + n) as usize];
                             let attn = model.mixer(Kind::Cross, l).ok_or_else(|| no_attention(Kind::Cross, l))?;
                             let z = attn.ablated_rows(c, heads, base.fill_of(Kind::Cross, l))?;
-                            let cross_n: Vec<_> = cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect();
-                            let y = net.decode_from_cross_z(
-                                l,
-                                &x1.repeat([n, 1, 1]),
-                                &z,
-                                &cross_n,
-                                &enc_bias.repeat([n, 1, 1, 1]),
-                                &base,
-                                &mut None,
-                            )?;
+                            let resume = DecStart::CrossZ { layer: l, x: &x1.repeat([n, 1, 1]), z: &z };
+                            let y = net.decode(resume, Stop::FinalNorm, &src.repeat(n), &base, &mut None)?;
                             for (j, v) in rm.state_sums(&y, n)?.into_iter().enumerate() {
                                 sums[ki][l][present[l][start as usize + j]] += v;
                             }
@@ -844,7 +838,7 @@ pub fn mean_fill(
         let mut rec = Record { points: &points, kinds, on: &mut on };
         let enc = model.net.encode(&b.ids, &b.mask, &p.base, Some(&mut rec as &mut dyn Hooks))?;
         if let (true, Some((targets, _))) = (needs_targets, b.targets.as_ref()) {
-            model.net.decode_teacher_pass(&enc, &b.mask, targets, &p.base, Some(&mut rec))?;
+            let _ = model.net.teacher(&enc, &b.mask, targets, Stop::FinalNorm, &p.base, Some(&mut rec))?;
         }
         for (ki, k) in kinds.iter().enumerate() {
             let m = if model.in_decoder(*k) {

@@ -10,6 +10,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Hooks, Point, Record};
 use crate::model::nn::Gates;
+use crate::model::transformer::Stop;
 use crate::model::{Batch, Kind, Model, ModelError};
 use std::collections::HashMap;
 use tch::{Device, Kind as DType, Tensor};
@@ -212,7 +213,7 @@ pub fn diversity(
         if wanted.iter().any(|&k| k != stack) {
             let targets = model.greedy_targets(b, &h, gates)?;
             let (tgt, _) = model.target_tensors(&targets);
-            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, gates, Some(&mut rec))?;
+            let _ = model.net.teacher(&h, &b.mask, &tgt, Stop::FinalNorm, gates, Some(&mut rec))?;
             let qmask = model.real_mask(&targets, tgt.size()[1]);
             // The decoder's self-attention keys are its inputs: the start token, then the
             // targets shifted right.

@@ -24,7 +24,7 @@ use super::AnalysisError;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::{Attention, Gates, Norm, NormKind, NormPosition};
-use crate::model::transformer::{StackLayer, Transformer};
+use crate::model::transformer::{StackLayer, Stop, Transformer};
 use crate::model::{Batch, Kind, Model, ModelError};
 use crate::optspec::{opt, opt_int_by, opt_str, str_eq, OptSpec};
 use std::collections::HashMap;
@@ -719,7 +719,7 @@ const DEC_POINTS: [Point; 15] = [
     Point::SsruCell,
 ];
 
-/// The one teacher-forced decoder pass (the model's own `decode_teacher_states`), recorded at
+/// The one teacher-forced decoder pass (the model's own `Transformer::teacher`), recorded at
 /// its hook points: each layer's [`DecLayer`] and the final states `[B, T, D]`.
 fn trace_decoder(
     net: &Transformer,
@@ -735,7 +735,7 @@ fn trace_decoder(
             Ok(())
         };
         let mut rec = Record { points: &DEC_POINTS, kinds: &[Kind::Dec, Kind::Cross], on: &mut on };
-        net.decode_teacher_states(enc, enc_mask, targets, gates, Some(&mut rec))?
+        net.teacher(enc, enc_mask, targets, Stop::FinalNorm, gates, Some(&mut rec))?
     };
     let mut layers = Vec::with_capacity(net.decoder.len());
     for (l, layer) in net.decoder.iter().enumerate() {

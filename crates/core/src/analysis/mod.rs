@@ -18,6 +18,7 @@ use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::Gates;
 use crate::model::tokenizer::Encoded;
+use crate::model::transformer::Stop;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use accum::{Accumulator, BatchTensors, SentenceMeta, Words};
 use options::{relation_of, ExcludeKeys, FreqSource, Options, Stat};
@@ -328,7 +329,7 @@ pub fn accumulate(
                 Ok(())
             };
             let mut rec = Record::new(&[Point::Pattern], &mut on);
-            let _ = model.net.decode_teacher_states(&h, &b.mask, &tgt, gates, Some(&mut rec))?;
+            let _ = model.net.teacher(&h, &b.mask, &tgt, Stop::FinalNorm, gates, Some(&mut rec))?;
             for (kind, steps) in steps {
                 let acc = accs
                     .get_mut(&kind)

@@ -1182,7 +1182,7 @@ fn seq_record(
     let points = [Point::ResidPre, point];
     let mut rec = Record::new(&points, &mut on);
     let enc = net.encode(src, mask, gates, Some(&mut rec as &mut dyn Hooks))?;
-    let states = net.decode_teacher_states(&enc, mask, tgt, gates, Some(&mut rec as &mut dyn Hooks))?;
+    let states = net.teacher(&enc, mask, tgt, Stop::FinalNorm, gates, Some(&mut rec as &mut dyn Hooks))?;
     Ok(SeqRun { inputs, values, enc, logp: seq_log_probs(model, &states)? })
 }
 
@@ -1303,7 +1303,7 @@ pub fn attribute_translation(
             tch::with_grad(|| -> Result<(Vec<Option<Tensor>>, f64, Tensor), ModelError> {
                 let enc = net.encode(base_src, &mask, gates, Some(&mut leaves as &mut dyn Hooks))?;
                 let states =
-                    net.decode_teacher_states(&enc, &mask, &tgt, gates, Some(&mut leaves as &mut dyn Hooks))?;
+                    net.teacher(&enc, &mask, &tgt, Stop::FinalNorm, gates, Some(&mut leaves as &mut dyn Hooks))?;
                 let logp = seq_log_probs(model, &states)?;
                 // KL's reference: the clean run's distribution (the base run itself when noising).
                 let clean_lp = match spec.direction {
@@ -1413,12 +1413,13 @@ pub fn patch_translation(
                             &mut Some(&mut put as &mut dyn Hooks),
                         )?,
                     };
-                    net.decode_teacher_states(&enc, &masks, &tgts, gates, None)?
+                    net.teacher(&enc, &masks, &tgts, Stop::FinalNorm, gates, None)?
                 } else {
-                    net.decode_teacher_states(
+                    net.teacher(
                         &base.enc.repeat([n, 1, 1]),
                         &masks,
                         &tgts,
+                        Stop::FinalNorm,
                         gates,
                         Some(&mut put as &mut dyn Hooks),
                     )?

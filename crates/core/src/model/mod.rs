@@ -585,7 +585,7 @@ impl Model {
         if self.is_lm() {
             return Ok(enc.f_narrow(1, 0, targets.size()[1])?);
         }
-        self.net.decode_teacher_states(enc, mask, targets, gates, None)
+        self.net.teacher(enc, mask, targets, transformer::Stop::FinalNorm, gates, None)
     }
 
     /// Whether heads of `kind` live in the decoder of an encoder-decoder model (`dec` and
@@ -965,7 +965,7 @@ impl Model {
         } else {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
-            self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut both))?
+            self.net.teacher(&h, &b.mask, &t, transformer::Stop::FinalNorm, gates, Some(&mut both))?
         };
         if self.net.output.is_some() && hooks::Hooks::wants(&both, self.net.logits_at()) {
             let _ = self.net.logits_hooked(&last, &mut Some(&mut both))?;
@@ -1007,7 +1007,7 @@ impl Model {
         if !self.net.decoder.is_empty() {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
-            let _ = self.net.decode_teacher_states(&h, &b.mask, &t, gates, Some(&mut rec))?;
+            let _ = self.net.teacher(&h, &b.mask, &t, transformer::Stop::FinalNorm, gates, Some(&mut rec))?;
             queries = targets.into_iter().next().map(|e| (e.tokens, e.ids, e.special));
         }
         let (out, out_ids, out_special) = queries.unwrap_or_default();

@@ -716,23 +716,44 @@ impl DecoderLayer {
     }
 }
 
-/// What [`Transformer::decode_teacher_pass`] computed.
-pub struct TeacherPass {
-    /// Final decoder states `[B, T, D]`.
-    pub states: Tensor,
-    /// Each layer's cross-attention keys and values of the encoder output.
+/// The encoder side a decoder run reads: each decoder layer's cross-attention keys and values
+/// of the encoder output (hook points `cross.blocks.L.attn.hook_k`, `hook_v`) and the source's
+/// attention bias `[B, 1, 1, S]` ([`Transformer::source`]).
+pub struct Source {
     pub cross: Vec<Option<KeysValues>>,
-    /// The encoder-side attention bias `[B, 1, 1, S]`.
     pub enc_bias: Tensor,
 }
 
-/// Recurrent state of the decoder during step-by-step decoding, for one encoder output.
+impl Source {
+    /// Every row repeated `n` times, block by block (`[r0 .. r_{B-1}, r0 ..]`): the source of a
+    /// batch of `n` resumes per row.
+    pub fn repeat(&self, n: i64) -> Source {
+        Source {
+            cross: self.cross.iter().map(|kv| kv.as_ref().map(|kv| kv.repeat(n))).collect(),
+            enc_bias: self.enc_bias.repeat([n, 1, 1, 1]),
+        }
+    }
+}
+
+/// Recurrent state of the decoder during step-by-step decoding ([`DecStart::Step`]).
 pub struct DecoderState {
     selfs: Vec<SelfState>,
-    /// Keys and values of the encoder output per layer's cross-attention, computed at the
-    /// first step.
-    cross: Vec<Option<KeysValues>>,
+    /// Steps run so far.
     pub step: i64,
+}
+
+/// Where a [`Transformer::decode`] run of a translation model's decoder starts.
+pub enum DecStart<'a> {
+    /// Teacher forcing: `targets [B, T]` shifted right (after the start token, or a zero
+    /// embedding), every step at once (only an SSRU's recurrence goes step by step).
+    Targets(&'a Tensor),
+    /// One step: the token `prev [B]` (`None`: the first step, the start token) continuing
+    /// `state`, which the run advances.
+    Step { prev: Option<&'a Tensor>, state: &'a mut DecoderState },
+    /// Decoder layer `layer` resumed at its cross-attention's `hook_z` (teacher forcing, every
+    /// step at once): `x` the stream the cross-attention's output is added to (at
+    /// [`DecoderLayer::cross_resume_point`]), `z` the per-head contexts `[B, H, T, dh]`.
+    CrossZ { layer: usize, x: &'a Tensor, z: &'a Tensor },
 }
 
 /// Where a [`Transformer::run`] of the stack starts.
@@ -961,35 +982,6 @@ impl Transformer {
         }
     }
 
-    /// The decoder resumed at the cross-attention's `hook_z` of layer `layer` (teacher forcing,
-    /// every step at once): `x1` is that cross-attention's input, `z` its contexts; `cross`
-    /// holds each layer's cross-attention keys and values, `enc_bias` the source mask. Returns
-    /// the final decoder states.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_from_cross_z(
-        &self,
-        layer: usize,
-        x1: &Tensor,
-        z: &Tensor,
-        cross: &[Option<KeysValues>],
-        enc_bias: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let l = self.decoder.get(layer).ok_or_else(|| {
-            ModelError::Invalid(format!(
-                "decoder layer {layer} out of range: the decoder has {} layers",
-                self.decoder.len()
-            ))
-        })?;
-        let mut y = l.forward_from_cross_z(x1, z, layer, h)?;
-        let starts = self.initial_states(x1.size()[0]);
-        for (k, above) in self.decoder.iter().enumerate().skip(layer + 1) {
-            y = above.forward(&y, &starts[k], cross.get(k).and_then(|c| c.as_ref()), enc_bias, gates, k, h)?.0;
-        }
-        Ok(y)
-    }
-
     /// What layer `l`'s attention adds to the residual stream when its `hook_z` holds `z`
     /// (`[B, H, T, dh]`): the attention's output from the contexts, through the norm the family
     /// puts after the attention (`StackLayer::attn_added`, the forward's own); `None` for a
@@ -1214,12 +1206,13 @@ impl Transformer {
         }
     }
 
+    /// The decoder's state before the first step of [`DecStart::Step`], for `batch` rows.
     pub fn start_state(&self, batch: i64) -> DecoderState {
-        DecoderState { selfs: self.initial_states(batch), cross: Vec::new(), step: 0 }
+        DecoderState { selfs: self.initial_states(batch), step: 0 }
     }
 
     /// Each decoder layer's self-block state before the first step.
-    pub fn initial_states(&self, batch: i64) -> Vec<SelfState> {
+    fn initial_states(&self, batch: i64) -> Vec<SelfState> {
         self.decoder.iter().map(|l| l.initial_state(batch, self.d_model, &self.embed.tokens)).collect()
     }
 
@@ -1248,61 +1241,24 @@ impl Transformer {
         }
     }
 
-    /// One decoder step: `prev [B]` is the previous token (`None` at the start), `enc [B, S, D]`
-    /// the encoder output with its mask. Returns logits `[B, V]` (`hook_logits` sees them as
-    /// `[B, 1, V]`). Cross-attention capture reports `[B, H, 1, S]` per layer and step.
-    pub fn decode_step(
-        &self,
-        prev: Option<&Tensor>,
-        state: &mut DecoderState,
-        enc: &Tensor,
-        enc_bias: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let x = self.decode_step_state(prev, state, enc, enc_bias, gates, h)?;
-        Ok(self.logits_hooked(&x.f_unsqueeze(1)?, h)?.f_squeeze_dim(1)?)
-    }
-
-    /// One decoder step up to the final state `[B, D]` (before the output projection).
-    pub fn decode_step_state(
-        &self,
-        prev: Option<&Tensor>,
-        state: &mut DecoderState,
-        enc: &Tensor,
-        enc_bias: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let b = enc.size()[0];
-        if state.cross.is_empty() {
-            state.cross = self.cross_keys_values(enc, h)?;
-        }
-        let ids = prev.map(|p| p.view([b, 1]));
-        let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1, h)?; // [B, 1, D]
-        for (l, layer) in self.decoder.iter().enumerate() {
-            let (y, c) = layer.forward(&x, &state.selfs[l], state.cross[l].as_ref(), enc_bias, gates, l, h)?;
-            state.selfs[l] = c;
-            x = y;
-        }
-        state.step += 1;
-        Ok(x.squeeze_dim(1))
-    }
-
-    /// Keys and values of the encoder output `[B, S, D]` for each decoder layer's
-    /// cross-attention.
-    /// (hook points `cross.blocks.L.attn.hook_k`, `hook_v`).
-    pub fn cross_keys_values(&self, enc: &Tensor, h: &mut HookSlot) -> Result<Vec<Option<KeysValues>>, ModelError> {
-        self.decoder
+    /// The encoder side of decoder runs over the encoder output `enc [B, S, D]` with its key
+    /// mask `[B, S]`: each layer's cross-attention keys and values (hook points
+    /// `cross.blocks.L.attn.hook_k`, `hook_v`) and the source bias. Computed once per source;
+    /// every [`Transformer::decode`] run over it (teacher forcing, each generated step, each
+    /// resume) reads it.
+    pub fn source(&self, enc: &Tensor, mask: &Tensor, h: &mut HookSlot) -> Result<Source, ModelError> {
+        let cross = self
+            .decoder
             .iter()
             .enumerate()
             .map(|(l, layer)| layer.cross.as_ref().map(|(a, _)| a.keys_values(enc, 0, Kind::Cross, l, h)).transpose())
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(Source { cross, enc_bias: key_bias(mask, enc.kind()) })
     }
 
     /// The decoder's input embeddings for teacher forcing `[B, T, D]`: the start (the start
     /// token, or a zero embedding) and `targets [B, T]` shifted right.
-    pub fn teacher_inputs(&self, targets: &Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    fn teacher_inputs(&self, targets: &Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
         let (b, t) = (targets.size()[0], targets.size()[1]);
         if t <= 1 {
             return Ok(self.dec_inputs(None, b, 0, 1, h)?.narrow(1, 0, t.max(0)));
@@ -1323,6 +1279,94 @@ impl Transformer {
         e.finish(&tok, 0, Kind::Dec, h)
     }
 
+    /// The one driver of a translation model's decoder, as [`Transformer::run`] is the
+    /// stack's: from `start` (teacher-forced targets, one generation step, or a layer's
+    /// cross-attention `hook_z`) over `src` ([`Transformer::source`]) to `stop` (after a
+    /// layer: its output as the layer gives it, the last one's after the decoder's final norm;
+    /// the final states `[B, T, D]`; or the logits `[B, T, V]` through the one unembedding),
+    /// under `gates` (`dec` and `cross` heads), every hook point on the way seen by `h`.
+    /// Teacher forcing runs each layer over every step at once, so attention capture reports
+    /// `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer; a step reports `T = 1`.
+    pub fn decode(
+        &self,
+        start: DecStart,
+        stop: Stop,
+        src: &Source,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
+        let n = self.decoder.len();
+        let last = match stop {
+            Stop::After(l) if l >= n => {
+                return Err(ModelError::Invalid(format!("decoder layer {l} out of range: the decoder has {n} layers")))
+            }
+            Stop::After(l) => l + 1,
+            Stop::FinalNorm | Stop::Logits => n,
+        };
+        let out_of_range =
+            |l: usize| ModelError::Invalid(format!("decoder layer {l} out of range: the decoder has {n} layers"));
+        let x = match start {
+            DecStart::Targets(targets) => {
+                let mut x = self.teacher_inputs(targets, h)?;
+                let starts = self.initial_states(targets.size()[0]);
+                for (l, layer) in self.decoder.iter().enumerate().take(last) {
+                    let cross = src.cross.get(l).and_then(Option::as_ref);
+                    x = layer.forward(&x, &starts[l], cross, &src.enc_bias, gates, l, h)?.0;
+                }
+                x
+            }
+            DecStart::Step { prev, state } => {
+                let b = src.enc_bias.size()[0];
+                let ids = prev.map(|p| p.view([b, 1]));
+                let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1, h)?; // [B, 1, D]
+                for (l, layer) in self.decoder.iter().enumerate().take(last) {
+                    let cross = src.cross.get(l).and_then(Option::as_ref);
+                    let (y, c) = layer.forward(&x, &state.selfs[l], cross, &src.enc_bias, gates, l, h)?;
+                    state.selfs[l] = c;
+                    x = y;
+                }
+                state.step += 1;
+                x
+            }
+            DecStart::CrossZ { layer, x, z } => {
+                let first = self.decoder.get(layer).ok_or_else(|| out_of_range(layer))?;
+                if layer >= last {
+                    return Err(ModelError::Invalid(format!(
+                        "a decoder run from layer {layer} cannot stop after layer {}",
+                        last - 1
+                    )));
+                }
+                let mut y = first.forward_from_cross_z(x, z, layer, h)?;
+                let starts = self.initial_states(x.size()[0]);
+                for (k, above) in self.decoder.iter().enumerate().take(last).skip(layer + 1) {
+                    let cross = src.cross.get(k).and_then(Option::as_ref);
+                    y = above.forward(&y, &starts[k], cross, &src.enc_bias, gates, k, h)?.0;
+                }
+                y
+            }
+        };
+        match stop {
+            Stop::Logits => self.logits_hooked(&x, h),
+            Stop::After(_) | Stop::FinalNorm => Ok(x),
+        }
+    }
+
+    /// Teacher forcing from the encoder output: [`Transformer::source`] of `enc` then
+    /// [`Transformer::decode`] from `targets [B, T]` to `stop` (`Stop::Logits`: `[B, T, V]`
+    /// for predicting each target; `Stop::FinalNorm`: the final states `[B, T, D]`).
+    pub fn teacher(
+        &self,
+        enc: &Tensor,
+        mask: &Tensor,
+        targets: &Tensor,
+        stop: Stop,
+        gates: &Gates,
+        mut h: HookSlot,
+    ) -> Result<Tensor, ModelError> {
+        let src = self.source(enc, mask, &mut h)?;
+        self.decode(DecStart::Targets(targets), stop, &src, gates, &mut h)
+    }
+
     /// Greedy decoding of a batch; each row stops at EOS or `max_len[row]` tokens. The model's
     /// forced first token (`forced_bos`), where it has one, is the first token of every row.
     pub fn greedy(
@@ -1336,7 +1380,8 @@ impl Transformer {
     }
 
     /// [`Transformer::greedy`] with `forced` as the first token (as transformers'
-    /// `ForcedBOSTokenLogitsProcessor`; it counts towards `max_len`), or none.
+    /// `ForcedBOSTokenLogitsProcessor`; it counts towards `max_len`), or none. Each step is a
+    /// [`Transformer::decode`] run from [`DecStart::Step`] to the logits.
     pub fn greedy_forced(
         &self,
         enc: &Tensor,
@@ -1346,15 +1391,16 @@ impl Transformer {
         forced: Option<i64>,
     ) -> Result<Vec<Vec<i64>>, ModelError> {
         let b = enc.size()[0] as usize;
-        let bias = key_bias(mask, enc.kind());
+        let mut none: HookSlot = None;
+        let src = self.source(enc, mask, &mut none)?;
         let mut state = self.start_state(b as i64);
         let mut out: Vec<Vec<i64>> = vec![Vec::new(); b];
         let mut done = vec![false; b];
         let limit = max_len.iter().copied().max().unwrap_or(0);
         let mut prev: Option<Tensor> = None;
-        let mut none: HookSlot = None;
         for t in 0..limit {
-            let logits = self.decode_step(prev.as_ref(), &mut state, enc, &bias, gates, &mut none)?;
+            let step = DecStart::Step { prev: prev.as_ref(), state: &mut state };
+            let logits = self.decode(step, Stop::Logits, &src, gates, &mut none)?.f_squeeze_dim(1)?;
             for &id in &self.banned {
                 let _ = logits.f_narrow(1, id, 1)?.f_fill_(f64::NEG_INFINITY)?;
             }
@@ -1379,69 +1425,6 @@ impl Transformer {
             prev = Some(next);
         }
         Ok(out)
-    }
-
-    /// Teacher-forced decoding: the decoder reads `targets [B, T]` shifted right (start =
-    /// zero embedding) and returns logits `[B, T, V]` for predicting each target.
-    pub fn decode_teacher(
-        &self,
-        enc: &Tensor,
-        mask: &Tensor,
-        targets: &Tensor,
-        gates: &Gates,
-        mut h: HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        let states = self.teacher_pass(enc, mask, targets, gates, &mut h)?.states;
-        self.logits_hooked(&states, &mut h)
-    }
-
-    /// Teacher-forced final decoder states `[B, T, D]` (before the output projection). Each
-    /// layer runs over every step at once (only the SSRU recurrence goes step by step), so
-    /// attention capture reports `[B, H, T, S]` (cross) and `[B, H, T, T]` (dec) once per layer.
-    pub fn decode_teacher_states(
-        &self,
-        enc: &Tensor,
-        mask: &Tensor,
-        targets: &Tensor,
-        gates: &Gates,
-        h: HookSlot,
-    ) -> Result<Tensor, ModelError> {
-        Ok(self.decode_teacher_pass(enc, mask, targets, gates, h)?.states)
-    }
-
-    /// The one teacher-forced decoder pass: every consumer (the logits, the ablation metrics
-    /// and the cross-head sweep, LRP through the decoder, gate training) runs the decoder
-    /// through here; what they need of its inside they record at its hook points. The
-    /// cross-attention keys and values come back with the states.
-    pub fn decode_teacher_pass(
-        &self,
-        enc: &Tensor,
-        mask: &Tensor,
-        targets: &Tensor,
-        gates: &Gates,
-        mut h: HookSlot,
-    ) -> Result<TeacherPass, ModelError> {
-        self.teacher_pass(enc, mask, targets, gates, &mut h)
-    }
-
-    fn teacher_pass(
-        &self,
-        enc: &Tensor,
-        mask: &Tensor,
-        targets: &Tensor,
-        gates: &Gates,
-        h: &mut HookSlot,
-    ) -> Result<TeacherPass, ModelError> {
-        let bias = key_bias(mask, enc.kind());
-        let cross = self.cross_keys_values(enc, h)?;
-        let starts = self.initial_states(targets.size()[0]);
-        // Layer by layer over every step at once (self-attention under a causal mask); only
-        // the SSRU recurrence goes step by step.
-        let mut x = self.teacher_inputs(targets, h)?;
-        for (l, layer) in self.decoder.iter().enumerate() {
-            x = layer.forward(&x, &starts[l], cross[l].as_ref(), &bias, gates, l, h)?.0;
-        }
-        Ok(TeacherPass { states: x, cross, enc_bias: bias })
     }
 }
 
