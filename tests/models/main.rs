@@ -19,4 +19,5 @@ mod masking;
 mod param_count;
 mod parity;
 mod run;
+mod tiles;
 mod toy_mixer;

@@ -228,6 +228,33 @@ pub trait Hooks {
     fn rules(&self) -> GradRules {
         GradRules::Autograd
     }
+    /// Query rows per tile where this run wants a mixer's attention weights at `at` (a
+    /// `Pattern` point) handed over tile by tile ([`Hooks::tile`]) rather than whole; `None`
+    /// (the default): whole, at `hook_attn_scores` / `hook_pattern` as usual. A tiled layer
+    /// never holds its `T x T` weights at once, and visits neither of those two points
+    /// (docs/methods.md#score-tiles).
+    fn tile_rows(&self, _at: At) -> Option<i64> {
+        None
+    }
+    /// Sees query rows `q0 .. q0 + n` of a mixer's attention at `at`: the scores `[B, H, n, Tk]`
+    /// (scaled, soft-capped, masked: `hook_attn_scores`'s rows) and the weights `[B, H, n, Tk]`
+    /// (`hook_pattern`'s rows), tiles in order of `q0`; read-only.
+    fn tile(&mut self, _at: At, _q0: i64, _scores: &Tensor, _pattern: &Tensor) -> Result<(), ModelError> {
+        Ok(())
+    }
+}
+
+/// The tile height the run's hooks ask for at `at` ([`Hooks::tile_rows`]); none without hooks.
+pub fn tile_rows(h: &HookSlot, at: At) -> Option<i64> {
+    h.as_deref().and_then(|h| h.tile_rows(at)).filter(|&n| n > 0)
+}
+
+/// Hands one tile of attention at `at` to the run's hooks ([`Hooks::tile`]).
+pub fn tile(h: &mut HookSlot, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+    match h.as_deref_mut() {
+        Some(h) => h.tile(at, q0, scores, pattern),
+        None => Ok(()),
+    }
 }
 
 /// How the forward's gradients flow. The values are the same under both.
@@ -323,6 +350,16 @@ impl Hooks for Both<'_> {
         let seen = first.as_ref().unwrap_or(x);
         let second = if self.1.wants(at) { self.1.visit(at, seen)? } else { None };
         Ok(second.or(first))
+    }
+    fn tile_rows(&self, at: At) -> Option<i64> {
+        match (self.0.tile_rows(at), self.1.tile_rows(at)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+    fn tile(&mut self, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+        self.0.tile(at, q0, scores, pattern)?;
+        self.1.tile(at, q0, scores, pattern)
     }
     fn rules(&self) -> GradRules {
         if self.0.rules() == GradRules::AttnLrp || self.1.rules() == GradRules::AttnLrp {

@@ -110,6 +110,13 @@ pub trait Mixer: Send {
     /// The mixer's parameters under `prefix`, in a fixed order (TransformerLens's names).
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>);
 
+    /// Whether the mixer hands its attention weights tile by tile to hooks that ask
+    /// ([`super::hooks::Hooks::tile_rows`]): statistics computed without the `T x T` pattern.
+    /// A mixer without scores (recurrent, state-space) hands none, and a consumer refuses it.
+    fn hands_tiles(&self) -> bool {
+        false
+    }
+
     /// The mixer as multi-head attention, where it is one: key/value caches (generation,
     /// patching's resumed passes), streaming heads, score-based scorers and LRP's rules read
     /// attention's own parts, and refuse other kinds by name.

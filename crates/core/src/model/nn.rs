@@ -1046,7 +1046,10 @@ impl Attention {
         };
         // The fused kernel reads grouped keys and values itself (without autograd: its
         // backward is left to the repeated form); every other path reads them per query head.
+        // Tiles of the weights, where the run's hooks ask for them (Hooks::tile_rows).
+        let tiles = hooks::tile_rows(hs, at(Point::Pattern)).filter(|_| gate.and_then(|g| g.bypass).is_none());
         let fused = gate.and_then(|g| g.bypass).is_none()
+            && tiles.is_none()
             && !(hooks::wants(hs, at(Point::Scores))
                 || hooks::wants(hs, at(Point::Pattern))
                 || self.score.softcap.is_some());
@@ -1081,6 +1084,34 @@ impl Attention {
             // HARP: no scores; each query's own value (the last `tq` of the keys' positions).
             let tk = v.size()[2];
             v.f_narrow(2, tk - tq, tq)? * alpha
+        } else if let Some(rows) = tiles {
+            // Query rows a tile at a time: the scores and weights of one tile are all that is
+            // held; each goes to the hooks (Hooks::tile), then on to the values. The same
+            // arithmetic as the whole path below, row block by row block.
+            let kt = k.transpose(-2, -1);
+            let mut parts = Vec::new();
+            let mut q0 = 0;
+            while q0 < tq {
+                let n = rows.min(tq - q0);
+                let rows_of = |t: &Tensor| -> Result<Tensor, ModelError> {
+                    Ok(if t.dim() == 4 && t.size()[2] == tq && tq > 1 {
+                        t.f_narrow(2, q0, n)?
+                    } else {
+                        t.shallow_clone()
+                    })
+                };
+                let raw = softcap(q.f_narrow(2, q0, n)?.matmul(&kt) * scale, self.score.softcap);
+                let scores = &raw + rows_of(bias)?;
+                let probs = softmax(&scores);
+                let probs = match &duo {
+                    Some((a, streaming)) => &probs * a + softmax(&(&raw + rows_of(streaming)?)) * (a.ones_like() - a),
+                    None => probs,
+                };
+                hooks::tile(hs, at(Point::Pattern), q0, &scores, &probs)?;
+                parts.push(probs.f_matmul(v)?);
+                q0 += n;
+            }
+            Tensor::f_cat(&parts, 2)?
         } else if !fused {
             let raw = q.matmul(&k.transpose(-2, -1)) * scale;
             // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
@@ -1380,6 +1411,9 @@ impl Mixer for Attention {
     }
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
         Attention::params_mut(self, prefix, out)
+    }
+    fn hands_tiles(&self) -> bool {
+        true
     }
     fn as_attention(&self) -> Option<&Attention> {
         Some(self)

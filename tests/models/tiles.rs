@@ -1,0 +1,131 @@
+//! Attention weights tile by tile (`Hooks::tile_rows` / `Hooks::tile`,
+//! docs/methods.md#score-tiles): a run that asks for tiles gets every layer's scores and weights
+//! as blocks of at most the rows it asked for, in order, covering every query once; the blocks
+//! put together are the whole run's `hook_attn_scores` and `hook_pattern`, a running statistic
+//! over them equals the same statistic over the whole pattern, and the run's output is the
+//! untiled run's, on an encoder with padding, causal stacks (one with soft-capped scores) and a
+//! translation model's three kinds.
+
+use crate::common;
+use headscope::model::hooks::{At, Hooks, Point};
+use headscope::model::nn::Gates;
+use headscope::model::transformer::Stop;
+use headscope::model::{Kind, Model, ModelError};
+use std::collections::BTreeMap;
+use tch::{Kind as DType, Tensor};
+
+/// Keeps every tile it is handed (a real consumer would keep running sums).
+struct Tiles {
+    rows: i64,
+    got: BTreeMap<At, Vec<(i64, Tensor, Tensor)>>,
+}
+
+impl Hooks for Tiles {
+    fn wants(&self, _at: At) -> bool {
+        false
+    }
+    fn visit(&mut self, _at: At, _x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(None)
+    }
+    fn tile_rows(&self, at: At) -> Option<i64> {
+        (at.point == Point::Pattern).then_some(self.rows)
+    }
+    fn tile(&mut self, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+        self.got.entry(at).or_default().push((q0, scores.shallow_clone(), pattern.shallow_clone()));
+        Ok(())
+    }
+}
+
+/// Two sentences of different lengths (the shorter padded) through the stack, and through a
+/// translation model's decoder teacher-forced on fixed targets.
+fn run(m: &Model, hooks: &mut dyn Hooks) -> Tensor {
+    let _g = tch::no_grad_guard();
+    let b = m.batch(&["The cat sat on the mat near the door.", "A dog."]).unwrap();
+    let (ids, mask) = (&b.ids, &b.mask);
+    let gates = Gates::none();
+    let enc = m.net.encode(ids, mask, &gates, Some(&mut *hooks)).unwrap();
+    if m.net.decoder.is_empty() {
+        return enc;
+    }
+    let tgt = Tensor::from_slice(&[5i64, 9, 7, 3, 8, 6, 4, 2]).view([2, 4]);
+    m.net.teacher(&enc, mask, &tgt, Stop::FinalNorm, &gates, Some(hooks)).unwrap()
+}
+
+#[test]
+fn tiles_put_together_are_the_whole_pattern() {
+    let mut models: Vec<(String, Model)> =
+        ["llama", "gemma2", "gpt2", "marian"].iter().map(|n| (n.to_string(), common::tiny_hf(n, "f32"))).collect();
+    models.push(("bert".into(), common::load(&common::fixtures().join("lrp_tiny/bert"), "f32")));
+    for (name, m) in models {
+        for l in 0..m.net.stack.len() {
+            assert!(m.net.stack[l].mixer().hands_tiles(), "{name}: layer {l}");
+        }
+        let (seen, whole) = common::recorded(&[Point::Scores, Point::Pattern], |h| run(&m, h));
+        let mut tiles = Tiles { rows: 3, got: BTreeMap::new() };
+        let tiled = run(&m, &mut tiles);
+        // float32 rounding of separate row blocks, carried through the layers: the bound of
+        // common::f32_bound over the model's accumulation depth (docs/testing.md).
+        let depth = common::depth(&m, whole.size()[1] as usize);
+        let bound = common::f32_bound(whole.abs().max().double_value(&[]), depth);
+        let d = common::max_diff(&tiled, &whole);
+        assert!(d <= bound, "{name}: the tiled run's output differs by {d:e} (bound {bound:e})");
+        let patterns: Vec<&(At, Tensor)> = seen.iter().filter(|(a, _)| a.point == Point::Pattern).collect();
+        assert!(!patterns.is_empty(), "{name}: no pattern recorded");
+        // Every layer and kind the whole run has, and no other, handed tiles.
+        let kinds_layers: Vec<At> = patterns.iter().map(|(a, _)| *a).collect();
+        let tiled_at: Vec<At> = tiles.got.keys().copied().collect();
+        let mut sorted = kinds_layers.clone();
+        sorted.sort();
+        assert_eq!(tiled_at, sorted, "{name}: the tiled points");
+        if name == "marian" {
+            for k in [Kind::Enc, Kind::Dec, Kind::Cross] {
+                assert!(tiled_at.iter().any(|a| a.kind == k), "{name}: no {k} tiles");
+            }
+        }
+        for (at, full) in patterns {
+            let scores = &seen.iter().find(|(a, _)| *a == At::new(at.kind, at.layer, Point::Scores)).unwrap().1;
+            let parts = &tiles.got[at];
+            let tq = full.size()[2];
+            // In order, each at most 3 rows, covering 0..tq once.
+            let mut next = 0;
+            for (q0, s, p) in parts {
+                assert_eq!(*q0, next, "{name} {at}: tiles out of order");
+                let n = p.size()[2];
+                assert!((1..=3).contains(&n), "{name} {at}: a tile of {n} rows");
+                assert_eq!(s.size(), p.size(), "{name} {at}: scores and weights of a tile");
+                next += n;
+            }
+            assert_eq!(next, tq, "{name} {at}: the tiles cover {next} of {tq} query rows");
+            let p = Tensor::cat(&parts.iter().map(|t| t.2.shallow_clone()).collect::<Vec<_>>(), 2);
+            let s = Tensor::cat(&parts.iter().map(|t| t.1.shallow_clone()).collect::<Vec<_>>(), 2);
+            let dp = common::max_diff(&p, full);
+            let pb = common::f32_bound(1.0, depth);
+            assert!(dp <= pb, "{name} {at}: tiled weights differ by {dp:e} (bound {pb:e})");
+            // Scores: masked entries are -1e9-ish on both sides; compare where unmasked.
+            let real = full.gt(0.0);
+            let ds = common::max_diff(&s.masked_select(&real), &scores.masked_select(&real));
+            let sb = common::f32_bound(scores.masked_select(&real).abs().max().double_value(&[]), depth);
+            assert!(ds <= sb, "{name} {at}: tiled scores differ by {ds:e} (bound {sb:e})");
+            // A running statistic kept tile by tile (each head's largest weight per query,
+            // summed): the same as over the whole pattern.
+            let running: f64 =
+                parts.iter().map(|t| t.2.amax([-1i64].as_slice(), false).sum(DType::Double).double_value(&[])).sum();
+            let at_once = full.amax([-1i64].as_slice(), false).sum(DType::Double).double_value(&[]);
+            assert!((running - at_once).abs() <= 1e-5 * at_once.abs().max(1.0), "{name} {at}: {running} vs {at_once}");
+        }
+    }
+}
+
+/// A hook that asks for no tiles (0 rows) gets none, and the run is the plain forward's bit for
+/// bit (the fused kernel, as without hooks).
+#[test]
+fn an_untiled_run_hands_no_tiles() {
+    let m = common::tiny_hf("llama", "f32");
+    let mut tiles = Tiles { rows: 0, got: BTreeMap::new() };
+    let out = run(&m, &mut tiles);
+    assert!(tiles.got.is_empty(), "tiles handed to a hook that asked for 0 rows");
+    let _g = tch::no_grad_guard();
+    let b = m.batch(&["The cat sat on the mat near the door.", "A dog."]).unwrap();
+    let plain = m.net.encode(&b.ids, &b.mask, &Gates::none(), None).unwrap();
+    assert_eq!(common::max_diff(&out, &plain), 0.0);
+}
