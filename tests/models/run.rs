@@ -99,19 +99,21 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
     let _g = tch::no_grad_guard();
     for name in ["marian", "m2m100", "t5"] {
         let m = common::tiny_hf(name, "f32");
-        let ids = Tensor::from_slice(&m.tokenize("The cat sat on the mat.").unwrap().ids).view([1, -1]);
-        let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
-        let tgt = Tensor::from_slice(&[5i64, 9, 7, 3]).view([1, 4]);
+        // Two sources of different lengths (the shorter padded), so that rows cannot be mixed
+        // up unnoticed.
+        let b = m.batch(&["The cat sat on the mat near the door.", "A dog."]).unwrap();
+        let (ids, mask) = (&b.ids, &b.mask);
+        let tgt = Tensor::from_slice(&[5i64, 9, 7, 3, 8, 6, 4, 2]).view([2, 4]);
         let gates = Gates::none();
-        let enc = m.net.encode(&ids, &mask, &gates, None).unwrap();
-        let src = m.net.source(&enc, &mask, &mut None).unwrap();
+        let enc = m.net.encode(ids, mask, &gates, None).unwrap();
+        let src = m.net.source(&enc, mask, &mut None).unwrap();
         let n = m.net.decoder.len();
         let (seen, whole) = common::recorded(&[Point::ResidPre, Point::Ln1, Point::ResidMid, Point::Z], |h| {
             m.net.decode(DecStart::Targets(&tgt), Stop::FinalNorm, &src, &gates, &mut Some(h)).unwrap()
         });
-        let teacher = m.net.teacher(&enc, &mask, &tgt, Stop::FinalNorm, &gates, None).unwrap();
+        let teacher = m.net.teacher(&enc, mask, &tgt, Stop::FinalNorm, &gates, None).unwrap();
         assert_eq!(common::max_diff(&teacher, &whole), 0.0, "{name}: teacher");
-        let logits = m.net.teacher(&enc, &mask, &tgt, Stop::Logits, &gates, None).unwrap();
+        let logits = m.net.teacher(&enc, mask, &tgt, Stop::Logits, &gates, None).unwrap();
         assert_eq!(common::max_diff(&logits, &m.net.logits(&whole).unwrap()), 0.0, "{name}: Stop::Logits");
         let last = m.net.decode(DecStart::Targets(&tgt), Stop::After(n - 1), &src, &gates, &mut None).unwrap();
         assert_eq!(common::max_diff(&last, &whole), 0.0, "{name}: stop after the last layer");
@@ -123,7 +125,8 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
             let from_z =
                 m.net.decode(DecStart::CrossZ { layer: l, x: &x, z: &z }, Stop::FinalNorm, &src, &gates, &mut None);
             assert_eq!(common::max_diff(&from_z.unwrap(), &whole), 0.0, "{name}: resumed at layer {l}'s cross hook_z");
-            // Two rows of the same resume over the repeated source: each the whole run.
+            // The batch twice over the repeated source (rows `r` and `r + B`): each block the
+            // whole run.
             let rows = m
                 .net
                 .decode(
@@ -135,7 +138,7 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
                 )
                 .unwrap();
             for r in 0..2 {
-                assert_eq!(common::max_diff(&rows.narrow(0, r, 1), &whole), 0.0, "{name}: row {r} of layer {l}");
+                assert_eq!(common::max_diff(&rows.narrow(0, 2 * r, 2), &whole), 0.0, "{name}: block {r} of layer {l}");
             }
             if l + 1 < n {
                 // Stopping after layer l, then on: the stream a resume above would read.
@@ -153,6 +156,10 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
         let e = m.net.decode(DecStart::Targets(&tgt), Stop::After(n), &src, &gates, &mut None).unwrap_err();
         assert!(e.to_string().contains(&format!("decoder layer {n} out of range")), "{name}: {e}");
         if n > 1 {
+            let mut state = m.net.start_state(2);
+            let step = DecStart::Step { prev: None, state: &mut state };
+            let e = m.net.decode(step, Stop::After(0), &src, &gates, &mut None).unwrap_err().to_string();
+            assert!(e.contains("a decoder step runs every layer"), "{name}: {e}");
             let resume = DecStart::CrossZ { layer: 1, x: &x, z: &z };
             let e = m.net.decode(resume, Stop::After(0), &src, &gates, &mut None).unwrap_err();
             assert!(e.to_string().contains("cannot stop after layer 0"), "{name}: {e}");

@@ -7,7 +7,7 @@
 //! translation model's three kinds.
 
 use crate::common;
-use headscope::model::hooks::{At, Hooks, Point};
+use headscope::model::hooks::{At, Both, Hooks, Point};
 use headscope::model::nn::Gates;
 use headscope::model::transformer::Stop;
 use headscope::model::{Kind, Model, ModelError};
@@ -53,8 +53,10 @@ fn run(m: &Model, hooks: &mut dyn Hooks) -> Tensor {
 
 #[test]
 fn tiles_put_together_are_the_whole_pattern() {
-    let mut models: Vec<(String, Model)> =
-        ["llama", "gemma2", "gpt2", "marian"].iter().map(|n| (n.to_string(), common::tiny_hf(n, "f32"))).collect();
+    let mut models: Vec<(String, Model)> = ["llama", "gemma2", "gpt2", "marian", "t5"]
+        .iter()
+        .map(|n| (n.to_string(), common::tiny_hf(n, "f32")))
+        .collect();
     models.push(("bert".into(), common::load(&common::fixtures().join("lrp_tiny/bert"), "f32")));
     for (name, m) in models {
         for l in 0..m.net.stack.len() {
@@ -77,7 +79,7 @@ fn tiles_put_together_are_the_whole_pattern() {
         let mut sorted = kinds_layers.clone();
         sorted.sort();
         assert_eq!(tiled_at, sorted, "{name}: the tiled points");
-        if name == "marian" {
+        if !m.net.decoder.is_empty() {
             for k in [Kind::Enc, Kind::Dec, Kind::Cross] {
                 assert!(tiled_at.iter().any(|a| a.kind == k), "{name}: no {k} tiles");
             }
@@ -128,4 +130,52 @@ fn an_untiled_run_hands_no_tiles() {
     let b = m.batch(&["The cat sat on the mat near the door.", "A dog."]).unwrap();
     let plain = m.net.encode(&b.ids, &b.mask, &Gates::none(), None).unwrap();
     assert_eq!(common::max_diff(&out, &plain), 0.0);
+}
+
+/// Replaces layer 0's weights by uniform ones (over every key, a hook's free choice).
+struct Uniform;
+
+impl Hooks for Uniform {
+    fn wants(&self, at: At) -> bool {
+        at.point == Point::Pattern && at.layer == 0
+    }
+    fn visit(&mut self, _at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(Some(x.ones_like() / x.size()[3] as f64))
+    }
+}
+
+/// Tiles beside a hook that looks at the whole pattern: the whole pattern is visited (recorded,
+/// or replaced, and the replacement takes effect downstream), and the tiles are its rows,
+/// bit for bit.
+#[test]
+fn tiles_beside_a_hook_on_the_whole_pattern_are_its_rows() {
+    let m = common::tiny_hf("llama", "f32");
+    // Recorded: the record sees every layer's whole pattern, the tiles are its rows, and the
+    // output is the recording run's.
+    let mut tiles = Tiles { rows: 2, got: BTreeMap::new() };
+    let (seen, out) = common::recorded(&[Point::Pattern], |rec| run(&m, &mut Both(rec, &mut tiles)));
+    let (_, plain) = common::recorded(&[Point::Pattern], |rec| run(&m, rec));
+    assert_eq!(common::max_diff(&out, &plain), 0.0, "the output beside a record");
+    assert_eq!(seen.len(), m.net.stack.len(), "every layer's whole pattern recorded");
+    for (at, full) in &seen {
+        let parts: Vec<Tensor> = tiles.got[at].iter().map(|t| t.2.shallow_clone()).collect();
+        assert!(tiles.got[at].iter().all(|t| t.2.size()[2] <= 2), "{at}: a tile over 2 rows");
+        assert_eq!(common::max_diff(&Tensor::cat(&parts, 2), full), 0.0, "{at}: tiles beside a record");
+    }
+    // Replaced: layer 0's tiles are the uniform weights the hook put there, and the output
+    // is the replaced run's, not the plain one's.
+    let mut tiles = Tiles { rows: 2, got: BTreeMap::new() };
+    let replaced_tiled = run(&m, &mut Both(&mut Uniform, &mut tiles));
+    let replaced = run(&m, &mut Uniform);
+    // (Layers above 0 are tiled in one run and fused in the other: float32 rounding apart.)
+    let bound =
+        common::f32_bound(replaced.abs().max().double_value(&[]), common::depth(&m, replaced.size()[1] as usize));
+    let d = common::max_diff(&replaced_tiled, &replaced);
+    assert!(d <= bound, "the replacement took effect: {d:e} from the replaced run (bound {bound:e})");
+    assert!(common::max_diff(&replaced, &plain) > 1e-4, "the replacement changed nothing");
+    let at0 = At::new(m.net.stack_kind, 0, Point::Pattern);
+    for (_, _, p) in &tiles.got[&at0] {
+        let tk = p.size()[3] as f64;
+        assert!(common::max_diff(p, &(p.ones_like() / tk)) < 1e-7, "layer 0's tiles are not the replacement");
+    }
 }

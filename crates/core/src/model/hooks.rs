@@ -228,10 +228,11 @@ pub trait Hooks {
     fn rules(&self) -> GradRules {
         GradRules::Autograd
     }
-    /// Query rows per tile where this run wants a mixer's attention weights at `at` (a
-    /// `Pattern` point) handed over tile by tile ([`Hooks::tile`]) rather than whole; `None`
-    /// (the default): whole, at `hook_attn_scores` / `hook_pattern` as usual. A tiled layer
-    /// never holds its `T x T` weights at once, and visits neither of those two points
+    /// At most this many query rows per tile where this run wants a mixer's attention weights
+    /// at `at` (a `Pattern` point) handed over tile by tile ([`Hooks::tile`]); `None` (the
+    /// default): no tiles. Where no hook of the run looks at `hook_attn_scores` or
+    /// `hook_pattern` there, the layer never holds its `T x T` weights at once; where one does,
+    /// the whole weights are visited (and may be replaced) first, and the tiles are their rows
     /// (docs/methods.md#score-tiles).
     fn tile_rows(&self, _at: At) -> Option<i64> {
         None
@@ -352,7 +353,7 @@ impl Hooks for Both<'_> {
         Ok(second.or(first))
     }
     fn tile_rows(&self, at: At) -> Option<i64> {
-        match (self.0.tile_rows(at), self.1.tile_rows(at)) {
+        match (self.0.tile_rows(at).filter(|&n| n > 0), self.1.tile_rows(at).filter(|&n| n > 0)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

@@ -1048,11 +1048,9 @@ impl Attention {
         // backward is left to the repeated form); every other path reads them per query head.
         // Tiles of the weights, where the run's hooks ask for them (Hooks::tile_rows).
         let tiles = hooks::tile_rows(hs, at(Point::Pattern)).filter(|_| gate.and_then(|g| g.bypass).is_none());
-        let fused = gate.and_then(|g| g.bypass).is_none()
-            && tiles.is_none()
-            && !(hooks::wants(hs, at(Point::Scores))
-                || hooks::wants(hs, at(Point::Pattern))
-                || self.score.softcap.is_some());
+        let whole_wanted = hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern));
+        let fused =
+            gate.and_then(|g| g.bypass).is_none() && tiles.is_none() && !(whole_wanted || self.score.softcap.is_some());
         let grouped = k.dim() == 4 && k.size()[1] != h;
         let gqa = grouped && fused && !(q.requires_grad() || k.requires_grad() || v.requires_grad());
         let per_head;
@@ -1084,7 +1082,7 @@ impl Attention {
             // HARP: no scores; each query's own value (the last `tq` of the keys' positions).
             let tk = v.size()[2];
             v.f_narrow(2, tk - tq, tq)? * alpha
-        } else if let Some(rows) = tiles {
+        } else if let (Some(rows), false, true) = (tiles, whole_wanted, tq > 0) {
             // Query rows a tile at a time: the scores and weights of one tile are all that is
             // held; each goes to the hooks (Hooks::tile), then on to the values. The same
             // arithmetic as the whole path below, row block by row block.
@@ -1123,6 +1121,15 @@ impl Attention {
                 None => probs,
             };
             let probs = hooks::at(hs, at(Point::Pattern), probs)?;
+            // Tiles asked for beside the whole weights: the rows of what the hooks left.
+            if let Some(rows) = tiles {
+                let mut q0 = 0;
+                while q0 < tq {
+                    let n = rows.min(tq - q0);
+                    hooks::tile(hs, at(Point::Pattern), q0, &scores.f_narrow(2, q0, n)?, &probs.f_narrow(2, q0, n)?)?;
+                    q0 += n;
+                }
+            }
             probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.

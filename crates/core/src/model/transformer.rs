@@ -748,7 +748,9 @@ pub enum DecStart<'a> {
     /// embedding), every step at once (only an SSRU's recurrence goes step by step).
     Targets(&'a Tensor),
     /// One step: the token `prev [B]` (`None`: the first step, the start token) continuing
-    /// `state`, which the run advances.
+    /// `state`, which the run advances (through every layer: a step stops at `FinalNorm` or
+    /// `Logits`). The cross-attention's keys and values were visited once, by the hooks given
+    /// to [`Transformer::source`].
     Step { prev: Option<&'a Tensor>, state: &'a mut DecoderState },
     /// Decoder layer `layer` resumed at its cross-attention's `hook_z` (teacher forcing, every
     /// step at once): `x` the stream the cross-attention's output is added to (at
@@ -774,7 +776,9 @@ pub enum Start<'a> {
 /// Where a [`Transformer::run`] of the stack stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
-    /// After layer `l` (its `hook_resid_post`, or a post-norm layer's last norm).
+    /// After layer `l` (its `hook_resid_post`, or a post-norm layer's last norm). A translation
+    /// decoder's last layer ends in the decoder's final norm where it has one, so there
+    /// `After(last)` is `FinalNorm`.
     After(usize),
     /// The stack's output: the final norm where the model has one (`ln_final.hook_normalized`).
     FinalNorm,
@@ -1316,6 +1320,14 @@ impl Transformer {
                 x
             }
             DecStart::Step { prev, state } => {
+                // A step advances every layer's state: one stopped below the top would leave
+                // the layers above a step behind.
+                if last < n {
+                    return Err(ModelError::Invalid(format!(
+                        "a decoder step runs every layer: it cannot stop after layer {} of {n}",
+                        last - 1
+                    )));
+                }
                 let b = src.enc_bias.size()[0];
                 let ids = prev.map(|p| p.view([b, 1]));
                 let mut x = self.dec_inputs(ids.as_ref(), b, state.step, 1, h)?; // [B, 1, D]
