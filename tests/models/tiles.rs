@@ -179,3 +179,33 @@ fn tiles_beside_a_hook_on_the_whole_pattern_are_its_rows() {
         assert!(common::max_diff(p, &(p.ones_like() / tk)) < 1e-7, "layer 0's tiles are not the replacement");
     }
 }
+
+/// Under DuoAttention's gates (each head a mix of full and streaming weights, its own window
+/// bias per tile) the tiles put together are the gated run's whole pattern, and the output the
+/// untiled gated run's.
+#[test]
+fn tiles_under_duo_gates_are_the_mixed_pattern() {
+    let _g = tch::no_grad_guard();
+    let m = common::tiny_hf("llama", "f32");
+    let (layers, heads) = (m.net.stack.len() as i64, m.net.stack[0].mixer().width() as i64);
+    let alpha = Tensor::linspace(0.1, 0.9, layers * heads, (DType::Float, tch::Device::Cpu)).view([layers, heads]);
+    let gates =
+        Gates { duo: Some(std::rc::Rc::new(headscope::model::nn::Duo { alpha, sink: 1, recent: 2 })), ..Gates::none() };
+    let b = m.batch(&["The cat sat on the mat near the door.", "A dog."]).unwrap();
+    let (seen, whole) =
+        common::recorded(&[Point::Pattern], |h| m.net.encode(&b.ids, &b.mask, &gates, Some(h)).unwrap());
+    let plain = m.net.encode(&b.ids, &b.mask, &Gates::none(), None).unwrap();
+    assert!(common::max_diff(&whole, &plain) > 1e-4, "the duo gates changed nothing");
+    let mut tiles = Tiles { rows: 3, got: BTreeMap::new() };
+    let tiled = m.net.encode(&b.ids, &b.mask, &gates, Some(&mut tiles)).unwrap();
+    let depth = common::depth(&m, whole.size()[1] as usize);
+    let bound = common::f32_bound(whole.abs().max().double_value(&[]), depth);
+    let d = common::max_diff(&tiled, &whole);
+    assert!(d <= bound, "the tiled gated run differs by {d:e} (bound {bound:e})");
+    assert_eq!(seen.len(), layers as usize);
+    for (at, full) in &seen {
+        let parts: Vec<Tensor> = tiles.got[at].iter().map(|t| t.2.shallow_clone()).collect();
+        let dp = common::max_diff(&Tensor::cat(&parts, 2), full);
+        assert!(dp <= common::f32_bound(1.0, depth), "{at}: tiled duo weights differ by {dp:e}");
+    }
+}
