@@ -107,7 +107,8 @@ pub struct Plan {
     pub explicit: bool,
     pub rows: std::ops::Range<usize>,
     pub total: usize,
-    identity: serde_json::Value,
+    /// The data's part of a shard record's identity (`shard::data_identity`).
+    data: serde_json::Value,
 }
 
 impl Plan {
@@ -137,8 +138,8 @@ impl Plan {
 
     fn of_items(name: &str, total: usize, digest: String, shard: Option<crate::shard::Shard>, explicit: bool) -> Plan {
         let rows = shard.map_or(0..total, |s| s.rows(total));
-        let identity = serde_json::json!({"name": name, "sentences": total, "digest": digest});
-        Plan { shard, explicit, rows, total, identity }
+        let data = crate::shard::data_identity(name, total, &digest);
+        Plan { shard, explicit, rows, total, data }
     }
 
     /// The plan of a script call over prompt pairs (patching): as [`Plan::new`], by pairs.
@@ -171,23 +172,26 @@ impl Plan {
         Ok(if self.shard.is_some() { d.slice(self.rows.clone()) } else { d.clone() })
     }
 
-    /// The data's part of a shard record's identity.
-    pub fn data_identity(&self) -> serde_json::Value {
-        self.identity.clone()
+    /// A shard record's identity for this plan's data (`shard::identity`): the model's
+    /// (`View::identity`) and `rest` (an object: the echoed options, which heads have a value,
+    /// ...).
+    pub fn identity(&self, model: serde_json::Value, rest: serde_json::Value) -> serde_json::Value {
+        crate::shard::identity(model, self.data.clone(), rest)
     }
 
     /// Adds the shard record (function, slice, identity, accumulators) to a sharded result's
     /// echoed options, and in a `--shard` run writes the result to the shard directory.
-    pub fn seal<T>(
+    pub fn seal<T, A: crate::shard::Accumulate>(
         &self,
         func: &str,
         identity: serde_json::Value,
-        acc: serde_json::Value,
+        acc: &A,
         mut result: T,
         echo: impl FnOnce(&mut T) -> &mut crate::output::Echo,
         json: impl Fn(&T) -> serde_json::Value,
     ) -> Result<T, String> {
         let Some(shard) = self.shard else { return Ok(result) };
+        let acc = serde_json::to_value(acc).map_err(|e| format!("{func}: the accumulators: {e}"))?;
         let name = if self.explicit { func.to_string() } else { crate::shard::next_name(func) };
         let record = crate::shard::Partial {
             func: func.into(),

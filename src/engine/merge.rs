@@ -1,6 +1,8 @@
 //! Merging sharded results (docs/methods.md#shards): each sharded function's finisher, one
 //! flat list; `merge_results` for scripts and `headscope merge` for files both go through
-//! [`crate::shard::merge`] and then the finisher, the code a one-process run goes through.
+//! [`crate::shard::merge`], then add the shards' accumulators by their type's rule
+//! ([`Merged::total`]: `SweepAcc`, `LrpAcc`, ...), then the finisher, the code a one-process
+//! run goes through.
 
 use crate::grid::Grid;
 use crate::script::convert::{err, quote, ScriptResult};
@@ -22,16 +24,16 @@ fn grid(g: Result<Grid, String>) -> Result<(Dynamic, Value), String> {
 /// Every function that runs sharded, and its finisher.
 pub const FINISHERS: &[(&str, Finisher)] = &[
     ("analyze", crate::analysis::script::finish_analysis),
-    ("ablation_sweep", |m| grid(crate::analysis::script::finish_sweep(&m.identity, &m.acc))),
-    ("lrp", |m| grid(crate::analysis::script::finish_lrp(&m.identity, &m.acc))),
-    ("head_importance", |m| grid(crate::analysis::script::finish_importance(&m.identity, &m.acc))),
+    ("ablation_sweep", |m| grid(crate::analysis::script::finish_sweep(&m.identity, &m.total()?))),
+    ("lrp", |m| grid(crate::analysis::script::finish_lrp(&m.identity, &m.total()?))),
+    ("head_importance", |m| grid(crate::analysis::script::finish_importance(&m.identity, &m.total()?))),
     ("patch", |m| {
-        let map = crate::analysis::script::finish_patch(&m.identity, &m.acc)?;
+        let map = crate::analysis::script::finish_patch(&m.identity, &m.total()?)?;
         let json = crate::script::convert::dynamic_json(&Dynamic::from(map.clone()));
         Ok((Dynamic::from(map), json))
     }),
     ("bleu", |m| {
-        let map = crate::analysis::script::finish_bleu(&m.identity, &m.acc)?;
+        let map = crate::analysis::script::finish_bleu(&m.identity, &m.total()?)?;
         let json = crate::script::convert::dynamic_json(&Dynamic::from(map.clone()));
         Ok((Dynamic::from(map), json))
     }),

@@ -4,16 +4,21 @@
 //! Every per-head statistic headscope computes is a ratio of additive accumulators (sums of
 //! attention maxima, offset counts, token losses, BLEU n-gram counts, gradient magnitudes,
 //! relevance shares, and their counts). A sharded call keeps them: its result carries, under
-//! the echoed option `shard`, a [`Partial`] — the function, which slice, the identity of the
-//! model, data and options, and the accumulators. [`merge`] checks that a set of partials
-//! belongs together and covers every slice once, and adds the accumulators; each function's
-//! finisher (`engine::merge`) turns the sums into its result, the same code a one-process run
-//! goes through.
+//! the echoed option `shard`, a [`Partial`] — the function, which slice, the [`identity`] of
+//! the model, data and options, and the accumulators. [`merge`] checks that a set of partials
+//! belongs together and covers every slice once; each function's accumulator type (an
+//! [`Accumulate`]: `AnalysisAcc`, `SweepAcc`, `LrpAcc`, `ImportanceAcc`, `PatchAcc`,
+//! `BleuAcc`) declares how its fields merge, and [`Merged::total`] adds the shards' by that
+//! rule; each function's finisher (`engine::merge`) turns the total into its result, the same
+//! code a one-process run goes through.
 //!
-//! A leaf module: plain JSON, no model types.
+//! A leaf module: plain JSON and serde, no model types.
 
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -74,9 +79,7 @@ pub struct Partial {
     pub total: usize,
     /// Model, data and options: equal in every shard of a merge.
     pub identity: Value,
-    /// The accumulators: numbers add (keys starting `max_` take the maximum), arrays add
-    /// element by element, objects add key by key (a key missing from one side counts as 0),
-    /// strings and booleans must be equal.
+    /// The accumulators, as their function's [`Accumulate`] type serialises them.
     pub acc: Value,
 }
 
@@ -130,7 +133,8 @@ impl Partial {
     }
 }
 
-/// The merged accumulators of a complete set of shards.
+/// A complete, consistent set of shards: what they share, and each one's accumulators in shard
+/// order, which [`Merged::total`] adds by their type's rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Merged {
     pub func: String,
@@ -138,7 +142,185 @@ pub struct Merged {
     pub total: usize,
     pub shards: usize,
     pub identity: Value,
-    pub acc: Value,
+    /// `(source, accumulators)` of each shard, in shard order.
+    pub accs: Vec<(String, Value)>,
+}
+
+impl Merged {
+    /// The shards' accumulators read as `A` and added in shard order (so a merge does not
+    /// depend on the order files are given in), by `A`'s rule; refused, naming the shard and
+    /// the field, when one does not read as `A` or does not fit the others.
+    pub fn total<A: Accumulate>(&self) -> Result<A, String> {
+        let mut sum: Option<A> = None;
+        for (src, v) in &self.accs {
+            let a: A = serde_json::from_value(v.clone())
+                .map_err(|e| format!("{} ({src}): the accumulators do not read: {e}", self.name))?;
+            match sum.as_mut() {
+                None => sum = Some(a),
+                Some(s) => s
+                    .accumulate(a, "acc")
+                    .map_err(|e| format!("{} ({src}): the accumulators do not fit: {e}", self.name))?,
+            }
+        }
+        sum.ok_or_else(|| format!("{}: no shards", self.name))
+    }
+}
+
+/// Accumulators that shards add up: `self += other` by the type's declared rule. Numbers add
+/// (counts checked for overflow), [`Max`] keeps the larger, lists add entry by entry and must
+/// have one length, maps add key by key (a key one side lacks is taken as it is), options must
+/// agree on being present; a struct declares its fields with [`accumulate_fields!`](crate::accumulate_fields), which
+/// refuses to compile when a field is left out. `at` names the field in errors.
+pub trait Accumulate: Serialize + DeserializeOwned {
+    fn accumulate(&mut self, other: Self, at: &str) -> Result<(), String>;
+}
+
+/// Implements [`Accumulate`] for a struct field by field: `accumulate_fields!(T { a, b })`. A
+/// field left out of the list fails to compile (the destructuring names them all).
+#[macro_export]
+macro_rules! accumulate_fields {
+    ($t:ty { $($f:ident),* $(,)? }) => {
+        impl $crate::shard::Accumulate for $t {
+            fn accumulate(&mut self, other: Self, at: &str) -> Result<(), String> {
+                let Self { $($f),* } = other;
+                $( $crate::shard::Accumulate::accumulate(&mut self.$f, $f, &format!("{at}.{}", stringify!($f)))?; )*
+                Ok(())
+            }
+        }
+    };
+}
+
+impl Accumulate for f64 {
+    fn accumulate(&mut self, other: f64, at: &str) -> Result<(), String> {
+        *self += other;
+        if self.is_finite() || !other.is_finite() {
+            Ok(())
+        } else {
+            Err(format!("{at}: the sum is not finite"))
+        }
+    }
+}
+
+macro_rules! accumulate_count {
+    ($($t:ty),*) => {$(
+        impl Accumulate for $t {
+            fn accumulate(&mut self, other: $t, at: &str) -> Result<(), String> {
+                *self = self.checked_add(other).ok_or_else(|| format!("{at}: the count overflows"))?;
+                Ok(())
+            }
+        }
+    )*};
+}
+accumulate_count!(u64, usize);
+
+impl<T: Accumulate> Accumulate for Vec<T> {
+    fn accumulate(&mut self, other: Vec<T>, at: &str) -> Result<(), String> {
+        if self.len() != other.len() {
+            return Err(format!("{at} has {} entries in one shard and {} in another", self.len(), other.len()));
+        }
+        for (i, (a, b)) in self.iter_mut().zip(other).enumerate() {
+            a.accumulate(b, &format!("{at}[{i}]"))?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Accumulate, const N: usize> Accumulate for [T; N]
+where
+    [T; N]: Serialize + DeserializeOwned,
+{
+    fn accumulate(&mut self, other: [T; N], at: &str) -> Result<(), String> {
+        for (i, (a, b)) in self.iter_mut().zip(other).enumerate() {
+            a.accumulate(b, &format!("{at}[{i}]"))?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Accumulate> Accumulate for BTreeMap<String, T> {
+    fn accumulate(&mut self, other: BTreeMap<String, T>, at: &str) -> Result<(), String> {
+        for (k, b) in other {
+            match self.get_mut(&k) {
+                Some(a) => a.accumulate(b, &format!("{at}.{k}"))?,
+                None => {
+                    self.insert(k, b);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Accumulate> Accumulate for Option<T> {
+    fn accumulate(&mut self, other: Option<T>, at: &str) -> Result<(), String> {
+        match (self.as_mut(), other) {
+            (Some(a), Some(b)) => a.accumulate(b, at),
+            (None, None) => Ok(()),
+            (a, _) => Err(format!(
+                "{at} is {} in one shard and not in another",
+                if a.is_some() { "present" } else { "absent" }
+            )),
+        }
+    }
+}
+
+/// A maximum over shards (an error bound, a worst case): merged by `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Max(pub f64);
+
+impl Accumulate for Max {
+    fn accumulate(&mut self, other: Max, _at: &str) -> Result<(), String> {
+        self.0 = self.0.max(other.0);
+        Ok(())
+    }
+}
+
+/// A sum that may be undefined (NaN, written `null`: a metric with nothing to average): merged
+/// by `+`, an undefined side leaves it undefined.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Num(pub f64);
+
+impl Serialize for Num {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0.is_finite() {
+            s.serialize_f64(self.0)
+        } else {
+            s.serialize_none()
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
+        Ok(Num(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN)))
+    }
+}
+
+impl Accumulate for Num {
+    fn accumulate(&mut self, other: Num, _at: &str) -> Result<(), String> {
+        self.0 += other.0;
+        Ok(())
+    }
+}
+
+/// A shard record's identity, built here and nowhere else: the model's (`View::identity`: name,
+/// family, files, the view's gates), the data's (`data`: name, sentences, digest) and what else
+/// the result depends on (`rest`: the echoed options, which heads have a value, an analysis's
+/// frame, patching's spec). Shards merge only when their identities are equal.
+pub fn identity(model: Value, data: Value, rest: Value) -> Value {
+    let mut id = serde_json::Map::new();
+    id.insert("model".into(), model);
+    id.insert("data".into(), data);
+    if let Value::Object(rest) = rest {
+        id.extend(rest);
+    }
+    Value::Object(id)
+}
+
+/// The data part of an identity: a dataset's (or a list of lines') name, size and digest.
+pub fn data_identity(name: &str, total: usize, digest: &str) -> Value {
+    json!({"name": name, "sentences": total, "digest": digest})
 }
 
 /// Merges the partials of one computation (each with the file or value it came from):
@@ -203,20 +385,15 @@ pub fn merge(parts: &[(String, Partial)]) -> Result<Merged, String> {
             first.shard.count
         ));
     }
-    // Add in shard order, so a merge does not depend on the order files are listed in.
     let mut sorted: Vec<&(String, Partial)> = parts.iter().collect();
     sorted.sort_by_key(|(_, p)| p.shard.index);
-    let mut acc = sorted[0].1.acc.clone();
-    for (src, p) in &sorted[1..] {
-        add(&mut acc, &p.acc, "", "").map_err(|e| format!("{} ({src}): accumulators do not fit: {e}", p.name))?;
-    }
     Ok(Merged {
         func: first.func.clone(),
         name: first.name.clone(),
         total: first.total,
         shards: first.shard.count,
         identity: first.identity.clone(),
-        acc,
+        accs: sorted.into_iter().map(|(src, p)| (src.clone(), p.acc.clone())).collect(),
     })
 }
 
@@ -264,47 +441,6 @@ pub fn first_difference<'a>(
         _ if a == b => None,
         _ => Some((if path.is_empty() { ".".into() } else { path.to_string() }, Some(a), Some(b))),
     }
-}
-
-/// `a += b` by the rules of [`Partial::acc`].
-fn add(a: &mut Value, b: &Value, path: &str, key: &str) -> Result<(), String> {
-    match (&mut *a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let sum = match (x.as_u64(), y.as_u64()) {
-                (Some(p), Some(q)) if key.starts_with("max_") => json!(p.max(q)),
-                (Some(p), Some(q)) => json!(p.checked_add(q).ok_or_else(|| format!("{path}: the count overflows"))?),
-                _ => {
-                    let (p, q) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
-                    let v = if key.starts_with("max_") { p.max(q) } else { p + q };
-                    serde_json::Number::from_f64(v)
-                        .map(Value::Number)
-                        .ok_or_else(|| format!("{path}: the sum is not finite"))?
-                }
-            };
-            *a = sum;
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            if x.len() != y.len() {
-                return Err(format!("{path} has {} entries in one shard and {} in another", x.len(), y.len()));
-            }
-            for (i, (p, q)) in x.iter_mut().zip(y).enumerate() {
-                add(p, q, &format!("{path}[{i}]"), key)?;
-            }
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            for (k, q) in y {
-                match x.get_mut(k) {
-                    Some(p) => add(p, q, &format!("{path}.{k}"), k)?,
-                    None => {
-                        x.insert(k.clone(), q.clone());
-                    }
-                }
-            }
-        }
-        (p, q) if *p == *q => {}
-        (p, q) => return Err(format!("{path} is {} in one shard and {} in another", short(p), short(q))),
-    }
-    Ok(())
 }
 
 /// A stable 64-bit FNV-1a digest (hex) of byte strings, each terminated so that `["ab", "c"]`
@@ -453,17 +589,57 @@ mod tests {
         }
     }
 
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Acc {
+        n: u64,
+        x: Vec<f64>,
+        max_err: Max,
+        m: BTreeMap<String, u64>,
+        b: Option<[u64; 2]>,
+        u: Num,
+    }
+    crate::accumulate_fields!(Acc { n, x, max_err, m, b, u });
+
     #[test]
-    fn sums_counts_maxima_and_maps() {
+    fn sums_counts_maxima_and_maps_by_the_declared_rule() {
         let parts = vec![
-            part(0, 2, 10, json!({"n": 3, "x": [1.5, 2.0], "max_err": 0.1, "m": {"-1": 2}, "s": "a"})),
-            part(1, 2, 10, json!({"n": 4, "x": [0.25, 1.0], "max_err": 0.3, "m": {"-1": 1, "2": 5}, "s": "a"})),
+            part(0, 2, 10, json!({"n": 3, "x": [1.5, 2.0], "max_err": 0.1, "m": {"-1": 2}, "b": [1, 2], "u": null})),
+            part(
+                1,
+                2,
+                10,
+                json!({"n": 4, "x": [0.25, 1.0], "max_err": 0.3, "m": {"-1": 1, "2": 5}, "b": [3, 4], "u": 2.0}),
+            ),
         ];
         let m = merge(&parts).unwrap();
-        assert_eq!(m.acc, json!({"n": 7, "x": [1.75, 3.0], "max_err": 0.3, "m": {"-1": 3, "2": 5}, "s": "a"}));
+        let total: Acc = m.total().unwrap();
+        let want = json!({"n": 7, "x": [1.75, 3.0], "max_err": 0.3, "m": {"-1": 3, "2": 5}, "b": [4, 6], "u": null});
+        assert_eq!(serde_json::to_value(&total).unwrap(), want);
+        assert!(total.u.0.is_nan());
         // The order the shards are given in changes nothing.
         let rev: Vec<_> = parts.iter().rev().cloned().collect();
         assert_eq!(merge(&rev).unwrap(), m);
+        // What does not fit is refused naming the shard and the field.
+        let short = vec![
+            parts[0].clone(),
+            part(1, 2, 10, json!({"n": 1, "x": [1.0], "max_err": 0.0, "m": {}, "b": null, "u": 0.0})),
+        ];
+        let e = merge(&short).unwrap().total::<Acc>().unwrap_err();
+        assert!(
+            e.contains("f-1 (s1.json): the accumulators do not fit: acc.x has 2 entries in one shard and 1 in another"),
+            "{e}"
+        );
+        let absent = vec![
+            parts[0].clone(),
+            part(1, 2, 10, json!({"n": 1, "x": [1.0, 1.0], "max_err": 0.0, "m": {}, "b": null, "u": 0.0})),
+        ];
+        let e = merge(&absent).unwrap().total::<Acc>().unwrap_err();
+        assert!(e.contains("acc.b is present in one shard and not in another"), "{e}");
+        let over = vec![
+            part(0, 2, 10, json!({"n": u64::MAX, "x": [], "max_err": 0.0, "m": {}, "b": null, "u": 0.0})),
+            part(1, 2, 10, json!({"n": 1, "x": [], "max_err": 0.0, "m": {}, "b": null, "u": 0.0})),
+        ];
+        assert!(merge(&over).unwrap().total::<Acc>().unwrap_err().contains("acc.n: the count overflows"));
     }
 
     #[test]
@@ -495,8 +671,11 @@ mod tests {
         let mut shifted = ok(1);
         shifted.1.rows = 2..6;
         assert!(merge(&[ok(0), shifted, ok(2)]).unwrap_err().contains("covers rows 2..6 but that slice is 3..6"));
-        let e = merge(&[ok(0), part(1, 3, 9, json!({"n": [1]})), ok(2)]).unwrap_err();
-        assert!(e.contains("do not fit"), "{e}");
+        let e = merge(&[ok(0), part(1, 3, 9, json!({"n": [1]})), ok(2)])
+            .unwrap()
+            .total::<BTreeMap<String, u64>>()
+            .unwrap_err();
+        assert!(e.contains("f-1 (s1.json): the accumulators do not read"), "{e}");
         assert!(merge(&[]).is_err());
     }
 

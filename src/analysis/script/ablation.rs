@@ -1,11 +1,12 @@
 //! Ablation on a model: `m.ablate(data, heads, #{...})` and `m.ablation_sweep(data, #{...})`
 //! (docs/methods.md#masking-and-ablation).
 
-use super::sharded::{echo_of, grid_from, present_heads, valid_heads};
-use crate::analysis::ablation::{Ablation, Metric, MetricAcc, SweepOptions};
+use super::sharded::{cell, echo_of, grid_from, present_heads, valid_heads};
+use crate::analysis::ablation::{Ablation, Metric, SweepAcc, SweepOptions};
 use crate::data::script::Plan;
 use crate::data::Dataset;
 use crate::grid::Grid;
+use crate::metrics::bleu::BleuAcc;
 use crate::model::script::kinds_option;
 use crate::model::script::ScriptModel;
 use crate::model::view::Needs;
@@ -289,10 +290,11 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
     let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
     let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress)
         .map_err(|e| format!("{f}: {e}"))?;
-    let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))});
-    let acc = json!({"base": base, "kinds": accs.iter().map(|(k, g)| (k.to_string(), json!(g))).collect::<serde_json::Map<_, _>>()});
+    let identity =
+        plan.identity(m.identity(), json!({"options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))}));
+    let acc = SweepAcc::new(base, accs);
     let g = finish_sweep(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
-    plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+    plan.seal(f, identity, &acc, g, |g| &mut g.options, Grid::to_json)
 }
 
 /// The sweep over the whole of `data` (the library API's `Model::ablation_sweep`).
@@ -300,18 +302,13 @@ pub fn ablation_sweep(m: &ScriptModel, d: &Dataset, opts: &SweepOptions) -> Resu
     ablation_sweep_planned(m, d, opts, &Plan::whole(d))
 }
 
-fn metric_acc(v: &serde_json::Value, what: &str) -> Result<MetricAcc, String> {
-    serde_json::from_value(v.clone()).map_err(|e| format!("the accumulators of {what}: {e}"))
-}
-
 /// The sweep's grid from its accumulators (one process's, or merged shards').
-pub fn finish_sweep(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
+pub fn finish_sweep(identity: &serde_json::Value, acc: &SweepAcc) -> Result<Grid, String> {
     let mut echo = echo_of(&identity["options"]);
     let metric =
         echo.iter().find(|(k, _)| k == "metric").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
-    let base = metric_acc(&acc["base"], "the unmasked model")?.value();
-    let kinds =
-        grid_from(identity, |k, l, h| Ok(metric_acc(&acc["kinds"][k][l][h], &format!("{k}.{l}.{h}"))?.value()))?;
+    let base = acc.base.value();
+    let kinds = grid_from(identity, |k, l, h| Ok(cell(&acc.kinds, k, l, h)?.value()))?;
     echo.push(("base".into(), crate::script::convert::json_f64(base)));
     Ok(Grid {
         stat: format!("{metric} with the head masked (base {})", crate::output::fixed(base, 4)),
@@ -323,13 +320,14 @@ pub fn finish_sweep(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
 }
 
 /// `m.bleu(data)` from its accumulators.
-pub fn finish_bleu(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
-    let counts: crate::metrics::bleu::BleuCounts =
-        serde_json::from_value(acc["counts"].clone()).map_err(|e| format!("the BLEU counts: {e}"))?;
-    let mut r = crate::metrics::bleu::script::bleu_map(&counts.bleu());
-    r.insert("model".into(), Dynamic::from(identity["model"]["name"].as_str().unwrap_or_default().to_string()));
-    r.insert("dataset".into(), Dynamic::from(identity["data"]["name"].as_str().unwrap_or_default().to_string()));
-    r.insert("sentences".into(), Dynamic::from(acc["sentences"].as_i64().unwrap_or(0)));
+pub fn finish_bleu(identity: &serde_json::Value, acc: &BleuAcc) -> Result<Map, String> {
+    let mut r = crate::metrics::bleu::script::bleu_map(&acc.counts.bleu());
+    // `bleu(hyps, refs)` has no model and no dataset name.
+    if let Some(model) = identity["model"]["name"].as_str() {
+        r.insert("model".into(), Dynamic::from(model.to_string()));
+        r.insert("dataset".into(), Dynamic::from(identity["data"]["name"].as_str().unwrap_or_default().to_string()));
+    }
+    r.insert("sentences".into(), Dynamic::from(acc.sentences as i64));
     Ok(r)
 }
 
@@ -487,14 +485,14 @@ pub mod api {
             .or_else(|e| err(format!("{f}: {e}")))?;
         let a = crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &crate::run::interrupted)
             .or_else(|e| err(format!("{f}: {e}")))?;
-        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": {"batch_tokens": bt}});
-        let acc = json!({"counts": a.bleu, "sentences": p.n_sentences});
+        let identity = plan.identity(m.identity(), json!({"options": {"batch_tokens": bt}}));
+        let acc = BleuAcc { counts: a.bleu.unwrap_or_default(), sentences: p.n_sentences };
         let r = finish_bleu(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
         // A sharded result's options hold its shard record, as for the grid functions.
         let echo = plan.seal(
             f,
             identity,
-            acc,
+            &acc,
             Vec::new(),
             |e| e,
             |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}),

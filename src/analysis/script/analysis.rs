@@ -258,9 +258,8 @@ pub fn analyze_planned(
     )
     .map_err(|e| format!("{func}: {e}"))?;
     let a = finish(&frame, &acc).map_err(|e| format!("{func}: {e}"))?;
-    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "frame": frame});
-    let acc = serde_json::to_value(&acc).map_err(|e| format!("{func}: {e}"))?;
-    let a = plan.seal("analyze", identity, acc, a, |a| &mut a.options, |a| a.to_json())?;
+    let identity = plan.identity(m.identity(), serde_json::json!({"frame": frame}));
+    let a = plan.seal("analyze", identity, &acc, a, |a| &mut a.options, |a| a.to_json())?;
     Ok(AnalysisObj(Rc::new(a)))
 }
 
@@ -291,8 +290,7 @@ fn run(m: &ScriptModel, data: Dynamic, options: Map, func: &'static str) -> Scri
 pub fn finish_merged(m: &crate::shard::Merged) -> Result<(Dynamic, serde_json::Value), String> {
     let frame: crate::analysis::Frame = serde_json::from_value(m.identity["frame"].clone())
         .map_err(|e| format!("{}: the shard record's frame: {e}", m.name))?;
-    let acc: crate::analysis::AnalysisAcc = serde_json::from_value(m.acc.clone())
-        .map_err(|e| format!("{}: the shard record's accumulators: {e}", m.name))?;
+    let acc: crate::analysis::AnalysisAcc = m.total()?;
     let a = finish(&frame, &acc).map_err(|e| format!("{}: {e}", m.name))?;
     let json = a.to_json();
     Ok((Dynamic::from(AnalysisObj(Rc::new(a))), json))

@@ -1,10 +1,10 @@
 //! Gradient head importance on a model: `m.head_importance(data, #{...})` and the agreement of
 //! two per-head grids, `agreement(a, b)` (docs/methods.md#gradient-head-importance).
 
-use super::sharded::{echo_of, number, valid_heads, valid_of};
+use super::sharded::{cell, echo_of, valid_heads, valid_of};
 use crate::analysis::ablation::{self, Metric};
 use crate::analysis::importance::{
-    bottom_k_overlap, finish, head_importance, spearman, ImportanceMetric, ImportanceOptions, Normalize,
+    bottom_k_overlap, finish, head_importance, spearman, ImportanceAcc, ImportanceMetric, ImportanceOptions, Normalize,
 };
 use crate::grid::Grid;
 use crate::model::script::kinds_option;
@@ -81,8 +81,8 @@ fn agreement_table(a: &Grid, b: &Grid, k: usize) -> Table {
 }
 
 /// Gradient importance's grid from its accumulators (one process's, or merged shards').
-pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
-    let n = acc["sentences"].as_u64().ok_or("the accumulators have no sentence count")? as usize;
+pub fn finish_importance(identity: &serde_json::Value, acc: &ImportanceAcc) -> Result<Grid, String> {
+    let n = acc.sentences;
     let mut echo = echo_of(&identity["options"]);
     let find = |k: &str| {
         echo.iter().find(|(key, _)| key == k).and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default()
@@ -99,7 +99,7 @@ pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) 
                     .enumerate()
                     .map(|(l, row)| {
                         (0..row.len())
-                            .map(|h| number(&acc["sums"], &k.to_string(), l, h))
+                            .map(|h| Ok(cell(&acc.sums, &k.to_string(), l, h)?.0))
                             .collect::<Result<Vec<f64>, String>>()
                     })
                     .collect::<Result<_, _>>()?,
@@ -108,7 +108,7 @@ pub fn finish_importance(identity: &serde_json::Value, acc: &serde_json::Value) 
         .collect::<Result<crate::model::KindGrids, String>>()?;
     let kinds = finish(&sums, &valid, n, normalize);
     let at = echo.iter().position(|(k, _)| k == "seed").unwrap_or(echo.len());
-    echo.splice(at..at, [("sentences".to_string(), json!(n)), ("seconds".into(), acc["seconds"].clone())]);
+    echo.splice(at..at, [("sentences".to_string(), json!(n)), ("seconds".into(), json_f64(acc.seconds))]);
     let stat = match metric {
         ImportanceMetric::Loss => "gradient importance |dL/dg|",
         ImportanceMetric::Fisher => "gradient importance E[(dL/dg)^2] (Fisher)",
@@ -185,10 +185,8 @@ pub mod api {
         if opts.metric == ImportanceMetric::Fisher {
             echo.push(json!(["seed", opts.seed]));
         }
-        let identity = json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": valid_heads(&r.valid)});
-        let sums: serde_json::Map<String, serde_json::Value> =
-            r.sums.iter().map(|(k, g)| (k.to_string(), json!(g))).collect();
-        let acc = json!({"sums": sums, "sentences": r.n_sentences, "seconds": seconds});
+        let identity = plan.identity(m.identity(), json!({"options": echo, "heads": valid_heads(&r.valid)}));
+        let acc = ImportanceAcc::of(&r, seconds);
         let mut g = finish_importance(&identity, &acc).or_else(|e| err(format!("{f}: {e}")))?;
         let mut echo = std::mem::take(&mut g.options);
         if exact {
@@ -232,7 +230,7 @@ pub mod api {
             echo.push(("agreement".into(), serde_json::Value::Object(per_kind)));
         }
         g.options = echo;
-        Ok(plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)?)
+        Ok(plan.seal(f, identity, &acc, g, |g| &mut g.options, Grid::to_json)?)
     }
 
     /// `head_importance` with the default options.

@@ -18,16 +18,16 @@ pub const LRP_OPTIONS: &[OptSpec] = &[
 ];
 
 /// LRP's grid from its accumulators (one process's, or merged shards').
-pub fn finish_lrp(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Grid, String> {
-    use super::sharded::{echo_of, grid_from, number};
-    let predictions = acc["predictions"].as_u64().ok_or("the accumulators have no prediction count")?;
+pub fn finish_lrp(identity: &serde_json::Value, acc: &crate::analysis::lrp::LrpAcc) -> Result<Grid, String> {
+    use super::sharded::{cell, echo_of, grid_from};
+    let predictions = acc.predictions;
     let n = predictions.max(1) as f64;
-    let kinds = grid_from(identity, |k, l, h| Ok(number(&acc["sums"], k, l, h)? / n))?;
+    let kinds = grid_from(identity, |k, l, h| Ok(cell(&acc.sums, k, l, h)? / n))?;
     let mut options = echo_of(&identity["options"]);
     let rule =
         options.iter().find(|(k, _)| k == "rule").and_then(|(_, v)| v.as_str().map(str::to_string)).unwrap_or_default();
     options.push(("predictions".into(), serde_json::json!(predictions)));
-    options.push(("max_conservation_error".into(), acc["max_conservation_error"].clone()));
+    options.push(("max_conservation_error".into(), crate::script::convert::json_f64(acc.max_conservation_error.0)));
     Ok(Grid {
         stat: format!("lrp ({rule})"),
         model: identity["model"]["name"].as_str().unwrap_or_default().into(),
@@ -71,24 +71,14 @@ pub fn lrp_planned(m: &View, d: &Dataset, opts: &LrpOptions, plan: &Plan) -> Res
         ["seeds", if r.options.per_prediction { "each" } else { "summed" }],
         ["batch_tokens", r.options.batch_tokens],
     ]);
-    let identity = serde_json::json!({"model": m.identity(), "data": plan.data_identity(), "options": echo, "heads": crate::analysis::script::sharded::valid_heads(&crate::analysis::script::sharded::present_heads(&m.model, &kinds))});
-    // Removed heads hold NaN in the sums; the record keeps 0 (the identity says which heads count).
-    let sums: serde_json::Map<String, serde_json::Value> = r
-        .sums
-        .iter()
-        .map(|(k, g)| {
-            (
-                k.to_string(),
-                serde_json::json!(g
-                    .iter()
-                    .map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>())
-                    .collect::<Vec<_>>()),
-            )
-        })
-        .collect();
-    let acc = serde_json::json!({"sums": sums, "predictions": r.predictions, "max_conservation_error": r.max_conservation_error});
+    let heads = crate::analysis::script::sharded::present_heads(&m.model, &kinds);
+    let identity = plan.identity(
+        m.identity(),
+        serde_json::json!({"options": echo, "heads": crate::analysis::script::sharded::valid_heads(&heads)}),
+    );
+    let acc = crate::analysis::lrp::LrpAcc::of(&r);
     let g = finish_lrp(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
-    plan.seal(f, identity, acc, g, |g| &mut g.options, Grid::to_json)
+    plan.seal(f, identity, &acc, g, |g| &mut g.options, Grid::to_json)
 }
 
 /// LRP head relevance over the whole of `data` (the library API's `Model::lrp`).

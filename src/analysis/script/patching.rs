@@ -1,8 +1,8 @@
 //! Activation patching on a model: `m.patch(pairs, #{...})` (docs/methods.md#activation-patching).
 
 use crate::analysis::patching::{
-    attribute, attribute_translation, patch_only, patch_translation, path_patch, Direction, PairIds, PatchMetric,
-    PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit,
+    attribute, attribute_translation, patch_only, patch_translation, path_patch, Direction, PairIds, PatchAcc,
+    PatchMetric, PatchSpec, Patched, PathInput, Receiver, Site, SourcePair, Unit,
 };
 use crate::data::pairs::Pairs;
 use crate::data::pairs_script::pairs_arg;
@@ -459,25 +459,17 @@ fn finish_run(
     echo: crate::output::Echo,
     how: &str,
 ) -> ScriptResult<Map> {
-    let n = part.len() as f64;
-    let num = |v: f64| if v.is_finite() { json!(v) } else { serde_json::Value::Null };
-    let acc = json!({
-        "pairs": part.len(),
-        "kinds": rs.iter().map(|(k, r)| (k.to_string(), json!({
-            "clean": num(r.clean * n),
-            "corrupted": num(r.corrupted * n),
-            "patched": r.patched.iter().map(|l| l.iter().map(|p| p.iter().map(|&v| num(v * n)).collect::<Vec<_>>()).collect::<Vec<_>>()).collect::<Vec<_>>(),
-        }))).collect::<serde_json::Map<_, _>>(),
-    });
-    let identity = json!({
-        "model": m.identity(),
-        "data": plan.data_identity(),
-        "options": echo,
-        "spec": {"site": spec.site.to_string(), "each": spec.each_position, "direction": spec.direction.to_string(), "metric": spec.metric.to_string()},
-        "kinds": rs.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>(),
-        "tokens": tokens,
-        "how": how,
-    });
+    let acc = PatchAcc::of(part.len(), &rs);
+    let identity = plan.identity(
+        m.identity(),
+        json!({
+            "options": echo,
+            "spec": {"site": spec.site.to_string(), "each": spec.each_position, "direction": spec.direction.to_string(), "metric": spec.metric.to_string()},
+            "kinds": rs.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>(),
+            "tokens": tokens,
+            "how": how,
+        }),
+    );
     if plan.shard.is_none() {
         return finish_patch(&identity, &acc).or_else(|e| err(format!("patch: {e}")));
     }
@@ -489,7 +481,7 @@ fn finish_run(
         .seal(
             "patch",
             identity,
-            acc,
+            &acc,
             echo,
             |e| e,
             |e| json!({"options": e.iter().cloned().collect::<serde_json::Map<_, _>>()}),
@@ -501,7 +493,7 @@ fn finish_run(
 
 /// Patching's result from its accumulators (one process's, or merged shards'): the metric
 /// means over every pair, then the grids or tables as one run gives them.
-pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Result<Map, String> {
+pub fn finish_patch(identity: &serde_json::Value, acc: &PatchAcc) -> Result<Map, String> {
     let sp = &identity["spec"];
     let text =
         |k: &str| sp[k].as_str().map(str::to_string).ok_or_else(|| format!("the shard record's spec has no {k}"));
@@ -511,25 +503,11 @@ pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
         text("direction")?.parse()?,
         text("metric")?.parse()?,
     );
-    let n = acc["pairs"].as_u64().ok_or("the accumulators count no pairs")? as usize;
     let kinds = identity["kinds"].as_array().ok_or("the shard record names no kinds")?;
-    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let mut rs = Vec::new();
     for k in kinds {
         let name = k.as_str().ok_or("a kind without a name")?;
-        let a = &acc["kinds"][name];
-        let sums: Vec<Vec<Vec<f64>>> = a["patched"]
-            .as_array()
-            .ok_or_else(|| format!("no patched sums for {name}"))?
-            .iter()
-            .map(|l| {
-                l.as_array().map_or_else(Vec::new, |l| {
-                    l.iter().map(|p| p.as_array().map_or_else(Vec::new, |p| p.iter().map(f).collect())).collect()
-                })
-            })
-            .collect();
-        let positions = sums.first().map_or(0, |l| l.len());
-        rs.push((name.parse::<Kind>()?, Patched::mean_of(sums, f(&a["clean"]), f(&a["corrupted"]), n, positions)));
+        rs.push((name.parse::<Kind>()?, acc.patched(name)?));
     }
     let (clean, corrupted) = rs.first().map_or((f64::NAN, f64::NAN), |(_, r)| (r.clean, r.corrupted));
     let mut echo = super::sharded::echo_of(&identity["options"]);
@@ -540,7 +518,7 @@ pub fn finish_patch(identity: &serde_json::Value, acc: &serde_json::Value) -> Re
         .map_or_else(Vec::new, |t| t.iter().filter_map(|x| x.as_str().map(str::to_string)).collect());
     let model = identity["model"]["name"].as_str().unwrap_or_default();
     let pairs = identity["data"]["name"].as_str().unwrap_or_default();
-    result(model, pairs, n, spec, &rs, &tokens, echo, identity["how"].as_str().unwrap_or_default())
+    result(model, pairs, acc.pairs, spec, &rs, &tokens, echo, identity["how"].as_str().unwrap_or_default())
         .map_err(|e| e.to_string())
 }
 

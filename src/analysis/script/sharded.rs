@@ -4,6 +4,7 @@
 
 use crate::model::{Kind, KindGrids};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 /// Per kind, `[layer][head]`: whether a head has a value.
 pub type HeadMask = Vec<(Kind, Vec<Vec<bool>>)>;
@@ -79,7 +80,12 @@ pub fn echo_of(v: &Value) -> crate::output::Echo {
         .unwrap_or_default()
 }
 
-/// `acc[kind][layer][head]` as a number.
-pub fn number(acc: &Value, kind: &str, l: usize, h: usize) -> Result<f64, String> {
-    acc[kind][l][h].as_f64().ok_or_else(|| format!("the accumulators have no value for {kind}.{l}.{h}"))
+/// A head's accumulator in by-kind-name `[layer][head]` grids.
+pub fn cell<T: Clone>(grids: &BTreeMap<String, Vec<Vec<T>>>, kind: &str, l: usize, h: usize) -> Result<T, String> {
+    grids
+        .get(kind)
+        .and_then(|g| g.get(l))
+        .and_then(|row| row.get(h))
+        .cloned()
+        .ok_or_else(|| format!("the accumulators have no value for {kind}.{l}.{h}"))
 }

@@ -105,8 +105,13 @@ pub mod api {
                 shard: s,
                 rows: s.rows(total),
                 total,
-                identity: serde_json::json!({"streams": streams.len(), "digest": digest}),
-                acc: serde_json::json!({"counts": c, "sentences": h.len()}),
+                identity: crate::shard::identity(
+                    serde_json::Value::Null,
+                    crate::shard::data_identity("", total, &digest),
+                    serde_json::json!({"streams": streams.len()}),
+                ),
+                acc: serde_json::to_value(crate::metrics::bleu::BleuAcc { counts: c, sentences: h.len() })
+                    .or_else(|e| err(format!("bleu: {e}")))?,
             };
             let mut opts = Map::new();
             opts.insert("shard".into(), crate::script::convert::json_value(&record.to_json()));

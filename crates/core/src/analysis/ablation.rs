@@ -515,7 +515,24 @@ pub fn sweep(
 }
 
 /// Per kind, `[layer][head]` accumulators of a sweep.
-pub type SweepAcc = Vec<(Kind, Vec<Vec<MetricAcc>>)>;
+pub type SweepGrids = Vec<(Kind, Vec<Vec<MetricAcc>>)>;
+
+crate::accumulate_fields!(MetricAcc { sum, denom, bleu });
+
+/// A sweep's shard accumulators (docs/methods.md#shards): the unmasked model's metric and, by
+/// kind name, `[layer][head]` the metric with that head masked.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SweepAcc {
+    pub base: MetricAcc,
+    pub kinds: std::collections::BTreeMap<String, Vec<Vec<MetricAcc>>>,
+}
+crate::accumulate_fields!(SweepAcc { base, kinds });
+
+impl SweepAcc {
+    pub fn new(base: MetricAcc, grids: SweepGrids) -> SweepAcc {
+        SweepAcc { base, kinds: grids.into_iter().map(|(k, g)| (k.to_string(), g)).collect() }
+    }
+}
 
 /// [`sweep`] in additive form: per kind, `[layer][head]` accumulators (empty for a removed
 /// head).
@@ -525,7 +542,7 @@ pub fn sweep_acc(
     kinds: &[Kind],
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<SweepAcc, AnalysisError> {
+) -> Result<SweepGrids, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();

@@ -48,6 +48,30 @@ pub struct Importance {
     pub n_sentences: usize,
 }
 
+/// Gradient importance's shard accumulators (docs/methods.md#shards): by kind name,
+/// `[layer][head]` the sums over sentences (undefined for a head without a gradient), the
+/// sentences, and the seconds they took.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ImportanceAcc {
+    pub sums: std::collections::BTreeMap<String, Vec<Vec<crate::shard::Num>>>,
+    pub sentences: usize,
+    pub seconds: f64,
+}
+crate::accumulate_fields!(ImportanceAcc { sums, sentences, seconds });
+
+impl ImportanceAcc {
+    pub fn of(r: &Importance, seconds: f64) -> ImportanceAcc {
+        let sums = r
+            .sums
+            .iter()
+            .map(|(k, g)| {
+                (k.to_string(), g.iter().map(|row| row.iter().map(|&x| crate::shard::Num(x)).collect()).collect())
+            })
+            .collect();
+        ImportanceAcc { sums, sentences: r.n_sentences, seconds }
+    }
+}
+
 /// The importance of every head of `opts.kinds` over `data`, on the model as given by `base`
 /// (a masked view's gates): a closed head gets NaN (it has no gradient to measure).
 pub fn head_importance(

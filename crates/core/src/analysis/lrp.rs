@@ -117,6 +117,32 @@ impl LrpOptions {
     }
 }
 
+/// LRP's shard accumulators (docs/methods.md#shards): by kind name, `[layer][head]` the sums
+/// over predictions (0 for a removed head: the identity says which heads count), the
+/// predictions, and the largest conservation error (merged by its maximum).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LrpAcc {
+    pub sums: std::collections::BTreeMap<String, Vec<Vec<f64>>>,
+    pub predictions: usize,
+    pub max_conservation_error: crate::shard::Max,
+}
+crate::accumulate_fields!(LrpAcc { sums, predictions, max_conservation_error });
+
+impl LrpAcc {
+    pub fn of(r: &LrpResult) -> LrpAcc {
+        let sums = r
+            .sums
+            .iter()
+            .map(|(k, g)| {
+                let finite =
+                    g.iter().map(|row| row.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect()).collect();
+                (k.to_string(), finite)
+            })
+            .collect();
+        LrpAcc { sums, predictions: r.predictions, max_conservation_error: crate::shard::Max(r.max_conservation_error) }
+    }
+}
+
 /// LRP head relevance of one self-attention stack.
 #[derive(Debug, Clone)]
 pub struct LrpResult {

@@ -506,6 +506,9 @@ pub struct KindAcc {
     pub syn: Vec<Vec<Vec<f64>>>,
 }
 
+crate::accumulate_fields!(AnalysisAcc { sentences, tokens, seconds, baseline, kinds });
+crate::accumulate_fields!(KindAcc { queries, rare_queries, rare_sentences, edges, conf, hist, rare1, rare2, syn });
+
 /// The results of an analysis from its frame and accumulators (one process's, or the sum of
 /// a complete set of shards'): every statistic is a ratio of them.
 pub fn finish(frame: &Frame, acc: &AnalysisAcc) -> Result<Analysis, AnalysisError> {

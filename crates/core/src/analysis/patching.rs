@@ -123,6 +123,53 @@ pub struct Patched {
     pub positions: usize,
 }
 
+/// Patching's shard accumulators (docs/methods.md#shards): the pairs and, by kind name, the
+/// sums over pairs of the clean, corrupted and patched metrics (undefined where the metric is).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PatchAcc {
+    pub pairs: usize,
+    pub kinds: BTreeMap<String, PatchKindAcc>,
+}
+crate::accumulate_fields!(PatchAcc { pairs, kinds });
+
+/// One kind's sums, `patched` as [`Patched::patched`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PatchKindAcc {
+    pub clean: crate::shard::Num,
+    pub corrupted: crate::shard::Num,
+    pub patched: Vec<Vec<Vec<crate::shard::Num>>>,
+}
+crate::accumulate_fields!(PatchKindAcc { clean, corrupted, patched });
+
+impl PatchAcc {
+    /// The sums behind the means of `pairs` pairs.
+    pub fn of(pairs: usize, rs: &[(crate::model::Kind, Patched)]) -> PatchAcc {
+        use crate::shard::Num;
+        let n = pairs as f64;
+        let kinds = rs
+            .iter()
+            .map(|(k, r)| {
+                let patched = r
+                    .patched
+                    .iter()
+                    .map(|l| l.iter().map(|p| p.iter().map(|&v| Num(v * n)).collect()).collect())
+                    .collect();
+                (k.to_string(), PatchKindAcc { clean: Num(r.clean * n), corrupted: Num(r.corrupted * n), patched })
+            })
+            .collect();
+        PatchAcc { pairs, kinds }
+    }
+
+    /// The means of one kind's sums.
+    pub fn patched(&self, kind: &str) -> Result<Patched, String> {
+        let a = self.kinds.get(kind).ok_or_else(|| format!("no patched sums for {kind}"))?;
+        let sums: Vec<Vec<Vec<f64>>> =
+            a.patched.iter().map(|l| l.iter().map(|p| p.iter().map(|v| v.0).collect()).collect()).collect();
+        let positions = sums.first().map_or(0, |l| l.len());
+        Ok(Patched::mean_of(sums, a.clean.0, a.corrupted.0, self.pairs, positions))
+    }
+}
+
 impl Patched {
     /// Means over `n` pairs of metric sums.
     pub fn mean_of(mut sums: Vec<Vec<Vec<f64>>>, clean: f64, corrupted: f64, n: usize, positions: usize) -> Patched {

@@ -94,6 +94,16 @@ pub struct BleuCounts {
     pub ref_len: u64,
 }
 
+crate::accumulate_fields!(BleuCounts { correct, total, sys_len, ref_len });
+
+/// `bleu`'s shard accumulators (docs/methods.md#shards): the counts and the sentences behind them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BleuAcc {
+    pub counts: BleuCounts,
+    pub sentences: usize,
+}
+crate::accumulate_fields!(BleuAcc { counts, sentences });
+
 impl BleuCounts {
     pub fn add(&mut self, o: &BleuCounts) {
         for n in 0..MAX_ORDER {
