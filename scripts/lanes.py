@@ -4,7 +4,8 @@
   lanes.py [--lanes N] [--env K=V]... JOB...
 
 A JOB is `all` (every test executable of the workspace, then its doc tests), or a test target's
-name (`models`), optionally with a filter (`sessions=shards::`). The executables are built first
+name (`models`), optionally with libtest's arguments after `=` (`sessions=shards::`,
+`models=--skip hf_families`). The executables are built first
 (`cargo test --no-run`); then they run directly, not under `cargo test` (two of those at once
 would wait on each other's lock on the build directory), spread over N lanes (default
 HEADSCOPE_TEST_LANES, else 2) by their recorded running time, longest first onto the lane with
@@ -16,10 +17,13 @@ two lanes are not interleaved); a line per binary says its lane, its result and 
 Exits 1 when any binary failed; every binary runs whatever the others do."""
 import json, os, subprocess, sys, threading, time
 
-# Seconds each binary took alone with libtorch's default threads (docs/testing.md, 2026-11-29);
-# only the order of lanes depends on them.
-RECORDED = {"readme": 460, "scripting": 401, "readers": 207, "sessions": 180, "models": 154, "analyses": 143,
-            "frontends": 90, "pruning": 62, "attribution": 37, "doc": 60}
+# Seconds each binary took in a lane of one libtorch thread beside another lane (2-core AMD EPYC,
+# 2026-11-29; docs/testing.md, "Lanes"): only which lane runs what, in which order, depends on them.
+RECORDED = {"readme": 749, "scripting": 468, "sessions": 222, "readers": 215, "analyses": 192, "models": 151,
+            "frontends": 95, "pruning": 92, "attribution": 60, "doc": 13,
+            # The second numeric pass's jobs (no vector instructions: slower kernels).
+            "models hf_families": 150, "models --skip hf_families": 100, "sessions shards::": 107,
+            "readme numbers_match": 1}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -70,13 +74,13 @@ def main():
         if not match:
             sys.exit(f"lanes: no test target named '{name}' (have: {', '.join(n for n, _, _ in built)})")
         n, p, d = match[0]
-        jobs.append((f"{n} {filt}".strip(), [p] + ([filt] if filt else []), d))
+        jobs.append((f"{n} {filt}".strip(), [p] + filt.split(), d))
     cores = os.cpu_count() or 1
     threads = str(max(1, cores // lanes))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **extra)
     env.setdefault("RUST_TEST_THREADS", "1")
     env.setdefault("CARGO", "cargo")
-    weight = lambda j: RECORDED.get(j[0].split()[0], 30)
+    weight = lambda j: RECORDED.get(j[0], RECORDED.get(j[0].split()[0], 30))
     queues = [[] for _ in range(lanes)]
     load = [0] * lanes
     for j in sorted(jobs, key=weight, reverse=True):

@@ -36,7 +36,7 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
                 ),
                 (
                     "model.layers.0.post_feedforward_layernorm.weight",
-                    minus_one(&l0.post_norms.as_ref().unwrap().1.weight),
+                    minus_one(&l0.post_norms().unwrap().1.weight),
                 ),
             ],
             _ => vec![

@@ -357,7 +357,7 @@ fn gemma3_gguf_file_equals_its_safetensors_twin() {
     check_against(&common::golden("tiny_hf/golden_gguf.npz"), "gemma3_gguf", "gemma3_gguf");
     let m = common::tiny_hf("gemma3_gguf", "f32");
     assert_eq!((m.family.to_string(), m.family_name()), ("gguf".to_string(), "gemma3 (gguf)".to_string()));
-    let windows: Vec<Option<i64>> = m.net.stack.iter().map(|l| l.window).collect();
+    let windows: Vec<Option<i64>> = m.net.stack.iter().map(|l| l.window()).collect();
     assert_eq!(windows, [vec![Some(5); 5], vec![None]].concat());
 }
 

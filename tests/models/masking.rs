@@ -54,15 +54,15 @@ fn tiny() -> Transformer {
         window: None,
         final_norm: None,
         decoder: (0..2)
-            .map(|_| DecoderLayer {
-                self_block: SelfBlock::Ssru(Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) }),
-                self_norm: common::layer_norm(D),
-                cross: Some((attn(), common::layer_norm(D))),
-                ffn: Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
-                ffn_norm: common::layer_norm(D),
-                norm_position: NormPosition::Post,
-                final_norm: None,
-                rel_bias: None,
+            .map(|_| {
+                DecoderLayer::new(
+                    SelfBlock::Ssru(Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) }),
+                    common::layer_norm(D),
+                    Some((attn(), common::layer_norm(D))),
+                    Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
+                    common::layer_norm(D),
+                    NormPosition::Post,
+                )
             })
             .collect(),
         output: Some(Linear { w: tokens, b: Some(Tensor::zeros([vocab], (DType::Float, Device::Cpu))) }),

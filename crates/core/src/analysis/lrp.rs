@@ -518,13 +518,13 @@ fn layer_trace(
     let missing = || Tensor::zeros([0], (like.kind(), like.device()));
     let x = need(take(Point::ResidPre), "hook_resid_pre")?;
     let (bsz, t) = (x.size()[0], x.size()[1]);
-    match layer.norm_position {
+    match layer.norm_position() {
         NormPosition::Parallel => return Err(ModelError::Invalid("LRP's rules are derived for sequential layers (docs/methods.md#lrp-head-relevance); this model's layers run attention and MLP in parallel (GPT-NeoX): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
-        _ if layer.post_norms.is_some() => return Err(ModelError::Invalid("LRP's rules are derived for two norms per layer (docs/methods.md#lrp-head-relevance); this model also norms each sublayer's output (Gemma 2/3): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
+        _ if layer.post_norms().is_some() => return Err(ModelError::Invalid("LRP's rules are derived for two norms per layer (docs/methods.md#lrp-head-relevance); this model also norms each sublayer's output (Gemma 2/3): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
         NormPosition::PostSublayer => return Err(ModelError::Invalid("LRP's rules are derived for norms on a sublayer's input or on the residual sum (docs/methods.md#lrp-head-relevance); this model norms each sublayer's output (OLMo-2): use AttnLRP (`rule: \"attnlrp\"`) or gradient importance".into())),
         _ => {}
     }
-    let pre = layer.norm_position == NormPosition::Pre;
+    let pre = layer.norm_position() == NormPosition::Pre;
     let ln1 = take(Point::Ln1);
     let attn_in = if pre { need(ln1.as_ref().map(|t| t.shallow_clone()), "ln1")? } else { x.shallow_clone() };
     let v = take(Point::V).map(|v| {
@@ -584,12 +584,12 @@ fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (T
         return (r_y.zeros_like(), Tensor::zeros([0], (r_y.kind(), r_y.device())));
     };
     // The FFN block; its input relevance joins the residual's.
-    let r_s1 = match layer.norm_position {
+    let r_s1 = match layer.norm_position() {
         NormPosition::Post => {
             let r_h = relprop_ffn_block(
                 rule,
                 f,
-                &layer.ffn_norm,
+                layer.ffn_norm(),
                 &tr.h,
                 &tr.ffn_up,
                 &tr.ffn_hidden,
@@ -597,7 +597,7 @@ fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (T
                 &tr.s2,
                 r_y,
             );
-            norm_rule(rule, &layer.attn_norm, &tr.s1, &r_h)
+            norm_rule(rule, layer.attn_norm(), &tr.s1, &r_h)
         }
         // Parallel and post-sublayer layers are refused by `layer_trace` before any relevance
         // is propagated.
@@ -605,7 +605,7 @@ fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (T
             let (r_h_res, r_f) = residual_rule(rule, &tr.h, &tr.ffn_out, r_y);
             let r_hidden = linear_rule(rule, &tr.ffn_hidden, &f.down.w, f.down.b.as_ref(), Some(&tr.ffn_out), &r_f);
             let r_ffn_in = linear_rule(rule, &tr.ffn_in, &f.up.w, f.up.b.as_ref(), Some(&tr.ffn_up), &r_hidden);
-            rescale(&(r_h_res + norm_rule(rule, &layer.ffn_norm, &tr.s1, &r_ffn_in)), &[r_y])
+            rescale(&(r_h_res + norm_rule(rule, layer.ffn_norm(), &tr.s1, &r_ffn_in)), &[r_y])
         }
     };
     let (r_x_res, r_o) = residual_rule(rule, &tr.x, &tr.attn_out, &r_s1);
@@ -633,9 +633,9 @@ fn relprop_layer(rule: Rule, layer: &StackLayer, tr: &Trace, r_y: &Tensor) -> (T
     // The value projection's output, unless grouped-query heads repeat it.
     let v_out = (hk == h).then(|| tr.v.squeeze_dim(1).transpose(1, 2).reshape([bsz, t, h * dh]).unsqueeze(1));
     let r_attn_in = linear_rule(rule, &tr.attn_in, &a.v.w, a.v.b.as_ref(), v_out.as_ref(), &r_v);
-    let r_x_attn = match layer.norm_position {
+    let r_x_attn = match layer.norm_position() {
         NormPosition::Post | NormPosition::PostSublayer => r_attn_in,
-        NormPosition::Pre | NormPosition::Parallel => norm_rule(rule, &layer.attn_norm, &tr.x, &r_attn_in),
+        NormPosition::Pre | NormPosition::Parallel => norm_rule(rule, layer.attn_norm(), &tr.x, &r_attn_in),
     };
     (rescale(&(r_x_res + r_x_attn), &[r_y]), head_rel)
 }
@@ -771,7 +771,7 @@ fn trace_decoder(
                 ModelError::Invalid(format!("internal: the decoder pass recorded no {}", At::new(kind, l, p)))
             })
         };
-        let ffn_up = if layer.ffn.gate.is_some() {
+        let ffn_up = if dense_of(layer, l)?.gate.is_some() {
             take(Kind::Dec, Point::MlpPreLinear)?
         } else {
             take(Kind::Dec, Point::MlpPre)?
@@ -815,6 +815,13 @@ fn trace_decoder(
 /// merge of the two branches is rescaled to what entered the block, since relevance of
 /// opposite signs may cancel in the sum.
 #[allow(clippy::too_many_arguments)]
+/// A decoder layer's MLP where it is dense: LRP's rules are the dense MLP's.
+fn dense_of(layer: &crate::model::transformer::DecoderLayer, l: usize) -> Result<&crate::model::nn::Ffn, ModelError> {
+    layer.dense().ok_or_else(|| {
+        ModelError::Invalid(format!("LRP: decoder layer {l}'s MLP is of kind '{}'; LRP's rules know the dense MLP", layer.mlp().kind()))
+    })
+}
+
 fn relprop_ffn_block(
     rule: Rule,
     ffn: &crate::model::nn::Ffn,
@@ -866,8 +873,7 @@ fn relprop_decoder(
     let enc_in = enc.unsqueeze(1);
     for (l, layer) in net.decoder.iter().enumerate() {
         let (a, _) = layer
-            .cross
-            .as_ref()
+            .cross()
             .ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_heads == 0 {
             return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
@@ -880,7 +886,7 @@ fn relprop_decoder(
     let (recorded, x) = trace_decoder(net, enc, enc_mask, targets, gates)?;
     let mut stacked: Vec<DecTrace> = Vec::with_capacity(n_layers);
     for (l, tr) in recorded.iter().enumerate() {
-        let Some((a, _)) = net.decoder[l].cross.as_ref() else {
+        let Some((a, _)) = net.decoder[l].cross() else {
             return Err(ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()));
         };
         v_enc.push(tr.cross_v.unsqueeze(1));
@@ -902,7 +908,7 @@ fn relprop_decoder(
     let mut v_rel: Vec<Tensor> = net
         .decoder
         .iter()
-        .map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross.as_ref().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts))
+        .map(|l| Tensor::zeros([bsz, p_len, s_len, l.cross().map_or(0, |(a, _)| a.n_heads * a.head_dim)], opts))
         .collect();
     let mut head_rel: Vec<Tensor> = Vec::with_capacity(n_layers);
     // Per layer boundary (below layer l): relevance that left layer l downward, and to the source.
@@ -937,18 +943,18 @@ fn relprop_decoder(
     for l in (0..n_layers).rev() {
         let tr = &stacked[l];
         let layer = &net.decoder[l];
-        let (attn, cross_norm) = layer.cross.as_ref().ok_or(ModelError::NoOutputHead)?;
+        let (attn, cross_norm) = layer.cross().ok_or(ModelError::NoOutputHead)?;
         let (h, dh) = (attn.n_heads, attn.head_dim);
         // Many steps at once (chunks whose FFN relevance stays near 16 MB): the FFN and
         // cross-attention blocks, the self-attention norm.
         let from_above = abs_total(&r);
         let (mut parts_ctx, mut parts_a, mut parts_res, mut parts_o) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (start, n) in chunks((4i64 << 20) / (bsz * p_len * layer.ffn.up.w.size()[0]).max(1)) {
+        for (start, n) in chunks((4i64 << 20) / (bsz * p_len * dense_of(layer, l)?.up.w.size()[0]).max(1)) {
             let rows = |t: &Tensor| t.narrow(0, start * bsz, n * bsz);
             let r_x2 = relprop_ffn_block(
                 rule,
-                &layer.ffn,
-                &layer.ffn_norm,
+                dense_of(layer, l)?,
+                layer.ffn_norm(),
                 &rows(&tr.x2),
                 &rows(&tr.ffn_up),
                 &rows(&tr.ffn_hidden),
@@ -978,7 +984,7 @@ fn relprop_decoder(
                 )
                 .apply(&r_a),
             );
-            let r_sa = norm_rule(rule, &layer.self_norm, &rows(&tr.s_a), &r_x1);
+            let r_sa = norm_rule(rule, layer.self_norm(), &rows(&tr.s_a), &r_x1);
             let (r_xin_res, r_o) = residual_rule(rule, &rows(&tr.x_in), &rows(&tr.o), &r_sa);
             parts_a.push(r_a);
             parts_res.push(r_xin_res);
@@ -993,7 +999,7 @@ fn relprop_decoder(
         let src_total = abs_total(&r_a);
         // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
         // from this step and the next.
-        let crate::model::transformer::SelfBlock::Ssru(cell) = &layer.self_block else {
+        let crate::model::transformer::SelfBlock::Ssru(cell) = layer.self_block() else {
             return Err(ModelError::Invalid("internal: an attention decoder layer in the SSRU relevance pass".into()));
         };
         let (kept, fresh) = (&tr.gate_c * &tr.c_prev, &tr.gate_u * &tr.u);
@@ -1097,8 +1103,7 @@ fn relprop_decoder_attn(
     let n_layers = net.decoder.len();
     for (l, layer) in net.decoder.iter().enumerate() {
         let (a, _) = layer
-            .cross
-            .as_ref()
+            .cross()
             .ok_or_else(|| ModelError::Invalid("LRP needs cross-attention in every decoder layer".into()))?;
         if a.n_heads == 0 {
             return Err(ModelError::Invalid(format!("LRP through the decoder needs cross-attention heads in every layer; prune_heads removed every head of cross layer {l} (use seed \"norm\" for the encoder alone)")));
@@ -1153,12 +1158,12 @@ fn relprop_decoder_attn(
     for l in (0..n_layers).rev() {
         let layer = &net.decoder[l];
         let tr = &recorded[l];
-        let (cattn, cnorm) = layer.cross.as_ref().ok_or_else(|| missing("cross-attention", l))?;
+        let (cattn, cnorm) = layer.cross().ok_or_else(|| missing("cross-attention", l))?;
         let (a, s_b) = (&tr.a, &tr.s_b);
         let r_x2 = relprop_ffn_block(
             rule,
-            &layer.ffn,
-            &layer.ffn_norm,
+            dense_of(layer, l)?,
+            layer.ffn_norm(),
             &u(&tr.x2),
             &u(&tr.ffn_up),
             &u(&tr.ffn_hidden),
@@ -1182,7 +1187,7 @@ fn relprop_decoder_attn(
         to_source = to_source + abs_total(&r_a);
         // Target side: the self-attention block down to the layer's input.
         let sattn = layer.self_attention().ok_or_else(|| missing("self-attention", l))?;
-        let r_sa = norm_rule(rule, &layer.self_norm, &u(&tr.s_a), &r_x1);
+        let r_sa = norm_rule(rule, layer.self_norm(), &u(&tr.s_a), &r_x1);
         let (r_xres, r_o) = residual_rule(rule, &u(&tr.x_in), &u(&tr.o), &r_sa);
         let r_x = if sattn.n_heads == 0 {
             // Every head removed (prune_heads): the block's output is W^O's bias, a constant.
@@ -1246,12 +1251,12 @@ pub fn lrp(
         )));
     }
     let through_decoder = !net.decoder.is_empty() && seed == Seed::Logit;
-    if through_decoder && net.decoder.iter().any(|l| l.norm_position == NormPosition::Pre) {
+    if through_decoder && net.decoder.iter().any(|l| l.norm_position() == NormPosition::Pre) {
         return Err(AnalysisError::Input(format!("LRP's decoder rules are derived for post-norm decoder layers (docs/methods.md#lrp-head-relevance); {}'s decoder norms each sublayer's input (M2M100, mBART, T5): use seed \"norm\" for its encoder, or gradient importance", model.name())));
     }
     let kind = net.stack_kind;
     let n_layers = net.stack.len();
-    let cross_heads = net.decoder.first().and_then(|l| l.cross.as_ref()).map_or(0, |(a, _)| a.width());
+    let cross_heads = net.decoder.first().and_then(|l| l.cross()).map_or(0, |(a, _)| a.width());
     let _g = tch::no_grad_guard();
     // Batches: for a decoder, teacher-forced targets come along (references, else greedy).
     let prep = if through_decoder {

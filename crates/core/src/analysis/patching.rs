@@ -882,7 +882,7 @@ pub fn path_patch(
             layer
         }
     };
-    if let Some(l) = net.stack.iter().position(|l| l.norm_position == crate::model::nn::NormPosition::Post) {
+    if let Some(l) = net.stack.iter().position(|l| l.norm_position() == crate::model::nn::NormPosition::Post) {
         return Err(AnalysisError::Input(format!("patch: path patching needs each attention to add its output to the residual stream; layer {l} norms after the sum (a post-norm layer)")));
     }
     let by_len = buckets(model, pairs, spec)?;

@@ -165,24 +165,22 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
-        decoder.push(DecoderLayer {
-            self_block: SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
-            self_norm: norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
-            cross: Some((
+        decoder.push(DecoderLayer::new(
+            SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
+            norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
+            Some((
                 attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?,
                 norm(&mut w, &format!("{p}.encoder_attn_layer_norm"), d)?,
             )),
-            ffn: Ffn {
+            Ffn {
                 up: linear(&mut w, &format!("{p}.fc1"), cfg.decoder_ffn_dim, d)?,
                 down: linear(&mut w, &format!("{p}.fc2"), d, cfg.decoder_ffn_dim)?,
                 act,
                 gate: None,
             },
-            ffn_norm: norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
-            norm_position: NormPosition::Pre,
-            final_norm: None,
-            rel_bias: None,
-        });
+            norm(&mut w, &format!("{p}.final_layer_norm"), d)?,
+            NormPosition::Pre,
+        ));
     }
     // The decoder's final norm runs after its last layer.
     let dec_final = norm(&mut w, "model.decoder.layer_norm", d)?;

@@ -210,19 +210,14 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             w: w.marian_linear(&format!("{p}rnn_"), "", d, d, false)?,
             wf: w.marian_linear(&format!("{p}rnn_"), "f", d, d, true)?,
         };
-        decoder.push(DecoderLayer {
-            self_block: SelfBlock::Ssru(cell),
-            self_norm: w.marian_norm(&format!("{p}rnn_ffn_ln"), d)?,
-            cross: Some((
-                w.attention(&format!("{p}context_"), d, heads)?,
-                w.marian_norm(&format!("{p}context_Wo_ln"), d)?,
-            )),
-            ffn: w.ffn(&format!("{p}ffn_"), d, f)?,
-            ffn_norm: w.marian_norm(&format!("{p}ffn_ffn_ln"), d)?,
-            norm_position: NormPosition::Post,
-            final_norm: None,
-            rel_bias: None,
-        });
+        decoder.push(DecoderLayer::new(
+            SelfBlock::Ssru(cell),
+            w.marian_norm(&format!("{p}rnn_ffn_ln"), d)?,
+            Some((w.attention(&format!("{p}context_"), d, heads)?, w.marian_norm(&format!("{p}context_Wo_ln"), d)?)),
+            w.ffn(&format!("{p}ffn_"), d, f)?,
+            w.marian_norm(&format!("{p}ffn_ffn_ln"), d)?,
+            NormPosition::Post,
+        ));
     }
     let tokens = w.get("Wemb", &[vocab, d])?;
     let output = Linear { w: tokens.shallow_clone(), b: Some(w.get("decoder_ff_logit_out_b", &[vocab])?) };

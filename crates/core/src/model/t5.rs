@@ -186,19 +186,20 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
     let mut decoder = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_decoder_layers.unwrap_or(cfg.num_layers) {
         let p = format!("decoder.block.{l}.layer");
-        decoder.push(DecoderLayer {
-            self_block: SelfBlock::Attention(attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?),
-            self_norm: rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
-            cross: Some((
-                attention(&mut w, &format!("{p}.1.EncDecAttention"), d, h, dkv)?,
-                rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?,
-            )),
-            ffn: ffn(&mut w, &format!("{p}.2.DenseReluDense"))?,
-            ffn_norm: rms(&mut w, &format!("{p}.2.layer_norm.weight"), d, eps)?,
-            norm_position: NormPosition::Pre,
-            final_norm: None,
-            rel_bias: Some(RelativeBias { table: dec_rel.table.shallow_clone(), ..dec_rel }),
-        });
+        decoder.push(
+            DecoderLayer::new(
+                SelfBlock::Attention(attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?),
+                rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
+                Some((
+                    attention(&mut w, &format!("{p}.1.EncDecAttention"), d, h, dkv)?,
+                    rms(&mut w, &format!("{p}.1.layer_norm.weight"), d, eps)?,
+                )),
+                ffn(&mut w, &format!("{p}.2.DenseReluDense"))?,
+                rms(&mut w, &format!("{p}.2.layer_norm.weight"), d, eps)?,
+                NormPosition::Pre,
+            )
+            .with_rel_bias(Some(RelativeBias { table: dec_rel.table.shallow_clone(), ..dec_rel })),
+        );
     }
     let mut dec_final = rms(&mut w, "decoder.final_layer_norm.weight", d, eps)?;
     if scaled {

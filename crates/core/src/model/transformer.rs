@@ -103,17 +103,17 @@ impl Embeddings {
 pub struct StackLayer {
     /// The token mixer (attention, or another kind: [`super::mixer`]).
     mixer: Box<dyn Mixer>,
-    pub attn_norm: Norm,
+    pub(in crate::model) attn_norm: Norm,
     /// The MLP (a dense one, or another kind: [`super::mlp`]).
     ffn: Box<dyn Mlp>,
-    pub ffn_norm: Norm,
-    pub norm_position: NormPosition,
+    pub(in crate::model) ffn_norm: Norm,
+    pub(in crate::model) norm_position: NormPosition,
     /// Norms of the attention's and the MLP's outputs before their residuals, in a pre-norm
     /// layer (Gemma 2/3's four norms: `ln1_post`, `ln2_post`).
-    pub post_norms: Option<(Norm, Norm)>,
+    pub(in crate::model) post_norms: Option<(Norm, Norm)>,
     /// This layer's own sliding window (Gemma's alternating local layers): each query sees at
     /// most this many keys, on top of the stack's bias.
-    pub window: Option<i64>,
+    pub(in crate::model) window: Option<i64>,
 }
 
 impl StackLayer {
@@ -173,6 +173,30 @@ impl StackLayer {
     pub fn with_window(mut self, window: Option<i64>) -> StackLayer {
         self.window = window;
         self
+    }
+
+    /// The norm before the mixer (pre-norm, parallel) or after its residual (post-norm).
+    pub fn attn_norm(&self) -> &Norm {
+        &self.attn_norm
+    }
+
+    /// The norm before the MLP (pre-norm) or after its residual (post-norm).
+    pub fn ffn_norm(&self) -> &Norm {
+        &self.ffn_norm
+    }
+
+    pub fn norm_position(&self) -> NormPosition {
+        self.norm_position
+    }
+
+    /// Norms of the mixer's and the MLP's outputs before their residuals (Gemma 2/3).
+    pub fn post_norms(&self) -> Option<(&Norm, &Norm)> {
+        self.post_norms.as_ref().map(|(a, b)| (a, b))
+    }
+
+    /// The layer's own sliding window.
+    pub fn window(&self) -> Option<i64> {
+        self.window
     }
 
     /// Whether what follows the attention reads each position alone (norms, a dense MLP), so
@@ -507,21 +531,102 @@ pub enum SelfState {
     Cache(Option<KeysValues>),
 }
 
+/// A layer of a translation model's decoder: its self-block, the cross-attention over the
+/// source, and the MLP, with their norms. Built by [`DecoderLayer::new`] (and the `with_`
+/// methods); its parts are read through the methods below and computed only inside the model
+/// module.
 pub struct DecoderLayer {
-    pub self_block: SelfBlock,
-    pub self_norm: Norm,
-    pub cross: Option<(Attention, Norm)>,
-    pub ffn: Ffn,
-    pub ffn_norm: Norm,
+    pub(in crate::model) self_block: SelfBlock,
+    pub(in crate::model) self_norm: Norm,
+    pub(in crate::model) cross: Option<(Attention, Norm)>,
+    /// The MLP (a dense one, or another kind: [`super::mlp`]).
+    pub(in crate::model) ffn: Box<dyn Mlp>,
+    pub(in crate::model) ffn_norm: Norm,
     /// `Post` (BART, MarianMT: each norm after its residual) or `Pre` (M2M100, mBART: each
     /// sublayer reads its norm of the stream, `x = x + f(norm(x))`).
-    pub norm_position: NormPosition,
+    pub(in crate::model) norm_position: NormPosition,
     /// A norm after this layer's output: the decoder's final norm, on its last layer
     /// (pre-norm decoders; hook point `dec.ln_final.hook_normalized`).
-    pub final_norm: Option<Norm>,
+    pub(in crate::model) final_norm: Option<Norm>,
     /// T5's relative position bias on the self-attention's scores (the decoder's one table,
     /// shared by every layer).
-    pub rel_bias: Option<RelativeBias>,
+    pub(in crate::model) rel_bias: Option<RelativeBias>,
+}
+
+impl DecoderLayer {
+    /// A decoder layer: its self-block and norm, its cross-attention and norm (none in a
+    /// decoder without a source), its MLP and norm, placed as `norm_position` says; no final
+    /// norm and no relative bias (the `with_` methods add them).
+    pub fn new(
+        self_block: SelfBlock,
+        self_norm: Norm,
+        cross: Option<(Attention, Norm)>,
+        ffn: impl Mlp + 'static,
+        ffn_norm: Norm,
+        norm_position: NormPosition,
+    ) -> DecoderLayer {
+        DecoderLayer {
+            self_block,
+            self_norm,
+            cross,
+            ffn: Box::new(ffn),
+            ffn_norm,
+            norm_position,
+            final_norm: None,
+            rel_bias: None,
+        }
+    }
+
+    /// The decoder's final norm, after this (its last) layer.
+    pub fn with_final_norm(mut self, norm: Option<Norm>) -> DecoderLayer {
+        self.final_norm = norm;
+        self
+    }
+
+    /// T5's relative position bias on the self-attention's scores.
+    pub fn with_rel_bias(mut self, bias: Option<RelativeBias>) -> DecoderLayer {
+        self.rel_bias = bias;
+        self
+    }
+
+    /// The self-block: an SSRU or a causal self-attention.
+    pub fn self_block(&self) -> &SelfBlock {
+        &self.self_block
+    }
+
+    /// The norm after (post-norm) or before (pre-norm) the self-block.
+    pub fn self_norm(&self) -> &Norm {
+        &self.self_norm
+    }
+
+    /// The cross-attention over the source and its norm.
+    pub fn cross(&self) -> Option<(&Attention, &Norm)> {
+        self.cross.as_ref().map(|(a, n)| (a, n))
+    }
+
+    /// The layer's MLP, through its one interface.
+    pub fn mlp(&self) -> &dyn Mlp {
+        self.ffn.as_ref()
+    }
+
+    /// The layer's MLP where it is a dense one (every loaded family's).
+    pub fn dense(&self) -> Option<&Ffn> {
+        self.ffn.as_dense()
+    }
+
+    /// The norm of the MLP's input (pre-norm) or of the layer's output (post-norm).
+    pub fn ffn_norm(&self) -> &Norm {
+        &self.ffn_norm
+    }
+
+    pub fn norm_position(&self) -> NormPosition {
+        self.norm_position
+    }
+
+    /// The decoder's final norm, on its last layer.
+    pub fn final_norm(&self) -> Option<&Norm> {
+        self.final_norm.as_ref()
+    }
 }
 
 /// Additive bias `[1, 1, T, P + T]` for `T` new queries after `P` cached steps: key `j` is
@@ -695,7 +800,7 @@ impl DecoderLayer {
                 _ => x1.shallow_clone(),
             };
             let n3 = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_b, rules))?;
-            let (_, _, ffn_out) = self.ffn.forward_hooked(&n3, Kind::Dec, layer_idx, h)?;
+            let ffn_out = self.ffn.forward(&n3, Kind::Dec, layer_idx, h, Inside(()))?;
             hooks::at(h, at(Kind::Dec, Point::ResidPost), &s_b + &ffn_out)?
         } else {
             let x2 = match (&self.cross, a) {
@@ -705,7 +810,7 @@ impl DecoderLayer {
                 }
                 _ => x1.shallow_clone(),
             };
-            let (_, _, ffn_out) = self.ffn.forward_hooked(&x2, Kind::Dec, layer_idx, h)?;
+            let ffn_out = self.ffn.forward(&x2, Kind::Dec, layer_idx, h, Inside(()))?;
             let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
             hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))?
         };

@@ -230,7 +230,7 @@ fn sublayer_similarity(
     let mut sums = vec![0f64; layers];
     let mut count = 0f64;
     let _g = tch::no_grad_guard();
-    let parallel: Vec<bool> = model.net.stack.iter().map(|l| l.norm_position == NormPosition::Parallel).collect();
+    let parallel: Vec<bool> = model.net.stack.iter().map(|l| l.norm_position() == NormPosition::Parallel).collect();
     let cosine = |p: &Tensor, a: &Tensor| {
         Tensor::cosine_similarity(&p.to_kind(DType::Double), &a.to_kind(DType::Double), -1, 1e-8)
     };
