@@ -138,7 +138,8 @@ pub fn depth(m: &Model, t: usize) -> f64 {
     let d = m.net.embed.tokens.size()[1] as f64;
     let enc: f64 =
         m.net.stack.iter().map(|l| d + l.dense().map_or(l.mlp().width() as f64, |f| width(&f.up.w)) + t as f64).sum();
-    let dec: f64 = m.net.decoder.iter().map(|l| 2.0 * d + width(&l.dense().expect("a dense MLP").up.w) + 2.0 * t as f64).sum();
+    let dec: f64 =
+        m.net.decoder.iter().map(|l| 2.0 * d + width(&l.dense().expect("a dense MLP").up.w) + 2.0 * t as f64).sum();
     enc + dec
 }
 

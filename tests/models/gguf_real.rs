@@ -34,10 +34,7 @@ fn real_gguf_checkpoints_equal_transformers_gguf_loader() {
                     "model.layers.0.self_attn.q_norm.weight",
                     minus_one(&l0.attention().unwrap().qk_norm.as_ref().unwrap().q.weight),
                 ),
-                (
-                    "model.layers.0.post_feedforward_layernorm.weight",
-                    minus_one(&l0.post_norms().unwrap().1.weight),
-                ),
+                ("model.layers.0.post_feedforward_layernorm.weight", minus_one(&l0.post_norms().unwrap().1.weight)),
             ],
             _ => vec![
                 ("model.embed_tokens.weight", m.net.embed.tokens.shallow_clone()),

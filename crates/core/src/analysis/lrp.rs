@@ -810,18 +810,21 @@ fn trace_decoder(
     Ok((layers, states))
 }
 
+/// A decoder layer's MLP where it is dense: LRP's rules are the dense MLP's.
+fn dense_of(layer: &crate::model::transformer::DecoderLayer, l: usize) -> Result<&crate::model::nn::Ffn, ModelError> {
+    layer.dense().ok_or_else(|| {
+        ModelError::Invalid(format!(
+            "LRP: decoder layer {l}'s MLP is of kind '{}'; LRP's rules know the dense MLP",
+            layer.mlp().kind()
+        ))
+    })
+}
+
 /// Relevance through a post-norm FFN block `y = norm(x + ffn(x))` down to `x`: through the
 /// activation unchanged (a gated FFN's gate acts as fixed weights on the up projection); the
 /// merge of the two branches is rescaled to what entered the block, since relevance of
 /// opposite signs may cancel in the sum.
 #[allow(clippy::too_many_arguments)]
-/// A decoder layer's MLP where it is dense: LRP's rules are the dense MLP's.
-fn dense_of(layer: &crate::model::transformer::DecoderLayer, l: usize) -> Result<&crate::model::nn::Ffn, ModelError> {
-    layer.dense().ok_or_else(|| {
-        ModelError::Invalid(format!("LRP: decoder layer {l}'s MLP is of kind '{}'; LRP's rules know the dense MLP", layer.mlp().kind()))
-    })
-}
-
 fn relprop_ffn_block(
     rule: Rule,
     ffn: &crate::model::nn::Ffn,
