@@ -20,7 +20,7 @@ Lines that mention a duration (seconds, `ms`, `x s`) are not compared: timings d
 import json, os, re, subprocess, sys
 
 NUM = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|NaN|nan|inf")
-TIMING = re.compile(r"seconds|elapsed|\d s\b| s =|ms\b|\d+(?:\.\d+)? s[,)]|/s\b")
+TIMING = re.compile(r"seconds|elapsed|\d s\b| s =|\d ?ms\b|\d+(?:\.\d+)? s[,)]|/s\b")
 
 
 def timed(line):
@@ -41,6 +41,11 @@ class Tally:
         self.n += 1
         if x == y:
             return True
+        if isinstance(x, bool) or isinstance(y, bool):
+            return self.fail(f"{where}: {x!r} vs {y!r}")
+        if re.fullmatch(r"[-+]?\d+", str(x)) and re.fullmatch(r"[-+]?\d+", str(y)):
+            # Counts are exact.
+            return self.fail(f"{where}: {x} vs {y}")
         try:
             fx, fy = float(x), float(y)
         except (TypeError, ValueError):
@@ -106,7 +111,7 @@ def trees(a, b, tally, path="$"):
         else:
             tally.retyped += 1
     elif isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
-        if a != b and not (timed(path) or path.endswith(".seconds")):
+        if (type(a) is not type(b) or a != b) and not (timed(path) or path.endswith(".seconds")):
             tally.fail(f"{path}: {str(a)[:60]!r} vs {str(b)[:60]!r}")
     elif a is None or b is None:
         if a is not b:
@@ -143,6 +148,9 @@ def compare_pair(old_text, new_text, name, tol):
 
 
 def files_mode(rev, folder, tol):
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=top(folder),
+                      capture_output=True).returncode != 0:
+        sys.exit(f"compare_numbers: '{rev}' is not a revision of {top(folder)}")
     ok, same = True, 0
     for root, _, names in os.walk(folder):
         for n in sorted(names):
@@ -159,7 +167,8 @@ def files_mode(rev, folder, tol):
                 same += 1
                 continue
             ok &= compare_pair(git.stdout, new, path, tol)
-    print(f"{same} files byte-identical to {rev}")
+    print(f"{same} files byte-identical to {rev} (not rewritten by the run, or rewritten identically: "
+          "which, the run's own log says)")
     return ok
 
 
@@ -169,15 +178,12 @@ def top(folder):
 
 
 def results_mode(md, outs, tol):
-    """Each code-block line of the results document (those with a number), found again in the
-    output that prints most of its block."""
+    """Each code-block line of the results document (those with a number), found again, in
+    order, in the output that prints most of its block."""
     printed = []
     for o in outs:
         lines = [l.rstrip() for l in open(o).read().splitlines() if l.strip() and not timed(l)]
-        by_shape = {}
-        for l in lines:
-            by_shape.setdefault(NUM.sub("#", l), []).append(l)
-        printed.append((o, set(lines), by_shape))
+        printed.append((o, lines))
     tally = Tally(tol)
     heading, in_block, blocks = "", False, []
     for i, l in enumerate(open(md).read().splitlines(), 1):
@@ -190,33 +196,47 @@ def results_mode(md, outs, tol):
             blocks[-1][2].append((i, l.rstrip()))
         elif l.startswith("#"):
             heading = l.lstrip("# ").strip()
-    full, differ, not_run = 0, 0, []
+    full, differ, absent, shape_only = 0, 0, [], []
     for head, start, lines in blocks:
         lines = [(i, l) for i, l in lines if NUM.search(l) and not timed(l)]
         if not lines:
             continue
-        # The output that prints this block: the one with the most of its lines verbatim.
-        name, exact, shapes = max(printed, key=lambda p: sum(l in p[1] for _, l in lines))
-        verbatim = sum(l in exact for _, l in lines)
-        if verbatim * 3 < len(lines):
-            not_run.append(f"{md}:{start} ({head}): {len(lines)} lines, {verbatim} printed verbatim by any output")
+        shape = lambda l: NUM.sub("#", l)
+        # The output that prints this block: the most of its lines verbatim, else by shape.
+        def score(p):
+            have, shapes = set(p[1]), {shape(x) for x in p[1]}
+            return (sum(l in have for _, l in lines), sum(shape(l) in shapes for _, l in lines))
+        name, out = max(printed, key=score)
+        verbatim, shaped = score((name, out))
+        if shaped * 3 < len(lines):
+            absent.append(f"{md}:{start} ({head}): {len(lines)} lines, no output prints lines of their shape")
             continue
-        ok = True
+        if verbatim * 3 < len(lines):
+            # Lines of this block's shape are printed but few verbatim: its script was not run
+            # (another table has the same shape) or its numbers moved. Either way not shown
+            # equal: a failure, named.
+            shape_only.append(f"{md}:{start} ({head}): {verbatim} of {len(lines)} lines verbatim, "
+                              f"{shaped} of their shape in {os.path.basename(name)}")
+            tally.bad += 1
+            continue
+        ok, at = True, -1
         for i, l in lines:
-            if l in exact:
-                tally.n += len(NUM.findall(l))
+            # The next line of this shape after the last match: the block's rows in order.
+            later = [k for k in range(at + 1, len(out)) if shape(out[k]) == shape(l)]
+            if not later:
+                ok = tally.fail(f"{md}:{i} ({head}) not printed in order by {os.path.basename(name)}: {l.strip()[:100]}")
                 continue
-            cands = shapes.get(NUM.sub("#", l), [])
-            if not cands:
-                ok = tally.fail(f"{md}:{i} ({head}) not printed by {os.path.basename(name)}: {l.strip()[:100]}")
-                continue
-            best = min(cands, key=lambda c: sum(x != y for x, y in zip(NUM.findall(l), NUM.findall(c))))
-            ok &= texts(l, best, tally, f"{md}:{i}")
+            k = next((k for k in later if out[k] == l), later[0])
+            ok &= texts(l, out[k], tally, f"{md}:{i}")
+            at = k
         full += ok
         differ += not ok
-    for m in not_run:
-        print("  not compared:", m)
-    print(f"{md}: {full} code blocks printed again within {tol:g}, {differ} with differences, {len(not_run)} not compared")
+    for m in absent:
+        print("  not printed:", m)
+    for m in shape_only:
+        print("  FAILS (shape only):", m)
+    print(f"{md}: {full} code blocks printed again in order within {tol:g}, {differ} with differences, "
+          f"{len(shape_only)} printed by shape only (fail), {len(absent)} not printed (their scripts not run)")
     tally.report(md)
     return tally.bad == 0
 

@@ -22,7 +22,7 @@ import json, os, subprocess, sys, threading, time
 RECORDED = {"readme": 749, "scripting": 468, "sessions": 222, "readers": 215, "analyses": 192, "models": 151,
             "frontends": 95, "pruning": 92, "attribution": 60, "doc": 13,
             # The second numeric pass's jobs (no vector instructions: slower kernels).
-            "models hf_families": 150, "models --skip hf_families": 100, "sessions shards::": 107,
+            "models hf_families": 31, "models --skip hf_families": 113, "sessions shards::": 112,
             "readme numbers_match": 1}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,7 +77,8 @@ def main():
         jobs.append((f"{n} {filt}".strip(), [p] + filt.split(), d))
     cores = os.cpu_count() or 1
     threads = str(max(1, cores // lanes))
-    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **extra)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    env.update(extra)
     env.setdefault("RUST_TEST_THREADS", "1")
     env.setdefault("CARGO", "cargo")
     weight = lambda j: RECORDED.get(j[0], RECORDED.get(j[0].split()[0], 30))
@@ -87,19 +88,24 @@ def main():
         k = load.index(min(load))
         queues[k].append(j)
         load[k] += weight(j)
-    failed, lock = [], threading.Lock()
+    failed, verdicts, lock = [], [], threading.Lock()
     started = time.time()
 
     def lane(k):
         for name, argv, cwd in queues[k]:
             t0 = time.time()
-            r = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace")
+            try:
+                r = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace")
+                out, code = r.stdout, r.returncode
+            except Exception as e:  # a binary that cannot be run is a failure, not a silence
+                out, code = f"lanes: cannot run {argv[0]}: {e}\n", -1
             with lock:
-                sys.stdout.write(r.stdout)
-                verdict = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
+                sys.stdout.write(out)
+                verdict = "ok" if code == 0 else f"FAILED (exit {code})"
                 print(f"lanes: lane {k + 1}/{lanes}: {name}: {verdict} in {time.time() - t0:.0f} s", flush=True)
-                if r.returncode != 0:
+                verdicts.append(name)
+                if code != 0:
                     failed.append(name)
 
     print(f"lanes: {len(jobs)} binaries in {lanes} lanes of {threads} libtorch thread(s)"
@@ -109,6 +115,10 @@ def main():
         t.start()
     for t in ts:
         t.join()
+    # Every job reports a verdict: a lane that stopped early fails the run.
+    for name, _, _ in jobs:
+        if name not in verdicts:
+            failed.append(f"{name} (never ran)")
     print(f"lanes: done in {time.time() - started:.0f} s; " + (f"FAILED: {', '.join(failed)}" if failed else "every binary passed"))
     sys.exit(1 if failed else 0)
 
