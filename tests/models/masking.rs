@@ -5,12 +5,14 @@
 
 use crate::common;
 
-use headscope::model::hooks::{At, Point};
-use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition, Ssru};
-use headscope::model::transformer::{
-    DecStart, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Stop, Transformer,
-};
+use headscope::model::hooks::{At, HookSlot, Point};
+use headscope::model::mixer::{Inside, Mixer};
+use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
+use headscope::model::nn::{LayerGate, Params};
+use headscope::model::ssru::Ssru;
+use headscope::model::transformer::{DecStart, DecoderLayer, Embeddings, Positions, StackLayer, Stop, Transformer};
 use headscope::model::Kind;
+use headscope::model::ModelError;
 use tch::{Device, Kind as DType, Tensor};
 
 const D: i64 = 8;
@@ -27,6 +29,11 @@ fn attn() -> Attention {
 }
 
 fn tiny() -> Transformer {
+    tiny_with(|| Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) })
+}
+
+/// [`tiny`] with each decoder layer's self-block made by `self_block`.
+fn tiny_with<M: Mixer + 'static>(self_block: impl Fn() -> M) -> Transformer {
     tch::manual_seed(7);
     let vocab = 11;
     let tokens = Tensor::randn([vocab, D], (DType::Float, Device::Cpu));
@@ -56,7 +63,7 @@ fn tiny() -> Transformer {
         decoder: (0..2)
             .map(|_| {
                 DecoderLayer::new(
-                    SelfBlock::Ssru(Ssru { w: Linear { w: lin(D, D).w, b: None }, wf: lin(D, D) }),
+                    self_block(),
                     common::layer_norm(D),
                     Some((attn(), common::layer_norm(D))),
                     Ffn { up: lin(16, D), down: lin(D, 16), act: Activation::Relu, gate: None },
@@ -185,7 +192,7 @@ fn weights_are_unchanged_after_a_masked_forward() {
 }
 
 /// Teacher forcing runs each decoder layer over all steps at once (the SSRU recurrence inside
-/// `Ssru::scan`); decoding step by step feeds one step at a time through the same layers with
+/// the SSRU's scan); decoding step by step feeds one step at a time through the same layers with
 /// the state carried over. Both read the same inputs, so they must give the same logits, with
 /// a gated cross head too.
 #[test]
@@ -201,7 +208,7 @@ fn teacher_forcing_equals_decoding_step_by_step() {
         Gates { cross: Some(Tensor::from_slice(&[1f32, 0.0, 0.5, 1.0]).view([1, 2, H])), ..Gates::none() },
     ] {
         let teacher = t.teacher(&enc, &mask, &targets, Stop::Logits, &gates, None).unwrap(); // [B, T, V]
-        let mut state = t.start_state(2);
+        let mut state = t.start_state();
         let mut none = None;
         for step in 0..4 {
             let prev = (step > 0).then(|| targets.select(1, step - 1));
@@ -211,6 +218,77 @@ fn teacher_forcing_equals_decoding_step_by_step() {
             assert!(d < 1e-5, "step {step}: step-by-step logits differ from teacher forcing by {d:e}");
         }
     }
+}
+
+/// A decoder self-block of a kind that cannot continue from earlier steps (a mixer without
+/// `Mixer::step`) is refused in one line naming its kind, by teacher forcing and by decoding
+/// step by step alike: never run as if it were causal.
+#[test]
+fn a_self_block_that_cannot_continue_is_refused() {
+    struct NoStep(Attention);
+    impl Mixer for NoStep {
+        fn kind(&self) -> &'static str {
+            "nostep"
+        }
+        fn width(&self) -> usize {
+            Mixer::width(&self.0)
+        }
+        fn present(&self) -> Vec<usize> {
+            Mixer::present(&self.0)
+        }
+        fn head_dim(&self) -> i64 {
+            self.0.head_dim
+        }
+        fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String> {
+            Mixer::keep_heads(&mut self.0, keep)
+        }
+        fn forward(
+            &self,
+            x: &Tensor,
+            bias: &Tensor,
+            gate: Option<&LayerGate>,
+            kind: Kind,
+            layer: usize,
+            h: &mut HookSlot,
+            inside: Inside,
+        ) -> Result<Tensor, ModelError> {
+            Mixer::forward(&self.0, x, bias, gate, kind, layer, h, inside)
+        }
+        fn gated(&self, z: &Tensor, gate: &LayerGate, inside: Inside) -> Tensor {
+            Mixer::gated(&self.0, z, gate, inside)
+        }
+        fn output_from_z(
+            &self,
+            z: &Tensor,
+            kind: Kind,
+            layer: usize,
+            h: &mut HookSlot,
+            inside: Inside,
+        ) -> Result<Tensor, ModelError> {
+            Mixer::output_from_z(&self.0, z, kind, layer, h, inside)
+        }
+        fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+            Mixer::points(&self.0, kind, layer, out)
+        }
+        fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+            Mixer::params_mut(&mut self.0, prefix, out)
+        }
+    }
+    let _rng = common::rng();
+    let t = tiny_with(|| NoStep(attn()));
+    let (ids, mask) = inputs();
+    let enc = t.encode(&ids, &mask, &Gates::none(), None).unwrap();
+    let targets = Tensor::from_slice(&[5i64, 6, 3, 7, 1, 4, 2, 9]).view([2, 4]);
+    let want = "dec layer 0's token mixer 'nostep' cannot continue from earlier steps";
+    let err = t.teacher(&enc, &mask, &targets, Stop::Logits, &Gates::none(), None).expect_err("refused").to_string();
+    assert!(err.contains(want) && !err.contains('\n'), "teacher forcing: {err}");
+    let src = t.source(&enc, &mask, &mut None).unwrap();
+    let mut state = t.start_state();
+    let step = DecStart::Step { prev: None, state: &mut state };
+    let err = t.decode(step, Stop::Logits, &src, &Gates::none(), &mut None).expect_err("refused").to_string();
+    assert!(err.contains(want), "a decoder step: {err}");
+    // The same layers with a self-attention, which continues, decode.
+    assert!(tiny_with(attn).teacher(&enc, &mask, &targets, Stop::Logits, &Gates::none(), None).is_ok());
 }
 
 /// The hook points: `hook_result` (per-head outputs at W^O) summed over heads plus W^O's bias

@@ -156,7 +156,7 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
         let e = m.net.decode(DecStart::Targets(&tgt), Stop::After(n), &src, &gates, &mut None).unwrap_err();
         assert!(e.to_string().contains(&format!("decoder layer {n} out of range")), "{name}: {e}");
         if n > 1 {
-            let mut state = m.net.start_state(2);
+            let mut state = m.net.start_state();
             let step = DecStart::Step { prev: None, state: &mut state };
             let e = m.net.decode(step, Stop::After(0), &src, &gates, &mut None).unwrap_err().to_string();
             assert!(e.contains("a decoder step runs every layer"), "{name}: {e}");

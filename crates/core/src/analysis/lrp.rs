@@ -1002,8 +1002,11 @@ fn relprop_decoder(
         let src_total = abs_total(&r_a);
         // Back in time through c = f c' + (1 - f) u, the gate f fixed: relevance on c comes
         // from this step and the next.
-        let crate::model::transformer::SelfBlock::Ssru(cell) = layer.self_block() else {
-            return Err(ModelError::Invalid("internal: an attention decoder layer in the SSRU relevance pass".into()));
+        let Some(cell) = layer.self_block().as_any().and_then(|a| a.downcast_ref::<crate::model::ssru::Ssru>()) else {
+            return Err(ModelError::Invalid(format!(
+                "internal: decoder layer {l}'s self-block '{}' in the SSRU relevance pass",
+                layer.self_block().kind()
+            )));
         };
         let (kept, fresh) = (&tr.gate_c * &tr.c_prev, &tr.gate_u * &tr.u);
         let w_map = LinearMap::new(rule, &tr.x_in, &cell.w.w, cell.w.b.as_ref(), Some(&tr.u));

@@ -8,7 +8,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -154,7 +154,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
         decoder.push(DecoderLayer::new(
-            SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
+            attention(&mut w, &format!("{p}.self_attn"), d, hd)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
             Some((
                 attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?,

@@ -14,7 +14,7 @@
 use super::bart::{attention, linear, norm};
 use super::hf;
 use super::nn::{Activation, Ffn, Linear, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
+use super::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -166,7 +166,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     for l in 0..cfg.decoder_layers {
         let p = format!("model.decoder.layers.{l}");
         decoder.push(DecoderLayer::new(
-            SelfBlock::Attention(attention(&mut w, &format!("{p}.self_attn"), d, hd)?),
+            attention(&mut w, &format!("{p}.self_attn"), d, hd)?,
             norm(&mut w, &format!("{p}.self_attn_layer_norm"), d)?,
             Some((
                 attention(&mut w, &format!("{p}.encoder_attn"), d, hd)?,

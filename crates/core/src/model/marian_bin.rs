@@ -3,8 +3,9 @@
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
 use super::bytes::Cursor;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Ssru};
-use super::transformer::{DecoderLayer, Embeddings, Positions, SelfBlock, StackLayer, Transformer};
+use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use super::ssru::Ssru;
+use super::transformer::{DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
@@ -211,7 +212,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             wf: w.marian_linear(&format!("{p}rnn_"), "f", d, d, true)?,
         };
         decoder.push(DecoderLayer::new(
-            SelfBlock::Ssru(cell),
+            cell,
             w.marian_norm(&format!("{p}rnn_ffn_ln"), d)?,
             Some((w.attention(&format!("{p}context_"), d, heads)?, w.marian_norm(&format!("{p}context_Wo_ln"), d)?)),
             w.ffn(&format!("{p}ffn_"), d, f)?,

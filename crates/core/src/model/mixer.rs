@@ -6,17 +6,24 @@
 //! linear-attention and state-space heads are the kinds to come.
 //!
 //! Adding a kind is a file that implements [`Mixer`] and its name in [`KINDS`]: the stack
-//! layer, the run API (`Transformer::run`, resumes at `hook_z`), gates, `prune_heads`, the
-//! derived hook-point list, the parameter walkers and the key/value accounting read a layer's
-//! mixer through this trait alone (`tests/models/toy_mixer.rs` adds one this way).
+//! layer, the translation decoder's self-block, the run API (`Transformer::run`, resumes at
+//! `hook_z`, step-by-step decoding), gates, `prune_heads`, the derived hook-point list, the
+//! parameter walkers and the key/value accounting read a layer's mixer through this trait alone
+//! (`tests/models/toy_mixer.rs` adds one this way; Marian's SSRU, `super::ssru`, is a kind
+//! without heads).
+//!
+//! A causal mixer also continues from what its previous call left ([`Mixer::step`], a
+//! [`Carry`]): attention's keys and values, or a recurrence's state. Step-by-step decoding holds
+//! one `Carry` per layer and never looks inside it.
 //!
 //! A head's contexts are `z [B, H, T, d_head]` at the mixer's `hook_z` (physical heads in
 //! order); the mixer's output is `[B, T, D]` at `hook_attn_out`. What the rest of the layer
 //! does with it (norms, residual sums, the MLP) belongs to the layer, not the mixer.
 
 use super::hooks::{At, HookSlot};
-use super::nn::{Attention, LayerGate, Params};
+use super::nn::{Attention, KeysValues, LayerGate, Params};
 use super::{Kind, ModelError};
+use std::any::Any;
 use tch::Tensor;
 
 /// The permission to run a mixer's arithmetic: only the model module makes one, so an analysis
@@ -28,7 +35,23 @@ pub struct Inside(pub(in crate::model) ());
 
 /// The mixer kinds headscope knows, by the name [`Mixer::kind`] reports: a new kind adds its
 /// name here (and `describe`, errors and `:help` list them from here).
-pub const KINDS: &[&str] = &["attention"];
+pub const KINDS: &[&str] = &["attention", "ssru"];
+
+/// What a causal mixer carries from one call to the next ([`Mixer::step`]): nothing before the
+/// first call, attention's keys and values of the steps so far, or a recurrence's state (the
+/// SSRU's cell `[B, D]`; a state-space head's state). Only the mixer that made it reads it.
+pub enum Carry {
+    /// Before the first step.
+    Empty,
+    /// Keys and values `[B, H, P, dh]` of the `P` steps so far.
+    Keys(KeysValues),
+    /// A recurrent state after the last step.
+    State(Tensor),
+}
+
+/// The additive bias over keys for `t` new queries after `past` earlier steps (the layer's
+/// causal mask and relative positions): what [`Mixer::step`] asks of its layer.
+pub type StepBias<'a> = &'a dyn Fn(i64, i64) -> Tensor;
 
 /// One layer's token mixer. Heads are numbered as loaded (`0..width`); after `prune_heads` a
 /// layer holds fewer (`present`), and gates and grids keep the original numbering.
@@ -110,6 +133,37 @@ pub trait Mixer: Send {
     /// The mixer's parameters under `prefix`, in a fixed order (TransformerLens's names).
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>);
 
+    /// A causal mixer continued from `carry` (what its previous call returned, or
+    /// [`Carry::Empty`]): the output over `x [B, T, D]` (the steps after those carried) and what
+    /// the next call continues from, every hook point of [`Mixer::points`] seen by `h`. A mixer
+    /// with scores asks `bias(past, T)` for its additive bias over the keys. Decoding step by
+    /// step is `T = 1`; a teacher-forced pass is every step at once from `Empty`. A kind that
+    /// cannot continue refuses, naming itself.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        x: &Tensor,
+        carry: &Carry,
+        bias: StepBias,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        inside: Inside,
+    ) -> Result<(Tensor, Carry), ModelError> {
+        let _ = (x, carry, bias, gate, h, inside);
+        Err(ModelError::Invalid(format!(
+            "{kind} layer {layer}'s token mixer '{}' cannot continue from earlier steps (docs/methods.md#mixers)",
+            self.kind()
+        )))
+    }
+
+    /// The name its hook points and parameters sit under in a layer (`blocks.L.attn.`,
+    /// `blocks.L.ssru.`).
+    fn scope(&self) -> &'static str {
+        "attn"
+    }
+
     /// Whether the mixer hands its attention weights tile by tile to hooks that ask
     /// ([`super::hooks::Hooks::tile_rows`]): statistics computed without the `T x T` pattern.
     /// A mixer without scores (recurrent, state-space) hands none, and a consumer refuses it.
@@ -121,6 +175,12 @@ pub trait Mixer: Send {
     /// patching's resumed passes), streaming heads, score-based scorers and LRP's rules read
     /// attention's own parts, and refuse other kinds by name.
     fn as_attention(&self) -> Option<&Attention> {
+        None
+    }
+
+    /// The mixer as its own type, for an analysis that knows that kind's parts (LRP's SSRU
+    /// rule reads the SSRU's weights); `None` where a kind offers none.
+    fn as_any(&self) -> Option<&dyn Any> {
         None
     }
 }

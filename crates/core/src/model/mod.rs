@@ -29,6 +29,7 @@ pub mod phi3;
 pub mod resume;
 pub mod safetensors;
 pub mod spm;
+pub mod ssru;
 pub mod t5;
 pub mod tokenizer;
 pub mod torch_pickle;
@@ -546,7 +547,7 @@ impl Model {
         if let Some(l) = self.net.stack.first() {
             v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads: l.mixer().width() });
         }
-        if let Some(a) = self.net.decoder.first().and_then(|l| l.self_attention()) {
+        if let Some(a) = self.net.decoder.first().and_then(|l| l.self_heads()) {
             v.push(KindShape { kind: Kind::Dec, n_layers: self.net.decoder.len(), n_heads: a.width() });
         }
         if let Some((a, _)) = self.net.decoder.first().and_then(|l| l.cross.as_ref()) {
@@ -600,7 +601,7 @@ impl Model {
         match kind {
             Kind::Cross => self.net.decoder.get(layer_idx)?.cross.as_ref().map(|(a, _)| a as &dyn mixer::Mixer),
             k if k == self.net.stack_kind => self.net.stack.get(layer_idx).map(|l| l.mixer()),
-            Kind::Dec => self.net.decoder.get(layer_idx)?.self_attention().map(|a| a as &dyn mixer::Mixer),
+            Kind::Dec => self.net.decoder.get(layer_idx)?.self_heads(),
             _ => None,
         }
     }
@@ -610,10 +611,7 @@ impl Model {
         match kind {
             Kind::Cross => self.net.decoder.get_mut(layer_idx)?.cross.as_mut().map(|(a, _)| a as &mut dyn mixer::Mixer),
             k if k == self.net.stack_kind => self.net.stack.get_mut(layer_idx).map(|l| l.mixer_mut()),
-            Kind::Dec => match &mut self.net.decoder.get_mut(layer_idx)?.self_block {
-                transformer::SelfBlock::Attention(a) => Some(a as &mut dyn mixer::Mixer),
-                transformer::SelfBlock::Ssru(_) => None,
-            },
+            Kind::Dec => self.net.decoder.get_mut(layer_idx)?.self_heads_mut(),
             _ => None,
         }
     }
@@ -1085,13 +1083,12 @@ impl Model {
     /// `none` for a model without rotary positions.
     pub fn rope(&self) -> String {
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
-        let layers =
-            self.net.stack.iter().filter_map(|l| l.attention()).chain(self.net.decoder.iter().filter_map(|l| {
-                match &l.self_block {
-                    transformer::SelfBlock::Attention(a) => Some(a),
-                    transformer::SelfBlock::Ssru(_) => None,
-                }
-            }));
+        let layers = self
+            .net
+            .stack
+            .iter()
+            .filter_map(|l| l.attention())
+            .chain(self.net.decoder.iter().filter_map(|l| l.self_attention()));
         for (i, a) in layers.enumerate() {
             let Some(r) = &a.rotary else { continue };
             let scaling = match &r.scaling {

@@ -3,7 +3,7 @@
 //! after loading; masks enter through [`Gates`].
 
 use super::hooks::{self, At, GradRules, HookSlot, Point};
-use super::mixer::{Inside, Mixer};
+use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::{Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
 
@@ -1228,49 +1228,6 @@ impl KeysValues {
     }
 }
 
-/// Simpler Simple Recurrent Unit (Marian's `ssru`), the self-attention replacement of the
-/// Firefox-Translations decoders: `f = sigmoid(x Wf + bf)`, `c = f c' + (1 - f) x W`,
-/// output `relu(c)`.
-pub struct Ssru {
-    pub w: Linear,
-    pub wf: Linear,
-}
-
-impl Ssru {
-    /// The cell over `x [B, T, D]` from state `c0 [B, D]` in decoder layer `layer_idx`: the
-    /// output `relu(c)` `[B, T, D]` and the state after the last step `[B, D]`. The
-    /// projections cover every step at once, only the recurrence runs step by step;
-    /// step-by-step decoding is `T = 1`. Hook points (`dec.blocks.L.`): `ssru.hook_forget` (f),
-    /// `ssru.hook_candidate` (`x W`), both read by the recurrence after any change, and
-    /// `ssru.hook_cell` (the states c after the recurrence: a change reaches the output and the
-    /// state carried to the next call, not the later steps of the same call).
-    pub(in crate::model) fn scan(
-        &self,
-        x: &Tensor,
-        c0: &Tensor,
-        layer_idx: usize,
-        h: &mut HookSlot,
-    ) -> Result<(Tensor, Tensor), ModelError> {
-        let at = |p| At::new(Kind::Dec, layer_idx, p);
-        let t_len = x.size()[1];
-        let f = hooks::at(h, at(Point::SsruForget), self.wf.forward(x).sigmoid())?;
-        let keep = f.ones_like() - &f;
-        let u = hooks::at(h, at(Point::SsruCandidate), self.w.forward(x))?;
-        if t_len == 0 {
-            return Ok((x.zeros_like(), c0.shallow_clone()));
-        }
-        let mut c = c0.shallow_clone();
-        let mut cells = Vec::with_capacity(t_len as usize);
-        for t in 0..t_len {
-            c = f.select(1, t) * &c + keep.select(1, t) * u.select(1, t);
-            cells.push(c.shallow_clone());
-        }
-        let cells = hooks::at(h, at(Point::SsruCell), Tensor::f_stack(&cells, 1)?)?;
-        let last = cells.select(1, t_len - 1);
-        Ok((cells.relu(), last))
-    }
-}
-
 /// The index of the largest logit over the last dimension (the first on ties, as `argmax`).
 /// `max_dim` is about 3x faster than `argmax` on CPU for vocabulary-sized rows (torch 2.11:
 /// 0.30 ms against 0.87 ms for `[40, 32000]`, a third of the output projection's time).
@@ -1422,6 +1379,31 @@ impl Mixer for Attention {
     fn hands_tiles(&self) -> bool {
         true
     }
+    fn step(
+        &self,
+        x: &Tensor,
+        carry: &Carry,
+        bias: StepBias,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        _: Inside,
+    ) -> Result<(Tensor, Carry), ModelError> {
+        let t = x.size()[1];
+        let past = match carry {
+            Carry::Keys(kv) if self.n_heads > 0 => Some(kv),
+            _ => None,
+        };
+        let p_len = past.map_or(0, |p| p.k.size()[2]);
+        let fresh = self.keys_values(x, p_len, kind, layer, h)?;
+        let kv = match past {
+            Some(p) => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
+            None => fresh,
+        };
+        let o = self.attend(x, &kv, &bias(p_len, t), gate, p_len, kind, layer, h)?;
+        Ok((o, if self.n_heads > 0 { Carry::Keys(kv) } else { Carry::Empty }))
+    }
     fn as_attention(&self) -> Option<&Attention> {
         Some(self)
     }
@@ -1449,22 +1431,6 @@ impl Ffn {
         if let Some(g) = self.gate.as_mut() {
             g.params_mut(prefix, "gate", out);
         }
-    }
-}
-
-impl Ssru {
-    /// The hook points [`Ssru::scan`] and its layer visit, in order.
-    pub fn points(&self, layer: usize, out: &mut Vec<At>) {
-        out.extend(
-            [Point::SsruForget, Point::SsruCandidate, Point::SsruCell, Point::AttnOut]
-                .map(|p| At::new(Kind::Dec, layer, p)),
-        );
-    }
-
-    /// `W_cand` (the candidate) and `W_f` (the forget gate).
-    pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
-        self.w.params_mut(prefix, "cand", out);
-        self.wf.params_mut(prefix, "f", out);
     }
 }
 

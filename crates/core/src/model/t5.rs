@@ -12,7 +12,7 @@
 
 use super::hf;
 use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Score};
-use super::transformer::{DecoderLayer, Embeddings, Positions, RelativeBias, SelfBlock, StackLayer, Transformer};
+use super::transformer::{DecoderLayer, Embeddings, Positions, RelativeBias, StackLayer, Transformer};
 use super::weights::Weights;
 use super::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
@@ -188,7 +188,7 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         let p = format!("decoder.block.{l}.layer");
         decoder.push(
             DecoderLayer::new(
-                SelfBlock::Attention(attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?),
+                attention(&mut w, &format!("{p}.0.SelfAttention"), d, h, dkv)?,
                 rms(&mut w, &format!("{p}.0.layer_norm.weight"), d, eps)?,
                 Some((
                     attention(&mut w, &format!("{p}.1.EncDecAttention"), d, h, dkv)?,

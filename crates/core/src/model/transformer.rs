@@ -3,10 +3,10 @@
 //! (`bert.rs`, `marian_bin.rs`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
-use super::mixer::{Inside, Mixer};
+use super::mixer::{Carry, Inside, Mixer};
 use super::mlp::Mlp;
 use super::nn::{
-    key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params, Ssru,
+    key_bias, sinusoidal, Attention, Ffn, Gates, KeysValues, LayerGate, Linear, Norm, NormPosition, Params,
 };
 use super::{check_interrupt, Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -511,32 +511,13 @@ impl RelativeBias {
     }
 }
 
-/// The self-block of a decoder layer.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "one per decoder layer, built once at load: boxing saves nothing that matters"
-)]
-pub enum SelfBlock {
-    /// Marian's SSRU recurrence (Firefox-Translations models): no heads.
-    Ssru(Ssru),
-    /// Causal self-attention over the target prefix (HF MarianMT, BART); its heads are kind
-    /// `dec`.
-    Attention(Attention),
-}
-
-/// A self-block's state between calls: the SSRU's cell `[B, D]`, or the self-attention's
-/// keys and values of the steps so far (`None` before the first step).
-pub enum SelfState {
-    Cell(Tensor),
-    Cache(Option<KeysValues>),
-}
-
 /// A layer of a translation model's decoder: its self-block, the cross-attention over the
 /// source, and the MLP, with their norms. Built by [`DecoderLayer::new`] (and the `with_`
 /// methods); its parts are read through the methods below and computed only inside the model
 /// module.
 pub struct DecoderLayer {
-    pub(in crate::model) self_block: SelfBlock,
+    /// The self-block: a causal token mixer (self-attention, or Marian's SSRU: [`super::mixer`]).
+    pub(in crate::model) self_block: Box<dyn Mixer>,
     pub(in crate::model) self_norm: Norm,
     pub(in crate::model) cross: Option<(Attention, Norm)>,
     /// The MLP (a dense one, or another kind: [`super::mlp`]).
@@ -558,7 +539,7 @@ impl DecoderLayer {
     /// decoder without a source), its MLP and norm, placed as `norm_position` says; no final
     /// norm and no relative bias (the `with_` methods add them).
     pub fn new(
-        self_block: SelfBlock,
+        self_block: impl Mixer + 'static,
         self_norm: Norm,
         cross: Option<(Attention, Norm)>,
         ffn: impl Mlp + 'static,
@@ -566,7 +547,7 @@ impl DecoderLayer {
         norm_position: NormPosition,
     ) -> DecoderLayer {
         DecoderLayer {
-            self_block,
+            self_block: Box::new(self_block),
             self_norm,
             cross,
             ffn: Box::new(ffn),
@@ -589,9 +570,23 @@ impl DecoderLayer {
         self
     }
 
-    /// The self-block: an SSRU or a causal self-attention.
-    pub fn self_block(&self) -> &SelfBlock {
-        &self.self_block
+    /// The self-block, through the mixer interface: a causal self-attention or an SSRU.
+    pub fn self_block(&self) -> &dyn Mixer {
+        self.self_block.as_ref()
+    }
+
+    /// The self-block where it has heads (kind `dec`): none for an SSRU.
+    pub fn self_heads(&self) -> Option<&dyn Mixer> {
+        (self.self_block.width() > 0).then_some(self.self_block.as_ref())
+    }
+
+    /// The self-block where it has heads, to change (`prune_heads`).
+    pub fn self_heads_mut(&mut self) -> Option<&mut dyn Mixer> {
+        if self.self_block.width() > 0 {
+            Some(self.self_block.as_mut())
+        } else {
+            None
+        }
     }
 
     /// The norm after (post-norm) or before (pre-norm) the self-block.
@@ -637,20 +632,9 @@ pub fn cached_causal_bias(t: i64, past: i64, dtype: DType, device: Device) -> Te
 }
 
 impl DecoderLayer {
-    /// The self-block's state before the first step, for a batch of `batch` rows.
-    pub fn initial_state(&self, batch: i64, d_model: i64, like: &Tensor) -> SelfState {
-        match &self.self_block {
-            SelfBlock::Ssru(_) => SelfState::Cell(Tensor::zeros([batch, d_model], (like.kind(), like.device()))),
-            SelfBlock::Attention(_) => SelfState::Cache(None),
-        }
-    }
-
-    /// The self-attention block, if the layer has one.
+    /// The self-attention block, if the layer's self-block is one.
     pub fn self_attention(&self) -> Option<&Attention> {
-        match &self.self_block {
-            SelfBlock::Attention(a) => Some(a),
-            SelfBlock::Ssru(_) => None,
-        }
+        self.self_block.as_attention()
     }
 
     /// The layer over `x [B, T, D]`, steps `T` at once (teacher forcing; `T = 1` when decoding
@@ -668,13 +652,13 @@ impl DecoderLayer {
     pub(in crate::model) fn forward(
         &self,
         x: &Tensor,
-        state: &SelfState,
+        state: &Carry,
         cross: Option<&KeysValues>,
         enc_bias: &Tensor,
         gates: &Gates,
         layer_idx: usize,
         h: &mut HookSlot,
-    ) -> Result<(Tensor, SelfState), ModelError> {
+    ) -> Result<(Tensor, Carry), ModelError> {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
@@ -707,50 +691,26 @@ impl DecoderLayer {
         Ok((self.finish_hooked(&x1, a.as_ref(), layer_idx, h)?, state))
     }
 
-    /// The self-block over `x [B, T, D]` from `state`: its output and the state after it.
+    /// The self-block over `x [B, T, D]` from `state`: its output and the state after it. The
+    /// layer owns the mask: causal over the steps so far, plus T5's relative positions.
     fn self_forward(
         &self,
         x: &Tensor,
-        state: &SelfState,
+        state: &Carry,
         gates: &Gates,
         layer_idx: usize,
         h: &mut HookSlot,
-    ) -> Result<(Tensor, SelfState), ModelError> {
-        match (&self.self_block, state) {
-            (SelfBlock::Ssru(ssru), state) => {
-                // A cell from the previous step; a state of the other kind starts from zero.
-                let cell = match state {
-                    SelfState::Cell(c) => c.shallow_clone(),
-                    SelfState::Cache(_) => Tensor::zeros([x.size()[0], x.size()[2]], (x.kind(), x.device())),
-                };
-                let (o, last) = ssru.scan(x, &cell, layer_idx, h)?;
-                // The SSRU's output stands where a self-attention's output would.
-                let o = hooks::at(h, At::new(Kind::Dec, layer_idx, Point::AttnOut), o)?;
-                Ok((o, SelfState::Cell(last)))
+    ) -> Result<(Tensor, Carry), ModelError> {
+        let (dtype, device) = (x.kind(), x.device());
+        let bias = |past: i64, t: i64| {
+            let b = cached_causal_bias(t, past, dtype, device);
+            match &self.rel_bias {
+                Some(rb) => b + rb.bias(past, t, past + t).to_kind(dtype),
+                None => b,
             }
-            (SelfBlock::Attention(a), state) => {
-                let t = x.size()[1];
-                let past = match state {
-                    SelfState::Cache(Some(kv)) if a.n_heads > 0 => Some(kv),
-                    _ => None,
-                };
-                let p_len = past.map_or(0, |p| p.k.size()[2]);
-                let fresh = a.keys_values(x, p_len, Kind::Dec, layer_idx, h)?;
-                let kv = match (past, a.n_heads > 0) {
-                    (Some(p), true) => {
-                        KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? }
-                    }
-                    _ => fresh,
-                };
-                let mut bias = cached_causal_bias(t, p_len, x.kind(), x.device());
-                if let Some(rb) = &self.rel_bias {
-                    bias = bias + rb.bias(p_len, t, p_len + t).to_kind(x.kind());
-                }
-                let g = gates.layer(Kind::Dec, layer_idx);
-                let o = a.attend(x, &kv, &bias, g.as_ref(), p_len, Kind::Dec, layer_idx, h)?;
-                Ok((o, SelfState::Cache(if a.n_heads > 0 { Some(kv) } else { None })))
-            }
-        }
+        };
+        let g = gates.layer(Kind::Dec, layer_idx);
+        self.self_block.step(x, state, &bias, g.as_ref(), Kind::Dec, layer_idx, h, Inside(()))
     }
 
     /// The point whose value [`DecoderLayer::forward_from_cross_z`] resumes from: the stream the
@@ -842,7 +802,8 @@ impl Source {
 
 /// Recurrent state of the decoder during step-by-step decoding ([`DecStart::Step`]).
 pub struct DecoderState {
-    selfs: Vec<SelfState>,
+    /// Each layer's self-block carry (keys and values, or a cell).
+    selfs: Vec<Carry>,
     /// Steps run so far.
     pub step: i64,
 }
@@ -1315,14 +1276,15 @@ impl Transformer {
         }
     }
 
-    /// The decoder's state before the first step of [`DecStart::Step`], for `batch` rows.
-    pub fn start_state(&self, batch: i64) -> DecoderState {
-        DecoderState { selfs: self.initial_states(batch), step: 0 }
+    /// The decoder's state before the first step of [`DecStart::Step`] (each self-block
+    /// starts empty and takes its batch from the first step).
+    pub fn start_state(&self) -> DecoderState {
+        DecoderState { selfs: self.initial_states(), step: 0 }
     }
 
-    /// Each decoder layer's self-block state before the first step.
-    fn initial_states(&self, batch: i64) -> Vec<SelfState> {
-        self.decoder.iter().map(|l| l.initial_state(batch, self.d_model, &self.embed.tokens)).collect()
+    /// Each decoder layer's self-block carry before the first step.
+    fn initial_states(&self) -> Vec<Carry> {
+        self.decoder.iter().map(|_| Carry::Empty).collect()
     }
 
     /// The decoder's embeddings (its own, else the encoder's).
@@ -1417,7 +1379,7 @@ impl Transformer {
         let x = match start {
             DecStart::Targets(targets) => {
                 let mut x = self.teacher_inputs(targets, h)?;
-                let starts = self.initial_states(targets.size()[0]);
+                let starts = self.initial_states();
                 for (l, layer) in self.decoder.iter().enumerate().take(last) {
                     let cross = src.cross.get(l).and_then(Option::as_ref);
                     x = layer.forward(&x, &starts[l], cross, &src.enc_bias, gates, l, h)?.0;
@@ -1454,7 +1416,7 @@ impl Transformer {
                     )));
                 }
                 let mut y = first.forward_from_cross_z(x, z, layer, h)?;
-                let starts = self.initial_states(x.size()[0]);
+                let starts = self.initial_states();
                 for (k, above) in self.decoder.iter().enumerate().take(last).skip(layer + 1) {
                     let cross = src.cross.get(k).and_then(Option::as_ref);
                     y = above.forward(&y, &starts[k], cross, &src.enc_bias, gates, k, h)?.0;
@@ -1510,7 +1472,7 @@ impl Transformer {
         let b = enc.size()[0] as usize;
         let mut none: HookSlot = None;
         let src = self.source(enc, mask, &mut none)?;
-        let mut state = self.start_state(b as i64);
+        let mut state = self.start_state();
         let mut out: Vec<Vec<i64>> = vec![Vec::new(); b];
         let mut done = vec![false; b];
         let limit = max_len.iter().copied().max().unwrap_or(0);
@@ -1786,9 +1748,7 @@ impl DecoderLayer {
         if self.norm_position == NormPosition::Pre {
             // Each sublayer reads its norm of the stream: ln1 (self), cross ln1, ln2 (MLP).
             dec(&[P::ResidPre, P::Ln1], out);
-            if let Some(a) = self.self_attention() {
-                a.points(Kind::Dec, layer, out);
-            }
+            self.self_block.points(Kind::Dec, layer, out);
             dec(&[P::ResidMid], out);
             if let Some((a, _)) = &self.cross {
                 cross(&[P::Ln1], out);
@@ -1804,10 +1764,7 @@ impl DecoderLayer {
             return;
         }
         dec(&[P::ResidPre], out);
-        match &self.self_block {
-            SelfBlock::Attention(a) => a.points(Kind::Dec, layer, out),
-            SelfBlock::Ssru(c) => c.points(layer, out),
-        }
+        self.self_block.points(Kind::Dec, layer, out);
         dec(&[P::ResidMid, P::Ln1], out);
         if let Some((a, _)) = &self.cross {
             a.points(Kind::Cross, layer, out);
@@ -1820,10 +1777,8 @@ impl DecoderLayer {
     /// The self-block (`attn.` or `ssru.`), its norm, the cross-attention and its norm, the
     /// MLP and its norm, the final norm, T5's relative bias table.
     pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
-        match &mut self.self_block {
-            SelfBlock::Ssru(c) => c.params_mut(&format!("{prefix}ssru."), out),
-            SelfBlock::Attention(a) => a.params_mut(&format!("{prefix}attn."), out),
-        }
+        let scope = self.self_block.scope();
+        self.self_block.params_mut(&format!("{prefix}{scope}."), out);
         self.self_norm.params_mut(&format!("{prefix}ln1."), out);
         if let Some((a, n)) = self.cross.as_mut() {
             a.params_mut(&format!("{prefix}cross_attn."), out);
