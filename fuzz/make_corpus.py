@@ -110,7 +110,7 @@ def garr(t, items):
     return struct.pack("<IQ", t, len(items)) + b"".join(enc(x) for x in items)
 
 
-# The tokenizer in a GGUF's metadata (crates/core/src/model/gguf_tokenizer.rs): byte-level BPE and
+# The tokenizer in a GGUF's metadata (crates/core/src/model/tokenize/gguf_tokenizer.rs): byte-level BPE and
 # sentencepiece BPE, each small and valid.
 put("gguf", "tokenizer_bpe.gguf", gguf([
     ("general.architecture", 8, gs("qwen2")), ("tokenizer.ggml.model", 8, gs("gpt2")), ("tokenizer.ggml.pre", 8, gs("qwen2")),

@@ -230,7 +230,7 @@ pub fn hand_built(
     stack_kind: headscope::model::Kind,
     family: headscope::model::Family,
 ) -> headscope::model::Model {
-    use headscope::model::tokenizer::{Framing, Tok};
+    use headscope::model::tokenize::tokenizer::{Framing, Tok};
     use headscope::model::{transformer::Transformer, Kind, LoadOptions, LoadTimes, Model};
     std::fs::write(dir.join("tokenizer.json"), word_level_tokenizer(words)).unwrap();
     let tok = Tok::from_file(&dir.join("tokenizer.json"), Framing::Tokenizer).unwrap();

@@ -1,13 +1,13 @@
 //! Never ignore a config key that changes the computation (issue 46): every `config.X` that
 //! transformers 5's modeling file of a family reads (`tests/fixtures/config_keys_tf5.json`, listed
 //! by `config_keys_reference.py` from transformers' source) is read by headscope or listed
-//! harmless with its reason (`crates/core/src/model/config_keys.rs`); a default config as transformers saves
+//! harmless with its reason (`crates/core/src/model/readers/config_keys.rs`); a default config as transformers saves
 //! it passes; an invented key inside `rope_parameters`, an unknown `rope_type` and a key the family
 //! reads that headscope does not are refused by default and load with a warning when asked.
 
 use crate::common;
-use headscope::model::config_keys::{keys_of, COMMON};
-use headscope::model::locate::Pick;
+use headscope::model::readers::config_keys::{keys_of, COMMON};
+use headscope::model::readers::locate::Pick;
 use headscope::model::script::load_picked;
 use headscope::model::LoadOptions;
 

@@ -6,7 +6,7 @@
 //! one-line errors of a miss, a broken `refs` file and a dangling symlink.
 
 use crate::common;
-use headscope::model::locate::{self, Pick};
+use headscope::model::readers::locate::{self, Pick};
 use headscope::model::script::{load_picked, ScriptModel};
 use headscope::model::LoadOptions;
 use std::path::{Path, PathBuf};

@@ -582,7 +582,7 @@ pub(crate) fn roberta_against(golden: &str, dir_name: &str) {
     assert_eq!(n, 5);
     let ids: Vec<Vec<i64>> = (0..n).map(|i| Vec::<i64>::try_from(&g[&format!("roberta_ids_{i}")]).unwrap()).collect();
     // One padded batch of all five sentences.
-    let enc: Vec<headscope::model::tokenizer::Encoded> = ids
+    let enc: Vec<headscope::model::tokenize::tokenizer::Encoded> = ids
         .iter()
         .map(|v| {
             let text = m.detokenize(v).unwrap();

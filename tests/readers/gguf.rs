@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use headscope::model::gguf::Gguf;
+use headscope::model::readers::gguf::Gguf;
 use std::path::Path;
 
 #[test]

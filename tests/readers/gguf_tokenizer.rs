@@ -1,4 +1,4 @@
-//! The tokenizer a GGUF file carries in its metadata (`crates/core/src/model/gguf_tokenizer.rs`), on the two
+//! The tokenizer a GGUF file carries in its metadata (`crates/core/src/model/tokenize/gguf_tokenizer.rs`), on the two
 //! real GGUF assets (scripts/setup) against independent references
 //! (`tests/fixtures/gguf_tokenizer_reference.py`): Gemma 3's sentencepiece BPE against the
 //! `sentencepiece` package on a model written from the same metadata, Qwen2.5's byte-level BPE
@@ -6,12 +6,12 @@
 //! the metadata headscope does not read refused in one line naming the key.
 
 use crate::common;
-use headscope::model::gguf::Gguf;
-use headscope::model::tokenizer::Tok;
+use headscope::model::readers::gguf::Gguf;
+use headscope::model::tokenize::tokenizer::Tok;
 
 fn asset_gguf(name: &str) -> Gguf {
     let dir = headscope::assets::asset_path(name).unwrap();
-    let file = headscope::model::llama_gguf::find_gguf(&dir)
+    let file = headscope::model::families::llama_gguf::find_gguf(&dir)
         .unwrap_or_else(|| panic!("{}: no .gguf (run scripts/setup)", dir.display()));
     Gguf::open(&file).unwrap()
 }
@@ -43,7 +43,8 @@ fn gemma3_and_qwen2_metadata_tokenizers_equal_their_references() {
 fn smollm2_metadata_tokenizer_equals_its_derived_tokenizer_json() {
     let dir = headscope::assets::asset_path("smollm2").unwrap();
     let from_meta = Tok::from_gguf(&asset_gguf("smollm2")).unwrap();
-    let derived = Tok::from_file(&dir.join("tokenizer.json"), headscope::model::tokenizer::Framing::Tokenizer).unwrap();
+    let derived =
+        Tok::from_file(&dir.join("tokenizer.json"), headscope::model::tokenize::tokenizer::Framing::Tokenizer).unwrap();
     let golden = common::golden_json("gguf_tokenizer_golden.json");
     for text in golden["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()) {
         let (a, b) = (from_meta.encode(text).unwrap(), derived.encode(text).unwrap());
@@ -162,8 +163,8 @@ fn t5_gguf_tokenizer_equals_sentencepiece() {
     let dir = crate::common::tiny_hf_dir().join("t5_tokenizer_gguf");
     let g: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    let gguf = headscope::model::gguf::Gguf::open(&dir.join("tokenizer.gguf")).unwrap();
-    let tok = headscope::model::tokenizer::Tok::from_gguf(&gguf).unwrap();
+    let gguf = headscope::model::readers::gguf::Gguf::open(&dir.join("tokenizer.gguf")).unwrap();
+    let tok = headscope::model::tokenize::tokenizer::Tok::from_gguf(&gguf).unwrap();
     let (unk, eos) = (g["unk"].as_i64().unwrap(), g["eos"].as_i64().unwrap());
     let mut wrong = Vec::new();
     let mut decoded = 0;

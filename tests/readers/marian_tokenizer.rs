@@ -3,8 +3,8 @@
 
 use crate::common;
 
-use headscope::model::spm;
-use headscope::model::tokenizer::Tok;
+use headscope::model::tokenize::spm;
+use headscope::model::tokenize::tokenizer::Tok;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! The safe `torch.save` reader against fixtures from tests/fixtures/make_torch_bin.py: exact
 //! values against a golden, refused globals that never run, and hostile input that errs.
 
-use headscope::model::torch_pickle::read;
+use headscope::model::readers::torch_pickle::read;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 

@@ -4,8 +4,10 @@
 //! code. A reader answers any input with a value or an error; a panic is a bug.
 
 use crate::data::conllu;
-use crate::model::tokenizer::{Framing, MarianVocab, Tok};
-use crate::model::{gguf, marian_bin, safetensors, spm, torch_pickle};
+use crate::model::families::marian_bin;
+use crate::model::readers::{gguf, safetensors, torch_pickle};
+use crate::model::tokenize::spm;
+use crate::model::tokenize::tokenizer::{Framing, MarianVocab, Tok};
 use crate::prune::checkpoint;
 
 /// Every target, by the name of its AFL binary and of its corpus folder.
@@ -59,7 +61,7 @@ pub fn run(target: &str, data: &[u8]) -> Result<(), String> {
             // (`llama_gguf::build_from`: every architecture read, T5's encoder-decoder included).
             let g = gguf::Gguf::from_bytes(Box::new(data.to_vec()), "fuzz.gguf".into()).map_err(|x| e(&x))?;
             let opts = crate::model::LoadOptions::new(crate::device::DeviceChoice::Cpu, "f32").map_err(|x| e(&x))?;
-            crate::model::llama_gguf::build_from(&g, "fuzz.gguf", opts).map(drop).map_err(|x| e(&x))
+            crate::model::families::llama_gguf::build_from(&g, "fuzz.gguf", opts).map(drop).map_err(|x| e(&x))
         }
         "marian_bin" => marian_bin::read_bin_bytes(data, "fuzz.bin").map(drop).map_err(|x| e(&x)),
         "torch_pickle" => torch_pickle::read_bytes(data, "pytorch_model.bin").map(drop).map_err(|x| e(&x)),

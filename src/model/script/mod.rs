@@ -2,7 +2,7 @@
 //! mask, sharing the weights), `Head`, and `AttentionMatrix` (renders as a heatmap).
 
 use crate::device::DeviceChoice;
-use crate::model::locate::{self, Located, Pick};
+use crate::model::readers::locate::{self, Located, Pick};
 use crate::model::{HeadId, Kind, LoadOptions, Model};
 use crate::output::{Output, Render};
 use crate::script::convert::ScriptErr;
@@ -223,7 +223,7 @@ pub mod api {
     }
 
     /// The checkpoint family: its HF `model_type` ("bert", "llama", ...), "marian_bin", or a
-    /// GGUF file's architecture ("llama (gguf)"); crates/core/src/model/family.rs lists them.
+    /// GGUF file's architecture ("llama (gguf)"); crates/core/src/model/families/family.rs lists them.
     ///
     /// ```rhai
     /// assert(load_model("enpt").family == "marian_bin");

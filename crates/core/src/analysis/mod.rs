@@ -17,7 +17,7 @@ pub mod taxonomy;
 use crate::data::Dataset;
 use crate::model::hooks::{At, Point, Record};
 use crate::model::nn::Gates;
-use crate::model::tokenizer::Encoded;
+use crate::model::tokenize::tokenizer::Encoded;
 use crate::model::transformer::Stop;
 use crate::model::{HeadId, Kind, Model, ModelError};
 use accum::{Accumulator, BatchTensors, SentenceMeta, Words};

@@ -3,7 +3,7 @@
 //! own greedy output). Every analysis, sweep, LRP run, pruning run and translation gets its
 //! batches here; sentences of similar length go together, so padding is small.
 
-use super::tokenizer::Encoded;
+use super::tokenize::tokenizer::Encoded;
 use super::{nn::Gates, Batch, Model, ModelError};
 use tch::Tensor;
 

@@ -48,7 +48,7 @@ pub fn nll(logp: &Tensor, labels: &Tensor) -> Tensor {
 
 /// A language model's predictions over one text (docs/methods.md#model-outputs).
 pub struct TextPredictions {
-    pub encoded: super::tokenizer::Encoded,
+    pub encoded: super::tokenize::tokenizer::Encoded,
     /// Logits `[T, V]` at every position (float64 for a float64 model, else float32).
     pub logits: Tensor,
 }

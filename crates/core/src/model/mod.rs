@@ -1,51 +1,34 @@
 //! The numeric core: real checkpoints loaded into one gated Transformer on tch. Knows nothing
-//! of Rhai and never prints. Families live one per file (`bert`, `gpt2`, `llama` (HF Llama,
-//! Qwen2, Qwen3, Mistral), `marian_bin`, `llama_gguf`); `hf` reads HF checkpoint directories.
+//! of Rhai and never prints. Split by layer: [`readers`] (locating and reading checkpoint
+//! files, the loader toolkit), [`tokenize`] (text to tokens), [`families`] (one loader per
+//! checkpoint family and the family table), and the core here: the one [`transformer`], its
+//! blocks ([`nn`], [`mixer`], [`mlp`], [`ssru`]), the trace ([`hooks`]), the unembedding, the
+//! masked view, batching and the task loss.
 
-pub mod bart;
 pub mod batch;
-pub mod bert;
-pub mod bytes;
-pub mod config_keys;
-pub mod family;
+pub mod families;
 pub mod fill;
-pub mod gemma;
-pub mod gguf;
-pub mod gguf_tokenizer;
-pub mod gpt2;
-pub mod gpt_neox;
-pub mod hf;
 pub mod hooks;
-pub mod llama;
-pub mod llama_gguf;
-pub mod locate;
 pub mod loss;
-pub mod m2m100;
-pub mod marian_bin;
 pub mod mixer;
 pub mod mlp;
 pub mod nn;
-pub mod phi3;
+pub mod readers;
 pub mod resume;
-pub mod safetensors;
-pub mod spm;
 pub mod ssru;
-pub mod t5;
-pub mod tokenizer;
-pub mod torch_pickle;
+pub mod tokenize;
 pub mod transformer;
 pub mod unembed;
 pub mod view;
-pub mod weights;
 
 use crate::device::{device_name, DeviceChoice, DeviceError};
-pub use family::Family;
+pub use families::family::Family;
 use nn::Gates;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use tch::{Device, Kind as DType, Tensor};
-use tokenizer::{Encoded, Tok};
+use tokenize::tokenizer::{Encoded, Tok};
 use transformer::Transformer;
 
 /// An attention kind.
@@ -134,7 +117,7 @@ pub enum ModelError {
     TooLong { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
-    #[error("{}", family::unknown(.0))]
+    #[error("{}", families::family::unknown(.0))]
     UnknownFamily(String),
     #[error("{0}")]
     Device(#[from] DeviceError),
@@ -412,20 +395,21 @@ impl Model {
         if !path.exists() {
             return Err(ModelError::Io(path.display().to_string(), "no such file or directory".into()));
         }
-        let family = family::detect(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
+        let family =
+            families::family::detect(path)?.ok_or_else(|| ModelError::UnknownFamily(path.display().to_string()))?;
         // Every key of config.json is read or known harmless (docs/formats.md#config-keys).
-        let warnings = if path.is_dir() && hf::is_hf_dir(path) {
-            hf::vetted_config(path, opts.allow_unknown_config)?.1
+        let warnings = if path.is_dir() && readers::hf::is_hf_dir(path) {
+            readers::hf::vetted_config(path, opts.allow_unknown_config)?.1
         } else {
             vec![]
         };
         let t0 = std::time::Instant::now();
         let row = family.row();
         // Only the Firefox-Translations tokenizers leave the EOS to the model.
-        let framing = if row.tokenizer == family::TokenizerSource::JsonAppendEos {
-            tokenizer::Framing::AppendEos(marian_bin::EOS)
+        let framing = if row.tokenizer == families::family::TokenizerSource::JsonAppendEos {
+            tokenize::tokenizer::Framing::AppendEos(families::marian_bin::EOS)
         } else {
-            tokenizer::Framing::Tokenizer
+            tokenize::tokenizer::Framing::Tokenizer
         };
         // A `.gguf` file's tokenizer.json lies beside it.
         let tok_path = if path.is_file() { path.with_file_name("tokenizer.json") } else { path.join("tokenizer.json") };
@@ -440,7 +424,7 @@ impl Model {
         let t = std::time::Instant::now();
         // MarianMT ships sentencepiece models and vocab.json instead of tokenizer.json.
         // A GGUF without a tokenizer.json beside it brings its own in its metadata.
-        use family::TokenizerSource as Ts;
+        use families::family::TokenizerSource as Ts;
         let tok = if row.tokenizer == Ts::JsonOrMarianSpm && !tok_path.is_file() {
             Tok::marian(path)
         } else if row.tokenizer == Ts::JsonOrM2m100Spm
@@ -451,9 +435,9 @@ impl Model {
             // M2M100's own checkpoints ship sentencepiece.bpe.model and vocab.json.
             Tok::m2m100(path)
         } else if row.tokenizer == Ts::JsonOrGguf && !tok_path.is_file() {
-            llama_gguf::gguf_of(path)
+            families::llama_gguf::gguf_of(path)
                 .ok_or_else(|| ModelError::Io(path.display().to_string(), "no single *.gguf in the directory".into()))
-                .and_then(|f| Tok::from_gguf(&gguf::Gguf::open(&f)?))
+                .and_then(|f| Tok::from_gguf(&readers::gguf::Gguf::open(&f)?))
         } else {
             Tok::from_file(&tok_path, framing)
         };
@@ -473,7 +457,7 @@ impl Model {
         }
         let load_times = LoadTimes { weights, tokenizer, total: t0.elapsed().as_secs_f64() };
         let architecture = match row.source {
-            family::Source::Gguf => llama_gguf::architecture(path),
+            families::family::Source::Gguf => families::llama_gguf::architecture(path),
             _ => None,
         };
         let mut m = Model {
@@ -500,7 +484,7 @@ impl Model {
     ///
     /// The count walks the blocks' own parameter lists ([`transformer::Transformer::named_params_mut`],
     /// each tensor once however many places share it), less what the family's row lists as
-    /// transformers' buffers ([`family::Row::buffers`]: M2M100's sinusoid tables, the output
+    /// transformers' buffers ([`families::family::Row::buffers`]: M2M100's sinusoid tables, the output
     /// bias of HF BART, mBART and MarianMT). It needs the walker's `&mut` only to reach the
     /// tensors.
     pub fn count_params(&mut self) -> i64 {
@@ -780,7 +764,7 @@ impl Model {
 
     /// The token of target language `code` (NLLB's `fra_Latn`, mBART's `fr_XX`, M2M100's
     /// `__fr__` also as `fr`): one of the tokenizer's language codes
-    /// ([`tokenizer::Tok::language_codes`]); anything else is an error naming the code.
+    /// ([`tokenize::tokenizer::Tok::language_codes`]); anything else is an error naming the code.
     pub fn target_language(&self, code: &str) -> Result<i64, ModelError> {
         if !self.translates() {
             return Err(ModelError::Invalid(format!("tgt_lang '{code}': {} does not translate", self.name())));

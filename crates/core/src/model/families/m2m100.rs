@@ -11,12 +11,12 @@
 //! says so, emits the target-language token `forced_bos_token_id` first. The decoder's causal
 //! self-attention heads are kind `dec`.
 
-use super::bart::{attention, linear, norm};
-use super::hf;
-use super::nn::{Activation, Ffn, Linear, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use crate::model::families::bart::{attention, linear, norm};
+use crate::model::nn::{Activation, Ffn, Linear, NormPosition};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::{Device, Kind as DType, Tensor};
@@ -232,7 +232,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         dec_start: Some(start),
         banned: vec![],
         logit_softcap: None,
-        forced_bos: super::transformer::ForcedBos::new(forced),
+        forced_bos: crate::model::transformer::ForcedBos::new(forced),
         rel_bias: None,
     })
 }

@@ -4,7 +4,7 @@
 //! cannot overflow, so a hostile header is an error naming the field, never a panic or a
 //! huge allocation.
 
-use super::ModelError;
+use crate::model::ModelError;
 
 pub struct Cursor<'a> {
     pub b: &'a [u8],

@@ -2,12 +2,12 @@
 //! format (docs/formats.md), int8 dequantisation, and the architecture
 //! (post-norm encoder; SSRU decoder with cross-attention; tied output with bias).
 
-use super::bytes::Cursor;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::ssru::Ssru;
-use super::transformer::{DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use crate::model::readers::bytes::Cursor;
+use crate::model::readers::weights::Weights;
+use crate::model::ssru::Ssru;
+use crate::model::transformer::{DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{Kind, LoadOptions, ModelError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
@@ -33,7 +33,7 @@ pub fn find_bin(dir: &Path) -> Option<PathBuf> {
 /// Reads every float tensor of a Marian `.bin`, dequantising int8 matrices, and the embedded
 /// `special:model.yml`. Tensors come as PyTorch uses them: `[out, in]` matrices, flat vectors.
 pub fn read_bin(path: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
-    let bytes = super::safetensors::map(path)?;
+    let bytes = crate::model::readers::safetensors::map(path)?;
     read_bin_bytes(&bytes, &path.display().to_string())
 }
 
@@ -59,7 +59,11 @@ pub fn read_bin_bytes(bytes: &[u8], file: &str) -> Result<(HashMap<String, Tenso
         let what = format!("the shape of {}", names[i]);
         let raw = r.take(dims.checked_mul(4).unwrap_or(u64::MAX), &what)?;
         let shape: Vec<i64> = raw.chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect();
-        super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor {}", names[i]), &file)?;
+        crate::model::readers::bytes::elements(
+            shape.iter().map(|&d| d as i128),
+            &format!("tensor {}", names[i]),
+            &file,
+        )?;
         shapes.push(shape);
     }
     let aligned = r.u64("the alignment padding")?;

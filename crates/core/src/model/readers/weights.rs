@@ -3,9 +3,9 @@
 //! (`linear`, `norm`, `scoped` names, the tied-or-own output), so that each family file shows
 //! its checkpoint's key names where its layers are built.
 
-use super::nn::{Linear, Norm, NormKind};
-use super::transformer::place;
-use super::{LoadOptions, ModelError};
+use crate::model::nn::{Linear, Norm, NormKind};
+use crate::model::transformer::place;
+use crate::model::{LoadOptions, ModelError};
 use std::collections::HashMap;
 use tch::Tensor;
 

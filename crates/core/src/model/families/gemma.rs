@@ -11,11 +11,11 @@
 //! (`rope_local_base_freq`, unscaled; `rope_scaling` applies to the global layers). Its heads
 //! are kind `dec`.
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
-use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary, Score};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;

@@ -19,8 +19,8 @@
 //! naming the key: a `tokenizer.json` beside the `.gguf` is then used instead (it always takes
 //! precedence).
 
-use super::gguf::{Gguf, Value};
-use super::ModelError;
+use crate::model::readers::gguf::{Gguf, Value};
+use crate::model::ModelError;
 use serde_json::{json, Value as Json};
 
 /// Qwen2's split regex (transformers' `Qwen2Converter`, llama.cpp's `qwen2` pre-tokenizer).
@@ -231,8 +231,8 @@ pub(crate) fn spm_bpe(tokens: &[&str], types: &[u64], scores: &[f64]) -> (serde_
 /// pieces, scores, types and normalizer charsmap) as the sentencepiece model it came from, run
 /// by headscope's own sentencepiece reading (`spm`: sentencepiece's normalizer exactly, then the
 /// unigram Viterbi search); `None` for other tokenizer models.
-pub fn spm_unigram(g: &Gguf) -> Result<Option<super::spm::SpmModel>, ModelError> {
-    use super::spm::{NormalizerSpec, Piece, PieceType, SpmModel};
+pub fn spm_unigram(g: &Gguf) -> Result<Option<crate::model::tokenize::spm::SpmModel>, ModelError> {
+    use crate::model::tokenize::spm::{NormalizerSpec, Piece, PieceType, SpmModel};
     let bad = |key: &str, why: String| ModelError::Tokenizer(format!("{}: metadata {key}: {why}", g.file));
     if g.metadata.get("tokenizer.ggml.model").and_then(Value::as_str) != Some("t5") {
         return Ok(None);

@@ -1,6 +1,6 @@
 //! A safetensors reader over a memory map: one copy per tensor, straight from the page cache.
 
-use super::ModelError;
+use crate::model::ModelError;
 use std::collections::HashMap;
 use std::path::Path;
 use tch::{Kind as DType, Tensor};
@@ -50,7 +50,11 @@ pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Model
         let Some(shape) = dims.iter().map(|x| x.as_i64()).collect::<Option<Vec<i64>>>() else {
             return Err(bad(format!("tensor '{name}': shape {} is not a list of integers", info["shape"])));
         };
-        let count = super::bytes::elements(shape.iter().map(|&d| d as i128), &format!("tensor '{name}'"), file)?;
+        let count = crate::model::readers::bytes::elements(
+            shape.iter().map(|&d| d as i128),
+            &format!("tensor '{name}'"),
+            file,
+        )?;
         let offs: Vec<u64> =
             info["data_offsets"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let [begin, end] = offs[..] else { return Err(bad(format!("tensor '{name}' has no data_offsets"))) };

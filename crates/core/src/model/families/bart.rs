@@ -6,11 +6,11 @@
 //! shared (or separate) token embeddings, output tied to the decoder's embeddings, plus
 //! `final_logits_bias`. The decoder's causal self-attention heads are kind `dec`.
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{place, DecoderLayer, Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::{Device, Kind as DType, Tensor};

@@ -2,11 +2,11 @@
 //! self-attention whose Q/K/V come fused in one `c_attn` Conv1D (weights stored `[in, out]`),
 //! a GELU (tanh) MLP, a final `ln_f`, and the output tied to `wte`. Its heads are kind `dec`.
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
-use super::transformer::{place, Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{place, Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;

@@ -13,11 +13,11 @@
 //! NEOX rope); it stores Gemma's RMSNorm weights as `1 + w`, which are read back as `w` (as
 //! transformers' GGUF loader does).
 
-use super::gguf::{Gguf, Value};
-use super::llama::{build, Config, RotaryRows};
-use super::transformer::Transformer;
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::families::llama::{build, Config, RotaryRows};
+use crate::model::readers::gguf::{Gguf, Value};
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::Transformer;
+use crate::model::{LoadOptions, ModelError};
 use std::path::{Path, PathBuf};
 
 /// The one `*.gguf` of a directory.
@@ -155,7 +155,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             ),
             None => None,
         };
-        let cfg = super::gemma::Config {
+        let cfg = crate::model::families::gemma::Config {
             model_type: if arch == "gemma3" { "gemma3_text".into() } else { arch.clone() },
             vocab_size: vocab,
             hidden_size: d,
@@ -182,7 +182,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             tie_word_embeddings: !map.contains_key("lm_head.weight"),
             eos_token_id: Some(eos.into()),
         };
-        return super::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
+        return crate::model::families::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
     }
     let mut map = map;
     // Phi-3: LongRoPE's factors are tensors of their own (`rope_factors_short`, `_long`), the
@@ -238,7 +238,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         rope_dim: int("rope.dimension_count").ok(),
     };
     if arch == "phi3" {
-        super::phi3::split_fused(&mut map, &cfg, &file, &file)?;
+        crate::model::families::phi3::split_fused(&mut map, &cfg, &file, &file)?;
     }
     build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
 }
@@ -326,7 +326,7 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
     let rope_dim = int("rope.dimension_count")?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
-    let cfg = super::gpt_neox::Config {
+    let cfg = crate::model::families::gpt_neox::Config {
         hidden_size: d,
         num_hidden_layers: int("block_count")? as usize,
         num_attention_heads: h,
@@ -349,11 +349,11 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         eos_token_id: Some(eos.into()),
         rotary_dims: Some(rope_dim),
     };
-    super::gpt_neox::build(
+    crate::model::families::gpt_neox::build(
         &cfg,
         file,
         Weights::new(map, file.to_string(), opts, Some("gpt_neox.")),
-        super::gpt_neox::QkvRows::Stacked,
+        crate::model::families::gpt_neox::QkvRows::Stacked,
     )
 }
 
@@ -410,7 +410,7 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
         .map(|t| t.size()[0])
         .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
     let id = |k: &str| g.metadata.get(k).and_then(Value::as_u64).map(|v| v as i64);
-    let cfg = super::t5::Config {
+    let cfg = crate::model::families::t5::Config {
         model_type: "t5".into(),
         vocab_size: vocab,
         d_model: int("embedding_length")?,
@@ -430,5 +430,5 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
         eos_token_id: id("tokenizer.ggml.eos_token_id").map(Into::into),
         decoder_start_token_id: int("decoder_start_token_id").ok(),
     };
-    super::t5::build(&cfg, file, Weights::new(map, file.to_string(), opts, None))
+    crate::model::families::t5::build(&cfg, file, Weights::new(map, file.to_string(), opts, None))
 }

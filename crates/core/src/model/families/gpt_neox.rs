@@ -5,11 +5,11 @@
 //! `rope_scaling`), a fused `query_key_value` laid out per head (`[q_h | k_h | v_h]` for each
 //! head `h`), a GELU MLP, a final norm and an untied `embed_out`. Its heads are kind `dec`.
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, NormKind, NormPosition, Rotary};
-use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, NormKind, NormPosition, Rotary};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 use tch::Tensor;

@@ -15,11 +15,11 @@
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
-use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 

@@ -5,10 +5,10 @@
 //! and a loader file; detection, loading, the parameter count and the message for an unknown
 //! directory read the table.
 
-use super::transformer::Transformer;
-use super::{
-    bart, bert, gemma, gpt2, gpt_neox, hf, llama, llama_gguf, m2m100, marian_bin, phi3, t5, LoadOptions, ModelError,
-};
+use super::{bart, bert, gemma, gpt2, gpt_neox, llama, llama_gguf, m2m100, marian_bin, phi3, t5};
+use crate::model::readers::hf;
+use crate::model::transformer::Transformer;
+use crate::model::{LoadOptions, ModelError};
 use std::fmt;
 use std::path::Path;
 

@@ -185,7 +185,7 @@ fn pick_gguf(dir: &Path, name: Option<String>, pick: &Pick) -> Result<Located, S
         }
         return Ok(Located { path: dir.join(f), name });
     }
-    if super::hf::is_hf_dir(dir) || ggufs.is_empty() {
+    if crate::model::readers::hf::is_hf_dir(dir) || ggufs.is_empty() {
         return Ok(Located { path: dir.to_path_buf(), name });
     }
     if ggufs.len() == 1 {

@@ -19,8 +19,8 @@
 //! predates the fuzzing fixes of later versions, which bring more dependencies. CRCs are not
 //! checked (torch's own reader does not either).
 
-use super::bytes::Cursor;
-use super::ModelError;
+use crate::model::readers::bytes::Cursor;
+use crate::model::ModelError;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
@@ -36,7 +36,7 @@ const MAX_NAME: usize = 1024;
 /// shared a storage (tied weights, views) share memory. Non-tensor entries are skipped;
 /// nested dicts are flattened with dotted names.
 pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
-    let map = super::safetensors::map(path)?;
+    let map = crate::model::readers::safetensors::map(path)?;
     read_bytes(&map, &path.display().to_string())
 }
 

@@ -9,7 +9,7 @@
 //! fused into one piece whose text is the (normalized) surface, as sentencepiece's
 //! `encode(out_type=str)` reports it. Ids are the sentencepiece ids.
 
-use super::ModelError;
+use crate::model::ModelError;
 use std::collections::HashSet;
 use std::path::Path;
 use tokenizers::decoders::metaspace::{Metaspace, PrependScheme};
@@ -593,7 +593,7 @@ impl SpmModel {
         // GGUF's token types, which spm_bpe reads: only normal pieces are merge results.
         let types: Vec<u64> = self.pieces.iter().map(|p| p.kind.code()).collect();
         let scores: Vec<f64> = self.pieces.iter().map(|p| f64::from(p.score)).collect();
-        let (vocab, merges) = super::gguf_tokenizer::spm_bpe(&tokens, &types, &scores);
+        let (vocab, merges) = crate::model::tokenize::gguf_tokenizer::spm_bpe(&tokens, &types, &scores);
         let unk = self.pieces.iter().find(|p| p.kind == PieceType::Unknown).map(|p| p.piece.clone());
         let doc = serde_json::json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": null,

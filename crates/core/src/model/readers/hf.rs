@@ -1,10 +1,10 @@
 //! HF checkpoint directories: `config.json` (its `model_type` picks the family) and the weights
 //! as `model.safetensors`, sharded with `model.safetensors.index.json` (every shard it lists
 //! must be there, and hold the tensors the index puts in it), or `pytorch_model.bin` (read by
-//! [`super::torch_pickle`], which executes nothing).
+//! [`crate::model::readers::torch_pickle`], which executes nothing).
 
-use super::nn::RopeScaling;
-use super::ModelError;
+use crate::model::nn::RopeScaling;
+use crate::model::ModelError;
 use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;
@@ -23,14 +23,15 @@ pub fn config(dir: &Path) -> Result<serde_json::Value, ModelError> {
     serde_json::from_str(&text).map_err(|e| ModelError::Config(path.display().to_string(), format!("not JSON: {e}")))
 }
 
-/// `config.json` checked against its family's keys ([`super::config_keys`]): the config with the
+/// `config.json` checked against its family's keys ([`crate::model::readers::config_keys`]): the config with the
 /// keys headscope does not read removed and a warning for each under `allow`, else an error
 /// naming the first.
 pub fn vetted_config(dir: &Path, allow: bool) -> Result<(serde_json::Value, Vec<String>), ModelError> {
     let path = dir.join("config.json").display().to_string();
     let mut c = config(dir)?;
     let model_type = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert").to_string();
-    let warnings = super::config_keys::vet(&mut c, &path, &model_type, allow).map_err(ModelError::Invalid)?;
+    let warnings =
+        crate::model::readers::config_keys::vet(&mut c, &path, &model_type, allow).map_err(ModelError::Invalid)?;
     Ok((c, warnings))
 }
 
@@ -54,12 +55,12 @@ pub fn model_type(dir: &Path) -> Result<String, ModelError> {
 pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
-        return Ok((super::safetensors::read(&single)?, single.display().to_string()));
+        return Ok((crate::model::readers::safetensors::read(&single)?, single.display().to_string()));
     }
     let index = dir.join("model.safetensors.index.json");
     let bin = dir.join("pytorch_model.bin");
     if !index.is_file() && bin.is_file() {
-        return Ok((super::torch_pickle::read(&bin)?, bin.display().to_string()));
+        return Ok((crate::model::readers::torch_pickle::read(&bin)?, bin.display().to_string()));
     }
     let label = index.display().to_string();
     let bad = |why: String| ModelError::Config(label.clone(), why);
@@ -83,7 +84,7 @@ pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelErr
     }
     let mut out = HashMap::with_capacity(map.len());
     for f in files {
-        let mut shard = super::safetensors::read(&dir.join(f))?;
+        let mut shard = crate::model::readers::safetensors::read(&dir.join(f))?;
         for name in &by_file[f] {
             let t = shard
                 .remove(name)

@@ -1,7 +1,8 @@
 //! Tokenization through the HF `tokenizers` crate, keeping character offsets (for aligning
 //! model tokens with treebank words) and which tokens are special.
 
-use super::{spm, ModelError};
+use super::spm;
+use crate::model::ModelError;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -161,15 +162,17 @@ impl Tok {
         Ok(Tok { inner, framing, pad_id, eos_id, marian: None })
     }
 
-    /// The tokenizer a GGUF file carries in its metadata ([`super::gguf_tokenizer`]); its
+    /// The tokenizer a GGUF file carries in its metadata ([`crate::model::tokenize::gguf_tokenizer`]); its
     /// padding id is the metadata's `tokenizer.ggml.padding_token_id` when given.
-    pub fn from_gguf(g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
-        if let Some(model) = super::gguf_tokenizer::spm_unigram(g)? {
+    pub fn from_gguf(g: &crate::model::readers::gguf::Gguf) -> Result<Tok, ModelError> {
+        if let Some(model) = crate::model::tokenize::gguf_tokenizer::spm_unigram(g)? {
             return Self::spm_ids(model, &format!("{} (its tokenizer metadata)", g.file), g);
         }
-        let bytes = super::gguf_tokenizer::tokenizer_json(g)?;
+        let bytes = crate::model::tokenize::gguf_tokenizer::tokenizer_json(g)?;
         let mut tok = Self::from_bytes(&bytes, &format!("{} (its tokenizer metadata)", g.file), Framing::Tokenizer)?;
-        if let Some(pad) = g.metadata.get("tokenizer.ggml.padding_token_id").and_then(super::gguf::Value::as_u64) {
+        if let Some(pad) =
+            g.metadata.get("tokenizer.ggml.padding_token_id").and_then(crate::model::readers::gguf::Value::as_u64)
+        {
             tok.pad_id = pad as i64;
         }
         Ok(tok)
@@ -225,12 +228,12 @@ impl Tok {
     /// `gguf_tokenizer::spm_unigram`): sentencepiece's normalizer and Viterbi search, control and
     /// unknown pieces split out of the text whole and skipped when decoding, EOS appended where
     /// the metadata's `add_eos_token` says (T5: `</s>`).
-    fn spm_ids(model: spm::SpmModel, file: &str, g: &super::gguf::Gguf) -> Result<Tok, ModelError> {
+    fn spm_ids(model: spm::SpmModel, file: &str, g: &crate::model::readers::gguf::Gguf) -> Result<Tok, ModelError> {
         let tok = model.tokenizer(file)?;
         let id = |key: &str| {
             g.metadata
                 .get(key)
-                .and_then(super::gguf::Value::as_u64)
+                .and_then(crate::model::readers::gguf::Value::as_u64)
                 .map(|v| v as i64)
                 .filter(|&v| (v as usize) < model.pieces.len())
         };
@@ -247,8 +250,11 @@ impl Tok {
             .or_else(|| kind_ids(spm::PieceType::Unknown).next().map(|p| p.1))
             .unwrap_or(0);
         let eos = id("tokenizer.ggml.eos_token_id");
-        let add_eos =
-            g.metadata.get("tokenizer.ggml.add_eos_token").and_then(super::gguf::Value::as_bool).unwrap_or(false);
+        let add_eos = g
+            .metadata
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(crate::model::readers::gguf::Value::as_bool)
+            .unwrap_or(false);
         let framing = match (add_eos, eos) {
             (true, Some(e)) => Framing::AppendEos(e),
             (true, None) => {

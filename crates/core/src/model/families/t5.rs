@@ -10,11 +10,11 @@
 //! `dec.ln_final.hook_normalized` is what the output layer reads) or an untied `lm_head`
 //! (T5 v1.1, Flan-T5, mT5). The decoder's causal self-attention heads are kind `dec`.
 
-use super::hf;
-use super::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Score};
-use super::transformer::{DecoderLayer, Embeddings, Positions, RelativeBias, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, Score};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{DecoderLayer, Embeddings, Positions, RelativeBias, StackLayer, Transformer};
+use crate::model::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 

@@ -238,8 +238,8 @@ fn vet_rope(
     let kind =
         obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default").to_string();
     let kind = if kind == "su" { "longrope".to_string() } else { kind };
-    let Some((_, known)) = super::hf::ROPE_KEYS.iter().find(|(k, _)| *k == kind) else {
-        let supported: Vec<&str> = super::hf::ROPE_KEYS.iter().map(|(k, _)| *k).collect();
+    let Some((_, known)) = crate::model::readers::hf::ROPE_KEYS.iter().find(|(k, _)| *k == kind) else {
+        let supported: Vec<&str> = crate::model::readers::hf::ROPE_KEYS.iter().map(|(k, _)| *k).collect();
         let msg = format!("{label}: rope_type '{kind}' is not supported ({})", supported.join(", "));
         if !allow {
             return Err(msg);
@@ -296,8 +296,8 @@ pub fn vet(cfg: &mut Value, file: &str, model_type: &str, allow: bool) -> Result
         vet_rope(s, "rope_scaling", allow, &mut rope_warnings).map_err(&fail)?;
     }
     if let Some(Value::Object(p)) = obj.get_mut("rope_parameters") {
-        let per_type =
-            !p.is_empty() && p.iter().all(|(k, v)| super::hf::LAYER_TYPES.contains(&k.as_str()) && v.is_object());
+        let per_type = !p.is_empty()
+            && p.iter().all(|(k, v)| crate::model::readers::hf::LAYER_TYPES.contains(&k.as_str()) && v.is_object());
         if per_type {
             for (t, entry) in p.iter_mut() {
                 if let Value::Object(e) = entry {

@@ -2,10 +2,10 @@
 //! RoBERTa is the same code with `roberta.` names and positions after the padding index.
 //! The real all-MiniLM-L6-v2 of the assets is one.
 
-use super::nn::{Activation, Attention, Ffn, NormKind, NormPosition};
-use super::transformer::{Embeddings, Positions, StackLayer, Transformer};
-use super::weights::Weights;
-use super::{Kind, LoadOptions, ModelError};
+use crate::model::nn::{Activation, Attention, Ffn, NormKind, NormPosition};
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
+use crate::model::{Kind, LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -31,7 +31,7 @@ pub struct Config {
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), ModelError> {
     let cfg_path = dir.join("config.json");
-    let cfg: Config = super::hf::typed_config(dir)?;
+    let cfg: Config = crate::model::readers::hf::typed_config(dir)?;
     let act = match cfg.hidden_act.as_str() {
         "gelu" => Activation::Gelu,
         "relu" => Activation::Relu,
@@ -51,7 +51,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             ),
         ));
     }
-    let (map, file) = super::hf::weights(dir)?;
+    let (map, file) = crate::model::readers::hf::weights(dir)?;
     let roberta = cfg.model_type == "roberta";
     let mut w = Weights::new(map, file, opts, Some(if roberta { "roberta." } else { "bert." }));
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);
@@ -102,7 +102,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
         ));
     }
     // No decoder; [SEP] (102 in BERT vocabularies) or RoBERTa's </s> closes each sentence.
-    let eos_id = super::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
+    let eos_id = crate::model::readers::hf::first_id(&cfg.eos_token_id).unwrap_or(102);
     Ok((
         Transformer {
             embed,

@@ -5,11 +5,11 @@
 //! `rope_scaling` (the 128k variants, docs/methods.md#rope-scaling), a `sliding_window`, and a
 //! `partial_rotary_factor` (Phi-4-mini). Its heads are kind `dec`.
 
-use super::hf;
-use super::llama::{build, Config, RotaryRows};
-use super::transformer::Transformer;
-use super::weights::Weights;
-use super::{LoadOptions, ModelError};
+use crate::model::families::llama::{build, Config, RotaryRows};
+use crate::model::readers::hf;
+use crate::model::readers::weights::Weights;
+use crate::model::transformer::Transformer;
+use crate::model::{LoadOptions, ModelError};
 use std::path::Path;
 
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {

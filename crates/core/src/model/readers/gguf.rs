@@ -3,8 +3,8 @@
 //! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/readers/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
-use super::bytes::Cursor;
-use super::ModelError;
+use crate::model::readers::bytes::Cursor;
+use crate::model::ModelError;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::Tensor;
@@ -250,7 +250,7 @@ fn dequant_k(t: u32, blk: &[u8], o: &mut [f32]) {
 
 impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf, ModelError> {
-        let map = super::safetensors::map(path)?;
+        let map = crate::model::readers::safetensors::map(path)?;
         Gguf::from_bytes(Box::new(map), path.display().to_string())
     }
 
@@ -293,7 +293,11 @@ impl Gguf {
                     });
                 }
                 let dims = (0..nd).map(|_| c.u64(&name)).collect::<Result<Vec<_>, _>>()?;
-                super::bytes::elements(dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &file)?;
+                crate::model::readers::bytes::elements(
+                    dims.iter().map(|&d| d as i128),
+                    &format!("tensor '{name}'"),
+                    &file,
+                )?;
                 let ggml_type = c.u32(&name)?;
                 let offset = c.u64(&name)?;
                 tensors.push(TensorInfo { name, dims, ggml_type, offset });
@@ -303,8 +307,11 @@ impl Gguf {
             let left = c.b.len().saturating_sub(data_start);
             for t in &tensors {
                 let Some((bytes, per, _)) = block(t.ggml_type) else { continue };
-                let n =
-                    super::bytes::elements(t.dims.iter().map(|&d| d as i128), &format!("tensor '{}'", t.name), &file)?;
+                let n = crate::model::readers::bytes::elements(
+                    t.dims.iter().map(|&d| d as i128),
+                    &format!("tensor '{}'", t.name),
+                    &file,
+                )?;
                 let len = (n / per).saturating_mul(bytes);
                 if t.offset.checked_add(len as u64).is_none_or(|end| end > left as u64) {
                     return Err(ModelError::Corrupt {
@@ -328,7 +335,11 @@ impl Gguf {
             self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
         let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
-        let n = super::bytes::elements(info.dims.iter().map(|&d| d as i128), &format!("tensor '{name}'"), &self.file)?;
+        let n = crate::model::readers::bytes::elements(
+            info.dims.iter().map(|&d| d as i128),
+            &format!("tensor '{name}'"),
+            &self.file,
+        )?;
         if !n.is_multiple_of(per) {
             return Err(bad(format!("{n} elements are not whole {tname} blocks of {per}")));
         }

@@ -1,0 +1,18 @@
+//! The checkpoint families, one file each, and their table ([`family`]: how a directory is
+//! recognised, which loader builds the one `Transformer`, the tokenizer source and EOS rule).
+//! A loader reads its checkpoint's names through [`super::readers::weights`] and builds the
+//! core's blocks (`StackLayer::new`, `DecoderLayer::new`, `Attention::new`); it computes
+//! nothing of the forward.
+
+pub mod bart;
+pub mod bert;
+pub mod family;
+pub mod gemma;
+pub mod gpt2;
+pub mod gpt_neox;
+pub mod llama;
+pub mod llama_gguf;
+pub mod m2m100;
+pub mod marian_bin;
+pub mod phi3;
+pub mod t5;
