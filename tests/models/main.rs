@@ -18,6 +18,7 @@ mod hooks;
 mod masking;
 mod param_count;
 mod parity;
+mod placement;
 mod run;
 mod tiles;
 mod toy_mixer;

@@ -11,6 +11,7 @@
 //! `[B, H, T, dh]`; the table says which axis is which so that callers (the cache, the
 //! interventions) can speak TransformerLens's axes.
 
+use super::transformer::Placement;
 use super::{Kind, ModelError};
 use std::fmt;
 use tch::Tensor;
@@ -243,6 +244,17 @@ pub trait Hooks {
     fn tile(&mut self, _at: At, _q0: i64, _scores: &Tensor, _pattern: &Tensor) -> Result<(), ModelError> {
         Ok(())
     }
+    /// The residual stream moved from one placement to another before stack layer `layer`
+    /// (`layer` = the stack's length: back to the unembedding's): a split model's transfers, in
+    /// order (docs/methods.md#placement).
+    fn moved(&mut self, _from: Placement, _to: Placement, _layer: usize) {}
+}
+
+/// Tells the run's hooks of a move between placements ([`Hooks::moved`]).
+pub fn moved(h: &mut HookSlot, from: Placement, to: Placement, layer: usize) {
+    if let Some(h) = h.as_deref_mut() {
+        h.moved(from, to, layer);
+    }
 }
 
 /// The tile height the run's hooks ask for at `at` ([`Hooks::tile_rows`]); none without hooks.
@@ -361,6 +373,10 @@ impl Hooks for Both<'_> {
     fn tile(&mut self, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
         self.0.tile(at, q0, scores, pattern)?;
         self.1.tile(at, q0, scores, pattern)
+    }
+    fn moved(&mut self, from: Placement, to: Placement, layer: usize) {
+        self.0.moved(from, to, layer);
+        self.1.moved(from, to, layer);
     }
     fn rules(&self) -> GradRules {
         if self.0.rules() == GradRules::AttnLrp || self.1.rules() == GradRules::AttnLrp {

@@ -133,6 +133,12 @@ pub trait Mixer: Send {
     /// The mixer's parameters under `prefix`, in a fixed order (TransformerLens's names).
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>);
 
+    /// Tensors the mixer keeps beside its parameters (indices, tables): what moves with them
+    /// when its layer is placed on another device (docs/methods.md#placement).
+    fn buffers_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        let _ = out;
+    }
+
     /// A causal mixer continued from `carry` (what its previous call returned, or
     /// [`Carry::Empty`]): the output over `x [B, T, D]` (the steps after those carried) and what
     /// the next call continues from, every hook point of [`Mixer::points`] seen by `h`. A mixer

@@ -618,6 +618,24 @@ pub struct LayerGate {
     pub bypass: Option<f64>,
 }
 
+impl LayerGate {
+    /// The gate on `device` (its layer's placement), itself where it is there already.
+    pub fn on(self, device: tch::Device) -> Result<LayerGate, ModelError> {
+        if self.g.device() == device {
+            return Ok(self);
+        }
+        let duo = match self.duo {
+            Some(d) => Some(DuoLayer { alpha: d.alpha.f_to_device(device)?, ..d }),
+            None => None,
+        };
+        let fill = match &self.fill {
+            Some(f) => Some(f.f_to_device(device)?),
+            None => None,
+        };
+        Ok(LayerGate { g: self.g.f_to_device(device)?, fill, duo, bypass: self.bypass })
+    }
+}
+
 impl Gates {
     pub fn none() -> Self {
         Gates::default()
@@ -1375,6 +1393,12 @@ impl Mixer for Attention {
     }
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
         Attention::params_mut(self, prefix, out)
+    }
+    /// After `prune_heads`, the original numbers of the heads left (to pick gate columns).
+    fn buffers_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        if let Some(s) = self.slots.as_mut() {
+            out.push(&mut s.index_t);
+        }
     }
     fn hands_tiles(&self) -> bool {
         true

@@ -100,6 +100,16 @@ impl Embeddings {
     }
 }
 
+/// Where a stack layer's weights live and its arithmetic runs (docs/methods.md#placement): one
+/// of the model's placements (`index`; 0 is the embeddings' and the unembedding's) on `device`.
+/// Several placements may share a device (a split on one CPU: the stream's moves between them
+/// happen and are counted, the tensors stay where they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub index: usize,
+    pub device: Device,
+}
+
 pub struct StackLayer {
     /// The token mixer (attention, or another kind: [`super::mixer`]).
     mixer: Box<dyn Mixer>,
@@ -114,6 +124,9 @@ pub struct StackLayer {
     /// This layer's own sliding window (Gemma's alternating local layers): each query sees at
     /// most this many keys, on top of the stack's bias.
     pub(in crate::model) window: Option<i64>,
+    /// Where the layer runs: placement 0 on its weights' device as built
+    /// ([`Transformer::place`] moves it).
+    placement: Placement,
 }
 
 impl StackLayer {
@@ -127,6 +140,7 @@ impl StackLayer {
         ffn_norm: Norm,
         norm_position: NormPosition,
     ) -> StackLayer {
+        let placement = Placement { index: 0, device: attn_norm.weight.device() };
         StackLayer {
             mixer: Box::new(mixer),
             attn_norm,
@@ -135,7 +149,34 @@ impl StackLayer {
             norm_position,
             post_norms: None,
             window: None,
+            placement,
         }
+    }
+
+    /// Where the layer runs.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// Moves the layer's weights (and its mixer's buffers) to `to.device` and records the
+    /// placement.
+    fn place(&mut self, to: Placement) -> Result<(), ModelError> {
+        let mut buffers = Vec::new();
+        self.mixer.buffers_mut(&mut buffers);
+        for t in buffers {
+            if t.device() != to.device {
+                *t = t.f_to_device(to.device)?;
+            }
+        }
+        let mut params = Vec::new();
+        self.params_mut("", &mut params);
+        for (_, t) in params {
+            if t.device() != to.device {
+                *t = t.f_to_device(to.device)?;
+            }
+        }
+        self.placement = to;
+        Ok(())
     }
 
     /// The layer's MLP, through its one interface.
@@ -951,6 +992,39 @@ impl Transformer {
         self.embed.tokens.device()
     }
 
+    /// The placement of the embeddings, the final norm and the unembedding.
+    pub fn home(&self) -> Placement {
+        Placement { index: 0, device: self.device() }
+    }
+
+    /// Places each stack layer as `plan` says (one placement per layer; docs/methods.md#placement),
+    /// moving its weights. Placement 0 is the model's own device; an index names one device
+    /// wherever it appears. [`Transformer::run`] moves the residual stream between placements
+    /// and tells the hooks of each move. For now every placement is on the model's own device
+    /// (a split on one device: the run's moves are real and counted, the tensors stay): the
+    /// drivers other than `run` (generation, resumed passes) and the analyses that read weights
+    /// do not yet move their operands between devices, so another device is refused.
+    pub fn place(&mut self, plan: &[Placement]) -> Result<(), ModelError> {
+        if plan.len() != self.stack.len() {
+            return Err(ModelError::Invalid(format!(
+                "a placement plan of {} layers for a stack of {}",
+                plan.len(),
+                self.stack.len()
+            )));
+        }
+        let home = self.home();
+        if let Some((l, p)) = plan.iter().enumerate().find(|(_, p)| p.device != home.device) {
+            return Err(ModelError::Invalid(format!(
+                "layer {l} placed on {:?}: a split across devices is not offered yet, every placement is on the model's {:?} (docs/methods.md#placement)",
+                p.device, home.device
+            )));
+        }
+        for (layer, &p) in self.stack.iter_mut().zip(plan) {
+            layer.place(p)?;
+        }
+        Ok(())
+    }
+
     /// The stack over `ids [B, S]` with key mask `[B, S]` (1 = real), to its output (after the
     /// final norm where the model has one): [`Transformer::run`] from [`Start::Tokens`] to
     /// [`Stop::FinalNorm`]. `h` sees every hook point of the stack.
@@ -964,14 +1038,14 @@ impl Transformer {
     /// hook point on the way seen by `h`. Resuming at a layer runs exactly the arithmetic of
     /// the whole run from there: the floats equal the whole run's where the inputs do.
     pub fn run(&self, start: Start, stop: Stop, gates: &Gates, h: &mut HookSlot) -> Result<Tensor, ModelError> {
-        let (from, x, bias, z) = match start {
+        let (from, x, bias, z, tokens) = match start {
             Start::Tokens { ids, mask } => {
                 if let Some(g) = self.resolved(ids, mask, gates)? {
                     return self.run(start, stop, &g, h);
                 }
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
                 let bias = self.self_bias(mask, x.kind());
-                (0, x, Some(bias), None)
+                (0, x, Some(bias), None, true)
             }
             Start::Layer { layer, x, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
@@ -981,12 +1055,12 @@ impl Transformer {
                         self.stack.len()
                     )));
                 }
-                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), None)
+                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), None, false)
             }
             Start::Z { layer, x, z, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
                 self.stack_layer(layer)?;
-                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), Some(z))
+                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), Some(z), false)
             }
         };
         let last = match stop {
@@ -1002,25 +1076,40 @@ impl Transformer {
         let kind = self.stack_kind;
         let t = x.size()[1];
         let mut x = x;
+        // The stream starts where its start was computed: the embeddings' placement, or the
+        // placement of the layer a resume enters (its recorded values are there).
+        let home = self.home();
+        let mut on = if tokens { home } else { self.stack.get(from).map_or(home, |l| l.placement) };
         if from < last {
-            let bias = match bias {
+            let mut bias = match bias {
                 Some(b) => b,
                 None => self.unpadded_bias(&x)?,
             };
             for (l, layer) in self.stack.iter().enumerate().take(last).skip(from) {
+                if layer.placement != on {
+                    x = x.f_to_device(layer.placement.device)?;
+                    bias = bias.f_to_device(layer.placement.device)?;
+                    hooks::moved(h, on, layer.placement, l);
+                    on = layer.placement;
+                }
                 x = match z {
                     Some(z) if l == from => {
                         check_interrupt()?;
-                        let a = layer.mixer.output_from_z(z, kind, l, h, Inside(()))?;
+                        let z = z.f_to_device(on.device)?;
+                        let a = layer.mixer.output_from_z(&z, kind, l, h, Inside(()))?;
                         layer.finish_hooked(&x, a, kind, l, h)?
                     }
                     _ => {
-                        let g = gates.layer(kind, l);
+                        let g = gates.layer(kind, l).map(|g| g.on(on.device)).transpose()?;
                         let streamed = self.streamed(gates, l, &bias, t, 0, None);
                         layer.forward(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, h)?
                     }
                 };
             }
+        }
+        if on != home && !matches!(stop, Stop::After(_)) {
+            x = x.f_to_device(home.device)?;
+            hooks::moved(h, on, home, self.stack.len());
         }
         match stop {
             Stop::After(_) => Ok(x),
