@@ -6,7 +6,7 @@
 //! issue on models split across devices asks of its tests.
 
 use crate::common;
-use headscope::model::hooks::{At, Hooks};
+use headscope::model::hooks::{At, Both, Hooks, Point};
 use headscope::model::nn::Gates;
 use headscope::model::transformer::{Placement, Start, Stop};
 use headscope::model::{Model, ModelError};
@@ -82,6 +82,33 @@ fn a_split_stack_moves_where_the_plan_says_and_computes_the_same_numbers() {
         let (rest, moves) = run(&m, Start::Layer { layer: n - 1, x: &upto, bias: None }, Stop::Logits);
         assert_eq!(common::max_diff(&rest, &one), 0.0, "{name}: resumed at layer {}", n - 1);
         assert_eq!(moves, vec![(1 + (n - 1) % 2, 0, n)], "{name}: moves of a resume");
+        // Stop after layer 0 on the split model, then resume from there: the whole run again.
+        let (rest, moves) = run(&m, Start::Layer { layer: 1, x: &x0, bias: None }, Stop::FinalNorm);
+        let (whole, _) = run(&m, tokens(), Stop::FinalNorm);
+        assert_eq!(common::max_diff(&rest, &whole), 0.0, "{name}: resumed at layer 1 after a split stop");
+        // (It enters on layer 1's placement: the moves onto layers 0 and 1 are not made.)
+        let want = expected(n)[2..].to_vec();
+        assert_eq!(moves, want, "{name}: moves of a resume at layer 1 to the final norm");
+        // A resume at layer 1's hook_z, with the contexts the whole split run recorded there.
+        let mut moves = Moves::default();
+        let (seen, _) = common::recorded(&[Point::Z], |r| {
+            let mut both = Both(r, &mut moves);
+            m.net.run(tokens(), Stop::FinalNorm, &Gates::none(), &mut Some(&mut both)).unwrap()
+        });
+        assert_eq!(moves.0, expected(n), "{name}: moves beside a recording hook");
+        let z1 = seen.iter().find(|(a, _)| *a == At::new(m.net.stack_kind, 1, Point::Z)).unwrap().1.shallow_clone();
+        let (rest, _) = run(&m, Start::Z { layer: 1, x: &x0, z: &z1, bias: None }, Stop::FinalNorm);
+        assert_eq!(common::max_diff(&rest, &whole), 0.0, "{name}: resumed at layer 1's hook_z");
+        // Gates on a split model: each layer's gates go where the layer is.
+        let heads = m.net.stack[0].mixer().width() as i64;
+        let g = Tensor::ones([n as i64, heads], (DType::Float, Device::Cpu));
+        let _ = g.get(0).get(0).fill_(0.0);
+        let gates = Gates { dec: Some(g.unsqueeze(0)), ..Gates::none() }; // both fixtures are decoder-only
+        let split = m.net.run(tokens(), Stop::Logits, &gates, &mut None).unwrap();
+        m.net.place(&vec![cpu(0); n]).unwrap();
+        let unsplit = m.net.run(tokens(), Stop::Logits, &gates, &mut None).unwrap();
+        assert_eq!(common::max_diff(&split, &unsplit), 0.0, "{name}: gated split run");
+        assert!(common::max_diff(&unsplit, &one) > 0.0, "{name}: the gate closed a head");
     }
 }
 

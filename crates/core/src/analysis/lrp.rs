@@ -863,6 +863,13 @@ fn relprop_decoder(
     if model.net.decoder.iter().any(|l| l.self_attention().is_some()) {
         return relprop_decoder_attn(rule, model, enc, enc_mask, targets, weight, gates, per_prediction);
     }
+    // Otherwise every self-block must be an SSRU, the other kind whose rule is written here.
+    if let Some((l, layer)) = model.net.decoder.iter().enumerate().find(|(_, l)| l.self_block().kind() != "ssru") {
+        return Err(ModelError::Invalid(format!(
+            "LRP through the decoder has rules for attention and SSRU self-blocks; decoder layer {l}'s is '{}'",
+            layer.self_block().kind()
+        )));
+    }
     let net = &model.net;
     let out = net.output.as_ref().ok_or(ModelError::NoOutputHead)?;
     let (bsz, t_len) = (targets.size()[0], targets.size()[1]);

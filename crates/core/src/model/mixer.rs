@@ -2,8 +2,9 @@
 //! positions. Every kind sits behind one interface, [`Mixer`]: its forward with the hook points
 //! it visits, its parameters, and its **head layout** (what a head is: the unit gates, result
 //! grids, `prune_heads`, key/value accounting and patching address). Multi-head attention
-//! ([`super::nn::Attention`]) is the kind every family loads today; latent attention,
-//! linear-attention and state-space heads are the kinds to come.
+//! ([`super::nn::Attention`]) is the kind the stacks load, and Marian's SSRU ([`super::ssru`])
+//! the Firefox-Translations decoders' self-block; latent attention, linear-attention and
+//! state-space heads are the kinds to come.
 //!
 //! Adding a kind is a file that implements [`Mixer`] and its name in [`KINDS`]: the stack
 //! layer, the translation decoder's self-block, the run API (`Transformer::run`, resumes at
@@ -164,8 +165,8 @@ pub trait Mixer: Send {
         )))
     }
 
-    /// The name its hook points and parameters sit under in a layer (`blocks.L.attn.`,
-    /// `blocks.L.ssru.`).
+    /// The name its parameters sit under in a layer (`blocks.L.attn.W_Q`, `blocks.L.ssru.W_f`;
+    /// its hook points are named in the hook table, `hooks::POINTS`).
     fn scope(&self) -> &'static str {
         "attn"
     }

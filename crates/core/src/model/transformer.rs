@@ -1,6 +1,6 @@
 //! The one Transformer: embeddings, an encoder stack, a decoder stack (SSRU or attention
 //! self-block, optional cross-attention) and an output projection. Checkpoint families
-//! (`bert.rs`, `marian_bin.rs`) build it from their files.
+//! (`families/`) build it from their files.
 
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer};
@@ -1076,13 +1076,16 @@ impl Transformer {
         let kind = self.stack_kind;
         let t = x.size()[1];
         let mut x = x;
-        // The stream starts where its start was computed: the embeddings' placement, or the
-        // placement of the layer a resume enters (its recorded values are there).
+        // The stream starts on the embeddings' placement; a resume's inputs (from wherever the
+        // caller computed them) are put on the placement of the layer it enters, uncounted.
         let home = self.home();
         let mut on = if tokens { home } else { self.stack.get(from).map_or(home, |l| l.placement) };
+        if x.device() != on.device {
+            x = x.f_to_device(on.device)?;
+        }
         if from < last {
             let mut bias = match bias {
-                Some(b) => b,
+                Some(b) => b.f_to_device(on.device)?,
                 None => self.unpadded_bias(&x)?,
             };
             for (l, layer) in self.stack.iter().enumerate().take(last).skip(from) {
@@ -1816,7 +1819,8 @@ impl StackLayer {
     /// The attention, its norm (`ln1`), the MLP, its norm (`ln2`), Gemma's post-sublayer
     /// norms (`ln1_post`, `ln2_post`).
     pub fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
-        self.mixer.params_mut(&format!("{prefix}attn."), out);
+        let scope = self.mixer.scope();
+        self.mixer.params_mut(&format!("{prefix}{scope}."), out);
         self.attn_norm.params_mut(&format!("{prefix}ln1."), out);
         self.ffn.params_mut(&format!("{prefix}mlp."), out);
         self.ffn_norm.params_mut(&format!("{prefix}ln2."), out);

@@ -2,8 +2,8 @@
 //! memory map, GGUF with its dequantisation, PyTorch's `torch.save` zip without executing
 //! pickles, the bounds-checked [`bytes`] cursor they share), HF directories and their
 //! `config.json` checked key by key ([`hf`], [`config_keys`]), and the loader toolkit the
-//! families build layers with ([`weights`]). Nothing here knows a family's layout
-//! (docs/formats.md).
+//! families build layers with ([`weights`]). Nothing here builds a layer of a family (the
+//! config keys each family reads are data here, its layout is in `families/`; docs/formats.md).
 
 pub mod bytes;
 pub mod config_keys;
