@@ -35,6 +35,7 @@ class Tally:
     def __init__(self, tol):
         self.tol, self.n, self.bad, self.worst, self.where, self.notes = tol, 0, 0, 0.0, "", []
         self.retyped = 0
+        self.info = []
 
     def number(self, x, y, where):
         """Compares two numbers (floats or their text); returns whether they agree."""
@@ -65,6 +66,8 @@ class Tally:
         return False
 
     def report(self, what):
+        for n in self.info:
+            print("  note:", n)
         for n in self.notes[:20]:
             print("  differs:", n)
         if len(self.notes) > 20:
@@ -137,6 +140,8 @@ def compare_pair(old_text, new_text, name, tol):
     tally = Tally(tol)
     if name.endswith(".json"):
         trees(json.loads(old_text), json.loads(new_text), tally)
+    elif name.endswith(".csv") and old_text.splitlines()[:1] != new_text.splitlines()[:1]:
+        csv_columns(old_text, new_text, tally)
     else:
         a, b = untimed(old_text).splitlines(), untimed(new_text).splitlines()
         if len(a) != len(b):
@@ -145,6 +150,27 @@ def compare_pair(old_text, new_text, name, tol):
             texts(x, y, tally, f"line {i + 1}")
     tally.report(name)
     return tally.bad == 0
+
+
+def csv_columns(old_text, new_text, tally):
+    """Two CSV files whose header rows differ (a column added or dropped since the old one was
+    written): the rows must match in number and in every column both have, by name; the other
+    columns are listed in the report, not compared."""
+    import csv, io
+    a, b = list(csv.DictReader(io.StringIO(old_text))), list(csv.DictReader(io.StringIO(new_text)))
+    ca = next(csv.reader(io.StringIO(old_text)), [])
+    cb = next(csv.reader(io.StringIO(new_text)), [])
+    common = [c for c in ca if c in cb]
+    if not common:
+        tally.fail("no column in common")
+        return
+    tally.info.append(f"columns only in the old file: {[c for c in ca if c not in cb]}, only in the new: "
+                       f"{[c for c in cb if c not in ca]}; compared: {common}")
+    if len(a) != len(b):
+        tally.fail(f"{len(a)} rows vs {len(b)}")
+    for i, (x, y) in enumerate(zip(a, b)):
+        for c in common:
+            texts(x[c], y[c], tally, f"row {i + 1} column {c}")
 
 
 def files_mode(rev, folder, tol):
