@@ -11,6 +11,7 @@ mod config_keys;
 mod gguf_real;
 mod hf_cache;
 mod hf_families;
+mod hf_moe;
 mod hf_seq2seq;
 mod hf_seq2seq_2026;
 mod hf_tf5;

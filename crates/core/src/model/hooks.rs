@@ -65,6 +65,11 @@ pub enum Point {
     /// The output of the layer's second norm (`blocks.L.ln2.hook_normalized`): the MLP's input
     /// in a pre-norm layer, the layer's output in a post-norm layer.
     Ln2,
+    /// A mixture of experts' router logits `[B, T, E]` (`mlp.hook_router_logits`).
+    RouterLogits,
+    /// Its routing: each expert's weight per token, zero where not chosen `[B, T, E]`
+    /// (`mlp.hook_router_weights`).
+    RouterWeights,
     /// The MLP's pre-activation `[B, T, F]` (`mlp.hook_pre`; of the gate in a gated MLP).
     MlpPre,
     /// A gated MLP's linear branch `[B, T, F]` (`mlp.hook_pre_linear`).
@@ -143,6 +148,8 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
     spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),
     spec(Point::Ln2, "ln2.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "second norm: MLP input (pre-norm) or the layer's output (post-norm)"),
+    spec(Point::RouterLogits, "mlp.hook_router_logits", Layout::Seq, true, false, "[pos, expert]", "mixture of experts: the router's logits"),
+    spec(Point::RouterWeights, "mlp.hook_router_weights", Layout::Seq, true, false, "[pos, expert]", "mixture of experts: each expert's weight per token, 0 where not chosen (a replacement reroutes)"),
     spec(Point::MlpPre, "mlp.hook_pre", Layout::Seq, true, false, "[pos, d_mlp]", "MLP pre-activation (of the gate, in a gated MLP)"),
     spec(Point::MlpPreLinear, "mlp.hook_pre_linear", Layout::Seq, true, false, "[pos, d_mlp]", "a gated MLP's linear branch"),
     spec(Point::MlpPost, "mlp.hook_post", Layout::Seq, true, false, "[pos, d_mlp]", "MLP hidden units after the activation (and gate)"),

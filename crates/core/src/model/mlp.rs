@@ -15,7 +15,7 @@ use super::{Kind, ModelError};
 use tch::Tensor;
 
 /// The MLP kinds headscope knows, by the name [`Mlp::kind`] reports.
-pub const KINDS: &[&str] = &["dense"];
+pub const KINDS: &[&str] = &["dense", "experts"];
 
 /// One layer's MLP.
 pub trait Mlp: Send {
@@ -78,5 +78,38 @@ impl Mlp for Ffn {
     }
     fn as_dense(&self) -> Option<&Ffn> {
         Some(self)
+    }
+}
+
+/// A kind chosen at load time, layer by layer (a mixture of experts' dense layers beside its
+/// sparse ones): the boxed MLP is the MLP.
+impl Mlp for Box<dyn Mlp> {
+    fn kind(&self) -> &'static str {
+        self.as_ref().kind()
+    }
+    fn forward(
+        &self,
+        x: &Tensor,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        inside: Inside,
+    ) -> Result<Tensor, ModelError> {
+        self.as_ref().forward(x, kind, layer, h, inside)
+    }
+    fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        self.as_ref().points(kind, layer, out)
+    }
+    fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.as_mut().params_mut(prefix, out)
+    }
+    fn position_wise(&self) -> bool {
+        self.as_ref().position_wise()
+    }
+    fn width(&self) -> i64 {
+        self.as_ref().width()
+    }
+    fn as_dense(&self) -> Option<&Ffn> {
+        self.as_ref().as_dense()
     }
 }

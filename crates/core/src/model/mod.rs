@@ -6,6 +6,7 @@
 //! masked view, batching and the task loss.
 
 pub mod batch;
+pub mod experts;
 pub mod families;
 pub mod fill;
 pub mod hooks;

@@ -9,12 +9,19 @@
 //! (`self_attn.q_norm`, `self_attn.k_norm`); OLMo-2 (`olmo2`) the same norms over all heads at
 //! once, and each sublayer's output normed before its residual instead of its input
 //! (`post_attention_layernorm`, `post_feedforward_layernorm`; `NormPosition::PostSublayer`);
-//! Mistral attends within `sliding_window` positions. Its heads are kind `dec`.
+//! Mistral attends within `sliding_window` positions. Its heads are kind `dec`. The
+//! mixture-of-experts variants (docs/methods.md#experts) replace the MLP by
+//! [`crate::model::experts::Experts`]: Mixtral (`block_sparse_moe`, Mistral's attention), OLMoE
+//! (pre-norm with OLMo-2's q/k norms over all heads), Qwen2-MoE (Qwen2's attention, a shared
+//! expert behind a sigmoid gate) and Qwen3-MoE (Qwen3's attention); Qwen's `mlp_only_layers`
+//! and `decoder_sparse_step` keep some layers dense.
 //!
 //! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
+use crate::model::experts::Experts;
+use crate::model::mlp::Mlp;
 use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
 use crate::model::readers::hf;
 use crate::model::readers::weights::Weights;
@@ -71,9 +78,43 @@ pub struct Config {
     pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
+    /// The mixture-of-experts keys (none in a dense family).
+    #[serde(flatten)]
+    pub moe: MoeConfig,
     /// Rotary dimensions per head when fewer than `head_dim` (GGUF `rope.dimension_count`).
     #[serde(skip)]
     pub rope_dim: Option<i64>,
+}
+
+/// The keys of the mixture-of-experts variants (docs/methods.md#experts).
+#[derive(Debug, Default, Deserialize)]
+pub struct MoeConfig {
+    /// Mixtral's experts per layer.
+    #[serde(default)]
+    pub num_local_experts: Option<i64>,
+    /// OLMoE's and Qwen-MoE's experts per layer.
+    #[serde(default)]
+    pub num_experts: Option<i64>,
+    #[serde(default)]
+    pub num_experts_per_tok: Option<i64>,
+    /// Whether the chosen experts' probabilities are renormalised (Mixtral always is).
+    #[serde(default)]
+    pub norm_topk_prob: Option<bool>,
+    /// Qwen-MoE: each routed expert's width (`intermediate_size` is the dense layers').
+    #[serde(default)]
+    pub moe_intermediate_size: Option<i64>,
+    /// Qwen2-MoE: the shared expert's width.
+    #[serde(default)]
+    pub shared_expert_intermediate_size: Option<i64>,
+    /// Qwen-MoE: every this-many-th layer has experts, the others a dense MLP.
+    #[serde(default)]
+    pub decoder_sparse_step: Option<usize>,
+    /// Qwen-MoE: layers with a dense MLP.
+    #[serde(default)]
+    pub mlp_only_layers: Option<Vec<usize>>,
+    /// OLMoE: queries, keys and values clamped to this (refused: not supported).
+    #[serde(default)]
+    pub clip_qkv: Option<f64>,
 }
 
 /// How Q and K rows are stored: HF's rotate-half layout, or adjacent pairs (GGUF, permuted by
@@ -149,8 +190,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     let theta = rope.theta.unwrap_or(DEFAULT_THETA);
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
-        "mistral" | "phi3" => cfg.sliding_window,
-        "qwen2" | "qwen3" if cfg.use_sliding_window == Some(true) => {
+        "mistral" | "phi3" | "mixtral" => cfg.sliding_window,
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" if cfg.use_sliding_window == Some(true) => {
             return Err(bad("use_sliding_window (per-layer windows) is not supported".into()))
         }
         _ => None,
@@ -161,9 +202,16 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             cfg.model_type
         )));
     }
-    let qkv_bias = cfg.model_type == "qwen2" || cfg.attention_bias;
-    let olmo2 = cfg.model_type == "olmo2";
-    let qk_norm = cfg.model_type == "qwen3" || olmo2;
+    let mt = cfg.model_type.as_str();
+    let qkv_bias = matches!(mt, "qwen2" | "qwen2_moe") || cfg.attention_bias;
+    let olmo2 = mt == "olmo2";
+    // OLMo-2 and OLMoE norm queries and keys over all heads at once, Qwen3 per head.
+    let all_heads_qk = olmo2 || mt == "olmoe";
+    let qk_norm = matches!(mt, "qwen3" | "qwen3_moe") || all_heads_qk;
+    if let Some(c) = cfg.moe.clip_qkv {
+        return Err(bad(format!("clip_qkv {c} (queries, keys and values clamped) is not supported")));
+    }
+    let moe = moe_of(cfg).map_err(bad)?;
     let eps = cfg.rms_norm_eps;
     let rms = |w: &mut Weights, name: String| -> Result<Norm, ModelError> {
         Ok(Norm { kind: NormKind::Rms, weight: w.get(&name, &[d])?, bias: None, eps })
@@ -192,8 +240,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 scaling: scaling.clone(),
             }))
             .with_qk_norm(if qk_norm {
-                // Qwen3: over each head's head_dim; OLMo-2: over the whole projection.
-                let per_head = !olmo2;
+                // Qwen3: over each head's head_dim; OLMo-2, OLMoE: over the whole projection.
+                let per_head = !all_heads_qk;
                 let width = |n: i64| if per_head { dh } else { n * dh };
                 let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
                     Ok(Norm {
@@ -208,12 +256,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 None
             }),
             rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
-            Ffn {
-                up: proj(&mut w, "mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)?,
-                down: proj(&mut w, "mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)?,
-                act: Activation::Silu,
-                gate: Some(proj(&mut w, "mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)?),
-            },
+            mlp(&mut w, &p, cfg, moe.as_ref().filter(|m| m.sparse(l)), d)?,
             rms(
                 &mut w,
                 format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }),
@@ -234,4 +277,113 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     );
     net.window = window;
     Ok(net)
+}
+
+/// A mixture-of-experts family's settings (docs/methods.md#experts).
+struct Moe {
+    n: i64,
+    top_k: i64,
+    renormalise: bool,
+    width: i64,
+    /// Qwen2-MoE's shared expert's width.
+    shared: Option<i64>,
+    /// Checkpoint names: the block (`block_sparse_moe`, `mlp`) and each expert's gate, up and
+    /// down projections.
+    block: &'static str,
+    names: [&'static str; 3],
+    step: usize,
+    dense: Vec<usize>,
+}
+
+impl Moe {
+    /// Whether layer `l` has experts (Qwen's `mlp_only_layers` and `decoder_sparse_step`).
+    fn sparse(&self, l: usize) -> bool {
+        !self.dense.contains(&l) && (l + 1).is_multiple_of(self.step.max(1))
+    }
+}
+
+/// The experts of a MoE `model_type` (transformers' defaults where the config is silent), `None`
+/// for a dense one.
+fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
+    const HF: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+    let (n, top_k, renormalise, block, names) = match cfg.model_type.as_str() {
+        "mixtral" => (
+            cfg.moe.num_local_experts.unwrap_or(8),
+            cfg.moe.num_experts_per_tok.unwrap_or(2),
+            true,
+            "block_sparse_moe",
+            ["w1", "w3", "w2"],
+        ),
+        "olmoe" => (
+            cfg.moe.num_experts.unwrap_or(64),
+            cfg.moe.num_experts_per_tok.unwrap_or(8),
+            cfg.moe.norm_topk_prob.unwrap_or(false),
+            "mlp",
+            HF,
+        ),
+        "qwen2_moe" => (
+            cfg.moe.num_experts.unwrap_or(60),
+            cfg.moe.num_experts_per_tok.unwrap_or(4),
+            cfg.moe.norm_topk_prob.unwrap_or(false),
+            "mlp",
+            HF,
+        ),
+        "qwen3_moe" => (
+            cfg.moe.num_experts.unwrap_or(128),
+            cfg.moe.num_experts_per_tok.unwrap_or(8),
+            cfg.moe.norm_topk_prob.unwrap_or(false),
+            "mlp",
+            HF,
+        ),
+        _ => return Ok(None),
+    };
+    if n <= 0 || top_k <= 0 || top_k > n {
+        return Err(format!("num_experts_per_tok {top_k} must be between 1 and the {n} experts"));
+    }
+    let qwen = cfg.model_type.starts_with("qwen");
+    let width =
+        if qwen { cfg.moe.moe_intermediate_size.unwrap_or(cfg.intermediate_size) } else { cfg.intermediate_size };
+    let shared =
+        if cfg.model_type == "qwen2_moe" { cfg.moe.shared_expert_intermediate_size.filter(|&s| s > 0) } else { None };
+    let step = if qwen { cfg.moe.decoder_sparse_step.unwrap_or(1) } else { 1 };
+    if step == 0 {
+        return Err("decoder_sparse_step 0: no layer could have experts".into());
+    }
+    let dense = if qwen { cfg.moe.mlp_only_layers.clone().unwrap_or_default() } else { vec![] };
+    Ok(Some(Moe { n, top_k, renormalise, width, shared, block, names, step, dense }))
+}
+
+/// Layer `p`'s MLP: a dense SwiGLU, or the layer's experts where `moe` says it has them.
+fn mlp(w: &mut Weights, p: &str, cfg: &Config, moe: Option<&Moe>, d: i64) -> Result<Box<dyn Mlp>, ModelError> {
+    let swiglu = |w: &mut Weights, at: &str, names: [&str; 3], width: i64, bias: bool| -> Result<Ffn, ModelError> {
+        let mut w = w.scoped(at);
+        Ok(Ffn {
+            gate: Some(w.linear(names[0], width, d, bias)?),
+            up: w.linear(names[1], width, d, bias)?,
+            down: w.linear(names[2], d, width, bias)?,
+            act: Activation::Silu,
+        })
+    };
+    let Some(m) = moe else {
+        return Ok(Box::new(swiglu(
+            w,
+            p,
+            ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"],
+            cfg.intermediate_size,
+            cfg.mlp_bias,
+        )?));
+    };
+    let block = format!("{p}.{}", m.block);
+    let router = w.scoped(&block).linear("gate", m.n, d, false)?;
+    let experts = (0..m.n)
+        .map(|e| swiglu(w, &format!("{block}.experts.{e}"), m.names, m.width, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shared = match m.shared {
+        Some(s) => Some((
+            swiglu(w, &format!("{block}.shared_expert"), m.names, s, false)?,
+            Some(w.scoped(&block).linear("shared_expert_gate", 1, d, false)?),
+        )),
+        None => None,
+    };
+    Ok(Box::new(Experts { router, experts, top_k: m.top_k, renormalise: m.renormalise, shared }))
 }

@@ -235,6 +235,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         use_sliding_window: None,
         layer_types: None,
         eos_token_id: Some(eos.into()),
+        moe: Default::default(),
         rope_dim: int("rope.dimension_count").ok(),
     };
     if arch == "phi3" {

@@ -1,0 +1,103 @@
+//! A mixture of experts as an MLP kind ([`super::mlp`]): a router picks `top_k` of `n` gated
+//! MLPs per token and sums their outputs weighted by the router's probabilities, as
+//! transformers' Mixtral, OLMoE and Qwen2/3-MoE blocks compute it (docs/methods.md#experts):
+//! `p = softmax(x W_router)` (in float32, float64 for a float64 model), the `top_k` largest
+//! (renormalised to sum to 1 where the family does: Mixtral, `norm_topk_prob`), each chosen
+//! expert's `down(silu(gate x) * up x)` times its weight, added in expert order; Qwen2-MoE adds
+//! a shared expert behind a sigmoid gate. Without a capacity limit each token is routed alone,
+//! so the block is position-wise.
+//!
+//! Hook points: `mlp.hook_router_logits` (`[pos, expert]`), `mlp.hook_router_weights` (each
+//! expert's weight per token, zero where it is not chosen: a replacement reroutes, an expert
+//! whose weight is zero is not run), then `hook_mlp_out`.
+
+use super::hooks::{self, At, HookSlot, Point};
+use super::mixer::Inside;
+use super::mlp::Mlp;
+use super::nn::{Ffn, Linear, Params};
+use super::{Kind, ModelError};
+use tch::{Kind as DType, Tensor};
+
+/// The experts of one layer and their router.
+pub struct Experts {
+    /// `[n_experts, d_model]`, no bias.
+    pub router: Linear,
+    /// Gated MLPs (SwiGLU), in the router's order.
+    pub experts: Vec<Ffn>,
+    /// Experts chosen per token.
+    pub top_k: i64,
+    /// The chosen experts' probabilities divided by their sum (Mixtral; `norm_topk_prob`).
+    pub renormalise: bool,
+    /// Qwen2-MoE's shared expert, added to every token, and its sigmoid gate `[1, d_model]`.
+    pub shared: Option<(Ffn, Option<Linear>)>,
+}
+
+impl Experts {
+    /// Each token's weight per expert `[.., n]`: the `top_k` largest router probabilities
+    /// (renormalised where the family does), zero for the experts not chosen.
+    fn route(&self, logits: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
+        let wide = if dtype == DType::Double { DType::Double } else { DType::Float };
+        let p = logits.f_softmax(-1, wide)?;
+        let (mut w, idx) = p.f_topk(self.top_k, -1, true, true)?;
+        if self.renormalise {
+            w = w.f_div(&w.f_sum_dim_intlist([-1i64].as_slice(), true, wide)?)?;
+        }
+        Ok(p.f_zeros_like()?.f_scatter(-1, &idx, &w)?.f_to_kind(dtype)?)
+    }
+}
+
+impl Mlp for Experts {
+    fn kind(&self) -> &'static str {
+        "experts"
+    }
+    fn forward(&self, x: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot, _: Inside) -> Result<Tensor, ModelError> {
+        let at = |p| At::new(kind, layer, p);
+        let logits = hooks::at(h, at(Point::RouterLogits), self.router.forward(x))?;
+        let weights = hooks::at(h, at(Point::RouterWeights), self.route(&logits, x.kind())?)?;
+        let d = *x.size().last().unwrap_or(&0);
+        let n = self.experts.len() as i64;
+        let flat = x.f_reshape([-1, d])?;
+        let weights = weights.f_reshape([-1, n])?;
+        let mut out = flat.f_zeros_like()?;
+        for (e, expert) in self.experts.iter().enumerate() {
+            let w = weights.f_select(1, e as i64)?;
+            let rows = w.f_nonzero()?.f_squeeze_dim(1)?;
+            if rows.size()[0] == 0 {
+                continue;
+            }
+            let y = expert.forward_hooked(&flat.f_index_select(0, &rows)?, kind, layer, &mut None)?.2;
+            let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
+            out = out.f_index_add(0, &rows, &y)?;
+        }
+        if let Some((shared, gate)) = &self.shared {
+            let mut s = shared.forward_hooked(&flat, kind, layer, &mut None)?.2;
+            if let Some(g) = gate {
+                s = s.f_mul(&g.forward(&flat).f_sigmoid()?)?;
+            }
+            out = out.f_add(&s)?;
+        }
+        hooks::at(h, at(Point::MlpOut), out.f_reshape(x.size())?)
+    }
+    fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
+        out.extend([Point::RouterLogits, Point::RouterWeights, Point::MlpOut].map(|p| At::new(kind, layer, p)));
+    }
+    /// `W_gate` (the router, TransformerLens's name), then each expert's `experts.E.` weights,
+    /// then the shared expert's (`shared_expert.`) and its gate (`W_shared_gate`).
+    fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        self.router.params_mut(prefix, "gate", out);
+        for (e, expert) in self.experts.iter_mut().enumerate() {
+            expert.params_mut(&format!("{prefix}experts.{e}."), out);
+        }
+        if let Some((shared, gate)) = self.shared.as_mut() {
+            shared.params_mut(&format!("{prefix}shared_expert."), out);
+            if let Some(g) = gate {
+                g.params_mut(prefix, "shared_gate", out);
+            }
+        }
+    }
+    fn width(&self) -> i64 {
+        let one = |f: &Ffn| f.up.w.size()[0];
+        let routed = self.experts.iter().map(one).max().unwrap_or(0) * self.top_k;
+        routed + self.shared.as_ref().map_or(0, |(s, _)| one(s)) + self.experts.len() as i64
+    }
+}

@@ -1,0 +1,97 @@
+//! Mixture-of-experts decoders against transformers (docs/methods.md#experts): tiny random
+//! Mixtral, OLMoE, Qwen2-MoE (a shared expert, a dense layer) and Qwen3-MoE checkpoints and
+//! their goldens from `tests/fixtures/make_tiny_hf_moe.py` (eager attention; 4 experts, 2 per
+//! token). Token ids, logits and every head's attention within the float32 bound, greedy
+//! continuations token for token, float64 within 1e-5 with heads closed at the output
+//! projection too, parameter counts equal; the router's hook points; routing replaced through
+//! `mlp.hook_router_weights` equals running the chosen experts by hand.
+
+use crate::common;
+use crate::hf_families::check_against;
+use headscope::model::hooks::{At, Hooks, Point};
+use headscope::model::nn::Gates;
+use headscope::model::ModelError;
+use tch::{Kind as DType, Tensor};
+
+const FAMILIES: [&str; 4] = ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"];
+
+#[test]
+fn moe_decoders_equal_transformers() {
+    let g = common::golden("tiny_hf/golden_moe.npz");
+    for name in FAMILIES {
+        check_against(&g, name, name);
+        let m = common::tiny_hf(name, "f32");
+        let want = i64::try_from(&g[&format!("{name}_params")]).unwrap();
+        assert_eq!(m.n_params, want, "{name}: parameters, headscope against transformers");
+        let kinds: Vec<&str> = m.net.stack.iter().map(|l| l.mlp().kind()).collect();
+        let want = if name == "qwen2_moe" { vec!["experts", "dense"] } else { vec!["experts", "experts"] };
+        assert_eq!(kinds, want, "{name}: MLP kinds by layer");
+    }
+}
+
+/// Replaces layer 0's routing by `weights` (same shape) and records the experts' output.
+struct Reroute {
+    weights: Option<Tensor>,
+    seen: Vec<(At, Tensor)>,
+}
+
+impl Hooks for Reroute {
+    fn wants(&self, at: At) -> bool {
+        at.layer == 0 && matches!(at.point, Point::RouterLogits | Point::RouterWeights | Point::MlpOut | Point::Ln2)
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        self.seen.push((at, x.shallow_clone()));
+        Ok(match (at.point, &self.weights) {
+            (Point::RouterWeights, Some(w)) => Some(w.shallow_clone()),
+            _ => None,
+        })
+    }
+}
+
+/// The router's points hold what the family computes: the weights are the top two of the
+/// softmax of the logits (renormalised by Mixtral, not by OLMoE), zero elsewhere; and the
+/// routing replaced at `mlp.hook_router_weights` (one expert forced per token) gives
+/// `hook_mlp_out` = that expert's SwiGLU times its weight, computed here by hand from the
+/// checkpoint's weights.
+#[test]
+fn the_router_hooks_hold_the_routing_and_a_replacement_reroutes() {
+    let _g = tch::no_grad_guard();
+    for (name, renormalised) in [("mixtral", true), ("olmoe", false)] {
+        let m = common::tiny_hf(name, "f32");
+        let ids = Tensor::from_slice(&m.tokenize("The cat sat on the mat.").unwrap().ids).view([1, -1]);
+        let mask = Tensor::ones(ids.size(), (DType::Float, tch::Device::Cpu));
+        let mut r = Reroute { weights: None, seen: vec![] };
+        let _ = m.net.encode(&ids, &mask, &Gates::none(), Some(&mut r)).unwrap();
+        let get = |seen: &[(At, Tensor)], p: Point| seen.iter().find(|(a, _)| a.point == p).unwrap().1.shallow_clone();
+        let (logits, weights) = (get(&r.seen, Point::RouterLogits), get(&r.seen, Point::RouterWeights));
+        let p = logits.softmax(-1, DType::Float);
+        let (top, idx) = p.topk(2, -1, true, true);
+        let top = if renormalised { &top / top.sum_dim_intlist([-1i64].as_slice(), true, DType::Float) } else { top };
+        let want = p.zeros_like().scatter(-1, &idx, &top);
+        assert!(common::max_diff(&weights, &want) < 1e-6, "{name}: routing weights");
+        assert_eq!(
+            weights.ne(0.0).sum(DType::Int64).int64_value(&[]),
+            2 * ids.size()[1],
+            "{name}: two experts per token"
+        );
+
+        // Force expert 3 alone, weight 0.5, on every token.
+        let forced = weights.zeros_like();
+        let _ = forced.narrow(-1, 3, 1).fill_(0.5);
+        let mut r2 = Reroute { weights: Some(forced), seen: vec![] };
+        let _ = m.net.encode(&ids, &mask, &Gates::none(), Some(&mut r2)).unwrap();
+        let x = get(&r2.seen, Point::Ln2);
+        let out = get(&r2.seen, Point::MlpOut);
+        let dense = m.net.stack[0].mlp();
+        assert_eq!(dense.kind(), "experts");
+        let mut params = Vec::new();
+        let mut net = common::tiny_hf(name, "f32");
+        net.net.stack[0].params_mut("", &mut params);
+        let w =
+            |n: &str| params.iter().find(|(k, _)| k == n).unwrap_or_else(|| panic!("{name}: no {n}")).1.shallow_clone();
+        let (wg, wu, wd) = (w("mlp.experts.3.W_gate"), w("mlp.experts.3.W_in"), w("mlp.experts.3.W_out"));
+        let by_hand = (x.matmul(&wg.tr()).silu() * x.matmul(&wu.tr())).matmul(&wd.tr()) * 0.5;
+        let d = common::max_diff(&out, &by_hand);
+        assert!(d < 1e-5, "{name}: the rerouted MLP differs from expert 3 by hand by {d:e}");
+    }
+}
