@@ -9,9 +9,9 @@ mod common;
 
 mod config_keys;
 mod gguf_real;
+mod hf_2025;
 mod hf_cache;
 mod hf_families;
-mod hf_moe;
 mod hf_seq2seq;
 mod hf_seq2seq_2026;
 mod hf_tf5;

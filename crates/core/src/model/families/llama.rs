@@ -14,7 +14,9 @@
 //! [`crate::model::experts::Experts`]: Mixtral (`block_sparse_moe`, Mistral's attention), OLMoE
 //! (pre-norm with OLMo-2's q/k norms over all heads), Qwen2-MoE (Qwen2's attention, a shared
 //! expert behind a sigmoid gate) and Qwen3-MoE (Qwen3's attention); Qwen's `mlp_only_layers`
-//! and `decoder_sparse_step` keep some layers dense.
+//! and `decoder_sparse_step` keep some layers dense. SmolLM3 has layers without rotary
+//! (`no_rope_layers`); OLMo-3 has OLMo-2's norms and sliding-window layers (`layer_types`),
+//! rotated without the config's `rope_scaling`.
 //!
 //! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
@@ -22,7 +24,7 @@
 
 use crate::model::experts::Experts;
 use crate::model::mlp::Mlp;
-use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, Rotary};
+use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, RopeScaling, Rotary};
 use crate::model::readers::hf;
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
@@ -78,6 +80,12 @@ pub struct Config {
     pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
+    /// SmolLM3: 1 where a layer has rotary positions, 0 where it has none (NoPE).
+    #[serde(default)]
+    pub no_rope_layers: Option<Vec<i64>>,
+    /// SmolLM3: without `no_rope_layers`, every this-many-th layer has no rotary (default 4).
+    #[serde(default)]
+    pub no_rope_layer_interval: Option<usize>,
     /// The mixture-of-experts keys (none in a dense family).
     #[serde(flatten)]
     pub moe: MoeConfig,
@@ -196,16 +204,44 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         }
         _ => None,
     };
-    if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| *t != "full_attention")) {
-        return Err(bad(format!(
-            "layer_types holds '{t}': only full-attention layers are supported in model_type '{}'",
-            cfg.model_type
-        )));
-    }
     let mt = cfg.model_type.as_str();
+    let n_layers = cfg.num_hidden_layers;
+    // OLMo-3's sliding-window layers (transformers' default: three in four); elsewhere every
+    // layer attends to the whole prefix.
+    let sliding: Vec<bool> = match (mt, &cfg.layer_types) {
+        ("olmo3", None) => (0..n_layers).map(|l| (l + 1) % 4 != 0).collect(),
+        ("olmo3", Some(t)) => t.iter().map(|t| t == "sliding_attention").collect(),
+        _ => vec![false; n_layers],
+    };
+    let allowed: &[&str] = if mt == "olmo3" { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
+    if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| !allowed.contains(&t.as_str()))) {
+        return Err(bad(format!("layer_types holds '{t}': model_type '{mt}' supports {}", allowed.join(", "))));
+    }
+    if cfg.layer_types.as_ref().is_some_and(|t| t.len() != n_layers) || sliding.len() != n_layers {
+        return Err(bad(format!("layer_types must list the {n_layers} layers")));
+    }
+    if sliding.iter().any(|&s| s) && cfg.sliding_window.is_none_or(|w| w <= 0) {
+        return Err(bad("sliding_attention layers need a positive sliding_window".into()));
+    }
+    // SmolLM3's layers without rotary positions (NoPE).
+    let rotary_at: Vec<bool> = match (mt, &cfg.no_rope_layers) {
+        ("smollm3", Some(v)) if v.len() == n_layers => v.iter().map(|&r| r != 0).collect(),
+        ("smollm3", Some(v)) => {
+            return Err(bad(format!("no_rope_layers lists {} layers of {n_layers}", v.len())));
+        }
+        ("smollm3", None) => {
+            let every = cfg.no_rope_layer_interval.unwrap_or(4).max(1);
+            (0..n_layers).map(|l| (l + 1) % every != 0).collect()
+        }
+        _ => vec![true; n_layers],
+    };
+    if mt == "smollm3" && cfg.use_sliding_window == Some(true) {
+        return Err(bad("use_sliding_window (SmolLM3's windowed layers) is not supported".into()));
+    }
     let qkv_bias = matches!(mt, "qwen2" | "qwen2_moe") || cfg.attention_bias;
-    let olmo2 = mt == "olmo2";
-    // OLMo-2 and OLMoE norm queries and keys over all heads at once, Qwen3 per head.
+    // OLMo-3 has OLMo-2's norms.
+    let olmo2 = matches!(mt, "olmo2" | "olmo3");
+    // OLMo-2/3 and OLMoE norm queries and keys over all heads at once, Qwen3 per head.
     let all_heads_qk = olmo2 || mt == "olmoe";
     let qk_norm = matches!(mt, "qwen3" | "qwen3_moe") || all_heads_qk;
     if let Some(c) = cfg.moe.clip_qkv {
@@ -223,46 +259,56 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
             |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
         // OLMo-2 norms each sublayer's output (post_attention_layernorm after the attention,
         // post_feedforward_layernorm after the MLP) and not their inputs.
-        layers.push(StackLayer::new(
-            Attention::new(
-                proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
-                proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
-                proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
-                proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
-                h,
-                hk,
-                dh,
+        layers.push(
+            StackLayer::new(
+                Attention::new(
+                    proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
+                    proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
+                    proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
+                    proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
+                    h,
+                    hk,
+                    dh,
+                )
+                .with_rotary(rotary_at[l].then(|| Rotary {
+                    base: theta,
+                    dim: rope_dim,
+                    half: rows == RotaryRows::RotateHalf,
+                    // OLMo-3's sliding layers rotate without the config's rope_scaling.
+                    scaling: if sliding[l] { RopeScaling::None } else { scaling.clone() },
+                }))
+                .with_qk_norm(if qk_norm {
+                    // Qwen3: over each head's head_dim; OLMo-2, OLMoE: over the whole projection.
+                    let per_head = !all_heads_qk;
+                    let width = |n: i64| if per_head { dh } else { n * dh };
+                    let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
+                        Ok(Norm {
+                            kind: NormKind::Rms,
+                            weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?,
+                            bias: None,
+                            eps,
+                        })
+                    };
+                    Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
+                } else {
+                    None
+                }),
+                rms(
+                    &mut w,
+                    format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }),
+                )?,
+                mlp(&mut w, &p, cfg, moe.as_ref().filter(|m| m.sparse(l)), d)?,
+                rms(
+                    &mut w,
+                    format!(
+                        "{p}.{}.weight",
+                        if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }
+                    ),
+                )?,
+                if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
             )
-            .with_rotary(Some(Rotary {
-                base: theta,
-                dim: rope_dim,
-                half: rows == RotaryRows::RotateHalf,
-                scaling: scaling.clone(),
-            }))
-            .with_qk_norm(if qk_norm {
-                // Qwen3: over each head's head_dim; OLMo-2, OLMoE: over the whole projection.
-                let per_head = !all_heads_qk;
-                let width = |n: i64| if per_head { dh } else { n * dh };
-                let norm = |w: &mut Weights, name: &str, n: i64| -> Result<Norm, ModelError> {
-                    Ok(Norm {
-                        kind: NormKind::Rms,
-                        weight: w.get(&format!("{p}.self_attn.{name}.weight"), &[width(n)])?,
-                        bias: None,
-                        eps,
-                    })
-                };
-                Some(QkNorm { q: norm(&mut w, "q_norm", h)?, k: norm(&mut w, "k_norm", hk)?, per_head })
-            } else {
-                None
-            }),
-            rms(&mut w, format!("{p}.{}.weight", if olmo2 { "post_attention_layernorm" } else { "input_layernorm" }))?,
-            mlp(&mut w, &p, cfg, moe.as_ref().filter(|m| m.sparse(l)), d)?,
-            rms(
-                &mut w,
-                format!("{p}.{}.weight", if olmo2 { "post_feedforward_layernorm" } else { "post_attention_layernorm" }),
-            )?,
-            if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
-        ));
+            .with_window(if sliding[l] { cfg.sliding_window } else { None }),
+        );
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
     let output = w.output_or_tied("lm_head.weight", &tokens, cfg.tie_word_embeddings)?;

@@ -235,6 +235,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         use_sliding_window: None,
         layer_types: None,
         eos_token_id: Some(eos.into()),
+        no_rope_layers: None,
+        no_rope_layer_interval: None,
         moe: Default::default(),
         rope_dim: int("rope.dimension_count").ok(),
     };

@@ -130,10 +130,11 @@ macro_rules! keys {
 
 /// Every HF family's keys.
 pub const TABLE: &[Keys] = &[
-    keys!(["llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3"],
+    keys!(["llama", "mistral", "qwen2", "qwen3", "olmo2", "olmo3", "phi3", "smollm3"],
         reads ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                ROPE[0], ROPE[1], ROPE[2], "vocab_size", "tie_word_embeddings", "hidden_act", "max_position_embeddings", "original_max_position_embeddings",
-               "partial_rotary_factor", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "layer_types", "eos_token_id"],
+               "partial_rotary_factor", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "layer_types", "eos_token_id",
+               "no_rope_layers", "no_rope_layer_interval"],
         harmless [("max_window_layers", When::Always, "Qwen's layers with a window, only under use_sliding_window (refused)"),
                   ("embd_pdrop", When::Always, TRAINING), ("resid_pdrop", When::Always, TRAINING),
                   ("qkv_bias", When::Always, "Qwen2 always has Q/K/V biases (read from the family)")]),

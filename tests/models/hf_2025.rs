@@ -1,7 +1,8 @@
-//! Mixture-of-experts decoders against transformers (docs/methods.md#experts): tiny random
-//! Mixtral, OLMoE, Qwen2-MoE (a shared expert, a dense layer) and Qwen3-MoE checkpoints and
-//! their goldens from `tests/fixtures/make_tiny_hf_moe.py` (eager attention; 4 experts, 2 per
-//! token). Token ids, logits and every head's attention within the float32 bound, greedy
+//! The 2025 decoders against transformers: tiny random mixtures of experts
+//! (docs/methods.md#experts: Mixtral, OLMoE, Qwen2-MoE with a shared expert and a dense layer,
+//! Qwen3-MoE; 4 experts, 2 per token), SmolLM3 (a layer without rotary) and OLMo-3 (a
+//! sliding-window layer beside a global one) and their goldens from
+//! `tests/fixtures/make_tiny_hf_2025.py` (eager attention). Token ids, logits and every head's attention within the float32 bound, greedy
 //! continuations token for token, float64 within 1e-5 with heads closed at the output
 //! projection too, parameter counts equal; the router's hook points; routing replaced through
 //! `mlp.hook_router_weights` equals running the chosen experts by hand.
@@ -17,7 +18,7 @@ const FAMILIES: [&str; 4] = ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"];
 
 #[test]
 fn moe_decoders_equal_transformers() {
-    let g = common::golden("tiny_hf/golden_moe.npz");
+    let g = common::golden("tiny_hf/golden_2025.npz");
     for name in FAMILIES {
         check_against(&g, name, name);
         let m = common::tiny_hf(name, "f32");
@@ -27,6 +28,24 @@ fn moe_decoders_equal_transformers() {
         let want = if name == "qwen2_moe" { vec!["experts", "dense"] } else { vec!["experts", "experts"] };
         assert_eq!(kinds, want, "{name}: MLP kinds by layer");
     }
+}
+
+/// SmolLM3's layer without rotary (NoPE) and OLMo-3's sliding-window layer beside a global one
+/// with its own rope_scaling: the same checks as every HF family.
+#[test]
+fn smollm3_and_olmo3_equal_transformers() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    for name in ["smollm3", "olmo3"] {
+        check_against(&g, name, name);
+        let m = common::tiny_hf(name, "f32");
+        assert_eq!(m.n_params, i64::try_from(&g[&format!("{name}_params")]).unwrap(), "{name}: parameters");
+    }
+    let s = common::tiny_hf("smollm3", "f32");
+    let rotary: Vec<bool> = s.net.stack.iter().map(|l| l.attention().unwrap().rotary.is_some()).collect();
+    assert_eq!(rotary, vec![true, false], "smollm3: rotary by layer");
+    let o = common::tiny_hf("olmo3", "f32");
+    let windows: Vec<Option<i64>> = o.net.stack.iter().map(|l| l.window()).collect();
+    assert_eq!(windows, vec![Some(5), None], "olmo3: windows by layer");
 }
 
 /// Replaces layer 0's routing by `weights` (same shape) and records the experts' output.
