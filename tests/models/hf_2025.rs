@@ -5,7 +5,8 @@
 //! `tests/fixtures/make_tiny_hf_2025.py` (eager attention). Token ids, logits and every head's attention within the float32 bound, greedy
 //! continuations token for token, float64 within 1e-5 with heads closed at the output
 //! projection too, parameter counts equal; the router's hook points; routing replaced through
-//! `mlp.hook_router_weights` equals running the chosen experts by hand.
+//! `mlp.hook_router_weights` equals running the chosen experts by hand; an expert's output
+//! zeroed and an expert routed around equal transformers'.
 
 use crate::common;
 use crate::hf_families::check_against;
@@ -112,5 +113,51 @@ fn the_router_hooks_hold_the_routing_and_a_replacement_reroutes() {
         let by_hand = (x.matmul(&wg.tr()).silu() * x.matmul(&wu.tr())).matmul(&wd.tr()) * 0.5;
         let d = common::max_diff(&out, &by_hand);
         assert!(d < 1e-5, "{name}: the rerouted MLP differs from expert 3 by hand by {d:e}");
+    }
+}
+
+/// An expert ablated in layer 0 through the router's hook points (docs/methods.md#experts).
+struct AblateExpert {
+    expert: i64,
+    /// Routed around (its logit set to minus infinity), else its output zeroed (its weight).
+    route: bool,
+}
+
+impl Hooks for AblateExpert {
+    fn wants(&self, at: At) -> bool {
+        at.layer == 0 && at.point == if self.route { Point::RouterLogits } else { Point::RouterWeights }
+    }
+    fn visit(&mut self, _: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        let fill = if self.route { f64::NEG_INFINITY } else { 0.0 };
+        Ok(Some(x.index_fill(-1, &Tensor::from_slice(&[self.expert]), fill)))
+    }
+}
+
+/// The two ablations of an expert, against transformers: its output zeroed where it is chosen
+/// equals transformers with the expert's down projection zeroed, and routing around it equals
+/// transformers with its router logit at minus infinity (Mixtral renormalised, OLMoE not,
+/// Qwen2-MoE with its shared expert); both move the logits.
+#[test]
+fn an_expert_zeroed_or_routed_around_equals_transformers() {
+    let _g = tch::no_grad_guard();
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    for name in ["mixtral", "olmoe", "qwen2_moe"] {
+        let m = common::tiny_hf(name, "f32");
+        let text = &common::short_pud_sentences(1)[0];
+        let ids = m.tokenize(text).unwrap().ids;
+        let t = Tensor::from_slice(&ids).view([1, -1]);
+        let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+        let logits = |h: &mut dyn Hooks| {
+            m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), Some(h)).unwrap()).unwrap().get(0)
+        };
+        let plain = m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), None).unwrap()).unwrap().get(0);
+        let depth = common::depth(&m, ids.len());
+        for (route, key) in [(false, "zeroed"), (true, "routed")] {
+            let want = &g[&format!("{name}_expert_{key}_0")];
+            let got = logits(&mut AblateExpert { expert: 1, route });
+            let d = common::max_diff(&got, want) / common::f32_bound(common::scale(want), depth);
+            assert!(d <= 1.0, "{name}: expert 1 {key}: {d:.3} of the float32 bound from transformers");
+            assert!(common::max_diff(&got, &plain) > 1e-4, "{name}: expert 1 {key} moved nothing");
+        }
     }
 }
