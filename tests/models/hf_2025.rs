@@ -161,3 +161,30 @@ fn an_expert_zeroed_or_routed_around_equals_transformers() {
         }
     }
 }
+
+/// gpt-oss (docs/methods.md#attention-sinks): learned sinks, alternating sliding and global
+/// layers, YaRN, biased projections, a biased router softmaxing its top two logits and clamped
+/// SwiGLU experts: the same checks as every HF family. Each head's sink mass (one minus the row
+/// sums of `hook_pattern`) is what transformers' attention leaves (within the float32 bound),
+/// and somewhere more than 1% of a row.
+#[test]
+fn gpt_oss_with_attention_sinks_equals_transformers() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    check_against(&g, "gpt_oss", "gpt_oss");
+    let m = common::tiny_hf("gpt_oss", "f32");
+    assert_eq!(m.n_params, i64::try_from(&g["gpt_oss_params"]).unwrap(), "gpt_oss: parameters");
+    let windows: Vec<Option<i64>> = m.net.stack.iter().map(|l| l.window()).collect();
+    assert_eq!(windows, vec![Some(5), None], "gpt_oss: windows by layer");
+    let _g = tch::no_grad_guard();
+    let ids = Vec::<i64>::try_from(&g["gpt_oss_ids_0"]).unwrap();
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+    let (seen, _) = common::recorded(&[Point::Pattern], |r| m.net.encode(&t, &mask, &Gates::none(), Some(r)).unwrap());
+    let ours: Vec<Tensor> = common::at_point(&seen, Point::Pattern).iter().map(|a| a.get(0)).collect();
+    let ours = Tensor::stack(&ours, 0); // [L, H, T, T]
+    let sink = |a: &Tensor| a.sum_dim_intlist([-1i64].as_slice(), false, DType::Double).neg() + 1.0;
+    let d = common::max_diff(&sink(&ours), &sink(&g["gpt_oss_attn_0"]));
+    assert!(d < 1e-5, "gpt_oss: sink mass differs from transformers' by {d:e}");
+    let most = sink(&ours).max().double_value(&[]);
+    assert!(most > 0.01, "gpt_oss: no head's sink took more than {most:e} of a row: the sinks are not exercised");
+}

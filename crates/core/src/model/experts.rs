@@ -7,6 +7,9 @@
 //! a shared expert behind a sigmoid gate. Without a capacity limit each token is routed alone,
 //! so the block is position-wise.
 //!
+//! gpt-oss routes otherwise (the softmax of the `top_k` largest logits, a router with a bias)
+//! and its experts are clamped SwiGLUs with biases ([`Expert::Clamped`]).
+//!
 //! Hook points: `mlp.hook_router_logits` (`[pos, expert]`), `mlp.hook_router_weights` (each
 //! expert's weight per token, zero where it is not chosen: a replacement reroutes, an expert
 //! whose weight is zero is not run), then `hook_mlp_out`.
@@ -18,16 +21,66 @@ use super::nn::{Ffn, Linear, Params};
 use super::{Kind, ModelError};
 use tch::{Kind as DType, Tensor};
 
+/// One expert.
+pub enum Expert {
+    /// `down(silu(gate x) * up x)` (Mixtral, OLMoE, Qwen).
+    SwiGlu(Ffn),
+    /// gpt-oss's: `g = min(gate x, limit)`, `u = clamp(up x, -limit, limit)`,
+    /// `down((u + 1) * g * sigmoid(alpha g))`, every projection with a bias.
+    Clamped { gate: Linear, up: Linear, down: Linear, alpha: f64, limit: f64 },
+}
+
+impl Expert {
+    fn forward(&self, x: &Tensor, kind: Kind, layer: usize) -> Result<Tensor, ModelError> {
+        match self {
+            Expert::SwiGlu(f) => Ok(f.forward_hooked(x, kind, layer, &mut None)?.2),
+            Expert::Clamped { gate, up, down, alpha, limit } => {
+                let g = gate.forward(x).f_clamp_max(*limit)?;
+                let u = up.forward(x).f_clamp(-limit, *limit)?;
+                let glu = g.f_mul(&g.f_mul_scalar(*alpha)?.f_sigmoid()?)?;
+                Ok(down.forward(&u.f_add_scalar(1.0)?.f_mul(&glu)?))
+            }
+        }
+    }
+
+    fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
+        match self {
+            Expert::SwiGlu(f) => f.params_mut(prefix, out),
+            Expert::Clamped { gate, up, down, .. } => {
+                up.params_mut(prefix, "in", out);
+                down.params_mut(prefix, "out", out);
+                gate.params_mut(prefix, "gate", out);
+            }
+        }
+    }
+
+    fn width(&self) -> i64 {
+        match self {
+            Expert::SwiGlu(f) => f.up.w.size()[0],
+            Expert::Clamped { up, .. } => up.w.size()[0],
+        }
+    }
+}
+
+/// How the router's logits become each token's expert weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing {
+    /// `softmax` over every expert, the `top_k` largest kept (divided by their sum where
+    /// `renormalise`: Mixtral, `norm_topk_prob`).
+    Softmax { renormalise: bool },
+    /// gpt-oss: the `top_k` largest logits, then the softmax over them alone.
+    TopKSoftmax,
+}
+
 /// The experts of one layer and their router.
 pub struct Experts {
-    /// `[n_experts, d_model]`, no bias.
+    /// `[n_experts, d_model]` (a bias in gpt-oss).
     pub router: Linear,
-    /// Gated MLPs (SwiGLU), in the router's order.
-    pub experts: Vec<Ffn>,
+    /// The experts, in the router's order.
+    pub experts: Vec<Expert>,
     /// Experts chosen per token.
     pub top_k: i64,
-    /// The chosen experts' probabilities divided by their sum (Mixtral; `norm_topk_prob`).
-    pub renormalise: bool,
+    pub routing: Routing,
     /// Qwen2-MoE's shared expert, added to every token, and its sigmoid gate `[1, d_model]`.
     pub shared: Option<(Ffn, Option<Linear>)>,
 }
@@ -37,12 +90,21 @@ impl Experts {
     /// (renormalised where the family does), zero for the experts not chosen.
     fn route(&self, logits: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
         let wide = if dtype == DType::Double { DType::Double } else { DType::Float };
-        let p = logits.f_softmax(-1, wide)?;
-        let (mut w, idx) = p.f_topk(self.top_k, -1, true, true)?;
-        if self.renormalise {
-            w = w.f_div(&w.f_sum_dim_intlist([-1i64].as_slice(), true, wide)?)?;
-        }
-        Ok(p.f_zeros_like()?.f_scatter(-1, &idx, &w)?.f_to_kind(dtype)?)
+        let (w, idx) = match self.routing {
+            Routing::Softmax { renormalise } => {
+                let p = logits.f_softmax(-1, wide)?;
+                let (mut w, idx) = p.f_topk(self.top_k, -1, true, true)?;
+                if renormalise {
+                    w = w.f_div(&w.f_sum_dim_intlist([-1i64].as_slice(), true, wide)?)?;
+                }
+                (w, idx)
+            }
+            Routing::TopKSoftmax => {
+                let (v, idx) = logits.f_topk(self.top_k, -1, true, true)?;
+                (v.f_softmax(-1, v.kind())?, idx)
+            }
+        };
+        Ok(Tensor::f_zeros(logits.size(), (w.kind(), logits.device()))?.f_scatter(-1, &idx, &w)?.f_to_kind(dtype)?)
     }
 }
 
@@ -65,7 +127,7 @@ impl Mlp for Experts {
             if rows.size()[0] == 0 {
                 continue;
             }
-            let y = expert.forward_hooked(&flat.f_index_select(0, &rows)?, kind, layer, &mut None)?.2;
+            let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer)?;
             let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
         }
@@ -96,8 +158,7 @@ impl Mlp for Experts {
         }
     }
     fn width(&self) -> i64 {
-        let one = |f: &Ffn| f.up.w.size()[0];
-        let routed = self.experts.iter().map(one).max().unwrap_or(0) * self.top_k;
-        routed + self.shared.as_ref().map_or(0, |(s, _)| one(s)) + self.experts.len() as i64
+        let routed = self.experts.iter().map(Expert::width).max().unwrap_or(0) * self.top_k;
+        routed + self.shared.as_ref().map_or(0, |(s, _)| s.up.w.size()[0]) + self.experts.len() as i64
     }
 }

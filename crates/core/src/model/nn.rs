@@ -739,6 +739,10 @@ pub struct Attention {
     pub qk_norm: Option<QkNorm>,
     /// How scores are scaled and capped (defaults: `1/sqrt(head_dim)`, no cap).
     pub score: Score,
+    /// gpt-oss's learned sink logit per head `[H]` (docs/methods.md#attention-sinks): it takes
+    /// part in each query's softmax and attends to no value, so a head's weights over the keys
+    /// sum to less than 1.
+    pub sinks: Option<Tensor>,
 }
 
 impl Attention {
@@ -759,7 +763,14 @@ impl Attention {
             slots: None,
             qk_norm: None,
             score: Score::default(),
+            sinks: None,
         }
+    }
+
+    /// Learned sink logits, one per head (gpt-oss).
+    pub fn with_sinks(mut self, sinks: Option<Tensor>) -> Attention {
+        self.sinks = sinks;
+        self
     }
 
     /// Rotary positions on queries and keys.
@@ -880,6 +891,10 @@ impl Attention {
             lin.b = lin.b.as_ref().map(|b| b.index_select(0, &idx));
         }
         self.o.w = self.o.w.index_select(1, &idx);
+        let phys: Vec<i64> = keep.iter().filter_map(|&h| self.physical(h)).map(|p| p as i64).collect();
+        if let Some(sinks) = self.sinks.as_mut() {
+            *sinks = sinks.index_select(0, &Tensor::from_slice(&phys).to_device(sinks.device()));
+        }
         self.n_heads = keep.len() as i64;
         self.n_kv_heads = keep.len() as i64;
         self.slots = Some(HeadSlots::new(width, keep.to_vec(), idx.device()));
@@ -937,6 +952,11 @@ impl Attention {
             None => (q.shallow_clone(), k.shallow_clone()),
         };
         let k = k.f_repeat_interleave_self_int(h / hk, Some(1), None)?;
+        if self.sinks.is_some() {
+            return Err(ModelError::Invalid(
+                "the scores of a head with a learned attention sink (gpt-oss) are not offered to scorers: its softmax also weighs the sink (docs/methods.md#attention-sinks)".into(),
+            ));
+        }
         let scale = self.score.scale.unwrap_or(1.0 / (self.head_dim as f64).sqrt());
         Ok(softcap(q.f_matmul(&k.f_transpose(-2, -1)?)? * scale, self.score.softcap))
     }
@@ -1067,8 +1087,9 @@ impl Attention {
         // Tiles of the weights, where the run's hooks ask for them (Hooks::tile_rows).
         let tiles = hooks::tile_rows(hs, at(Point::Pattern)).filter(|_| gate.and_then(|g| g.bypass).is_none());
         let whole_wanted = hooks::wants(hs, at(Point::Scores)) || hooks::wants(hs, at(Point::Pattern));
-        let fused =
-            gate.and_then(|g| g.bypass).is_none() && tiles.is_none() && !(whole_wanted || self.score.softcap.is_some());
+        let fused = gate.and_then(|g| g.bypass).is_none()
+            && tiles.is_none()
+            && !(whole_wanted || self.score.softcap.is_some() || self.sinks.is_some());
         let grouped = k.dim() == 4 && k.size()[1] != h;
         let gqa = grouped && fused && !(q.requires_grad() || k.requires_grad() || v.requires_grad());
         let per_head;
@@ -1089,11 +1110,20 @@ impl Attention {
             }
             None => None,
         };
+        // With learned sinks (gpt-oss), each row's softmax also weighs its head's sink logit,
+        // whose share is then dropped (transformers' eager path: the sink as one more column).
+        let sinks = self.sinks.as_ref().map(|s| s.to_kind(q.kind()).view([1, h, 1, 1]));
         let softmax = |s: &Tensor| {
-            if low_precision(s.kind()) {
-                s.softmax(-1, DType::Float).to_kind(s.kind())
-            } else {
-                s.softmax(-1, s.kind())
+            let wide = if low_precision(s.kind()) { DType::Float } else { s.kind() };
+            match &sinks {
+                Some(sk) => {
+                    let (bq, tq, tk) = (s.size()[0], s.size()[2], s.size()[3]);
+                    let col = sk.expand([bq, h, tq, 1], false).to_kind(s.kind());
+                    let all = Tensor::cat(&[s, &col], -1);
+                    let all = &all - all.amax([-1i64].as_slice(), true);
+                    all.softmax(-1, wide).narrow(-1, 0, tk).to_kind(s.kind())
+                }
+                None => s.softmax(-1, wide).to_kind(s.kind()),
             }
         };
         let mut ctx = if let Some(alpha) = gate.and_then(|g| g.bypass) {
@@ -1332,6 +1362,9 @@ impl Attention {
         if let Some(n) = self.qk_norm.as_mut() {
             n.q.params_mut(&format!("{prefix}q_norm."), out);
             n.k.params_mut(&format!("{prefix}k_norm."), out);
+        }
+        if let Some(s) = self.sinks.as_mut() {
+            out.push((format!("{prefix}sinks"), s));
         }
     }
 }

@@ -16,21 +16,24 @@
 //! expert behind a sigmoid gate) and Qwen3-MoE (Qwen3's attention); Qwen's `mlp_only_layers`
 //! and `decoder_sparse_step` keep some layers dense. SmolLM3 has layers without rotary
 //! (`no_rope_layers`); OLMo-3 has OLMo-2's norms and sliding-window layers (`layer_types`),
-//! rotated without the config's `rope_scaling`.
+//! rotated without the config's `rope_scaling`. gpt-oss adds learned attention sinks
+//! (`self_attn.sinks`; docs/methods.md#attention-sinks), biases on every projection,
+//! alternating sliding-window layers and fused clamped-SwiGLU experts behind a biased router.
 //!
 //! HF checkpoints keep their rotate-half rows (pairs `(i, i + dh/2)`), so `hook_q` and `hook_k`
 //! are the checkpoint's own; GGUF files store Q and K rows permuted by llama.cpp's converter
 //! into adjacent pairs `(2i, 2i + 1)`, which the rotary reads as they are ([`RotaryRows`]).
 
-use crate::model::experts::Experts;
+use crate::model::experts::{Expert, Experts, Routing};
 use crate::model::mlp::Mlp;
-use crate::model::nn::{Activation, Attention, Ffn, Norm, NormKind, NormPosition, QkNorm, RopeScaling, Rotary};
+use crate::model::nn::{Activation, Attention, Ffn, Linear, Norm, NormKind, NormPosition, QkNorm, RopeScaling, Rotary};
 use crate::model::readers::hf;
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::{Embeddings, Positions, StackLayer, Transformer};
 use crate::model::{LoadOptions, ModelError};
 use serde::Deserialize;
 use std::path::Path;
+use tch::Tensor;
 
 /// HF's `config.json` of the llama family; the GGUF loader (`llama_gguf.rs`) fills one from
 /// the GGUF metadata.
@@ -210,10 +213,12 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     // layer attends to the whole prefix.
     let sliding: Vec<bool> = match (mt, &cfg.layer_types) {
         ("olmo3", None) => (0..n_layers).map(|l| (l + 1) % 4 != 0).collect(),
-        ("olmo3", Some(t)) => t.iter().map(|t| t == "sliding_attention").collect(),
+        ("gpt_oss", None) => (0..n_layers).map(|l| (l + 1) % 2 != 0).collect(),
+        ("olmo3" | "gpt_oss", Some(t)) => t.iter().map(|t| t == "sliding_attention").collect(),
         _ => vec![false; n_layers],
     };
-    let allowed: &[&str] = if mt == "olmo3" { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
+    let windowed = matches!(mt, "olmo3" | "gpt_oss");
+    let allowed: &[&str] = if windowed { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
     if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| !allowed.contains(&t.as_str()))) {
         return Err(bad(format!("layer_types holds '{t}': model_type '{mt}' supports {}", allowed.join(", "))));
     }
@@ -238,7 +243,10 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     if mt == "smollm3" && cfg.use_sliding_window == Some(true) {
         return Err(bad("use_sliding_window (SmolLM3's windowed layers) is not supported".into()));
     }
-    let qkv_bias = matches!(mt, "qwen2" | "qwen2_moe") || cfg.attention_bias;
+    // gpt-oss: every projection has a bias (transformers sets attention_bias itself).
+    let gpt_oss = mt == "gpt_oss";
+    let attention_bias = cfg.attention_bias || gpt_oss;
+    let qkv_bias = matches!(mt, "qwen2" | "qwen2_moe") || attention_bias;
     // OLMo-3 has OLMo-2's norms.
     let olmo2 = matches!(mt, "olmo2" | "olmo3");
     // OLMo-2/3 and OLMoE norm queries and keys over all heads at once, Qwen3 per head.
@@ -265,7 +273,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                     proj(&mut w, "self_attn.q_proj", h * dh, d, qkv_bias)?,
                     proj(&mut w, "self_attn.k_proj", hk * dh, d, qkv_bias)?,
                     proj(&mut w, "self_attn.v_proj", hk * dh, d, qkv_bias)?,
-                    proj(&mut w, "self_attn.o_proj", d, h * dh, cfg.attention_bias)?,
+                    proj(&mut w, "self_attn.o_proj", d, h * dh, attention_bias)?,
                     h,
                     hk,
                     dh,
@@ -275,8 +283,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                     dim: rope_dim,
                     half: rows == RotaryRows::RotateHalf,
                     // OLMo-3's sliding layers rotate without the config's rope_scaling.
-                    scaling: if sliding[l] { RopeScaling::None } else { scaling.clone() },
+                    scaling: if sliding[l] && mt == "olmo3" { RopeScaling::None } else { scaling.clone() },
                 }))
+                .with_sinks(if gpt_oss { Some(w.get(&format!("{p}.self_attn.sinks"), &[h])?) } else { None })
                 .with_qk_norm(if qk_norm {
                     // Qwen3: over each head's head_dim; OLMo-2, OLMoE: over the whole projection.
                     let per_head = !all_heads_qk;
@@ -381,6 +390,9 @@ fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
             "mlp",
             HF,
         ),
+        "gpt_oss" => {
+            (cfg.moe.num_local_experts.unwrap_or(128), cfg.moe.num_experts_per_tok.unwrap_or(4), false, "mlp", HF)
+        }
         _ => return Ok(None),
     };
     if n <= 0 || top_k <= 0 || top_k > n {
@@ -420,10 +432,13 @@ fn mlp(w: &mut Weights, p: &str, cfg: &Config, moe: Option<&Moe>, d: i64) -> Res
         )?));
     };
     let block = format!("{p}.{}", m.block);
+    if cfg.model_type == "gpt_oss" {
+        return gpt_oss_experts(w, &block, m, d);
+    }
     let router = w.scoped(&block).linear("gate", m.n, d, false)?;
     let experts = (0..m.n)
-        .map(|e| swiglu(w, &format!("{block}.experts.{e}"), m.names, m.width, false))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|e| Ok(Expert::SwiGlu(swiglu(w, &format!("{block}.experts.{e}"), m.names, m.width, false)?)))
+        .collect::<Result<Vec<_>, ModelError>>()?;
     let shared = match m.shared {
         Some(s) => Some((
             swiglu(w, &format!("{block}.shared_expert"), m.names, s, false)?,
@@ -431,5 +446,38 @@ fn mlp(w: &mut Weights, p: &str, cfg: &Config, moe: Option<&Moe>, d: i64) -> Res
         )),
         None => None,
     };
-    Ok(Box::new(Experts { router, experts, top_k: m.top_k, renormalise: m.renormalise, shared }))
+    let routing = Routing::Softmax { renormalise: m.renormalise };
+    Ok(Box::new(Experts { router, experts, top_k: m.top_k, routing, shared }))
+}
+
+/// gpt-oss's experts (transformers' `GptOssMLP`): a router with a bias whose top `k` logits are
+/// softmaxed, and every expert's gate and up projections fused, `gate_up_proj [E, D, 2I]` (input
+/// rows, gate and up interleaved column by column) with `gate_up_proj_bias [E, 2I]`, and
+/// `down_proj [E, I, D]` with `down_proj_bias [E, D]`: split here into each expert's three
+/// projections, clamped SwiGLUs (alpha 1.702, limit 7, as transformers 4.57 fixes them).
+fn gpt_oss_experts(w: &mut Weights, block: &str, m: &Moe, d: i64) -> Result<Box<dyn Mlp>, ModelError> {
+    let (n, i) = (m.n, m.width);
+    let router = w.scoped(block).linear("router", n, d, true)?;
+    let gate_up = w.get(&format!("{block}.experts.gate_up_proj"), &[n, d, 2 * i])?;
+    let gate_up_b = w.get(&format!("{block}.experts.gate_up_proj_bias"), &[n, 2 * i])?;
+    let down = w.get(&format!("{block}.experts.down_proj"), &[n, i, d])?;
+    let down_b = w.get(&format!("{block}.experts.down_proj_bias"), &[n, d])?;
+    let mut experts = Vec::with_capacity(n as usize);
+    for e in 0..n {
+        // Columns 0, 2, 4, .. of the fused projection are the gate's, 1, 3, 5, .. the up's.
+        let half = |t: &Tensor, first: i64| -> Result<Tensor, ModelError> {
+            Ok(t.f_get(e)?.f_slice(-1, first, 2 * i, 2)?.f_contiguous()?)
+        };
+        let linear = |wt: Tensor, b: Tensor| -> Result<Linear, ModelError> {
+            Ok(Linear { w: wt.f_transpose(0, 1)?.f_contiguous()?, b: Some(b) })
+        };
+        experts.push(Expert::Clamped {
+            gate: linear(half(&gate_up, 0)?, half(&gate_up_b, 0)?)?,
+            up: linear(half(&gate_up, 1)?, half(&gate_up_b, 1)?)?,
+            down: linear(down.f_get(e)?, down_b.f_get(e)?)?,
+            alpha: 1.702,
+            limit: 7.0,
+        });
+    }
+    Ok(Box::new(Experts { router, experts, top_k: m.top_k, routing: Routing::TopKSoftmax, shared: None }))
 }

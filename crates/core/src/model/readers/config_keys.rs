@@ -138,7 +138,7 @@ pub const TABLE: &[Keys] = &[
         harmless [("max_window_layers", When::Always, "Qwen's layers with a window, only under use_sliding_window (refused)"),
                   ("embd_pdrop", When::Always, TRAINING), ("resid_pdrop", When::Always, TRAINING),
                   ("qkv_bias", When::Always, "Qwen2 always has Q/K/V biases (read from the family)")]),
-    keys!(["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"],
+    keys!(["mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "gpt_oss"],
         reads ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                ROPE[0], ROPE[1], ROPE[2], "vocab_size", "tie_word_embeddings", "hidden_act", "max_position_embeddings", "attention_bias",
                "sliding_window", "use_sliding_window", "layer_types", "eos_token_id", "num_local_experts", "num_experts", "num_experts_per_tok",
