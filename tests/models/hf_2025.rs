@@ -188,3 +188,21 @@ fn gpt_oss_with_attention_sinks_equals_transformers() {
     let most = sink(&ours).max().double_value(&[]);
     assert!(most > 0.01, "gpt_oss: no head's sink took more than {most:e} of a row: the sinks are not exercised");
 }
+
+/// LRP's rules know the dense MLP and refuse the experts in one line naming the kind; AttnLRP
+/// runs through them (the router's weights as fixed gates, each expert a SwiGLU under its
+/// rules), and refuses gpt-oss's clamped experts in one line.
+#[test]
+fn lrp_refuses_experts_and_attnlrp_runs_through_them() {
+    crate::hf_families::lrp_refuses_and_attnlrp_runs("mixtral", "experts");
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let text = common::fixtures().join("lrp_tiny/text.txt");
+    let setup = format!(
+        "let m = load_model({:?}); let d = corpus({:?}).take(2);",
+        common::tiny_hf_dir().join("gpt_oss").display().to_string(),
+        text.display().to_string()
+    );
+    s.eval("setup", &setup).unwrap();
+    let Err(e) = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})") else { panic!("gpt_oss: attnlrp ran") };
+    assert!(e.message.contains("clamped SwiGLU experts") && e.message.lines().count() == 1, "{}", e.message);
+}

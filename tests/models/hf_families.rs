@@ -203,7 +203,7 @@ fn parallel_layers_list_their_own_hook_points_and_lrp_refuses_them() {
 
 /// On the tiny checkpoint `name`, `m.lrp(d)` is a one-line error containing `why` and
 /// `m.lrp(d, #{rule: "attnlrp"})` runs.
-fn lrp_refuses_and_attnlrp_runs(name: &str, why: &str) {
+pub(crate) fn lrp_refuses_and_attnlrp_runs(name: &str, why: &str) {
     let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lrp_tiny/text.txt");
     s.eval(

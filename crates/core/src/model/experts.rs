@@ -14,7 +14,7 @@
 //! expert's weight per token, zero where it is not chosen: a replacement reroutes, an expert
 //! whose weight is zero is not run), then `hook_mlp_out`.
 
-use super::hooks::{self, At, HookSlot, Point};
+use super::hooks::{self, At, GradRules, HookSlot, Point, Rules};
 use super::mixer::Inside;
 use super::mlp::Mlp;
 use super::nn::{Ffn, Linear, Params};
@@ -31,9 +31,14 @@ pub enum Expert {
 }
 
 impl Expert {
-    fn forward(&self, x: &Tensor, kind: Kind, layer: usize) -> Result<Tensor, ModelError> {
+    /// The expert over `x`, its SwiGLU under the run's gradient `rules` (AttnLRP's rules on
+    /// the activation and the product, docs/methods.md#attnlrp).
+    fn forward(&self, x: &Tensor, kind: Kind, layer: usize, rules: GradRules) -> Result<Tensor, ModelError> {
         match self {
-            Expert::SwiGlu(f) => Ok(f.forward_hooked(x, kind, layer, &mut None)?.2),
+            Expert::SwiGlu(f) => {
+                let mut r = Rules(rules);
+                Ok(f.forward_hooked(x, kind, layer, &mut Some(&mut r))?.2)
+            }
             Expert::Clamped { gate, up, down, alpha, limit } => {
                 let g = gate.forward(x).f_clamp_max(*limit)?;
                 let u = up.forward(x).f_clamp(-limit, *limit)?;
@@ -114,8 +119,19 @@ impl Mlp for Experts {
     }
     fn forward(&self, x: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot, _: Inside) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer, p);
+        // AttnLRP through experts: the router's weights (and a shared expert's gate) act as
+        // gates, fixed (no relevance flows into the router), each expert a SwiGLU under the
+        // rules; gpt-oss's clamped experts have no rule here.
+        let rules = hooks::rules(h);
+        let lrp = rules == GradRules::AttnLrp;
+        if lrp && self.experts.iter().any(|e| matches!(e, Expert::Clamped { .. })) {
+            return Err(ModelError::Invalid(format!(
+                "AttnLRP has no rule for the clamped SwiGLU experts of {kind} layer {layer} (gpt-oss; docs/methods.md#experts)"
+            )));
+        }
         let logits = hooks::at(h, at(Point::RouterLogits), self.router.forward(x))?;
         let weights = hooks::at(h, at(Point::RouterWeights), self.route(&logits, x.kind())?)?;
+        let weights = if lrp { weights.f_detach()? } else { weights };
         let d = *x.size().last().unwrap_or(&0);
         let n = self.experts.len() as i64;
         let flat = x.f_reshape([-1, d])?;
@@ -127,14 +143,15 @@ impl Mlp for Experts {
             if rows.size()[0] == 0 {
                 continue;
             }
-            let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer)?;
+            let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer, rules)?;
             let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
         }
         if let Some((shared, gate)) = &self.shared {
-            let mut s = shared.forward_hooked(&flat, kind, layer, &mut None)?.2;
+            let mut s = shared.forward_hooked(&flat, kind, layer, &mut Some(&mut Rules(rules)))?.2;
             if let Some(g) = gate {
-                s = s.f_mul(&g.forward(&flat).f_sigmoid()?)?;
+                let g = g.forward(&flat).f_sigmoid()?;
+                s = s.f_mul(&if lrp { g.f_detach()? } else { g })?;
             }
             out = out.f_add(&s)?;
         }

@@ -358,6 +358,22 @@ impl Hooks for Record<'_> {
     }
 }
 
+/// Hooks that look at nothing and carry a run's gradient rules into a computation the run
+/// makes without its hooks (a mixture of experts' experts under AttnLRP).
+pub struct Rules(pub GradRules);
+
+impl Hooks for Rules {
+    fn wants(&self, _: At) -> bool {
+        false
+    }
+    fn visit(&mut self, _: At, _: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        Ok(None)
+    }
+    fn rules(&self) -> GradRules {
+        self.0
+    }
+}
+
 /// Two hooks in turn: the first's replacement is what the second sees.
 pub struct Both<'a>(pub &'a mut dyn Hooks, pub &'a mut dyn Hooks);
 

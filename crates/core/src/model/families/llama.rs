@@ -209,36 +209,39 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     };
     let mt = cfg.model_type.as_str();
     let n_layers = cfg.num_hidden_layers;
-    // OLMo-3's sliding-window layers (transformers' default: three in four); elsewhere every
-    // layer attends to the whole prefix.
-    let sliding: Vec<bool> = match (mt, &cfg.layer_types) {
-        ("olmo3", None) => (0..n_layers).map(|l| (l + 1) % 4 != 0).collect(),
-        ("gpt_oss", None) => (0..n_layers).map(|l| (l + 1) % 2 != 0).collect(),
-        ("olmo3" | "gpt_oss", Some(t)) => t.iter().map(|t| t == "sliding_attention").collect(),
-        _ => vec![false; n_layers],
-    };
+    // Per layer, computed as the layers are read (a config's layer count reserves nothing: a
+    // corrupt one fails at the first missing tensor). OLMo-3's and gpt-oss's sliding-window
+    // layers (transformers' defaults: three in four, one in two); elsewhere every layer attends
+    // to the whole prefix.
     let windowed = matches!(mt, "olmo3" | "gpt_oss");
+    let sliding = |l: usize| -> bool {
+        match (mt, &cfg.layer_types) {
+            ("olmo3", None) => !(l + 1).is_multiple_of(4),
+            ("gpt_oss", None) => !(l + 1).is_multiple_of(2),
+            (_, Some(t)) if windowed => t.get(l).is_some_and(|t| t == "sliding_attention"),
+            _ => false,
+        }
+    };
     let allowed: &[&str] = if windowed { &["full_attention", "sliding_attention"] } else { &["full_attention"] };
     if let Some(t) = cfg.layer_types.as_ref().and_then(|t| t.iter().find(|t| !allowed.contains(&t.as_str()))) {
         return Err(bad(format!("layer_types holds '{t}': model_type '{mt}' supports {}", allowed.join(", "))));
     }
-    if cfg.layer_types.as_ref().is_some_and(|t| t.len() != n_layers) || sliding.len() != n_layers {
+    if cfg.layer_types.as_ref().is_some_and(|t| t.len() != n_layers) {
         return Err(bad(format!("layer_types must list the {n_layers} layers")));
     }
-    if sliding.iter().any(|&s| s) && cfg.sliding_window.is_none_or(|w| w <= 0) {
-        return Err(bad("sliding_attention layers need a positive sliding_window".into()));
-    }
     // SmolLM3's layers without rotary positions (NoPE).
-    let rotary_at: Vec<bool> = match (mt, &cfg.no_rope_layers) {
-        ("smollm3", Some(v)) if v.len() == n_layers => v.iter().map(|&r| r != 0).collect(),
-        ("smollm3", Some(v)) => {
+    if let (Some(v), true) = (&cfg.no_rope_layers, mt == "smollm3") {
+        if v.len() != n_layers {
             return Err(bad(format!("no_rope_layers lists {} layers of {n_layers}", v.len())));
         }
-        ("smollm3", None) => {
-            let every = cfg.no_rope_layer_interval.unwrap_or(4).max(1);
-            (0..n_layers).map(|l| (l + 1) % every != 0).collect()
+    }
+    let every = cfg.no_rope_layer_interval.unwrap_or(4).max(1);
+    let rotary_at = |l: usize| -> bool {
+        match (mt, &cfg.no_rope_layers) {
+            ("smollm3", Some(v)) => v.get(l).is_none_or(|&r| r != 0),
+            ("smollm3", None) => !(l + 1).is_multiple_of(every),
+            _ => true,
         }
-        _ => vec![true; n_layers],
     };
     if mt == "smollm3" && cfg.use_sliding_window == Some(true) {
         return Err(bad("use_sliding_window (SmolLM3's windowed layers) is not supported".into()));
@@ -262,6 +265,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     };
     let mut layers = Vec::new(); // the layer count is the config's: nothing is reserved for it
     for l in 0..cfg.num_hidden_layers {
+        if sliding(l) && cfg.sliding_window.is_none_or(|w| w <= 0) {
+            return Err(bad(format!("layer {l} is a sliding_attention layer and sliding_window is not positive")));
+        }
         let p = format!("model.layers.{l}");
         let proj =
             |w: &mut Weights, name: &str, out: i64, inp: i64, bias: bool| w.scoped(&p).linear(name, out, inp, bias);
@@ -278,12 +284,12 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                     hk,
                     dh,
                 )
-                .with_rotary(rotary_at[l].then(|| Rotary {
+                .with_rotary(rotary_at(l).then(|| Rotary {
                     base: theta,
                     dim: rope_dim,
                     half: rows == RotaryRows::RotateHalf,
                     // OLMo-3's sliding layers rotate without the config's rope_scaling.
-                    scaling: if sliding[l] && mt == "olmo3" { RopeScaling::None } else { scaling.clone() },
+                    scaling: if sliding(l) && mt == "olmo3" { RopeScaling::None } else { scaling.clone() },
                 }))
                 .with_sinks(if gpt_oss { Some(w.get(&format!("{p}.self_attn.sinks"), &[h])?) } else { None })
                 .with_qk_norm(if qk_norm {
@@ -316,7 +322,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 )?,
                 if olmo2 { NormPosition::PostSublayer } else { NormPosition::Pre },
             )
-            .with_window(if sliding[l] { cfg.sliding_window } else { None }),
+            .with_window(if sliding(l) { cfg.sliding_window } else { None }),
         );
     }
     let tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
@@ -462,7 +468,7 @@ fn gpt_oss_experts(w: &mut Weights, block: &str, m: &Moe, d: i64) -> Result<Box<
     let gate_up_b = w.get(&format!("{block}.experts.gate_up_proj_bias"), &[n, 2 * i])?;
     let down = w.get(&format!("{block}.experts.down_proj"), &[n, i, d])?;
     let down_b = w.get(&format!("{block}.experts.down_proj_bias"), &[n, d])?;
-    let mut experts = Vec::with_capacity(n as usize);
+    let mut experts = Vec::new();
     for e in 0..n {
         // Columns 0, 2, 4, .. of the fused projection are the gate's, 1, 3, 5, .. the up's.
         let half = |t: &Tensor, first: i64| -> Result<Tensor, ModelError> {
