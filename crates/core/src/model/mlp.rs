@@ -2,9 +2,9 @@
 //! back to it) behind one interface, [`Mlp`], as the token mixer is behind
 //! [`super::mixer::Mixer`]: its forward with the hook points it visits, its parameters, the width
 //! of its intermediate, and whether it reads each position alone. A dense MLP
-//! ([`super::nn::Ffn`], gated or not) is the kind every family loads today; a mixture of
-//! experts is the kind to come (with capacity limits it is not position-wise: resumed passes
-//! that flatten positions refuse it).
+//! ([`super::nn::Ffn`], gated or not) is the kind most families load; a mixture of experts
+//! ([`super::experts`]) is the other (routed token by token, so position-wise; a kind with
+//! capacity limits would not be, and resumed passes that flatten positions would refuse it).
 //!
 //! Adding a kind is a file that implements [`Mlp`] and its name in [`KINDS`].
 
