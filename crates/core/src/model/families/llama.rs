@@ -123,6 +123,9 @@ pub struct MoeConfig {
     /// Qwen-MoE: layers with a dense MLP.
     #[serde(default)]
     pub mlp_only_layers: Option<Vec<usize>>,
+    /// Qwen2-MoE: biases on the query, key and value projections (transformers' default: true).
+    #[serde(default)]
+    pub qkv_bias: Option<bool>,
     /// OLMoE: queries, keys and values clamped to this (refused: not supported).
     #[serde(default)]
     pub clip_qkv: Option<f64>,
@@ -198,7 +201,13 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     }
     let scaling =
         rope.scaling_for(cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
-    let theta = rope.theta.unwrap_or(DEFAULT_THETA);
+    // transformers' default base where the config gives none, by family.
+    let theta = rope.theta.unwrap_or(match cfg.model_type.as_str() {
+        "mixtral" => 1e6,
+        "gpt_oss" => 150000.0,
+        "smollm3" => 2e6,
+        _ => DEFAULT_THETA,
+    });
     // Qwen2/3 configs carry a sliding_window that only applies with use_sliding_window.
     let window = match cfg.model_type.as_str() {
         "mistral" | "phi3" | "mixtral" => cfg.sliding_window,
@@ -249,7 +258,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     // gpt-oss: every projection has a bias (transformers sets attention_bias itself).
     let gpt_oss = mt == "gpt_oss";
     let attention_bias = cfg.attention_bias || gpt_oss;
-    let qkv_bias = matches!(mt, "qwen2" | "qwen2_moe") || attention_bias;
+    // Qwen2-MoE reads qkv_bias (default true); Qwen2 always has the biases.
+    let qkv_bias = mt == "qwen2" || (mt == "qwen2_moe" && cfg.moe.qkv_bias.unwrap_or(true)) || attention_bias;
     // OLMo-3 has OLMo-2's norms.
     let olmo2 = matches!(mt, "olmo2" | "olmo3");
     // OLMo-2/3 and OLMoE norm queries and keys over all heads at once, Qwen3 per head.
@@ -407,8 +417,12 @@ fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
     let qwen = cfg.model_type.starts_with("qwen");
     let width =
         if qwen { cfg.moe.moe_intermediate_size.unwrap_or(cfg.intermediate_size) } else { cfg.intermediate_size };
-    let shared =
-        if cfg.model_type == "qwen2_moe" { cfg.moe.shared_expert_intermediate_size.filter(|&s| s > 0) } else { None };
+    let shared = if cfg.model_type == "qwen2_moe" {
+        // transformers' default width (5632) where the config gives none; 0: no shared expert.
+        Some(cfg.moe.shared_expert_intermediate_size.unwrap_or(5632)).filter(|&s| s > 0)
+    } else {
+        None
+    };
     let step = if qwen { cfg.moe.decoder_sparse_step.unwrap_or(1) } else { 1 };
     if step == 0 {
         return Err("decoder_sparse_step 0: no layer could have experts".into());
