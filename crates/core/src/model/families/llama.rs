@@ -376,48 +376,34 @@ impl Moe {
 /// The experts of a MoE `model_type` (transformers' defaults where the config is silent), `None`
 /// for a dense one.
 fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
-    const HF: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
-    let (n, top_k, renormalise, block, names) = match cfg.model_type.as_str() {
-        "mixtral" => (
-            cfg.moe.num_local_experts.unwrap_or(8),
-            cfg.moe.num_experts_per_tok.unwrap_or(2),
-            true,
-            "block_sparse_moe",
-            ["w1", "w3", "w2"],
-        ),
-        "olmoe" => (
-            cfg.moe.num_experts.unwrap_or(64),
-            cfg.moe.num_experts_per_tok.unwrap_or(8),
-            cfg.moe.norm_topk_prob.unwrap_or(false),
-            "mlp",
-            HF,
-        ),
-        "qwen2_moe" => (
-            cfg.moe.num_experts.unwrap_or(60),
-            cfg.moe.num_experts_per_tok.unwrap_or(4),
-            cfg.moe.norm_topk_prob.unwrap_or(false),
-            "mlp",
-            HF,
-        ),
-        "qwen3_moe" => (
-            cfg.moe.num_experts.unwrap_or(128),
-            cfg.moe.num_experts_per_tok.unwrap_or(8),
-            cfg.moe.norm_topk_prob.unwrap_or(false),
-            "mlp",
-            HF,
-        ),
-        "gpt_oss" => {
-            (cfg.moe.num_local_experts.unwrap_or(128), cfg.moe.num_experts_per_tok.unwrap_or(4), false, "mlp", HF)
-        }
+    let mt = cfg.model_type.as_str();
+    // transformers' defaults: experts per layer, chosen per token.
+    let (n_default, k_default) = match mt {
+        "mixtral" => (8, 2),
+        "olmoe" => (64, 8),
+        "qwen2_moe" => (60, 4),
+        "qwen3_moe" => (128, 8),
+        "gpt_oss" => (128, 4),
         _ => return Ok(None),
+    };
+    // Mixtral and gpt-oss count their experts in num_local_experts, the others in num_experts.
+    let local = matches!(mt, "mixtral" | "gpt_oss");
+    let n = if local { cfg.moe.num_local_experts } else { cfg.moe.num_experts }.unwrap_or(n_default);
+    let top_k = cfg.moe.num_experts_per_tok.unwrap_or(k_default);
+    // Mixtral always renormalises; gpt-oss's routing has no such switch (Routing::TopKSoftmax).
+    let renormalise = mt == "mixtral" || (mt != "gpt_oss" && cfg.moe.norm_topk_prob.unwrap_or(false));
+    let (block, names) = if mt == "mixtral" {
+        ("block_sparse_moe", ["w1", "w3", "w2"])
+    } else {
+        ("mlp", ["gate_proj", "up_proj", "down_proj"])
     };
     if n <= 0 || top_k <= 0 || top_k > n {
         return Err(format!("num_experts_per_tok {top_k} must be between 1 and the {n} experts"));
     }
-    let qwen = cfg.model_type.starts_with("qwen");
+    let qwen = mt.starts_with("qwen");
     let width =
         if qwen { cfg.moe.moe_intermediate_size.unwrap_or(cfg.intermediate_size) } else { cfg.intermediate_size };
-    let shared = if cfg.model_type == "qwen2_moe" {
+    let shared = if mt == "qwen2_moe" {
         // transformers' default width (5632) where the config gives none; 0: no shared expert.
         Some(cfg.moe.shared_expert_intermediate_size.unwrap_or(5632)).filter(|&s| s > 0)
     } else {
