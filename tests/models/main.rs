@@ -8,6 +8,7 @@
 mod common;
 
 mod config_keys;
+mod experts;
 mod gguf_real;
 mod hf_2025;
 mod hf_cache;

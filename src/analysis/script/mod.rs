@@ -7,6 +7,7 @@
 mod ablation;
 mod analysis;
 mod diversity;
+mod experts;
 mod importance;
 mod lrp;
 mod patching;
@@ -24,6 +25,10 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("diversity", diversity::DIVERSITY_OPTIONS),
     ("lrp", lrp::LRP_OPTIONS),
     ("head_importance", importance::IMPORTANCE_OPTIONS),
+    ("expert_sweep", experts::EXPERT_SWEEP_OPTIONS),
+    ("expert_importance", experts::EXPERT_IMPORTANCE_OPTIONS),
+    ("router_stats", experts::ROUTER_STATS_OPTIONS),
+    ("expert_l0", experts::EXPERT_L0_OPTIONS),
     ("Model.bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),
     ("patch", patching::PATCH_OPTIONS),
@@ -61,6 +66,8 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(diversity::api).into());
     engine.register_global_module(rhai::exported_module!(lrp::api).into());
     engine.register_global_module(rhai::exported_module!(importance::api).into());
+    engine.register_type_with_name::<experts::ExpertGrid>("ExpertGrid");
+    engine.register_global_module(rhai::exported_module!(experts::api).into());
     engine.register_global_module(rhai::exported_module!(patching::api).into());
     engine.register_global_module(rhai::exported_module!(streaming::api).into());
     engine.register_type_with_name::<HeadTypes>("HeadTypes");
@@ -73,6 +80,9 @@ pub fn render(v: &Dynamic) -> Option<Output> {
     }
     if let Some(r) = v.clone().try_cast::<HeadTypes>() {
         return Some(r.render());
+    }
+    if let Some(g) = v.clone().try_cast::<experts::ExpertGrid>() {
+        return Some(g.render());
     }
     v.clone().try_cast::<AnalysisObj>().map(|a| a.render())
 }

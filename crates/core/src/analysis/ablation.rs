@@ -460,6 +460,19 @@ pub fn evaluate_acc(
     gates: &Gates,
     stop: &dyn Fn() -> bool,
 ) -> Result<MetricAcc, AnalysisError> {
+    evaluate_hooked(model, p, gates, None, stop)
+}
+
+/// [`evaluate_acc`] with the stack's hook points seen (and replaced) by `h` on every batch:
+/// the metric under an edit that is not a gate (an expert ablated, docs/methods.md#experts-as-units);
+/// KL's and cosine's references are taken without `h`.
+pub fn evaluate_hooked(
+    model: &Model,
+    p: &Prepared,
+    gates: &Gates,
+    mut h: crate::model::hooks::HookSlot,
+    stop: &dyn Fn() -> bool,
+) -> Result<MetricAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
     let mut total = 0.0;
     let mut hyps = vec![String::new(); p.n_sentences];
@@ -469,7 +482,11 @@ pub fn evaluate_acc(
         }
         let gates = &p.batch_gates(model, bi, gates)?;
         let rm = RowMetric::new(model, p, b)?;
-        let enc = model.net.encode(&b.ids, &b.mask, gates, None)?;
+        let slot: crate::model::hooks::HookSlot = match h.as_mut() {
+            Some(x) => Some(&mut **x),
+            None => None,
+        };
+        let enc = model.net.encode(&b.ids, &b.mask, gates, slot)?;
         if p.metric == Metric::Bleu {
             for (&i, o) in b.rows.iter().zip(rm.generate(&enc, gates, 1)?) {
                 hyps[i] = model.detokenize(&o)?;

@@ -6,6 +6,7 @@ pub mod ablation;
 pub mod accum;
 pub mod attnlrp;
 pub mod diversity;
+pub mod experts;
 pub mod importance;
 pub mod lrp;
 pub mod options;

@@ -88,9 +88,77 @@ pub struct Experts {
     pub routing: Routing,
     /// Qwen2-MoE's shared expert, added to every token, and its sigmoid gate `[1, d_model]`.
     pub shared: Option<(Ffn, Option<Linear>)>,
+    /// Each expert's number as loaded (`experts[i]` is expert `ids[i]`): `prune_experts` keeps
+    /// the numbers of those it keeps, as `prune_heads` does heads'.
+    ids: Vec<usize>,
+    /// How many experts the layer had as loaded.
+    loaded: usize,
 }
 
 impl Experts {
+    /// A layer's experts as loaded, numbered `0..experts.len()`.
+    pub fn new(
+        router: Linear,
+        experts: Vec<Expert>,
+        top_k: i64,
+        routing: Routing,
+        shared: Option<(Ffn, Option<Linear>)>,
+    ) -> Experts {
+        let ids = (0..experts.len()).collect();
+        let loaded = experts.len();
+        Experts { router, experts, top_k, routing, shared, ids, loaded }
+    }
+
+    /// The experts' numbers as loaded, in the router's order.
+    pub fn ids(&self) -> &[usize] {
+        &self.ids
+    }
+
+    /// How many experts the layer had as loaded.
+    pub fn loaded(&self) -> usize {
+        self.loaded
+    }
+
+    /// Removes the experts numbered `drop` (numbers as loaded) and their router rows: the
+    /// router then picks among the others, renormalised as the family routes, which is what
+    /// routing around them computes (docs/methods.md#experts-as-units). Refused where fewer
+    /// than `top_k` would be left, or a number is not one of the layer's.
+    pub fn remove(&mut self, drop: &[usize], layer: usize) -> Result<(), ModelError> {
+        if let Some(e) = drop.iter().find(|e| !self.ids.contains(e)) {
+            return Err(ModelError::Invalid(format!(
+                "expert {e} of layer {layer} is not one of its experts ({})",
+                self.describe_ids()
+            )));
+        }
+        let keep: Vec<usize> = (0..self.ids.len()).filter(|&i| !drop.contains(&self.ids[i])).collect();
+        if (keep.len() as i64) < self.top_k {
+            return Err(ModelError::Invalid(format!(
+                "layer {layer} would keep {} experts, fewer than the {} it routes each token to",
+                keep.len(),
+                self.top_k
+            )));
+        }
+        let rows =
+            Tensor::from_slice(&keep.iter().map(|&i| i as i64).collect::<Vec<_>>()).to_device(self.router.w.device());
+        self.router.w = self.router.w.f_index_select(0, &rows)?;
+        if let Some(b) = &self.router.b {
+            self.router.b = Some(b.f_index_select(0, &rows)?);
+        }
+        let mut old: Vec<Option<Expert>> = std::mem::take(&mut self.experts).into_iter().map(Some).collect();
+        self.experts = keep.iter().filter_map(|&i| old[i].take()).collect();
+        self.ids = keep.iter().map(|&i| self.ids[i]).collect();
+        Ok(())
+    }
+
+    /// The experts' numbers, for messages (`0..8`, or the list after pruning).
+    fn describe_ids(&self) -> String {
+        if self.ids.iter().enumerate().all(|(i, &e)| i == e) {
+            format!("0..{}", self.ids.len().saturating_sub(1))
+        } else {
+            self.ids.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
+        }
+    }
+
     /// Each token's weight per expert `[.., n]`: the `top_k` largest router probabilities
     /// (renormalised where the family does), zero for the experts not chosen.
     fn route(&self, logits: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
@@ -173,6 +241,12 @@ impl Mlp for Experts {
                 g.params_mut(prefix, "shared_gate", out);
             }
         }
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
     fn width(&self) -> i64 {
         let routed = self.experts.iter().map(Expert::width).max().unwrap_or(0) * self.top_k;

@@ -55,6 +55,17 @@ pub trait Mlp: Send {
     fn as_dense(&self) -> Option<&Ffn> {
         None
     }
+
+    /// The MLP as its own type, for an analysis that knows the kind's parts (the expert
+    /// analyses read and prune a [`super::experts::Experts`]); `None` where a kind offers none.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// [`Mlp::as_any`], to change.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 impl Mlp for Ffn {
@@ -111,5 +122,11 @@ impl Mlp for Box<dyn Mlp> {
     }
     fn as_dense(&self) -> Option<&Ffn> {
         self.as_ref().as_dense()
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        self.as_ref().as_any()
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        self.as_mut().as_any_mut()
     }
 }

@@ -1100,6 +1100,12 @@ impl Model {
             .join("\n")
     }
 
+    /// The mixture of experts of stack layer `layer`, where its MLP is one
+    /// (docs/methods.md#experts-as-units).
+    pub fn experts(&self, layer: usize) -> Option<&experts::Experts> {
+        self.net.stack.get(layer)?.mlp().as_any()?.downcast_ref::<experts::Experts>()
+    }
+
     pub fn describe(&self) -> String {
         // The shape as loaded; after `prune_heads`, how many heads of each kind are left.
         let mut kinds: Vec<String> = self
@@ -1118,8 +1124,25 @@ impl Model {
         if !self.removed.is_empty() {
             kinds.push(format!("{} removed by prune_heads", self.removed.len()));
         }
+        let moe: Vec<&experts::Experts> = (0..self.net.stack.len()).filter_map(|l| self.experts(l)).collect();
+        let experts = match moe.first() {
+            None => String::new(),
+            Some(first) => {
+                let loaded: usize = moe.iter().map(|e| e.loaded()).sum();
+                let kept: usize = moe.iter().map(|e| e.ids().len()).sum();
+                let mut s = if moe.iter().all(|e| e.loaded() == first.loaded()) {
+                    format!(", experts: {} layers x {} (top {})", moe.len(), first.loaded(), first.top_k)
+                } else {
+                    format!(", experts: {loaded} in {} layers (top {})", moe.len(), first.top_k)
+                };
+                if kept < loaded {
+                    s += &format!(", {} removed by prune_experts", loaded - kept);
+                }
+                s
+            }
+        };
         format!(
-            "<Model {} ({}), {:.1}M parameters, heads: {}, on {} as {:?}>",
+            "<Model {} ({}), {:.1}M parameters, heads: {}{experts}, on {} as {:?}>",
             self.name(),
             self.family_name(),
             self.n_params as f64 / 1e6,

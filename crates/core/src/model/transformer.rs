@@ -184,6 +184,11 @@ impl StackLayer {
         self.ffn.as_ref()
     }
 
+    /// The layer's MLP, to change (`prune_experts`).
+    pub fn mlp_mut(&mut self) -> &mut dyn Mlp {
+        self.ffn.as_mut()
+    }
+
     /// The layer's MLP where it is a dense one (every loaded family's).
     pub fn dense(&self) -> Option<&Ffn> {
         self.ffn.as_dense()

@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod duo;
+pub mod experts;
 pub mod physical;
 pub mod strategies;
 

@@ -453,7 +453,7 @@ fn mlp(w: &mut Weights, p: &str, cfg: &Config, moe: Option<&Moe>, d: i64) -> Res
         None => None,
     };
     let routing = Routing::Softmax { renormalise: m.renormalise };
-    Ok(Box::new(Experts { router, experts, top_k: m.top_k, routing, shared }))
+    Ok(Box::new(Experts::new(router, experts, m.top_k, routing, shared)))
 }
 
 /// gpt-oss's experts (transformers' `GptOssMLP`): a router with a bias whose top `k` logits are
@@ -485,5 +485,5 @@ fn gpt_oss_experts(w: &mut Weights, block: &str, m: &Moe, d: i64) -> Result<Box<
             limit: 7.0,
         });
     }
-    Ok(Box::new(Experts { router, experts, top_k: m.top_k, routing: Routing::TopKSoftmax, shared: None }))
+    Ok(Box::new(Experts::new(router, experts, m.top_k, Routing::TopKSoftmax, None)))
 }

@@ -1,0 +1,300 @@
+//! Experts as units (docs/methods.md#experts-as-units) on the tiny mixtures of experts of
+//! `tests/fixtures/make_tiny_hf_2025.py`: `prune_experts` equals routing around the experts it
+//! removes (and routing around equals transformers', `hf_2025.rs`); the sweep's cells equal
+//! each ablation computed another way (the pruned model; the expert's down projection zeroed);
+//! gradient importance equals a central difference of the loss in float64; the router's
+//! statistics count real tokens only; bad expert numbers are refused in one line.
+
+use crate::common;
+use headscope::analysis::ablation::{evaluate, prepare, Metric, Prepared};
+use headscope::analysis::experts::{
+    check_expert, expert_importance, expert_sweep, layer_experts, prune_experts, router_stats, ExpertAblation,
+    ExpertEdit, ExpertId,
+};
+use headscope::data::Dataset;
+use headscope::model::nn::Gates;
+use headscope::model::Model;
+use tch::{Kind as DType, Tensor};
+
+fn e(layer: usize, expert: usize) -> ExpertId {
+    ExpertId { layer, expert }
+}
+
+fn data(dir: &std::path::Path, lines: &[&str]) -> Dataset {
+    let p = dir.join("data.txt");
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    Dataset::corpus(&p).unwrap()
+}
+
+const SENTENCES: [&str; 3] =
+    ["the cat sat on the mat and looked at the door", "a dog ran", "birds sing in the early morning light"];
+
+fn logits(m: &Model, edit: Option<&mut ExpertEdit>) -> Tensor {
+    let _g = tch::no_grad_guard();
+    let ids = m.tokenize(SENTENCES[0]).unwrap().ids;
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+    let h = edit.map(|e| e as &mut dyn headscope::model::hooks::Hooks);
+    m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), h).unwrap()).unwrap()
+}
+
+fn param_count(m: &mut Model, part: &str) -> i64 {
+    m.net.named_params_mut().iter().filter(|(n, _)| n.contains(part)).map(|(_, t)| t.numel() as i64).sum()
+}
+
+/// `prune_experts` removes each expert's weights and its router row, keeps the others'
+/// numbers, and computes what routing around them computes, on every routing the families
+/// use (Mixtral renormalised, OLMoE not, Qwen2-MoE with a shared expert, gpt-oss's top-k
+/// softmax with a router bias).
+#[test]
+fn prune_experts_equals_routing_around() {
+    let _g = common::heavy();
+    for name in ["mixtral", "olmoe", "qwen2_moe", "gpt_oss"] {
+        let mut m = common::tiny_hf(name, "f32");
+        let drop: Vec<ExpertId> =
+            if name == "qwen2_moe" { vec![e(0, 1), e(0, 3)] } else { vec![e(0, 1), e(1, 2), e(1, 0)] };
+        let mut routed = ExpertEdit::ablate(&m, &drop, ExpertAblation::Route).unwrap();
+        let want = logits(&m, Some(&mut routed));
+        let plain = logits(&m, None);
+        let mut p = prune_experts(&m, &drop).unwrap();
+        let got = logits(&p, None);
+        let d = common::max_diff(&got, &want);
+        assert!(d < 1e-5, "{name}: pruned against routed around: {d:e}");
+        assert!(common::max_diff(&got, &plain) > 1e-4, "{name}: pruning moved nothing");
+        let kept: Vec<Vec<usize>> = (0..2).map(|l| layer_experts(&p, l).map_or(vec![], |x| x.ids().to_vec())).collect();
+        let want_ids = if name == "qwen2_moe" { vec![vec![0, 2], vec![]] } else { vec![vec![0, 2, 3], vec![1, 3]] };
+        assert_eq!(kept, want_ids, "{name}: experts kept, by their numbers");
+        // Each removed expert's weights and its router row (and bias) are gone.
+        let d_model = m.net.d_model;
+        let mut gone = 0;
+        for id in &drop {
+            gone += param_count(&mut m, &format!("blocks.{}.mlp.experts.{}.", id.layer, id.expert));
+            gone += d_model + if name == "gpt_oss" { 1 } else { 0 };
+        }
+        assert_eq!(m.n_params - p.n_params, gone, "{name}: parameters removed");
+        assert_eq!(p.count_params(), p.n_params, "{name}: the pruned model's count");
+        // A second pruning is refused (prune the original), as prune_heads refuses.
+        let again = prune_experts(&p, &[e(0, 0)]).err().expect("pruning a pruned model");
+        assert!(again.to_string().contains("already pruned"), "{again}");
+    }
+    // Too few left to route to, an expert out of range, a dense layer, a dense model.
+    let m = common::tiny_hf("mixtral", "f32");
+    let few = prune_experts(&m, &[e(0, 0), e(0, 1), e(0, 2)]).err().unwrap().to_string();
+    assert!(few.contains("layer 0 would keep 1 experts, fewer than the 2"), "{few}");
+    for (id, want) in [(e(0, 4), "0.e4: layer 0 has experts 0..3"), (e(2, 0), "layer 2 out of range")] {
+        let msg = check_expert(&m, id).err().unwrap().to_string();
+        assert!(msg.contains(want) && msg.lines().count() == 1, "{id}: {msg}");
+    }
+    let q = common::tiny_hf("qwen2_moe", "f32");
+    let msg = check_expert(&q, e(1, 0)).err().unwrap().to_string();
+    assert!(msg.contains("layer 1 of") && msg.contains("is dense (its expert layers: 0)"), "{msg}");
+    let dense = common::tiny_hf("smollm3", "f32");
+    let msg = check_expert(&dense, e(0, 0)).err().unwrap().to_string();
+    assert!(msg.contains("has no mixture-of-experts layers"), "{msg}");
+}
+
+/// The sweep's cells against each ablation computed otherwise: routing around = the pruned
+/// model's metric; the output zeroed = the model with that expert's down projection zeroed
+/// (the router still picks it). Every expert moves the loss.
+#[test]
+fn an_expert_sweep_equals_each_ablation_computed_otherwise() {
+    let _g = common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let d = data(dir.path(), &SENTENCES);
+    let m = common::tiny_hf("mixtral", "f32");
+    let prep = |m: &Model| -> Prepared { prepare(m, &d, Metric::Loss, 4096, Gates::none()).unwrap() };
+    let p = prep(&m);
+    let base = evaluate(&m, &p, &p.base, &|| false).unwrap();
+    let route = expert_sweep(&m, &p, ExpertAblation::Route, &|| false, &mut |_, _| {}).unwrap();
+    let output = expert_sweep(&m, &p, ExpertAblation::Output, &|| false, &mut |_, _| {}).unwrap();
+    assert_eq!((route.len(), route[0].len(), output[1].len()), (2, 4, 4));
+    for l in 0..2 {
+        for x in 0..4 {
+            let pruned = prune_experts(&m, &[e(l, x)]).unwrap();
+            let want = evaluate(&pruned, &prep(&pruned), &Gates::none(), &|| false).unwrap();
+            let got = route[l][x];
+            assert!((got - want).abs() < 1e-5, "{l}.e{x} routed around: sweep {got}, pruned {want}");
+            let mut zeroed = common::tiny_hf("mixtral", "f32");
+            for (n, t) in zeroed.net.named_params_mut() {
+                if n == format!("dec.blocks.{l}.mlp.experts.{x}.W_out") {
+                    let _ = t.f_zero_().unwrap();
+                }
+            }
+            let want = evaluate(&zeroed, &prep(&zeroed), &Gates::none(), &|| false).unwrap();
+            let got = output[l][x];
+            assert!((got - want).abs() < 1e-5, "{l}.e{x} output zeroed: sweep {got}, weights zeroed {want}");
+            assert!((got - base).abs() > 1e-6 && (route[l][x] - base).abs() > 1e-6, "{l}.e{x} moved nothing");
+        }
+    }
+    // On a pruned model, a removed expert has no cell.
+    let pruned = prune_experts(&m, &[e(0, 2)]).unwrap();
+    let g = expert_sweep(&pruned, &prep(&pruned), ExpertAblation::Route, &|| false, &mut |_, _| {}).unwrap();
+    assert!(g[0][2].is_nan() && !g[0][3].is_nan() && !g[1][2].is_nan(), "{g:?}");
+}
+
+/// Gradient importance is |dL/dg| of a gate on the expert's weights: a central difference of
+/// the loss (one sentence, float64) with the gate at 1 +- 1e-4 agrees; an expert no token
+/// chose has importance 0.
+#[test]
+fn expert_importance_is_the_loss_gradient_in_a_gate() {
+    let _g = common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let d = data(dir.path(), &SENTENCES[..1]);
+    let m = common::tiny_hf("olmoe", "f64");
+    let imp = expert_importance(&m, &d, &Gates::none(), 4096, &|| false, &mut |_, _| {}).unwrap();
+    let p = prepare(&m, &d, Metric::Loss, 4096, Gates::none()).unwrap();
+    let h = 1e-4;
+    let mut nonzero = 0;
+    for (l, row) in imp.iter().enumerate() {
+        for (x, &got) in row.iter().enumerate() {
+            let at = |g: f64| {
+                let mut gate = vec![1.0f64; 4];
+                gate[x] = g;
+                let t = Tensor::from_slice(&gate).view([1, 1, 4]).to_kind(DType::Double);
+                let mut edit = ExpertEdit::gated(&m, vec![(l, t)]);
+                headscope::analysis::ablation::evaluate_hooked(&m, &p, &p.base, Some(&mut edit), &|| false)
+                    .unwrap()
+                    .value()
+            };
+            let fd = ((at(1.0 + h) - at(1.0 - h)) / (2.0 * h)).abs();
+            assert!((got - fd).abs() <= 1e-4 * fd.max(1e-3), "{l}.e{x}: importance {got}, central difference {fd}");
+            nonzero += (got > 1e-9) as usize;
+        }
+    }
+    assert!(imp.len() == 2 && nonzero >= 4, "importances: {imp:?}");
+}
+
+/// The router's statistics: loads sum to the experts per token, co-selection's diagonal is the
+/// load, entropy lies in [0, ln n]; padding takes no part (two sentences batched together give
+/// the token-weighted mean of each alone).
+#[test]
+fn router_stats_count_real_tokens() {
+    let _g = common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = common::tiny_hf("mixtral", "f32");
+    let stats = |lines: &[&str]| router_stats(&m, &data(dir.path(), lines), &Gates::none(), 4096, &|| false).unwrap();
+    let both = stats(&SENTENCES[..2]);
+    let (a, b) = (stats(&SENTENCES[..1]), stats(&SENTENCES[1..2]));
+    assert_eq!(both.len(), 2);
+    for ((s, x), y) in both.iter().zip(&a).zip(&b) {
+        assert_eq!(s.tokens, x.tokens + y.tokens, "layer {}: tokens", s.layer);
+        assert!(x.tokens > y.tokens, "the two sentences differ in length");
+        let (wa, wb) = (x.tokens as f64 / s.tokens as f64, y.tokens as f64 / s.tokens as f64);
+        for i in 0..4 {
+            let mix = wa * x.load[i] + wb * y.load[i];
+            assert!((s.load[i] - mix).abs() < 1e-9, "layer {} expert {i}: load {} against {mix}", s.layer, s.load[i]);
+            let mix = wa * x.weight[i] + wb * y.weight[i];
+            assert!((s.weight[i] - mix).abs() < 1e-6, "layer {} expert {i}: weight", s.layer);
+            assert!((s.co_selection[i][i] - s.load[i]).abs() < 1e-12, "co-selection's diagonal");
+        }
+        assert!((s.entropy - (wa * x.entropy + wb * y.entropy)).abs() < 1e-6, "layer {}: entropy", s.layer);
+        assert!((s.load.iter().sum::<f64>() - 2.0).abs() < 1e-9, "layer {}: loads sum to top_k", s.layer);
+        assert!((s.weight.iter().sum::<f64>() - 1.0).abs() < 1e-5, "layer {}: Mixtral's weights renormalised", s.layer);
+        assert!(s.entropy > 0.0 && s.entropy <= 4f64.ln() + 1e-9, "layer {}: entropy {}", s.layer, s.entropy);
+    }
+}
+
+/// The tiny Mixtral with layer 0 planted, routed to one expert per token (weight 1): router
+/// rows `a, -a, -0.999 a, 0`, so each token goes to expert 0 (where `a x > 0`) or expert 1;
+/// expert 2 is a copy of expert 1 (the router ranks it just below: routed around expert 1, a
+/// token goes to its twin, and nothing changes), both with their output a fifth of expert 1's
+/// as loaded; expert 3 is dead (its output is zero, and the router, whose row for it is zero,
+/// never ranks it first); expert 0 is vital (its output four times larger; routed around it,
+/// its tokens go to the dead expert).
+fn planted(lines: &[String]) -> Model {
+    let _g = tch::no_grad_guard();
+    let mut m = common::tiny_hf("mixtral", "f32");
+    // `a`: the mean direction of layer 0's MLP inputs over `lines`, so that most tokens go to
+    // the vital expert.
+    let mut sum = Tensor::zeros([m.net.d_model], (DType::Float, tch::Device::Cpu));
+    for line in lines {
+        let ids = m.tokenize(line).unwrap().ids;
+        let t = Tensor::from_slice(&ids).view([1, -1]);
+        let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+        let (seen, _) = common::recorded(&[headscope::model::hooks::Point::Ln2], |r| {
+            m.net.encode(&t, &mask, &Gates::none(), Some(r)).unwrap()
+        });
+        sum += seen[0].1.reshape([-1, m.net.d_model]).sum_dim_intlist([0i64].as_slice(), false, DType::Float);
+    }
+    {
+        let any = m.net.stack[0].mlp_mut().as_any_mut().unwrap();
+        let ex = any.downcast_mut::<headscope::model::experts::Experts>().unwrap();
+        ex.top_k = 1;
+        let a = &sum / sum.norm() * ex.router.w.get(0).norm();
+        ex.router.w = Tensor::stack(&[a.copy(), -&a, &a * -0.999, a.zeros_like()], 0);
+    }
+    let name = |e: usize, w: &str| format!("dec.blocks.0.mlp.experts.{e}.{w}");
+    let mut params = m.net.named_params_mut();
+    for (n, t) in params.iter_mut() {
+        if *n == name(1, "W_out") {
+            let _ = t.f_mul_scalar_(0.2).unwrap();
+        }
+    }
+    let ones: Vec<(String, Tensor)> =
+        params.iter().filter(|(n, _)| n.starts_with(&name(1, ""))).map(|(n, t)| (n.clone(), t.copy())).collect();
+    assert_eq!(ones.len(), 3, "expert 1's three projections");
+    for (n, t) in params.iter_mut() {
+        if let Some((_, src)) = ones.iter().find(|(o, _)| o.replace(".experts.1.", ".experts.2.") == *n) {
+            t.copy_(src);
+        } else if *n == name(3, "W_out") {
+            let _ = t.zero_();
+        } else if *n == name(0, "W_out") {
+            let _ = t.f_mul_scalar_(4.0).unwrap();
+        }
+    }
+    m
+}
+
+/// The planted experts of layer 0: brute-force removal (each routed around alone, KL to the
+/// planted model) finds the twins and the dead expert free to remove and the vital one not;
+/// the sweep, gradient importance and L0 gates agree: the vital expert ranks first, the dead
+/// expert and the twin the router never picks have importance 0, and L0 closes them and
+/// keeps the vital one.
+#[test]
+fn a_planted_moe_is_ranked_as_brute_force_removal_ranks_it() {
+    let _g = common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = common::short_pud_sentences(8);
+    let d = data(dir.path(), &lines.iter().map(String::as_str).collect::<Vec<_>>());
+    let m = planted(&lines);
+    let p = prepare(&m, &d, Metric::Kl, 4096, Gates::none()).unwrap();
+    let truth: Vec<f64> = (0..4)
+        .map(|x| {
+            headscope::analysis::experts::evaluate_ablated(&m, &p, &[e(0, x)], ExpertAblation::Route, &|| false)
+                .unwrap()
+                .value()
+        })
+        .collect();
+    assert!(truth[0] > 1e-2, "routing around the vital expert costs: {truth:?}");
+    for x in 1..4 {
+        assert!(truth[x].abs() < 1e-9, "expert {x} is free to remove alone: {truth:?}");
+    }
+    let sweep = expert_sweep(&m, &p, ExpertAblation::Route, &|| false, &mut |_, _| {}).unwrap();
+    assert_eq!(sweep[0], truth, "the sweep is brute-force removal");
+    let imp = expert_importance(&m, &d, &Gates::none(), 4096, &|| false, &mut |_, _| {}).unwrap();
+    let top = (0..4).max_by(|&a, &b| imp[0][a].total_cmp(&imp[0][b])).unwrap();
+    assert_eq!(top, 0, "the vital expert is the most important: {:?}", imp[0]);
+    assert!(imp[0][2] == 0.0 && imp[0][3] == 0.0, "never chosen, no gradient: {:?}", imp[0]);
+    assert!(imp[0][1] > 0.0, "the twin the router picks has a gradient: {:?}", imp[0]);
+    let opts = headscope::prune::experts::ExpertL0Options {
+        lambda: 0.01,
+        steps: 60,
+        lr: 0.1,
+        batch_tokens: 4096,
+        seed: 1,
+        init: 2.0,
+        objective: headscope::prune::experts::ExpertObjective::Kl,
+    };
+    let r = headscope::prune::experts::expert_l0(&m, &d, &opts, &|| false, &mut |_, _| {}).unwrap();
+    let closed: Vec<usize> = r.closed.iter().filter(|c| c.layer == 0).map(|c| c.expert).collect();
+    assert!(
+        closed.contains(&2) && closed.contains(&3),
+        "L0 closes the dead expert and a twin: {closed:?} {:?}",
+        r.p_open
+    );
+    assert!(!closed.contains(&0), "L0 keeps the vital expert: {closed:?} {:?}", r.p_open);
+    assert!(r.p_open[0][0] > r.p_open[0][2].max(r.p_open[0][3]), "{:?}", r.p_open);
+    eprintln!("planted layer 0: removal KL {truth:?}, importance {:?}, L0 P(open) {:?}", imp[0], r.p_open[0]);
+    let (first, last) = (r.curve[0], r.curve[r.curve.len() - 1]);
+    assert!(last.2 < first.2, "the expected open experts fall: {first:?} -> {last:?}");
+}
