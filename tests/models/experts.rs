@@ -298,3 +298,41 @@ fn a_planted_moe_is_ranked_as_brute_force_removal_ranks_it() {
     let (first, last) = (r.curve[0], r.curve[r.curve.len() - 1]);
     assert!(last.2 < first.2, "the expected open experts fall: {first:?} -> {last:?}");
 }
+
+/// gpt-oss's clamped SwiGLU reads `swiglu_limit` and `swiglu_alpha` (transformers 5 does): a
+/// tighter limit moves the logits; a limit that is not a positive number is refused in one line
+/// naming the key.
+#[test]
+fn gpt_oss_reads_its_swiglu_limit() {
+    let _g = common::heavy();
+    let src = common::tiny_hf_dir().join("gpt_oss");
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| -> (tempfile::TempDir, Result<Model, String>) {
+        let dir = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(&src).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+        }
+        let p = dir.path().join("config.json");
+        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
+        let m = Model::load(
+            dir.path(),
+            headscope::model::LoadOptions {
+                device: tch::Device::Cpu,
+                dtype: DType::Float,
+                allow_unknown_config: false,
+            },
+        )
+        .map_err(|e| e.to_string());
+        (dir, m)
+    };
+    let plain = logits(&common::tiny_hf("gpt_oss", "f32"), None);
+    let (_d, m) = with(&|c| c["swiglu_limit"] = serde_json::json!(7.0));
+    assert!(common::max_diff(&logits(&m.unwrap(), None), &plain) == 0.0, "the default limit, written out");
+    let (_d, m) = with(&|c| c["swiglu_limit"] = serde_json::json!(1.0));
+    assert!(common::max_diff(&logits(&m.unwrap(), None), &plain) > 1e-4, "a limit of 1 clamps more");
+    let (_d, m) = with(&|c| c["swiglu_limit"] = serde_json::json!(-1.0));
+    let e = m.err().expect("a negative limit");
+    assert!(e.contains("swiglu_limit -1 must be a positive number") && e.lines().count() == 1, "{e}");
+}

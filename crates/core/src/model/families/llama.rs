@@ -129,6 +129,12 @@ pub struct MoeConfig {
     /// OLMoE: queries, keys and values clamped to this (refused: not supported).
     #[serde(default)]
     pub clip_qkv: Option<f64>,
+    /// gpt-oss: the clamped SwiGLU's `alpha` in `sigmoid(alpha g)` (transformers' default 1.702).
+    #[serde(default)]
+    pub swiglu_alpha: Option<f64>,
+    /// gpt-oss: the clamp of the SwiGLU's gate and up projections (transformers' default 7).
+    #[serde(default)]
+    pub swiglu_limit: Option<f64>,
 }
 
 /// How Q and K rows are stored: HF's rotate-half layout, or adjacent pairs (GGUF, permuted by
@@ -364,6 +370,8 @@ struct Moe {
     names: [&'static str; 3],
     step: usize,
     dense: Vec<usize>,
+    /// gpt-oss's clamped SwiGLU: `(alpha, limit)`.
+    clamp: (f64, f64),
 }
 
 impl Moe {
@@ -414,7 +422,13 @@ fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
         return Err("decoder_sparse_step 0: no layer could have experts".into());
     }
     let dense = if qwen { cfg.moe.mlp_only_layers.clone().unwrap_or_default() } else { vec![] };
-    Ok(Some(Moe { n, top_k, renormalise, width, shared, block, names, step, dense }))
+    let clamp = (cfg.moe.swiglu_alpha.unwrap_or(1.702), cfg.moe.swiglu_limit.unwrap_or(7.0));
+    for (key, v) in [("swiglu_alpha", clamp.0), ("swiglu_limit", clamp.1)] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("{key} {v} must be a positive number"));
+        }
+    }
+    Ok(Some(Moe { n, top_k, renormalise, width, shared, block, names, step, dense, clamp }))
 }
 
 /// Layer `p`'s MLP: a dense SwiGLU, or the layer's experts where `moe` says it has them.
@@ -460,7 +474,8 @@ fn mlp(w: &mut Weights, p: &str, cfg: &Config, moe: Option<&Moe>, d: i64) -> Res
 /// softmaxed, and every expert's gate and up projections fused, `gate_up_proj [E, D, 2I]` (input
 /// rows, gate and up interleaved column by column) with `gate_up_proj_bias [E, 2I]`, and
 /// `down_proj [E, I, D]` with `down_proj_bias [E, D]`: split here into each expert's three
-/// projections, clamped SwiGLUs (alpha 1.702, limit 7, as transformers 4.57 fixes them).
+/// projections, clamped SwiGLUs (`swiglu_alpha`, default 1.702, and `swiglu_limit`, default 7,
+/// as transformers 5 reads them; 4.57 fixes the defaults).
 fn gpt_oss_experts(w: &mut Weights, block: &str, m: &Moe, d: i64) -> Result<Box<dyn Mlp>, ModelError> {
     let (n, i) = (m.n, m.width);
     let router = w.scoped(block).linear("router", n, d, true)?;
@@ -481,8 +496,8 @@ fn gpt_oss_experts(w: &mut Weights, block: &str, m: &Moe, d: i64) -> Result<Box<
             gate: linear(half(&gate_up, 0)?, half(&gate_up_b, 0)?)?,
             up: linear(half(&gate_up, 1)?, half(&gate_up_b, 1)?)?,
             down: linear(down.f_get(e)?, down_b.f_get(e)?)?,
-            alpha: 1.702,
-            limit: 7.0,
+            alpha: m.clamp.0,
+            limit: m.clamp.1,
         });
     }
     Ok(Box::new(Experts::new(router, experts, m.top_k, Routing::TopKSoftmax, None)))

@@ -143,7 +143,7 @@ pub const TABLE: &[Keys] = &[
                ROPE[0], ROPE[1], ROPE[2], "vocab_size", "tie_word_embeddings", "hidden_act", "max_position_embeddings", "attention_bias",
                "sliding_window", "use_sliding_window", "layer_types", "eos_token_id", "num_local_experts", "num_experts", "num_experts_per_tok",
                "norm_topk_prob", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "clip_qkv",
-               "qkv_bias"],
+               "qkv_bias", "swiglu_alpha", "swiglu_limit"],
         harmless [("max_window_layers", When::Always, "Qwen's layers with a window, only under use_sliding_window (refused)"),
                   ("router_aux_loss_coef", When::Always, TRAINING), ("output_router_logits", When::Always, "whether transformers returns the router's logits (headscope hooks them: mlp.hook_router_logits)"),
                   ("router_jitter_noise", When::Always, TRAINING)]),
