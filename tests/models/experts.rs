@@ -336,3 +336,56 @@ fn gpt_oss_reads_its_swiglu_limit() {
     let e = m.err().expect("a negative limit");
     assert!(e.contains("swiglu_limit -1 must be a positive number") && e.lines().count() == 1, "{e}");
 }
+
+/// `mlp.hook_expert_out` holds each expert's weighted output, seen per expert as heads are
+/// (`[B, expert, T, D]`): zero where the router did not choose the expert, summing to the
+/// routed output (`hook_mlp_out` less Qwen2-MoE's `mlp.hook_shared_out`); reading it changes
+/// nothing, and an intervention zeroing one expert there (patching its output, as a head's
+/// `hook_z` is patched) equals the expert's output ablation.
+#[test]
+fn each_experts_output_is_a_hook_point() {
+    use headscope::model::hooks::{At, Intervention, Interventions, Op, Point};
+    let _g = common::heavy();
+    let _ng = tch::no_grad_guard();
+    for name in ["mixtral", "qwen2_moe", "gpt_oss"] {
+        let m = common::tiny_hf(name, "f32");
+        let ids = m.tokenize(SENTENCES[0]).unwrap().ids;
+        let t = Tensor::from_slice(&ids).view([1, -1]);
+        let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+        let plain = m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), None).unwrap()).unwrap();
+        let points = [Point::RouterWeights, Point::ExpertOut, Point::SharedOut, Point::MlpOut];
+        let (seen, enc) = common::recorded(&points, |r| m.net.encode(&t, &mask, &Gates::none(), Some(r)).unwrap());
+        assert_eq!(common::max_diff(&m.net.logits(&enc).unwrap(), &plain), 0.0, "{name}: reading changes nothing");
+        let layer0 = |p: Point| seen.iter().find(|(a, _)| a.layer == 0 && a.point == p).map(|(_, v)| v.shallow_clone());
+        let (w, each, out) =
+            (layer0(Point::RouterWeights).unwrap(), layer0(Point::ExpertOut).unwrap(), layer0(Point::MlpOut).unwrap());
+        assert_eq!(each.size(), [1, 4, ids.len() as i64, m.net.d_model], "{name}: [B, expert, T, D]");
+        // Zero exactly where the router gave no weight.
+        let silent = w.eq(0.0).transpose(1, 2).unsqueeze(-1);
+        assert_eq!(f64::try_from(each.abs().masked_select(&silent).sum(DType::Double)).unwrap(), 0.0, "{name}");
+        let routed = each.sum_dim_intlist([1i64].as_slice(), false, DType::Float);
+        let shared = layer0(Point::SharedOut);
+        assert_eq!(shared.is_some(), name == "qwen2_moe", "{name}: a shared expert's point");
+        let want = match &shared {
+            Some(s) => &out - s,
+            None => out.shallow_clone(),
+        };
+        assert!(common::max_diff(&routed, &want) < 1e-5, "{name}: experts sum to the routed output");
+        // Patching expert 1's output to zero = its output ablation.
+        let at = At::new(headscope::model::Kind::Dec, 0, Point::ExpertOut);
+        let mut patch = Interventions {
+            list: vec![Intervention {
+                at,
+                op: Op::Replace(Tensor::zeros([1], (DType::Float, tch::Device::Cpu))),
+                heads: Some(vec![1]),
+                positions: None,
+                rows: None,
+            }],
+        };
+        let patched = m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), Some(&mut patch)).unwrap()).unwrap();
+        let mut zeroed = ExpertEdit::ablate(&m, &[e(0, 1)], ExpertAblation::Output).unwrap();
+        let want = logits(&m, Some(&mut zeroed));
+        assert!(common::max_diff(&patched, &want) < 1e-5, "{name}: patched to zero = output ablation");
+        assert!(common::max_diff(&patched, &plain) > 1e-4, "{name}: the patch moved nothing");
+    }
+}

@@ -12,7 +12,10 @@
 //!
 //! Hook points: `mlp.hook_router_logits` (`[pos, expert]`), `mlp.hook_router_weights` (each
 //! expert's weight per token, zero where it is not chosen: a replacement reroutes, an expert
-//! whose weight is zero is not run), then `hook_mlp_out`.
+//! whose weight is zero is not run), `mlp.hook_expert_out` (`[pos, expert, d_model]`: each
+//! expert's weighted output, built only where a hook looks; a replacement's sum over experts
+//! becomes the routed output), `mlp.hook_shared_out` (a shared expert's gated output), then
+//! `hook_mlp_out`.
 
 use super::hooks::{self, At, GradRules, HookSlot, Point, Rules};
 use super::mixer::Inside;
@@ -205,6 +208,12 @@ impl Mlp for Experts {
         let flat = x.f_reshape([-1, d])?;
         let weights = weights.f_reshape([-1, n])?;
         let mut out = flat.f_zeros_like()?;
+        // Each expert's weighted output `[N, n, D]`, built only where a hook looks at it.
+        let mut each = if hooks::wants(h, at(Point::ExpertOut)) {
+            Some(Tensor::f_zeros([flat.size()[0], n, d], (flat.kind(), flat.device()))?)
+        } else {
+            None
+        };
         for (e, expert) in self.experts.iter().enumerate() {
             let w = weights.f_select(1, e as i64)?;
             let rows = w.f_nonzero()?.f_squeeze_dim(1)?;
@@ -214,6 +223,21 @@ impl Mlp for Experts {
             let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer, rules)?;
             let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
+            if let Some(all) = each.as_mut() {
+                let col = all.f_select(1, e as i64)?.f_index_add(0, &rows, &y)?;
+                *all = all.f_select_scatter(&col, 1, e as i64)?;
+            }
+        }
+        if let Some(all) = each {
+            // Seen per expert as heads are seen, `[B, expert, T, D]` (a flattened pass's rows as
+            // one sequence). The output above is summed in expert order: a hook that only reads
+            // changes nothing; a replacement's sum over experts becomes the routed output.
+            let (b, t) = if x.dim() == 3 { (x.size()[0], x.size()[1]) } else { (1, flat.size()[0]) };
+            let seen = all.f_reshape([b, t, n, d])?.f_transpose(1, 2)?;
+            if let Some(v) = hooks::replaced(h, at(Point::ExpertOut), &seen)? {
+                let v = v.f_transpose(1, 2)?.f_reshape([-1, n, d])?;
+                out = v.f_sum_dim_intlist([1i64].as_slice(), false, flat.kind())?;
+            }
         }
         if let Some((shared, gate)) = &self.shared {
             let mut s = shared.forward_hooked(&flat, kind, layer, &mut Some(&mut Rules(rules)))?.2;
@@ -221,12 +245,17 @@ impl Mlp for Experts {
                 let g = g.forward(&flat).f_sigmoid()?;
                 s = s.f_mul(&if lrp { g.f_detach()? } else { g })?;
             }
-            out = out.f_add(&s)?;
+            let s = hooks::at(h, at(Point::SharedOut), s.f_reshape(x.size())?)?;
+            out = out.f_add(&s.f_reshape([-1, d])?)?;
         }
         hooks::at(h, at(Point::MlpOut), out.f_reshape(x.size())?)
     }
     fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
-        out.extend([Point::RouterLogits, Point::RouterWeights, Point::MlpOut].map(|p| At::new(kind, layer, p)));
+        out.extend([Point::RouterLogits, Point::RouterWeights, Point::ExpertOut].map(|p| At::new(kind, layer, p)));
+        if self.shared.is_some() {
+            out.push(At::new(kind, layer, Point::SharedOut));
+        }
+        out.push(At::new(kind, layer, Point::MlpOut));
     }
     /// `W_gate` (the router, TransformerLens's name), then each expert's `experts.E.` weights,
     /// then the shared expert's (`shared_expert.`) and its gate (`W_shared_gate`).

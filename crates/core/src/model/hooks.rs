@@ -70,6 +70,11 @@ pub enum Point {
     /// Its routing: each expert's weight per token, zero where not chosen `[B, T, E]`
     /// (`mlp.hook_router_weights`).
     RouterWeights,
+    /// Each expert's weighted output per token, zero where not chosen `[B, T, E, D]`
+    /// (`mlp.hook_expert_out`).
+    ExpertOut,
+    /// A shared expert's (gated) output `[B, T, D]` (`mlp.hook_shared_out`).
+    SharedOut,
     /// The MLP's pre-activation `[B, T, F]` (`mlp.hook_pre`; of the gate in a gated MLP).
     MlpPre,
     /// A gated MLP's linear branch `[B, T, F]` (`mlp.hook_pre_linear`).
@@ -150,6 +155,8 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::Ln2, "ln2.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "second norm: MLP input (pre-norm) or the layer's output (post-norm)"),
     spec(Point::RouterLogits, "mlp.hook_router_logits", Layout::Seq, true, false, "[pos, expert]", "mixture of experts: the router's logits"),
     spec(Point::RouterWeights, "mlp.hook_router_weights", Layout::Seq, true, false, "[pos, expert]", "mixture of experts: each expert's weight per token, 0 where not chosen (a replacement reroutes)"),
+    spec(Point::ExpertOut, "mlp.hook_expert_out", Layout::Heads, true, false, "[pos, expert, d_model]", "mixture of experts: each expert's weighted output, 0 where not chosen (a replacement's sum over experts is the routed part of the output)"),
+    spec(Point::SharedOut, "mlp.hook_shared_out", Layout::Seq, true, false, "[pos, d_model]", "mixture of experts: the shared expert's gated output (Qwen2-MoE)"),
     spec(Point::MlpPre, "mlp.hook_pre", Layout::Seq, true, false, "[pos, d_mlp]", "MLP pre-activation (of the gate, in a gated MLP)"),
     spec(Point::MlpPreLinear, "mlp.hook_pre_linear", Layout::Seq, true, false, "[pos, d_mlp]", "a gated MLP's linear branch"),
     spec(Point::MlpPost, "mlp.hook_post", Layout::Seq, true, false, "[pos, d_mlp]", "MLP hidden units after the activation (and gate)"),
