@@ -299,34 +299,44 @@ fn a_planted_moe_is_ranked_as_brute_force_removal_ranks_it() {
     assert!(last.2 < first.2, "the expected open experts fall: {first:?} -> {last:?}");
 }
 
+/// A copy of the tiny checkpoint `name` with its config.json edited, loaded (float32, unknown
+/// keys refused).
+fn edited(name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> (tempfile::TempDir, Result<Model, String>) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(common::tiny_hf_dir().join(name)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let p = dir.path().join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
+    let opts =
+        headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: DType::Float, allow_unknown_config: false };
+    let m = Model::load(dir.path(), opts).map_err(|e| e.to_string());
+    (dir, m)
+}
+
+/// Bad MoE configs are refused in one line naming the file and the key: a field no family
+/// reads, more experts per token than experts.
+#[test]
+fn bad_moe_configs_are_one_line_errors_naming_the_key() {
+    let (d, m) = edited("mixtral", &|c| c["router_temperature"] = serde_json::json!(2.0));
+    let e = m.err().expect("an unknown MoE field");
+    let file = d.path().join("config.json").display().to_string();
+    assert!(e.contains("router_temperature") && e.contains(&file) && e.lines().count() == 1, "{e}");
+    let (_d, m) = edited("olmoe", &|c| c["num_experts_per_tok"] = serde_json::json!(9));
+    let e = m.err().expect("9 of 4 experts");
+    assert!(e.contains("num_experts_per_tok 9 must be between 1 and the 4 experts") && e.lines().count() == 1, "{e}");
+}
+
 /// gpt-oss's clamped SwiGLU reads `swiglu_limit` and `swiglu_alpha` (transformers 5 does): a
 /// tighter limit moves the logits; a limit that is not a positive number is refused in one line
 /// naming the key.
 #[test]
 fn gpt_oss_reads_its_swiglu_limit() {
     let _g = common::heavy();
-    let src = common::tiny_hf_dir().join("gpt_oss");
-    let with = |edit: &dyn Fn(&mut serde_json::Value)| -> (tempfile::TempDir, Result<Model, String>) {
-        let dir = tempfile::tempdir().unwrap();
-        for f in std::fs::read_dir(&src).unwrap() {
-            let f = f.unwrap().path();
-            std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-        }
-        let p = dir.path().join("config.json");
-        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        edit(&mut c);
-        std::fs::write(&p, serde_json::to_string(&c).unwrap()).unwrap();
-        let m = Model::load(
-            dir.path(),
-            headscope::model::LoadOptions {
-                device: tch::Device::Cpu,
-                dtype: DType::Float,
-                allow_unknown_config: false,
-            },
-        )
-        .map_err(|e| e.to_string());
-        (dir, m)
-    };
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| edited("gpt_oss", edit);
     let plain = logits(&common::tiny_hf("gpt_oss", "f32"), None);
     let (_d, m) = with(&|c| c["swiglu_limit"] = serde_json::json!(7.0));
     assert!(common::max_diff(&logits(&m.unwrap(), None), &plain) == 0.0, "the default limit, written out");
