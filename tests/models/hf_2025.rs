@@ -49,6 +49,26 @@ fn smollm3_and_olmo3_equal_transformers() {
     assert_eq!(windows, vec![Some(5), None], "olmo3: windows by layer");
 }
 
+/// Two loader defaults against transformers (`make_tiny_hf_2025.py`'s variants): Qwen3-MoE with
+/// `decoder_sparse_step` 2 (layer 1 of three has experts, the others a dense MLP) and
+/// `norm_topk_prob: false`; OLMo-3 with `layer_types` deleted from its config.json (both sides take
+/// the default: three sliding-window layers in four).
+#[test]
+fn loader_defaults_equal_transformers() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    for name in ["qwen3_moe_sparse", "olmo3_default_layers"] {
+        check_against(&g, name, name);
+        let m = common::tiny_hf(name, "f32");
+        assert_eq!(m.n_params, i64::try_from(&g[&format!("{name}_params")]).unwrap(), "{name}: parameters");
+    }
+    let q = common::tiny_hf("qwen3_moe_sparse", "f32");
+    let kinds: Vec<&str> = q.net.stack.iter().map(|l| l.mlp().kind()).collect();
+    assert_eq!(kinds, vec!["dense", "experts", "dense"], "qwen3_moe_sparse: MLP kinds by layer");
+    let o = common::tiny_hf("olmo3_default_layers", "f32");
+    let windows: Vec<Option<i64>> = o.net.stack.iter().map(|l| l.window()).collect();
+    assert_eq!(windows, vec![Some(5), Some(5), Some(5), None], "olmo3_default_layers: windows by layer");
+}
+
 /// Replaces layer 0's routing by `weights` (same shape) and records the experts' output.
 struct Reroute {
     weights: Option<Tensor>,
