@@ -77,8 +77,19 @@ fn prune_experts_equals_routing_around() {
         let again = prune_experts(&p, &[e(0, 0)]).err().expect("pruning a pruned model");
         assert!(again.to_string().contains("already pruned"), "{again}");
     }
-    // Too few left to route to, an expert out of range, a dense layer, a dense model.
+    // A model pruned at a layer's last expert is pruned too: a reload (another prune, head
+    // pruning, a move) would bring the expert back, and is refused.
     let m = common::tiny_hf("mixtral", "f32");
+    let tail = prune_experts(&m, &[e(1, 3)]).unwrap();
+    assert_eq!(tail.experts_removed(), 1);
+    let again = prune_experts(&tail, &[e(0, 0)]).err().expect("pruning a pruned model").to_string();
+    assert!(again.contains("already pruned"), "{again}");
+    let heads = headscope::prune::physical::prune_heads(&tail, &[], None).err().expect("prune_heads on it").to_string();
+    assert!(heads.contains("already pruned"), "{heads}");
+    // Routing around too many experts is refused as pruning them is.
+    let many = ExpertEdit::ablate(&m, &[e(0, 0), e(0, 1), e(0, 2)], ExpertAblation::Route).err().unwrap().to_string();
+    assert!(many.contains("leaves 1, fewer than the 2"), "{many}");
+    // Too few left to route to, an expert out of range, a dense layer, a dense model.
     let few = prune_experts(&m, &[e(0, 0), e(0, 1), e(0, 2)]).err().unwrap().to_string();
     assert!(few.contains("layer 0 would keep 1 experts, fewer than the 2"), "{few}");
     for (id, want) in [(e(0, 4), "0.e4: layer 0 has experts 0..3"), (e(2, 0), "layer 2 out of range")] {

@@ -552,7 +552,7 @@ fn bad_pruning_inputs_are_clear_errors() {
         (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (valid options: lambda, steps"),
         (format!("{p}#{{eval_data: \"dev.txt\"}})"), "\"dev.txt\" looks like a file name, not a text: read the file with corpus(\"dev.txt\")"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100}); load_model(\"enpt\").with_gates(r)".into(), "with_gates: this result was trained on enpt, not on this model object"),
-        ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).to(\"cpu\")".into(), "had heads removed by prune_heads; move the original model, then prune it there"),
+        ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).to(\"cpu\")".into(), "had heads or experts removed (prune_heads, prune_experts); move the original model, then prune it there"),
     ];
     let refs: Vec<(&str, &str)> = cases.iter().map(|(c, w)| (c.as_str(), *w)).collect();
     expect_errors(d, &refs);

@@ -134,6 +134,19 @@ impl ExpertEdit {
         }
         let mut edit = ExpertEdit { kind: Some(model.net.stack_kind), ..Default::default() };
         for (l, ids) in by_layer {
+            if how == ExpertAblation::Route {
+                let (present, k) = layer_experts(model, l).map_or((0, 0), |e| (e.ids().len(), e.top_k as usize));
+                let mut distinct = ids.clone();
+                distinct.sort();
+                distinct.dedup();
+                if present - distinct.len() < k {
+                    return Err(ModelError::Invalid(format!(
+                        "routing around {} experts of layer {l} leaves {}, fewer than the {k} it routes each token to",
+                        distinct.len(),
+                        present - distinct.len()
+                    )));
+                }
+            }
             let cols = columns(model, l, &ids)?.to_device(model.device());
             match how {
                 ExpertAblation::Route => edit.route.push((l, cols)),
@@ -292,10 +305,12 @@ pub fn expert_importance(
         let tensors: Vec<Tensor> = leaves.iter().map(|(_, t)| t.shallow_clone()).collect();
         let grads = Tensor::f_run_backward(&[per_sentence.sum(DType::Float)], &tensors, false, false)
             .map_err(ModelError::from)?;
-        for ((l, _), g) in leaves.iter().zip(grads) {
+        for ((l, leaf), g) in leaves.iter().zip(grads) {
             if let Some(s) = sums[*l].as_mut() {
-                // An expert no token of the batch chose has no gradient path: zero.
-                let g = if g.defined() { g.to_kind(DType::Double).abs() } else { g.zeros_like() };
+                // Every leaf multiplies its layer's weights, so each has a gradient (zero for an
+                // expert no token chose); an undefined one is taken as zero.
+                let g =
+                    if g.defined() { g.to_kind(DType::Double).abs() } else { leaf.zeros_like().to_kind(DType::Double) };
                 *s += g.sum_dim_intlist([0i64, 1].as_slice(), false, DType::Double);
             }
         }
@@ -443,7 +458,7 @@ pub fn router_stats(
 /// (docs/methods.md#experts-as-units). Refused where a layer would keep fewer experts than it
 /// routes each token to, or the model was pruned already.
 pub fn prune_experts(model: &Model, drop: &[ExpertId]) -> Result<Model, ModelError> {
-    if !model.removed.is_empty() || expert_ids(model).iter().any(|r| r.iter().enumerate().any(|(i, &e)| i != e)) {
+    if model.pruned_physically() {
         return Err(ModelError::Invalid(format!(
             "{} was already pruned physically; prune the original model",
             model.name()

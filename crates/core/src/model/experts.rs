@@ -208,27 +208,26 @@ impl Mlp for Experts {
         let flat = x.f_reshape([-1, d])?;
         let weights = weights.f_reshape([-1, n])?;
         let mut out = flat.f_zeros_like()?;
-        // Each expert's weighted output `[N, n, D]`, built only where a hook looks at it.
-        let mut each = if hooks::wants(h, at(Point::ExpertOut)) {
-            Some(Tensor::f_zeros([flat.size()[0], n, d], (flat.kind(), flat.device()))?)
-        } else {
-            None
-        };
+        // Each expert's weighted output `[N, D]`, kept only where a hook looks at them.
+        let mut each: Option<Vec<Tensor>> = if hooks::wants(h, at(Point::ExpertOut)) { Some(Vec::new()) } else { None };
         for (e, expert) in self.experts.iter().enumerate() {
             let w = weights.f_select(1, e as i64)?;
             let rows = w.f_nonzero()?.f_squeeze_dim(1)?;
             if rows.size()[0] == 0 {
+                if let Some(all) = each.as_mut() {
+                    all.push(flat.f_zeros_like()?);
+                }
                 continue;
             }
             let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer, rules)?;
             let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
             if let Some(all) = each.as_mut() {
-                let col = all.f_select(1, e as i64)?.f_index_add(0, &rows, &y)?;
-                *all = all.f_select_scatter(&col, 1, e as i64)?;
+                all.push(flat.f_zeros_like()?.f_index_add(0, &rows, &y)?);
             }
         }
         if let Some(all) = each {
+            let all = Tensor::f_stack(&all, 1)?;
             // Seen per expert as heads are seen, `[B, expert, T, D]` (a flattened pass's rows as
             // one sequence). The output above is summed in expert order: a hook that only reads
             // changes nothing; a replacement's sum over experts becomes the routed output.
@@ -261,7 +260,7 @@ impl Mlp for Experts {
     /// then the shared expert's (`shared_expert.`) and its gate (`W_shared_gate`).
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
         self.router.params_mut(prefix, "gate", out);
-        for (e, expert) in self.experts.iter_mut().enumerate() {
+        for (expert, e) in self.experts.iter_mut().zip(&self.ids) {
             expert.params_mut(&format!("{prefix}experts.{e}."), out);
         }
         if let Some((shared, gate)) = self.shared.as_mut() {

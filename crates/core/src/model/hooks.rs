@@ -70,8 +70,9 @@ pub enum Point {
     /// Its routing: each expert's weight per token, zero where not chosen `[B, T, E]`
     /// (`mlp.hook_router_weights`).
     RouterWeights,
-    /// Each expert's weighted output per token, zero where not chosen `[B, T, E, D]`
-    /// (`mlp.hook_expert_out`).
+    /// Each expert's weighted output per token, zero where not chosen, held per expert as
+    /// heads are `[B, E, T, D]` (`mlp.hook_expert_out`; `[pos, expert, d_model]` in
+    /// TransformerLens's axes).
     ExpertOut,
     /// A shared expert's (gated) output `[B, T, D]` (`mlp.hook_shared_out`).
     SharedOut,

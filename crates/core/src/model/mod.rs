@@ -1051,9 +1051,9 @@ impl Model {
 
     /// A copy of the model on another device (weights reloaded from the checkpoint there).
     pub fn to_device(&self, device: DeviceChoice) -> Result<Model, ModelError> {
-        if !self.removed.is_empty() {
+        if self.pruned_physically() {
             return Err(ModelError::Invalid(format!(
-                "{} had heads removed by prune_heads; move the original model, then prune it there",
+                "{} had heads or experts removed (prune_heads, prune_experts); move the original model, then prune it there",
                 self.name()
             )));
         }
@@ -1098,6 +1098,17 @@ impl Model {
             .map(|(line, ls)| format!("layer{} {}: {line}", if ls.len() > 1 { "s" } else { "" }, ls.join(", ")))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// How many experts `prune_experts` removed (0 for a model as loaded).
+    pub fn experts_removed(&self) -> usize {
+        (0..self.net.stack.len()).filter_map(|l| self.experts(l)).map(|e| e.loaded() - e.ids().len()).sum()
+    }
+
+    /// Whether the weights differ from the checkpoint's by heads or experts removed: reloading
+    /// from the files would not give this model back.
+    pub fn pruned_physically(&self) -> bool {
+        !self.removed.is_empty() || self.experts_removed() > 0
     }
 
     /// The mixture of experts of stack layer `layer`, where its MLP is one

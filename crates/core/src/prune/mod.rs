@@ -604,8 +604,8 @@ pub fn train_ablated(
         g
     };
     opts.validate().map_err(AnalysisError::Input)?;
-    if opts.joint && !model.removed.is_empty() {
-        return Err(AnalysisError::Input(format!("joint training needs the original weights: {} had heads removed by prune_heads; train on the original with those heads masked", model.name())));
+    if opts.joint && model.pruned_physically() {
+        return Err(AnalysisError::Input(format!("joint training needs the original weights: {} had heads or experts removed (prune_heads, prune_experts); train on the original with those heads masked", model.name())));
     }
     let layout = Layout::new(model, &opts.kinds, masked)?;
     let n = layout.len();

@@ -7,7 +7,7 @@ use tch::Tensor;
 /// A fresh copy of `model` (reloaded from its files, then given `weights` when they are the
 /// jointly trained ones, in `params_mut` order) without the heads `closed`.
 pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>) -> Result<Model, ModelError> {
-    if !model.removed.is_empty() {
+    if model.pruned_physically() {
         return Err(ModelError::Invalid(format!(
             "{} was already pruned physically; prune the original model",
             model.name()

@@ -422,6 +422,14 @@ fn moe_of(cfg: &Config) -> Result<Option<Moe>, String> {
         return Err("decoder_sparse_step 0: no layer could have experts".into());
     }
     let dense = if qwen { cfg.moe.mlp_only_layers.clone().unwrap_or_default() } else { vec![] };
+    if mt != "gpt_oss" {
+        if let Some(key) = [("swiglu_alpha", cfg.moe.swiglu_alpha), ("swiglu_limit", cfg.moe.swiglu_limit)]
+            .iter()
+            .find_map(|(k, v)| v.map(|_| *k))
+        {
+            return Err(format!("{key} is gpt-oss's clamped SwiGLU; model_type '{mt}' has no such experts"));
+        }
+    }
     let clamp = (cfg.moe.swiglu_alpha.unwrap_or(1.702), cfg.moe.swiglu_limit.unwrap_or(7.0));
     for (key, v) in [("swiglu_alpha", clamp.0), ("swiglu_limit", clamp.1)] {
         if !(v.is_finite() && v > 0.0) {
