@@ -274,21 +274,7 @@ pub mod api {
         let mut progress = |done: usize, total: usize| crate::run::progress(f, done, total);
         let r = crate::prune::experts::expert_l0(&m.model, &d, &opts, &crate::run::interrupted, &mut progress)
             .or_else(|e| err(format!("{f}: {e}")))?;
-        let widths: Vec<usize> =
-            (0..m.model.net.stack.len()).map(|l| m.model.experts(l).map_or(0, |e| e.loaded())).collect();
-        let values = r
-            .ids
-            .iter()
-            .zip(&r.p_open)
-            .zip(widths)
-            .map(|((ids, p), w)| {
-                let mut row = vec![f64::NAN; w];
-                for (&e, &v) in ids.iter().zip(p) {
-                    row[e] = v;
-                }
-                row
-            })
-            .collect();
+        let values = core::by_number(&m.model, &r.p_open);
         let (_, objective, open) = r.curve.last().copied().unwrap_or((0, f64::NAN, f64::NAN));
         let options = vec![
             ("lambda".to_string(), serde_json::json!(opts.lambda)),

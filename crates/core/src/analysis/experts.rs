@@ -55,6 +55,36 @@ pub fn expert_ids(model: &Model) -> Vec<Vec<usize>> {
     (0..model.net.stack.len()).map(|l| layer_experts(model, l).map_or(Vec::new(), |e| e.ids().to_vec())).collect()
 }
 
+/// The experts' numbers per stack layer ([`expert_ids`]) for an analysis over `data`: refuses
+/// an empty dataset and a model without mixture-of-experts layers.
+pub fn experts_over(model: &Model, data: &Dataset) -> Result<Vec<Vec<usize>>, AnalysisError> {
+    if data.is_empty() {
+        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
+    }
+    let ids = expert_ids(model);
+    if ids.iter().all(Vec::is_empty) {
+        return Err(AnalysisError::Input(format!("{} has no mixture-of-experts layers", model.name())));
+    }
+    Ok(ids)
+}
+
+/// Per-layer values of the experts present, in router order, placed by the experts' numbers:
+/// `[layer][expert]` as loaded, NaN for an expert removed, empty for a dense layer.
+pub fn by_number(model: &Model, values: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    expert_ids(model)
+        .iter()
+        .zip(loaded(model))
+        .enumerate()
+        .map(|(l, (ids, width))| {
+            let mut row = vec![f64::NAN; width];
+            for (&e, &v) in ids.iter().zip(values.get(l).map_or(&[][..], |v| v.as_slice())) {
+                row[e] = v;
+            }
+            row
+        })
+        .collect()
+}
+
 /// Refuses a model without experts, or an expert it does not have, in one line.
 pub fn check_expert(model: &Model, id: ExpertId) -> Result<(), ModelError> {
     let ids = expert_ids(model);
@@ -81,15 +111,8 @@ pub fn check_expert(model: &Model, id: ExpertId) -> Result<(), ModelError> {
         }));
     }
     if !row.contains(&id.expert) {
-        return Err(ModelError::Invalid(format!(
-            "expert {id}: layer {} has experts {}",
-            id.layer,
-            if row.iter().enumerate().all(|(i, &e)| i == e) {
-                format!("0..{}", row.len() - 1)
-            } else {
-                row.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
-            }
-        )));
+        let have = layer_experts(model, id.layer).map_or_else(String::new, Experts::describe_ids);
+        return Err(ModelError::Invalid(format!("expert {id}: layer {} has experts {have}", id.layer)));
     }
     Ok(())
 }
@@ -266,18 +289,12 @@ pub fn expert_importance(
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<Vec<f64>>, AnalysisError> {
-    if data.is_empty() {
-        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
-    }
+    let ids = experts_over(model, data)?;
     if !model.is_lm() {
         return Err(AnalysisError::Input(format!(
             "expert_importance measures a language model's next-token loss, and {} is not one",
             model.name()
         )));
-    }
-    let ids = expert_ids(model);
-    if ids.iter().all(Vec::is_empty) {
-        return Err(AnalysisError::Input(format!("{} has no mixture-of-experts layers", model.name())));
     }
     let prepared = model.prepare(&data.texts(), None, true, batch_tokens, base)?;
     let dev = model.device();
@@ -317,19 +334,18 @@ pub fn expert_importance(
         progress(bi + 1, n_batches);
     }
     let n = prepared.n_sentences as f64;
-    ids.iter()
-        .zip(sums)
-        .zip(loaded(model))
-        .map(|((row, sum), width)| {
-            let Some(sum) = sum else { return Ok(Vec::new()) };
-            let v = Vec::<f64>::try_from(sum.to_device(Device::Cpu)).map_err(ModelError::from)?;
-            let mut out = vec![f64::NAN; width];
-            for (c, &e) in row.iter().enumerate() {
-                out[e] = v[c] / n;
-            }
-            Ok(out)
+    let means = sums
+        .into_iter()
+        .map(|sum| match sum {
+            Some(s) => Ok(Vec::<f64>::try_from(s.to_device(Device::Cpu))
+                .map_err(ModelError::from)?
+                .iter()
+                .map(|x| x / n)
+                .collect()),
+            None => Ok(Vec::new()),
         })
-        .collect()
+        .collect::<Result<Vec<Vec<f64>>, AnalysisError>>()?;
+    Ok(by_number(model, &means))
 }
 
 /// The router's statistics over a dataset, per expert layer (docs/methods.md#router-statistics).
@@ -411,13 +427,7 @@ pub fn router_stats(
     batch_tokens: usize,
     stop: &dyn Fn() -> bool,
 ) -> Result<Vec<RouterStats>, AnalysisError> {
-    if data.is_empty() {
-        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
-    }
-    let ids = expert_ids(model);
-    if ids.iter().all(Vec::is_empty) {
-        return Err(AnalysisError::Input(format!("{} has no mixture-of-experts layers", model.name())));
-    }
+    let ids = experts_over(model, data)?;
     let prepared = model.prepare(&data.texts(), None, false, batch_tokens, base)?;
     let _g = tch::no_grad_guard();
     let mut r = RouterReader {

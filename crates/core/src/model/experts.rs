@@ -154,7 +154,7 @@ impl Experts {
     }
 
     /// The experts' numbers, for messages (`0..8`, or the list after pruning).
-    fn describe_ids(&self) -> String {
+    pub fn describe_ids(&self) -> String {
         if self.ids.iter().enumerate().all(|(i, &e)| i == e) {
             format!("0..{}", self.ids.len().saturating_sub(1))
         } else {

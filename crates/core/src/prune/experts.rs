@@ -8,7 +8,7 @@
 //! from `(seed, t)`.
 
 use super::{permutation, Concrete, EvalGates, TrainState};
-use crate::analysis::experts::{expert_ids, ExpertEdit, ExpertId};
+use crate::analysis::experts::{experts_over, ExpertEdit, ExpertId};
 use crate::analysis::importance::uniform;
 use crate::analysis::AnalysisError;
 use crate::data::Dataset;
@@ -54,20 +54,14 @@ pub fn expert_l0(
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ExpertL0, AnalysisError> {
-    if data.is_empty() {
-        return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
-    }
+    let ids = experts_over(model, data)?;
     if !model.is_lm() {
         return Err(AnalysisError::Input(format!(
             "expert L0 gates train on a language model's next-token predictions, and {} is not one",
             model.name()
         )));
     }
-    let ids = expert_ids(model);
     let n: usize = ids.iter().map(Vec::len).sum();
-    if n == 0 {
-        return Err(AnalysisError::Input(format!("{} has no mixture-of-experts layers", model.name())));
-    }
     let prepared = model.prepare(&data.texts(), None, true, opts.batch_tokens, &Gates::none())?;
     let nb = prepared.batches.len();
     let concrete = Concrete::default();
