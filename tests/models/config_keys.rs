@@ -36,6 +36,8 @@ const ALIASES: &[(&str, &str, &str)] = &[
     ("t5", "hidden_size", "alias of d_model"),
     ("mt5", "hidden_size", "alias of d_model"),
     ("gpt2", "hidden_size", "alias of n_embd"),
+    ("deepseek_v2", "num_experts", "alias of n_routed_experts (transformers 5's attribute map)"),
+    ("deepseek_v3", "num_local_experts", "alias of n_routed_experts (transformers 5's attribute map)"),
     ("gpt2", "max_position_embeddings", "alias of n_positions"),
     ("gpt2", "num_attention_heads", "alias of n_head"),
     ("gpt2", "num_hidden_layers", "alias of n_layer"),

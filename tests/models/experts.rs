@@ -312,7 +312,7 @@ fn a_planted_moe_is_ranked_as_brute_force_removal_ranks_it() {
 
 /// A copy of the tiny checkpoint `name` with its config.json edited, loaded (float32, unknown
 /// keys refused).
-fn edited(name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> (tempfile::TempDir, Result<Model, String>) {
+pub(crate) fn edited(name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> (tempfile::TempDir, Result<Model, String>) {
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(common::tiny_hf_dir().join(name)).unwrap() {
         let f = f.unwrap().path();

@@ -136,16 +136,17 @@ fn the_router_hooks_hold_the_routing_and_a_replacement_reroutes() {
     }
 }
 
-/// An expert ablated in layer 0 through the router's hook points (docs/methods.md#experts).
-struct AblateExpert {
-    expert: i64,
+/// An expert of one layer ablated through the router's hook points (docs/methods.md#experts).
+pub(crate) struct AblateExpert {
+    pub layer: usize,
+    pub expert: i64,
     /// Routed around (its logit set to minus infinity), else its output zeroed (its weight).
-    route: bool,
+    pub route: bool,
 }
 
 impl Hooks for AblateExpert {
     fn wants(&self, at: At) -> bool {
-        at.layer == 0 && at.point == if self.route { Point::RouterLogits } else { Point::RouterWeights }
+        at.layer == self.layer && at.point == if self.route { Point::RouterLogits } else { Point::RouterWeights }
     }
     fn visit(&mut self, _: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
         let fill = if self.route { f64::NEG_INFINITY } else { 0.0 };
@@ -174,7 +175,7 @@ fn an_expert_zeroed_or_routed_around_equals_transformers() {
         let depth = common::depth(&m, ids.len());
         for (route, key) in [(false, "zeroed"), (true, "routed")] {
             let want = &g[&format!("{name}_expert_{key}_0")];
-            let got = logits(&mut AblateExpert { expert: 1, route });
+            let got = logits(&mut AblateExpert { layer: 0, expert: 1, route });
             let d = common::max_diff(&got, want) / common::f32_bound(common::scale(want), depth);
             assert!(d <= 1.0, "{name}: expert 1 {key}: {d:.3} of the float32 bound from transformers");
             assert!(common::max_diff(&got, &plain) > 1e-4, "{name}: expert 1 {key} moved nothing");

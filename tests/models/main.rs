@@ -8,6 +8,7 @@
 mod common;
 
 mod config_keys;
+mod deepseek;
 mod experts;
 mod gguf_real;
 mod hf_2025;

@@ -505,6 +505,11 @@ fn layer_trace(
     like: &Tensor,
 ) -> Result<(Trace, Tensor), ModelError> {
     let a: &Attention = layer.mixer().attention_for("LRP's rules (docs/methods.md#lrp-head-relevance)", kind, l)?;
+    if a.latent.is_some() {
+        return Err(ModelError::Invalid(format!(
+            "LRP's rules (docs/methods.md#lrp-head-relevance) have no rule for latent attention (DeepSeek's low-rank queries, keys and values), {kind} layer {l}'s token mixer; AttnLRP runs through it (rule: \"attnlrp\")"
+        )));
+    }
     let f = layer.dense().ok_or_else(|| {
         ModelError::Invalid(format!(
             "LRP's rules (docs/methods.md#lrp-head-relevance) need a dense MLP, and {kind} layer {l}'s MLP is '{}'",

@@ -78,6 +78,14 @@ pub enum Routing {
     Softmax { renormalise: bool },
     /// gpt-oss: the `top_k` largest logits, then the softmax over them alone.
     TopKSoftmax,
+    /// DeepSeek: each expert's score is the `softmax` of the logits (V2) or their `sigmoid`
+    /// (V3); the experts as loaded fall into `groups` equal groups, and the `top_groups` groups
+    /// with the highest group score (V2: their best expert's score; V3, `top2_sum`: the sum of
+    /// their two best, after the choice bias) hold the candidates; the `top_k` candidates with
+    /// the highest score (plus the choice bias, `Experts::choice_bias`) are chosen, with their
+    /// scores as weights, divided by their sum (plus 1e-20) where `renormalise`, times `scale`
+    /// (`routed_scaling_factor`). V2's greedy routing is one group.
+    Grouped { sigmoid: bool, groups: i64, top_groups: i64, top2_sum: bool, renormalise: bool, scale: f64 },
 }
 
 /// The experts of one layer and their router.
@@ -91,6 +99,9 @@ pub struct Experts {
     pub routing: Routing,
     /// Qwen2-MoE's shared expert, added to every token, and its sigmoid gate `[1, d_model]`.
     pub shared: Option<(Ffn, Option<Linear>)>,
+    /// DeepSeek-V3's `e_score_correction_bias` `[n]`: added to the scores for choosing only
+    /// (not to the weights).
+    pub choice_bias: Option<Tensor>,
     /// Each expert's number as loaded (`experts[i]` is expert `ids[i]`): `prune_experts` keeps
     /// the numbers of those it keeps, as `prune_heads` does heads'.
     ids: Vec<usize>,
@@ -109,7 +120,13 @@ impl Experts {
     ) -> Experts {
         let ids = (0..experts.len()).collect();
         let loaded = experts.len();
-        Experts { router, experts, top_k, routing, shared, ids, loaded }
+        Experts { router, experts, top_k, routing, shared, choice_bias: None, ids, loaded }
+    }
+
+    /// The bias added to the scores for choosing (DeepSeek-V3's `e_score_correction_bias`).
+    pub fn with_choice_bias(mut self, bias: Option<Tensor>) -> Experts {
+        self.choice_bias = bias;
+        self
     }
 
     /// The experts' numbers as loaded, in the router's order.
@@ -147,6 +164,9 @@ impl Experts {
         if let Some(b) = &self.router.b {
             self.router.b = Some(b.f_index_select(0, &rows)?);
         }
+        if let Some(b) = &self.choice_bias {
+            self.choice_bias = Some(b.f_index_select(0, &rows.f_to_device(b.device())?)?);
+        }
         let mut old: Vec<Option<Expert>> = std::mem::take(&mut self.experts).into_iter().map(Some).collect();
         self.experts = keep.iter().filter_map(|&i| old[i].take()).collect();
         self.ids = keep.iter().map(|&i| self.ids[i]).collect();
@@ -179,8 +199,72 @@ impl Experts {
                 let (v, idx) = logits.f_topk(self.top_k, -1, true, true)?;
                 (v.f_softmax(-1, v.kind())?, idx)
             }
+            Routing::Grouped { sigmoid, groups, top_groups, top2_sum, renormalise, scale } => {
+                self.grouped(logits, wide, (sigmoid, groups, top_groups, top2_sum, renormalise, scale))?
+            }
         };
         Ok(Tensor::f_zeros(logits.size(), (w.kind(), logits.device()))?.f_scatter(-1, &idx, &w)?.f_to_kind(dtype)?)
+    }
+}
+
+impl Experts {
+    /// [`Routing::Grouped`] as transformers' `DeepseekV3TopkRouter` and `DeepseekV2MoEGate`
+    /// compute it: `(weights, chosen)` `[.., top_k]`. Groups are formed over the experts as
+    /// loaded: after `prune_experts` (or where a logit is minus infinity: routed around) an
+    /// expert missing from its group is no candidate, and a group's score counts those left.
+    /// As transformers, the experts outside the chosen groups score 0 (not minus infinity) in
+    /// the final choice.
+    fn grouped(
+        &self,
+        logits: &Tensor,
+        wide: DType,
+        (sigmoid, groups, top_groups, top2_sum, renormalise, scale): (bool, i64, i64, bool, bool, f64),
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let lw = logits.f_to_kind(wide)?;
+        let scores = if sigmoid { lw.f_sigmoid()? } else { lw.f_softmax(-1, wide)? };
+        let mut choice = match &self.choice_bias {
+            Some(b) => scores.f_add(&b.f_to_kind(wide)?.f_to_device(scores.device())?)?,
+            None => scores.shallow_clone(),
+        };
+        choice = choice.f_masked_fill(&lw.f_isneginf()?, f64::NEG_INFINITY)?;
+        let n = self.loaded as i64;
+        let shape = logits.size();
+        let lead: Vec<i64> = shape[..shape.len() - 1].to_vec();
+        let present = self.ids.len() as i64 != n || self.ids.iter().enumerate().any(|(i, &e)| i != e);
+        let ids =
+            Tensor::from_slice(&self.ids.iter().map(|&e| e as i64).collect::<Vec<_>>()).to_device(logits.device());
+        let full = if present {
+            let mut all = lead.clone();
+            all.push(n);
+            Tensor::f_full(&all, f64::NEG_INFINITY, (wide, logits.device()))?.f_index_copy(-1, &ids, &choice)?
+        } else {
+            choice.shallow_clone()
+        };
+        let per = n / groups;
+        let by_group = full.f_reshape([-1, groups, per])?;
+        let group_score = if top2_sum {
+            by_group.f_topk(2.min(per), -1, true, true)?.0.f_sum_dim_intlist([-1i64].as_slice(), false, wide)?
+        } else {
+            by_group.f_amax([-1i64].as_slice(), false)?
+        };
+        let (_, g_idx) = group_score.f_topk(top_groups, -1, true, true)?;
+        let g_mask = group_score.f_zeros_like()?.f_scatter_value(1, &g_idx, 1.0)?;
+        let keep = g_mask
+            .f_unsqueeze(-1)?
+            .f_expand([-1, groups, per], false)?
+            .f_reshape(full.size())?
+            .f_to_kind(DType::Bool)?;
+        let mut masked = full.f_masked_fill(&keep.f_logical_not()?, 0.0)?;
+        if present {
+            masked = masked.f_index_select(-1, &ids)?;
+        }
+        let (_, idx) = masked.f_topk(self.top_k, -1, true, true)?;
+        // V3 weighs by the scores, V2 by the masked scores it chose from.
+        let mut w = if sigmoid { scores.f_gather(-1, &idx, false)? } else { masked.f_gather(-1, &idx, false)? };
+        if renormalise {
+            w = w.f_div(&w.f_sum_dim_intlist([-1i64].as_slice(), true, wide)?.f_add_scalar(1e-20)?)?;
+        }
+        Ok((w.f_mul_scalar(scale)?, idx))
     }
 }
 
@@ -256,10 +340,14 @@ impl Mlp for Experts {
         }
         out.push(At::new(kind, layer, Point::MlpOut));
     }
-    /// `W_gate` (the router, TransformerLens's name), then each expert's `experts.E.` weights,
-    /// then the shared expert's (`shared_expert.`) and its gate (`W_shared_gate`).
+    /// `W_gate` (the router, TransformerLens's name; `b_gate_choice`: DeepSeek-V3's choice bias,
+    /// a buffer in transformers), then each expert's `experts.E.` weights, then the shared
+    /// expert's (`shared_expert.`) and its gate (`W_shared_gate`).
     fn params_mut<'a>(&'a mut self, prefix: &str, out: &mut Params<'a>) {
         self.router.params_mut(prefix, "gate", out);
+        if let Some(b) = self.choice_bias.as_mut() {
+            out.push((format!("{prefix}b_gate_choice"), b));
+        }
         for (expert, e) in self.experts.iter_mut().zip(&self.ids) {
             expert.params_mut(&format!("{prefix}experts.{e}."), out);
         }

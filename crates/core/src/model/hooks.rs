@@ -28,6 +28,11 @@ pub enum Point {
     /// The output of the layer's first norm (`blocks.L.ln1.hook_normalized`): the attention's
     /// input in a pre-norm layer, `norm(resid_mid)` in a post-norm layer.
     Ln1,
+    /// Latent attention's query latent before its norm `[B, T, q_rank]` (`attn.hook_q_latent`).
+    QLatent,
+    /// Latent attention's key/value latent before its norm `[B, T, kv_rank + rope]`
+    /// (`attn.hook_kv_latent`): what the cache holds.
+    KvLatent,
     /// Per-head queries before rotary positions `[B, H, T, dh]` (`attn.hook_q`).
     Q,
     /// Per key/value head keys before rotary positions `[B, Hkv, T, dh]` (`attn.hook_k`).
@@ -138,6 +143,8 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::PosEmbed, "hook_pos_embed", Layout::Seq, false, false, "[pos, d_model]", "position embeddings (learned or sinusoidal models)"),
     spec(Point::ResidPre, "hook_resid_pre", Layout::Seq, true, false, "[pos, d_model]", "the layer's input"),
     spec(Point::Ln1, "ln1.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "first norm: attention input (pre-norm) or norm(resid_mid) (post-norm)"),
+    spec(Point::QLatent, "attn.hook_q_latent", Layout::Seq, true, true, "[pos, q_lora_rank]", "latent attention (DeepSeek): the query latent, before its norm"),
+    spec(Point::KvLatent, "attn.hook_kv_latent", Layout::Seq, true, true, "[pos, kv_lora_rank + rope]", "latent attention: the key/value latent (before its norm) and the shared rotary key, what the cache holds"),
     spec(Point::Q, "attn.hook_q", Layout::Heads, true, true, "[pos, head, d_head]", "queries, before rotary (after a per-head query norm)"),
     spec(Point::K, "attn.hook_k", Layout::Heads, true, true, "[pos, kv_head, d_head]", "keys by key/value head, before rotary"),
     spec(Point::V, "attn.hook_v", Layout::Heads, true, true, "[pos, kv_head, d_head]", "values by key/value head"),

@@ -3,8 +3,9 @@
 //! it visits, its parameters, and its **head layout** (what a head is: the unit gates, result
 //! grids, `prune_heads`, key/value accounting and patching address). Multi-head attention
 //! ([`super::nn::Attention`]) is the kind the stacks load, and Marian's SSRU ([`super::ssru`])
-//! the Firefox-Translations decoders' self-block; latent attention, linear-attention and
-//! state-space heads are the kinds to come.
+//! the Firefox-Translations decoders' self-block; DeepSeek's latent attention is attention with
+//! latent projections in front ([`super::latent`]); linear-attention and state-space heads are
+//! the kinds to come.
 //!
 //! Adding a kind is a file that implements [`Mixer`] and its name in [`KINDS`]: the stack
 //! layer, the translation decoder's self-block, the run API (`Transformer::run`, resumes at

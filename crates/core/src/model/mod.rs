@@ -10,6 +10,7 @@ pub mod experts;
 pub mod families;
 pub mod fill;
 pub mod hooks;
+pub mod latent;
 pub mod loss;
 pub mod mixer;
 pub mod mlp;

@@ -3,6 +3,7 @@
 //! after loading; masks enter through [`Gates`].
 
 use super::hooks::{self, At, GradRules, HookSlot, Point};
+use super::latent::Latent;
 use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::{Kind, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -236,7 +237,11 @@ impl Activation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rotary {
     pub base: f64,
+    /// Rotated dimensions per head: `offset..offset + dim`; the others pass unchanged.
     pub dim: i64,
+    /// The first rotated dimension: 0, or after the dimensions without positions (latent
+    /// attention's `qk_nope_head_dim`: its rotary part is each head's last).
+    pub offset: i64,
     pub half: bool,
     /// How the frequencies are stretched for long contexts (`rope_scaling`).
     pub scaling: RopeScaling,
@@ -291,7 +296,7 @@ pub enum RopeScaling {
 impl Rotary {
     /// Unscaled rotary positions.
     pub fn plain(base: f64, dim: i64, half: bool) -> Rotary {
-        Rotary { base, dim, half, scaling: RopeScaling::None }
+        Rotary { base, dim, offset: 0, half, scaling: RopeScaling::None }
     }
 
     /// The inverse frequencies `[dim / 2]` (float64) for a sequence of `n` positions, and the
@@ -364,7 +369,7 @@ impl Rotary {
                 return out;
             }
         }
-        let r = x.narrow(3, 0, self.dim);
+        let r = x.narrow(3, self.offset, self.dim);
         let (a, b) = if self.half {
             (r.narrow(3, 0, half), r.narrow(3, half, half))
         } else {
@@ -378,17 +383,26 @@ impl Rotary {
         } else {
             Tensor::stack(&[ra, rb], 4).reshape([x.size()[0], x.size()[1], t, self.dim])
         };
-        if self.dim < dh {
-            Tensor::cat(&[out, x.narrow(3, self.dim, dh - self.dim)], 3)
+        let (o, end) = (self.offset, self.offset + self.dim);
+        let mut parts = Vec::with_capacity(3);
+        if o > 0 {
+            parts.push(x.narrow(3, 0, o));
+        }
+        parts.push(out);
+        if end < dh {
+            parts.push(x.narrow(3, end, dh - end));
+        }
+        if parts.len() == 1 {
+            parts.pop().unwrap_or_else(|| x.shallow_clone())
         } else {
-            out
+            Tensor::cat(&parts, 3)
         }
     }
 
     /// The two halves (or the even and odd dimensions) of `x`'s first `dim` dimensions.
     fn pairs(&self, x: &Tensor) -> Result<(Tensor, Tensor), tch::TchError> {
         let (b, h, t) = (x.size()[0], x.size()[1], x.size()[2]);
-        let (r, half) = (x.f_narrow(3, 0, self.dim)?, self.dim / 2);
+        let (r, half) = (x.f_narrow(3, self.offset, self.dim)?, self.dim / 2);
         Ok(if self.half {
             (r.f_narrow(3, 0, half)?, r.f_narrow(3, half, half)?)
         } else {
@@ -409,9 +423,12 @@ impl Rotary {
         let _ = oa.f_addcmul_(&b, &sin.f_neg()?)?;
         let _ = a.f_mul_out(&ob, sin)?;
         let _ = ob.f_addcmul_(&b, cos)?;
-        if self.dim < dh {
-            let mut rest = out.f_narrow(3, self.dim, dh - self.dim)?;
-            rest.f_copy_(&x.f_narrow(3, self.dim, dh - self.dim)?)?;
+        let (o, end) = (self.offset, self.offset + self.dim);
+        if o > 0 {
+            out.f_narrow(3, 0, o)?.f_copy_(&x.f_narrow(3, 0, o)?)?;
+        }
+        if end < dh {
+            out.f_narrow(3, end, dh - end)?.f_copy_(&x.f_narrow(3, end, dh - end)?)?;
         }
         Ok(out)
     }
@@ -743,6 +760,10 @@ pub struct Attention {
     /// part in each query's softmax and attends to no value, so a head's weights over the keys
     /// sum to less than 1.
     pub sinks: Option<Tensor>,
+    /// Latent attention (DeepSeek; [`super::latent`]): `W_Q` reads a query latent, `W_K` and
+    /// `W_V` the normed key/value latent, and each key's last `rope` dimensions are shared by
+    /// every head. `head_dim` is then the query/key width, [`Attention::z_dim`] the value's.
+    pub latent: Option<Latent>,
 }
 
 impl Attention {
@@ -764,7 +785,20 @@ impl Attention {
             qk_norm: None,
             score: Score::default(),
             sinks: None,
+            latent: None,
         }
+    }
+
+    /// The latent projections in front of `W_Q`, `W_K` and `W_V` (latent attention).
+    pub fn with_latent(mut self, latent: Option<Latent>) -> Attention {
+        self.latent = latent;
+        self
+    }
+
+    /// The width of each head's values and contexts (`hook_v`, `hook_z`): `head_dim`, or latent
+    /// attention's `v_head_dim`.
+    pub fn z_dim(&self) -> i64 {
+        self.latent.as_ref().map_or(self.head_dim, |l| l.v_dim)
     }
 
     /// Learned sink logits, one per head (gpt-oss).
@@ -881,17 +915,22 @@ impl Attention {
         if let Some(&h) = keep.iter().find(|&&h| h >= width || self.physical(h).is_none()) {
             return Err(format!("head {h} is not in this layer"));
         }
-        let dh = self.head_dim;
-        // Physical row blocks of the heads kept.
-        let rows: Vec<i64> =
-            keep.iter().filter_map(|&h| self.physical(h)).flat_map(|p| p as i64 * dh..(p as i64 + 1) * dh).collect();
-        let idx = Tensor::from_slice(&rows).to_device(self.q.w.device());
+        let phys: Vec<i64> = keep.iter().filter_map(|&h| self.physical(h)).map(|p| p as i64).collect();
+        // Physical row blocks of the heads kept, each projection by its own width per head
+        // (latent attention's keys and values differ from its queries).
+        let device = self.q.w.device();
+        let blocks = |per: i64| -> Tensor {
+            let rows: Vec<i64> = phys.iter().flat_map(|&p| p * per..(p + 1) * per).collect();
+            Tensor::from_slice(&rows).to_device(device)
+        };
+        let n = self.n_heads.max(1);
         for lin in [&mut self.q, &mut self.k, &mut self.v] {
+            let idx = blocks(lin.w.size()[0] / n);
             lin.w = lin.w.index_select(0, &idx);
             lin.b = lin.b.as_ref().map(|b| b.index_select(0, &idx));
         }
+        let idx = blocks(self.z_dim());
         self.o.w = self.o.w.index_select(1, &idx);
-        let phys: Vec<i64> = keep.iter().filter_map(|&h| self.physical(h)).map(|p| p as i64).collect();
         if let Some(sinks) = self.sinks.as_mut() {
             *sinks = sinks.index_select(0, &Tensor::from_slice(&phys).to_device(sinks.device()));
         }
@@ -931,7 +970,7 @@ impl Attention {
                     None => f.shallow_clone(),
                     Some(s) => f.index_select(0, &s.index_t),
                 };
-                let f = f.to_kind(ctx.kind()).view([1, self.n_heads, 1, self.head_dim]);
+                let f = f.to_kind(ctx.kind()).view([1, self.n_heads, 1, self.z_dim()]);
                 ctx * &g + (g.ones_like() - &g) * f
             }
         }
@@ -1009,6 +1048,16 @@ impl Attention {
             return Ok(KeysValues::empty());
         }
         let at = |p| At::new(kind, layer_idx, p);
+        if let Some(lat) = &self.latent {
+            let rules = hooks::rules(hk_slot);
+            let (k, v) = lat.keys_values(xkv, &self.k, &self.v, self.n_kv_heads, at(Point::K), rules, hk_slot)?;
+            let mut k = hooks::at(hk_slot, at(Point::K), k)?;
+            if let Some(r) = &self.rotary {
+                k = hooks::at(hk_slot, at(Point::RotK), r.apply_from(&k, start))?;
+            }
+            let v = hooks::at(hk_slot, at(Point::V), v)?;
+            return Ok(KeysValues { k, v });
+        }
         let (b, tk) = (xkv.size()[0], xkv.size()[1]);
         let (hk, dh) = (self.n_kv_heads, self.head_dim);
         let k = match &self.qk_norm {
@@ -1064,9 +1113,13 @@ impl Attention {
             }
             _ => bias,
         };
+        let q_in = match &self.latent {
+            Some(lat) => lat.query_input(xq, at(Point::Q), hooks::rules(hs), hs)?,
+            None => xq.shallow_clone(),
+        };
         let q = match &self.qk_norm {
-            Some(n) => n.heads(&n.q, &self.q.forward(xq), h, dh, hooks::rules(hs)),
-            None => self.q.forward(xq).view([b, tq, h, dh]).transpose(1, 2),
+            Some(n) => n.heads(&n.q, &self.q.forward(&q_in), h, dh, hooks::rules(hs)),
+            None => self.q.forward(&q_in).view([b, tq, h, dh]).transpose(1, 2),
         };
         let mut q = hooks::at(hs, at(Point::Q), q)?;
         if let Some(r) = &self.rotary {
@@ -1209,7 +1262,7 @@ impl Attention {
         hs: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer_idx, p);
-        let (b, h, tq, dh) = (ctx.size()[0], self.n_heads, ctx.size()[2], self.head_dim);
+        let (b, h, tq, dh) = (ctx.size()[0], self.n_heads, ctx.size()[2], self.z_dim());
         let mut out = None;
         if hooks::wants(hs, at(Point::Result)) {
             // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
@@ -1345,6 +1398,9 @@ impl Attention {
     /// `hook_attn_out` (the rotated queries and keys only where the block has rotary).
     pub fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
         use Point as P;
+        if let Some(lat) = &self.latent {
+            lat.points(kind, layer, out);
+        }
         let rot = self.rotary.is_some();
         for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::Z, P::Result, P::AttnOut] {
             if rot || !matches!(p, P::RotQ | P::RotK) {
@@ -1366,6 +1422,9 @@ impl Attention {
         if let Some(s) = self.sinks.as_mut() {
             out.push((format!("{prefix}sinks"), s));
         }
+        if let Some(lat) = self.latent.as_mut() {
+            lat.params_mut(prefix, out);
+        }
     }
 }
 
@@ -1383,14 +1442,25 @@ impl Mixer for Attention {
         Attention::physical(self, head)
     }
     fn head_dim(&self) -> i64 {
-        self.head_dim
+        self.z_dim()
     }
     /// Query heads per key/value head (grouped-query attention); a thinned layer
-    /// (`prune_heads`, which refuses grouped layers) keeps one per head.
+    /// (`prune_heads`, which refuses grouped layers) keeps one per head. Latent attention
+    /// caches one latent for all its heads: the layer is one group.
     fn heads_per_group(&self) -> usize {
+        if self.latent.is_some() {
+            return self.width().max(1);
+        }
         match &self.slots {
             Some(_) => 1,
             None => (self.n_heads / self.n_kv_heads.max(1)).max(1) as usize,
+        }
+    }
+    /// Attention keeps a key and a value per head (`2 d_head`); latent attention the latent.
+    fn numbers_per_entry(&self) -> i64 {
+        match &self.latent {
+            Some(l) => l.numbers_per_entry(),
+            None => 2 * self.head_dim,
         }
     }
     fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String> {

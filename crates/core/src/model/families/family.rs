@@ -5,7 +5,7 @@
 //! and a loader file; detection, loading, the parameter count and the message for an unknown
 //! directory read the table.
 
-use super::{bart, bert, gemma, gpt2, gpt_neox, llama, llama_gguf, m2m100, marian_bin, phi3, t5};
+use super::{bart, bert, deepseek, gemma, gpt2, gpt_neox, llama, llama_gguf, m2m100, marian_bin, phi3, t5};
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
 use crate::model::{LoadOptions, ModelError};
@@ -16,6 +16,8 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Family {
     Bert,
+    DeepseekV2,
+    DeepseekV3,
     MarianBin,
     /// One GGUF file, of any of the architectures `llama_gguf` reads (a model says which:
     /// `Model::family_name`).
@@ -108,6 +110,8 @@ use TokenizerSource::{Json, JsonOrM2m100Spm, JsonOrMarianSpm};
 
 /// HF BART, mBART and MarianMT hold `final_logits_bias` as a buffer.
 const LOGITS_BIAS: &[&str] = &["unembed.b_U"];
+/// DeepSeek-V3's router holds its choice bias (`e_score_correction_bias`) as a buffer.
+const CHOICE_BIAS: &[&str] = &["b_gate_choice"];
 /// M2M100's sinusoid tables are buffers (MarianMT's are frozen parameters).
 const SINUSOIDS: &[&str] = &["pos_embed.W_pos"];
 
@@ -115,6 +119,8 @@ const SINUSOIDS: &[&str] = &["pos_embed.W_pos"];
 pub const ROWS: &[Row] = &[
     hf(Family::Bart, "bart", bart::load, Json, true, LOGITS_BIAS),
     hf(Family::Bert, "bert", bert_load, Json, false, &[]),
+    hf(Family::DeepseekV2, "deepseek_v2", deepseek::load, Json, true, &[]),
+    hf(Family::DeepseekV3, "deepseek_v3", deepseek::load, Json, true, CHOICE_BIAS),
     hf(Family::Gemma, "gemma", gemma::load, Json, true, &[]),
     hf(Family::Gemma2, "gemma2", gemma::load, Json, true, &[]),
     hf(Family::Gemma3Text, "gemma3_text", gemma::load, Json, true, &[]),
@@ -240,6 +246,8 @@ mod tests {
             Family::Olmoe,
             Family::Qwen2Moe,
             Family::Qwen3Moe,
+            Family::DeepseekV2,
+            Family::DeepseekV3,
             Family::Gemma,
             Family::Gemma2,
             Family::Gemma3Text,

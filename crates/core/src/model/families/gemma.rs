@@ -233,7 +233,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
                     hk,
                     dh,
                 )
-                .with_rotary(Some(Rotary { base, dim: dh, half: true, scaling }))
+                .with_rotary(Some(Rotary { base, dim: dh, offset: 0, half: true, scaling }))
                 .with_qk_norm(qk_norm)
                 .with_score(score),
                 norm(&mut w, format!("{p}.input_layernorm.weight"), d)?,

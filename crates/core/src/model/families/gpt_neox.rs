@@ -175,7 +175,13 @@ pub(crate) fn build(
                 h,
                 dh,
             )
-            .with_rotary(Some(Rotary { base, dim: rope_dim, half: true, scaling: scaling.clone() })),
+            .with_rotary(Some(Rotary {
+                base,
+                dim: rope_dim,
+                offset: 0,
+                half: true,
+                scaling: scaling.clone(),
+            })),
             ln(&mut w, format!("{p}.input_layernorm"))?,
             Ffn {
                 up: proj(&mut w, "mlp.dense_h_to_4h", ff, d, true)?,

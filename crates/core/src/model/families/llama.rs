@@ -303,6 +303,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
                 .with_rotary(rotary_at(l).then(|| Rotary {
                     base: theta,
                     dim: rope_dim,
+                    offset: 0,
                     half: rows == RotaryRows::RotateHalf,
                     // OLMo-3's sliding layers rotate without the config's rope_scaling.
                     scaling: if sliding(l) && mt == "olmo3" { RopeScaling::None } else { scaling.clone() },

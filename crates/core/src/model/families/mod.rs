@@ -6,6 +6,7 @@
 
 pub mod bart;
 pub mod bert;
+pub mod deepseek;
 pub mod family;
 pub mod gemma;
 pub mod gpt2;
