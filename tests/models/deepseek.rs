@@ -137,7 +137,8 @@ fn lrp_refuses_latent_attention_and_attnlrp_runs() {
 #[test]
 fn bad_deepseek_configs_are_one_line_errors_naming_the_key() {
     use serde_json::json;
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 6] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 6] = [
         ("deepseek_v3", |c| c["n_routed_expert"] = json!(8), "key 'n_routed_expert' is not read"),
         (
             "deepseek_v3",

@@ -410,3 +410,68 @@ fn each_experts_output_is_a_hook_point() {
         assert!(common::max_diff(&patched, &plain) > 1e-4, "{name}: the patch moved nothing");
     }
 }
+
+/// A view closing experts (docs/methods.md#experts-as-units) computes what the router's hooks
+/// compute, both ways (routed around: Mixtral's softmax and DeepSeek-V3's grouped router;
+/// output zeroed), in one forward and through a prepared metric; and it reaches the passes that
+/// resume a layer (a head sweep resumes at `hook_z`): each head's swept value equals the view
+/// with that head closed as well.
+#[test]
+fn a_view_closing_experts_equals_the_hooks_and_reaches_resumed_passes() {
+    use headscope::analysis::ablation::sweep;
+    use headscope::model::view::View;
+    use headscope::model::{HeadId, Kind};
+    let _g = common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let d = data(dir.path(), &SENTENCES);
+    let stop = || false;
+    for (name, layer) in [("mixtral", 0), ("deepseek_v3", 1)] {
+        let m = common::tiny_hf(name, "f32");
+        let ids = [e(layer, 1), e(layer, 2)];
+        for (how, route) in [(ExpertAblation::Route, true), (ExpertAblation::Output, false)] {
+            let v = View::new(common::tiny_hf(name, "f32")).closing_experts(&ids, route, "test").unwrap();
+            let mut edit = ExpertEdit::ablate(&m, &ids, how).unwrap();
+            let want = logits(&m, Some(&mut edit));
+            let got = {
+                let _g = tch::no_grad_guard();
+                let t = Tensor::from_slice(&m.tokenize(SENTENCES[0]).unwrap().ids).view([1, -1]);
+                let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+                v.model.net.logits(&v.model.net.encode(&t, &mask, &v.gates().unwrap(), None).unwrap()).unwrap()
+            };
+            let dl = common::max_diff(&got, &want);
+            assert!(dl < 1e-6, "{name} {how}: the view's logits differ from the hooks' by {dl:e}");
+            assert!(common::max_diff(&got, &logits(&m, None)) > 1e-4, "{name} {how}: the view moved nothing");
+            let p = prepare(&m, &d, Metric::Loss, 2048, Gates::none()).unwrap();
+            let hooked = headscope::analysis::experts::evaluate_ablated(&m, &p, &ids, how, &stop).unwrap().value();
+            let pv = prepare(&v.model, &d, Metric::Loss, 2048, v.gates().unwrap()).unwrap();
+            let viewed = evaluate(&v.model, &pv, &pv.base, &stop).unwrap();
+            assert!((viewed - hooked).abs() < 1e-6, "{name} {how}: loss {viewed} on the view, {hooked} by the hooks");
+            let grid = sweep(&v.model, &pv, &[Kind::Dec], &stop, &mut |_, _| {}).unwrap();
+            let head = HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 };
+            let both = v.closing(&[head]);
+            let pb = prepare(&both.model, &d, Metric::Loss, 2048, both.gates().unwrap()).unwrap();
+            let want = evaluate(&both.model, &pb, &pb.base, &stop).unwrap();
+            let swept = grid[0].1[1][2];
+            assert!(
+                (swept - want).abs() < 1e-5,
+                "{name} {how}: head dec.1.2 swept {swept}, closed beside the experts {want}"
+            );
+            assert!((swept - viewed).abs() > 1e-6, "{name} {how}: closing dec.1.2 changed nothing");
+        }
+        // One way per view; a layer cannot lose more experts than leave its top k; an expert the
+        // layer does not have is named.
+        let v = View::new(common::tiny_hf(name, "f32")).closing_experts(&ids, true, "f").unwrap();
+        let e1 = v.closing_experts(&[e(layer, 3)], false, "f").err().unwrap().to_string();
+        assert!(e1.contains("one way per view"), "{e1}");
+        let n = layer_experts(&m, layer).unwrap().ids().len();
+        let all: Vec<ExpertId> = (0..n).map(|x| e(layer, x)).collect();
+        let e2 = View::new(common::tiny_hf(name, "f32")).closing_experts(&all, true, "f").err().unwrap().to_string();
+        assert!(e2.contains("fewer than the 2 it routes each token to"), "{e2}");
+        let e3 = View::new(common::tiny_hf(name, "f32"))
+            .closing_experts(&[e(layer, 99)], false, "f")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e3.contains("expert 99 of layer") && e3.lines().count() == 1, "{e3}");
+    }
+}

@@ -36,6 +36,12 @@ pub const EXPERT_L0_OPTIONS: &[OptSpec] = &[
     opt_int("batch_tokens", 2048, "tokens per batch, padding included"),
 ];
 
+pub const WITH_EXPERT_MASK_OPTIONS: &[OptSpec] = &[opt_str(
+    "ablation",
+    "route",
+    "\"route\": the experts removed from routing (what prune_experts computes); \"output\": their output zeroed where they are chosen (docs/methods.md#experts-as-units)",
+)];
+
 pub const ROUTER_STATS_OPTIONS: &[OptSpec] = &[opt_int("batch_tokens", 2048, "tokens per batch, padding included")];
 
 /// One statistic per expert: `values[layer][expert]`.
@@ -360,6 +366,47 @@ pub mod api {
         m.require(f, Needs::Unmasked).script()?;
         let pruned = core::prune_experts(&m.model, &ids).or_else(|e| err(format!("{f}: {e}")))?;
         Ok(ScriptModel::new(pruned))
+    }
+
+    /// A view of the model with these experts closed (`"L.eE"` strings or `[layer, expert]`
+    /// pairs), in every analysis run on it (docs/methods.md#experts-as-units): routed around
+    /// (`ablation: "route"`, the default: what `prune_experts` computes, without a copy of the
+    /// weights) or their output zeroed where they are chosen (`"output"`). One way per view;
+    /// heads may be masked beside them.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/mixtral");
+    /// let d = corpus(asset("pud_en.txt")).take(3);
+    /// let v = m.with_expert_mask(["0.e1", [1, 3]]);
+    /// assert(v.masked_experts == ["0.e1", "1.e3"]);
+    /// assert(v.loss(d) != m.loss(d));
+    /// let z = m.with_expert_mask(["0.e1"], #{ablation: "output"});
+    /// assert(`${z}`.contains("experts output zeroed: 0.e1"));
+    /// ```
+    #[rhai_fn(name = "with_expert_mask", return_raw, pure)]
+    pub fn with_expert_mask_opts(m: &mut ScriptModel, experts: Dynamic, options: Map) -> ScriptResult<ScriptModel> {
+        let f = "with_expert_mask";
+        let o = Opts::new(&options, f, WITH_EXPERT_MASK_OPTIONS)?;
+        let how: ExpertAblation = o.parsed_or_default("ablation")?;
+        let ids = expert_ids(m, &experts, f)?;
+        m.closing_experts(&ids, how == ExpertAblation::Route, f).script()
+    }
+
+    #[rhai_fn(name = "with_expert_mask", return_raw, pure)]
+    pub fn with_expert_mask(m: &mut ScriptModel, experts: Dynamic) -> ScriptResult<ScriptModel> {
+        with_expert_mask_opts(m, experts, Map::new())
+    }
+
+    /// The experts this view closes, as `"L.eE"` strings.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/olmoe");
+    /// assert(m.masked_experts == []);
+    /// assert(m.with_expert_mask([0, 2]).masked_experts == ["0.e2"]);
+    /// ```
+    #[rhai_fn(get = "masked_experts", pure)]
+    pub fn masked_experts(m: &mut ScriptModel) -> Array {
+        m.experts.iter().flat_map(|e| e.closed.iter()).map(|x| Dynamic::from(x.to_string())).collect()
     }
 
     /// The grid's values: a row per stack layer (empty for a dense one), a column per expert.

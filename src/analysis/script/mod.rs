@@ -28,6 +28,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("expert_sweep", experts::EXPERT_SWEEP_OPTIONS),
     ("expert_importance", experts::EXPERT_IMPORTANCE_OPTIONS),
     ("router_stats", experts::ROUTER_STATS_OPTIONS),
+    ("with_expert_mask", experts::WITH_EXPERT_MASK_OPTIONS),
     ("expert_l0", experts::EXPERT_L0_OPTIONS),
     ("Model.bleu", ablation::BLEU_OPTIONS),
     ("head_types", taxonomy::HEAD_TYPES_OPTIONS),

@@ -315,6 +315,7 @@ pub mod api {
             soft: m.soft.clone(),
             ablation: None,
             streaming: m.streaming.clone(),
+            experts: m.experts.clone(),
         })
     }
 

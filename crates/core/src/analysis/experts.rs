@@ -26,18 +26,7 @@ options_enum!(ExpertAblation, "ablation", {
     Route = "route",
 });
 
-/// One expert: `expert` (its number as loaded) of stack layer `layer`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ExpertId {
-    pub layer: usize,
-    pub expert: usize,
-}
-
-impl std::fmt::Display for ExpertId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.e{}", self.layer, self.expert)
-    }
-}
+pub use crate::model::experts::ExpertId;
 
 /// The mixture of experts of stack layer `layer`, where its MLP is one.
 pub fn layer_experts(model: &Model, layer: usize) -> Option<&Experts> {

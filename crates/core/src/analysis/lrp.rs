@@ -486,7 +486,14 @@ fn trace_stack(
     let mut traces = Vec::with_capacity(net.stack.len());
     let mut last = None;
     for (l, layer) in net.stack.iter().enumerate() {
-        let (tr, out) = layer_trace(layer, kind, l, &mut seen, gates.layer(kind, l).map(|lg| lg.g).as_ref(), &y)?;
+        let (tr, out) = layer_trace(
+            layer,
+            kind,
+            l,
+            &mut seen,
+            gates.layer(kind, l).filter(|lg| lg.heads).map(|lg| lg.g).as_ref(),
+            &y,
+        )?;
         traces.push(tr);
         last = Some(out);
     }
@@ -979,7 +986,7 @@ fn relprop_decoder(
             );
             let r_sb = norm_rule(rule, cross_norm, &rows(&tr.s_b), &r_x2);
             let (r_x1, r_a) = residual_rule(rule, &rows(&tr.x1), &rows(&tr.a), &r_sb);
-            let active = gates.layer(Kind::Cross, l).map(|g| {
+            let active = gates.layer(Kind::Cross, l).filter(|g| g.heads).map(|g| {
                 let a = active_units(attn, &g.g);
                 // Rows are `t * B + b`: per-sentence gates repeat over the steps.
                 if a.size()[0] == 1 {
@@ -1163,7 +1170,7 @@ fn relprop_decoder_attn(
     let through_wo = |a: &Attention, kind: Kind, l: usize, ctx: &Tensor, out_act: &Tensor, r_out: &Tensor| {
         let (h, dh) = (a.n_heads, a.head_dim);
         let ctx_flat = ctx.transpose(1, 2).reshape([bsz, t_len, h * dh]).unsqueeze(1);
-        let active = gates.layer(kind, l).map(|g| active_units(a, &g.g));
+        let active = gates.layer(kind, l).filter(|g| g.heads).map(|g| active_units(a, &g.g));
         let r_ctx = LinearMap::with_inputs(rule, &ctx_flat, &a.o.w, a.o.b.as_ref(), Some(&u(out_act)), active.as_ref())
             .apply(r_out);
         r_ctx.view([bsz, p_len, t_len, h, dh]).permute([0, 1, 3, 2, 4])

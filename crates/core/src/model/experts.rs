@@ -24,6 +24,35 @@ use super::nn::{Ffn, Linear, Params};
 use super::{Kind, ModelError};
 use tch::{Kind as DType, Tensor};
 
+/// One expert: `expert` (its number as loaded) of stack layer `layer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExpertId {
+    pub layer: usize,
+    pub expert: usize,
+}
+
+impl std::fmt::Display for ExpertId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.e{}", self.layer, self.expert)
+    }
+}
+
+/// One layer's expert gates in a run (`super::nn::ExpertGates`): `g [width]` in the experts'
+/// numbering as loaded, and how a closed expert is ablated.
+pub struct ExpertGate {
+    pub g: Tensor,
+    /// Routed around (a gate of 0 sets the expert's router logit to minus infinity), else the
+    /// gate multiplies its router weight (0: its output zeroed where it was chosen).
+    pub route: bool,
+}
+
+impl ExpertGate {
+    /// The gate on `device`.
+    pub fn on(self, device: tch::Device) -> Result<ExpertGate, ModelError> {
+        Ok(ExpertGate { g: self.g.f_to_device(device)?, route: self.route })
+    }
+}
+
 /// One expert.
 pub enum Expert {
     /// `down(silu(gate x) * up x)` (Mixtral, OLMoE, Qwen).
@@ -272,7 +301,15 @@ impl Mlp for Experts {
     fn kind(&self) -> &'static str {
         "experts"
     }
-    fn forward(&self, x: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot, _: Inside) -> Result<Tensor, ModelError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        gate: Option<&ExpertGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        _: Inside,
+    ) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer, p);
         // AttnLRP through experts: the router's weights (and a shared expert's gate) act as
         // gates, fixed (no relevance flows into the router), each expert a SwiGLU under the
@@ -284,8 +321,27 @@ impl Mlp for Experts {
                 "AttnLRP has no rule for the clamped SwiGLU experts of {kind} layer {layer} (gpt-oss; docs/methods.md#experts)"
             )));
         }
-        let logits = hooks::at(h, at(Point::RouterLogits), self.router.forward(x))?;
-        let weights = hooks::at(h, at(Point::RouterWeights), self.route(&logits, x.kind())?)?;
+        // The view's expert gates (numbered as loaded), applied before the hook points: a
+        // closed expert routed around has a logit of minus infinity, else its gate multiplies
+        // its weight.
+        let own = match gate {
+            Some(g) => {
+                let ids =
+                    Tensor::from_slice(&self.ids.iter().map(|&e| e as i64).collect::<Vec<_>>()).to_device(g.g.device());
+                Some((g.g.f_index_select(0, &ids)?, g.route))
+            }
+            None => None,
+        };
+        let mut logits = self.router.forward(x);
+        if let Some((g, true)) = &own {
+            logits = logits.f_masked_fill(&g.f_le(0.0)?.f_to_device(logits.device())?, f64::NEG_INFINITY)?;
+        }
+        let logits = hooks::at(h, at(Point::RouterLogits), logits)?;
+        let mut weights = self.route(&logits, x.kind())?;
+        if let Some((g, false)) = &own {
+            weights = weights.f_mul(&g.f_to_kind(weights.kind())?.f_to_device(weights.device())?)?;
+        }
+        let weights = hooks::at(h, at(Point::RouterWeights), weights)?;
         let weights = if lrp { weights.f_detach()? } else { weights };
         let d = *x.size().last().unwrap_or(&0);
         let n = self.experts.len() as i64;

@@ -211,7 +211,7 @@ impl dyn Mixer + '_ {
             }
         }
         let g = Tensor::f_from_slice(&g)?.f_view([n as i64 * bsz, width as i64])?.f_to_device(z.device())?;
-        let lg = LayerGate { g, fill, duo: None, bypass: None };
+        let lg = LayerGate { g, fill, duo: None, bypass: None, heads: true, experts: None };
         Ok(self.gated(&z.f_repeat([n as i64, 1, 1, 1])?, &lg, Inside(())))
     }
 

@@ -8,6 +8,7 @@
 //!
 //! Adding a kind is a file that implements [`Mlp`] and its name in [`KINDS`].
 
+use super::experts::ExpertGate;
 use super::hooks::{At, HookSlot};
 use super::mixer::Inside;
 use super::nn::{Ffn, Params};
@@ -23,10 +24,12 @@ pub trait Mlp: Send {
     fn kind(&self) -> &'static str;
 
     /// The MLP's output `[.., D]` for its input `x [.., D]` (after the layer's norm), every hook
-    /// point of [`Mlp::points`] seen by `h`.
+    /// point of [`Mlp::points`] seen by `h`; `experts`: the layer's expert gates `[width]`
+    /// (`super::nn::ExpertGates`), read by a kind with experts.
     fn forward(
         &self,
         x: &Tensor,
+        experts: Option<&ExpertGate>,
         kind: Kind,
         layer: usize,
         h: &mut HookSlot,
@@ -72,7 +75,15 @@ impl Mlp for Ffn {
     fn kind(&self) -> &'static str {
         "dense"
     }
-    fn forward(&self, x: &Tensor, kind: Kind, layer: usize, h: &mut HookSlot, _: Inside) -> Result<Tensor, ModelError> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        _: Option<&ExpertGate>,
+        kind: Kind,
+        layer: usize,
+        h: &mut HookSlot,
+        _: Inside,
+    ) -> Result<Tensor, ModelError> {
         Ok(self.forward_hooked(x, kind, layer, h)?.2)
     }
     fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
@@ -101,12 +112,13 @@ impl Mlp for Box<dyn Mlp> {
     fn forward(
         &self,
         x: &Tensor,
+        experts: Option<&ExpertGate>,
         kind: Kind,
         layer: usize,
         h: &mut HookSlot,
         inside: Inside,
     ) -> Result<Tensor, ModelError> {
-        self.as_ref().forward(x, kind, layer, h, inside)
+        self.as_ref().forward(x, experts, kind, layer, h, inside)
     }
     fn points(&self, kind: Kind, layer: usize, out: &mut Vec<At>) {
         self.as_ref().points(kind, layer, out)

@@ -2,6 +2,7 @@
 //! per-head gates and capture, feed-forward blocks, the SSRU cell. Weights are never edited
 //! after loading; masks enter through [`Gates`].
 
+use super::experts::ExpertGate;
 use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::latent::Latent;
 use super::mixer::{Carry, Inside, Mixer, StepBias};
@@ -457,6 +458,19 @@ pub struct Gates {
     /// A fill computed per batch (resample or per-position mean ablation): resolved into
     /// `fill` by the stack's entry ([`super::transformer::Transformer::encode`]).
     pub source: Option<std::rc::Rc<super::fill::FillSource>>,
+    /// Gates on experts (docs/methods.md#experts-as-units).
+    pub experts: Option<ExpertGates>,
+}
+
+/// Gates on the experts of one stack: `g [layers, width]` in the experts' numbering as loaded
+/// (`width` the most experts of a layer; a dense layer's row is read by nothing), one mask for
+/// every row of the batch (docs/methods.md#experts-as-units). A gate multiplies the expert's
+/// router weight (0: its output zeroed where it was chosen, the routing unchanged), or with
+/// `route` a gate of 0 removes the expert from routing (its logit minus infinity).
+pub struct ExpertGates {
+    pub kind: Kind,
+    pub g: Tensor,
+    pub route: bool,
 }
 
 /// HARP's pruned attention (Liu & Liu 2025): layer `layer_idx` of `kind` skips its scores and
@@ -633,6 +647,10 @@ pub struct LayerGate {
     pub duo: Option<DuoLayer>,
     /// HARP: the attention bypassed, each token's own value times this.
     pub bypass: Option<f64>,
+    /// Whether `g` gates the mixer's heads (false: the layer's gate is its experts' alone).
+    pub heads: bool,
+    /// The layer's expert gates ([`ExpertGates`]).
+    pub experts: Option<ExpertGate>,
 }
 
 impl LayerGate {
@@ -649,7 +667,11 @@ impl LayerGate {
             Some(f) => Some(f.f_to_device(device)?),
             None => None,
         };
-        Ok(LayerGate { g: self.g.f_to_device(device)?, fill, duo, bypass: self.bypass })
+        let experts = match &self.experts {
+            Some(e) => Some(ExpertGate { g: e.g.f_to_device(device)?, route: e.route }),
+            None => None,
+        };
+        Ok(LayerGate { g: self.g.f_to_device(device)?, fill, duo, bypass: self.bypass, heads: self.heads, experts })
     }
 }
 
@@ -667,18 +689,30 @@ impl Gates {
         };
         let bypass =
             self.bypass.as_ref().and_then(|b| b.iter().find(|b| b.kind == kind && b.layer_idx == layer_idx).copied());
-        let g = match (self.of(kind), &duo, &bypass) {
-            (Some(g), _, _) => g.select(1, layer_idx as i64),
-            (None, Some(d), _) => d.alpha.detach().ones_like().unsqueeze(0),
-            (None, None, Some(b)) => Tensor::ones([1, b.width as i64], (DType::Float, tch::Device::Cpu)),
-            (None, None, None) => return None,
+        let experts = self.experts_of(kind, layer_idx);
+        let (g, heads) = match (self.of(kind), &duo, &bypass, &experts) {
+            (Some(g), _, _, _) => (g.select(1, layer_idx as i64), true),
+            (None, Some(d), _, _) => (d.alpha.detach().ones_like().unsqueeze(0), true),
+            (None, None, Some(b), _) => (Tensor::ones([1, b.width as i64], (DType::Float, tch::Device::Cpu)), true),
+            (None, None, None, Some(_)) => (Tensor::ones([1, 0], (DType::Float, tch::Device::Cpu)), false),
+            (None, None, None, None) => return None,
         };
         Some(LayerGate {
             g,
             fill: self.fill.of(kind).map(|f| f.select(0, layer_idx as i64)),
             duo,
             bypass: bypass.map(|b| b.alpha),
+            heads,
+            experts,
         })
+    }
+
+    /// The expert gates of layer `layer_idx` of `kind` (`[width]`), if any.
+    pub fn experts_of(&self, kind: Kind, layer_idx: usize) -> Option<ExpertGate> {
+        self.experts
+            .as_ref()
+            .filter(|e| e.kind == kind && (layer_idx as i64) < e.g.size()[0])
+            .map(|e| ExpertGate { g: e.g.get(layer_idx as i64), route: e.route })
     }
     /// The fill of one layer of `kind` `[heads, d_head]`, if the kind has one.
     pub fn fill_of(&self, kind: Kind, layer_idx: usize) -> Option<Tensor> {
@@ -718,6 +752,11 @@ impl Gates {
             duo: self.duo.clone(),
             bypass: self.bypass.clone(),
             source: self.source.clone(),
+            experts: self.experts.as_ref().map(|e| ExpertGates {
+                kind: e.kind,
+                g: e.g.shallow_clone(),
+                route: e.route,
+            }),
         }
     }
 
@@ -735,6 +774,11 @@ impl Gates {
             duo: self.duo.clone(),
             bypass: self.bypass.clone(),
             source: self.source.clone(),
+            experts: self.experts.as_ref().map(|e| ExpertGates {
+                kind: e.kind,
+                g: e.g.shallow_clone(),
+                route: e.route,
+            }),
         }
     }
 }
@@ -1585,7 +1629,7 @@ mod tests {
                 &x,
                 &x,
                 &bias,
-                Some(&LayerGate { g: ones, fill: None, duo: None, bypass: None }),
+                Some(&LayerGate { g: ones, fill: None, duo: None, bypass: None, heads: true, experts: None }),
                 Kind::Enc,
                 0,
                 &mut none,
@@ -1598,7 +1642,14 @@ mod tests {
                 &x,
                 &x,
                 &bias,
-                Some(&LayerGate { g: g.shallow_clone(), fill: None, duo: None, bypass: None }),
+                Some(&LayerGate {
+                    g: g.shallow_clone(),
+                    fill: None,
+                    duo: None,
+                    bypass: None,
+                    heads: true,
+                    experts: None,
+                }),
                 Kind::Enc,
                 0,
                 &mut none,
@@ -1614,7 +1665,7 @@ mod tests {
                 &x,
                 &x,
                 &bias,
-                Some(&LayerGate { g, fill: Some(fill), duo: None, bypass: None }),
+                Some(&LayerGate { g, fill: Some(fill), duo: None, bypass: None, heads: true, experts: None }),
                 Kind::Enc,
                 0,
                 &mut none,

@@ -108,13 +108,13 @@ impl Transformer {
                         let mut h = Some(&mut put as &mut dyn Hooks);
                         let (x, a) =
                             self.layer_attention(l, &x, from, prefix(l, from, reps)?, gates, &mut h, Queries::All)?;
-                        let y = self.layer_finish(l, &x, a, &mut h)?;
+                        let y = self.layer_finish(l, &x, a, gates, &mut h)?;
                         Piece::Whole(if l == top { last(y)? } else { y })
                     }
                 };
                 pieces[g].push(piece);
             }
-            let finished = self.finish_together(l, halves)?;
+            let finished = self.finish_together(l, halves, gates)?;
             for (g, ps) in pieces.into_iter().enumerate() {
                 let parts: Vec<Tensor> = ps
                     .into_iter()
@@ -142,10 +142,15 @@ impl Transformer {
     /// Layer `l` finished after its attention for every attention half `(x, a)` of a pass:
     /// where the layer reads each position alone, as one batch (the halves flattened to
     /// positions, concatenated, finished, and split back); otherwise each half apart.
-    fn finish_together(&self, l: usize, halves: Vec<(Tensor, Tensor)>) -> Result<Vec<Tensor>, ModelError> {
+    fn finish_together(
+        &self,
+        l: usize,
+        halves: Vec<(Tensor, Tensor)>,
+        gates: &Gates,
+    ) -> Result<Vec<Tensor>, ModelError> {
         let position_wise = self.stack.get(l).is_some_and(|layer| layer.position_wise());
         if halves.len() <= 1 || !position_wise {
-            return halves.into_iter().map(|(x, a)| self.layer_finish(l, &x, a, &mut None)).collect();
+            return halves.into_iter().map(|(x, a)| self.layer_finish(l, &x, a, gates, &mut None)).collect();
         }
         let shapes: Vec<Vec<i64>> = halves.iter().map(|(x, _)| x.size()).collect();
         let d = shapes[0].last().copied().unwrap_or(0);
@@ -156,7 +161,7 @@ impl Transformer {
         let x = Tensor::f_cat(&xs, 0)?.f_unsqueeze(0)?;
         let a = Tensor::f_cat(&as_, 0)?.f_unsqueeze(0)?;
         drop((xs, as_));
-        let y = self.layer_finish(l, &x, a, &mut None)?.f_squeeze_dim(0)?;
+        let y = self.layer_finish(l, &x, a, gates, &mut None)?.f_squeeze_dim(0)?;
         let mut at = 0;
         shapes
             .iter()

@@ -2,6 +2,7 @@
 //! self-block, optional cross-attention) and an output projection. Checkpoint families
 //! (`families/`) build it from their files.
 
+use super::experts::ExpertGate;
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer};
 use super::mlp::Mlp;
@@ -311,7 +312,7 @@ impl StackLayer {
         keep: bool,
     ) -> Result<Tensor, ModelError> {
         let (x, a) = self.attention_queries(x, bias, gate, kind, layer_idx, h, cache, queries, keep)?;
-        self.finish_hooked(&x, a, kind, layer_idx, h)
+        self.finish_hooked(&x, a, kind, layer_idx, h, gate.and_then(|g| g.experts.as_ref()))
     }
 
     /// The attention half of [`StackLayer::forward_queries`]: the residual stream at the
@@ -330,6 +331,8 @@ impl StackLayer {
         queries: Queries,
         keep: bool,
     ) -> Result<(Tensor, Tensor), ModelError> {
+        // A gate of the layer's experts alone leaves the heads ungated.
+        let gate = gate.filter(|g| g.heads);
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
@@ -454,13 +457,14 @@ impl StackLayer {
         kind: Kind,
         layer_idx: usize,
         hk: &mut HookSlot,
+        experts: Option<&ExpertGate>,
     ) -> Result<Tensor, ModelError> {
         let rules = hooks::rules(hk);
         let at = |p| At::new(kind, layer_idx, p);
         if self.norm_position == NormPosition::Parallel {
             // The MLP reads the layer's input, beside the attention: no resid_mid on the path.
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(x, rules))?;
-            let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
+            let ffn_out = self.ffn.forward(&ffn_in, experts, kind, layer_idx, hk, Inside(()))?;
             let a = self.attn_added(a_out, kind, layer_idx, hk)?.ok_or_else(|| no_sum(layer_idx))?;
             let s1 = x + a;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &ffn_out)?;
@@ -472,14 +476,14 @@ impl StackLayer {
         };
         let s1 = hooks::at(hk, at(Point::ResidMid), sum_into(added, x, hk)?)?;
         if self.norm_position == NormPosition::PostSublayer {
-            let ffn_out = self.ffn.forward(&s1, kind, layer_idx, hk, Inside(()))?;
+            let ffn_out = self.ffn.forward(&s1, experts, kind, layer_idx, hk, Inside(()))?;
             let f_n = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
         }
         if let (NormPosition::Pre, Some((_, post_ffn))) = (self.norm_position, &self.post_norms) {
             let ffn_in = hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s1, rules))?;
-            let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
+            let ffn_out = self.ffn.forward(&ffn_in, experts, kind, layer_idx, hk, Inside(()))?;
             let f_n = hooks::at(hk, at(Point::Ln2Post), post_ffn.forward_with(&ffn_out, rules))?;
             let s2 = hooks::at(hk, at(Point::ResidPost), &s1 + &f_n)?;
             return Ok(s2);
@@ -494,7 +498,7 @@ impl StackLayer {
                 (s1, n)
             }
         };
-        let ffn_out = self.ffn.forward(&ffn_in, kind, layer_idx, hk, Inside(()))?;
+        let ffn_out = self.ffn.forward(&ffn_in, experts, kind, layer_idx, hk, Inside(()))?;
         let s2 = hooks::at(hk, at(Point::ResidPost), sum_into(ffn_out, &h, hk)?)?;
         let y = match self.norm_position {
             NormPosition::Post => hooks::at(hk, at(Point::Ln2), self.ffn_norm.forward_with(&s2, rules))?,
@@ -806,7 +810,7 @@ impl DecoderLayer {
                 _ => x1.shallow_clone(),
             };
             let n3 = hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_b, rules))?;
-            let ffn_out = self.ffn.forward(&n3, Kind::Dec, layer_idx, h, Inside(()))?;
+            let ffn_out = self.ffn.forward(&n3, None, Kind::Dec, layer_idx, h, Inside(()))?;
             hooks::at(h, at(Kind::Dec, Point::ResidPost), &s_b + &ffn_out)?
         } else {
             let x2 = match (&self.cross, a) {
@@ -816,7 +820,7 @@ impl DecoderLayer {
                 }
                 _ => x1.shallow_clone(),
             };
-            let ffn_out = self.ffn.forward(&x2, Kind::Dec, layer_idx, h, Inside(()))?;
+            let ffn_out = self.ffn.forward(&x2, None, Kind::Dec, layer_idx, h, Inside(()))?;
             let s_c = hooks::at(h, at(Kind::Dec, Point::ResidPost), &x2 + &ffn_out)?;
             hooks::at(h, at(Kind::Dec, Point::Ln2), self.ffn_norm.forward_with(&s_c, rules))?
         };
@@ -1105,7 +1109,8 @@ impl Transformer {
                         check_interrupt()?;
                         let z = z.f_to_device(on.device)?;
                         let a = layer.mixer.output_from_z(&z, kind, l, h, Inside(()))?;
-                        layer.finish_hooked(&x, a, kind, l, h)?
+                        let e = gates.experts_of(kind, l).map(|e| e.on(on.device)).transpose()?;
+                        layer.finish_hooked(&x, a, kind, l, h, e.as_ref())?
                     }
                     _ => {
                         let g = gates.layer(kind, l).map(|g| g.on(on.device)).transpose()?;
@@ -1222,9 +1227,17 @@ impl Transformer {
     /// The half of layer `l` after its attention ([`Transformer::layer_attention`]), from the
     /// residual stream `x` and the attention's output `a` (both `[.., D]`, of one shape; each
     /// position is read alone).
-    pub(super) fn layer_finish(&self, l: usize, x: &Tensor, a: Tensor, h: &mut HookSlot) -> Result<Tensor, ModelError> {
+    pub(super) fn layer_finish(
+        &self,
+        l: usize,
+        x: &Tensor,
+        a: Tensor,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
         let layer = self.stack_layer(l)?;
-        layer.finish_hooked(x, a, self.stack_kind, l, h)
+        let e = gates.experts_of(self.stack_kind, l).map(|e| e.on(x.device())).transpose()?;
+        layer.finish_hooked(x, a, self.stack_kind, l, h, e.as_ref())
     }
 
     /// Layer `l` resumed at its attention's `hook_z` (`x` its input, `z` the contexts, at any

@@ -4,7 +4,8 @@
 //! and states here what it cannot run on ([`Needs`]); the script layer (`Model` in scripts) and
 //! the library API (`api::Model`) only wrap it.
 
-use super::nn::{Fills, Gates, Regime, Streaming};
+use super::experts::ExpertId;
+use super::nn::{ExpertGates, Fills, Gates, Regime, Streaming};
 use super::{HeadId, KindGrids, Model, ModelError};
 use std::rc::Rc;
 
@@ -21,6 +22,16 @@ pub struct View {
     pub ablation: Option<Rc<MeanAblation>>,
     /// Streaming heads (docs/methods.md#streaming-heads): whole key/value groups.
     pub streaming: Option<std::sync::Arc<Streaming>>,
+    /// Closed experts (docs/methods.md#experts-as-units).
+    pub experts: Option<Rc<ExpertMask>>,
+}
+
+/// The experts a view closes, sorted, each checked against the model, and how: routed around,
+/// or their output zeroed where chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertMask {
+    pub closed: Vec<ExpertId>,
+    pub route: bool,
 }
 
 /// What closed heads take instead of zero (mean, per-position mean or resample ablation), and
@@ -65,7 +76,14 @@ impl Drop for CallLanguage {
 
 impl View {
     pub fn new(model: Model) -> View {
-        View { model: Rc::new(model), closed: Rc::new(vec![]), soft: None, ablation: None, streaming: None }
+        View {
+            model: Rc::new(model),
+            closed: Rc::new(vec![]),
+            soft: None,
+            ablation: None,
+            streaming: None,
+            experts: None,
+        }
     }
 
     /// `code` ([`Model::target_language`]) as the target language of one call.
@@ -90,7 +108,65 @@ impl View {
             g.source = a.source.clone();
         }
         g.stream = self.streaming.clone();
+        if let Some(e) = &self.experts {
+            let m = &self.model;
+            let layers = m.net.stack.len();
+            let width = (0..layers).filter_map(|l| m.experts(l)).map(|x| x.loaded()).max().unwrap_or(0);
+            let mut flat = vec![1f32; layers * width];
+            for id in &e.closed {
+                flat[id.layer * width + id.expert] = 0.0;
+            }
+            let t = tch::Tensor::from_slice(&flat).view([layers as i64, width as i64]).to_device(m.device());
+            g.experts = Some(ExpertGates { kind: m.net.stack_kind, g: t, route: e.route });
+        }
         Ok(g)
+    }
+
+    /// A view with `experts` closed as well (docs/methods.md#experts-as-units): routed around
+    /// (`route`) or their output zeroed where chosen, one way per view. Refused for an expert
+    /// the model does not have, and, routing around, where a layer would keep fewer experts
+    /// than it routes each token to. Errors start with `func`.
+    pub fn closing_experts(&self, experts: &[ExpertId], route: bool, func: &str) -> Result<View, ModelError> {
+        let m = &self.model;
+        let mut closed = match &self.experts {
+            Some(e) if e.route != route => {
+                return Err(ModelError::Invalid(format!(
+                    "{func}: this view closes experts by {} already: one way per view",
+                    if e.route { "routing around them" } else { "zeroing their output" }
+                )))
+            }
+            Some(e) => e.closed.clone(),
+            None => vec![],
+        };
+        for id in experts {
+            let Some(x) = m.experts(id.layer) else {
+                return Err(ModelError::Invalid(format!("{func}: layer {} of {} has no experts", id.layer, m.name())));
+            };
+            if !x.ids().contains(&id.expert) {
+                return Err(ModelError::Invalid(format!(
+                    "{func}: expert {} of layer {} is not one of its experts ({})",
+                    id.expert,
+                    id.layer,
+                    x.describe_ids()
+                )));
+            }
+            closed.push(*id);
+        }
+        closed.sort();
+        closed.dedup();
+        if route {
+            for l in 0..m.net.stack.len() {
+                let Some(x) = m.experts(l) else { continue };
+                let left = x.ids().len() - closed.iter().filter(|e| e.layer == l).count();
+                if (left as i64) < x.top_k {
+                    return Err(ModelError::Invalid(format!(
+                        "{func}: routing around them leaves layer {l} {left} experts, fewer than the {} it routes each token to",
+                        x.top_k
+                    )));
+                }
+            }
+        }
+        Ok(View { experts: Some(Rc::new(ExpertMask { closed, route })), ..self.clone() })
     }
 
     /// A view with the key/value groups of `heads` streaming as well (docs/methods.md#streaming-heads):
@@ -200,7 +276,7 @@ impl View {
 
     /// Refuses `func` on a view it cannot run on, in one line naming the function.
     pub fn require(&self, func: &str, needs: Needs) -> Result<(), ModelError> {
-        let closed = !self.closed.is_empty();
+        let closed = !self.closed.is_empty() || self.experts.is_some();
         let soft = self.soft.is_some();
         let streaming = self.streaming.is_some();
         match needs {
@@ -230,6 +306,7 @@ impl View {
             "dtype": format!("{:?}", m.opts.dtype),
             "kinds": m.kinds().iter().map(|s| serde_json::json!({"kind": s.kind.to_string(), "layers": s.n_layers, "heads": s.n_heads, "present": (0..s.n_layers).map(|l| m.present(s.kind, l)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             "closed": self.closed.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+            "experts_closed": self.experts.as_ref().map(|e| serde_json::json!({"experts": e.closed.iter().map(|x| x.to_string()).collect::<Vec<_>>(), "route": e.route})),
             "soft": self.soft.as_ref().map(|s| s.iter().map(|(k, g)| (k.to_string(), serde_json::json!(g))).collect::<serde_json::Map<_, _>>()),
             "ablation": self.ablation.as_ref().map(|a| serde_json::json!({"mode": a.mode, "mean": a.reference, "digest": a.digest})),
             "streaming": self.streaming.as_ref().map(|s| serde_json::json!({"sink": s.sink, "recent": s.recent, "regime": regime_name(s.regime), "prompt": match s.regime { Regime::Decode { prompt } => prompt, Regime::Always => None }, "groups": self.streaming_groups().into_iter().map(|(g, _)| g).collect::<Vec<_>>()})),
@@ -251,6 +328,11 @@ impl View {
                 regime_name(st.regime),
                 groups.join(" ")
             );
+        }
+        if let Some(e) = &self.experts {
+            let names: Vec<String> = e.closed.iter().map(|x| x.to_string()).collect();
+            let how = if e.route { "routed around" } else { "output zeroed" };
+            d = format!("{}, experts {how}: {}>", d.trim_end_matches('>'), names.join(" "));
         }
         if self.closed.is_empty() {
             d
