@@ -201,3 +201,24 @@ fn prune_heads_on_latent_attention_equals_masking() {
     let before = kv_cost(&View::new(m), 100, None).bytes;
     assert_eq!(kv_cost(&View::new(p), 100, None).bytes, before, "the latent cache is the same size");
 }
+
+/// The streaming verbs say once, in one line, that a latent-attention model caches one latent
+/// per layer (streaming a head streams its layer); the cache's bytes are the latent's, and the
+/// description names it.
+#[test]
+fn streaming_verbs_say_what_latent_attention_caches() {
+    let dir = common::tiny_hf_dir().join("deepseek_v3");
+    let code = format!(
+        r#"let m = load_model("{}"); print(m); let v = m.with_streaming(["dec.0.1"], #{{sink: 1, recent: 4}}); print(v.kv_cost(100).bytes); print(v.kv_cost(100).full_bytes);"#,
+        dir.display()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_headscope")).args(["-e", &code]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("latent attention (cache: 16 numbers per token and layer)"), "{text}");
+    let warned: Vec<&str> = text.lines().filter(|l| l.starts_with("warning: with_streaming:")).collect();
+    assert_eq!(warned.len(), 1, "{text}");
+    assert!(warned[0].contains("streaming a head streams its whole layer"), "{text}");
+    // Layer 0 streams (5 of 100 positions kept), layer 1 keeps all: 16 float32 numbers each.
+    assert!(text.contains(&format!("\n{}\n{}", (5 + 100) * 16 * 4, 2 * 100 * 16 * 4)), "{text}");
+}

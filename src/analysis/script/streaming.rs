@@ -135,6 +135,21 @@ fn grid_scores(m: &View, g: &Grid, what: &str) -> ScriptResult<Vec<Vec<f64>>> {
     Ok(rows.clone())
 }
 
+/// Latent attention caches one latent per token and layer for all its heads
+/// (docs/methods.md#latent-attention): said once per call, in one line, where a streaming verb
+/// runs on such a model (its groups are whole layers).
+fn latent_note(m: &ScriptModel, f: &str) {
+    let latent = (0..m.model.net.stack.len()).any(|l| {
+        m.model.mixer(crate::model::Kind::Dec, l).and_then(|x| x.as_attention()).is_some_and(|a| a.latent.is_some())
+    });
+    if latent {
+        crate::run::warn(&format!(
+            "{f}: {} uses latent attention, whose cache holds one latent per token and layer for all its heads: streaming a head streams its whole layer, and a head alone saves no memory (docs/methods.md#latent-attention)",
+            m.model.name()
+        ));
+    }
+}
+
 #[export_module]
 pub mod api {
     /// A view of the model whose key/value groups of `heads` stream (docs/methods.md#streaming-heads):
@@ -154,6 +169,7 @@ pub mod api {
     #[rhai_fn(name = "with_streaming", return_raw, pure)]
     pub fn with_streaming_opts(m: &mut ScriptModel, heads: Dynamic, options: Map) -> ScriptResult<ScriptModel> {
         let f = "with_streaming";
+        latent_note(m, f);
         let o = Opts::new(&options, f, WITH_STREAMING_OPTIONS)?;
         let (sink, recent, regime) = streaming_options(&o)?;
         let ids = crate::model::script::head_ids(m, &heads, f)?;
@@ -176,6 +192,7 @@ pub mod api {
     #[rhai_fn(name = "kv_scores", return_raw, pure)]
     pub fn kv_scores_opts(m: &mut ScriptModel, scorer: &str, options: Map) -> ScriptResult<Grid> {
         let f = "kv_scores";
+        latent_note(m, f);
         let o = Opts::new(&options, f, KV_SCORES_OPTIONS)?;
         let scorer: Scorer = scorer.parse().or_else(|e: String| err(format!("{f}: {e}")))?;
         let so = ScoreOptions {
@@ -272,6 +289,7 @@ pub mod api {
     #[rhai_fn(name = "kv_footprint", return_raw, pure)]
     pub fn kv_footprint_opts(m: &mut ScriptModel, prompt: i64, options: Map) -> ScriptResult<Map> {
         let f = "kv_footprint";
+        latent_note(m, f);
         let o = Opts::new(&options, f, KV_FOOTPRINT_OPTIONS)?;
         if prompt < 1 {
             return err(format!("{f}: prompt must be 1 or more tokens, got {prompt}"));
@@ -363,6 +381,7 @@ pub mod api {
     #[rhai_fn(return_raw, pure)]
     pub fn kv_curve(m: &mut ScriptModel, scores: Dynamic, data: Dynamic, options: Map) -> ScriptResult<Table> {
         let f = "kv_curve";
+        latent_note(m, f);
         let o = Opts::new(&options, f, KV_CURVE_OPTIONS)?;
         m.require(f, crate::model::view::Needs::NoStreaming).script()?;
         if !m.model.decoder_only() {

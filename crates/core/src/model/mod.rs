@@ -1153,6 +1153,14 @@ impl Model {
                 s
             }
         };
+        // Latent attention: what its cache holds (docs/methods.md#latent-attention).
+        let latent = (0..self.net.stack.len())
+            .filter_map(|l| self.net.stack[l].attention().and_then(|a| a.latent.as_ref()))
+            .next()
+            .map_or(String::new(), |lat| {
+                format!(", latent attention (cache: {} numbers per token and layer)", lat.numbers_per_entry())
+            });
+        let experts = format!("{latent}{experts}");
         format!(
             "<Model {} ({}), {:.1}M parameters, heads: {}{experts}, on {} as {:?}>",
             self.name(),
