@@ -49,6 +49,48 @@ const ALIASES: &[(&str, &str, &str)] = &[
     ("gemma3_text", "mm_tokens_per_image", "the multimodal Gemma 3"),
     ("gemma3_text", "text_config", "the multimodal Gemma 3"),
     ("gemma3_text", "vision_config", "the multimodal Gemma 3"),
+    ("llama4_text", "image_size", "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares"),
+    (
+        "llama4_text",
+        "image_token_id",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "num_channels",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    ("llama4_text", "patch_size", "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares"),
+    (
+        "llama4_text",
+        "pixel_shuffle_ratio",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "projector_dropout",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "projector_input_dim",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "projector_output_dim",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "text_config",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
+    (
+        "llama4_text",
+        "vision_config",
+        "the multimodal Llama 4 (model_type llama4), whose modeling file llama4_text shares",
+    ),
 ];
 
 #[test]

@@ -107,6 +107,8 @@ pub enum Routing {
     Softmax { renormalise: bool },
     /// gpt-oss: the `top_k` largest logits, then the softmax over them alone.
     TopKSoftmax,
+    /// Llama 4: the `top_k` largest logits, each one's sigmoid its weight (not renormalised).
+    TopKSigmoid,
     /// DeepSeek: each expert's score is the `softmax` of the logits (V2) or their `sigmoid`
     /// (V3); the experts as loaded fall into `groups` equal groups, and the `top_groups` groups
     /// with the highest group score (V2: their best expert's score; V3, `top2_sum`: the sum of
@@ -131,6 +133,9 @@ pub struct Experts {
     /// DeepSeek-V3's `e_score_correction_bias` `[n]`: added to the scores for choosing only
     /// (not to the weights).
     pub choice_bias: Option<Tensor>,
+    /// Llama 4: each chosen expert reads its input times its weight (`expert(w x)`), instead of
+    /// its output being weighted (`w expert(x)`).
+    pub input_scaled: bool,
     /// Each expert's number as loaded (`experts[i]` is expert `ids[i]`): `prune_experts` keeps
     /// the numbers of those it keeps, as `prune_heads` does heads'.
     ids: Vec<usize>,
@@ -149,7 +154,13 @@ impl Experts {
     ) -> Experts {
         let ids = (0..experts.len()).collect();
         let loaded = experts.len();
-        Experts { router, experts, top_k, routing, shared, choice_bias: None, ids, loaded }
+        Experts { router, experts, top_k, routing, shared, choice_bias: None, input_scaled: false, ids, loaded }
+    }
+
+    /// Weights on the experts' inputs (Llama 4), not their outputs.
+    pub fn with_input_scaled(mut self, input_scaled: bool) -> Experts {
+        self.input_scaled = input_scaled;
+        self
     }
 
     /// The bias added to the scores for choosing (DeepSeek-V3's `e_score_correction_bias`).
@@ -227,6 +238,10 @@ impl Experts {
             Routing::TopKSoftmax => {
                 let (v, idx) = logits.f_topk(self.top_k, -1, true, true)?;
                 (v.f_softmax(-1, v.kind())?, idx)
+            }
+            Routing::TopKSigmoid => {
+                let (v, idx) = logits.f_topk(self.top_k, -1, true, true)?;
+                (v.f_to_kind(wide)?.f_sigmoid()?, idx)
             }
             Routing::Grouped { sigmoid, groups, top_groups, top2_sum, renormalise, scale } => {
                 self.grouped(logits, wide, (sigmoid, groups, top_groups, top2_sum, renormalise, scale))?
@@ -316,6 +331,11 @@ impl Mlp for Experts {
         // rules; gpt-oss's clamped experts have no rule here.
         let rules = hooks::rules(h);
         let lrp = rules == GradRules::AttnLrp;
+        if lrp && self.input_scaled {
+            return Err(ModelError::Invalid(format!(
+                "AttnLRP has no rule for experts that read their input times the router's weight, {kind} layer {layer} (Llama 4; docs/methods.md#experts)"
+            )));
+        }
         if lrp && self.experts.iter().any(|e| matches!(e, Expert::Clamped { .. })) {
             return Err(ModelError::Invalid(format!(
                 "AttnLRP has no rule for the clamped SwiGLU experts of {kind} layer {layer} (gpt-oss; docs/methods.md#experts)"
@@ -359,8 +379,12 @@ impl Mlp for Experts {
                 }
                 continue;
             }
-            let y = expert.forward(&flat.f_index_select(0, &rows)?, kind, layer, rules)?;
-            let y = y.f_mul(&w.f_index_select(0, &rows)?.f_unsqueeze(1)?)?;
+            let w_rows = w.f_index_select(0, &rows)?.f_unsqueeze(1)?;
+            let y = if self.input_scaled {
+                expert.forward(&flat.f_index_select(0, &rows)?.f_mul(&w_rows)?, kind, layer, rules)?
+            } else {
+                expert.forward(&flat.f_index_select(0, &rows)?, kind, layer, rules)?.f_mul(&w_rows)?
+            };
             out = out.f_index_add(0, &rows, &y)?;
             if let Some(all) = each.as_mut() {
                 all.push(flat.f_zeros_like()?.f_index_add(0, &rows, &y)?);

@@ -808,6 +808,27 @@ pub struct Attention {
     /// `W_V` the normed key/value latent, and each key's last `rope` dimensions are shared by
     /// every head. `head_dim` is then the query/key width, [`Attention::z_dim`] the value's.
     pub latent: Option<Latent>,
+    /// Llama 4's attention temperature on its layers without rotary: each query at position `p`
+    /// times `ln(1 + floor((p + 1) / floor_scale)) attn_scale + 1` (after `hook_q`).
+    pub temperature: Option<Temperature>,
+}
+
+/// Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Temperature {
+    pub floor_scale: f64,
+    pub attn_scale: f64,
+}
+
+impl Temperature {
+    /// `q [B, H, T, dh]` at positions `start..` times each position's factor.
+    fn apply(&self, q: &Tensor, start: i64) -> Result<Tensor, ModelError> {
+        let t = q.size()[2];
+        let pos = Tensor::f_arange_start(start, start + t, (DType::Double, q.device()))?;
+        let f = pos.f_add_scalar(1.0)?.f_div_scalar(self.floor_scale)?.f_floor()?.f_log1p()?;
+        let f = f.f_mul_scalar(self.attn_scale)?.f_add_scalar(1.0)?.f_to_kind(q.kind())?.f_view([1, 1, t, 1])?;
+        Ok(q.f_mul(&f)?)
+    }
 }
 
 impl Attention {
@@ -830,7 +851,14 @@ impl Attention {
             score: Score::default(),
             sinks: None,
             latent: None,
+            temperature: None,
         }
+    }
+
+    /// Llama 4's attention temperature (its layers without rotary).
+    pub fn with_temperature(mut self, temperature: Option<Temperature>) -> Attention {
+        self.temperature = temperature;
+        self
     }
 
     /// The latent projections in front of `W_Q`, `W_K` and `W_V` (latent attention).
@@ -1034,6 +1062,10 @@ impl Attention {
             Some(r) => (r.apply_from(&q.f_contiguous()?, q_start), r.apply_from(&k.f_contiguous()?, 0)),
             None => (q.shallow_clone(), k.shallow_clone()),
         };
+        let q = match &self.temperature {
+            Some(t) => t.apply(&q, q_start)?,
+            None => q,
+        };
         let k = k.f_repeat_interleave_self_int(h / hk, Some(1), None)?;
         if self.sinks.is_some() {
             return Err(ModelError::Invalid(
@@ -1168,6 +1200,9 @@ impl Attention {
         let mut q = hooks::at(hs, at(Point::Q), q)?;
         if let Some(r) = &self.rotary {
             q = hooks::at(hs, at(Point::RotQ), r.apply_from(&q, start))?;
+        }
+        if let Some(t) = &self.temperature {
+            q = t.apply(&q, start)?;
         }
         // AttnLRP: the uniform rule on q.k^T and on A.v (as LXT applies it to llama: q and k
         // each carry a quarter of the gradient, v half; the softmax keeps its gradient).

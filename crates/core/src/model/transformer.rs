@@ -125,6 +125,9 @@ pub struct StackLayer {
     /// This layer's own sliding window (Gemma's alternating local layers): each query sees at
     /// most this many keys, on top of the stack's bias.
     pub(in crate::model) window: Option<i64>,
+    /// Llama 4's chunked attention: each query sees only the keys of its own chunk of this
+    /// many positions (`0..C`, `C..2C`, ...), on top of the stack's bias.
+    pub(in crate::model) chunk: Option<i64>,
     /// Where the layer runs: placement 0 on its weights' device as built
     /// ([`Transformer::place`] moves it).
     placement: Placement,
@@ -150,6 +153,7 @@ impl StackLayer {
             norm_position,
             post_norms: None,
             window: None,
+            chunk: None,
             placement,
         }
     }
@@ -220,6 +224,17 @@ impl StackLayer {
     pub fn with_window(mut self, window: Option<i64>) -> StackLayer {
         self.window = window;
         self
+    }
+
+    /// The layer's attention chunks (Llama 4's chunked attention).
+    pub fn with_chunk(mut self, chunk: Option<i64>) -> StackLayer {
+        self.chunk = chunk;
+        self
+    }
+
+    /// The layer's attention chunk size.
+    pub fn chunk(&self) -> Option<i64> {
+        self.chunk
     }
 
     /// The norm before the mixer (pre-norm, parallel) or after its residual (post-norm).
@@ -336,17 +351,24 @@ impl StackLayer {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let windowed;
-        let bias = match self.window {
-            Some(w) => {
-                let past =
-                    cache
-                        .as_ref()
-                        .and_then(|c| c.as_ref())
-                        .map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
-                windowed = bias + window_bias(x.size()[1], past, w, x.kind(), x.device());
-                &windowed
+        let bias = if self.window.is_some() || self.chunk.is_some() {
+            let past =
+                cache
+                    .as_ref()
+                    .and_then(|c| c.as_ref())
+                    .map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
+            let t = x.size()[1];
+            let mut b = bias.shallow_clone();
+            if let Some(w) = self.window {
+                b = b + window_bias(t, past, w, x.kind(), x.device());
             }
-            None => bias,
+            if let Some(c) = self.chunk {
+                b = b + chunk_bias(t, past, c, x.kind(), x.device())?;
+            }
+            windowed = b;
+            &windowed
+        } else {
+            bias
         };
         let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
         let attn_in = match self.norm_position {
@@ -1752,6 +1774,18 @@ pub fn cached_window_bias(t: i64, past: i64, window: Option<i64>, dtype: DType, 
 /// `j <= P + i - window`: a layer's own sliding window.
 pub fn window_bias(t: i64, past: i64, window: i64, dtype: DType, device: Device) -> Tensor {
     Tensor::ones([t, past + t], (dtype, device)).tril(past - window.max(1)).view([1, 1, t, past + t]) * -1e9
+}
+
+/// Additive bias `[1, 1, T, P + T]` hiding from query `i` (at position `P + i`) the keys
+/// before its chunk, `j < floor((P + i) / chunk) chunk`: Llama 4's chunked attention (the causal
+/// bias hides those after it).
+pub fn chunk_bias(t: i64, past: i64, chunk: i64, dtype: DType, device: Device) -> Result<Tensor, ModelError> {
+    let c = chunk.max(1);
+    let q =
+        Tensor::f_arange_start(past, past + t, (DType::Int64, device))?.f_floor_divide_scalar(c)?.f_mul_scalar(c)?;
+    let k = Tensor::f_arange(past + t, (DType::Int64, device))?;
+    let hidden = k.f_unsqueeze(0)?.f_lt_tensor(&q.f_unsqueeze(1)?)?;
+    Ok(hidden.f_to_kind(dtype)?.f_mul_scalar(-1e9)?.f_view([1, 1, t, past + t])?)
 }
 
 /// Float tensors of a checkpoint are converted to the model's dtype and device here.

@@ -5,7 +5,7 @@
 //! and a loader file; detection, loading, the parameter count and the message for an unknown
 //! directory read the table.
 
-use super::{bart, bert, deepseek, gemma, gpt2, gpt_neox, llama, llama_gguf, m2m100, marian_bin, phi3, t5};
+use super::{bart, bert, deepseek, gemma, gpt2, gpt_neox, llama, llama4, llama_gguf, m2m100, marian_bin, phi3, t5};
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
 use crate::model::{LoadOptions, ModelError};
@@ -26,6 +26,7 @@ pub enum Family {
     Gpt2,
     GptNeox,
     Llama,
+    Llama4Text,
     Qwen2,
     Qwen3,
     Mistral,
@@ -110,6 +111,8 @@ use TokenizerSource::{Json, JsonOrM2m100Spm, JsonOrMarianSpm};
 
 /// HF BART, mBART and MarianMT hold `final_logits_bias` as a buffer.
 const LOGITS_BIAS: &[&str] = &["unembed.b_U"];
+/// Llama 4's q/k norms have no weight in transformers (held here with unit weights).
+const UNIT_QK_NORMS: &[&str] = &["q_norm.w", "k_norm.w"];
 /// DeepSeek-V3's router holds its choice bias (`e_score_correction_bias`) as a buffer.
 const CHOICE_BIAS: &[&str] = &["b_gate_choice"];
 /// M2M100's sinusoid tables are buffers (MarianMT's are frozen parameters).
@@ -128,6 +131,7 @@ pub const ROWS: &[Row] = &[
     hf(Family::GptNeox, "gpt_neox", gpt_neox::load, Json, true, &[]),
     hf(Family::GptOss, "gpt_oss", llama::load, Json, true, &[]),
     hf(Family::Llama, "llama", llama::load, Json, true, &[]),
+    hf(Family::Llama4Text, "llama4_text", llama4::load, Json, true, UNIT_QK_NORMS),
     hf(Family::M2m100, "m2m_100", m2m100::load, JsonOrM2m100Spm, true, SINUSOIDS),
     hf(Family::Marian, "marian", bart::load, JsonOrMarianSpm, true, LOGITS_BIAS),
     hf(Family::Mbart, "mbart", m2m100::load, Json, true, LOGITS_BIAS),
@@ -248,6 +252,7 @@ mod tests {
             Family::Qwen3Moe,
             Family::DeepseekV2,
             Family::DeepseekV3,
+            Family::Llama4Text,
             Family::Gemma,
             Family::Gemma2,
             Family::Gemma3Text,

@@ -12,6 +12,7 @@ pub mod gemma;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod llama;
+pub mod llama4;
 pub mod llama_gguf;
 pub mod m2m100;
 pub mod marian_bin;

@@ -1,0 +1,78 @@
+//! Llama 4's text model against transformers (`llama4_text`; docs/methods.md#experts,
+//! docs/methods.md#llama-4): a tiny random checkpoint from `tests/fixtures/make_tiny_hf_2025.py`
+//! (eager attention) with layer 0 rotary, its queries and keys normed by their RMS, attending
+//! within chunks of 6 positions, and a dense MLP; layer 1 without rotary, with the attention
+//! temperature (floor_scale 4, attn_scale 0.5), four fused experts of which the sigmoids of the
+//! top two logits weigh the inputs, and a shared expert. Logits and attention within the
+//! float32 bound, greedy continuations (with the cache, across chunks), float64 within 1e-10
+//! with heads closed at the output projection too, parameter counts equal; an expert zeroed or
+//! routed around equals transformers'; `prune_experts` equals routing around.
+
+use crate::common;
+use crate::hf_2025::AblateExpert;
+use crate::hf_families::{check_against, float64_diffs};
+use headscope::analysis::experts::{prune_experts, ExpertAblation, ExpertEdit, ExpertId};
+use headscope::model::hooks::Hooks;
+use headscope::model::nn::Gates;
+use headscope::model::Model;
+use tch::{Kind as DType, Tensor};
+
+fn logits(m: &Model, h: Option<&mut dyn Hooks>, text: &str) -> Tensor {
+    let _g = tch::no_grad_guard();
+    let ids = m.tokenize(text).unwrap().ids;
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+    m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), h).unwrap()).unwrap().get(0)
+}
+
+#[test]
+fn llama4_text_equals_transformers() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    check_against(&g, "llama4_text", "llama4_text");
+    let m = common::tiny_hf("llama4_text", "f32");
+    assert_eq!(m.n_params, i64::try_from(&g["llama4_text_params"]).unwrap(), "parameters");
+    let kinds: Vec<&str> = m.net.stack.iter().map(|l| l.mlp().kind()).collect();
+    assert_eq!(kinds, vec!["dense", "experts"], "MLP kinds by layer");
+    let chunks: Vec<Option<i64>> = m.net.stack.iter().map(|l| l.chunk()).collect();
+    assert_eq!(chunks, vec![Some(6), None], "chunks by layer");
+    let text = &common::short_pud_sentences(1)[0];
+    assert!(m.tokenize(text).unwrap().ids.len() > 6, "the first sentence crosses a chunk");
+    let (dl, da, dm) = float64_diffs(&g, "llama4_text", "llama4_text", text).expect("float64 goldens");
+    assert!(dl < 1e-10 && da < 1e-10 && dm < 1e-10, "float64: logits {dl:e}, attention {da:e}, gated {dm:e}");
+}
+
+#[test]
+fn a_llama4_expert_zeroed_or_routed_around_equals_transformers_and_pruning() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    let m = common::tiny_hf("llama4_text", "f32");
+    let text = &common::short_pud_sentences(1)[0];
+    let plain = logits(&m, None, text);
+    let depth = common::depth(&m, m.tokenize(text).unwrap().ids.len());
+    for (route, key) in [(false, "zeroed"), (true, "routed")] {
+        let want = &g[&format!("llama4_text_expert_{key}_0")];
+        let got = logits(&m, Some(&mut AblateExpert { layer: 1, expert: 1, route }), text);
+        let d = common::max_diff(&got, want) / common::f32_bound(common::scale(want), depth);
+        assert!(d <= 1.0, "expert 1 {key}: {d:.3} of the float32 bound from transformers");
+        assert!(common::max_diff(&got, &plain) > 1e-4, "expert 1 {key} moved nothing");
+    }
+    let ids = [ExpertId { layer: 1, expert: 1 }, ExpertId { layer: 1, expert: 2 }];
+    let mut routed = ExpertEdit::ablate(&m, &ids, ExpertAblation::Route).unwrap();
+    let want = logits(&m, Some(&mut routed), text);
+    let p = prune_experts(&m, &ids).unwrap();
+    let d = common::max_diff(&logits(&p, None, text), &want);
+    assert!(d < 1e-5, "pruned against routed around: {d:e}");
+}
+
+/// AttnLRP has no rule for experts that read their input times the router's weight: one line.
+#[test]
+fn attnlrp_refuses_input_scaled_experts() {
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let setup = format!(
+        "let m = load_model({:?}); let d = corpus({:?}).take(2);",
+        common::tiny_hf_dir().join("llama4_text").display().to_string(),
+        common::fixtures().join("lrp_tiny/text.txt").display().to_string()
+    );
+    s.eval("setup", &setup).unwrap();
+    let Err(e) = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})") else { panic!("attnlrp ran") };
+    assert!(e.message.contains("input times the router's weight") && e.message.lines().count() == 1, "{}", e.message);
+}
