@@ -212,18 +212,9 @@ fn gpt_oss_with_attention_sinks_equals_transformers() {
 
 /// LRP's rules know the dense MLP and refuse the experts in one line naming the kind; AttnLRP
 /// runs through them (the router's weights as fixed gates, each expert a SwiGLU under its
-/// rules), and refuses gpt-oss's clamped experts in one line.
+/// rules), gpt-oss's clamped experts included.
 #[test]
 fn lrp_refuses_experts_and_attnlrp_runs_through_them() {
     crate::hf_families::lrp_refuses_and_attnlrp_runs("mixtral", "experts");
-    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
-    let text = common::fixtures().join("lrp_tiny/text.txt");
-    let setup = format!(
-        "let m = load_model({:?}); let d = corpus({:?}).take(2);",
-        common::tiny_hf_dir().join("gpt_oss").display().to_string(),
-        text.display().to_string()
-    );
-    s.eval("setup", &setup).unwrap();
-    let Err(e) = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})") else { panic!("gpt_oss: attnlrp ran") };
-    assert!(e.message.contains("clamped SwiGLU experts") && e.message.lines().count() == 1, "{}", e.message);
+    crate::hf_families::lrp_refuses_and_attnlrp_runs("gpt_oss", "experts");
 }

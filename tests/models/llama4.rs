@@ -63,16 +63,9 @@ fn a_llama4_expert_zeroed_or_routed_around_equals_transformers_and_pruning() {
     assert!(d < 1e-5, "pruned against routed around: {d:e}");
 }
 
-/// AttnLRP has no rule for experts that read their input times the router's weight: one line.
+/// LRP's rules refuse the experts in one line; AttnLRP runs through experts that read their
+/// input times the router's weight (held fixed).
 #[test]
-fn attnlrp_refuses_input_scaled_experts() {
-    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
-    let setup = format!(
-        "let m = load_model({:?}); let d = corpus({:?}).take(2);",
-        common::tiny_hf_dir().join("llama4_text").display().to_string(),
-        common::fixtures().join("lrp_tiny/text.txt").display().to_string()
-    );
-    s.eval("setup", &setup).unwrap();
-    let Err(e) = s.eval("attnlrp", "m.lrp(d, #{rule: \"attnlrp\"})") else { panic!("attnlrp ran") };
-    assert!(e.message.contains("input times the router's weight") && e.message.lines().count() == 1, "{}", e.message);
+fn lrp_refuses_and_attnlrp_runs_through_input_scaled_experts() {
+    crate::hf_families::lrp_refuses_and_attnlrp_runs("llama4_text", "experts");
 }

@@ -66,6 +66,17 @@ fn any_model_runs_on_every_family() {
         "gemma2",
         "gemma3",
         "gemma3_gguf",
+        // The 2025 families (make_tiny_hf_2025.py): experts, latent attention, Llama 4.
+        "mixtral",
+        "olmoe",
+        "qwen2_moe",
+        "qwen3_moe",
+        "gpt_oss",
+        "smollm3",
+        "olmo3",
+        "deepseek_v3",
+        "deepseek_v2",
+        "llama4_text",
     ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
@@ -83,7 +94,25 @@ fn any_model_runs_on_every_family() {
         // or, through a pre-norm translation decoder, LRP on the encoder alone.
         let prenorm_decoder = ["m2m100", "mbart", "t5", "flan_t5", "mt5", "t5_gguf"].iter().any(|f| d.ends_with(f));
         let own_rules = !prenorm_decoder
-            && !["pythia", "pythia_gguf", "olmo2", "gemma2", "gemma3", "gemma3_gguf"].iter().any(|f| d.ends_with(f));
+            && ![
+                "pythia",
+                "pythia_gguf",
+                "olmo2",
+                "gemma2",
+                "gemma3",
+                "gemma3_gguf",
+                "mixtral",
+                "olmoe",
+                "qwen2_moe",
+                "qwen3_moe",
+                "gpt_oss",
+                "olmo3",
+                "deepseek_v3",
+                "deepseek_v2",
+                "llama4_text",
+            ]
+            .iter()
+            .any(|f| d.ends_with(f));
         let lrp = if prenorm_decoder {
             "LRP (ab, seed norm)"
         } else if own_rules {

@@ -20,7 +20,7 @@
 use super::hooks::{self, At, GradRules, HookSlot, Point, Rules};
 use super::mixer::Inside;
 use super::mlp::Mlp;
-use super::nn::{Ffn, Linear, Params};
+use super::nn::{divide_gradient, identity_rule, Ffn, Linear, Params};
 use super::{Kind, ModelError};
 use tch::{Kind as DType, Tensor};
 
@@ -75,7 +75,14 @@ impl Expert {
                 let g = gate.forward(x).f_clamp_max(*limit)?;
                 let u = up.forward(x).f_clamp(-limit, *limit)?;
                 let glu = g.f_mul(&g.f_mul_scalar(*alpha)?.f_sigmoid()?)?;
-                Ok(down.forward(&u.f_add_scalar(1.0)?.f_mul(&glu)?))
+                let hidden = if rules == GradRules::AttnLrp {
+                    // AttnLRP (docs/methods.md#experts): the activation's identity rule, the
+                    // uniform rule on the product (the clamps pass no gradient where they bite).
+                    divide_gradient(&u.f_add_scalar(1.0)?.f_mul(&identity_rule(&glu, &g))?, 2.0)
+                } else {
+                    u.f_add_scalar(1.0)?.f_mul(&glu)?
+                };
+                Ok(down.forward(&hidden))
             }
         }
     }
@@ -327,20 +334,10 @@ impl Mlp for Experts {
     ) -> Result<Tensor, ModelError> {
         let at = |p| At::new(kind, layer, p);
         // AttnLRP through experts: the router's weights (and a shared expert's gate) act as
-        // gates, fixed (no relevance flows into the router), each expert a SwiGLU under the
-        // rules; gpt-oss's clamped experts have no rule here.
+        // gates, fixed (no relevance flows into the router), on each expert's output or (Llama
+        // 4) its input, each expert a SwiGLU under the rules (gpt-oss's clamped one too).
         let rules = hooks::rules(h);
         let lrp = rules == GradRules::AttnLrp;
-        if lrp && self.input_scaled {
-            return Err(ModelError::Invalid(format!(
-                "AttnLRP has no rule for experts that read their input times the router's weight, {kind} layer {layer} (Llama 4; docs/methods.md#experts)"
-            )));
-        }
-        if lrp && self.experts.iter().any(|e| matches!(e, Expert::Clamped { .. })) {
-            return Err(ModelError::Invalid(format!(
-                "AttnLRP has no rule for the clamped SwiGLU experts of {kind} layer {layer} (gpt-oss; docs/methods.md#experts)"
-            )));
-        }
         // The view's expert gates (numbered as loaded), applied before the hook points: a
         // closed expert routed around has a logit of minus infinity, else its gate multiplies
         // its weight.

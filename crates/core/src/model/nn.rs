@@ -16,12 +16,12 @@ fn with_grad_of(value: &Tensor, surrogate: &Tensor) -> Tensor {
 
 /// `x` with its gradient divided by `c` (LXT's `divide_gradient`; the uniform rule of a product
 /// of `c` factors).
-fn divide_gradient(x: &Tensor, c: f64) -> Tensor {
+pub(in crate::model) fn divide_gradient(x: &Tensor, c: f64) -> Tensor {
     with_grad_of(x, &(x / c))
 }
 
 /// `f(z)` with the gradient `f(z) / (z + 1e-10)` (LXT's `identity_rule_implicit`).
-fn identity_rule(f: &Tensor, z: &Tensor) -> Tensor {
+pub(in crate::model) fn identity_rule(f: &Tensor, z: &Tensor) -> Tensor {
     with_grad_of(f, &(z * (f / (z + 1e-10)).detach()))
 }
 
