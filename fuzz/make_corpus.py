@@ -172,6 +172,15 @@ put("gguf_model", "t5.gguf", gguf_model("t5", {**common_kv, "attention.key_lengt
      ("enc.blk.0.attn_norm.weight", (D,)), ("enc.blk.0.attn_rel_b.weight", (8, 2)), ("enc.blk.0.ffn_norm.weight", (D,)), ("enc.blk.0.ffn_up.weight", (F, D)), ("enc.blk.0.ffn_down.weight", (D, F)),
      ("dec.blk.0.attn_norm.weight", (D,)), ("dec.blk.0.attn_rel_b.weight", (8, 2)), ("dec.blk.0.cross_attn_norm.weight", (D,)), ("dec.blk.0.ffn_norm.weight", (D,)),
      ("dec.blk.0.ffn_up.weight", (F, D)), ("dec.blk.0.ffn_down.weight", (D, F))] + t5_att("enc.blk.0.attn") + t5_att("dec.blk.0.attn") + t5_att("dec.blk.0.cross_attn")))
+# Qwen3-MoE: each layer's experts stacked per projection (E = 3, expert width 4, 2 per token).
+E, FE = 3, 4
+moe_t = ([t for t in llama_t if not t[0].startswith("blk.0.ffn_") or t[0] == "blk.0.ffn_norm.weight"]
+         + [("blk.0.attn_q_norm.weight", (2,)), ("blk.0.attn_k_norm.weight", (2,)), ("blk.0.ffn_gate_inp.weight", (E, D)),
+            ("blk.0.ffn_gate_exps.weight", (E, FE, D)), ("blk.0.ffn_up_exps.weight", (E, FE, D)), ("blk.0.ffn_down_exps.weight", (E, D, FE))])
+moe_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_length": 2, "expert_count": E, "expert_used_count": 2,
+          "expert_feed_forward_length": FE}
+put("gguf_model", "qwen3moe.gguf", gguf_model("qwen3moe", moe_kv, moe_t))
+put("gguf_model", "qwen3moe_bad_experts.gguf", gguf_model("qwen3moe", moe_kv, [t if t[0] != "blk.0.ffn_up_exps.weight" else (t[0], (E, FE, D - 1)) for t in moe_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

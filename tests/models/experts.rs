@@ -475,3 +475,22 @@ fn a_view_closing_experts_equals_the_hooks_and_reaches_resumed_passes() {
         assert!(e3.contains("expert 99 of layer") && e3.lines().count() == 1, "{e3}");
     }
 }
+
+/// Qwen3-MoE as llama.cpp writes it in GGUF (`tests/fixtures/make_tiny_gguf_moe.py`: each
+/// layer's experts stacked per projection) gives its HF twin's transformers goldens: ids,
+/// logits, attention, greedy continuations, float64 with heads closed; parameters equal. A file
+/// that ends inside an expert tensor is a one-line error naming the file and the tensor.
+#[test]
+fn qwen3_moe_gguf_equals_its_hf_twin_and_a_truncated_expert_tensor_is_named() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    crate::hf_families::check_against(&g, "qwen3_moe", "qwen3_moe_gguf");
+    let m = common::tiny_hf("qwen3_moe_gguf", "f32");
+    assert_eq!(m.n_params, i64::try_from(&g["qwen3_moe_params"]).unwrap(), "parameters");
+    assert_eq!(m.family_name(), "qwen3moe (gguf)");
+    let dir = common::tiny_hf_dir().join("qwen3_moe_gguf_truncated");
+    let opts =
+        headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: DType::Float, allow_unknown_config: false };
+    let e = Model::load(&dir, opts).err().expect("a truncated GGUF loaded").to_string();
+    let file = dir.join("model.gguf").display().to_string();
+    assert!(e.contains(&file) && e.contains("tensor 'blk.0.ffn_down_exps.weight'") && e.lines().count() == 1, "{e}");
+}

@@ -1,5 +1,6 @@
 //! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
-//! `qwen2` and `qwen3`, built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
+//! `qwen2`, `qwen3` and `qwen3moe` (each layer's experts stacked per projection, split at load),
+//! built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
 //! `gemma3` (Gemma 3 270M in the assets), built by the HF Gemma code (`gemma::build`), from the
 //! metadata and the tensors renamed to HF's names: RMSNorm before each sublayer, rotary
 //! positions, grouped-query causal self-attention (Qwen2's Q/K/V biases, Qwen3's and Gemma 3's
@@ -61,6 +62,7 @@ fn hf_name(arch: &str, name: &str) -> String {
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
                 "ffn_gate" => "mlp.gate_proj",
+                "ffn_gate_inp" => "mlp.gate",
                 _ => return name.to_string(),
             };
             return format!("model.layers.{l}.{hf}.{suffix}");
@@ -98,7 +100,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
     let rows = match arch.as_str() {
         "llama" => RotaryRows::Adjacent,
-        "qwen2" | "qwen3" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
         "gptneox" => return gpt_neox(g, &file, opts),
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
@@ -185,6 +187,23 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         return crate::model::families::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
     }
     let mut map = map;
+    // Qwen3-MoE: each layer's experts stacked into one tensor per projection, split here into
+    // HF's per-expert names; llama.cpp renormalises the chosen experts' weights unless the
+    // metadata says otherwise (`expert_weights_norm`).
+    let moe = if arch == "qwen3moe" {
+        let n = int("expert_count")?;
+        let width = int("expert_feed_forward_length")?;
+        split_experts(&mut map, n_layers, n, width, d, &file)?;
+        crate::model::families::llama::MoeConfig {
+            num_experts: Some(n),
+            num_experts_per_tok: Some(int("expert_used_count")?),
+            norm_topk_prob: Some(g.metadata.get(&key("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(true)),
+            moe_intermediate_size: Some(width),
+            ..Default::default()
+        }
+    } else {
+        Default::default()
+    };
     // Phi-3: LongRoPE's factors are tensors of their own (`rope_factors_short`, `_long`), the
     // sliding window is 0 when there is none; llama.cpp reads neither as transformers does
     // (it chooses the factors by context size and drops the window), headscope does.
@@ -212,7 +231,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
     }
     let cfg = Config {
-        model_type: arch.clone(),
+        model_type: if arch == "qwen3moe" { "qwen3_moe".into() } else { arch.clone() },
         hidden_size: d,
         intermediate_size: ff,
         num_hidden_layers: n_layers,
@@ -237,13 +256,46 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         eos_token_id: Some(eos.into()),
         no_rope_layers: None,
         no_rope_layer_interval: None,
-        moe: Default::default(),
+        moe,
         rope_dim: int("rope.dimension_count").ok(),
     };
     if arch == "phi3" {
         crate::model::families::phi3::split_fused(&mut map, &cfg, &file, &file)?;
     }
     build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
+}
+
+/// Every layer's stacked experts (`ffn_gate_exps` and `ffn_up_exps` `[E, I, D]`, `ffn_down_exps`
+/// `[E, D, I]`, already under HF-style names `model.layers.L.ffn_*_exps.weight`) split into
+/// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`; a stacked tensor of another
+/// shape is an error naming it.
+fn split_experts(
+    map: &mut std::collections::HashMap<String, tch::Tensor>,
+    n_layers: usize,
+    n: i64,
+    width: i64,
+    d: i64,
+    file: &str,
+) -> Result<(), ModelError> {
+    for l in 0..n_layers {
+        for (gguf, hf, shape) in [
+            ("ffn_gate_exps", "gate_proj", [n, width, d]),
+            ("ffn_up_exps", "up_proj", [n, width, d]),
+            ("ffn_down_exps", "down_proj", [n, d, width]),
+        ] {
+            let name = format!("blk.{l}.{gguf}.weight");
+            let t = map
+                .remove(&name)
+                .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: name.clone() })?;
+            if t.size() != shape {
+                return Err(ModelError::BadShape { file: file.to_string(), name, want: shape.to_vec(), got: t.size() });
+            }
+            for e in 0..n {
+                map.insert(format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight"), t.f_get(e)?.f_contiguous()?);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A GGUF's metadata under its architecture's prefix (`ARCH.KEY`); a missing required key is
@@ -283,7 +335,7 @@ fn renamed(
 }
 
 /// The architectures read.
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gptneox, t5";
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row
