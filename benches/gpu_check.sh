@@ -10,7 +10,8 @@
 #  3. the test binaries' CUDA halves (models::parity::marian, analyses::importance::cuda_equals_cpu)
 #  4. a random SmolLM2-shaped Llama: confidence and the exact sweep, headscope against HF on
 #     the same GPU (benches/gpu_bench.rhai, benches/gpu_peer.py), GPU memory sampled
-# Environment: TINY (the tiny checkpoints, default all 19), BENCH_DEVICES (default "cuda cpu"),
+# Environment: TINY (the tiny checkpoints, default all 30: the 2025 families' experts, latent
+# attention and Llama 4 included), BENCH_DEVICES (default "cuda cpu"),
 # N_CONF (confidence sentences, default 200), SKIP_TESTS=1 (step 3 left out), SKIP_BENCH=1 (step 4
 # left out).
 set -uo pipefail
@@ -38,7 +39,7 @@ par() {  # name dir n
 }
 stamp parity
 par enpt enpt 8
-for f in ${TINY:-llama gpt2 qwen2 qwen3 mistral gemma2 gemma3 pythia phi3 olmo2 bart marian roberta qwen3_gguf m2m100 mbart t5 flan_t5 mt5}; do
+for f in ${TINY:-llama gpt2 qwen2 qwen3 mistral gemma2 gemma3 pythia phi3 olmo2 bart marian roberta qwen3_gguf m2m100 mbart t5 flan_t5 mt5 mixtral olmoe qwen2_moe qwen3_moe gpt_oss smollm3 olmo3 deepseek_v3 deepseek_v2 llama4_text qwen3_moe_gguf}; do
     par "$f" "tests/fixtures/tiny_hf/$f" 4
 done
 stamp dtypes

@@ -222,3 +222,29 @@ fn streaming_verbs_say_what_latent_attention_caches() {
     // Layer 0 streams (5 of 100 positions kept), layer 1 keeps all: 16 float32 numbers each.
     assert!(text.contains(&format!("\n{}\n{}", (5 + 100) * 16 * 4, 2 * 100 * 16 * 4)), "{text}");
 }
+
+/// Every head analysis reads latent attention's heads (queries and keys wider than the
+/// contexts): the analysis pass, diversity (its query and context Gram matrices of their own
+/// widths), the sweep, patching (exact and path) and the head types run on DeepSeek-V3.
+#[test]
+fn head_analyses_run_on_latent_attention() {
+    let mut s = headscope::engine::Session::new(headscope::engine::SessionOptions::default());
+    let code = format!(
+        r#"let m = load_model({:?});
+        let tb = treebank(asset("pud_en.conllu")).take(8);
+        let a = m.analyze(tb);
+        assert(a.confidence["dec"].len() == 2);
+        let dv = m.diversity(tb);
+        assert(dv.to_string().len() > 0);
+        let g = m.ablation_sweep(tb);
+        assert(g["dec"][1].len() == 4);
+        let p = pairs([#{{clean: [5, 17, 42, 8, 9, 17], corrupted: [5, 18, 42, 8, 9, 18], answer: 42, wrong: 43}}]);
+        let e = m.patch(p).effect;
+        let path = m.patch(p, #{{receiver: "dec.1.1", receiver_input: "k"}}).effect;
+        m.head_types(#{{n: 2, len: 10, haystack: 20}});"#,
+        common::tiny_hf_dir().join("deepseek_v3").display().to_string()
+    );
+    if let Err(e) = s.eval("analyses", &code) {
+        panic!("{}", e.message);
+    }
+}

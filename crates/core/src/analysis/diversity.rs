@@ -35,11 +35,12 @@ fn real_rows(x: &Tensor, mask: &Tensor) -> Tensor {
 }
 
 impl LayerAcc {
-    pub fn new(h: i64, dh: i64, device: Device) -> Self {
+    /// `dq`: a query's width, `dc`: a context's (they differ in latent attention).
+    pub fn new(h: i64, dq: i64, dc: i64, device: Device) -> Self {
         let z = |s: &[i64]| Tensor::zeros(s, (DType::Double, device));
         LayerAcc {
-            gram_q: z(&[h, h, dh, dh]),
-            gram_c: z(&[h, h, dh, dh]),
+            gram_q: z(&[h, h, dq, dq]),
+            gram_c: z(&[h, h, dc, dc]),
             cos_o: z(&[h, h]),
             var_a: z(&[h]),
             tokens: 0.0,
@@ -173,7 +174,12 @@ pub fn diversity(
         .iter()
         .map(|s| {
             (0..s.n_layers)
-                .map(|l| layer_of(s.kind, l).map(|a| LayerAcc::new(a.n_present() as i64, a.head_dim(), model.device())))
+                .map(|l| {
+                    layer_of(s.kind, l).map(|a| {
+                        let dq = a.as_attention().map_or(a.head_dim(), |x| x.head_dim);
+                        LayerAcc::new(a.n_present() as i64, dq, a.head_dim(), model.device())
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<_, _>>()?;
@@ -286,9 +292,9 @@ mod tests {
         let o = c.matmul(&wo.view([d, h, dh]).permute([1, 2, 0])); // [B, H, T, D]
 
         // Streamed in two halves of the batch equals one pass.
-        let mut one = LayerAcc::new(h, dh, Device::Cpu);
+        let mut one = LayerAcc::new(h, dh, dh, Device::Cpu);
         one.update(&q, &c, &o, &a, &qmask, &kmask);
-        let mut two = LayerAcc::new(h, dh, Device::Cpu);
+        let mut two = LayerAcc::new(h, dh, dh, Device::Cpu);
         for k in 0..2 {
             two.update(
                 &q.narrow(0, k, 1),
