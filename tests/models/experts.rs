@@ -494,3 +494,70 @@ fn qwen3_moe_gguf_equals_its_hf_twin_and_a_truncated_expert_tensor_is_named() {
     let file = dir.join("model.gguf").display().to_string();
     assert!(e.contains(&file) && e.contains("tensor 'blk.0.ffn_down_exps.weight'") && e.lines().count() == 1, "{e}");
 }
+
+/// Activation patching of each expert's output (`site: "expert_out"`): every expert's patched
+/// logit difference equals the corrupted run with that expert's `mlp.hook_expert_out` slice
+/// (every position) replaced by the clean run's, computed here with hooks (Mixtral, DeepSeek-V3
+/// whose layer 0 is dense).
+#[test]
+fn patching_an_experts_output_equals_replacing_its_slice_by_hand() {
+    use headscope::analysis::patching::{patch, Direction, PairIds, PatchMetric, PatchSpec, Site};
+    use headscope::model::hooks::{At, Hooks, Point};
+    use headscope::model::ModelError;
+    struct Swap<'a> {
+        clean: &'a [Option<Tensor>],
+        layer: usize,
+        expert: i64,
+        seen: Vec<Option<Tensor>>,
+    }
+    impl Hooks for Swap<'_> {
+        fn wants(&self, at: At) -> bool {
+            at.point == Point::ExpertOut
+        }
+        fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+            while self.seen.len() <= at.layer {
+                self.seen.push(None);
+            }
+            self.seen[at.layer] = Some(x.copy());
+            if at.layer != self.layer || self.expert < 0 {
+                return Ok(None);
+            }
+            let c = self.clean[at.layer].as_ref().unwrap();
+            let out = x.copy();
+            out.narrow(1, self.expert, 1).copy_(&c.narrow(1, self.expert, 1));
+            Ok(Some(out))
+        }
+    }
+    let pair =
+        PairIds { clean: vec![5, 17, 42, 8, 9, 17], corrupted: vec![5, 18, 42, 8, 9, 18], answer: 42, wrong: Some(43) };
+    for (name, layer) in [("mixtral", 1usize), ("deepseek_v3", 1)] {
+        let m = common::tiny_hf(name, "f32");
+        let spec = PatchSpec::new(Site::ExpertOut, false, Direction::Denoise, PatchMetric::LogitDiff);
+        let r = patch(&m, std::slice::from_ref(&pair), spec, &Gates::none(), &|| false, &mut |_, _| {}).unwrap();
+        let run = |ids: &[i64], h: &mut Swap| -> f64 {
+            let _g = tch::no_grad_guard();
+            let t = Tensor::from_slice(ids).view([1, -1]);
+            let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
+            let l = m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), Some(h)).unwrap()).unwrap().get(0).get(-1);
+            l.double_value(&[42]) - l.double_value(&[43])
+        };
+        let mut rec = Swap { clean: &[], layer, expert: -1, seen: vec![] };
+        let clean_ld = run(&pair.clean, &mut rec);
+        let clean_values = rec.seen;
+        assert!((clean_ld - r.clean).abs() < 1e-5, "{name}: clean {clean_ld} against {}", r.clean);
+        let n = layer_experts(&m, layer).unwrap().ids().len();
+        assert_eq!(r.patched[layer][0].len(), n, "{name}: one unit per expert");
+        let mut moved = 0;
+        for ex in 0..n {
+            let mut swap = Swap { clean: &clean_values, layer, expert: ex as i64, seen: vec![] };
+            let by_hand = run(&pair.corrupted, &mut swap);
+            let got = r.patched[layer][0][ex];
+            assert!((got - by_hand).abs() < 1e-5, "{name}: expert {layer}.e{ex}: patched {got}, by hand {by_hand}");
+            moved += ((by_hand - r.corrupted).abs() > 1e-3) as usize;
+        }
+        assert!(moved > 0, "{name}: no expert's patch moved the logit difference");
+        if name == "deepseek_v3" {
+            assert!(r.patched[0].iter().all(|p| p.is_empty()), "{name}: the dense layer has no units");
+        }
+    }
+}

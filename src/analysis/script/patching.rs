@@ -19,7 +19,7 @@ use rhai::{Array, Dynamic, Map};
 use serde_json::json;
 
 pub const PATCH_OPTIONS: &[OptSpec] = &[
-    opt_str("site", "z", "what is patched: \"z\" (= \"result\"), \"q\", \"k\", \"v\" (by key/value head), \"pattern\", or the residual stream's \"resid_pre\", \"attn_out\", \"mlp_out\""),
+    opt_str("site", "z", "what is patched: \"z\" (= \"result\"), \"q\", \"k\", \"v\" (by key/value head), \"pattern\", the residual stream's \"resid_pre\", \"attn_out\", \"mlp_out\", or each expert's output \"expert_out\" (mixtures of experts)"),
     opt_str("positions", "all", "\"all\" (every position at once) or \"each\" (one position at a time; the pairs must share one token length)"),
     opt_str("direction", "denoise", "\"denoise\" (clean values into the corrupted run) or \"noise\" (corrupted into clean)"),
     opt_str("metric", "logit_diff", "\"logit_diff\" (answer - wrong), \"prob\" (of the answer), \"kl\" (clean || run) or \"loss\" (-log p(answer)), at the last position"),
@@ -131,7 +131,25 @@ fn result(
     let n_pos = rs.iter().flat_map(|(_, r)| r.patched.iter().map(|l| l.len())).max().unwrap_or(0);
     let normalised = |r: &Patched, v: f64| r.normalized(v);
     let raw = |_: &Patched, v: f64| v;
-    if spec.site.per_head() {
+    if spec.site == Site::ExpertOut {
+        // One value per expert as loaded (a dense layer's row empty): an expert grid.
+        let grid = |f: &dyn Fn(&Patched, f64) -> f64, stat: &str| -> Dynamic {
+            let values = first_kind(rs)
+                .patched
+                .iter()
+                .map(|l| l.first().map_or_else(Vec::new, |row| row.iter().map(|&v| f(first_kind(rs), v)).collect()))
+                .collect();
+            Dynamic::from(crate::analysis::script::experts::ExpertGrid {
+                stat: format!("{stat} of {what}"),
+                model: model.to_string(),
+                dataset: pairs.to_string(),
+                values,
+                options: echo.clone(),
+            })
+        };
+        out.insert("effect".into(), grid(&normalised, "normalised effect"));
+        out.insert("patched".into(), grid(&raw, &spec.metric.to_string()));
+    } else if spec.site.per_head() {
         let by_pos = |f: &dyn Fn(&Patched, f64) -> f64, stat: &str| -> Dynamic {
             let grids: Vec<Grid> = (0..n_pos)
                 .map(|p| {
@@ -196,6 +214,11 @@ fn result(
     Ok(out)
 }
 
+/// The first kind's result (a language model's only one).
+fn first_kind(rs: &[(Kind, Patched)]) -> &Patched {
+    &rs[0].1
+}
+
 /// A translation model's pairs: the sources tokenized (one length per pair), each scored on
 /// the clean source's greedy translation (EOS appended); the tokens shown per position.
 fn source_pairs(
@@ -250,6 +273,17 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         "each" => true,
         other => return err(format!("patch: unknown positions '{other}' (expected \"all\" or \"each\")")),
     };
+    if site == Site::ExpertOut {
+        if !(0..m.model.net.stack.len()).any(|l| m.model.experts(l).is_some()) {
+            return err(format!(
+                "patch: site \"expert_out\" patches experts, and {} has no mixture-of-experts layers",
+                m.model.name()
+            ));
+        }
+        if each || o.has("receiver") || o.string_or_default("method")? != "exact" {
+            return err("patch: site \"expert_out\" is patched exactly over all positions (positions \"all\", method \"exact\", no receiver)");
+        }
+    }
     let direction: Direction = o.parsed_or_default("direction")?;
     let metric: PatchMetric = o.parsed_or_default("metric")?;
     let method: Method = o.parsed_or_default("method")?;

@@ -40,6 +40,9 @@ options_enum!(Site, "patching site", {
     AttnOut = "attn_out",
     /// The MLP block's output (`hook_mlp_out`).
     MlpOut = "mlp_out",
+    /// Each expert's weighted output in a mixture of experts (`mlp.hook_expert_out`), one unit
+    /// per expert (docs/methods.md#experts-as-units); dense layers have none.
+    ExpertOut = "expert_out",
 });
 
 options_enum!(Direction, "patching direction", {
@@ -72,6 +75,7 @@ impl Site {
             Site::ResidPre => Point::ResidPre,
             Site::AttnOut => Point::AttnOut,
             Site::MlpOut => Point::MlpOut,
+            Site::ExpertOut => Point::ExpertOut,
         }
     }
 
