@@ -476,7 +476,7 @@ fn a_view_closing_experts_equals_the_hooks_and_reaches_resumed_passes() {
     }
 }
 
-/// Qwen3-MoE as llama.cpp writes it in GGUF (`tests/fixtures/make_tiny_gguf_moe.py`: each
+/// Qwen3-MoE and OLMoE as llama.cpp writes them in GGUF (`tests/fixtures/make_tiny_gguf_moe.py`: each
 /// layer's experts stacked per projection) gives its HF twin's transformers goldens: ids,
 /// logits, attention, greedy continuations, float64 with heads closed; parameters equal. A file
 /// that ends inside an expert tensor is a one-line error naming the file and the tensor.
@@ -484,6 +484,9 @@ fn a_view_closing_experts_equals_the_hooks_and_reaches_resumed_passes() {
 fn qwen3_moe_gguf_equals_its_hf_twin_and_a_truncated_expert_tensor_is_named() {
     let g = common::golden("tiny_hf/golden_2025.npz");
     crate::hf_families::check_against(&g, "qwen3_moe", "qwen3_moe_gguf");
+    // OLMoE (its q/k norms over all heads; not renormalised) likewise.
+    crate::hf_families::check_against(&g, "olmoe", "olmoe_gguf");
+    assert_eq!(common::tiny_hf("olmoe_gguf", "f32").n_params, i64::try_from(&g["olmoe_params"]).unwrap());
     let m = common::tiny_hf("qwen3_moe_gguf", "f32");
     assert_eq!(m.n_params, i64::try_from(&g["qwen3_moe_params"]).unwrap(), "parameters");
     assert_eq!(m.family_name(), "qwen3moe (gguf)");

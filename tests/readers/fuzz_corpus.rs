@@ -76,7 +76,7 @@ fn seeds_are_read_as_expected() {
     for f in ["llama.gguf", "phi3.gguf", "gptneox.gguf", "t5.gguf", "qwen3moe.gguf"] {
         ok("gguf_model", f);
     }
-    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, gptneox, t5 are)");
+    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, olmoe, gemma, gemma2, gemma3, phi3, gptneox, t5 are)");
     let e = err("gguf_model", "qwen3moe_bad_experts.gguf");
     assert!(e.contains("tensor 'blk.0.ffn_up_exps.weight' has shape [3, 4, 3], expected [3, 4, 4]"), "{e}");
     assert!(err("gguf_model", "phi3_one_factor.gguf")

@@ -1,5 +1,6 @@
 //! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
-//! `qwen2`, `qwen3` and `qwen3moe` (each layer's experts stacked per projection, split at load),
+//! `qwen2`, `qwen3`, `qwen3moe` and `olmoe` (each layer's experts stacked per projection, split
+//! at load),
 //! built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
 //! `gemma3` (Gemma 3 270M in the assets), built by the HF Gemma code (`gemma::build`), from the
 //! metadata and the tensors renamed to HF's names: RMSNorm before each sublayer, rotary
@@ -100,7 +101,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
     let rows = match arch.as_str() {
         "llama" => RotaryRows::Adjacent,
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
+        "qwen2" | "qwen3" | "qwen3moe" | "olmoe" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
         "gptneox" => return gpt_neox(g, &file, opts),
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
@@ -187,17 +188,20 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         return crate::model::families::gemma::build(&cfg, &file, Weights::new(map, file.clone(), opts, None), opts);
     }
     let mut map = map;
-    // Qwen3-MoE: each layer's experts stacked into one tensor per projection, split here into
-    // HF's per-expert names; llama.cpp renormalises the chosen experts' weights unless the
-    // metadata says otherwise (`expert_weights_norm`).
-    let moe = if arch == "qwen3moe" {
+    // Qwen3-MoE and OLMoE: each layer's experts stacked into one tensor per projection, split
+    // here into HF's per-expert names. The chosen experts' weights are renormalised as
+    // `expert_weights_norm` says, else as the family's HF default does (Qwen3-MoE as llama.cpp
+    // computes it: renormalised; OLMoE: not).
+    let moe = if arch == "qwen3moe" || arch == "olmoe" {
         let n = int("expert_count")?;
-        let width = int("expert_feed_forward_length")?;
+        // OLMoE's experts are as wide as its feed_forward_length.
+        let width = if arch == "olmoe" { ff } else { int("expert_feed_forward_length")? };
         split_experts(&mut map, n_layers, n, width, d, &file)?;
+        let norm = g.metadata.get(&key("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(arch == "qwen3moe");
         crate::model::families::llama::MoeConfig {
             num_experts: Some(n),
             num_experts_per_tok: Some(int("expert_used_count")?),
-            norm_topk_prob: Some(g.metadata.get(&key("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(true)),
+            norm_topk_prob: Some(norm),
             moe_intermediate_size: Some(width),
             ..Default::default()
         }
@@ -335,7 +339,7 @@ fn renamed(
 }
 
 /// The architectures read.
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, gptneox, t5";
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, olmoe, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row
