@@ -25,7 +25,8 @@ use tch::{Kind as DType, Tensor};
 
 const NAMES: [&str; 2] = ["deepseek_v3", "deepseek_v2"];
 
-fn logits(m: &Model, h: Option<&mut dyn Hooks>, text: &str) -> Tensor {
+/// The logits `[T, V]` of `text` under the hooks `h`.
+pub(crate) fn logits(m: &Model, h: Option<&mut dyn Hooks>, text: &str) -> Tensor {
     let _g = tch::no_grad_guard();
     let ids = m.tokenize(text).unwrap().ids;
     let t = Tensor::from_slice(&ids).view([1, -1]);

@@ -9,21 +9,10 @@
 //! routed around equals transformers'; `prune_experts` equals routing around.
 
 use crate::common;
+use crate::deepseek::logits;
 use crate::hf_2025::AblateExpert;
 use crate::hf_families::{check_against, float64_diffs};
 use headscope::analysis::experts::{prune_experts, ExpertAblation, ExpertEdit, ExpertId};
-use headscope::model::hooks::Hooks;
-use headscope::model::nn::Gates;
-use headscope::model::Model;
-use tch::{Kind as DType, Tensor};
-
-fn logits(m: &Model, h: Option<&mut dyn Hooks>, text: &str) -> Tensor {
-    let _g = tch::no_grad_guard();
-    let ids = m.tokenize(text).unwrap().ids;
-    let t = Tensor::from_slice(&ids).view([1, -1]);
-    let mask = Tensor::ones(t.size(), (DType::Float, tch::Device::Cpu));
-    m.net.logits(&m.net.encode(&t, &mask, &Gates::none(), h).unwrap()).unwrap().get(0)
-}
 
 #[test]
 fn llama4_text_equals_transformers() {

@@ -179,20 +179,8 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
 pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> Result<Transformer, ModelError> {
     let cfg_file = cfg_file.to_string();
     let bad = |why: String| ModelError::Config(cfg_file.clone(), why);
-    if cfg.hidden_act != "silu" {
-        return Err(bad(format!("hidden_act '{}' is not supported (silu)", cfg.hidden_act)));
-    }
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
-    let hk = cfg.num_key_value_heads.unwrap_or(h);
-    if h <= 0 || hk <= 0 || h % hk != 0 {
-        return Err(bad(format!("num_attention_heads {h} is not a positive multiple of num_key_value_heads {hk}")));
-    }
-    let dh = cfg.head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
-    if dh <= 0 || dh % 2 != 0 {
-        return Err(bad(format!(
-            "head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number"
-        )));
-    }
+    let (hk, dh) = silu_heads(&cfg.hidden_act, d, h, cfg.num_key_value_heads, cfg.head_dim).map_err(bad)?;
     let rope = cfg.rope().map_err(bad)?;
     let rope_dim = match (cfg.rope_dim, rope.partial_rotary_factor) {
         (Some(r), _) => r,
@@ -355,6 +343,32 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     );
     net.window = window;
     Ok(net)
+}
+
+/// A llama-shaped config's checks (Llama 4's too): a SiLU MLP, query heads a positive multiple
+/// of the key/value heads, an even positive head size (`head_dim`, else `d / h`); the key/value
+/// heads and the head size.
+pub(crate) fn silu_heads(
+    act: &str,
+    d: i64,
+    h: i64,
+    kv: Option<i64>,
+    head_dim: Option<i64>,
+) -> Result<(i64, i64), String> {
+    if act != "silu" {
+        return Err(format!("hidden_act '{act}' is not supported (silu)"));
+    }
+    let hk = kv.unwrap_or(h);
+    if h <= 0 || hk <= 0 || h % hk != 0 {
+        return Err(format!("num_attention_heads {h} is not a positive multiple of num_key_value_heads {hk}"));
+    }
+    let dh = head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
+    if dh <= 0 || dh % 2 != 0 {
+        return Err(format!(
+            "head size {dh} (head_dim, else hidden_size {d} / num_attention_heads {h}) must be a positive even number"
+        ));
+    }
+    Ok((hk, dh))
 }
 
 /// A mixture-of-experts family's settings (docs/methods.md#experts).

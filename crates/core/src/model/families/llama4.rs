@@ -102,20 +102,10 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
 /// The Llama 4 text Transformer from a config and tensors under HF's names.
 pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Transformer, ModelError> {
     let bad = |why: String| ModelError::Config(cfg_file.to_string(), why);
-    if cfg.hidden_act != "silu" {
-        return Err(bad(format!("hidden_act '{}' is not supported (silu)", cfg.hidden_act)));
-    }
     let (d, h) = (cfg.hidden_size, cfg.num_attention_heads);
-    let hk = cfg.num_key_value_heads.unwrap_or(h);
-    if h <= 0 || hk <= 0 || h % hk != 0 {
-        return Err(bad(format!("num_attention_heads {h} is not a positive multiple of num_key_value_heads {hk}")));
-    }
-    let dh = cfg.head_dim.unwrap_or(if d % h == 0 { d / h } else { 0 });
-    if dh <= 0 || dh % 2 != 0 {
-        return Err(bad(format!(
-            "head size {dh} (head_dim, else hidden_size / num_attention_heads) must be a positive even number"
-        )));
-    }
+    let (hk, dh) =
+        crate::model::families::llama::silu_heads(&cfg.hidden_act, d, h, cfg.num_key_value_heads, cfg.head_dim)
+            .map_err(bad)?;
     let n_layers = cfg.num_hidden_layers;
     let every = cfg.no_rope_layer_interval.unwrap_or(4).max(1);
     let rope_layers: Vec<bool> = match &cfg.no_rope_layers {
