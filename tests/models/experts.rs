@@ -490,7 +490,7 @@ fn qwen3_moe_gguf_equals_its_hf_twin_and_a_truncated_expert_tensor_is_named() {
     let m = common::tiny_hf("qwen3_moe_gguf", "f32");
     assert_eq!(m.n_params, i64::try_from(&g["qwen3_moe_params"]).unwrap(), "parameters");
     assert_eq!(m.family_name(), "qwen3moe (gguf)");
-    let dir = common::tiny_hf_dir().join("qwen3_moe_gguf_truncated");
+    let dir = common::fixtures().join("bad_gguf/qwen3_moe_truncated");
     let opts =
         headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: DType::Float, allow_unknown_config: false };
     let e = Model::load(&dir, opts).err().expect("a truncated GGUF loaded").to_string();
