@@ -220,6 +220,17 @@ impl Experts {
         Ok(())
     }
 
+    /// Whether `prune_experts` removed some of the layer's experts (their numbers are then not
+    /// `0..loaded`).
+    fn pruned(&self) -> bool {
+        self.ids.len() != self.loaded || self.ids.iter().enumerate().any(|(i, &e)| i != e)
+    }
+
+    /// The experts' numbers as loaded, as an index tensor on `device`.
+    fn ids_on(&self, device: tch::Device) -> Tensor {
+        Tensor::from_slice(&self.ids.iter().map(|&e| e as i64).collect::<Vec<_>>()).to_device(device)
+    }
+
     /// The experts' numbers, for messages (`0..8`, or the list after pruning).
     pub fn describe_ids(&self) -> String {
         if self.ids.iter().enumerate().all(|(i, &e)| i == e) {
@@ -281,10 +292,9 @@ impl Experts {
         let n = self.loaded as i64;
         let shape = logits.size();
         let lead: Vec<i64> = shape[..shape.len() - 1].to_vec();
-        let present = self.ids.len() as i64 != n || self.ids.iter().enumerate().any(|(i, &e)| i != e);
-        let ids =
-            Tensor::from_slice(&self.ids.iter().map(|&e| e as i64).collect::<Vec<_>>()).to_device(logits.device());
-        let full = if present {
+        let pruned = self.pruned();
+        let ids = self.ids_on(logits.device());
+        let full = if pruned {
             let mut all = lead.clone();
             all.push(n);
             Tensor::f_full(&all, f64::NEG_INFINITY, (wide, logits.device()))?.f_index_copy(-1, &ids, &choice)?
@@ -306,7 +316,7 @@ impl Experts {
             .f_reshape(full.size())?
             .f_to_kind(DType::Bool)?;
         let mut masked = full.f_masked_fill(&keep.f_logical_not()?, 0.0)?;
-        if present {
+        if pruned {
             masked = masked.f_index_select(-1, &ids)?;
         }
         let (_, idx) = masked.f_topk(self.top_k, -1, true, true)?;
@@ -342,11 +352,7 @@ impl Mlp for Experts {
         // closed expert routed around has a logit of minus infinity, else its gate multiplies
         // its weight.
         let own = match gate {
-            Some(g) => {
-                let ids =
-                    Tensor::from_slice(&self.ids.iter().map(|&e| e as i64).collect::<Vec<_>>()).to_device(g.g.device());
-                Some((g.g.f_index_select(0, &ids)?, g.route))
-            }
+            Some(g) => Some((g.g.f_index_select(0, &self.ids_on(g.g.device()))?, g.route)),
             None => None,
         };
         let mut logits = self.router.forward(x);
