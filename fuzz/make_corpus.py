@@ -181,6 +181,19 @@ moe_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-6, "attention.key_
           "expert_feed_forward_length": FE}
 put("gguf_model", "qwen3moe.gguf", gguf_model("qwen3moe", moe_kv, moe_t))
 put("gguf_model", "qwen3moe_bad_experts.gguf", gguf_model("qwen3moe", moe_kv, [t if t[0] != "blk.0.ffn_up_exps.weight" else (t[0], (E, FE, D - 1)) for t in moe_t]))
+# DeepSeek-V3 as deepseek2: latent attention (no query latent), k_b / v_b split, sigmoid router
+# with its choice bias, one shared expert.
+ds_t = ([t for t in moe_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0]]
+        + [("blk.0.attn_q.weight", (2 * 4, D)), ("blk.0.attn_kv_a_mqa.weight", (4, D)), ("blk.0.attn_kv_a_norm.weight", (2,)),
+           ("blk.0.attn_k_b.weight", (2, 2, 2)), ("blk.0.attn_v_b.weight", (2, 2, 2)), ("blk.0.exp_probs_b.bias", (E,)),
+           ("blk.0.ffn_gate_shexp.weight", (FE, D)), ("blk.0.ffn_up_shexp.weight", (FE, D)), ("blk.0.ffn_down_shexp.weight", (D, FE))])
+ds_t = [t if t[0] != "blk.0.attn_output.weight" else (t[0], (D, 2 * 2)) for t in ds_t]
+ds_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-6, "rope.dimension_count": 2, "attention.kv_lora_rank": 2,
+         "attention.key_length": 4, "attention.value_length": 2, "attention.key_length_mla": 4, "attention.value_length_mla": 2,
+         "expert_count": E, "expert_used_count": 2, "expert_feed_forward_length": FE, "expert_shared_count": 1, "expert_gating_func": 2,
+         "expert_weights_norm": True, "expert_weights_scale": 2.5, "leading_dense_block_count": 0}
+put("gguf_model", "deepseek2.gguf", gguf_model("deepseek2", ds_kv, ds_t))
+put("gguf_model", "deepseek2_bad_k_b.gguf", gguf_model("deepseek2", ds_kv, [t if t[0] != "blk.0.attn_k_b.weight" else (t[0], (2, 3, 2)) for t in ds_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

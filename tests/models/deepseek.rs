@@ -54,6 +54,33 @@ fn deepseek_v2_and_v3_equal_transformers() {
     }
 }
 
+/// DeepSeek-V3 and V2 as llama.cpp writes them in GGUF (`deepseek2`,
+/// `tests/fixtures/make_tiny_gguf_moe.py`: V3 with the per-head up-projection split into
+/// `attn_k_b` / `attn_v_b` and YaRN as `yarn_log_multiplier`, V2 with the older `attn_kv_b`, no
+/// query latent and no gating function) give their HF twins' transformers goldens: ids, logits,
+/// attention, greedy continuations, float32 with heads closed; parameters and MLP kinds equal.
+/// A file without one layer's `attn_v_b` is a one-line error naming the file and the tensor.
+#[test]
+fn deepseek2_gguf_equals_its_hf_twin() {
+    let g = common::golden("tiny_hf/golden_2025.npz");
+    for name in NAMES {
+        let dir = format!("{name}_gguf");
+        check_against(&g, name, &dir);
+        let m = common::tiny_hf(&dir, "f32");
+        assert_eq!(m.n_params, i64::try_from(&g[&format!("{name}_params")]).unwrap(), "{dir}: parameters");
+        assert_eq!(m.family_name(), "deepseek2 (gguf)");
+        let hf = common::tiny_hf(name, "f32");
+        let kinds = |m: &Model| m.net.stack.iter().map(|l| l.mlp().kind()).collect::<Vec<_>>();
+        assert_eq!(kinds(&m), kinds(&hf), "{dir}: MLP kinds by layer");
+    }
+    let dir = common::fixtures().join("bad_gguf/deepseek_v3_no_v_b");
+    let opts =
+        headscope::model::LoadOptions { device: tch::Device::Cpu, dtype: DType::Float, allow_unknown_config: false };
+    let e = Model::load(&dir, opts).err().expect("a GGUF without attn_v_b loaded").to_string();
+    let file = dir.join("model.gguf").display().to_string();
+    assert!(e.contains(&file) && e.contains("blk.1.attn_v_b.weight") && e.lines().count() == 1, "{e}");
+}
+
 /// An expert's output zeroed where it is chosen equals transformers with its down projection
 /// zeroed; routing around it equals transformers with its router logit at minus infinity (V3:
 /// and its choice bias, docs/methods.md#experts-as-units); both move the logits.

@@ -113,7 +113,8 @@ use TokenizerSource::{Json, JsonOrM2m100Spm, JsonOrMarianSpm};
 const LOGITS_BIAS: &[&str] = &["unembed.b_U"];
 /// Llama 4's q/k norms have no weight in transformers (held here with unit weights).
 const UNIT_QK_NORMS: &[&str] = &["q_norm.w", "k_norm.w"];
-/// DeepSeek-V3's router holds its choice bias (`e_score_correction_bias`) as a buffer.
+/// DeepSeek-V3's router holds its choice bias (`e_score_correction_bias`, GGUF `exp_probs_b`) as
+/// a buffer.
 const CHOICE_BIAS: &[&str] = &["b_gate_choice"];
 /// M2M100's sinusoid tables are buffers (MarianMT's are frozen parameters).
 const SINUSOIDS: &[&str] = &["pos_embed.W_pos"];
@@ -165,7 +166,8 @@ pub const ROWS: &[Row] = &[
         load: llama_gguf::load,
         tokenizer: TokenizerSource::JsonOrGguf,
         eos_from_model: true,
-        buffers: &[],
+        // deepseek2's `exp_probs_b` is V3's choice bias.
+        buffers: CHOICE_BIAS,
     },
 ];
 

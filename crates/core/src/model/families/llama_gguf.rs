@@ -1,6 +1,6 @@
 //! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
 //! `qwen2`, `qwen3`, `qwen3moe` and `olmoe` (each layer's experts stacked per projection, split
-//! at load),
+//! at load; `deepseek2` has a file of its own, `deepseek_gguf`),
 //! built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
 //! `gemma3` (Gemma 3 270M in the assets), built by the HF Gemma code (`gemma::build`), from the
 //! metadata and the tensors renamed to HF's names: RMSNorm before each sublayer, rotary
@@ -103,6 +103,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         "llama" => RotaryRows::Adjacent,
         "qwen2" | "qwen3" | "qwen3moe" | "olmoe" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
         "gptneox" => return gpt_neox(g, &file, opts),
+        "deepseek2" => return crate::model::families::deepseek_gguf::load(g, &file, opts),
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
@@ -196,7 +197,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         let n = int("expert_count")?;
         // OLMoE's experts are as wide as its feed_forward_length.
         let width = if arch == "olmoe" { ff } else { int("expert_feed_forward_length")? };
-        split_experts(&mut map, n_layers, n, width, d, &file)?;
+        split_experts(&mut map, 0..n_layers, n, width, d, &file)?;
         let norm = g.metadata.get(&key("expert_weights_norm")).and_then(Value::as_bool).unwrap_or(arch == "qwen3moe");
         crate::model::families::llama::MoeConfig {
             num_experts: Some(n),
@@ -269,19 +270,19 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     build(&cfg, &file, Weights::new(map, file.clone(), opts, None), rows)
 }
 
-/// Every layer's stacked experts (`ffn_gate_exps` and `ffn_up_exps` `[E, I, D]`, `ffn_down_exps`
+/// The stacked experts of `layers` (`ffn_gate_exps` and `ffn_up_exps` `[E, I, D]`, `ffn_down_exps`
 /// `[E, D, I]`, already under HF-style names `model.layers.L.ffn_*_exps.weight`) split into
 /// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`; a stacked tensor of another
 /// shape is an error naming it.
-fn split_experts(
+pub(crate) fn split_experts(
     map: &mut std::collections::HashMap<String, tch::Tensor>,
-    n_layers: usize,
+    layers: std::ops::Range<usize>,
     n: i64,
     width: i64,
     d: i64,
     file: &str,
 ) -> Result<(), ModelError> {
-    for l in 0..n_layers {
+    for l in layers {
         for (gguf, hf, shape) in [
             ("ffn_gate_exps", "gate_proj", [n, width, d]),
             ("ffn_up_exps", "up_proj", [n, width, d]),
@@ -304,20 +305,20 @@ fn split_experts(
 
 /// A GGUF's metadata under its architecture's prefix (`ARCH.KEY`); a missing required key is
 /// an error naming the file and the key.
-struct Meta<'a> {
-    g: &'a Gguf,
-    arch: &'a str,
-    file: &'a str,
+pub(crate) struct Meta<'a> {
+    pub(crate) g: &'a Gguf,
+    pub(crate) arch: &'a str,
+    pub(crate) file: &'a str,
 }
 
 impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
+    pub(crate) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
     fn bad(&self, why: String) -> ModelError {
         ModelError::Config(self.file.to_string(), why)
     }
-    fn int(&self, k: &str) -> Result<i64, ModelError> {
+    pub(crate) fn int(&self, k: &str) -> Result<i64, ModelError> {
         self.g
             .metadata
             .get(&self.key(k))
@@ -325,7 +326,7 @@ impl Meta<'_> {
             .map(|v| v as i64)
             .ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
     }
-    fn float(&self, k: &str) -> Option<f64> {
+    pub(crate) fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
     }
 }
@@ -339,7 +340,7 @@ fn renamed(
 }
 
 /// The architectures read.
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, olmoe, gemma, gemma2, gemma3, phi3, gptneox, t5";
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row

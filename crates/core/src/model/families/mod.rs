@@ -7,6 +7,7 @@
 pub mod bart;
 pub mod bert;
 pub mod deepseek;
+pub mod deepseek_gguf;
 pub mod family;
 pub mod gemma;
 pub mod gpt2;
