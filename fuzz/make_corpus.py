@@ -194,6 +194,16 @@ ds_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-6, "rope.dimension_
          "expert_weights_norm": True, "expert_weights_scale": 2.5, "leading_dense_block_count": 0}
 put("gguf_model", "deepseek2.gguf", gguf_model("deepseek2", ds_kv, ds_t))
 put("gguf_model", "deepseek2_bad_k_b.gguf", gguf_model("deepseek2", ds_kv, [t if t[0] != "blk.0.attn_k_b.weight" else (t[0], (2, 3, 2)) for t in ds_t]))
+# gpt-oss: sinks, a biased router, biased experts (fused back into transformers' layout at load).
+go_t = ([t for t in llama_t if not t[0].startswith("blk.0.ffn_")]
+        + [("blk.0.post_attention_norm.weight", (D,)), ("blk.0.attn_sinks.weight", (2,)), ("blk.0.ffn_gate_inp.weight", (E, D)), ("blk.0.ffn_gate_inp.bias", (E,))]
+        + [(f"blk.0.attn_{x}.bias", (D,)) for x in ["q", "k", "v", "output"]]
+        + [(f"blk.0.ffn_{x}_exps.{s}", (E, FE, D) if s == "weight" else (E, FE)) for x in ["gate", "up"] for s in ["weight", "bias"]]
+        + [("blk.0.ffn_down_exps.weight", (E, D, FE)), ("blk.0.ffn_down_exps.bias", (E, D))])
+go_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5, "expert_count": E, "expert_used_count": 2, "expert_feed_forward_length": FE,
+         "attention.sliding_window": 2}
+put("gguf_model", "gptoss.gguf", gguf_model("gpt-oss", go_kv, go_t))
+put("gguf_model", "gptoss_bad_bias.gguf", gguf_model("gpt-oss", go_kv, [t if t[0] != "blk.0.ffn_up_exps.bias" else (t[0], (E, FE + 1)) for t in go_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

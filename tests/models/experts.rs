@@ -498,6 +498,27 @@ fn qwen3_moe_gguf_equals_its_hf_twin_and_a_truncated_expert_tensor_is_named() {
     assert!(e.contains(&file) && e.contains("tensor 'blk.0.ffn_down_exps.weight'") && e.lines().count() == 1, "{e}");
 }
 
+/// gpt-oss as llama.cpp writes it in GGUF, its experts in MXFP4
+/// (`tests/fixtures/make_tiny_gguf_mxfp4.py`: gate and up split out of transformers' interleaved
+/// `gate_up_proj`, each expert's weights quantised by the `gguf` package, the router, sinks, YaRN
+/// and sliding window from the metadata), and its HF twin holding the dequantised weights, both
+/// give transformers' goldens of that twin: ids, logits, attention, greedy continuations;
+/// parameters equal transformers' count.
+#[test]
+fn gpt_oss_gguf_with_mxfp4_experts_equals_transformers() {
+    let g = common::golden("tiny_hf/golden_mxfp4.npz");
+    let file = common::fixtures().join("tiny_hf/gpt_oss_mxfp4_gguf/model.gguf");
+    let gguf = headscope::model::readers::gguf::Gguf::open(&file).unwrap();
+    let mxfp4 = gguf.tensors.iter().filter(|t| t.ggml_type == 39).map(|t| t.name.clone()).collect::<Vec<_>>();
+    assert_eq!(mxfp4.len(), 6, "two layers' gate, up and down experts in MXFP4: {mxfp4:?}");
+    for dir in ["gpt_oss_mxfp4", "gpt_oss_mxfp4_gguf"] {
+        crate::hf_families::check_against(&g, "gpt_oss_mxfp4", dir);
+        let m = common::tiny_hf(dir, "f32");
+        assert_eq!(m.n_params, i64::try_from(&g["gpt_oss_mxfp4_params"]).unwrap(), "{dir}: parameters");
+    }
+    assert_eq!(common::tiny_hf("gpt_oss_mxfp4_gguf", "f32").family_name(), "gpt-oss (gguf)");
+}
+
 /// Activation patching of each expert's output (`site: "expert_out"`): every expert's patched
 /// logit difference equals the corrupted run with that expert's `mlp.hook_expert_out` slice
 /// (every position) replaced by the clean run's, computed here with hooks (Mixtral, DeepSeek-V3

@@ -65,7 +65,7 @@ fn gguf_reader_matches_the_gguf_package() {
 }
 
 /// K-quants (Q2_K .. Q6_K: the Q4_K_M / Q5_K_M / Q6_K files people download mix them), Q5_0,
-/// Q5_1 and BF16, against the `gguf` package's numpy dequantisation of the same bytes
+/// Q5_1, BF16 and MXFP4 (gpt-oss's experts), against the `gguf` package's numpy dequantisation of the same bytes
 /// (`tests/fixtures/make_kquants.py`: random blocks with finite f16 scales, so every bit of
 /// each layout is read): equal, or within one float32 ulp; a truncated tensor is a one-line
 /// error.
@@ -74,7 +74,7 @@ fn k_quants_and_bf16_equal_the_gguf_package() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kquants");
     let g = Gguf::open(&dir.join("kquants.gguf")).unwrap();
     let golden: Vec<(String, tch::Tensor)> = tch::Tensor::read_npz(dir.join("golden.npz")).unwrap();
-    assert_eq!(golden.len(), 8);
+    assert_eq!(golden.len(), 9);
     let mut types = std::collections::BTreeSet::new();
     for (name, want) in &golden {
         let got = g.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -94,12 +94,12 @@ fn k_quants_and_bf16_equal_the_gguf_package() {
     }
     assert_eq!(
         types.into_iter().collect::<Vec<_>>(),
-        vec![6, 7, 10, 11, 12, 13, 14, 30],
-        "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and BF16 were all checked"
+        vec![6, 7, 10, 11, 12, 13, 14, 30, 39],
+        "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 and MXFP4 were all checked"
     );
     // The file cut in the middle of the last tensor's data.
     let bytes = std::fs::read(dir.join("kquants.gguf")).unwrap();
     let cut = Gguf::from_bytes(Box::new(bytes[..bytes.len() - 100].to_vec()), "cut.gguf".into());
     let e = cut.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.starts_with("cut.gguf") && e.contains("bf16.weight") && e.lines().count() == 1, "{e}");
+    assert!(e.starts_with("cut.gguf") && e.contains("mxfp4.weight") && e.lines().count() == 1, "{e}");
 }

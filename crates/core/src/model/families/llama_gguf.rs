@@ -1,6 +1,7 @@
 //! Decoder-only checkpoints in GGUF of the architectures `llama` (SmolLM2-135M in the assets),
 //! `qwen2`, `qwen3`, `qwen3moe` and `olmoe` (each layer's experts stacked per projection, split
-//! at load; `deepseek2` has a file of its own, `deepseek_gguf`),
+//! at load; `deepseek2` has a file of its own, `deepseek_gguf`), `gpt-oss` (its experts, often
+//! MXFP4, fused back into transformers' interleaved `gate_up_proj`: `fuse_gpt_oss`),
 //! built by the HF llama code (`llama::build`), and `gemma`, `gemma2`,
 //! `gemma3` (Gemma 3 270M in the assets), built by the HF Gemma code (`gemma::build`), from the
 //! metadata and the tensors renamed to HF's names: RMSNorm before each sublayer, rotary
@@ -101,7 +102,9 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let arch = g.metadata.get("general.architecture").and_then(Value::as_str).unwrap_or_default().to_string();
     let rows = match arch.as_str() {
         "llama" => RotaryRows::Adjacent,
-        "qwen2" | "qwen3" | "qwen3moe" | "olmoe" | "gemma" | "gemma2" | "gemma3" | "phi3" => RotaryRows::RotateHalf,
+        "qwen2" | "qwen3" | "qwen3moe" | "olmoe" | "gemma" | "gemma2" | "gemma3" | "phi3" | "gpt-oss" => {
+            RotaryRows::RotateHalf
+        }
         "gptneox" => return gpt_neox(g, &file, opts),
         "deepseek2" => return crate::model::families::deepseek_gguf::load(g, &file, opts),
         "t5" => return t5(g, &file, opts),
@@ -110,7 +113,10 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     let meta = Meta { g, arch: &arch, file: &file };
     let key = |k: &str| meta.key(k);
     let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
-    if let Some(t) = scaling.filter(|t| !(*t == "linear" && arch.starts_with("gemma"))) {
+    let gpt_oss = arch == "gpt-oss";
+    // Read: Gemma's linear scaling, gpt-oss's YaRN.
+    let read = |t: &str| (t == "linear" && arch.starts_with("gemma")) || (t == "yarn" && gpt_oss);
+    if let Some(t) = scaling.filter(|t| !read(t)) {
         return Err(bad(format!(
             "metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet",
             key("rope.scaling.type")
@@ -123,6 +129,9 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         int("feed_forward_length")?,
         int("attention.head_count")?,
     );
+    // gpt-oss has experts only, as wide as `expert_feed_forward_length` (transformers' config
+    // calls it `intermediate_size`).
+    let ff = if gpt_oss { int("expert_feed_forward_length")? } else { ff };
     let hk = int("attention.head_count_kv").unwrap_or(h);
     // Qwen3's and Gemma's heads are wider than d / h: the key length says.
     let key_length = int("attention.key_length").ok();
@@ -206,6 +215,14 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             moe_intermediate_size: Some(width),
             ..Default::default()
         }
+    } else if gpt_oss {
+        let n = int("expert_count")?;
+        fuse_gpt_oss(&mut map, n_layers, n, ff, d, &file)?;
+        crate::model::families::llama::MoeConfig {
+            num_local_experts: Some(n),
+            num_experts_per_tok: Some(int("expert_used_count")?),
+            ..Default::default()
+        }
     } else {
         Default::default()
     };
@@ -235,8 +252,30 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         }
         sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
     }
+    // gpt-oss: YaRN as transformers reads gpt-oss's config (`truncate: false`); llama.cpp's
+    // fixed alternation of sliding (even) and global (odd) layers is transformers' default too.
+    if gpt_oss {
+        sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
+        if scaling.is_some() {
+            let factor = float("rope.scaling.factor")
+                .ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?;
+            let mut s = serde_json::json!({
+                "rope_type": "yarn", "factor": factor, "truncate": false,
+                "beta_fast": float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                "beta_slow": float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+            });
+            if let Ok(o) = int("rope.scaling.original_context_length") {
+                s["original_max_position_embeddings"] = o.into();
+            }
+            rope_scaling = Some(s);
+        }
+    }
     let cfg = Config {
-        model_type: if arch == "qwen3moe" { "qwen3_moe".into() } else { arch.clone() },
+        model_type: match arch.as_str() {
+            "qwen3moe" => "qwen3_moe".into(),
+            "gpt-oss" => "gpt_oss".into(),
+            a => a.into(),
+        },
         hidden_size: d,
         intermediate_size: ff,
         num_hidden_layers: n_layers,
@@ -303,6 +342,54 @@ pub(crate) fn split_experts(
     Ok(())
 }
 
+/// gpt-oss as llama.cpp writes it back into transformers' layout: each layer's `ffn_gate_exps` and
+/// `ffn_up_exps` (`[E, I, D]`, MXFP4 or not, with `[E, I]` biases) interleaved column by column
+/// into `mlp.experts.gate_up_proj [E, D, 2I]` and its bias, `ffn_down_exps [E, D, I]` transposed
+/// into `down_proj [E, I, D]`, the router (`ffn_gate_inp`, under HF-style names `mlp.gate`) as
+/// `mlp.router`, the sinks (`attn_sinks.weight`) as `self_attn.sinks`. A tensor of another shape
+/// is an error naming it.
+fn fuse_gpt_oss(
+    map: &mut std::collections::HashMap<String, tch::Tensor>,
+    n_layers: usize,
+    n: i64,
+    width: i64,
+    d: i64,
+    file: &str,
+) -> Result<(), ModelError> {
+    // `shape` None: checked where the tensor is used (the sinks' width, the heads).
+    let mut take = |name: String, shape: Option<&[i64]>| -> Result<tch::Tensor, ModelError> {
+        let t = map
+            .remove(&name)
+            .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: name.clone() })?;
+        let Some(shape) = shape else { return Ok(t) };
+        if t.size() != shape {
+            return Err(ModelError::BadShape { file: file.to_string(), name, want: shape.to_vec(), got: t.size() });
+        }
+        Ok(t)
+    };
+    let mut out = Vec::new();
+    for l in 0..n_layers {
+        let (b, hf) = (format!("blk.{l}"), format!("model.layers.{l}"));
+        let gate = take(format!("{b}.ffn_gate_exps.weight"), Some(&[n, width, d]))?;
+        let up = take(format!("{b}.ffn_up_exps.weight"), Some(&[n, width, d]))?;
+        let gate_b = take(format!("{b}.ffn_gate_exps.bias"), Some(&[n, width]))?;
+        let up_b = take(format!("{b}.ffn_up_exps.bias"), Some(&[n, width]))?;
+        let down = take(format!("{b}.ffn_down_exps.weight"), Some(&[n, d, width]))?;
+        let down_b = take(format!("{b}.ffn_down_exps.bias"), Some(&[n, d]))?;
+        let gate_up = tch::Tensor::f_stack(&[gate, up], 2)?.f_reshape([n, 2 * width, d])?.f_transpose(1, 2)?;
+        let gate_up_b = tch::Tensor::f_stack(&[gate_b, up_b], 2)?.f_reshape([n, 2 * width])?;
+        out.push((format!("{hf}.mlp.experts.gate_up_proj"), gate_up.f_contiguous()?));
+        out.push((format!("{hf}.mlp.experts.gate_up_proj_bias"), gate_up_b));
+        out.push((format!("{hf}.mlp.experts.down_proj"), down.f_transpose(1, 2)?.f_contiguous()?));
+        out.push((format!("{hf}.mlp.experts.down_proj_bias"), down_b));
+        out.push((format!("{hf}.mlp.router.weight"), take(format!("{hf}.mlp.gate.weight"), Some(&[n, d]))?));
+        out.push((format!("{hf}.mlp.router.bias"), take(format!("{hf}.mlp.gate.bias"), Some(&[n]))?));
+        out.push((format!("{hf}.self_attn.sinks"), take(format!("{b}.attn_sinks.weight"), None)?));
+    }
+    map.extend(out);
+    Ok(())
+}
+
 /// A GGUF's metadata under its architecture's prefix (`ARCH.KEY`); a missing required key is
 /// an error naming the file and the key.
 pub(crate) struct Meta<'a> {
@@ -340,7 +427,8 @@ fn renamed(
 }
 
 /// The architectures read.
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gemma, gemma2, gemma3, phi3, gptneox, t5";
+pub const SUPPORTED: &str =
+    "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row

@@ -1,5 +1,5 @@
 //! GGUF checkpoints (llama.cpp's format, e.g. SmolLM2-135M in the assets): metadata, tensor
-//! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K tensors
+//! directory, and dequantisation of F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4 tensors
 //! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/readers/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
@@ -172,6 +172,7 @@ fn block(t: u32) -> Option<(usize, usize, &'static str)> {
         13 => Some((176, 256, "Q5_K")),
         14 => Some((210, 256, "Q6_K")),
         30 => Some((2, 1, "BF16")),
+        39 => Some((17, 32, "MXFP4")),
         _ => None,
     }
 }
@@ -334,7 +335,7 @@ impl Gguf {
         let info =
             self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
-        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)", info.ggml_type)))?;
+        let (bytes, per, tname) = block(info.ggml_type).ok_or_else(|| bad(format!("ggml type {} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 are)", info.ggml_type)))?;
         let n = crate::model::readers::bytes::elements(
             info.dims.iter().map(|&d| d as i128),
             &format!("tensor '{name}'"),
@@ -413,6 +414,19 @@ impl Gguf {
                 .iter_mut()
                 .zip(data.chunks_exact(2))
                 .for_each(|(o, c)| *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
+            // MXFP4: an E8M0 exponent e, half-scale 2^(e - 128) (ggml's `e8m0_to_fp32_half`), and
+            // 32 e2m1 values as doubled integers, low nibbles (values 0..16) then high (16..32).
+            39 => {
+                const E2M1: [f32; 16] = [0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.];
+                for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(17)) {
+                    let e = blk[0] as u32;
+                    let d = f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 });
+                    for j in 0..16 {
+                        o[j] = d * E2M1[(blk[1 + j] & 0x0f) as usize];
+                        o[j + 16] = d * E2M1[(blk[1 + j] >> 4) as usize];
+                    }
+                }
+            }
             _ => unreachable!("checked by block()"),
         }
         Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
