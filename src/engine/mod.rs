@@ -8,6 +8,7 @@ pub mod commands;
 pub mod complete;
 pub mod docs;
 pub mod error;
+mod habits;
 pub mod merge;
 pub mod registry;
 mod resolver;
@@ -264,10 +265,11 @@ impl Session {
     pub fn eval(&mut self, source: &str, code: &str) -> Result<Option<Output>, ScriptError> {
         self.inputs += 1;
         self.sources.borrow_mut().insert(source.to_string(), code.to_string());
-        let mut ast = self
-            .engine
-            .compile_with_scope(&self.scope, code)
-            .map_err(|e| ScriptError::from_parse(source, &e, &self.sources.borrow()))?;
+        let mut ast = self.engine.compile_with_scope(&self.scope, code).map_err(|e| {
+            let mut e = ScriptError::from_parse(source, &e, &self.sources.borrow());
+            e.notes.extend(habits::note(code, &e));
+            e
+        })?;
         ast.set_source(source);
         let mut full = self.functions.merge(&ast);
         full.set_source(source);
@@ -295,6 +297,10 @@ impl Session {
         self.drop_shadowed();
         release_freed_heap();
         if let Ok(mut f) = self.sink.try_borrow_mut() {
+            // `7 / 2` ran and gave 3: say so (a Python habit that is no error).
+            if let Some(n) = matches!(result, Ok(Ok(_))).then(|| habits::integer_division(code)).flatten() {
+                f(Event::Print(format!("note: {n}")));
+            }
             f(Event::Finished);
         }
         let gone: Vec<String> = released.into_iter().filter(|n| !self.scope.contains(n)).collect();
@@ -324,7 +330,7 @@ impl Session {
                     // The whole input was a command's bare name: the hint alone, on one line.
                     return Err(ScriptError::new(ErrorKind::Runtime, hint));
                 } else {
-                    self.teach(&mut e);
+                    self.teach(code, &mut e);
                 }
                 return Err(e);
             }
@@ -393,7 +399,14 @@ impl Session {
     /// arguments gets its script-facing signatures and `:help NAME`; an unknown function,
     /// method or variable gets the nearest names. Rhai's Rust type names in the message become
     /// script types (`&str | ImmutableString | String` -> `string`).
-    fn teach(&self, e: &mut ScriptError) {
+    fn teach(&self, code: &str, e: &mut ScriptError) {
+        if let Some(n) = habits::note(code, e) {
+            if let Some(rest) = e.message.strip_prefix("Function not found: ") {
+                e.message = format!("Function not found: {}", script_types(rest));
+            }
+            e.notes.push(n);
+            return;
+        }
         if let Some(rest) = e.message.strip_prefix("Function not found: ") {
             let name = rest.split([' ', '(']).next().unwrap_or_default().to_string();
             let plain = name.rsplit("::").next().unwrap_or(&name).to_string();

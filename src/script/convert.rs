@@ -145,7 +145,9 @@ impl<'a> Opts<'a> {
         for k in map.keys() {
             if !allowed.iter().any(|o| o.name == k.as_str()) {
                 let names: Vec<&str> = allowed.iter().map(|o| o.name).collect();
-                return err(format!("{func}: unknown option '{k}' (valid options: {})", names.join(", ")));
+                let near =
+                    crate::suggest::did_you_mean(k, names.iter().copied()).map(|h| format!("{h} ")).unwrap_or_default();
+                return err(format!("{func}: unknown option '{k}' ({near}valid options: {})", names.join(", ")));
             }
         }
         Ok(Opts { map, func, specs: allowed })
@@ -198,10 +200,11 @@ impl<'a> Opts<'a> {
             Some(v) => err(format!("{}: option '{key}' must be a string, got {}", self.func, quote(v))),
         }
     }
-    /// An array of strings (every item a string).
+    /// An array of strings (every item a string); one string is read as an array of it.
     pub fn strings(&self, key: &str) -> ScriptResult<Option<Vec<String>>> {
         match self.get(key) {
             None => Ok(None),
+            Some(v) if v.is_string() => Ok(Some(vec![v.clone().cast::<rhai::ImmutableString>().to_string()])),
             Some(v) => {
                 let Some(a) = v.clone().try_cast::<Array>() else {
                     return err(format!("{}: option '{key}' must be an array of strings, got {}", self.func, quote(v)));
@@ -339,6 +342,27 @@ mod tests {
         m.insert("titel".into(), Dynamic::from("x"));
         let e = msg(Opts::new(&m, "heatmap", &[opt("title", "", ""), opt("rows", "", "")]).err().unwrap());
         assert!(e.contains("unknown option 'titel'") && e.contains("title, rows"), "{e}");
+        assert!(e.contains("did you mean 'title'?") && e.lines().count() == 1, "{e}");
+        let mut far = Map::new();
+        far.insert("zzzz".into(), Dynamic::from("x"));
+        let e = msg(Opts::new(&far, "heatmap", &[opt("title", "", "")]).err().unwrap());
+        assert!(!e.contains("did you mean"), "{e}");
+    }
+
+    #[test]
+    fn one_string_is_read_as_an_array_of_it() {
+        let mut m = Map::new();
+        m.insert("kinds".into(), Dynamic::from("enc"));
+        m.insert("relations".into(), Dynamic::from(vec![Dynamic::from("nsubj"), Dynamic::from(1_i64)]));
+        let o = Opts::new(&m, "f", SPECS).unwrap();
+        assert_eq!(o.strings("kinds").unwrap(), Some(vec!["enc".to_string()]));
+        // The same checks as an array's: a non-string item is named.
+        let e = msg(o.strings("relations").unwrap_err());
+        assert!(e.contains("option 'relations'[1] must be a string"), "{e}");
+        let mut n = Map::new();
+        n.insert("kinds".into(), Dynamic::from(3_i64));
+        let e = msg(Opts::new(&n, "f", SPECS).unwrap().strings("kinds").unwrap_err());
+        assert!(e.contains("option 'kinds' must be an array of strings, got 3"), "{e}");
     }
 
     const SPECS: &[OptSpec] = &[

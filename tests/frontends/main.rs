@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod habits;
 mod kernel;
 mod kernel_hostile;
 mod repl_pty;

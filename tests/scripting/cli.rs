@@ -549,7 +549,7 @@ fn bad_pruning_inputs_are_clear_errors() {
         (format!("{p}#{{resume: true}})"), "prune: resume: true needs a checkpoint directory"),
         (format!("{p}#{{kinds: [\"dec\"]}})"), "prune: enpt has no 'dec' attention (it has: enc, cross)"),
         (format!("{p}#{{penalty_scale: \"per_model\"}})"), "prune: unknown penalty_scale 'per_model' (expected \"per_head\" or \"per_layer\")"),
-        (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (valid options: lambda, steps"),
+        (format!("{p}#{{lamda: 0.1}})"), "prune: unknown option 'lamda' (did you mean 'lambda'? valid options: lambda, steps"),
         (format!("{p}#{{eval_data: \"dev.txt\"}})"), "\"dev.txt\" looks like a file name, not a text: read the file with corpus(\"dev.txt\")"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100}); load_model(\"enpt\").with_gates(r)".into(), "with_gates: this result was trained on enpt, not on this model object"),
         ("let m = load_model(\"enpt\"); let r = m.prune(corpus(\"two.txt\"), #{steps: 1, batch_tokens: 100, init: -1.0, kinds: [\"enc\"]}); m.prune_heads(r).to(\"cpu\")".into(), "had heads or experts removed (prune_heads, prune_experts); move the original model, then prune it there"),

@@ -49,7 +49,12 @@ fn a_bad_kinds_option_names_the_function_called() {
     ];
     // A bad `kinds` and what follows the function's name in the error.
     let bad: &[(&str, &str)] = &[
-        ("#{kinds: \"dec\"}", "option 'kinds' must be an array of strings, got \"dec\" (string)"),
+        ("#{kinds: 3}", "option 'kinds' must be an array of strings, got 3 (i64)"),
+        // One string is read as an array of it, with the same checks.
+        (
+            "#{kinds: \"encoder\"}",
+            "option 'kinds': unknown attention kind 'encoder' (expected \"enc\", \"dec\" or \"cross\")",
+        ),
         ("#{kinds: [1]}", "option 'kinds'[0] must be a string, got 1 (i64)"),
         (
             "#{kinds: [\"encoder\"]}",
