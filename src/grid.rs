@@ -368,6 +368,14 @@ pub mod script {
         pub fn grid_to_string(g: &mut Grid) -> String {
             g.table().to_text()
         }
+
+        /// A grid inside a map or an array: `<Grid head_importance of gpt2: dec 2x4>`.
+        #[rhai_fn(name = "to_debug", pure)]
+        pub fn grid_to_debug(g: &mut Grid) -> String {
+            let kinds: Vec<String> =
+                g.kinds.iter().map(|(k, v)| format!("{k} {}x{}", v.len(), v.first().map_or(0, Vec::len))).collect();
+            format!("<Grid {} of {}: {}>", g.stat, g.model, kinds.join(", "))
+        }
     }
 
     pub fn register(engine: &mut Engine) {

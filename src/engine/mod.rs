@@ -421,6 +421,15 @@ impl Session {
                 .map(str::trim)
                 .unwrap_or_default()
                 .to_string();
+            // `r.keys()` on a result type (a map's method): what the type has instead.
+            if plain == "keys" && docs::type_names(&self.engine).contains(&first) {
+                let members = docs::members(&self.engine, &first);
+                e.notes.push(format!(
+                    "{first} is not a map; its properties and methods: {} (:help {first})",
+                    members.join(", ")
+                ));
+                return;
+            }
             if docs.iter().any(|d| d.receiver.as_deref() == Some(first.as_str())) {
                 docs.retain(|d| d.receiver.as_deref() == Some(first.as_str()));
             } else if docs.iter().any(|d| d.receiver.is_none()) {
@@ -883,6 +892,26 @@ mod tests {
         // Nothing near: no suggestion.
         let e = s.eval("<input>", "qqqqqqqq(1)").expect_err("unknown");
         assert!(!e.notes.iter().any(|n| n.starts_with("did you mean")), "{:?}", e.notes);
+        // A grid inside a map shows what it holds, not its type's name.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny_hf/gpt2");
+        let shown = s
+            .eval(
+                "<input>",
+                &format!("let g = load_model(\"{dir}\").head_importance([\"The cat sat.\"]); `${{#{{g: g}}}}`"),
+            )
+            .expect("a grid in a map")
+            .expect("a value")
+            .text;
+        assert!(shown.contains("<Grid gradient importance") && shown.contains("dec 2x4>"), "{shown}");
+        // `keys()` on a result type: what the type has instead of a map's keys.
+        let e = s.eval("<input>", "table([\"a\"], [[1]]).keys()").expect_err("keys");
+        assert!(
+            e.notes.iter().any(|n| n.starts_with("Table is not a map; its properties and methods: ")
+                && n.contains("column")
+                && n.contains("to_csv")),
+            "{:?}",
+            e.notes
+        );
     }
 
     /// What a session shows for each input, and what its `:save` script shows when run.

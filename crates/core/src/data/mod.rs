@@ -173,8 +173,14 @@ impl Dataset {
         Ok(Dataset::new(self.name.clone(), items))
     }
 
+    /// The first `n` sentences, named `NAME[:n]`; a take of a take is one take
+    /// (`d.take(20).take(5)` is `NAME[:5]`, `d.take(20).take(20)` is `NAME[:20]`).
     pub fn take(&self, n: usize) -> Dataset {
-        Dataset::new(format!("{}[:{n}]", self.name), self.items.iter().take(n).cloned().collect())
+        let name = match take_of(&self.name) {
+            Some((base, k)) => format!("{base}[:{}]", n.min(k)),
+            None => format!("{}[:{n}]", self.name),
+        };
+        Dataset::new(name, self.items.iter().take(n).cloned().collect())
     }
 
     /// Everything after the first `n` sentences.
@@ -228,6 +234,12 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// `NAME[:k]` -> (`NAME`, k).
+fn take_of(name: &str) -> Option<(&str, usize)> {
+    let (base, k) = name.strip_suffix(']')?.rsplit_once("[:")?;
+    Some((base, k.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +266,14 @@ mod tests {
         std::fs::write(dir.path().join("x.tsv"), "ok\tbem\nno tab here\n").unwrap();
         let e = Dataset::tsv(&dir.path().join("x.tsv")).unwrap_err().to_string();
         assert!(e.ends_with("x.tsv:2: expected source<TAB>target"), "{e}");
+    }
+
+    #[test]
+    fn a_take_of_a_take_is_one_take() {
+        let d = Dataset::new("pud_en.txt", vec![]);
+        assert_eq!(d.take(20).take(20).name, "pud_en.txt[:20]");
+        assert_eq!(d.take(20).take(5).name, "pud_en.txt[:5]");
+        assert_eq!(d.take(5).take(20).name, "pud_en.txt[:5]");
+        assert_eq!(d.skip(3).take(2).name, "pud_en.txt[3:][:2]");
     }
 }

@@ -184,7 +184,7 @@ fn heatmap<DB: DrawingBackend>(
         .disable_mesh()
         .disable_x_axis()
         .y_labels(6)
-        .y_label_formatter(&|v| fmt_value(*v))
+        .y_label_formatter(&axis_format(lo, hi))
         .label_style(("sans-serif", 11))
         .draw()
         .map_err(e)?;
@@ -226,7 +226,7 @@ fn bar<DB: DrawingBackend>(plot: &Plot, root: &DrawingArea<DB, Shift>, labels: &
         .disable_x_mesh()
         .x_labels(n as usize)
         .x_label_formatter(&fmt)
-        .y_label_formatter(&|v| fmt_value(*v))
+        .y_label_formatter(&axis_format(lo, hi + pad))
         .x_desc(&plot.x_label)
         .y_desc(&plot.y_label)
         .label_style(("sans-serif", 13))

@@ -369,6 +369,22 @@ mod tests {
         );
     }
 
+    /// A bar chart of counts labels its value axis `10`, `20`, not `10.00`, `20.00`.
+    #[test]
+    fn integer_axes_have_integer_labels() {
+        let p = Plot::new(PlotKind::Bar { labels: vec!["a".into(), "b".into()], values: vec![12.0, 48.0] }, "heads")
+            .unwrap();
+        let svg = p.to_svg().unwrap();
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>'))
+            .map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim())
+            .collect();
+        assert!(texts.contains(&"40"), "{texts:?}");
+        assert!(!texts.iter().any(|t| t.ends_with(".00")), "{texts:?}");
+    }
+
     #[test]
     fn text_only_rendering_draws_nothing_and_ends_with_its_call() {
         let p = heat();
