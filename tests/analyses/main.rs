@@ -10,6 +10,7 @@ mod ablation;
 mod bleu;
 mod duo;
 mod importance;
+mod labels;
 mod patching;
 mod planted_heads;
 mod sinks;

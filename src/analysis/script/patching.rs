@@ -75,7 +75,7 @@ fn token_ids(m: &ScriptModel, pairs: &Pairs) -> ScriptResult<(Vec<PairIds>, Vec<
                 return err(format!("patch: {}: the clean prompt is {} tokens, the corrupted {}; a pair must have one length (positions are patched one for one)", p.origin, t.clean.len(), t.corrupted.len()));
             }
             if first_tokens.is_empty() {
-                first_tokens = t.clean.iter().map(|&i| model.tok.id_to_token(i)).collect();
+                first_tokens = model.tok.ids_to_tokens(&t.clean);
             }
             out.push(PairIds {
                 clean: t.clean.clone(),
@@ -249,7 +249,7 @@ fn source_pairs(
         .or_else(|e| err(format!("patch: translating the clean sources: {e}")))?;
     let tokens = match (kind_each, sources.first(), translations.first()) {
         (Some(Kind::Enc) | None, Some((c, _)), _) => c.tokens.clone(),
-        (Some(_), _, Some(t)) => t.iter().chain([&model.net.eos_id]).map(|&i| model.tok.id_to_token(i)).collect(),
+        (Some(_), _, Some(t)) => model.tok.ids_to_tokens(&[t.as_slice(), &[model.net.eos_id]].concat()),
         _ => Vec::new(),
     };
     let out = sources

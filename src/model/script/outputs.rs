@@ -87,7 +87,7 @@ pub mod api {
     /// ```rhai
     /// let m = load_model("smollm2");
     /// let t = m.top_tokens("The capital of France is", 5);
-    /// assert(t.len() == 5 && t.column("token")[0] == "ĠParis");
+    /// assert(t.len() == 5 && t.column("token")[0] == "␣Paris");
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn top_tokens(m: &mut ScriptModel, text: &str, k: i64) -> ScriptResult<Table> {
@@ -107,7 +107,7 @@ pub mod api {
             table
                 .push_row(vec![
                     Cell::Int(r + 1),
-                    Cell::Text(m.model.tok.id_to_token(id)),
+                    Cell::Text(crate::plot::reader_token(&m.model.tok.id_to_token(id))),
                     Cell::Int(id),
                     Cell::Float(probs.double_value(&[id])),
                     Cell::Float(vals.double_value(&[r])),
@@ -125,7 +125,7 @@ pub mod api {
     /// ```rhai
     /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
     /// let t = m.loss("a b c d", #{per_token: true});
-    /// assert(t.len() == 3 && t.column("next")[0] == "Ġb");
+    /// assert(t.len() == 3 && t.column("next")[0] == "␣b");
     /// let mean = t.column("loss").reduce(|s, x| s + x, 0.0) / 3.0;
     /// assert(abs(m.loss("a b c d") - mean) < 1e-5);
     /// ```
@@ -145,8 +145,8 @@ pub mod api {
             for (i, l) in losses.iter().enumerate() {
                 t.push_row(vec![
                     Cell::Int(i as i64),
-                    Cell::Text(p.encoded.tokens[i].clone()),
-                    Cell::Text(p.encoded.tokens[i + 1].clone()),
+                    Cell::Text(crate::plot::reader_token(&p.encoded.tokens[i])),
+                    Cell::Text(crate::plot::reader_token(&p.encoded.tokens[i + 1])),
                     Cell::Float(*l),
                 ])
                 .or_else(|e| err(e.to_string()))?;

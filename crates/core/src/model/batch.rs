@@ -213,12 +213,7 @@ impl Model {
                 if self.net.forced_bos.get().is_some() && self.net.forced_bos.get() == ids.first().copied() {
                     special[0] = true;
                 }
-                Encoded {
-                    tokens: ids.iter().map(|&i| self.tok.id_to_token(i)).collect(),
-                    offsets: vec![(0, 0); n],
-                    special,
-                    ids,
-                }
+                Encoded { tokens: self.tok.ids_to_tokens(&ids), offsets: vec![(0, 0); n], special, ids }
             })
             .collect())
     }

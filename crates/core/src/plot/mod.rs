@@ -265,16 +265,7 @@ impl Render for Plot {
 /// the ones that followed a space keep it as `␣` (`␣Potter`), so no two tokens are confused.
 pub fn reader_labels(labels: &[String]) -> Vec<String> {
     const SPACE: [char; 2] = ['Ġ', '▁'];
-    let full = |l: &str| -> String {
-        l.chars()
-            .map(|c| match c {
-                'Ġ' | '▁' => '␣',
-                'Ċ' => '↵',
-                'ĉ' => '⇥',
-                c => c,
-            })
-            .collect()
-    };
+    let full = reader_token;
     let plain = |l: &str| -> String {
         match l.strip_prefix(SPACE) {
             Some("") => "␣".into(),
@@ -288,6 +279,19 @@ pub fn reader_labels(labels: &[String]) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(i, l)| if l.starts_with(SPACE) && alike(i) { full(l) } else { shown[i].clone() })
+        .collect()
+}
+
+/// One token as a table cell shows it: its spaces, newlines and tabs visible (`ĠParis` and
+/// `▁Paris` read `␣Paris`, `Ċ` reads `↵`, `ĉ` reads `⇥`), so that ` Paris` and `Paris` differ.
+pub fn reader_token(l: &str) -> String {
+    l.chars()
+        .map(|c| match c {
+            'Ġ' | '▁' => '␣',
+            'Ċ' => '↵',
+            'ĉ' => '⇥',
+            c => c,
+        })
         .collect()
 }
 

@@ -3,5 +3,6 @@
 //! tokenizer a GGUF file carries in its metadata ([`gguf_tokenizer`]).
 
 pub mod gguf_tokenizer;
+pub mod readable;
 pub mod spm;
 pub mod tokenizer;

@@ -357,6 +357,8 @@ impl Tok {
                 .collect(),
             special: enc.get_special_tokens_mask().iter().map(|&m| m == 1).collect(),
         };
+        // Bytes written as characters (`âĢľ`) or byte pieces (`<0xE2>`): the text typed.
+        out.tokens = super::readable::readable(&out.tokens, &out.special, self.byte_level());
         if let Framing::AppendEos(eos) = self.framing {
             out.ids.push(eos);
             out.tokens.push(self.inner.id_to_token(eos as u32).unwrap_or_else(|| "</s>".into()));
@@ -502,11 +504,40 @@ impl Tok {
         })
     }
 
+    /// The token `id` as a person reads it ([`super::readable`]: a byte-level token's bytes as
+    /// text, `⋯` where it holds part of a character).
     pub fn id_to_token(&self, id: i64) -> String {
         if let Some(m) = &self.marian {
             return m.pieces.get(&id).cloned().unwrap_or_else(|| format!("<{id}>"));
         }
-        self.inner.id_to_token(id as u32).unwrap_or_else(|| format!("<{id}>"))
+        match self.inner.id_to_token(id as u32) {
+            Some(t) => {
+                let special = self.inner.get_added_vocabulary().is_special_token(&t);
+                super::readable::readable(&[t], &[special], self.byte_level()).remove(0)
+            }
+            None => format!("<{id}>"),
+        }
+    }
+
+    /// The tokens of `ids` in order as a person reads them: a character split over tokens shows
+    /// on the token that completes it ([`super::readable`]).
+    pub fn ids_to_tokens(&self, ids: &[i64]) -> Vec<String> {
+        if let Some(m) = &self.marian {
+            return ids.iter().map(|id| m.pieces.get(id).cloned().unwrap_or_else(|| format!("<{id}>"))).collect();
+        }
+        let raw: Vec<String> =
+            ids.iter().map(|&id| self.inner.id_to_token(id as u32).unwrap_or_else(|| format!("<{id}>"))).collect();
+        let added = self.inner.get_added_vocabulary();
+        let special: Vec<bool> = raw.iter().map(|t| added.is_special_token(t)).collect();
+        super::readable::readable(&raw, &special, self.byte_level())
+    }
+
+    /// Whether the tokenizer is a byte-level BPE (its decoder says so).
+    fn byte_level(&self) -> bool {
+        self.inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|j| super::readable::is_byte_level(&j))
     }
 
     /// The special tokens a tokenizer adds that are not framing tokens (`<s>`, `</s>`, `<pad>`,
