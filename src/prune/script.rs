@@ -165,6 +165,21 @@ impl PruneResult {
         self.run.layout.split(&self.run.eval_gates())
     }
 
+    /// A note when more than [`super::UNSETTLED_SHARE`] of the gates have not settled.
+    fn settle_note(&self) -> Option<String> {
+        use super::{UNSETTLED, UNSETTLED_SHARE};
+        let (n, of) = self.run.unsettled();
+        let steps = self.run.state.step;
+        (of > 0 && n as f64 > UNSETTLED_SHARE * of as f64).then(|| {
+            format!(
+                "note: {n} of {of} gates have not settled after {steps} steps (P(open) between {} and {}: open or closed by a small margin); more steps (#{{steps: {}}}) would decide them",
+                UNSETTLED.start,
+                UNSETTLED.end,
+                (steps * 4).max(100)
+            )
+        })
+    }
+
     fn title(&self) -> String {
         let r = &self.run;
         format!("pruning {} on {} (lambda {}, {} steps)", r.model, r.dataset, r.options.lambda, r.state.step)
@@ -274,6 +289,9 @@ impl PruneResult {
 impl Render for PruneResult {
     fn render(&self) -> Output {
         let mut o = self.table().render();
+        if let Some(n) = self.settle_note() {
+            o.text = format!("{}\n{n}", o.text);
+        }
         if let Ok(p) = self.heatmap(None) {
             let po = p.render();
             o.png = po.png;
@@ -797,12 +815,35 @@ pub mod api {
 
     #[rhai_fn(name = "to_string", pure)]
     pub fn to_string(r: &mut PruneResult) -> String {
-        format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len())
+        let s = format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len());
+        match r.settle_note() {
+            Some(n) => format!("{s}\n{n}"),
+            None => s,
+        }
+    }
+
+    /// The gates not settled yet (P(open) between 0.1 and 0.9) and how many were trained: a
+    /// result with many unsettled gates needs more steps.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let r = m.prune(["The cat sat on the mat."], #{steps: 1});
+    /// let u = r.unsettled;
+    /// assert(u.trained == 8 && u.unsettled <= 8);
+    /// assert(r.to_string().contains("have not settled") == (u.unsettled > 0));
+    /// ```
+    #[rhai_fn(get = "unsettled", pure)]
+    pub fn unsettled(r: &mut PruneResult) -> Map {
+        let (n, of) = r.run.unsettled();
+        let mut m = Map::new();
+        m.insert("unsettled".into(), Dynamic::from(n as i64));
+        m.insert("trained".into(), Dynamic::from(of as i64));
+        m
     }
 
     #[rhai_fn(name = "to_debug", pure)]
     pub fn to_debug(r: &mut PruneResult) -> String {
-        to_string(r)
+        format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len())
     }
 }
 

@@ -79,6 +79,28 @@ fn closed_after(model: &Model, data: &Dataset, lambda: f64, steps: usize) -> BTr
     run.closed().iter().map(|h| (h.layer_idx, h.head)).collect()
 }
 
+/// A run from the default start stopped after two steps has most gates unsettled (P(open) in
+/// [0.1, 0.9)); one trained to the planted answer has settled them (its result shows no note).
+#[test]
+fn unsettled_gates_are_counted_until_training_decides_them() {
+    let _rng = common::rng();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = corpus(dir.path());
+    let run = |steps: usize, init: Option<headscope::prune::Init>| {
+        let mut o = PruneOptions::new(vec![Kind::Enc]);
+        (o.lambda, o.steps, o.lr, o.batch_tokens, o.seed) = (0.02, steps, 0.1, 120, 3);
+        if let Some(i) = init {
+            o.init = i;
+        }
+        train(&model, &[], &data, &o, Hooks { stop: &|| false, progress: &mut |_, _| {} }).unwrap().unsettled()
+    };
+    let (early, trained) = run(2, None);
+    assert!(early as f64 > headscope::prune::UNSETTLED_SHARE * trained as f64, "{early} of {trained} after 2 steps");
+    let (late, trained) = run(100, Some(headscope::prune::Init::Constant(2.0)));
+    assert!(late as f64 <= headscope::prune::UNSETTLED_SHARE * trained as f64, "{late} of {trained} after 100 steps");
+}
+
 #[test]
 fn planted_useless_heads_are_pruned_first() {
     let _rng = common::rng();

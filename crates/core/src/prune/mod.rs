@@ -23,6 +23,11 @@ use crate::optspec::{opt_bool, opt_f64, opt_int, opt_str, OptSpec};
 use std::path::PathBuf;
 use tch::{Device, Kind as DType, Tensor};
 
+/// A gate whose P(open) lies in this range has not settled (docs/methods.md#hard-concrete-gates-and-l0-pruning).
+pub const UNSETTLED: std::ops::Range<f64> = 0.1..0.9;
+/// The share of unsettled gates above which a result says so and suggests more steps.
+pub const UNSETTLED_SHARE: f64 = 0.1;
+
 /// The Hard Concrete distribution's constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Concrete {
@@ -436,6 +441,15 @@ impl PruneRun {
     pub fn p_open(&self) -> Vec<f64> {
         let p = self.options.concrete.p_open(&self.tensor(&self.state.log_alpha)) * self.tensor(&self.layout.keep());
         Vec::<f64>::try_from(p.to_kind(DType::Double)).unwrap_or_default()
+    }
+    /// The gates not yet settled, of those trained: P(open) within [`UNSETTLED`] (a head open
+    /// or closed by a small margin, which more steps would decide), and how many were trained.
+    pub fn unsettled(&self) -> (usize, usize) {
+        let keep = self.layout.keep();
+        let p = self.p_open();
+        let trained = keep.iter().filter(|&&k| k != 0.0).count();
+        let open = p.iter().zip(&keep).filter(|(p, &k)| k != 0.0 && UNSETTLED.contains(*p)).count();
+        (open, trained)
     }
     /// Heads whose evaluation gate is 0.
     pub fn closed(&self) -> Vec<HeadId> {
