@@ -73,7 +73,8 @@ fn publish(out: &Out, content: JupyterMessageContent) {
 
 /// The session's sink for a notebook: prints become stdout stream messages at once, displays
 /// become `display_data`, progress is one display updated in place (at most every 200 ms)
-/// showing the rate and the time left, as the terminal's bar does.
+/// showing the rate and the time left, as the terminal's bar does, and emptied when the cell
+/// finishes (a saved notebook keeps the cell's results, not its progress bars).
 fn sink(out: Out) -> crate::engine::Sink {
     struct Shown {
         id: String,
@@ -82,10 +83,17 @@ fn sink(out: Out) -> crate::engine::Sink {
     }
     let mut progress: Option<Shown> = None;
     let mut n_bars = 0usize;
+    // The progress displays of the running cell, emptied when it finishes.
+    let mut bars: Vec<String> = Vec::new();
     Box::new(move |ev| match ev {
         Event::Print(s) => publish(&out, StreamContent::stdout(&format!("{s}\n")).into()),
         Event::Display(o) => publish(&out, DisplayData::new(media(&o)).into()),
-        Event::Finished => progress = None,
+        Event::Finished => {
+            progress = None;
+            for id in bars.drain(..) {
+                publish(&out, UpdateDisplayData::new(media(&Output::default()), &id).into());
+            }
+        }
         Event::Progress { label, done, total } => {
             let finished = done >= total;
             match &mut progress {
@@ -104,6 +112,7 @@ fn sink(out: Out) -> crate::engine::Sink {
                     let mut d = DisplayData::new(media(&progress_output(&label, done, total, "")));
                     d.transient = Some(Transient { display_id: Some(id.clone()) });
                     publish(&out, d.into());
+                    bars.push(id.clone());
                     if !finished {
                         progress = Some(Shown { id, last: Instant::now(), pace: crate::run::Pace::new(done) });
                     }
