@@ -38,6 +38,9 @@ fn check(model: &str) {
             assert!(!text.contains(raw), "{model}, {what}: raw bytes {raw} shown");
         }
     }
+    // The head view shows no tokenizer markers either (as the heatmaps).
+    let (_, view) = &shown[3];
+    assert!(!view.contains("\"Ġ") && !view.contains("\"▁"), "{model}: markers in the head view's tokens");
 }
 
 #[test]

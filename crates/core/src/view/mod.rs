@@ -96,8 +96,9 @@ impl ViewKind {
             json(&self.name),
             self.n_layers,
             self.n_heads,
-            json(&self.query_tokens),
-            json(&self.key_tokens),
+            // As the heatmaps label tokens: no tokenizer markers (`ĠThe`, `▁quick` read `The`, `quick`).
+            json(&crate::plot::reader_labels(&self.query_tokens)),
+            json(&crate::plot::reader_labels(&self.key_tokens)),
             attn.join(",")
         )
     }

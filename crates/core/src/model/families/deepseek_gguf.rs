@@ -81,7 +81,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let int = |k: &str| meta.int(k);
     let opt_int = |k: &str| meta.int(k).ok();
     let float = |k: &str| meta.float(k);
-    let n_layers = int("block_count")? as usize;
+    let n_layers = meta.blocks()?;
     let h = int("attention.head_count")?;
     let rope_dim = int("rope.dimension_count")?;
     let kv_rank = int("attention.kv_lora_rank")?;

@@ -123,12 +123,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         )));
     }
     let int = |k: &str| meta.int(k);
-    let (n_layers, d, ff, h) = (
-        int("block_count")? as usize,
-        int("embedding_length")?,
-        int("feed_forward_length")?,
-        int("attention.head_count")?,
-    );
+    let (n_layers, d, ff, h) =
+        (meta.blocks()?, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
     // gpt-oss has experts only, as wide as `expert_feed_forward_length` (transformers' config
     // calls it `intermediate_size`).
     let ff = if gpt_oss { int("expert_feed_forward_length")? } else { ff };
@@ -412,6 +408,26 @@ impl Meta<'_> {
             .and_then(Value::as_u64)
             .map(|v| v as i64)
             .ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
+    }
+    /// `block_count`, checked against the tensor directory: more blocks than the file holds
+    /// `blk.N` tensors for is an error naming the key (a hostile count is not a loop over
+    /// millions of missing layers; found by the `gguf_model` fuzz target).
+    pub(crate) fn blocks(&self) -> Result<usize, ModelError> {
+        let n = self.int("block_count")?;
+        let held = self
+            .g
+            .tensors
+            .iter()
+            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<u64>().ok())
+            .max()
+            .map_or(0, |m| m.saturating_add(1));
+        if n as u64 > held {
+            return Err(self.bad(format!(
+                "metadata {} is {n}, but the file holds tensors of {held} blocks",
+                self.key("block_count")
+            )));
+        }
+        Ok(n as usize)
     }
     pub(crate) fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)

@@ -519,6 +519,15 @@ impl Tok {
         }
     }
 
+    /// The token `id` exactly as the vocabulary holds it (byte-level characters and all: what
+    /// `token_to_id` reads back).
+    pub fn raw_token(&self, id: i64) -> Option<String> {
+        match &self.marian {
+            Some(m) => m.pieces.get(&id).cloned(),
+            None => self.inner.id_to_token(id as u32),
+        }
+    }
+
     /// The tokens of `ids` in order as a person reads them: a character split over tokens shows
     /// on the token that completes it ([`super::readable`]).
     pub fn ids_to_tokens(&self, ids: &[i64]) -> Vec<String> {
