@@ -337,6 +337,15 @@ mod tests {
         assert_eq!(labels(&["Ġ", "ĠĠ", "▁a▁b"]), ["␣", "␣␣", "a␣b"]);
     }
 
+    /// The texts an SVG draws.
+    fn svg_texts(svg: &str) -> Vec<&str> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>'))
+            .map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim())
+            .collect()
+    }
+
     #[test]
     fn a_heatmap_of_tokens_shows_plain_words_and_fixed_cells() {
         let p = Plot::new(
@@ -352,12 +361,7 @@ mod tests {
         )
         .unwrap();
         let svg = p.to_svg().unwrap();
-        let texts: Vec<&str> = svg
-            .split("<text")
-            .skip(1)
-            .filter_map(|t| t.split_once('>'))
-            .map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim())
-            .collect();
+        let texts = svg_texts(&svg);
         for shown in ["Potter", "gato", "0.216", "&lt;0.001", "0.002", "1.00"] {
             assert!(texts.contains(&shown), "the SVG lacks {shown}: {texts:?}");
         }
@@ -379,12 +383,7 @@ mod tests {
         let p = Plot::new(PlotKind::Bar { labels: vec!["a".into(), "b".into()], values: vec![12.0, 48.0] }, "heads")
             .unwrap();
         let svg = p.to_svg().unwrap();
-        let texts: Vec<&str> = svg
-            .split("<text")
-            .skip(1)
-            .filter_map(|t| t.split_once('>'))
-            .map(|(_, t)| t.split("</text>").next().unwrap_or_default().trim())
-            .collect();
+        let texts = svg_texts(&svg);
         assert!(texts.contains(&"40"), "{texts:?}");
         assert!(!texts.iter().any(|t| t.ends_with(".00")), "{texts:?}");
     }
