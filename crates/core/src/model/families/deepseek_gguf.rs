@@ -138,17 +138,10 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let rope_scaling = match scaling {
         None => None,
         Some("yarn") => {
-            let factor = float("rope.scaling.factor")
-                .ok_or_else(|| bad(format!("metadata {} is missing", meta.key("rope.scaling.factor"))))?;
             let all = float("rope.scaling.yarn_log_multiplier").unwrap_or(0.0) / 0.1;
-            let mut s = serde_json::json!({
-                "rope_type": "yarn", "factor": factor, "mscale": all, "mscale_all_dim": all,
-                "beta_fast": float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
-                "beta_slow": float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
-            });
-            if let Some(o) = opt_int("rope.scaling.original_context_length") {
-                s["original_max_position_embeddings"] = o.into();
-            }
+            let mut s = meta.yarn()?;
+            s["mscale"] = all.into();
+            s["mscale_all_dim"] = all.into();
             Some(s)
         }
         Some(t) => {

@@ -253,16 +253,8 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     if gpt_oss {
         sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
         if scaling.is_some() {
-            let factor = float("rope.scaling.factor")
-                .ok_or_else(|| bad(format!("metadata {} is missing", key("rope.scaling.factor"))))?;
-            let mut s = serde_json::json!({
-                "rope_type": "yarn", "factor": factor, "truncate": false,
-                "beta_fast": float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
-                "beta_slow": float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
-            });
-            if let Ok(o) = int("rope.scaling.original_context_length") {
-                s["original_max_position_embeddings"] = o.into();
-            }
+            let mut s = meta.yarn()?;
+            s["truncate"] = false.into();
             rope_scaling = Some(s);
         }
     }
@@ -323,19 +315,31 @@ pub(crate) fn split_experts(
             ("ffn_up_exps", "up_proj", [n, width, d]),
             ("ffn_down_exps", "down_proj", [n, d, width]),
         ] {
-            let name = format!("blk.{l}.{gguf}.weight");
-            let t = map
-                .remove(&name)
-                .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: name.clone() })?;
-            if t.size() != shape {
-                return Err(ModelError::BadShape { file: file.to_string(), name, want: shape.to_vec(), got: t.size() });
-            }
+            let t = take(map, format!("blk.{l}.{gguf}.weight"), Some(&shape), file)?;
             for e in 0..n {
                 map.insert(format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight"), t.f_get(e)?.f_contiguous()?);
             }
         }
     }
     Ok(())
+}
+
+/// Tensor `name` taken out of `map`, of `shape` where given (`None`: checked where it is used,
+/// e.g. the sinks' width, the heads); missing or of another shape, an error naming it.
+fn take(
+    map: &mut std::collections::HashMap<String, tch::Tensor>,
+    name: String,
+    shape: Option<&[i64]>,
+    file: &str,
+) -> Result<tch::Tensor, ModelError> {
+    let t =
+        map.remove(&name).ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: name.clone() })?;
+    match shape {
+        Some(shape) if t.size() != shape => {
+            Err(ModelError::BadShape { file: file.to_string(), name, want: shape.to_vec(), got: t.size() })
+        }
+        _ => Ok(t),
+    }
 }
 
 /// gpt-oss as llama.cpp writes it back into transformers' layout: each layer's `ffn_gate_exps` and
@@ -352,35 +356,25 @@ fn fuse_gpt_oss(
     d: i64,
     file: &str,
 ) -> Result<(), ModelError> {
-    // `shape` None: checked where the tensor is used (the sinks' width, the heads).
-    let mut take = |name: String, shape: Option<&[i64]>| -> Result<tch::Tensor, ModelError> {
-        let t = map
-            .remove(&name)
-            .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: name.clone() })?;
-        let Some(shape) = shape else { return Ok(t) };
-        if t.size() != shape {
-            return Err(ModelError::BadShape { file: file.to_string(), name, want: shape.to_vec(), got: t.size() });
-        }
-        Ok(t)
-    };
+    let mut get = |name: String, shape: Option<&[i64]>| take(map, name, shape, file);
     let mut out = Vec::new();
     for l in 0..n_layers {
         let (b, hf) = (format!("blk.{l}"), format!("model.layers.{l}"));
-        let gate = take(format!("{b}.ffn_gate_exps.weight"), Some(&[n, width, d]))?;
-        let up = take(format!("{b}.ffn_up_exps.weight"), Some(&[n, width, d]))?;
-        let gate_b = take(format!("{b}.ffn_gate_exps.bias"), Some(&[n, width]))?;
-        let up_b = take(format!("{b}.ffn_up_exps.bias"), Some(&[n, width]))?;
-        let down = take(format!("{b}.ffn_down_exps.weight"), Some(&[n, d, width]))?;
-        let down_b = take(format!("{b}.ffn_down_exps.bias"), Some(&[n, d]))?;
+        let gate = get(format!("{b}.ffn_gate_exps.weight"), Some(&[n, width, d]))?;
+        let up = get(format!("{b}.ffn_up_exps.weight"), Some(&[n, width, d]))?;
+        let gate_b = get(format!("{b}.ffn_gate_exps.bias"), Some(&[n, width]))?;
+        let up_b = get(format!("{b}.ffn_up_exps.bias"), Some(&[n, width]))?;
+        let down = get(format!("{b}.ffn_down_exps.weight"), Some(&[n, d, width]))?;
+        let down_b = get(format!("{b}.ffn_down_exps.bias"), Some(&[n, d]))?;
         let gate_up = tch::Tensor::f_stack(&[gate, up], 2)?.f_reshape([n, 2 * width, d])?.f_transpose(1, 2)?;
         let gate_up_b = tch::Tensor::f_stack(&[gate_b, up_b], 2)?.f_reshape([n, 2 * width])?;
         out.push((format!("{hf}.mlp.experts.gate_up_proj"), gate_up.f_contiguous()?));
         out.push((format!("{hf}.mlp.experts.gate_up_proj_bias"), gate_up_b));
         out.push((format!("{hf}.mlp.experts.down_proj"), down.f_transpose(1, 2)?.f_contiguous()?));
         out.push((format!("{hf}.mlp.experts.down_proj_bias"), down_b));
-        out.push((format!("{hf}.mlp.router.weight"), take(format!("{hf}.mlp.gate.weight"), Some(&[n, d]))?));
-        out.push((format!("{hf}.mlp.router.bias"), take(format!("{hf}.mlp.gate.bias"), Some(&[n]))?));
-        out.push((format!("{hf}.self_attn.sinks"), take(format!("{b}.attn_sinks.weight"), None)?));
+        out.push((format!("{hf}.mlp.router.weight"), get(format!("{hf}.mlp.gate.weight"), Some(&[n, d]))?));
+        out.push((format!("{hf}.mlp.router.bias"), get(format!("{hf}.mlp.gate.bias"), Some(&[n]))?));
+        out.push((format!("{hf}.self_attn.sinks"), get(format!("{b}.attn_sinks.weight"), None)?));
     }
     map.extend(out);
     Ok(())
@@ -428,6 +422,23 @@ impl Meta<'_> {
             )));
         }
         Ok(n as usize)
+    }
+    /// YaRN's settings in transformers' `rope_scaling` form: `rope.scaling.factor` (required),
+    /// `yarn_beta_fast` / `_slow` (none: transformers' 32 / 1), `original_context_length`;
+    /// each family adds what its config has besides.
+    pub(crate) fn yarn(&self) -> Result<serde_json::Value, ModelError> {
+        let factor = self
+            .float("rope.scaling.factor")
+            .ok_or_else(|| self.bad(format!("metadata {} is missing", self.key("rope.scaling.factor"))))?;
+        let mut s = serde_json::json!({
+            "rope_type": "yarn", "factor": factor,
+            "beta_fast": self.float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+            "beta_slow": self.float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+        });
+        if let Ok(o) = self.int("rope.scaling.original_context_length") {
+            s["original_max_position_embeddings"] = o.into();
+        }
+        Ok(s)
     }
     pub(crate) fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
