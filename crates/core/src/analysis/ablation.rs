@@ -97,6 +97,9 @@ pub struct SweepOptions {
     pub seed: u64,
     /// Mean ablation per position.
     pub per_position: bool,
+    /// The heads swept (the options `layers` and `heads`); `None`: every head of `kinds`.
+    /// The others' cells are NaN.
+    pub only: Option<Vec<HeadId>>,
 }
 
 impl Default for SweepOptions {
@@ -115,6 +118,7 @@ impl Default for SweepOptions {
             mean_batch_tokens: crate::model::batch::DEFAULT_BATCH_TOKENS,
             seed: SEED as u64,
             per_position: PER_POSITION,
+            only: None,
         }
     }
 }
@@ -129,8 +133,10 @@ pub struct Prepared {
     /// The model as given: the gates of a masked view (none for a model as loaded). Teacher
     /// targets, KL's distribution and cosine's pooled states are taken under them.
     pub base: Gates,
-    /// The output projection in double precision (loss, KL): CPU GEMM kernels change with the
-    /// number of rows, and these metrics must not depend on how masks are batched.
+    /// The output projection (loss, KL) in the model's float32, its log-softmax in float64:
+    /// the logits' rounding changes with the number of rows (CPU GEMM kernels), ~1e-7 relative,
+    /// far under the 1e-5 to which a sweep equals masking one head at a time; the double
+    /// projection this replaces took most of a decoder LM's sweep (benches/lm.sh).
     out64: Option<crate::model::loss::OutputHead>,
     /// A fill computed per batch (resample ablation, [`set_resample`]), for every mask evaluated.
     pub source: Option<std::rc::Rc<FillSource>>,
@@ -215,6 +221,11 @@ impl std::ops::Deref for Prepared {
 /// allocator's mmap threshold; a sweep slice of a whole batch was ~230 MB for EN->PT and
 /// page faults took a fifth of the time).
 const LOGIT_BYTES: i64 = 16 << 20;
+/// Rows of float32 logits per product with the output head: each product repacks the whole
+/// `[V, D]` matrix (MKL copies it into panels), so a few dozen rows per product spent as long
+/// packing as multiplying (a quarter of SmolLM2's sweep, perf); ~128 MB of rows makes the
+/// packing a few percent, and the float64 log-softmax still runs in 16 MB slices of them.
+const PRODUCT_BYTES: i64 = 128 << 20;
 
 impl Prepared {
     /// Teacher-forced log-probabilities `[B, T, V]` in double precision.
@@ -227,40 +238,60 @@ impl Prepared {
         gates: &Gates,
     ) -> Result<Tensor, ModelError> {
         let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
-        head.log_probs(&model.teacher_states(enc, mask, targets, gates)?, &mut None)
+        head.log_probs_in(&model.teacher_states(enc, mask, targets, gates)?, DType::Double)
     }
 
     /// Per target token `[N, T]` of the teacher-forced final decoder states `[N, T, D]`: the
     /// loss `-log p(target)`, or with `full` (the unmasked log-probabilities `[B, T, V]`, N a
-    /// multiple of B) `KL(full || masked)`. The logits are taken in slices of rows, never all
-    /// at once.
-    fn token_values(&self, states: &Tensor, targets: &Tensor, full: Option<&Tensor>) -> Result<Tensor, ModelError> {
+    /// multiple of B) `KL(full || masked)`, at the target positions `tm [N, T]` (0 elsewhere:
+    /// padding rows never reach the output head). The logits are taken in slices of rows,
+    /// never all at once.
+    fn token_values(
+        &self,
+        states: &Tensor,
+        targets: &Tensor,
+        tm: &Tensor,
+        full: Option<&Tensor>,
+    ) -> Result<Tensor, ModelError> {
         let head = self.out64.as_ref().ok_or(ModelError::NoOutputHead)?;
         let (n, t) = (targets.size()[0], targets.size()[1]);
         let d = states.size()[2];
         let vocab = head.vocab();
-        let states = states.reshape([n * t, d]);
-        let flat_targets = targets.reshape([n * t, 1]);
+        let rows = tm.f_reshape([-1])?.f_gt(0.0)?.f_nonzero()?.f_squeeze_dim(1)?;
+        let states = states.f_reshape([n * t, d])?.f_index_select(0, &rows)?;
+        let flat_targets = targets.f_reshape([-1])?.f_index_select(0, &rows)?;
         // For KL, row r of the N * T rows is row r mod (B * T) of the full distribution.
         let full = full.map(|f| f.reshape([-1, vocab]));
         let period = full.as_ref().map_or(n * t, |f| f.size()[0]);
+        let count = rows.size()[0];
         let slice = (LOGIT_BYTES / (vocab * 8)).max(1);
+        let product = (PRODUCT_BYTES / (vocab * 4)).max(slice);
         let mut parts = Vec::new();
         let mut start = 0;
-        while start < n * t {
-            // A slice never wraps around the full distribution's rows.
-            let len = slice.min(n * t - start).min(period - start % period);
-            let logp = head.log_probs(&states.narrow(0, start, len), &mut None)?;
-            parts.push(match &full {
-                None => crate::model::loss::nll(&logp, &flat_targets.narrow(0, start, len).squeeze_dim(-1)),
-                Some(f) => {
-                    let f = f.narrow(0, start % period, len);
-                    (f.exp() * (&f - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
-                }
-            });
-            start += len;
+        while start < count {
+            let len_p = product.min(count - start);
+            let logits = head.logits(&states.narrow(0, start, len_p), &mut None)?;
+            let mut at = 0;
+            while at < len_p {
+                let len = slice.min(len_p - at);
+                let logp = logits.narrow(0, at, len).f_log_softmax(-1, DType::Double)?;
+                parts.push(match &full {
+                    None => crate::model::loss::nll(&logp, &flat_targets.narrow(0, start + at, len)),
+                    Some(f) => {
+                        let f = f.f_index_select(0, &rows.narrow(0, start + at, len).f_remainder(period)?)?;
+                        (f.exp() * (&f - &logp)).sum_dim_intlist([-1i64].as_slice(), false, DType::Double)
+                    }
+                });
+                at += len;
+            }
+            start += len_p;
         }
-        Ok(Tensor::cat(&parts, 0).view([n, t]))
+        let values = if parts.is_empty() {
+            Tensor::zeros([0], (DType::Double, states.device()))
+        } else {
+            Tensor::cat(&parts, 0)
+        };
+        Ok(Tensor::zeros([n * t], (DType::Double, values.device())).f_index_copy(0, &rows, &values)?.f_view([n, t])?)
     }
 }
 
@@ -290,7 +321,11 @@ pub fn prepare(
         model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
     let _g = tch::no_grad_guard();
     let out64 = match metric {
-        Metric::Loss | Metric::Kl if model.net.output.is_some() => Some(model.output_head(DType::Double)?),
+        Metric::Loss | Metric::Kl if model.net.output.is_some() => {
+            // A float64 model keeps its float64 products; bf16 and float32 ones project in float32.
+            let double = model.net.output.as_ref().is_some_and(|o| o.w.kind() == DType::Double);
+            Some(model.output_head(if double { DType::Double } else { DType::Float })?)
+        }
         _ => None,
     };
     Ok(Prepared { metric, data: prepared, out64, base, source: None })
@@ -386,12 +421,10 @@ impl RowMetric<'_> {
         let (t, tm) = self.b.targets.as_ref().ok_or(ModelError::NoOutputHead)?;
         let full =
             if self.metric == Metric::Kl { Some(self.full.as_ref().ok_or(ModelError::NoOutputHead)?) } else { None };
-        let per_tok = self.p.token_values(states, &repeat_rows(t, groups), full)?;
-        let per_row = (per_tok * repeat_rows(tm, groups).to_kind(DType::Double)).sum_dim_intlist(
-            [1i64].as_slice(),
-            false,
-            DType::Double,
-        );
+        let tm_rows = repeat_rows(tm, groups);
+        let per_tok = self.p.token_values(states, &repeat_rows(t, groups), &tm_rows, full)?;
+        let per_row =
+            (per_tok * tm_rows.to_kind(DType::Double)).sum_dim_intlist([1i64].as_slice(), false, DType::Double);
         self.group_totals(&per_row, groups)
     }
 
@@ -470,10 +503,35 @@ pub fn evaluate_hooked(
     model: &Model,
     p: &Prepared,
     gates: &Gates,
-    mut h: crate::model::hooks::HookSlot,
+    h: crate::model::hooks::HookSlot,
     stop: &dyn Fn() -> bool,
 ) -> Result<MetricAcc, AnalysisError> {
+    evaluate_with(model, p, gates, h, stop, &mut |_, _| {})
+}
+
+/// [`evaluate_acc`] reporting `(sentences done, sentences)` after each batch: the sweep's
+/// first phase, its unmasked pass, shows progress as the masks do.
+pub fn evaluate_reporting(
+    model: &Model,
+    p: &Prepared,
+    gates: &Gates,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<MetricAcc, AnalysisError> {
+    evaluate_with(model, p, gates, None, stop, progress)
+}
+
+fn evaluate_with(
+    model: &Model,
+    p: &Prepared,
+    gates: &Gates,
+    mut h: crate::model::hooks::HookSlot,
+    stop: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<MetricAcc, AnalysisError> {
     let _g = tch::no_grad_guard();
+    let mut done = 0;
+    progress(0, p.n_sentences);
     let mut total = 0.0;
     let mut hyps = vec![String::new(); p.n_sentences];
     for (bi, b) in p.batches.iter().enumerate() {
@@ -494,6 +552,8 @@ pub fn evaluate_hooked(
         } else {
             total += rm.sums(&enc, gates, 1)?[0];
         }
+        done += b.rows.len();
+        progress(done, p.n_sentences);
     }
     if p.metric == Metric::Bleu {
         return Ok(MetricAcc { sum: 0.0, denom: 0.0, bleu: Some(bleu_counts(p, &hyps)?) });
@@ -515,7 +575,7 @@ pub fn sweep(
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<crate::model::KindGrids, AnalysisError> {
-    let accs = sweep_acc(model, p, kinds, stop, progress)?;
+    let accs = sweep_acc(model, p, kinds, None, stop, progress)?;
     Ok(accs
         .into_iter()
         .map(|(kind, grid)| {
@@ -557,18 +617,27 @@ pub fn sweep_acc(
     model: &Model,
     p: &Prepared,
     kinds: &[Kind],
+    only: Option<&[HeadId]>,
     stop: &dyn Fn() -> bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SweepGrids, AnalysisError> {
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    // The heads swept in layer `l` of `kind`: those present, and of `only` when it is given
+    // (the others' sums stay 0; the caller marks them unswept).
+    let chosen = |kind: Kind, l: usize| -> Vec<usize> {
+        let mut heads = model.present(kind, l);
+        if let Some(only) = only {
+            heads.retain(|&h| only.contains(&HeadId { kind, layer_idx: l, head: h }));
+        }
+        heads
+    };
     let mut sums: Vec<Vec<Vec<f64>>> = shapes.iter().map(|s| vec![vec![0.0; s.n_heads]; s.n_layers]).collect();
     let mut hyps: Vec<Vec<Vec<Vec<String>>>> =
         shapes.iter().map(|s| vec![vec![vec![String::new(); p.n_sentences]; s.n_heads]; s.n_layers]).collect();
     // Progress counts (sentence, head) pairs swept, reported after each chunk of heads: a
     // sweep over one or two batches still moves head by head; the label names the unit.
-    let n_heads: usize =
-        shapes.iter().map(|s| (0..s.n_layers).map(|l| model.present(s.kind, l).len()).sum::<usize>()).sum();
+    let n_heads: usize = shapes.iter().map(|s| (0..s.n_layers).map(|l| chosen(s.kind, l).len()).sum::<usize>()).sum();
     let total: usize = p.batches.iter().map(|b| b.ids.size()[0] as usize * n_heads).sum();
     let mut done = 0usize;
     progress(0, total);
@@ -609,7 +678,7 @@ pub fn sweep_acc(
         for (ki, s) in shapes.iter().enumerate() {
             // Heads are swept in physical order (`present[l][j]` is head j's original number):
             // a physically pruned model's layers differ in width.
-            let present: Vec<Vec<usize>> = (0..s.n_layers).map(|l| model.present(s.kind, l)).collect();
+            let present: Vec<Vec<usize>> = (0..s.n_layers).map(|l| chosen(s.kind, l)).collect();
             let chunk_of =
                 |h: i64| ((256 << 20) / per_group).min(SWEEP_ROWS / (bsz * b.ids.size()[1])).clamp(1, h.max(1));
             match s.kind {

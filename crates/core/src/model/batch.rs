@@ -29,21 +29,47 @@ pub fn by_length(lengths: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
     groups
 }
 
+/// What one more batch costs, in padded tokens: every product of a batch repacks its weight
+/// matrix (MKL copies it into panels whatever the rows), about 50 ms a forward of SmolLM2 on
+/// 2 cores, the compute of ~40 of its tokens. Measured on SmolLM2, 20 PUD sentences (516
+/// tokens): one batch (940 padded) 1.23 s a forward, cut at cost 32 (4 batches, 571 padded)
+/// 1.09 s, at cost 64 (2 batches, 664 padded) 1.02 s, 20 batches without padding 1.94 s.
+pub const BATCH_COST: usize = 64;
+
+/// The sentences of `range` sorted by length and cut into runs that minimise the padded tokens
+/// plus [`BATCH_COST`] per batch, each run within `max_tokens` (a sentence longer than the
+/// budget is alone): one batch of twenty sentences of 10 to 47 tokens pads to 940 tokens for
+/// 516 real ones; cut in two, to 664.
 fn window(lengths: &[usize], range: std::ops::Range<usize>, max_tokens: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = range.collect();
     order.sort_by_key(|&i| (lengths[i], i));
-    let mut groups = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
-    for i in order {
-        let longest = lengths[i]; // sorted ascending: the newest is the longest
-        if !cur.is_empty() && (cur.len() + 1) * longest > max_tokens {
-            groups.push(std::mem::take(&mut cur));
+    let n = order.len();
+    let cost = BATCH_COST;
+    // best[j]: the least cost of the first j sentences; cut[j]: where the last run starts.
+    let mut best = vec![usize::MAX; n + 1];
+    let mut cut = vec![0usize; n + 1];
+    best[0] = 0;
+    for j in 1..=n {
+        let longest = lengths[order[j - 1]]; // sorted ascending: the run's last is its longest
+        for i in (0..j).rev() {
+            let rows = j - i;
+            if rows > 1 && rows * longest > max_tokens {
+                break;
+            }
+            let c = best[i].saturating_add(rows * longest + cost);
+            if c < best[j] {
+                best[j] = c;
+                cut[j] = i;
+            }
         }
-        cur.push(i);
     }
-    if !cur.is_empty() {
-        groups.push(cur);
+    let mut groups = Vec::new();
+    let mut j = n;
+    while j > 0 {
+        groups.push(order[cut[j]..j].to_vec());
+        j = cut[j];
     }
+    groups.reverse();
     groups
 }
 
@@ -274,6 +300,35 @@ mod tests {
         // The 100-token sentence is alone; the short ones share a batch.
         assert!(groups.iter().any(|g| g == &vec![5]));
         assert!(groups.iter().any(|g| g.len() >= 4));
+    }
+
+    /// A long sentence among short ones gets its own batch even when the budget would take
+    /// them all (padding the short ones to its length costs more than a batch); equal lengths
+    /// share one.
+    #[test]
+    fn batches_are_cut_where_padding_costs_more_than_a_batch() {
+        let mut lengths = vec![5; 10];
+        lengths.push(100);
+        let groups = by_length(&lengths, 4096);
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        assert_eq!(groups[1], vec![10]);
+        let same = vec![20; 30];
+        assert_eq!(by_length(&same, 4096).len(), 1);
+        // Every cut is no worse than one batch per budget (the greedy rule it replaced).
+        let mixed: Vec<usize> = (0..200).map(|i| 3 + (i * 29) % 70).collect();
+        let cost = |g: &Vec<Vec<usize>>| -> usize {
+            g.iter().map(|b| b.len() * b.iter().map(|&i| mixed[i]).max().unwrap() + BATCH_COST).sum()
+        };
+        let mut sorted: Vec<usize> = (0..mixed.len()).collect();
+        sorted.sort_by_key(|&i| (mixed[i], i));
+        let mut greedy: Vec<Vec<usize>> = vec![vec![]];
+        for i in sorted {
+            if (greedy.last().unwrap().len() + 1) * mixed[i] > 1024 {
+                greedy.push(vec![]);
+            }
+            greedy.last_mut().unwrap().push(i);
+        }
+        assert!(cost(&by_length(&mixed, 1024)) <= cost(&greedy));
     }
 
     #[test]

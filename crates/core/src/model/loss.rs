@@ -35,9 +35,17 @@ impl Model {
         tm: &Tensor,
         gates: &super::nn::Gates,
     ) -> Result<Tensor, ModelError> {
-        let logp = self.log_probs(&self.teacher_states(enc, mask, targets, gates)?, DType::Float)?;
-        let tm = tm.to_kind(DType::Float);
-        Ok((nll(&logp, targets) * &tm).sum(DType::Float) / tm.sum(DType::Float))
+        // Only the target positions reach the output head (padding rows are most of a batch's
+        // head products when its sentences differ in length).
+        let states = self.teacher_states(enc, mask, targets, gates)?;
+        let rows = tm.f_reshape([-1])?.f_gt(0.0)?.f_nonzero()?.f_squeeze_dim(1)?;
+        let d = states.size()[2];
+        let states = states.f_reshape([-1, d])?.f_index_select(0, &rows)?;
+        let logp = self.log_probs(&states, DType::Float)?;
+        let labels = targets.f_reshape([-1])?.f_index_select(0, &rows)?;
+        let tm = tm.f_to_kind(DType::Float)?;
+        let weights = tm.f_reshape([-1])?.f_index_select(0, &rows)?;
+        Ok((nll(&logp, &labels) * weights).f_sum(DType::Float)? / tm.f_sum(DType::Float)?)
     }
 }
 

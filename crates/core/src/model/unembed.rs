@@ -42,6 +42,13 @@ impl OutputHead {
         Ok(self.logits(states, h)?.f_log_softmax(-1, self.dtype)?)
     }
 
+    /// Log-probabilities `[.., V]` in `dtype` of logits taken in the head's precision: the
+    /// ablation metrics' float32 products with the log-softmax accumulated in float64
+    /// (docs/methods.md#masking-and-ablation).
+    pub fn log_probs_in(&self, states: &Tensor, dtype: DType) -> Result<Tensor, ModelError> {
+        Ok(self.logits(states, &mut None)?.f_log_softmax(-1, dtype)?)
+    }
+
     /// The logits of the vocabulary entries `ids [R, k]` alone for final states `[R, D]`:
     /// `[R, k]`, what [`OutputHead::logits`] gives in those columns (soft-capped likewise), at
     /// `k` of its `V` products per row (a metric that reads two logits, as patching's logit
