@@ -127,6 +127,42 @@ impl Grid {
         Ok(p)
     }
 
+    /// The provenance an exported grid carries (docs/methods.md#export): its statistic, model
+    /// (with the asset it names, where it names one), dataset and options.
+    pub fn provenance(&self) -> String {
+        let mut m = serde_json::Map::new();
+        m.insert("stat".into(), serde_json::json!(self.stat));
+        m.insert("model".into(), serde_json::json!(self.model));
+        let source = crate::assets::ASSETS.iter().find(|a| a.name == self.model).map(|a| a.what);
+        m.insert("model_source".into(), serde_json::json!(source.unwrap_or(&self.model)));
+        m.insert("dataset".into(), serde_json::json!(self.dataset));
+        m.insert("options".into(), serde_json::Value::Object(self.options.iter().cloned().collect()));
+        crate::export::provenance(m)
+    }
+
+    /// Long format, as TransformerLens users index heads: `kind`, `layer`, `head`, `value`
+    /// (NaN where a head was removed or not swept).
+    pub fn long_columns(&self) -> Vec<(String, crate::export::Column)> {
+        use crate::export::Column;
+        let (mut kind, mut layer, mut head, mut value) = (vec![], vec![], vec![], vec![]);
+        for (k, m) in &self.kinds {
+            for (l, row) in m.iter().enumerate() {
+                for (h, &v) in row.iter().enumerate() {
+                    kind.push(Some(k.to_string()));
+                    layer.push(Some(l as i64));
+                    head.push(Some(h as i64));
+                    value.push(Some(v));
+                }
+            }
+        }
+        vec![
+            ("kind".into(), Column::Texts(kind)),
+            ("layer".into(), Column::Ints(layer)),
+            ("head".into(), Column::Ints(head)),
+            ("value".into(), Column::Floats(value)),
+        ]
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "stat": self.stat, "model": self.model, "dataset": self.dataset,
@@ -343,6 +379,50 @@ pub mod script {
         #[rhai_fn(name = "to_json", return_raw, pure)]
         pub fn grid_to_json(g: &mut Grid, path: &str) -> ScriptResult<()> {
             write_json(path, &g.to_json(), "to_json")
+        }
+
+        /// Writes the grid as Parquet, atomically, in long format: columns `kind`, `layer`,
+        /// `head`, `value` (NaN for a head removed or not swept), with the statistic, model,
+        /// dataset, options and headscope's version as JSON under the file's metadata key
+        /// `headscope` (docs/methods.md#export). pandas: `pd.read_parquet(path)`.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let p = temp_path("c.parquet");
+        /// g.to_parquet(p);
+        /// assert(file_size(p) > 500);
+        /// ```
+        #[rhai_fn(name = "to_parquet", return_raw, pure)]
+        pub fn grid_to_parquet(g: &mut Grid, path: &str) -> ScriptResult<()> {
+            let bytes = crate::export::parquet_bytes(&g.long_columns(), &g.provenance())
+                .or_else(|e| err(format!("to_parquet: {e}")))?;
+            crate::export::write(path, &bytes).or_else(|e| err(format!("to_parquet: {e}")))
+        }
+
+        /// Writes the grid as an `.npz`, atomically: one float64 array `[layers, heads]` per
+        /// kind, named by the kind (NaN for a head removed or not swept), and
+        /// `headscope_metadata`, the provenance as UTF-8 JSON bytes (docs/methods.md#export).
+        /// numpy: `z = np.load(path); z["dec"]`.
+        ///
+        /// ```rhai
+        /// let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(3));
+        /// let p = temp_path("c.npz");
+        /// g.to_npz(p);
+        /// assert(file_size(p) > 48 * 8);
+        /// ```
+        #[rhai_fn(name = "to_npz", return_raw, pure)]
+        pub fn grid_to_npz(g: &mut Grid, path: &str) -> ScriptResult<()> {
+            let arrays: Vec<crate::export::NpArray> = g
+                .kinds
+                .iter()
+                .map(|(k, m)| crate::export::NpArray {
+                    name: k.to_string(),
+                    shape: vec![m.len(), m.first().map_or(0, |r| r.len())],
+                    values: m.iter().flatten().copied().collect(),
+                })
+                .collect();
+            let bytes = crate::export::npz_bytes(&arrays, &g.provenance()).or_else(|e| err(format!("to_npz: {e}")))?;
+            crate::export::write(path, &bytes).or_else(|e| err(format!("to_npz: {e}")))
         }
 
         /// The view with each head's box coloured by a grid's value (a patching effect, a

@@ -223,6 +223,32 @@ impl<'a> Opts<'a> {
             }
         }
     }
+    /// Non-negative integers: one, an array of them, or a range (`0..6`, `20..=29`).
+    pub fn indices(&self, key: &str) -> ScriptResult<Option<Vec<usize>>> {
+        let what = format!("{}: option '{key}'", self.func);
+        let Some(v) = self.get(key) else { return Ok(None) };
+        if let Some(r) = v.clone().try_cast::<std::ops::Range<rhai::INT>>() {
+            return r.map(|i| to_usize(&Dynamic::from(i), &what)).collect::<ScriptResult<_>>().map(Some);
+        }
+        if let Some(r) = v.clone().try_cast::<std::ops::RangeInclusive<rhai::INT>>() {
+            return r.map(|i| to_usize(&Dynamic::from(i), &what)).collect::<ScriptResult<_>>().map(Some);
+        }
+        if let Some(a) = v.clone().try_cast::<Array>() {
+            return a
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x.as_int() {
+                    Ok(_) => to_usize(x, &format!("{what}[{i}]")),
+                    Err(_) => err(format!("{what}[{i}] must be an integer, got {}", quote(x))),
+                })
+                .collect::<ScriptResult<_>>()
+                .map(Some);
+        }
+        match v.as_int() {
+            Ok(_) => Ok(Some(vec![to_usize(v, &what)?])),
+            Err(_) => err(format!("{what} must be an integer, an array of integers or a range, got {}", quote(v))),
+        }
+    }
     pub fn labels(&self, key: &str) -> ScriptResult<Option<Vec<String>>> {
         match self.get(key) {
             None => Ok(None),

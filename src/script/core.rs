@@ -96,6 +96,30 @@ pub mod api {
             .or_else(|e| err(format!("write_text: cannot write '{path}': {e}")))
     }
 
+    /// Writes an array of numbers (1-D) or a rectangular array of arrays of numbers (2-D) as a
+    /// float64 `.npy`, atomically (docs/methods.md#export). numpy: `np.load(path)`.
+    ///
+    /// ```rhai
+    /// let p = temp_path("x.npy");
+    /// write_npy(p, [[1, 2.5], [3, 4]]);
+    /// assert(file_size(p) == 128 + 4 * 8);
+    /// write_npy(p, [0.5, 1.5]);
+    /// assert(file_size(p) == 128 + 2 * 8);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn write_npy(path: &str, values: rhai::Array) -> ScriptResult<()> {
+        use crate::script::convert::{to_f64_vec, to_matrix};
+        let nested = values.first().is_some_and(|v| v.is_array());
+        let (shape, flat) = if nested {
+            let m = to_matrix(&values, "write_npy: values")?;
+            (vec![m.len(), m.first().map_or(0, |r| r.len())], m.concat())
+        } else {
+            (vec![values.len()], to_f64_vec(&values, "write_npy: values")?)
+        };
+        let bytes = crate::export::npy_bytes(&shape, &flat).or_else(|e| err(format!("write_npy: {e}")))?;
+        crate::export::write(path, &bytes).or_else(|e| err(format!("write_npy: {e}")))
+    }
+
     /// Size of a file in bytes.
     ///
     /// ```rhai

@@ -262,6 +262,55 @@ pub mod api {
             .or_else(|e| err(format!("to_csv: cannot write '{path}': {e}")))
     }
 
+    /// Writes the table as Parquet, atomically (docs/methods.md#export): one column per
+    /// column (integers, float64 or text; empty cells null), the title and headscope's
+    /// version in the file's metadata (key `headscope`). pandas: `pd.read_parquet(path)`.
+    ///
+    /// ```rhai
+    /// let t = table(["head", "layer", "value"], [["dec.0.1", 0, 0.5], ["dec.1.0", 1, ()]]);
+    /// let path = temp_path("t.parquet");
+    /// t.to_parquet(path);
+    /// assert(file_size(path) > 100);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn to_parquet(t: &mut Table, path: &str) -> ScriptResult<()> {
+        let mut meta = serde_json::Map::new();
+        meta.insert("title".into(), serde_json::json!(t.title));
+        let bytes = crate::export::parquet_bytes(&t.export_columns(), &crate::export::provenance(meta))
+            .or_else(|e| err(format!("to_parquet: {e}")))?;
+        crate::export::write(path, &bytes).or_else(|e| err(format!("to_parquet: {e}")))
+    }
+
+    /// Writes the table as JSON, atomically: `{"title", "columns", "data": [{column: value}],
+    /// "headscope_version"}`; empty cells and NaN are `null`. pandas:
+    /// `pd.DataFrame(json.load(open(path))["data"])`.
+    ///
+    /// ```rhai
+    /// let t = table(["head", "value"], [["dec.0.1", 0.5]]);
+    /// let path = temp_path("t.json");
+    /// t.to_json(path);
+    /// assert(read_text(path).contains("\"head\": \"dec.0.1\""));
+    /// ```
+    #[rhai_fn(name = "to_json", return_raw, pure)]
+    pub fn table_to_json(t: &mut Table, path: &str) -> ScriptResult<()> {
+        let value = |c: &Cell| match c {
+            Cell::Int(v) => serde_json::json!(v),
+            Cell::Float(v) if v.is_finite() => serde_json::json!(v),
+            Cell::Text(s) => serde_json::json!(s),
+            _ => serde_json::Value::Null,
+        };
+        let data: Vec<serde_json::Value> = t
+            .rows
+            .iter()
+            .map(|r| serde_json::Value::Object(t.columns.iter().cloned().zip(r.iter().map(value)).collect()))
+            .collect();
+        let doc = serde_json::json!({
+            "title": t.title, "columns": t.columns, "data": data,
+            "headscope_version": env!("CARGO_PKG_VERSION"),
+        });
+        crate::grid::write_json(path, &doc, "to_json")
+    }
+
     #[rhai_fn(name = "to_string", pure)]
     pub fn to_string(t: &mut Table) -> String {
         t.to_text()

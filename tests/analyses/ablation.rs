@@ -103,3 +103,39 @@ fn sweep_progress_counts_sentences_times_heads() {
     assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 == w[1].1), "{seen:?}");
     assert!(seen.len() > p.batches.len() + 1, "{} reports for {} batches", seen.len(), p.batches.len());
 }
+
+/// A sweep over part of a model (the options `layers` and `heads`): the chosen heads' sums
+/// are those of the whole sweep (1e-5 relative: a chunk of fewer masks has fewer rows, and the
+/// float32 products round with the row count); the others are not computed, and the progress
+/// counts only the chosen ones.
+#[test]
+fn sweep_over_chosen_heads_equals_the_whole_sweep_there() {
+    use headscope::analysis::ablation::sweep_acc;
+    let m = common::asset("enpt", "f32");
+    let p = prepare(&m, &data(4), Metric::Loss, 128, Gates::none()).unwrap();
+    let kinds = [Kind::Enc, Kind::Cross];
+    let all = sweep_acc(&m, &p, &kinds, None, &|| false, &mut |_, _| {}).unwrap();
+    let only: Vec<HeadId> = [(Kind::Enc, 0, 1), (Kind::Enc, 5, 7), (Kind::Cross, 1, 0)]
+        .iter()
+        .map(|&(kind, layer_idx, head)| HeadId { kind, layer_idx, head })
+        .collect();
+    let mut seen: Vec<(usize, usize)> = Vec::new();
+    let part = sweep_acc(&m, &p, &kinds, Some(&only), &|| false, &mut |d, t| seen.push((d, t))).unwrap();
+    assert_eq!(seen.last(), Some(&(only.len() * p.n_sentences, only.len() * p.n_sentences)), "{seen:?}");
+    let mut nonzero = 0;
+    for ((ka, ga), (kp, gp)) in all.iter().zip(part.iter()) {
+        assert_eq!(ka, kp);
+        for (l, (ra, rp)) in ga.iter().zip(gp.iter()).enumerate() {
+            for (h, (a, b)) in ra.iter().zip(rp.iter()).enumerate() {
+                let id = HeadId { kind: *ka, layer_idx: l, head: h };
+                if only.contains(&id) {
+                    assert!((a.sum - b.sum).abs() <= 1e-5 * a.sum.abs(), "{id}: {} vs {}", a.sum, b.sum);
+                    nonzero += 1;
+                } else {
+                    assert_eq!(b.sum, 0.0, "{id} was not chosen but was swept");
+                }
+            }
+        }
+    }
+    assert_eq!(nonzero, only.len());
+}

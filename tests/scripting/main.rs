@@ -11,6 +11,7 @@ mod cli;
 mod doc_examples;
 mod evcxr_display;
 mod examples;
+mod exports;
 mod heads_by_name;
 mod module_graph;
 mod options;

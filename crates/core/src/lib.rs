@@ -51,6 +51,7 @@ pub fn one_of(names: &[&str]) -> String {
 pub mod analysis;
 pub mod data;
 pub mod device;
+pub mod export;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod metrics;

@@ -66,6 +66,47 @@ impl Table {
             .ok_or_else(|| TableError::NoColumn(name.to_string(), self.columns.join(", ")))
     }
 
+    /// The columns typed for export (docs/methods.md#export): a column of integers (and empty
+    /// cells) stays integer, one of numbers becomes float64, anything else text (numbers
+    /// written as they print); empty cells are missing values.
+    pub fn export_columns(&self) -> Vec<(String, crate::export::Column)> {
+        use crate::export::Column;
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let cells = self.rows.iter().map(|r| r.get(i).unwrap_or(&Cell::Empty));
+                let ints = cells.clone().all(|c| matches!(c, Cell::Int(_) | Cell::Empty));
+                let numbers = cells.clone().all(|c| matches!(c, Cell::Int(_) | Cell::Float(_) | Cell::Empty));
+                let col = if ints {
+                    Column::Ints(cells.map(|c| if let Cell::Int(v) = c { Some(*v) } else { None }).collect())
+                } else if numbers {
+                    Column::Floats(
+                        cells
+                            .map(|c| match c {
+                                Cell::Int(v) => Some(*v as f64),
+                                Cell::Float(v) => Some(*v),
+                                _ => None,
+                            })
+                            .collect(),
+                    )
+                } else {
+                    Column::Texts(
+                        cells
+                            .map(|c| match c {
+                                Cell::Text(t) => Some(t.clone()),
+                                Cell::Int(v) => Some(v.to_string()),
+                                Cell::Float(v) => Some(v.to_string()),
+                                Cell::Empty => None,
+                            })
+                            .collect(),
+                    )
+                };
+                (name.clone(), col)
+            })
+            .collect()
+    }
+
     /// Stable sort by one column; numbers before text, NaN last.
     pub fn sort_by(&mut self, column: &str, descending: bool) -> Result<(), TableError> {
         let i = self.column_index(column)?;

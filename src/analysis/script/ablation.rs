@@ -10,7 +10,7 @@ use crate::metrics::bleu::BleuAcc;
 use crate::model::script::kinds_option;
 use crate::model::script::ScriptModel;
 use crate::model::view::Needs;
-use crate::model::Kind;
+use crate::model::{HeadId, Kind};
 use crate::script::convert::ScriptErr;
 use crate::script::convert::{err, opt, opt_int, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
@@ -19,6 +19,8 @@ use serde_json::json;
 
 /// The sweep's progress label: it counts (sentence, head) pairs swept, not batches.
 pub const SWEEP_PROGRESS: &str = "ablation sweep (sentence x head)";
+/// The sweep's first phase: the unmasked metric, by sentences.
+pub const SWEEP_BASE_PROGRESS: &str = "ablation sweep: unmasked pass (sentences)";
 
 pub const ABLATE_OPTIONS: &[OptSpec] = &[
     opt(
@@ -195,6 +197,12 @@ pub const SWEEP_OPTIONS: &[OptSpec] = &[
         "\"loss\", \"kl\", \"bleu\" or \"cosine\" (docs/methods.md#masking-and-ablation)",
     ),
     opt("kinds", "every kind", "the kinds whose heads are masked one at a time"),
+    opt("layers", "every layer", "the layers swept: an index, an array or a range (`20..30`); other cells are NaN"),
+    opt(
+        "heads",
+        "every head",
+        "the heads swept: names, Heads or a table of them (a grid's `top(k)`); other cells are NaN",
+    ),
     crate::analysis::ablation::SWEEP_BATCH_TOKENS_OPTION,
     crate::data::script::SHARD_OPTION,
     ABLATION_OPTION,
@@ -243,7 +251,63 @@ fn prepared(
 fn sweep_options_from(o: &Opts, m: &ScriptModel) -> ScriptResult<SweepOptions> {
     let a = ablation_options(o)?;
     let metric = metric_option(o)?;
-    let kinds = Some(kinds_option(m, o)?);
+    let heads = match o.value("heads") {
+        Some(h) => Some(crate::model::script::head_ids(m, h, &format!("{}: option 'heads'", o.func()))?),
+        None => None,
+    };
+    // Named heads choose the kinds when `kinds` is not given; given, it must hold theirs.
+    let kinds = match (&heads, o.has("kinds")) {
+        (Some(ids), false) => {
+            let mut k: Vec<Kind> = Vec::new();
+            for id in ids {
+                if !k.contains(&id.kind) {
+                    k.push(id.kind);
+                }
+            }
+            k
+        }
+        _ => kinds_option(m, o)?,
+    };
+    if let Some(ids) = &heads {
+        if let Some(id) = ids.iter().find(|id| !kinds.contains(&id.kind)) {
+            return err(format!(
+                "{}: option 'heads': {id} is not of the kinds swept ({})",
+                o.func(),
+                kind_names(&kinds)
+            ));
+        }
+    }
+    let only = match o.indices("layers")? {
+        None => heads,
+        Some(layers) => {
+            let deepest =
+                kinds.iter().filter_map(|k| m.model.kind_shape(*k).ok()).map(|s| s.n_layers).max().unwrap_or(0);
+            if let Some(&l) = layers.iter().find(|&&l| l >= deepest) {
+                return err(format!(
+                    "{}: option 'layers': layer {l} is out of range: {} has {deepest} layers (0..{deepest})",
+                    o.func(),
+                    m.model.name()
+                ));
+            }
+            let mut ids = Vec::new();
+            for &k in &kinds {
+                let Ok(shape) = m.model.kind_shape(k) else { continue };
+                for &l in layers.iter().filter(|&&l| l < shape.n_layers) {
+                    for head in 0..shape.n_heads {
+                        let id = HeadId { kind: k, layer_idx: l, head };
+                        if heads.as_ref().is_none_or(|h| h.contains(&id)) {
+                            ids.push(id);
+                        }
+                    }
+                }
+            }
+            Some(ids)
+        }
+    };
+    if only.as_ref().is_some_and(|ids| ids.is_empty()) {
+        return err(format!("{}: options 'layers' and 'heads' leave no head to sweep", o.func()));
+    }
+    let kinds = Some(kinds);
     Ok(SweepOptions {
         metric,
         kinds,
@@ -253,7 +317,12 @@ fn sweep_options_from(o: &Opts, m: &ScriptModel) -> ScriptResult<SweepOptions> {
         mean_batch_tokens: mean_batch_tokens(o)?,
         seed: a.seed,
         per_position: a.per_position,
+        only,
     })
+}
+
+fn kind_names(kinds: &[Kind]) -> String {
+    kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// Every head masked alone, on the rows of `plan`, under typed options: what
@@ -285,13 +354,26 @@ pub fn ablation_sweep_planned(m: &ScriptModel, d: &Dataset, opts: &SweepOptions,
     let (p, mut echo) = prepared(m, &part, f, opts.metric, opts.batch_tokens)?;
     echo.extend(ablation);
     let stop = crate::run::interrupted;
-    let base =
-        crate::analysis::ablation::evaluate_acc(&m.model, &p, &p.base, &stop).map_err(|e| format!("{f}: {e}"))?;
-    let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
-    let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, &stop, &mut progress)
+    let mut first = |done: usize, total: usize| crate::run::progress(SWEEP_BASE_PROGRESS, done, total);
+    let base = crate::analysis::ablation::evaluate_reporting(&m.model, &p, &p.base, &stop, &mut first)
         .map_err(|e| format!("{f}: {e}"))?;
-    let identity =
-        plan.identity(m.identity(), json!({"options": echo, "heads": valid_heads(&present_heads(&m.model, &kinds))}));
+    let mut progress = |done: usize, total: usize| crate::run::progress(SWEEP_PROGRESS, done, total);
+    let only = opts.only.as_deref();
+    let accs = crate::analysis::ablation::sweep_acc(&m.model, &p, &kinds, only, &stop, &mut progress)
+        .map_err(|e| format!("{f}: {e}"))?;
+    // Cells of heads not swept are NaN, as a removed head's.
+    let mut valid = present_heads(&m.model, &kinds);
+    if let Some(only) = only {
+        for (k, rows) in valid.iter_mut() {
+            for (l, row) in rows.iter_mut().enumerate() {
+                for (h, ok) in row.iter_mut().enumerate() {
+                    *ok &= only.contains(&HeadId { kind: *k, layer_idx: l, head: h });
+                }
+            }
+        }
+        echo.push(("heads".into(), json!(only.iter().map(|id| id.to_string()).collect::<Vec<_>>())));
+    }
+    let identity = plan.identity(m.identity(), json!({"options": echo, "heads": valid_heads(&valid)}));
     let acc = SweepAcc::new(base, accs);
     let g = finish_sweep(&identity, &acc).map_err(|e| format!("{f}: {e}"))?;
     plan.seal(f, identity, &acc, g, |g| &mut g.options, Grid::to_json)
@@ -433,12 +515,20 @@ pub mod api {
     /// masked (the unmasked value is in `.options.base`). Equals `ablate` head by head, but
     /// computes the layers below each head once and batches the masks. Options as `ablate`
     /// (but `batch_tokens` defaults to 256: small length-sorted batches waste no padding, and the
-    /// masks of a layer are stacked on them), plus `kinds`.
+    /// masks of a layer are stacked on them), plus `kinds`, and `layers` / `heads` to sweep part
+    /// of the model (the other cells are NaN, as a removed head's).
     ///
     /// ```rhai
     /// let m = load_model("enpt");
     /// let g = m.ablation_sweep(corpus(asset("pud_en.txt")).take(3), #{metric: "loss", kinds: ["cross"]});
     /// assert(g["cross"].len() == 2 && g["cross"][0].len() == 8);
+    /// // Part of a model: some layers, or some heads (names, or a grid's top k); other cells NaN.
+    /// let lm = load_model("tests/fixtures/tiny_hf/gpt2");
+    /// let d = corpus(asset("pud_en.txt")).take(2);
+    /// let top = lm.ablation_sweep(d, #{layers: 1});
+    /// assert(top["dec"][1][2] > 0.0 && top["dec"][0][2].is_nan);
+    /// let two = lm.ablation_sweep(d, #{heads: top.top(2)});
+    /// assert(two.top(5).len() == 2);
     /// ```
     #[rhai_fn(name = "ablation_sweep", return_raw, pure)]
     pub fn ablation_sweep_opts(m: &mut ScriptModel, data: Dynamic, options: Map) -> ScriptResult<Grid> {

@@ -323,6 +323,34 @@ pub mod api {
         a.heatmap().or_else(|e| err(e.to_string()))
     }
 
+    /// Writes the weights as an `.npz`, atomically: `weights`, float64 `[queries, keys]`, and
+    /// `headscope_metadata` (UTF-8 JSON bytes: the head, the query and key tokens, the key ids,
+    /// headscope's version; docs/methods.md#export). numpy: `np.load(path)["weights"]`.
+    ///
+    /// ```rhai
+    /// let a = load_model("minilm").head("enc", 1, 3).attention("A dog.");
+    /// let p = temp_path("a.npz");
+    /// a.to_npz(p);
+    /// assert(file_size(p) > a.queries.len() * a.keys.len() * 8);
+    /// ```
+    #[rhai_fn(return_raw, pure)]
+    pub fn to_npz(a: &mut AttentionMatrix, path: &str) -> ScriptResult<()> {
+        let m = &a.0;
+        let mut meta = serde_json::Map::new();
+        meta.insert("head".into(), serde_json::json!(m.head.to_string()));
+        meta.insert("queries".into(), serde_json::json!(m.query_tokens));
+        meta.insert("keys".into(), serde_json::json!(m.key_tokens));
+        meta.insert("key_ids".into(), serde_json::json!(m.key_ids));
+        let weights = crate::export::NpArray {
+            name: "weights".into(),
+            shape: vec![m.weights.len(), m.key_tokens.len()],
+            values: m.weights.iter().flatten().copied().collect(),
+        };
+        let bytes = crate::export::npz_bytes(&[weights], &crate::export::provenance(meta))
+            .or_else(|e| err(format!("to_npz: {e}")))?;
+        crate::export::write(path, &bytes).or_else(|e| err(format!("to_npz: {e}")))
+    }
+
     #[rhai_fn(name = "to_string", pure)]
     pub fn head_to_string(h: &mut Head) -> String {
         h.id.to_string()
