@@ -139,3 +139,38 @@ fn sweep_over_chosen_heads_equals_the_whole_sweep_there() {
     }
     assert_eq!(nonzero, only.len());
 }
+
+/// `ablate` of heads in the self-attention stack resumes the masked pass at the lowest masked
+/// layer from the unmasked pass's input there: the same floats as two whole passes, for a
+/// decoder LM and for an encoder-decoder's encoder, under loss, KL and cosine.
+#[test]
+fn ablate_resumed_at_the_lowest_layer_equals_two_whole_passes() {
+    use headscope::analysis::ablation::{evaluate_acc, evaluate_closing};
+    let lm = Model::load(&common::root().join("tests/fixtures/tiny_hf/gpt2"), Default::default()).unwrap();
+    let enpt = common::asset("enpt", "f32");
+    let cases: [(&Model, Metric, Vec<HeadId>); 4] = [
+        (&lm, Metric::Loss, vec![HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }]),
+        (
+            &lm,
+            Metric::Kl,
+            vec![HeadId { kind: Kind::Dec, layer_idx: 1, head: 0 }, HeadId { kind: Kind::Dec, layer_idx: 1, head: 3 }],
+        ),
+        (&enpt, Metric::Loss, vec![HeadId { kind: Kind::Enc, layer_idx: 3, head: 1 }]),
+        (&enpt, Metric::Cosine, vec![HeadId { kind: Kind::Enc, layer_idx: 4, head: 6 }]),
+    ];
+    for (m, metric, ids) in cases {
+        let p = prepare(m, &data(5), metric, 128, Gates::none()).unwrap();
+        let closed = m.gates_closing(&ids).unwrap();
+        let from = ids.iter().map(|h| h.layer_idx).min();
+        let (base, value) = evaluate_closing(m, &p, &closed, from, &|| false).unwrap();
+        let want_base = evaluate_acc(m, &p, &p.base, &|| false).unwrap().value();
+        let want = evaluate_acc(m, &p, &closed, &|| false).unwrap().value();
+        assert!(
+            (base.value() - want_base).abs() <= 1e-12 * want_base.abs(),
+            "{metric}: base {} vs {want_base}",
+            base.value()
+        );
+        assert!((value.value() - want).abs() <= 1e-12 * want.abs(), "{metric} {ids:?}: {} vs {want}", value.value());
+        assert!((value.value() - base.value()).abs() > 1e-9, "{metric}: masking changed nothing");
+    }
+}

@@ -456,12 +456,13 @@ pub mod api {
         echo.extend(ablation);
         // The view's own gates (closed heads, continuous gates, means) with `heads` closed too.
         let gates = m.closing(&ids).gates().script()?;
-        let base_gates = m.gates().script()?;
         let stop = crate::run::interrupted;
-        let base = crate::analysis::ablation::evaluate(&m.model, &p, &base_gates, &stop)
+        // Heads all in the self-attention stack: the layers below the lowest run once for both.
+        let stack = m.model.net.stack_kind;
+        let from = if ids.iter().all(|h| h.kind == stack) { ids.iter().map(|h| h.layer_idx).min() } else { None };
+        let (base, value) = crate::analysis::ablation::evaluate_closing(&m.model, &p, &gates, from, &stop)
             .or_else(|e| err(format!("ablate: {e}")))?;
-        let value = crate::analysis::ablation::evaluate(&m.model, &p, &gates, &stop)
-            .or_else(|e| err(format!("ablate: {e}")))?;
+        let (base, value) = (base.value(), value.value());
         let mut r = Map::new();
         r.extend(crate::script::convert::echo_map(&echo));
         r.insert("value".into(), Dynamic::from(value));

@@ -496,6 +496,60 @@ pub fn evaluate_acc(
     evaluate_hooked(model, p, gates, None, stop)
 }
 
+/// The metric under the prepared data's own gates (`p.base`) and under `closed` together
+/// (`ablate`: `closed` is `p.base` with more heads closed, all in the stack's layers
+/// `from_layer` and up). Per batch the unmasked
+/// pass records the input of layer `from_layer`, and the masked pass resumes there: the layers
+/// below run once for both (the same floats, so the pair equals two [`evaluate_acc`] calls).
+/// BLEU, and heads outside the stack (`from_layer` `None`), take two whole passes.
+pub fn evaluate_closing(
+    model: &Model,
+    p: &Prepared,
+    closed: &Gates,
+    from_layer: Option<usize>,
+    stop: &dyn Fn() -> bool,
+) -> Result<(MetricAcc, MetricAcc), AnalysisError> {
+    let from = match from_layer {
+        Some(l) if p.metric != Metric::Bleu && l < model.net.stack.len() => l,
+        _ => return Ok((evaluate_acc(model, p, &p.base, stop)?, evaluate_acc(model, p, closed, stop)?)),
+    };
+    let _g = tch::no_grad_guard();
+    let (mut total_base, mut total_closed) = (0.0, 0.0);
+    for (bi, b) in p.batches.iter().enumerate() {
+        if stop() {
+            return Err(ModelError::Interrupted.into());
+        }
+        let base_b = p.batch_gates(model, bi, &p.base)?;
+        let closed_b = p.batch_gates(model, bi, closed)?;
+        let mut x = None;
+        let enc = {
+            let kind = model.net.stack_kind;
+            let mut on = |at: At, t: &Tensor| {
+                if at.kind == kind && at.layer == from {
+                    x = Some(t.shallow_clone());
+                }
+                Ok(())
+            };
+            let mut rec = Record::new(&[Point::ResidPre], &mut on);
+            model.net.encode(&b.ids, &b.mask, &base_b, Some(&mut rec as &mut dyn Hooks))?
+        };
+        let x = x.ok_or_else(|| ModelError::Invalid(format!("no input recorded at layer {from}")))?;
+        let bias = model.net.self_bias(&b.mask, x.kind());
+        let masked = model.net.run(
+            Start::Layer { layer: from, x: &x, bias: Some(&bias) },
+            Stop::FinalNorm,
+            &closed_b,
+            &mut None,
+        )?;
+        // KL's and cosine's reference is the unmasked pass just made.
+        let rm = RowMetric::with_full(model, p, b, &enc)?;
+        total_base += rm.sums(&enc, &base_b, 1)?[0];
+        total_closed += rm.sums(&masked, &closed_b, 1)?[0];
+    }
+    let denom = denominator(p);
+    Ok((MetricAcc { sum: total_base, denom, bleu: None }, MetricAcc { sum: total_closed, denom, bleu: None }))
+}
+
 /// [`evaluate_acc`] with the stack's hook points seen (and replaced) by `h` on every batch:
 /// the metric under an edit that is not a gate (an expert ablated, docs/methods.md#experts-as-units);
 /// KL's and cosine's references are taken without `h`.
