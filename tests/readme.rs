@@ -1,4 +1,5 @@
-//! Every REPL session shown in the README runs as written: each ```text block's `hs> ` inputs
+//! Every REPL session shown in the README and the guide (`docs/guide.md`, the sections the
+//! README's recipes link) runs as written: each ```text block's `hs> ` inputs
 //! (with their `... ` continuation lines) are evaluated in order in one fresh session, `:`
 //! commands included, and none may fail. Files they write land in a temporary directory.
 //! Each session is then written with `:save` and replayed by `headscope run`, which must print
@@ -13,18 +14,22 @@ use std::rc::Rc;
 /// A README session: the line its block starts at, its inputs, and the lines the README shows
 /// each input printing (`outputs[i]`: the lines between input i and the next).
 struct Shown {
+    /// The file the block is in (`README.md`, `docs/guide.md`).
+    file: &'static str,
     line: usize,
     inputs: Vec<String>,
     outputs: Vec<Vec<String>>,
 }
 
 /// The sessions of a Markdown text: per ```text block with `hs> ` inputs, what it shows.
-fn sessions(md: &str) -> Vec<Shown> {
+fn sessions(file: &'static str, md: &str) -> Vec<Shown> {
     let mut out = Vec::new();
     let mut block: Option<Shown> = None;
     for (i, line) in md.lines().enumerate() {
         match &mut block {
-            None if line.trim() == "```text" => block = Some(Shown { line: i + 2, inputs: vec![], outputs: vec![] }),
+            None if line.trim() == "```text" => {
+                block = Some(Shown { file, line: i + 2, inputs: vec![], outputs: vec![] })
+            }
             Some(_) if line.trim() == "```" => {
                 let b = block.take().unwrap();
                 if !b.inputs.is_empty() {
@@ -221,9 +226,17 @@ fn durations_are_masked_and_nothing_else() {
 
 #[test]
 fn every_readme_session_runs() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let found = sessions(&readme);
-    assert!(found.len() >= 6, "only {} sessions found", found.len());
+    // The README's sessions, then the guide's, in one replay directory (a guide session may
+    // read what an earlier one wrote, as the README's do).
+    let mut found = Vec::new();
+    for file in ["README.md", "docs/guide.md"] {
+        let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let here = sessions(file, &text);
+        assert!(!here.is_empty(), "{file}: no sessions found");
+        found.extend(here);
+    }
+    assert!(found.len() >= 8, "only {} sessions found", found.len());
     let dir = tempfile::tempdir().unwrap();
     std::env::set_current_dir(dir.path()).unwrap();
     std::fs::create_dir_all("out").unwrap();
@@ -232,7 +245,7 @@ fn every_readme_session_runs() {
     let mut failures = Vec::new();
     let mut n = 0;
     let mut replayed = 0;
-    for (k, Shown { line, inputs, outputs }) in found.iter().enumerate() {
+    for (k, Shown { file, line, inputs, outputs }) in found.iter().enumerate() {
         // What the session shows: printed lines, displayed values and each input's value.
         let shown = Rc::new(RefCell::new(Vec::<String>::new()));
         let into = shown.clone();
@@ -257,7 +270,7 @@ fn every_readme_session_runs() {
                     Outcome::Quit => false,
                 })
             } else {
-                s.eval(&format!("README.md:{line}"), input)
+                s.eval(&format!("{file}:{line}"), input)
                     .map(|o| {
                         if let Some(o) = o {
                             shown.borrow_mut().push(o.text);
@@ -267,7 +280,7 @@ fn every_readme_session_runs() {
                     .map_err(|e| e.to_string())
             };
             if let Err(e) = result {
-                failures.push(format!("README.md block at line {line}: {input}\n=> {e}"));
+                failures.push(format!("{file} block at line {line}: {input}\n=> {e}"));
                 ok = false;
                 break;
             }
@@ -275,7 +288,7 @@ fn every_readme_session_runs() {
             let printed: Vec<String> = shown.borrow()[before..].iter().cloned().chain(command_out).collect();
             let stale = stale_lines(readme_out, &printed);
             if !stale.is_empty() {
-                failures.push(format!("README.md block at line {line}: after `{input}` the README shows lines the session does not print:\n{}\n--- the session printed\n{}", stale.join("\n"), printed.join("\n")));
+                failures.push(format!("{file} block at line {line}: after `{input}` the README shows lines the session does not print:\n{}\n--- the session printed\n{}", stale.join("\n"), printed.join("\n")));
             }
         }
         if !ok {
@@ -295,7 +308,7 @@ fn every_readme_session_runs() {
         let script = std::fs::read_to_string(&saved).unwrap();
         if !run.status.success() {
             failures.push(format!(
-                "README.md block at line {line}: its :save script fails under headscope run:\n{}\n{script}",
+                "{file} block at line {line}: its :save script fails under headscope run:\n{}\n{script}",
                 String::from_utf8_lossy(&run.stderr)
             ));
             continue;
@@ -308,7 +321,7 @@ fn every_readme_session_runs() {
                 match rest.find(l) {
                     Some(i) => rest = &rest[i + l.len()..],
                     None => {
-                        failures.push(format!("README.md block at line {line}: the session showed {l:?}, which `headscope run` of its :save script did not print (in order)\n--- script\n{script}--- printed\n{out}"));
+                        failures.push(format!("{file} block at line {line}: the session showed {l:?}, which `headscope run` of its :save script did not print (in order)\n--- script\n{script}--- printed\n{out}"));
                         break;
                     }
                 }
