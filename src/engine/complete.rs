@@ -321,15 +321,65 @@ pub fn describe(docs: &[docs::FnDoc]) -> String {
         for o in opts.iter() {
             let default = o.default.to_string();
             let default = if default.is_empty() { "-".to_string() } else { default };
-            text += &format!("\n  {:<22} {:<24} {}", o.name, default, o.help);
+            text += &option_line(o.name, &default, o.help);
         }
     }
     text
 }
 
+/// Width of `:help`'s option lines: meanings wrap at spaces within it (a terminal would
+/// otherwise break them mid-word).
+const HELP_WIDTH: usize = 100;
+
+/// One option of `:help`: name and default in columns, the meaning wrapped at word boundaries
+/// under its own column (a default wider than its column puts the meaning on the next line).
+fn option_line(name: &str, default: &str, help: &str) -> String {
+    const NAME: usize = 22;
+    const DEFAULT: usize = 24;
+    let indent = 2 + NAME + 1 + DEFAULT + 1;
+    let mut out = format!("\n  {name:<NAME$} {default:<DEFAULT$}");
+    let mut col = out.chars().count() - 1; // the leading newline is not a column
+    if col + 1 > indent {
+        out += &format!("\n{}", " ".repeat(indent - 1));
+        col = indent - 1;
+    }
+    for word in help.split_whitespace() {
+        let w = word.chars().count();
+        if col >= indent && col + 1 + w > HELP_WIDTH {
+            out += &format!("\n{}", " ".repeat(indent - 1));
+            col = indent - 1;
+        }
+        out.push(' ');
+        out += word;
+        col += 1 + w;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `:help`'s option lines stay within [`HELP_WIDTH`] and break only between words; a
+    /// default wider than its column moves the meaning to the next line, in its column.
+    #[test]
+    fn option_meanings_wrap_between_words_within_the_width() {
+        let help = "the layers swept: an index, an array or a range (`20..30`); other cells are NaN, as a removed head's are, and the count is of them";
+        let text = option_line("layers", "every layer", help);
+        let lines: Vec<&str> = text.trim_start_matches('\n').lines().collect();
+        assert!(lines.len() >= 2, "{text}");
+        assert!(lines.iter().all(|l| l.chars().count() <= HELP_WIDTH), "{text}");
+        let words: Vec<&str> = lines.iter().flat_map(|l| l.split_whitespace()).collect();
+        let want: Vec<&str> = ["layers", "every", "layer"].into_iter().chain(help.split_whitespace()).collect();
+        assert_eq!(words, want, "a word was broken");
+        assert!(lines[1..].iter().all(|l| l.starts_with(&" ".repeat(50)) && !l.starts_with(&" ".repeat(51))), "{text}");
+        assert_eq!(lines[0].find("the"), Some(50), "{text}");
+        let wide = option_line("metric", "\"loss\" for language and translation models", "what is measured");
+        let wl: Vec<&str> = wide.trim_start_matches('\n').lines().collect();
+        assert_eq!(wl.len(), 2, "{wide}");
+        assert_eq!(wl[1].trim_start(), "what is measured");
+        assert_eq!(wl[1].len() - wl[1].trim_start().len(), 50);
+    }
 
     fn ctx(code: &str) -> (usize, Context<'_>) {
         context(code, code.len())

@@ -660,32 +660,34 @@ pub mod api {
         r.heads(r.run.closed())
     }
 
-    /// The training curve: one map per step with `step`, `loss`, `penalty`, `expected_open`,
-    /// `open` and `eval_value` (the eval metric at eval steps, else `()`).
+    /// The training curve as a table, one row per step: `step`, `loss`, `penalty`,
+    /// `expected_open`, `open` and `eval_value` (the eval metric at eval steps, else empty).
+    /// A row reads as a map (`r.curve[3].loss`, `r.curve.column("loss")`); it prints as a
+    /// table and goes to CSV, JSON or Parquet (`r.curve.to_parquet(path)`).
     ///
     /// ```rhai
     /// let m = load_model("minilm");
     /// let d = corpus(asset("pud_en.txt"));
     /// let r = m.prune(d.take(4), #{steps: 2, batch_tokens: 300, eval_data: d.take(2), eval_every: 2});
     /// assert(r.curve[0].eval_value == () && type_of(r.curve[1].eval_value) == "f64" && r.curve[1].open <= 72);
+    /// assert(r.curve.len() == 2 && r.curve.columns[0] == "step" && r.curve.to_string().contains("expected_open"));
     /// ```
     #[rhai_fn(get = "curve", pure)]
-    pub fn curve(r: &mut PruneResult) -> Array {
-        r.run
-            .state
-            .curve
-            .iter()
-            .map(|p| {
-                let mut m = Map::new();
-                m.insert("step".into(), Dynamic::from(p.step as i64));
-                m.insert("loss".into(), Dynamic::from(p.loss));
-                m.insert("penalty".into(), Dynamic::from(p.penalty));
-                m.insert("expected_open".into(), Dynamic::from(p.expected_open));
-                m.insert("open".into(), Dynamic::from(p.open as i64));
-                m.insert("eval_value".into(), p.eval.map_or(Dynamic::UNIT, Dynamic::from));
-                Dynamic::from(m)
-            })
-            .collect()
+    pub fn curve(r: &mut PruneResult) -> Table {
+        let cols = ["step", "loss", "penalty", "expected_open", "open", "eval_value"];
+        let mut t = Table::new(cols.iter().map(|c| c.to_string()).collect());
+        t.title = Some(format!("pruning curve ({} steps)", r.run.state.curve.len()));
+        for p in &r.run.state.curve {
+            let _ = t.push_row(vec![
+                Cell::Int(p.step as i64),
+                Cell::Float(p.loss),
+                Cell::Float(p.penalty),
+                Cell::Float(p.expected_open),
+                Cell::Int(p.open as i64),
+                p.eval.map_or(Cell::Empty, Cell::Float),
+            ]);
+        }
+        t
     }
 
     /// Seconds each training step took in this run (a resumed run lists only its own steps).
