@@ -6,6 +6,7 @@
 # FLOPs of the products that must be done, at the matmul rates the peer measures in the same
 # run) and against transformers.
 #   benches/lm.sh [MODEL N SWEEP_N]   (default: smollm2 20 20; the qwen25coder asset: 5 5)
+# HS_BEFORE=path/to/an/older/headscope adds its column (the same script, the same run).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 cd "$root"
@@ -17,8 +18,13 @@ cargo build --release --locked -q
 ids=$(mktemp)
 trap 'rm -f "$ids"' EXIT
 hs=$(target/release/headscope run benches/lm.rhai "$MODEL" "$N" "$ids" "$SWEEP_N")
+before=""
+if [ -n "${HS_BEFORE:-}" ]; then
+  before=$("$HS_BEFORE" run benches/lm.rhai "$MODEL" "$N" "$ids.before" "$SWEEP_N")
+  rm -f "$ids.before"
+fi
 peer=$(.venv/bin/python benches/lm_peer.py "assets/$MODEL" "$ids" "$SWEEP_N" 2>/dev/null)
-HS="$hs" PEER="$peer" IDS="$ids" MODEL="$MODEL" SWEEP_N="$SWEEP_N" .venv/bin/python - <<'PY'
+BEFORE="$before" HS="$hs" PEER="$peer" IDS="$ids" MODEL="$MODEL" SWEEP_N="$SWEEP_N" .venv/bin/python - <<'PY'
 import json, os, platform
 hs = {r["op"]: r for r in map(json.loads, os.environ["HS"].splitlines())}
 pe = {r["op"]: r for r in map(json.loads, os.environ["PEER"].splitlines())}
@@ -54,6 +60,11 @@ print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} 
       f"matmul {rl / 1e9:.0f} GFLOP/s (layer products), {rh / 1e9:.0f} GFLOP/s (output head)")
 print(f"model {os.environ['MODEL']}: {L} layers x {H} heads, d {D}, vocab {V}; {len(lens)} sentences, {T} tokens "
       f"(headscope padded {hs['forward']['padded']} in {hs['forward']['batches']} batches); sweep over {len(ts)} sentences, {Ts} tokens")
+be = {r["op"]: r for r in map(json.loads, os.environ["BEFORE"].splitlines())}
+if be:
+    print(f"{'op':<9}{'floor s':>9}{'before s':>10}{'/floor':>8}")
+    for op in ["forward", "loss", "ablate", "sweep"]:
+        print(f"{op:<9}{floor[op]:>9.2f}{be[op]['seconds']:>10.2f}{be[op]['seconds'] / floor[op]:>7.2f}x")
 print(f"{'op':<9}{'floor s':>9}{'headscope s':>13}{'/floor':>8}{'transformers s':>16}{'/floor':>8}{'tf/hs':>7}   values (headscope | transformers)")
 for op in ["forward", "loss", "ablate", "sweep"]:
     h, p, f = hs[op]["seconds"], pe[op]["seconds"], floor[op]
