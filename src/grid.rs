@@ -198,13 +198,8 @@ pub fn kind_map(values: crate::model::KindGrids) -> Map {
     values.into_iter().map(|(k, m)| (k.to_string().into(), matrix(&m))).collect()
 }
 
-/// The one JSON writer of results: pretty JSON, written atomically; `func` names the script
-/// function in the error.
-pub fn write_json(path: &str, value: &serde_json::Value, func: &str) -> ScriptResult<()> {
-    let s = serde_json::to_string_pretty(value).unwrap_or_default();
-    write_atomic(std::path::Path::new(path), s.as_bytes())
-        .or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
-}
+/// The one JSON writer of results (beside the script layer's conversions, so tables use it too).
+pub use crate::script::convert::write_json;
 
 /// The one CSV writer of results: a header line, then one line per row, written atomically.
 pub fn write_csv(path: &str, header: &str, rows: impl IntoIterator<Item = String>, func: &str) -> ScriptResult<()> {

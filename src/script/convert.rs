@@ -336,6 +336,14 @@ impl<'a> Opts<'a> {
     }
 }
 
+/// The one JSON writer of results: pretty JSON, written atomically; `func` names the script
+/// function in the error. Here, below grids and tables, so both write through it.
+pub fn write_json(path: &str, value: &serde_json::Value, func: &str) -> ScriptResult<()> {
+    let s = serde_json::to_string_pretty(value).unwrap_or_default();
+    crate::output::write_atomic(std::path::Path::new(path), s.as_bytes())
+        .or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,10 +308,7 @@ pub mod api {
             "title": t.title, "columns": t.columns, "data": data,
             "headscope_version": env!("CARGO_PKG_VERSION"),
         });
-        // Written here, not through `grid::write_json`: the module graph keeps table below grid.
-        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-        write_atomic(std::path::Path::new(path), text.as_bytes())
-            .or_else(|e| err(format!("to_json: cannot write '{path}': {e}")))
+        crate::script::convert::write_json(path, &doc, "to_json")
     }
 
     #[rhai_fn(name = "to_string", pure)]
