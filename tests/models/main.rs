@@ -20,6 +20,7 @@ mod hf_tf5;
 mod hooks;
 mod llama4;
 mod masking;
+mod packing;
 mod param_count;
 mod parity;
 mod placement;

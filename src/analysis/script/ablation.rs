@@ -236,7 +236,7 @@ fn prepared(
 ) -> Result<(crate::analysis::ablation::Prepared, crate::output::Echo), String> {
     let metric = metric.unwrap_or_else(|| Metric::default_for(&m.model));
     let gates = m.gates().map_err(|e| e.to_string())?;
-    let p = crate::analysis::ablation::prepare(&m.model, d, metric, batch_tokens, gates)
+    let p = crate::analysis::ablation::prepare_packed(&m.model, d, metric, batch_tokens, gates)
         .map_err(|e| format!("{func}: {e}"))?;
     let echo = vec![
         ("metric".to_string(), serde_json::json!(metric.to_string())),

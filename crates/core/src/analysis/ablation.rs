@@ -312,13 +312,39 @@ pub fn prepare(
     batch_tokens: usize,
     base: Gates,
 ) -> Result<Prepared, AnalysisError> {
+    prepare_with(model, data, metric, batch_tokens, base, false)
+}
+
+/// [`prepare`] for a computation that reads only the metric's sums (`ablate`, the sweep): a
+/// language model's sentences packed several to a row under loss and KL where the model and
+/// `base` allow it (docs/methods.md#packing), else as `prepare` batches them.
+pub fn prepare_packed(
+    model: &Model,
+    data: &Dataset,
+    metric: Metric,
+    batch_tokens: usize,
+    base: Gates,
+) -> Result<Prepared, AnalysisError> {
+    prepare_with(model, data, metric, batch_tokens, base, matches!(metric, Metric::Loss | Metric::Kl))
+}
+
+fn prepare_with(
+    model: &Model,
+    data: &Dataset,
+    metric: Metric,
+    batch_tokens: usize,
+    base: Gates,
+    pack: bool,
+) -> Result<Prepared, AnalysisError> {
     if data.is_empty() {
         return Err(AnalysisError::Input(format!("the dataset {} is empty", data.name)));
     }
     needs_decoder(model, metric)?;
     let references: Option<Vec<&str>> = data.items.iter().map(|i| i.target.as_deref()).collect();
-    let prepared =
-        model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?;
+    let prepared = match references {
+        None if pack => model.prepare_packed(&data.texts(), metric != Metric::Cosine, batch_tokens, &base)?,
+        _ => model.prepare(&data.texts(), references.as_deref(), metric != Metric::Cosine, batch_tokens, &base)?,
+    };
     let _g = tch::no_grad_guard();
     let out64 = match metric {
         Metric::Loss | Metric::Kl if model.net.output.is_some() => {

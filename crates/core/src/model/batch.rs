@@ -73,10 +73,61 @@ fn window(lengths: &[usize], range: std::ops::Range<usize>, max_tokens: usize) -
     groups
 }
 
+/// Real tokens a packed row holds (docs/methods.md#packing), unless its longest sentence is
+/// longer: rows of a few hundred tokens keep the attention over a row (every query against the
+/// row's keys, other sentences' masked) a few percent of a layer's products.
+pub const PACK_ROW_TOKENS: usize = 256;
+
+/// Batches of packed rows (docs/methods.md#packing): each batch its rows, each row the
+/// sentences (indices) it holds, in windows of [`WINDOW`] sentences, longest first, at most
+/// `max_tokens` real tokens per batch (a longer sentence alone). Every sentence is in one row.
+pub fn packed(lengths: &[usize], max_tokens: usize) -> Vec<Vec<Vec<usize>>> {
+    let max_tokens = max_tokens.max(1);
+    let mut batches = Vec::new();
+    for start in (0..lengths.len()).step_by(WINDOW) {
+        let end = (start + WINDOW).min(lengths.len());
+        let mut order: Vec<usize> = (start..end).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(lengths[i]), i));
+        let (mut batch, mut total) = (Vec::new(), 0);
+        for i in order {
+            if !batch.is_empty() && total + lengths[i] > max_tokens {
+                batches.push(rows_of(lengths, std::mem::take(&mut batch)));
+                total = 0;
+            }
+            batch.push(i);
+            total += lengths[i];
+        }
+        if !batch.is_empty() {
+            batches.push(rows_of(lengths, batch));
+        }
+    }
+    batches
+}
+
+/// A batch's sentences (longest first) dealt into rows: as many rows as [`PACK_ROW_TOKENS`]
+/// (or the longest sentence, if longer) divides their tokens into, each sentence into the row
+/// with the fewest tokens so far (rows end within one sentence of each other).
+fn rows_of(lengths: &[usize], sentences: Vec<usize>) -> Vec<Vec<usize>> {
+    let total: usize = sentences.iter().map(|&i| lengths[i]).sum();
+    let longest = sentences.iter().map(|&i| lengths[i]).max().unwrap_or(0);
+    let k = total.div_ceil(PACK_ROW_TOKENS.max(longest).max(1)).max(1);
+    let mut rows: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); k];
+    for i in sentences {
+        if let Some(r) = rows.iter_mut().min_by_key(|r| r.0) {
+            r.0 += lengths[i];
+            r.1.push(i);
+        }
+    }
+    rows.into_iter().map(|r| r.1).filter(|r| !r.is_empty()).collect()
+}
+
 /// One batch of a prepared dataset.
 pub struct PBatch {
-    /// The sentences in it (indices into the dataset).
+    /// The sentences in it (indices into the dataset); in a packed batch, row after row.
     pub rows: Vec<usize>,
+    /// Whether its rows hold several sentences each (docs/methods.md#packing): `mask` then
+    /// numbers each row's sentences 1, 2, ... (0: padding), and a row is not a sentence.
+    pub packed: bool,
     pub ids: Tensor,
     pub mask: Tensor,
     /// Teacher-forced targets `[B, T]` (pad-filled) and their mask, when asked for.
@@ -106,10 +157,43 @@ impl Model {
         batch_tokens: usize,
         gates: &Gates,
     ) -> Result<Prepared, ModelError> {
+        self.prepare_with(texts, references, with_targets, batch_tokens, gates, false)
+    }
+
+    /// [`Model::prepare`] for computations that read tokens, not rows (the task loss, the
+    /// ablation metrics loss and KL): a language model's sentences packed several to a row
+    /// (docs/methods.md#packing) where the model and `gates` allow it
+    /// ([`super::transformer::Transformer::packs`]), else as `prepare` batches them.
+    pub fn prepare_packed(
+        &self,
+        texts: &[&str],
+        with_targets: bool,
+        batch_tokens: usize,
+        gates: &Gates,
+    ) -> Result<Prepared, ModelError> {
+        self.prepare_with(texts, None, with_targets, batch_tokens, gates, true)
+    }
+
+    fn prepare_with(
+        &self,
+        texts: &[&str],
+        references: Option<&[&str]>,
+        with_targets: bool,
+        batch_tokens: usize,
+        gates: &Gates,
+        pack: bool,
+    ) -> Result<Prepared, ModelError> {
         let _g = tch::no_grad_guard();
         let encoded = self.tokenize_all(texts.iter().copied())?;
         let mut refs = vec![String::new(); texts.len()];
         let mut batches = Vec::new();
+        if pack && self.is_lm() && self.net.packs(gates) {
+            for (rows, b) in self.packed_batches(&encoded, batch_tokens) {
+                let targets = if with_targets { Some(next_token_targets(&b.ids, &b.mask)?) } else { None };
+                batches.push(PBatch { rows, packed: true, ids: b.ids, mask: b.mask, targets });
+            }
+            return Ok(Prepared { batches, refs, n_sentences: texts.len(), targets_from: "next tokens" });
+        }
         for (rows, b) in self.batches(&encoded, batch_tokens) {
             let targets = if !with_targets {
                 None
@@ -135,7 +219,7 @@ impl Model {
                 };
                 Some(self.target_tensors(&tgt))
             };
-            batches.push(PBatch { rows, ids: b.ids, mask: b.mask, targets });
+            batches.push(PBatch { rows, packed: false, ids: b.ids, mask: b.mask, targets });
         }
         let targets_from = if self.is_lm() {
             "next tokens"
@@ -176,6 +260,41 @@ impl Model {
         by_length(&lengths, max_tokens.max(1)).into_iter().map(move |rows| {
             let b = self.batch_encoded(rows.iter().map(|&i| encoded[i].clone()).collect());
             (rows, b)
+        })
+    }
+
+    /// Batches of packed rows (see [`packed`]; docs/methods.md#packing), on the model's
+    /// device: each with its sentences (indices into `encoded`, row after row), `ids [R, T]`
+    /// and a mask numbering each row's sentences 1, 2, ... (0: padding); `encoded` holds the
+    /// sentences in the same order.
+    pub fn packed_batches<'a>(
+        &'a self,
+        encoded: &'a [Encoded],
+        max_tokens: usize,
+    ) -> impl Iterator<Item = (Vec<usize>, Batch)> + 'a {
+        let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+        packed(&lengths, max_tokens).into_iter().map(move |rows| {
+            let t = rows.iter().map(|r| r.iter().map(|&i| encoded[i].ids.len()).sum::<usize>()).max().unwrap_or(0);
+            let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * t), Vec::with_capacity(rows.len() * t));
+            for row in &rows {
+                let mut used = 0;
+                for (seg, &i) in row.iter().enumerate() {
+                    let n = encoded[i].ids.len();
+                    ids.extend_from_slice(&encoded[i].ids);
+                    mask.extend(std::iter::repeat_n((seg + 1) as f32, n));
+                    used += n;
+                }
+                ids.extend(std::iter::repeat_n(self.tok.pad_id, t - used));
+                mask.extend(std::iter::repeat_n(0f32, t - used));
+            }
+            let (r, t) = (rows.len() as i64, t as i64);
+            let flat: Vec<usize> = rows.into_iter().flatten().collect();
+            let b = Batch {
+                ids: Tensor::from_slice(&ids).view([r, t]).to_device(self.device()),
+                mask: Tensor::from_slice(&mask).view([r, t]).to_device(self.device()),
+                encoded: flat.iter().map(|&i| encoded[i].clone()).collect(),
+            };
+            (flat, b)
         })
     }
 
@@ -276,15 +395,45 @@ impl Model {
 }
 
 /// A language model's targets: each position predicts the next token; `[B, T-1]` ids and their
-/// float mask (1 where the next token is real, not padding).
+/// float mask (1 where the next token is real, not padding, and of the same sentence: a packed
+/// row's sentence does not predict the next one's first token).
 fn next_token_targets(ids: &Tensor, mask: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
     let t = ids.size()[1] - 1;
-    Ok((ids.f_narrow(1, 1, t)?, mask.f_narrow(1, 1, t)?.to_kind(tch::Kind::Float)))
+    let (here, next) = (mask.f_narrow(1, 0, t)?, mask.f_narrow(1, 1, t)?);
+    let tm = next.f_gt(0.0)?.f_logical_and(&next.f_eq_tensor(&here)?)?;
+    Ok((ids.f_narrow(1, 1, t)?, tm.f_to_kind(tch::Kind::Float)?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_rows_hold_every_sentence_once_within_the_budget_and_even() {
+        // 300 sentences of 3..60 tokens (a fixed pseudo-random draw) and one of 700.
+        let mut lengths: Vec<usize> = (0..300u64).map(|i| 3 + ((i * 2654435761) % 58) as usize).collect();
+        lengths.push(700);
+        let batches = packed(&lengths, 1024);
+        let mut seen: Vec<usize> = batches.iter().flatten().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>(), "every sentence once");
+        let (mut real, mut padded) = (0, 0);
+        for b in &batches {
+            let loads: Vec<usize> = b.iter().map(|r| r.iter().map(|&i| lengths[i]).sum()).collect();
+            let total: usize = loads.iter().sum();
+            let longest_sentence = b.iter().flatten().map(|&i| lengths[i]).max().unwrap();
+            assert!(b.iter().flatten().count() == 1 || total <= 1024, "batch {b:?} over budget ({total})");
+            // Rows end within one sentence of each other (dealt to the least-loaded row).
+            let (lo, hi) = (*loads.iter().min().unwrap(), *loads.iter().max().unwrap());
+            assert!(hi - lo <= longest_sentence, "rows {loads:?} uneven");
+            assert!(hi <= PACK_ROW_TOKENS.max(longest_sentence) * 2, "row of {hi} tokens");
+            real += total;
+            padded += hi * b.len();
+        }
+        // The 700-token sentence is alone in its row; padding stays a few percent overall.
+        assert!(batches.iter().flatten().any(|r| r == &vec![300]));
+        assert!(padded as f64 <= 1.1 * real as f64, "{padded} padded for {real} real tokens");
+    }
 
     #[test]
     fn groups_respect_the_token_budget_and_cover_everything() {

@@ -116,7 +116,11 @@ impl Model {
         if !self.has_task_loss() {
             return Err(ModelError::NoOutputHead);
         }
-        let p = self.prepare(texts, references, true, batch_tokens, gates)?;
+        // A language model's sentences go several to a row (the loss reads tokens, not rows).
+        let p = match references {
+            None => self.prepare_packed(texts, true, batch_tokens, gates)?,
+            Some(_) => self.prepare(texts, references, true, batch_tokens, gates)?,
+        };
         let _g = tch::no_grad_guard();
         let (mut total, mut count) = (0.0, 0.0);
         for b in &p.batches {

@@ -179,6 +179,13 @@ pub trait Mixer: Send {
         false
     }
 
+    /// Whether its output reads positions only through their differences (rotary, or no
+    /// positions), so that sentences packed into one row behind a segment mask compute as
+    /// each alone (docs/methods.md#packing). `false` unless a kind says so.
+    fn relative_positions(&self) -> bool {
+        false
+    }
+
     /// The mixer as multi-head attention, where it is one: key/value caches (generation,
     /// patching's resumed passes), streaming heads, score-based scorers and LRP's rules read
     /// attention's own parts, and refuse other kinds by name.

@@ -837,7 +837,14 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let encoded = self.tokenize_all(texts.iter().copied())?;
         let mut stats = StreamStats::default();
-        for (rows, b) in self.batches(&encoded, max_tokens) {
+        // A decoder-only stack runs its sentences packed several to a row where it can
+        // (docs/methods.md#packing): `on_batch` then sees rows that are not sentences.
+        let batches: Box<dyn Iterator<Item = (Vec<usize>, Batch)>> = if self.net.packs(gates) {
+            Box::new(self.packed_batches(&encoded, max_tokens))
+        } else {
+            Box::new(self.batches(&encoded, max_tokens))
+        };
+        for (rows, b) in batches {
             if stop() {
                 return Err(ModelError::Interrupted);
             }

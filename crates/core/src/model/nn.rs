@@ -295,6 +295,13 @@ pub enum RopeScaling {
 }
 
 impl Rotary {
+    /// Whether the rotation reads positions only through their differences: every scaling but
+    /// those whose frequencies depend on the sequence's length (LongRope's short or long
+    /// factors, dynamic NTK).
+    pub fn relative(&self) -> bool {
+        !matches!(self.scaling, RopeScaling::LongRope { .. } | RopeScaling::Dynamic { .. })
+    }
+
     /// Unscaled rotary positions.
     pub fn plain(base: f64, dim: i64, half: bool) -> Rotary {
         Rotary { base, dim, offset: 0, half, scaling: RopeScaling::None }
@@ -632,6 +639,11 @@ impl Fills {
     }
     pub fn is_empty(&self) -> bool {
         self.enc.is_none() && self.dec.is_none() && self.cross.is_none()
+    }
+    /// Whether no fill is per row and position (a resolved per-batch fill is
+    /// `[layers, B, heads, T, dh]`; a mean is `[layers, heads, dh]`).
+    pub fn is_position_free(&self) -> bool {
+        [&self.enc, &self.dec, &self.cross].iter().all(|f| f.as_ref().is_none_or(|t| t.dim() <= 3))
     }
     pub fn share(&self) -> Fills {
         let pick = |g: &Option<Tensor>| g.as_ref().map(|t| t.shallow_clone());
@@ -1425,11 +1437,30 @@ pub fn causal_bias(t: i64, window: Option<i64>, dtype: DType, device: tch::Devic
     hidden.view([1, 1, t, t]) * -1e9
 }
 
-/// Additive attention bias from a key mask `[B, Tk]` (1 = real token): `[B, 1, 1, Tk]`.
+/// Additive attention bias from a key mask `[B, Tk]` (0 = padding, else a real token: 1, or
+/// in a packed row the number of its sentence): `[B, 1, 1, Tk]`.
 pub fn key_bias(mask: &Tensor, dtype: DType) -> Tensor {
-    let m = mask.to_kind(dtype);
+    let m = mask.gt(0.0).to_kind(dtype);
     let b: Tensor = (m.ones_like() - m) * -1e9;
     b.view([mask.size()[0], 1, 1, mask.size()[1]])
+}
+
+/// Whether a key mask numbers sentences packed into rows (docs/methods.md#packing): a value
+/// above 1 somewhere.
+pub fn is_packed(mask: &Tensor) -> bool {
+    mask.numel() > 0 && mask.max().double_value(&[]) > 1.0
+}
+
+/// Additive bias `[B, 1, T, T]` of a packed row's mask `[B, T]` (each real token numbered by
+/// its sentence, 1, 2, ..., padding 0; docs/methods.md#packing): a real query does not see
+/// the real keys of another sentence. A padding query is left as the padding of an unpacked
+/// row is (it sees the real keys; nothing reads it).
+pub fn segment_bias(mask: &Tensor, dtype: DType) -> Tensor {
+    let (b, t) = (mask.size()[0], mask.size()[1]);
+    let q = mask.view([b, t, 1]);
+    let k = mask.view([b, 1, t]);
+    let other = q.ne_tensor(&k).logical_and(&q.gt(0.0)).logical_and(&k.gt(0.0));
+    other.to_kind(dtype).view([b, 1, t, t]) * -1e9
 }
 
 /// Sinusoidal positions `[n, d]` laid out `[sin | cos]`, inverse frequencies
@@ -1584,6 +1615,11 @@ impl Mixer for Attention {
     }
     fn hands_tiles(&self) -> bool {
         true
+    }
+    /// Rotary (not a length-dependent scaling) or no positions, and no Llama 4 temperature
+    /// (a factor of the absolute position).
+    fn relative_positions(&self) -> bool {
+        self.temperature.is_none() && self.rotary.as_ref().is_none_or(Rotary::relative)
     }
     fn step(
         &self,

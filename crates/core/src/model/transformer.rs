@@ -1160,6 +1160,9 @@ impl Transformer {
     /// [`super::fill::FillSource`]) computed for the batch `ids`: `None` when they have none.
     pub fn resolved(&self, ids: &Tensor, mask: &Tensor, gates: &Gates) -> Result<Option<Gates>, ModelError> {
         let Some(src) = &gates.source else { return Ok(None) };
+        if super::nn::is_packed(mask) {
+            return Err(ModelError::Invalid("resample and per-position mean ablation draw their fills per sentence: they cannot run on rows that pack several sentences (docs/methods.md#packing)".into()));
+        }
         let fill = src.batch_fill(self, ids, mask)?;
         let mut g = gates.share();
         g.source = None;
@@ -1383,6 +1386,25 @@ impl Transformer {
         Some(bias + extra)
     }
 
+    /// Whether sentences may be packed into one row behind a segment mask
+    /// (docs/methods.md#packing) under `gates`, each computing as it would alone: a causal
+    /// decoder-only stack without positions at its input or a relative position bias, whose
+    /// mixers read positions only through differences ([`Mixer::relative_positions`]) and
+    /// whose layers have no chunks (fixed absolute blocks); and gates that place nothing by
+    /// position (streaming heads, DuoAttention, per-sentence or per-position fills).
+    pub fn packs(&self, gates: &Gates) -> bool {
+        self.causal
+            && self.decoder.is_empty()
+            && matches!(self.embed.positions, Positions::None)
+            && self.embed.token_type.is_none()
+            && self.rel_bias.is_none()
+            && self.stack.iter().all(|l| l.chunk().is_none() && l.mixer().relative_positions())
+            && gates.stream.is_none()
+            && gates.duo.is_none()
+            && gates.source.is_none()
+            && gates.fill.is_position_free()
+    }
+
     /// Whether every layer of the stack keeps keys and values a later position can read (every
     /// mixer is attention): generation and resumed passes from a later position need it; a
     /// stack with another kind of mixer resumes from the first position.
@@ -1399,6 +1421,8 @@ impl Transformer {
         } else {
             bias
         };
+        // Sentences packed into a row (docs/methods.md#packing) see only their own keys.
+        let bias = if super::nn::is_packed(mask) { bias + super::nn::segment_bias(mask, dtype) } else { bias };
         match &self.rel_bias {
             Some(rb) => {
                 let s = mask.size()[1];
