@@ -173,4 +173,13 @@ fn ablate_resumed_at_the_lowest_layer_equals_two_whole_passes() {
         assert!((value.value() - want).abs() <= 1e-12 * want.abs(), "{metric} {ids:?}: {} vs {want}", value.value());
         assert!((value.value() - base.value()).abs() > 1e-9, "{metric}: masking changed nothing");
     }
+    // A base that closes a head below (its gates are ones at the layer resumed): the masked pass
+    // resumes at that layer's contexts, still the floats of two whole passes.
+    let below = HeadId { kind: Kind::Dec, layer_idx: 0, head: 1 };
+    let p = prepare(&lm, &data(5), Metric::Loss, 128, lm.gates_closing(&[below]).unwrap()).unwrap();
+    let closed = lm.gates_closing(&[below, HeadId { kind: Kind::Dec, layer_idx: 1, head: 2 }]).unwrap();
+    let (base, value) = evaluate_closing(&lm, &p, &closed, Some(1), &|| false).unwrap();
+    let want = evaluate_acc(&lm, &p, &closed, &|| false).unwrap().value();
+    assert_eq!(base.value(), evaluate_acc(&lm, &p, &p.base, &|| false).unwrap().value());
+    assert!((value.value() - want).abs() <= 1e-12 * want.abs(), "closed below: {} vs {want}", value.value());
 }

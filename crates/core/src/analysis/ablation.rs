@@ -547,26 +547,43 @@ pub fn evaluate_closing(
         }
         let base_b = p.batch_gates(model, bi, &p.base)?;
         let closed_b = p.batch_gates(model, bi, closed)?;
-        let mut x = None;
+        let kind = model.net.stack_kind;
+        // Where the base leaves layer `from`'s heads ungated, its contexts (`hook_z`) are the
+        // masked pass's before the closing gate: the masked pass resumes there, the layer's
+        // attention not recomputed (the same floats: `Mixer::gated`, then the rest of the layer).
+        let via_z = open_layer(&base_b, kind, from)?
+            && closed_b.duo.is_none()
+            && closed_b.bypass.is_none()
+            && closed_b.stream.is_none()
+            && model.net.stack.get(from).is_some_and(|l| l.mixer().as_attention().is_some());
+        let (mut x, mut z) = (None, None);
         let enc = {
-            let kind = model.net.stack_kind;
             let mut on = |at: At, t: &Tensor| {
                 if at.kind == kind && at.layer == from {
-                    x = Some(t.shallow_clone());
+                    match at.point {
+                        Point::Z => z = Some(t.shallow_clone()),
+                        _ => x = Some(t.shallow_clone()),
+                    }
                 }
                 Ok(())
             };
-            let mut rec = Record::new(&[Point::ResidPre], &mut on);
+            let points: &[Point] = if via_z { &[Point::ResidPre, Point::Z] } else { &[Point::ResidPre] };
+            let mut rec = Record::new(points, &mut on);
             model.net.encode(&b.ids, &b.mask, &base_b, Some(&mut rec as &mut dyn Hooks))?
         };
         let x = x.ok_or_else(|| ModelError::Invalid(format!("no input recorded at layer {from}")))?;
         let bias = model.net.self_bias(&b.mask, x.kind());
-        let masked = model.net.run(
-            Start::Layer { layer: from, x: &x, bias: Some(&bias) },
-            Stop::FinalNorm,
-            &closed_b,
-            &mut None,
-        )?;
+        let masked = match (z, closed_b.layer(kind, from)) {
+            (Some(z), Some(_)) if via_z => {
+                model.net.run_from_open_z(from, &x, &z, &bias, Stop::FinalNorm, &closed_b, &mut None)?
+            }
+            _ => model.net.run(
+                Start::Layer { layer: from, x: &x, bias: Some(&bias) },
+                Stop::FinalNorm,
+                &closed_b,
+                &mut None,
+            )?,
+        };
         // KL's and cosine's reference is the unmasked pass just made.
         let rm = RowMetric::with_full(model, p, b, &enc)?;
         total_base += rm.sums(&enc, &base_b, 1)?[0];
@@ -574,6 +591,17 @@ pub fn evaluate_closing(
     }
     let denom = denominator(p);
     Ok((MetricAcc { sum: total_base, denom, bleu: None }, MetricAcc { sum: total_closed, denom, bleu: None }))
+}
+
+/// Whether `gates` leave layer `l` of `kind` as loaded: no gate there, or one of ones with no
+/// DuoAttention mix or bypass (a context times 1, plus its fill times 0, is itself).
+fn open_layer(gates: &Gates, kind: Kind, l: usize) -> Result<bool, ModelError> {
+    Ok(match gates.layer(kind, l) {
+        None => true,
+        Some(g) => {
+            g.duo.is_none() && g.bypass.is_none() && (!g.heads || g.g.f_eq(1.0)?.f_all()?.int64_value(&[]) == 1)
+        }
+    })
 }
 
 /// [`evaluate_acc`] with the stack's hook points seen (and replaced) by `h` on every batch:
