@@ -51,6 +51,35 @@ pub mod api {
         tch::set_num_threads(n as i32);
         Ok(())
     }
+
+    /// The memory budget in bytes (docs/methods.md#memory-budget): an allocation whose size a
+    /// script chooses (generated tokens, probe counts, lengths, a forward over a long input) is
+    /// estimated first and refused above it. Default: three quarters of the machine's memory.
+    ///
+    /// ```rhai
+    /// assert(memory_budget() > 1000000);
+    /// ```
+    pub fn memory_budget() -> i64 {
+        crate::budget::limit().min(i64::MAX as u64) as i64
+    }
+
+    /// Sets the memory budget in bytes (0 restores the default).
+    ///
+    /// ```rhai
+    /// let b = memory_budget();
+    /// set_memory_budget(2000000000);
+    /// assert(memory_budget() == 2000000000);
+    /// set_memory_budget(0);
+    /// assert(memory_budget() == b);
+    /// ```
+    #[rhai_fn(return_raw)]
+    pub fn set_memory_budget(bytes: i64) -> ScriptResult<()> {
+        if bytes < 0 {
+            return err(format!("set_memory_budget: expected a number of bytes >= 0, got {bytes}"));
+        }
+        crate::budget::set_limit(bytes as u64);
+        Ok(())
+    }
 }
 
 pub fn register(engine: &mut Engine) {

@@ -8,6 +8,7 @@ pub mod commands;
 pub mod complete;
 pub mod docs;
 pub mod error;
+pub mod fuzz;
 mod habits;
 pub mod merge;
 pub mod registry;
@@ -258,6 +259,12 @@ impl Session {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The engine, to register more functions (an embedding program's own; the script-API
+    /// fuzzer's test plants a defect this way).
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 
     /// Evaluates `code` named `source` (a file path, `-e`, `repl:3`). Variables, functions

@@ -12,6 +12,7 @@ mod doc_examples;
 mod evcxr_display;
 mod examples;
 mod exports;
+mod fuzz_api;
 mod heads_by_name;
 mod module_graph;
 mod options;

@@ -49,6 +49,7 @@ pub fn one_of(names: &[&str]) -> String {
 }
 
 pub mod analysis;
+pub mod budget;
 pub mod data;
 pub mod device;
 pub mod export;

@@ -86,6 +86,14 @@ impl Probes {
         if pool.len() < o.len.max(o.needle + 1) || o.len < 2 || o.needle < 1 || o.n < 1 {
             return Err(AnalysisError::Input(format!("head_types: probes of len {} and needle {} need that many distinct tokens (the model has {} to draw from), len >= 2, needle >= 1 and n >= 1", o.len, o.needle, pool.len())));
         }
+        // The probes' ids, and a forward over each probe's batch (`Transformer::forward_bytes`
+        // checks that one when it runs).
+        let per = 2 * o.len + 2 * (o.haystack + o.needle);
+        crate::budget::check(
+            &format!("head_types: n = {} probe sequences of len {} and haystack {}", o.n, o.len, o.haystack),
+            o.n as f64 * per as f64 * 8.0,
+        )
+        .map_err(AnalysisError::Input)?;
         let repeated = (0..o.n)
             .map(|s| {
                 let r = draw(pool, o.len, o.seed, 2 * s as u64);

@@ -1074,6 +1074,9 @@ impl Transformer {
                 if let Some(g) = self.resolved(ids, mask, gates)? {
                     return self.run(start, stop, &g, h);
                 }
+                let (b, t) = (ids.size()[0], *ids.size().get(1).unwrap_or(&0));
+                crate::budget::check(&format!("a forward over {b} x {t} tokens"), self.forward_bytes(b, t))
+                    .map_err(ModelError::Invalid)?;
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
                 let bias = self.self_bias(mask, x.kind());
                 (0, x, Some(bias), None, true)
@@ -1154,6 +1157,30 @@ impl Transformer {
                 self.logits_hooked(&y, h)
             }
         }
+    }
+
+    /// [`Transformer::run`] from layer `l`'s contexts `z` as a pass that left the layer's heads
+    /// ungated recorded them (`hook_z`), under `gates`: the layer's gate applied as the forward
+    /// applies it ([`Mixer::gated`]), then on as from [`Start::Z`]. `ablate` resumes its
+    /// masked pass here: the layer's attention is not recomputed, and the floats are the
+    /// masked forward's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_from_open_z(
+        &self,
+        l: usize,
+        x: &Tensor,
+        z: &Tensor,
+        bias: &Tensor,
+        stop: Stop,
+        gates: &Gates,
+        h: &mut HookSlot,
+    ) -> Result<Tensor, ModelError> {
+        let layer = self.stack_layer(l)?;
+        let z = match gates.layer(self.stack_kind, l) {
+            Some(g) if g.heads => layer.mixer.gated(z, &g.on(z.device())?, Inside(())),
+            _ => z.shallow_clone(),
+        };
+        self.run(Start::Z { layer: l, x, z: &z, bias: Some(bias) }, stop, gates, h)
     }
 
     /// `gates` with their per-batch fill (resample or per-position mean ablation,
@@ -1384,6 +1411,21 @@ impl Transformer {
         let prompt = s.prompt(past + t, first);
         let extra = s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, bias.kind(), bias.device())?;
         Some(bias + extra)
+    }
+
+    /// The working memory of a forward over `b` sequences of `t` tokens, estimated: a layer's
+    /// activations (the stream, queries, keys, values and the MLP's hidden units, a few copies
+    /// of each) and its attention scores `[b, heads, t, t]` (float32), as a hook recording the
+    /// pattern holds them (docs/methods.md#memory-budget).
+    pub fn forward_bytes(&self, b: i64, t: i64) -> f64 {
+        let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
+        let (mut heads, mut hidden) = (1.0f64, d);
+        for l in &self.stack {
+            heads = heads.max(l.mixer().width() as f64);
+            hidden = hidden.max(l.mlp().width() as f64);
+        }
+        let (b, t) = (b as f64, t as f64);
+        4.0 * b * t * (8.0 * d + 3.0 * hidden) + 4.0 * b * heads * t * t
     }
 
     /// Whether sentences may be packed into one row behind a segment mask

@@ -1,0 +1,97 @@
+//! The script-API fuzzer (docs/fuzzing.md#the-script-api), short form: changed calls of every
+//! function of the engine's metadata for a few minutes, no defect allowed (every example runs
+//! unchanged in `doc_examples.rs`); and a planted defect (a function that panics on one value)
+//! found. The long form is `scripts/fuzz-api` (this file's ignored worker, restarted past
+//! crashes), which also runs each example unchanged first and counts coverage.
+
+use headscope::engine::fuzz::{self, Config, Hard};
+use headscope::engine::Session;
+use std::io::Write;
+use std::time::Duration;
+
+/// A defect planted for the fuzzer to find: doubles an integer, and panics on -1.
+fn plant(s: &mut Session) {
+    rhai::FuncRegistration::new("fuzz_planted")
+        .with_comments(&["/// A planted defect: twice `x`, a panic on -1.\n/// ```rhai\n/// assert(fuzz_planted(3) == 6);\n/// ```"])
+        .register_into_engine(s.engine_mut(), |x: i64| -> i64 {
+            if x == -1 {
+                panic!("planted defect");
+            }
+            x * 2
+        });
+}
+
+fn config(seconds: u64, only: &[&str], setup: Option<fn(&mut Session)>) -> Config {
+    Config {
+        seed: 1,
+        budget: Duration::from_secs(seconds),
+        limit: Duration::from_secs(60),
+        only: only.iter().map(|s| s.to_string()).collect(),
+        setup,
+        coverage: true,
+        skip: 0,
+        before: None,
+        hard: None,
+    }
+}
+
+#[test]
+fn the_fuzzer_finds_the_planted_defect() {
+    let r = fuzz::run(config(60, &["fuzz_planted"], Some(plant)));
+    assert!(r.covered.contains("fuzz_planted"), "{}", r.summary());
+    let found = r.defects.iter().find(|d| d.case.func == "fuzz_planted" && d.class == "panic");
+    let d = found.unwrap_or_else(|| panic!("the planted defect was not found:\n{}", r.summary()));
+    assert!(d.case.changed.contains("-1"), "{}: {}", d.case.changed, d.detail);
+    // Only the value it panics on: the others are errors or results.
+    assert!(r.defects.iter().all(|d| d.case.changed.ends_with("= -1")), "{}", r.summary());
+}
+
+/// A few minutes of changed calls without a defect.
+#[test]
+fn script_api_short_fuzz() {
+    let seconds = std::env::var("HEADSCOPE_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+    let mut cfg = config(seconds, &[], None);
+    // Every example runs unchanged in tests/scripting/doc_examples.rs.
+    cfg.coverage = false;
+    let r = fuzz::run(cfg);
+    eprintln!("{}", r.summary());
+    assert!(r.calls >= 20, "{}", r.summary());
+    assert!(r.defects.is_empty(), "{}", r.summary());
+}
+
+/// The long form's worker (`scripts/fuzz-api`): from case HEADSCOPE_FUZZ_SKIP for
+/// HEADSCOPE_FUZZ_SECONDS, writing the index of each case before it runs to
+/// HEADSCOPE_FUZZ_STATE and one JSON line per defect, then a summary line, to
+/// HEADSCOPE_FUZZ_OUT; a hang or the memory watchdog exits the process (its driver goes on).
+#[test]
+#[ignore]
+fn script_api_long_fuzz_worker() {
+    let env = |k: &str| std::env::var(k).ok();
+    let seconds = env("HEADSCOPE_FUZZ_SECONDS").and_then(|s| s.parse().ok()).unwrap_or(3600);
+    let skip = env("HEADSCOPE_FUZZ_SKIP").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seed = env("HEADSCOPE_FUZZ_SEED").and_then(|s| s.parse().ok()).unwrap_or(1);
+    let memory = env("HEADSCOPE_FUZZ_MEMORY").and_then(|s| s.parse().ok()).unwrap_or(8u64 << 30);
+    let state = env("HEADSCOPE_FUZZ_STATE").expect("HEADSCOPE_FUZZ_STATE");
+    let out = env("HEADSCOPE_FUZZ_OUT").expect("HEADSCOPE_FUZZ_OUT");
+    let mut cfg = config(seconds, &[], None);
+    cfg.seed = seed;
+    cfg.skip = skip;
+    cfg.coverage = env("HEADSCOPE_FUZZ_COVERAGE").is_none_or(|v| v != "0");
+    cfg.hard = Some(Hard { limit: Duration::from_secs(120), memory });
+    cfg.before = Some(Box::new(move |i, case| {
+        let line = serde_json::json!({"index": i, "func": case.func, "changed": case.changed, "code": case.code});
+        let _ = std::fs::write(&state, format!("{line}\n"));
+    }));
+    let r = fuzz::run(cfg);
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&out).expect("open the output");
+    for d in &r.defects {
+        let line = serde_json::json!({"defect": d.class, "func": d.case.func, "changed": d.case.changed, "detail": d.detail, "code": d.case.code});
+        writeln!(f, "{line}").expect("write");
+    }
+    let line = serde_json::json!({
+        "summary": true, "calls": r.calls, "functions": r.functions,
+        "covered": r.covered.iter().collect::<Vec<_>>(), "errors": r.errors.iter().collect::<Vec<_>>(),
+        "unrunnable": r.unrunnable, "peak_rss": fuzz::peak_rss(),
+    });
+    writeln!(f, "{line}").expect("write");
+}
