@@ -1,6 +1,7 @@
 """Peer of benches/lm.rhai: transformers on the same GGUF (dequantised by its GGUF loader),
-float32, inference mode, the same threads, the same token ids and the same batches (headscope's
-length-sorted cut, crates/core/src/model/batch.rs `by_length`, restated below); then the
+float32, inference mode, the same threads, the same token ids, in headscope's padded batches
+(its length-sorted cut, crates/core/src/model/batch.rs `by_length`, restated below; headscope
+itself packs a language model's sentences where it can, docs/methods.md#packing); then the
 matmul rates of this machine measured in the same process, for the floor.
 
 Ops: a forward of the stack (no output head, as `m.forward`), the mean next-token loss, one
