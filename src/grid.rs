@@ -310,7 +310,7 @@ pub mod script {
         /// ```
         #[rhai_fn(name = "heatmap", return_raw, pure)]
         pub fn grid_heatmap_kind(g: &mut Grid, kind: &str) -> ScriptResult<Plot> {
-            let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+            let k: Kind = kind.parse().or_else(|e: String| err(format!("heatmap: {e}")))?;
             Ok(g.heatmap(k)?)
         }
 

@@ -338,7 +338,9 @@ pub fn classify(case: &Case, outcome: &Outcome, baseline_nan: bool, alive: bool)
             // An error on the changed call must say which function; an option changed, which
             // option. The example's own assertions (on the same line or not) may fail.
             let assertion = message.to_lowercase().starts_with("assertion failed");
-            if *line == Some(case.line) && matches!(kind, ErrorKind::Runtime) && !assertion {
+            // An index (`c["name"]`) has no function name a person types.
+            let indexed = case.func.starts_with("index$");
+            if *line == Some(case.line) && matches!(kind, ErrorKind::Runtime) && !assertion && !indexed {
                 let short = case.func.rsplit("::").next().unwrap_or(&case.func);
                 if !message.contains(short) {
                     return defect("unnamed function", first_line(message));
@@ -406,6 +408,12 @@ pub struct Config {
     pub skip: usize,
     /// Called before each case with its index (the long form records where it is).
     pub before: Option<Box<dyn FnMut(usize, &Case)>>,
+    /// At most this many changed calls (the short form's fixed set: the first N of the seed's
+    /// order, the same on every machine); `None`: until the budget is spent.
+    pub max_cases: Option<usize>,
+    /// Called on each defect as it is found (the long form writes it before anything can kill
+    /// the process).
+    pub on_defect: Option<Box<dyn FnMut(&Defect)>>,
     /// The long form's watchdog: a call still running after this exits the process (code 3),
     /// and a resident set above `memory` bytes exits it (code 4); its driver records the case
     /// as a hang or a memory defect and restarts past it. `None`: interrupt only.
@@ -561,7 +569,8 @@ pub fn run(mut cfg: Config) -> Report {
         report.unrunnable.remove(name);
     }
     let base_of = |c: &Case| base.iter().find(|(n, _)| *n == c.func).map(|(_, code)| nan_base.contains(code));
-    for (i, case) in cases.iter().enumerate().skip(cfg.skip) {
+    let last = cfg.max_cases.map_or(cases.len(), |n| (cfg.skip + n).min(cases.len()));
+    for (i, case) in cases.iter().enumerate().take(last).skip(cfg.skip) {
         if start.elapsed() > cfg.budget {
             break;
         }
@@ -583,6 +592,9 @@ pub fn run(mut cfg: Config) -> Report {
             Outcome::Hang => {}
         }
         if let Some(d) = classify(case, &outcome, base_of(case).unwrap_or(false), alive) {
+            if let Some(f) = cfg.on_defect.as_mut() {
+                f(&d);
+            }
             report.defects.push(d);
         }
     }

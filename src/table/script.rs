@@ -27,7 +27,7 @@ fn cell_value(c: &Cell) -> Dynamic {
     }
 }
 
-fn row_cells(t: &Table, row: &Dynamic, i: usize) -> ScriptResult<Vec<Cell>> {
+fn row_cells(t: &Table, row: &Dynamic, i: usize, func: &str) -> ScriptResult<Vec<Cell>> {
     if let Some(a) = row.clone().try_cast::<Array>() {
         return Ok(a.iter().map(cell).collect());
     }
@@ -35,14 +35,14 @@ fn row_cells(t: &Table, row: &Dynamic, i: usize) -> ScriptResult<Vec<Cell>> {
         for k in m.keys() {
             if !t.columns.iter().any(|c| c == k.as_str()) {
                 return err(format!(
-                    "table: row {i} has key '{k}' that is not a column (columns: {})",
+                    "{func}: row {i} has key '{k}' that is not a column (columns: {})",
                     t.columns.join(", ")
                 ));
             }
         }
         return Ok(t.columns.iter().map(|c| m.get(c.as_str()).map(cell).unwrap_or(Cell::Empty)).collect());
     }
-    err(format!("table: row {i} must be an array or a map, got {}", quote(row)))
+    err(format!("{func}: row {i} must be an array or a map, got {}", quote(row)))
 }
 
 #[export_module]
@@ -61,7 +61,7 @@ pub mod api {
     pub fn table_cols_rows(columns: Array, rows: Array) -> ScriptResult<Table> {
         let mut t = Table::new(to_labels(&columns));
         for (i, r) in rows.iter().enumerate() {
-            let cells = row_cells(&t, r, i)?;
+            let cells = row_cells(&t, r, i, "table")?;
             t.push_row(cells).or_else(|e| err(format!("table: {e}")))?;
         }
         Ok(t)
@@ -96,7 +96,7 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw)]
     pub fn add_row(t: &mut Table, row: Dynamic) -> ScriptResult<()> {
-        let cells = row_cells(t, &row, t.rows.len())?;
+        let cells = row_cells(t, &row, t.rows.len(), "add_row")?;
         t.push_row(cells).or_else(|e| err(format!("add_row: {e}")))
     }
 

@@ -75,7 +75,7 @@ fn ablation_options(o: &Opts) -> ScriptResult<AblationArgs> {
     let mode: Ablation = o.parsed_or_default("ablation")?;
     let reference = match o.value("reference") {
         Some(_) if mode == Ablation::Zero => return err(reference_needs_mean(func)),
-        Some(r) => Some(crate::data::script::dataset_arg(r, func)?),
+        Some(r) => Some(crate::data::script::dataset_arg(r, &format!("{func}: option 'reference'"))?),
         None => None,
     };
     let per_position = if o.has("per_position") { o.bool_or_default("per_position")? } else { false };

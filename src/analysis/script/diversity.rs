@@ -60,26 +60,26 @@ impl DiversityObj {
         t
     }
 
-    fn layer(&self, kind: &str, layer: i64) -> ScriptResult<&crate::analysis::diversity::LayerDiversity> {
-        let k: Kind = kind.parse().or_else(|e: String| err(e))?;
+    fn layer(&self, func: &str, kind: &str, layer: i64) -> ScriptResult<&crate::analysis::diversity::LayerDiversity> {
+        let k: Kind = kind.parse().or_else(|e: String| err(format!("{func}: {e}")))?;
         let Some((_, layers)) = self.0.kinds.iter().find(|(x, _)| *x == k) else {
-            return err(format!("diversity: no '{kind}' in this result"));
+            return err(format!("{func}: no '{kind}' in this result"));
         };
         if layer < 0 || layer as usize >= layers.len() {
-            return err(format!("diversity: layer {layer} out of range: '{kind}' has layers 0..{}", layers.len() - 1));
+            return err(format!("{func}: layer {layer} out of range: '{kind}' has layers 0..{}", layers.len() - 1));
         }
         Ok(&layers[layer as usize])
     }
 
-    fn matrix(&self, metric: &str, kind: &str, layer: i64) -> ScriptResult<Vec<Vec<f64>>> {
-        let d = self.layer(kind, layer)?;
+    fn matrix(&self, func: &str, metric: &str, kind: &str, layer: i64) -> ScriptResult<Vec<Vec<f64>>> {
+        let d = self.layer(func, kind, layer)?;
         Ok(match metric {
             "query" => d.query.clone(),
             "context" => d.context.clone(),
             "output" => d.output.clone(),
             "intra" => vec![d.intra.clone()],
             other => {
-                return err(format!("diversity: unknown metric '{other}' (expected {})", DIVERSITY_METRICS.join(", ")))
+                return err(format!("{func}: unknown metric '{other}' (expected {})", DIVERSITY_METRICS.join(", ")))
             }
         })
     }
@@ -158,7 +158,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "matrix", return_raw, pure)]
     pub fn diversity_matrix(d: &mut DiversityObj, metric: &str, kind: &str, layer: i64) -> ScriptResult<Array> {
-        Ok(matrix(&d.matrix(metric, kind, layer)?).cast::<Array>())
+        Ok(matrix(&d.matrix("matrix", metric, kind, layer)?).cast::<Array>())
     }
 
     /// A heatmap of one H x H matrix.
@@ -169,7 +169,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "heatmap", return_raw, pure)]
     pub fn diversity_heatmap(d: &mut DiversityObj, metric: &str, kind: &str, layer: i64) -> ScriptResult<Plot> {
-        let m = d.matrix(metric, kind, layer)?;
+        let m = d.matrix("heatmap", metric, kind, layer)?;
         let labels: Vec<String> = (0..m[0].len()).map(|h| format!("h{h}")).collect();
         let rows = if m.len() == 1 { vec![format!("{kind}.{layer}")] } else { labels.clone() };
         Plot::new(

@@ -302,6 +302,10 @@ pub mod api {
         if chunk < 1 {
             return err(format!("{f}: chunk must be 1 or more tokens, got {chunk}"));
         }
+        // One entry per prompt chunk and decoded token, for the full and the streaming groups.
+        let steps = prompt as f64 / chunk as f64 + decode as f64;
+        crate::budget::check(&format!("{f}: prompt {prompt} and decode {decode} ({steps:.0} steps)"), steps * 64.0)
+            .or_else(err)?;
         let fp = crate::analysis::streaming::kv_footprint(m, prompt, decode, chunk);
         let mut out = Map::new();
         out.insert("prompt".into(), Dynamic::from(prompt));

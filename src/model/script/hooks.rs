@@ -162,15 +162,15 @@ impl Cache {
     }
 
     /// The value at hook `name` (a kind may be left out on a model with one stack).
-    fn get(&self, name: &str) -> ScriptResult<&Tensor> {
-        let at = crate::model::hooks::parse_name(name, self.default_kind).or_else(|e| err(format!("cache: {e}")))?;
+    fn get(&self, func: &str, name: &str) -> ScriptResult<&Tensor> {
+        let at = crate::model::hooks::parse_name(name, self.default_kind).or_else(|e| err(format!("{func}: {e}")))?;
         if let Some((_, t)) = self.entries.iter().find(|(a, _)| *a == at) {
             return Ok(t);
         }
         let names: Vec<String> = self.entries.iter().map(|(a, _)| a.to_string()).collect();
         let near = crate::suggest::did_you_mean(&at.to_string(), names.iter().map(String::as_str))
             .map_or(String::new(), |d| format!("{d} "));
-        err(format!("cache: no value at '{at}' ({near}the cache holds {} hook points: c.keys() lists them; run_with_cache(text, names) records only the names given)", names.len()))
+        err(format!("{func}: no value at '{at}' ({near}the cache holds {} hook points: c.keys() lists them; run_with_cache(text, names) records only the names given)", names.len()))
     }
 
     pub fn summary(&self) -> String {
@@ -239,7 +239,7 @@ pub mod cache_api {
     /// ```
     #[rhai_fn(index_get, return_raw, pure)]
     pub fn get(c: &mut Cache, name: &str) -> ScriptResult<Dynamic> {
-        tensor_value(&c.get(name)?.to_kind(DType::Double))
+        tensor_value(&c.get("cache", name)?.to_kind(DType::Double))
     }
 
     /// The summary (`print(c)`, string interpolation).
@@ -282,7 +282,7 @@ pub mod cache_api {
     /// ```
     #[rhai_fn(pure)]
     pub fn contains(c: &mut Cache, name: &str) -> bool {
-        c.get(name).is_ok()
+        c.get("contains", name).is_ok()
     }
 
     /// The shape of the value at `name`, in TransformerLens's axes.
@@ -293,7 +293,7 @@ pub mod cache_api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn shape(c: &mut Cache, name: &str) -> ScriptResult<Array> {
-        Ok(c.get(name)?.size().into_iter().map(Dynamic::from).collect())
+        Ok(c.get("shape", name)?.size().into_iter().map(Dynamic::from).collect())
     }
 
     /// Every value as a map from hook name to nested arrays (large: the whole cache as

@@ -88,10 +88,10 @@ impl Probes {
         }
         // The probes' ids, and a forward over each probe's batch (`Transformer::forward_bytes`
         // checks that one when it runs).
-        let per = 2 * o.len + 2 * (o.haystack + o.needle);
+        let per = 2.0 * o.len as f64 + 2.0 * (o.haystack as f64 + o.needle as f64);
         crate::budget::check(
             &format!("head_types: n = {} probe sequences of len {} and haystack {}", o.n, o.len, o.haystack),
-            o.n as f64 * per as f64 * 8.0,
+            o.n as f64 * per * 8.0,
         )
         .map_err(AnalysisError::Input)?;
         let repeated = (0..o.n)
