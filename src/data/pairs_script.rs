@@ -14,7 +14,7 @@ pub fn pairs_arg(v: &Dynamic, func: &str) -> ScriptResult<Pairs> {
         Some(p) => Ok(p),
         None if v.is_array() => {
             let a = v.clone().cast::<Array>();
-            from_array(&a)
+            from_array(&a, func)
         }
         None => err(format!(
             "{func}: expected Pairs (pairs(file) or pairs([[clean, corrupted, answer, wrong], ...])), got {}",
@@ -23,28 +23,28 @@ pub fn pairs_arg(v: &Dynamic, func: &str) -> ScriptResult<Pairs> {
     }
 }
 
-fn text_of(v: Option<&Dynamic>, i: usize, col: &str) -> ScriptResult<String> {
+fn text_of(v: Option<&Dynamic>, i: usize, col: &str, func: &str) -> ScriptResult<String> {
     match v {
         Some(s) if s.is_string() && !s.to_string().trim().is_empty() => Ok(s.to_string()),
-        Some(s) if s.is_string() => err(format!("pairs[{i}]: the {col} is empty")),
-        Some(s) => err(format!("pairs[{i}]: the {col} must be a string, got {}", quote(s))),
+        Some(s) if s.is_string() => err(format!("{func}: pairs[{i}]: the {col} is empty")),
+        Some(s) => err(format!("{func}: pairs[{i}]: the {col} must be a string, got {}", quote(s))),
         None => err(format!(
-            "pairs[{i}]: the {col} is missing (a pair is [{}] or a map with those keys)",
+            "{func}: pairs[{i}]: the {col} is missing (a pair is [{}] or a map with those keys)",
             COLUMNS.join(", ")
         )),
     }
 }
 
-fn from_array(a: &Array) -> ScriptResult<Pairs> {
+fn from_array(a: &Array, func: &str) -> ScriptResult<Pairs> {
     if a.is_empty() {
-        return err("pairs: no pairs given (an empty array)");
+        return err(format!("{func}: no pairs given (an empty array)"));
     }
     let mut items = Vec::with_capacity(a.len());
     for (i, row) in a.iter().enumerate() {
         let cols: Vec<Option<Dynamic>> = if let Some(r) = row.read_lock::<Array>() {
             if r.len() != 4 && r.len() != 2 {
                 return err(format!(
-                    "pairs[{i}]: {} values, expected 4: {} (2 for a translation model's source pairs)",
+                    "{func}: pairs[{i}]: {} values, expected 4: {} (2 for a translation model's source pairs)",
                     r.len(),
                     COLUMNS.join(", ")
                 ));
@@ -54,17 +54,20 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
             c
         } else if let Some(m) = row.read_lock::<Map>() {
             if let Some(k) = m.keys().find(|k| !COLUMNS.contains(&k.as_str())) {
-                return err(format!("pairs[{i}]: unknown key '{k}' (the keys are {})", COLUMNS.join(", ")));
+                return err(format!("{func}: pairs[{i}]: unknown key '{k}' (the keys are {})", COLUMNS.join(", ")));
             }
             COLUMNS.iter().map(|c| m.get(*c).cloned()).collect()
         } else {
-            return err(format!("pairs[{i}]: expected [clean, corrupted, answer, wrong] or a map, got {}", quote(row)));
+            return err(format!(
+                "{func}: pairs[{i}]: expected [clean, corrupted, answer, wrong] or a map, got {}",
+                quote(row)
+            ));
         };
         if cols.iter().all(|c| c.as_ref().is_some_and(|v| v.is_array() || v.is_int())) {
-            items.push(token_pair(&cols, i)?);
+            items.push(token_pair(&cols, i, func)?);
             continue;
         }
-        let t = |k: usize| text_of(cols[k].as_ref(), i, COLUMNS[k]);
+        let t = |k: usize| text_of(cols[k].as_ref(), i, COLUMNS[k], func);
         // Answers may be left out together (a translation model's source pairs).
         let (answer, wrong) =
             if cols[2].is_none() && cols[3].is_none() { (String::new(), String::new()) } else { (t(2)?, t(3)?) };
@@ -81,20 +84,23 @@ fn from_array(a: &Array) -> ScriptResult<Pairs> {
 }
 
 /// A pair given as token ids: prompts as arrays of integers, answers as integers.
-fn token_pair(cols: &[Option<Dynamic>], i: usize) -> ScriptResult<Pair> {
+fn token_pair(cols: &[Option<Dynamic>], i: usize, func: &str) -> ScriptResult<Pair> {
     let ids = |k: usize| -> ScriptResult<Vec<i64>> {
         let Some(a) = cols[k].as_ref().and_then(|v| v.read_lock::<Array>().map(|a| a.clone())) else {
-            return err(format!("pairs[{i}]: the {} must be an array of token ids when ids are given", COLUMNS[k]));
+            return err(format!(
+                "{func}: pairs[{i}]: the {} must be an array of token ids when ids are given",
+                COLUMNS[k]
+            ));
         };
         if a.is_empty() {
-            return err(format!("pairs[{i}]: the {} has no token ids", COLUMNS[k]));
+            return err(format!("{func}: pairs[{i}]: the {} has no token ids", COLUMNS[k]));
         }
         a.iter()
             .map(|x| {
                 x.as_int().ok().filter(|&v| v >= 0).map_or_else(
                     || {
                         err(format!(
-                            "pairs[{i}]: the {} holds {}, not a token id (an integer >= 0)",
+                            "{func}: pairs[{i}]: the {} holds {}, not a token id (an integer >= 0)",
                             COLUMNS[k],
                             quote(x)
                         ))
@@ -108,7 +114,7 @@ fn token_pair(cols: &[Option<Dynamic>], i: usize) -> ScriptResult<Pair> {
         match cols[k].as_ref().map(|v| v.as_int()) {
             Some(Ok(v)) if v >= 0 => Ok(v),
             _ => err(format!(
-                "pairs[{i}]: the {} must be one token id (an integer >= 0) when the prompts are ids",
+                "{func}: pairs[{i}]: the {} must be one token id (an integer >= 0) when the prompts are ids",
                 COLUMNS[k]
             )),
         }
@@ -175,7 +181,7 @@ pub mod api {
     /// ```
     #[rhai_fn(name = "pairs", return_raw)]
     pub fn pairs_array(rows: Array) -> ScriptResult<Pairs> {
-        from_array(&rows)
+        from_array(&rows, "pairs")
     }
 
     /// The number of pairs.

@@ -272,7 +272,10 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
                     out.push(Case {
                         func: func.to_string(),
                         code: replaced(span, v),
-                        changed: format!("{what} = {}", if v == "HUGE_STRING" { "a 100,000-character string" } else { v }),
+                        changed: format!(
+                            "{what} = {}",
+                            if v == "HUGE_STRING" { "a 100,000-character string" } else { v }
+                        ),
                         option: option.clone(),
                         line: line_of(span.0),
                         non_finite: v.contains("/ 0.0"),
@@ -288,7 +291,11 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Ok(String),
-    Err { kind: ErrorKind, message: String, line: Option<usize> },
+    Err {
+        kind: ErrorKind,
+        message: String,
+        line: Option<usize>,
+    },
     /// Still running past the limit (after an interrupt was sent).
     Hang,
 }
@@ -447,12 +454,26 @@ pub fn rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// A fresh session, the process-wide settings a call may have changed put back (the memory
+/// budget, libtorch's threads: a changed example may stop before it restores them).
 fn fresh(setup: Option<fn(&mut Session)>) -> Session {
+    crate::budget::set_limit(0);
+    THREADS.with(|t| {
+        let n = *t.get_or_init(tch::get_num_threads);
+        if tch::get_num_threads() != n {
+            tch::set_num_threads(n);
+        }
+    });
     let mut s = Session::new(SessionOptions::default());
     if let Some(f) = setup {
         f(&mut s);
     }
     s
+}
+
+thread_local! {
+    /// libtorch's threads when the fuzzer first made a session.
+    static THREADS: std::cell::OnceCell<i32> = const { std::cell::OnceCell::new() };
 }
 
 /// Runs `code` in `s` with a watchdog: interrupted after `limit`; a hang when it is still running
@@ -580,8 +601,8 @@ pub fn run(mut cfg: Config) -> Report {
         let mut s = fresh(cfg.setup);
         report.calls += 1;
         let outcome = run_one(&mut s, &case.code, cfg.limit, cfg.hard);
-        let alive = matches!(&outcome, Outcome::Hang)
-            || matches!(s.eval("after", "40 + 2"), Ok(Some(o)) if o.text == "42");
+        let alive =
+            matches!(&outcome, Outcome::Hang) || matches!(s.eval("after", "40 + 2"), Ok(Some(o)) if o.text == "42");
         match &outcome {
             Outcome::Err { message, .. } => {
                 report.errors.insert(blurred(message));
@@ -621,7 +642,8 @@ impl Report {
         }
         for ((class, func), n) in by_class {
             let d = self.defects.iter().find(|d| d.class == class && d.case.func == func);
-            let (changed, detail) = d.map_or((String::new(), String::new()), |d| (d.case.changed.clone(), d.detail.clone()));
+            let (changed, detail) =
+                d.map_or((String::new(), String::new()), |d| (d.case.changed.clone(), d.detail.clone()));
             out.push_str(&format!("  defect {class}: {func} x{n}: {changed}: {detail}\n"));
         }
         out
@@ -641,7 +663,8 @@ mod tests {
         assert_eq!(args, ["d", "[1, 2]", "#{k: \"a, b\", n: 3}"]);
         assert_eq!(&code[sites[1].args[0].0..sites[1].args[0].1], "7");
         let (s, e) = sites[0].args[2];
-        let entries: Vec<(String, &str)> = map_entries(code, s, e).into_iter().map(|(k, (a, b))| (k, &code[a..b])).collect();
+        let entries: Vec<(String, &str)> =
+            map_entries(code, s, e).into_iter().map(|(k, (a, b))| (k, &code[a..b])).collect();
         assert_eq!(entries, [("k".to_string(), "\"a, b\""), ("n".to_string(), "3")]);
     }
 
@@ -671,10 +694,19 @@ mod tests {
         };
         let err = |kind, m: &str, line| Outcome::Err { kind, message: m.into(), line };
         assert_eq!(classify(&case, &err(ErrorKind::Panic, "x", Some(1)), false, true).unwrap().class, "panic");
-        assert_eq!(classify(&case, &err(ErrorKind::Runtime, "bad", Some(1)), false, true).unwrap().class, "unnamed function");
+        assert_eq!(
+            classify(&case, &err(ErrorKind::Runtime, "bad", Some(1)), false, true).unwrap().class,
+            "unnamed function"
+        );
         let torch = "top: torch: Internal torch error: shape '[2, 3]' is invalid (libtorch's C++ trace left out)";
-        assert_eq!(classify(&case, &err(ErrorKind::Runtime, torch, Some(1)), false, true).unwrap().class, "unchecked tensor op");
-        assert_eq!(classify(&case, &err(ErrorKind::Runtime, "top: bad", Some(1)), false, true).unwrap().class, "unnamed option");
+        assert_eq!(
+            classify(&case, &err(ErrorKind::Runtime, torch, Some(1)), false, true).unwrap().class,
+            "unchecked tensor op"
+        );
+        assert_eq!(
+            classify(&case, &err(ErrorKind::Runtime, "top: bad", Some(1)), false, true).unwrap().class,
+            "unnamed option"
+        );
         assert!(classify(&case, &err(ErrorKind::Runtime, "top: option 'k' is -1", Some(1)), false, true).is_none());
         // An error on another line (the example's own assert) is the example's business.
         assert!(classify(&case, &err(ErrorKind::Runtime, "assertion failed", Some(2)), false, true).is_none());

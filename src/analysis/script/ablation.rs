@@ -151,7 +151,7 @@ pub fn ablated_view(
             &crate::model::nn::Gates::none(),
             &stop,
         )
-        .map_err(|e| format!("{func}: the means of {}: {e}", reference.name))?;
+        .map_err(|e| format!("{func}: the means of the reference {}: {e}", reference.name))?;
         let source = if a.per_position {
             Some(std::rc::Rc::new(
                 crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop)

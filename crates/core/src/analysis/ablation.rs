@@ -598,9 +598,7 @@ pub fn evaluate_closing(
 fn open_layer(gates: &Gates, kind: Kind, l: usize) -> Result<bool, ModelError> {
     Ok(match gates.layer(kind, l) {
         None => true,
-        Some(g) => {
-            g.duo.is_none() && g.bypass.is_none() && (!g.heads || g.g.f_eq(1.0)?.f_all()?.int64_value(&[]) == 1)
-        }
+        Some(g) => g.duo.is_none() && g.bypass.is_none() && (!g.heads || g.g.f_eq(1.0)?.f_all()?.int64_value(&[]) == 1),
     })
 }
 

@@ -817,7 +817,7 @@ fn patch_layer(
     Ok(())
 }
 
-options_enum!(PathInput, "receiver input", {
+options_enum!(PathInput, "receiver_input", {
     /// The receiver head's query input.
     Q = "q",
     /// Its key input: the key/value head serving it (shared by its group under grouped-query
