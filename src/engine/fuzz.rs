@@ -518,6 +518,26 @@ fn run_one(s: &mut Session, code: &str, limit: Duration, hard: Option<Hard>) -> 
     }
 }
 
+/// The entries of the working directory, by name.
+fn entries() -> BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir(".").map(|d| d.filter_map(|e| e.ok().map(|e| e.file_name())).collect()).unwrap_or_default()
+}
+
+/// Removes what a call wrote into the working directory under a name of the dictionary that
+/// was not there before the run (a changed call writes where its hostile path says:
+/// `g.to_csv("enc.0.999")`).
+fn tidy(before: &BTreeSet<std::ffi::OsString>) {
+    let hostile_names = ["dec.99.0", "enc.0.999", "no such thing"];
+    for name in entries().difference(before) {
+        // Only what the dictionary's strings name (other tests may be writing here too).
+        if !hostile_names.iter().any(|h| name.to_string_lossy().contains(h)) {
+            continue;
+        }
+        let p = std::path::Path::new(name);
+        let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
+    }
+}
+
 /// A splitmix64 step.
 fn mix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -562,6 +582,7 @@ pub fn run(mut cfg: Config) -> Report {
             .count(),
         ..Report::default()
     };
+    let before = entries();
     let mut nan_base: BTreeSet<String> = BTreeSet::new();
     for t in targets.iter().filter(|t| t.examples.is_empty()) {
         if cfg.only.is_empty() || cfg.only.iter().any(|o| t.name.contains(o.as_str())) {
@@ -601,6 +622,7 @@ pub fn run(mut cfg: Config) -> Report {
         let mut s = fresh(cfg.setup);
         report.calls += 1;
         let outcome = run_one(&mut s, &case.code, cfg.limit, cfg.hard);
+        tidy(&before);
         let alive =
             matches!(&outcome, Outcome::Hang) || matches!(s.eval("after", "40 + 2"), Ok(Some(o)) if o.text == "42");
         match &outcome {
