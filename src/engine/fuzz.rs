@@ -395,6 +395,11 @@ pub fn blurred(message: &str) -> String {
     out
 }
 
+/// What the long form calls before each case (its index and the case).
+pub type BeforeFn = Box<dyn FnMut(usize, &Case)>;
+/// What is called on each defect as it is found.
+pub type DefectFn = Box<dyn FnMut(&Defect)>;
+
 /// How a run is set up.
 pub struct Config {
     /// Cases are shuffled by this seed (a splitmix64 stream).
@@ -414,13 +419,13 @@ pub struct Config {
     /// The first case to run (the long form's restarts skip the ones done).
     pub skip: usize,
     /// Called before each case with its index (the long form records where it is).
-    pub before: Option<Box<dyn FnMut(usize, &Case)>>,
+    pub before: Option<BeforeFn>,
     /// At most this many changed calls (the short form's fixed set: the first N of the seed's
     /// order, the same on every machine); `None`: until the budget is spent.
     pub max_cases: Option<usize>,
     /// Called on each defect as it is found (the long form writes it before anything can kill
     /// the process).
-    pub on_defect: Option<Box<dyn FnMut(&Defect)>>,
+    pub on_defect: Option<DefectFn>,
     /// The long form's watchdog: a call still running after this exits the process (code 3),
     /// and a resident set above `memory` bytes exits it (code 4); its driver records the case
     /// as a hang or a memory defect and restarts past it. `None`: interrupt only.

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// A defect planted for the fuzzer to find: doubles an integer, and panics on -1.
 fn plant(s: &mut Session) {
     rhai::FuncRegistration::new("fuzz_planted")
-        .with_comments(&[
+        .with_comments([
             "/// A planted defect: twice `x`, a panic on -1.\n/// ```rhai\n/// assert(fuzz_planted(3) == 6);\n/// ```",
         ])
         .register_into_engine(s.engine_mut(), |x: i64| -> i64 {
