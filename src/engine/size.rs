@@ -137,20 +137,10 @@ fn add(acc: Size, x: Option<Size>) -> Size {
     Size { bytes: acc.bytes + x.bytes, shared: acc.shared.or(x.shared) }
 }
 
-/// `1.5 MB`, `512 B`: decimal units, as memory figures in the docs are.
+/// `1.5 MB`, `512 B`: decimal units, as memory figures in the docs are (the memory budget's
+/// own rendering, `budget::human`).
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    crate::budget::human(bytes as f64)
 }
 
 #[cfg(test)]

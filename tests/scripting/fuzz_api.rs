@@ -103,3 +103,55 @@ fn script_api_long_fuzz_worker() {
     });
     writeln!(f, "{line}").expect("write");
 }
+
+/// The defects the fuzzer found, each as the changed call that showed it: now one line naming
+/// the function and the argument or option at fault (docs/testing.md#script-api-fuzzing).
+#[test]
+fn the_defects_found_stay_fixed() {
+    use headscope::engine::SessionOptions;
+    let cases: [(&str, &[&str]); 8] = [
+        // Memory: refused before allocating, with the bytes.
+        (
+            r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
+            &["head_types", "n = 1000000000", "over the budget"],
+        ),
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").with_streaming(["dec.0.0"], #{sink: 2, recent: 6}).kv_footprint(100, #{decode: 1000000000, chunk: 30})"#,
+            &["kv_footprint", "decode 1000000000", "over the budget"],
+        ),
+        // A panic (capacity overflow) on a size that overflowed before the check.
+        (
+            r#"load_model("smollm2").head_types(#{n: 2, len: 20, haystack: 9223372036854775807})"#,
+            &["head_types", "haystack 9223372036854775807", "over the budget"],
+        ),
+        // Errors that named neither the function nor the option.
+        (
+            r#"let g = load_model("enpt").confidence(corpus(asset("pud_en.txt")).take(2)); g.heatmap("enc.0.999")"#,
+            &["heatmap: unknown attention kind 'enc.0.999'"],
+        ),
+        (r#"let t = table(["a"], [[1]]); t.add_row(1000000000)"#, &["add_row: row 1 must be an array or a map"]),
+        (
+            r#"let m = load_model("tests/fixtures/tiny_hf/llama"); m.with_mask(["dec.0.1"], #{ablation: "mean", reference: 0.0})"#,
+            &["with_mask: option 'reference'"],
+        ),
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").patch(["dec.0.999"], #{receiver: "logits"})"#,
+            &["patch: pairs[0]"],
+        ),
+        (
+            r#"let p = pairs([["a b c d", "a b e d", " c", " e"]]); load_model("tests/fixtures/tiny_hf/llama").patch(p, #{receiver: "dec.1.2", receiver_input: "dec.99.0"})"#,
+            &["patch: unknown receiver_input 'dec.99.0'"],
+        ),
+    ];
+    for (code, want) in cases {
+        let mut s = headscope::engine::Session::new(SessionOptions::default());
+        let e = s.eval("case", code).expect_err(code);
+        let text = e.to_string();
+        assert!(e.kind != headscope::engine::ErrorKind::Panic, "{code}: {text}");
+        for w in want {
+            assert!(e.message.contains(w), "{code}: expected '{w}' in: {}", e.message);
+        }
+        // The session goes on.
+        assert_eq!(s.eval("after", "40 + 2").unwrap().unwrap().text, "42");
+    }
+}
