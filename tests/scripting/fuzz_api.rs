@@ -41,6 +41,8 @@ fn config(seconds: u64, only: &[&str], setup: Option<fn(&mut Session)>) -> Confi
 
 #[test]
 fn the_fuzzer_finds_the_planted_defect() {
+    // Changed calls set process-wide state (libtorch's threads) that doc examples read.
+    let _serial = crate::common::rng();
     let r = fuzz::run(config(60, &["fuzz_planted"], Some(plant)));
     assert!(r.covered.contains("fuzz_planted"), "{}", r.summary());
     let found = r.defects.iter().find(|d| d.case.func == "fuzz_planted" && d.class == "panic");
@@ -54,6 +56,7 @@ fn the_fuzzer_finds_the_planted_defect() {
 /// without a defect.
 #[test]
 fn script_api_short_fuzz() {
+    let _serial = crate::common::rng();
     let n = std::env::var("HEADSCOPE_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
     let mut cfg = config(1800, &[], None);
     cfg.max_cases = Some(n);

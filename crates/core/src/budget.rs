@@ -5,10 +5,13 @@
 //! allocator failure or the OOM killer. Default: three quarters of the machine's memory
 //! (`HEADSCOPE_MEMORY_BUDGET`, in bytes, overrides it); `set_memory_budget` in a script.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
 
-/// The budget set by a script (`0`: the default).
-static LIMIT: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// The budget set by a script (`0`: the default), per thread: a session evaluates on one
+    /// thread, so sessions on other threads (the kernel's, parallel tests) keep their own.
+    static LIMIT: Cell<u64> = const { Cell::new(0) };
+}
 
 /// The machine's memory in bytes (Linux `MemTotal`), when known.
 pub fn total_memory() -> Option<u64> {
@@ -28,15 +31,15 @@ pub fn default_limit() -> u64 {
 
 /// The budget in bytes.
 pub fn limit() -> u64 {
-    match LIMIT.load(Ordering::Relaxed) {
+    match LIMIT.with(Cell::get) {
         0 => default_limit(),
         l => l,
     }
 }
 
-/// Sets the budget (`0` restores the default).
+/// Sets the budget of this thread (`0` restores the default).
 pub fn set_limit(bytes: u64) {
-    LIMIT.store(bytes, Ordering::Relaxed);
+    LIMIT.with(|l| l.set(bytes));
 }
 
 /// Bytes for people: `512 B`, `3.4 MB`, `2.30 TB` (powers of 1000).
