@@ -543,6 +543,11 @@ fn tidy(before: &BTreeSet<std::ffi::OsString>) {
     }
 }
 
+/// Whether the function `name` is fuzzed under `only` (every one when it is empty).
+fn wanted(only: &[String], name: &str) -> bool {
+    only.is_empty() || only.iter().any(|o| name.contains(o.as_str()))
+}
+
 /// A splitmix64 step.
 fn mix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -555,7 +560,7 @@ fn mix(x: &mut u64) -> u64 {
 /// Every case of every target (in `only`), shuffled by `seed`: the unchanged examples first
 /// (coverage), then the changed calls.
 pub fn plan(targets: &[Target], only: &[String], seed: u64) -> (Vec<(String, String)>, Vec<Case>) {
-    let chosen = |t: &&Target| only.is_empty() || only.iter().any(|o| t.name.contains(o.as_str()));
+    let chosen = |t: &&Target| wanted(only, &t.name);
     let mut base = Vec::new();
     let mut all = Vec::new();
     for t in targets.iter().filter(chosen) {
@@ -580,17 +585,12 @@ pub fn run(mut cfg: Config) -> Report {
     let targets = targets(&probe);
     drop(probe);
     let (base, cases) = plan(&targets, &cfg.only, cfg.seed);
-    let mut report = Report {
-        functions: targets
-            .iter()
-            .filter(|t| cfg.only.is_empty() || cfg.only.iter().any(|o| t.name.contains(o.as_str())))
-            .count(),
-        ..Report::default()
-    };
+    let mut report =
+        Report { functions: targets.iter().filter(|t| wanted(&cfg.only, &t.name)).count(), ..Report::default() };
     let before = entries();
     let mut nan_base: BTreeSet<String> = BTreeSet::new();
     for t in targets.iter().filter(|t| t.examples.is_empty()) {
-        if cfg.only.is_empty() || cfg.only.iter().any(|o| t.name.contains(o.as_str())) {
+        if wanted(&cfg.only, &t.name) {
             report.unrunnable.insert(t.name.clone(), "no example that runs (only examples of errors)".into());
         }
     }
