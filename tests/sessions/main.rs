@@ -9,3 +9,4 @@ mod common;
 mod sessions;
 mod shards;
 mod slurm;
+mod writes;

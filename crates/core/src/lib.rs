@@ -53,6 +53,7 @@ pub mod budget;
 pub mod data;
 pub mod device;
 pub mod export;
+pub mod files;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod metrics;

@@ -3,8 +3,6 @@
 //! Values never print themselves; they render to an [`Output`] and each frontend (REPL, script
 //! runner, Jupyter kernel) picks the representation it can display.
 
-use std::io::Write;
-use std::path::Path;
 
 /// One displayable result: plain text always, rich forms when the value has them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,28 +61,7 @@ pub fn fixed(x: f64, digits: usize) -> String {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, then a rename,
-/// so a crash never leaves a half-written result behind.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
+pub use crate::files::write_atomic;
 
 /// Escapes text for inclusion in HTML.
 pub fn html_escape(s: &str) -> String {
@@ -177,24 +154,6 @@ mod tests {
         assert_eq!(echo_text(&serde_json::json!(0.05)), "0.05");
         assert_eq!(echo_text(&serde_json::json!("eos")), "eos");
         assert_eq!(echo_list(&["a", "b"]), serde_json::json!(["a", "b"]));
-    }
-
-    #[test]
-    fn atomic_write_replaces_whole_file_and_leaves_no_temp() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("r.txt");
-        write_atomic(&p, b"first version, long").unwrap();
-        write_atomic(&p, b"second").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"second");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 1, "temp file left behind: {names:?}");
-    }
-
-    #[test]
-    fn atomic_write_into_missing_dir_fails_cleanly() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("nope").join("r.txt");
-        assert!(write_atomic(&p, b"x").is_err());
     }
 
     #[test]

@@ -126,9 +126,12 @@ impl Checkpoint {
             named.push((format!("v{i}"), &v[i]));
         }
         let file = self.weights_file(step);
-        let tmp = file.with_extension("pt.tmp");
-        Tensor::save_multi(&named, &tmp).map_err(|e| format!("prune: cannot write {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))
+        let tmp = crate::files::temp_beside(&file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))?;
+        if let Err(e) = Tensor::save_multi(&named, &tmp) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!("prune: cannot write {}: {}", file.display(), crate::model::one_line(&e.to_string())));
+        }
+        crate::files::commit(&tmp, &file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))
     }
 
     /// Restores what [`save_weights`](Self::save_weights) wrote for `step`.
