@@ -36,7 +36,11 @@ fn output(dir: &Path, args: &[&str], fault: &str, stdin: Option<&str>) -> (i32, 
         c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
     }
     let o = c.wait_with_output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 fn signal(c: &Child, sig: i32) {
@@ -129,7 +133,8 @@ fn state_of(dir: &Path, target: &str) -> Result<&'static str, String> {
     let got = normalized(target, std::fs::read(&p).unwrap());
     for (v, name) in [("a", "whole A"), ("b", "whole B")] {
         let r = dir.join(format!("ref-{v}-{target}"));
-        let want = std::fs::read(&r).map_err(|e| format!("{target} exists but its reference {} does not: {e}", r.display()))?;
+        let want = std::fs::read(&r)
+            .map_err(|e| format!("{target} exists but its reference {} does not: {e}", r.display()))?;
         let want = normalized(target, want);
         // A result's JSON records the seconds its run took: a file the previous run left is
         // the same result with other seconds.
@@ -248,7 +253,12 @@ fn sigkill_during_save_shard_merge_and_kernel_install() {
     let merged = std::fs::read(d.join("merged-whole/analyze-1.json")).unwrap();
     for run in 0..runs {
         let parts = d.join(format!("parts{run}"));
-        let mut c = spawn(d, &["run", "--shard", "0/2", "--shard-dir", &parts.to_string_lossy(), "conf.rhai"], "slow:400000", Stdio::null());
+        let mut c = spawn(
+            d,
+            &["run", "--shard", "0/2", "--shard-dir", &parts.to_string_lossy(), "conf.rhai"],
+            "slow:400000",
+            Stdio::null(),
+        );
         let t0 = Instant::now();
         while !parts.exists() && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(5));
@@ -284,7 +294,8 @@ fn sigkill_during_save_shard_merge_and_kernel_install() {
     let spec_dir = walk(&prefix).into_iter().find(|p| p.ends_with("kernel.json")).expect("kernel.json installed");
     let spec = std::fs::read(&spec_dir).unwrap();
     for run in 0..runs {
-        let mut c = spawn(d, &["kernel", "install", "--prefix", &prefix.to_string_lossy()], "slow:300000", Stdio::null());
+        let mut c =
+            spawn(d, &["kernel", "install", "--prefix", &prefix.to_string_lossy()], "slow:300000", Stdio::null());
         std::thread::sleep(Duration::from_millis(rng.below(1200)));
         signal(&c, libc::SIGKILL);
         c.wait().unwrap();
@@ -312,10 +323,12 @@ fn same_result(a: &[u8], b: &[u8]) -> bool {
             _ => {}
         }
     }
-    let parse = |x: &[u8]| serde_json::from_slice::<serde_json::Value>(x).ok().map(|mut v| {
-        strip(&mut v);
-        v
-    });
+    let parse = |x: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(x).ok().map(|mut v| {
+            strip(&mut v);
+            v
+        })
+    };
     matches!((parse(a), parse(b)), (Some(x), Some(y)) if x == y)
 }
 
@@ -340,7 +353,7 @@ fn ctrl_c_mid_write_stops_the_script_and_leaves_whole_files() {
     std::fs::write(d.join("results.rhai"), RESULTS).unwrap();
     let mut rng = Rng(0x51ed270b27a3c0d5);
     for (run, twice) in [(0, false), (1, false), (2, true), (3, true)] {
-        let mut c = spawn(d, &["run", "results.rhai"], "slow:3000", Stdio::null());
+        let c = spawn(d, &["run", "results.rhai"], "slow:3000", Stdio::null());
         let t0 = Instant::now();
         while !d.join("ref-b-r.html").exists() {
             assert!(t0.elapsed() < Duration::from_secs(120), "the writer never became ready");
@@ -388,7 +401,12 @@ fn full_disk_session(target: &str) -> String {
 
 fn check_full_disk(code: i32, out: &str, err: &str, target: &str, bytes: &str) {
     let line = err.lines().find(|l| l.contains("write_text")).unwrap_or_else(|| panic!("no error: {err}"));
-    for want in [&format!("write_text: cannot write '{target}'"), "No space left on device", bytes, "the previous file is unchanged"] {
+    for want in [
+        &format!("write_text: cannot write '{target}'"),
+        "No space left on device",
+        bytes,
+        "the previous file is unchanged",
+    ] {
         assert!(line.contains(want), "'{want}' not in: {line}");
     }
     assert!(!err.contains("panicked"), "{err}");
@@ -449,13 +467,19 @@ fn shard_processes_writing_one_directory_at_once_never_corrupt_each_other() {
     .unwrap();
     // Alone, one after the other: the reference files.
     for i in 0..3 {
-        let (code, _, err) = output(d, &["run", "--shard", &format!("{i}/3"), "--shard-dir", "alone", "conf.rhai"], "", None);
+        let (code, _, err) =
+            output(d, &["run", "--shard", &format!("{i}/3"), "--shard-dir", "alone", "conf.rhai"], "", None);
         assert_eq!(code, 0, "{err}");
     }
     // At once, every shard twice (a requeued job beside its first run), stretched writes.
     let kids: Vec<Child> = (0..6)
         .map(|k| {
-            spawn(d, &["run", "--shard", &format!("{}/3", k % 3), "--shard-dir", "shared", "conf.rhai"], "slow:20000", Stdio::null())
+            spawn(
+                d,
+                &["run", "--shard", &format!("{}/3", k % 3), "--shard-dir", "shared", "conf.rhai"],
+                "slow:20000",
+                Stdio::null(),
+            )
         })
         .collect();
     for k in kids {
@@ -463,14 +487,18 @@ fn shard_processes_writing_one_directory_at_once_never_corrupt_each_other() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let names: Vec<String> = {
-        let mut v: Vec<String> =
-            std::fs::read_dir(d.join("shared")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(d.join("shared"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into())
+            .collect();
         v.sort();
         v
     };
     assert_eq!(names.len(), 6, "{names:?}");
     for n in &names {
-        let (a, b) = (std::fs::read(d.join("shared").join(n)).unwrap(), std::fs::read(d.join("alone").join(n)).unwrap());
+        let (a, b) =
+            (std::fs::read(d.join("shared").join(n)).unwrap(), std::fs::read(d.join("alone").join(n)).unwrap());
         assert!(same_result(&a, &b), "{n} differs from the same shard run alone");
     }
     let (code, out, err) = output(d, &["merge", "-o", "merged", "shared"], "", None);

@@ -68,12 +68,14 @@ fn remove_stale_temps(path: &Path) {
     let me = std::process::id().to_string();
     for entry in std::fs::read_dir(dir_of(path)).into_iter().flatten().flatten() {
         let file = entry.file_name();
-        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|r| r.strip_suffix(".tmp")) else {
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|r| r.strip_suffix(".tmp"))
+        else {
             continue;
         };
         let Some((pid, seq)) = rest.split_once('.') else { continue };
         let ours = pid == me;
-        let numeric = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit());
+        let numeric =
+            !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit());
         if numeric && !ours && !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_file(entry.path());
         }

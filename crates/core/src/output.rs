@@ -3,7 +3,6 @@
 //! Values never print themselves; they render to an [`Output`] and each frontend (REPL, script
 //! runner, Jupyter kernel) picks the representation it can display.
 
-
 /// One displayable result: plain text always, rich forms when the value has them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Output {

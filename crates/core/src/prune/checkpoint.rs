@@ -126,7 +126,8 @@ impl Checkpoint {
             named.push((format!("v{i}"), &v[i]));
         }
         let file = self.weights_file(step);
-        let tmp = crate::files::temp_beside(&file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))?;
+        let tmp =
+            crate::files::temp_beside(&file).map_err(|e| format!("prune: cannot write {}: {e}", file.display()))?;
         if let Err(e) = Tensor::save_multi(&named, &tmp) {
             let _ = std::fs::remove_file(&tmp);
             return Err(format!("prune: cannot write {}: {}", file.display(), crate::model::one_line(&e.to_string())));
