@@ -58,6 +58,13 @@ pub struct Error(pub String);
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Runs an entry of the API so that it returns an error, never panics: a panic that still
+/// slips through a check (a defect; the fuzzer looks for them) becomes one line naming the
+/// function, as in scripts.
+fn guard<T>(func: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    crate::engine::guarded(f).unwrap_or_else(|panic| Err(Error(format!("{func}: internal error: {panic}"))))
+}
+
 /// A corpus: one sentence per line of a text file.
 ///
 /// ```
@@ -67,12 +74,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// # Ok::<(), headscope::api::Error>(())
 /// ```
 pub fn corpus(path: impl AsRef<Path>) -> Result<Dataset> {
-    Dataset::corpus(path.as_ref()).map_err(|e| Error(e.to_string()))
+    guard("corpus", || Dataset::corpus(path.as_ref()).map_err(|e| Error(e.to_string())))
 }
 
 /// A treebank: sentences with their dependency trees, from a CoNLL-U file.
 pub fn treebank(path: impl AsRef<Path>) -> Result<Dataset> {
-    Dataset::treebank(path.as_ref()).map_err(|e| Error(e.to_string()))
+    guard("treebank", || Dataset::treebank(path.as_ref()).map_err(|e| Error(e.to_string())))
 }
 
 /// A model with the heads this view masks (none after `load`); cheap to clone, the
@@ -96,12 +103,12 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn load(name_or_dir: &str) -> Result<Model> {
-        Model::load_with(name_or_dir, &LoadOptions::default())
+        guard("load", || Model::load_with(name_or_dir, &LoadOptions::default()))
     }
 
     /// Loads on a chosen device and precision (`load_model(path, #{device, dtype})`).
     pub fn load_with(name_or_dir: &str, opts: &LoadOptions) -> Result<Model> {
-        crate::model::script::load(name_or_dir, *opts).map(Model).map_err(Error)
+        guard("load_with", || crate::model::script::load(name_or_dir, *opts).map(Model).map_err(Error))
     }
 
     /// The attention kinds of the model, in its order.
@@ -118,17 +125,19 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn head(&self, name: &str) -> Result<HeadId> {
-        self.0.head(name, "head: ").map_err(|e| Error(e.to_string()))
+        guard("head", || self.0.head(name, "head: ").map_err(|e| Error(e.to_string())))
     }
 
     /// A view with these heads masked (printed names); the weights are shared.
     pub fn with_mask(&self, heads: &[&str]) -> Result<Model> {
-        let ids = heads
-            .iter()
-            .map(|h| self.0.head(h, "with_mask: "))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error(e.to_string()))?;
-        Ok(Model(self.0.closing(&ids)))
+        guard("with_mask", || {
+            let ids = heads
+                .iter()
+                .map(|h| self.0.head(h, "with_mask: "))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error(e.to_string()))?;
+            Ok(Model(self.0.closing(&ids)))
+        })
     }
 
     /// The options `m.analyze(data)` runs with in a script: the statistics for this dataset
@@ -154,12 +163,14 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn analyze(&self, data: &Dataset, opts: &AnalyzeOptions) -> Result<Analysis> {
-        crate::analysis::script::analyze(&self.0, data, opts).map_err(Error)
+        guard("analyze", || crate::analysis::script::analyze(&self.0, data, opts).map_err(Error))
     }
 
     /// The confidence grid alone, with `analyze`'s other defaults.
     pub fn confidence(&self, data: &Dataset) -> Result<Grid> {
-        crate::analysis::script::confidence(&self.0, data, &self.analyze_options(data)).map_err(Error)
+        guard("confidence", || {
+            crate::analysis::script::confidence(&self.0, data, &self.analyze_options(data)).map_err(Error)
+        })
     }
 
     /// Every head masked alone (docs/methods.md#masking-and-ablation), as
@@ -174,7 +185,7 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn ablation_sweep(&self, data: &Dataset, opts: &SweepOptions) -> Result<Grid> {
-        crate::analysis::script::ablation_sweep(&self.0, data, opts).map_err(Error)
+        guard("ablation_sweep", || crate::analysis::script::ablation_sweep(&self.0, data, opts).map_err(Error))
     }
 
     /// LRP head relevance (docs/methods.md#lrp-head-relevance), as `m.lrp(data, #{...})`;
@@ -190,7 +201,7 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn lrp(&self, data: &Dataset, opts: &LrpOptions) -> Result<Grid> {
-        crate::analysis::script::lrp(&self.0, data, opts).map_err(Error)
+        guard("lrp", || crate::analysis::script::lrp(&self.0, data, opts).map_err(Error))
     }
 
     /// The options `m.prune(data)` runs with in a script: every kind of the model gated, the
@@ -210,27 +221,29 @@ impl Model {
     /// # Ok::<(), headscope::api::Error>(())
     /// ```
     pub fn prune(&self, data: &Dataset, opts: &PruneOptions) -> Result<PruneResult> {
-        crate::prune::script::prune(&self.0, data, opts).map_err(Error)
+        guard("prune", || crate::prune::script::prune(&self.0, data, opts).map_err(Error))
     }
 
     /// One head's attention on a sentence, as a heatmap-able matrix.
     pub fn attention(&self, head: &str, text: &str) -> Result<AttentionMatrix> {
-        let id = self.0.head(head, "attention: ").map_err(|e| Error(e.to_string()))?;
-        crate::model::script::attention_of(&self.0, id, text).map_err(Error)
+        guard("attention", || {
+            let id = self.0.head(head, "attention: ").map_err(|e| Error(e.to_string()))?;
+            crate::model::script::attention_of(&self.0, id, text).map_err(Error)
+        })
     }
 }
 
 impl Analysis {
     /// One statistic as a grid: `"confidence"`, `"positional"`, `"rare"`.
     pub fn stat(&self, stat: &str) -> Result<Grid> {
-        self.stat_grid(stat).map_err(Error)
+        guard("stat", || self.stat_grid(stat).map_err(Error))
     }
 }
 
 impl Grid {
     /// The `k` highest heads over all kinds, as a table (head, value).
     pub fn top_table(&self, k: usize) -> Result<Table> {
-        self.end_table(i64::try_from(k).unwrap_or(i64::MAX), false, "top").map_err(Error)
+        guard("top_table", || self.end_table(i64::try_from(k).unwrap_or(i64::MAX), false, "top").map_err(Error))
     }
 
     /// The names of the `k` highest heads (`"enc.2.5"`), highest first; removed heads

@@ -153,8 +153,10 @@ fn install_panic_hook() {
     });
 }
 
-/// Runs `f`, turning a panic into `Err(message)`.
-fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+/// Runs `f`, turning a panic into `Err(message)` (one line: the panic's message, a libtorch
+/// message without its C++ trace, and where; the full trace on stderr under `RUST_BACKTRACE`).
+/// The script engine's calls and the library API (`api.rs`) run through it.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     install_panic_hook();
     GUARDED.with(|g| g.set(g.get() + 1));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

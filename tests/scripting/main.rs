@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod api_guard;
 mod cli;
 mod doc_examples;
 mod evcxr_display;
