@@ -538,9 +538,9 @@ fn bad_pruning_inputs_are_clear_errors() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let p = "load_model(\"enpt\").prune(corpus(\"two.txt\"), ";
     let cases: Vec<(String, &str)> = vec![
-        (format!("{p}#{{lambda: -0.1}})"), "prune: lambda must be >= 0, got -0.1"),
+        (format!("{p}#{{lambda: -0.1}})"), "prune: lambda must be between 0 and 1e6, got -0.1"),
         (format!("{p}#{{steps: 0}})"), "prune: steps must be at least 1, got 0"),
-        (format!("{p}#{{lr: 0.0}})"), "prune: lr must be > 0, got 0"),
+        (format!("{p}#{{lr: 0.0}})"), "prune: lr must be > 0 and at most 1e3, got 0"),
         ("load_model(\"enpt\").prune(corpus(\"two.txt\").take(0), #{steps: 1})".into(), "prune: the dataset two.txt[:0] is empty"),
         (format!("{p}#{{steps: 1, checkpoint: \"blocker/run\"}})"), "prune: checkpoint directory blocker/run: cannot create it"),
         (format!("{p}#{{steps: 1, checkpoint: \"ck_minilm\", resume: true}})"), "prune: checkpoint ck_minilm/checkpoint.json is from another model: its model is \"minilm\", this run's is \"enpt\""),

@@ -237,8 +237,8 @@ impl PruneOptions {
     pub fn validate(&self) -> Result<(), String> {
         self.check_resume()?;
         check_training("prune", self.lambda, self.lr, self.steps)?;
-        if !(self.model_lr > 0.0 && self.model_lr.is_finite()) {
-            return Err(format!("prune: model_lr must be > 0, got {}", self.model_lr));
+        if !(self.model_lr > 0.0 && self.model_lr <= MAX_LR) {
+            return Err(format!("prune: model_lr must be > 0 and at most {MAX_LR:e}, got {}", self.model_lr));
         }
         if self.batch_tokens == 0 {
             return Err("prune: batch_tokens must be at least 1, got 0".into());
@@ -263,23 +263,40 @@ impl PruneOptions {
 /// the verb in the one-line error): a penalty weight `lambda >= 0`, a learning rate `lr > 0`
 /// (both finite) and at least one step.
 pub(crate) fn check_training(who: &str, lambda: f64, lr: f64, steps: usize) -> Result<(), String> {
-    if !(lambda >= 0.0 && lambda.is_finite()) {
-        return Err(format!("{who}: lambda must be >= 0, got {lambda}"));
+    if !(0.0..=MAX_LAMBDA).contains(&lambda) {
+        return Err(format!("{who}: lambda must be between 0 and {MAX_LAMBDA:e}, got {lambda}"));
     }
     if steps == 0 {
         return Err(format!("{who}: steps must be at least 1, got 0"));
     }
-    if !(lr > 0.0 && lr.is_finite()) {
-        return Err(format!("{who}: lr must be > 0, got {lr}"));
+    if !(lr > 0.0 && lr <= MAX_LR) {
+        return Err(format!("{who}: lr must be > 0 and at most {MAX_LR:e}, got {lr}"));
     }
     Ok(())
 }
 
-/// Hard Concrete's temperature must be > 0 (NaN refused too).
+/// The largest penalty weight: the gates are float32, and a penalty gradient past ~1e19 squares
+/// to infinity in Adam's second moment (the gates become NaN); useful values are below 10.
+pub const MAX_LAMBDA: f64 = 1e6;
+/// The largest learning rate (Adam's steps are about `lr` each: past this the log-alphas leave
+/// any range a sigmoid distinguishes, and float32 overflows).
+pub const MAX_LR: f64 = 1e3;
+
+/// Hard Concrete's constants: a temperature in [0.01, 100] (float32 gates divide by it), a stretch `-10 <= l < 0`, `1 < r <= 11`
+/// (Louizos et al.: -0.1 and 1.1; far wider, float32 gates lose their gradient) and
+/// a noise margin `0 < eps < 0.5` (NaN refused everywhere).
 pub(crate) fn check_beta(who: &str, concrete: &Concrete) -> Result<(), String> {
-    #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
-    if !(concrete.beta > 0.0) {
-        return Err(format!("{who}: beta must be > 0, got {}", concrete.beta));
+    let Concrete { beta, l, r, eps } = *concrete;
+    if !(0.01..=100.0).contains(&beta) {
+        return Err(format!("{who}: beta must be between 0.01 and 100, got {beta}"));
+    }
+    if !(l < 0.0 && l >= -10.0 && r > 1.0 && r <= 11.0) {
+        return Err(format!(
+            "{who}: the Hard Concrete stretch must have -10 <= l < 0 and 1 < r <= 11, got l = {l}, r = {r}"
+        ));
+    }
+    if !(eps > 0.0 && eps < 0.5) {
+        return Err(format!("{who}: the Hard Concrete noise margin eps must be in (0, 0.5), got {eps}"));
     }
     Ok(())
 }
@@ -623,6 +640,9 @@ pub fn train_ablated(
     }
     let layout = Layout::new(model, &opts.kinds, masked)?;
     let n = layout.len();
+    if let Some(t) = opts.target.filter(|&t| t > n as f64) {
+        return Err(AnalysisError::Input(format!("prune: target must be at most the {n} heads gated, got {t}")));
+    }
     let ckpt = match &opts.checkpoint {
         Some(dir) => Some(checkpoint::Checkpoint::open(dir, model, data, opts, &layout).map_err(AnalysisError::Input)?),
         None => None,

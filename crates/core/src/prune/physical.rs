@@ -50,9 +50,8 @@ pub fn remove_heads(m: &mut Model, closed: &[HeadId], name: &str) -> Result<(), 
             }
             let keep: Vec<usize> = (0..s.n_heads).filter(|h| !gone.contains(h)).collect();
             let Some(a) = m.mixer_mut(s.kind, l) else { continue };
-            a.keep_heads(&keep).map_err(|why| {
-                ModelError::Invalid(format!("prune_heads: layer {l} of {name}: {why}; use with_gates"))
-            })?;
+            a.keep_heads(&keep)
+                .map_err(|why| ModelError::Invalid(format!("layer {l} of {name}: {why}; use with_gates")))?;
         }
     }
     let mut removed = closed.to_vec();
