@@ -247,8 +247,18 @@ fn map_entries(code: &str, s: usize, e: usize) -> Vec<(String, (usize, usize))> 
         .collect()
 }
 
+/// A hostile value as a report names it.
+fn shown(v: &str) -> &str {
+    if v == "HUGE_STRING" {
+        "a 100,000-character string"
+    } else {
+        v
+    }
+}
+
 /// Every case of one example: each argument of each call of `func` in it, and each entry of an
-/// options map, replaced by each hostile value.
+/// options map, replaced by each hostile value; and each option `func` declares
+/// (`registry::options_of_call`) that the example's map leaves out, added with each value.
 pub fn cases(func: &str, code: &str) -> Vec<Case> {
     let mut out = Vec::new();
     let line_of = |at: usize| code[..at].matches('\n').count() + 1;
@@ -264,6 +274,32 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
             for (key, vspan) in map_entries(code, span.0, span.1) {
                 spans.push((format!("option '{key}'"), Some(key), vspan));
             }
+            // The declared options the example leaves out, each put in front of its map.
+            let present: Vec<String> = spans.iter().filter_map(|(_, k, _)| k.clone()).collect();
+            if code[span.0..span.1].starts_with("#{") {
+                let declared = super::registry::options_of_call(func, Some("")).unwrap_or_default();
+                let empty = code[span.0 + 2..span.1 - 1].trim().is_empty();
+                for o in declared.iter().filter(|o| !present.iter().any(|p| p == o.name)) {
+                    for v in hostile() {
+                        let end = code[span.1..].find('\n').map_or(code.len(), |p| span.1 + p);
+                        let sep = if empty { "" } else { ", " };
+                        out.push(Case {
+                            func: func.to_string(),
+                            code: format!(
+                                "{}{}: {}{sep}{}",
+                                &code[..span.0 + 2],
+                                o.name,
+                                expand(v),
+                                &code[span.0 + 2..end]
+                            ),
+                            changed: format!("option '{}' (added) = {}", o.name, shown(v)),
+                            option: Some(o.name.to_string()),
+                            line: line_of(span.0),
+                            non_finite: v.contains("/ 0.0"),
+                        });
+                    }
+                }
+            }
             for (what, option, span) in spans {
                 for v in hostile() {
                     if code[span.0..span.1].trim() == v {
@@ -272,10 +308,7 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
                     out.push(Case {
                         func: func.to_string(),
                         code: replaced(span, v),
-                        changed: format!(
-                            "{what} = {}",
-                            if v == "HUGE_STRING" { "a 100,000-character string" } else { v }
-                        ),
+                        changed: format!("{what} = {}", shown(v)),
                         option: option.clone(),
                         line: line_of(span.0),
                         non_finite: v.contains("/ 0.0"),
@@ -704,6 +737,13 @@ mod tests {
         assert!(cs.len() >= 3 * (n - 1), "{}", cs.len());
         assert!(cs.iter().any(|c| c.code == "let r = m.top(-1, #{by: \"x\"});" && c.changed == "argument 1 = -1"));
         assert!(cs.iter().any(|c| c.code == "let r = m.top(5, #{by: ()});" && c.option.as_deref() == Some("by")));
+        // A declared option the example leaves out is added to its map, in front.
+        let cs = cases("prune", "let r = m.prune(d, #{steps: 2});");
+        assert!(cs.iter().any(|c| c.code == "let r = m.prune(d, #{beta: 1e-300, steps: 2});"
+            && c.option.as_deref() == Some("beta")
+            && c.changed == "option 'beta' (added) = 1e-300"));
+        let cs = cases("prune", "let r = m.prune(d, #{});");
+        assert!(cs.iter().any(|c| c.code == "let r = m.prune(d, #{lambda: -1});"));
         // What follows the changed call's line is left out.
         let cs = cases("f", "let a = f(1);\nassert(a == 2);\n");
         assert!(cs.iter().all(|c| !c.code.contains("assert")), "{:?}", cs[0].code);

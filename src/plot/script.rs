@@ -150,6 +150,9 @@ pub mod api {
                 let x = shared_x.clone().unwrap_or_else(|| (0..y.len()).map(|i| i as f64).collect());
                 (x, y)
             } else if let Some(m) = v.clone().try_cast::<Map>() {
+                if let Some(k) = m.keys().find(|k| !SERIES_OPTIONS.iter().any(|o| o.name == k.as_str())) {
+                    return err(format!("{what}: unknown key '{k}' (a series map takes x and y)"));
+                }
                 let so = Opts::new(&m, "line", SERIES_OPTIONS)?;
                 let Some(y) = so.numbers("y")? else { return err(format!("{what}: map needs 'y'")) };
                 let x =

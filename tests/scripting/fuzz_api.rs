@@ -64,6 +64,9 @@ fn script_api_short_fuzz() {
     cfg.coverage = false;
     let r = fuzz::run(cfg);
     eprintln!("{}", r.summary());
+    for d in &r.defects {
+        eprintln!("defect: {}: {} ({}): {}", d.class, d.case.func, d.case.changed, d.detail);
+    }
     assert!(r.calls >= 20, "{}", r.summary());
     assert!(r.defects.is_empty(), "{}", r.summary());
 }

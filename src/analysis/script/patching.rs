@@ -360,7 +360,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
         let kinds: Vec<Kind> = match o.labels("kinds")? {
             Some(names) => names
                 .iter()
-                .map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: {e}"))))
+                .map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: option 'kinds': {e}"))))
                 .collect::<ScriptResult<_>>()?,
             None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
             None => vec![Kind::Enc, Kind::Dec],
