@@ -80,6 +80,26 @@ pub mod api {
         crate::budget::set_limit(bytes as u64);
         Ok(())
     }
+
+    /// Lets inputs run past a model's positions (`max_position_embeddings`, a GGUF's
+    /// `context_length`) where its positions are rotary (docs/methods.md#memory-budget); by
+    /// default such an input is refused, naming its length and the limit. A learned position
+    /// table cannot run past its rows whatever this says. Returns the previous setting.
+    ///
+    /// ```rhai
+    /// let m = load_model("tests/fixtures/tiny_hf/llama"); // 256 positions
+    /// let long = "";
+    /// for i in 0..20 { long += "a b c d e f g h i j k l m n o p q r s t u v w x y z "; }
+    /// try { m.loss(long); assert(false); } catch (e) { assert(e.contains("positions")); }
+    /// let before = allow_past_positions(true);
+    /// assert(m.loss(long) > 0.0);
+    /// allow_past_positions(before);
+    /// ```
+    pub fn allow_past_positions(on: bool) -> bool {
+        let before = crate::budget::past_positions();
+        crate::budget::set_past_positions(on);
+        before
+    }
 }
 
 pub fn register(engine: &mut Engine) {

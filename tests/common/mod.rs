@@ -252,6 +252,7 @@ pub fn hand_built(
         logit_softcap: None,
         forced_bos: Default::default(),
         rel_bias: None,
+        max_positions: None,
     };
     let opts = LoadOptions { device: tch::Device::Cpu, dtype: tch::Kind::Float, allow_unknown_config: false };
     Model {

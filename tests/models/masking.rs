@@ -81,6 +81,7 @@ fn tiny_with<M: Mixer + 'static>(self_block: impl Fn() -> M) -> Transformer {
         logit_softcap: None,
         forced_bos: Default::default(),
         rel_bias: None,
+        max_positions: None,
     }
 }
 

@@ -95,3 +95,30 @@ fn the_packed_loss_is_the_mean_of_each_sentences_own_losses() {
         assert!((mean - want).abs() <= 2.0 * bound, "{name}: loss {mean} vs {want} alone (packed: {packs})");
     }
 }
+
+/// The model's positions bound each sentence, not a packed row: rows longer than a tiny
+/// model's `max_position_embeddings` run (their sentences are shorter), a sentence longer is
+/// refused naming both lengths unless `past_positions` is on; dynamic NTK has no limit.
+#[test]
+fn positions_bound_each_sentence_not_the_packed_row() {
+    let _g = tch::no_grad_guard();
+    let m = common::tiny_hf("llama_yarn", "f32"); // 64 positions
+    let max = m.net.max_positions.expect("a rotary model records its positions");
+    let many: Vec<&str> = TEXTS.iter().cycle().take(40).copied().collect();
+    let encoded = m.tokenize_all(many.iter().copied()).unwrap();
+    let batches: Vec<_> = m.packed_batches(&encoded, 100_000).collect();
+    assert!(batches.iter().any(|(_, b)| b.ids.size()[1] > max), "no packed row past {max} positions");
+    m.dataset_loss(&many, None, 100_000, &Gates::none(), &|| false).expect("packed rows past the limit run");
+    let long = "a b c d e f g h ".repeat(max as usize);
+    let e = m.dataset_loss(&[long.as_str()], None, 100_000, &Gates::none(), &|| false).expect_err("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains(&format!("longer than the model's {max} positions")) && e.contains("allow_past_positions"),
+        "{e}"
+    );
+    headscope::budget::set_past_positions(true);
+    let past = m.dataset_loss(&[long.as_str()], None, 100_000, &Gates::none(), &|| false);
+    headscope::budget::set_past_positions(false);
+    assert!(past.is_ok_and(|(l, _, _)| l.is_finite()), "allowed past the positions");
+    assert_eq!(common::tiny_hf("llama_dynamic", "f32").net.max_positions, None, "dynamic NTK scales itself");
+}

@@ -115,7 +115,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 11] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -148,6 +148,16 @@ fn the_defects_found_stay_fixed() {
             r#"let p = pairs([["a b c d", "a b e d", " c", " e"]]); load_model("tests/fixtures/tiny_hf/llama").patch(p, #{receiver: "dec.1.2", receiver_input: "dec.99.0"})"#,
             &["patch: unknown receiver_input 'dec.99.0'"],
         ),
+        // Options the examples left out (added by the fuzzer since): NaN gates before.
+        (
+            r#"load_model("minilm").prune(corpus(asset("pud_en.txt")).take(2), #{steps: 2, beta: 1e-300})"#,
+            &["prune: beta must be between 0.01 and 100, got"],
+        ),
+        (
+            r#"load_model("minilm").prune(corpus(asset("pud_en.txt")).take(2), #{steps: 2, lambda: 1e300})"#,
+            &["prune: lambda must be between 0 and 1e6"],
+        ),
+        (r#"line(#{heads: #{bogus: 1}})"#, &["line: series 'heads': unknown key 'bogus'"]),
     ];
     for (code, want) in cases {
         let mut s = headscope::engine::Session::new(SessionOptions::default());

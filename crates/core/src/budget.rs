@@ -11,6 +11,19 @@ thread_local! {
     /// The budget set by a script (`0`: the default), per thread: a session evaluates on one
     /// thread, so sessions on other threads (the kernel's, parallel tests) keep their own.
     static LIMIT: Cell<u64> = const { Cell::new(0) };
+    /// Whether inputs may run past a rotary model's `max_position_embeddings` (this thread).
+    static PAST_POSITIONS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread lets inputs run past a model's positions where the family can
+/// (rotary positions; a learned table cannot): `allow_past_positions(true)` in a script.
+pub fn past_positions() -> bool {
+    PAST_POSITIONS.with(Cell::get)
+}
+
+/// Sets [`past_positions`] for this thread.
+pub fn set_past_positions(on: bool) {
+    PAST_POSITIONS.with(|p| p.set(on));
 }
 
 /// The machine's memory in bytes (Linux `MemTotal`), when known.

@@ -117,6 +117,8 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("input of {tokens} tokens is longer than the model's {max} positions")]
     TooLong { tokens: i64, max: i64 },
+    #[error("input of {tokens} tokens is longer than the model's {max} positions (max_position_embeddings); allow_past_positions(true) runs past them (rotary positions extrapolate; the model was not trained there)")]
+    PastPositions { tokens: i64, max: i64 },
     #[error("the model has no output head (it is an encoder only)")]
     NoOutputHead,
     #[error("{}", families::family::unknown(.0))]

@@ -1451,6 +1451,23 @@ pub fn is_packed(mask: &Tensor) -> bool {
     mask.numel() > 0 && mask.max().double_value(&[]) > 1.0
 }
 
+/// The longest sentence of a mask `[B, T]` (a packed row's sentences counted apart; an
+/// unpacked row's real tokens, or `T` for a mask without padding).
+pub fn longest_segment(mask: &Tensor) -> Result<i64, tch::TchError> {
+    let (b, t) = (mask.size()[0], *mask.size().get(1).unwrap_or(&0));
+    if b == 0 || t == 0 {
+        return Ok(0);
+    }
+    let ids = mask.f_to_kind(DType::Int64)?;
+    let real = ids.f_gt(0)?;
+    let offset = Tensor::f_arange(b, (DType::Int64, mask.device()))?.f_mul_scalar(t + 1)?.f_view([b, 1])?;
+    let keyed = ids.f_add(&offset)?.f_masked_select(&real)?;
+    if keyed.numel() == 0 {
+        return Ok(0);
+    }
+    Ok(keyed.f_bincount::<Tensor>(None, 0)?.f_max()?.int64_value(&[]))
+}
+
 /// Additive bias `[B, 1, T, T]` of a packed row's mask `[B, T]` (each real token numbered by
 /// its sentence, 1, 2, ..., padding 0; docs/methods.md#packing): a real query does not see
 /// the real keys of another sentence. A padding query is left as the padding of an unpacked

@@ -958,6 +958,10 @@ pub struct Transformer {
     pub forced_bos: ForcedBos,
     /// T5's relative position bias on the stack's self-attention scores (in `self_bias`).
     pub rel_bias: Option<RelativeBias>,
+    /// The positions the model was trained on (`max_position_embeddings`, a GGUF's
+    /// `context_length`) where its positions are rotary and nothing else bounds them: longer
+    /// inputs are refused unless `budget::past_positions()` (docs/methods.md#memory-budget).
+    pub max_positions: Option<i64>,
 }
 
 /// The forced first token of translations, settable through a shared model: a call with its
@@ -1016,6 +1020,7 @@ impl Transformer {
             banned: vec![],
             forced_bos: ForcedBos::default(),
             rel_bias: None,
+            max_positions: None,
         }
     }
 
@@ -1075,6 +1080,14 @@ impl Transformer {
                     return self.run(start, stop, &g, h);
                 }
                 let (b, t) = (ids.size()[0], *ids.size().get(1).unwrap_or(&0));
+                if let Some(max) = self.max_positions.filter(|&m| t > m && !crate::budget::past_positions()) {
+                    // Packed rows hold several sentences whose rotary positions differ only
+                    // within each: the longest sentence is what the limit bounds.
+                    let longest = if super::nn::is_packed(mask) { super::nn::longest_segment(mask)? } else { t };
+                    if longest > max {
+                        return Err(ModelError::PastPositions { tokens: longest, max });
+                    }
+                }
                 crate::budget::check(&format!("a forward over {b} x {t} tokens"), self.forward_bytes(b, t))
                     .map_err(ModelError::Invalid)?;
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;

@@ -290,7 +290,7 @@ pub(crate) fn check_beta(who: &str, concrete: &Concrete) -> Result<(), String> {
     if !(0.01..=100.0).contains(&beta) {
         return Err(format!("{who}: beta must be between 0.01 and 100, got {beta}"));
     }
-    if !(l < 0.0 && l >= -10.0 && r > 1.0 && r <= 11.0) {
+    if !((-10.0..0.0).contains(&l) && r > 1.0 && r <= 11.0) {
         return Err(format!(
             "{who}: the Hard Concrete stretch must have -10 <= l < 0 and 1 < r <= 11, got l = {l}, r = {r}"
         ));

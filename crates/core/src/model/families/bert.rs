@@ -121,6 +121,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             logit_softcap: None,
             forced_bos: Default::default(),
             rel_bias: None,
+            max_positions: None,
         },
         cfg,
     ))

@@ -264,5 +264,6 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
         hf::first_id(&cfg.eos_token_id).unwrap_or(1),
     );
     net.logit_softcap = if version == 2 { cfg.final_logit_softcapping } else { None };
+    net.max_positions = cfg.max_position_embeddings;
     Ok(net)
 }

@@ -195,6 +195,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
     }
     let scaling =
         rope.scaling_for(cfg.max_position_embeddings, cfg.original_max_position_embeddings, rope_dim).map_err(bad)?;
+    // Dynamic NTK scales itself for inputs past max_position_embeddings: no limit there.
+    let max_positions = cfg.max_position_embeddings.filter(|_| !matches!(scaling, RopeScaling::Dynamic { .. }));
     // transformers' default base where the config gives none, by family.
     let theta = rope.theta.unwrap_or(match cfg.model_type.as_str() {
         "mixtral" => 1e6,
@@ -342,6 +344,7 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         hf::first_id(&cfg.eos_token_id).unwrap_or(0),
     );
     net.window = window;
+    net.max_positions = max_positions;
     Ok(net)
 }
 

@@ -234,5 +234,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         logit_softcap: None,
         forced_bos: crate::model::transformer::ForcedBos::new(forced),
         rel_bias: None,
+        max_positions: None,
     })
 }

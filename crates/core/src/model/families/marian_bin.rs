@@ -245,5 +245,6 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         logit_softcap: None,
         forced_bos: Default::default(),
         rel_bias: None,
+        max_positions: None,
     })
 }

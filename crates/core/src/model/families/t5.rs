@@ -241,5 +241,6 @@ pub(crate) fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Tran
         logit_softcap: None,
         forced_bos: Default::default(),
         rel_bias: Some(enc_rel),
+        max_positions: None,
     })
 }
