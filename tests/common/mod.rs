@@ -328,7 +328,7 @@ pub fn hf_cache_repo(root: &Path, id: &str, branch: &str, hash: &str, files: &[(
 }
 
 /// The tools and files a test may find missing, as `HEADSCOPE_REQUIRE` names them.
-pub const TOOLS: &[&str] = &["cuda", "chromium", "slurm", "afl", "assets"];
+pub const TOOLS: &[&str] = &["cuda", "chromium", "slurm", "afl", "assets", "tmpfs"];
 
 /// Whether the environment asks for `tool`: `HEADSCOPE_REQUIRE` is a comma-separated list of
 /// [`TOOLS`] (or `all`). `.ci/run` sets what CI installs, so a test that would skip there fails.
