@@ -4,8 +4,9 @@
 //! Heads keep their original numbers; a head removed by `prune_heads` is NaN
 //! (docs/methods.md#terms).
 
+use crate::files::write_atomic;
 use crate::model::{HeadId, Kind};
-use crate::output::{write_atomic, Output, Render};
+use crate::output::{Output, Render};
 use crate::plot::{Plot, PlotKind};
 use crate::script::convert::{err, ScriptResult};
 use crate::table::{Cell, Table};

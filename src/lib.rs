@@ -11,7 +11,7 @@ extern crate headscope_core;
 
 #[doc(hidden)]
 pub use headscope_core::fuzz;
-pub use headscope_core::{budget, export, one_of, output, run, shard, suggest};
+pub use headscope_core::{budget, export, files, one_of, output, run, shard, suggest};
 
 /// The core's modules, each with its script API beside it (`model::script`, ...).
 pub mod analysis {

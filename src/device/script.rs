@@ -97,7 +97,7 @@ pub mod api {
     /// ```
     pub fn allow_past_positions(on: bool) -> bool {
         let before = crate::budget::past_positions();
-        crate::budget::set_past_positions(on);
+        crate::budget::set_past_positions(Some(on));
         before
     }
 }

@@ -198,7 +198,7 @@ fn save(session: &mut Session, arg: &str) -> Result<Outcome, String> {
         return Err("usage: :save FILE".into());
     }
     let script = session.history_script();
-    crate::output::write_atomic(std::path::Path::new(arg), script.as_bytes())
+    crate::files::write_atomic(std::path::Path::new(arg), script.as_bytes())
         .map_err(|e| format!(":save: cannot write '{arg}': {e}"))?;
     Ok(Outcome::Show(Some(Output::text(format!(
         "saved {} inputs to {arg}; replay with `headscope run {arg}`",

@@ -496,7 +496,7 @@ pub fn rss() -> u64 {
 /// budget, libtorch's threads: a changed example may stop before it restores them).
 fn fresh(setup: Option<fn(&mut Session)>) -> Session {
     crate::budget::set_limit(0);
-    crate::budget::set_past_positions(false);
+    crate::budget::set_past_positions(None);
     THREADS.with(|t| {
         let n = *t.get_or_init(tch::get_num_threads);
         if tch::get_num_threads() != n {

@@ -140,7 +140,7 @@ pub fn merge_files(paths: &[PathBuf], out: &Path) -> Result<Vec<String>, String>
     for (name, m, json) in done {
         let path = crate::shard::merged_path(out, &name);
         let text = serde_json::to_string_pretty(&json).map_err(|e| format!("{name}: {e}"))?;
-        crate::output::write_atomic(&path, text.as_bytes())
+        crate::files::write_atomic(&path, text.as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         lines.push(format!("{name}: {} shards, {} sentences -> {}", m.shards, m.total, path.display()));
     }

@@ -1,7 +1,7 @@
 //! `headscope kernel install`: writes the kernelspec (kernel.json and logos) where Jupyter
 //! looks for kernels.
 
-use crate::output::write_atomic;
+use crate::files::write_atomic;
 use std::path::{Path, PathBuf};
 
 /// Where to install the kernelspec.

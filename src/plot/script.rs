@@ -1,7 +1,8 @@
 //! The script API of [`Plot`]: constructors from plain arrays and maps, and saving.
 
 use super::{Plot, PlotKind, Series};
-use crate::output::{write_atomic, Output, Render};
+use crate::files::write_atomic;
+use crate::output::{Output, Render};
 use crate::script::convert::{err, opt, quote, to_f64_vec, to_labels, to_matrix, OptSpec, Opts, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};

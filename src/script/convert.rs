@@ -340,7 +340,7 @@ impl<'a> Opts<'a> {
 /// function in the error. Here, below grids and tables, so both write through it.
 pub fn write_json(path: &str, value: &serde_json::Value, func: &str) -> ScriptResult<()> {
     let s = serde_json::to_string_pretty(value).unwrap_or_default();
-    crate::output::write_atomic(std::path::Path::new(path), s.as_bytes())
+    crate::files::write_atomic(std::path::Path::new(path), s.as_bytes())
         .or_else(|e| err(format!("{func}: cannot write '{path}': {e}")))
 }
 

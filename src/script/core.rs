@@ -92,7 +92,7 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw)]
     pub fn write_text(path: &str, text: &str) -> ScriptResult<()> {
-        crate::output::write_atomic(std::path::Path::new(path), text.as_bytes())
+        crate::files::write_atomic(std::path::Path::new(path), text.as_bytes())
             .or_else(|e| err(format!("write_text: cannot write '{path}': {e}")))
     }
 

@@ -1,5 +1,6 @@
 use super::{Cell, Table};
-use crate::output::{write_atomic, Output, Render};
+use crate::files::write_atomic;
+use crate::output::{Output, Render};
 use crate::script::convert::{err, quote, to_labels, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Array, Dynamic, Engine, Map};

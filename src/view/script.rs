@@ -2,7 +2,8 @@
 //! the renderer (plain-text summary, the interactive fragment in Jupyter).
 
 use super::HeadView;
-use crate::output::{write_atomic, Output, Render};
+use crate::files::write_atomic;
+use crate::output::{Output, Render};
 use crate::script::convert::{err, ScriptResult};
 use rhai::plugin::*;
 use rhai::{Dynamic, Engine};

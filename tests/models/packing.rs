@@ -116,9 +116,9 @@ fn positions_bound_each_sentence_not_the_packed_row() {
         e.contains(&format!("longer than the model's {max} positions")) && e.contains("allow_past_positions"),
         "{e}"
     );
-    headscope::budget::set_past_positions(true);
+    headscope::budget::set_past_positions(Some(true));
     let past = m.dataset_loss(&[long.as_str()], None, 100_000, &Gates::none(), &|| false);
-    headscope::budget::set_past_positions(false);
+    headscope::budget::set_past_positions(None);
     assert!(past.is_ok_and(|(l, _, _)| l.is_finite()), "allowed past the positions");
     assert_eq!(common::tiny_hf("llama_dynamic", "f32").net.max_positions, None, "dynamic NTK scales itself");
 }

@@ -11,18 +11,20 @@ thread_local! {
     /// The budget set by a script (`0`: the default), per thread: a session evaluates on one
     /// thread, so sessions on other threads (the kernel's, parallel tests) keep their own.
     static LIMIT: Cell<u64> = const { Cell::new(0) };
-    /// Whether inputs may run past a rotary model's `max_position_embeddings` (this thread).
-    static PAST_POSITIONS: Cell<bool> = const { Cell::new(false) };
+    /// Whether inputs may run past a rotary model's `max_position_embeddings` (this thread;
+    /// `None`: the default).
+    static PAST_POSITIONS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Whether this thread lets inputs run past a model's positions where the family can
-/// (rotary positions; a learned table cannot): `allow_past_positions(true)` in a script.
+/// (rotary positions; a learned table cannot): `allow_past_positions(true)` in a script; by
+/// default no, or yes when `HEADSCOPE_PAST_POSITIONS=1`.
 pub fn past_positions() -> bool {
-    PAST_POSITIONS.with(Cell::get)
+    PAST_POSITIONS.with(Cell::get).unwrap_or_else(|| std::env::var("HEADSCOPE_PAST_POSITIONS").is_ok_and(|v| v == "1"))
 }
 
-/// Sets [`past_positions`] for this thread.
-pub fn set_past_positions(on: bool) {
+/// Sets [`past_positions`] for this thread (`None`: back to the default).
+pub fn set_past_positions(on: Option<bool>) {
     PAST_POSITIONS.with(|p| p.set(on));
 }
 

@@ -1,6 +1,6 @@
 //! Results leave for pandas, pyarrow and numpy: columns to a Parquet file, arrays to an
 //! `.npz` (docs/methods.md#export). Both are written whole in memory, then atomically
-//! ([`crate::output::write_atomic`]); provenance (model, its source, the options, headscope's
+//! ([`crate::files::write_atomic`]); provenance (model, its source, the options, headscope's
 //! version) goes in the file: a Parquet key-value entry `headscope` holding JSON, an `.npz`
 //! member `headscope_metadata` holding its UTF-8 bytes. The formats are the maintained crates'
 //! (`parquet`, `ndarray-npy`), not written by hand.
@@ -156,7 +156,7 @@ pub fn npy_bytes(shape: &[usize], values: &[f64]) -> Result<Vec<u8>, ExportError
 
 /// Writes `bytes` to `path` atomically (temp file + rename).
 pub fn write(path: &str, bytes: &[u8]) -> Result<(), ExportError> {
-    crate::output::write_atomic(Path::new(path), bytes).map_err(|err| ExportError::Io { path: path.into(), err })
+    crate::files::write_atomic(Path::new(path), bytes).map_err(|err| ExportError::Io { path: path.into(), err })
 }
 
 #[cfg(test)]

@@ -60,8 +60,6 @@ pub fn fixed(x: f64, digits: usize) -> String {
     }
 }
 
-pub use crate::files::write_atomic;
-
 /// Escapes text for inclusion in HTML.
 pub fn html_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -500,7 +500,7 @@ pub fn write_run_result(name: &str, result: &Value) -> Result<PathBuf, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the shard directory {}: {e}", dir.display()))?;
     let path = dir.join(shard.file_name(name));
     let text = serde_json::to_string(result).map_err(|e| format!("{}: {e}", path.display()))?;
-    crate::output::write_atomic(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    crate::files::write_atomic(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(path)
 }
 

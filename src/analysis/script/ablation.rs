@@ -126,11 +126,13 @@ pub fn ablated_view(
             ))
         }
     };
+    // Where the reference came from, for errors: the option, or the data measured.
+    let from = if a.reference.is_some() { " (option 'reference')" } else { "" };
     let stop = crate::run::interrupted;
     let mut v = m.clone();
     let (fills, source, mode, mut echo) = if a.mode == Ablation::Resample {
         let src = crate::analysis::ablation::resample_source(&m.model, reference, a.seed)
-            .map_err(|e| format!("{func}: {e}"))?;
+            .map_err(|e| format!("{func}: the resampled contexts of the reference {}{from}: {e}", reference.name))?;
         (
             crate::model::nn::Fills::default(),
             Some(std::rc::Rc::new(src)),
@@ -151,11 +153,12 @@ pub fn ablated_view(
             &crate::model::nn::Gates::none(),
             &stop,
         )
-        .map_err(|e| format!("{func}: the means of the reference {}: {e}", reference.name))?;
+        .map_err(|e| format!("{func}: the means of the reference {}{from}: {e}", reference.name))?;
         let source = if a.per_position {
             Some(std::rc::Rc::new(
-                crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop)
-                    .map_err(|e| format!("{func}: {e}"))?,
+                crate::analysis::ablation::position_means(&m.model, reference, batch_tokens, &stop).map_err(|e| {
+                    format!("{func}: the means per position of the reference {}{from}: {e}", reference.name)
+                })?,
             ))
         } else {
             None

@@ -315,7 +315,7 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
                 return err("patch: path patching (receiver) is exact; leave out method and verify");
             }
             if o.has("site") && !matches!(site, Site::Z | Site::Result) || each {
-                return err("patch: path patching sends each head's whole output: site \"z\", positions \"all\"");
+                return err("patch: path patching (option 'receiver') sends each head's whole output: site \"z\", positions \"all\"");
             }
             Some(if name == "logits" {
                 if o.has("receiver_input") {

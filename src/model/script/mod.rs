@@ -120,15 +120,16 @@ pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
 
 pub use head::{attention_of, head_ids, AttentionMatrix, Head};
 
-fn kind(s: &str) -> ScriptResult<Kind> {
-    s.parse().or_else(|e: String| err(e))
+/// A kind by name; errors start with the function called (`func`).
+fn kind(func: &str, s: &str) -> ScriptResult<Kind> {
+    s.parse().or_else(|e: String| err(format!("{func}: {e}")))
 }
 
 fn head_id(m: &ScriptModel, k: &str, layer: i64, head: i64) -> ScriptResult<HeadId> {
-    let layer_idx = to_usize(&Dynamic::from(layer), "layer")?;
-    let h = to_usize(&Dynamic::from(head), "head")?;
-    let id = HeadId { kind: kind(k)?, layer_idx, head: h };
-    m.model.check_head(id).or_else(|e| err(e.to_string()))?;
+    let layer_idx = to_usize(&Dynamic::from(layer), "head: layer")?;
+    let h = to_usize(&Dynamic::from(head), "head: head")?;
+    let id = HeadId { kind: kind("head", k)?, layer_idx, head: h };
+    m.model.check_head(id).or_else(|e| err(format!("head: {e}")))?;
     Ok(id)
 }
 
@@ -250,7 +251,7 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn layers(m: &mut ScriptModel, k: &str) -> ScriptResult<i64> {
-        m.model.kind_shape(kind(k)?).map(|s| s.n_layers as i64).or_else(|e| err(e.to_string()))
+        m.model.kind_shape(kind("layers", k)?).map(|s| s.n_layers as i64).or_else(|e| err(format!("layers: {e}")))
     }
 
     /// Number of heads per layer of one attention kind.
@@ -260,7 +261,10 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn heads_per_layer(m: &mut ScriptModel, k: &str) -> ScriptResult<i64> {
-        m.model.kind_shape(kind(k)?).map(|s| s.n_heads as i64).or_else(|e| err(e.to_string()))
+        m.model
+            .kind_shape(kind("heads_per_layer", k)?)
+            .map(|s| s.n_heads as i64)
+            .or_else(|e| err(format!("heads_per_layer: {e}")))
     }
 
     /// Number of parameters (a tied output matrix counted once).
@@ -514,7 +518,7 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw, pure)]
     pub fn heads(m: &mut ScriptModel, k: &str) -> ScriptResult<Array> {
-        let s = m.model.kind_shape(kind(k)?).or_else(|e| err(e.to_string()))?;
+        let s = m.model.kind_shape(kind("heads", k)?).or_else(|e| err(format!("heads: {e}")))?;
         let mut out = Array::new();
         for l in 0..s.n_layers {
             for h in 0..s.n_heads {

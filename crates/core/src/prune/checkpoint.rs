@@ -5,8 +5,8 @@
 
 use super::{CurvePoint, Layout, PruneOptions, TrainState};
 use crate::data::Dataset;
+use crate::files::write_atomic;
 use crate::model::Model;
-use crate::output::write_atomic;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use tch::Tensor;
