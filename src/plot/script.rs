@@ -17,11 +17,18 @@ fn common(p: &mut Plot, o: &Opts) -> ScriptResult<()> {
     if let Some(t) = o.string("y_label")? {
         p.y_label = t;
     }
-    if let Some(w) = o.usize("width")? {
-        p.width = w as u32;
+    let pixels = |name: &str| -> ScriptResult<Option<u32>> {
+        match o.usize(name)? {
+            Some(n) if (64..=8192).contains(&n) => Ok(Some(n as u32)),
+            Some(n) => err(format!("{}: option '{name}' must be within 64..8192 pixels, got {n}", o.func())),
+            None => Ok(None),
+        }
+    };
+    if let Some(w) = pixels("width")? {
+        p.width = w;
     }
-    if let Some(h) = o.usize("height")? {
-        p.height = h as u32;
+    if let Some(h) = pixels("height")? {
+        p.height = h;
     }
     p.validate().or_else(|e| err(e.to_string()))
 }

@@ -342,7 +342,7 @@ pub fn compare_options(o: &Opts, options: &Map, kinds: Vec<Kind>) -> ScriptResul
         None => STRATEGIES.to_vec(),
         Some(v) => v
             .iter()
-            .map(|s| s.parse::<Strategy>().or_else(|e: String| err(format!("{f}: {e}"))))
+            .map(|s| s.parse::<Strategy>().or_else(|e: String| err(format!("{f}: option 'strategies': {e}"))))
             .collect::<ScriptResult<_>>()?,
     };
     let c = super::strategies::CompareOptions {

@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 11] = [
+    let cases: [(&str, &[&str]); 14] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -163,6 +163,13 @@ fn the_defects_found_stay_fixed() {
             &["prune: lambda must be between 0 and 1e6"],
         ),
         (r#"line(#{heads: #{bogus: 1}})"#, &["line: series 'heads': unknown key 'bogus'"]),
+        // Found by the hour-long run of stop 67.
+        (r#"heatmap([[0.1, 0.9]], #{width: 1000000000})"#, &["heatmap: option 'width' must be within 64..8192"]),
+        (r#"heatmap([[0.1, 0.9]], #{cols: []})"#, &["heatmap: 0 column labels (option 'cols')"]),
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").learn_prulong(corpus(asset("pud_en.txt")).take(4), #{batch: 9223372036854775807, steps: 1, context: 64, samples: 2, recent: 8})"#,
+            &["learn_prulong: batch 9223372036854775807 of 64 tokens", "over the budget"],
+        ),
     ];
     for (code, want) in cases {
         let mut s = headscope::engine::Session::new(SessionOptions::default());

@@ -212,8 +212,12 @@ pub mod api {
         if data.is_some() && scorer != Scorer::Duo {
             return err(format!("{f}: 'data' feeds the duo scorer; \"{scorer}\" runs on its seeded probes"));
         }
-        let g =
-            scores(m, scorer, data.as_ref(), &so, &crate::run::interrupted).or_else(|e| err(format!("{f}: {e}")))?;
+        let g = scores(m, scorer, data.as_ref(), &so, &crate::run::interrupted).or_else(|e| {
+            err(match &data {
+                Some(d) => format!("{f}: on {} (option 'data'): {e}", d.name),
+                None => format!("{f}: {e}"),
+            })
+        })?;
         let (dataset, echo) = match (&data, scorer) {
             (Some(d), _) => {
                 (d.name.clone(), vec![("scorer".into(), json!(scorer.to_string())), ("q_len".into(), json!(so.q_len))])

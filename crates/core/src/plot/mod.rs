@@ -148,10 +148,13 @@ impl Plot {
                     return bad(format!("heatmap: all {} values are NaN: there is nothing to draw", rows * cols));
                 }
                 if row_labels.len() != rows {
-                    return bad(format!("heatmap: {} row labels for {rows} rows", row_labels.len()));
+                    return bad(format!("heatmap: {} row labels (option 'rows') for {rows} rows", row_labels.len()));
                 }
                 if col_labels.len() != cols {
-                    return bad(format!("heatmap: {} column labels for {cols} columns", col_labels.len()));
+                    return bad(format!(
+                        "heatmap: {} column labels (option 'cols') for {cols} columns",
+                        col_labels.len()
+                    ));
                 }
                 if let (Some(a), Some(b)) = (vmin, vmax) {
                     if a >= b {
@@ -442,7 +445,7 @@ mod tests {
             "",
         )
         .unwrap_err();
-        assert_eq!(e.to_string(), "heatmap: 1 column labels for 2 columns");
+        assert_eq!(e.to_string(), "heatmap: 1 column labels (option 'cols') for 2 columns");
     }
 
     #[test]
