@@ -68,7 +68,11 @@ pub mod api {
     /// ```
     #[rhai_fn(return_raw)]
     pub fn read_lines(path: &str) -> ScriptResult<rhai::Array> {
-        Ok(read_text(path)?.lines().map(|l| Dynamic::from(l.to_string())).collect())
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => return err(format!("read_lines: cannot read '{path}' as UTF-8 text: {e}")),
+        };
+        Ok(text.lines().map(|l| Dynamic::from(l.to_string())).collect())
     }
 
     /// Creates a directory and its parents (nothing happens if it exists).

@@ -105,7 +105,7 @@ pub fn interventions(model: &Model, func: &str, specs: &Dynamic) -> ScriptResult
     };
     let mut out = Interventions::default();
     for (i, spec) in list.iter().enumerate() {
-        let what = format!("{func}: intervention {i}");
+        let what = format!("{func}: option 'interventions'[{i}]");
         let Some(m) = spec.read_lock::<Map>() else {
             return err(format!("{what}: expected a map #{{hook, replace | add | scale, ...}}, got {}", quote(spec)));
         };
