@@ -145,6 +145,31 @@ fn state_of(dir: &Path, target: &str) -> Result<&'static str, String> {
     Err(format!("{target}: {} bytes, neither version (a torn write)", got.len()))
 }
 
+/// Starts `results.rhai` in `d` with stretched writes and returns once its references are
+/// written (its loop of A and B then begins).
+fn start_results_writer(d: &Path) -> Child {
+    let mut c = spawn(d, &["run", "results.rhai"], "slow:3000", Stdio::null());
+    let t0 = Instant::now();
+    while !d.join("ref-b-r.html").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the writer never became ready");
+        if let Ok(Some(s)) = c.try_wait() {
+            let o = c.wait_with_output().unwrap();
+            panic!("the writer exited ({s}): {}", String::from_utf8_lossy(&o.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c
+}
+
+/// Removes a run's references (the next run writes its own; the targets stay).
+fn remove_references(d: &Path) {
+    for e in std::fs::read_dir(d).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("ref-") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+}
+
 /// Temporary files a killed writer left (removed by the next write to the same path).
 fn temps(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count()
@@ -160,17 +185,8 @@ fn sigkill_at_random_points_of_every_script_write_leaves_whole_files() {
     let mut tally: BTreeMap<String, usize> = BTreeMap::new();
     let runs = kill_runs();
     for run in 0..runs {
-        let mut c = spawn(d, &["run", "results.rhai"], "slow:3000", Stdio::null());
-        // Wait for the references (the loop then begins), then kill within ~1.5 loops.
-        let t0 = Instant::now();
-        while !d.join("ref-b-r.html").exists() {
-            assert!(t0.elapsed() < Duration::from_secs(120), "the writer never became ready");
-            if let Ok(Some(s)) = c.try_wait() {
-                let o = c.wait_with_output().unwrap();
-                panic!("the writer exited ({s}): {}", String::from_utf8_lossy(&o.stderr));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut c = start_results_writer(d);
+        // Kill within ~1.5 loops.
         std::thread::sleep(Duration::from_millis(rng.below(600)));
         signal(&c, libc::SIGKILL);
         c.wait().unwrap();
@@ -180,11 +196,7 @@ fn sigkill_at_random_points_of_every_script_write_leaves_whole_files() {
         }
         *tally.entry("temp files left by the kill".into()).or_default() += temps(d);
         // The next run starts from what this one left (old files stay until replaced).
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            if e.file_name().to_string_lossy().starts_with("ref-") {
-                std::fs::remove_file(e.path()).unwrap();
-            }
-        }
+        remove_references(d);
     }
     println!("{runs} SIGKILL runs of {} script writers:", TARGETS.len());
     for (k, n) in &tally {
@@ -353,12 +365,7 @@ fn ctrl_c_mid_write_stops_the_script_and_leaves_whole_files() {
     std::fs::write(d.join("results.rhai"), RESULTS).unwrap();
     let mut rng = Rng(0x51ed270b27a3c0d5);
     for (run, twice) in [(0, false), (1, false), (2, true), (3, true)] {
-        let c = spawn(d, &["run", "results.rhai"], "slow:3000", Stdio::null());
-        let t0 = Instant::now();
-        while !d.join("ref-b-r.html").exists() {
-            assert!(t0.elapsed() < Duration::from_secs(120), "the writer never became ready");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let c = start_results_writer(d);
         std::thread::sleep(Duration::from_millis(50 + rng.below(400)));
         signal(&c, libc::SIGINT);
         if twice {
@@ -379,11 +386,7 @@ fn ctrl_c_mid_write_stops_the_script_and_leaves_whole_files() {
         for t in TARGETS {
             state_of(d, t).unwrap_or_else(|e| panic!("run {run} (Ctrl-C{}): {e}", if twice { " twice" } else { "" }));
         }
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            if e.file_name().to_string_lossy().starts_with("ref-") {
-                std::fs::remove_file(e.path()).unwrap();
-            }
-        }
+        remove_references(d);
     }
 }
 

@@ -1629,7 +1629,7 @@ mod tests {
             token_type: None,
             norm: None,
         };
-        let mut net = Transformer::decoder_only(embed, vec![layer], None, zeros(&[3, 2]), 0);
+        let mut net = Transformer::decoder_only(embed, vec![layer], None, zeros(&[3, 2]), 0, None);
         (net.stack_kind, net.causal) = (Kind::Enc, false);
         let start = crate::model::transformer::Start::Layer { layer: 0, x: &x, bias: Some(&bias) };
         let stop = crate::model::transformer::Stop::After(0);

@@ -993,7 +993,9 @@ impl ForcedBos {
 
 impl Transformer {
     /// A decoder-only language model: the causal stack `layers` over `embed`, a final norm and
-    /// the output projection `output` (no bias), everything else off (the families set a
+    /// the output projection `output` (no bias), inputs bounded by `max_positions` (rotary
+    /// families' `max_position_embeddings`; `None` where nothing or a learned table bounds
+    /// them), everything else off (the families set a
     /// window or a logit cap on the result).
     pub fn decoder_only(
         embed: Embeddings,
@@ -1001,6 +1003,7 @@ impl Transformer {
         final_norm: Option<Norm>,
         output: Tensor,
         eos_id: i64,
+        max_positions: Option<i64>,
     ) -> Transformer {
         let d_model = embed.tokens.size()[1];
         Transformer {
@@ -1020,7 +1023,7 @@ impl Transformer {
             banned: vec![],
             forced_bos: ForcedBos::default(),
             rel_bias: None,
-            max_positions: None,
+            max_positions,
         }
     }
 

@@ -262,8 +262,8 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, opts: LoadOptions) ->
         Some(final_norm),
         output,
         hf::first_id(&cfg.eos_token_id).unwrap_or(1),
+        cfg.max_position_embeddings,
     );
     net.logit_softcap = if version == 2 { cfg.final_logit_softcapping } else { None };
-    net.max_positions = cfg.max_position_embeddings;
     Ok(net)
 }

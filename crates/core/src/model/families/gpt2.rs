@@ -119,5 +119,13 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         norm: None,
     };
     let final_norm = layer_norm(&mut w, "ln_f", d, eps)?;
-    Ok(Transformer::decoder_only(embed, layers, Some(final_norm), tokens, hf::first_id(&cfg.eos_token_id).unwrap_or(0)))
+    // The learned position table bounds the input (`Embeddings::finish`).
+    Ok(Transformer::decoder_only(
+        embed,
+        layers,
+        Some(final_norm),
+        tokens,
+        hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+        None,
+    ))
 }

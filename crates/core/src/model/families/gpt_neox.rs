@@ -197,13 +197,12 @@ pub(crate) fn build(
     let output = w.output_or_tied("embed_out.weight", &tokens, cfg.tie_word_embeddings)?;
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = ln(&mut w, "final_layer_norm".into())?;
-    let mut net = Transformer::decoder_only(
+    Ok(Transformer::decoder_only(
         embed,
         layers,
         Some(final_norm),
         output,
         hf::first_id(&cfg.eos_token_id).unwrap_or(0),
-    );
-    net.max_positions = cfg.max_position_embeddings;
-    Ok(net)
+        cfg.max_position_embeddings,
+    ))
 }

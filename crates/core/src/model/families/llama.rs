@@ -342,9 +342,9 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights, rows: RotaryRows) -> 
         Some(final_norm),
         output,
         hf::first_id(&cfg.eos_token_id).unwrap_or(0),
+        max_positions,
     );
     net.window = window;
-    net.max_positions = max_positions;
     Ok(net)
 }
 

@@ -217,15 +217,14 @@ pub fn build(cfg: &Config, cfg_file: &str, mut w: Weights) -> Result<Transformer
     let output = w.output_or_tied("lm_head.weight", &tokens, cfg.tie_word_embeddings)?;
     let embed = Embeddings { tokens, scale: 1.0, positions: Positions::None, token_type: None, norm: None };
     let final_norm = rms(&mut w, "model.norm.weight".into())?;
-    let mut net = Transformer::decoder_only(
+    Ok(Transformer::decoder_only(
         embed,
         layers,
         Some(final_norm),
         output,
         hf::first_id(&cfg.eos_token_id).unwrap_or(0),
-    );
-    net.max_positions = cfg.max_position_embeddings;
-    Ok(net)
+        cfg.max_position_embeddings,
+    ))
 }
 
 /// A SwiGLU under `at` (`gate_proj`, `up_proj`, `down_proj`) of `width`.
