@@ -46,6 +46,10 @@ pub struct Case {
     pub option: Option<String>,
     /// The 1-based line of the changed call in `code`.
     pub line: usize,
+    /// The 1-based line and column (in characters) of the changed call's closing parenthesis:
+    /// an error positioned after it comes from what reads the call's result on that line
+    /// (`d.skip(n)[0]`), not from the call.
+    pub close: (usize, usize),
     /// Whether the value put there is NaN or infinite (a NaN result may then be due).
     pub non_finite: bool,
 }
@@ -120,6 +124,8 @@ fn expand(v: &str) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Site {
     pub args: Vec<(usize, usize)>,
+    /// The byte index of the closing parenthesis.
+    pub close: usize,
 }
 
 /// Whether `c` can be part of an identifier.
@@ -214,8 +220,8 @@ pub fn call_sites(code: &str, name: &str) -> Vec<Site> {
             }
             let defined = code[..i].trim_end().ends_with("fn");
             if k < b.len() && b[k] == b'(' && !ident(*b.get(i + n.len()).unwrap_or(&b' ')) && !defined {
-                if let Some((args, _)) = items(b, k) {
-                    out.push(Site { args });
+                if let Some((args, close)) = items(b, k) {
+                    out.push(Site { args, close });
                 }
             }
         }
@@ -262,6 +268,15 @@ fn shown(v: &str) -> &str {
 pub fn cases(func: &str, code: &str) -> Vec<Case> {
     let mut out = Vec::new();
     let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    // The line and column of byte `at` of `new` (a case's code).
+    let position = |new: &str, at: usize| {
+        let mut at = at.min(new.len());
+        while !new.is_char_boundary(at) {
+            at -= 1;
+        }
+        let start = new[..at].rfind('\n').map_or(0, |p| p + 1);
+        (new[..at].matches('\n').count() + 1, new[start..at].chars().count() + 1)
+    };
     // The example up to the end of the changed call's line: what follows reads its result
     // (asserts of the unchanged values), and would only cost time.
     let replaced = |(s, e): (usize, usize), v: &str| {
@@ -283,15 +298,12 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
                     for v in hostile() {
                         let end = code[span.1..].find('\n').map_or(code.len(), |p| span.1 + p);
                         let sep = if empty { "" } else { ", " };
+                        let added = format!("{}: {}{sep}", o.name, expand(v));
+                        let new = format!("{}{added}{}", &code[..span.0 + 2], &code[span.0 + 2..end]);
                         out.push(Case {
                             func: func.to_string(),
-                            code: format!(
-                                "{}{}: {}{sep}{}",
-                                &code[..span.0 + 2],
-                                o.name,
-                                expand(v),
-                                &code[span.0 + 2..end]
-                            ),
+                            close: position(&new, site.close + added.len()),
+                            code: new,
                             changed: format!("option '{}' (added) = {}", o.name, shown(v)),
                             option: Some(o.name.to_string()),
                             line: line_of(span.0),
@@ -305,9 +317,11 @@ pub fn cases(func: &str, code: &str) -> Vec<Case> {
                     if code[span.0..span.1].trim() == v {
                         continue;
                     }
+                    let new = replaced(span, v);
                     out.push(Case {
                         func: func.to_string(),
-                        code: replaced(span, v),
+                        close: position(&new, site.close + expand(v).len() - (span.1 - span.0)),
+                        code: new,
                         changed: format!("{what} = {}", shown(v)),
                         option: option.clone(),
                         line: line_of(span.0),
@@ -327,7 +341,8 @@ pub enum Outcome {
     Err {
         kind: ErrorKind,
         message: String,
-        line: Option<usize>,
+        /// The error's line and column in the case's code.
+        at: Option<(usize, usize)>,
     },
     /// Still running past the limit (after an interrupt was sent).
     Hang,
@@ -366,7 +381,7 @@ pub fn classify(case: &Case, outcome: &Outcome, baseline_nan: bool, alive: bool)
             }
             None
         }
-        Outcome::Err { kind, message, line } => {
+        Outcome::Err { kind, message, at } => {
             if *kind == ErrorKind::Panic || LEAKS.iter().any(|w| message.contains(w)) {
                 return defect("panic", first_line(message));
             }
@@ -380,7 +395,9 @@ pub fn classify(case: &Case, outcome: &Outcome, baseline_nan: bool, alive: bool)
             let assertion = message.to_lowercase().starts_with("assertion failed");
             // An index (`c["name"]`) has no function name a person types.
             let indexed = case.func.starts_with("index$");
-            if *line == Some(case.line) && matches!(kind, ErrorKind::Runtime) && !assertion && !indexed {
+            // An error after the call's closing parenthesis is what read its result.
+            let on_call = matches!(at, Some(p) if p.0 == case.line && *p <= case.close);
+            if on_call && matches!(kind, ErrorKind::Runtime) && !assertion && !indexed {
                 let short = case.func.rsplit("::").next().unwrap_or(&case.func);
                 if !message.contains(short) {
                     return defect("unnamed function", first_line(message));
@@ -552,7 +569,7 @@ fn run_one(s: &mut Session, code: &str, limit: Duration, hard: Option<Hard>) -> 
         Err(e) => Outcome::Err {
             kind: e.kind,
             message: format!("{}\n{}", e.message, e.notes.join("\n")),
-            line: e.location.as_ref().filter(|l| l.source == "fuzz").map(|l| l.line),
+            at: e.location.as_ref().filter(|l| l.source == "fuzz").map(|l| (l.line, l.col)),
         },
     }
 }
@@ -748,6 +765,13 @@ mod tests {
         // What follows the changed call's line is left out.
         let cs = cases("f", "let a = f(1);\nassert(a == 2);\n");
         assert!(cs.iter().all(|c| !c.code.contains("assert")), "{:?}", cs[0].code);
+        // `close` is the changed call's closing parenthesis in the case's code.
+        let cs = cases("skip", "let d = c;\nlet x = d.skip(5)[0] + f(#{a: 1});");
+        for c in cases("prune", "let r = m.prune(d, #{steps: 2})[0];").iter().chain(&cs) {
+            let line = c.code.lines().nth(c.close.0 - 1).unwrap();
+            assert_eq!(line.chars().nth(c.close.1 - 1), Some(')'), "{} at {:?}", c.code, c.close);
+            assert_eq!(line.chars().nth(c.close.1), Some('['), "{} at {:?}", c.code, c.close);
+        }
     }
 
     #[test]
@@ -758,9 +782,11 @@ mod tests {
             changed: "option 'k' = -1".into(),
             option: Some("k".into()),
             line: 1,
+            close: (1, 20),
             non_finite: false,
         };
-        let err = |kind, m: &str, line| Outcome::Err { kind, message: m.into(), line };
+        let err =
+            |kind, m: &str, line: Option<usize>| Outcome::Err { kind, message: m.into(), at: line.map(|l| (l, 5)) };
         assert_eq!(classify(&case, &err(ErrorKind::Panic, "x", Some(1)), false, true).unwrap().class, "panic");
         assert_eq!(
             classify(&case, &err(ErrorKind::Runtime, "bad", Some(1)), false, true).unwrap().class,
@@ -783,5 +809,12 @@ mod tests {
         assert!(classify(&case, &Outcome::Ok("NaN".into()), true, true).is_none());
         assert_eq!(classify(&case, &Outcome::Ok("1".into()), false, false).unwrap().class, "session died");
         assert_eq!(blurred("top: k is 12 ('abc')"), "top: k is # (__)");
+        // An error after the call's closing parenthesis (an index of its result) is not the call's.
+        let after =
+            Outcome::Err { kind: ErrorKind::Runtime, message: "index 0 out of range".into(), at: Some((1, 21)) };
+        assert!(classify(&case, &after, false, true).is_none());
+        let inside =
+            Outcome::Err { kind: ErrorKind::Runtime, message: "index 0 out of range".into(), at: Some((1, 20)) };
+        assert_eq!(classify(&case, &inside, false, true).unwrap().class, "unnamed function");
     }
 }

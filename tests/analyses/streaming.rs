@@ -308,7 +308,7 @@ pub(crate) mod planted {
     #[test]
     fn streaming_a_windowed_head_changes_nothing_and_a_copy_head_breaks_the_passkey() {
         let (v, _dir) = model();
-        let keys = passkeys(&v.model, 4, NEEDLE, CONTEXT, 3).unwrap();
+        let keys = passkeys(&v.model, ("kv_curve", "passkey"), 4, NEEDLE, CONTEXT, 3).unwrap();
         let run = |w: &View, ids: &[i64]| {
             let x = Tensor::from_slice(ids).view([1, -1]);
             let states =

@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 14] = [
+    let cases: [(&str, &[&str]); 16] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -169,6 +169,15 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("tests/fixtures/tiny_hf/llama").learn_prulong(corpus(asset("pud_en.txt")).take(4), #{batch: 9223372036854775807, steps: 1, context: 64, samples: 2, recent: 8})"#,
             &["learn_prulong: batch 9223372036854775807 of 64 tokens", "over the budget"],
+        ),
+        // The budget named kv_curve's `n`, not the caller's option.
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").learn_duo(corpus(asset("pud_en.txt")).take(30), #{steps: 1, context: 64, samples: 9223372036854775807, recent: 8})"#,
+            &["learn_duo: samples = 9223372036854775807", "over the budget"],
+        ),
+        (
+            r#"let m = load_model("tests/fixtures/tiny_hf/llama"); m.kv_curve(m.kv_scores("echo", #{n: 2, len: 10}), corpus(asset("pud_en.txt")).take(20), #{fractions: [0.5], context: 64, sink: 2, recent: 8, induction: 0, passkey: 9223372036854775807})"#,
+            &["kv_curve: passkey = 9223372036854775807", "over the budget"],
         ),
     ];
     for (code, want) in cases {

@@ -43,8 +43,15 @@ pub struct ScoreOptions {
 
 /// The taxonomy's seeded probes for this model, an error naming `func` instead of `head_types`.
 fn probes(model: &Model, o: &ProbeOptions, func: &str) -> Result<Probes, AnalysisError> {
-    Probes::generate(&super::taxonomy::token_pool(model), o)
-        .map_err(|e| AnalysisError::Input(e.to_string().replace("head_types", func)))
+    probes_counted(model, o, func, "n")
+}
+
+/// [`probes`] for a function whose option `count` gives the number of probes (the budget's
+/// refusal names that option, not `n`).
+fn probes_counted(model: &Model, o: &ProbeOptions, func: &str, count: &str) -> Result<Probes, AnalysisError> {
+    Probes::generate(&super::taxonomy::token_pool(model), o).map_err(|e| {
+        AnalysisError::Input(e.to_string().replace("head_types", func).replacen(" n = ", &format!(" {count} = "), 1))
+    })
 }
 
 /// Per layer `[layers][heads]` scores of the decoder-only stack's heads, in the original
@@ -507,9 +514,11 @@ pub struct CurveOptions {
 }
 
 /// The passkey probes: `n` sequences of `context` tokens, each a random haystack with a needle
-/// of `needle` random tokens at a seeded depth, and the needle again at the end.
+/// of `needle` random tokens at a seeded depth, and the needle again at the end. `func` and
+/// `count` (the option giving `n`) name the caller in errors.
 pub fn passkeys(
     model: &Model,
+    (func, count): (&str, &str),
     n: usize,
     needle: usize,
     context: i64,
@@ -517,10 +526,10 @@ pub fn passkeys(
 ) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
     let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
         AnalysisError::Input(format!(
-            "kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}"
+            "{func}: a passkey of {needle} tokens, twice, does not fit a context of {context}"
         ))
     })?;
-    Ok(probes(model, &ProbeOptions { seed, n, len: 2, needle, haystack }, "kv_curve")?.needles)
+    Ok(probes_counted(model, &ProbeOptions { seed, n, len: 2, needle, haystack }, func, count)?.needles)
 }
 
 /// Passkeys inside text: `n` sequences of `context` tokens, each the first `context - 2 needle`
@@ -528,6 +537,7 @@ pub fn passkeys(
 /// at a seeded depth, and the needle again at the end.
 pub fn passkeys_in(
     model: &Model,
+    (func, count): (&str, &str),
     texts: &[Vec<i64>],
     n: usize,
     needle: usize,
@@ -536,10 +546,10 @@ pub fn passkeys_in(
 ) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
     let hay = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
         AnalysisError::Input(format!(
-            "kv_curve: a passkey of {needle} tokens, twice, does not fit a context of {context}"
+            "{func}: a passkey of {needle} tokens, twice, does not fit a context of {context}"
         ))
     })?;
-    let needles = passkeys(model, n, needle, context, seed)?;
+    let needles = passkeys(model, (func, count), n, needle, context, seed)?;
     Ok(needles
         .into_iter()
         .enumerate()
@@ -650,7 +660,11 @@ pub fn curve(
     } else {
         vec![]
     };
-    let keys_seq = if o.passkey > 0 { passkeys_in(m, chunks, o.passkey, o.needle, o.context, o.seed)? } else { vec![] };
+    let keys_seq = if o.passkey > 0 {
+        passkeys_in(m, ("kv_curve", "passkey"), chunks, o.passkey, o.needle, o.context, o.seed)?
+    } else {
+        vec![]
+    };
     let mut pass = vec![0.0; views.len()];
     let total = chunks.len() + repeated.len() + keys_seq.len();
     for (i, ids) in chunks.iter().enumerate() {

@@ -196,8 +196,10 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
         AnalysisError::Input(s) => AnalysisError::Input(s.replacen("kv_curve", f, 1)),
         e => e,
     })?;
-    let seqs: Vec<Vec<i64>> =
-        passkeys_in(m, &texts, o.samples, o.needle, o.context, o.seed)?.into_iter().map(|(s, _)| s).collect();
+    let seqs: Vec<Vec<i64>> = passkeys_in(m, (f, "samples"), &texts, o.samples, o.needle, o.context, o.seed)?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
     let dev = m.device();
     let base = v.gates()?;
     let t = o.context;
