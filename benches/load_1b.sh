@@ -26,4 +26,5 @@ awk -v s="$size" -v hs="$hs" -v hf="$hf" -v bhs="$base_hs" -v bhf="$base_hf" -v 
   printf "%-13s %8.2f GB %9.2f GB %11.2f GB\n", "transformers", hf / 1048576 * 1.048576, bhf / 1048576 * 1.048576, (hf - bhf) / 1048576 * 1.048576;
   printf "after loading and one 3-token forward:\n";
   printf "%-13s %8.2f GB %9.2f GB %11.2f GB\n", "headscope", hsf / 1048576 * 1.048576, bhs / 1048576 * 1.048576, (hsf - bhs) / 1048576 * 1.048576;
-  printf "%-13s %8.2f GB %9.2f GB %11.2f GB\n", "transformers", hff / 1048576 * 1.048576, bhf / 1048576 * 1.048576, (hff - bhf) / 1048576 * 1.048576 }'
+  printf "%-13s %8.2f GB %9.2f GB %11.2f GB\n", "transformers", hff / 1048576 * 1.048576, bhf / 1048576 * 1.048576, (hff - bhf) / 1048576 * 1.048576;
+  printf "headscope / transformers, peak - start after one forward: %.2fx; headscope against the checkpoint: %.2fx\n", (hsf - bhs) / (hff - bhf), (hsf - bhs) * 1024 / s }'

@@ -262,6 +262,7 @@ pub fn hand_built(
         path: dir.to_path_buf(),
         id: None,
         warnings: vec![],
+        stored: None,
         net,
         tok,
         opts,

@@ -503,7 +503,7 @@ fn bad_analysis_inputs_are_clear_errors() {
     // A word that is not in the text: no token can be aligned with it.
     std::fs::write(d.join("unaligned.conllu"), "# text = The cat sleeps.\n1\tThe\t_\tX\t_\t_\t2\tdet\t_\t_\n2\tdog\t_\tX\t_\t_\t3\tnsubj\t_\t_\n3\tsleeps\t_\tX\t_\t_\t0\troot\t_\t_\n\n").unwrap();
     let cases: &[(&str, &str)] = &[
-        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{stats: [\"confidence\", \"syntax\"]})", "analyze: unknown stat 'syntax' (expected \"confidence\", \"positional\", \"rare\" or \"syntactic\")"),
+        ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{stats: [\"confidence\", \"syntax\"]})", "analyze: option 'stats': unknown stat 'syntax' (expected \"confidence\", \"positional\", \"rare\" or \"syntactic\")"),
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{exclude_keys: \"pad\"})", "analyze: unknown exclude_keys 'pad' (expected \"eos\", \"special\" or \"none\")"),
         ("load_model(\"enpt\").ablation_sweep(corpus(\"two.txt\"), #{metric: \"acc\"})", "ablation_sweep: unknown metric 'acc' (expected \"loss\", \"kl\", \"bleu\" or \"cosine\")"),
         ("load_model(\"enpt\").analyze(corpus(\"two.txt\"), #{stats: [\"syntactic\"]})", "analyze: the syntactic statistic needs a treebank: two.txt has no dependency trees (load it with treebank(path))"),

@@ -190,9 +190,10 @@ fn parse_options(
     let o = Opts::new(options, func, OPTIONS)?;
     let is_tb = data.items.iter().all(|i| i.tree.is_some());
     let stats: Vec<Stat> = match o.strings("stats")? {
-        Some(v) => {
-            v.iter().map(|s| s.parse().or_else(|e: String| err(format!("{func}: {e}")))).collect::<ScriptResult<_>>()?
-        }
+        Some(v) => v
+            .iter()
+            .map(|s| s.parse().or_else(|e: String| err(format!("{func}: option 'stats': {e}"))))
+            .collect::<ScriptResult<_>>()?,
         None => default_stats(is_tb || o.has("treebank")),
     };
     let kinds = crate::model::script::kinds_option(m, &o)?;

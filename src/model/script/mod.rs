@@ -277,6 +277,23 @@ pub mod api {
         m.model.n_params
     }
 
+    /// The dtype most of the checkpoint's weight bytes are stored in, as its format names it
+    /// (`"BF16"`, `"F32"`, a GGUF's `"Q4_K"`), or `()` where its headers do not say (Marian
+    /// `.bin`, `pytorch_model.bin`). A 16-bit or quantised checkpoint loaded in float32 shows
+    /// what `#{dtype: "bf16"}` would take in the model's description
+    /// (docs/methods.md#loading-memory).
+    ///
+    /// ```rhai
+    /// assert(load_model("tests/fixtures/tiny_hf/llama").stored == "F32");
+    /// let m = load_model("smollm2");
+    /// assert(m.stored == "Q4_1" && m.to_string().contains("with #{dtype: \"bf16\"}"));
+    /// assert(!load_model("smollm2", #{dtype: "bf16"}).to_string().contains("stored as"));
+    /// ```
+    #[rhai_fn(get = "stored", pure)]
+    pub fn stored(m: &mut ScriptModel) -> Dynamic {
+        m.model.stored.clone().map_or(Dynamic::UNIT, Dynamic::from)
+    }
+
     /// Seconds spent loading: `weights` (read, convert, build), `tokenizer` and `total`.
     ///
     /// ```rhai

@@ -281,6 +281,9 @@ pub struct Model {
     pub id: Option<String>,
     /// What loading let through under `allow_unknown_config` (shown once, by `load_model`).
     pub warnings: Vec<String>,
+    /// The dtype most of the checkpoint's weight bytes are stored in (`BF16`, `Q4_K`), where
+    /// its headers say ([`readers::stored`]).
+    pub stored: Option<String>,
     pub net: Transformer,
     pub tok: Tok,
     pub opts: LoadOptions,
@@ -471,6 +474,7 @@ impl Model {
             path: path.to_path_buf(),
             id: None,
             warnings,
+            stored: readers::stored::stored(path),
             net,
             tok,
             opts,
@@ -1170,8 +1174,20 @@ impl Model {
                 format!(", latent attention (cache: {} numbers per token and layer)", lat.numbers_per_entry())
             });
         let experts = format!("{latent}{experts}");
+        // A 16-bit or quantised checkpoint held in float32: what bf16 would take.
+        let saving = readers::stored::bf16_saving(self.stored.as_deref(), self.opts.dtype, self.n_params).map_or(
+            String::new(),
+            |(f32, bf16)| {
+                format!(
+                    "; stored as {}: {:.2} GB of weights, {:.2} GB with #{{dtype: \"bf16\"}}",
+                    self.stored.as_deref().unwrap_or("?"),
+                    f32 / 1e9,
+                    bf16 / 1e9
+                )
+            },
+        );
         format!(
-            "<Model {} ({}), {:.1}M parameters, heads: {}{experts}, on {} as {:?}>",
+            "<Model {} ({}), {:.1}M parameters, heads: {}{experts}, on {} as {:?}{saving}>",
             self.name(),
             self.family_name(),
             self.n_params as f64 / 1e6,

@@ -101,7 +101,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             )))
         }
     };
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     let mut w = Weights::new(map, file, opts, None);
     let v_src = cfg.vocab_size;
     let v_tgt = cfg.decoder_vocab_size.unwrap_or(v_src);

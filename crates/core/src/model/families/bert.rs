@@ -51,7 +51,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<(Transformer, Config), Mode
             ),
         ));
     }
-    let (map, file) = crate::model::readers::hf::weights(dir)?;
+    let (map, file) = crate::model::readers::hf::weights(dir, opts.dtype)?;
     let roberta = cfg.model_type == "roberta";
     let mut w = Weights::new(map, file, opts, Some(if roberta { "roberta." } else { "bert." }));
     let (d, h, f, eps) = (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.layer_norm_eps);

@@ -126,7 +126,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let mut map: HashMap<String, Tensor> = HashMap::new();
     for t in &g.tensors {
         let name = hf_name(&t.name).ok_or_else(|| bad(format!("tensor '{}' is not a deepseek2 tensor", t.name)))?;
-        map.insert(name, g.tensor(&t.name)?);
+        map.insert(name, g.tensor_as(&t.name, opts.dtype)?);
     }
     join_kv_b(&mut map, n_layers, h, file)?;
     split_experts(&mut map, dense..n_layers, n_experts, width, d, file)?;

@@ -72,7 +72,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
         }
     };
     let ff = cfg.n_inner.unwrap_or(4 * d);
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     // GPT2LMHeadModel saves `transformer.`-prefixed names; GPT2Model none.
     let mut w = Weights::new(map, file, opts, Some("transformer."));
     let eps = cfg.layer_norm_epsilon;

@@ -83,7 +83,7 @@ fn default_true() -> bool {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     // GPTNeoXForCausalLM saves `gpt_neox.`-prefixed names (and `embed_out`); GPTNeoXModel none.
     build(&cfg, &cfg_file, Weights::new(map, file, opts, Some("gpt_neox.")), QkvRows::PerHead)
 }

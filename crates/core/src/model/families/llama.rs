@@ -170,7 +170,7 @@ fn default_act() -> String {
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     build(&cfg, &cfg_file, Weights::new(map, file, opts, None), RotaryRows::RotateHalf)
 }
 

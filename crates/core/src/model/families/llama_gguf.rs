@@ -143,9 +143,12 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         .tensors
         .iter()
         .map(|t| {
-            let x = g.tensor(&t.name)?;
-            // llama.cpp wrote Gemma's norms as 1 + w.
-            let x = if gemma && t.name.ends_with("norm.weight") { x - 1.0 } else { x };
+            // llama.cpp wrote Gemma's norms as 1 + w: shifted in float32, then converted.
+            let x = if gemma && t.name.ends_with("norm.weight") {
+                (g.tensor(&t.name)? - 1.0).f_to_kind(opts.dtype)?
+            } else {
+                g.tensor_as(&t.name, opts.dtype)?
+            };
             Ok((hf_name(&arch, &t.name), x))
         })
         .collect::<Result<_, ModelError>>()?;
@@ -445,12 +448,13 @@ impl Meta<'_> {
     }
 }
 
-/// Every tensor of `g`, dequantised, under the name `rename` gives its GGUF name.
+/// Every tensor of `g`, dequantised into `dtype`, under the name `rename` gives its GGUF name.
 fn renamed(
     g: &Gguf,
+    dtype: tch::Kind,
     rename: impl Fn(&str) -> String,
 ) -> Result<std::collections::HashMap<String, tch::Tensor>, ModelError> {
-    g.tensors.iter().map(|t| Ok((rename(&t.name), g.tensor(&t.name)?))).collect()
+    g.tensors.iter().map(|t| Ok((rename(&t.name), g.tensor_as(&t.name, dtype)?))).collect()
 }
 
 /// The architectures read.
@@ -474,7 +478,7 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
             key("attention.head_count")
         )));
     }
-    let map = renamed(g, |name| match name {
+    let map = renamed(g, opts.dtype, |name| match name {
         "token_embd.weight" => "gpt_neox.embed_in.weight".to_string(),
         "output.weight" => "embed_out.weight".to_string(),
         n if n.starts_with("output_norm.") => format!("gpt_neox.final_layer_norm.{}", &n["output_norm.".len()..]),
@@ -542,7 +546,7 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
 fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let meta = Meta { g, arch: "t5", file };
     let (int, float) = (|k: &str| meta.int(k), |k: &str| meta.float(k));
-    let mut map = renamed(g, |name| match name {
+    let mut map = renamed(g, opts.dtype, |name| match name {
         "token_embd.weight" => "shared.weight".to_string(),
         "output.weight" => "lm_head.weight".to_string(),
         "enc.output_norm.weight" => "encoder.final_layer_norm.weight".to_string(),

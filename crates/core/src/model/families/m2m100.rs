@@ -107,7 +107,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             )))
         }
     };
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     let mut w = Weights::new(map, file, opts, None);
     let v = cfg.vocab_size;
     // Token embeddings: `model.shared` (safetensors exports write the tied table once), else

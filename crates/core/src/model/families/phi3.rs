@@ -15,7 +15,7 @@ use std::path::Path;
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let (mut map, file) = hf::weights(dir)?;
+    let (mut map, file) = hf::weights(dir, opts.dtype)?;
     split_fused(&mut map, &cfg, &cfg_file, &file)?;
     build(&cfg, &cfg_file, Weights::new(map, file, opts, None), RotaryRows::RotateHalf)
 }

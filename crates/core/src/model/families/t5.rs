@@ -83,7 +83,7 @@ fn attention(w: &mut Weights, prefix: &str, d: i64, h: i64, dkv: i64) -> Result<
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let cfg: Config = hf::typed_config(dir)?;
     let cfg_file = dir.join("config.json").display().to_string();
-    let (map, file) = hf::weights(dir)?;
+    let (map, file) = hf::weights(dir, opts.dtype)?;
     build(&cfg, &cfg_file, Weights::new(map, file, opts, None))
 }
 

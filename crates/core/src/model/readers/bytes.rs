@@ -5,6 +5,7 @@
 //! huge allocation.
 
 use crate::model::ModelError;
+use tch::{Device, Kind as DType, Tensor};
 
 pub struct Cursor<'a> {
     pub b: &'a [u8],
@@ -90,6 +91,99 @@ pub fn byte_len(count: usize, size: usize, left: usize, what: &str, file: &str) 
     }
 }
 
+/// A checkpoint's bytes, whose pages are given back once a tensor is copied out of them: a
+/// memory map drops them from the resident set (`madvise(MADV_DONTNEED)`; the file's page
+/// cache keeps them, so nothing is read twice), bytes already in memory have nothing to give.
+/// So loading holds the weights read so far plus one piece of the file, not the weights plus
+/// the file (docs/methods.md#loading-memory).
+pub trait Pages: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    /// Bytes `start..start + len` will not be read again (a hint; a later read still works).
+    fn release(&self, _start: usize, _len: usize) {}
+}
+
+impl Pages for memmap2::Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn release(&self, start: usize, len: usize) {
+        if start.checked_add(len).is_some_and(|e| e <= self.len()) && len > 0 {
+            // SAFETY: a read-only map of a file: dropped pages are read again from the file
+            // when touched, with the same bytes (the checkpoint must not change while it loads,
+            // as `safetensors::map` says), so slices into the range stay valid.
+            let _ = unsafe { self.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        }
+    }
+}
+
+impl Pages for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Pages for &[u8] {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// Bytes of a file copied out (or produced, for quantised blocks) per piece: what loading
+/// holds beyond the weights already read.
+pub const PIECE: usize = 16 << 20;
+
+/// A 1-D tensor of `count` elements of dtype `to` on the CPU, filled a piece of at most
+/// `piece` elements at a time from `part(at, n)` (a tensor of `n` elements of any dtype,
+/// converted as `Tensor::to_kind` converts).
+pub fn in_pieces(
+    count: usize,
+    to: DType,
+    piece: usize,
+    mut part: impl FnMut(usize, usize) -> Result<Tensor, ModelError>,
+) -> Result<Tensor, ModelError> {
+    let out = Tensor::f_empty([count as i64], (to, Device::Cpu))?;
+    let mut at = 0;
+    while at < count {
+        let n = piece.max(1).min(count - at);
+        let src = part(at, n)?;
+        let mut piece_of_out = out.f_narrow(0, at as i64, n as i64)?;
+        piece_of_out.f_copy_(&src)?;
+        at += n;
+    }
+    Ok(out)
+}
+
+fn floating(k: DType) -> bool {
+    matches!(k, DType::Half | DType::Float | DType::Double | DType::BFloat16)
+}
+
+/// The tensor of `shape` whose elements of dtype `from` lie at bytes `start..` of `pages`,
+/// in dtype `to` where both are floating point (else as stored), copied a piece at a time,
+/// each piece's pages released once copied. The range must have been checked to lie in the
+/// file.
+pub fn tensor_out(
+    pages: &dyn Pages,
+    start: usize,
+    shape: &[i64],
+    count: usize,
+    from: DType,
+    to: Option<DType>,
+) -> Result<Tensor, ModelError> {
+    let to = match to {
+        Some(k) if floating(from) && floating(k) => k,
+        _ => from,
+    };
+    let elem = from.elt_size_in_bytes();
+    let bytes = pages.bytes();
+    let t = in_pieces(count, to, PIECE / elem, |at, n| {
+        let (s, len) = (start + at * elem, n * elem);
+        let t = Tensor::f_from_data_size(&bytes[s..s + len], &[n as i64], from)?;
+        pages.release(s, len);
+        Ok(t)
+    })?;
+    Ok(t.f_view(shape)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +206,26 @@ mod tests {
         );
         assert!(byte_len(usize::MAX, 4, 100, "t", "f").is_err());
         assert_eq!(byte_len(3, 4, 12, "t", "f").unwrap(), 12);
+    }
+
+    #[test]
+    fn pieces_cover_every_element_once_and_convert_as_to_kind() {
+        // Pieces that do not divide the count; a conversion equal to `to_kind`'s.
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 1e3 + 1.0 / (i as f32 + 3.0)).collect();
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let pages: &[u8] = &bytes;
+        let want = Tensor::from_slice(&x).view([10, 100]);
+        for piece in [1, 7, 333, 1000, 5000] {
+            let t = in_pieces(1000, DType::BFloat16, piece, |at, n| Ok(Tensor::from_slice(&x[at..at + n]))).unwrap();
+            assert!(t.view([10, 100]).equal(&want.to_kind(DType::BFloat16)), "piece {piece}");
+        }
+        let t = tensor_out(&pages, 0, &[10, 100], 1000, DType::Float, Some(DType::BFloat16)).unwrap();
+        assert!(t.equal(&want.to_kind(DType::BFloat16)));
+        let t = tensor_out(&pages, 0, &[10, 100], 1000, DType::Float, None).unwrap();
+        assert!(t.equal(&want));
+        // Integers keep their dtype.
+        let t = tensor_out(&pages, 0, &[1000], 1000, DType::Int, Some(DType::BFloat16)).unwrap();
+        assert_eq!(t.kind(), DType::Int);
+        assert!(in_pieces(0, DType::Float, 4, |_, _| unreachable!()).unwrap().numel() == 0);
     }
 }

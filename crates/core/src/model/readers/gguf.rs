@@ -3,11 +3,11 @@
 //! into f32 tensors in PyTorch's dimension order. The reader is checked against the `gguf` Python package
 //! (tests/readers/gguf.rs); `llama_gguf.rs` builds the decoder-only model from it.
 
-use crate::model::readers::bytes::Cursor;
+use crate::model::readers::bytes::{in_pieces, Cursor, Pages, PIECE};
 use crate::model::ModelError;
 use std::collections::BTreeMap;
 use std::path::Path;
-use tch::Tensor;
+use tch::{Kind as DType, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
@@ -72,7 +72,7 @@ pub struct Gguf {
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
     data_start: usize,
-    map: Box<dyn AsRef<[u8]> + Send + Sync>,
+    map: Box<dyn Pages>,
 }
 
 /// GGUF's strings and typed metadata values, on the shared checked cursor.
@@ -257,9 +257,9 @@ impl Gguf {
 
     /// The metadata and tensor directory of a GGUF file's bytes; `file` names it in errors.
     /// Every tensor of a supported type must fit in the file after the data offset.
-    pub fn from_bytes(map: Box<dyn AsRef<[u8]> + Send + Sync>, file: String) -> Result<Gguf, ModelError> {
+    pub fn from_bytes(map: Box<dyn Pages>, file: String) -> Result<Gguf, ModelError> {
         let (version, metadata, tensors, data_start) = {
-            let mut c = Cursor::new((*map).as_ref(), &file);
+            let mut c = Cursor::new(map.bytes(), &file);
             if c.take(4, "the magic")? != b"GGUF" {
                 return Err(ModelError::Corrupt {
                     file: file.clone(),
@@ -326,12 +326,31 @@ impl Gguf {
         Ok(Gguf { file, version, metadata, tensors, data_start, map })
     }
 
+    /// The ggml type holding most of the file's tensor bytes (`Q4_K`, `BF16`), if any.
+    pub fn stored(&self) -> Option<&'static str> {
+        let mut by: BTreeMap<&'static str, u128> = BTreeMap::new();
+        for t in &self.tensors {
+            if let Some((bytes, per, name)) = block(t.ggml_type) {
+                let n: u128 = t.dims.iter().map(|&d| d as u128).product();
+                *by.entry(name).or_default() += n / per as u128 * bytes as u128;
+            }
+        }
+        by.into_iter().max_by_key(|(_, b)| *b).map(|(n, _)| n)
+    }
+
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
 
     /// A tensor dequantised to f32, in PyTorch order.
     pub fn tensor(&self, name: &str) -> Result<Tensor, ModelError> {
+        self.tensor_as(name, DType::Float)
+    }
+
+    /// A tensor dequantised straight into dtype `to` (floating point), in PyTorch order: a
+    /// piece of blocks at a time through float32 (the same numbers as dequantising to float32
+    /// and converting the whole), each piece's pages of the file released once read.
+    pub fn tensor_as(&self, name: &str, to: DType) -> Result<Tensor, ModelError> {
         let info =
             self.info(name).ok_or_else(|| ModelError::MissingTensor { file: self.file.clone(), name: name.into() })?;
         let bad = |why: String| ModelError::Corrupt { file: self.file.clone(), why: format!("tensor '{name}': {why}") };
@@ -349,16 +368,33 @@ impl Gguf {
         let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(self.data_start));
         let data = start
             .and_then(|s| Some((s, s.checked_add(len)?)))
-            .and_then(|(s, e)| (*self.map).as_ref().get(s..e))
+            .and_then(|(s, e)| self.map.bytes().get(s..e))
             .ok_or_else(|| {
                 bad(format!(
                     "data offset {} + {len} bytes lies past the end of the file ({} bytes)",
                     info.offset,
-                    (*self.map).as_ref().len()
+                    self.map.bytes().len()
                 ))
             })?;
-        let mut out = vec![0f32; n];
-        match info.ggml_type {
+        let start = start.unwrap_or(0);
+        let blocks = (PIECE / 4 / per).max(1);
+        let mut buf = vec![0f32; (blocks * per).min(n)];
+        let t = in_pieces(n, to, blocks * per, |at, m| {
+            let (b0, nb) = (at / per, m / per);
+            dequantise(info.ggml_type, bytes, &data[b0 * bytes..(b0 + nb) * bytes], &mut buf[..m]);
+            let t = Tensor::f_from_slice(&buf[..m])?;
+            self.map.release(start + b0 * bytes, nb * bytes);
+            Ok(t)
+        })?;
+        Ok(t.f_view(info.shape().as_slice())?)
+    }
+}
+
+/// Blocks `data` of ggml type `t` (`bytes` per block, checked by [`block`]) dequantised into
+/// `out`.
+fn dequantise(t: u32, bytes: usize, data: &[u8], out: &mut [f32]) {
+    {
+        match t {
             0 => out
                 .iter_mut()
                 .zip(data.chunks_exact(4))
@@ -385,7 +421,7 @@ impl Gguf {
             // d, (Q5_1: m,) 32 fifth bits (bit j for value j), 16 bytes of low nibbles (values
             // 0..16) and high nibbles (16..32).
             6 | 7 => {
-                let q51 = info.ggml_type == 7;
+                let q51 = t == 7;
                 let at = if q51 { 4 } else { 2 };
                 for (o, blk) in out.chunks_exact_mut(32).zip(data.chunks_exact(bytes)) {
                     let d = half(&blk[..2]);
@@ -407,7 +443,7 @@ impl Gguf {
             }
             10..=14 => {
                 for (o, blk) in out.chunks_exact_mut(256).zip(data.chunks_exact(bytes)) {
-                    dequant_k(info.ggml_type, blk, o);
+                    dequant_k(t, blk, o);
                 }
             }
             30 => out
@@ -429,13 +465,13 @@ impl Gguf {
             }
             _ => unreachable!("checked by block()"),
         }
-        Ok(Tensor::from_slice(&out).f_view(info.shape().as_slice())?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{f16_to_f32, Gguf, Value};
+    use tch::Kind as DType;
 
     fn kv(key: &str, t: u32, payload: &[u8]) -> Vec<u8> {
         [&(key.len() as u64).to_le_bytes()[..], key.as_bytes(), &t.to_le_bytes(), payload].concat()
@@ -475,6 +511,59 @@ mod tests {
         assert_eq!(m["u64"], Value::U64(11));
         assert_eq!(m["u16s"], Value::Array(vec![Value::U64(1), Value::U64(2)]));
         assert_eq!(m["last"], Value::I64(-1));
+    }
+
+    /// A GGUF (v3, no metadata) of one tensor `w` of ggml type `t`, `dims` in GGUF order, and
+    /// its data.
+    fn one_tensor(t: u32, dims: &[u64], data: &[u8]) -> Vec<u8> {
+        let mut b = [&b"GGUF"[..], &3u32.to_le_bytes(), &1u64.to_le_bytes(), &0u64.to_le_bytes()].concat();
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'w');
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+        b.extend_from_slice(&t.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.extend_from_slice(data);
+        b
+    }
+
+    #[test]
+    fn gguf_bf16_equals_f32_converted() {
+        // Q4_K blocks of pseudo-random bytes with finite scales, more than one piece's worth
+        // (PIECE / 4 / 256 blocks) and not a whole number of pieces; and BF16 and F16 tensors.
+        let blocks = super::PIECE / 4 / 256 + 37;
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut data: Vec<u8> = (0..blocks * 144)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for blk in data.chunks_exact_mut(144) {
+            blk[..2].copy_from_slice(&0x2e66u16.to_le_bytes()); // d = 0.1
+            blk[2..4].copy_from_slice(&0x1c00u16.to_le_bytes()); // dmin = 2^-8
+        }
+        let g = Gguf::from_bytes(Box::new(one_tensor(12, &[256, blocks as u64], &data)), "t.gguf".into()).unwrap();
+        assert_eq!(g.stored(), Some("Q4_K"));
+        let f = g.tensor("w").unwrap();
+        assert_eq!(f.size(), [blocks as i64, 256]);
+        assert!(f.isfinite().all().int64_value(&[]) == 1 && f.abs().max().double_value(&[]) > 0.5);
+        for to in [DType::BFloat16, DType::Half, DType::Double] {
+            let t = g.tensor_as("w", to).unwrap();
+            assert_eq!(t.kind(), to);
+            assert!(t.equal(&f.to_kind(to)), "{to:?}");
+        }
+        // A bf16 tensor read as bf16 is its bytes.
+        let bf: Vec<u8> = (0..1000u16).flat_map(|i| (0x3f80u16 + i).to_le_bytes()).collect();
+        let g = Gguf::from_bytes(Box::new(one_tensor(30, &[10, 100], &bf)), "t.gguf".into()).unwrap();
+        let t = g.tensor_as("w", DType::BFloat16).unwrap();
+        assert!(t.equal(&tch::Tensor::from_data_size(&bf, &[100, 10], DType::BFloat16)));
+        assert!(g.tensor("w").unwrap().to_kind(DType::BFloat16).equal(&t));
     }
 
     #[test]

@@ -50,12 +50,12 @@ pub fn model_type(dir: &Path) -> Result<String, ModelError> {
     Ok(c.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert").to_string())
 }
 
-/// Every tensor of the checkpoint, and the file to name in errors (the index for sharded
-/// weights).
-pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelError> {
+/// Every tensor of the checkpoint, floating-point ones read straight into `dtype` (the
+/// model's), and the file to name in errors (the index for sharded weights).
+pub fn weights(dir: &Path, dtype: tch::Kind) -> Result<(HashMap<String, Tensor>, String), ModelError> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
-        return Ok((crate::model::readers::safetensors::read(&single)?, single.display().to_string()));
+        return Ok((crate::model::readers::safetensors::read(&single, Some(dtype))?, single.display().to_string()));
     }
     let index = dir.join("model.safetensors.index.json");
     let bin = dir.join("pytorch_model.bin");
@@ -84,7 +84,7 @@ pub fn weights(dir: &Path) -> Result<(HashMap<String, Tensor>, String), ModelErr
     }
     let mut out = HashMap::with_capacity(map.len());
     for f in files {
-        let mut shard = crate::model::readers::safetensors::read(&dir.join(f))?;
+        let mut shard = crate::model::readers::safetensors::read(&dir.join(f), Some(dtype))?;
         for name in &by_file[f] {
             let t = shard
                 .remove(name)

@@ -11,5 +11,6 @@ pub mod gguf;
 pub mod hf;
 pub mod locate;
 pub mod safetensors;
+pub mod stored;
 pub mod torch_pickle;
 pub mod weights;

@@ -1,5 +1,8 @@
-//! A safetensors reader over a memory map: one copy per tensor, straight from the page cache.
+//! A safetensors reader over a memory map: one copy per tensor, straight from the page cache
+//! into the dtype the model is loaded in, a piece at a time, each piece's pages released once
+//! copied (`bytes::Pages`), so a checkpoint loads within its weights plus one piece.
 
+use crate::model::readers::bytes::Pages;
 use crate::model::ModelError;
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,13 +15,19 @@ pub fn map(path: &Path) -> Result<memmap2::Mmap, ModelError> {
     unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io(path.display().to_string(), e.to_string()))
 }
 
-pub fn read(path: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
+/// Every tensor of the file, floating-point ones in dtype `to` where given (else as stored).
+pub fn read(path: &Path, to: Option<DType>) -> Result<HashMap<String, Tensor>, ModelError> {
     let m = map(path)?;
-    read_bytes(&m, &path.display().to_string())
+    read_pages(&m, &path.display().to_string(), to)
 }
 
-/// Every tensor of a safetensors file's bytes `m`; `file` names it in errors.
+/// Every tensor of a safetensors file's bytes `m`, as stored; `file` names it in errors.
 pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, ModelError> {
+    read_pages(&m, file, None)
+}
+
+fn read_pages(pages: &dyn Pages, file: &str, to: Option<DType>) -> Result<HashMap<String, Tensor>, ModelError> {
+    let m = pages.bytes();
     let bad = |why: String| ModelError::Corrupt { file: file.into(), why };
     if m.len() < 8 {
         return Err(bad("shorter than its 8-byte header length".into()));
@@ -68,7 +77,8 @@ pub fn read_bytes(m: &[u8], file: &str) -> Result<HashMap<String, Tensor>, Model
                 data.len()
             )));
         }
-        let t = Tensor::f_from_data_size(&data[begin as usize..end as usize], &shape, dtype)?;
+        let start = 8 + n + begin as usize;
+        let t = crate::model::readers::bytes::tensor_out(pages, start, &shape, count, dtype, to)?;
         out.insert(name, t);
     }
     Ok(out)
