@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 17] = [
+    let cases: [(&str, &[&str]); 18] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -168,12 +168,17 @@ fn the_defects_found_stay_fixed() {
         (r#"heatmap([[0.1, 0.9]], #{cols: []})"#, &["heatmap: 0 column labels (option 'cols')"]),
         (
             r#"load_model("tests/fixtures/tiny_hf/llama").learn_prulong(corpus(asset("pud_en.txt")).take(4), #{batch: 9223372036854775807, steps: 1, context: 64, samples: 2, recent: 8})"#,
-            &["learn_prulong: batch 9223372036854775807 of 64 tokens", "over the budget"],
+            &["learn_prulong: batch 9223372036854775807 of context 64 tokens", "over the budget"],
         ),
         // Found by the 50-minute run of stop 68 (seed 2).
         (
             r#"load_model("enpt").analyze(treebank(asset("pud_en.conllu")).take(2), #{stats: "dec.99.0"})"#,
             &["analyze: option 'stats': unknown stat 'dec.99.0'"],
+        ),
+        // Found by the hour-long run of stop 68 (seed 1): the budget named `batch` alone.
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").learn_duo(corpus(asset("pud_en.txt")).take(30), #{steps: 3, context: 1e300, samples: 2, recent: 8})"#,
+            &["learn_duo: batch 1 of context 9223372036854775807 tokens", "over the budget"],
         ),
         // The budget named kv_curve's `n`, not the caller's option.
         (

@@ -115,7 +115,7 @@ impl DuoOptions {
         // A step's sequences are allocated at once: their ids and masks (8 bytes a token each)
         // at least, before any activation.
         let tokens = self.batch as f64 * self.context.max(1) as f64;
-        crate::budget::check(&format!("{f}: batch {} of {} tokens", self.batch, self.context), tokens * 16.0)?;
+        crate::budget::check(&format!("{f}: batch {} of context {} tokens", self.batch, self.context), tokens * 16.0)?;
         if self.needle < 2 {
             return Err(format!("{f}: needle must be at least 2 tokens, got {}", self.needle));
         }
