@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 18] = [
+    let cases: [(&str, &[&str]); 20] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -179,6 +179,16 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("tests/fixtures/tiny_hf/llama").learn_duo(corpus(asset("pud_en.txt")).take(30), #{steps: 3, context: 1e300, samples: 2, recent: 8})"#,
             &["learn_duo: batch 1 of context 9223372036854775807 tokens", "over the budget"],
+        ),
+        // Found by the hour-long run of 232215b: a panic (numel overflow) and `kinds: []`
+        // refused as a layer out of range.
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").kv_scores("duo", #{data: corpus(asset("pud_en.txt")).take(2), q_len: 9223372036854775807})"#,
+            &["kv_scores: q_len = 9223372036854775807", "over the budget"],
+        ),
+        (
+            r#"load_model("minilm").ablation_sweep(corpus(asset("pud_en.txt")).take(2), #{kinds: []})"#,
+            &["ablation_sweep: option 'kinds' is empty"],
         ),
         // The budget named kv_curve's `n`, not the caller's option.
         (

@@ -108,6 +108,11 @@ pub fn load_picked(path: &str, opts: LoadOptions, tgt_lang: Option<&str>, pick: 
 pub fn kinds_option(m: &ScriptModel, o: &Opts) -> ScriptResult<Vec<Kind>> {
     let f = o.func();
     let Some(names) = o.strings("kinds")? else { return Ok(m.model.kinds().iter().map(|k| k.kind).collect()) };
+    if names.is_empty() {
+        return err(format!(
+            "{f}: option 'kinds' is empty: name one or more of the model's kinds, or leave it out for all"
+        ));
+    }
     names
         .iter()
         .map(|s| {

@@ -197,6 +197,10 @@ fn duo(
         for (l, (q, k)) in means.into_iter().enumerate() {
             let (Some(q), Some(k), Some(attn)) = (q, k, model.attention(Kind::Dec, l)) else { continue };
             let (h, hk, dh) = (q.size()[0], k.size()[0], q.size()[2]);
+            // The repeated keys and rotated queries, the scores and their softmax (float64).
+            let bytes = q_len as f64 * ((hk + 2 * h) * dh + 2 * h) as f64 * 8.0;
+            crate::budget::check(&format!("kv_scores: q_len = {q_len} repeated queries and keys"), bytes)
+                .map_err(AnalysisError::Input)?;
             // The last of `q_len` queries (at position q_len - 1) over `q_len` keys, scored as
             // the model's attention scores.
             let q = q.unsqueeze(0);
