@@ -17,3 +17,4 @@ mod sinks;
 mod strategies;
 mod streaming;
 mod taxonomy;
+mod tiles;

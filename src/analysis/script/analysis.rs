@@ -123,6 +123,7 @@ pub const OPTIONS: &[OptSpec] = &[
     options::RELATIONS_OPTION,
     options::SUBTYPES_OPTION,
     options::MARGIN_OPTION,
+    options::TILE_ROWS_OPTION,
     opt("treebank", "", "a treebank matching a corpus sentence by sentence"),
     crate::data::script::SHARD_OPTION,
     crate::model::script::TGT_LANG,
@@ -167,6 +168,7 @@ pub fn options_from(
         relations,
         subtypes: o.bool_or_default("subtypes")?,
         margin: frac("margin")?,
+        tile_rows: o.usize_or_default("tile_rows")?,
     })
 }
 

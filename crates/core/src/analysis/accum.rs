@@ -45,6 +45,8 @@ pub struct Accumulator {
     rare1: Vec<Tensor>,
     rare2: Vec<Tensor>,
     syn: Vec<Tensor>,
+    /// The syntactic statistic's word rows summed over the tiles so far of one layer.
+    syn_rows: Option<(usize, Tensor)>,
     pub queries: usize,
     pub rare_queries: usize,
     pub rare_sentences: usize,
@@ -53,6 +55,8 @@ pub struct Accumulator {
 
 /// The batch's metadata as tensors on the device, built once per batch.
 pub struct BatchTensors {
+    /// The padded query length.
+    tq: i64,
     real_q: Tensor,
     key_ok: Tensor,
     rare: Option<(Tensor, Tensor, Tensor)>,
@@ -133,7 +137,7 @@ impl BatchTensors {
         } else {
             None
         };
-        BatchTensors { real_q, key_ok, rare, syn }
+        BatchTensors { tq: tq as i64, real_q, key_ok, rare, syn }
     }
 }
 
@@ -152,6 +156,7 @@ impl Accumulator {
             rare1: z(&|h| vec![h]),
             rare2: z(&|h| vec![h]),
             syn: z(&|h| vec![n_reldirs.max(1) as i64, h]),
+            syn_rows: None,
             queries: 0,
             rare_queries: 0,
             rare_sentences: 0,
@@ -178,21 +183,31 @@ impl Accumulator {
 
     /// One layer's attention `[B, H, Tq, Tk]` of the batch described by `bt`.
     pub fn update(&mut self, layer: usize, attn: &Tensor, bt: &BatchTensors) -> Result<(), ModelError> {
-        let a = attn.to_kind(DType::Float);
-        let (b, h, tq) = (a.size()[0], a.size()[1], a.size()[2]);
-        let masked = a.f_masked_fill(&bt.key_ok.logical_not(), -1.0)?;
-        let (mx, arg) = masked.max_dim(-1, false); // [B, H, Tq]
-        let rq = &bt.real_q; // [B, 1, Tq]
-        self.conf[layer] += (&mx * rq).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
+        self.update_rows(layer, 0, attn, bt)
+    }
 
-        let t = Tensor::arange(tq, (DType::Int64, self.device)).view([1, 1, tq]);
+    /// Query rows `q0 .. q0 + n` of one layer's attention, `[B, H, n, Tk]` (a score tile:
+    /// docs/methods.md#score-tiles). Every statistic but the syntactic one is a sum over query
+    /// rows, each row's argmax over all its keys (ties: the first key), so tiles in any order
+    /// and of any height give the whole pattern's counts. The syntactic one sums each word's
+    /// rows over the tiles and decides when the layer's last row has come.
+    pub fn update_rows(&mut self, layer: usize, q0: i64, attn: &Tensor, bt: &BatchTensors) -> Result<(), ModelError> {
+        // float32, or float64 as a float64 model computes it.
+        let a = if attn.kind() == DType::Double { attn.shallow_clone() } else { attn.to_kind(DType::Float) };
+        let (b, h, n) = (a.size()[0], a.size()[1], a.size()[2]);
+        let masked = a.f_masked_fill(&bt.key_ok.logical_not(), -1.0)?;
+        let (mx, arg) = masked.f_max_dim(-1, false)?; // [B, H, n]
+        let rq = bt.real_q.f_narrow(2, q0, n)?; // [B, 1, n]
+        self.conf[layer] += (&mx * &rq).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
+
+        let t = Tensor::arange_start(q0, q0 + n, (DType::Int64, self.device)).view([1, 1, n]);
         let bins = (&arg - t).clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET;
-        let idx = bins.permute([1, 0, 2]).reshape([h, b * tq]);
-        let w = rq.expand([b, h, tq], false).permute([1, 0, 2]).reshape([h, b * tq]).to_kind(DType::Double);
+        let idx = bins.permute([1, 0, 2]).reshape([h, b * n]);
+        let w = rq.expand([b, h, n], false).permute([1, 0, 2]).reshape([h, b * n]).to_kind(DType::Double);
         self.hist[layer] = self.hist[layer].f_scatter_add(1, &idx, &w)?;
 
         if let Some((r1, r2, counted)) = &bt.rare {
-            let q = rq * counted; // [B, 1, Tq]
+            let q = &rq * counted; // [B, 1, n]
             let hit1 = arg.eq_tensor(r1).to_kind(DType::Float);
             let hit2 = arg.eq_tensor(r2).to_kind(DType::Float).maximum(&hit1);
             self.rare1[layer] += (hit1 * &q).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
@@ -201,15 +216,25 @@ impl Accumulator {
 
         if let Some(s) = &bt.syn {
             if s.e_flat.numel() > 0 {
-                // W[i, j] = mean over query tokens of word i of the sum over key tokens of word j.
-                let wm = s.qavg.matmul(&a).matmul(&s.m); // [B, H, NW, NW]
-                let wm = wm.f_masked_fill(&s.word_valid.logical_not(), -1.0)?;
-                let argw = wm.argmax(-1, false); // [B, H, NW]
-                let nw = argw.size()[2];
-                let flat = argw.permute([0, 2, 1]).reshape([b * nw, h]);
-                let pred = flat.f_index_select(0, &s.e_flat)?; // [E, H]
-                let correct = pred.eq_tensor(&s.e_target).to_kind(DType::Double);
-                self.syn[layer] = self.syn[layer].f_index_add(0, &s.e_rd, &correct)?;
+                // W[i, j] = mean over query tokens of word i of the sum over key tokens of
+                // word j: the rows of word i come tile by tile.
+                let part = s.qavg.f_narrow(3, q0, n)?.to_kind(a.kind()).matmul(&a); // [B, H, NW, Tk]
+                let sum = match self.syn_rows.take() {
+                    Some((l, prev)) if l == layer && q0 > 0 => prev + part,
+                    _ => part,
+                };
+                if q0 + n < bt.tq {
+                    self.syn_rows = Some((layer, sum));
+                } else {
+                    let wm = sum.matmul(&s.m.to_kind(sum.kind())); // [B, H, NW, NW]
+                    let wm = wm.f_masked_fill(&s.word_valid.logical_not(), -1.0)?;
+                    let argw = wm.argmax(-1, false); // [B, H, NW]
+                    let nw = argw.size()[2];
+                    let flat = argw.permute([0, 2, 1]).reshape([b * nw, h]);
+                    let pred = flat.f_index_select(0, &s.e_flat)?; // [E, H]
+                    let correct = pred.eq_tensor(&s.e_target).to_kind(DType::Double);
+                    self.syn[layer] = self.syn[layer].f_index_add(0, &s.e_rd, &correct)?;
+                }
             }
         }
         Ok(())
@@ -248,5 +273,94 @@ impl Accumulator {
         let mut r = Self::rows(&self.syn)?;
         r.iter_mut().for_each(|layer| layer.truncate(self.n_reldirs));
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two sentences (the second padded), 10 positions, 3 heads: weights with planted ties
+    /// (a row of equal weights, two equal maxima) and one key excluded.
+    fn batch() -> (Vec<SentenceMeta>, Tensor) {
+        let _g = tch::no_grad_guard();
+        tch::manual_seed(7);
+        let t = 10;
+        let words = |n: usize| Words {
+            words_of_token: (0..n).map(|i| vec![i / 2]).collect(),
+            n_words: n.div_ceil(2),
+            edges: vec![(0, 0, 1), (1, 1, 0), (0, 2, 3), (1, 3, 2)],
+        };
+        let metas = vec![
+            SentenceMeta {
+                real_query: (0..t).map(|i| i > 0).collect(),
+                key_ok: (0..t).map(|i| i != 4).collect(),
+                rare: Some((3, 7)),
+                words: Some(words(t)),
+            },
+            SentenceMeta {
+                real_query: (0..t).map(|i| i > 0 && i < 8).collect(),
+                key_ok: (0..t).map(|i| i < 8).collect(),
+                rare: Some((2, 5)),
+                words: Some(words(8)),
+            },
+        ];
+        let a = Tensor::rand([2, 3, t as i64, t as i64], (DType::Float, Device::Cpu)).softmax(-1, DType::Float);
+        // Ties: head 0's row 5 uniform; head 1's row 6 with two equal maxima at keys 2 and 8.
+        let _ = a.get(0).get(0).get(5).fill_(0.1);
+        let _ = a.get(0).get(1).get(6).get(2).fill_(0.9);
+        let _ = a.get(0).get(1).get(6).get(8).fill_(0.9);
+        (metas, a)
+    }
+
+    type Rows = Vec<Vec<Vec<f64>>>;
+
+    /// Confidence sums, offset histograms, rare hits (either of two), syntactic counts.
+    fn sums(acc: &Accumulator) -> (Vec<Vec<f64>>, Rows, crate::model::HeadGrid, Rows) {
+        (
+            acc.confidence_sums().unwrap(),
+            acc.offsets().unwrap(),
+            acc.rare_hits().unwrap().1,
+            acc.syntactic_correct().unwrap(),
+        )
+    }
+
+    fn tiled(metas: &[SentenceMeta], a: &Tensor, rows: i64, skip: Option<i64>) -> Accumulator {
+        let bt = BatchTensors::new(metas, 10, 10, Device::Cpu, true, true);
+        let mut acc = Accumulator::new(&[3], 2, Device::Cpu);
+        let mut q0 = 0;
+        while q0 < 10 {
+            let n = rows.min(10 - q0);
+            if skip != Some(q0) {
+                acc.update_rows(0, q0, &a.narrow(2, q0, n), &bt).unwrap();
+            }
+            q0 += n;
+        }
+        acc
+    }
+
+    #[test]
+    fn tiles_of_any_height_count_as_the_whole_pattern() {
+        let (metas, a) = batch();
+        let whole = tiled(&metas, &a, 10, None);
+        let (conf, hist, rare, syn) = sums(&whole);
+        // The planted ties: the uniform row's argmax is its first key (offset -5), the
+        // two-maxima row's is key 2 (offset -4), tiles or not.
+        assert!(hist[0][0][(MAX_OFFSET - 5) as usize] >= 1.0, "{:?}", hist[0][0]);
+        assert!(hist[0][1][(MAX_OFFSET - 4) as usize] >= 1.0, "{:?}", hist[0][1]);
+        for rows in [1, 3, 4, 7] {
+            let t = tiled(&metas, &a, rows, None);
+            let (c, h, r, s) = sums(&t);
+            for (x, y) in c[0].iter().zip(&conf[0]) {
+                assert!((x - y).abs() <= 1e-12, "rows {rows}: confidence {x} against {y}");
+            }
+            assert_eq!(h, hist, "rows {rows}: offsets");
+            assert_eq!(r, rare, "rows {rows}: rare hits");
+            assert_eq!(s, syn, "rows {rows}: syntactic");
+        }
+        // A tile left out (a dropped boundary) changes the counts: the test can fail.
+        let dropped = tiled(&metas, &a, 3, Some(3));
+        assert_ne!(sums(&dropped).1, hist, "a dropped tile went unnoticed");
+        assert_ne!(sums(&dropped).3, syn, "a dropped tile went unnoticed by the syntactic sum");
     }
 }

@@ -16,7 +16,7 @@ pub mod streaming;
 pub mod taxonomy;
 
 use crate::data::Dataset;
-use crate::model::hooks::{At, Point, Record};
+use crate::model::hooks::{At, Point, Record, Tiles};
 use crate::model::nn::Gates;
 use crate::model::tokenize::tokenizer::Encoded;
 use crate::model::transformer::Stop;
@@ -165,6 +165,31 @@ fn align(
     Ok(Words { words_of_token, n_words: words.len(), edges })
 }
 
+/// The bytes one score tile of an analysis may take when its height is not given: a tile of
+/// `n` query rows holds `B x H x n x Tk` float32 weights (docs/methods.md#score-tiles).
+pub const TILE_BYTES: i64 = 32 << 20;
+
+thread_local! {
+    static TILE_BYTES_NOW: std::cell::Cell<i64> = const { std::cell::Cell::new(TILE_BYTES) };
+}
+
+/// Sets the bytes of one score tile for this thread's analyses (`0` restores [`TILE_BYTES`]):
+/// smaller tiles hold less, larger ones make fewer, larger products. The numbers are the same.
+pub fn set_tile_bytes(bytes: i64) {
+    TILE_BYTES_NOW.with(|c| c.set(if bytes > 0 { bytes } else { TILE_BYTES }));
+}
+
+/// Query rows per score tile: `asked` when given, else as many as fit in the tile bytes
+/// ([`set_tile_bytes`], default [`TILE_BYTES`]) for a batch of `b` rows, `h` heads and `tk`
+/// keys (at least one).
+pub fn tile_height(asked: usize, b: i64, h: usize, tk: usize) -> i64 {
+    if asked > 0 {
+        return asked as i64;
+    }
+    let row = (b.max(1) * (h as i64).max(1) * (tk as i64).max(1) * 4).max(1);
+    (TILE_BYTES_NOW.with(|c| c.get()) / row).max(1)
+}
+
 /// Runs the analyses of `opts` over `data`. `freq` is needed for the rare-word statistic.
 #[allow(clippy::too_many_arguments)]
 pub fn analyze(
@@ -282,6 +307,8 @@ pub fn accumulate(
         .iter()
         .map(|s| (s.kind, Accumulator::new(&model.layer_heads(s.kind), if s.kind == stack { n_rd } else { 0 }, device)))
         .collect();
+    // Layers whose mixer hands no score tiles are read whole.
+    let whole: Vec<bool> = model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect();
     let total = encoded.len();
     let mut done = 0;
     let mut tokens = 0;
@@ -300,9 +327,13 @@ pub fn accumulate(
                 .get_mut(&stack)
                 .ok_or_else(|| AnalysisError::Input("internal: no accumulator for the self-attention stack".into()))?;
             acc.count_batch(&enc_meta);
-            let mut on = |at: At, p: &Tensor| if at.kind == stack { acc.update(at.layer, p, &bt) } else { Ok(()) };
-            let mut rec = Record::new(&[Point::Pattern], &mut on);
-            enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut rec))?);
+            // The pattern tile by tile (docs/methods.md#score-tiles): no layer holds its T x T
+            // weights, and the pass stops at the final norm (no logits).
+            let rows =
+                model.layer_heads(stack).iter().map(|&h| tile_height(opts.tile_rows, b.ids.size()[0], h, s)).collect();
+            let mut on = |at: At, q0: i64, p: &Tensor| acc.update_rows(at.layer, q0, p, &bt);
+            let mut tiles = Tiles { kind: stack, whole: whole.clone(), rows, on: &mut on };
+            enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut tiles))?);
         }
         // The decoder's kinds (`cross`, and `dec` of a translation model with decoder
         // self-attention) read teacher-forced targets.

@@ -35,6 +35,8 @@ pub struct Options {
     pub subtypes: bool,
     /// Syntactic when accuracy >= baseline + margin.
     pub margin: f64,
+    /// Query rows per score tile; 0: as many as fit in `TILE_BYTES` (docs/methods.md#score-tiles).
+    pub tile_rows: usize,
 }
 
 /// `analyze`'s options with a fixed default, declared once: its script option list holds them
@@ -51,6 +53,8 @@ pub const RELATIONS_OPTION: OptSpec =
 pub const SUBTYPES_OPTION: OptSpec =
     opt_bool("subtypes", false, "count relation subtypes (nsubj:pass) as their base relation");
 pub const MARGIN_OPTION: OptSpec = opt_f64("margin", 0.1, "syntactic when accuracy >= baseline + margin");
+pub const TILE_ROWS_OPTION: OptSpec =
+    opt_int("tile_rows", 0, "query rows per score tile; 0: as many as fit in 32 MB (docs/methods.md#score-tiles)");
 
 /// The statistics `analyze` computes when not told: syntactic too on a treebank.
 pub fn default_stats(treebank: bool) -> Vec<Stat> {
@@ -89,6 +93,7 @@ impl Options {
         const RELATIONS: &[&str] = RELATIONS_OPTION.default.strs();
         const SUBTYPES: bool = SUBTYPES_OPTION.default.bool();
         const MARGIN: f64 = MARGIN_OPTION.default.float();
+        const TILE_ROWS: i64 = TILE_ROWS_OPTION.default.int();
         Options {
             stats,
             kinds,
@@ -101,6 +106,7 @@ impl Options {
             relations: RELATIONS.iter().map(|r| r.to_string()).collect(),
             subtypes: SUBTYPES,
             margin: MARGIN,
+            tile_rows: TILE_ROWS as usize,
         }
     }
 
@@ -142,6 +148,7 @@ impl Options {
             ("kinds".into(), echo_list(&self.kinds)),
             ("exclude_keys".into(), json!(self.exclude_keys.to_string())),
             ("batch_tokens".into(), json!(self.batch_tokens)),
+            ("tile_rows".into(), json!(self.tile_rows)),
         ];
         if self.wants(Stat::Positional) {
             v.push(("positional_threshold".into(), json!(self.positional_threshold)));

@@ -87,21 +87,20 @@ pub fn scores(
             let probes = probes(model, &o.probes, "kv_scores")?;
             let len = o.probes.len as i64;
             let mut echo: Vec<Vec<f64>> = sums.clone();
-            super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, a, _| {
-                // Queries of the second half (i = len + i'): the echo key i', the induction key i' + 1.
-                let second = a.narrow(2, len, len);
-                let e = second.narrow(3, 0, len).diagonal(0, -2, -1).sum_dim_intlist(
-                    [0i64, 2].as_slice(),
-                    false,
-                    DType::Double,
-                ) / len as f64;
-                let ind = second.narrow(3, 1, len).diagonal(0, -2, -1).sum_dim_intlist(
-                    [0i64, 2].as_slice(),
-                    false,
-                    DType::Double,
-                ) / len as f64;
-                add(&mut echo[l], &e)?;
-                add(&mut sums[l], &ind)
+            super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, q0, a, _| {
+                // Queries of the second half (i = len + i'): the echo key i', the induction key
+                // i' + 1; those of this tile: rows lo..hi.
+                let Some((lo, hi)) = super::taxonomy::tile_span(q0, a.size()[2], len, len) else { return Ok(()) };
+                let second = a.narrow(2, lo - q0, hi - lo);
+                let diag = |k0: i64| {
+                    second.narrow(3, k0, hi - lo).diagonal(0, -2, -1).sum_dim_intlist(
+                        [0i64, 2].as_slice(),
+                        false,
+                        DType::Double,
+                    ) / len as f64
+                };
+                add(&mut echo[l], &diag(lo - len))?;
+                add(&mut sums[l], &diag(lo - len + 1))
             })?;
             n = probes.repeated.len() as f64;
             match scorer {
@@ -121,9 +120,13 @@ pub fn scores(
             for (seq, at) in &probes.needles {
                 let needle = (seq.len() - at) / 2;
                 let second = seq.len() - needle;
-                super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, a, _| {
-                    // Query second - 1 + q predicts needle token q.
-                    let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64); // [H, needle, T]
+                super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, q0, a, _| {
+                    // Query second - 1 + q predicts needle token q; those of this tile: rows lo..hi.
+                    let first = (second - 1) as i64;
+                    let Some((lo, hi)) = super::taxonomy::tile_span(q0, a.size()[2], first, needle as i64) else {
+                        return Ok(());
+                    };
+                    let rows = a.get(0).narrow(1, lo - q0, hi - lo); // [H, m, T]
                     if scorer == Scorer::HeadKv {
                         let mass = rows.narrow(2, *at as i64, needle as i64).sum_dim_intlist(
                             [1i64, 2].as_slice(),
@@ -132,12 +135,14 @@ pub fn scores(
                         ) / needle as f64;
                         return add(&mut sums[l], &mass);
                     }
+                    let m = (hi - lo) as usize;
                     let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
-                    for (s, keys) in sums[l].iter_mut().zip(top.chunks(needle)) {
+                    for (s, keys) in sums[l].iter_mut().zip(top.chunks(m)) {
                         let hits = keys
                             .iter()
                             .enumerate()
-                            .filter(|&(q, &j)| {
+                            .filter(|&(i, &j)| {
+                                let q = (lo - first) as usize + i;
                                 (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
                             })
                             .count();

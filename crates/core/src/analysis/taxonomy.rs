@@ -6,7 +6,7 @@
 //! (`Transformer::encode`, recording `hook_pattern`); scores are computed from the captured attention.
 
 use super::AnalysisError;
-use crate::model::hooks::{At, Point, Record};
+use crate::model::hooks::{At, Tiles};
 use crate::model::nn::Gates;
 use crate::model::{Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -127,13 +127,19 @@ pub type TypeGrids = Vec<(HeadType, Vec<Vec<f64>>)>;
 
 /// 0/1 patterns `[B, T, T]` of one batch of sequences (query i, key j): previous token,
 /// duplicate token, induction (TransformerLens's `get_*_detection_pattern`).
+#[cfg(test)]
 fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
+    patterns_rows(seqs, 0, seqs[0].len(), dev).map(|p| p.squeeze_dim(1))
+}
+
+/// Query rows `q0 .. q0 + n` of the 0/1 patterns, `[B, 1, n, T]` each.
+fn patterns_rows(seqs: &[Vec<i64>], q0: usize, n: usize, dev: Device) -> [Tensor; 3] {
     let t = seqs[0].len();
-    let (mut prev, mut dup, mut ind) =
-        (vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t], vec![0f32; seqs.len() * t * t]);
+    let size = seqs.len() * n * t;
+    let (mut prev, mut dup, mut ind) = (vec![0f32; size], vec![0f32; size], vec![0f32; size]);
     for (b, s) in seqs.iter().enumerate() {
-        for i in 0..t {
-            let at = |j: usize| b * t * t + i * t + j;
+        for i in q0..q0 + n {
+            let at = |j: usize| b * n * t + (i - q0) * t + j;
             if i >= 1 {
                 prev[at(i - 1)] = 1.0;
             }
@@ -149,16 +155,17 @@ fn patterns(seqs: &[Vec<i64>], dev: Device) -> [Tensor; 3] {
             }
         }
     }
-    let shape = [seqs.len() as i64, t as i64, t as i64];
-    [prev, dup, ind].map(|v| Tensor::from_slice(&v).view(shape).to_device(dev).unsqueeze(1))
+    let shape = [seqs.len() as i64, 1, n as i64, t as i64];
+    [prev, dup, ind].map(|v| Tensor::from_slice(&v).view(shape).to_device(dev))
 }
 
-/// What [`attend`] hands each layer's attention to: `(layer, attention [B, H, T, T], the rows)`.
-type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tensor, &[Vec<i64>]) -> Result<(), ModelError>;
+/// What [`attend`] hands each layer's attention to: `(layer, q0, rows q0.. of the attention
+/// [B, H, n, T], the batch's sequences)`.
+type OnAttention<'a> = &'a mut dyn FnMut(usize, i64, &Tensor, &[Vec<i64>]) -> Result<(), ModelError>;
 
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
-/// layer's attention `[B, H, T, T]` with the batch's rows to `on`; the first error `on` returns
-/// ends the run.
+/// layer's attention to `on` tile by tile (docs/methods.md#score-tiles: rows in order, each
+/// layer's tiles before the next layer's); the first error `on` returns ends the run.
 pub(crate) fn attend(
     model: &Model,
     seqs: &[Vec<i64>],
@@ -169,17 +176,35 @@ pub(crate) fn attend(
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
     let per_batch = (1024 / t).max(1);
+    let kind = model.net.stack_kind;
+    let whole: Vec<bool> = model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect();
     for chunk in seqs.chunks(per_batch) {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
         let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
-        let mut f = |at: At, a: &Tensor| on(at.layer, a, chunk);
-        let mut rec = Record::new(&[Point::Pattern], &mut f);
-        let _ = model.net.encode(&ids, &mask, gates, Some(&mut rec))?;
+        let rows = model.layer_heads(kind).iter().map(|&h| super::tile_height(0, chunk.len() as i64, h, t)).collect();
+        let mut f = |at: At, q0: i64, a: &Tensor| on(at.layer, q0, a, chunk);
+        let mut tiles = Tiles { kind, whole: whole.clone(), rows, on: &mut f };
+        let _ = model.net.encode(&ids, &mask, gates, Some(&mut tiles))?;
     }
     Ok(())
+}
+
+/// The rows `lo .. hi` of a tile of rows `q0 .. q0 + n` that fall in `first .. first + count`;
+/// `None` when none does.
+pub(crate) fn tile_span(q0: i64, n: i64, first: i64, count: i64) -> Option<(i64, i64)> {
+    let (lo, hi) = (first.max(q0), (first + count).min(q0 + n));
+    (lo < hi).then_some((lo, hi))
+}
+
+/// A layer's sums over its tiles so far, per sequence and head `[B, H]`: the attention on each
+/// pattern (previous, duplicate, induction) and the attention counted.
+struct Pending {
+    layer: usize,
+    on: [Tensor; 3],
+    counted: Tensor,
 }
 
 /// Every head type's score for the self-attention stack (`model.net.stack_kind`), averaged over
@@ -189,6 +214,8 @@ pub(crate) fn attend(
 /// induction are TransformerLens's `detect_head(..., exclude_bos=True)` (the first key's
 /// attention zeroed, each sequence's score divided by the attention that remains), and a
 /// retrieval head's top key is taken among the other keys (unless the needle starts there).
+/// The attention is read tile by tile (docs/methods.md#score-tiles): each score is a sum over
+/// query rows, a sequence's ratio taken after its layer's last tile.
 pub fn head_type_scores(
     model: &Model,
     probes: &Probes,
@@ -208,49 +235,66 @@ pub fn head_type_scores(
         }
         Ok(())
     };
-    attend(model, &probes.repeated, gates, stop, &mut |l, a, rows| {
-        let t = rows[0].len() as f64;
+    let mut pending: Option<Pending> = None;
+    attend(model, &probes.repeated, gates, stop, &mut |l, q0, a, rows| {
+        let t = rows[0].len();
         let a = a.to_kind(DType::Double);
-        let [prev, dup, ind] = patterns(rows, dev);
-        let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t;
+        let n = a.size()[2];
+        let [prev, dup, ind] = patterns_rows(rows, q0 as usize, n as usize, dev);
+        let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t as f64;
+        add(&mut sums[0][l], &sink)?;
         // Per sequence and head: the attention on the pattern over the attention counted (all
         // of it, t per sequence; without the first key, what the other keys hold), summed over
         // the batch's sequences.
         let kept = if exclude_sink { a.narrow(3, 1, a.size()[3] - 1) } else { a.shallow_clone() };
-        let counted = if exclude_sink {
-            kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double).clamp_min(1e-300)
-        } else {
-            Tensor::full([1], t, (DType::Double, a.device()))
-        };
-        let heads = |p: &Tensor| {
+        let on = |p: &Tensor| {
             let p = if exclude_sink { p.narrow(3, 1, p.size()[3] - 1) } else { p.shallow_clone() };
-            ((&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double) / &counted).sum_dim_intlist(
-                [0i64].as_slice(),
-                false,
-                DType::Double,
-            )
+            (&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double)
         };
-        for (sum, v) in sums.iter_mut().zip([sink, heads(&prev), heads(&dup), heads(&ind)]) {
-            add(&mut sum[l], &v)?;
+        let here = [on(&prev), on(&dup), on(&ind)];
+        let counted = kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double);
+        let sofar = match pending.take() {
+            Some(p) if p.layer == l && q0 > 0 => Pending {
+                layer: l,
+                on: [&p.on[0] + &here[0], &p.on[1] + &here[1], &p.on[2] + &here[2]],
+                counted: p.counted + counted,
+            },
+            _ => Pending { layer: l, on: here, counted },
+        };
+        if q0 + n < t as i64 {
+            pending = Some(sofar);
+            return Ok(());
+        }
+        let counted = if exclude_sink {
+            sofar.counted.clamp_min(1e-300)
+        } else {
+            Tensor::full([1], t as f64, (DType::Double, a.device()))
+        };
+        for (i, v) in sofar.on.iter().enumerate() {
+            add(&mut sums[i + 1][l], &(v / &counted).sum_dim_intlist([0i64].as_slice(), false, DType::Double))?;
         }
         Ok(())
     })?;
     for (seq, at) in &probes.needles {
         let needle = (seq.len() - at) / 2;
         let second = seq.len() - needle;
-        attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, a, _| {
+        attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, q0, a, _| {
             // Query i predicts token i + 1 of the second needle; copied if the head's top key is
-            // in the first needle and holds that token.
-            let rows = a.get(0).narrow(1, (second - 1) as i64, needle as i64);
+            // in the first needle and holds that token. Those queries' rows in this tile:
+            let first = (second - 1) as i64;
+            let Some((lo, hi)) = tile_span(q0, a.size()[2], first, needle as i64) else { return Ok(()) };
+            let rows = a.get(0).narrow(1, lo - q0, hi - lo);
             // Without the sink: the first key can never be the top one (weights are >= 0).
             let rows = if exclude_sink && *at > 0 {
                 rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0)
             } else {
                 rows
             };
+            let m = (hi - lo) as usize;
             let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
-            let copied = top.chunks(needle).map(|keys| {
-                let hits = keys.iter().enumerate().filter(|&(q, &j)| {
+            let copied = top.chunks(m).map(|keys| {
+                let hits = keys.iter().enumerate().filter(|&(i, &j)| {
+                    let q = (lo - first) as usize + i;
                     (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
                 });
                 hits.count() as f64 / needle as f64

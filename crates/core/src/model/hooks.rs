@@ -373,6 +373,39 @@ impl Hooks for Record<'_> {
     }
 }
 
+/// A hook that reads one kind's attention weights tile by tile (docs/methods.md#score-tiles):
+/// `on(at, q0, rows)` gets rows `q0 .. q0 + n` of each layer's `hook_pattern`, `[B, H, n, Tk]`,
+/// at most `rows[layer]` rows at a time, so no layer holds its `T x T` weights. A layer whose
+/// mixer hands no tiles (`whole[layer]`) is visited whole instead (`q0` = 0). It changes
+/// nothing.
+pub struct Tiles<'a> {
+    pub kind: Kind,
+    /// Per layer of the kind: read the whole pattern (its mixer hands no tiles).
+    pub whole: Vec<bool>,
+    /// Per layer of the kind: the tile height.
+    pub rows: Vec<i64>,
+    pub on: &'a mut dyn FnMut(At, i64, &Tensor) -> Result<(), ModelError>,
+}
+
+impl Hooks for Tiles<'_> {
+    fn wants(&self, at: At) -> bool {
+        at.kind == self.kind && at.point == Point::Pattern && self.whole.get(at.layer).copied().unwrap_or(true)
+    }
+    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+        (self.on)(at, 0, x)?;
+        Ok(None)
+    }
+    fn tile_rows(&self, at: At) -> Option<i64> {
+        (at.kind == self.kind && at.point == Point::Pattern).then(|| self.rows.get(at.layer).copied()).flatten()
+    }
+    fn tile(&mut self, at: At, q0: i64, _scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+        if at.kind == self.kind {
+            (self.on)(at, q0, pattern)?;
+        }
+        Ok(())
+    }
+}
+
 /// Hooks that look at nothing and carry a run's gradient rules into a computation the run
 /// makes without its hooks (a mixture of experts' experts under AttnLRP).
 pub struct Rules(pub GradRules);

@@ -1279,6 +1279,7 @@ impl Attention {
             // held; each goes to the hooks (Hooks::tile), then on to the values. The same
             // arithmetic as the whole path below, row block by row block.
             let kt = k.transpose(-2, -1);
+            let tk = k.size()[2];
             let mut parts = Vec::new();
             let mut q0 = 0;
             while q0 < tq {
@@ -1290,15 +1291,39 @@ impl Attention {
                         t.shallow_clone()
                     })
                 };
-                let raw = softcap(q.f_narrow(2, q0, n)?.matmul(&kt) * scale, self.score.softcap);
-                let scores = &raw + rows_of(bias)?;
+                // The keys the bias hides from every row of the tile (a causal stack's later
+                // keys, a window's earlier ones) are skipped: their weights are exactly 0.
+                let row_bias = rows_of(bias)?;
+                let (k0, k1) = visible_keys(&row_bias, tk)?;
+                let cols = |t: &Tensor| -> Result<Tensor, ModelError> {
+                    Ok(if (k0, k1) != (0, tk) && t.size().last() == Some(&tk) {
+                        t.f_narrow(-1, k0, k1 - k0)?
+                    } else {
+                        t.shallow_clone()
+                    })
+                };
+                let raw = softcap(q.f_narrow(2, q0, n)?.matmul(&cols(&kt)?) * scale, self.score.softcap);
+                let scores = &raw + cols(&row_bias)?;
                 let probs = softmax(&scores);
                 let probs = match &duo {
-                    Some((a, streaming)) => &probs * a + softmax(&(&raw + rows_of(streaming)?)) * (a.ones_like() - a),
+                    Some((a, streaming)) => {
+                        &probs * a + softmax(&(&raw + cols(&rows_of(streaming)?)?)) * (a.ones_like() - a)
+                    }
                     None => probs,
                 };
-                hooks::tile(hs, at(Point::Pattern), q0, &scores, &probs)?;
-                parts.push(probs.f_matmul(v)?);
+                parts.push(probs.f_matmul(&v.f_narrow(2, k0, k1 - k0)?)?);
+                if (k0, k1) == (0, tk) {
+                    hooks::tile(hs, at(Point::Pattern), q0, &scores, &probs)?;
+                } else {
+                    // The hooks get every key: the skipped ones at their bias and weight 0.
+                    let full_scores = (&raw.zeros_like().f_narrow(-1, 0, 1)? + &row_bias)
+                        .f_expand([b, h, n, tk], false)?
+                        .contiguous();
+                    full_scores.f_narrow(-1, k0, k1 - k0)?.f_copy_(&scores)?;
+                    let full_probs = Tensor::f_zeros([b, h, n, tk], (probs.kind(), probs.device()))?;
+                    full_probs.f_narrow(-1, k0, k1 - k0)?.f_copy_(&probs)?;
+                    hooks::tile(hs, at(Point::Pattern), q0, &full_scores, &full_probs)?;
+                }
                 q0 += n;
             }
             Tensor::f_cat(&parts, 2)?
@@ -1425,6 +1450,25 @@ impl KeysValues {
 /// 0.30 ms against 0.87 ms for `[40, 32000]`, a third of the output projection's time).
 pub fn top1(logits: &Tensor) -> Tensor {
     logits.max_dim(-1, false).1
+}
+
+/// The keys `k0 .. k1` some query row of a tile's bias rows (`[B, 1 or H, n, Tk]`) sees: the
+/// others are hidden from every row (a bias of -1e9 or less), their weights exactly 0, so a
+/// tile may skip them (docs/methods.md#score-tiles). Every key when a row sees none (its
+/// softmax is then over all of them) or the bias is not per key.
+pub fn visible_keys(row_bias: &Tensor, tk: i64) -> Result<(i64, i64), ModelError> {
+    if row_bias.dim() != 4 || row_bias.size()[3] != tk || tk == 0 {
+        return Ok((0, tk));
+    }
+    let seen = row_bias.f_gt(-1e8)?.f_reshape([-1, tk])?;
+    if !bool::try_from(seen.f_any_dim(1, false)?.f_all()?)? {
+        return Ok((0, tk));
+    }
+    let cols = seen.f_any_dim(0, false)?.f_nonzero()?;
+    if cols.numel() == 0 {
+        return Ok((0, tk));
+    }
+    Ok((cols.f_min()?.int64_value(&[]), cols.f_max()?.int64_value(&[]) + 1))
 }
 
 /// Additive causal bias `[1, 1, T, T]`: key `k` is hidden from query `q` when `k > q`.

@@ -1091,7 +1091,13 @@ impl Transformer {
                         return Err(ModelError::PastPositions { tokens: longest, max });
                     }
                 }
-                crate::budget::check(&format!("a forward over {b} x {t} tokens"), self.forward_bytes(b, t))
+                let kind = self.stack_kind;
+                let wanted = (0..self.stack.len()).any(|l| {
+                    hooks::wants(h, At::new(kind, l, Point::Pattern))
+                        || hooks::wants(h, At::new(kind, l, Point::Scores))
+                });
+                let rows = hooks::tile_rows(h, At::new(kind, 0, Point::Pattern)).filter(|_| !wanted);
+                crate::budget::check(&format!("a forward over {b} x {t} tokens"), self.forward_bytes(b, t, rows))
                     .map_err(ModelError::Invalid)?;
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
                 let bias = self.self_bias(mask, x.kind());
@@ -1432,16 +1438,22 @@ impl Transformer {
     /// The working memory of a forward over `b` sequences of `t` tokens, estimated: a layer's
     /// activations (the stream, queries, keys, values and the MLP's hidden units, a few copies
     /// of each) and its attention scores `[b, heads, t, t]` (float32), as a hook recording the
-    /// pattern holds them (docs/methods.md#memory-budget).
-    pub fn forward_bytes(&self, b: i64, t: i64) -> f64 {
+    /// pattern holds them (docs/methods.md#memory-budget). With score tiles of `rows` query
+    /// rows (docs/methods.md#score-tiles) a layer holds a tile's scores and weights instead,
+    /// beside the attention bias `[b, 1, t, t]`.
+    pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>) -> f64 {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
         for l in &self.stack {
             heads = heads.max(l.mixer().width() as f64);
             hidden = hidden.max(l.mlp().width() as f64);
         }
+        let scores = match rows {
+            Some(n) => 4.0 * (b * t * t) as f64 + 3.0 * 4.0 * heads * (b * n.clamp(1, t.max(1)) * t) as f64,
+            None => 4.0 * heads * (b * t * t) as f64,
+        };
         let (b, t) = (b as f64, t as f64);
-        4.0 * b * t * (8.0 * d + 3.0 * hidden) + 4.0 * b * heads * t * t
+        4.0 * b * t * (8.0 * d + 3.0 * hidden) + scores
     }
 
     /// Whether sentences may be packed into one row behind a segment mask
