@@ -39,4 +39,5 @@ diff = f"{abs(hs['conf_0_0'] - hf['conf_0_0']):9.1e}" if hf else "        -"
 print(f"{os.environ['MODEL']:<12} {hs['tokens']:>6} | {hs['seconds']:8.1f}s {hsp:7.2f}GB {hs['seconds'] / floor:7.2f}x {floor:8.1f}s | {hf_t} {hf_p} {diff}")
 PY
 done
-echo "(floor: the layers' matmuls + causal attention FLOPs at $(.venv/bin/python benches/long_context_peer.py shape "$(gguf_of smollm2)" 1 2>/dev/null | .venv/bin/python -c 'import json,sys; r=json.load(sys.stdin); print(f"{r[\"rate\"]/1e9:.0f} GFLOP/s, {r[\"threads\"]} threads")'); transformers eager output_attentions under a ${CAP_GB} GB address-space cap)"
+rate=$(.venv/bin/python benches/long_context_peer.py shape "$(gguf_of smollm2)" 1 2>/dev/null | .venv/bin/python -c 'import json, sys; r = json.load(sys.stdin); print("%.0f GFLOP/s, %d threads" % (r["rate"] / 1e9, r["threads"]))')
+echo "(floor: the layers' matmuls + causal attention FLOPs at $rate, measured now; transformers eager output_attentions under a ${CAP_GB} GB address-space cap)"

@@ -7,7 +7,7 @@
 //! translation model's three kinds.
 
 use crate::common;
-use headscope::model::hooks::{At, Both, Hooks, Point};
+use headscope::model::hooks::{At, Both, Hooks, Point, Tile};
 use headscope::model::nn::Gates;
 use headscope::model::transformer::Stop;
 use headscope::model::{Kind, Model, ModelError};
@@ -18,6 +18,8 @@ use tch::{Kind as DType, Tensor};
 struct Tiles {
     rows: i64,
     got: BTreeMap<At, Vec<(i64, Tensor, Tensor)>>,
+    /// Tiles that skipped keys the bias hides from all their rows.
+    skipped: usize,
 }
 
 impl Hooks for Tiles {
@@ -30,8 +32,13 @@ impl Hooks for Tiles {
     fn tile_rows(&self, at: At) -> Option<i64> {
         (at.point == Point::Pattern).then_some(self.rows)
     }
-    fn tile(&mut self, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
-        self.got.entry(at).or_default().push((q0, scores.shallow_clone(), pattern.shallow_clone()));
+    fn tile(&mut self, at: At, tile: &Tile) -> Result<(), ModelError> {
+        // Every key: the skipped ones at weight 0 (and at their bias as the score).
+        let (scores, pattern) = (tile.full_scores()?.expect("scores"), tile.full_pattern()?);
+        if !tile.is_whole() {
+            self.skipped += 1;
+        }
+        self.got.entry(at).or_default().push((tile.q0, scores, pattern));
         Ok(())
     }
 }
@@ -63,8 +70,12 @@ fn tiles_put_together_are_the_whole_pattern() {
             assert!(m.net.stack[l].mixer().hands_tiles(), "{name}: layer {l}");
         }
         let (seen, whole) = common::recorded(&[Point::Scores, Point::Pattern], |h| run(&m, h));
-        let mut tiles = Tiles { rows: 3, got: BTreeMap::new() };
+        let mut tiles = Tiles { rows: 3, got: BTreeMap::new(), skipped: 0 };
         let tiled = run(&m, &mut tiles);
+        // Causal attention's tiles skip the later keys (a decoder-only stack, a translation
+        // model's decoder); bert's encoder sees every key.
+        let causal = m.net.causal || !m.net.decoder.is_empty();
+        assert_eq!(tiles.skipped > 0, causal, "{name}: {} tiles skipped keys", tiles.skipped);
         // float32 rounding of separate row blocks, carried through the layers: the bound of
         // common::f32_bound over the model's accumulation depth (docs/testing.md).
         let depth = common::depth(&m, whole.size()[1] as usize);
@@ -123,7 +134,7 @@ fn tiles_put_together_are_the_whole_pattern() {
 #[test]
 fn an_untiled_run_hands_no_tiles() {
     let m = common::tiny_hf("llama", "f32");
-    let mut tiles = Tiles { rows: 0, got: BTreeMap::new() };
+    let mut tiles = Tiles { rows: 0, got: BTreeMap::new(), skipped: 0 };
     let out = run(&m, &mut tiles);
     assert!(tiles.got.is_empty(), "tiles handed to a hook that asked for 0 rows");
     let _g = tch::no_grad_guard();
@@ -152,7 +163,7 @@ fn tiles_beside_a_hook_on_the_whole_pattern_are_its_rows() {
     let m = common::tiny_hf("llama", "f32");
     // Recorded: the record sees every layer's whole pattern, the tiles are its rows, and the
     // output is the recording run's.
-    let mut tiles = Tiles { rows: 2, got: BTreeMap::new() };
+    let mut tiles = Tiles { rows: 2, got: BTreeMap::new(), skipped: 0 };
     let (seen, out) = common::recorded(&[Point::Pattern], |rec| run(&m, &mut Both(rec, &mut tiles)));
     let (_, plain) = common::recorded(&[Point::Pattern], |rec| run(&m, rec));
     assert_eq!(common::max_diff(&out, &plain), 0.0, "the output beside a record");
@@ -164,7 +175,7 @@ fn tiles_beside_a_hook_on_the_whole_pattern_are_its_rows() {
     }
     // Replaced: layer 0's tiles are the uniform weights the hook put there, and the output
     // is the replaced run's, not the plain one's.
-    let mut tiles = Tiles { rows: 2, got: BTreeMap::new() };
+    let mut tiles = Tiles { rows: 2, got: BTreeMap::new(), skipped: 0 };
     let replaced_tiled = run(&m, &mut Both(&mut Uniform, &mut tiles));
     let replaced = run(&m, &mut Uniform);
     // (Layers above 0 are tiled in one run and fused in the other: float32 rounding apart.)
@@ -196,7 +207,7 @@ fn tiles_under_duo_gates_are_the_mixed_pattern() {
         common::recorded(&[Point::Pattern], |h| m.net.encode(&b.ids, &b.mask, &gates, Some(h)).unwrap());
     let plain = m.net.encode(&b.ids, &b.mask, &Gates::none(), None).unwrap();
     assert!(common::max_diff(&whole, &plain) > 1e-4, "the duo gates changed nothing");
-    let mut tiles = Tiles { rows: 3, got: BTreeMap::new() };
+    let mut tiles = Tiles { rows: 3, got: BTreeMap::new(), skipped: 0 };
     let tiled = m.net.encode(&b.ids, &b.mask, &gates, Some(&mut tiles)).unwrap();
     let depth = common::depth(&m, whole.size()[1] as usize);
     let bound = common::f32_bound(whole.abs().max().double_value(&[]), depth);

@@ -55,8 +55,9 @@ pub struct Accumulator {
 
 /// The batch's metadata as tensors on the device, built once per batch.
 pub struct BatchTensors {
-    /// The padded query length.
+    /// The padded query and key lengths.
     tq: i64,
+    tk: i64,
     real_q: Tensor,
     key_ok: Tensor,
     rare: Option<(Tensor, Tensor, Tensor)>,
@@ -137,7 +138,7 @@ impl BatchTensors {
         } else {
             None
         };
-        BatchTensors { tq: tq as i64, real_q, key_ok, rare, syn }
+        BatchTensors { tq: tq as i64, tk: tk as i64, real_q, key_ok, rare, syn }
     }
 }
 
@@ -183,20 +184,31 @@ impl Accumulator {
 
     /// One layer's attention `[B, H, Tq, Tk]` of the batch described by `bt`.
     pub fn update(&mut self, layer: usize, attn: &Tensor, bt: &BatchTensors) -> Result<(), ModelError> {
-        self.update_rows(layer, 0, attn, bt)
+        self.update_rows(layer, 0, 0, attn, bt)
     }
 
-    /// Query rows `q0 .. q0 + n` of one layer's attention, `[B, H, n, Tk]` (a score tile:
-    /// docs/methods.md#score-tiles). Every statistic but the syntactic one is a sum over query
-    /// rows, each row's argmax over all its keys (ties: the first key), so tiles in any order
-    /// and of any height give the whole pattern's counts. The syntactic one sums each word's
-    /// rows over the tiles and decides when the layer's last row has come.
-    pub fn update_rows(&mut self, layer: usize, q0: i64, attn: &Tensor, bt: &BatchTensors) -> Result<(), ModelError> {
+    /// Query rows `q0 .. q0 + n` of one layer's attention over keys `k0 .. k0 + m`, `[B, H, n,
+    /// m]` (a score tile: docs/methods.md#score-tiles; the other keys have weight 0). Every
+    /// statistic but the syntactic one is a sum over query rows, each row's argmax over all its
+    /// keys (ties: the first key), so tiles in any order and of any height give the whole
+    /// pattern's counts. The syntactic one sums each word's rows over the tiles and decides when
+    /// the layer's last row has come.
+    pub fn update_rows(
+        &mut self,
+        layer: usize,
+        q0: i64,
+        k0: i64,
+        attn: &Tensor,
+        bt: &BatchTensors,
+    ) -> Result<(), ModelError> {
         // float32, or float64 as a float64 model computes it.
         let a = if attn.kind() == DType::Double { attn.shallow_clone() } else { attn.to_kind(DType::Float) };
-        let (b, h, n) = (a.size()[0], a.size()[1], a.size()[2]);
-        let masked = a.f_masked_fill(&bt.key_ok.logical_not(), -1.0)?;
+        let (b, h, n, m) = (a.size()[0], a.size()[1], a.size()[2], a.size()[3]);
+        // A row whose keys here are all excluded gets -1 (as over every key: its skipped keys
+        // weigh 0 and are not excluded only where a kept key is).
+        let masked = a.f_masked_fill(&bt.key_ok.f_narrow(3, k0, m)?.logical_not(), -1.0)?;
         let (mx, arg) = masked.f_max_dim(-1, false)?; // [B, H, n]
+        let arg = arg + k0;
         let rq = bt.real_q.f_narrow(2, q0, n)?; // [B, 1, n]
         self.conf[layer] += (&mx * &rq).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
 
@@ -218,11 +230,12 @@ impl Accumulator {
             if s.e_flat.numel() > 0 {
                 // W[i, j] = mean over query tokens of word i of the sum over key tokens of
                 // word j: the rows of word i come tile by tile.
-                let part = s.qavg.f_narrow(3, q0, n)?.to_kind(a.kind()).matmul(&a); // [B, H, NW, Tk]
+                let part = s.qavg.f_narrow(3, q0, n)?.to_kind(a.kind()).matmul(&a); // [B, H, NW, m]
                 let sum = match self.syn_rows.take() {
-                    Some((l, prev)) if l == layer && q0 > 0 => prev + part,
-                    _ => part,
+                    Some((l, prev)) if l == layer && q0 > 0 => prev,
+                    _ => Tensor::f_zeros([b, h, part.size()[2], bt.tk], (a.kind(), a.device()))?,
                 };
+                let _ = sum.f_narrow(3, k0, m)?.f_add_(&part)?;
                 if q0 + n < bt.tq {
                     self.syn_rows = Some((layer, sum));
                 } else {
@@ -332,7 +345,7 @@ mod tests {
         while q0 < 10 {
             let n = rows.min(10 - q0);
             if skip != Some(q0) {
-                acc.update_rows(0, q0, &a.narrow(2, q0, n), &bt).unwrap();
+                acc.update_rows(0, q0, 0, &a.narrow(2, q0, n), &bt).unwrap();
             }
             q0 += n;
         }

@@ -16,7 +16,7 @@ pub mod streaming;
 pub mod taxonomy;
 
 use crate::data::Dataset;
-use crate::model::hooks::{At, Point, Record, Tiles};
+use crate::model::hooks::{At, Point, Record, Tile, Tiles};
 use crate::model::nn::Gates;
 use crate::model::tokenize::tokenizer::Encoded;
 use crate::model::transformer::Stop;
@@ -331,7 +331,7 @@ pub fn accumulate(
             // weights, and the pass stops at the final norm (no logits).
             let rows =
                 model.layer_heads(stack).iter().map(|&h| tile_height(opts.tile_rows, b.ids.size()[0], h, s)).collect();
-            let mut on = |at: At, q0: i64, p: &Tensor| acc.update_rows(at.layer, q0, p, &bt);
+            let mut on = |at: At, t: &Tile| acc.update_rows(at.layer, t.q0, t.k0, t.pattern, &bt);
             let mut tiles = Tiles { kind: stack, whole: whole.clone(), rows, on: &mut on };
             enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut tiles))?);
         }

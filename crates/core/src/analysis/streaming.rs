@@ -87,7 +87,8 @@ pub fn scores(
             let probes = probes(model, &o.probes, "kv_scores")?;
             let len = o.probes.len as i64;
             let mut echo: Vec<Vec<f64>> = sums.clone();
-            super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, q0, a, _| {
+            super::taxonomy::attend(model, &probes.repeated, &gates, stop, &mut |l, tile, _| {
+                let (q0, a) = (tile.q0, tile.full_pattern()?);
                 // Queries of the second half (i = len + i'): the echo key i', the induction key
                 // i' + 1; those of this tile: rows lo..hi.
                 let Some((lo, hi)) = super::taxonomy::tile_span(q0, a.size()[2], len, len) else { return Ok(()) };
@@ -120,7 +121,8 @@ pub fn scores(
             for (seq, at) in &probes.needles {
                 let needle = (seq.len() - at) / 2;
                 let second = seq.len() - needle;
-                super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, q0, a, _| {
+                super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, tile, _| {
+                    let (q0, a) = (tile.q0, tile.full_pattern()?);
                     // Query second - 1 + q predicts needle token q; those of this tile: rows lo..hi.
                     let first = (second - 1) as i64;
                     let Some((lo, hi)) = super::taxonomy::tile_span(q0, a.size()[2], first, needle as i64) else {

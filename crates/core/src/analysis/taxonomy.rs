@@ -6,7 +6,7 @@
 //! (`Transformer::encode`, recording `hook_pattern`); scores are computed from the captured attention.
 
 use super::AnalysisError;
-use crate::model::hooks::{At, Tiles};
+use crate::model::hooks::{At, Tile, Tiles};
 use crate::model::nn::Gates;
 use crate::model::{Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -159,9 +159,9 @@ fn patterns_rows(seqs: &[Vec<i64>], q0: usize, n: usize, dev: Device) -> [Tensor
     [prev, dup, ind].map(|v| Tensor::from_slice(&v).view(shape).to_device(dev))
 }
 
-/// What [`attend`] hands each layer's attention to: `(layer, q0, rows q0.. of the attention
-/// [B, H, n, T], the batch's sequences)`.
-type OnAttention<'a> = &'a mut dyn FnMut(usize, i64, &Tensor, &[Vec<i64>]) -> Result<(), ModelError>;
+/// What [`attend`] hands each layer's attention to: `(layer, a tile of its rows, the batch's
+/// sequences)`.
+type OnAttention<'a> = &'a mut dyn FnMut(usize, &Tile, &[Vec<i64>]) -> Result<(), ModelError>;
 
 /// Runs `seqs` (all of one length) through the self-attention stack in batches and hands each
 /// layer's attention to `on` tile by tile (docs/methods.md#score-tiles: rows in order, each
@@ -185,7 +185,7 @@ pub(crate) fn attend(
         let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
         let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
         let rows = model.layer_heads(kind).iter().map(|&h| super::tile_height(0, chunk.len() as i64, h, t)).collect();
-        let mut f = |at: At, q0: i64, a: &Tensor| on(at.layer, q0, a, chunk);
+        let mut f = |at: At, tile: &Tile| on(at.layer, tile, chunk);
         let mut tiles = Tiles { kind, whole: whole.clone(), rows, on: &mut f };
         let _ = model.net.encode(&ids, &mask, gates, Some(&mut tiles))?;
     }
@@ -236,20 +236,23 @@ pub fn head_type_scores(
         Ok(())
     };
     let mut pending: Option<Pending> = None;
-    attend(model, &probes.repeated, gates, stop, &mut |l, q0, a, rows| {
-        let t = rows[0].len();
-        let a = a.to_kind(DType::Double);
-        let n = a.size()[2];
-        let [prev, dup, ind] = patterns_rows(rows, q0 as usize, n as usize, dev);
-        let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t as f64;
-        add(&mut sums[0][l], &sink)?;
+    attend(model, &probes.repeated, gates, stop, &mut |l, tile, rows| {
+        let (t, q0, k0) = (rows[0].len(), tile.q0, tile.k0);
+        let a = tile.pattern.to_kind(DType::Double);
+        let (n, m) = (a.size()[2], a.size()[3]);
+        // The patterns over the tile's rows and keys (`k0 .. k0 + m`; the others weigh 0).
+        let [prev, dup, ind] = patterns_rows(rows, q0 as usize, n as usize, dev).map(|p| p.narrow(3, k0, m));
+        if k0 == 0 {
+            let sink = a.select(3, 0).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double) / t as f64;
+            add(&mut sums[0][l], &sink)?;
+        }
         // Per sequence and head: the attention on the pattern over the attention counted (all
         // of it, t per sequence; without the first key, what the other keys hold), summed over
         // the batch's sequences.
-        let kept = if exclude_sink { a.narrow(3, 1, a.size()[3] - 1) } else { a.shallow_clone() };
+        let skip = if exclude_sink && k0 == 0 { 1 } else { 0 };
+        let kept = a.narrow(3, skip, m - skip);
         let on = |p: &Tensor| {
-            let p = if exclude_sink { p.narrow(3, 1, p.size()[3] - 1) } else { p.shallow_clone() };
-            (&kept * p).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double)
+            (&kept * p.narrow(3, skip, m - skip)).sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double)
         };
         let here = [on(&prev), on(&dup), on(&ind)];
         let counted = kept.sum_dim_intlist([2i64, 3].as_slice(), false, DType::Double);
@@ -278,9 +281,10 @@ pub fn head_type_scores(
     for (seq, at) in &probes.needles {
         let needle = (seq.len() - at) / 2;
         let second = seq.len() - needle;
-        attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, q0, a, _| {
+        attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, tile, _| {
             // Query i predicts token i + 1 of the second needle; copied if the head's top key is
             // in the first needle and holds that token. Those queries' rows in this tile:
+            let (q0, a) = (tile.q0, tile.full_pattern()?);
             let first = (second - 1) as i64;
             let Some((lo, hi)) = tile_span(q0, a.size()[2], first, needle as i64) else { return Ok(()) };
             let rows = a.get(0).narrow(1, lo - q0, hi - lo);

@@ -260,10 +260,9 @@ pub trait Hooks {
     fn tile_rows(&self, _at: At) -> Option<i64> {
         None
     }
-    /// Sees query rows `q0 .. q0 + n` of a mixer's attention at `at`: the scores `[B, H, n, Tk]`
-    /// (scaled, soft-capped, masked: `hook_attn_scores`'s rows) and the weights `[B, H, n, Tk]`
-    /// (`hook_pattern`'s rows), tiles in order of `q0`; read-only.
-    fn tile(&mut self, _at: At, _q0: i64, _scores: &Tensor, _pattern: &Tensor) -> Result<(), ModelError> {
+    /// Sees query rows `q0 .. q0 + n` of a mixer's attention at `at` over the keys the tile
+    /// computed ([`Tile`]), tiles in order of `q0`; read-only.
+    fn tile(&mut self, _at: At, _tile: &Tile) -> Result<(), ModelError> {
         Ok(())
     }
     /// The residual stream moved from one placement to another before stack layer `layer`
@@ -285,10 +284,66 @@ pub fn tile_rows(h: &HookSlot, at: At) -> Option<i64> {
 }
 
 /// Hands one tile of attention at `at` to the run's hooks ([`Hooks::tile`]).
-pub fn tile(h: &mut HookSlot, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+pub fn tile(h: &mut HookSlot, at: At, tile: &Tile) -> Result<(), ModelError> {
     match h.as_deref_mut() {
-        Some(h) => h.tile(at, q0, scores, pattern),
+        Some(h) => h.tile(at, tile),
         None => Ok(()),
+    }
+}
+
+/// Query rows `q0 .. q0 + n` of a mixer's attention over keys `k0 .. k0 + m` of `tk`
+/// (docs/methods.md#score-tiles): the keys outside are hidden from every row of the tile by
+/// the bias, their weights exactly 0, and the tile skipped them.
+pub struct Tile<'a> {
+    pub q0: i64,
+    pub k0: i64,
+    /// Every key's count.
+    pub tk: i64,
+    /// The weights `[B, H, n, m]` (`hook_pattern`'s rows, keys `k0 ..`).
+    pub pattern: &'a Tensor,
+    /// The scores `[B, H, n, m]` (scaled, soft-capped, masked: `hook_attn_scores`'s rows), where
+    /// the mixer computed them.
+    pub scores: Option<&'a Tensor>,
+    /// The bias rows over every key (`[B or 1, H or 1, n or 1, tk]`), where keys were skipped.
+    pub bias: Option<&'a Tensor>,
+}
+
+impl Tile<'_> {
+    /// A tile of every key.
+    pub fn whole<'a>(q0: i64, pattern: &'a Tensor, scores: Option<&'a Tensor>) -> Tile<'a> {
+        Tile { q0, k0: 0, tk: pattern.size().last().copied().unwrap_or(0), pattern, scores, bias: None }
+    }
+
+    /// Whether the tile holds every key.
+    pub fn is_whole(&self) -> bool {
+        self.k0 == 0 && self.pattern.size().last() == Some(&self.tk)
+    }
+
+    /// The weights over every key, `[B, H, n, tk]` (the skipped ones 0).
+    pub fn full_pattern(&self) -> Result<Tensor, ModelError> {
+        if self.is_whole() {
+            return Ok(self.pattern.shallow_clone());
+        }
+        let mut size = self.pattern.size();
+        let m = size[3];
+        size[3] = self.tk;
+        let full = Tensor::f_zeros(size.as_slice(), (self.pattern.kind(), self.pattern.device()))?;
+        full.f_narrow(3, self.k0, m)?.f_copy_(self.pattern)?;
+        Ok(full)
+    }
+
+    /// The scores over every key, `[B, H, n, tk]` (the skipped ones at their bias: in float32
+    /// the whole path's `s - 1e9` rounds to it), where the mixer computed scores.
+    pub fn full_scores(&self) -> Result<Option<Tensor>, ModelError> {
+        let Some(s) = self.scores else { return Ok(None) };
+        if self.is_whole() {
+            return Ok(Some(s.shallow_clone()));
+        }
+        let size = s.size();
+        let bias = self.bias.ok_or_else(|| ModelError::Invalid("a tile of some keys without its bias".into()))?;
+        let full = bias.f_to_kind(s.kind())?.f_expand([size[0], size[1], size[2], self.tk], false)?.f_contiguous()?;
+        full.f_narrow(3, self.k0, size[3])?.f_copy_(s)?;
+        Ok(Some(full))
     }
 }
 
@@ -374,17 +429,17 @@ impl Hooks for Record<'_> {
 }
 
 /// A hook that reads one kind's attention weights tile by tile (docs/methods.md#score-tiles):
-/// `on(at, q0, rows)` gets rows `q0 .. q0 + n` of each layer's `hook_pattern`, `[B, H, n, Tk]`,
-/// at most `rows[layer]` rows at a time, so no layer holds its `T x T` weights. A layer whose
-/// mixer hands no tiles (`whole[layer]`) is visited whole instead (`q0` = 0). It changes
-/// nothing.
+/// `on(at, tile)` gets rows `q0 .. q0 + n` of each layer's `hook_pattern` ([`Tile`]), at most
+/// `rows[layer]` rows at a time, so no layer holds its `T x T` weights. A layer whose mixer
+/// hands no tiles (`whole[layer]`) is visited whole instead (one tile of every row and key).
+/// It changes nothing.
 pub struct Tiles<'a> {
     pub kind: Kind,
     /// Per layer of the kind: read the whole pattern (its mixer hands no tiles).
     pub whole: Vec<bool>,
     /// Per layer of the kind: the tile height.
     pub rows: Vec<i64>,
-    pub on: &'a mut dyn FnMut(At, i64, &Tensor) -> Result<(), ModelError>,
+    pub on: &'a mut dyn FnMut(At, &Tile) -> Result<(), ModelError>,
 }
 
 impl Hooks for Tiles<'_> {
@@ -392,15 +447,15 @@ impl Hooks for Tiles<'_> {
         at.kind == self.kind && at.point == Point::Pattern && self.whole.get(at.layer).copied().unwrap_or(true)
     }
     fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
-        (self.on)(at, 0, x)?;
+        (self.on)(at, &Tile::whole(0, x, None))?;
         Ok(None)
     }
     fn tile_rows(&self, at: At) -> Option<i64> {
         (at.kind == self.kind && at.point == Point::Pattern).then(|| self.rows.get(at.layer).copied()).flatten()
     }
-    fn tile(&mut self, at: At, q0: i64, _scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
+    fn tile(&mut self, at: At, tile: &Tile) -> Result<(), ModelError> {
         if at.kind == self.kind {
-            (self.on)(at, q0, pattern)?;
+            (self.on)(at, tile)?;
         }
         Ok(())
     }
@@ -441,9 +496,9 @@ impl Hooks for Both<'_> {
             (a, b) => a.or(b),
         }
     }
-    fn tile(&mut self, at: At, q0: i64, scores: &Tensor, pattern: &Tensor) -> Result<(), ModelError> {
-        self.0.tile(at, q0, scores, pattern)?;
-        self.1.tile(at, q0, scores, pattern)
+    fn tile(&mut self, at: At, tile: &Tile) -> Result<(), ModelError> {
+        self.0.tile(at, tile)?;
+        self.1.tile(at, tile)
     }
     fn moved(&mut self, from: Placement, to: Placement, layer: usize) {
         self.0.moved(from, to, layer);

@@ -1311,19 +1311,9 @@ impl Attention {
                     }
                     None => probs,
                 };
+                let tile = hooks::Tile { q0, k0, tk, pattern: &probs, scores: Some(&scores), bias: Some(&row_bias) };
+                hooks::tile(hs, at(Point::Pattern), &tile)?;
                 parts.push(probs.f_matmul(&v.f_narrow(2, k0, k1 - k0)?)?);
-                if (k0, k1) == (0, tk) {
-                    hooks::tile(hs, at(Point::Pattern), q0, &scores, &probs)?;
-                } else {
-                    // The hooks get every key: the skipped ones at their bias and weight 0.
-                    let full_scores = (&raw.zeros_like().f_narrow(-1, 0, 1)? + &row_bias)
-                        .f_expand([b, h, n, tk], false)?
-                        .contiguous();
-                    full_scores.f_narrow(-1, k0, k1 - k0)?.f_copy_(&scores)?;
-                    let full_probs = Tensor::f_zeros([b, h, n, tk], (probs.kind(), probs.device()))?;
-                    full_probs.f_narrow(-1, k0, k1 - k0)?.f_copy_(&probs)?;
-                    hooks::tile(hs, at(Point::Pattern), q0, &full_scores, &full_probs)?;
-                }
                 q0 += n;
             }
             Tensor::f_cat(&parts, 2)?
@@ -1343,7 +1333,8 @@ impl Attention {
                 let mut q0 = 0;
                 while q0 < tq {
                     let n = rows.min(tq - q0);
-                    hooks::tile(hs, at(Point::Pattern), q0, &scores.f_narrow(2, q0, n)?, &probs.f_narrow(2, q0, n)?)?;
+                    let (scores, probs) = (scores.f_narrow(2, q0, n)?, probs.f_narrow(2, q0, n)?);
+                    hooks::tile(hs, at(Point::Pattern), &hooks::Tile::whole(q0, &probs, Some(&scores)))?;
                     q0 += n;
                 }
             }
