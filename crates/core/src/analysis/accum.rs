@@ -58,6 +58,8 @@ pub struct BatchTensors {
     /// The padded query and key lengths.
     tq: i64,
     tk: i64,
+    /// The keys counted, where they are one span `lo .. hi` in every row.
+    key_span: Option<(i64, i64)>,
     real_q: Tensor,
     key_ok: Tensor,
     rare: Option<(Tensor, Tensor, Tensor)>,
@@ -138,7 +140,18 @@ impl BatchTensors {
         } else {
             None
         };
-        BatchTensors { tq: tq as i64, tk: tk as i64, real_q, key_ok, rare, syn }
+        let span = |m: &SentenceMeta| -> Option<(i64, i64)> {
+            let ok: Vec<bool> = m.key_ok.iter().copied().chain(std::iter::repeat(false)).take(tk).collect();
+            let lo = ok.iter().position(|&b| b)?;
+            let hi = ok.iter().rposition(|&b| b)? + 1;
+            ok[lo..hi].iter().all(|&b| b).then_some((lo as i64, hi as i64))
+        };
+        let spans: Vec<Option<(i64, i64)>> = metas.iter().map(span).collect();
+        let key_span = match spans.first() {
+            Some(Some(first)) if spans.iter().all(|s| s.as_ref() == Some(first)) => Some(*first),
+            _ => None,
+        };
+        BatchTensors { tq: tq as i64, tk: tk as i64, key_span, real_q, key_ok, rare, syn }
     }
 }
 
@@ -206,9 +219,24 @@ impl Accumulator {
         let (b, h, n, m) = (a.size()[0], a.size()[1], a.size()[2], a.size()[3]);
         // A row whose keys here are all excluded gets -1 (as over every key: its skipped keys
         // weigh 0 and are not excluded only where a kept key is).
-        let masked = a.f_masked_fill(&bt.key_ok.f_narrow(3, k0, m)?.logical_not(), -1.0)?;
-        let (mx, arg) = masked.f_max_dim(-1, false)?; // [B, H, n]
-        let arg = arg + k0;
+        let (mx, arg) = match bt.key_span {
+            // The keys counted are one span in every row (one unpadded text): its max, no copy.
+            Some((lo, hi)) => {
+                let (lo, hi) = (lo.max(k0), hi.min(k0 + m));
+                if lo < hi {
+                    let (mx, arg) = a.f_narrow(3, lo - k0, hi - lo)?.f_max_dim(-1, false)?;
+                    (mx, arg + lo)
+                } else {
+                    let z = Tensor::f_zeros([b, h, n], (DType::Int64, a.device()))?;
+                    (z.f_to_kind(a.kind())? - 1.0, z + k0)
+                }
+            }
+            None => {
+                let masked = a.f_masked_fill(&bt.key_ok.f_narrow(3, k0, m)?.logical_not(), -1.0)?;
+                let (mx, arg) = masked.f_max_dim(-1, false)?; // [B, H, n]
+                (mx, arg + k0)
+            }
+        };
         let rq = bt.real_q.f_narrow(2, q0, n)?; // [B, 1, n]
         self.conf[layer] += (&mx * &rq).sum_dim_intlist([0i64, 2].as_slice(), false, DType::Double);
 
@@ -370,6 +398,21 @@ mod tests {
             assert_eq!(h, hist, "rows {rows}: offsets");
             assert_eq!(r, rare, "rows {rows}: rare hits");
             assert_eq!(s, syn, "rows {rows}: syntactic");
+        }
+        // One text whose counted keys are one span (all but the first): its max over the span
+        // equals the masked max, tiles or not.
+        let one = vec![SentenceMeta { key_ok: (0..10).map(|i| i > 0).collect(), ..metas[0].clone() }];
+        let a1 = a.narrow(0, 0, 1);
+        let spanned = tiled(&one, &a1, 3, None);
+        let mut bt = BatchTensors::new(&one, 10, 10, Device::Cpu, true, true);
+        assert_eq!(bt.key_span, Some((1, 10)));
+        bt.key_span = None;
+        let mut masked = Accumulator::new(&[3], 2, Device::Cpu);
+        masked.update(0, &a1, &bt).unwrap();
+        let (s1, s2) = (sums(&spanned), sums(&masked));
+        assert_eq!((&s1.1, &s1.2, &s1.3), (&s2.1, &s2.2, &s2.3), "a span's argmax against the masked argmax");
+        for (x, y) in s1.0[0].iter().zip(&s2.0[0]) {
+            assert!((x - y).abs() <= 1e-12, "a span's max {x} against the masked max {y}");
         }
         // A tile left out (a dropped boundary) changes the counts: the test can fail.
         let dropped = tiled(&metas, &a, 3, Some(3));

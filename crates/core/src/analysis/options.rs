@@ -53,8 +53,11 @@ pub const RELATIONS_OPTION: OptSpec =
 pub const SUBTYPES_OPTION: OptSpec =
     opt_bool("subtypes", false, "count relation subtypes (nsubj:pass) as their base relation");
 pub const MARGIN_OPTION: OptSpec = opt_f64("margin", 0.1, "syntactic when accuracy >= baseline + margin");
-pub const TILE_ROWS_OPTION: OptSpec =
-    opt_int("tile_rows", 0, "query rows per score tile; 0: as many as fit in 32 MB, at most 128 (docs/methods.md#score-tiles)");
+pub const TILE_ROWS_OPTION: OptSpec = opt_int(
+    "tile_rows",
+    0,
+    "query rows per score tile; 0: as many as fit in 32 MB, at most 128 (docs/methods.md#score-tiles)",
+);
 
 /// The statistics `analyze` computes when not told: syntactic too on a treebank.
 pub fn default_stats(treebank: bool) -> Vec<Stat> {

@@ -1302,7 +1302,8 @@ impl Attention {
                         t.shallow_clone()
                     })
                 };
-                let raw = softcap(q.f_narrow(2, q0, n)?.matmul(&cols(&kt)?) * scale, self.score.softcap);
+                // The scale on the tile's queries (n x dh values) rather than its scores.
+                let raw = softcap((q.f_narrow(2, q0, n)? * scale).matmul(&cols(&kt)?), self.score.softcap);
                 let scores = &raw + cols(&row_bias)?;
                 let probs = softmax(&scores);
                 let probs = match &duo {
