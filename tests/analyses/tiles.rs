@@ -172,3 +172,31 @@ fn tiled_head_types_and_kv_scores_equal_the_whole_pattern() {
         }
     }
 }
+
+/// The memory budget of a tiled pass counts the attention bias as the stack builds it: per
+/// head under T5's relative positions, three of them beside a layer's own sliding window
+/// (gemma2; mistral's window is in the stack's one bias), and 8 bytes a value in float64 (docs/methods.md#memory-budget); a tile's scores in place of the pattern.
+#[test]
+fn the_tiled_forward_counts_the_bias_it_builds() {
+    let t = 4096i64;
+    let none = Gates::none();
+    for (name, dtype, per_head, copies, value) in [
+        ("llama", "f32", false, 1.0, 4.0),
+        ("t5", "f32", true, 1.0, 4.0),
+        ("mistral", "f32", false, 1.0, 4.0),
+        ("gemma2", "f32", false, 3.0, 4.0),
+        ("llama", "f64", false, 1.0, 8.0),
+    ] {
+        let m = common::tiny_hf(name, dtype);
+        let heads = m.net.stack.iter().map(|l| l.mixer().width()).max().unwrap() as f64;
+        let bias = value * copies * if per_head { heads } else { 1.0 } * (t * t) as f64;
+        let tiled = m.net.forward_bytes(1, t, Some(128), &none);
+        let whole = m.net.forward_bytes(1, t, None, &none);
+        let tile = 3.0 * value * heads * (128 * t) as f64;
+        assert!(tiled >= bias + tile, "{name} {dtype}: {tiled} counts less than its bias {bias} and a tile {tile}");
+        assert!(
+            tiled - (bias + tile) <= whole - 4.0 * heads * (t * t) as f64,
+            "{name} {dtype}: activations counted alike"
+        );
+    }
+}

@@ -55,9 +55,8 @@ pub struct Accumulator {
 
 /// The batch's metadata as tensors on the device, built once per batch.
 pub struct BatchTensors {
-    /// The padded query and key lengths.
+    /// The padded query length.
     tq: i64,
-    tk: i64,
     /// The keys counted, where they are one span `lo .. hi` in every row.
     key_span: Option<(i64, i64)>,
     real_q: Tensor,
@@ -151,7 +150,7 @@ impl BatchTensors {
             Some(Some(first)) if spans.iter().all(|s| s.as_ref() == Some(first)) => Some(*first),
             _ => None,
         };
-        BatchTensors { tq: tq as i64, tk: tk as i64, key_span, real_q, key_ok, rare, syn }
+        BatchTensors { tq: tq as i64, key_span, real_q, key_ok, rare, syn }
     }
 }
 
@@ -257,17 +256,18 @@ impl Accumulator {
         if let Some(s) = &bt.syn {
             if s.e_flat.numel() > 0 {
                 // W[i, j] = mean over query tokens of word i of the sum over key tokens of
-                // word j: the rows of word i come tile by tile.
-                let part = s.qavg.f_narrow(3, q0, n)?.to_kind(a.kind()).matmul(&a); // [B, H, NW, m]
+                // word j: the rows of word i come tile by tile, each tile's keys `k0 ..`
+                // summed into their words at once (W is linear in the weights).
+                let words = s.m.f_narrow(2, k0, m)?.to_kind(a.kind()); // [B, 1, m, NW]
+                let part = s.qavg.f_narrow(3, q0, n)?.to_kind(a.kind()).matmul(&a).matmul(&words); // [B, H, NW, NW]
                 let sum = match self.syn_rows.take() {
-                    Some((l, prev)) if l == layer && q0 > 0 => prev,
-                    _ => Tensor::f_zeros([b, h, part.size()[2], bt.tk], (a.kind(), a.device()))?,
+                    Some((l, prev)) if l == layer && q0 > 0 => prev + part,
+                    _ => part,
                 };
-                let _ = sum.f_narrow(3, k0, m)?.f_add_(&part)?;
                 if q0 + n < bt.tq {
                     self.syn_rows = Some((layer, sum));
                 } else {
-                    let wm = sum.matmul(&s.m.to_kind(sum.kind())); // [B, H, NW, NW]
+                    let wm = sum; // [B, H, NW, NW]
                     let wm = wm.f_masked_fill(&s.word_valid.logical_not(), -1.0)?;
                     let argw = wm.argmax(-1, false); // [B, H, NW]
                     let nw = argw.size()[2];

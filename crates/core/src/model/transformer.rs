@@ -1097,8 +1097,11 @@ impl Transformer {
                         || hooks::wants(h, At::new(kind, l, Point::Scores))
                 });
                 let rows = hooks::tile_rows(h, At::new(kind, 0, Point::Pattern)).filter(|_| !wanted);
-                crate::budget::check(&format!("a forward over {b} x {t} tokens"), self.forward_bytes(b, t, rows))
-                    .map_err(ModelError::Invalid)?;
+                crate::budget::check(
+                    &format!("a forward over {b} x {t} tokens"),
+                    self.forward_bytes(b, t, rows, gates),
+                )
+                .map_err(ModelError::Invalid)?;
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
                 let bias = self.self_bias(mask, x.kind());
                 (0, x, Some(bias), None, true)
@@ -1440,8 +1443,10 @@ impl Transformer {
     /// of each) and its attention scores `[b, heads, t, t]` (float32), as a hook recording the
     /// pattern holds them (docs/methods.md#memory-budget). With score tiles of `rows` query
     /// rows (docs/methods.md#score-tiles) a layer holds a tile's scores and weights instead,
-    /// beside the attention bias `[b, 1, t, t]`.
-    pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>) -> f64 {
+    /// beside the attention bias: `[b, 1, t, t]`, per head (`[b, heads, t, t]`) with a
+    /// relative position bias or streaming heads, three of them where a layer adds a window
+    /// or chunks or DuoAttention its streaming window; 8 bytes a value in a float64 model.
+    pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>, gates: &Gates) -> f64 {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
         for l in &self.stack {
@@ -1449,7 +1454,15 @@ impl Transformer {
             hidden = hidden.max(l.mlp().width() as f64);
         }
         let scores = match rows {
-            Some(n) => 4.0 * (b * t * t) as f64 + 3.0 * 4.0 * heads * (b * n.clamp(1, t.max(1)) * t) as f64,
+            Some(n) => {
+                let value = if self.embed.tokens.kind() == DType::Double { 8.0 } else { 4.0 };
+                let per_head = if self.rel_bias.is_some() || gates.stream.is_some() { heads } else { 1.0 };
+                let windows =
+                    gates.duo.is_some() || self.stack.iter().any(|l| l.window.is_some() || l.chunk().is_some());
+                let copies = if windows { 3.0 } else { 1.0 };
+                value * per_head * copies * (b * t * t) as f64
+                    + 3.0 * value * heads * (b * n.clamp(1, t.max(1)) * t) as f64
+            }
             None => 4.0 * heads * (b * t * t) as f64,
         };
         let (b, t) = (b as f64, t as f64);
