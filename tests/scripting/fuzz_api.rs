@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 20] = [
+    let cases: [(&str, &[&str]); 21] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -198,6 +198,11 @@ fn the_defects_found_stay_fixed() {
         (
             r#"let m = load_model("tests/fixtures/tiny_hf/llama"); m.kv_curve(m.kv_scores("echo", #{n: 2, len: 10}), corpus(asset("pud_en.txt")).take(20), #{fractions: [0.5], context: 64, sink: 2, recent: 8, induction: 0, passkey: 9223372036854775807})"#,
             &["kv_curve: passkey = 9223372036854775807", "over the budget"],
+        ),
+        // Found by CI's short run of 49e15dd: a gate init past float32 panicked in tch.
+        (
+            r#"load_model("minilm").prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, init: 1e300})"#,
+            &["prune: option 'init'", "got 1e300"],
         ),
     ];
     for (code, want) in cases {

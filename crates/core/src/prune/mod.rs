@@ -112,6 +112,9 @@ pub const SEED_OPTION: OptSpec = opt_int("seed", 1, "seed of the batches and the
 pub const EVAL_EVERY_OPTION: OptSpec = opt_int("eval_every", 50, "steps between evaluations");
 pub const RESUME_OPTION: OptSpec = opt_bool("resume", false, "resume the run in 'checkpoint'");
 pub const BETA_OPTION: OptSpec = opt_f64("beta", 0.33, "Hard Concrete temperature");
+/// The largest `init` in size: a gate's log_alpha past it is open or shut beyond float32's
+/// resolution anyway (and 1e300 does not fit a float32).
+pub const MAX_INIT: f64 = 1000.0;
 pub const INIT_OPTION: OptSpec = opt_str("init", "uniform", "initial log_alpha: \"uniform\" or a number");
 pub const DEFAULT_PENALTY_SCALE: PenaltyScale = PenaltyScale::PerHead;
 pub const PENALTY_SCALE_OPTION: OptSpec =
@@ -247,6 +250,13 @@ impl PruneOptions {
             return Err("prune: eval_every must be at least 1, got 0".into());
         }
         check_beta("prune", &self.concrete)?;
+        if let Init::Constant(c) = self.init {
+            if !(c.is_finite() && c.abs() <= MAX_INIT) {
+                return Err(format!(
+                    "prune: option 'init' (a log_alpha) must be \"uniform\" or a number between -{MAX_INIT} and {MAX_INIT}, got {c:e}"
+                ));
+            }
+        }
         if self.kinds.is_empty() {
             return Err("prune: kinds is empty: gate at least one attention kind".into());
         }
