@@ -173,30 +173,90 @@ fn tiled_head_types_and_kv_scores_equal_the_whole_pattern() {
     }
 }
 
-/// The memory budget of a tiled pass counts the attention bias as the stack builds it: per
-/// head under T5's relative positions, three of them beside a layer's own sliding window
-/// (gemma2; mistral's window is in the stack's one bias), and 8 bytes a value in float64 (docs/methods.md#memory-budget); a tile's scores in place of the pattern.
+/// The memory budget of a tiled pass counts the attention bias as the stack builds it: none
+/// held where the bias is described (every tile builds its rows), per head under T5's
+/// relative positions, three where packed rows meet a layer's own sliding window (gemma2;
+/// mistral's window is in the stack's one bias), and 8 bytes a value in float64
+/// (docs/methods.md#memory-budget); a tile's scores in place of the pattern.
 #[test]
 fn the_tiled_forward_counts_the_bias_it_builds() {
     let t = 4096i64;
     let none = Gates::none();
-    for (name, dtype, per_head, copies, value) in [
-        ("llama", "f32", false, 1.0, 4.0),
-        ("t5", "f32", true, 1.0, 4.0),
-        ("mistral", "f32", false, 1.0, 4.0),
-        ("gemma2", "f32", false, 3.0, 4.0),
-        ("llama", "f64", false, 1.0, 8.0),
+    for (name, dtype, packed, per_head, copies, value) in [
+        ("llama", "f32", false, false, 0.0, 4.0),
+        ("llama", "f32", true, false, 1.0, 4.0),
+        ("t5", "f32", false, true, 1.0, 4.0),
+        ("mistral", "f32", true, false, 1.0, 4.0),
+        ("gemma2", "f32", false, false, 0.0, 4.0),
+        ("gemma2", "f32", true, false, 3.0, 4.0),
+        ("llama", "f64", true, false, 1.0, 8.0),
     ] {
         let m = common::tiny_hf(name, dtype);
         let heads = m.net.stack.iter().map(|l| l.mixer().width()).max().unwrap() as f64;
         let bias = value * copies * if per_head { heads } else { 1.0 } * (t * t) as f64;
-        let tiled = m.net.forward_bytes(1, t, Some(128), &none);
-        let whole = m.net.forward_bytes(1, t, None, &none);
-        let tile = 3.0 * value * heads * (128 * t) as f64;
+        let tiled = m.net.forward_bytes(1, t, Some(128), packed, &none);
+        let whole = m.net.forward_bytes(1, t, None, packed, &none);
+        let tile = 4.0 * value * heads * (128 * t) as f64 + value * t as f64;
         assert!(tiled >= bias + tile, "{name} {dtype}: {tiled} counts less than its bias {bias} and a tile {tile}");
         assert!(
             tiled - (bias + tile) <= whole - 4.0 * heads * (t * t) as f64,
             "{name} {dtype}: activations counted alike"
         );
+    }
+}
+
+/// A verb that keeps whole patterns (the head view's every head, `run_with_cache` of
+/// `hook_pattern`, a head's `attention`) estimates what it keeps and is refused over the memory
+/// budget, naming the verb, the bytes and the statistics that read tiles instead
+/// (docs/methods.md#memory-budget), where the forward alone would fit; a head's `attention`
+/// keeps its own weights alone, the same numbers as the view's.
+#[test]
+fn whole_pattern_verbs_are_refused_past_the_budget() {
+    use headscope::budget;
+    use headscope::model::hooks::At;
+    use headscope::model::HeadId;
+    let text = "The cat sat on the mat near the door of the old house by the river. ".repeat(6);
+    for name in ["llama", "t5"] {
+        let m = common::tiny_hf(name, "f32");
+        let none = Gates::none();
+        let maps = m.attention_maps(&text, &none).unwrap();
+        let last = maps.last().unwrap();
+        let (kind, layer) = (last.kind, last.layers.len() - 1);
+        let head = HeadId { kind, layer_idx: layer, head: 1 };
+        let all = last.layers[layer].as_ref().unwrap();
+        let (tq, tk) = (all.size()[1], all.size()[2]);
+        let one = m.attention_map(&text, head, &none).unwrap();
+        let want: Vec<Vec<f64>> = (0..tq).map(|i| Vec::<f64>::try_from(all.get(1).get(i)).unwrap()).collect();
+        assert_eq!(one.weights, want, "{name}: one head's weights are the view's");
+        // The stack's kind: what its forward takes, one head's map, every head's maps.
+        let stack = m.net.stack_kind;
+        let first = &maps[0];
+        let t = first.layers[0].as_ref().unwrap().size()[1];
+        let (layers, heads) = (first.layers.len() as f64, first.layers[0].as_ref().unwrap().size()[0] as f64);
+        let forward = m.net.forward_bytes(1, t, None, false, &none);
+        let head_bytes = 16.0 * (tq * tk) as f64;
+        let limit = forward.max(head_bytes) + 1.0;
+        assert!(16.0 * layers * heads * (t * t) as f64 > limit, "{name}: the test's text is long enough");
+        budget::set_limit(limit as u64);
+        assert!(m.attention_map(&text, head, &none).is_ok(), "{name}: one head fits in {limit} bytes");
+        let e = m.attention_maps(&text, &none).err().expect("refused").to_string();
+        assert!(
+            e.contains(&format!(
+                "the whole attention pattern of {layers} layer(s) x {heads} head(s) over {t} x {t} tokens would take"
+            )) && e.contains("analyze, head_types, kv_scores (docs/methods.md#score-tiles)"),
+            "{name}: {e}"
+        );
+        // run_with_cache keeps 4 bytes a weight of each pattern it records.
+        assert!(
+            4.0 * layers * heads * (t * t) as f64 > forward + 1.0,
+            "{name}: every layer's patterns outweigh the forward"
+        );
+        budget::set_limit(forward as u64 + 1);
+        let patterns = |at: At| at.point == Point::Pattern && at.kind == stack;
+        let e = m.run_with_cache(&text, &none, &patterns, None).expect_err("refused").to_string();
+        assert!(e.contains("the whole attention pattern of 2 layer(s)"), "{name}: {e}");
+        let one_layer = |at: At| at.point == Point::Pattern && at.kind == stack && at.layer == 0;
+        assert!(m.run_with_cache(&text, &none, &one_layer, None).is_ok(), "{name}: one layer's patterns fit");
+        budget::set_limit(0);
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use headscope::model::bias::Bias;
 use headscope::model::hooks::{At, HookSlot, Point};
 use headscope::model::mixer::{Inside, Mixer};
 use headscope::model::nn::{Activation, Attention, Ffn, Gates, Linear, NormPosition};
@@ -246,7 +247,7 @@ fn a_self_block_that_cannot_continue_is_refused() {
         fn forward(
             &self,
             x: &Tensor,
-            bias: &Tensor,
+            bias: &Bias,
             gate: Option<&LayerGate>,
             kind: Kind,
             layer: usize,

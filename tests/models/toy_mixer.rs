@@ -12,6 +12,7 @@ use headscope::analysis::ablation::{evaluate, prepare, sweep, Metric};
 use headscope::analysis::patching::{patch, Direction, PairIds, PatchMetric, PatchSpec, Site};
 use headscope::analysis::streaming::kv_cost;
 use headscope::data::Dataset;
+use headscope::model::bias::Bias;
 use headscope::model::hooks::{self, At, GradRules, HookSlot, Hooks, Point};
 use headscope::model::mixer::{Inside, Mixer};
 use headscope::model::nn::{Activation, Ffn, Gates, LayerGate, Linear, NormPosition, Params};
@@ -97,7 +98,7 @@ impl Mixer for ToyEma {
     fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer: usize,
@@ -108,7 +109,8 @@ impl Mixer for ToyEma {
         let v = hooks::at(h, At::new(kind, layer, Point::V), self.v.forward(x).view([b, t, n, DH]).transpose(1, 2))?;
         let pos = Tensor::arange(t, (DType::Float, x.device()));
         let dist = pos.view([1, t]) - pos.view([t, 1]);
-        let weights = (self.decay.view([1, n, 1, 1]) * dist.view([1, 1, t, t]) + bias).softmax(-1, DType::Float);
+        let weights =
+            (self.decay.view([1, n, 1, 1]) * dist.view([1, 1, t, t]) + bias.dense()?).softmax(-1, DType::Float);
         let mut z = weights.matmul(&v);
         if let Some(g) = gate {
             z = self.gated(&z, g, inside);

@@ -22,6 +22,7 @@
 //! order); the mixer's output is `[B, T, D]` at `hook_attn_out`. What the rest of the layer
 //! does with it (norms, residual sums, the MLP) belongs to the layer, not the mixer.
 
+use super::bias::Bias;
 use super::hooks::{At, HookSlot};
 use super::nn::{Attention, KeysValues, LayerGate, Params};
 use super::{Kind, ModelError};
@@ -104,7 +105,7 @@ pub trait Mixer: Send {
     fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer: usize,

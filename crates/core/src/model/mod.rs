@@ -6,6 +6,7 @@
 //! masked view, batching and the task loss.
 
 pub mod batch;
+pub mod bias;
 pub mod experts;
 pub mod families;
 pub mod fill;
@@ -936,6 +937,15 @@ impl Model {
     ) -> Result<Vec<(hooks::At, Tensor)>, ModelError> {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
+        let t = b.ids.size().get(1).copied().unwrap_or(0);
+        for k in self.kinds().iter().filter(|k| k.kind == self.net.stack_kind) {
+            // Each layer's scores and weights kept count apart.
+            let layers = (0..k.n_layers)
+                .flat_map(|l| [hooks::Point::Pattern, hooks::Point::Scores].map(|p| hooks::At::new(k.kind, l, p)))
+                .filter(|&at| keep(at))
+                .count();
+            self.check_patterns_kept(layers, k.n_heads, t, t, 4.0)?;
+        }
         struct Keep<'a> {
             keep: &'a dyn Fn(hooks::At) -> bool,
             cache: Vec<(hooks::At, Tensor)>,
@@ -975,8 +985,31 @@ impl Model {
     /// translation (teacher-forced), keys the source tokens; for `dec` in a translation model,
     /// queries and keys are that translation (keys: the decoder's inputs, the start token first).
     pub fn attention_maps(&self, text: &str, gates: &Gates) -> Result<Vec<KindAttention>, ModelError> {
+        self.attention_maps_of(text, gates, None)
+    }
+
+    /// [`Model::attention_maps`] of every head, or of `only` one (its layer holding that head
+    /// alone, `[1, Tq, Tk]`; the other layers none). What is kept is estimated first and
+    /// refused over the memory budget (docs/methods.md#memory-budget).
+    fn attention_maps_of(
+        &self,
+        text: &str,
+        gates: &Gates,
+        only: Option<(HeadId, i64)>,
+    ) -> Result<Vec<KindAttention>, ModelError> {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
+        let t = b.ids.size().get(1).copied().unwrap_or(0);
+        // float64 on the CPU, and as many again as lists of numbers for a script.
+        let kept = |k: &KindShape| match only {
+            Some((h, _)) if h.kind == k.kind => (1, 1),
+            Some(_) => (0, 0),
+            None => (k.n_layers, k.n_heads),
+        };
+        for k in self.kinds().iter().filter(|k| k.kind == self.net.stack_kind) {
+            let (layers, heads) = kept(k);
+            self.check_patterns_kept(layers, heads, t, t, 16.0)?;
+        }
         let src_tokens = b.encoded[0].tokens.clone();
         let src_keys = (b.encoded[0].ids.clone(), b.encoded[0].special.clone());
         let mut maps: Vec<KindAttention> = self
@@ -993,8 +1026,16 @@ impl Model {
             .collect();
         // By layer: a layer without heads (prune_heads) hands out no attention.
         let mut on = |at: hooks::At, p: &Tensor| -> Result<(), ModelError> {
+            if only.is_some_and(|(h, _)| (h.kind, h.layer_idx) != (at.kind, at.layer)) {
+                return Ok(());
+            }
             if let Some(slot) = maps.iter_mut().find(|m| m.kind == at.kind).and_then(|m| m.layers.get_mut(at.layer)) {
-                *slot = Some(p.f_get(0)?.to_kind(DType::Double).to_device(Device::Cpu));
+                let p = p.f_get(0)?;
+                let p = match only {
+                    Some((_, phys)) => p.f_narrow(0, phys, 1)?,
+                    None => p,
+                };
+                *slot = Some(p.f_to_kind(DType::Double)?.f_to_device(Device::Cpu)?);
             }
             Ok(())
         };
@@ -1004,6 +1045,12 @@ impl Model {
         if !self.net.decoder.is_empty() {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
+            let tq = t.size().get(1).copied().unwrap_or(0);
+            for k in self.kinds().iter().filter(|k| k.kind != self.net.stack_kind) {
+                let (layers, heads) = kept(k);
+                let tk = if k.kind == Kind::Cross { b.ids.size().get(1).copied().unwrap_or(0) } else { tq };
+                self.check_patterns_kept(layers, heads, tq, tk, 16.0)?;
+            }
             let _ = self.net.teacher(&h, &b.mask, &t, transformer::Stop::FinalNorm, gates, Some(&mut rec))?;
             queries = targets.into_iter().next().map(|e| (e.tokens, e.ids, e.special));
         }
@@ -1031,13 +1078,32 @@ impl Model {
         Ok(maps)
     }
 
+    /// Refuses to keep whole attention patterns over the memory budget: `layers` layers of
+    /// `heads` heads, `tq x tk` each, `value` bytes a weight as kept; the error names the bytes
+    /// and the statistics that read the weights tile by tile instead (the caller names its verb).
+    fn check_patterns_kept(&self, layers: usize, heads: usize, tq: i64, tk: i64, value: f64) -> Result<(), ModelError> {
+        if layers == 0 || heads == 0 {
+            return Ok(());
+        }
+        let bytes = value * (layers * heads) as f64 * tq as f64 * tk as f64;
+        crate::budget::check(
+            &format!("the whole attention pattern of {layers} layer(s) x {heads} head(s) over {tq} x {tk} tokens"),
+            bytes,
+        )
+        .map_err(|e| {
+            ModelError::Invalid(format!(
+                "{e}; statistics of long texts read the weights tile by tile without holding them: analyze, head_types, kv_scores (docs/methods.md#score-tiles)"
+            ))
+        })
+    }
+
     /// The attention map of one head on one sentence (see [`Model::attention_maps`]).
     pub fn attention_map(&self, text: &str, head: HeadId, gates: &Gates) -> Result<AttentionMap, ModelError> {
         self.check_head(head)?;
         // The head's place among the heads its layer holds (after prune_heads, not its number).
         let phys =
             self.mixer(head.kind, head.layer_idx).and_then(|a| a.physical(head.head)).unwrap_or(head.head) as i64;
-        let maps = self.attention_maps(text, gates)?;
+        let maps = self.attention_maps_of(text, gates, Some((head, phys)))?;
         let m = maps.into_iter().find(|m| m.kind == head.kind).ok_or_else(|| {
             ModelError::Invalid(format!("{} attention maps are not available for this model", head.kind))
         })?;
@@ -1046,7 +1112,7 @@ impl Model {
             .get(head.layer_idx)
             .and_then(|a| a.as_ref())
             .ok_or_else(|| ModelError::Invalid(format!("no attention captured for {head}")))?
-            .get(phys);
+            .get(0);
         let weights: Vec<Vec<f64>> =
             (0..a.size()[0]).map(|i| Vec::<f64>::try_from(a.get(i))).collect::<Result<_, _>>()?;
         let key_excluded = vec![false; m.key_tokens.len()];

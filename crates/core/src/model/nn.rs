@@ -2,6 +2,7 @@
 //! per-head gates and capture, feed-forward blocks, the SSRU cell. Weights are never edited
 //! after loading; masks enter through [`Gates`].
 
+use super::bias::{dense_rows, Bias};
 use super::experts::ExpertGate;
 use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::latent::Latent;
@@ -1096,7 +1097,7 @@ impl Attention {
         &self,
         xq: &Tensor,
         xkv: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer_idx: usize,
@@ -1170,7 +1171,7 @@ impl Attention {
         &self,
         xq: &Tensor,
         kv: &KeysValues,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         start: i64,
         kind: Kind,
@@ -1194,9 +1195,9 @@ impl Attention {
         // A per-head bias over the heads as loaded (T5's relative positions, `[B, width, Tq,
         // Tk]`): a layer that prune_heads thinned reads its own heads' columns.
         let own_bias;
-        let bias = match &self.slots {
-            Some(s) if bias.dim() == 4 && bias.size()[1] == s.width as i64 && s.width as i64 != h => {
-                own_bias = bias.f_index_select(1, &s.index_t)?;
+        let bias = match (&self.slots, bias) {
+            (Some(s), Bias::Dense(t)) if t.dim() == 4 && t.size()[1] == s.width as i64 && s.width as i64 != h => {
+                own_bias = Bias::Dense(t.f_index_select(1, &s.index_t)?);
                 &own_bias
             }
             _ => bias,
@@ -1248,9 +1249,10 @@ impl Attention {
         // `a P_full + (1 - a) P_streaming`, the streaming ones under the window's bias.
         let duo = match gate.and_then(|g| g.duo.as_ref()) {
             Some(d) => {
-                let window = d.window(tq, k.size()[2], start, bias.kind(), bias.device());
+                let dense = bias.dense()?;
+                let window = d.window(tq, k.size()[2], start, dense.kind(), dense.device());
                 let a = self.own_gates(&d.alpha.unsqueeze(0)).to_kind(q.kind()).view([1, h, 1, 1]);
-                Some((a, bias + window))
+                Some((a, dense + window))
             }
             None => None,
         };
@@ -1284,16 +1286,9 @@ impl Attention {
             let mut q0 = 0;
             while q0 < tq {
                 let n = rows.min(tq - q0);
-                let rows_of = |t: &Tensor| -> Result<Tensor, ModelError> {
-                    Ok(if t.dim() == 4 && t.size()[2] == tq && tq > 1 {
-                        t.f_narrow(2, q0, n)?
-                    } else {
-                        t.shallow_clone()
-                    })
-                };
                 // The keys the bias hides from every row of the tile (a causal stack's later
                 // keys, a window's earlier ones) are skipped: their weights are exactly 0.
-                let row_bias = rows_of(bias)?;
+                let row_bias = bias.rows(q0, n, tq)?;
                 let (k0, k1) = visible_keys(&row_bias, tk)?;
                 let cols = |t: &Tensor| -> Result<Tensor, ModelError> {
                     Ok(if (k0, k1) != (0, tk) && t.size().last() == Some(&tk) {
@@ -1308,7 +1303,7 @@ impl Attention {
                 let probs = softmax(&scores);
                 let probs = match &duo {
                     Some((a, streaming)) => {
-                        &probs * a + softmax(&(&raw + cols(&rows_of(streaming)?)?)) * (a.ones_like() - a)
+                        &probs * a + softmax(&(&raw + cols(&dense_rows(streaming, q0, n, tq)?)?)) * (a.ones_like() - a)
                     }
                     None => probs,
                 };
@@ -1322,7 +1317,7 @@ impl Attention {
             let raw = q.matmul(&k.transpose(-2, -1)) * scale;
             // Soft-capping (Gemma 2) before the mask, as transformers: c * tanh(s / c).
             let raw = softcap(raw, self.score.softcap);
-            let scores = hooks::at(hs, at(Point::Scores), &raw + bias)?;
+            let scores = hooks::at(hs, at(Point::Scores), &raw + bias.dense()?)?;
             let probs = softmax(&scores);
             let probs = match &duo {
                 Some((a, streaming)) => &probs * a + softmax(&(&raw + streaming)) * (a.ones_like() - a),
@@ -1342,7 +1337,8 @@ impl Attention {
             probs.f_matmul(v)?
         } else {
             // The fused kernel (forward and backward) when nobody looks at the weights.
-            let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(bias), 0.0, false, scale, gqa)?;
+            let bias = bias.dense()?;
+            let full = Tensor::f_scaled_dot_product_attention(&q, k, v, Some(&bias), 0.0, false, scale, gqa)?;
             match &duo {
                 Some((a, streaming)) => {
                     &full * a
@@ -1632,7 +1628,7 @@ impl Mixer for Attention {
     fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer: usize,
@@ -1696,7 +1692,7 @@ impl Mixer for Attention {
             Some(p) => KeysValues { k: Tensor::f_cat(&[&p.k, &fresh.k], 2)?, v: Tensor::f_cat(&[&p.v, &fresh.v], 2)? },
             None => fresh,
         };
-        let o = self.attend(x, &kv, &bias(p_len, t), gate, p_len, kind, layer, h)?;
+        let o = self.attend(x, &kv, &Bias::Dense(bias(p_len, t)), gate, p_len, kind, layer, h)?;
         Ok((o, if self.n_heads > 0 { Carry::Keys(kv) } else { Carry::Empty }))
     }
     fn as_attention(&self) -> Option<&Attention> {
@@ -1744,7 +1740,7 @@ mod tests {
         let eye = [1.0f32, 0.0, 0.0, 1.0];
         let a = Attention::new(lin(&eye, 2, 2), lin(&eye, 2, 2), lin(&eye, 2, 2), lin(&eye, 2, 2), 2, 2, 1);
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 2, 2]);
-        let bias = Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu));
+        let bias = Bias::Dense(Tensor::zeros([1, 1, 1, 2], (DType::Float, Device::Cpu)));
         let mut none = None;
         let full = a.forward(&x, &x, &bias, None, Kind::Enc, 0, &mut none).unwrap();
         let ones = Tensor::ones([1, 2], (DType::Float, Device::Cpu));

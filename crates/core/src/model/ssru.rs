@@ -3,6 +3,7 @@
 //! continues from its cell ([`Carry::State`]), visits the `ssru.` hook points, and has no
 //! `hook_z` (gates, grids and `prune_heads` have nothing to address in it).
 
+use super::bias::Bias;
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::nn::{LayerGate, Linear, Params};
@@ -84,7 +85,7 @@ impl Mixer for Ssru {
     fn forward(
         &self,
         x: &Tensor,
-        _bias: &Tensor,
+        _bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer: usize,

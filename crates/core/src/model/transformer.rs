@@ -2,6 +2,7 @@
 //! self-block, optional cross-attention) and an output projection. Checkpoint families
 //! (`families/`) build it from their files.
 
+use super::bias::Bias;
 use super::experts::ExpertGate;
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer};
@@ -284,7 +285,7 @@ impl StackLayer {
     pub(in crate::model) fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer_idx: usize,
@@ -299,7 +300,7 @@ impl StackLayer {
     pub(in crate::model) fn forward_cached(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer_idx: usize,
@@ -317,7 +318,7 @@ impl StackLayer {
     fn forward_queries(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer_idx: usize,
@@ -337,7 +338,7 @@ impl StackLayer {
     fn attention_queries(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: &Bias,
         gate: Option<&LayerGate>,
         kind: Kind,
         layer_idx: usize,
@@ -357,15 +358,7 @@ impl StackLayer {
                     .as_ref()
                     .and_then(|c| c.as_ref())
                     .map_or(0, |kv| if kv.k.dim() == 4 { kv.k.size()[2] } else { 0 });
-            let t = x.size()[1];
-            let mut b = bias.shallow_clone();
-            if let Some(w) = self.window {
-                b = b + window_bias(t, past, w, x.kind(), x.device());
-            }
-            if let Some(c) = self.chunk {
-                b = b + chunk_bias(t, past, c, x.kind(), x.device())?;
-            }
-            windowed = b;
+            windowed = bias.with_layer(x.size()[1], past, self.window, self.chunk, x.kind(), x.device())?;
             &windowed
         } else {
             bias
@@ -416,11 +409,7 @@ impl StackLayer {
                     Queries::All => attn.attend(&attn_in, &kv, bias, gate, past, kind, layer_idx, h)?,
                     Queries::Last => {
                         let t = attn_in.size()[1];
-                        let bias = if bias.dim() == 4 && bias.size()[2] == t {
-                            bias.f_narrow(2, t - 1, 1)?
-                        } else {
-                            bias.shallow_clone()
-                        };
+                        let bias = Bias::Dense(bias.rows(t - 1, 1, t)?);
                         attn.attend(
                             &attn_in.f_narrow(1, t - 1, 1)?,
                             &kv,
@@ -744,7 +733,16 @@ impl DecoderLayer {
                 (Some((attn, norm)), Some(kv)) => {
                     let n2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_a, rules))?;
                     let g = gates.layer(Kind::Cross, layer_idx);
-                    Some(attn.attend(&n2, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
+                    Some(attn.attend(
+                        &n2,
+                        kv,
+                        &Bias::Dense(enc_bias.shallow_clone()),
+                        g.as_ref(),
+                        0,
+                        Kind::Cross,
+                        layer_idx,
+                        h,
+                    )?)
                 }
                 _ => None,
             };
@@ -756,7 +754,16 @@ impl DecoderLayer {
         let a = match (&self.cross, cross) {
             (Some((attn, _)), Some(kv)) => {
                 let g = gates.layer(Kind::Cross, layer_idx);
-                Some(attn.attend(&x1, kv, enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
+                Some(attn.attend(
+                    &x1,
+                    kv,
+                    &Bias::Dense(enc_bias.shallow_clone()),
+                    g.as_ref(),
+                    0,
+                    Kind::Cross,
+                    layer_idx,
+                    h,
+                )?)
             }
             _ => None,
         };
@@ -1097,13 +1104,21 @@ impl Transformer {
                         || hooks::wants(h, At::new(kind, l, Point::Scores))
                 });
                 let rows = hooks::tile_rows(h, At::new(kind, 0, Point::Pattern)).filter(|_| !wanted);
+                let packed = super::nn::is_packed(mask);
                 crate::budget::check(
                     &format!("a forward over {b} x {t} tokens"),
-                    self.forward_bytes(b, t, rows, gates),
+                    self.forward_bytes(b, t, rows, packed, gates),
                 )
                 .map_err(ModelError::Invalid)?;
                 let x = self.embed.finish(&self.embed.lookup(ids)?, 0, self.stack_kind, h)?;
-                let bias = self.self_bias(mask, x.kind());
+                // A pass of score tiles describes a causal bias rather than holding its T x T
+                // values (docs/methods.md#score-tiles); each tile builds its rows.
+                let bias = match rows {
+                    Some(_) if self.describes_bias(packed) => {
+                        Bias::described(key_bias(mask, x.kind()), mask.size()[1], self.causal, self.window)
+                    }
+                    _ => Bias::Dense(self.self_bias(mask, x.kind())),
+                };
                 (0, x, Some(bias), None, true)
             }
             Start::Layer { layer, x, bias } => {
@@ -1114,12 +1129,12 @@ impl Transformer {
                         self.stack.len()
                     )));
                 }
-                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), None, false)
+                (layer, x.shallow_clone(), bias.map(|b| Bias::Dense(b.shallow_clone())), None, false)
             }
             Start::Z { layer, x, z, bias } => {
                 Self::no_source(gates, "resuming the stack at a layer")?;
                 self.stack_layer(layer)?;
-                (layer, x.shallow_clone(), bias.map(Tensor::shallow_clone), Some(z), false)
+                (layer, x.shallow_clone(), bias.map(|b| Bias::Dense(b.shallow_clone())), Some(z), false)
             }
         };
         let last = match stop {
@@ -1144,13 +1159,13 @@ impl Transformer {
         }
         if from < last {
             let mut bias = match bias {
-                Some(b) => b.f_to_device(on.device)?,
-                None => self.unpadded_bias(&x)?,
+                Some(b) => b.to_device(on.device)?,
+                None => Bias::Dense(self.unpadded_bias(&x)?),
             };
             for (l, layer) in self.stack.iter().enumerate().take(last).skip(from) {
                 if layer.placement != on {
                     x = x.f_to_device(layer.placement.device)?;
-                    bias = bias.f_to_device(layer.placement.device)?;
+                    bias = bias.to_device(layer.placement.device)?;
                     hooks::moved(h, on, layer.placement, l);
                     on = layer.placement;
                 }
@@ -1164,7 +1179,7 @@ impl Transformer {
                     }
                     _ => {
                         let g = gates.layer(kind, l).map(|g| g.on(on.device)).transpose()?;
-                        let streamed = self.streamed(gates, l, &bias, t, 0, None);
+                        let streamed = self.streamed(gates, l, &bias, t, 0, None)?;
                         layer.forward(&x, streamed.as_ref().unwrap_or(&bias), g.as_ref(), kind, l, h)?
                     }
                 };
@@ -1294,8 +1309,8 @@ impl Transformer {
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }
-        let bias = cached_window_bias(x.size()[1], past, self.window, x.kind(), x.device());
-        let bias = self.streamed(gates, l, &bias, x.size()[1], past, None).unwrap_or(bias);
+        let bias = Bias::Dense(cached_window_bias(x.size()[1], past, self.window, x.kind(), x.device()));
+        let bias = self.streamed(gates, l, &bias, x.size()[1], past, None)?.unwrap_or(bias);
         let mut slot = prefix;
         let g = gates.layer(self.stack_kind, l);
         layer.attention_queries(x, &bias, g.as_ref(), self.stack_kind, l, h, Some(&mut slot), queries, false)
@@ -1368,7 +1383,7 @@ impl Transformer {
         let kind = self.stack_kind;
         let past = cache.len;
         let mut x = self.embed.forward(Some(ids), b, past, t, kind, &mut h)?;
-        let bias = cached_window_bias(t, past, self.window, x.kind(), x.device());
+        let bias = Bias::Dense(cached_window_bias(t, past, self.window, x.kind(), x.device()));
         if cache.layers.len() != self.stack.len() {
             cache.layers = (0..self.stack.len()).map(|_| None).collect();
         }
@@ -1381,7 +1396,7 @@ impl Transformer {
         let StackCache { layers, packed, prompt, compress, .. } = cache;
         for (((l, layer), slot), pack) in self.stack.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()) {
             let g = gates.layer(kind, l);
-            let streamed = self.streamed(gates, l, &bias, t, past, *prompt);
+            let streamed = self.streamed(gates, l, &bias, t, past, *prompt)?;
             // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
             // value per key/value group, a streaming group's only at the positions a later
             // query can still see; the attention reads them unpacked.
@@ -1426,16 +1441,20 @@ impl Transformer {
         &self,
         gates: &Gates,
         l: usize,
-        bias: &Tensor,
+        bias: &Bias,
         t: i64,
         past: i64,
         first: Option<i64>,
-    ) -> Option<Tensor> {
-        let s = gates.stream.as_ref()?;
-        let attn = self.stack.get(l)?.attention()?;
+    ) -> Result<Option<Bias>, ModelError> {
+        let Some((s, attn)) = gates.stream.as_ref().zip(self.stack.get(l).and_then(|l| l.attention())) else {
+            return Ok(None);
+        };
         let prompt = s.prompt(past + t, first);
-        let extra = s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, bias.kind(), bias.device())?;
-        Some(bias + extra)
+        let (dtype, device) = bias.kind_device();
+        match s.bias(l, attn.slots.as_ref(), attn.n_heads, t, past, prompt, dtype, device) {
+            Some(extra) => Ok(Some(Bias::Dense(bias.dense()? + extra))),
+            None => Ok(None),
+        }
     }
 
     /// The working memory of a forward over `b` sequences of `t` tokens, estimated: a layer's
@@ -1443,10 +1462,12 @@ impl Transformer {
     /// of each) and its attention scores `[b, heads, t, t]` (float32), as a hook recording the
     /// pattern holds them (docs/methods.md#memory-budget). With score tiles of `rows` query
     /// rows (docs/methods.md#score-tiles) a layer holds a tile's scores and weights instead,
-    /// beside the attention bias: `[b, 1, t, t]`, per head (`[b, heads, t, t]`) with a
-    /// relative position bias or streaming heads, three of them where a layer adds a window
-    /// or chunks or DuoAttention its streaming window; 8 bytes a value in a float64 model.
-    pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>, gates: &Gates) -> f64 {
+    /// beside the attention bias. The bias is described, not held ([`Bias::described`]), unless
+    /// the stack adds a relative position bias or the rows are `packed`: then `[b, 1, t, t]`,
+    /// per head (`[b, heads, t, t]`) with a relative position bias, three of them where a
+    /// layer adds a window or chunks. Streaming heads hold one per head, DuoAttention three
+    /// (its streaming window beside). 8 bytes a value in a float64 model.
+    pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>, packed: bool, gates: &Gates) -> f64 {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
         for l in &self.stack {
@@ -1457,16 +1478,30 @@ impl Transformer {
             Some(n) => {
                 let value = if self.embed.tokens.kind() == DType::Double { 8.0 } else { 4.0 };
                 let per_head = if self.rel_bias.is_some() || gates.stream.is_some() { heads } else { 1.0 };
-                let windows =
-                    gates.duo.is_some() || self.stack.iter().any(|l| l.window.is_some() || l.chunk().is_some());
-                let copies = if windows { 3.0 } else { 1.0 };
+                let layers_add = self.stack.iter().any(|l| l.window.is_some() || l.chunk().is_some());
+                let copies = match (self.describes_bias(packed), gates.duo.is_some(), gates.stream.is_some()) {
+                    (_, true, _) => 3.0,
+                    (true, false, true) => 1.0,
+                    (true, false, false) => 0.0,
+                    (false, false, _) if layers_add => 3.0,
+                    (false, false, _) => 1.0,
+                };
+                let n = n.clamp(1, t.max(1));
                 value * per_head * copies * (b * t * t) as f64
-                    + 3.0 * value * heads * (b * n.clamp(1, t.max(1)) * t) as f64
+                    + value * (b * t) as f64
+                    + 4.0 * value * heads * (b * n * t) as f64
             }
             None => 4.0 * heads * (b * t * t) as f64,
         };
         let (b, t) = (b as f64, t as f64);
         4.0 * b * t * (8.0 * d + 3.0 * hidden) + scores
+    }
+
+    /// Whether a pass of score tiles over rows (`packed` or not) describes its attention bias
+    /// ([`Bias::described`]) rather than holding it: not under a relative position bias (per
+    /// head and learned) nor with sentences packed into a row (a segment per sentence).
+    pub fn describes_bias(&self, packed: bool) -> bool {
+        self.rel_bias.is_none() && !packed
     }
 
     /// Whether sentences may be packed into one row behind a segment mask
