@@ -260,3 +260,22 @@ fn whole_pattern_verbs_are_refused_past_the_budget() {
         budget::set_limit(0);
     }
 }
+
+/// `analyze` reports progress layer by layer of the stack (a long text is one batch of one
+/// sentence): after each layer's last tile, then at the batch's end, in units of a sentence's
+/// layer.
+#[test]
+fn analyze_reports_progress_per_layer() {
+    let m = common::tiny_hf("llama", "f32");
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.txt");
+    std::fs::write(&corpus, "The cat sat on the mat near the door of the old house by the river.").unwrap();
+    let data = Dataset::corpus(&corpus).unwrap();
+    let mut opts = Options::new(vec![Stat::Confidence], vec![m.net.stack_kind], corpus.clone());
+    opts.tile_rows = 4;
+    let mut seen = Vec::new();
+    analyze(&m, &data, &opts, None, &Gates::none(), &|| false, &mut |d, t| seen.push((d, t))).unwrap();
+    let l = m.net.stack.len();
+    let want: Vec<(usize, usize)> = (1..=l).chain([l]).map(|d| (d, l)).collect();
+    assert_eq!(seen, want);
+}

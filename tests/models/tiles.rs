@@ -220,3 +220,51 @@ fn tiles_under_duo_gates_are_the_mixed_pattern() {
         assert!(dp <= common::f32_bound(1.0, depth), "{at}: tiled duo weights differ by {dp:e}");
     }
 }
+
+/// An interrupt (Ctrl-C, a kernel's interrupt_request) raised while a layer hands its tiles
+/// stops the forward before the next tile (`model::check_interrupt` in the tile loop), not at
+/// the next layer: a long layer's wait is one tile's work.
+#[test]
+fn an_interrupt_stops_the_forward_within_a_layer_at_the_next_tile() {
+    use headscope::run::{enter, Context, Interrupt};
+    struct Stopper {
+        seen: usize,
+        trigger: Interrupt,
+    }
+    impl Hooks for Stopper {
+        fn wants(&self, _at: At) -> bool {
+            false
+        }
+        fn visit(&mut self, _at: At, _x: &Tensor) -> Result<Option<Tensor>, ModelError> {
+            Ok(None)
+        }
+        fn tile_rows(&self, at: At) -> Option<i64> {
+            (at.point == Point::Pattern).then_some(1)
+        }
+        fn tile(&mut self, _at: At, _tile: &Tile) -> Result<(), ModelError> {
+            self.seen += 1;
+            if self.seen == 3 {
+                self.trigger.trigger();
+            }
+            Ok(())
+        }
+    }
+    let m = common::tiny_hf("llama", "f32");
+    let interrupt = Interrupt::default();
+    let _ctx = enter(Context {
+        interrupt: interrupt.clone(),
+        progress: std::rc::Rc::new(|_, _, _| {}),
+        warn: std::rc::Rc::new(|_| {}),
+    });
+    let _g = tch::no_grad_guard();
+    let b = m.batch(&["The cat sat on the mat near the door."]).unwrap();
+    assert!(b.ids.size()[1] > 3, "more query rows than the tiles seen");
+    let mut hooks = Stopper { seen: 0, trigger: interrupt.clone() };
+    let err = m.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut hooks)).err();
+    assert!(matches!(err, Some(ModelError::Interrupted)), "{err:?}");
+    assert_eq!(hooks.seen, 3, "no tile after the interrupt");
+    interrupt.reset();
+    let mut hooks = Stopper { seen: 0, trigger: Interrupt::default() };
+    assert!(m.net.encode(&b.ids, &b.mask, &Gates::none(), Some(&mut hooks)).is_ok());
+    assert_eq!(hooks.seen as i64, b.ids.size()[1] * m.net.stack.len() as i64, "one tile a row a layer");
+}

@@ -313,7 +313,10 @@ pub fn accumulate(
         .collect();
     // Layers whose mixer hands no score tiles are read whole.
     let whole: Vec<bool> = model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect();
-    let total = encoded.len();
+    // Progress in layers of sentences: a long text's single batch reports each layer of the
+    // stack as its last tile is read (an 8k-token pass takes minutes).
+    let per = if accs.contains_key(&stack) { model.net.stack.len().max(1) } else { 1 };
+    let total = encoded.len() * per;
     let mut done = 0;
     let mut tokens = 0;
     for (group, b) in model.batches(&encoded, opts.batch_tokens) {
@@ -335,7 +338,14 @@ pub fn accumulate(
             // weights, and the pass stops at the final norm (no logits).
             let rows =
                 model.layer_heads(stack).iter().map(|&h| tile_height(opts.tile_rows, b.ids.size()[0], h, s)).collect();
-            let mut on = |at: At, t: &Tile| acc.update_rows(at.layer, t.q0, t.k0, t.pattern, &bt);
+            let sentences = group.len();
+            let mut on = |at: At, t: &Tile| {
+                acc.update_rows(at.layer, t.q0, t.k0, t.pattern, &bt)?;
+                if t.q0 + t.pattern.size().get(2).copied().unwrap_or(0) >= s as i64 && per > 1 {
+                    progress(done + (at.layer + 1) * sentences, total);
+                }
+                Ok(())
+            };
             let mut tiles = Tiles { kind: stack, whole: whole.clone(), rows, on: &mut on };
             enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut tiles))?);
         }
@@ -404,7 +414,7 @@ pub fn accumulate(
                 }
             }
         }
-        done += group.len();
+        done += group.len() * per;
         progress(done, total);
     }
 

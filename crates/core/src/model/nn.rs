@@ -1285,6 +1285,8 @@ impl Attention {
             let mut parts = Vec::new();
             let mut q0 = 0;
             while q0 < tq {
+                // An interrupt stops a long layer within a tile's work, not a layer's.
+                super::check_interrupt()?;
                 let n = rows.min(tq - q0);
                 // The keys the bias hides from every row of the tile (a causal stack's later
                 // keys, a window's earlier ones) are skipped: their weights are exactly 0.
