@@ -190,6 +190,25 @@ pub fn tile_height(asked: usize, b: i64, h: usize, tk: usize) -> i64 {
     (TILE_BYTES_NOW.with(|c| c.get()) / row).clamp(1, TILE_ROWS_MAX)
 }
 
+/// The score-tile reader of `model`'s stack for a batch of `b` rows of `t` tokens
+/// (docs/methods.md#score-tiles): each layer read whole where its mixer hands no tiles, else in
+/// tiles of [`tile_height`]`(asked, ..)` rows; `on` gets each tile.
+pub(crate) fn stack_tiles<'a>(
+    model: &Model,
+    asked: usize,
+    b: i64,
+    t: usize,
+    on: &'a mut dyn FnMut(At, &Tile) -> Result<(), ModelError>,
+) -> Tiles<'a> {
+    let kind = model.net.stack_kind;
+    Tiles {
+        kind,
+        whole: model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect(),
+        rows: model.layer_heads(kind).iter().map(|&h| tile_height(asked, b, h, t)).collect(),
+        on,
+    }
+}
+
 /// The most query rows of a tile whose height is not given: taller tiles' products leave the
 /// caches (SmolLM2 at 2k tokens, 2 cores: 5.6 s at 128 rows, 8.9 s at 459, 16 s at 2029).
 pub const TILE_ROWS_MAX: i64 = 128;
@@ -311,8 +330,6 @@ pub fn accumulate(
         .iter()
         .map(|s| (s.kind, Accumulator::new(&model.layer_heads(s.kind), if s.kind == stack { n_rd } else { 0 }, device)))
         .collect();
-    // Layers whose mixer hands no score tiles are read whole.
-    let whole: Vec<bool> = model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect();
     // Progress in layers of sentences: a long text's single batch reports each layer of the
     // stack as its last tile is read (an 8k-token pass takes minutes).
     let per = if accs.contains_key(&stack) { model.net.stack.len().max(1) } else { 1 };
@@ -336,8 +353,6 @@ pub fn accumulate(
             acc.count_batch(&enc_meta);
             // The pattern tile by tile (docs/methods.md#score-tiles): no layer holds its T x T
             // weights, and the pass stops at the final norm (no logits).
-            let rows =
-                model.layer_heads(stack).iter().map(|&h| tile_height(opts.tile_rows, b.ids.size()[0], h, s)).collect();
             let sentences = group.len();
             let mut on = |at: At, t: &Tile| {
                 acc.update_rows(at.layer, t.q0, t.k0, t.pattern, &bt)?;
@@ -346,7 +361,7 @@ pub fn accumulate(
                 }
                 Ok(())
             };
-            let mut tiles = Tiles { kind: stack, whole: whole.clone(), rows, on: &mut on };
+            let mut tiles = stack_tiles(model, opts.tile_rows, b.ids.size()[0], s, &mut on);
             enc_out = Some(model.net.encode(&b.ids, &b.mask, gates, Some(&mut tiles))?);
         }
         // The decoder's kinds (`cross`, and `dec` of a translation model with decoder

@@ -120,15 +120,12 @@ pub fn scores(
             let probes = probes(model, &o.probes, "kv_scores")?;
             for (seq, at) in &probes.needles {
                 let needle = (seq.len() - at) / 2;
-                let second = seq.len() - needle;
                 super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, tile, _| {
-                    let (q0, a) = (tile.q0, tile.full_pattern()?);
-                    // Query second - 1 + q predicts needle token q; those of this tile: rows lo..hi.
-                    let first = (second - 1) as i64;
-                    let Some((lo, hi)) = super::taxonomy::tile_span(q0, a.size()[2], first, needle as i64) else {
+                    // The queries of this tile that predict the second needle's tokens `[H, m, T]`.
+                    let a = tile.full_pattern()?;
+                    let Some((rows, from)) = super::taxonomy::needle_rows(tile.q0, &a, seq, *at) else {
                         return Ok(());
                     };
-                    let rows = a.get(0).narrow(1, lo - q0, hi - lo); // [H, m, T]
                     if scorer == Scorer::HeadKv {
                         let mass = rows.narrow(2, *at as i64, needle as i64).sum_dim_intlist(
                             [1i64, 2].as_slice(),
@@ -137,18 +134,8 @@ pub fn scores(
                         ) / needle as f64;
                         return add(&mut sums[l], &mass);
                     }
-                    let m = (hi - lo) as usize;
-                    let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
-                    for (s, keys) in sums[l].iter_mut().zip(top.chunks(m)) {
-                        let hits = keys
-                            .iter()
-                            .enumerate()
-                            .filter(|&(i, &j)| {
-                                let q = (lo - first) as usize + i;
-                                (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
-                            })
-                            .count();
-                        *s += hits as f64 / needle as f64;
+                    for (s, x) in sums[l].iter_mut().zip(super::taxonomy::copied(&rows, from, seq, *at)?) {
+                        *s += x;
                     }
                     Ok(())
                 })?;

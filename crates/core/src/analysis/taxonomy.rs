@@ -6,7 +6,7 @@
 //! (`Transformer::encode`, recording `hook_pattern`); scores are computed from the captured attention.
 
 use super::AnalysisError;
-use crate::model::hooks::{At, Tile, Tiles};
+use crate::model::hooks::{At, Tile};
 use crate::model::nn::Gates;
 use crate::model::{Model, ModelError};
 use tch::{Device, Kind as DType, Tensor};
@@ -176,17 +176,14 @@ pub(crate) fn attend(
     let _g = tch::no_grad_guard();
     let t = seqs[0].len();
     let per_batch = (1024 / t).max(1);
-    let kind = model.net.stack_kind;
-    let whole: Vec<bool> = model.net.stack.iter().map(|l| !l.mixer().hands_tiles()).collect();
     for chunk in seqs.chunks(per_batch) {
         if stop() {
             return Err(ModelError::Interrupted.into());
         }
         let ids = Tensor::from_slice(&chunk.concat()).view([chunk.len() as i64, t as i64]).to_device(model.device());
         let mask = Tensor::ones([chunk.len() as i64, t as i64], (DType::Float, model.device()));
-        let rows = model.layer_heads(kind).iter().map(|&h| super::tile_height(0, chunk.len() as i64, h, t)).collect();
         let mut f = |at: At, tile: &Tile| on(at.layer, tile, chunk);
-        let mut tiles = Tiles { kind, whole: whole.clone(), rows, on: &mut f };
+        let mut tiles = super::stack_tiles(model, 0, chunk.len() as i64, t, &mut f);
         let _ = model.net.encode(&ids, &mask, gates, Some(&mut tiles))?;
     }
     Ok(())
@@ -197,6 +194,36 @@ pub(crate) fn attend(
 pub(crate) fn tile_span(q0: i64, n: i64, first: i64, count: i64) -> Option<(i64, i64)> {
     let (lo, hi) = (first.max(q0), (first + count).min(q0 + n));
     (lo < hi).then_some((lo, hi))
+}
+
+/// The rows of a tile (weights `a [1, H, n, T]` from query row `q0`) whose queries predict a
+/// needle probe's second needle (`seq`, its first needle at `at`; query `second - 1 + q`
+/// predicts needle token `q`): `[H, m, T]`, and the needle token its first row predicts;
+/// `None` when no row of the tile does.
+pub(crate) fn needle_rows(q0: i64, a: &Tensor, seq: &[i64], at: usize) -> Option<(Tensor, usize)> {
+    let needle = (seq.len() - at) / 2;
+    let first = (seq.len() - needle - 1) as i64;
+    let (lo, hi) = tile_span(q0, a.size()[2], first, needle as i64)?;
+    Some((a.get(0).narrow(1, lo - q0, hi - lo), (lo - first) as usize))
+}
+
+/// Per head of `rows [H, m, T]` ([`needle_rows`], its first row predicting needle token
+/// `from`): the share of the needle's tokens copied, the row's top key (the first on ties) lying
+/// in the first needle and holding the token predicted (Wu et al.'s retrieval score).
+pub(crate) fn copied(rows: &Tensor, from: usize, seq: &[i64], at: usize) -> Result<Vec<f64>, ModelError> {
+    let needle = (seq.len() - at) / 2;
+    let second = seq.len() - needle;
+    let m = (rows.size()[1] as usize).max(1);
+    let top = Vec::<i64>::try_from(rows.f_argmax(-1, false)?.f_to_device(Device::Cpu)?.f_reshape([-1])?)?;
+    Ok(top
+        .chunks(m)
+        .map(|keys| {
+            let hits = keys.iter().enumerate().filter(|&(i, &j)| {
+                (at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + from + i]
+            });
+            hits.count() as f64 / needle as f64
+        })
+        .collect())
 }
 
 /// A layer's sums over its tiles so far, per sequence and head `[B, H]`: the attention on each
@@ -279,31 +306,17 @@ pub fn head_type_scores(
         Ok(())
     })?;
     for (seq, at) in &probes.needles {
-        let needle = (seq.len() - at) / 2;
-        let second = seq.len() - needle;
         attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, tile, _| {
-            // Query i predicts token i + 1 of the second needle; copied if the head's top key is
-            // in the first needle and holds that token. Those queries' rows in this tile:
-            let (q0, a) = (tile.q0, tile.full_pattern()?);
-            let first = (second - 1) as i64;
-            let Some((lo, hi)) = tile_span(q0, a.size()[2], first, needle as i64) else { return Ok(()) };
-            let rows = a.get(0).narrow(1, lo - q0, hi - lo);
+            // The queries of this tile that predict the second needle's tokens.
+            let a = tile.full_pattern()?;
+            let Some((rows, from)) = needle_rows(tile.q0, &a, seq, *at) else { return Ok(()) };
             // Without the sink: the first key can never be the top one (weights are >= 0).
             let rows = if exclude_sink && *at > 0 {
                 rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0)
             } else {
                 rows
             };
-            let m = (hi - lo) as usize;
-            let top = Vec::<i64>::try_from(rows.argmax(-1, false).to_device(Device::Cpu).reshape([-1]))?;
-            let copied = top.chunks(m).map(|keys| {
-                let hits = keys.iter().enumerate().filter(|&(i, &j)| {
-                    let q = (lo - first) as usize + i;
-                    (*at..at + needle).contains(&(j as usize)) && seq[j as usize] == seq[second + q]
-                });
-                hits.count() as f64 / needle as f64
-            });
-            for (s, x) in sums[4][l].iter_mut().zip(copied) {
+            for (s, x) in sums[4][l].iter_mut().zip(copied(&rows, from, seq, *at)?) {
                 *s += x;
             }
             Ok(())

@@ -723,6 +723,7 @@ impl DecoderLayer {
         let rules = hooks::rules(h);
         check_interrupt()?;
         let at = |k, p| At::new(k, layer_idx, p);
+        let enc_bias = Bias::Dense(enc_bias.shallow_clone());
         let x = hooks::at(h, at(Kind::Dec, Point::ResidPre), x.shallow_clone())?;
         if self.norm_position == NormPosition::Pre {
             // x + self(norm(x)), + cross(norm(.)), + mlp(norm(.)).
@@ -733,16 +734,7 @@ impl DecoderLayer {
                 (Some((attn, norm)), Some(kv)) => {
                     let n2 = hooks::at(h, at(Kind::Cross, Point::Ln1), norm.forward_with(&s_a, rules))?;
                     let g = gates.layer(Kind::Cross, layer_idx);
-                    Some(attn.attend(
-                        &n2,
-                        kv,
-                        &Bias::Dense(enc_bias.shallow_clone()),
-                        g.as_ref(),
-                        0,
-                        Kind::Cross,
-                        layer_idx,
-                        h,
-                    )?)
+                    Some(attn.attend(&n2, kv, &enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
                 }
                 _ => None,
             };
@@ -754,16 +746,7 @@ impl DecoderLayer {
         let a = match (&self.cross, cross) {
             (Some((attn, _)), Some(kv)) => {
                 let g = gates.layer(Kind::Cross, layer_idx);
-                Some(attn.attend(
-                    &x1,
-                    kv,
-                    &Bias::Dense(enc_bias.shallow_clone()),
-                    g.as_ref(),
-                    0,
-                    Kind::Cross,
-                    layer_idx,
-                    h,
-                )?)
+                Some(attn.attend(&x1, kv, &enc_bias, g.as_ref(), 0, Kind::Cross, layer_idx, h)?)
             }
             _ => None,
         };
