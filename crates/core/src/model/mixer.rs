@@ -99,8 +99,9 @@ pub trait Mixer: Send {
     fn keep_heads(&mut self, keep: &[usize]) -> Result<(), String>;
 
     /// The mixer over `x [B, T, D]` (its queries and keys both `x`), `bias` additive over keys
-    /// (`[B|1, 1|H, T, T]`), under one layer's gates: `[B, T, D]`, every hook point of
-    /// [`Mixer::points`] seen by `h`.
+    /// (a tensor `[B|1, 1|H, T, T]`, or in a pass of score tiles described: [`Bias::dense`]
+    /// builds the tensor, [`Bias::rows`] a block of query rows), under one layer's gates:
+    /// `[B, T, D]`, every hook point of [`Mixer::points`] seen by `h`.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
