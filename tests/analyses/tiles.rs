@@ -259,6 +259,21 @@ fn whole_pattern_verbs_are_refused_past_the_budget() {
         assert!(m.run_with_cache(&text, &none, &one_layer, None).is_ok(), "{name}: one layer's patterns fit");
         budget::set_limit(0);
     }
+    // A float64 model's patterns are kept at 8 bytes a weight: what 4 bytes would let through
+    // is refused.
+    let m = common::tiny_hf("llama", "f64");
+    let none = Gates::none();
+    let stack = m.net.stack_kind;
+    let t = m.batch(&[text.as_str()]).unwrap().ids.size()[1];
+    let heads = m.net.stack.iter().map(|l| l.mixer().width()).max().unwrap() as f64;
+    let all = m.net.stack.len() as f64 * heads * (t * t) as f64;
+    let limit = m.net.forward_bytes(1, t, None, false, &none).max(4.0 * all) + 1.0;
+    assert!(8.0 * all > limit);
+    budget::set_limit(limit as u64);
+    let patterns = |at: At| at.point == Point::Pattern && at.kind == stack;
+    let e = m.run_with_cache(&text, &none, &patterns, None).expect_err("refused at 8 bytes a weight").to_string();
+    assert!(e.contains("the whole attention pattern of"), "{e}");
+    budget::set_limit(0);
 }
 
 /// `analyze` reports progress layer by layer of the stack (a long text is one batch of one

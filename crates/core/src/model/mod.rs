@@ -938,14 +938,21 @@ impl Model {
         let _guard = tch::no_grad_guard();
         let b = self.batch(&[text])?;
         let t = b.ids.size().get(1).copied().unwrap_or(0);
-        for k in self.kinds().iter().filter(|k| k.kind == self.net.stack_kind) {
-            // Each layer's scores and weights kept count apart.
-            let layers = (0..k.n_layers)
-                .flat_map(|l| [hooks::Point::Pattern, hooks::Point::Scores].map(|p| hooks::At::new(k.kind, l, p)))
-                .filter(|&at| keep(at))
-                .count();
-            self.check_patterns_kept(layers, k.n_heads, t, t, 4.0)?;
-        }
+        // The patterns (and scores) kept, in the model's dtype, each layer's counted apart: the
+        // stack's now, a translation decoder's once its targets' length is known.
+        let value = self.net.embed.tokens.kind().elt_size_in_bytes() as f64;
+        let check = |stack: bool, tq: i64, tk: i64| -> Result<(), ModelError> {
+            for k in self.kinds().iter().filter(|k| (k.kind == self.net.stack_kind) == stack) {
+                let layers = (0..k.n_layers)
+                    .flat_map(|l| [hooks::Point::Pattern, hooks::Point::Scores].map(|p| hooks::At::new(k.kind, l, p)))
+                    .filter(|&at| keep(at))
+                    .count();
+                let tk = if k.kind == Kind::Cross { t } else { tk };
+                self.check_patterns_kept(layers, k.n_heads, tq, tk, value)?;
+            }
+            Ok(())
+        };
+        check(true, t, t)?;
         struct Keep<'a> {
             keep: &'a dyn Fn(hooks::At) -> bool,
             cache: Vec<(hooks::At, Tensor)>,
@@ -972,6 +979,8 @@ impl Model {
         } else {
             let targets = self.greedy_targets(&b, &h, gates)?;
             let (t, _) = self.target_tensors(&targets);
+            let tq = t.size().get(1).copied().unwrap_or(0);
+            check(false, tq, tq)?;
             self.net.teacher(&h, &b.mask, &t, transformer::Stop::FinalNorm, gates, Some(&mut both))?
         };
         if self.net.output.is_some() && hooks::Hooks::wants(&both, self.net.logits_at()) {

@@ -1448,8 +1448,8 @@ impl Transformer {
     /// beside the attention bias. The bias is described, not held ([`Bias::described`]), unless
     /// the stack adds a relative position bias or the rows are `packed`: then `[b, 1, t, t]`,
     /// per head (`[b, heads, t, t]`) with a relative position bias, three of them where a
-    /// layer adds a window or chunks. Streaming heads hold one per head, DuoAttention three
-    /// (its streaming window beside). 8 bytes a value in a float64 model.
+    /// layer adds a window or chunks. Streaming heads hold two per head (three beside a layer's
+    /// window or chunks), DuoAttention three (four). 8 bytes a value in a float64 model.
     pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>, packed: bool, gates: &Gates) -> f64 {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
@@ -1462,12 +1462,15 @@ impl Transformer {
                 let value = if self.embed.tokens.kind() == DType::Double { 8.0 } else { 4.0 };
                 let per_head = if self.rel_bias.is_some() || gates.stream.is_some() { heads } else { 1.0 };
                 let layers_add = self.stack.iter().any(|l| l.window.is_some() || l.chunk().is_some());
+                // Streaming heads: the stack's bias, then per head the sum with the keys they
+                // hide (and with a layer's window or chunks one more); DuoAttention: the bias, its
+                // streaming window and their sum (and a layer's own beside).
+                let more = if layers_add { 1.0 } else { 0.0 };
                 let copies = match (self.describes_bias(packed), gates.duo.is_some(), gates.stream.is_some()) {
-                    (_, true, _) => 3.0,
-                    (true, false, true) => 1.0,
+                    (_, true, _) => 3.0 + more,
+                    (_, false, true) => 2.0 + more,
                     (true, false, false) => 0.0,
-                    (false, false, _) if layers_add => 3.0,
-                    (false, false, _) => 1.0,
+                    (false, false, false) => 1.0 + 2.0 * more,
                 };
                 let n = n.clamp(1, t.max(1));
                 value * per_head * copies * (b * t * t) as f64
