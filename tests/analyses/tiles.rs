@@ -289,8 +289,9 @@ fn analyze_reports_progress_per_layer() {
     let mut opts = Options::new(vec![Stat::Confidence], vec![m.net.stack_kind], corpus.clone());
     opts.tile_rows = 4;
     let mut seen = Vec::new();
-    analyze(&m, &data, &opts, None, &Gates::none(), &|| false, &mut |d, t| seen.push((d, t))).unwrap();
+    let a = analyze(&m, &data, &opts, None, &Gates::none(), &|| false, &mut |d, t| seen.push((d, t))).unwrap();
     let l = m.net.stack.len();
     let want: Vec<(usize, usize)> = (1..=l).chain([l]).map(|d| (d, l)).collect();
     assert_eq!(seen, want);
+    assert_eq!(a.sentences, 1, "the result counts sentences, not the progress's units");
 }

@@ -498,7 +498,7 @@ pub fn accumulate(
     Ok((
         frame,
         AnalysisAcc {
-            sentences: total as u64,
+            sentences: encoded.len() as u64,
             tokens: tokens as u64,
             seconds: t0.elapsed().as_secs_f64(),
             baseline,
