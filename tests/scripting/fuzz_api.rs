@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 21] = [
+    let cases: [(&str, &[&str]); 22] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -203,6 +203,13 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("minilm").prune(corpus(asset("pud_en.txt")).take(4), #{steps: 1, init: 1e300})"#,
             &["prune: option 'init'", "got 1e300"],
+        ),
+        // Found by the hour-long run of eee740e (stop 70): generation over 50,001 prompt tokens
+        // (past SmolLM2's 8,192 positions) went to the OOM killer: the cached path checked
+        // neither the positions nor the budget.
+        (
+            r#"let m = load_model("smollm2"); let s = ""; for i in 0..50000 { s += "ab"; } m.generate(s, 4)"#,
+            &["generate", "50001 tokens", "8192 positions"],
         ),
     ];
     for (code, want) in cases {

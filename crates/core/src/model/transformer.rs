@@ -1362,9 +1362,19 @@ impl Transformer {
                 layer.mixer().kind()
             )));
         }
-        let (b, t) = (ids.size()[0], ids.size()[1]);
+        let (b, t) = (ids.size()[0], *ids.size().get(1).unwrap_or(&0));
         let kind = self.stack_kind;
         let past = cache.len;
+        // As a whole run: past the model's positions refused (unless allowed), and the step's
+        // memory (activations, scores over every cached key, the bias) within the budget.
+        if let Some(max) = self.max_positions.filter(|&m| past + t > m && !crate::budget::past_positions()) {
+            return Err(ModelError::PastPositions { tokens: past + t, max });
+        }
+        crate::budget::check(
+            &format!("a forward over {b} x {t} tokens after {past} cached"),
+            self.cached_bytes(b, t, past),
+        )
+        .map_err(ModelError::Invalid)?;
         let mut x = self.embed.forward(Some(ids), b, past, t, kind, &mut h)?;
         let bias = Bias::Dense(cached_window_bias(t, past, self.window, x.kind(), x.device()));
         if cache.layers.len() != self.stack.len() {
@@ -1481,6 +1491,22 @@ impl Transformer {
         };
         let (b, t) = (b as f64, t as f64);
         4.0 * b * t * (8.0 * d + 3.0 * hidden) + scores
+    }
+
+    /// The working memory of one step over cached keys ([`Transformer::stack_cached`]): `t`
+    /// new positions of `b` sequences after `past` cached: the activations as
+    /// [`Transformer::forward_bytes`] counts them, the scores of every head over all `past + t`
+    /// keys, the bias over them (float32) and the cache itself (keys and values of every layer).
+    pub fn cached_bytes(&self, b: i64, t: i64, past: i64) -> f64 {
+        let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
+        let (mut heads, mut hidden) = (1.0f64, d);
+        for l in &self.stack {
+            heads = heads.max(l.mixer().width() as f64);
+            hidden = hidden.max(l.mlp().width() as f64);
+        }
+        let (b, t, keys) = (b as f64, t as f64, (past + t) as f64);
+        let cache = 2.0 * 4.0 * self.stack.len() as f64 * b * keys * d;
+        4.0 * b * t * (8.0 * d + 3.0 * hidden) + 4.0 * (heads + 1.0) * b * t * keys + cache
     }
 
     /// Whether a pass of score tiles over rows (`packed` or not) describes its attention bias
