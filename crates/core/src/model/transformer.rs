@@ -1461,12 +1461,7 @@ impl Transformer {
     /// layer adds a window or chunks. Streaming heads hold two per head (three beside a layer's
     /// window or chunks), DuoAttention three (four). 8 bytes a value in a float64 model.
     pub fn forward_bytes(&self, b: i64, t: i64, rows: Option<i64>, packed: bool, gates: &Gates) -> f64 {
-        let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
-        let (mut heads, mut hidden) = (1.0f64, d);
-        for l in &self.stack {
-            heads = heads.max(l.mixer().width() as f64);
-            hidden = hidden.max(l.mlp().width() as f64);
-        }
+        let (d, heads, hidden) = self.widths();
         let scores = match rows {
             Some(n) => {
                 let value = if self.embed.tokens.kind() == DType::Double { 8.0 } else { 4.0 };
@@ -1498,15 +1493,22 @@ impl Transformer {
     /// [`Transformer::forward_bytes`] counts them, the scores of every head over all `past + t`
     /// keys, the bias over them (float32) and the cache itself (keys and values of every layer).
     pub fn cached_bytes(&self, b: i64, t: i64, past: i64) -> f64 {
+        let (d, heads, hidden) = self.widths();
+        let (b, t, keys) = (b as f64, t as f64, (past + t) as f64);
+        let cache = 2.0 * 4.0 * self.stack.len() as f64 * b * keys * d;
+        4.0 * b * t * (8.0 * d + 3.0 * hidden) + 4.0 * (heads + 1.0) * b * t * keys + cache
+    }
+
+    /// The model width, the most heads of a layer (at least 1) and the widest MLP (at least the
+    /// model width): what the memory estimates scale with.
+    fn widths(&self) -> (f64, f64, f64) {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
         for l in &self.stack {
             heads = heads.max(l.mixer().width() as f64);
             hidden = hidden.max(l.mlp().width() as f64);
         }
-        let (b, t, keys) = (b as f64, t as f64, (past + t) as f64);
-        let cache = 2.0 * 4.0 * self.stack.len() as f64 * b * keys * d;
-        4.0 * b * t * (8.0 * d + 3.0 * hidden) + 4.0 * (heads + 1.0) * b * t * keys + cache
+        (d, heads, hidden)
     }
 
     /// Whether a pass of score tiles over rows (`packed` or not) describes its attention bias
