@@ -198,7 +198,7 @@ impl PruneResult {
             self.title(),
             r.options.eval_gates,
             r.retained().len(),
-            r.layout.len()
+            r.layout.trainable()
         ));
         t.digits = 2;
         for (k, m) in self.gates() {
@@ -817,7 +817,12 @@ pub mod api {
 
     #[rhai_fn(name = "to_string", pure)]
     pub fn to_string(r: &mut PruneResult) -> String {
-        let s = format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len());
+        let s = format!(
+            "<PruneResult {}: {} of {} heads open>",
+            r.title(),
+            r.run.retained().len(),
+            r.run.layout.trainable()
+        );
         match r.settle_note() {
             Some(n) => format!("{s}\n{n}"),
             None => s,
@@ -845,7 +850,7 @@ pub mod api {
 
     #[rhai_fn(name = "to_debug", pure)]
     pub fn to_debug(r: &mut PruneResult) -> String {
-        format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.len())
+        format!("<PruneResult {}: {} of {} heads open>", r.title(), r.run.retained().len(), r.run.layout.trainable())
     }
 }
 

@@ -18,6 +18,7 @@ mod hf_seq2seq;
 mod hf_seq2seq_2026;
 mod hf_tf5;
 mod hooks;
+mod hybrids;
 mod llama4;
 mod masking;
 mod packing;

@@ -77,6 +77,8 @@ fn any_model_runs_on_every_family() {
         "deepseek_v3",
         "deepseek_v2",
         "llama4_text",
+        // A hybrid (make_tiny_hf_hybrid.py): short-convolution layers beside attention layers.
+        "lfm2",
     ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
@@ -112,6 +114,7 @@ fn any_model_runs_on_every_family() {
                 "deepseek_v3",
                 "deepseek_v2",
                 "llama4_text",
+                "lfm2",
             ]
             .iter()
             .any(|f| d.ends_with(f));

@@ -156,12 +156,16 @@ fn result(
                     let kinds = rs
                         .iter()
                         .map(|(k, r)| {
+                            // A layer without units (a hybrid's conv layer) reads as removed
+                            // heads: a row of NaN as wide as the kind's.
+                            let width = r.patched.iter().flatten().map(|row| row.len()).max().unwrap_or(0);
                             (
                                 *k,
                                 r.patched
                                     .iter()
-                                    .map(|l| {
-                                        l.get(p).map_or_else(Vec::new, |row| row.iter().map(|&v| f(r, v)).collect())
+                                    .map(|l| match l.get(p).filter(|row| !row.is_empty()) {
+                                        Some(row) => row.iter().map(|&v| f(r, v)).collect(),
+                                        None => vec![f64::NAN; width],
                                     })
                                     .collect(),
                             )

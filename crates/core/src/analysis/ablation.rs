@@ -1060,7 +1060,8 @@ pub fn mean_fill(
     }
     let mut fills = crate::model::nn::Fills::default();
     for (ki, s) in shapes.iter().enumerate() {
-        let dh = model.mixer(s.kind, 0).map_or(1, |a| a.head_dim());
+        // The widest head of the kind (a hybrid's layers without heads have none).
+        let dh = (0..s.n_layers).filter_map(|l| model.mixer(s.kind, l)).map(|a| a.head_dim()).max().unwrap_or(1);
         let layers: Vec<Tensor> = sums[ki]
             .iter()
             .map(|t| {

@@ -294,6 +294,18 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
         // state does not grow holds a constant number of entries ([`crate::model::mixer`]).
         let numbers = a.numbers_per_entry();
         let whole = a.entries(context);
+        if width == 0 {
+            // A mixer without heads (a short convolution's last inputs) holds one state whatever
+            // the context: one group that never streams.
+            if numbers > 0 {
+                groups += 1;
+                entries += whole;
+                full += whole;
+                bytes += whole * numbers * elem;
+                full_bytes += whole * numbers * elem;
+            }
+            continue;
+        }
         for g in 0..(width / per) {
             let present = (g * per..(g + 1) * per).any(|h| a.physical(h).is_some());
             if !present {

@@ -150,7 +150,10 @@ impl FillSource {
                 for (l, z) in zs.iter().enumerate() {
                     let attn = net.stack[l].mixer();
                     let mean = r.mean.f_select(0, l as i64)?.f_to_kind(dt)?;
-                    let full = Tensor::zeros([b, attn.width() as i64, t, attn.head_dim()], (dt, dev));
+                    // The fill's own shape per layer ([width, d_head] of the kind: a hybrid's
+                    // layer without heads holds the mean's zeros).
+                    let (w, dh) = (mean.size()[0], mean.size()[1]);
+                    let full = Tensor::zeros([b, w, t, dh], (dt, dev));
                     let drawn = match z {
                         Some(z) => {
                             let idx = Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>())

@@ -58,6 +58,15 @@ pub enum Point {
     /// Its cell states `c = f c' + (1 - f) x W` `[B, T, D]` (`ssru.hook_cell`); the block's
     /// output (`hook_attn_out`) is `relu(c)`.
     SsruCell,
+    /// A gated short convolution's (LFM2's) gates and input from its input projection
+    /// `[B, T, D]` each (`conv.hook_b`, `conv.hook_c`, `conv.hook_x`).
+    ConvB,
+    ConvC,
+    ConvX,
+    /// Its convolution's input `B * x` `[B, T, D]` (`conv.hook_bx`): what its state carries.
+    ConvBx,
+    /// Its output before the output projection, `C * conv(B * x)` `[B, T, D]` (`conv.hook_y`).
+    ConvY,
     /// The attention block's output `[B, T, D]` (`blocks.L.hook_attn_out`).
     AttnOut,
     /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
@@ -157,6 +166,11 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::SsruForget, "ssru.hook_forget", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers (Marian .bin): the forget gate f"),
     spec(Point::SsruCandidate, "ssru.hook_candidate", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers: the candidate x W"),
     spec(Point::SsruCell, "ssru.hook_cell", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers: the cell c = f c' + (1 - f) x W (a change is not re-run through later steps of the same pass)"),
+    spec(Point::ConvB, "conv.hook_b", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers (LFM2): the input gate B"),
+    spec(Point::ConvC, "conv.hook_c", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: the output gate C"),
+    spec(Point::ConvX, "conv.hook_x", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: the input x"),
+    spec(Point::ConvBx, "conv.hook_bx", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: B * x, the depthwise convolution's input (what a generation's state keeps)"),
+    spec(Point::ConvY, "conv.hook_y", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: C * conv(B * x), the output projection's input"),
     spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
     spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
     spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),

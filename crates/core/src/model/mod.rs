@@ -18,6 +18,7 @@ pub mod mlp;
 pub mod nn;
 pub mod readers;
 pub mod resume;
+pub mod shortconv;
 pub mod ssru;
 pub mod tokenize;
 pub mod transformer;
@@ -537,8 +538,10 @@ impl Model {
     /// layers hold fewer heads ([`Model::present`]).
     pub fn kinds(&self) -> Vec<KindShape> {
         let mut v = Vec::new();
-        if let Some(l) = self.net.stack.first() {
-            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads: l.mixer().width() });
+        // A hybrid stack's layers differ (LFM2's conv layers have no heads): the widest.
+        if !self.net.stack.is_empty() {
+            let n_heads = self.net.stack.iter().map(|l| l.mixer().width()).max().unwrap_or(0);
+            v.push(KindShape { kind: self.net.stack_kind, n_layers: self.net.stack.len(), n_heads });
         }
         if let Some(a) = self.net.decoder.first().and_then(|l| l.self_heads()) {
             v.push(KindShape { kind: Kind::Dec, n_layers: self.net.decoder.len(), n_heads: a.width() });
@@ -629,10 +632,12 @@ impl Model {
     /// [`Model::spread`] for any per-head value, `fill` where a head was removed.
     pub fn spread_with<T: Clone>(&self, kind: Kind, layer_idx: usize, values: Vec<T>, fill: T) -> Vec<T> {
         let Some(a) = self.mixer(kind, layer_idx) else { return values };
-        if a.n_present() == a.width() {
+        // The kind's width: a hybrid's layer without heads spreads to a row of fills.
+        let width = self.kind_shape(kind).map_or(a.width(), |s| s.n_heads);
+        if a.n_present() == width {
             return values;
         }
-        let mut row = vec![fill; a.width()];
+        let mut row = vec![fill; width];
         for (&h, v) in a.present().iter().zip(values) {
             row[h] = v;
         }
@@ -648,6 +653,34 @@ impl Model {
     pub fn layer_heads(&self, kind: Kind) -> Vec<usize> {
         let n = self.kind_shape(kind).map_or(0, |s| s.n_layers);
         (0..n).map(|l| self.mixer(kind, l).map_or(0, |a| a.n_present())).collect()
+    }
+
+    /// The first layer of `kind` whose mixer has no heads, with the mixer's kind (a hybrid's
+    /// conv layer): what a method covering only stacks with heads in every layer names when it
+    /// refuses (`what`: the method and what it covers).
+    pub fn refuse_headless(&self, kind: Kind, what: &str) -> Result<(), ModelError> {
+        let n = self.kind_shape(kind).map_or(0, |s| s.n_layers);
+        match (0..n).find_map(|l| self.mixer(kind, l).filter(|a| a.width() == 0).map(|a| (l, a.kind()))) {
+            Some((l, mixer)) => Err(ModelError::Invalid(format!(
+                "{what}: {} has layers without heads ({kind} layer {l}'s token mixer is '{mixer}'; docs/methods.md#mixers)",
+                self.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Heads of the kinds' numbering that no layer holds as loaded: in a hybrid stack, every
+    /// head of a layer whose mixer has fewer than the widest layer's (LFM2's conv layers have
+    /// none). They read as removed heads do (docs/methods.md#mixers).
+    pub fn absent(&self) -> Vec<HeadId> {
+        let mut out = Vec::new();
+        for k in self.kinds() {
+            for l in 0..k.n_layers {
+                let width = self.mixer(k.kind, l).map_or(0, |a| a.width());
+                out.extend((width..k.n_heads).map(|head| HeadId { kind: k.kind, layer_idx: l, head }));
+            }
+        }
+        out
     }
 
     pub fn kind_shape(&self, kind: Kind) -> Result<KindShape, ModelError> {
@@ -676,7 +709,17 @@ impl Model {
                 s.n_heads - 1
             )));
         }
-        if self.mixer(h.kind, h.layer_idx).and_then(|a| a.physical(h.head)).is_none() {
+        let mixer = self.mixer(h.kind, h.layer_idx);
+        if let Some(a) = mixer.filter(|a| h.head >= a.width()) {
+            return Err(ModelError::Invalid(format!(
+                "head {h} does not exist: layer {} of {} is a '{}' layer with {} heads (docs/methods.md#mixers)",
+                h.layer_idx,
+                self.name(),
+                a.kind(),
+                a.width()
+            )));
+        }
+        if mixer.and_then(|a| a.physical(h.head)).is_none() {
             return Err(ModelError::Invalid(format!("head {h} was removed from {} by prune_heads", self.name())));
         }
         Ok(())

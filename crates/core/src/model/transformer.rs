@@ -4,7 +4,7 @@
 
 use super::bias::Bias;
 use super::experts::ExpertGate;
-use super::hooks::{self, At, HookSlot, Point};
+use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer};
 use super::mlp::Mlp;
 use super::nn::{
@@ -363,13 +363,7 @@ impl StackLayer {
         } else {
             bias
         };
-        let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
-        let attn_in = match self.norm_position {
-            NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
-            NormPosition::Pre | NormPosition::Parallel => {
-                hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?
-            }
-        };
+        let (x, attn_in) = self.mixer_input(x, kind, layer_idx, h, rules)?;
         let mut none = None;
         let a = match (cache, queries, self.mixer.as_attention()) {
             (None, Queries::All, _) => self.mixer.forward(&attn_in, bias, gate, kind, layer_idx, h, Inside(()))?,
@@ -430,6 +424,52 @@ impl StackLayer {
             Queries::All => Ok((x, a)),
             Queries::Last => Ok((x.f_narrow(1, x.size()[1] - 1, 1)?, a)),
         }
+    }
+
+    /// The layer's input at `hook_resid_pre` and the mixer's input: the input itself
+    /// (post-norm), or its norm at `ln1.hook_normalized`.
+    fn mixer_input(
+        &self,
+        x: &Tensor,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+        rules: GradRules,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let x = hooks::at(h, At::new(kind, layer_idx, Point::ResidPre), x.shallow_clone())?;
+        let attn_in = match self.norm_position {
+            NormPosition::Post | NormPosition::PostSublayer => x.shallow_clone(),
+            NormPosition::Pre | NormPosition::Parallel => {
+                hooks::at(h, At::new(kind, layer_idx, Point::Ln1), self.attn_norm.forward_with(&x, rules))?
+            }
+        };
+        Ok((x, attn_in))
+    }
+
+    /// The layer over `x [B, T, D]` whose mixer continues from `carry`
+    /// ([`Mixer::step`]: a short convolution's last inputs, a recurrence's state), with every
+    /// hook point: the output and what the next call continues from.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::model) fn forward_carried(
+        &self,
+        x: &Tensor,
+        bias: &Bias,
+        gate: Option<&LayerGate>,
+        kind: Kind,
+        layer_idx: usize,
+        h: &mut HookSlot,
+        carry: &Carry,
+    ) -> Result<(Tensor, Carry), ModelError> {
+        let heads = gate.filter(|g| g.heads);
+        let rules = hooks::rules(h);
+        check_interrupt()?;
+        let (x, attn_in) = self.mixer_input(x, kind, layer_idx, h, rules)?;
+        let (dtype, device) = bias.kind_device();
+        let window = self.window;
+        let step_bias = move |p: i64, t: i64| cached_window_bias(t, p, window, dtype, device);
+        let (a, next) = self.mixer.step(&attn_in, carry, &step_bias, heads, kind, layer_idx, h, Inside(()))?;
+        let out = self.finish_hooked(&x, a, kind, layer_idx, h, gate.and_then(|g| g.experts.as_ref()))?;
+        Ok((out, next))
     }
 
     /// What the attention sublayer adds to the residual stream for its output `a`
@@ -1356,12 +1396,6 @@ impl Transformer {
         if !self.causal {
             return Err(ModelError::Invalid("a key/value cache needs a causal (decoder-only) stack".into()));
         }
-        if let Some((l, layer)) = self.stack.iter().enumerate().find(|(_, l)| l.attention().is_none()) {
-            return Err(ModelError::Invalid(format!(
-                "a key/value cache needs attention in every layer; layer {l}'s token mixer is '{}' (docs/methods.md#mixers)",
-                layer.mixer().kind()
-            )));
-        }
         let (b, t) = (ids.size()[0], *ids.size().get(1).unwrap_or(&0));
         let kind = self.stack_kind;
         let past = cache.len;
@@ -1386,9 +1420,22 @@ impl Transformer {
         if cache.packed.len() != self.stack.len() {
             cache.packed = (0..self.stack.len()).map(|_| None).collect();
         }
-        let StackCache { layers, packed, prompt, compress, .. } = cache;
-        for (((l, layer), slot), pack) in self.stack.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()) {
+        if cache.carries.len() != self.stack.len() {
+            cache.carries = (0..self.stack.len()).map(|_| Carry::Empty).collect();
+        }
+        let StackCache { layers, packed, prompt, compress, carries, .. } = cache;
+        for ((((l, layer), slot), pack), carry) in
+            self.stack.iter().enumerate().zip(layers.iter_mut()).zip(packed.iter_mut()).zip(carries.iter_mut())
+        {
             let g = gates.layer(kind, l);
+            if layer.attention().is_none() {
+                // A mixer without keys and values continues from what it carried (a kind that
+                // cannot refuses, naming itself).
+                let (y, next) = layer.forward_carried(&x, &bias, g.as_ref(), kind, l, &mut h, carry)?;
+                x = y;
+                *carry = next;
+                continue;
+            }
             let streamed = self.streamed(gates, l, &bias, t, past, *prompt)?;
             // A generation holds each layer packed (docs/methods.md#streaming-heads): one key and
             // value per key/value group, a streaming group's only at the positions a later
@@ -1810,16 +1857,21 @@ pub struct StackCache {
     pub compress: bool,
     /// Per layer, the packed keys and values (instead of `layers`) under a streaming view.
     pub packed: Vec<Option<Packed>>,
+    /// Per layer, what a mixer without keys and values continues from (a short convolution's
+    /// last inputs, a recurrence's state: [`Mixer::step`]); [`Carry::Empty`] for attention.
+    pub carries: Vec<Carry>,
 }
 
 impl StackCache {
-    /// Bytes of the keys and values the cache holds (its tensors' sizes).
+    /// Bytes of the keys and values the cache holds, and of the states a mixer without them
+    /// carries (its tensors' sizes).
     pub fn bytes(&self) -> i64 {
         let t = |x: &Tensor| if x.defined() { x.numel() as i64 * x.kind().elt_size_in_bytes() as i64 } else { 0 };
         let dense: i64 = self.layers.iter().flatten().map(|kv| t(&kv.k) + t(&kv.v)).sum();
         let packed: i64 =
             self.packed.iter().flatten().map(|p| t(&p.full_k) + t(&p.full_v) + t(&p.stream_k) + t(&p.stream_v)).sum();
-        dense + packed
+        let carried: i64 = self.carries.iter().map(|c| if let Carry::State(x) = c { t(x) } else { 0 }).sum();
+        dense + packed + carried
     }
 }
 

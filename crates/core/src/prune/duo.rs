@@ -177,6 +177,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
             m.name()
         )));
     }
+    m.refuse_headless(Kind::Dec, &format!("{f} (its gates cover every layer's key/value groups)"))?;
     let shape = m.kind_shape(Kind::Dec)?;
     let (layers, heads) = (shape.n_layers, shape.n_heads);
     let per = v.group_size(Kind::Dec, 0);

@@ -348,8 +348,14 @@ impl Layout {
         for k in kinds {
             model.kind_shape(*k)?;
         }
-        let mut held: Vec<HeadId> =
-            model.removed.iter().chain(masked).filter(|h| kinds.contains(&h.kind)).copied().collect();
+        let mut held: Vec<HeadId> = model
+            .removed
+            .iter()
+            .chain(masked)
+            .chain(&model.absent())
+            .filter(|h| kinds.contains(&h.kind))
+            .copied()
+            .collect();
         held.sort();
         held.dedup();
         Ok(Layout { kinds: v, held })
@@ -363,6 +369,11 @@ impl Layout {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The gates that can open: every gate but the held ones (removed, masked by the view, or
+    /// absent from a hybrid's layers without heads).
+    pub fn trainable(&self) -> usize {
+        self.len() - self.held.len()
     }
     pub fn n_layers(&self) -> usize {
         self.kinds.iter().map(|(_, l, _)| l).sum()

@@ -13,7 +13,8 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
             model.name()
         )));
     }
-    for h in closed {
+    let absent = model.absent();
+    for h in closed.iter().filter(|h| !absent.contains(h)) {
         model.check_head(*h)?;
     }
     let mut m = Model::load(&model.path, model.opts)?;
@@ -38,6 +39,10 @@ pub fn prune_heads(model: &Model, closed: &[HeadId], weights: Option<&[Tensor]>)
 /// cannot equal masking); `name` names the model in errors. What [`prune_heads`] does to its
 /// fresh copy.
 pub fn remove_heads(m: &mut Model, closed: &[HeadId], name: &str) -> Result<(), ModelError> {
+    // A hybrid's layers without heads have nothing to remove (their gates are held closed).
+    let absent = m.absent();
+    let closed: Vec<HeadId> = closed.iter().filter(|h| !absent.contains(h)).copied().collect();
+    let closed = closed.as_slice();
     for h in closed {
         m.check_head(*h)?;
     }

@@ -306,6 +306,7 @@ pub fn compare(
             model.name()
         )));
     }
+    model.refuse_headless(kind, &format!("{f} (the strategies rank every layer's heads)"))?;
     let shape = model.kind_shape(kind)?;
     let metric = if model.has_task_loss() { Metric::Loss } else { Metric::Cosine };
     let prep = ablation::prepare(model, eval, metric, o.prune.batch_tokens, Gates::none())?;

@@ -5,7 +5,9 @@
 //! and a loader file; detection, loading, the parameter count and the message for an unknown
 //! directory read the table.
 
-use super::{bart, bert, deepseek, gemma, gpt2, gpt_neox, llama, llama4, llama_gguf, m2m100, marian_bin, phi3, t5};
+use super::{
+    bart, bert, deepseek, gemma, gpt2, gpt_neox, lfm2, llama, llama4, llama_gguf, m2m100, marian_bin, phi3, t5,
+};
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
 use crate::model::{LoadOptions, ModelError};
@@ -42,6 +44,8 @@ pub enum Family {
     Gemma,
     Gemma2,
     Gemma3Text,
+    /// LFM2: short-convolution layers beside attention layers.
+    Lfm2,
     Marian,
     Bart,
     M2m100,
@@ -131,6 +135,7 @@ pub const ROWS: &[Row] = &[
     hf(Family::Gpt2, "gpt2", gpt2::load, Json, true, &[]),
     hf(Family::GptNeox, "gpt_neox", gpt_neox::load, Json, true, &[]),
     hf(Family::GptOss, "gpt_oss", llama::load, Json, true, &[]),
+    hf(Family::Lfm2, "lfm2", lfm2::load, Json, true, &[]),
     hf(Family::Llama, "llama", llama::load, Json, true, &[]),
     hf(Family::Llama4Text, "llama4_text", llama4::load, Json, true, UNIT_QK_NORMS),
     hf(Family::M2m100, "m2m_100", m2m100::load, JsonOrM2m100Spm, true, SINUSOIDS),
@@ -258,6 +263,7 @@ mod tests {
             Family::Gemma,
             Family::Gemma2,
             Family::Gemma3Text,
+            Family::Lfm2,
             Family::Marian,
             Family::Bart,
             Family::M2m100,
