@@ -485,11 +485,14 @@ pub mod api {
 
     /// `generate` with options: `cache` (true: the prompt runs once and each new token runs
     /// over the key/value cache; false: the whole prefix runs again for every token, the
-    /// reference the cache is checked against; both give the same tokens).
+    /// reference the cache is checked against; both give the same tokens). A hybrid stack
+    /// (LFM2) continues its conv layers from their carried states beside the attention cache.
     ///
     /// ```rhai
     /// let m = load_model("smollm2");
     /// assert(m.generate("The capital of France is", 6, #{cache: false}) == m.generate("The capital of France is", 6));
+    /// let h = load_model("tests/fixtures/tiny_hf/lfm2");
+    /// assert(h.generate("a b c", 6, #{cache: false}) == h.generate("a b c", 6));
     /// ```
     #[rhai_fn(name = "generate", return_raw, pure)]
     pub fn generate_opts(m: &mut ScriptModel, text: &str, n: i64, options: Map) -> ScriptResult<String> {
