@@ -92,8 +92,9 @@ fn every_start_and_stop_equals_the_whole_run() {
 
 /// The decoder's run: teacher forcing to each stop, a resume at every layer's cross-attention
 /// `hook_z` (post-norm Marian, pre-norm M2M100 with a final decoder norm, T5's relative bias)
-/// equal to the whole run bit for bit, a repeated source equal to the source of repeated rows,
-/// and bad starts and stops one line each.
+/// equal to the whole run bit for bit, a repeated source equal to the source of repeated rows
+/// (within float32 rounding: twice the rows may take other kernels), and bad starts and stops
+/// one line each.
 #[test]
 fn every_decoder_start_and_stop_equals_the_whole_run() {
     let _g = tch::no_grad_guard();
@@ -137,8 +138,14 @@ fn every_decoder_start_and_stop_equals_the_whole_run() {
                     &mut None,
                 )
                 .unwrap();
+            // A batch of twice the rows may take other BLAS kernels (another blocking, another
+            // summation order): under ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU, MarianMT's
+            // block 0 differs from the whole run by 9.5e-7 (one float32 step of the stream's
+            // largest values); elsewhere 0. The float32 bound of the run's values holds both.
+            let bound = common::f32_bound(common::scale(&whole), common::depth(&m, 8));
             for r in 0..2 {
-                assert_eq!(common::max_diff(&rows.narrow(0, 2 * r, 2), &whole), 0.0, "{name}: block {r} of layer {l}");
+                let d = common::max_diff(&rows.narrow(0, 2 * r, 2), &whole);
+                assert!(d <= bound, "{name}: block {r} of layer {l}: {d:e} over the float32 bound {bound:e}");
             }
             if l + 1 < n {
                 // Stopping after layer l, then on: the stream a resume above would read.

@@ -15,6 +15,7 @@ mod examples;
 mod exports;
 mod fuzz_api;
 mod heads_by_name;
+mod hybrid;
 mod module_graph;
 mod options;
 mod texts;
