@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 22] = [
+    let cases: [(&str, &[&str]); 24] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -210,6 +210,16 @@ fn the_defects_found_stay_fixed() {
         (
             r#"let m = load_model("smollm2"); let s = ""; for i in 0..50000 { s += "ab"; } m.generate(s, 4)"#,
             &["generate", "50001 tokens", "8192 positions"],
+        ),
+        // Found by the hour-long run of a6a90c9 (stop 71, seed 5): a needle that does not fit
+        // the context was refused naming neither option.
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").learn_duo(corpus(asset("pud_en.txt")).take(30), #{needle: 9223372036854775807, steps: 3, context: 64, samples: 2, recent: 8})"#,
+            &["learn_duo: option 'needle' 9223372036854775807", "option 'context' 64"],
+        ),
+        (
+            r#"load_model("tests/fixtures/tiny_hf/llama").learn_prulong(corpus(asset("pud_en.txt")).take(30), #{needle: 1e300, steps: 3, context: 64, samples: 2, recent: 8, target: 0.5})"#,
+            &["learn_prulong: option 'needle'", "option 'context' 64"],
         ),
     ];
     for (code, want) in cases {

@@ -523,6 +523,21 @@ pub struct CurveOptions {
     pub needle: usize,
 }
 
+/// The tokens of text a sequence of `context` tokens leaves beside its needle of `needle`
+/// tokens, twice (at its depth and at the end): more than none, or an error naming `func` and
+/// both options.
+pub fn passkey_room(func: &str, needle: usize, context: i64) -> Result<usize, AnalysisError> {
+    needle
+        .checked_mul(2)
+        .and_then(|twice| usize::try_from(context).ok()?.checked_sub(twice))
+        .filter(|h| *h > 0)
+        .ok_or_else(|| {
+            AnalysisError::Input(format!(
+                "{func}: option 'needle' {needle} (a passkey of {needle} tokens, twice) does not fit option 'context' {context}"
+            ))
+        })
+}
+
 /// The passkey probes: `n` sequences of `context` tokens, each a random haystack with a needle
 /// of `needle` random tokens at a seeded depth, and the needle again at the end. `func` and
 /// `count` (the option giving `n`) name the caller in errors.
@@ -534,11 +549,7 @@ pub fn passkeys(
     context: i64,
     seed: u64,
 ) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
-    let haystack = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
-        AnalysisError::Input(format!(
-            "{func}: a passkey of {needle} tokens, twice, does not fit a context of {context}"
-        ))
-    })?;
+    let haystack = passkey_room(func, needle, context)?;
     Ok(probes_counted(model, &ProbeOptions { seed, n, len: 2, needle, haystack }, func, count)?.needles)
 }
 
@@ -554,11 +565,7 @@ pub fn passkeys_in(
     context: i64,
     seed: u64,
 ) -> Result<Vec<(Vec<i64>, usize)>, AnalysisError> {
-    let hay = (context as usize).checked_sub(2 * needle).filter(|h| *h > 0).ok_or_else(|| {
-        AnalysisError::Input(format!(
-            "{func}: a passkey of {needle} tokens, twice, does not fit a context of {context}"
-        ))
-    })?;
+    let hay = passkey_room(func, needle, context)?;
     let needles = passkeys(model, (func, count), n, needle, context, seed)?;
     Ok(needles
         .into_iter()

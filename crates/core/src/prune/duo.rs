@@ -187,12 +187,7 @@ pub fn train(v: &View, data: &Dataset, o: &DuoOptions, hooks: Hooks) -> Result<D
     let groups = heads / per;
     let n = layers * groups;
     // The training set: passkeys in the data's text (kv_curve's construction).
-    if o.context <= 2 * o.needle as i64 {
-        return Err(AnalysisError::Input(format!(
-            "{f}: a passkey of {} tokens, twice, does not fit a context of {}",
-            o.needle, o.context
-        )));
-    }
+    crate::analysis::streaming::passkey_room(f, o.needle, o.context)?;
     let texts = chunks(m, data, o.context).map_err(|e| match e {
         AnalysisError::Input(s) => AnalysisError::Input(s.replacen("kv_curve", f, 1)),
         e => e,
