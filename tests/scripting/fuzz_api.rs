@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 24] = [
+    let cases: [(&str, &[&str]); 25] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -220,6 +220,12 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("tests/fixtures/tiny_hf/llama").learn_prulong(corpus(asset("pud_en.txt")).take(30), #{needle: 1e300, steps: 3, context: 64, samples: 2, recent: 8, target: 0.5})"#,
             &["learn_prulong: option 'needle'", "option 'context' 64"],
+        ),
+        // Found by the hour-long run of a1c155f (stop 71, seed 5): an empty `heads` was refused
+        // as "layer 1 is out of range: gpt2 has 0 layers".
+        (
+            r#"load_model("tests/fixtures/tiny_hf/gpt2").ablation_sweep(corpus(asset("pud_en.txt")).take(2), #{heads: [], layers: 1})"#,
+            &["ablation_sweep: option 'heads' is empty"],
         ),
     ];
     for (code, want) in cases {

@@ -258,6 +258,13 @@ fn sweep_options_from(o: &Opts, m: &ScriptModel) -> ScriptResult<SweepOptions> {
         Some(h) => Some(crate::model::script::head_ids(m, h, &format!("{}: option 'heads'", o.func()))?),
         None => None,
     };
+    // An empty list chooses no kind and no head: refused as such, not as a layer out of range.
+    if heads.as_ref().is_some_and(|h| h.is_empty()) {
+        return err(format!(
+            "{}: option 'heads' is empty: name the heads to sweep, or leave it out for every head",
+            o.func()
+        ));
+    }
     // Named heads choose the kinds when `kinds` is not given; given, it must hold theirs.
     let kinds = match (&heads, o.has("kinds")) {
         (Some(ids), false) => {
