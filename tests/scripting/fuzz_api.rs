@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 25] = [
+    let cases: [(&str, &[&str]); 26] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -226,6 +226,11 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("tests/fixtures/tiny_hf/gpt2").ablation_sweep(corpus(asset("pud_en.txt")).take(2), #{heads: [], layers: 1})"#,
             &["ablation_sweep: option 'heads' is empty"],
+        ),
+        // The same hour: an empty `kinds` on a translation model reached "nothing was patched".
+        (
+            r#"load_model("enpt").patch(pairs([["The cat is sleeping.", "The dog is sleeping."]]), #{kinds: []})"#,
+            &["patch: option 'kinds' is empty"],
         ),
     ];
     for (code, want) in cases {

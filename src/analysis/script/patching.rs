@@ -361,14 +361,18 @@ pub fn run_patch(m: &ScriptModel, data: &Dynamic, options: &Map) -> ScriptResult
             batch_tokens: o.usize_or_default("batch_tokens")?.max(1),
             ..PatchSpec::new(site, each, direction, metric)
         };
-        let kinds: Vec<Kind> = match o.labels("kinds")? {
-            Some(names) => names
-                .iter()
-                .map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: option 'kinds': {e}"))))
-                .collect::<ScriptResult<_>>()?,
-            None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
-            None => vec![Kind::Enc, Kind::Dec],
-        };
+        let kinds: Vec<Kind> =
+            match o.labels("kinds")? {
+                Some(names) if names.is_empty() => return err(
+                    "patch: option 'kinds' is empty: name one or more of the model's kinds, or leave it out for all",
+                ),
+                Some(names) => names
+                    .iter()
+                    .map(|n| n.parse::<Kind>().or_else(|e| err(format!("patch: option 'kinds': {e}"))))
+                    .collect::<ScriptResult<_>>()?,
+                None if site.per_head() => m.model.kinds().iter().map(|s| s.kind).collect(),
+                None => vec![Kind::Enc, Kind::Dec],
+            };
         if each && kinds.len() != 1 {
             return err("patch: per-position patching of a translation model takes one kind (kinds: [\"enc\"], [\"dec\"] or [\"cross\"]): their positions differ");
         }
