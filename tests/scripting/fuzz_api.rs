@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 26] = [
+    let cases: [(&str, &[&str]); 27] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -231,6 +231,11 @@ fn the_defects_found_stay_fixed() {
         (
             r#"load_model("enpt").patch(pairs([["The cat is sleeping.", "The dog is sleeping."]]), #{kinds: []})"#,
             &["patch: option 'kinds' is empty"],
+        ),
+        // The same hour: a row's 100,000-character text refused without naming the row's 'text'.
+        (
+            r#"let s = ""; for i in 0..50000 { s += "ab"; } load_model("tests/fixtures/tiny_hf/gpt2").generate(#{text: s}, 3)"#,
+            &["generate: ", "the row's 'text', 100000 characters"],
         ),
     ];
     for (code, want) in cases {

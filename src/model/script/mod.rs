@@ -480,7 +480,15 @@ pub mod api {
     #[rhai_fn(name = "generate", return_raw, pure)]
     pub fn generate_row(m: &mut ScriptModel, row: Map, n: i64) -> ScriptResult<String> {
         let text = crate::data::script::one_text(&Dynamic::from(row), "generate")?;
-        generate_opts(m, &text, n, Map::new())
+        // What the generation refuses (positions, memory) is the row's text: say so.
+        let chars = text.chars().count();
+        generate_opts(m, &text, n, Map::new()).map_err(|e| match *e {
+            rhai::EvalAltResult::ErrorRuntime(msg, at) => Box::new(rhai::EvalAltResult::ErrorRuntime(
+                Dynamic::from(format!("{msg} (the row's 'text', {chars} characters)")),
+                at,
+            )),
+            other => Box::new(other),
+        })
     }
 
     /// `generate` with options: `cache` (true: the prompt runs once and each new token runs
