@@ -20,6 +20,7 @@ mod hf_tf5;
 mod hooks;
 mod hybrids;
 mod llama4;
+mod mamba2;
 mod masking;
 mod packing;
 mod param_count;

@@ -62,20 +62,20 @@ fn stdlib_functions_are_documented() {
     }
 }
 
-/// The examples written on the tiny decoder-only models (GPT-2, Llama) run on a hybrid stack
-/// too (LFM2: short-convolution layers without heads beside attention layers; issue 49): each
-/// succeeds, or fails in one line that names the conv layer's mixer ('shortconv') where a
-/// method needs attention in every layer, or an example's own assertion of the original
-/// model's numbers (its shape, its values).
-#[test]
-fn documented_examples_run_on_a_hybrid() {
+/// The examples written on the tiny decoder-only models (GPT-2, Llama) run on the hybrid
+/// stacks too (issue 49): LFM2 (short-convolution layers without heads beside attention
+/// layers) and Granite-4.0-H (Mamba-2 layers with heads of their own): each succeeds, or fails
+/// in one line that names the other layer's mixer (`names`) where a method needs attention in
+/// every layer, or an example's own assertion of the original model's numbers (its shape, its
+/// values).
+fn examples_run_on(hybrid: &str, names: &[&str]) {
     let _rng = common::rng();
     let probe = Session::new(SessionOptions::default());
     let examples = documented_examples(probe.engine());
     let (mut ran, mut refused, mut asserted, mut failures) = (0, Vec::new(), Vec::new(), Vec::new());
     for (sig, ex) in &examples {
         let code = ["gpt2", "llama"].iter().fold(ex.code.clone(), |c, m| {
-            c.replace(&format!("tests/fixtures/tiny_hf/{m}\""), "tests/fixtures/tiny_hf/lfm2\"")
+            c.replace(&format!("tests/fixtures/tiny_hf/{m}\""), &format!("tests/fixtures/tiny_hf/{hybrid}\""))
         });
         if code == ex.code || ex.must_fail {
             continue;
@@ -84,16 +84,26 @@ fn documented_examples_run_on_a_hybrid() {
         let mut s = Session::new(SessionOptions::default());
         match s.eval("example", &code) {
             Ok(_) => {}
-            Err(e) if e.to_string().contains("'shortconv'") => refused.push(format!("{sig}: {e}")),
+            Err(e) if names.iter().any(|n| e.to_string().contains(n)) => refused.push(format!("{sig}: {e}")),
             Err(e) if e.to_string().to_lowercase().contains("assertion failed") => asserted.push(format!("{sig}: {e}")),
             Err(e) => failures.push(format!("{sig}:\n{code}\n=> {e}")),
         }
         assert_eq!(s.eval("after", "40 + 2").unwrap().unwrap().text, "42");
     }
-    eprintln!("{ran} examples on lfm2: {} refused by name, {} own assertions", refused.len(), asserted.len());
+    eprintln!("{ran} examples on {hybrid}: {} refused by name, {} own assertions", refused.len(), asserted.len());
     for r in refused.iter().chain(&asserted) {
         eprintln!("  {r}");
     }
     assert!(ran >= 30, "only {ran} examples");
-    assert!(failures.is_empty(), "{} examples fail on lfm2:\n\n{}", failures.len(), failures.join("\n\n"));
+    assert!(failures.is_empty(), "{} examples fail on {hybrid}:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn documented_examples_run_on_a_hybrid() {
+    examples_run_on("lfm2", &["'shortconv'"]);
+}
+
+#[test]
+fn documented_examples_run_on_a_mamba2_hybrid() {
+    examples_run_on("granite_h", &["'mamba2'", "Mamba-2"]);
 }

@@ -77,8 +77,10 @@ fn any_model_runs_on_every_family() {
         "deepseek_v3",
         "deepseek_v2",
         "llama4_text",
-        // A hybrid (make_tiny_hf_hybrid.py): short-convolution layers beside attention layers.
+        // Hybrids: short-convolution layers (make_tiny_hf_hybrid.py) and Mamba-2 layers
+        // (make_tiny_hf_mamba2.py) beside attention layers.
         "lfm2",
+        "granite_h",
     ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
@@ -115,6 +117,7 @@ fn any_model_runs_on_every_family() {
                 "deepseek_v2",
                 "llama4_text",
                 "lfm2",
+                "granite_h",
             ]
             .iter()
             .any(|f| d.ends_with(f));

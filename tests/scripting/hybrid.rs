@@ -32,3 +32,46 @@ fn a_hybrid_reads_its_conv_layers_as_absent_heads() {
     let out = s.eval("hybrid", &script);
     assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
 }
+
+/// Granite-4.0-H's Mamba-2 layers through the script API (issue 49): their heads are units as
+/// attention heads are (rows of 8 in the confidence and sweep grids, where the attention layers
+/// have 4 and 4 absent), L0 pruning gates all 24, a Mamba-2 head masks, `prune_heads` refuses to
+/// remove one from the weights (saying to mask it), a head past an attention layer's 4 is named
+/// absent with the layer's mixer, and AttnLRP runs over both kinds with its conservation error
+/// printed by the test.
+#[test]
+fn a_mamba2_hybrid_reads_its_ssm_heads_as_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), ..Default::default() });
+    let script = format!(
+        r#"
+        let m = load_model("{}/tests/fixtures/tiny_hf/granite_h");
+        let d = corpus(["the cat sat on the mat", "a dog ran in the park and sat down"]);
+        let c = m.confidence(d).dec;
+        assert(c.len() == 4 && c[0].len() == 8);
+        for h in 0..8 {{ assert(!c[0][h].is_nan() && !c[2][h].is_nan()); }}
+        for h in 0..4 {{ assert(!c[1][h].is_nan() && c[1][h + 4].is_nan()); }}
+        let sweep = m.ablation_sweep(d).dec;
+        for h in 0..4 {{ assert(!sweep[0][h].is_nan() && !sweep[1][h].is_nan() && sweep[3][h + 4].is_nan()); }}
+        let r = m.prune(d, #{{steps: 2, batch_tokens: 200}});
+        assert(r.to_string().contains(" of 24 heads open"));
+        let v = m.with_mask(["dec.0.3", "dec.2.7"]);
+        assert(v.loss(d) != m.loss(d));
+        let e = "";
+        try {{ m.prune_heads(["dec.0.3"]); }} catch (err) {{ e = `${{err}}`; }}
+        assert(e.contains("Mamba-2") && e.contains("mask"));
+        e = "";
+        try {{ m.with_mask(["dec.1.5"]); }} catch (err) {{ e = `${{err}}`; }}
+        assert(e.contains("layer 1 of granite_h is an 'attention' layer with 4 heads"));
+        e = "";
+        try {{ m.with_streaming(["dec.0.1"]); }} catch (err) {{ e = `${{err}}`; }}
+        assert(e.contains("'mamba2' head") && e.contains("only attention heads stream"));
+        let l = m.lrp(d, #{{rule: "attnlrp", seeds: "summed"}});
+        print(`AttnLRP conservation error ${{l.options.max_conservation_error}}`);
+        assert(l.options.max_conservation_error < 0.5);
+        "#,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = s.eval("mamba2", &script);
+    assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
+}

@@ -1006,6 +1006,13 @@ pub fn mean_fill(
     let p = prepare(model, data, metric, batch_tokens, base.share())?;
     let _g = tch::no_grad_guard();
     let shapes: Vec<_> = kinds.iter().map(|k| model.kind_shape(*k)).collect::<Result<_, _>>()?;
+    // Per kind, the widest head (a hybrid's layers without heads have none): every layer's
+    // sum is `[W, dh]` of the kind, a narrower layer's heads and contexts in its first rows
+    // and columns (what `nn::gate_contexts` reads).
+    let widest: Vec<i64> = shapes
+        .iter()
+        .map(|s| (0..s.n_layers).filter_map(|l| model.mixer(s.kind, l)).map(|a| a.head_dim()).max().unwrap_or(1))
+        .collect();
     // Per kind, per layer: the sum of contexts [W, dh] (original numbering) and the count.
     let mut sums: Vec<Vec<Option<Tensor>>> = shapes.iter().map(|s| (0..s.n_layers).map(|_| None).collect()).collect();
     let mut counts = vec![0.0f64; kinds.len()];
@@ -1031,9 +1038,11 @@ pub fn mean_fill(
             let attn = model
                 .mixer(at.kind, at.layer)
                 .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
-            let full = Tensor::zeros([attn.width() as i64, s.size()[1]], (DType::Double, s.device()));
+            let (w, dh) = (shapes[ki].n_heads as i64, widest[ki]);
+            let full = Tensor::zeros([w, dh], (DType::Double, s.device()));
             let idx =
                 Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(s.device());
+            let s = if s.size()[1] < dh { s.f_constant_pad_nd([0, dh - s.size()[1]])? } else { s };
             let full = full.f_index_add(0, &idx, &s)?;
             if let Some(slot) = sums.get_mut(ki).and_then(|v| v.get_mut(at.layer)) {
                 *slot = Some(match slot.take() {
@@ -1060,8 +1069,7 @@ pub fn mean_fill(
     }
     let mut fills = crate::model::nn::Fills::default();
     for (ki, s) in shapes.iter().enumerate() {
-        // The widest head of the kind (a hybrid's layers without heads have none).
-        let dh = (0..s.n_layers).filter_map(|l| model.mixer(s.kind, l)).map(|a| a.head_dim()).max().unwrap_or(1);
+        let dh = widest[ki];
         let layers: Vec<Tensor> = sums[ki]
             .iter()
             .map(|t| {
@@ -1071,7 +1079,7 @@ pub fn mean_fill(
                 )
             })
             .collect();
-        fills.set(s.kind, Tensor::stack(&layers, 0));
+        fills.set(s.kind, Tensor::f_stack(&layers, 0)?);
     }
     Ok(fills)
 }

@@ -306,6 +306,12 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
             }
             continue;
         }
+        // What the layer keeps beside its groups (a state-space layer's convolution inputs).
+        let fixed = a.fixed_numbers();
+        bytes += fixed * elem;
+        full_bytes += fixed * elem;
+        // A state that does not grow never streams.
+        let grows = a.entries(context.max(2)) > a.entries(1);
         for g in 0..(width / per) {
             let present = (g * per..(g + 1) * per).any(|h| a.physical(h).is_some());
             if !present {
@@ -314,7 +320,8 @@ pub fn kv_cost(v: &View, context: i64, first: Option<i64>) -> KvCost {
             let streams = v
                 .streaming
                 .as_ref()
-                .is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false));
+                .is_some_and(|s| s.heads.get(l).and_then(|r| r.get(g * per)).copied().unwrap_or(false))
+                && grows;
             let n = match (&v.streaming, streams) {
                 (Some(s), true) => streaming_entries(s.sink, s.recent, s.regime, context, first),
                 _ => whole,
@@ -403,6 +410,11 @@ pub fn kv_footprint(v: &View, prompt: i64, decode: i64, chunk: i64) -> Footprint
     let (mut n_full, mut n_stream) = (0i64, 0i64);
     for l in 0..m.layer_heads(Kind::Dec).len() {
         let Some(a) = m.mixer(Kind::Dec, l) else { continue };
+        // A state that does not grow (a state-space or convolution layer's) is not a cache of
+        // entries with lifespans: the footprint counts the growing caches only.
+        if a.entries(2) <= a.entries(1) {
+            continue;
+        }
         let per = v.group_size(Kind::Dec, l);
         for g in 0..(a.width() / per) {
             if !(g * per..(g + 1) * per).any(|h| a.physical(h).is_some()) {

@@ -67,6 +67,21 @@ pub enum Point {
     ConvBx,
     /// Its output before the output projection, `C * conv(B * x)` `[B, T, D]` (`conv.hook_y`).
     ConvY,
+    /// A Mamba-2 layer's gate `z` from its input projection `[B, T, I]` (`ssm.hook_gate`).
+    SsmGate,
+    /// Its heads' inputs after the convolution `[B, H, T, P]` (`ssm.hook_x`).
+    SsmX,
+    /// Its groups' `B` and `C` after the convolution `[B, G, T, N]` (`ssm.hook_b`, `ssm.hook_c`).
+    SsmB,
+    SsmC,
+    /// Its heads' step sizes `softplus(dt + dt_bias)` `[B, T, H]` (`ssm.hook_dt`).
+    SsmDt,
+    /// Its heads' effective attention `alpha [B, H, T, T]` (`ssm.hook_alpha`,
+    /// docs/methods.md#effective-attention): `y = alpha x + D x`.
+    SsmAlpha,
+    /// Its heads' outputs before the gate and norm, `alpha x + D x` `[B, H, T, P]`
+    /// (`ssm.hook_y`).
+    SsmY,
     /// The attention block's output `[B, T, D]` (`blocks.L.hook_attn_out`).
     AttnOut,
     /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
@@ -171,6 +186,13 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::ConvX, "conv.hook_x", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: the input x"),
     spec(Point::ConvBx, "conv.hook_bx", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: B * x, the depthwise convolution's input (what a generation's state keeps)"),
     spec(Point::ConvY, "conv.hook_y", Layout::Seq, true, false, "[pos, d_model]", "gated short-convolution layers: C * conv(B * x), the output projection's input"),
+    spec(Point::SsmGate, "ssm.hook_gate", Layout::Seq, true, false, "[pos, d_inner]", "Mamba-2 layers: the gate z from the input projection"),
+    spec(Point::SsmX, "ssm.hook_x", Layout::Heads, true, false, "[pos, head, d_head]", "Mamba-2 layers: each head's input x after the convolution"),
+    spec(Point::SsmB, "ssm.hook_b", Layout::Heads, true, false, "[pos, group, d_state]", "Mamba-2 layers: B of each group after the convolution"),
+    spec(Point::SsmC, "ssm.hook_c", Layout::Heads, true, false, "[pos, group, d_state]", "Mamba-2 layers: C of each group after the convolution"),
+    spec(Point::SsmDt, "ssm.hook_dt", Layout::Seq, true, false, "[pos, head]", "Mamba-2 layers: each head's step size softplus(dt + dt_bias)"),
+    spec(Point::SsmAlpha, "ssm.hook_alpha", Layout::Scores, true, false, "[head, q_pos, k_pos]", "Mamba-2 layers: the effective attention alpha (y = alpha x + D x; attn.hook_pattern shows |alpha| by row)"),
+    spec(Point::SsmY, "ssm.hook_y", Layout::Heads, true, false, "[pos, head, d_head]", "Mamba-2 layers: alpha x + D x, before the gate and norm"),
     spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
     spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
     spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),

@@ -38,7 +38,7 @@ pub struct Inside(pub(in crate::model) ());
 
 /// The mixer kinds headscope knows, by the name [`Mixer::kind`] reports: a new kind adds its
 /// name here (and `describe`, errors and `:help` list them from here).
-pub const KINDS: &[&str] = &["attention", "ssru", "shortconv"];
+pub const KINDS: &[&str] = &["attention", "ssru", "shortconv", "mamba2"];
 
 /// What a causal mixer carries from one call to the next ([`Mixer::step`]): nothing before the
 /// first call, attention's keys and values of the steps so far, or a recurrence's state (the
@@ -50,6 +50,21 @@ pub enum Carry {
     Keys(KeysValues),
     /// A recurrent state after the last step.
     State(Tensor),
+    /// Several states after the last step (Mamba-2: the convolution's last inputs and the
+    /// heads' states).
+    States(Vec<Tensor>),
+}
+
+impl Carry {
+    /// The tensors it holds (keys and values, or states).
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            Carry::Empty => vec![],
+            Carry::Keys(kv) => vec![&kv.k, &kv.v],
+            Carry::State(s) => vec![s],
+            Carry::States(s) => s.iter().collect(),
+        }
+    }
 }
 
 /// The additive bias over keys for `t` new queries after `past` earlier steps (the layer's
@@ -92,6 +107,12 @@ pub trait Mixer: Send {
     /// state-space head).
     fn entries(&self, context: i64) -> i64 {
         context
+    }
+
+    /// Numbers the layer keeps beside its groups' entries whatever the context (a
+    /// convolution's last inputs in front of a state-space layer's heads).
+    fn fixed_numbers(&self) -> i64 {
+        0
     }
 
     /// Removes every head but `keep` (original numbers, ascending) from the weights, computing

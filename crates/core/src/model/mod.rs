@@ -13,6 +13,7 @@ pub mod fill;
 pub mod hooks;
 pub mod latent;
 pub mod loss;
+pub mod mamba2;
 pub mod mixer;
 pub mod mlp;
 pub mod nn;
@@ -655,14 +656,14 @@ impl Model {
         (0..n).map(|l| self.mixer(kind, l).map_or(0, |a| a.n_present())).collect()
     }
 
-    /// The first layer of `kind` whose mixer has no heads, with the mixer's kind (a hybrid's
-    /// conv layer): what a method covering only stacks with heads in every layer names when it
-    /// refuses (`what`: the method and what it covers).
+    /// The first layer of `kind` whose mixer is not attention, with the mixer's kind (a
+    /// hybrid's conv or Mamba-2 layer): what a method covering only stacks with attention heads
+    /// in every layer names when it refuses (`what`: the method and what it covers).
     pub fn refuse_headless(&self, kind: Kind, what: &str) -> Result<(), ModelError> {
         let n = self.kind_shape(kind).map_or(0, |s| s.n_layers);
-        match (0..n).find_map(|l| self.mixer(kind, l).filter(|a| a.width() == 0).map(|a| (l, a.kind()))) {
+        match (0..n).find_map(|l| self.mixer(kind, l).filter(|a| a.as_attention().is_none()).map(|a| (l, a.kind()))) {
             Some((l, mixer)) => Err(ModelError::Invalid(format!(
-                "{what}: {} has layers without heads ({kind} layer {l}'s token mixer is '{mixer}'; docs/methods.md#mixers)",
+                "{what}: {} has layers without attention heads ({kind} layer {l}'s token mixer is '{mixer}'; docs/methods.md#mixers)",
                 self.name()
             ))),
             None => Ok(()),
@@ -712,9 +713,10 @@ impl Model {
         let mixer = self.mixer(h.kind, h.layer_idx);
         if let Some(a) = mixer.filter(|a| h.head >= a.width()) {
             return Err(ModelError::Invalid(format!(
-                "head {h} does not exist: layer {} of {} is a '{}' layer with {} heads (docs/methods.md#mixers)",
+                "head {h} does not exist: layer {} of {} is {} '{}' layer with {} heads (docs/methods.md#mixers)",
                 h.layer_idx,
                 self.name(),
+                if a.kind().starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" },
                 a.kind(),
                 a.width()
             )));

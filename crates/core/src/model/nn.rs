@@ -1035,30 +1035,7 @@ impl Attention {
 
     /// Contexts `[B, H, T, dh]` under one layer's gates: `g z`, or `g z + (1 - g) fill`.
     pub(in crate::model) fn gated(&self, ctx: &Tensor, lg: &LayerGate) -> Tensor {
-        let g = self.own_gates(&lg.g.to_device(ctx.device())).to_kind(ctx.kind());
-        let g = g.view([g.size()[0], self.n_heads, 1, 1]);
-        match &lg.fill {
-            None => ctx * g,
-            Some(f) if f.dim() == 4 => {
-                // Per row and position `[B, heads, T, dh]` (resample ablation): a batch of
-                // G x B rows (row j * B + b) takes row b's fill.
-                let f = match &self.slots {
-                    None => f.shallow_clone(),
-                    Some(s) => f.index_select(1, &s.index_t),
-                };
-                let reps = (ctx.size()[0] / f.size()[0].max(1)).max(1);
-                let f = f.to_kind(ctx.kind()).narrow(2, 0, ctx.size()[2]).repeat([reps, 1, 1, 1]);
-                ctx * &g + (g.ones_like() - &g) * f
-            }
-            Some(f) => {
-                let f = match &self.slots {
-                    None => f.shallow_clone(),
-                    Some(s) => f.index_select(0, &s.index_t),
-                };
-                let f = f.to_kind(ctx.kind()).view([1, self.n_heads, 1, self.z_dim()]);
-                ctx * &g + (g.ones_like() - &g) * f
-            }
-        }
+        gate_contexts(ctx, lg, self.slots.as_ref(), self.n_heads, self.z_dim())
     }
 
     /// Scores `[B, H, Tq, Tk]` of queries `q [B, H, Tq, dh]` at positions `q_start..` over
@@ -1367,30 +1344,93 @@ impl Attention {
         layer_idx: usize,
         hs: &mut HookSlot,
     ) -> Result<Tensor, ModelError> {
-        let at = |p| At::new(kind, layer_idx, p);
-        let (b, h, tq, dh) = (ctx.size()[0], self.n_heads, ctx.size()[2], self.z_dim());
-        let mut out = None;
-        if hooks::wants(hs, at(Point::Result)) {
-            // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
-            let d = self.o.w.size()[0];
-            let wo = self.o.w.view([d, h, dh]).permute([1, 2, 0]);
-            let result = ctx.matmul(&wo);
-            // A changed result is what the output sums; an unchanged one leaves W^O's own
-            // product (the floats of the plain forward).
-            if let Some(seen) = hooks::replaced(hs, at(Point::Result), &result)? {
-                let sum = seen.sum_dim_intlist([1i64].as_slice(), false, seen.kind());
-                out = Some(match &self.o.b {
-                    Some(bias) => sum + bias,
-                    None => sum,
-                });
-            }
-        }
-        let out = match out {
-            Some(o) => o,
-            None => self.o.forward(&ctx.transpose(1, 2).reshape([b, tq, h * dh])),
-        };
-        hooks::at(hs, at(Point::AttnOut), out)
+        heads_output(ctx, &self.o, self.n_heads, self.z_dim(), kind, layer_idx, hs)
     }
+}
+
+/// Per-head contexts `ctx [B, n_heads, T, dh]` under one layer's gates `[G, width]` (original
+/// numbering; `slots`: which original head each physical one is, after `prune_heads`): `g z`,
+/// or `g z + (1 - g) fill` (docs/methods.md#head-masking). Every kind with heads gates this way.
+pub(in crate::model) fn gate_contexts(
+    ctx: &Tensor,
+    lg: &LayerGate,
+    slots: Option<&HeadSlots>,
+    n_heads: i64,
+    dh: i64,
+) -> Tensor {
+    // A hybrid's grid is as wide as its widest layer (and its fills as its widest heads):
+    // this layer's heads are the first columns.
+    let width = slots.map_or(n_heads, |s| s.width as i64);
+    let cut =
+        |t: &Tensor, dim: i64, n: i64| if t.size()[dim as usize] > n { t.narrow(dim, 0, n) } else { t.shallow_clone() };
+    let g = cut(&lg.g, 1, width).to_device(ctx.device());
+    let g = match slots {
+        None => g,
+        Some(s) => g.index_select(1, &s.index_t),
+    }
+    .to_kind(ctx.kind());
+    let g = g.view([g.size()[0], n_heads, 1, 1]);
+    match &lg.fill {
+        None => ctx * g,
+        Some(f) if f.dim() == 4 => {
+            // Per row and position `[B, heads, T, dh]` (resample ablation): a batch of
+            // G x B rows (row j * B + b) takes row b's fill.
+            let f = cut(&cut(f, 1, width), 3, dh);
+            let f = match slots {
+                None => f,
+                Some(s) => f.index_select(1, &s.index_t),
+            };
+            let reps = (ctx.size()[0] / f.size()[0].max(1)).max(1);
+            let f = f.to_kind(ctx.kind()).narrow(2, 0, ctx.size()[2]).repeat([reps, 1, 1, 1]);
+            ctx * &g + (g.ones_like() - &g) * f
+        }
+        Some(f) => {
+            let f = cut(&cut(f, 0, width), 1, dh);
+            let f = match slots {
+                None => f,
+                Some(s) => f.index_select(0, &s.index_t),
+            };
+            let f = f.to_kind(ctx.kind()).view([1, n_heads, 1, dh]);
+            ctx * &g + (g.ones_like() - &g) * f
+        }
+    }
+}
+
+/// A mixer's output from its per-head contexts `ctx [B, H, T, dh]` (the value at `hook_z`)
+/// through the output projection `o` (`[D, H dh]`): `hook_result` (each head's product, where
+/// a hook looks) and `hook_attn_out`. Where a run resumes when only the contexts change.
+pub(in crate::model) fn heads_output(
+    ctx: &Tensor,
+    o: &Linear,
+    h: i64,
+    dh: i64,
+    kind: Kind,
+    layer_idx: usize,
+    hs: &mut HookSlot,
+) -> Result<Tensor, ModelError> {
+    let at = |p| At::new(kind, layer_idx, p);
+    let (b, tq) = (ctx.size()[0], ctx.size()[2]);
+    let mut out = None;
+    if hooks::wants(hs, at(Point::Result)) {
+        // C_h W^O_h^T for each head: [B, H, Tq, dh] x [H, dh, D].
+        let d = o.w.size()[0];
+        let wo = o.w.f_view([d, h, dh])?.f_permute([1, 2, 0])?;
+        let result = ctx.f_matmul(&wo)?;
+        // A changed result is what the output sums; an unchanged one leaves W^O's own
+        // product (the floats of the plain forward).
+        if let Some(seen) = hooks::replaced(hs, at(Point::Result), &result)? {
+            let sum = seen.f_sum_dim_intlist([1i64].as_slice(), false, seen.kind())?;
+            out = Some(match &o.b {
+                Some(bias) => sum.f_add(bias)?,
+                None => sum,
+            });
+        }
+    }
+    let out = match out {
+        Some(o) => o,
+        None => o.forward(&ctx.f_transpose(1, 2)?.f_reshape([b, tq, h * dh])?),
+    };
+    hooks::at(hs, at(Point::AttnOut), out)
 }
 
 /// Per-head keys and values `[B, H, Tk, dh]` of one attention over one key sequence.

@@ -1870,7 +1870,7 @@ impl StackCache {
         let dense: i64 = self.layers.iter().flatten().map(|kv| t(&kv.k) + t(&kv.v)).sum();
         let packed: i64 =
             self.packed.iter().flatten().map(|p| t(&p.full_k) + t(&p.full_v) + t(&p.stream_k) + t(&p.stream_v)).sum();
-        let carried: i64 = self.carries.iter().map(|c| if let Carry::State(x) = c { t(x) } else { 0 }).sum();
+        let carried: i64 = self.carries.iter().flat_map(|c| c.tensors()).map(t).sum();
         dense + packed + carried
     }
 }

@@ -216,6 +216,12 @@ impl View {
         };
         for h in heads {
             m.check_head(*h)?;
+            if let Some(a) = m.mixer(h.kind, h.layer_idx).filter(|a| a.entries(2) <= a.entries(1)) {
+                return Err(ModelError::Invalid(format!(
+                    "{func}: head {h} is a '{}' head: its state does not grow with the context, so it has no cache to stream; only attention heads stream (docs/methods.md#mixers)",
+                    a.kind()
+                )));
+            }
             for q in self.group_of(*h) {
                 rows[h.layer_idx][q] = true;
             }

@@ -6,7 +6,8 @@
 //! directory read the table.
 
 use super::{
-    bart, bert, deepseek, gemma, gpt2, gpt_neox, lfm2, llama, llama4, llama_gguf, m2m100, marian_bin, phi3, t5,
+    bart, bert, deepseek, gemma, gpt2, gpt_neox, granitehybrid, lfm2, llama, llama4, llama_gguf, m2m100, marian_bin,
+    phi3, t5,
 };
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
@@ -46,6 +47,8 @@ pub enum Family {
     Gemma3Text,
     /// LFM2: short-convolution layers beside attention layers.
     Lfm2,
+    /// Granite-4.0-H: Mamba-2 layers beside attention layers (and experts).
+    GraniteMoeHybrid,
     Marian,
     Bart,
     M2m100,
@@ -135,6 +138,7 @@ pub const ROWS: &[Row] = &[
     hf(Family::Gpt2, "gpt2", gpt2::load, Json, true, &[]),
     hf(Family::GptNeox, "gpt_neox", gpt_neox::load, Json, true, &[]),
     hf(Family::GptOss, "gpt_oss", llama::load, Json, true, &[]),
+    hf(Family::GraniteMoeHybrid, "granitemoehybrid", granitehybrid::load, Json, true, &[]),
     hf(Family::Lfm2, "lfm2", lfm2::load, Json, true, &[]),
     hf(Family::Llama, "llama", llama::load, Json, true, &[]),
     hf(Family::Llama4Text, "llama4_text", llama4::load, Json, true, UNIT_QK_NORMS),
@@ -264,6 +268,7 @@ mod tests {
             Family::Gemma2,
             Family::Gemma3Text,
             Family::Lfm2,
+            Family::GraniteMoeHybrid,
             Family::Marian,
             Family::Bart,
             Family::M2m100,

@@ -12,6 +12,7 @@ pub mod family;
 pub mod gemma;
 pub mod gpt2;
 pub mod gpt_neox;
+pub mod granitehybrid;
 pub mod lfm2;
 pub mod llama;
 pub mod llama4;
