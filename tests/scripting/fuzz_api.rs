@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 27] = [
+    let cases: [(&str, &[&str]); 28] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -236,6 +236,15 @@ fn the_defects_found_stay_fixed() {
         (
             r#"let s = ""; for i in 0..50000 { s += "ab"; } load_model("tests/fixtures/tiny_hf/gpt2").generate(#{text: s}, 3)"#,
             &["generate: ", "the row's 'text', 100000 characters"],
+        ),
+        // Found by the hour-long run of 967ccdf (stop 72, seed 5): a translation model's
+        // confidence over a 50,000-token text kept every decoder layer's cross-attention
+        // patterns over the source (past the 8 GiB watchdog) after minutes of greedy decoding
+        // that Ctrl-C could not stop; now checked against the budget before the translation
+        // (here a budget of 0.5 GB and 2,501 tokens, so the encoder pass is quick).
+        (
+            r#"set_memory_budget(500000000); let s = ""; for i in 0..2500 { s += "ab"; } load_model("enpt").confidence(s)"#,
+            &["confidence", "decoder's attention patterns over 2501 source x 6255 target tokens", "over the budget"],
         ),
     ];
     for (code, want) in cases {

@@ -372,11 +372,33 @@ pub fn accumulate(
                 Some(h) => h,
                 None => model.net.encode(&b.ids, &b.mask, gates, None)?,
             };
+            // Every decoder layer's patterns are kept until the teacher-forced pass ends: cross
+            // attention's `t x s` and the decoder's own `t x t` per head (float32), and a
+            // layer's scores and weights beside them while it runs; checked against the memory
+            // budget before the targets are made (a greedy translation of a long source is
+            // minutes), with the longest target they can have.
+            let (bsz, heads, n_dec) = (b.ids.size()[0] as f64, model.net.widths().1, model.net.decoder.len());
+            let budget = |t: usize| -> Result<(), AnalysisError> {
+                let per_layer = 4.0 * bsz * heads * t as f64 * (s + t) as f64;
+                crate::budget::check(
+                    &format!("the decoder's attention patterns over {s} source x {t} target tokens ({n_dec} layers)"),
+                    per_layer * (dec_kinds.len() * n_dec + 2) as f64,
+                )
+                .map_err(AnalysisError::Input)
+            };
             // Targets: references when the dataset has them, else the model's own greedy output.
             let refs: Option<Vec<&str>> = group.iter().map(|&i| data.items[i].target.as_deref()).collect();
             let targets = match refs {
-                Some(r) => model.reference_targets(&r)?,
-                None => model.greedy_targets(&b, &h, gates)?,
+                Some(r) => {
+                    let targets = model.reference_targets(&r)?;
+                    budget(targets.iter().map(|e| e.ids.len()).max().unwrap_or(1))?;
+                    targets
+                }
+                None => {
+                    let longest = b.encoded.iter().map(|e| model.max_output_len(e.ids.len())).max().unwrap_or(1);
+                    budget(longest.max(1) as usize + 1)?;
+                    model.greedy_targets(&b, &h, gates)?
+                }
             };
             let t = targets.iter().map(|e| e.ids.len()).max().unwrap_or(1);
             let (tgt, _) = model.target_tensors(&targets);

@@ -1548,7 +1548,7 @@ impl Transformer {
 
     /// The model width, the most heads of a layer (at least 1) and the widest MLP (at least the
     /// model width): what the memory estimates scale with.
-    fn widths(&self) -> (f64, f64, f64) {
+    pub fn widths(&self) -> (f64, f64, f64) {
         let d = self.embed.tokens.size().get(1).copied().unwrap_or(0) as f64;
         let (mut heads, mut hidden) = (1.0f64, d);
         for l in &self.stack {
@@ -1813,6 +1813,8 @@ impl Transformer {
         let limit = max_len.iter().copied().max().unwrap_or(0);
         let mut prev: Option<Tensor> = None;
         for t in 0..limit {
+            // Each step reads every source position: a long source is minutes (Ctrl-C stops it).
+            check_interrupt()?;
             let step = DecStart::Step { prev: prev.as_ref(), state: &mut state };
             let logits = self.decode(step, Stop::Logits, &src, gates, &mut none)?.f_squeeze_dim(1)?;
             for &id in &self.banned {
