@@ -346,6 +346,10 @@ pub mod api {
     /// let m = load_model("enpt");
     /// let c = m.run_with_cache("Hello world.", ["hook_pattern"]);
     /// assert(c.keys().len() == 6 + 2 && c["cross.blocks.1.attn.hook_pattern"].len() == 8);
+    /// // A Mamba-2 layer's effective attention (docs/methods.md#effective-attention).
+    /// let g = load_model("tests/fixtures/tiny_hf/granite_h");
+    /// let a = g.run_with_cache("the cat sat on the mat", ["ssm.hook_alpha", "hook_pattern"]);
+    /// assert(a["dec.blocks.0.ssm.hook_alpha"].len() == 8 && a["dec.blocks.1.attn.hook_pattern"].len() == 4);
     /// ```
     #[rhai_fn(name = "run_with_cache", return_raw, pure)]
     pub fn run_with_cache_names(m: &mut ScriptModel, text: &str, names: Array) -> ScriptResult<Cache> {
