@@ -461,10 +461,22 @@ pub mod api {
         let kind = if m.model.decoder_only() { Kind::Dec } else { Kind::Enc };
         let c = compare_options(&o, &options, vec![kind])?;
         let mut progress = |s: &str, done: usize, total: usize| crate::run::progress(&format!("{f}: {s}"), done, total);
+        // A forward refused for its length or memory ran over the longest text of the data or
+        // of eval_data: say which (the longer one).
+        let longest = |d: &crate::data::Dataset| d.items.iter().map(|i| i.text.chars().count()).max().unwrap_or(0);
+        let (train_len, eval_len) = (longest(&d), longest(&eval));
         let r = super::super::strategies::compare(&m.model, &d, &eval, &c, &crate::run::interrupted, &mut progress)
             .or_else(|e| {
                 let s = e.to_string();
-                err(if s.starts_with(f) { s } else { format!("{f}: {s}") })
+                let s = if s.starts_with(f) { s } else { format!("{f}: {s}") };
+                let sized = s.contains("over the budget") || s.contains("positions");
+                err(match sized {
+                    true if eval_len > train_len => {
+                        format!("{s} (option 'eval_data': its longest text, {eval_len} characters)")
+                    }
+                    true => format!("{s} (argument 1, the data: its longest text, {train_len} characters)"),
+                    false => s,
+                })
             })?;
         Ok(compare_table(&r, &m.model.name(), &d.name, &eval.name))
     }

@@ -120,7 +120,7 @@ fn script_api_long_fuzz_worker() {
 #[test]
 fn the_defects_found_stay_fixed() {
     use headscope::engine::SessionOptions;
-    let cases: [(&str, &[&str]); 28] = [
+    let cases: [(&str, &[&str]); 29] = [
         // Memory: refused before allocating, with the bytes.
         (
             r#"load_model("smollm2").head_types(#{n: 1000000000, len: 20, haystack: 30})"#,
@@ -245,6 +245,12 @@ fn the_defects_found_stay_fixed() {
         (
             r#"set_memory_budget(500000000); let s = ""; for i in 0..2500 { s += "ab"; } load_model("enpt").confidence(s)"#,
             &["confidence", "decoder's attention patterns over 2501 source x 6255 target tokens", "over the budget"],
+        ),
+        // Left by stop 67 and found again by the hour-long run of 97b2127 (stop 72, seed 5): the
+        // forward's refusal did not name the option whose text it was.
+        (
+            r#"let d = corpus(asset("pud_en.txt")); let s = ""; for i in 0..50000 { s += "ab"; } load_model("tests/fixtures/tiny_hf/gpt2").prune_compare(d.take(6), #{eval_data: s, fractions: [0.25], steps: 3, seeds: 2})"#,
+            &["prune_compare: ", "over the budget", "option 'eval_data': its longest text, 100000 characters"],
         ),
     ];
     for (code, want) in cases {
