@@ -23,7 +23,6 @@
 //! Continues from the convolution's last `K - 1` inputs and each head's state
 //! ([`Carry::States`]): a state that does not grow with the context.
 
-use super::bias::Bias;
 use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::nn::{divide_gradient, gate_contexts, heads_output, identity_rule, LayerGate, Linear, Params};
@@ -266,20 +265,6 @@ impl Mixer for Mamba2 {
             "removing Mamba-2 heads from the weights is not built: the heads share the convolution's B and C groups and the gated norm over {} channels; mask or ablate them instead",
             self.shape.inner() / self.shape.norm_groups
         ))
-    }
-    /// The whole sequence from a zero state (`bias` is not read: a key after the query is never
-    /// in reach, and padding follows the real positions of a row).
-    fn forward(
-        &self,
-        x: &Tensor,
-        _bias: &Bias,
-        gate: Option<&LayerGate>,
-        kind: Kind,
-        layer: usize,
-        h: &mut HookSlot,
-        inside: Inside,
-    ) -> Result<Tensor, ModelError> {
-        Ok(self.step(x, &Carry::Empty, &|_, _| Tensor::new(), gate, kind, layer, h, inside)?.0)
     }
     fn gated(&self, z: &Tensor, gate: &LayerGate, _: Inside) -> Tensor {
         gate_contexts(z, gate, None, self.shape.heads, self.shape.head_dim)

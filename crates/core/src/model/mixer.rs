@@ -122,7 +122,9 @@ pub trait Mixer: Send {
     /// The mixer over `x [B, T, D]` (its queries and keys both `x`), `bias` additive over keys
     /// (a tensor `[B|1, 1|H, T, T]`, or in a pass of score tiles described: [`Bias::dense`]
     /// builds the tensor, [`Bias::rows`] a block of query rows), under one layer's gates:
-    /// `[B, T, D]`, every hook point of [`Mixer::points`] seen by `h`.
+    /// `[B, T, D]`, every hook point of [`Mixer::points`] seen by `h`. By default a recurrent
+    /// mixer's: [`Mixer::step`] over the whole sequence from [`Carry::Empty`] (`bias` is not read:
+    /// a key after the query is never in reach, and padding follows a row's real positions).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -133,7 +135,10 @@ pub trait Mixer: Send {
         layer: usize,
         h: &mut HookSlot,
         inside: Inside,
-    ) -> Result<Tensor, ModelError>;
+    ) -> Result<Tensor, ModelError> {
+        let _ = bias;
+        Ok(self.step(x, &Carry::Empty, &|_, _| Tensor::new(), gate, kind, layer, h, inside)?.0)
+    }
 
     /// Contexts `z [B, H, T, dh]` (physical heads) under one layer's gates: `g z`, or
     /// `g z + (1 - g) fill` (docs/methods.md#head-masking); the gates are `[G, width]` in the

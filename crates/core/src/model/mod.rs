@@ -1293,7 +1293,25 @@ impl Model {
             .map_or(String::new(), |lat| {
                 format!(", latent attention (cache: {} numbers per token and layer)", lat.numbers_per_entry())
             });
-        let experts = format!("{latent}{experts}");
+        // A hybrid stack: which layers each token mixer holds (docs/methods.md#mixers).
+        let mut mixers: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (l, layer) in self.net.stack.iter().enumerate() {
+            let k = layer.mixer().kind();
+            match mixers.iter_mut().find(|(m, _)| *m == k) {
+                Some((_, ls)) => ls.push(l),
+                None => mixers.push((k, vec![l])),
+            }
+        }
+        let hybrid = if mixers.len() > 1 {
+            let each: Vec<String> = mixers
+                .iter()
+                .map(|(m, ls)| format!("{m} at {}", ls.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(" ")))
+                .collect();
+            format!(" ({} layers: {})", self.net.stack_kind, each.join("; "))
+        } else {
+            String::new()
+        };
+        let experts = format!("{hybrid}{latent}{experts}");
         // A 16-bit or quantised checkpoint held in float32: what bf16 would take.
         let saving = readers::stored::bf16_saving(self.stored.as_deref(), self.opts.dtype, self.n_params).map_or(
             String::new(),
@@ -1306,11 +1324,16 @@ impl Model {
                 )
             },
         );
+        // Tiny checkpoints in thousands (0.0M says nothing).
+        let params = if self.n_params < 100_000 {
+            format!("{:.1}k", self.n_params as f64 / 1e3)
+        } else {
+            format!("{:.1}M", self.n_params as f64 / 1e6)
+        };
         format!(
-            "<Model {} ({}), {:.1}M parameters, heads: {}{experts}, on {} as {:?}{saving}>",
+            "<Model {} ({}), {params} parameters, heads: {}{experts}, on {} as {:?}{saving}>",
             self.name(),
             self.family_name(),
-            self.n_params as f64 / 1e6,
             kinds.join(", "),
             device_name(self.device()),
             self.opts.dtype

@@ -7,7 +7,6 @@
 //! context. It visits the `conv.` hook points and has no `hook_z` (gates, grids and
 //! `prune_heads` have nothing to address in it).
 
-use super::bias::Bias;
 use super::hooks::{self, At, GradRules, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::nn::{divide_gradient, LayerGate, Linear, Params};
@@ -102,21 +101,6 @@ impl Mixer for ShortConv {
         } else {
             Err("a short convolution has no heads to keep".into())
         }
-    }
-    /// The whole sequence from zero inputs before the first position (the convolution's
-    /// causal padding; `bias` is not read: a key after the query is never in reach, and
-    /// padding follows the real positions of a row).
-    fn forward(
-        &self,
-        x: &Tensor,
-        _bias: &Bias,
-        gate: Option<&LayerGate>,
-        kind: Kind,
-        layer: usize,
-        h: &mut HookSlot,
-        inside: Inside,
-    ) -> Result<Tensor, ModelError> {
-        Ok(self.step(x, &Carry::Empty, &|_, _| Tensor::new(), gate, kind, layer, h, inside)?.0)
     }
     fn gated(&self, z: &Tensor, _gate: &LayerGate, _: Inside) -> Tensor {
         z.shallow_clone()

@@ -3,7 +3,6 @@
 //! continues from its cell ([`Carry::State`]), visits the `ssru.` hook points, and has no
 //! `hook_z` (gates, grids and `prune_heads` have nothing to address in it).
 
-use super::bias::Bias;
 use super::hooks::{self, At, HookSlot, Point};
 use super::mixer::{Carry, Inside, Mixer, StepBias};
 use super::nn::{LayerGate, Linear, Params};
@@ -80,19 +79,6 @@ impl Mixer for Ssru {
         } else {
             Err("an SSRU has no heads to keep".into())
         }
-    }
-    /// The whole sequence from a zero cell (causal by construction; `bias` is not read).
-    fn forward(
-        &self,
-        x: &Tensor,
-        _bias: &Bias,
-        gate: Option<&LayerGate>,
-        kind: Kind,
-        layer: usize,
-        h: &mut HookSlot,
-        inside: Inside,
-    ) -> Result<Tensor, ModelError> {
-        Ok(self.step(x, &Carry::Empty, &|_, _| Tensor::new(), gate, kind, layer, h, inside)?.0)
     }
     fn gated(&self, z: &Tensor, _gate: &LayerGate, _: Inside) -> Tensor {
         z.shallow_clone()
