@@ -144,19 +144,7 @@ impl Config {
     pub fn attention_layers(&self) -> Result<Vec<bool>, String> {
         let n = self.num_hidden_layers;
         let Some(t) = &self.layer_types else { return Ok(vec![true; n]) };
-        if t.len() != n {
-            return Err(format!("layer_types lists {} layers of {n}", t.len()));
-        }
-        t.iter()
-            .enumerate()
-            .map(|(l, t)| match t.as_str() {
-                "attention" => Ok(true),
-                "mamba" => Ok(false),
-                other => {
-                    Err(format!("layer_types[{l}] is '{other}': granitemoehybrid has 'mamba' and 'attention' layers"))
-                }
-            })
-            .collect()
+        hf::attention_layer_types(t, n, "granitemoehybrid", "attention", "mamba")
     }
 
     /// The Mamba-2 layers' shape (the gated norm over all `I` channels at once, as

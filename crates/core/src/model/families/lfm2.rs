@@ -115,21 +115,7 @@ impl Config {
     pub fn attention_layers(&self) -> Result<Vec<bool>, String> {
         let n = self.num_hidden_layers;
         match (&self.layer_types, &self.full_attn_idxs) {
-            (Some(t), _) => {
-                if t.len() != n {
-                    return Err(format!("layer_types lists {} layers of {n}", t.len()));
-                }
-                t.iter()
-                    .enumerate()
-                    .map(|(l, t)| match t.as_str() {
-                        "full_attention" => Ok(true),
-                        "conv" => Ok(false),
-                        other => {
-                            Err(format!("layer_types[{l}] is '{other}': lfm2 has 'conv' and 'full_attention' layers"))
-                        }
-                    })
-                    .collect()
-            }
+            (Some(t), _) => hf::attention_layer_types(t, n, "lfm2", "full_attention", "conv"),
             (None, Some(idx)) => {
                 if let Some(i) = idx.iter().find(|&&i| i >= n) {
                     return Err(format!("full_attn_idxs holds {i}, past the {n} layers"));

@@ -95,6 +95,30 @@ pub fn weights(dir: &Path, dtype: tch::Kind) -> Result<(HashMap<String, Tensor>,
     Ok((out, label))
 }
 
+/// A hybrid's `layer_types` (one name per layer of `n`) as attention or not: `attention` names
+/// an attention layer, `other` the family's other mixer; any other name is an error naming the
+/// entry and the family (`family`).
+pub fn attention_layer_types(
+    types: &[String],
+    n: usize,
+    family: &str,
+    attention: &str,
+    other: &str,
+) -> Result<Vec<bool>, String> {
+    if types.len() != n {
+        return Err(format!("layer_types lists {} layers of {n}", types.len()));
+    }
+    types
+        .iter()
+        .enumerate()
+        .map(|(l, t)| match t.as_str() {
+            a if a == attention => Ok(true),
+            o if o == other => Ok(false),
+            x => Err(format!("layer_types[{l}] is '{x}': {family} has '{other}' and '{attention}' layers")),
+        })
+        .collect()
+}
+
 /// An `eos_token_id` that may be a number or a list of numbers (the first counts).
 pub fn first_id(v: &Option<serde_json::Value>) -> Option<i64> {
     match v.as_ref()? {
