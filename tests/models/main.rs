@@ -9,6 +9,7 @@ mod common;
 
 mod config_keys;
 mod deepseek;
+mod deltanet;
 mod experts;
 mod gguf_real;
 mod hf_2025;

@@ -107,3 +107,8 @@ fn documented_examples_run_on_a_hybrid() {
 fn documented_examples_run_on_a_mamba2_hybrid() {
     examples_run_on("granite_h", &["'mamba2'", "Mamba-2"]);
 }
+
+#[test]
+fn documented_examples_run_on_a_deltanet_hybrid() {
+    examples_run_on("qwen3_next", &["'deltanet'", "DeltaNet"]);
+}

@@ -77,10 +77,12 @@ fn any_model_runs_on_every_family() {
         "deepseek_v3",
         "deepseek_v2",
         "llama4_text",
-        // Hybrids: short-convolution layers (make_tiny_hf_hybrid.py) and Mamba-2 layers
-        // (make_tiny_hf_mamba2.py) beside attention layers.
+        // Hybrids: short-convolution layers (make_tiny_hf_hybrid.py), Mamba-2 layers
+        // (make_tiny_hf_mamba2.py) and gated DeltaNet layers (make_tiny_hf_deltanet.py) beside
+        // attention layers.
         "lfm2",
         "granite_h",
+        "qwen3_next",
     ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
@@ -118,6 +120,7 @@ fn any_model_runs_on_every_family() {
                 "llama4_text",
                 "lfm2",
                 "granite_h",
+                "qwen3_next",
             ]
             .iter()
             .any(|f| d.ends_with(f));

@@ -75,3 +75,42 @@ fn a_mamba2_hybrid_reads_its_ssm_heads_as_heads() {
     let out = s.eval("mamba2", &script);
     assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
 }
+
+/// Qwen3-Next's gated DeltaNet layers through the script API (issue 49): their heads are units
+/// as attention heads are (rows of 4 in the confidence and sweep grids, beside the gated
+/// attention layers' 4), L0 pruning gates all 16, a DeltaNet head masks, `prune_heads` refuses
+/// to remove one from the weights (saying to mask it) and removes an attention head of the
+/// layer whose key/value heads are its own, the head view reads every layer, and AttnLRP runs
+/// over both kinds with its conservation error printed by the test.
+#[test]
+fn a_deltanet_hybrid_reads_its_linear_heads_as_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), ..Default::default() });
+    let script = format!(
+        r#"
+        let m = load_model("{}/tests/fixtures/tiny_hf/qwen3_next_moe");
+        let d = corpus(["the cat sat on the mat", "a dog ran in the park and sat down"]);
+        let c = m.confidence(d).dec;
+        assert(c.len() == 4 && c[0].len() == 4);
+        for l in 0..4 {{ for h in 0..4 {{ assert(!c[l][h].is_nan()); }} }}
+        let sweep = m.ablation_sweep(d).dec;
+        for l in 0..4 {{ for h in 0..4 {{ assert(!sweep[l][h].is_nan()); }} }}
+        let r = m.prune(d, #{{steps: 2, batch_tokens: 200}});
+        assert(r.to_string().contains(" of 16 heads open"));
+        let v = m.with_mask(["dec.1.3", "dec.2.0"]);
+        assert(v.loss(d) != m.loss(d));
+        let e = "";
+        try {{ m.prune_heads(["dec.1.3"]); }} catch (err) {{ e = `${{err}}`; }}
+        assert(e.contains("DeltaNet") && e.contains("mask"));
+        let p = m.prune_heads(["dec.0.1"]);
+        assert(p.loss(d) == m.with_mask(["dec.0.1"]).loss(d));
+        assert(m.view("the cat sat").to_string().contains("dec 4 layers x 4 heads"));
+        let l = m.lrp(d, #{{rule: "attnlrp", seeds: "summed"}});
+        print(`AttnLRP conservation error ${{l.options.max_conservation_error}}`);
+        assert(l.options.max_conservation_error < 0.5);
+        "#,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = s.eval("deltanet", &script);
+    assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
+}

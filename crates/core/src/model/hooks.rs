@@ -46,6 +46,9 @@ pub enum Point {
     Scores,
     /// Attention probabilities `[B, H, Tq, Tk]` (`attn.hook_pattern`).
     Pattern,
+    /// Gated attention's (Qwen3-Next's) output gate `sigmoid(x W_G)` `[B, H, T, dh]`
+    /// (`attn.hook_out_gate`): each head's context is multiplied by it before `hook_z`.
+    OutGate,
     /// Per-head contexts, gated, the input of W^O `[B, H, T, dh]` (`attn.hook_z`).
     Z,
     /// Per-head outputs at W^O, without its bias `[B, H, T, D]` (`attn.hook_result`).
@@ -82,6 +85,23 @@ pub enum Point {
     /// Its heads' outputs before the gate and norm, `alpha x + D x` `[B, H, T, P]`
     /// (`ssm.hook_y`).
     SsmY,
+    /// A gated DeltaNet layer's (Qwen3-Next's) queries and keys after the convolution, per key
+    /// head, L2-normalised `[B, Hk, T, dk]` (`delta.hook_q`, `delta.hook_k`).
+    DeltaQ,
+    DeltaK,
+    /// Its values per head `[B, H, T, dv]` (`delta.hook_v`).
+    DeltaV,
+    /// Its heads' write strengths `beta = sigmoid(b)` and log decays
+    /// `g = -exp(A_log) softplus(a + dt_bias)` `[B, T, H]` (`delta.hook_beta`, `delta.hook_g`).
+    DeltaBeta,
+    DeltaG,
+    /// Its heads' effective attention `alpha [B, H, T, T]` (`delta.hook_alpha`,
+    /// docs/methods.md#effective-attention): `y = alpha v`.
+    DeltaAlpha,
+    /// Its heads' outputs `alpha v` before the gated norm `[B, H, T, dv]` (`delta.hook_y`).
+    DeltaY,
+    /// The output gate `z` of the gated norm `[B, H, T, dv]` (`delta.hook_gate`).
+    DeltaGate,
     /// The attention block's output `[B, T, D]` (`blocks.L.hook_attn_out`).
     AttnOut,
     /// The residual stream after the attention block (`blocks.L.hook_resid_mid`): `x + attn_out`.
@@ -176,6 +196,7 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::RotK, "attn.hook_rot_k", Layout::Heads, true, true, "[pos, kv_head, d_head]", "keys after rotary (rotary models)"),
     spec(Point::Scores, "attn.hook_attn_scores", Layout::Scores, true, true, "[head, q_pos, k_pos]", "scaled scores, mask added (-1e9)"),
     spec(Point::Pattern, "attn.hook_pattern", Layout::Scores, true, true, "[head, q_pos, k_pos]", "attention probabilities"),
+    spec(Point::OutGate, "attn.hook_out_gate", Layout::Heads, true, true, "[pos, head, d_head]", "gated attention (Qwen3-Next): sigmoid(x W_G), each head's context times it before hook_z"),
     spec(Point::Z, "attn.hook_z", Layout::Heads, true, true, "[pos, head, d_head]", "per-head contexts, gated: the input of W^O"),
     spec(Point::Result, "attn.hook_result", Layout::Heads, true, true, "[pos, head, d_model]", "per-head outputs at W^O (bias not included)"),
     spec(Point::SsruForget, "ssru.hook_forget", Layout::Seq, true, false, "[pos, d_model]", "SSRU decoder layers (Marian .bin): the forget gate f"),
@@ -193,6 +214,14 @@ pub const POINTS: &[PointSpec] = &[
     spec(Point::SsmDt, "ssm.hook_dt", Layout::Seq, true, false, "[pos, head]", "Mamba-2 layers: each head's step size softplus(dt + dt_bias)"),
     spec(Point::SsmAlpha, "ssm.hook_alpha", Layout::Scores, true, false, "[head, q_pos, k_pos]", "Mamba-2 layers: the effective attention alpha (y = alpha x + D x; attn.hook_pattern shows |alpha| by row)"),
     spec(Point::SsmY, "ssm.hook_y", Layout::Heads, true, false, "[pos, head, d_head]", "Mamba-2 layers: alpha x + D x, before the gate and norm"),
+    spec(Point::DeltaQ, "delta.hook_q", Layout::Heads, true, false, "[pos, k_head, d_k]", "gated DeltaNet layers (Qwen3-Next): the queries after the convolution, L2-normalised"),
+    spec(Point::DeltaK, "delta.hook_k", Layout::Heads, true, false, "[pos, k_head, d_k]", "gated DeltaNet layers: the keys after the convolution, L2-normalised"),
+    spec(Point::DeltaV, "delta.hook_v", Layout::Heads, true, false, "[pos, head, d_head]", "gated DeltaNet layers: the values after the convolution"),
+    spec(Point::DeltaBeta, "delta.hook_beta", Layout::Seq, true, false, "[pos, head]", "gated DeltaNet layers: each head's write strength beta = sigmoid(b)"),
+    spec(Point::DeltaG, "delta.hook_g", Layout::Seq, true, false, "[pos, head]", "gated DeltaNet layers: each head's log decay g = -exp(A_log) softplus(a + dt_bias)"),
+    spec(Point::DeltaAlpha, "delta.hook_alpha", Layout::Scores, true, false, "[head, q_pos, k_pos]", "gated DeltaNet layers: the effective attention alpha (y = alpha v; attn.hook_pattern shows |alpha| by row)"),
+    spec(Point::DeltaY, "delta.hook_y", Layout::Heads, true, false, "[pos, head, d_head]", "gated DeltaNet layers: alpha v, before the gated norm"),
+    spec(Point::DeltaGate, "delta.hook_gate", Layout::Heads, true, false, "[pos, head, d_head]", "gated DeltaNet layers: the gate z of the gated norm (norm(y) w silu(z))"),
     spec(Point::AttnOut, "hook_attn_out", Layout::Seq, true, true, "[pos, d_model]", "the attention block's output"),
     spec(Point::Ln1Post, "ln1_post.hook_normalized", Layout::Seq, true, false, "[pos, d_model]", "four-norm layers (Gemma): the norm of attn_out added to the residual"),
     spec(Point::ResidMid, "hook_resid_mid", Layout::Seq, true, true, "[pos, d_model]", "resid_pre + attn_out (cross: its queries' stream + attn_out; Gemma: + ln1_post)"),

@@ -98,7 +98,7 @@ pub struct Mamba2 {
 
 /// The arithmetic's float type: the model's where it is float32 or float64, else float32 (as
 /// transformers computes the scan).
-fn compute_kind(k: DType) -> DType {
+pub(super) fn compute_kind(k: DType) -> DType {
     if k == DType::Double {
         DType::Double
     } else {
@@ -109,7 +109,7 @@ fn compute_kind(k: DType) -> DType {
 /// `s[.., t, j] = sum_{r=j+1..t} a[.., r]` for `j <= t`, `-inf` above the diagonal, of
 /// `a [.., T]`, by masked cumulative sums (transformers' `segment_sum`: no differences of large
 /// sums).
-fn segment_sum(a: &Tensor) -> Result<Tensor, ModelError> {
+pub(super) fn segment_sum(a: &Tensor) -> Result<Tensor, ModelError> {
     let t = *a.size().last().unwrap_or(&0);
     let mut shape = a.size();
     shape.push(t);

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod bias;
+pub mod deltanet;
 pub mod experts;
 pub mod families;
 pub mod fill;

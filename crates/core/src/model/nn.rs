@@ -824,6 +824,10 @@ pub struct Attention {
     /// Llama 4's attention temperature on its layers without rotary: each query at position `p`
     /// times `ln(1 + floor((p + 1) / floor_scale)) attn_scale + 1` (after `hook_q`).
     pub temperature: Option<Temperature>,
+    /// Qwen3-Next's gated attention: each head's context times `sigmoid(x W_G)` `[B, H, T, dh]`
+    /// (`attn.hook_out_gate`) before the gates and `hook_z`, so a head its gate closes shows it
+    /// at `hook_z` (docs/methods.md#gated-attention).
+    pub out_gate: Option<Linear>,
 }
 
 /// Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`).
@@ -865,7 +869,14 @@ impl Attention {
             sinks: None,
             latent: None,
             temperature: None,
+            out_gate: None,
         }
+    }
+
+    /// Qwen3-Next's per-head sigmoid output gate `W_G [H dh, D]` (rows in the heads' order).
+    pub fn with_out_gate(mut self, out_gate: Option<Linear>) -> Attention {
+        self.out_gate = out_gate;
+        self
     }
 
     /// Llama 4's attention temperature (its layers without rotary).
@@ -1009,7 +1020,9 @@ impl Attention {
             Tensor::from_slice(&rows).to_device(device)
         };
         let n = self.n_heads.max(1);
-        for lin in [&mut self.q, &mut self.k, &mut self.v] {
+        for lin in
+            [Some(&mut self.q), Some(&mut self.k), Some(&mut self.v), self.out_gate.as_mut()].into_iter().flatten()
+        {
             let idx = blocks(lin.w.size()[0] / n);
             lin.w = lin.w.index_select(0, &idx);
             lin.b = lin.b.as_ref().map(|b| b.index_select(0, &idx));
@@ -1327,6 +1340,15 @@ impl Attention {
                 None => full,
             }
         }; // [B, H, Tq, dh]
+        if let Some(og) = &self.out_gate {
+            // Gated attention (Qwen3-Next): sigmoid(x W_G) per head and channel; under AttnLRP
+            // the identity rule on the sigmoid and the uniform rule on the product.
+            let pre = og.forward(&q_in).f_view([b, tq, h, self.z_dim()])?.f_transpose(1, 2)?;
+            let sig = pre.f_sigmoid()?;
+            let lrp = hooks::rules(hs) == GradRules::AttnLrp;
+            let sig = hooks::at(hs, at(Point::OutGate), if lrp { identity_rule(&sig, &pre) } else { sig })?;
+            ctx = if lrp { divide_gradient(&ctx, 2.0).f_mul(&divide_gradient(&sig, 2.0))? } else { ctx.f_mul(&sig)? };
+        }
         if let Some(lg) = gate {
             ctx = self.gated(&ctx, lg);
         }
@@ -1603,8 +1625,9 @@ impl Attention {
             lat.points(kind, layer, out);
         }
         let rot = self.rotary.is_some();
-        for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::Z, P::Result, P::AttnOut] {
-            if rot || !matches!(p, P::RotQ | P::RotK) {
+        let og = self.out_gate.is_some();
+        for p in [P::Q, P::K, P::V, P::RotQ, P::RotK, P::Scores, P::Pattern, P::OutGate, P::Z, P::Result, P::AttnOut] {
+            if (rot || !matches!(p, P::RotQ | P::RotK)) && (og || p != P::OutGate) {
                 out.push(At::new(kind, layer, p));
             }
         }
@@ -1616,6 +1639,9 @@ impl Attention {
         self.k.params_mut(prefix, "K", out);
         self.v.params_mut(prefix, "V", out);
         self.o.params_mut(prefix, "O", out);
+        if let Some(g) = self.out_gate.as_mut() {
+            g.params_mut(prefix, "G", out);
+        }
         if let Some(n) = self.qk_norm.as_mut() {
             n.q.params_mut(&format!("{prefix}q_norm."), out);
             n.k.params_mut(&format!("{prefix}k_norm."), out);

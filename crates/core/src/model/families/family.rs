@@ -7,7 +7,7 @@
 
 use super::{
     bart, bert, deepseek, gemma, gpt2, gpt_neox, granitehybrid, lfm2, llama, llama4, llama_gguf, m2m100, marian_bin,
-    phi3, t5,
+    phi3, qwen3next, t5,
 };
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
@@ -49,6 +49,8 @@ pub enum Family {
     Lfm2,
     /// Granite-4.0-H: Mamba-2 layers beside attention layers (and experts).
     GraniteMoeHybrid,
+    /// Qwen3-Next: gated DeltaNet layers beside gated attention layers (and experts).
+    Qwen3Next,
     Marian,
     Bart,
     M2m100,
@@ -155,6 +157,7 @@ pub const ROWS: &[Row] = &[
     hf(Family::Qwen2Moe, "qwen2_moe", llama::load, Json, true, &[]),
     hf(Family::Qwen3, "qwen3", llama::load, Json, true, &[]),
     hf(Family::Qwen3Moe, "qwen3_moe", llama::load, Json, true, &[]),
+    hf(Family::Qwen3Next, "qwen3_next", qwen3next::load, Json, true, &[]),
     hf(Family::Roberta, "roberta", bert_load, Json, false, &[]),
     hf(Family::SmolLm3, "smollm3", llama::load, Json, true, &[]),
     hf(Family::Mt5, "mt5", t5::load, Json, true, &[]),
@@ -269,6 +272,7 @@ mod tests {
             Family::Gemma3Text,
             Family::Lfm2,
             Family::GraniteMoeHybrid,
+            Family::Qwen3Next,
             Family::Marian,
             Family::Bart,
             Family::M2m100,

@@ -20,4 +20,5 @@ pub mod llama_gguf;
 pub mod m2m100;
 pub mod marian_bin;
 pub mod phi3;
+pub mod qwen3next;
 pub mod t5;
