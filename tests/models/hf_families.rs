@@ -447,7 +447,7 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 #[test]
 fn bad_checkpoints_are_one_line_errors() {
     let cases: Vec<(tempfile::TempDir, &str)> = vec![
-        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "mamba".into())), "model_type 'mamba' is not supported (supported: bart, bert, deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, granitemoehybrid, lfm2, llama, llama4_text, m2m_100, marian, mbart, mistral, mixtral, mt5, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, roberta, smollm3, t5)"),
+        (broken("llama", |d| edit_config(d, |v| v["model_type"] = "mamba".into())), "model_type 'mamba' is not supported (supported: bart, bert, deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, granitemoehybrid, jamba, lfm2, llama, llama4_text, m2m_100, marian, mbart, mistral, mixtral, mt5, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, roberta, smollm3, t5)"),
         (broken("llama3", |d| edit_config(d, |v| v["rope_scaling"]["rope_type"] = "ntk-by-parts".into())), "rope_scaling: rope_type 'ntk-by-parts' is not supported (default, linear, dynamic, llama3, yarn, longrope)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]))), "rope_scaling.short_factor has 2 factors, expected 4 (one per rotary pair)"),
         (broken("phi3", |d| edit_config(d, |v| v["rope_scaling"]["long_factor"] = serde_json::json!([1.0, 2.0, 0.0, 1.0]))), "rope_scaling.long_factor holds 0: factors must be positive"),

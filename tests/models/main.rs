@@ -20,6 +20,7 @@ mod hf_seq2seq_2026;
 mod hf_tf5;
 mod hooks;
 mod hybrids;
+mod jamba;
 mod llama4;
 mod mamba2;
 mod masking;

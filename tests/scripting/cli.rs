@@ -329,7 +329,7 @@ fn bad_model_inputs_are_clear_errors() {
     let cases: &[(&str, &str)] = &[
         ("load_model(\"no/such/dir\")", "load_model: 'no/such/dir' is neither a directory, a .gguf file nor a model asset (unknown asset 'no/such/dir'"),
         ("load_model(\"no-org/no-such-model\")", "load_model: 'no-org/no-such-model' is not a directory or a named asset, and not in the Hugging Face cache (looked for "),
-        ("load_model(\"empty\")", "is not a model directory headscope knows: expected an HF checkpoint (config.json + model.safetensors, sharded safetensors or pytorch_model.bin; model_type bart, bert, deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, granitemoehybrid, lfm2, llama, llama4_text, m2m_100, marian, mbart, mistral, mixtral, mt5, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, roberta, smollm3, t5)"),
+        ("load_model(\"empty\")", "is not a model directory headscope knows: expected an HF checkpoint (config.json + model.safetensors, sharded safetensors or pytorch_model.bin; model_type bart, bert, deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, granitemoehybrid, jamba, lfm2, llama, llama4_text, m2m_100, marian, mbart, mistral, mixtral, mt5, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, roberta, smollm3, t5)"),
         ("load_model(\"trunc\")", "trunc/model.x.bin: corrupt checkpoint: truncated while reading the data of"),
         ("load_model(\"badst\")", "badst/model.safetensors: corrupt checkpoint: header length 1000 (bytes 0..8) passes the end of the file (10 bytes)"),
         ("load_model(\"enpt\", #{dtype: \"f8\"})", "load_model: unknown dtype 'f8' (expected \"f32\", \"f64\", \"bf16\" or \"f16\")"),

@@ -112,3 +112,8 @@ fn documented_examples_run_on_a_mamba2_hybrid() {
 fn documented_examples_run_on_a_deltanet_hybrid() {
     examples_run_on("qwen3_next", &["'deltanet'", "DeltaNet"]);
 }
+
+#[test]
+fn documented_examples_run_on_a_mamba_hybrid() {
+    examples_run_on("jamba", &["'mamba'", "Mamba"]);
+}

@@ -78,11 +78,12 @@ fn any_model_runs_on_every_family() {
         "deepseek_v2",
         "llama4_text",
         // Hybrids: short-convolution layers (make_tiny_hf_hybrid.py), Mamba-2 layers
-        // (make_tiny_hf_mamba2.py) and gated DeltaNet layers (make_tiny_hf_deltanet.py) beside
-        // attention layers.
+        // (make_tiny_hf_mamba2.py), gated DeltaNet layers (make_tiny_hf_deltanet.py) and Mamba
+        // layers (make_tiny_hf_jamba.py) beside attention layers.
         "lfm2",
         "granite_h",
         "qwen3_next",
+        "jamba",
     ] {
         dirs.push((tiny.join(d).display().to_string(), "kinds: [\"dec\"]"));
     }
@@ -121,6 +122,7 @@ fn any_model_runs_on_every_family() {
                 "lfm2",
                 "granite_h",
                 "qwen3_next",
+                "jamba",
             ]
             .iter()
             .any(|f| d.ends_with(f));

@@ -114,3 +114,34 @@ fn a_deltanet_hybrid_reads_its_linear_heads_as_heads() {
     let out = s.eval("deltanet", &script);
     assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
 }
+
+/// Jamba's Mamba layers through the script API (issue 49): their channel groups are units as
+/// heads are (rows of 4 in the confidence and sweep grids beside the attention layers' 4), a
+/// group masks, `prune_heads` refuses to remove one (saying to mask it), and AttnLRP runs over
+/// both kinds.
+#[test]
+fn a_mamba_hybrid_reads_its_channel_groups_as_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Session::new(SessionOptions { base_dir: dir.path().to_path_buf(), ..Default::default() });
+    let script = format!(
+        r#"
+        let m = load_model("{}/tests/fixtures/tiny_hf/jamba_moe");
+        let d = corpus(["the cat sat on the mat", "a dog ran in the park and sat down"]);
+        let c = m.confidence(d).dec;
+        assert(c.len() == 4 && c[1].len() == 4);
+        for l in 0..4 {{ for h in 0..4 {{ assert(!c[l][h].is_nan()); }} }}
+        let sweep = m.ablation_sweep(d).dec;
+        for l in 0..4 {{ for h in 0..4 {{ assert(!sweep[l][h].is_nan()); }} }}
+        let v = m.with_mask(["dec.1.3", "dec.2.0"]);
+        assert(v.loss(d) != m.loss(d));
+        let e = "";
+        try {{ m.prune_heads(["dec.1.3"]); }} catch (err) {{ e = `${{err}}`; }}
+        assert(e.contains("Mamba") && e.contains("mask"));
+        let l = m.lrp(d, #{{rule: "attnlrp", seeds: "summed"}});
+        assert(l.options.max_conservation_error < 0.5);
+        "#,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = s.eval("mamba", &script);
+    assert!(out.is_ok(), "{:?}", out.err().map(|e| e.to_string()));
+}

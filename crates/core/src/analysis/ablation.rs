@@ -1135,7 +1135,11 @@ pub fn position_means(
                     .ok_or_else(|| ModelError::Invalid(format!("{}.{} has no attention", at.kind, at.layer)))?;
                 let idx =
                     Tensor::from_slice(&attn.present().iter().map(|&h| h as i64).collect::<Vec<_>>()).to_device(dev);
-                let full = Tensor::zeros([width, t, dh], (DType::Double, dev)).f_index_add(0, &idx, &s)?;
+                // A layer whose heads are narrower than the widest (a hybrid's channel groups
+                // beside attention heads) fills its own first columns.
+                let full = Tensor::zeros([width, t, dh], (DType::Double, dev));
+                let mut own = full.f_narrow(2, 0, s.size()[2].min(dh))?;
+                let _ = own.f_index_add_(0, &idx, &s)?;
                 if let Some(slot) = layers.get_mut(at.layer) {
                     *slot = Some(full);
                 }

@@ -170,6 +170,20 @@ impl FillSource {
                             } else {
                                 z
                             };
+                            // A layer whose heads are narrower than the widest (a hybrid's
+                            // channel groups beside attention heads): zeros past its own width.
+                            let dz = z.size()[3];
+                            let z = if dz < dh {
+                                Tensor::f_cat(
+                                    &[
+                                        z.shallow_clone(),
+                                        z.f_zeros_like()?.f_narrow(3, 0, 1)?.f_expand([-1, -1, -1, dh - dz], false)?,
+                                    ],
+                                    3,
+                                )?
+                            } else {
+                                z
+                            };
                             full.f_index_copy(1, &idx, &z)?
                         }
                         None => full,

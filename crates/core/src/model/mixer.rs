@@ -38,7 +38,7 @@ pub struct Inside(pub(in crate::model) ());
 
 /// The mixer kinds headscope knows, by the name [`Mixer::kind`] reports: a new kind adds its
 /// name here (and `describe`, errors and `:help` list them from here).
-pub const KINDS: &[&str] = &["attention", "ssru", "shortconv", "mamba2", "deltanet"];
+pub const KINDS: &[&str] = &["attention", "ssru", "shortconv", "mamba2", "deltanet", "mamba"];
 
 /// What a causal mixer carries from one call to the next ([`Mixer::step`]): nothing before the
 /// first call, attention's keys and values of the steps so far, or a recurrence's state (the

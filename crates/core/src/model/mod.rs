@@ -14,6 +14,7 @@ pub mod fill;
 pub mod hooks;
 pub mod latent;
 pub mod loss;
+pub mod mamba1;
 pub mod mamba2;
 pub mod mixer;
 pub mod mlp;

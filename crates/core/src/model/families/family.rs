@@ -6,8 +6,8 @@
 //! directory read the table.
 
 use super::{
-    bart, bert, deepseek, gemma, gpt2, gpt_neox, granitehybrid, lfm2, llama, llama4, llama_gguf, m2m100, marian_bin,
-    phi3, qwen3next, t5,
+    bart, bert, deepseek, gemma, gpt2, gpt_neox, granitehybrid, jamba, lfm2, llama, llama4, llama_gguf, m2m100,
+    marian_bin, phi3, qwen3next, t5,
 };
 use crate::model::readers::hf;
 use crate::model::transformer::Transformer;
@@ -51,6 +51,8 @@ pub enum Family {
     GraniteMoeHybrid,
     /// Qwen3-Next: gated DeltaNet layers beside gated attention layers (and experts).
     Qwen3Next,
+    /// Jamba: Mamba layers beside attention layers (and experts).
+    Jamba,
     Marian,
     Bart,
     M2m100,
@@ -141,6 +143,7 @@ pub const ROWS: &[Row] = &[
     hf(Family::GptNeox, "gpt_neox", gpt_neox::load, Json, true, &[]),
     hf(Family::GptOss, "gpt_oss", llama::load, Json, true, &[]),
     hf(Family::GraniteMoeHybrid, "granitemoehybrid", granitehybrid::load, Json, true, &[]),
+    hf(Family::Jamba, "jamba", jamba::load, Json, true, &[]),
     hf(Family::Lfm2, "lfm2", lfm2::load, Json, true, &[]),
     hf(Family::Llama, "llama", llama::load, Json, true, &[]),
     hf(Family::Llama4Text, "llama4_text", llama4::load, Json, true, UNIT_QK_NORMS),
@@ -273,6 +276,7 @@ mod tests {
             Family::Lfm2,
             Family::GraniteMoeHybrid,
             Family::Qwen3Next,
+            Family::Jamba,
             Family::Marian,
             Family::Bart,
             Family::M2m100,
