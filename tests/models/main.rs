@@ -19,6 +19,7 @@ mod hf_seq2seq;
 mod hf_seq2seq_2026;
 mod hf_tf5;
 mod hooks;
+mod hybrid_golden;
 mod hybrids;
 mod jamba;
 mod llama4;

@@ -11,163 +11,40 @@
 
 use crate::common;
 use crate::common::max_diff;
+use crate::hybrid_golden::{check, counts_its_states, sentence, shown_is_alpha_by_row, Case, Replace};
 
 use headscope::analysis::analyze;
 use headscope::analysis::options::{Options, Stat};
 use headscope::data::Dataset;
-use headscope::model::hooks::{At, Hooks, Point};
+use headscope::model::hooks::{At, Point};
 use headscope::model::mamba2::{Mamba2, Shape};
 use headscope::model::nn::{Activation, Ffn, Gates, Linear, Norm, NormKind, NormPosition};
 use headscope::model::transformer::{Embeddings, Positions, StackLayer};
-use headscope::model::{Family, Kind, Model, ModelError};
-use std::collections::HashMap;
+use headscope::model::{Family, Kind};
 use tch::{Device, Kind as DType, Tensor};
 
-/// Heads closed per layer in `{name}_masked*_0` (make_tiny_hf_mamba2.py's MASK; 1 = open).
-fn mask(name: &str) -> Vec<Vec<f64>> {
-    let rows: &[&[f64]] = if name == "granite_h" {
-        &[&[1., 0., 1., 1., 0., 1., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 1., 1., 1., 0., 1.], &[1., 1., 0., 1.]]
-    } else {
-        &[&[0., 1., 1., 1.], &[1., 1., 1., 0., 1., 1., 1., 1.], &[1., 1., 0., 1., 1., 0., 1., 1.], &[1., 1., 1., 0.]]
-    };
-    rows.iter().map(|r| r.to_vec()).collect()
-}
-
-fn golden() -> HashMap<String, Tensor> {
-    common::golden("tiny_hf/golden_mamba2.npz")
-}
-
-/// Logits `[T, V]` of one sentence under `gates`, and every recorded `(point, value)`.
-fn forward(m: &Model, ids: &[i64], gates: &Gates, points: &[Point]) -> (Tensor, Vec<(At, Tensor)>) {
-    let t = Tensor::from_slice(ids).view([1, ids.len() as i64]);
-    let mask = Tensor::ones([1, ids.len() as i64], (DType::Float, Device::Cpu));
-    let _g = tch::no_grad_guard();
-    let (seen, h) = common::recorded(points, |r| m.net.encode(&t, &mask, gates, Some(r)).unwrap());
-    (m.net.logits(&h).unwrap().get(0), seen)
-}
-
-/// The gates of MASK over the grid of the widest layer (8): an attention layer's 4 heads are the
-/// first columns, the rest absent (open).
-fn mask_gates(name: &str) -> Gates {
-    let mut g = vec![1f64; 4 * 8];
-    for (l, row) in mask(name).iter().enumerate() {
-        g[l * 8..l * 8 + row.len()].copy_from_slice(row);
-    }
-    Gates { dec: Some(Tensor::from_slice(&g).view([1, 4, 8])), ..Gates::none() }
-}
-
-/// The recorded values of `point` at `layers`, batch row 0, stacked.
-fn stacked(seen: &[(At, Tensor)], point: Point, layers: &[usize]) -> Tensor {
-    let v: Vec<Tensor> =
-        seen.iter().filter(|(a, _)| a.point == point && layers.contains(&a.layer)).map(|(_, t)| t.get(0)).collect();
-    assert_eq!(v.len(), layers.len(), "{point:?} at {layers:?}");
-    Tensor::stack(&v, 0)
-}
-
-fn check(name: &str) {
-    let g = golden();
-    let m = common::tiny_hf(name, "f32");
-    let kinds = m.kinds();
-    assert_eq!((kinds.len(), kinds[0].kind, kinds[0].n_layers, kinds[0].n_heads), (1, Kind::Dec, 4, 8), "{name}");
-    let mixers: Vec<&str> = m.net.stack.iter().map(|l| l.mixer().kind()).collect();
-    let mamba: Vec<usize> = (0..4).filter(|&l| mixers[l] == "mamba2").collect();
-    let attn: Vec<usize> = (0..4).filter(|&l| mixers[l] == "attention").collect();
-    assert_eq!((mamba.len(), attn.len()), (2, 2), "{name}: {mixers:?}");
-    let params = g[&format!("{name}_params")].int64_value(&[]);
-    assert_eq!(m.n_params, params, "{name}: parameters as transformers counts them");
-    let n = g.keys().filter(|k| k.starts_with(&format!("{name}_ids_"))).count();
-    assert!(n >= 20, "{name}: {n} sentences");
-    let texts = common::short_pud_sentences(n);
-    let (mut worst_logit, mut worst_attn, mut worst_mask) = (0f64, 0f64, 0f64);
-    for (i, text) in texts.iter().enumerate() {
-        let want_ids = Vec::<i64>::try_from(&g[&format!("{name}_ids_{i}")]).unwrap();
-        let ids = m.tokenize(text).unwrap().ids;
-        assert_eq!(ids, want_ids, "{name}: token ids of sentence {i}");
-        let depth = common::depth(&m, ids.len());
-        if let Some(logits) = g.get(&format!("{name}_logits_{i}")) {
-            let (l, seen) = forward(&m, &ids, &Gates::none(), &[Point::Pattern]);
-            worst_logit = worst_logit.max(max_diff(&l, logits) / common::f32_bound(common::scale(logits), depth));
-            let a = stacked(&seen, Point::Pattern, &attn);
-            worst_attn = worst_attn.max(max_diff(&a, &g[&format!("{name}_attn_{i}")]) / common::f32_bound(1.0, depth));
-        }
-        if i == 0 {
-            let want = &g[&format!("{name}_masked_0")];
-            let (l, _) = forward(&m, &ids, &mask_gates(name), &[]);
-            worst_mask = max_diff(&l, want) / common::f32_bound(common::scale(want), depth);
-        }
-        let want_gen: Vec<i64> = Vec::<i64>::try_from(&g[&format!("{name}_gen_{i}")])
-            .unwrap()
-            .into_iter()
-            .take_while(|&t| t != m.net.eos_id)
-            .collect();
-        let gen = m.generate(text, 8, &Gates::none()).unwrap();
-        assert_eq!(gen, want_gen, "{name}: greedy continuation of sentence {i} over the hybrid cache");
-        if i < 4 {
-            let uncached = m.generate_with(text, 8, &Gates::none(), false).unwrap();
-            assert_eq!(uncached, gen, "{name}: sentence {i} without a cache");
-        }
-    }
-    println!(
-        "{name}: {n} sentences, logits {worst_logit:.3}, attention {worst_attn:.3}, heads closed {worst_mask:.3} of the float32 bound"
-    );
-    assert!(
-        worst_logit <= 1.0 && worst_attn <= 1.0 && worst_mask <= 1.0,
-        "{name}: logits {worst_logit:.3}, attention {worst_attn:.3}, heads closed {worst_mask:.3}"
-    );
-
-    // float64 against transformers in float64 (its float32 casts widened) and the effective
-    // attention against numpy's by its definition.
-    let m = common::tiny_hf(name, "f64");
-    let ids = m.tokenize(&texts[0]).unwrap().ids;
-    let (l, seen) = forward(&m, &ids, &Gates::none(), &[Point::SsmAlpha, Point::Pattern]);
-    let dl = max_diff(&l, &g[&format!("{name}_logits64_0")]);
-    let alpha = stacked(&seen, Point::SsmAlpha, &mamba);
-    let want = &g[&format!("{name}_alpha64_0")];
-    let da = max_diff(&alpha, want);
-    let (lm, _) = forward(&m, &ids, &mask_gates(name), &[]);
-    let dm = max_diff(&lm, &g[&format!("{name}_masked64_0")]);
-    let moved = max_diff(&lm, &l);
-    println!(
-        "{name} in float64: logits {dl:.2e}, heads closed {dm:.2e} (closing moved the logits {moved:.2e}), effective attention {da:.2e} (largest {:.2e})",
-        want.abs().max().double_value(&[])
-    );
-    assert!(dl < 1e-5 && dm < 1e-5, "{name} in float64: logits {dl:e}, heads closed {dm:e}");
-    assert!(da < 1e-6, "{name}: effective attention differs from numpy's by {da:e}");
-    assert!(moved > 1e-3, "{name}: closing heads changed nothing ({moved:e})");
-    // The pattern a Mamba-2 layer shows: |alpha| by row, each row summing to 1.
-    let shown = stacked(&seen, Point::Pattern, &mamba);
-    let by_row = alpha.abs() / alpha.abs().sum_dim_intlist([-1i64].as_slice(), true, None::<DType>);
-    assert!(max_diff(&shown, &by_row) < 1e-12, "{name}: the pattern is not |alpha| by row");
-    let sums = shown.sum_dim_intlist([-1i64].as_slice(), false, None::<DType>);
-    assert!(max_diff(&sums, &sums.ones_like()) < 1e-12, "{name}: rows of the shown pattern");
+/// One checkpoint of make_tiny_hf_mamba2.py against its goldens (its MASK: 8 Mamba-2 heads or
+/// 4 attention heads per layer).
+fn equals_transformers(name: &str, mask: &[&[f64]]) {
+    let golden = common::golden("tiny_hf/golden_mamba2.npz");
+    let run = check(&Case { name, golden: &golden, mixer: "mamba2", alpha: Point::SsmAlpha, width: 8, mask });
+    shown_is_alpha_by_row(name, &run);
 }
 
 #[test]
 fn granite_h_equals_transformers() {
-    check("granite_h");
+    equals_transformers(
+        "granite_h",
+        &[&[1., 0., 1., 1., 0., 1., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 1., 1., 1., 0., 1.], &[1., 1., 0., 1.]],
+    );
 }
 
 #[test]
 fn granite_h_with_experts_and_groups_equals_transformers() {
-    check("granite_h_moe");
-}
-
-/// Replaces the value at one point by `with(value)`.
-struct Replace<F: FnMut(&Tensor) -> Tensor> {
-    at: At,
-    with: F,
-    seen: Vec<(At, Tensor)>,
-    record: Vec<Point>,
-}
-
-impl<F: FnMut(&Tensor) -> Tensor + Send> Hooks for Replace<F> {
-    fn wants(&self, at: At) -> bool {
-        at == self.at || self.record.contains(&at.point)
-    }
-    fn visit(&mut self, at: At, x: &Tensor) -> Result<Option<Tensor>, ModelError> {
-        self.seen.push((at, x.shallow_clone()));
-        Ok((at == self.at).then(|| (self.with)(x)))
-    }
+    equals_transformers(
+        "granite_h_moe",
+        &[&[0., 1., 1., 1.], &[1., 1., 1., 0., 1., 1., 1., 1.], &[1., 1., 0., 1., 1., 0., 1., 1.], &[1., 1., 1., 0.]],
+    );
 }
 
 /// A Mamba-2 layer's hook points are its own (no queries or keys); its effective attention is
@@ -188,27 +65,16 @@ fn a_mamba2_layer_has_its_own_hook_points_and_writable_effective_attention() {
     }
     assert!(!names.iter().any(|n| n == "dec.blocks.0.attn.hook_q"), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("dec.blocks.1.ssm.")), "{names:?}");
-    let ids = m.tokenize("the cat sat on the mat and the dog sat too").unwrap().ids;
-    let t = Tensor::from_slice(&ids).view([1, ids.len() as i64]);
-    let mask = t.ones_like().to_kind(DType::Float);
+    let (t, mask) = sentence(&m, "the cat sat on the mat and the dog sat too");
     let _g = tch::no_grad_guard();
-    let mut r = Replace {
-        at: At::new(Kind::Dec, 0, Point::SsmAlpha),
-        with: |a: &Tensor| a.zeros_like(),
-        seen: vec![],
-        record: vec![Point::SsmX, Point::SsmY],
-    };
+    let zero = |a: &Tensor| a.zeros_like();
+    let mut r = Replace::new(At::new(Kind::Dec, 0, Point::SsmAlpha), zero, vec![Point::SsmX, Point::SsmY]);
     let _ = m.net.encode(&t, &mask, &Gates::none(), Some(&mut r)).unwrap();
-    let one = |p: Point| r.seen.iter().find(|(a, _)| a.point == p && a.layer == 0).unwrap().1.shallow_clone();
+    let one = |p: Point| r.one(p, 0);
     let mamba = m.net.stack[0].mixer().as_any().unwrap().downcast_ref::<Mamba2>().unwrap();
     let skip = one(Point::SsmX) * mamba.d.view([1, 8, 1, 1]);
     assert!(max_diff(&one(Point::SsmY), &skip) < 1e-12, "alpha zeroed leaves y = D x");
-    let mut w = Replace {
-        at: At::new(Kind::Dec, 2, Point::Pattern),
-        with: |a: &Tensor| a.zeros_like(),
-        seen: vec![],
-        record: vec![],
-    };
+    let mut w = Replace::new(At::new(Kind::Dec, 2, Point::Pattern), zero, vec![]);
     let err = m.net.encode(&t, &mask, &Gates::none(), Some(&mut w)).unwrap_err().to_string();
     assert!(err.contains("read only") && err.contains("ssm.hook_alpha") && err.contains("layer 2"), "{err}");
 }
@@ -219,18 +85,9 @@ fn a_mamba2_layer_has_its_own_hook_points_and_writable_effective_attention() {
 /// channels, whatever the context; a generation's cache holds exactly that.
 #[test]
 fn a_mamba2_hybrid_counts_its_states_and_its_generation_holds_them() {
-    let m = common::tiny_hf("granite_h", "f32");
-    let (gen, cache) = m.generate_run("the cat and the dog sat on the mat", 8, &Gates::none(), true).unwrap();
-    assert!(!gen.is_empty());
-    let v = headscope::model::view::View::new(m);
-    for context in [1i64, 100, 1000] {
-        let c = headscope::analysis::streaming::kv_cost(&v, context, None);
-        let attention = 2 * 2 * context * (2 * 8) * 4;
-        let mamba = 2 * (8 * 8 * 4 + 72 * 3) * 4;
-        assert_eq!(c.bytes, attention + mamba, "context {context}");
-        assert_eq!((c.groups, c.entries), (2 * 2 + 2 * 8, 2 * 2 * context + 2 * 8), "context {context}");
-    }
-    assert_eq!(cache.bytes(), headscope::analysis::streaming::kv_cost(&v, cache.len, None).bytes);
+    let attention = |context: i64| 2 * 2 * context * (2 * 8) * 4;
+    let mamba = 2 * (8 * 8 * 4 + 72 * 3) * 4;
+    counts_its_states("granite_h", |c| attention(c) + mamba, 2 * 2 + 2 * 8, |c| 2 * 2 * c + 2 * 8);
 }
 
 /// A hand-built Mamba-2 layer over one-hot tokens, two heads in two groups of B and C (a 1-tap
