@@ -144,7 +144,7 @@ def gguf_model(arch, kvs, tensors):
         path = Path(tmp) / "m.gguf"
         w = gg.GGUFWriter(str(path), arch)
         for k, v in kvs.items():
-            (w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{arch}.{k}", v)
+            (w.add_array if isinstance(v, list) else w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{arch}.{k}", v)
         for name, shape in tensors:
             x = rng.standard_normal(shape).astype(np.float32)
             w.add_tensor(name, np.abs(x) + 1 if name.startswith("rope_factors") else x)
@@ -204,6 +204,16 @@ go_kv = {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5, "expert_count": 
          "attention.sliding_window": 2}
 put("gguf_model", "gptoss.gguf", gguf_model("gpt-oss", go_kv, go_t))
 put("gguf_model", "gptoss_bad_bias.gguf", gguf_model("gpt-oss", go_kv, [t if t[0] != "blk.0.ffn_up_exps.bias" else (t[0], (E, FE + 1)) for t in go_t]))
+# LFM2: a short-convolution layer (0 key/value heads) and an attention layer; and a file whose
+# head_count_kv array is a layer short.
+lfm2_t = ([t for t in llama_t if not t[0].startswith("blk.0.attn_") and t[0] != "output_norm.weight"]
+          + [("token_embd_norm.weight", (D,)), ("blk.0.attn_norm.weight", (D,)), ("blk.0.shortconv.in_proj.weight", (3 * D, D)),
+             ("blk.0.shortconv.conv.weight", (D, 3)), ("blk.0.shortconv.out_proj.weight", (D, D))]
+          + [(n.replace("blk.0", "blk.1"), s) for n, s in llama_t if n.startswith("blk.0.")]
+          + [("blk.1.attn_q_norm.weight", (2,)), ("blk.1.attn_k_norm.weight", (2,))])
+lfm2_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-5, "attention.head_count_kv": [0, 2], "shortconv.l_cache": 3}
+put("gguf_model", "lfm2.gguf", gguf_model("lfm2", lfm2_kv, lfm2_t))
+put("gguf_model", "lfm2_short_kv.gguf", gguf_model("lfm2", {**lfm2_kv, "attention.head_count_kv": [2]}, lfm2_t))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

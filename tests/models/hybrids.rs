@@ -50,8 +50,13 @@ fn mask_gates(m: &Model) -> Gates {
 }
 
 fn check(name: &str) {
+    check_dir(name, name);
+}
+
+/// [`check`] of the checkpoint in `tiny_hf/{dir}` against `name`'s goldens (a GGUF twin).
+fn check_dir(name: &str, dir: &str) {
     let g = golden();
-    let m = common::tiny_hf(name, "f32");
+    let m = common::tiny_hf(dir, "f32");
     let kinds = m.kinds();
     assert_eq!((kinds.len(), kinds[0].kind, kinds[0].n_layers, kinds[0].n_heads), (1, Kind::Dec, 4, 4), "{name}");
     let conv_layers: Vec<usize> = (0..4).filter(|&l| m.net.stack[l].mixer().kind() == "shortconv").collect();
@@ -103,7 +108,7 @@ fn check(name: &str) {
     assert!(worst_logit <= 1.0 && worst_attn <= 1.0, "{name}: logits {worst_logit:.3}, attention {worst_attn:.3}");
 
     // float64 against transformers in float64: logits, patterns, and heads closed by the gates.
-    let m = common::tiny_hf(name, "f64");
+    let m = common::tiny_hf(dir, "f64");
     let ids = m.tokenize(&texts[0]).unwrap().ids;
     let (l, a, _) = forward(&m, &ids, &Gates::none(), &[Point::Pattern]);
     let (dl, da) = (max_diff(&l, &g[&format!("{name}_logits64_0")]), max_diff(&a, &g[&format!("{name}_attn64_0")]));
@@ -118,6 +123,19 @@ fn check(name: &str) {
 #[test]
 fn lfm2_equals_transformers() {
     check("lfm2");
+}
+
+/// LFM2 as llama.cpp writes it in GGUF (`tests/fixtures/make_tiny_gguf_hybrid.py`: the layer
+/// kinds in the per-layer `head_count_kv`, the squeezed convolution, the final norm as
+/// `token_embd_norm`) gives its HF twin's goldens, float64 included, and counts its parameters.
+#[test]
+fn lfm2_gguf_equals_its_hf_twin() {
+    check_dir("lfm2", "lfm2_gguf");
+    let (hf, gguf) = (common::tiny_hf("lfm2", "f32"), common::tiny_hf("lfm2_gguf", "f32"));
+    assert_eq!(gguf.n_params, hf.n_params);
+    assert_eq!(gguf.family_name(), "lfm2 (gguf)");
+    let kinds: Vec<&str> = (0..4).map(|l| gguf.net.stack[l].mixer().kind()).collect();
+    assert_eq!(kinds, ["shortconv", "attention", "shortconv", "attention"]);
 }
 
 #[test]

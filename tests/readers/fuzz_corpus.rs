@@ -73,16 +73,27 @@ fn seeds_are_read_as_expected() {
     assert!(err("gguf", "huge_array.gguf").contains("a: declares 1099511627776 items"));
     assert!(err("gguf", "huge_count.gguf").contains("the metadata count: declares 1099511627776 items"));
     // A model of each architecture family GGUF files are read for, built from its metadata.
-    for f in ["llama.gguf", "phi3.gguf", "gptneox.gguf", "t5.gguf", "qwen3moe.gguf", "deepseek2.gguf", "gptoss.gguf"] {
+    for f in [
+        "llama.gguf",
+        "phi3.gguf",
+        "gptneox.gguf",
+        "t5.gguf",
+        "qwen3moe.gguf",
+        "deepseek2.gguf",
+        "gptoss.gguf",
+        "lfm2.gguf",
+    ] {
         ok("gguf_model", f);
     }
-    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5 are)");
+    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2 are)");
     let e = err("gguf_model", "qwen3moe_bad_experts.gguf");
     assert!(e.contains("tensor 'blk.0.ffn_up_exps.weight' has shape [3, 4, 3], expected [3, 4, 4]"), "{e}");
     let e = err("gguf_model", "deepseek2_bad_k_b.gguf");
     assert!(e.contains("tensor 'blk.0.attn_k_b.weight' has shape [2, 3, 2], expected [2, 2, 2]"), "{e}");
     let e = err("gguf_model", "gptoss_bad_bias.gguf");
     assert!(e.contains("tensor 'blk.0.ffn_up_exps.bias' has shape [3, 5], expected [3, 4]"), "{e}");
+    let e = err("gguf_model", "lfm2_short_kv.gguf");
+    assert!(e.contains("metadata lfm2.attention.head_count_kv has 1 entries for 2 blocks"), "{e}");
     assert!(err("gguf_model", "phi3_one_factor.gguf")
         .contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
     ok("marian_bin", "small.bin");

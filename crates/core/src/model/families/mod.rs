@@ -15,6 +15,7 @@ pub mod gpt_neox;
 pub mod granitehybrid;
 pub mod jamba;
 pub mod lfm2;
+pub mod lfm2_gguf;
 pub mod llama;
 pub mod llama4;
 pub mod llama_gguf;
