@@ -147,7 +147,7 @@ def gguf_model(arch, kvs, tensors):
             (w.add_array if isinstance(v, list) else w.add_bool if isinstance(v, bool) else w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{arch}.{k}", v)
         for name, shape in tensors:
             x = rng.standard_normal(shape).astype(np.float32)
-            w.add_tensor(name, np.abs(x) + 1 if name.startswith("rope_factors") else x)
+            w.add_tensor(name, np.abs(x) + 1 if name.startswith("rope_factors") else -np.abs(x) - 0.1 if name.endswith("ssm_a") else x)
         w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
         return path.read_bytes()
 
@@ -214,6 +214,17 @@ lfm2_t = ([t for t in llama_t if not t[0].startswith("blk.0.attn_") and t[0] != 
 lfm2_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-5, "attention.head_count_kv": [0, 2], "shortconv.l_cache": 3}
 put("gguf_model", "lfm2.gguf", gguf_model("lfm2", lfm2_kv, lfm2_t))
 put("gguf_model", "lfm2_short_kv.gguf", gguf_model("lfm2", {**lfm2_kv, "attention.head_count_kv": [2]}, lfm2_t))
+# Granite-4.0-H: a Mamba-2 layer (2 heads of 4, one group, state 2) and an attention layer; and
+# a file whose ssm_a has a head too many.
+gh_t = ([t for t in llama_t if not t[0].startswith("blk.0.attn_")] + [("blk.0.attn_norm.weight", (D,)),
+         ("blk.0.ssm_in.weight", (8 + 12 + 2, D)), ("blk.0.ssm_conv1d.weight", (12, 4)), ("blk.0.ssm_conv1d.bias", (12,)),
+         ("blk.0.ssm_dt.bias", (2,)), ("blk.0.ssm_a", (2, 1)), ("blk.0.ssm_d", (2, 1)), ("blk.0.ssm_norm.weight", (1, 8)), ("blk.0.ssm_out.weight", (D, 8))]
+        + [(n.replace("blk.0", "blk.1"), s) for n, s in llama_t if n.startswith("blk.0.")])
+gh_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-5, "attention.head_count_kv": [0, 2], "expert_count": 0,
+         "ssm.conv_kernel": 4, "ssm.state_size": 2, "ssm.group_count": 1, "ssm.inner_size": 8, "ssm.time_step_rank": 2,
+         "rope.scaling.finetuned": False, "attention.scale": 0.5, "residual_scale": 0.5, "logit_scale": 2.0}
+put("gguf_model", "granitehybrid.gguf", gguf_model("granitehybrid", gh_kv, gh_t))
+put("gguf_model", "granitehybrid_bad_a.gguf", gguf_model("granitehybrid", gh_kv, [t if t[0] != "blk.0.ssm_a" else (t[0], (3, 1)) for t in gh_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

@@ -25,7 +25,8 @@ use tch::{Device, Kind as DType, Tensor};
 /// One checkpoint of make_tiny_hf_deltanet.py against its goldens (its MASK).
 fn equals_transformers(name: &str, mask: &[&[f64]]) {
     let golden = common::golden("tiny_hf/golden_deltanet.npz");
-    let run = check(&Case { name, golden: &golden, mixer: "deltanet", alpha: Point::DeltaAlpha, width: 4, mask });
+    let run =
+        check(&Case { name, golden: &golden, mixer: "deltanet", alpha: Point::DeltaAlpha, width: 4, mask, twin: None });
     shown_is_alpha_by_row(name, &run);
 }
 

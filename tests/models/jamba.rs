@@ -21,7 +21,8 @@ use tch::Tensor;
 /// Mamba layer shows: its channels' |alpha| by row, averaged over the group, as numpy's.
 fn equals_transformers(name: &str, mask: &[&[f64]]) {
     let golden = crate::common::golden("tiny_hf/golden_jamba.npz");
-    let run = check(&Case { name, golden: &golden, mixer: "mamba", alpha: Point::SsmAlpha, width: 4, mask });
+    let run =
+        check(&Case { name, golden: &golden, mixer: "mamba", alpha: Point::SsmAlpha, width: 4, mask, twin: None });
     let shown = stacked(&run.seen, Point::Pattern, &run.layers);
     let ds = max_diff(&shown, &golden[&format!("{name}_shown64_0")]);
     assert!(ds < 1e-12, "{name}: the shown pattern differs from numpy's by {ds:e}");

@@ -26,25 +26,41 @@ use tch::{Device, Kind as DType, Tensor};
 /// One checkpoint of make_tiny_hf_mamba2.py against its goldens (its MASK: 8 Mamba-2 heads or
 /// 4 attention heads per layer).
 fn equals_transformers(name: &str, mask: &[&[f64]]) {
+    twin_equals_transformers(name, None, mask);
+}
+
+/// [`equals_transformers`] of `name`, or of its GGUF twin `twin` against `name`'s goldens.
+fn twin_equals_transformers(name: &str, twin: Option<&str>, mask: &[&[f64]]) {
     let golden = common::golden("tiny_hf/golden_mamba2.npz");
-    let run = check(&Case { name, golden: &golden, mixer: "mamba2", alpha: Point::SsmAlpha, width: 8, mask });
+    let run = check(&Case { name, golden: &golden, mixer: "mamba2", alpha: Point::SsmAlpha, width: 8, mask, twin });
     shown_is_alpha_by_row(name, &run);
 }
 
+const GRANITE_H_MASK: [&[f64]; 4] =
+    [&[1., 0., 1., 1., 0., 1., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 1., 1., 1., 0., 1.], &[1., 1., 0., 1.]];
+const GRANITE_H_MOE_MASK: [&[f64]; 4] =
+    [&[0., 1., 1., 1.], &[1., 1., 1., 0., 1., 1., 1., 1.], &[1., 1., 0., 1., 1., 0., 1., 1.], &[1., 1., 1., 0.]];
+
 #[test]
 fn granite_h_equals_transformers() {
-    equals_transformers(
-        "granite_h",
-        &[&[1., 0., 1., 1., 0., 1., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 1., 1., 1., 0., 1.], &[1., 1., 0., 1.]],
-    );
+    equals_transformers("granite_h", &GRANITE_H_MASK);
 }
 
 #[test]
 fn granite_h_with_experts_and_groups_equals_transformers() {
-    equals_transformers(
-        "granite_h_moe",
-        &[&[0., 1., 1., 1.], &[1., 1., 1., 0., 1., 1., 1., 1.], &[1., 1., 0., 1., 1., 0., 1., 1.], &[1., 1., 1., 0.]],
-    );
+    equals_transformers("granite_h_moe", &GRANITE_H_MOE_MASK);
+}
+
+/// Both tiny Granite-4.0-H checkpoints as llama.cpp's converter writes them in GGUF
+/// (`tests/fixtures/make_tiny_gguf_hybrid.py`: `ssm_a` = -exp(A_log), the squeezed convolution,
+/// the grouped `ssm_norm`, the MLPs' halves split, Q/K permuted into adjacent pairs, the rotary
+/// switch in `rope.scaling.finetuned`) give their HF twins' goldens, closed heads and effective
+/// attention included, and count the same parameters.
+#[test]
+fn granite_h_gguf_equals_its_hf_twin() {
+    twin_equals_transformers("granite_h", Some("granite_h_gguf"), &GRANITE_H_MASK);
+    twin_equals_transformers("granite_h_moe", Some("granite_h_moe_gguf"), &GRANITE_H_MOE_MASK);
+    assert_eq!(common::tiny_hf("granite_h_moe_gguf", "f32").family_name(), "granitehybrid (gguf)");
 }
 
 /// A Mamba-2 layer's hook points are its own (no queries or keys); its effective attention is

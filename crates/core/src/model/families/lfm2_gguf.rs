@@ -66,26 +66,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let n = meta.blocks()?;
     let (d, h) = (meta.int("embedding_length")?, meta.int("attention.head_count")?);
     // The layer kinds: 0 key/value heads marks a convolution layer.
-    let kv: Vec<i64> = match g.metadata.get(&key("attention.head_count_kv")) {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().map(|v| v as i64))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad(format!("metadata {}: not a list of counts", key("attention.head_count_kv"))))?,
-        Some(v) => vec![
-            v.as_u64().ok_or_else(|| bad(format!("metadata {}: not a count", key("attention.head_count_kv"))))?
-                as i64;
-            n
-        ],
-        None => vec![h; n],
-    };
-    if kv.len() != n {
-        return Err(bad(format!(
-            "metadata {} has {} entries for {n} blocks",
-            key("attention.head_count_kv"),
-            kv.len()
-        )));
-    }
+    let kv = meta.per_layer("attention.head_count_kv", n, h)?;
     let mut attending = kv.iter().copied().filter(|&k| k > 0);
     let hk = attending.next().unwrap_or(h);
     if let Some(other) = attending.find(|&k| k != hk) {

@@ -108,6 +108,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         "gptneox" => return gpt_neox(g, &file, opts),
         "deepseek2" => return crate::model::families::deepseek_gguf::load(g, &file, opts),
         "lfm2" => return crate::model::families::lfm2_gguf::load(g, &file, opts),
+        "granitehybrid" => return crate::model::families::granitehybrid_gguf::load(g, &file, opts),
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
@@ -447,6 +448,26 @@ impl Meta<'_> {
     pub(crate) fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
     }
+    /// A per-layer count of `n` layers (hybrids write `attention.head_count_kv` so, 0 for a
+    /// layer without attention): an array of `n` counts, or one count for every layer, or
+    /// `default` for every layer where the key is missing.
+    pub(crate) fn per_layer(&self, k: &str, n: usize, default: i64) -> Result<Vec<i64>, ModelError> {
+        let v = match self.g.metadata.get(&self.key(k)) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().map(|v| v as i64))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| self.bad(format!("metadata {}: not a list of counts", self.key(k))))?,
+            Some(v) => {
+                vec![v.as_u64().ok_or_else(|| self.bad(format!("metadata {}: not a count", self.key(k))))? as i64; n]
+            }
+            None => vec![default; n],
+        };
+        if v.len() != n {
+            return Err(self.bad(format!("metadata {} has {} entries for {n} blocks", self.key(k), v.len())));
+        }
+        Ok(v)
+    }
 }
 
 /// Every tensor of `g`, dequantised into `dtype`, under the name `rename` gives its GGUF name.
@@ -460,7 +481,7 @@ fn renamed(
 
 /// The architectures read.
 pub const SUPPORTED: &str =
-    "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2";
+    "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row

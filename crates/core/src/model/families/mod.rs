@@ -13,6 +13,7 @@ pub mod gemma;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod granitehybrid;
+pub mod granitehybrid_gguf;
 pub mod jamba;
 pub mod lfm2;
 pub mod lfm2_gguf;
