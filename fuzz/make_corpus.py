@@ -225,6 +225,18 @@ gh_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-5
          "rope.scaling.finetuned": False, "attention.scale": 0.5, "residual_scale": 0.5, "logit_scale": 2.0}
 put("gguf_model", "granitehybrid.gguf", gguf_model("granitehybrid", gh_kv, gh_t))
 put("gguf_model", "granitehybrid_bad_a.gguf", gguf_model("granitehybrid", gh_kv, [t if t[0] != "blk.0.ssm_a" else (t[0], (3, 1)) for t in gh_t]))
+# Jamba: a Mamba layer (inner 8, state 2, dt rank 1) with a dense MLP, then an attention layer
+# with experts; and a file whose ssm_a is a state short.
+jb_t = ([t for t in llama_t if not t[0].startswith("blk.0.attn_")] + [("blk.0.attn_norm.weight", (D,)),
+         ("blk.0.ssm_in.weight", (16, D)), ("blk.0.ssm_conv1d.weight", (8, 4)), ("blk.0.ssm_conv1d.bias", (8,)), ("blk.0.ssm_x.weight", (5, 8)),
+         ("blk.0.ssm_dt.weight", (8, 1)), ("blk.0.ssm_dt.bias", (8,)), ("blk.0.ssm_dt_norm.weight", (1,)), ("blk.0.ssm_b_norm.weight", (2,)),
+         ("blk.0.ssm_c_norm.weight", (2,)), ("blk.0.ssm_a", (8, 2)), ("blk.0.ssm_d", (8,)), ("blk.0.ssm_out.weight", (D, 8))]
+        + [(n.replace("blk.0", "blk.1"), s) for n, s in moe_t if n.startswith("blk.0.") and "_norm" not in n[6:12] and "q_norm" not in n and "k_norm" not in n])
+jb_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-6, "attention.head_count_kv": [0, 2], "expert_count": E,
+         "expert_used_count": 2, "feed_forward_length": FE, "ssm.conv_kernel": 4, "ssm.state_size": 2, "ssm.inner_size": 8, "ssm.time_step_rank": 1}
+jb_t = [t if not t[0].startswith("blk.0.ffn_") or t[0] == "blk.0.ffn_norm.weight" else (t[0], (FE, D) if "down" not in t[0] else (D, FE)) for t in jb_t]
+put("gguf_model", "jamba.gguf", gguf_model("jamba", jb_kv, jb_t))
+put("gguf_model", "jamba_bad_a.gguf", gguf_model("jamba", jb_kv, [t if t[0] != "blk.0.ssm_a" else (t[0], (8, 1)) for t in jb_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

@@ -20,23 +20,44 @@ use tch::Tensor;
 /// One checkpoint of make_tiny_hf_jamba.py against its goldens (its MASK), and the pattern a
 /// Mamba layer shows: its channels' |alpha| by row, averaged over the group, as numpy's.
 fn equals_transformers(name: &str, mask: &[&[f64]]) {
+    twin_equals_transformers(name, None, mask);
+}
+
+/// [`equals_transformers`] of `name`, or of its GGUF twin `twin` against `name`'s goldens (held
+/// to 1e-6 in float64: the twin's `ssm_a` is -exp(A_log) in float32).
+fn twin_equals_transformers(name: &str, twin: Option<&str>, mask: &[&[f64]]) {
     let golden = crate::common::golden("tiny_hf/golden_jamba.npz");
-    let run =
-        check(&Case { name, golden: &golden, mixer: "mamba", alpha: Point::SsmAlpha, width: 4, mask, twin: None });
+    let run = check(&Case { name, golden: &golden, mixer: "mamba", alpha: Point::SsmAlpha, width: 4, mask, twin });
     let shown = stacked(&run.seen, Point::Pattern, &run.layers);
     let ds = max_diff(&shown, &golden[&format!("{name}_shown64_0")]);
-    assert!(ds < 1e-12, "{name}: the shown pattern differs from numpy's by {ds:e}");
+    let tol = if twin.is_some() { 1e-6 } else { 1e-12 };
+    assert!(ds < tol, "{name}: the shown pattern differs from numpy's by {ds:e}");
     rows_sum_to_one(name, &shown);
 }
 
+const JAMBA_MASK: [&[f64]; 4] = [&[1., 0., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 0.], &[1., 1., 0., 1.]];
+const JAMBA_MOE_MASK: [&[f64]; 4] = [&[0., 1., 1., 1.], &[1., 1., 1., 0.], &[1., 0., 1., 1.], &[0., 1., 1., 1.]];
+
 #[test]
 fn jamba_equals_transformers() {
-    equals_transformers("jamba", &[&[1., 0., 1., 1.], &[1., 0., 1., 1.], &[0., 1., 1., 0.], &[1., 1., 0., 1.]]);
+    equals_transformers("jamba", &JAMBA_MASK);
 }
 
 #[test]
 fn jamba_with_experts_equals_transformers() {
-    equals_transformers("jamba_moe", &[&[0., 1., 1., 1.], &[1., 1., 1., 0.], &[1., 0., 1., 1.], &[0., 1., 1., 1.]]);
+    equals_transformers("jamba_moe", &JAMBA_MOE_MASK);
+}
+
+/// Both tiny Jamba checkpoints as llama.cpp's converter writes them in GGUF
+/// (`tests/fixtures/make_tiny_gguf_hybrid.py`: the layer kinds in the per-layer `head_count_kv`
+/// and the routers' presence, `ssm_a` = -exp(A_log), the squeezed convolution, stacked experts)
+/// give their HF twins' goldens, closed groups and effective attention included, and count the
+/// same parameters.
+#[test]
+fn jamba_gguf_equals_its_hf_twin() {
+    twin_equals_transformers("jamba", Some("jamba_gguf"), &JAMBA_MASK);
+    twin_equals_transformers("jamba_moe", Some("jamba_moe_gguf"), &JAMBA_MOE_MASK);
+    assert_eq!(common::tiny_hf("jamba_moe_gguf", "f32").family_name(), "jamba (gguf)");
 }
 
 /// A Mamba layer's hook points are the state-space ones; its effective attention and shown

@@ -85,7 +85,7 @@ fn seeds_are_read_as_expected() {
     ] {
         ok("gguf_model", f);
     }
-    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid are)");
+    assert_eq!(err("gguf_model", "unknown_arch.gguf"), "fuzz.gguf: bad config: architecture 'mamba' is not supported (llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid, jamba are)");
     let e = err("gguf_model", "qwen3moe_bad_experts.gguf");
     assert!(e.contains("tensor 'blk.0.ffn_up_exps.weight' has shape [3, 4, 3], expected [3, 4, 4]"), "{e}");
     let e = err("gguf_model", "deepseek2_bad_k_b.gguf");
@@ -95,7 +95,9 @@ fn seeds_are_read_as_expected() {
     let e = err("gguf_model", "lfm2_short_kv.gguf");
     assert!(e.contains("metadata lfm2.attention.head_count_kv has 1 entries for 2 blocks"), "{e}");
     let e = err("gguf_model", "granitehybrid_bad_a.gguf");
-    assert!(e.contains("tensor 'blk.0.ssm_a' has shape [3, 1], expected [2, 1]"), "{e}");
+    assert!(e.contains("tensor 'blk.0.ssm_a' has shape [3, 1], expected [2]"), "{e}");
+    let e = err("gguf_model", "jamba_bad_a.gguf");
+    assert!(e.contains("tensor 'blk.0.ssm_a' has shape [8, 1], expected [8, 2]"), "{e}");
     assert!(err("gguf_model", "phi3_one_factor.gguf")
         .contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
     ok("marian_bin", "small.bin");

@@ -20,6 +20,7 @@
 //!   converter writes false for Granite-4.0-H, which has none), over whole heads; Q and K rows
 //!   permuted by the converter into adjacent pairs, put back in transformers' rotate-half order.
 
+use crate::model::families::gguf_hybrid;
 use crate::model::families::granitehybrid::{build, Config};
 use crate::model::families::llama_gguf::Meta;
 use crate::model::readers::gguf::{Gguf, Value};
@@ -94,14 +95,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         return Err(bad(format!("{h} heads do not divide a model of size {d}")));
     }
     let kv = meta.per_layer("attention.head_count_kv", n, h)?;
-    let mut attending = kv.iter().copied().filter(|&k| k > 0);
-    let hk = attending.next().unwrap_or(h);
-    if let Some(other) = attending.find(|&k| k != hk) {
-        return Err(bad(format!(
-            "metadata {}: attention layers with {hk} and {other} key/value heads (transformers' Granite-4.0-H has one count)",
-            key("attention.head_count_kv")
-        )));
-    }
+    let hk = gguf_hybrid::attention_kv(&meta, &kv, h)?;
     let rope = g.metadata.get(&key("rope.scaling.finetuned")).and_then(Value::as_bool).unwrap_or(true);
     if let Ok(r) = meta.int("rope.dimension_count") {
         if rope && r != d / h {
@@ -140,20 +134,11 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
             got: x.size(),
         };
         let x = if name.ends_with("mamba.A_log") {
-            if x.numel() as i64 != heads {
-                return Err(shape(vec![heads, 1], &x));
-            }
-            if x.f_ge(0.0)?.f_any()?.int64_value(&[]) != 0 {
-                return Err(bad(format!("tensor {}: -exp(A_log) must be negative throughout", t.name)));
-            }
-            x.f_neg()?.f_log()?.f_reshape([heads])?
+            gguf_hybrid::a_log(&x, &t.name, &[heads], file)?
         } else if name.ends_with("mamba.D") || name.ends_with("mamba.norm.weight") {
             x.f_reshape([-1])?
         } else if name.ends_with("mamba.conv1d.weight") {
-            match x.size()[..] {
-                [c, k] => x.f_view([c, 1, k])?,
-                _ => return Err(shape(vec![inner, 4], &x)),
-            }
+            gguf_hybrid::unsqueezed_conv(x, &t.name, file)?
         } else if name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight") {
             let hs = if name.ends_with("q_proj.weight") { h } else { hk };
             if x.size()[0] % (2 * hs) != 0 {

@@ -14,6 +14,7 @@
 //!   (`model.embedding_norm`), `output` only where the output is not tied. Q/K stay in
 //!   rotate-half order (llama.cpp's rope for LFM2 is NEOX; the converter does not permute).
 
+use crate::model::families::gguf_hybrid;
 use crate::model::families::lfm2::{build, Config};
 use crate::model::families::llama_gguf::Meta;
 use crate::model::readers::gguf::{Gguf, Value};
@@ -67,14 +68,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let (d, h) = (meta.int("embedding_length")?, meta.int("attention.head_count")?);
     // The layer kinds: 0 key/value heads marks a convolution layer.
     let kv = meta.per_layer("attention.head_count_kv", n, h)?;
-    let mut attending = kv.iter().copied().filter(|&k| k > 0);
-    let hk = attending.next().unwrap_or(h);
-    if let Some(other) = attending.find(|&k| k != hk) {
-        return Err(bad(format!(
-            "metadata {}: attention layers with {hk} and {other} key/value heads (transformers' LFM2 has one count)",
-            key("attention.head_count_kv")
-        )));
-    }
+    let hk = gguf_hybrid::attention_kv(&meta, &kv, h)?;
     if let Ok(k) = meta.int("attention.key_length") {
         if h <= 0 || k * h != d {
             return Err(bad(format!(
@@ -100,18 +94,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     for l in 0..n {
         let name = format!("model.layers.{l}.conv.conv.weight");
         if let Some(t) = map.remove(&name) {
-            let t = match t.size()[..] {
-                [c, k] => t.f_view([c, 1, k])?,
-                _ => {
-                    return Err(ModelError::BadShape {
-                        file: file.into(),
-                        name: format!("blk.{l}.shortconv.conv.weight"),
-                        want: vec![d, taps],
-                        got: t.size(),
-                    })
-                }
-            };
-            map.insert(name, t);
+            map.insert(name, gguf_hybrid::unsqueezed_conv(t, &format!("blk.{l}.shortconv.conv.weight"), file)?);
         }
     }
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0);

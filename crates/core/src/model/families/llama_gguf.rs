@@ -109,6 +109,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
         "deepseek2" => return crate::model::families::deepseek_gguf::load(g, &file, opts),
         "lfm2" => return crate::model::families::lfm2_gguf::load(g, &file, opts),
         "granitehybrid" => return crate::model::families::granitehybrid_gguf::load(g, &file, opts),
+        "jamba" => return crate::model::families::jamba_gguf::load(g, &file, opts),
         "t5" => return t5(g, &file, opts),
         _ => return Err(bad(format!("architecture '{arch}' is not supported ({SUPPORTED} are)"))),
     };
@@ -481,7 +482,7 @@ fn renamed(
 
 /// The architectures read.
 pub const SUPPORTED: &str =
-    "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid";
+    "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid, jamba";
 
 /// GPT-NeoX (Pythia) as llama.cpp writes it: HF's names under `blk.N.*`, the fused
 /// `attn_qkv` regrouped as every query row, then every key row, then every value row
