@@ -237,6 +237,11 @@ jb_kv = {**common_kv, "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-6
 jb_t = [t if not t[0].startswith("blk.0.ffn_") or t[0] == "blk.0.ffn_norm.weight" else (t[0], (FE, D) if "down" not in t[0] else (D, FE)) for t in jb_t]
 put("gguf_model", "jamba.gguf", gguf_model("jamba", jb_kv, jb_t))
 put("gguf_model", "jamba_bad_a.gguf", gguf_model("jamba", jb_kv, [t if t[0] != "blk.0.ssm_a" else (t[0], (8, 1)) for t in jb_t]))
+# A token table and a query projection of no dimensions (GGUF allows 0 dimensions): found in
+# stop 75 to panic the loaders that read the vocabulary as the table's first dimension.
+put("gguf_model", "llama_scalar_embd.gguf", gguf_model("llama", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
+    [t if t[0] != "token_embd.weight" else (t[0], ()) for t in llama_t]))
+put("gguf_model", "granitehybrid_scalar_q.gguf", gguf_model("granitehybrid", gh_kv, [t if t[0] != "blk.1.attn_q.weight" else (t[0], ()) for t in gh_t]))
 put("gguf_model", "unknown_arch.gguf", gguf_model("mamba", common_kv, [("token_embd.weight", (V, D))]))
 put("gguf_model", "phi3_one_factor.gguf", gguf_model("phi3", {**common_kv, "attention.layer_norm_rms_epsilon": 1e-5},
     [t for t in llama_t if "attn_q" not in t[0] and "attn_k" not in t[0] and "attn_v" not in t[0] and "ffn_gate" not in t[0] and "ffn_up" not in t[0]]

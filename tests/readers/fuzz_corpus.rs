@@ -98,6 +98,10 @@ fn seeds_are_read_as_expected() {
     assert!(e.contains("tensor 'blk.0.ssm_a' has shape [3, 1], expected [2]"), "{e}");
     let e = err("gguf_model", "jamba_bad_a.gguf");
     assert!(e.contains("tensor 'blk.0.ssm_a' has shape [8, 1], expected [8, 2]"), "{e}");
+    let e = err("gguf_model", "llama_scalar_embd.gguf");
+    assert!(e.contains("tensor 'token_embd.weight' has shape []: a token table is [vocab, width]"), "{e}");
+    let e = err("gguf_model", "granitehybrid_scalar_q.gguf");
+    assert!(e.contains("tensor 'blk.1.attn_q.weight' has shape [], expected [4, 4]"), "{e}");
     assert!(err("gguf_model", "phi3_one_factor.gguf")
         .contains("LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight"));
     ok("marian_bin", "small.bin");

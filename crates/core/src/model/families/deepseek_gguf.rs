@@ -26,7 +26,7 @@
 //! its rope for `deepseek2` is the interleaved one).
 
 use crate::model::families::deepseek::{build, Config};
-use crate::model::families::llama_gguf::{split_experts, Meta};
+use crate::model::families::llama_gguf::{split_experts, vocab_rows, Meta};
 use crate::model::readers::gguf::{Gguf, Value};
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::Transformer;
@@ -130,10 +130,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     }
     join_kv_b(&mut map, n_layers, h, file)?;
     split_experts(&mut map, dense..n_layers, n_experts, width, d, file)?;
-    let vocab = map
-        .get("model.embed_tokens.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "model.embed_tokens.weight", "token_embd.weight", file)?;
     let scaling = g.metadata.get(&meta.key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
     let rope_scaling = match scaling {
         None => None,

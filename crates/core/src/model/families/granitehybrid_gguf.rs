@@ -22,7 +22,7 @@
 
 use crate::model::families::gguf_hybrid;
 use crate::model::families::granitehybrid::{build, Config};
-use crate::model::families::llama_gguf::Meta;
+use crate::model::families::llama_gguf::{vocab_rows, Meta};
 use crate::model::readers::gguf::{Gguf, Value};
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::Transformer;
@@ -141,7 +141,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
             gguf_hybrid::unsqueezed_conv(x, &t.name, file)?
         } else if name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight") {
             let hs = if name.ends_with("q_proj.weight") { h } else { hk };
-            if x.size()[0] % (2 * hs) != 0 {
+            if x.dim() != 2 || x.size()[0] % (2 * hs) != 0 {
                 return Err(shape(vec![hs * (d / h), d], &x));
             }
             unpermute(&x, hs)?
@@ -169,10 +169,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         }
     }
     map.extend(joined);
-    let vocab = map
-        .get("model.embed_tokens.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.into(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "model.embed_tokens.weight", "token_embd.weight", file)?;
     let has = |suffix: &str| g.tensors.iter().any(|t| t.name.ends_with(suffix));
     let layer_types: Vec<&str> = kv.iter().map(|&k| if k > 0 { "attention" } else { "mamba" }).collect();
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0);

@@ -17,7 +17,7 @@
 
 use crate::model::families::gguf_hybrid;
 use crate::model::families::jamba::{build, Config};
-use crate::model::families::llama_gguf::Meta;
+use crate::model::families::llama_gguf::{vocab_rows, Meta};
 use crate::model::readers::gguf::{Gguf, Value};
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::Transformer;
@@ -140,10 +140,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
             }
         }
     }
-    let vocab = map
-        .get("model.embed_tokens.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.into(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "model.embed_tokens.weight", "token_embd.weight", file)?;
     let has = |suffix: &str| g.tensors.iter().any(|t| t.name.ends_with(suffix));
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0);
     let cfg: Config = serde_json::from_value(serde_json::json!({

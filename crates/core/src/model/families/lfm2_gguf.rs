@@ -16,7 +16,7 @@
 
 use crate::model::families::gguf_hybrid;
 use crate::model::families::lfm2::{build, Config};
-use crate::model::families::llama_gguf::Meta;
+use crate::model::families::llama_gguf::{vocab_rows, Meta};
 use crate::model::readers::gguf::{Gguf, Value};
 use crate::model::readers::weights::Weights;
 use crate::model::transformer::Transformer;
@@ -86,10 +86,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         .iter()
         .map(|t| Ok((hf_name(&t.name), g.tensor_as(&t.name, opts.dtype)?)))
         .collect::<Result<_, ModelError>>()?;
-    let vocab = map
-        .get("model.embed_tokens.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.into(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "model.embed_tokens.weight", "token_embd.weight", file)?;
     // The convolution, squeezed by the converter, back to transformers' [C, 1, K].
     for l in 0..n {
         let name = format!("model.layers.{l}.conv.conv.weight");

@@ -155,10 +155,7 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
             Ok((hf_name(&arch, &t.name), x))
         })
         .collect::<Result<_, ModelError>>()?;
-    let vocab = map
-        .get("model.embed_tokens.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.clone(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "model.embed_tokens.weight", "token_embd.weight", &file)?;
     let head_dim = key_length.unwrap_or(d / h);
     if gemma {
         // llama.cpp's fixed Gemma settings: the 27B models (62 layers for Gemma 3, 46 for
@@ -480,6 +477,24 @@ fn renamed(
     g.tensors.iter().map(|t| Ok((rename(&t.name), g.tensor_as(&t.name, dtype)?))).collect()
 }
 
+/// The rows of the token table `name` of `map` (`gguf`: its name in the file, for errors): a
+/// `[vocab, width]` tensor; another shape (a hostile file's scalar) is an error naming it.
+pub(crate) fn vocab_rows(
+    map: &std::collections::HashMap<String, tch::Tensor>,
+    name: &str,
+    gguf: &str,
+    file: &str,
+) -> Result<i64, ModelError> {
+    let t = map.get(name).ok_or_else(|| ModelError::MissingTensor { file: file.into(), name: gguf.into() })?;
+    match t.size()[..] {
+        [v, _] => Ok(v),
+        _ => Err(ModelError::Corrupt {
+            file: file.into(),
+            why: format!("tensor '{gguf}' has shape {:?}: a token table is [vocab, width]", t.size()),
+        }),
+    }
+}
+
 /// The architectures read.
 pub const SUPPORTED: &str =
     "llama, qwen2, qwen3, qwen3moe, olmoe, deepseek2, gpt-oss, gemma, gemma2, gemma3, phi3, gptneox, t5, lfm2, granitehybrid, jamba";
@@ -522,10 +537,7 @@ fn gpt_neox(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
             None => n.to_string(),
         },
     })?;
-    let vocab = map
-        .get("gpt_neox.embed_in.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "gpt_neox.embed_in.weight", "token_embd.weight", file)?;
     let rope_dim = int("rope.dimension_count")?;
     let eos = g.metadata.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).unwrap_or(0) as i64;
     let cfg = crate::model::families::gpt_neox::Config {
@@ -607,10 +619,7 @@ fn t5(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, ModelError
     let gated = map.keys().any(|k| k.ends_with("DenseReluDense.wi_0.weight"));
     let up = if gated { "wi_1" } else { "wi" };
     map = map.into_iter().map(|(k, v)| (k.replace("DenseReluDense.UP", &format!("DenseReluDense.{up}")), v)).collect();
-    let vocab = map
-        .get("shared.weight")
-        .map(|t| t.size()[0])
-        .ok_or_else(|| ModelError::MissingTensor { file: file.to_string(), name: "token_embd.weight".into() })?;
+    let vocab = vocab_rows(&map, "shared.weight", "token_embd.weight", file)?;
     let id = |k: &str| g.metadata.get(k).and_then(Value::as_u64).map(|v| v as i64);
     let cfg = crate::model::families::t5::Config {
         model_type: "t5".into(),

@@ -183,7 +183,12 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
     let mut w = Weights::new(map, bin.display().to_string(), opts, None);
     let wemb =
         w.map.get("Wemb").ok_or_else(|| ModelError::MissingTensor { file: w.file.clone(), name: "Wemb".into() })?;
-    let (vocab, d) = (wemb.size()[0], wemb.size()[1]);
+    let [vocab, d] = wemb.size()[..] else {
+        return Err(ModelError::Corrupt {
+            file: w.file.clone(),
+            why: format!("tensor Wemb has shape {:?}: a token table is [vocab, width]", wemb.size()),
+        });
+    };
     let heads = yml_int(&yml, "transformer-heads").ok_or_else(|| ModelError::Corrupt {
         file: w.file.clone(),
         why: "special:model.yml has no transformer-heads".into(),
@@ -194,7 +199,7 @@ pub fn load(dir: &Path, opts: LoadOptions) -> Result<Transformer, ModelError> {
             why: format!("transformer-heads {heads} does not divide the model size {d}"),
         });
     }
-    let f = w.map.get("encoder_l1_ffn_W1").map(|t| t.size()[0]).unwrap_or(4 * d);
+    let f = w.map.get("encoder_l1_ffn_W1").and_then(|t| t.size().first().copied()).unwrap_or(4 * d);
     let n_enc = w.count_layers("encoder_l");
     let n_dec = w.count_layers("decoder_l");
     let mut encoder = Vec::with_capacity(n_enc);
