@@ -351,11 +351,23 @@ pub mod api {
         crate::export::write(path, &bytes).or_else(|e| err(format!("to_npz: {e}")))
     }
 
+    /// The head's name, as `print(h)` and string interpolation show it.
+    ///
+    /// ```rhai
+    /// let h = load_model("minilm").head("enc", 1, 2);
+    /// assert(h.to_string() == "enc.1.2" && `${h}` == "enc.1.2");
+    /// ```
     #[rhai_fn(name = "to_string", pure)]
     pub fn head_to_string(h: &mut Head) -> String {
         h.id.to_string()
     }
 
+    /// The head's name, as `debug(h)` and a head inside an array or a map show it.
+    ///
+    /// ```rhai
+    /// let h = load_model("minilm").head("enc", 1, 2);
+    /// assert(h.to_debug() == "enc.1.2" && `${[h]}` == "[enc.1.2]");
+    /// ```
     #[rhai_fn(name = "to_debug", pure)]
     pub fn head_to_debug(h: &mut Head) -> String {
         h.id.to_string()
