@@ -166,8 +166,11 @@ fn align(
 }
 
 /// The bytes one score tile of an analysis may take when its height is not given: a tile of
-/// `n` query rows holds `B x H x n x Tk` float32 weights (docs/methods.md#score-tiles).
-pub const TILE_BYTES: i64 = 32 << 20;
+/// `n` query rows holds `B x H x n x Tk` float32 weights (docs/methods.md#score-tiles). Under
+/// the allocator's 16 MiB mmap threshold (`bound_peak_memory` in the binary), so a tile's
+/// scores and weights reuse heap blocks instead of being mapped and faulted in afresh for every
+/// tile (SmolLM2, 8k tokens, 2 cores: 36 s at 15 MiB, 54 s at 32 MiB; benches/long_context.sh).
+pub const TILE_BYTES: i64 = 15 << 20;
 
 thread_local! {
     static TILE_BYTES_NOW: std::cell::Cell<i64> = const { std::cell::Cell::new(TILE_BYTES) };

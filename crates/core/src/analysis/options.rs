@@ -56,7 +56,7 @@ pub const MARGIN_OPTION: OptSpec = opt_f64("margin", 0.1, "syntactic when accura
 pub const TILE_ROWS_OPTION: OptSpec = opt_int(
     "tile_rows",
     0,
-    "query rows per score tile; 0: as many as fit in 32 MB, at most 128 (docs/methods.md#score-tiles)",
+    "query rows per score tile; 0: as many as fit in 15 MiB, at most 128 (docs/methods.md#score-tiles)",
 );
 
 /// The statistics `analyze` computes when not told: syntactic too on a treebank.

@@ -11,6 +11,7 @@
 //! `[B, H, T, dh]`; the table says which axis is which so that callers (the cache, the
 //! interventions) can speak TransformerLens's axes.
 
+use super::bias::TileBias;
 use super::transformer::Placement;
 use super::{Kind, ModelError};
 use std::fmt;
@@ -369,8 +370,8 @@ pub struct Tile<'a> {
     /// The scores `[B, H, n, m]` (scaled, soft-capped, masked: `hook_attn_scores`'s rows), where
     /// the mixer computed them.
     pub scores: Option<&'a Tensor>,
-    /// The bias rows over every key (`[B or 1, H or 1, n or 1, tk]`), where keys were skipped.
-    pub bias: Option<&'a Tensor>,
+    /// The tile's bias (its rows over every key built on demand), where keys were skipped.
+    pub bias: Option<&'a TileBias<'a>>,
 }
 
 impl Tile<'_> {
@@ -406,7 +407,8 @@ impl Tile<'_> {
         }
         let size = s.size();
         let bias = self.bias.ok_or_else(|| ModelError::Invalid("a tile of some keys without its bias".into()))?;
-        let full = bias.f_to_kind(s.kind())?.f_expand([size[0], size[1], size[2], self.tk], false)?.f_contiguous()?;
+        let full =
+            bias.rows()?.f_to_kind(s.kind())?.f_expand([size[0], size[1], size[2], self.tk], false)?.f_contiguous()?;
         full.f_narrow(3, self.k0, size[3])?.f_copy_(s)?;
         Ok(Some(full))
     }

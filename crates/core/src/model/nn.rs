@@ -1280,8 +1280,8 @@ impl Attention {
                 let n = rows.min(tq - q0);
                 // The keys the bias hides from every row of the tile (a causal stack's later
                 // keys, a window's earlier ones) are skipped: their weights are exactly 0.
-                let row_bias = bias.rows(q0, n, tq)?;
-                let (k0, k1) = visible_keys(&row_bias, tk)?;
+                let tb = bias.tile(q0, n, tq, tk)?;
+                let (k0, k1) = tb.keys;
                 let cols = |t: &Tensor| -> Result<Tensor, ModelError> {
                     Ok(if (k0, k1) != (0, tk) && t.size().last() == Some(&tk) {
                         t.f_narrow(-1, k0, k1 - k0)?
@@ -1291,15 +1291,21 @@ impl Attention {
                 };
                 // The scale on the tile's queries (n x dh values) rather than its scores.
                 let raw = softcap((q.f_narrow(2, q0, n)? * scale).matmul(&cols(&kt)?), self.score.softcap);
-                let scores = &raw + cols(&row_bias)?;
-                let probs = softmax(&scores);
-                let probs = match &duo {
+                let (scores, probs) = match &duo {
                     Some((a, streaming)) => {
-                        &probs * a + softmax(&(&raw + cols(&dense_rows(streaming, q0, n, tq)?)?)) * (a.ones_like() - a)
+                        let scores = &raw + cols(&tb.rows()?)?;
+                        let streamed = softmax(&(&raw + cols(&dense_rows(streaming, q0, n, tq)?)?));
+                        let probs = softmax(&scores) * a + streamed * (a.ones_like() - a);
+                        (scores, probs)
                     }
-                    None => probs,
+                    // The bias added where it is not 0, in place (docs/methods.md#score-tiles).
+                    None => {
+                        let scores = tb.add_to(raw)?;
+                        let probs = softmax(&scores);
+                        (scores, probs)
+                    }
                 };
-                let tile = hooks::Tile { q0, k0, tk, pattern: &probs, scores: Some(&scores), bias: Some(&row_bias) };
+                let tile = hooks::Tile { q0, k0, tk, pattern: &probs, scores: Some(&scores), bias: Some(&tb) };
                 hooks::tile(hs, at(Point::Pattern), &tile)?;
                 parts.push(probs.f_matmul(&v.f_narrow(2, k0, k1 - k0)?)?);
                 q0 += n;
