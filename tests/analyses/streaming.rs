@@ -348,6 +348,67 @@ pub(crate) mod planted {
         assert_eq!((c.groups, c.streaming, c.entries, c.full_entries), (8, 4, 4 * CONTEXT + 4 * 4, 8 * CONTEXT));
         assert_eq!(c.bytes, c.entries * 2 * D * 4);
     }
+
+    /// The needle test: each sequence is the haystack with the needle at its depth and again at
+    /// the end; the planted model copies the needles at every depth, and closing its copy head
+    /// (`with_mask`'s view) breaks it while closing a uniform head keeps it.
+    #[test]
+    fn the_needle_test_sees_the_copy_head() {
+        use headscope::analysis::needle::{needle_sequences, needle_test, NeedleOptions};
+        let (v, _dir) = model();
+        let o =
+            NeedleOptions { contexts: vec![CONTEXT, 40], depths: vec![0.0, 0.5, 1.0], n: 3, needle: NEEDLE, seed: 5 };
+        let hay = CONTEXT as usize - 2 * NEEDLE;
+        let long = {
+            let w = words(&v);
+            Dataset::new("words x4", (0..4).flat_map(|_| w.items.iter().cloned().collect::<Vec<_>>()).collect())
+        };
+        let stream: Vec<i64> = long.texts().into_iter().flat_map(|t| v.model.tokenize(t).unwrap().ids).collect();
+        assert!(stream.len() >= hay, "the test's data holds a haystack");
+        for (depth, want_at) in [(0.0, 0), (0.5, hay / 2), (1.0, hay)] {
+            for data in [None, Some(&long)] {
+                let seqs = needle_sequences(&v.model, data, CONTEXT, depth, &o).unwrap();
+                assert_eq!(seqs.len(), 3);
+                for (k, (s, at)) in seqs.iter().enumerate() {
+                    assert_eq!((s.len(), *at), (CONTEXT as usize, want_at), "depth {depth}");
+                    let key = &s[s.len() - NEEDLE..];
+                    assert_eq!(&s[*at..*at + NEEDLE], key, "depth {depth}: the needle at its depth");
+                    let haystack: Vec<i64> =
+                        s[..*at].iter().chain(&s[*at + NEEDLE..s.len() - NEEDLE]).copied().collect();
+                    if data.is_some() {
+                        let start = (k * hay) % (stream.len() - hay + 1);
+                        assert_eq!(
+                            haystack,
+                            stream[start..start + hay],
+                            "depth {depth}: the haystack is the data's text"
+                        );
+                    } else {
+                        assert!(!haystack.windows(NEEDLE).any(|w| w == key), "the random haystack holds no needle");
+                    }
+                }
+                assert_ne!(
+                    seqs[0].0[CONTEXT as usize - NEEDLE..],
+                    seqs[1].0[CONTEXT as usize - NEEDLE..],
+                    "needles differ"
+                );
+            }
+        }
+        let acc = |w: &View| {
+            needle_test(w, None, &o, &|| false, &mut |_, _| {}).unwrap().iter().map(|r| r.accuracy).collect::<Vec<_>>()
+        };
+        let full = acc(&v);
+        let closed = acc(&v.closing(&[head(1, 0)]));
+        let uniform = acc(&v.closing(&[head(1, 2)]));
+        eprintln!("needle accuracy: full {full:?}, copy head closed {closed:?}, a uniform head closed {uniform:?}");
+        assert_eq!(full.len(), 6);
+        // (At depth 0, the needle first at position 0, it misses 2 of 15 tokens at either length.)
+        assert!(
+            full.iter().all(|&a| a >= 0.85) && full.iter().filter(|&&a| a == 1.0).count() >= 4,
+            "the planted model copies the needles: {full:?}"
+        );
+        assert_eq!(uniform, full, "closing a uniform head changes no copy");
+        assert!(closed.iter().all(|&a| a < 0.2), "closing the copy head breaks them: {closed:?}");
+    }
 }
 
 /// A streaming view's generation holds its cache packed: the bytes of its tensors equal the
@@ -574,6 +635,13 @@ fn bad_streaming_input_is_a_one_line_error() {
         ("m.kv_curve(m.kv_scores(\"echo\", #{n: 2, len: 10}), d, #{context: 64, prompt: 64, sink: 2, recent: 8})", "kv_curve: prompt must lie in 1..63"),
         ("m.kv_curve(#{a: 3}, d, #{context: 64})", "kv_curve: scores.a must be a Grid of per-head scores, got 3"),
         ("m.with_streaming([\"dec.0.1\"]).kv_curve(m.kv_scores(\"echo\"), d, #{})", "kv_curve: not on a view with streaming heads"),
+        ("m.needle_test(#{contexts: [64], depths: [1.5]})", "needle_test: depths must lie in [0, 1], got 1.5"),
+        ("m.needle_test(#{contexts: [10], needle: 8})", "needle_test: option 'needle' 8 (a passkey of 8 tokens, twice) does not fit option 'context' 10"),
+        ("m.needle_test(#{contexts: [64], needle: 1})", "needle_test: needle must be 2 or more tokens, got 1"),
+        ("m.needle_test(#{contexts: [64.5]})", "needle_test: contexts must be whole numbers of tokens, got 64.5"),
+        ("m.needle_test(#{contexts: [100000], data: d.take(2)})", "fewer than the haystack of 99984 a context of 100000 needs"),
+        ("m.needle_test(#{n: 0})", "needle_test: n must be 1 or more sequences, got 0"),
+        ("b.needle_test(#{})", "is not a decoder-only model"),
         ("m.kv_scores(\"sinky\")", "kv_scores: unknown streaming scorer 'sinky'"),
         ("m.kv_scores(\"duo\")", "kv_scores: the duo scorer needs data"),
         ("m.kv_scores(\"echo\", #{data: d})", "kv_scores: 'data' feeds the duo scorer"),

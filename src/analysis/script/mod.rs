@@ -10,6 +10,7 @@ mod diversity;
 mod experts;
 mod importance;
 mod lrp;
+mod needle;
 mod patching;
 mod sharded;
 mod streaming;
@@ -37,6 +38,7 @@ pub const OPTIONS: &[(&str, &[crate::script::convert::OptSpec])] = &[
     ("kv_scores", streaming::KV_SCORES_OPTIONS),
     ("kv_curve", streaming::KV_CURVE_OPTIONS),
     ("kv_footprint", streaming::KV_FOOTPRINT_OPTIONS),
+    ("needle_test", needle::NEEDLE_TEST_OPTIONS),
 ];
 
 /// What `a["` may be followed by: an analysis is indexed by its kinds.
@@ -71,6 +73,7 @@ pub fn register(engine: &mut Engine) {
     engine.register_global_module(rhai::exported_module!(experts::api).into());
     engine.register_global_module(rhai::exported_module!(patching::api).into());
     engine.register_global_module(rhai::exported_module!(streaming::api).into());
+    engine.register_global_module(rhai::exported_module!(needle::api).into());
     engine.register_type_with_name::<HeadTypes>("HeadTypes");
     engine.register_global_module(rhai::exported_module!(taxonomy::api).into());
 }

@@ -9,6 +9,7 @@ pub mod diversity;
 pub mod experts;
 pub mod importance;
 pub mod lrp;
+pub mod needle;
 pub mod options;
 pub mod patching;
 pub mod result;

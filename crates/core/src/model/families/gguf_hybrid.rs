@@ -4,6 +4,51 @@
 //! (`ssm_a` = -exp(A_log), the convolution squeezed to `[C, K]`).
 
 use crate::model::families::llama_gguf::Meta;
+
+/// A hybrid architecture's GGUF names beyond the ones they share ([`hf_name`]): the final
+/// norm's HF name, whole tensor names (`ssm_dt.bias`) and modules (`ffn_norm`, the biases and
+/// weights after the module's name kept as they are).
+pub(crate) struct Names {
+    pub final_norm: &'static str,
+    pub whole: &'static [(&'static str, &'static str)],
+    pub modules: &'static [(&'static str, &'static str)],
+}
+
+/// Whole tensor names every hybrid's GGUF writes alike.
+const WHOLE: &[(&str, &str)] = &[("ssm_a", "mamba.A_log"), ("ssm_d", "mamba.D")];
+
+/// Modules every hybrid's GGUF writes alike (attention and the state-space in/out projections).
+const MODULES: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ssm_in", "mamba.in_proj"),
+    ("ssm_conv1d", "mamba.conv1d"),
+    ("ssm_out", "mamba.out_proj"),
+];
+
+/// A hybrid's GGUF tensor name -> the HF name, by the shared tables and the architecture's
+/// own (`names`); a name neither knows is kept (the loader reads it by its GGUF name, or it
+/// is left over and reported).
+pub(crate) fn hf_name(name: &str, names: &Names) -> String {
+    match name {
+        "token_embd.weight" => return "model.embed_tokens.weight".into(),
+        "output_norm.weight" => return names.final_norm.into(),
+        "output.weight" => return "lm_head.weight".into(),
+        _ => {}
+    }
+    let Some((l, part)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else { return name.into() };
+    if let Some((_, hf)) = WHOLE.iter().chain(names.whole).find(|(g, _)| *g == part) {
+        return format!("model.layers.{l}.{hf}");
+    }
+    let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
+    match MODULES.iter().chain(names.modules).find(|(g, _)| *g == module) {
+        Some((_, hf)) => format!("model.layers.{l}.{hf}.{suffix}"),
+        None => name.into(),
+    }
+}
 use crate::model::ModelError;
 use tch::Tensor;
 

@@ -30,43 +30,18 @@ use crate::model::{LoadOptions, ModelError};
 use std::collections::HashMap;
 use tch::Tensor;
 
-/// A `granitehybrid` GGUF tensor name -> the HF name (the MLP halves keep their GGUF names,
-/// joined later).
-fn hf_name(name: &str) -> String {
-    match name {
-        "token_embd.weight" => return "model.embed_tokens.weight".into(),
-        "output_norm.weight" => return "model.norm.weight".into(),
-        "output.weight" => return "lm_head.weight".into(),
-        _ => {}
-    }
-    let Some((l, part)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else { return name.into() };
-    let hf = match part {
-        "ssm_a" => "mamba.A_log",
-        "ssm_d" => "mamba.D",
-        "ssm_dt.bias" => "mamba.dt_bias",
-        "ffn_down.weight" | "ffn_down_shexp.weight" => "shared_mlp.output_linear.weight",
-        "ffn_down_exps.weight" => "block_sparse_moe.output_linear.weight",
-        "ffn_gate_inp.weight" => "block_sparse_moe.router.layer.weight",
-        _ => {
-            let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
-            let hf = match module {
-                "attn_norm" => "input_layernorm",
-                "ffn_norm" => "post_attention_layernorm",
-                "attn_q" => "self_attn.q_proj",
-                "attn_k" => "self_attn.k_proj",
-                "attn_v" => "self_attn.v_proj",
-                "attn_output" => "self_attn.o_proj",
-                "ssm_in" => "mamba.in_proj",
-                "ssm_conv1d" => "mamba.conv1d",
-                "ssm_norm" => "mamba.norm",
-                "ssm_out" => "mamba.out_proj",
-                _ => return name.into(),
-            };
-            return format!("model.layers.{l}.{hf}.{suffix}");
-        }
-    };
-    format!("model.layers.{l}.{hf}")
-}
+/// `granitehybrid`'s own GGUF names (the MLP halves keep their GGUF names, joined later).
+const NAMES: gguf_hybrid::Names = gguf_hybrid::Names {
+    final_norm: "model.norm.weight",
+    whole: &[
+        ("ssm_dt.bias", "mamba.dt_bias"),
+        ("ffn_down.weight", "shared_mlp.output_linear.weight"),
+        ("ffn_down_shexp.weight", "shared_mlp.output_linear.weight"),
+        ("ffn_down_exps.weight", "block_sparse_moe.output_linear.weight"),
+        ("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight"),
+    ],
+    modules: &[("ffn_norm", "post_attention_layernorm"), ("ssm_norm", "mamba.norm")],
+};
 
 /// Rows of a Q or K projection in llama.cpp's adjacent rotary pairs (`heads` heads) back in
 /// transformers' rotate-half order: the inverse of the converter's `LlamaModel.permute`.
@@ -83,12 +58,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let meta = Meta { g, arch: "granitehybrid", file };
     let bad = |why: String| ModelError::Config(file.to_string(), why);
     let key = |k: &str| meta.key(k);
-    if let Some(t) = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none") {
-        return Err(bad(format!(
-            "metadata {}: rope scaling '{t}' is not supported in GGUF files of 'granitehybrid' yet",
-            key("rope.scaling.type")
-        )));
-    }
+    meta.rope_scaling(&|_| false)?;
     let n = meta.blocks()?;
     let (d, h) = (meta.int("embedding_length")?, meta.int("attention.head_count")?);
     if h <= 0 || d % h != 0 {
@@ -113,7 +83,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let shared = meta.int("expert_shared_feed_forward_length").unwrap_or(ff);
     let experts = meta.int("expert_count").unwrap_or(0);
     let mamba = kv.contains(&0);
-    let ssm = |k: &str| if mamba { meta.int(k).map(Some) } else { Ok(meta.int(k).ok()) };
+    let ssm = |k: &str| meta.int_if(mamba, k);
     let (heads, inner) = (ssm("ssm.time_step_rank")?.unwrap_or(1), ssm("ssm.inner_size")?.unwrap_or(2 * d));
     if heads <= 0 || inner % heads != 0 {
         return Err(bad(format!(
@@ -126,7 +96,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let mut map: HashMap<String, Tensor> = HashMap::new();
     for t in &g.tensors {
         let x = g.tensor_as(&t.name, opts.dtype)?;
-        let name = hf_name(&t.name);
+        let name = gguf_hybrid::hf_name(&t.name, &NAMES);
         let shape = |want: Vec<i64>, x: &Tensor| ModelError::BadShape {
             file: file.into(),
             name: t.name.clone(),

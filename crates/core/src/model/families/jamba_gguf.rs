@@ -25,46 +25,22 @@ use crate::model::{LoadOptions, ModelError};
 use std::collections::HashMap;
 use tch::Tensor;
 
-/// A `jamba` GGUF tensor name -> the HF name (stacked experts keep their GGUF names).
-fn hf_name(name: &str) -> String {
-    match name {
-        "token_embd.weight" => return "model.embed_tokens.weight".into(),
-        "output_norm.weight" => return "model.final_layernorm.weight".into(),
-        "output.weight" => return "lm_head.weight".into(),
-        _ => {}
-    }
-    let Some((l, part)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else { return name.into() };
-    let hf = match part {
-        "ssm_a" => "mamba.A_log",
-        "ssm_d" => "mamba.D",
-        "ffn_gate_inp.weight" => "feed_forward.router.weight",
-        _ => {
-            let (module, suffix) = part.rsplit_once('.').unwrap_or((part, "weight"));
-            let hf = match module {
-                "attn_norm" => "input_layernorm",
-                "ffn_norm" => "pre_ff_layernorm",
-                "attn_q" => "self_attn.q_proj",
-                "attn_k" => "self_attn.k_proj",
-                "attn_v" => "self_attn.v_proj",
-                "attn_output" => "self_attn.o_proj",
-                "ssm_in" => "mamba.in_proj",
-                "ssm_conv1d" => "mamba.conv1d",
-                "ssm_x" => "mamba.x_proj",
-                "ssm_dt" => "mamba.dt_proj",
-                "ssm_dt_norm" => "mamba.dt_layernorm",
-                "ssm_b_norm" => "mamba.b_layernorm",
-                "ssm_c_norm" => "mamba.c_layernorm",
-                "ssm_out" => "mamba.out_proj",
-                "ffn_gate" => "feed_forward.gate_proj",
-                "ffn_up" => "feed_forward.up_proj",
-                "ffn_down" => "feed_forward.down_proj",
-                _ => return name.into(),
-            };
-            return format!("model.layers.{l}.{hf}.{suffix}");
-        }
-    };
-    format!("model.layers.{l}.{hf}")
-}
+/// `jamba`'s own GGUF names (stacked experts keep their GGUF names).
+const NAMES: gguf_hybrid::Names = gguf_hybrid::Names {
+    final_norm: "model.final_layernorm.weight",
+    whole: &[("ffn_gate_inp.weight", "feed_forward.router.weight")],
+    modules: &[
+        ("ffn_norm", "pre_ff_layernorm"),
+        ("ssm_x", "mamba.x_proj"),
+        ("ssm_dt", "mamba.dt_proj"),
+        ("ssm_dt_norm", "mamba.dt_layernorm"),
+        ("ssm_b_norm", "mamba.b_layernorm"),
+        ("ssm_c_norm", "mamba.c_layernorm"),
+        ("ffn_gate", "feed_forward.gate_proj"),
+        ("ffn_up", "feed_forward.up_proj"),
+        ("ffn_down", "feed_forward.down_proj"),
+    ],
+};
 
 /// transformers' `(period, offset)` choosing exactly `layers` of `n` (`l % period == offset`),
 /// if there is one: none chosen is an offset past every layer.
@@ -100,7 +76,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
         ))
     })?;
     let mamba = attention.len() < n;
-    let ssm = |k: &str| if mamba { meta.int(k) } else { Ok(meta.int(k).unwrap_or(1)) };
+    let ssm = |k: &str| meta.int_if(mamba, k).map(|v| v.unwrap_or(1));
     let (inner, state, taps, rank) =
         (ssm("ssm.inner_size")?, ssm("ssm.state_size")?, ssm("ssm.conv_kernel")?, ssm("ssm.time_step_rank")?);
     let inner = if mamba { inner } else { 2 * d };
@@ -112,7 +88,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let mut map: HashMap<String, Tensor> = HashMap::new();
     for t in &g.tensors {
         let x = g.tensor_as(&t.name, opts.dtype)?;
-        let name = hf_name(&t.name);
+        let name = gguf_hybrid::hf_name(&t.name, &NAMES);
         let x = if name.ends_with("mamba.A_log") {
             gguf_hybrid::a_log(&x, &t.name, &[inner, state], file)?
         } else if name.ends_with("mamba.conv1d.weight") {

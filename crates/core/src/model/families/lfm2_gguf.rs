@@ -58,12 +58,7 @@ pub fn load(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer, Mode
     let meta = Meta { g, arch: "lfm2", file };
     let bad = |why: String| ModelError::Config(file.to_string(), why);
     let key = |k: &str| meta.key(k);
-    if let Some(t) = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none") {
-        return Err(bad(format!(
-            "metadata {}: rope scaling '{t}' is not supported in GGUF files of 'lfm2' yet",
-            key("rope.scaling.type")
-        )));
-    }
+    meta.rope_scaling(&|_| false)?;
     let n = meta.blocks()?;
     let (d, h) = (meta.int("embedding_length")?, meta.int("attention.head_count")?);
     // The layer kinds: 0 key/value heads marks a convolution layer.

@@ -115,16 +115,9 @@ pub fn build_from(g: &Gguf, file: &str, opts: LoadOptions) -> Result<Transformer
     };
     let meta = Meta { g, arch: &arch, file: &file };
     let key = |k: &str| meta.key(k);
-    let scaling = g.metadata.get(&key("rope.scaling.type")).and_then(Value::as_str).filter(|t| *t != "none");
     let gpt_oss = arch == "gpt-oss";
     // Read: Gemma's linear scaling, gpt-oss's YaRN.
-    let read = |t: &str| (t == "linear" && arch.starts_with("gemma")) || (t == "yarn" && gpt_oss);
-    if let Some(t) = scaling.filter(|t| !read(t)) {
-        return Err(bad(format!(
-            "metadata {}: rope scaling '{t}' is not supported in GGUF files of '{arch}' yet",
-            key("rope.scaling.type")
-        )));
-    }
+    let scaling = meta.rope_scaling(&|t| (t == "linear" && arch.starts_with("gemma")) || (t == "yarn" && gpt_oss))?;
     let int = |k: &str| meta.int(k);
     let (n_layers, d, ff, h) =
         (meta.blocks()?, int("embedding_length")?, int("feed_forward_length")?, int("attention.head_count")?);
@@ -406,6 +399,15 @@ impl Meta<'_> {
             .map(|v| v as i64)
             .ok_or_else(|| self.bad(format!("metadata {} is missing", self.key(k))))
     }
+    /// `int(k)` where `required` (a key of a layer kind the file has), else the value if present
+    /// (a key of a kind it lacks, which the file need not hold).
+    pub(crate) fn int_if(&self, required: bool, k: &str) -> Result<Option<i64>, ModelError> {
+        if required {
+            self.int(k).map(Some)
+        } else {
+            Ok(self.int(k).ok())
+        }
+    }
     /// `block_count`, checked against the tensor directory: more blocks than the file holds
     /// `blk.N` tensors for is an error naming the key (a hostile count is not a loop over
     /// millions of missing layers; found by the `gguf_model` fuzz target).
@@ -442,6 +444,18 @@ impl Meta<'_> {
             s["original_max_position_embeddings"] = o.into();
         }
         Ok(s)
+    }
+    /// `rope.scaling.type` where it is not "none": the ones `read` accepts, any other refused
+    /// naming the key and the architecture.
+    pub(crate) fn rope_scaling(&self, read: &dyn Fn(&str) -> bool) -> Result<Option<&str>, ModelError> {
+        let key = self.key("rope.scaling.type");
+        match self.g.metadata.get(&key).and_then(Value::as_str).filter(|t| *t != "none") {
+            Some(t) if !read(t) => Err(self.bad(format!(
+                "metadata {key}: rope scaling '{t}' is not supported in GGUF files of '{}' yet",
+                self.arch
+            ))),
+            t => Ok(t),
+        }
     }
     pub(crate) fn float(&self, k: &str) -> Option<f64> {
         self.g.metadata.get(&self.key(k)).and_then(Value::as_f64)
