@@ -183,7 +183,16 @@ fn detector_scores_against_transformer_lens(exclude_sink: bool) {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (tokens, out) = (tmp.path().join("tokens.json"), tmp.path().join("tl.json"));
-    std::fs::write(&tokens, serde_json::json!({ "sequences": probes.repeated }).to_string()).unwrap();
+    let needles: Vec<serde_json::Value> = probes
+        .needles
+        .iter()
+        .map(|(seq, at)| serde_json::json!({ "seq": seq, "at": at, "needle": probes.needle }))
+        .collect();
+    // The needle starts before the haystack's end in some probes (a needle's length read from
+    // the probe's shape alone would be wrong there).
+    assert!(probes.needles.iter().any(|(s, at)| s.len() - at > 2 * probes.needle), "a needle inside the haystack");
+    std::fs::write(&tokens, serde_json::json!({ "sequences": probes.repeated, "needles": needles }).to_string())
+        .unwrap();
     let mut cmd = std::process::Command::new(common::python());
     cmd.arg(root().join("tests/fixtures/taxonomy_reference.py")).arg(&dir).arg(&tokens).arg(&out);
     if exclude_sink {
@@ -216,4 +225,31 @@ fn detector_scores_against_transformer_lens(exclude_sink: bool) {
     }
     println!("largest difference from TransformerLens: {worst:.2e}");
     assert!(worst < 1e-4);
+    // Retrieval against the reference's recount from HF's attention (an argmax per query, so
+    // equal up to float32 near-ties: none in these probes).
+    let g = &ours.iter().find(|(t, _)| *t == HeadType::Retrieval).unwrap().1;
+    let mut any = false;
+    for (l, row) in g.iter().enumerate() {
+        for (h, v) in row.iter().enumerate() {
+            let want = tl["retrieval"][l][h].as_f64().unwrap();
+            assert!((v - want).abs() <= 1e-9, "retrieval dec.{l}.{h}: headscope {v}, reference {want}");
+            any |= want > 0.0;
+        }
+    }
+    assert!(any, "some head copies a needle token, so the comparison can fail");
+    // kv_scores' retrieval and headkv (the same probes; nothing excluded there).
+    if !exclude_sink {
+        use headscope::analysis::streaming::{scores, ScoreOptions, Scorer};
+        let v = headscope::model::view::View::new(common::load(&dir, "f32"));
+        let o = ScoreOptions { probes: ProbeOptions { seed: 5, n: 6, len: 12, needle: 4, haystack: 10 }, q_len: 64 };
+        for (scorer, key, tol) in [(Scorer::Retrieval, "retrieval", 1e-9), (Scorer::HeadKv, "headkv", 1e-6)] {
+            let g = scores(&v, scorer, None, &o, &|| false).unwrap();
+            for (l, row) in g.iter().enumerate() {
+                for (h, x) in row.iter().enumerate() {
+                    let want = tl[key][l][h].as_f64().unwrap();
+                    assert!((x - want).abs() <= tol, "kv_scores {key} dec.{l}.{h}: headscope {x}, reference {want}");
+                }
+            }
+        }
+    }
 }

@@ -119,11 +119,11 @@ pub fn scores(
         Scorer::Retrieval | Scorer::HeadKv => {
             let probes = probes(model, &o.probes, "kv_scores")?;
             for (seq, at) in &probes.needles {
-                let needle = (seq.len() - at) / 2;
+                let needle = o.probes.needle;
                 super::taxonomy::attend(model, std::slice::from_ref(seq), &gates, stop, &mut |l, tile, _| {
                     // The queries of this tile that predict the second needle's tokens `[H, m, T]`.
                     let a = tile.full_pattern()?;
-                    let Some((rows, from)) = super::taxonomy::needle_rows(tile.q0, &a, seq, *at) else {
+                    let Some((rows, from)) = super::taxonomy::needle_rows(tile.q0, &a, seq, needle) else {
                         return Ok(());
                     };
                     if scorer == Scorer::HeadKv {
@@ -134,7 +134,7 @@ pub fn scores(
                         ) / needle as f64;
                         return add(&mut sums[l], &mass);
                     }
-                    for (s, x) in sums[l].iter_mut().zip(super::taxonomy::copied(&rows, from, seq, *at)?) {
+                    for (s, x) in sums[l].iter_mut().zip(super::taxonomy::copied(&rows, from, seq, *at, needle)?) {
                         *s += x;
                     }
                     Ok(())

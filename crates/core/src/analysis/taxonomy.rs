@@ -59,6 +59,8 @@ pub struct ProbeOptions {
 pub struct Probes {
     pub repeated: Vec<Vec<i64>>,
     pub needles: Vec<(Vec<i64>, usize)>,
+    /// The needle's length in tokens.
+    pub needle: usize,
 }
 
 /// Ids the probes draw from: TransformerLens's range (ids 100 to 20000, here also at least a
@@ -118,7 +120,7 @@ impl Probes {
                 (seq, at)
             })
             .collect();
-        Ok(Probes { repeated, needles })
+        Ok(Probes { repeated, needles, needle: o.needle })
     }
 }
 
@@ -197,11 +199,10 @@ pub(crate) fn tile_span(q0: i64, n: i64, first: i64, count: i64) -> Option<(i64,
 }
 
 /// The rows of a tile (weights `a [1, H, n, T]` from query row `q0`) whose queries predict a
-/// needle probe's second needle (`seq`, its first needle at `at`; query `second - 1 + q`
-/// predicts needle token `q`): `[H, m, T]`, and the needle token its first row predicts;
-/// `None` when no row of the tile does.
-pub(crate) fn needle_rows(q0: i64, a: &Tensor, seq: &[i64], at: usize) -> Option<(Tensor, usize)> {
-    let needle = (seq.len() - at) / 2;
+/// needle probe's second needle (`seq`, a needle of `needle` tokens first at `at` and again
+/// at the end; query `second - 1 + q` predicts needle token `q`): `[H, m, T]`, and the needle
+/// token its first row predicts; `None` when no row of the tile does.
+pub(crate) fn needle_rows(q0: i64, a: &Tensor, seq: &[i64], needle: usize) -> Option<(Tensor, usize)> {
     let first = (seq.len() - needle - 1) as i64;
     let (lo, hi) = tile_span(q0, a.size()[2], first, needle as i64)?;
     Some((a.get(0).narrow(1, lo - q0, hi - lo), (lo - first) as usize))
@@ -210,8 +211,13 @@ pub(crate) fn needle_rows(q0: i64, a: &Tensor, seq: &[i64], at: usize) -> Option
 /// Per head of `rows [H, m, T]` ([`needle_rows`], its first row predicting needle token
 /// `from`): the share of the needle's tokens copied, the row's top key (the first on ties) lying
 /// in the first needle and holding the token predicted (Wu et al.'s retrieval score).
-pub(crate) fn copied(rows: &Tensor, from: usize, seq: &[i64], at: usize) -> Result<Vec<f64>, ModelError> {
-    let needle = (seq.len() - at) / 2;
+pub(crate) fn copied(
+    rows: &Tensor,
+    from: usize,
+    seq: &[i64],
+    at: usize,
+    needle: usize,
+) -> Result<Vec<f64>, ModelError> {
     let second = seq.len() - needle;
     let m = (rows.size()[1] as usize).max(1);
     let top = Vec::<i64>::try_from(rows.f_argmax(-1, false)?.f_to_device(Device::Cpu)?.f_reshape([-1])?)?;
@@ -309,14 +315,14 @@ pub fn head_type_scores(
         attend(model, std::slice::from_ref(seq), gates, stop, &mut |l, tile, _| {
             // The queries of this tile that predict the second needle's tokens.
             let a = tile.full_pattern()?;
-            let Some((rows, from)) = needle_rows(tile.q0, &a, seq, *at) else { return Ok(()) };
+            let Some((rows, from)) = needle_rows(tile.q0, &a, seq, probes.needle) else { return Ok(()) };
             // Without the sink: the first key can never be the top one (weights are >= 0).
             let rows = if exclude_sink && *at > 0 {
                 rows.index_fill(2, &Tensor::from_slice(&[0i64]).to_device(rows.device()), -1.0)
             } else {
                 rows
             };
-            for (s, x) in sums[4][l].iter_mut().zip(copied(&rows, from, seq, *at)?) {
+            for (s, x) in sums[4][l].iter_mut().zip(copied(&rows, from, seq, *at, probes.needle)?) {
                 *s += x;
             }
             Ok(())
